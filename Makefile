@@ -1,0 +1,31 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up what they need.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+OUT     ?= out/demo
+SAMPLE  := sample/gr00t_robot_sim_picknplace
+
+.PHONY: setup demo test clean
+
+$(BIN)/epishard: pyproject.toml requirements/machine.txt
+	@command -v ffmpeg >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq ffmpeg >/dev/null; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements/machine.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	touch $(BIN)/epishard
+
+setup: $(BIN)/epishard
+
+demo: setup
+	rm -rf $(OUT)
+	$(BIN)/epishard convert $(SAMPLE) $(OUT) --max-episodes-per-shard 2 --workers 2
+	$(BIN)/epishard verify $(OUT)
+	$(BIN)/epishard inspect $(OUT)
+
+test: setup
+	$(BIN)/python -m pytest tests
+
+clean:
+	rm -rf $(VENV) out .pytest_cache
