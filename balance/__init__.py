@@ -1,0 +1,1 @@
+"""epishard cost-aware rank balancing (see issue: balancing)."""

@@ -1,0 +1,20 @@
+"""epishard's writer: episodes in, window-indexed WebDataset tar shards and a manifest out.
+
+Public API: ``convert``, ``ConvertOptions``, ``Episode``, ``CameraVideo``, ``TableSlice``,
+``Source``, ``read_lerobot``, ``WindowIndex``, ``ReencodeSpec``, ``ConversionError``,
+``SourceError``, ``verify``. The on-disk format is described in docs/FORMAT.md and defined in
+``shardwriter.format``.
+"""
+
+from .convert import ConvertOptions, convert
+from .episode import CameraVideo, Episode, Source, TableSlice
+from .errors import ConversionError, SourceError
+from .index import WindowIndex
+from .lerobot import read_lerobot
+from .verify import verify
+from .video import ReencodeSpec
+
+__all__ = [
+    "CameraVideo", "ConversionError", "ConvertOptions", "Episode", "ReencodeSpec", "Source", "SourceError",
+    "TableSlice", "WindowIndex", "convert", "read_lerobot", "verify",
+]

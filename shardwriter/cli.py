@@ -1,0 +1,124 @@
+"""The ``epishard`` command: convert, inspect, verify."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .convert import ConvertOptions, convert
+from .errors import ConversionError, SourceError
+from .video import ReencodeSpec
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    text = text.strip().lower().rstrip("b").rstrip("i")
+    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+
+
+def _ints(text: str) -> frozenset[int]:
+    out: set[int] = set()
+    for part in filter(None, text.split(",")):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b) + 1) if b else [int(a)])
+    return frozenset(out)
+
+
+def _cmd_convert(args) -> int:
+    options = ConvertOptions(
+        prefix=args.prefix,
+        max_episodes_per_shard=args.max_episodes_per_shard,
+        max_bytes_per_shard=_size(args.max_shard_size),
+        episodes=_ints(args.episodes) if args.episodes else None,
+        cameras=tuple(args.cameras.split(",")) if args.cameras else None,
+        reencode=ReencodeSpec.parse(args.reencode) if args.reencode else None,
+        on_error=args.on_error,
+        timestamps=args.timestamps,
+        workers=args.workers,
+        progress=not args.quiet,
+    )
+    try:
+        manifest = convert(args.sources, args.out, options)
+    except (ConversionError, SourceError) as exc:
+        print(f"epishard convert: error: {exc}", file=sys.stderr)
+        return 1
+    t, report = manifest["totals"], manifest["report"]
+    print(f"wrote {t['shards']} shards, {t['episodes']} episodes, {t['rows']} rows, "
+          f"{t['bytes'] / 1e6:.1f} MB to {args.out}")
+    for source in manifest["sources"]:
+        for note in source["notes"]:
+            print(f"  note: {source['name']}: {note}")
+    for kind, n in report["skipped_by_kind"].items():
+        print(f"  skipped {n} episode(s): {kind}")
+    for kind, n in report["warnings_by_kind"].items():
+        example = next(w for w in report["warnings"] if w["kind"] == kind)
+        print(f"  warning x{n} {kind}: e.g. episode {example['episode']} camera {example['camera']}: {example['message']}")
+    return 0
+
+
+def _cmd_inspect(args) -> int:
+    from .describe import describe, render
+
+    summary = describe(args.root)
+    print(json.dumps(summary, indent=1) if args.json else render(summary))
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    from .verify import verify
+
+    result = verify(args.root, decode=not args.no_decode)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(f"{args.root}: {result['shards']} shards, {result['episodes']} episodes: "
+              f"{'OK' if result['ok'] else str(len(result['problems'])) + ' problem(s)'}")
+        for p in result["problems"]:
+            where = " ".join(f"{k}={p[k]}" for k in ("shard", "episode", "camera") if p.get(k) is not None)
+            print(f"  {where}: {p['message']}")
+    return 0 if result["ok"] else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epishard", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="convert LeRobot datasets (v2.0, v2.1, v3.0) into window-indexed tar shards")
+    c.add_argument("sources", nargs="+", metavar="SRC", help="LeRobot dataset folders")
+    c.add_argument("out", metavar="OUT", help="output folder")
+    c.add_argument("--prefix", default="shard", help="shard file prefix (default: shard)")
+    c.add_argument("--max-episodes-per-shard", type=int, default=64)
+    c.add_argument("--max-shard-size", default="1GiB", help="bytes per shard, e.g. 512MiB (default 1GiB)")
+    c.add_argument("--episodes", help="source episode indices to keep, e.g. 0-9,12")
+    c.add_argument("--cameras", help="comma-separated camera names to keep (default: all)")
+    c.add_argument("--reencode", help="re-encode videos, e.g. codec=libx264,gop=10,size=224x224,crf=23 "
+                                      "(default: copy bit-exact)")
+    c.add_argument("--on-error", choices=["fail", "skip"], default="fail",
+                   help="bad episode: stop (default) or skip it and count it in the report")
+    c.add_argument("--timestamps", choices=["warn", "fail"], default="warn",
+                   help="timestamps that disagree with the video: report (default) or fail")
+    c.add_argument("--workers", type=int, default=1, help="parallel processes (default 1)")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=_cmd_convert)
+
+    i = sub.add_parser("inspect", help="shards, episodes, frames, cameras, codecs, keyframe intervals, sizes")
+    i.add_argument("root", metavar="OUT")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=_cmd_inspect)
+
+    v = sub.add_parser("verify", help="re-read every shard; check checksums, index offsets, decoding")
+    v.add_argument("root", metavar="OUT")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("--no-decode", action="store_true", help="skip the per-camera decode check")
+    v.set_defaults(func=_cmd_verify)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""Convert sources into shards, window indexes and a manifest: planned, parallel, atomic, resumable.
+
+1. Sources are opened (LeRobot folders are read by ``lerobot.read_lerobot``), episodes filtered,
+   keys checked unique across all sources.
+2. Episodes are packed in order into shards under the per-shard limits (episodes, bytes). The plan
+   is a pure function of the inputs and options, and each shard carries a digest of its part of it.
+3. Shards are written in parallel processes. Each shard is complete once its index is renamed into
+   place; a rerun keeps every shard whose index digest and tar size match, removes stale temporary
+   files, and writes the rest.
+4. Statistics are computed from the written tables; the manifest is written last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import format as fmt
+from .episode import Episode, Source, TableSlice
+from .errors import ConversionError, SourceError
+from .index import encode_index, read_shard_meta
+from .lerobot import read_lerobot
+from .prepare import PrepareOptions, prepare
+from .stats import DatasetStats
+from .tarwriter import TarShardWriter, sha256_file, write_atomic
+from .video import ReencodeSpec
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Options of a conversion.
+
+    ``prefix``: shard file prefix. ``max_episodes_per_shard`` / ``max_bytes_per_shard``: a shard
+    is closed before it would exceed either (a single larger episode gets a shard of its own).
+    ``episodes``: source episode indices to keep (None: all). ``cameras``: camera names to keep
+    (None: all). ``reencode``: re-encode videos instead of copying them bit-exact. ``on_error``:
+    ``"fail"`` stops at the first bad episode, ``"skip"`` leaves it out and counts it in the report.
+    ``timestamps``: ``"warn"`` or ``"fail"`` on timestamp/video disagreements. ``workers``: processes.
+    """
+
+    prefix: str = "shard"
+    max_episodes_per_shard: int = 64
+    max_bytes_per_shard: int = 1 << 30
+    episodes: frozenset[int] | None = None
+    cameras: tuple[str, ...] | None = None
+    reencode: ReencodeSpec | None = None
+    on_error: str = "fail"
+    timestamps: str = "warn"
+    decode_check: bool = True
+    workers: int = 1
+    progress: bool = True
+
+    def prepare_options(self) -> PrepareOptions:
+        return PrepareOptions(cameras=self.cameras, reencode=self.reencode, timestamps=self.timestamps,
+                              decode_check=self.decode_check)
+
+
+def open_sources(inputs: list[Source | str]) -> list[Source]:
+    """Open LeRobot paths and give every source a unique name (``name``, ``name_2``, ...)."""
+    sources, seen = [], set()
+    for item in inputs:
+        source = read_lerobot(item) if isinstance(item, str) else item
+        name, n = source.name, 2
+        while fmt.slug(name) in seen:
+            name, n = f"{source.name}_{n}", n + 1
+        if name != source.name:
+            episodes = [dataclasses.replace(e, source=name) for e in source.episodes]
+            source = dataclasses.replace(source, name=name, episodes=episodes)
+        seen.add(fmt.slug(name))
+        sources.append(source)
+    return sources
+
+
+def plan_shards(episodes: list[Episode], max_episodes: int, max_bytes: int) -> list[list[Episode]]:
+    """Pack episodes, in order, into shards of at most ``max_episodes`` and about ``max_bytes``."""
+    shards: list[list[Episode]] = []
+    current: list[Episode] = []
+    size = 0
+    for episode in episodes:
+        estimate = episode.estimated_bytes()
+        if current and (len(current) >= max_episodes or size + estimate > max_bytes):
+            shards.append(current)
+            current, size = [], 0
+        current.append(episode)
+        size += estimate
+    if current:
+        shards.append(current)
+    return shards
+
+
+def _fingerprint(episode: Episode) -> list:
+    def one(item) -> list:
+        if isinstance(item, pa.Table):
+            return ["table", item.num_rows, item.nbytes]
+        if isinstance(item, TableSlice):
+            return ["slice", item.path, os.path.getsize(item.path), item.start, item.stop]
+        if isinstance(item, (bytes, bytearray)):
+            return ["bytes", hashlib.sha256(item).hexdigest()]
+        return ["file", item, os.path.getsize(item)]
+
+    videos = {cam: one(v.source) + [v.segment] for cam, v in sorted(episode.videos.items())}
+    return [episode.key or fmt.episode_key(episode.source, episode.episode_index), one(episode.table), videos]
+
+
+def plan_digest(episodes: list[Episode], options: ConvertOptions) -> str:
+    """sha256 of what determines a shard's content: format version, episodes, sources, options."""
+    spec = {
+        "format": fmt.FORMAT_VERSION,
+        "episodes": [_fingerprint(e) for e in episodes],
+        "cameras": options.cameras,
+        "reencode": options.reencode.describe() if options.reencode else None,
+        "on_error": options.on_error,
+        "timestamps": options.timestamps,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def write_shard(out: str, shard_id: int, episodes: list[Episode], options: ConvertOptions, digest: str) -> dict:
+    """Write one shard and its index atomically; return the shard metadata stored in the index."""
+    name = fmt.shard_name(options.prefix, shard_id)
+    rows, skipped, warnings = [], [], []
+    prep = options.prepare_options()
+    with TarShardWriter(os.path.join(out, name)) as tar:
+        for episode in episodes:
+            try:
+                ready = prepare(episode, prep)
+            except ConversionError as exc:
+                if options.on_error != "skip":
+                    raise
+                skipped.append(exc.to_dict())
+                continue
+            members = []
+            for member_name, data in ready.members:
+                offset, size, sha = tar.add(member_name, data)
+                members.append({"name": member_name, "offset": offset, "size": size, "sha256": sha})
+            rows.append({**ready.row, "members": members})
+            warnings.extend(ready.warnings)
+    meta = {
+        "shard": name, "index": fmt.index_name(options.prefix, shard_id), "size": tar.size, "sha256": tar.sha256,
+        "plan_digest": digest, "episodes": len(rows), "rows": sum(r["num_rows"] for r in rows),
+        "frames": sum(r["num_rows"] * len(r["cameras"]) for r in rows), "skipped": skipped, "warnings": warnings,
+    }
+    write_atomic(os.path.join(out, meta["index"]), encode_index(rows, meta))
+    return meta
+
+
+def _complete(out: str, shard_id: int, options: ConvertOptions, digest: str) -> dict | None:
+    index_path = os.path.join(out, fmt.index_name(options.prefix, shard_id))
+    tar_path = os.path.join(out, fmt.shard_name(options.prefix, shard_id))
+    if not (os.path.exists(index_path) and os.path.exists(tar_path)):
+        return None
+    try:
+        meta = read_shard_meta(index_path)
+    except (ValueError, OSError, pa.ArrowException):
+        return None
+    if meta.get("plan_digest") != digest or os.path.getsize(tar_path) != meta.get("size"):
+        return None
+    return meta
+
+
+def _remove_stale(out: str, prefix: str, num_shards: int) -> None:
+    for path in glob.glob(os.path.join(out, "*.partial-*")):
+        os.remove(path)
+    # Shards of an earlier plan with more shards than this one would be listed by no manifest.
+    for path in glob.glob(os.path.join(out, f"{prefix}-*")):
+        stem = os.path.basename(path)[len(prefix) + 1:].split(".")[0]
+        if stem.isdigit() and int(stem) >= num_shards:
+            os.remove(path)
+
+
+def _run(jobs: list[tuple], out: str, options: ConvertOptions, total_episodes: int, done: dict) -> None:
+    from tqdm import tqdm
+
+    bar = tqdm(total=total_episodes, unit="ep", desc="convert", disable=not options.progress, file=sys.stderr)
+    bar.update(sum(m["episodes"] + len(m["skipped"]) for m in done.values()))
+    if options.workers <= 1 or len(jobs) <= 1:
+        for shard_id, episodes, digest in jobs:
+            done[shard_id] = write_shard(out, shard_id, episodes, options, digest)
+            bar.update(len(episodes))
+    else:
+        with ProcessPoolExecutor(max_workers=options.workers) as pool:
+            futures = {pool.submit(write_shard, out, sid, eps, options, dg): (sid, len(eps)) for sid, eps, dg in jobs}
+            try:
+                for future in as_completed(futures):
+                    sid, n = futures[future]
+                    done[sid] = future.result()
+                    bar.update(n)
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+    bar.close()
+
+
+def _feature_schema(source: Source, table: pa.Table) -> dict:
+    features = {}
+    for field in table.schema:
+        value_type, shape = field.type, []
+        while pa.types.is_list(value_type) or pa.types.is_fixed_size_list(value_type) or pa.types.is_large_list(value_type):
+            if pa.types.is_fixed_size_list(value_type):
+                shape.append(value_type.list_size)
+            else:
+                column = table.column(field.name).combine_chunks()
+                lengths = set(column.value_lengths().to_pylist()) if len(column) else {0}
+                shape.append(lengths.pop() if len(lengths) == 1 else None)
+            value_type = value_type.value_type
+        declared = source.features.get(field.name, {})
+        features[field.name] = {"dtype": str(value_type), "shape": shape, "names": declared.get("names")}
+    return features
+
+
+def _read_member(path: str, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
+
+
+def _summarise(out: str, shard_metas: list[dict], sources: list[Source]) -> dict:
+    """Statistics, schema, cameras and tasks, computed from the written shards."""
+    stats = DatasetStats()
+    features: dict = {}
+    cameras: dict = {}
+    tasks: dict[str, int] = {}
+    per_source: dict[str, int] = {}
+    by_name = {s.name: s for s in sources}
+    for meta in shard_metas:
+        index = pq.read_table(os.path.join(out, meta["index"])).to_pylist()
+        for row in index:
+            per_source[row["source"]] = per_source.get(row["source"], 0) + 1
+            data_member = next(m for m in row["members"] if m["name"].endswith("." + fmt.DATA_EXT))
+            table = pq.read_table(pa.BufferReader(_read_member(os.path.join(out, meta["shard"]), data_member["offset"], data_member["size"])))
+            stats.add_table(table)
+            for name, spec in _feature_schema(by_name[row["source"]], table).items():
+                features.setdefault(name, spec)
+            for cam in row["cameras"]:
+                entry = cameras.setdefault(cam["name"], {"codec": cam["codec"], "width": cam["width"],
+                                                         "height": cam["height"], "fps": row["fps"], "episodes": 0})
+                entry["episodes"] += 1
+            for task in row["tasks"]:
+                tasks.setdefault(task, len(tasks))
+    for name, cam in cameras.items():
+        features[name] = {"dtype": "video", "shape": [cam["height"], cam["width"], 3], "names": ["height", "width", "channel"]}
+    return {"features": features, "cameras": cameras, "tasks": list(tasks), "stats": stats.result(),
+            "episodes_per_source": per_source}
+
+
+def _count(items: list[dict]) -> dict:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item["kind"]] = counts.get(item["kind"], 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def convert(inputs: list[Source | str], out: str, options: ConvertOptions = ConvertOptions()) -> dict:
+    """Convert sources (LeRobot dataset paths or ``Source`` objects) into a sharded dataset at ``out``.
+
+    Returns the manifest (also written to ``out/manifest.json``, last).
+
+    Raises:
+        SourceError: a source cannot be read, no episode is left after filtering, or two episodes
+            share a key.
+        ConversionError: an episode is bad and ``options.on_error == "fail"``; the message names
+            dataset, episode, camera and row. Shards finished before it stay and are reused by a rerun.
+    """
+    sources = open_sources(inputs)
+    episodes = [e for s in sources for e in s.episodes if options.episodes is None or e.episode_index in options.episodes]
+    if not episodes:
+        raise SourceError("no episodes to convert (check the sources and --episodes)")
+    keys: dict[str, Episode] = {}
+    for e in episodes:
+        key = e.key or fmt.episode_key(e.source, e.episode_index)
+        if key in keys:
+            raise SourceError(f"episode key {key!r} is used twice ({keys[key].source} and {e.source})")
+        keys[key] = e
+    shards = plan_shards(episodes, options.max_episodes_per_shard, options.max_bytes_per_shard)
+    os.makedirs(out, exist_ok=True)
+    _remove_stale(out, options.prefix, len(shards))
+    done: dict[int, dict] = {}
+    jobs = []
+    for shard_id, shard in enumerate(shards):
+        digest = plan_digest(shard, options)
+        meta = _complete(out, shard_id, options, digest)
+        if meta is not None:
+            done[shard_id] = meta
+        else:
+            jobs.append((shard_id, shard, digest))
+    _run(jobs, out, options, len(episodes), done)
+    metas = [done[i] for i in range(len(shards))]
+    summary = _summarise(out, metas, sources)
+    skipped = [s for m in metas for s in m["skipped"]]
+    warnings = [w for m in metas for w in m["warnings"]]
+    fps_values = sorted({s.fps for s in sources})
+    manifest = {
+        "format": fmt.FORMAT_NAME,
+        "format_version": fmt.FORMAT_VERSION,
+        "sources": [{"name": s.name, "path": s.path, "format": s.format, "fps": s.fps,
+                     "episodes": summary["episodes_per_source"].get(s.name, 0),
+                     "notes": s.notes} for s in sources],
+        "options": {"prefix": options.prefix, "cameras": options.cameras, "on_error": options.on_error,
+                    "timestamps": options.timestamps,
+                    "video": options.reencode.describe() if options.reencode else "copy"},
+        "fps": fps_values[0] if len(fps_values) == 1 else None,
+        **{k: v for k, v in summary.items() if k != "episodes_per_source"},
+        "totals": {"shards": len(metas), "episodes": sum(m["episodes"] for m in metas),
+                   "rows": sum(m["rows"] for m in metas), "frames": sum(m["frames"] for m in metas),
+                   "bytes": sum(m["size"] for m in metas), "skipped": len(skipped)},
+        "shards": [{**{k: m[k] for k in ("shard", "index", "episodes", "rows", "frames", "size", "sha256")},
+                    "index_sha256": sha256_file(os.path.join(out, m["index"]))} for m in metas],
+        "report": {"skipped_by_kind": _count(skipped), "warnings_by_kind": _count(warnings),
+                   "skipped": skipped, "warnings": warnings},
+    }
+    write_atomic(os.path.join(out, fmt.MANIFEST_NAME), json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return manifest

@@ -1,0 +1,74 @@
+"""Summaries of a converted dataset for ``epishard inspect``: shards, episodes, cameras, codecs, GOPs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from . import format as fmt
+from .index import WindowIndex
+
+
+def describe(root: str) -> dict:
+    """Summarise the dataset at ``root`` from its manifest and indexes (no tar is read)."""
+    with open(os.path.join(root, fmt.MANIFEST_NAME)) as f:
+        manifest = json.load(f)
+    index = WindowIndex.load([os.path.join(root, s["index"]) for s in manifest["shards"]])
+    cameras = {}
+    for cam_name in manifest["cameras"]:
+        streams = [i for i, n in enumerate(index.cam_names.to_pylist()) if n == cam_name]
+        gaps = []
+        for s in streams:
+            keys = index.keyframes[index.key_offsets[s]:index.key_offsets[s + 1]]
+            ends = np.append(keys[1:], index.cam_num_frames[s])
+            gaps.append(ends - keys)
+        gaps = np.concatenate(gaps) if gaps else np.zeros(1)
+        cameras[cam_name] = {
+            **manifest["cameras"][cam_name],
+            "frames": int(index.cam_num_frames[streams].sum()),
+            "keyframe_interval": {"min": int(gaps.min()), "mean": round(float(gaps.mean()), 1), "max": int(gaps.max())},
+            "bytes": int(index.member_size[[index.episode_members[e] + index.cam_member[s]
+                                            for e in range(index.num_episodes)
+                                            for s in range(index.episode_cams[e], index.episode_cams[e + 1])
+                                            if s in streams]].sum()),
+        }
+    return {
+        "root": root,
+        "format_version": manifest["format_version"],
+        "sources": [{k: s[k] for k in ("name", "format", "episodes", "fps")} for s in manifest["sources"]],
+        "totals": manifest["totals"],
+        "shards": manifest["shards"],
+        "episode_rows": {"min": int(index.num_rows.min()), "mean": round(float(index.num_rows.mean()), 1),
+                         "max": int(index.num_rows.max())},
+        "cameras": cameras,
+        "tasks": len(manifest["tasks"]),
+        "report": {k: manifest["report"][k] for k in ("skipped_by_kind", "warnings_by_kind")},
+    }
+
+
+def render(summary: dict) -> str:
+    """Human-readable text of ``describe``'s result."""
+    t = summary["totals"]
+    lines = [
+        f"{summary['root']}: epishard format v{summary['format_version']}",
+        f"  {t['shards']} shards, {t['episodes']} episodes, {t['rows']} rows, {t['frames']} camera frames, "
+        f"{t['bytes'] / 1e6:.1f} MB, {t['skipped']} skipped",
+        f"  episode length (rows): min {summary['episode_rows']['min']}, mean {summary['episode_rows']['mean']}, "
+        f"max {summary['episode_rows']['max']}; {summary['tasks']} tasks",
+    ]
+    for s in summary["sources"]:
+        lines.append(f"  source {s['name']} ({s['format']}, {s['fps']:g} fps): {s['episodes']} episodes")
+    for name, c in summary["cameras"].items():
+        k = c["keyframe_interval"]
+        lines.append(f"  camera {name}: {c['codec']} {c['width']}x{c['height']}, {c['episodes']} episodes, "
+                     f"{c['frames']} frames, {c['bytes'] / 1e6:.1f} MB, keyframe interval min {k['min']} / "
+                     f"mean {k['mean']} / max {k['max']} frames")
+    for s in summary["shards"]:
+        lines.append(f"  {s['shard']}: {s['episodes']} episodes, {s['rows']} rows, {s['size'] / 1e6:.1f} MB")
+    for kind, n in summary["report"]["skipped_by_kind"].items():
+        lines.append(f"  skipped {n} episode(s): {kind}")
+    for kind, n in summary["report"]["warnings_by_kind"].items():
+        lines.append(f"  warning x{n}: {kind}")
+    return "\n".join(lines)

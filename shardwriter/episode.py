@@ -1,0 +1,123 @@
+"""The writer's input model: an episode is a key, a per-frame table, one video per camera, metadata.
+
+These classes are the Python API for sources other than LeRobot datasets; the LeRobot readers
+produce them too. They are plain picklable values, so conversion workers receive them as they are,
+and a table or video may be given lazily (a path) so that nothing is loaded before it is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+@dataclass(frozen=True)
+class TableSlice:
+    """Rows ``[start, stop)`` of a parquet file holding many episodes (LeRobot v3.0 layout)."""
+
+    path: str
+    start: int
+    stop: int
+
+
+TableInput = pa.Table | str | TableSlice
+"""An episode's per-frame table: an in-memory ``pyarrow.Table``, the path of a parquet file that
+holds exactly this episode (its bytes are copied unchanged), or a ``TableSlice``."""
+
+
+@dataclass(frozen=True)
+class CameraVideo:
+    """One camera's encoded video for one episode.
+
+    ``source``: the encoded file, as bytes or a local path. ``segment``: ``(from_timestamp,
+    to_timestamp)`` in seconds when the episode is only part of the file (LeRobot v3.0); the writer
+    turns ``from_timestamp`` into an exact frame number once and cuts the segment by stream copy.
+    Without a segment the file belongs to the episode and is copied bit-exact.
+    """
+
+    source: bytes | str
+    segment: tuple[float, float] | None = None
+    file_seconds: float | None = None  # duration of the whole file, for shard-size planning only
+
+    def size(self) -> int:
+        """Size in bytes of the whole source file (an upper bound for a segment)."""
+        if isinstance(self.source, (bytes, bytearray)):
+            return len(self.source)
+        return os.path.getsize(self.source)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One episode to write.
+
+    Args:
+        source: name of the dataset it comes from (part of the shard key; keys must be unique).
+        episode_index: index of the episode in its source (int >= 0).
+        table: per-frame rows (see ``TableInput``); row ``r`` is frame ``r`` of the episode unless
+            the table has a ``frame_index`` column, which then gives the frame.
+        videos: camera name (e.g. ``"observation.images.front"``) -> ``CameraVideo``.
+        fps: frames per second of the table rows and videos.
+        tasks: task texts; the first is the instruction.
+        robot: robot type (free text).
+        key: shard key; default ``<source>-e<episode_index:06d>``.
+    """
+
+    source: str
+    episode_index: int
+    table: TableInput
+    videos: dict[str, CameraVideo]
+    fps: float
+    tasks: tuple[str, ...] = ()
+    robot: str = ""
+    key: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def load_table(self) -> tuple[pa.Table, bytes | None]:
+        """Return (table, original parquet bytes when the table is a whole file, else None)."""
+        if isinstance(self.table, pa.Table):
+            return self.table, None
+        if isinstance(self.table, TableSlice):
+            whole = pq.read_table(self.table.path)
+            return whole.slice(self.table.start, self.table.stop - self.table.start), None
+        with open(self.table, "rb") as f:
+            raw = f.read()
+        return pq.read_table(pa.BufferReader(raw)), raw
+
+    def estimated_bytes(self) -> int:
+        """Rough shard bytes of this episode, used only to plan shard sizes."""
+        if isinstance(self.table, str):
+            table_bytes = os.path.getsize(self.table)
+        elif isinstance(self.table, TableSlice):
+            table_bytes = 64 * (self.table.stop - self.table.start)
+        else:
+            table_bytes = self.table.nbytes
+        video_bytes = 0
+        for video in self.videos.values():
+            if video.segment is None:
+                video_bytes += video.size()
+            else:  # a share of the file proportional to the segment's length
+                start, stop = video.segment
+                share = (stop - start) / video.file_seconds if video.file_seconds else 1.0
+                video_bytes += int(video.size() * min(max(share, 0.0), 1.0))
+        return table_bytes + video_bytes
+
+
+@dataclass
+class Source:
+    """A named collection of episodes plus the dataset-level facts the manifest records.
+
+    ``features``: feature name -> {"dtype", "shape", "names"} as declared by the source (the writer
+    checks them against the tables); ``notes``: human-readable facts about the source that the
+    conversion report repeats (cameras declared without files, subset copies, ...).
+    """
+
+    name: str
+    episodes: list[Episode]
+    fps: float
+    path: str = ""
+    format: str = "python"
+    features: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)

@@ -1,0 +1,111 @@
+"""The epishard on-disk format, defined once: names, the window-index schema, the manifest version.
+
+Everything a reader needs to agree on with the writer lives here; docs/FORMAT.md is the prose
+version of this module and the two change together.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+
+FORMAT_NAME = "epishard"
+FORMAT_VERSION = 1
+
+MANIFEST_NAME = "manifest.json"
+REPORT_NAME = "report.json"
+SHARD_SUFFIX = ".tar"
+INDEX_SUFFIX = ".index.parquet"
+
+# Tar member extensions (the part after the key's first dot, webdataset-style).
+DATA_EXT = "parquet"
+META_EXT = "json"
+VIDEO_EXT = "mp4"
+
+_KEY_OK = re.compile(r"[^A-Za-z0-9_\-]")
+
+# USTAR stores names of at most 100 bytes; we refuse longer ones rather than emit PAX headers.
+MAX_MEMBER_NAME = 100
+
+
+def slug(text: str) -> str:
+    """Return ``text`` with every character outside ``[A-Za-z0-9_-]`` replaced by ``_``.
+
+    Used for episode keys and camera member names, which must contain no dots: webdataset splits a
+    member name at its first dot into sample key and field name.
+    """
+    return _KEY_OK.sub("_", text)
+
+
+def episode_key(source: str, episode_index: int) -> str:
+    """Key of one episode in the shards: ``<source slug>-e<episode_index:06d>`` (no dots)."""
+    return f"{slug(source)}-e{episode_index:06d}"
+
+
+def camera_field(camera: str) -> str:
+    """Dot-free field name of a camera's video member, e.g. ``observation.images.front`` -> ``front``.
+
+    The full camera name is kept in the index and the episode's JSON member and restored on read.
+    """
+    short = camera[len("observation.images."):] if camera.startswith("observation.images.") else camera
+    return slug(short)
+
+
+def shard_name(prefix: str, shard_id: int) -> str:
+    """File name of shard ``shard_id``: ``<prefix>-<shard_id:06d>.tar``."""
+    return f"{prefix}-{shard_id:06d}{SHARD_SUFFIX}"
+
+
+def index_name(prefix: str, shard_id: int) -> str:
+    """File name of shard ``shard_id``'s window index: ``<prefix>-<shard_id:06d>.index.parquet``."""
+    return f"{prefix}-{shard_id:06d}{INDEX_SUFFIX}"
+
+
+MEMBER_TYPE = pa.struct(
+    [
+        ("name", pa.string()),  # full tar member name, e.g. "gr00t-e000003.ego_view.mp4"
+        ("offset", pa.int64()),  # byte offset of the member's data (not header) in the tar
+        ("size", pa.int64()),  # data size in bytes
+        ("sha256", pa.string()),  # hex digest of the data
+    ]
+)
+
+CAMERA_TYPE = pa.struct(
+    [
+        ("name", pa.string()),  # full camera name, e.g. "observation.images.ego_view"
+        ("member", pa.int32()),  # position of its video in the episode's `members` list
+        ("codec", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("pix_fmt", pa.string()),
+        ("time_base_num", pa.int64()),
+        ("time_base_den", pa.int64()),
+        ("num_frames", pa.int32()),  # frames in the stored video, counted from its packets
+        ("first_frame", pa.int32()),  # video frame of the episode's first row (lead frames before a cut)
+        ("pts", pa.list_(pa.int64())),  # [num_frames] presentation order, stream time base
+        ("duration", pa.list_(pa.int64())),  # [num_frames]
+        ("keyframes", pa.list_(pa.int32())),  # ascending frame numbers that are keyframes
+        ("row_to_frame", pa.list_(pa.int32())),  # [num_rows] video frame shown at each table row
+        ("transform", pa.string()),  # "copy" | "cut" | "reencode:<json>": what the writer did
+    ]
+)
+
+INDEX_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("source", pa.string()),
+        ("episode_index", pa.int64()),  # episode index in its source dataset
+        ("num_rows", pa.int32()),  # table rows = frames of the episode
+        ("fps", pa.float64()),
+        ("task", pa.string()),  # first task text ("" if none)
+        ("tasks", pa.list_(pa.string())),
+        ("robot", pa.string()),
+        ("members", pa.list_(MEMBER_TYPE)),  # tar order; contiguous in the shard
+        ("cameras", pa.list_(CAMERA_TYPE)),
+        # Rows in [window_start, window_stop) have a frame in every camera: anchors are drawn there.
+        ("window_start", pa.int32()),
+        ("window_stop", pa.int32()),
+    ],
+    metadata={b"epishard.format_version": str(FORMAT_VERSION).encode()},
+)

@@ -1,0 +1,153 @@
+"""The per-shard window index: written next to each shard, loaded as flat columnar arrays.
+
+On disk an index is a Parquet file with one row per episode (schema ``format.INDEX_SCHEMA``) and
+a JSON document under the schema metadata key ``epishard.shard`` (the shard's name, size, sha256,
+plan digest and conversion report). In memory, ``WindowIndex`` holds numpy arrays only: nested
+lists become one flat values array plus an offsets array (Arrow's own list layout), so loading
+tens of thousands of episodes takes milliseconds, lookups are O(1) array reads, and the arrays are
+shared copy-on-write by forked DataLoader workers without per-episode Python objects.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .format import INDEX_SCHEMA
+
+SHARD_META_KEY = b"epishard.shard"
+
+
+def _plain(value):
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def encode_index(rows: list[dict], shard_meta: dict) -> bytes:
+    """Serialise index rows (dicts following ``INDEX_SCHEMA``) and shard metadata to Parquet bytes."""
+    clean = [
+        {**row, "cameras": [{k: _plain(v) for k, v in cam.items()} for cam in row["cameras"]]} for row in rows
+    ]
+    schema = INDEX_SCHEMA.with_metadata({**INDEX_SCHEMA.metadata, SHARD_META_KEY: json.dumps(shard_meta, sort_keys=True).encode()})
+    table = pa.Table.from_pylist(clean, schema=schema)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+def read_shard_meta(source) -> dict:
+    """Return the ``epishard.shard`` JSON of an index file (path or file object) without reading rows."""
+    meta = pq.read_schema(source).metadata or {}
+    if SHARD_META_KEY not in meta:
+        raise ValueError(f"{source}: not an epishard index (no {SHARD_META_KEY.decode()} metadata)")
+    return json.loads(meta[SHARD_META_KEY])
+
+
+def _flat(list_array: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """(values, int64 offsets) of a list array, offsets rebased to start at 0."""
+    list_array = list_array.combine_chunks() if isinstance(list_array, pa.ChunkedArray) else list_array
+    offsets = list_array.offsets.to_numpy().astype(np.int64)
+    values = list_array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    return values, offsets - offsets[0]
+
+
+def _np(array: pa.Array, dtype) -> np.ndarray:
+    return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+
+@dataclass
+class CameraLookup:
+    """Where one camera's frames for one window lie: shard number, byte range of the video member
+    in the shard, frame numbers (int64 ``[n]``) in that video, and the keyframe to start decoding at."""
+
+    shard: int
+    offset: int
+    size: int
+    frames: np.ndarray
+    keyframe: int
+
+
+class WindowIndex:
+    """The indexes of one or more shards, as flat numpy arrays.
+
+    Episode arrays have one entry per episode (``num_episodes``); camera-stream arrays one per
+    (episode, camera) (``cam_*``, grouped by ``episode_cams`` offsets); ``pts``, ``keyframes`` and
+    ``row_to_frame`` are flat with per-stream offsets. String columns stay Arrow arrays.
+    """
+
+    def __init__(self, table: pa.Table, shard_of_row: np.ndarray):
+        self.table = table
+        self.shard = shard_of_row.astype(np.int32)
+        self.keys = table.column("key").combine_chunks()
+        self.num_rows = _np(table.column("num_rows"), np.int64)
+        self.fps = _np(table.column("fps"), np.float64)
+        self.window_start = _np(table.column("window_start"), np.int64)
+        self.window_stop = _np(table.column("window_stop"), np.int64)
+        members, self.episode_members = _flat(table.column("members"))
+        self.member_offset = _np(members.field("offset"), np.int64)
+        self.member_size = _np(members.field("size"), np.int64)
+        cams, self.episode_cams = _flat(table.column("cameras"))
+        self.cam_names = cams.field("name")
+        self.cam_member = _np(cams.field("member"), np.int64)
+        self.cam_num_frames = _np(cams.field("num_frames"), np.int64)
+        self.cam_width = _np(cams.field("width"), np.int32)
+        self.cam_height = _np(cams.field("height"), np.int32)
+        self.cam_time_base = _np(cams.field("time_base_num"), np.float64) / _np(cams.field("time_base_den"), np.float64)
+        pts, self.pts_offsets = _flat(cams.field("pts"))
+        self.pts = _np(pts, np.int64)
+        dur, _ = _flat(cams.field("duration"))
+        self.duration = _np(dur, np.int64)
+        keys, self.key_offsets = _flat(cams.field("keyframes"))
+        self.keyframes = _np(keys, np.int64)
+        r2f, self.r2f_offsets = _flat(cams.field("row_to_frame"))
+        self.row_to_frame = _np(r2f, np.int64)
+
+    @classmethod
+    def load(cls, sources: list) -> "WindowIndex":
+        """Load index files (paths or file objects) in the given order; shard ``i`` is ``sources[i]``."""
+        tables = [pq.read_table(s) for s in sources]
+        counts = np.array([t.num_rows for t in tables], dtype=np.int64)
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        return cls(table, np.repeat(np.arange(len(tables)), counts))
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.num_rows.shape[0])
+
+    def key(self, episode: int) -> str:
+        return self.keys[episode].as_py()
+
+    def camera_names(self, episode: int) -> list[str]:
+        a, b = self.episode_cams[episode], self.episode_cams[episode + 1]
+        return self.cam_names.slice(int(a), int(b - a)).to_pylist()
+
+    def stream(self, episode: int, camera: int) -> int:
+        """Flat camera-stream number of the episode's ``camera``-th camera (sorted by name)."""
+        return int(self.episode_cams[episode] + camera)
+
+    def frames(self, stream: int, rows: np.ndarray) -> np.ndarray:
+        """Video frame numbers (int64) shown at the given table rows of a camera stream."""
+        return self.row_to_frame[self.r2f_offsets[stream] + rows]
+
+    def keyframe_before(self, stream: int, frame: int) -> int:
+        """Last keyframe at or before ``frame`` (where decoding has to start)."""
+        a, b = self.key_offsets[stream], self.key_offsets[stream + 1]
+        keys = self.keyframes[a:b]
+        return int(keys[np.searchsorted(keys, frame, side="right") - 1])
+
+    def lookup(self, episode: int, rows: np.ndarray, camera: int = 0) -> CameraLookup:
+        """Shard, byte range and frames of ``camera`` for the given rows of ``episode``."""
+        s = self.stream(episode, camera)
+        member = self.episode_members[episode] + self.cam_member[s]
+        frames = self.frames(s, rows)
+        return CameraLookup(
+            shard=int(self.shard[episode]),
+            offset=int(self.member_offset[member]),
+            size=int(self.member_size[member]),
+            frames=frames,
+            keyframe=self.keyframe_before(s, int(frames.min())),
+        )

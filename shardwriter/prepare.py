@@ -1,0 +1,269 @@
+"""Prepare one episode for a shard: load, validate, map rows to frames, copy or cut its videos.
+
+The row-to-frame map is resolved here, once: by the ``frame_index`` column or row position, plus
+(LeRobot v3.0) the exact frame of the segment's ``from_timestamp``. Float timestamps are never
+rounded to pick frames; they are only compared with the video to report disagreements.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import format as fmt
+from .episode import Episode
+from .errors import ConversionError
+from .video import ReencodeSpec, VideoProbe, cut, frame_at_time, probe, reencode
+
+CHECKED_PREFIXES = ("observation.state", "action")
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """Per-episode conversion options.
+
+    ``cameras``: camera names to keep (None: all). ``reencode``: re-encode settings or None for a
+    bit-exact copy / stream-copy cut. ``timestamps``: ``"warn"`` records timestamp disagreements in
+    the report (frames are mapped by frame_index, so they cannot shift frames); ``"fail"`` treats
+    them as errors. ``decode_check``: decode the first and last frame each episode uses, per camera.
+    """
+
+    cameras: tuple[str, ...] | None = None
+    reencode: ReencodeSpec | None = None
+    timestamps: str = "warn"
+    decode_check: bool = True
+
+
+@dataclass
+class PreparedEpisode:
+    """An episode ready to append to a shard: tar members in order and its index row (sans offsets)."""
+
+    key: str
+    members: list[tuple[str, bytes]]
+    row: dict
+    warnings: list[dict] = field(default_factory=list)
+
+
+def _fail(kind: str, message: str, **where) -> ConversionError:
+    return ConversionError(message, kind=kind, **where)
+
+
+def _local_frames(table: pa.Table) -> np.ndarray:
+    """Frame of each row within the episode: ``frame_index`` when present, else row position."""
+    if "frame_index" not in table.column_names:
+        return np.arange(table.num_rows, dtype=np.int64)
+    frames = table.column("frame_index").to_numpy(zero_copy_only=False).astype(np.int64)
+    bad = np.flatnonzero(np.diff(frames) <= 0)
+    if frames.size and frames[0] < 0:
+        raise _fail("bad_frame_index", f"frame_index {frames[0]} is negative", row=0)
+    if bad.size:
+        r = int(bad[0]) + 1
+        raise _fail("bad_frame_index", f"frame_index not increasing: {frames[r - 1]} then {frames[r]}", row=r)
+    return frames - frames[0] if frames.size else frames
+
+
+def _check_finite(table: pa.Table) -> None:
+    for name in table.column_names:
+        if not name.startswith(CHECKED_PREFIXES):
+            continue
+        values = table.column(name).combine_chunks()
+        while pa.types.is_list(values.type) or pa.types.is_fixed_size_list(values.type) or pa.types.is_large_list(values.type):
+            values = values.flatten()
+        if not pa.types.is_floating(values.type):
+            continue
+        array = values.to_numpy(zero_copy_only=False).astype(np.float64)
+        bad = np.flatnonzero(~np.isfinite(array))
+        if bad.size:
+            width = max(1, array.size // max(table.num_rows, 1))
+            row, dim = divmod(int(bad[0]), width)
+            raise _fail("nan", f"column {name!r} holds {array[bad[0]]} at dimension {dim}", row=row)
+
+
+def _timestamp_report(table: pa.Table, expected: np.ndarray, fps: float, frame_seconds: float) -> dict | None:
+    """Compare table timestamps (s) with the video time each row's frame is shown at (s).
+
+    Returns None when they agree within a quarter frame, else a dict with ``kind`` one of
+    ``timestamps_non_monotonic``, ``timestamps_reset``, ``timestamps_offset``, ``timestamps_rate``,
+    ``timestamps_past_end``, the first row concerned and a message.
+    """
+    if "timestamp" not in table.column_names or table.num_rows == 0:
+        return None
+    t = table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+    tol = 0.25 / fps
+    step = np.diff(t)
+    if step.size and np.any(step <= 0):
+        r = int(np.flatnonzero(step <= 0)[0]) + 1
+        kind = "timestamps_reset" if t[r] <= t[0] + tol else "timestamps_non_monotonic"
+        return {"kind": kind, "row": r, "message": f"timestamp goes from {t[r - 1]:.6f}s to {t[r]:.6f}s"}
+    d = t - expected
+    if np.all(np.abs(d) <= tol):
+        return None
+    video_end = expected[-1] + frame_seconds
+    if t[-1] > video_end + tol and np.abs(d[0]) <= tol:
+        r = int(np.flatnonzero(t > video_end + tol)[0])
+        rate = (t.size - 1) / (t[-1] - t[0]) if t[-1] > t[0] else 0.0
+        return {"kind": "timestamps_past_end", "row": r,
+                "message": f"timestamps run to {t[-1]:.3f}s but the video ends at {video_end:.3f}s "
+                           f"(timestamps advance at {rate:.2f} Hz, the video is {fps:g} fps); frames follow frame_index/row order"}
+    if np.all(np.abs(d - d[0]) <= tol):
+        return {"kind": "timestamps_offset", "row": 0,
+                "message": f"timestamps are offset by {d[0]:+.6f}s ({d[0] * fps:+.2f} frames) from the video pts; "
+                           "frames follow frame_index/row order"}
+    r = int(np.flatnonzero(np.abs(d) > tol)[0])
+    rate = (t.size - 1) / (t[-1] - t[0]) if t[-1] > t[0] else 0.0
+    return {"kind": "timestamps_rate", "row": r,
+            "message": f"timestamps advance at {rate:.2f} Hz while the video is {fps:g} fps (row {r} is "
+                       f"{d[r]:+.3f}s off); frames follow frame_index/row order"}
+
+
+def _decode_check(data: bytes, frames: list[int]) -> None:
+    from torchcodec.decoders import VideoDecoder
+
+    try:
+        decoder = VideoDecoder(data, seek_mode="exact")
+        decoder.get_frames_at(frames)
+    except Exception as exc:  # torchcodec raises RuntimeError/IndexError/ValueError by case
+        raise _fail("unreadable_video", f"decoding frames {frames} failed: {exc}") from exc
+
+
+def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, table: pa.Table):
+    """Return (stored bytes, probe of stored bytes, row_to_frame, transform, timestamp report)."""
+    source = video.source
+    if not isinstance(source, (bytes, bytearray)):
+        with open(source, "rb") as f:
+            source = f.read()
+    info = probe(source)
+    base, seg_start = 0, 0.0
+    if video.segment is not None:
+        seg_start = video.segment[0]
+        try:
+            base = frame_at_time(info, seg_start, fps)
+        except ValueError as exc:
+            raise _fail("segment_offset", f"from_timestamp={seg_start}: {exc}") from exc
+    absolute = base + local
+    last_ok = info.num_frames - 1
+    if video.segment is not None:
+        # Frames of the next episode in a shared file are past this episode's end too.
+        end_frame = int(np.searchsorted(info.seconds(np.arange(info.num_frames)), video.segment[1] - 0.5 / fps))
+        last_ok = min(last_ok, end_frame - 1)
+    over = np.flatnonzero(absolute > last_ok)
+    if over.size:
+        r = int(over[0])
+        raise _fail("frames_past_end",
+                    f"row {r} needs video frame {int(absolute[r])} but the episode's video has frames "
+                    f"{base}..{last_ok} ({table.num_rows} rows, {last_ok - base + 1} frames)", row=r)
+    # Where the table's timestamps should be: the frame's pts relative to the episode's time zero
+    # (the video's first frame for a whole file, from_timestamp for a segment).
+    zero = seg_start if video.segment is not None else float(info.seconds(np.zeros(1, dtype=np.int64))[0])
+    report = _timestamp_report(table, info.seconds(absolute) - zero, fps, 1.0 / fps)
+    if opts.reencode is not None:
+        data = reencode(source, absolute, fps, opts.reencode)
+        stored, row_to_frame, transform = probe(data), np.arange(absolute.size), opts.reencode.describe()
+    elif video.segment is not None:
+        data, kept = cut(source, info, int(absolute[0]), int(absolute[-1]) + 1)
+        stored = probe(data)
+        if stored.num_frames != kept.size:
+            raise _fail("unreadable_video", f"cut holds {stored.num_frames} frames, expected {kept.size}")
+        row_to_frame, transform = np.searchsorted(kept, absolute), "cut"
+    else:
+        data, stored, row_to_frame, transform = bytes(source), info, absolute, "copy"
+    return data, stored, row_to_frame.astype(np.int32), transform, report
+
+
+def _camera_fields(cameras: list[str]) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for i, cam in enumerate(cameras):
+        name = fmt.camera_field(cam)
+        fields[cam] = name if name not in fields.values() and name not in (fmt.DATA_EXT, fmt.META_EXT) else f"cam{i}"
+    return fields
+
+
+def _task(episode: Episode, table: pa.Table) -> list[str]:
+    if episode.tasks:
+        return list(episode.tasks)
+    texts = episode.extra.get("task_text", {})
+    if "task_index" in table.column_names and table.num_rows and texts:
+        return [texts.get(int(table.column("task_index")[0].as_py()), "")]
+    return []
+
+
+def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
+    """Load and validate one episode; return its tar members and index row.
+
+    Raises:
+        ConversionError: naming dataset, episode, camera and row, for: empty table, NaN/Inf in
+            state or action (``nan``), bad ``frame_index``, a missing camera, an unreadable or
+            truncated video, rows past the video's end, and (with ``timestamps="fail"``) timestamps
+            that disagree with the video.
+    """
+    where = {"dataset": episode.source, "episode": episode.episode_index}
+    key = episode.key or fmt.episode_key(episode.source, episode.episode_index)
+    if "." in key:
+        raise _fail("bad_key", f"episode key {key!r} contains a dot", **where)
+    wanted = opts.cameras
+    missing = [c for c in episode.extra.get("missing_cameras", []) if wanted is None or c in wanted]
+    if wanted is not None:
+        missing += [c for c in wanted if c not in episode.videos and c not in missing]
+    if missing:
+        raise _fail("missing_camera", "no video file for this episode", camera=missing[0], **where)
+    try:
+        table, raw = episode.load_table()
+    except (OSError, pa.ArrowException) as exc:
+        path = episode.table if isinstance(episode.table, str) else getattr(episode.table, "path", None)
+        raise _fail("unreadable_table", str(exc), path=path, **where) from exc
+    if table.num_rows == 0:
+        raise _fail("empty_episode", "the episode has no rows", **where)
+    try:
+        _check_finite(table)
+        local = _local_frames(table)
+    except ConversionError as exc:
+        raise exc.with_context(**where) from None
+    cameras = sorted(c for c in episode.videos if wanted is None or c in wanted)
+    fields = _camera_fields(cameras)
+    members: list[tuple[str, bytes]] = []
+    cam_rows, warnings = [], []
+    for cam in cameras:
+        video = episode.videos[cam]
+        path = video.source if isinstance(video.source, str) else None
+        try:
+            data, stored, row_to_frame, transform, report = _prepare_camera(video, local, episode.fps, opts, table)
+            if opts.decode_check:
+                _decode_check(data, sorted({int(row_to_frame[0]), int(row_to_frame[-1])}))
+        except ConversionError as exc:
+            raise exc.with_context(camera=cam, path=path, **where) from None
+        if report is not None:
+            if opts.timestamps == "fail":
+                raise _fail(report["kind"], report["message"], camera=cam, row=report["row"], path=path, **where)
+            warnings.append({**report, "dataset": episode.source, "episode": episode.episode_index, "camera": cam})
+        cam_rows.append({
+            "name": cam, "member": None, "codec": stored.codec, "width": stored.width, "height": stored.height,
+            "pix_fmt": stored.pix_fmt, "time_base_num": stored.time_base.numerator,
+            "time_base_den": stored.time_base.denominator, "num_frames": stored.num_frames,
+            "first_frame": int(row_to_frame[0]), "pts": stored.pts, "duration": stored.duration,
+            "keyframes": stored.keyframes, "row_to_frame": row_to_frame, "transform": transform,
+        })
+        members.append((f"{key}.{fields[cam]}.{fmt.VIDEO_EXT}", data))
+    tasks = _task(episode, table)
+    meta = {
+        "key": key, "source": episode.source, "episode_index": episode.episode_index, "num_rows": table.num_rows,
+        "fps": episode.fps, "tasks": tasks, "robot": episode.robot,
+        "cameras": {fields[c]: c for c in cameras},
+    }
+    if raw is None:
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        raw = buf.getvalue()
+    head = [(f"{key}.{fmt.META_EXT}", json.dumps(meta, sort_keys=True).encode()), (f"{key}.{fmt.DATA_EXT}", raw)]
+    for i, cam_row in enumerate(cam_rows):
+        cam_row["member"] = len(head) + i
+    row = {
+        "key": key, "source": episode.source, "episode_index": episode.episode_index, "num_rows": table.num_rows,
+        "fps": float(episode.fps), "task": tasks[0] if tasks else "", "tasks": tasks, "robot": episode.robot,
+        "cameras": cam_rows, "window_start": 0, "window_stop": table.num_rows,
+    }
+    return PreparedEpisode(key=key, members=head + members, row=row, warnings=warnings)

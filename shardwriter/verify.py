@@ -1,0 +1,109 @@
+"""Re-read a converted dataset and check it against its manifest and indexes.
+
+Checks, per shard: the tar and index exist, sizes and sha256 match the manifest; every tar member
+lies exactly where the index says (data offset and size) and has the indexed sha256; an episode's
+members are contiguous; and per episode and camera, the video's frame count from its content equals
+the index's, and its first and last indexed frames decode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+
+import pyarrow.parquet as pq
+
+from . import format as fmt
+from .tarwriter import sha256_file
+
+
+def _problem(shard: str, message: str, **where) -> dict:
+    return {"shard": shard, **where, "message": message}
+
+
+def _check_video(data: bytes, cam: dict, shard: str, key: str) -> list[dict]:
+    from torchcodec.decoders import VideoDecoder
+
+    where = {"episode": key, "camera": cam["name"]}
+    try:
+        decoder = VideoDecoder(data, seek_mode="exact")
+        if decoder.metadata.num_frames_from_content != cam["num_frames"]:
+            return [_problem(shard, f"video holds {decoder.metadata.num_frames_from_content} frames, "
+                                    f"index says {cam['num_frames']}", **where)]
+        decoder.get_frames_at(sorted({cam["row_to_frame"][0], cam["row_to_frame"][-1]}))
+    except Exception as exc:  # torchcodec raises several types; all mean the member is damaged
+        return [_problem(shard, f"video does not decode: {exc}", **where)]
+    return []
+
+
+def _check_shard(root: str, entry: dict, decode: bool) -> list[dict]:
+    shard = entry["shard"]
+    tar_path, index_path = os.path.join(root, shard), os.path.join(root, entry["index"])
+    for path in (tar_path, index_path):
+        if not os.path.exists(path):
+            return [_problem(shard, f"missing file {path}")]
+    problems = []
+    if os.path.getsize(tar_path) != entry["size"]:
+        problems.append(_problem(shard, f"size {os.path.getsize(tar_path)} != manifest {entry['size']}"))
+    if sha256_file(tar_path) != entry["sha256"]:
+        problems.append(_problem(shard, "sha256 differs from the manifest"))
+    if sha256_file(index_path) != entry.get("index_sha256", sha256_file(index_path)):
+        problems.append(_problem(shard, f"index {entry['index']} sha256 differs from the manifest"))
+    rows = pq.read_table(index_path).to_pylist()
+    try:
+        with tarfile.open(tar_path) as tar:
+            members = {m.name: m for m in tar.getmembers()}
+            order = [m.name for m in tar.getmembers()]
+            with open(tar_path, "rb") as f:
+                for row in rows:
+                    problems += _check_episode(f, members, order, row, shard, decode)
+    except tarfile.TarError as exc:
+        problems.append(_problem(shard, f"tar does not parse: {exc}"))
+    return problems
+
+
+def _check_episode(f, members: dict, order: list[str], row: dict, shard: str, decode: bool) -> list[dict]:
+    key, problems = row["key"], []
+    names = [m["name"] for m in row["members"]]
+    if any(n not in members for n in names):
+        return [_problem(shard, f"members missing from the tar: {[n for n in names if n not in members]}", episode=key)]
+    first = order.index(names[0])
+    if order[first:first + len(names)] != names:
+        problems.append(_problem(shard, "episode members are not contiguous in index order", episode=key))
+    blobs = {}
+    for m in row["members"]:
+        info = members[m["name"]]
+        if (info.offset_data, info.size) != (m["offset"], m["size"]):
+            problems.append(_problem(shard, f"member {m['name']} at ({info.offset_data}, {info.size}) in the tar, "
+                                            f"index says ({m['offset']}, {m['size']})", episode=key))
+            continue
+        f.seek(m["offset"])
+        blobs[m["name"]] = data = f.read(m["size"])
+        if hashlib.sha256(data).hexdigest() != m["sha256"]:
+            problems.append(_problem(shard, f"member {m['name']} sha256 differs from the index", episode=key))
+    if decode:
+        for cam in row["cameras"]:
+            name = row["members"][cam["member"]]["name"]
+            if name in blobs:
+                problems += _check_video(blobs[name], cam, shard, key)
+    return problems
+
+
+def verify(root: str, decode: bool = True) -> dict:
+    """Verify the dataset at ``root``; return ``{"ok": bool, "shards": n, "episodes": n, "problems": [...]}``.
+
+    Each problem names the shard, and where it applies the episode key and camera.
+    """
+    manifest_path = os.path.join(root, fmt.MANIFEST_NAME)
+    if not os.path.exists(manifest_path):
+        return {"ok": False, "shards": 0, "episodes": 0,
+                "problems": [{"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {root} (conversion unfinished?)"}]}
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    problems = []
+    for entry in manifest["shards"]:
+        problems += _check_shard(root, entry, decode)
+    return {"ok": not problems, "shards": len(manifest["shards"]), "episodes": manifest["totals"]["episodes"],
+            "problems": problems}

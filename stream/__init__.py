@@ -1,0 +1,1 @@
+"""epishard streaming window reader (see issue: streaming reader)."""

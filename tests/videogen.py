@@ -1,0 +1,155 @@
+"""Synthetic test episodes: videos whose frames carry their own frame number, plus parquet-like tables.
+
+Test-support module (not a test file). Every frame ``i`` of a generated video shows the integer ``i``
+as a 4x4 grid of large grey blocks (16 bits, MSB first, row-major; black = 0, white = 1), so a decoded
+frame can be mapped back to its index even after lossy coding and 4:2:0 chroma subsampling.
+"""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+from io import BytesIO
+from os import PathLike
+
+import av
+import numpy as np
+import pyarrow as pa
+
+GRID = 4  # GRID x GRID blocks, one bit each
+NBITS = GRID * GRID
+os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 logs errors only (it prints its config banner otherwise)
+
+
+def encode_frame_number(n: int, height: int = 64, width: int = 64) -> np.ndarray:
+    """Image carrying ``n`` (0 <= n < 2**16).
+
+    Returns an ``(height, width, 3)`` uint8 RGB array with R == G == B. The frame is split into a 4x4
+    grid of blocks of ``height // 4`` x ``width // 4`` px (any remainder rows/columns stay black);
+    block ``k`` (row-major) is 255 if bit ``15 - k`` of ``n`` is set, else 0. Sizes of 32..256 px
+    (blocks of 8..64 px) survive H.264, AV1 and MPEG-4 Part 2 at moderate quality.
+    """
+    if not 0 <= n < 2**NBITS:
+        raise ValueError(f"frame number {n} out of range [0, {2**NBITS})")
+    bh, bw = height // GRID, width // GRID
+    if bh < 8 or bw < 8:
+        raise ValueError(f"frame {height}x{width} too small: blocks must be at least 8x8 px")
+    bits = (n >> np.arange(NBITS - 1, -1, -1)) & 1  # MSB first
+    grid = (bits.reshape(GRID, GRID) * 255).astype(np.uint8)
+    img = np.zeros((height, width, 3), np.uint8)
+    img[: GRID * bh, : GRID * bw] = np.kron(grid, np.ones((bh, bw), np.uint8))[..., None]
+    return img
+
+
+def decode_frame_number(frame) -> int:
+    """Inverse of :func:`encode_frame_number`.
+
+    ``frame``: uint8 numpy array or torch tensor, ``(H, W, 3)`` (HWC) or ``(3, H, W)`` (CHW, as torchcodec
+    returns by default). The mean of the central half (in each direction) of every block, over all
+    channels, is thresholded at 128. Returns the frame number as a Python int.
+    """
+    a = np.asarray(frame.numpy() if hasattr(frame, "numpy") else frame)
+    if a.ndim != 3:
+        raise ValueError(f"expected a 3-D frame, got shape {a.shape}")
+    if a.shape[0] == 3 and a.shape[-1] != 3:
+        a = a.transpose(1, 2, 0)  # CHW -> HWC
+    bh, bw = a.shape[0] // GRID, a.shape[1] // GRID
+    n = 0
+    for r in range(GRID):
+        for c in range(GRID):
+            blk = a[r * bh + bh // 4 : r * bh + bh - bh // 4, c * bw + bw // 4 : c * bw + bw - bw // 4]
+            n = (n << 1) | int(blk.mean() >= 128)
+    return n
+
+
+def _stream_options(codec: str, gop: int, bframes: bool) -> tuple[str, dict[str, str]]:
+    if codec == "h264":
+        params = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={2 if bframes else 0}"
+        return "libx264", {"x264-params": params, "preset": "medium", "threads": "1"}
+    if codec == "av1":
+        # lp=1: single-threaded (deterministic); crf 20 keeps 8x8 px blocks legible.
+        return "libsvtav1", {"preset": "8", "crf": "20", "g": str(gop), "svtav1-params": f"keyint={gop}:lp=1"}
+    if codec == "mpeg4":
+        # No B-frames: with them the mpeg4 encoder inserts extra I-frames off the gop grid.
+        return "mpeg4", {"qscale": "3", "g": str(gop), "bf": "0", "threads": "1", "sc_threshold": "1000000000"}
+    raise ValueError(f"unknown codec {codec!r} (expected 'h264', 'av1' or 'mpeg4')")
+
+
+def make_video(
+    path: str | PathLike | None,
+    num_frames: int,
+    *,
+    codec: str = "h264",
+    fps: int = 20,
+    height: int = 64,
+    width: int = 64,
+    gop: int | None = None,
+    bframes: bool = True,
+    start_number: int = 0,
+) -> bytes:
+    """Encode an MP4 whose frame ``i`` (0-based) shows the number ``start_number + i``.
+
+    ``codec``: ``"h264"`` (libx264), ``"av1"`` (libsvtav1) or ``"mpeg4"`` (MPEG-4 Part 2). ``gop``: keyframe
+    interval in frames (default 30); for h264 and mpeg4 keyframes are at exactly the multiples of ``gop``.
+    ``bframes``: allow B-frames (h264 only, up to 2 consecutive; av1 uses its own hierarchical
+    mini-GOP regardless and mpeg4 never uses B-frames). Pixel format yuv420p, constant
+    frame rate ``fps``, stream time base ``1/fps``: frame ``i`` has pts ``i`` (presented at ``i / fps`` s).
+    Returns the file bytes and also writes them to ``path`` when given. Output is byte-deterministic for
+    identical arguments (single-threaded encoders) for all three codecs.
+    """
+    gop = 30 if gop is None else gop
+    enc, options = _stream_options(codec, gop, bframes)
+    buf = BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        stream = container.add_stream(enc, rate=fps, options=options)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.time_base = Fraction(1, fps)
+        stream.codec_context.time_base = Fraction(1, fps)
+        stream.codec_context.gop_size = gop
+        for i in range(num_frames):
+            frame = av.VideoFrame.from_ndarray(encode_frame_number(start_number + i, height, width), format="rgb24")
+            frame = frame.reformat(format="yuv420p")
+            frame.pts, frame.time_base = i, Fraction(1, fps)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    data = buf.getvalue()
+    if path is not None:
+        with open(path, "wb") as f:
+            f.write(data)
+    return data
+
+
+def make_episode_table(
+    num_rows: int,
+    *,
+    state_dim: int = 4,
+    action_dim: int = 3,
+    fps: int = 20,
+    with_frame_index: bool = True,
+    start_frame: int = 0,
+) -> pa.Table:
+    """LeRobot-style per-frame table for one episode (episode 0), ``num_rows`` rows.
+
+    Columns: ``observation.state`` fixed_size_list<float32>[state_dim] with ``state[r][j] = r + 0.01*j``;
+    ``action`` fixed_size_list<float32>[action_dim] with ``action[r][j] = r + 0.5 + 0.01*j``;
+    ``timestamp`` float32 seconds ``= (start_frame + r) / fps``; ``frame_index`` int64 ``start_frame + r``
+    (only when ``with_frame_index``); ``episode_index`` int64 0; ``index`` int64 ``r``; ``task_index`` int64 0.
+    """
+    r = np.arange(num_rows, dtype=np.float64)[:, None]
+
+    def vec(offset: float, dim: int) -> pa.FixedSizeListArray:
+        vals = (r + offset + 0.01 * np.arange(dim)).astype(np.float32).ravel()
+        return pa.FixedSizeListArray.from_arrays(pa.array(vals, pa.float32()), dim)
+
+    frames = np.arange(start_frame, start_frame + num_rows, dtype=np.int64)
+    cols = {
+        "observation.state": vec(0.0, state_dim),
+        "action": vec(0.5, action_dim),
+        "timestamp": pa.array((frames / fps).astype(np.float32), pa.float32()),
+    }
+    if with_frame_index:
+        cols["frame_index"] = pa.array(frames, pa.int64())
+    cols["episode_index"] = pa.array(np.zeros(num_rows, np.int64), pa.int64())
+    cols["index"] = pa.array(np.arange(num_rows, dtype=np.int64), pa.int64())
+    cols["task_index"] = pa.array(np.zeros(num_rows, np.int64), pa.int64())
+    return pa.table(cols)
