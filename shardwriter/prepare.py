@@ -54,7 +54,8 @@ def _fail(kind: str, message: str, **where) -> ConversionError:
 
 
 def _local_frames(table: pa.Table) -> np.ndarray:
-    """Frame of each row within the episode: ``frame_index`` when present, else row position."""
+    """Frame of each row within the episode's video (or segment): ``frame_index`` when present
+    (LeRobot's per-episode frame counter), else row position."""
     if "frame_index" not in table.column_names:
         return np.arange(table.num_rows, dtype=np.int64)
     frames = table.column("frame_index").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -64,7 +65,7 @@ def _local_frames(table: pa.Table) -> np.ndarray:
     if bad.size:
         r = int(bad[0]) + 1
         raise _fail("bad_frame_index", f"frame_index not increasing: {frames[r - 1]} then {frames[r]}", row=r)
-    return frames - frames[0] if frames.size else frames
+    return frames
 
 
 def _check_finite(table: pa.Table) -> None:
