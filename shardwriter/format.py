@@ -82,11 +82,17 @@ CAMERA_TYPE = pa.struct(
         ("time_base_num", pa.int64()),
         ("time_base_den", pa.int64()),
         ("num_frames", pa.int32()),  # frames in the stored video, counted from its packets
-        ("first_frame", pa.int32()),  # video frame of the episode's first row (lead frames before a cut)
-        ("pts", pa.list_(pa.int64())),  # [num_frames] presentation order, stream time base
-        ("duration", pa.list_(pa.int64())),  # [num_frames]
+        # Frame tables, compact when regular (the common case; keeps 10^4+ episodes small in memory):
+        # pts of frame i = pts_start + i * pts_step when `pts` is empty, else pts[i] (stream time base).
+        ("pts_start", pa.int64()),
+        ("pts_step", pa.int64()),
+        ("pts", pa.list_(pa.int64())),  # [num_frames] presentation order, or [] when regular
+        # duration of frame i = pts_step when `duration` is empty, else duration[i].
+        ("duration", pa.list_(pa.int64())),
         ("keyframes", pa.list_(pa.int32())),  # ascending frame numbers that are keyframes
-        ("row_to_frame", pa.list_(pa.int32())),  # [num_rows] video frame shown at each table row
+        # Video frame shown at table row r = first_frame + r when `row_to_frame` is empty, else row_to_frame[r].
+        ("first_frame", pa.int32()),
+        ("row_to_frame", pa.list_(pa.int32())),  # [num_rows] or []
         ("transform", pa.string()),  # "copy" | "cut" | "reencode:<json>": what the writer did
     ]
 )

@@ -97,9 +97,12 @@ class WindowIndex:
         self.cam_width = _np(cams.field("width"), np.int32)
         self.cam_height = _np(cams.field("height"), np.int32)
         self.cam_time_base = _np(cams.field("time_base_num"), np.float64) / _np(cams.field("time_base_den"), np.float64)
+        self.cam_first_frame = _np(cams.field("first_frame"), np.int64)
+        self.cam_pts_start = _np(cams.field("pts_start"), np.int64)
+        self.cam_pts_step = _np(cams.field("pts_step"), np.int64)
         pts, self.pts_offsets = _flat(cams.field("pts"))
         self.pts = _np(pts, np.int64)
-        dur, _ = _flat(cams.field("duration"))
+        dur, self.duration_offsets = _flat(cams.field("duration"))
         self.duration = _np(dur, np.int64)
         keys, self.key_offsets = _flat(cams.field("keyframes"))
         self.keyframes = _np(keys, np.int64)
@@ -131,7 +134,26 @@ class WindowIndex:
 
     def frames(self, stream: int, rows: np.ndarray) -> np.ndarray:
         """Video frame numbers (int64) shown at the given table rows of a camera stream."""
-        return self.row_to_frame[self.r2f_offsets[stream] + rows]
+        start = self.r2f_offsets[stream]
+        if start == self.r2f_offsets[stream + 1]:  # regular: frame = first_frame + row
+            return self.cam_first_frame[stream] + rows
+        return self.row_to_frame[start + rows]
+
+    def frame_tables(self, stream: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(pts, duration, keyframe flags) of every frame of a camera stream, expanded.
+
+        int64 ``[num_frames]``, int64 ``[num_frames]`` in the stream's time base, bool ``[num_frames]``:
+        what torchcodec's ``custom_frame_mappings`` needs to open a decoder without scanning the file.
+        """
+        n = int(self.cam_num_frames[stream])
+        a, b = self.pts_offsets[stream], self.pts_offsets[stream + 1]
+        step = self.cam_pts_step[stream]
+        pts = self.pts[a:b] if b > a else self.cam_pts_start[stream] + step * np.arange(n, dtype=np.int64)
+        a, b = self.duration_offsets[stream], self.duration_offsets[stream + 1]
+        duration = self.duration[a:b] if b > a else np.full(n, step, dtype=np.int64)
+        flags = np.zeros(n, dtype=bool)
+        flags[self.keyframes[self.key_offsets[stream]:self.key_offsets[stream + 1]]] = True
+        return pts, duration, flags
 
     def keyframe_before(self, stream: int, frame: int) -> int:
         """Last keyframe at or before ``frame`` (where decoding has to start)."""
@@ -151,3 +173,10 @@ class WindowIndex:
             frames=frames,
             keyframe=self.keyframe_before(s, int(frames.min())),
         )
+
+
+def camera_row_frames(camera: dict, num_rows: int) -> list[int]:
+    """Video frame of every table row, from one camera entry of an index row (as read by pyarrow)."""
+    if camera["row_to_frame"]:
+        return list(camera["row_to_frame"])
+    return list(range(camera["first_frame"], camera["first_frame"] + num_rows))

@@ -176,6 +176,21 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
     return data, stored, row_to_frame.astype(np.int32), transform, report
 
 
+def compact_tables(stored: VideoProbe, row_to_frame: np.ndarray) -> dict:
+    """Index fields for the pts, duration and row-to-frame tables; lists left empty when regular."""
+    pts, duration = stored.pts, stored.duration
+    step = int(pts[1] - pts[0]) if pts.size > 1 else int(duration[0])
+    regular_pts = bool(np.all(pts == pts[0] + step * np.arange(pts.size)))
+    regular_duration = regular_pts and bool(np.all(duration == step))
+    first = int(row_to_frame[0])
+    regular_rows = bool(np.all(row_to_frame == first + np.arange(row_to_frame.size)))
+    return {
+        "pts_start": int(pts[0]), "pts_step": step if regular_pts else 0,
+        "pts": [] if regular_pts else pts, "duration": [] if regular_duration else duration,
+        "first_frame": first, "row_to_frame": [] if regular_rows else row_to_frame,
+    }
+
+
 def _camera_fields(cameras: list[str]) -> dict[str, str]:
     fields: dict[str, str] = {}
     for i, cam in enumerate(cameras):
@@ -245,8 +260,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
             "name": cam, "member": None, "codec": stored.codec, "width": stored.width, "height": stored.height,
             "pix_fmt": stored.pix_fmt, "time_base_num": stored.time_base.numerator,
             "time_base_den": stored.time_base.denominator, "num_frames": stored.num_frames,
-            "first_frame": int(row_to_frame[0]), "pts": stored.pts, "duration": stored.duration,
-            "keyframes": stored.keyframes, "row_to_frame": row_to_frame, "transform": transform,
+            **compact_tables(stored, row_to_frame), "keyframes": stored.keyframes, "transform": transform,
         })
         members.append((f"{key}.{fields[cam]}.{fmt.VIDEO_EXT}", data))
     tasks = _task(episode, table)

@@ -16,6 +16,7 @@ import tarfile
 import pyarrow.parquet as pq
 
 from . import format as fmt
+from .index import camera_row_frames
 from .tarwriter import sha256_file
 
 
@@ -23,7 +24,7 @@ def _problem(shard: str, message: str, **where) -> dict:
     return {"shard": shard, **where, "message": message}
 
 
-def _check_video(data: bytes, cam: dict, shard: str, key: str) -> list[dict]:
+def _check_video(data: bytes, cam: dict, num_rows: int, shard: str, key: str) -> list[dict]:
     from torchcodec.decoders import VideoDecoder
 
     where = {"episode": key, "camera": cam["name"]}
@@ -32,7 +33,8 @@ def _check_video(data: bytes, cam: dict, shard: str, key: str) -> list[dict]:
         if decoder.metadata.num_frames_from_content != cam["num_frames"]:
             return [_problem(shard, f"video holds {decoder.metadata.num_frames_from_content} frames, "
                                     f"index says {cam['num_frames']}", **where)]
-        decoder.get_frames_at(sorted({cam["row_to_frame"][0], cam["row_to_frame"][-1]}))
+        frames = camera_row_frames(cam, num_rows)
+        decoder.get_frames_at(sorted({frames[0], frames[-1]}))
     except Exception as exc:  # torchcodec raises several types; all mean the member is damaged
         return [_problem(shard, f"video does not decode: {exc}", **where)]
     return []
@@ -87,7 +89,7 @@ def _check_episode(f, members: dict, order: list[str], row: dict, shard: str, de
         for cam in row["cameras"]:
             name = row["members"][cam["member"]]["name"]
             if name in blobs:
-                problems += _check_video(blobs[name], cam, shard, key)
+                problems += _check_video(blobs[name], cam, row["num_rows"], shard, key)
     return problems
 
 

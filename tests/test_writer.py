@@ -293,3 +293,22 @@ def test_cli_verify_names_the_damaged_episode_and_camera(episodes, tmp_path, cap
     problems = json.loads(capsys.readouterr().out)["problems"]
     assert {"shard": "shard-000001.tar", "message": "sha256 differs from the manifest"} in problems
     assert any(p.get("episode") == row["key"] and video["name"] in p["message"] for p in problems)
+
+
+def test_frame_tables_are_compact_when_regular_and_exact_when_not(tmp_path):
+    gap = list(range(20)) + list(range(21, 41))  # a dropped frame: row 20 shows video frame 21
+    table = _table_with("frame_index", gap)
+    manifest = convert([_source([_episode(0, table=table, video=make_video(None, 41, fps=FPS))])], str(tmp_path), _opts())
+    row = pq.read_table(tmp_path / manifest["shards"][0]["index"]).to_pylist()[0]
+    cam = row["cameras"][0]
+    assert cam["pts"] == [] and cam["duration"] == [] and cam["pts_step"] > 0
+    assert cam["row_to_frame"] == gap
+    index = WindowIndex.load([tmp_path / manifest["shards"][0]["index"]])
+    pts, duration, keys = index.frame_tables(0)
+    assert pts.tolist() == [cam["pts_start"] + i * cam["pts_step"] for i in range(41)]
+    assert keys.nonzero()[0].tolist() == [0, 30]
+    look = index.lookup(0, np.arange(40))
+    with open(tmp_path / manifest["shards"][0]["shard"], "rb") as f:
+        f.seek(look.offset)
+        data = f.read(look.size)
+    assert [decode_frame_number(x) for x in VideoDecoder(data).get_frames_at(look.frames.tolist()).data] == gap
