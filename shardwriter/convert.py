@@ -27,11 +27,11 @@ import pyarrow.parquet as pq
 from . import format as fmt
 from .episode import Episode, Source, TableSlice
 from .errors import ConversionError, SourceError
-from .index import encode_index, read_shard_meta
+from .index import encode_index, read_shard_meta, write_dataset_index
 from .lerobot import read_lerobot
 from .prepare import PrepareOptions, prepare
 from .stats import DatasetStats
-from .tarwriter import TarShardWriter, sha256_file, write_atomic
+from .tarwriter import TarShardWriter, sha256_file, temp_path, write_atomic
 from .video import ReencodeSpec
 
 
@@ -283,6 +283,10 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
         keys[key] = e
     shards = plan_shards(episodes, options.max_episodes_per_shard, options.max_bytes_per_shard)
     os.makedirs(out, exist_ok=True)
+    # The dataset is incomplete until a new manifest lands: never leave an old one describing shards
+    # this run may rewrite.
+    if os.path.exists(os.path.join(out, fmt.MANIFEST_NAME)):
+        os.remove(os.path.join(out, fmt.MANIFEST_NAME))
     _remove_stale(out, options.prefix, len(shards))
     done: dict[int, dict] = {}
     jobs = []
@@ -295,6 +299,9 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
             jobs.append((shard_id, shard, digest))
     _run(jobs, out, options, len(episodes), done)
     metas = [done[i] for i in range(len(shards))]
+    dataset_index = os.path.join(out, fmt.DATASET_INDEX_NAME)
+    write_dataset_index(out, [m["index"] for m in metas], temp_path(dataset_index))
+    os.replace(temp_path(dataset_index), dataset_index)
     summary = _summarise(out, metas, sources)
     skipped = [s for m in metas for s in m["skipped"]]
     warnings = [w for m in metas for w in m["warnings"]]
@@ -313,6 +320,7 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
         "totals": {"shards": len(metas), "episodes": sum(m["episodes"] for m in metas),
                    "rows": sum(m["rows"] for m in metas), "frames": sum(m["frames"] for m in metas),
                    "bytes": sum(m["size"] for m in metas), "skipped": len(skipped)},
+        "index": {"file": fmt.DATASET_INDEX_NAME, "sha256": sha256_file(dataset_index)},
         "shards": [{**{k: m[k] for k in ("shard", "index", "episodes", "rows", "frames", "size", "sha256")},
                     "index_sha256": sha256_file(os.path.join(out, m["index"]))} for m in metas],
         "report": {"skipped_by_kind": _count(skipped), "warnings_by_kind": _count(warnings),

@@ -15,6 +15,7 @@ FORMAT_VERSION = 1
 
 MANIFEST_NAME = "manifest.json"
 REPORT_NAME = "report.json"
+DATASET_INDEX_NAME = "index.arrow"  # all shard indexes + a `shard` column, Arrow IPC, memory-mappable
 SHARD_SUFFIX = ".tar"
 INDEX_SUFFIX = ".index.parquet"
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
-from .format import INDEX_SCHEMA
+from .format import DATASET_INDEX_NAME, INDEX_SCHEMA, MANIFEST_NAME
 
 SHARD_META_KEY = b"epishard.shard"
 
@@ -37,6 +39,16 @@ def encode_index(rows: list[dict], shard_meta: dict) -> bytes:
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
     return buf.getvalue()
+
+
+def write_dataset_index(root: str, index_files: list[str], out_path: str) -> None:
+    """Concatenate per-shard indexes (in shard order) into one uncompressed Arrow IPC file with an
+    int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``)."""
+    tables = [pq.read_table(os.path.join(root, name)).replace_schema_metadata(None) for name in index_files]
+    table = pa.concat_tables(tables)
+    shard = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])
+    table = table.append_column("shard", pa.array(shard))
+    feather.write_feather(table, out_path, compression="uncompressed")
 
 
 def read_shard_meta(source) -> dict:
@@ -97,6 +109,10 @@ class WindowIndex:
         self.cam_width = _np(cams.field("width"), np.int32)
         self.cam_height = _np(cams.field("height"), np.int32)
         self.cam_time_base = _np(cams.field("time_base_num"), np.float64) / _np(cams.field("time_base_den"), np.float64)
+        # Byte range of each stream's video member, resolved once so a lookup is one array read.
+        episode_of_stream = np.repeat(np.arange(self.num_rows.shape[0]), np.diff(self.episode_cams))
+        member = self.episode_members[episode_of_stream] + self.cam_member
+        self.cam_offset, self.cam_size = self.member_offset[member], self.member_size[member]
         self.cam_first_frame = _np(cams.field("first_frame"), np.int64)
         self.cam_pts_start = _np(cams.field("pts_start"), np.int64)
         self.cam_pts_step = _np(cams.field("pts_step"), np.int64)
@@ -111,11 +127,24 @@ class WindowIndex:
 
     @classmethod
     def load(cls, sources: list) -> "WindowIndex":
-        """Load index files (paths or file objects) in the given order; shard ``i`` is ``sources[i]``."""
+        """Load per-shard index files (paths or file objects); shard ``i`` is ``sources[i]``."""
         tables = [pq.read_table(s) for s in sources]
         counts = np.array([t.num_rows for t in tables], dtype=np.int64)
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         return cls(table, np.repeat(np.arange(len(tables)), counts))
+
+    @classmethod
+    def load_dataset(cls, root: str) -> "WindowIndex":
+        """Load a local dataset's index from its memory-mapped ``index.arrow`` (one file for all
+        shards: milliseconds for tens of thousands of episodes, pages shared by forked workers),
+        or from the per-shard Parquet indexes the manifest lists when it is absent."""
+        path = os.path.join(root, DATASET_INDEX_NAME)
+        if os.path.exists(path):
+            table = feather.read_table(path, memory_map=True)
+            return cls(table.drop_columns(["shard"]), _np(table.column("shard"), np.int32))
+        with open(os.path.join(root, MANIFEST_NAME)) as f:
+            shards = json.load(f)["shards"]
+        return cls.load([os.path.join(root, s["index"]) for s in shards])
 
     @property
     def num_episodes(self) -> int:
@@ -164,12 +193,11 @@ class WindowIndex:
     def lookup(self, episode: int, rows: np.ndarray, camera: int = 0) -> CameraLookup:
         """Shard, byte range and frames of ``camera`` for the given rows of ``episode``."""
         s = self.stream(episode, camera)
-        member = self.episode_members[episode] + self.cam_member[s]
         frames = self.frames(s, rows)
         return CameraLookup(
             shard=int(self.shard[episode]),
-            offset=int(self.member_offset[member]),
-            size=int(self.member_size[member]),
+            offset=int(self.cam_offset[s]),
+            size=int(self.cam_size[s]),
             frames=frames,
             keyframe=self.keyframe_before(s, int(frames.min())),
         )

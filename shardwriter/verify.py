@@ -51,7 +51,7 @@ def _check_shard(root: str, entry: dict, decode: bool) -> list[dict]:
         problems.append(_problem(shard, f"size {os.path.getsize(tar_path)} != manifest {entry['size']}"))
     if sha256_file(tar_path) != entry["sha256"]:
         problems.append(_problem(shard, "sha256 differs from the manifest"))
-    if sha256_file(index_path) != entry.get("index_sha256", sha256_file(index_path)):
+    if sha256_file(index_path) != entry["index_sha256"]:
         problems.append(_problem(shard, f"index {entry['index']} sha256 differs from the manifest"))
     rows = pq.read_table(index_path).to_pylist()
     try:
@@ -105,6 +105,9 @@ def verify(root: str, decode: bool = True) -> dict:
     with open(manifest_path) as f:
         manifest = json.load(f)
     problems = []
+    dataset_index = os.path.join(root, manifest["index"]["file"])
+    if not os.path.exists(dataset_index) or sha256_file(dataset_index) != manifest["index"]["sha256"]:
+        problems.append({"shard": None, "message": f"{manifest['index']['file']} is missing or its sha256 differs"})
     for entry in manifest["shards"]:
         problems += _check_shard(root, entry, decode)
     return {"ok": not problems, "shards": len(manifest["shards"]), "episodes": manifest["totals"]["episodes"],
