@@ -7,11 +7,18 @@ and a table or video may be given lazily (a path) so that nothing is loaded befo
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+
+@functools.lru_cache(maxsize=4)
+def _read_shared_table(path: str) -> pa.Table:
+    # Consecutive episodes of a LeRobot v3.0 dataset share one parquet file: read it once.
+    return pq.read_table(path)
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ class Episode:
         if isinstance(self.table, pa.Table):
             return self.table, None
         if isinstance(self.table, TableSlice):
-            whole = pq.read_table(self.table.path)
+            whole = _read_shared_table(self.table.path)
             return whole.slice(self.table.start, self.table.stop - self.table.start), None
         with open(self.table, "rb") as f:
             raw = f.read()

@@ -7,6 +7,7 @@ rounded to pick frames; they are only compared with the video to report disagree
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from dataclasses import dataclass, field
@@ -30,7 +31,9 @@ class PrepareOptions:
     ``cameras``: camera names to keep (None: all). ``reencode``: re-encode settings or None for a
     bit-exact copy / stream-copy cut. ``timestamps``: ``"warn"`` records timestamp disagreements in
     the report (frames are mapped by frame_index, so they cannot shift frames); ``"fail"`` treats
-    them as errors. ``decode_check``: decode the first and last frame each episode uses, per camera.
+    them as errors. ``decode_check``: per camera, decode the keyframes where decoding the episode's
+    first and last frames starts (keyframes decode alone, so this costs two frames, not a GOP;
+    ``epishard verify`` decodes the first and last frames themselves).
     """
 
     cameras: tuple[str, ...] | None = None
@@ -122,6 +125,12 @@ def _timestamp_report(table: pa.Table, expected: np.ndarray, fps: float, frame_s
                        f"{d[r]:+.3f}s off); frames follow frame_index/row order"}
 
 
+@functools.lru_cache(maxsize=8)
+def _probe_shared(path: str) -> VideoProbe:
+    # Consecutive episodes of a LeRobot v3.0 dataset are segments of one video file: demux it once.
+    return probe(path)
+
+
 def _decode_check(data: bytes, frames: list[int]) -> None:
     from torchcodec.decoders import VideoDecoder
 
@@ -135,10 +144,10 @@ def _decode_check(data: bytes, frames: list[int]) -> None:
 def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, table: pa.Table):
     """Return (stored bytes, probe of stored bytes, row_to_frame, transform, timestamp report)."""
     source = video.source
-    if not isinstance(source, (bytes, bytearray)):
+    if video.segment is None and not isinstance(source, (bytes, bytearray)):
         with open(source, "rb") as f:
-            source = f.read()
-    info = probe(source)
+            source = f.read()  # copied whole: read once, probe and store these bytes
+    info = _probe_shared(source) if isinstance(source, str) else probe(source)
     base, seg_start = 0, 0.0
     if video.segment is not None:
         seg_start = video.segment[0]
@@ -249,7 +258,9 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         try:
             data, stored, row_to_frame, transform, report = _prepare_camera(video, local, episode.fps, opts, table)
             if opts.decode_check:
-                _decode_check(data, sorted({int(row_to_frame[0]), int(row_to_frame[-1])}))
+                keys = stored.keyframes
+                starts = {int(keys[np.searchsorted(keys, f, side="right") - 1]) for f in (row_to_frame[0], row_to_frame[-1])}
+                _decode_check(data, sorted(starts))
         except ConversionError as exc:
             raise exc.with_context(camera=cam, path=path, **where) from None
         if report is not None:
