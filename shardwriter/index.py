@@ -134,14 +134,18 @@ class WindowIndex:
         return cls(table, np.repeat(np.arange(len(tables)), counts))
 
     @classmethod
+    def from_dataset_table(cls, table: pa.Table) -> "WindowIndex":
+        """From the table of an ``index.arrow`` file (index columns plus ``shard``)."""
+        return cls(table.drop_columns(["shard"]), _np(table.column("shard"), np.int32))
+
+    @classmethod
     def load_dataset(cls, root: str) -> "WindowIndex":
         """Load a local dataset's index from its memory-mapped ``index.arrow`` (one file for all
         shards: milliseconds for tens of thousands of episodes, pages shared by forked workers),
         or from the per-shard Parquet indexes the manifest lists when it is absent."""
         path = os.path.join(root, DATASET_INDEX_NAME)
         if os.path.exists(path):
-            table = feather.read_table(path, memory_map=True)
-            return cls(table.drop_columns(["shard"]), _np(table.column("shard"), np.int32))
+            return cls.from_dataset_table(feather.read_table(path, memory_map=True))
         with open(os.path.join(root, MANIFEST_NAME)) as f:
             shards = json.load(f)["shards"]
         return cls.load([os.path.join(root, s["index"]) for s in shards])

@@ -1,0 +1,303 @@
+"""``WindowDataset``: a torch ``IterableDataset`` of training windows streamed from epishard shards,
+and ``WindowLoader``: a ``DataLoader`` that adds exact mid-epoch resume.
+
+Sample format (stable; ``default_collate`` batches it):
+
+=================================  =========================================================
+``<camera>`` (full name)           frames ``[T, C, H, W]``, uint8 by default (``PostProcess``)
+``<camera>_is_pad``                bool ``[T]``: offset fell outside the episode (pad mode)
+``observation.state``              float32 ``[T_s, D]`` (``spec.state_offsets`` rows)
+``observation.state_is_pad``       bool ``[T_s]``
+``action``                         float32 ``[H, D]`` (rows anchor .. anchor+H-1)
+``action_is_pad``                  bool ``[H]``
+``task``                           str, the instruction
+``episode_index``                  int, episode index in its source dataset
+``frame_index``, ``timestamp``     int and float (seconds) of the anchor row
+``dataset``                        int, position of the dataset in the mix (always present)
+``__telemetry__``                  float64 counters of the worker (only with ``telemetry=True``)
+=================================  =========================================================
+
+Distribution: rank and world size come from ``torch.distributed`` when it is initialised (or the
+``rank``/``world_size`` arguments); the worker from ``torch.utils.data.get_worker_info()``. Every
+rank yields the same number of samples per epoch (see ``stream.plan``).
+
+Epochs: each ``__iter__`` runs the next epoch of the object it is called on. With a plain
+``DataLoader`` and non-persistent workers, call ``set_epoch(e)`` before each epoch (as with
+``DistributedSampler``); ``WindowLoader`` does this for you.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .episode import LoadedEpisode, Normalizer
+from .plan import EpisodeTable, WorkerPlan, worker_plan
+from .source import DatasetSource, ShardReader
+from .spec import WindowSpec
+from .telemetry import Telemetry
+from .transform import PostProcess
+
+STATE_VERSION = 1
+
+
+def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return rank or 0, world_size or 1
+
+
+@dataclass
+class _Resume:
+    epoch: int
+    skip: list[int]  # samples already consumed, per consumer of this rank (worker order)
+    rotation: int  # worker w continues the plan of consumer (w + rotation) % num_workers
+
+
+class WindowDataset(IterableDataset):
+    """Training windows from one or more epishard datasets.
+
+    Args:
+        sources: a dataset URL or ``DatasetSource``, or a list of them, or of ``(url, weight)``
+            pairs to mix datasets (weight multiplies that dataset's windows per epoch).
+        spec: the window (``WindowSpec``).
+        seed: base seed; the plan is a pure function of (seed, epoch, world size, rank, workers).
+        shuffle_windows / shuffle_bytes: bounds of each worker's shuffle buffer (windows; bytes of
+            loaded episodes: encoded members plus decoded frames). ``shuffle_windows=0`` keeps the
+            read order.
+        rank / world_size: override ``torch.distributed``.
+        num_workers: DataLoader workers, needed only for ``len()`` before iteration.
+        postprocess: per-frame ``PostProcess`` (resize, crop, dtype, hook).
+        normalize: column -> ``"mean_std"`` | ``"min_max"``, from the manifest statistics.
+        telemetry: attach ``__telemetry__`` counters to every sample.
+        storage_options: fsspec options for URLs.
+    """
+
+    def __init__(self, sources, spec: WindowSpec, *, seed: int = 0, shuffle_windows: int = 512,
+                 shuffle_bytes: int = 1 << 30, rank: int | None = None, world_size: int | None = None,
+                 num_workers: int | None = None, postprocess: PostProcess | None = None,
+                 normalize: dict[str, str] | None = None, telemetry: bool = False,
+                 storage_options: dict | None = None):
+        super().__init__()
+        items = sources if isinstance(sources, list) else [sources]
+        pairs = [item if isinstance(item, tuple) else (item, 1.0) for item in items]
+        self.sources = [s if isinstance(s, DatasetSource) else DatasetSource(s, storage_options) for s, _ in pairs]
+        self.weights = [float(w) for _, w in pairs]
+        self.spec = spec
+        self.seed = seed
+        self.shuffle_windows = shuffle_windows
+        self.shuffle_bytes = shuffle_bytes
+        self._rank, self._world_size = rank, world_size
+        self.num_workers = num_workers
+        self.post = postprocess or PostProcess()
+        self.telemetry = telemetry
+        self.cam_offsets = [spec.camera_offsets(s.cameras) for s in self.sources]
+        self.normalizers = [
+            {col: Normalizer.from_stats(s.manifest["stats"][col], mode) for col, mode in (normalize or {}).items()}
+            for s in self.sources
+        ]
+        self.table, self.episode_base = self._episode_table()
+        self.epoch = 0
+        self._resume: _Resume | None = None
+        self._consumed = 0
+
+    # --- planning ---------------------------------------------------------------------------------
+
+    def _episode_table(self) -> tuple[EpisodeTable, np.ndarray]:
+        parts, base, shard_base = [], [0], 0
+        for source, weight, offsets in zip(self.sources, self.weights, self.cam_offsets):
+            ix = source.index
+            rows = self.spec.row_offsets(list(offsets))
+            if self.spec.boundary == "pad":
+                lo, hi = ix.window_start, ix.window_stop
+            else:
+                lo = ix.window_start + max(0, -int(rows.min()))
+                hi = ix.window_stop - max(0, int(rows.max()))
+            # Bytes an episode holds while loaded, an upper bound: encoded members of the cameras
+            # read plus every row's frame decoded and post-processed.
+            cost = np.zeros(ix.num_episodes, dtype=np.int64)
+            itemsize = torch.empty(0, dtype=self.post.dtype).element_size()
+            for cam in offsets:
+                streams = np.array([ix.stream(e, ix.camera_names(e).index(cam)) for e in range(ix.num_episodes)])
+                size = np.array(self.post.size) if self.post.size else np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1)
+                cost += ix.cam_size[streams] + ix.num_rows * 3 * np.prod(size, axis=-1) * itemsize
+            parts.append((ix.shard.astype(np.int64) + shard_base, lo, hi, np.full(ix.num_episodes, weight), cost))
+            shard_base += len(source.shards)
+            base.append(base[-1] + ix.num_episodes)
+        cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
+        return EpisodeTable(shard=cat[0], lo=cat[1].astype(np.int64), hi=cat[2].astype(np.int64), weight=cat[3],
+                            cost_bytes=cat[4]), np.asarray(base)
+
+    def plan(self, epoch: int, rank: int, world_size: int, num_workers: int, consumer: int) -> WorkerPlan:
+        """This consumer's windows for ``epoch`` (global episode numbers), in yield order."""
+        return worker_plan(self.table, stride=self.spec.stride, per_episode=self.spec.per_episode, seed=self.seed,
+                           epoch=epoch, world_size=world_size, rank=rank, num_workers=num_workers, worker=consumer,
+                           shuffle_windows=self.shuffle_windows, shuffle_bytes=self.shuffle_bytes)
+
+    def samples_per_rank(self, num_workers: int | None = None, world_size: int | None = None, epoch: int = 0) -> int:
+        """Samples every rank yields in ``epoch`` (the same on all ranks)."""
+        _, world = _distributed(self._rank, self._world_size)
+        world = world_size or world
+        workers = max(num_workers if num_workers is not None else (self.num_workers or 0), 1)
+        return len(self.plan(epoch, 0, world, workers, 0)) * workers
+
+    def __len__(self) -> int:
+        return self.samples_per_rank(epoch=self.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run ``epoch`` on the next ``__iter__`` (call before each epoch with non-persistent workers)."""
+        self.epoch = epoch
+
+    # --- iteration -------------------------------------------------------------------------------
+
+    def _locate(self, episode: int) -> tuple[int, int]:
+        d = int(np.searchsorted(self.episode_base, episode, side="right") - 1)
+        return d, episode - int(self.episode_base[d])
+
+    def __iter__(self):
+        rank, world = _distributed(self._rank, self._world_size)
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        epoch, skip, consumer = self.epoch, 0, worker
+        if self._resume is not None:
+            if self._resume.epoch == epoch:
+                consumer = (worker + self._resume.rotation) % workers
+                skip = self._resume.skip[consumer]
+            self._resume = None
+        self.epoch += 1  # the next __iter__ of this object (a persistent worker's copy too) runs the next epoch
+        self._consumed = skip
+        telemetry = Telemetry(worker)
+        t0 = time.perf_counter()
+        plan = self.plan(epoch, rank, world, workers, consumer)
+        telemetry.add(plan_s=time.perf_counter() - t0, windows_dropped=plan.dropped if consumer == 0 and rank == 0 else 0,
+                      episodes_without_windows=int(np.sum(self.table.hi <= self.table.lo)) if consumer == 0 and rank == 0 else 0)
+        return self._generate(plan, skip, telemetry)
+
+    def _generate(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):
+        episodes, anchors = plan.episode[skip:], plan.anchor[skip:]
+        order = np.argsort(episodes, kind="stable")
+        bounds = np.flatnonzero(np.r_[True, episodes[order][1:] != episodes[order][:-1]]) if episodes.size else []
+        pending = {int(episodes[order[b]]): np.sort(anchors[order[b:e]])
+                   for b, e in zip(list(bounds), list(bounds[1:]) + [episodes.size])}
+        remaining = {e: a.size for e, a in pending.items()}
+        readers = [ShardReader(s) for s in self.sources]
+        loaded: dict[int, LoadedEpisode] = {}
+        read_pos = 0
+        try:
+            for e, anchor in zip(episodes.tolist(), anchors.tolist()):
+                while e not in loaded:
+                    nxt = int(plan.read_order[read_pos])
+                    read_pos += 1
+                    if remaining.get(nxt):
+                        d, local = self._locate(nxt)
+                        loaded[nxt] = LoadedEpisode.load(
+                            self.sources[d].index, local, pending[nxt], self.spec, self.cam_offsets[d], readers[d],
+                            self.post, self.normalizers[d], telemetry)
+                t = time.perf_counter()
+                d, _ = self._locate(e)
+                sample = loaded[e].window(self.sources[d].index, anchor, self.spec, self.cam_offsets[d])
+                sample["dataset"] = d
+                remaining[e] -= 1
+                if remaining[e] == 0:
+                    del loaded[e]
+                telemetry.add(assemble_s=time.perf_counter() - t, samples=1,
+                              frames_returned=sum(len(o) for o in self.cam_offsets[d].values()))
+                telemetry.values["shard_opens"] = sum(r.opens for r in readers)
+                if self.telemetry:
+                    sample["__telemetry__"] = telemetry.tensor()
+                self._consumed += 1
+                yield sample
+        finally:
+            for r in readers:
+                r.close()
+
+    # --- resume ----------------------------------------------------------------------------------
+
+    def state_dict(self, batches: int | None = None, batch_size: int | None = None, num_workers: int = 0) -> dict:
+        """Position of this rank in the current epoch, for ``load_state_dict``.
+
+        Without arguments (iteration in this process, ``num_workers=0``): the samples yielded so far.
+        ``WindowLoader.state_dict`` passes ``batches`` consumed, ``batch_size`` and ``num_workers``.
+        """
+        rank, world = _distributed(self._rank, self._world_size)
+        workers = max(num_workers, 1)
+        epoch = self.epoch - 1 if self._consumed or batches else self.epoch
+        if batches is None:
+            consumed = [self._consumed]
+        else:
+            per = len(self.plan(epoch, rank, world, workers, 0))
+            consumed = [min(-(-(batches - w) // workers) * batch_size, per) if batches > w else 0 for w in range(workers)]
+        return {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "world_size": world, "num_workers": workers,
+                "rank": rank, "consumed": consumed, "rotation": (batches or 0) % workers}
+
+    def load_state_dict(self, state: dict, num_workers: int = 0) -> None:
+        """Continue exactly where ``state`` was taken: the next sample (or batch) is the one the
+        uninterrupted run would have yielded next.
+
+        Raises:
+            ValueError: ``state`` was saved under another world size, worker count or seed; such a
+                state cannot continue the same epoch plan (every rank's share would change).
+        """
+        rank, world = _distributed(self._rank, self._world_size)
+        workers = max(num_workers, 1)
+        for name, now in (("world_size", world), ("num_workers", workers), ("seed", self.seed), ("rank", rank)):
+            if state[name] != now:
+                raise ValueError(f"cannot resume: the state was saved with {name}={state[name]}, this run has "
+                                 f"{name}={now}. Resume with the same settings, or start the next epoch fresh "
+                                 f"with set_epoch({state['epoch'] + 1}).")
+        per = len(self.plan(state["epoch"], rank, world, workers, 0))
+        if all(c >= per for c in state["consumed"]):
+            self.epoch, self._resume = state["epoch"] + 1, None  # the epoch was finished
+        else:
+            self.epoch = state["epoch"]
+            self._resume = _Resume(state["epoch"], list(state["consumed"]), state["rotation"])
+        self._consumed = 0
+
+
+class WindowLoader(DataLoader):
+    """A ``DataLoader`` over a ``WindowDataset`` that tracks epochs and consumed batches, so that
+    ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch with any ``num_workers``.
+
+    Exactness relies on the DataLoader's in-order round-robin over workers (the default,
+    ``in_order=True``) and on every worker of a rank holding the same number of windows.
+    """
+
+    def __init__(self, dataset: WindowDataset, batch_size: int = 1, **kw):
+        super().__init__(dataset, batch_size=batch_size, **kw)
+        dataset.num_workers = self.num_workers
+        self._epoch = dataset.epoch
+        self._batches = 0
+
+    def __iter__(self):
+        if not (self.persistent_workers and getattr(self, "_iterator", None) is not None):
+            self.dataset.set_epoch(self._epoch)
+        self._batches = 0
+        for batch in super().__iter__():
+            self._batches += 1
+            yield batch
+        self._epoch += 1
+        self._batches = 0
+
+    def state_dict(self) -> dict:
+        if self._batches == 0:
+            return {"version": STATE_VERSION, "seed": self.dataset.seed, "epoch": self._epoch, "fresh": True,
+                    "world_size": _distributed(self.dataset._rank, self.dataset._world_size)[1],
+                    "num_workers": max(self.num_workers, 1), "rank": _distributed(self.dataset._rank, self.dataset._world_size)[0]}
+        state = self.dataset.state_dict(self._batches, self.batch_size, self.num_workers)
+        state["epoch"] = self._epoch
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("fresh"):
+            self._epoch = state["epoch"]
+            self.dataset.set_epoch(self._epoch)
+            return
+        self.dataset.load_state_dict(state, self.num_workers)
+        self._epoch = self.dataset.epoch

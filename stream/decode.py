@@ -1,0 +1,58 @@
+"""Merged frame-list decoding: one decoder and one ``get_frames_at`` call per (episode, camera).
+
+The decoder is opened from the member's bytes in memory with torchcodec's
+``custom_frame_mappings`` built from the index (pts, durations, keyframes), so opening does not
+rescan the file and seeking stays frame-exact.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+
+def frame_mappings(pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray) -> str:
+    """torchcodec ``custom_frame_mappings`` JSON (ffprobe's ``-show_frames`` shape) for one stream.
+
+    ``pts``, ``duration``: int64 ``[num_frames]`` in the stream time base; ``keyframe``: bool.
+    """
+    frames = [{"pts": int(p), "duration": int(d), "key_frame": int(k)} for p, d, k in zip(pts.tolist(), duration.tolist(), keyframe.tolist())]
+    return json.dumps({"frames": frames})
+
+
+def decoded_frames(frames: np.ndarray, keyframes: np.ndarray) -> int:
+    """Frames a sequential decoder decodes to return the sorted unique ``frames``.
+
+    It starts at the keyframe at or before the first frame; for each next frame it decodes forward,
+    or jumps to a keyframe when one lies after the previous frame and at or before the next.
+    Used for telemetry (frames decoded per frame returned) and as a decode-cost estimate.
+    """
+    if frames.size == 0:
+        return 0
+    key_before = keyframes[np.searchsorted(keyframes, frames, side="right") - 1]
+    start = np.maximum(key_before[1:], frames[:-1] + 1)
+    return int(frames[0] - key_before[0] + 1 + np.sum(frames[1:] - start + 1))
+
+
+class DecodeError(RuntimeError):
+    """A video member did not decode; the message names the episode key and camera."""
+
+
+def decode(data: bytes, frames: np.ndarray, mappings: str, *, where: str) -> torch.Tensor:
+    """Decode ``frames`` (sorted unique int64 frame numbers) of one video in one call.
+
+    Returns:
+        uint8 tensor ``[len(frames), C, H, W]`` (RGB).
+
+    Raises:
+        DecodeError: torchcodec failed; ``where`` (episode key and camera) is in the message.
+    """
+    from torchcodec.decoders import VideoDecoder
+
+    try:
+        decoder = VideoDecoder(data, custom_frame_mappings=mappings, dimension_order="NCHW", num_ffmpeg_threads=1)
+        return decoder.get_frames_at(frames.tolist()).data
+    except Exception as exc:  # torchcodec raises RuntimeError/ValueError/IndexError by case
+        raise DecodeError(f"{where}: decoding frames {frames[:8].tolist()}... failed: {exc}") from exc

@@ -1,0 +1,147 @@
+"""One episode loaded for a consumer: its table columns, and every frame its windows need, decoded
+once per camera (merged decoding) and post-processed once; windows are then cut out of it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from shardwriter.format import DATA_EXT
+from shardwriter.index import WindowIndex
+from shardwriter.stats import numeric_matrix
+
+from .decode import decode, decoded_frames, frame_mappings
+from .source import ShardReader
+from .spec import WindowSpec
+from .telemetry import Telemetry
+from .transform import PostProcess
+
+
+@dataclass
+class Normalizer:
+    """``(x - shift) / scale`` per dimension, from manifest statistics.
+
+    ``mode``: ``"mean_std"`` (shift mean, scale max(std, eps)) or ``"min_max"`` (to [-1, 1]).
+    """
+
+    shift: np.ndarray
+    scale: np.ndarray
+
+    @classmethod
+    def from_stats(cls, stats: dict, mode: str, eps: float = 1e-8) -> "Normalizer":
+        if mode == "mean_std":
+            return cls(np.asarray(stats["mean"], np.float32), np.maximum(np.asarray(stats["std"], np.float32), eps))
+        if mode == "min_max":
+            lo, hi = np.asarray(stats["min"], np.float32), np.asarray(stats["max"], np.float32)
+            return cls((lo + hi) / 2, np.maximum((hi - lo) / 2, eps))
+        raise ValueError(f"normalisation mode must be 'mean_std' or 'min_max', not {mode!r}")
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return (x - self.shift) / self.scale
+
+
+def _clamped(rows: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    pad = (rows < 0) | (rows >= num_rows)
+    return np.clip(rows, 0, num_rows - 1), pad
+
+
+class LoadedEpisode:
+    """An episode's columns and decoded frames, enough to cut all of the given windows.
+
+    Built by ``load``: one byte-range read covering the needed members, one decoder and one
+    ``get_frames_at`` call per camera for the sorted union of frames of all windows, and
+    post-processing of exactly those frames.
+    """
+
+    def __init__(self, episode: int, num_rows: int, columns: dict, frames: dict, positions: dict, info: dict):
+        self.episode = episode
+        self.num_rows = num_rows
+        self.columns = columns
+        self.frames = frames
+        self.positions = positions
+        self.info = info
+
+    @classmethod
+    def load(cls, index: WindowIndex, episode: int, anchors: np.ndarray, spec: WindowSpec,
+             cam_offsets: dict[str, np.ndarray], reader: ShardReader, post: PostProcess,
+             normalizers: dict[str, Normalizer], telemetry: Telemetry) -> "LoadedEpisode":
+        t0 = time.perf_counter()
+        key, n = index.key(episode), int(index.num_rows[episode])
+        names = index.camera_names(episode)
+        streams = {cam: index.stream(episode, names.index(cam)) for cam in cam_offsets}
+        m0, m1 = int(index.episode_members[episode]), int(index.episode_members[episode + 1])
+        member_names = index.table.column("members")[episode].values.field("name").to_pylist()
+        data_member = m0 + next(i for i, name in enumerate(member_names) if name.endswith("." + DATA_EXT))
+        wanted = [data_member] + [m0 + int(index.cam_member[s]) for s in streams.values()]
+        start = min(int(index.member_offset[m]) for m in wanted)
+        stop = max(int(index.member_offset[m] + index.member_size[m]) for m in wanted)
+        blob = reader.read(int(index.shard[episode]), start, stop)
+
+        def member(m: int) -> bytes:
+            a = int(index.member_offset[m]) - start
+            return blob[a:a + int(index.member_size[m])]
+
+        table = pq.read_table(pa.BufferReader(member(data_member)))
+        columns = {}
+        for name in {spec.state_key, spec.action_key, *spec.extra_columns} - {None}:
+            matrix = numeric_matrix(table.column(name)).astype(np.float32)
+            columns[name] = normalizers[name](matrix) if name in normalizers else matrix
+        columns["frame_index"] = (table.column("frame_index").to_numpy() if "frame_index" in table.column_names
+                                  else np.arange(n))
+        fps = float(index.fps[episode])
+        columns["timestamp"] = (table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+                                if "timestamp" in table.column_names else np.arange(n) / fps)
+        telemetry.add(read_s=time.perf_counter() - t0, bytes_read=stop - start)
+
+        frames, positions = {}, {}
+        for cam, offsets in cam_offsets.items():
+            s = streams[cam]
+            rows, _ = _clamped((anchors[:, None] + offsets[None, :]).ravel(), n)
+            unique = np.unique(index.frames(s, rows))
+            t1 = time.perf_counter()
+            pts, duration, keyflags = index.frame_tables(s)
+            decoded = decode(member(m0 + int(index.cam_member[s])), unique, frame_mappings(pts, duration, keyflags),
+                             where=f"episode {key} camera {cam}")
+            t2 = time.perf_counter()
+            frames[cam] = post(decoded)
+            positions[cam] = unique
+            keys = index.keyframes[index.key_offsets[s]:index.key_offsets[s + 1]]
+            telemetry.add(decode_s=t2 - t1, postprocess_s=time.perf_counter() - t2, decoder_opens=1, decode_calls=1,
+                          frames_decoded=decoded_frames(unique, keys), frames_unique=unique.size)
+        info = {"task": index.table.column("task")[episode].as_py(), "episode_index":
+                int(index.table.column("episode_index")[episode].as_py()), "key": key, "fps": fps,
+                "streams": streams}
+        telemetry.add(episodes_loaded=1)
+        return cls(episode, n, columns, frames, positions, info)
+
+    def window(self, index: WindowIndex, anchor: int, spec: WindowSpec, cam_offsets: dict[str, np.ndarray]) -> dict:
+        """The sample of the window anchored at row ``anchor`` (see ``WindowDataset`` for keys)."""
+        n = self.num_rows
+        sample: dict = {}
+        for cam, offsets in cam_offsets.items():
+            rows, pad = _clamped(anchor + offsets, n)
+            frames = index.frames(self.info["streams"][cam], rows)
+            picked = np.searchsorted(self.positions[cam], frames)
+            sample[cam] = self.frames[cam].index_select(0, torch.from_numpy(picked))  # 50x faster than x[idx] for uint8
+            sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
+        if spec.state_key:
+            rows, pad = _clamped(anchor + np.asarray(spec.state_offsets), n)
+            sample[spec.state_key] = torch.from_numpy(self.columns[spec.state_key][rows])
+            sample[f"{spec.state_key}_is_pad"] = torch.from_numpy(pad)
+        if spec.action_key and spec.action_horizon:
+            rows, pad = _clamped(anchor + np.arange(spec.action_horizon), n)
+            sample[spec.action_key] = torch.from_numpy(self.columns[spec.action_key][rows])
+            sample[f"{spec.action_key}_is_pad"] = torch.from_numpy(pad)
+        for name in spec.extra_columns:
+            sample[name] = torch.from_numpy(self.columns[name][anchor])
+        sample["task"] = self.info["task"]
+        sample["episode_index"] = self.info["episode_index"]
+        sample["frame_index"] = int(self.columns["frame_index"][anchor])
+        sample["timestamp"] = float(self.columns["timestamp"][anchor])
+        return sample

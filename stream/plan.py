@@ -1,0 +1,206 @@
+"""The epoch plan: pure functions of (index arrays, spec, seed, epoch, world size, rank, workers).
+
+No I/O and no global state, so every rank and worker computes the same global plan without
+communication, and the plan is simulated and property-tested at any scale (the approach of MosaicML
+Streaming's shuffle functions).
+
+An epoch, step by step:
+
+1. Shards are permuted by ``(seed, epoch)``; episodes keep their tar order inside a shard, so each
+   worker reads its shards sequentially.
+2. Each episode contributes anchors (``stride``, boundary mode, windows per episode, dataset
+   weight), drawn by ``(seed, epoch, episode)``.
+3. The global window list is cut into ``world_size * num_workers`` contiguous, equal ranges, one per
+   consumer ``rank * num_workers + worker``. When there are fewer shards than consumers this splits
+   shards by episode ranges (and long episodes by anchor ranges). The remainder ``W mod consumers``
+   is dropped, chosen at random per epoch, so every rank yields the same number of samples and
+   batches and DDP never waits at the end of an epoch; every other window is yielded exactly once.
+4. Each consumer's windows are shuffled by a simulated bounded buffer (count and bytes), the way a
+   streaming shuffle buffer mixes them, so the order is known before any I/O and resume is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_SALT_SHARDS, _SALT_ANCHORS, _SALT_DROP, _SALT_SHUFFLE = 1, 2, 3, 4
+
+
+def rng_for(seed: int, epoch: int, *salt: int) -> np.random.Generator:
+    """A numpy Generator determined by ``(seed, epoch, *salt)`` only."""
+    return np.random.default_rng([seed & 0xFFFFFFFF, epoch, *salt])
+
+
+@dataclass(frozen=True)
+class EpisodeTable:
+    """The planner's view of the episodes of one or more datasets (int64 arrays ``[num_episodes]``).
+
+    ``shard``: global shard number; ``lo``/``hi``: anchor range ``[lo, hi)`` for the window spec;
+    ``weight``: window-count multiplier (dataset mixing weight); ``cost_bytes``: bytes an episode
+    holds in a shuffle buffer while loaded.
+    """
+
+    shard: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    weight: np.ndarray
+    cost_bytes: np.ndarray
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.shard.shape[0])
+
+
+def shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
+    """Permutation of shard numbers for this epoch (identical on every process)."""
+    return rng_for(seed, epoch, _SALT_SHARDS).permutation(num_shards)
+
+
+def episode_order(table: EpisodeTable, seed: int, epoch: int) -> np.ndarray:
+    """Episodes in read order: shards permuted, episodes in tar order inside each shard."""
+    num_shards = int(table.shard.max()) + 1 if table.num_episodes else 0
+    rank_of_shard = np.empty(num_shards, dtype=np.int64)
+    rank_of_shard[shard_order(num_shards, seed, epoch)] = np.arange(num_shards)
+    return np.lexsort((np.arange(table.num_episodes), rank_of_shard[table.shard]))
+
+
+def select_anchors(lo: int, hi: int, stride: int, per_episode, weight: float, rng: np.random.Generator) -> np.ndarray:
+    """Anchors of one episode for one epoch, ascending (int64). See ``WindowSpec.per_episode``.
+
+    ``weight`` scales the count (stochastic rounding); past all anchors they are drawn again.
+    """
+    anchors = np.arange(lo, hi, stride, dtype=np.int64)
+    if anchors.size == 0:
+        return anchors
+    if per_episode is None:
+        want = float(anchors.size)
+    elif isinstance(per_episode, float):
+        want = max(1.0, round(per_episode * anchors.size))
+    else:
+        want = float(min(int(per_episode), anchors.size))
+    want *= weight
+    count = int(want) + int(rng.random() < want - int(want))
+    if count == anchors.size and weight == 1.0:
+        return anchors
+    full, rest = divmod(count, anchors.size)
+    picks = [anchors] * full + [rng.choice(anchors, size=rest, replace=False)]
+    return np.sort(np.concatenate(picks))
+
+
+@dataclass(frozen=True)
+class GlobalPlan:
+    """All windows of an epoch in read order, and how they are dealt to consumers.
+
+    ``episode``/``anchor``: int64 ``[W]``; ``per_consumer``: windows each consumer yields;
+    ``dropped``: windows left out so that every consumer yields the same number.
+    """
+
+    episode: np.ndarray
+    anchor: np.ndarray
+    per_consumer: int
+    dropped: int
+
+    def consumer_slice(self, consumer: int) -> slice:
+        return slice(consumer * self.per_consumer, (consumer + 1) * self.per_consumer)
+
+
+def global_plan(table: EpisodeTable, stride: int, per_episode, seed: int, epoch: int, consumers: int) -> GlobalPlan:
+    """Every window of the epoch in read order, trimmed to a multiple of ``consumers``."""
+    order = episode_order(table, seed, epoch)
+    episodes, anchors = [], []
+    for e in order:
+        a = select_anchors(int(table.lo[e]), int(table.hi[e]), stride, per_episode, float(table.weight[e]),
+                           rng_for(seed, epoch, _SALT_ANCHORS, int(e)))
+        episodes.append(np.full(a.size, e, dtype=np.int64))
+        anchors.append(a)
+    episode = np.concatenate(episodes) if episodes else np.zeros(0, dtype=np.int64)
+    anchor = np.concatenate(anchors) if anchors else np.zeros(0, dtype=np.int64)
+    dropped = int(episode.size % consumers)
+    if dropped:
+        keep = np.ones(episode.size, dtype=bool)
+        keep[rng_for(seed, epoch, _SALT_DROP).choice(episode.size, size=dropped, replace=False)] = False
+        episode, anchor = episode[keep], anchor[keep]
+    return GlobalPlan(episode=episode, anchor=anchor, per_consumer=int(episode.size // consumers), dropped=dropped)
+
+
+def buffer_shuffle(window_episode: np.ndarray, cost_bytes: np.ndarray, capacity: int, capacity_bytes: int,
+                   rng: np.random.Generator) -> np.ndarray:
+    """Yield order of windows that arrive episode by episode through a bounded shuffle buffer.
+
+    Args:
+        window_episode: int64 ``[n]`` episode of each window, in arrival (read) order; an episode's
+            windows are contiguous and arrive together.
+        cost_bytes: bytes each episode (indexed by episode id) holds while any of its windows waits.
+        capacity: windows the buffer holds before it starts yielding (webdataset's ``bufsize``).
+        capacity_bytes: bytes of loaded episodes the buffer holds before it starts yielding.
+
+    Returns:
+        int64 ``[n]``: window positions (into ``window_episode``) in yield order; a permutation.
+    """
+    n = window_episode.size
+    out = np.empty(n, dtype=np.int64)
+    buffer: list[int] = []
+    remaining: dict[int, int] = {}
+    loaded_bytes = 0
+    produced = 0
+    starts = np.flatnonzero(np.r_[True, window_episode[1:] != window_episode[:-1]]) if n else np.zeros(0, dtype=np.int64)
+    ends = np.r_[starts[1:], n]
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        e = int(window_episode[a])
+        buffer.extend(range(a, b))
+        remaining[e] = remaining.get(e, 0) + (b - a)
+        loaded_bytes += int(cost_bytes[e])
+        while buffer and (len(buffer) > capacity or loaded_bytes > capacity_bytes):
+            produced, loaded_bytes = _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, loaded_bytes)
+    while buffer:
+        produced, loaded_bytes = _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, loaded_bytes)
+    return out
+
+
+def _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, loaded_bytes):
+    j = int(rng.integers(len(buffer)))
+    buffer[j], buffer[-1] = buffer[-1], buffer[j]
+    w = buffer.pop()
+    out[produced] = w
+    e = int(window_episode[w])
+    remaining[e] -= 1
+    if remaining[e] == 0:
+        del remaining[e]
+        loaded_bytes -= int(cost_bytes[e])
+    return produced + 1, loaded_bytes
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One consumer's epoch: its windows in yield order (int64 ``[n]`` each)."""
+
+    episode: np.ndarray
+    anchor: np.ndarray
+    read_order: np.ndarray  # int64 [episodes]: this consumer's episodes in arrival (read) order
+    dropped: int
+    total_windows: int
+
+    def __len__(self) -> int:
+        return int(self.episode.size)
+
+
+def worker_plan(table: EpisodeTable, *, stride: int, per_episode, seed: int, epoch: int, world_size: int, rank: int,
+                num_workers: int, worker: int, shuffle_windows: int, shuffle_bytes: int) -> WorkerPlan:
+    """The windows consumer ``rank * num_workers + worker`` yields this epoch, in yield order.
+
+    Raises:
+        ValueError: rank or worker out of range.
+    """
+    if not (0 <= rank < world_size and 0 <= worker < num_workers):
+        raise ValueError(f"rank {rank}/{world_size} worker {worker}/{num_workers} out of range")
+    plan = global_plan(table, stride, per_episode, seed, epoch, world_size * num_workers)
+    part = plan.consumer_slice(rank * num_workers + worker)
+    episode, anchor = plan.episode[part], plan.anchor[part]
+    consumer = rank * num_workers + worker
+    order = buffer_shuffle(episode, table.cost_bytes, shuffle_windows, shuffle_bytes,
+                           rng_for(seed, epoch, _SALT_SHUFFLE, consumer))
+    firsts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if episode.size else np.zeros(0, dtype=np.int64)
+    return WorkerPlan(episode=episode[order], anchor=anchor[order], read_order=episode[firsts], dropped=plan.dropped,
+                      total_windows=int(plan.episode.size + plan.dropped))

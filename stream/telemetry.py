@@ -1,0 +1,57 @@
+"""Counters and stage timings of the reader, per worker, merged into totals by the consumer."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+FIELDS = (
+    "worker", "plan_s", "read_s", "decode_s", "postprocess_s", "assemble_s", "samples", "episodes_loaded",
+    "decoder_opens", "decode_calls", "frames_decoded", "frames_unique", "frames_returned", "bytes_read",
+    "shard_opens", "episodes_without_windows", "windows_dropped",
+)
+
+
+class Telemetry:
+    """Cumulative counters of one consumer (a DataLoader worker, or the main process).
+
+    Seconds per stage (plan and index, read, decode, post-process, assemble); frames decoded
+    (decoder work estimated from the keyframe tables), unique frames requested, frames returned in
+    samples; decoder opens and decode calls; bytes read; samples; episodes loaded.
+    """
+
+    def __init__(self, worker: int = 0):
+        self.values = dict.fromkeys(FIELDS, 0.0)
+        self.values["worker"] = float(worker)
+
+    def add(self, **kw: float) -> None:
+        for name, value in kw.items():
+            self.values[name] += value
+
+    def tensor(self) -> torch.Tensor:
+        """float64 ``[len(FIELDS)]``: attached to samples as ``__telemetry__`` when enabled."""
+        return torch.tensor([self.values[f] for f in FIELDS], dtype=torch.float64)
+
+
+def summarize(rows: list[torch.Tensor] | np.ndarray) -> dict:
+    """Totals over workers from ``__telemetry__`` values seen in samples or batches.
+
+    Takes, per worker, the latest (largest ``samples``) vector, then sums across workers and adds
+    ratios: frames decoded per frame returned, decoder opens per sample, bytes read per sample.
+    """
+    data = np.concatenate([np.atleast_2d(np.asarray(r, dtype=np.float64)) for r in rows]) if len(rows) else np.zeros((0, len(FIELDS)))
+    latest: dict[int, np.ndarray] = {}
+    for row in data:
+        w = int(row[0])
+        if w not in latest or row[FIELDS.index("samples")] >= latest[w][FIELDS.index("samples")]:
+            latest[w] = row
+    total = dict.fromkeys(FIELDS[1:], 0.0)
+    for row in latest.values():
+        for i, name in enumerate(FIELDS[1:], start=1):
+            total[name] += float(row[i])
+    samples = max(total["samples"], 1.0)
+    total["workers"] = len(latest)
+    total["frames_decoded_per_returned"] = total["frames_decoded"] / max(total["frames_returned"], 1.0)
+    total["decoder_opens_per_sample"] = total["decoder_opens"] / samples
+    total["bytes_read_per_sample"] = total["bytes_read"] / samples
+    return total
