@@ -220,15 +220,18 @@ class WindowDataset(IterableDataset):
 
     # --- resume ----------------------------------------------------------------------------------
 
-    def state_dict(self, batches: int | None = None, batch_size: int | None = None, num_workers: int = 0) -> dict:
+    def state_dict(self, batches: int | None = None, batch_size: int | None = None, num_workers: int = 0,
+                   epoch: int | None = None) -> dict:
         """Position of this rank in the current epoch, for ``load_state_dict``.
 
         Without arguments (iteration in this process, ``num_workers=0``): the samples yielded so far.
-        ``WindowLoader.state_dict`` passes ``batches`` consumed, ``batch_size`` and ``num_workers``.
+        ``WindowLoader.state_dict`` passes ``batches`` consumed, ``batch_size``, ``num_workers`` and
+        the epoch it is in.
         """
         rank, world = _distributed(self._rank, self._world_size)
         workers = max(num_workers, 1)
-        epoch = self.epoch - 1 if self._consumed or batches else self.epoch
+        if epoch is None:  # iterated in this process: __iter__ already advanced self.epoch
+            epoch = self.epoch - 1 if self._consumed else self.epoch
         if batches is None:
             consumed = [self._consumed]
         else:
@@ -290,9 +293,7 @@ class WindowLoader(DataLoader):
             return {"version": STATE_VERSION, "seed": self.dataset.seed, "epoch": self._epoch, "fresh": True,
                     "world_size": _distributed(self.dataset._rank, self.dataset._world_size)[1],
                     "num_workers": max(self.num_workers, 1), "rank": _distributed(self.dataset._rank, self.dataset._world_size)[0]}
-        state = self.dataset.state_dict(self._batches, self.batch_size, self.num_workers)
-        state["epoch"] = self._epoch
-        return state
+        return self.dataset.state_dict(self._batches, self.batch_size, self.num_workers, epoch=self._epoch)
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("fresh"):

@@ -1,0 +1,206 @@
+"""The streaming reader on generated datasets whose frames carry (episode, frame) in their pixels,
+and on the real datasets in ../shared/data (skipped when absent)."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from conftest import shared_dataset
+from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+from stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
+from stream.telemetry import summarize
+from videogen import decode_frame_number, make_episode_table, make_video
+
+FPS = 20
+LENGTHS = [45, 20, 60, 33, 70, 52, 38]  # episode 1 is shorter than the 33-frame span
+CAMS = {"observation.images.front": ("h264", 30), "observation.images.left": ("av1", 16),
+        "observation.images.wrist": ("mpeg4", 12)}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stream")
+    episodes = []
+    for e, n in enumerate(LENGTHS):
+        videos = {cam: CameraVideo(make_video(None, n, codec=codec, gop=gop, fps=FPS, start_number=1000 * e))
+                  for cam, (codec, gop) in CAMS.items()}
+        episodes.append(Episode(source="gen", episode_index=e, table=make_episode_table(n, fps=FPS), videos=videos,
+                                fps=FPS, tasks=(f"task {e}",)))
+    convert([Source(name="gen", episodes=episodes, fps=FPS)], str(out),
+            ConvertOptions(max_episodes_per_shard=2, progress=False))
+    return str(out)
+
+
+SPEC = WindowSpec(cameras={"observation.images.front": segment(0, 32, 9),
+                           "observation.images.left": (0, 16, 32),
+                           "observation.images.wrist": segment(-8, -4, 2) + (0,) + segment(24, 32, 3)},
+                  state_offsets=(-2, -1, 0), action_horizon=8, boundary="pad")
+
+
+def _check_sample(s: dict, spec: WindowSpec) -> None:
+    e, anchor = int(s["episode_index"]), int(s["frame_index"])
+    n = LENGTHS[e]
+    for cam, offsets in spec.cameras.items():
+        rows = anchor + np.asarray(offsets)
+        assert s[f"{cam}_is_pad"].tolist() == ((rows < 0) | (rows >= n)).tolist()
+        got = [decode_frame_number(f) for f in s[cam]]
+        assert got == (1000 * e + np.clip(rows, 0, n - 1)).tolist(), (cam, e, anchor)
+    rows = np.clip(anchor + np.asarray(spec.state_offsets), 0, n - 1)
+    assert s["observation.state"][:, 0].tolist() == rows.tolist()
+    rows = np.clip(anchor + np.arange(spec.action_horizon), 0, n - 1)
+    assert s["action"][:, 0].tolist() == (rows + 0.5).tolist()
+    assert s["task"] == f"task {e}"
+
+
+def _keys(samples) -> list[tuple[int, int]]:
+    return [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
+
+
+def test_every_window_decodes_the_frames_of_its_rows(dataset):
+    ds = WindowDataset(dataset, SPEC, seed=3, telemetry=True)
+    for epoch in range(2):
+        samples = list(ds)
+        assert sorted(_keys(samples)) == sorted((e, a) for e, n in enumerate(LENGTHS) for a in range(n))
+        for s in samples:
+            _check_sample(s, SPEC)
+    t = summarize([s["__telemetry__"] for s in samples])
+    cams = len(CAMS)
+    # Merged decoding: one decoder and one call per (episode, camera) visit, never per window.
+    assert t["decoder_opens"] == t["decode_calls"] == t["episodes_loaded"] * cams
+    assert t["episodes_loaded"] == len(LENGTHS)
+
+
+def test_two_epochs_differ_and_seeds_repeat(dataset):
+    ds = WindowDataset(dataset, SPEC, seed=1)
+    spec_keys = [_keys(ds) for _ in range(2)]
+    assert spec_keys[0] != spec_keys[1] and sorted(spec_keys[0]) == sorted(spec_keys[1])
+    again = WindowDataset(dataset, SPEC, seed=1)
+    assert _keys(again) == spec_keys[0]
+
+
+def test_inside_mode_skips_short_episodes_and_counts_them(dataset):
+    spec = WindowSpec(cameras={"observation.images.front": segment(0, 32, 9)}, action_horizon=4)
+    ds = WindowDataset(dataset, spec, telemetry=True)
+    samples = list(ds)
+    span = 33
+    expected = sorted((e, a) for e, n in enumerate(LENGTHS) for a in range(0, n - span + 1))
+    assert sorted(_keys(samples)) == expected
+    assert summarize([s["__telemetry__"] for s in samples])["episodes_without_windows"] == 1
+    assert not any(s["observation.images.front_is_pad"].any() for s in samples)
+
+
+def test_only_returned_frames_are_decoded_and_postprocessed(dataset):
+    spec = WindowSpec(cameras={"observation.images.front": (0,)}, per_episode=2, boundary="pad")
+    calls = []
+    post = PostProcess(size=(32, 32), hook=lambda x: calls.append(x.shape[0]) or x)
+    ds = WindowDataset(dataset, spec, postprocess=post, telemetry=True)
+    samples = list(ds)
+    assert sum(calls) == len(samples) == 2 * len(LENGTHS)  # 2 windows x 1 frame per episode, nothing more
+    assert samples[0]["observation.images.front"].shape == (1, 3, 32, 32)
+
+
+@pytest.mark.parametrize("world,workers", [(1, 1), (2, 2), (3, 2), (4, 4)])
+def test_ranks_and_workers_yield_each_window_once_and_equal_batches(dataset, world, workers):
+    spec = WindowSpec(cameras={"observation.images.front": (0,)}, stride=3, boundary="pad")
+    seen, batches = collections.Counter(), []
+    for rank in range(world):
+        ds = WindowDataset(dataset, spec, seed=5, rank=rank, world_size=world)
+        loader = DataLoader(ds, batch_size=4, num_workers=workers if workers > 1 else 0)
+        n = 0
+        for batch in loader:
+            seen.update(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist()))
+            n += 1
+        batches.append(n)
+    planned = [(e, a) for e, n in enumerate(LENGTHS) for a in range(0, n, 3)]
+    assert len(set(batches)) == 1
+    assert all(c == 1 for c in seen.values()) and set(seen) <= set(planned)
+    assert len(planned) - len(seen) < world * max(workers, 1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("cut", [1, 3, 6])
+def test_resume_continues_exactly(dataset, workers, cut):
+    spec = WindowSpec(cameras={"observation.images.front": (0, 8)}, action_horizon=2, boundary="pad", stride=2)
+
+    def loader():
+        return WindowLoader(WindowDataset(dataset, spec, seed=7), batch_size=3, num_workers=workers)
+
+    reference = loader()
+    full = [_keys_of(b) for b in reference] + [_keys_of(b) for b in reference]  # epochs 0 and 1
+    first = loader()
+    it = iter(first)
+    got = [_keys_of(next(it)) for _ in range(cut)]
+    state = first.state_dict()
+    del it
+    second = loader()
+    second.load_state_dict(state)
+    got += [_keys_of(b) for b in second] + [_keys_of(b) for b in second]
+    assert got == full
+
+
+def _keys_of(batch) -> list[tuple[int, int]]:
+    return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist()))
+
+
+def test_resume_with_another_worker_count_is_refused(dataset):
+    spec = WindowSpec(cameras={"observation.images.front": (0,)}, boundary="pad")
+    first = WindowLoader(WindowDataset(dataset, spec), batch_size=2, num_workers=2)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    del it
+    with pytest.raises(ValueError, match="num_workers=2.*num_workers=1"):
+        WindowLoader(WindowDataset(dataset, spec), batch_size=2, num_workers=0).load_state_dict(state)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_with_fork_spawn_and_persistent_workers(dataset, context):
+    spec = WindowSpec(cameras={"observation.images.wrist": (0, 4)}, boundary="pad", per_episode=3)
+    ds = WindowDataset(dataset, spec, seed=2)
+    loader = WindowLoader(ds, batch_size=2, num_workers=2, multiprocessing_context=context, persistent_workers=True)
+    epochs = [[k for b in loader for k in _keys_of(b)] for _ in range(2)]
+    assert epochs[0] != epochs[1]
+    single = WindowLoader(WindowDataset(dataset, spec, seed=2), batch_size=2, num_workers=2)
+    assert [[k for b in single for k in _keys_of(b)] for _ in range(2)] == epochs
+
+
+def test_delta_timestamps_and_float_output(dataset):
+    spec = WindowSpec.from_delta_timestamps(
+        {"observation.images.front": [-0.1, 0.0], "observation.state": [0.0], "action": [0.0, 0.05, 0.1]}, fps=FPS,
+        boundary="pad")
+    assert spec.cameras == {"observation.images.front": (-2, 0)} and spec.action_horizon == 3
+    ds = WindowDataset(dataset, spec, postprocess=PostProcess(dtype=torch.float32), normalize={"action": "mean_std"})
+    s = next(iter(ds))
+    assert s["observation.images.front"].dtype == torch.float32 and s["observation.images.front"].max() <= 1.0
+    assert abs(float(s["action"].mean())) < 3
+    with pytest.raises(ValueError, match="not a multiple of 1/fps"):
+        WindowSpec.from_delta_timestamps({"observation.images.front": [0.033]}, fps=FPS)
+
+
+@pytest.mark.parametrize("name", ["so101_bimanual_cloth", "unitree_g1_bottle_av1_v30", "gr00t_robot_sim_picknplace"])
+def test_real_datasets_return_the_source_frames_of_their_rows(name, tmp_path):
+    from torchcodec.decoders import VideoDecoder
+    from shardwriter import read_lerobot
+
+    root = shared_dataset(name)
+    convert([str(root)], str(tmp_path), ConvertOptions(progress=False))
+    source = {e.episode_index: e for e in read_lerobot(str(root)).episodes}
+    cams = sorted(next(iter(source.values())).videos)
+    spec = WindowSpec(cameras={c: segment(0, 16, 5) for c in cams}, action_horizon=4, per_episode=2)
+    for s in WindowDataset(str(tmp_path), spec, seed=0):
+        episode = source[int(s["episode_index"])]
+        table, _ = episode.load_table()
+        frame_index = (table.column("frame_index").to_numpy() if "frame_index" in table.column_names
+                       else np.arange(table.num_rows))
+        row = int(np.flatnonzero(frame_index == int(s["frame_index"]))[0])
+        for cam in cams:
+            video = episode.videos[cam]
+            first = round(video.segment[0] * episode.fps) if video.segment else 0
+            want = VideoDecoder(video.source).get_frames_at([first + int(frame_index[row + o]) for o in segment(0, 16, 5)]).data
+            assert torch.equal(s[cam], want), (name, cam, row)
+        assert torch.equal(s["action"][0], torch.tensor(table.column("action")[row].as_py(), dtype=torch.float32))
