@@ -23,6 +23,7 @@ demo: setup
 	$(BIN)/epishard convert $(SAMPLE) $(OUT) --max-episodes-per-shard 2 --workers 2
 	$(BIN)/epishard verify $(OUT)
 	$(BIN)/epishard inspect $(OUT)
+	$(BIN)/epishard stream $(OUT) --frames 9 --span 33 --action-horizon 16 --size 224x224 --batch-size 8 --batches 30 --workers 2
 
 test: setup
 	$(BIN)/python -m pytest tests

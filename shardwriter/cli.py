@@ -1,4 +1,4 @@
-"""The ``epishard`` command: convert, inspect, verify."""
+"""The ``epishard`` command: convert, inspect, verify, stream."""
 
 from __future__ import annotations
 
@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true")
     v.add_argument("--no-decode", action="store_true", help="skip the per-camera decode check")
     v.set_defaults(func=_cmd_verify)
+    from stream import report
+
+    st = sub.add_parser("stream", help="stream training windows from a converted dataset; report throughput and stages")
+    report.add_arguments(st)
+    st.set_defaults(func=report.main)
     return parser
 
 

@@ -1,0 +1,113 @@
+"""``epishard stream``: run the loader over a dataset and report throughput and where time goes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
+from .dataset import WindowDataset, WindowLoader
+from .spec import WindowSpec, segment
+from .telemetry import summarize
+from .transform import PostProcess
+
+
+def _timed_collate(samples: list[dict]) -> dict:
+    t = time.perf_counter()
+    batch = default_collate(samples)
+    batch["__collate_s__"] = torch.tensor(time.perf_counter() - t, dtype=torch.float64)
+    return batch
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset", metavar="DATASET", help="converted dataset folder or URL")
+    p.add_argument("--cameras", help="comma-separated camera names (default: all)")
+    p.add_argument("--frames", type=int, default=9, help="frames per camera per window (default 9)")
+    p.add_argument("--span", type=int, default=33, help="rows the frames spread over (default 33)")
+    p.add_argument("--state-history", type=int, default=1, help="state rows, ending at the anchor (default 1)")
+    p.add_argument("--action-horizon", type=int, default=16)
+    p.add_argument("--boundary", choices=["inside", "pad"], default="inside")
+    p.add_argument("--stride", type=int, default=1)
+    p.add_argument("--per-episode", type=float, help="windows per episode per epoch: a fraction (<=1) or a count")
+    p.add_argument("--size", help="resize frames to HxW, e.g. 224x224")
+    p.add_argument("--float", action="store_true", help="float32 frames in [0, 1] (LeRobot's output)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batches", type=int, default=50, help="batches to run (default 50; 0: one epoch)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+
+
+def build(args) -> WindowLoader:
+    from .source import DatasetSource
+
+    source = DatasetSource(args.dataset)
+    cams = args.cameras.split(",") if args.cameras else source.cameras
+    offsets = segment(0, args.span - 1, args.frames) if args.frames > 1 else (0,)
+    per = args.per_episode
+    per = int(per) if per is not None and per > 1 else per
+    spec = WindowSpec(cameras={c: offsets for c in cams}, state_offsets=tuple(range(1 - args.state_history, 1)),
+                      action_horizon=args.action_horizon, boundary=args.boundary, stride=args.stride, per_episode=per)
+    size = tuple(int(v) for v in args.size.lower().split("x")) if args.size else None
+    post = PostProcess(size=size, dtype=torch.float32 if args.float else torch.uint8)
+    ds = WindowDataset(source, spec, seed=args.seed, postprocess=post, telemetry=True)
+    return WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers, collate_fn=_timed_collate)
+
+
+def run(args) -> dict:
+    """Iterate ``args.batches`` batches (or one epoch); return the report."""
+    t0 = time.perf_counter()
+    loader = build(args)
+    setup_s = time.perf_counter() - t0
+    tel, distinct, collate_s, samples, first = [], [], 0.0, 0, None
+    start = time.perf_counter()
+    for i, batch in enumerate(loader):
+        if first is None:
+            first = time.perf_counter() - start
+        tel.append(batch["__telemetry__"].numpy())
+        distinct.append(len(set(zip(batch["dataset"].tolist(), batch["episode_index"].tolist()))))
+        collate_s += float(batch["__collate_s__"])
+        samples += len(batch["episode_index"])
+        if args.batches and i + 1 >= args.batches:
+            break
+    wall = time.perf_counter() - start
+    t = summarize(tel)
+    stages = {k: t[k] for k in ("plan_s", "read_s", "decode_s", "postprocess_s", "assemble_s")}
+    stages["collate_s"] = collate_s
+    return {
+        "dataset": args.dataset, "batches": len(tel), "samples": samples, "wall_s": wall, "setup_s": setup_s,
+        "time_to_first_batch_s": first, "samples_per_s": samples / wall if wall else 0.0,
+        "frames_per_s": t["frames_returned"] / wall if wall else 0.0,
+        "worker_stage_s": stages, "frames_decoded_per_returned": t["frames_decoded_per_returned"],
+        "decoder_opens_per_sample": t["decoder_opens_per_sample"], "bytes_read_per_sample": t["bytes_read_per_sample"],
+        "distinct_episodes_per_batch": float(np.mean(distinct)) if distinct else 0.0,
+        "windows_per_rank_per_epoch": len(loader.dataset),
+        "episodes_without_windows": t["episodes_without_windows"], "workers": args.workers,
+    }
+
+
+def render(r: dict) -> str:
+    stages = r["worker_stage_s"]
+    total = sum(stages.values()) or 1.0
+    lines = [
+        f"{r['dataset']}: {r['samples']} samples in {r['batches']} batches, {r['wall_s']:.2f} s "
+        f"({r['workers']} workers; {r['windows_per_rank_per_epoch']} windows per epoch)",
+        f"  {r['samples_per_s']:.1f} samples/s, {r['frames_per_s']:.0f} frames/s, first batch after "
+        f"{r['time_to_first_batch_s']:.2f} s (setup {r['setup_s']:.2f} s)",
+        "  worker time per stage: " + ", ".join(f"{k[:-2]} {v:.2f}s ({100 * v / total:.0f}%)" for k, v in stages.items()),
+        f"  frames decoded per frame returned {r['frames_decoded_per_returned']:.2f}, decoder opens per sample "
+        f"{r['decoder_opens_per_sample']:.3f}, bytes read per sample {r['bytes_read_per_sample'] / 1e3:.1f} kB",
+        f"  shuffle: {r['distinct_episodes_per_batch']:.2f} distinct episodes per batch; "
+        f"{int(r['episodes_without_windows'])} episodes shorter than the window",
+    ]
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    report = run(args)
+    print(json.dumps(report) if args.json else render(report))
+    return 0
