@@ -1,0 +1,619 @@
+"""Property tests of the epoch plan (``stream.plan``) and window spec (``stream.spec``).
+
+Pure functions only: no I/O. ``EpisodeTable`` objects are built directly from numpy arrays, and
+every property is checked on exact values (multisets of ``(episode, anchor)`` pairs, counts,
+orders) over grids of world sizes x workers, datasets, seeds and epochs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from stream import plan as P
+from stream.plan import (EpisodeTable, buffer_shuffle, episode_order, global_plan, rng_for, select_anchors,
+                         shard_order, worker_plan)
+from stream.spec import WindowSpec, offsets_from_seconds, segment
+
+# A window that needs 32 rows of history and 15 rows of future: anchors [32, num_rows - 15).
+BEFORE, AFTER = 32, 15
+GRIDS = [(1, 1), (1, 2), (2, 1), (2, 2), (3, 2), (4, 4), (8, 4)]  # (world_size, num_workers)
+SEEDS = (0, 12345)
+EPOCHS = (0, 1)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def make_table(shard, num_rows, weight=1.0, cost=None) -> EpisodeTable:
+    shard = np.asarray(shard, dtype=np.int64)
+    num_rows = np.asarray(num_rows, dtype=np.int64)
+    weight = np.broadcast_to(np.asarray(weight, dtype=np.float64), shard.shape).copy()
+    cost = num_rows * 1000 + 7 if cost is None else np.asarray(cost, dtype=np.int64)
+    return EpisodeTable(shard=shard, lo=np.full(shard.shape, BEFORE, dtype=np.int64),
+                        hi=(num_rows - AFTER).astype(np.int64), weight=weight, cost_bytes=cost)
+
+
+def _uneven() -> EpisodeTable:
+    """7 shards of 1..20 episodes of 10..400 rows; every 9th episode shorter than the window."""
+    rng = np.random.default_rng(7)
+    counts = rng.integers(1, 21, size=7)
+    shard = np.repeat(np.arange(7), counts)
+    rows = rng.integers(10, 401, size=shard.size)
+    rows[::9] = rng.integers(10, BEFORE + AFTER, size=rows[::9].size)  # lo >= hi: zero windows
+    return make_table(shard, rows)
+
+
+def _single_shard() -> EpisodeTable:
+    rng = np.random.default_rng(8)
+    rows = rng.integers(10, 401, size=12)
+    rows[3] = 20
+    return make_table(np.zeros(12), rows)
+
+
+def _few_shards() -> EpisodeTable:
+    """3 shards, far fewer than 32 consumers: shards (and episodes) must be split."""
+    return make_table([0, 0, 1, 2, 2, 2], [120, 300, 47 + 3, 400, 30, 90])
+
+
+def _one_episode() -> EpisodeTable:
+    return make_table([0], [300])
+
+
+def _weighted() -> EpisodeTable:
+    """Two datasets mixed with weights, shard numbers with gaps (shard ids 0, 3, 4, 9, 10)."""
+    rng = np.random.default_rng(9)
+    shard = np.repeat([0, 3, 4, 9, 10], [4, 2, 5, 1, 3])
+    rows = rng.integers(30, 250, size=shard.size)
+    weight = np.where(shard < 4, 2.0, 0.45)
+    return make_table(shard, rows, weight=weight)
+
+
+DATASETS = {"uneven": _uneven(), "single_shard": _single_shard(), "few_shards": _few_shards(),
+            "one_episode": _one_episode(), "weighted": _weighted()}
+
+# (dataset, stride, per_episode, shuffle_windows, shuffle_bytes)
+CASES = [
+    ("uneven", 1, None, 64, 10**12),
+    ("uneven", 5, None, 0, 0),
+    ("uneven", 2, 0.25, 16, 200_000),
+    ("uneven", 1, 3, 1000, 10**12),
+    ("single_shard", 1, None, 32, 10**12),
+    ("few_shards", 1, None, 8, 10**12),
+    ("one_episode", 1, None, 100, 10**12),
+    ("weighted", 3, None, 64, 10**12),
+    ("weighted", 1, 2, 4, 10**12),
+]
+
+
+def all_anchors(table: EpisodeTable, stride: int) -> list[tuple[int, int]]:
+    """Every (episode, anchor) of the table, stride applied, weight 1 and every anchor taken."""
+    return [(e, a) for e in range(table.num_episodes) for a in range(int(table.lo[e]), int(table.hi[e]), stride)]
+
+
+def selected(table: EpisodeTable, stride: int, per_episode, seed: int, epoch: int) -> list[tuple[int, int]]:
+    """The windows the planner selects before the remainder is dropped, in read order."""
+    out = []
+    for e in episode_order(table, seed, epoch):
+        a = select_anchors(int(table.lo[e]), int(table.hi[e]), stride, per_episode, float(table.weight[e]),
+                           rng_for(seed, epoch, P._SALT_ANCHORS, int(e)))
+        out += [(int(e), int(x)) for x in a]
+    return out
+
+
+def pairs(episode: np.ndarray, anchor: np.ndarray) -> list[tuple[int, int]]:
+    return list(zip(episode.tolist(), anchor.tolist()))
+
+
+def runs(seq) -> list:
+    """Consecutive duplicates collapsed: [3, 3, 1, 1, 3] -> [3, 1, 3]."""
+    out = []
+    for x in seq:
+        if not out or out[-1] != x:
+            out.append(x)
+    return out
+
+
+def all_worker_plans(table, world, workers, *, stride, per_episode, seed, epoch, shuffle_windows, shuffle_bytes):
+    return [[worker_plan(table, stride=stride, per_episode=per_episode, seed=seed, epoch=epoch, world_size=world,
+                         rank=r, num_workers=workers, worker=w, shuffle_windows=shuffle_windows,
+                         shuffle_bytes=shuffle_bytes) for w in range(workers)] for r in range(world)]
+
+
+def replay_buffer(window_episode, cost_bytes, order, capacity, capacity_bytes):
+    """Replay a yield order against arrival: episodes arrive whole, in order, whenever the buffer holds at
+    most ``capacity`` windows and ``capacity_bytes`` bytes; an episode's bytes are freed when its last
+    window is yielded. Asserts no window is yielded before it arrived or twice; returns the most windows
+    and bytes ever held."""
+    n = window_episode.size
+    starts = np.flatnonzero(np.r_[True, window_episode[1:] != window_episode[:-1]]) if n else np.zeros(0, int)
+    ends = np.r_[starts[1:], n]
+    arrived = np.zeros(n, dtype=bool)
+    yielded = np.zeros(n, dtype=bool)
+    remaining: dict[int, int] = {}
+    held = held_bytes = max_held = max_bytes = 0
+    nxt = 0
+    for w in order.tolist():
+        while nxt < starts.size and held <= capacity and held_bytes <= capacity_bytes:
+            a, b = int(starts[nxt]), int(ends[nxt])
+            e = int(window_episode[a])
+            arrived[a:b] = True
+            remaining[e] = remaining.get(e, 0) + (b - a)
+            held += b - a
+            held_bytes += int(cost_bytes[e])
+            nxt += 1
+        max_held, max_bytes = max(max_held, held), max(max_bytes, held_bytes)
+        assert arrived[w], f"window {w} yielded before its episode arrived"
+        assert not yielded[w], f"window {w} yielded twice"
+        yielded[w] = True
+        held -= 1
+        e = int(window_episode[w])
+        remaining[e] -= 1
+        if remaining[e] == 0:
+            del remaining[e]
+            held_bytes -= int(cost_bytes[e])
+    assert yielded.all() and nxt == starts.size and held == 0 and held_bytes == 0
+    return max_held, max_bytes
+
+
+# --- 1. exactly once, equal steps ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-s{c[1]}-pe{c[2]}")
+def test_exactly_once_and_equal_steps(case, grid):
+    name, stride, per_episode, cap, cap_bytes = case
+    table = DATASETS[name]
+    world, workers = grid
+    consumers = world * workers
+    for seed in SEEDS:
+        for epoch in EPOCHS:
+            plan = global_plan(table, stride, per_episode, seed, epoch, consumers)
+            chosen = selected(table, stride, per_episode, seed, epoch)
+            # The global plan is the selection, in read order, minus `dropped` windows (< consumers).
+            assert plan.dropped == len(chosen) % consumers < consumers
+            assert plan.episode.size == len(chosen) - plan.dropped == plan.per_consumer * consumers
+            kept = pairs(plan.episode, plan.anchor)
+            it = iter(chosen)
+            assert all(p in it for p in kept), "global plan is not an ordered sub-sequence of the selection"
+            if per_episode is None and np.all(table.weight == 1.0):
+                # Every anchor lo, lo + stride, ... < hi exactly once, unless dropped.
+                full = all_anchors(table, stride)
+                assert sorted(chosen) == full
+                assert len(set(kept)) == len(kept) and set(kept) <= set(full)
+                assert len(full) - len(kept) == plan.dropped
+
+            plans = all_worker_plans(table, world, workers, stride=stride, per_episode=per_episode, seed=seed,
+                                     epoch=epoch, shuffle_windows=cap, shuffle_bytes=cap_bytes)
+            union = []
+            for r in range(world):
+                for w in range(workers):
+                    wp = plans[r][w]
+                    c = r * workers + w
+                    # every consumer: exactly its contiguous slice of the global plan, reordered
+                    assert len(wp) == wp.anchor.size == plan.per_consumer
+                    assert wp.dropped == plan.dropped and wp.total_windows == len(chosen)
+                    part = plan.consumer_slice(c)
+                    assert sorted(pairs(wp.episode, wp.anchor)) == sorted(pairs(plan.episode[part], plan.anchor[part]))
+                    assert wp.read_order.tolist() == runs(plan.episode[part].tolist())
+                    union += pairs(wp.episode, wp.anchor)
+            assert sorted(union) == sorted(kept)  # multiset union == global plan: each window exactly once
+
+            # Every rank the same samples and batches (DataLoader: each worker yields ceil(n / B) batches).
+            samples = [sum(len(wp) for wp in plans[r]) for r in range(world)]
+            assert len(set(samples)) == 1 and samples[0] == plan.per_consumer * workers
+            for batch in (1, 3, 8):
+                batches = [sum(math.ceil(len(wp) / batch) for wp in plans[r]) for r in range(world)]
+                dropped_last = [sum(len(wp) // batch for wp in plans[r]) for r in range(world)]
+                assert len(set(batches)) == 1 and len(set(dropped_last)) == 1
+
+
+def test_known_counts():
+    """Hand-checked numbers: one 300-row episode, window needs rows [-32, +15] -> anchors 32..284."""
+    table = DATASETS["one_episode"]
+    plan = global_plan(table, 1, None, 0, 0, 32)
+    assert (plan.per_consumer, plan.dropped) == (7, 253 % 32) == (7, 29)
+    plan = global_plan(table, 4, None, 0, 0, 1)
+    assert plan.anchor.tolist() == list(range(32, 285, 4)) and plan.dropped == 0
+    # few_shards: 88 + 238 + 3 + 353 + 0 + 43 windows
+    plan = global_plan(DATASETS["few_shards"], 1, None, 3, 0, 32)
+    assert plan.per_consumer * 32 + plan.dropped == 725 and plan.dropped == 725 % 32
+
+
+def test_more_consumers_than_windows_and_empty():
+    table = make_table([0, 0, 1], [50, 20, 49])  # 3 + 0 + 2 windows
+    for world, workers in [(2, 4), (1, 5)]:
+        plan = global_plan(table, 1, None, 0, 0, world * workers)
+        if world * workers > 5:
+            assert plan.per_consumer == 0 and plan.dropped == 5 and plan.episode.size == 0
+        else:
+            assert plan.per_consumer == 1 and plan.dropped == 0
+        for r in range(world):
+            for w in range(workers):
+                wp = worker_plan(table, stride=1, per_episode=None, seed=0, epoch=0, world_size=world, rank=r,
+                                 num_workers=workers, worker=w, shuffle_windows=8, shuffle_bytes=10**9)
+                assert len(wp) == plan.per_consumer and wp.total_windows == 5
+    # all episodes shorter than the window, and an empty table
+    for t in (make_table([0, 1], [10, 46]), make_table(np.zeros(0), np.zeros(0))):
+        plan = global_plan(t, 1, None, 0, 0, 4)
+        assert plan.episode.size == 0 and plan.dropped == 0 and plan.per_consumer == 0
+        wp = worker_plan(t, stride=1, per_episode=None, seed=0, epoch=0, world_size=2, rank=1, num_workers=2,
+                         worker=1, shuffle_windows=8, shuffle_bytes=0)
+        assert len(wp) == 0 and wp.read_order.size == 0
+
+
+@pytest.mark.parametrize("rank,worker", [(2, 0), (-1, 0), (0, 3), (0, -1)])
+def test_worker_plan_range(rank, worker):
+    with pytest.raises(ValueError):
+        worker_plan(DATASETS["uneven"], stride=1, per_episode=None, seed=0, epoch=0, world_size=2, rank=rank,
+                    num_workers=3, worker=worker, shuffle_windows=8, shuffle_bytes=0)
+
+
+# --- 2. determinism ------------------------------------------------------------------------------
+
+
+def _wp(table, seed, epoch, rank=1, worker=0):
+    return worker_plan(table, stride=1, per_episode=None, seed=seed, epoch=epoch, world_size=2, rank=rank,
+                       num_workers=2, worker=worker, shuffle_windows=64, shuffle_bytes=10**12)
+
+
+@pytest.mark.parametrize("name", ["uneven", "single_shard", "few_shards", "one_episode", "weighted"])
+def test_determinism(name):
+    table = DATASETS[name]
+    a, b = _wp(table, 5, 3), _wp(table, 5, 3)
+    for f in ("episode", "anchor", "read_order"):
+        assert np.array_equal(getattr(a, f), getattr(b, f))
+    g1, g2 = global_plan(table, 1, 0.5, 5, 3, 4), global_plan(table, 1, 0.5, 5, 3, 4)
+    assert np.array_equal(g1.episode, g2.episode) and np.array_equal(g1.anchor, g2.anchor)
+    # a copy of the table (other arrays, same values) gives the same plan: no identity or global state
+    copy = EpisodeTable(*(np.array(getattr(table, f)) for f in ("shard", "lo", "hi", "weight", "cost_bytes")))
+    assert np.array_equal(_wp(copy, 5, 3).anchor, a.anchor)
+
+    for other in (_wp(table, 5, 4), _wp(table, 6, 3)):  # another epoch, another seed
+        assert not (np.array_equal(other.episode, a.episode) and np.array_equal(other.anchor, a.anchor))
+    for other in (global_plan(table, 1, None, 5, 4, 1), global_plan(table, 1, None, 6, 3, 1)):
+        base = global_plan(table, 1, None, 5, 3, 1)
+        if np.unique(table.shard).size >= 5:  # several shards: the read order itself changes
+            assert not np.array_equal(other.episode, base.episode)
+
+
+def test_shard_order_changes_with_epoch_and_seed():
+    for n in (1, 3, 7, 50):
+        for seed in SEEDS:
+            for epoch in range(4):
+                assert sorted(shard_order(n, seed, epoch).tolist()) == list(range(n))
+                assert np.array_equal(shard_order(n, seed, epoch), shard_order(n, seed, epoch))
+    for n in (7, 50):
+        for seed in SEEDS:
+            assert not np.array_equal(shard_order(n, seed, 0), shard_order(n, seed, 1))
+            assert not np.array_equal(shard_order(n, seed, 0), shard_order(n, seed + 1, 0))
+    # 3 shards: any two epochs may tie by chance (1/6), but over 10 epochs several orders occur
+    assert len({tuple(shard_order(3, 0, e)) for e in range(10)}) >= 3
+    # the shard order the plan reads in follows shard_order
+    table = DATASETS["uneven"]
+    for seed in SEEDS:
+        reads = [runs(table.shard[global_plan(table, 1, None, seed, e, 1).episode].tolist()) for e in (0, 1)]
+        assert reads[0] != reads[1]
+
+
+# --- 3. shard dealing ----------------------------------------------------------------------------
+
+
+def _check_read_order(table, wp):
+    ro = wp.read_order.tolist()
+    assert len(set(ro)) == len(ro), "an episode arrives twice"
+    shards = table.shard[wp.read_order].tolist()
+    assert len(runs(shards)) == len(set(shards)), f"a shard is read in several runs: {shards}"
+    for s in set(shards):
+        eps = [e for e in ro if table.shard[e] == s]
+        assert eps == sorted(eps), "episodes of a shard not in tar order"
+    assert set(wp.episode.tolist()) == set(ro)
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
+@pytest.mark.parametrize("name", ["uneven", "single_shard", "few_shards", "weighted"])
+def test_shard_runs_per_consumer(name, grid):
+    table = DATASETS[name]
+    world, workers = grid
+    for seed in SEEDS:
+        for epoch in EPOCHS:
+            for row in all_worker_plans(table, world, workers, stride=2, per_episode=None, seed=seed, epoch=epoch,
+                                        shuffle_windows=16, shuffle_bytes=10**12):
+                for wp in row:
+                    _check_read_order(table, wp)
+
+
+def test_episode_order_interleaved_shards():
+    """Episodes of a shard need not be adjacent in the table: tar order is the episode number."""
+    shard = np.array([2, 0, 2, 1, 0, 2, 1, 0])
+    table = make_table(shard, np.full(8, 100))
+    for seed in SEEDS:
+        for epoch in EPOCHS:
+            order = episode_order(table, seed, epoch).tolist()
+            expect = [e for s in shard_order(3, seed, epoch).tolist() for e in range(8) if shard[e] == s]
+            assert order == expect
+
+
+@pytest.mark.parametrize("world,workers", [(1, 1), (1, 2), (2, 2), (1, 3)])
+def test_many_shards_few_consumers(world, workers):
+    """40 shards, <= 4 consumers: each consumer reads a contiguous run of the permuted shard order."""
+    rng = np.random.default_rng(11)
+    counts = rng.integers(1, 5, size=40)
+    shard = np.repeat(np.arange(40), counts)
+    table = make_table(shard, rng.integers(60, 200, size=shard.size))
+    consumers = world * workers
+    for seed in SEEDS:
+        for epoch in EPOCHS:
+            perm = shard_order(40, seed, epoch).tolist()
+            plan = global_plan(table, 1, None, seed, epoch, consumers)
+            present = set(table.shard[plan.episode].tolist())
+            order = [s for s in perm if s in present]
+            assert runs(table.shard[plan.episode].tolist()) == order  # the plan reads shards in permuted order, once
+            seen = []
+            for r, row in enumerate(all_worker_plans(table, world, workers, stride=1, per_episode=None, seed=seed,
+                                                     epoch=epoch, shuffle_windows=32, shuffle_bytes=10**12)):
+                for w, wp in enumerate(row):
+                    _check_read_order(table, wp)
+                    mine = runs(table.shard[wp.read_order].tolist())
+                    i = order.index(mine[0])
+                    assert order[i:i + len(mine)] == mine, "consumer's shards are not a contiguous run"
+                    seen.append(mine)
+            # consecutive consumers continue where the previous stopped (sharing at most one shard)
+            joined = seen[0]
+            for mine in seen[1:]:
+                joined += mine[1:] if mine[0] == joined[-1] else mine
+            assert joined == order
+
+
+# --- 4. buffer_shuffle ---------------------------------------------------------------------------
+
+
+def _arrivals(rng, num_episodes, lo=1, hi=60):
+    sizes = rng.integers(lo, hi, size=num_episodes)
+    eps = rng.permutation(10 * num_episodes)[:num_episodes]  # arbitrary episode ids, not in order
+    window_episode = np.repeat(eps, sizes).astype(np.int64)
+    cost = np.zeros(10 * num_episodes, dtype=np.int64)
+    cost[eps] = rng.integers(1_000, 50_000, size=num_episodes)
+    return window_episode, cost
+
+
+@pytest.mark.parametrize("capacity,capacity_bytes", [(0, 0), (1, 10**12), (10, 10**12), (200, 10**12),
+                                                     (10**6, 10**12), (10**6, 60_000), (50, 200_000),
+                                                     (10**6, 0)])
+def test_buffer_shuffle_permutation_and_bounded_memory(capacity, capacity_bytes):
+    for k in range(4):
+        rng = np.random.default_rng(100 + k)
+        window_episode, cost = _arrivals(rng, 40)
+        out = buffer_shuffle(window_episode, cost, capacity, capacity_bytes, np.random.default_rng(k))
+        assert out.dtype == np.int64 and sorted(out.tolist()) == list(range(window_episode.size))
+        max_block = int(np.max(np.unique(window_episode, return_counts=True)[1]))
+        max_held, max_bytes = replay_buffer(window_episode, cost, out, capacity, capacity_bytes)
+        assert max_held <= capacity + max_block
+        assert max_bytes <= capacity_bytes + int(cost.max())
+        again = buffer_shuffle(window_episode, cost, capacity, capacity_bytes, np.random.default_rng(k))
+        assert np.array_equal(out, again)
+
+
+def test_buffer_shuffle_zero_capacity_keeps_episode_order():
+    """capacity 0 (windows and bytes): each episode is yielded as soon as it arrives, so episodes come out
+    in read order, each as one contiguous block (its own windows may be mixed inside the block)."""
+    rng = np.random.default_rng(3)
+    window_episode, cost = _arrivals(rng, 30)
+    for cap, cap_bytes in [(0, 0), (0, 10**12), (10**6, 0)]:
+        out = buffer_shuffle(window_episode, cost, cap, cap_bytes, np.random.default_rng(1))
+        assert runs(window_episode[out].tolist()) == runs(window_episode.tolist())
+        block = np.cumsum(np.r_[True, window_episode[1:] != window_episode[:-1]])
+        assert np.all(np.diff(block[out]) >= 0)  # no window of a later episode before an earlier one's
+
+
+def test_buffer_shuffle_large_capacity_mixes():
+    rng = np.random.default_rng(4)
+    window_episode, cost = _arrivals(rng, 30)
+    n = window_episode.size
+    out = buffer_shuffle(window_episode, cost, 10**6, 10**12, np.random.default_rng(0))
+    assert not np.array_equal(out, np.arange(n))
+    # the whole epoch sits in the buffer: the first windows come from all over the arrival order
+    assert out[: n // 10].max() > n // 2
+    assert len(runs(window_episode[out].tolist())) > n // 2
+
+
+def test_buffer_shuffle_edge_inputs():
+    empty = buffer_shuffle(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), 8, 8, np.random.default_rng(0))
+    assert empty.size == 0 and empty.dtype == np.int64
+    one = buffer_shuffle(np.array([5], dtype=np.int64), np.zeros(6, dtype=np.int64), 0, 0, np.random.default_rng(0))
+    assert one.tolist() == [0]
+
+
+def _distinct_per_batch(capacity, batch=8, seeds=range(5)):
+    vals = []
+    for s in seeds:
+        rng = np.random.default_rng(200 + s)
+        window_episode, cost = _arrivals(rng, 60, 20, 60)
+        out = buffer_shuffle(window_episode, cost, capacity, 10**12, np.random.default_rng(s))
+        ye = window_episode[out]
+        nb = ye.size // batch
+        vals += [np.unique(ye[i * batch:(i + 1) * batch]).size for i in range(nb)]
+    return float(np.mean(vals))
+
+
+def test_buffer_shuffle_mixing_grows_with_capacity():
+    caps = [0, 8, 32, 128, 512, 4096]
+    figures = [_distinct_per_batch(c) for c in caps]
+    print("distinct episodes per 8-window batch by capacity:", dict(zip(caps, [round(f, 2) for f in figures])))
+    for prev, cur in zip(figures, figures[1:]):
+        assert cur >= prev - 0.05
+    assert figures[0] < 1.3  # capacity 0: a batch spans one or two episodes
+    assert figures[-1] > 6.5  # the whole epoch buffered: nearly 8 different episodes per batch
+    assert figures[3] > figures[1] + 1.0
+
+
+# --- 5. select_anchors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lo,hi,stride", [(0, 10, 1), (32, 285, 1), (32, 285, 4), (5, 6, 3), (0, 100, 7)])
+def test_select_anchors_semantics(lo, hi, stride):
+    rng = np.random.default_rng(0)
+    every = np.arange(lo, hi, stride)
+    n = every.size
+    a = select_anchors(lo, hi, stride, None, 1.0, rng)
+    assert a.dtype == np.int64 and a.tolist() == every.tolist()
+    assert np.all((a >= lo) & (a < hi) & ((a - lo) % stride == 0))
+    for frac in (0.01, 0.25, 0.5, 1.0):
+        a = select_anchors(lo, hi, stride, frac, 1.0, rng)
+        assert a.size == max(1, round(frac * n)) and np.unique(a).size == a.size
+        assert set(a.tolist()) <= set(every.tolist()) and np.all(np.diff(a) > 0)
+    for k in (1, 3, 1000):
+        a = select_anchors(lo, hi, stride, k, 1.0, rng)
+        assert a.size == min(k, n) and np.unique(a).size == a.size and set(a.tolist()) <= set(every.tolist())
+        assert np.all(np.diff(a) > 0)
+    # weight 2 doubles the count: every anchor twice (None), or twice the picks
+    a = select_anchors(lo, hi, stride, None, 2.0, rng)
+    assert a.tolist() == np.repeat(every, 2).tolist()
+    assert select_anchors(lo, hi, stride, 1, 2.0, rng).size == 2
+    a = select_anchors(lo, hi, stride, 3, 2.0, rng)
+    assert a.size == 2 * min(3, n) and np.all(np.diff(a) >= 0) and set(a.tolist()) <= set(every.tolist())
+    assert np.bincount(a - lo).max() <= (2 if n >= 3 else math.ceil(6 / n))
+    assert select_anchors(lo, hi, stride, None, 0.0, rng).size == 0
+
+
+def test_select_anchors_numpy_scalars_and_empty():
+    rng = np.random.default_rng(0)
+    assert select_anchors(0, 50, 1, np.int64(4), 1.0, rng).size == 4
+    assert select_anchors(0, 50, 1, np.float64(0.5), 1.0, rng).size == 25
+    assert select_anchors(0, 50, 1, None, np.float64(1.0), rng).tolist() == list(range(50))
+    for lo, hi in [(10, 10), (32, 9), (0, 0)]:
+        for pe in (None, 0.5, 3):
+            assert select_anchors(lo, hi, 1, pe, 2.0, rng).size == 0
+
+
+def test_select_anchors_rejects_negative_count():
+    """per_episode is "an int that many (at most all)": a negative count must not yield windows."""
+    try:
+        a = select_anchors(0, 10, 1, -1, 1.0, np.random.default_rng(0))
+    except ValueError:
+        return
+    assert a.size == 0, f"per_episode=-1 gave {a.size} windows: {a.tolist()}"
+
+
+def test_select_anchors_fractional_weight_stochastic_rounding():
+    # one episode, many draws: count is floor or ceil of the expectation, averaging to it
+    counts = np.array([select_anchors(0, 7, 1, None, 0.3, np.random.default_rng(i)).size for i in range(3000)])
+    assert set(counts.tolist()) <= {2, 3}
+    assert abs(counts.mean() - 2.1) < 0.04  # sd of the mean ~0.0055
+    counts = np.array([select_anchors(0, 10, 1, None, 1.55, np.random.default_rng(i)).size for i in range(2000)])
+    assert set(counts.tolist()) <= {15, 16} and abs(counts.mean() - 15.5) < 0.05
+    a = select_anchors(0, 10, 1, None, 1.55, np.random.default_rng(1))
+    assert np.bincount(a, minlength=10).min() == 1 and np.bincount(a, minlength=10).max() == 2
+    # many episodes through the global plan: total close to the sum of expectations
+    table = make_table(np.repeat(np.arange(20), 100), np.full(2000, BEFORE + AFTER + 7), weight=0.3)
+    total = global_plan(table, 1, None, 0, 0, 1).episode.size
+    assert abs(total - 2000 * 2.1) < 5 * math.sqrt(2000 * 0.09)
+    per_ep = np.bincount(global_plan(table, 1, None, 0, 0, 1).episode, minlength=2000)
+    assert set(per_ep.tolist()) <= {2, 3}
+    # mixing weights: weight 2 episodes give exactly twice their anchors
+    table = DATASETS["weighted"]
+    plan = global_plan(table, 1, None, 1, 0, 1)
+    per_ep = np.bincount(plan.episode, minlength=table.num_episodes)
+    n = np.maximum(table.hi - table.lo, 0)
+    heavy = table.weight == 2.0
+    assert np.array_equal(per_ep[heavy], 2 * n[heavy])
+    light = ~heavy
+    assert np.all(np.abs(per_ep[light] - 0.45 * n[light]) < 1)
+
+
+# --- 6. WindowSpec -------------------------------------------------------------------------------
+
+
+def test_segment():
+    assert segment(0, 32, 9) == (0, 4, 8, 12, 16, 20, 24, 28, 32)
+    assert segment(-32, -16, 3) == (-32, -24, -16)
+    assert segment(16, 32, 2) == (16, 32)
+    assert segment(5, 5, 1) == (5,) and segment(3, 9, 1) == (3,)
+    assert segment(0, 3, 4) == (0, 1, 2, 3)
+    for args in [(0, 32, 0), (0, 32, -1), (10, 5, 2), (0, 33, 9), (0, 2, 4), (5, 5, 2)]:
+        with pytest.raises(ValueError):
+            segment(*args)
+
+
+def test_offsets_from_seconds():
+    assert offsets_from_seconds([-0.1, 0.0, 1 / 30, 0.5], 30) == (-3, 0, 1, 15)
+    assert offsets_from_seconds([0.0333], 30) == (1,)  # 33 us off: inside the default 1e-4 s
+    assert offsets_from_seconds([-0.2, 0.1], 10) == (-2, 1)
+    with pytest.raises(ValueError):
+        offsets_from_seconds([0.035], 30)  # 1.7 ms off
+    with pytest.raises(ValueError):
+        offsets_from_seconds([0.0, 0.05], 10)
+    assert offsets_from_seconds([0.035], 30, tolerance=0.01) == (1,)
+    assert offsets_from_seconds([], 30) == ()
+
+
+def test_from_delta_timestamps():
+    fps = 10
+    spec = WindowSpec.from_delta_timestamps({
+        "observation.images.top": [-1.0, -0.5, 0.0],
+        "observation.images.wrist": [0.0],
+        "observation.state": [-0.2, -0.1, 0.0],
+        "action": [i / fps for i in range(16)],
+    }, fps)
+    assert spec.cameras == {"observation.images.top": (-10, -5, 0), "observation.images.wrist": (0,)}
+    assert spec.state_offsets == (-2, -1, 0) and spec.action_horizon == 16
+    assert spec.anchor_range(100, ["observation.images.top", "observation.images.wrist"]) == (10, 85)
+    # no camera keys: every camera at offset 0; no action key: no action rows; kwargs pass through
+    spec = WindowSpec.from_delta_timestamps({"observation.state": [0.0]}, 30, stride=3, boundary="pad")
+    assert spec.cameras is None and spec.action_horizon == 0 and spec.stride == 3 and spec.boundary == "pad"
+    spec = WindowSpec.from_delta_timestamps({"actions": [0, 1 / 30, 2 / 30]}, 30, action_key="actions")
+    assert spec.action_horizon == 3 and spec.action_key == "actions"
+    for bad in ([0.0, 0.2], [0.1, 0.2], [-0.1, 0.0], [0.0, 0.1, 0.1]):
+        with pytest.raises(ValueError):
+            WindowSpec.from_delta_timestamps({"action": bad}, fps)
+    with pytest.raises(ValueError):
+        WindowSpec.from_delta_timestamps({"cam": [0.0, 0.033]}, fps)  # not a multiple of 1/10 s
+
+
+def test_window_spec_validation():
+    for kw in [dict(boundary="clamp"), dict(stride=0), dict(action_horizon=-1), dict(per_episode=0.0),
+               dict(per_episode=1.5)]:
+        with pytest.raises(ValueError):
+            WindowSpec(**kw)
+    WindowSpec(per_episode=1.0)
+    WindowSpec(per_episode=5)
+    with pytest.raises(KeyError):
+        WindowSpec(cameras={"front": (0,)}).camera_offsets(["top"])
+
+
+SPEC = WindowSpec(cameras={"top": segment(-32, -16, 3) + (0,) + segment(16, 32, 2), "wrist": (0,)},
+                  state_offsets=(-2, -1, 0), action_horizon=16)
+
+
+def test_anchor_range_inside_and_pad():
+    cams = ["top", "wrist", "side"]
+    assert SPEC.row_offsets(cams).tolist() == [-32, -24, -16, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                14, 15, 16, 32]
+    assert SPEC.anchor_range(100, cams) == (32, 68)
+    assert SPEC.anchor_range(65, cams) == (32, 33)  # exactly one window
+    assert SPEC.anchor_range(64, cams) == (32, 32)  # hi <= lo: zero windows
+    lo, hi = SPEC.anchor_range(20, cams)
+    assert hi <= lo and select_anchors(lo, hi, 1, None, 1.0, np.random.default_rng(0)).size == 0
+    # the action chunk decides the end when it reaches furthest
+    spec = WindowSpec(cameras={"c": (0,)}, action_horizon=16)
+    assert spec.anchor_range(100, ["c"]) == (0, 85)
+    assert WindowSpec(cameras={"c": (5,)}, state_key=None, action_key=None).anchor_range(50, ["c"]) == (0, 45)
+    assert WindowSpec(cameras={"c": (-5,)}, state_key=None, action_key=None).anchor_range(50, ["c"]) == (5, 50)
+    assert WindowSpec().anchor_range(7, ["a", "b"]) == (0, 7)  # cameras None: offsets 0
+    pad = WindowSpec(cameras=SPEC.cameras, state_offsets=(-2, -1, 0), action_horizon=16, boundary="pad")
+    for n in (0, 1, 20, 64, 100):
+        assert pad.anchor_range(n, cams) == (0, n)
+
+
+@pytest.mark.parametrize("spec", [SPEC, WindowSpec(cameras={"c": (3, 9)}, state_offsets=(-4,), action_horizon=0),
+                                  WindowSpec(cameras={"c": (-7,)}, state_offsets=(0,), action_horizon=2)])
+def test_anchor_range_is_exactly_the_inside_anchors(spec):
+    """Every anchor in [lo, hi) keeps all offsets inside the episode, and no anchor outside does."""
+    cams = ["top", "wrist", "c"]
+    offs = spec.row_offsets(cams)
+    for n in range(0, 90, 3):
+        lo, hi = spec.anchor_range(n, cams)
+        inside = [a for a in range(-50, n + 50) if np.all((a + offs >= 0) & (a + offs < n))]
+        assert list(range(lo, hi)) == inside

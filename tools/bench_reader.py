@@ -1,0 +1,621 @@
+"""Benchmark: the streaming window reader (``stream/``) against naive baselines, in one run.
+
+Every timed comparison alternates its sides round by round (A B A B ...) on the same inputs and
+reports medians and the ratio of the medians; machines are noisy, so only ratios from one run count.
+
+1. FastWAM-style sample: 3 cameras, a 33-frame span of which 9 frames are used (offsets 0, 4, ...,
+   32: ``segment(0, 32, 9)``), frames post-processed to 224x224 uint8, 16-step action chunk,
+   4 windows per episode per epoch.
+   A  ``WindowDataset(..., postprocess=PostProcess(size=(224, 224)), shuffle_windows=0)`` iterated
+      in this process (``num_workers=0``): one byte-range read, one decoder and one
+      ``get_frames_at`` per (episode, camera) for all its windows, post-processing of used frames.
+   B  naive, over exactly the same (episode, anchor) list (``ds.plan(epoch, 0, 1, 1, 0)``): per
+      sample and camera, read the video member from the shard (byte range from
+      ``WindowIndex.lookup``), open a fresh torchcodec ``VideoDecoder`` (default exact seek mode,
+      which scans the file), decode all 33 frames of the span (``get_frames_in_range``), resize all
+      33 with the same torch uint8 antialiased bilinear kernel as ``PostProcess``, keep the 9 used.
+   Run on generated 3-camera episodes (``tests/videogen.make_video``: frame-numbered H.264 with
+   B-frames, 256x256, 30 fps, keyframe every 30 frames, 300 frames, 6 episodes; one video per
+   episode shared by its 3 cameras, encodes cached under /tmp) and on the real
+   ``so101_bimanual_cloth`` (2 cameras ``observation.images.cam0`` and ``cam1``, MPEG-4 224x224,
+   GOP 12: already 224x224, so neither side resizes). Target (reader / naive): >= 2.1x.
+2. Three disjoint segments per camera, past / current / future over 65 frames:
+   ``segment(-32, -24, 3) + segment(-2, 2, 5) + segment(24, 32, 3)`` (11 frames), 3 cameras,
+   224x224. A the reader (one decoder and one ``get_frames_at`` per (episode, camera) for all
+   segments of all its windows); B one fresh decoder per (sample, camera, segment) decoding just
+   that segment's frames with ``get_frames_at``, resized alike. Target: >= 1.5x.
+3. Per-sample planning and index cost, a handful of episodes vs 27,500: synthetic window indexes
+   (``tools/bench_index.py``'s ``write_indexes``: 3 cameras, 300 rows, keyframe every 30, 64
+   episodes per shard) opened as a real ``WindowDataset`` (FastWAM spec; reader defaults
+   ``shuffle_windows=512``, ``shuffle_bytes=1 GiB``); per round ``worker_plan`` (one consumer of
+   one) plus, for every planned sample, ``WindowIndex.lookup`` of its 9 rows on each of the 3
+   cameras; cost per planned sample. Rows: 1 episode with all its anchors, 8 episodes with 1
+   window each, 27,500 episodes with 1 window each (samples per epoch = episodes), and for
+   information consumer 0 of 8 ranks x 8 workers at 27,500 (every consumer plans the whole epoch).
+   Target: 27,500 x 1 per sample <= 1.2x the 8 x 1 per sample. ``WindowDataset`` construction
+   time (index load plus its episode table) is reported once per size.
+4. Decoded frames per second per core: the reader's decode path (``stream.decode.frame_mappings``
+   from the index plus ``stream.decode.decode`` of every frame of the video, one ffmpeg thread)
+   vs ``ffmpeg -threads 1 -i VIDEO -f rawvideo -pix_fmt rgb24 -y /dev/null`` (a subprocess) on the
+   same video members: so101 (MPEG-4 224x224, 10 videos), unitree_g1_bottle_av1 (AV1 640x480, 4
+   videos) and one generated H.264 256x256. fps per CPU second (user+sys; for ffmpeg from the
+   child's rusage), fps per wall second, and ffmpeg's per-process startup (``-frames:v 1``)
+   subtracted for a second fraction. Reported: reader fps / ffmpeg fps.
+
+Real datasets come from ../shared/data (or ``$EPISHARD_SHARED_DATA``), converted with
+``shardwriter.convert`` into a temporary folder at the start; when absent, their rows are skipped
+with a line saying so. Before timing, one untimed pass checks that reader and baseline return
+identical tensors (and, on generated videos, the frame number drawn in every returned frame), and
+the reader's telemetry (frames decoded per sample, decoder opens, stage seconds) is reported.
+
+Commands (from the repository root):
+
+    python tools/bench_reader.py                      # everything, readable tables (~3-5 min on 2 cores)
+    python tools/bench_reader.py --json               # one JSON line per measurement instead
+    python tools/bench_reader.py --rounds 5 --samples 48
+    python tools/bench_reader.py --only 1 2           # some benchmarks (1: FastWAM, 2: segments, 3: plan, 4: decode)
+    python tools/bench_reader.py --big-episodes 5000  # smaller planning benchmark
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+for _p in (str(REPO), str(REPO / "tests"), str(REPO / "tools")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torchcodec.decoders import VideoDecoder  # noqa: E402
+
+from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert  # noqa: E402
+from shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME  # noqa: E402
+from shardwriter.index import write_dataset_index  # noqa: E402
+from stream import PostProcess, WindowDataset, WindowSpec, segment  # noqa: E402
+from stream.decode import decode, decoded_frames, frame_mappings  # noqa: E402
+from stream.plan import worker_plan  # noqa: E402
+
+SIZE = (224, 224)
+CAMS3 = ("observation.images.front", "observation.images.left", "observation.images.wrist")
+FASTWAM = segment(0, 32, 9)
+SEGMENTS = (segment(-32, -24, 3), segment(-2, 2, 5), segment(24, 32, 3))
+PER_EPISODE = 4
+ACTION_HORIZON = 16
+CACHE = Path(tempfile.gettempdir()) / "epishard_bench_reader_cache"
+SYNTH = dict(episodes=6, frames=300, fps=30, size=256, gop=30)
+START = 1000  # episode e's frame i shows the number e * START + i
+
+OUT = {"json": False}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def emit(record: dict) -> None:
+    if OUT["json"]:
+        print(json.dumps(record), flush=True)
+
+
+def say(line: str = "") -> None:
+    if not OUT["json"]:
+        print(line, flush=True)
+
+
+def med(values) -> float:
+    return float(np.median(np.asarray(values, dtype=np.float64)))
+
+
+# --- data ------------------------------------------------------------------------------------------
+
+
+def shared_data() -> Path:
+    return Path(os.environ.get("EPISHARD_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def _encode(args: tuple) -> str:
+    path, frames, fps, size, gop, start = args
+    from videogen import make_video
+
+    tmp = f"{path}.partial-{os.getpid()}"
+    make_video(tmp, frames, codec="h264", fps=fps, height=size, width=size, gop=gop, bframes=True, start_number=start)
+    os.replace(tmp, path)
+    return path
+
+
+def synth_videos(episodes: int, frames: int, fps: int, size: int, gop: int) -> list[str]:
+    """Frame-numbered H.264 videos (cached: x264 runs without asm in videogen, ~6 s each)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    jobs = [(str(CACHE / f"h264_{size}px_{frames}f_{fps}fps_gop{gop}_start{e * START}.mp4"), frames, fps, size, gop, e * START)
+            for e in range(episodes)]
+    todo = [j for j in jobs if not os.path.exists(j[0])]
+    if todo:
+        log(f"encoding {len(todo)} test videos ({frames} frames {size}x{size}, cached in {CACHE}) ...")
+        with ProcessPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+            list(pool.map(_encode, todo))
+    return [j[0] for j in jobs]
+
+
+def build_synth(out: str) -> str:
+    from videogen import make_episode_table
+
+    videos = synth_videos(**SYNTH)
+    eps = [Episode(source="synth3cam", episode_index=e, table=make_episode_table(SYNTH["frames"], fps=SYNTH["fps"]),
+                   videos={c: CameraVideo(path) for c in CAMS3}, fps=SYNTH["fps"], tasks=("pick",), robot="synthetic")
+           for e, path in enumerate(videos)]
+    convert([Source(name="synth3cam", episodes=eps, fps=SYNTH["fps"])], out, ConvertOptions(progress=False))
+    return out
+
+
+def build_real(name: str, out: str) -> str | None:
+    src = shared_data() / name
+    if not src.exists():
+        return None
+    convert([str(src)], out, ConvertOptions(progress=False))
+    return out
+
+
+# --- timing ----------------------------------------------------------------------------------------
+
+
+def alternate(rounds: int, sides: dict) -> dict[str, list[dict]]:
+    """Run each side once per round, in order, alternating; each side returns a dict of numbers."""
+    results: dict[str, list[dict]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, fn in sides.items():
+            results[name].append(fn())
+    return results
+
+
+# --- benchmarks 1 and 2: reader vs naive samples -----------------------------------------------------
+
+
+def resize(frames: torch.Tensor, size) -> torch.Tensor:
+    """The kernel of ``stream.transform.PostProcess`` (uint8, channels-last, antialiased bilinear),
+    copied here so the baseline does not change when the reader's post-processing does."""
+    if size is not None and tuple(frames.shape[-2:]) != tuple(size):
+        frames = torch.nn.functional.interpolate(frames.contiguous(memory_format=torch.channels_last), size=size,
+                                                 mode="bilinear", antialias=True)
+    return frames.contiguous()
+
+
+def windows_for(ds: WindowDataset, samples: int | None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(epoch, count) pieces and the (episode, anchor) list the reader yields for them, in order."""
+    pieces, wins, epoch = [], [], 0
+    while True:
+        plan = ds.plan(epoch, 0, 1, 1, 0)
+        if len(plan) == 0:
+            raise RuntimeError("the window spec gives no windows on this dataset")
+        take = len(plan) if samples is None else min(len(plan), samples - len(wins))
+        pieces.append((epoch, take))
+        wins += list(zip(plan.episode[:take].tolist(), plan.anchor[:take].tolist()))
+        epoch += 1
+        if samples is None or len(wins) >= samples:
+            return pieces, wins
+
+
+def reader_pass(ds: WindowDataset, pieces, keep: bool = False) -> tuple[float, list]:
+    kept = []
+    t = time.perf_counter()
+    for epoch, take in pieces:
+        ds.set_epoch(epoch)
+        it = iter(ds)
+        for _ in range(take):
+            sample = next(it)
+            if keep:
+                kept.append(sample)
+        it.close()
+    return time.perf_counter() - t, kept
+
+
+class Naive:
+    """The baselines: per sample and camera, a fresh file read and a fresh decoder (no index frame
+    tables: torchcodec's default exact mode scans the file on open)."""
+
+    def __init__(self, ds: WindowDataset, cam_offsets: dict[str, tuple[int, ...]], mode: str):
+        self.source = ds.sources[0]
+        self.index = self.source.index
+        self.cams = {c: np.asarray(o, dtype=np.int64) for c, o in cam_offsets.items()}
+        self.mode = mode  # "span": decode the whole span then subsample; "segments": one decoder per segment
+        self.frames_decoded = 0
+        self.decoder_opens = 0
+
+    def _read(self, shard: int, offset: int, size: int) -> bytes:
+        with open(self.source.shard_path(shard), "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+
+    def sample(self, episode: int, anchor: int) -> dict[str, torch.Tensor]:
+        ix, out = self.index, {}
+        names = ix.camera_names(episode)
+        for cam, offsets in self.cams.items():
+            c = names.index(cam)
+            s = ix.stream(episode, c)
+            keys = ix.keyframes[ix.key_offsets[s]:ix.key_offsets[s + 1]]
+            if self.mode == "span":
+                lo, hi = int(offsets.min()), int(offsets.max())
+                look = ix.lookup(episode, anchor + np.arange(lo, hi + 1), c)
+                data = self._read(look.shard, look.offset, look.size)
+                decoder = VideoDecoder(data, dimension_order="NCHW", num_ffmpeg_threads=1)
+                f = look.frames
+                if np.array_equal(f, np.arange(f[0], f[0] + f.size)):
+                    batch = decoder.get_frames_in_range(int(f[0]), int(f[-1]) + 1).data
+                else:
+                    batch = decoder.get_frames_at(f.tolist()).data
+                self.decoder_opens += 1
+                self.frames_decoded += decoded_frames(np.unique(f), keys)
+                out[cam] = resize(batch, SIZE)[torch.from_numpy(offsets - lo)]
+            else:
+                look = ix.lookup(episode, anchor + offsets, c)
+                data = self._read(look.shard, look.offset, look.size)
+                parts, pos = [], 0
+                for seg in SEGMENTS:
+                    f = look.frames[pos:pos + len(seg)]
+                    pos += len(seg)
+                    decoder = VideoDecoder(data, dimension_order="NCHW", num_ffmpeg_threads=1)
+                    parts.append(resize(decoder.get_frames_at(f.tolist()).data, SIZE))
+                    self.decoder_opens += 1
+                    self.frames_decoded += decoded_frames(np.unique(f), keys)
+                out[cam] = torch.cat(parts)
+        return out
+
+    def run(self, wins, keep: bool = False) -> tuple[float, list]:
+        kept = []
+        t = time.perf_counter()
+        for e, a in wins:
+            s = self.sample(e, a)
+            if keep:
+                kept.append(s)
+        return time.perf_counter() - t, kept
+
+
+def check(reader_samples, naive_samples, wins, cams, synthetic: bool, ds: WindowDataset) -> str:
+    """Reader and baseline return identical frames; generated videos show the expected numbers."""
+    from videogen import decode_frame_number
+
+    ix = ds.sources[0].index
+    checked = 0
+    for r, n, (e, a) in zip(reader_samples, naive_samples, wins):
+        if int(r["episode_index"]) != int(ix.table.column("episode_index")[e].as_py()):
+            raise AssertionError(f"reader sample is episode {r['episode_index']}, plan says {e}")
+        for cam, offsets in cams.items():
+            if r[cam].shape != n[cam].shape or not torch.equal(r[cam], n[cam]):
+                diff = (r[cam].int() - n[cam].int()).abs().max().item() if r[cam].shape == n[cam].shape else "shape"
+                raise AssertionError(f"episode {e} anchor {a} {cam}: reader and baseline differ (max diff {diff})")
+            if synthetic:
+                got = [decode_frame_number(fr) for fr in r[cam]]
+                want = [e * START + a + int(o) for o in offsets]
+                if got != want:
+                    raise AssertionError(f"episode {e} anchor {a} {cam}: frames {got}, expected {want}")
+            checked += 1
+    return f"{len(reader_samples)} samples x {len(cams)} cameras identical" + (", frame numbers as expected" if synthetic else "")
+
+
+def bench_samples(name: str, bench: str, root: str, cams: dict[str, tuple[int, ...]], mode: str, rounds: int,
+                  samples: int | None, target: float, synthetic: bool, note: str) -> None:
+    kw = dict(spec=WindowSpec(cameras=cams, action_horizon=ACTION_HORIZON, per_episode=PER_EPISODE),
+              postprocess=PostProcess(size=SIZE), shuffle_windows=0)
+    ds = WindowDataset(root, **kw)
+    pieces, wins = windows_for(ds, samples)
+    naive = Naive(ds, cams, mode)
+    # Untimed: correctness, telemetry, warm-up (page cache, decoder libraries).
+    ds_t = WindowDataset(root, telemetry=True, **kw)
+    _, rs = reader_pass(ds_t, pieces, keep=True)
+    _, ns = naive.run(wins, keep=True)
+    verdict = check(rs, ns, wins, cams, synthetic, ds)
+    tele = _sum_epochs(rs)
+    naive_frames, naive_opens = naive.frames_decoded, naive.decoder_opens
+    del rs, ns
+    res = alternate(rounds, {
+        "reader": lambda: {"s": reader_pass(ds, pieces)[0]},
+        "naive": lambda: {"s": naive.run(wins)[0]},
+    })
+    n = len(wins)
+    sps = {k: [n / r["s"] for r in v] for k, v in res.items()}
+    ratio = med(sps["reader"]) / med(sps["naive"])
+    frames_returned = sum(len(o) for o in cams.values())
+    rows = {
+        "reader": dict(frames_decoded_per_sample=tele["frames_decoded"] / n, decoder_opens_per_sample=tele["decoder_opens"] / n),
+        "naive": dict(frames_decoded_per_sample=naive_frames / n, decoder_opens_per_sample=naive_opens / n),
+    }
+    say(f"\n[{bench}] {name}")
+    say(f"  {note}")
+    say(f"  {n} samples per round ({len(pieces)} epoch(s) x {PER_EPISODE} windows/episode), {len(cams)} cameras x "
+        f"{frames_returned // len(cams)} frames -> {SIZE[0]}x{SIZE[1]}; check: {verdict}")
+    say(f"  {'side':<8}{'samples/s':>11}{'ms/sample':>11}{'frames decoded/sample':>23}{'decoder opens/sample':>22}   rounds (samples/s)")
+    for side in ("reader", "naive"):
+        m = med(sps[side])
+        say(f"  {side:<8}{m:>11.1f}{1e3 / m:>11.2f}{rows[side]['frames_decoded_per_sample']:>23.1f}"
+            f"{rows[side]['decoder_opens_per_sample']:>22.2f}   {', '.join(f'{x:.1f}' for x in sps[side])}")
+        emit({"bench": bench, "dataset": name, "side": side, "samples": n, "rounds": rounds, "samples_per_s": m,
+              "rounds_samples_per_s": sps[side], **rows[side]})
+    stages = {k: tele[k] / n * 1e3 for k in ("read_s", "decode_s", "postprocess_s", "assemble_s", "plan_s")}
+    say("  reader stages, ms/sample (telemetry, untimed pass): " + ", ".join(f"{k[:-2]} {v:.2f}" for k, v in stages.items()))
+    met = ratio >= target
+    say(f"  ratio reader/naive = {ratio:.2f}x (target >= {target}x: {'met' if met else 'NOT met'})")
+    emit({"bench": bench, "dataset": name, "metric": "ratio_reader_over_naive", "value": ratio, "target_min": target,
+          "met": met, "reader_stage_ms_per_sample": stages})
+
+
+def _sum_epochs(samples) -> dict:
+    """Telemetry totals over several epochs run one after another in this process (one Telemetry per
+    epoch: take each epoch's last vector and add them up)."""
+    from stream.telemetry import FIELDS
+
+    total = dict.fromkeys(FIELDS[1:], 0.0)
+    prev = None
+    for s in samples + [None]:
+        v = None if s is None else s["__telemetry__"]
+        if prev is not None and (v is None or v[FIELDS.index("samples")] <= prev[FIELDS.index("samples")]):
+            for i, k in enumerate(FIELDS[1:], start=1):
+                total[k] += float(prev[i])
+        prev = v
+    return total
+
+
+# --- benchmark 3: planning + index per sample --------------------------------------------------------
+
+
+def synth_index_dataset(folder: str, episodes: int) -> str:
+    from bench_index import CAMERAS, write_indexes
+
+    paths = write_indexes(folder, episodes)
+    write_dataset_index(folder, [os.path.basename(p) for p in paths], os.path.join(folder, DATASET_INDEX_NAME))
+    manifest = {"format": "epishard", "format_version": 1, "stats": {}, "fps": 30.0,
+                "cameras": {c: {"codec": "h264", "width": 224, "height": 224, "fps": 30.0, "episodes": episodes} for c in CAMERAS},
+                "shards": [{"shard": f"bench-{i:06d}.tar", "index": os.path.basename(p)} for i, p in enumerate(paths)]}
+    with open(os.path.join(folder, MANIFEST_NAME), "w") as f:
+        json.dump(manifest, f)
+    return folder
+
+
+def bench_plan(rounds: int, big: int) -> None:
+    from bench_index import CAMERAS
+
+    spec = WindowSpec(cameras={c: FASTWAM for c in CAMERAS}, action_horizon=ACTION_HORIZON)
+    offsets = np.asarray(FASTWAM, dtype=np.int64)
+    sizes = sorted({1, 8, big})
+    tmp = tempfile.mkdtemp(prefix="epishard_bench_plan_")
+    try:
+        datasets, init = {}, {}
+        for n in sizes:
+            log(f"writing a synthetic index of {n} episodes ...")
+            os.makedirs(os.path.join(tmp, str(n)))
+            folder = synth_index_dataset(os.path.join(tmp, str(n)), n)
+            t = time.perf_counter()
+            datasets[n] = WindowDataset(folder, spec)
+            init[n] = time.perf_counter() - t
+        cases = [  # label, episodes, per_episode, world, workers
+            ("1 episode, all anchors", 1, None, 1, 1),
+            ("8 episodes, 1 window each", 8, 1, 1, 1),
+            (f"{big:,} episodes, 1 window each", big, 1, 1, 1),
+            (f"{big:,} episodes, 1 window each, consumer 0 of 8 ranks x 8 workers", big, 1, 8, 8),
+        ]
+
+        def run(case):
+            _, n, per, world, workers = case
+            ds = datasets[n]
+            ix = ds.sources[0].index
+            t0 = time.perf_counter()
+            plan = worker_plan(ds.table, stride=1, per_episode=per, seed=0, epoch=0, world_size=world, rank=0,
+                               num_workers=workers, worker=0, shuffle_windows=ds.shuffle_windows, shuffle_bytes=ds.shuffle_bytes)
+            t1 = time.perf_counter()
+            for e, a in zip(plan.episode.tolist(), plan.anchor.tolist()):
+                rows = a + offsets
+                for c in range(len(CAMERAS)):
+                    ix.lookup(e, rows, c)
+            t2 = time.perf_counter()
+            return {"plan_s": t1 - t0, "lookup_s": t2 - t1, "samples": len(plan)}
+
+        res = alternate(rounds, {c[0]: (lambda c=c: run(c)) for c in cases})
+        say(f"\n[3-plan] planning + index lookups per sample (synthetic indexes, 3 cameras x 300 rows, FastWAM spec, "
+            f"shuffle_windows={datasets[1].shuffle_windows}; {rounds} rounds alternating, medians)")
+        say(f"  {'case':<66}{'samples':>8}{'plan us/s':>11}{'lookup us/s':>13}{'total us/s':>12}{'plan ms':>10}")
+        per_sample = {}
+        for case in cases:
+            label, n = case[0], case[1]
+            rs = res[label]
+            samples = rs[0]["samples"]
+            plan_us = med([r["plan_s"] / r["samples"] for r in rs]) * 1e6
+            look_us = med([r["lookup_s"] / r["samples"] for r in rs]) * 1e6
+            total = med([(r["plan_s"] + r["lookup_s"]) / r["samples"] for r in rs]) * 1e6
+            per_sample[label] = total
+            say(f"  {label:<66}{samples:>8}{plan_us:>11.2f}{look_us:>13.2f}{total:>12.2f}{med([r['plan_s'] for r in rs]) * 1e3:>10.1f}")
+            emit({"bench": "3-plan", "case": label, "episodes": n, "per_episode": case[2], "world_size": case[3],
+                  "num_workers": case[4], "samples": samples, "plan_us_per_sample": plan_us,
+                  "lookup_us_per_sample": look_us, "total_us_per_sample": total,
+                  "plan_ms": med([r["plan_s"] for r in rs]) * 1e3})
+        for n in sizes:
+            say(f"  WindowDataset construction (index.arrow mmap + episode table), {n:,} episodes: {init[n] * 1e3:.1f} ms")
+            emit({"bench": "3-plan", "metric": "dataset_init_ms", "episodes": n, "value": init[n] * 1e3})
+        big_label, small_label, one_label = cases[2][0], cases[1][0], cases[0][0]
+        ratio = per_sample[big_label] / per_sample[small_label]
+        met = ratio <= 1.2
+        say(f"  ratio per sample {big:,} x 1 / 8 x 1 = {ratio:.2f} (target <= 1.2: {'met' if met else 'NOT met'})")
+        r1 = per_sample[big_label] / per_sample[one_label]
+        say(f"  ratio per sample {big:,} x 1 / 1 episode all anchors = {r1:.2f} (informational: per-episode planning cost)")
+        emit({"bench": "3-plan", "metric": "ratio_big_over_small_per_sample", "value": ratio, "target_max": 1.2,
+              "met": met, "big": big_label, "small": small_label})
+        emit({"bench": "3-plan", "metric": "ratio_big_over_one_episode_per_sample", "value": r1, "big": big_label,
+              "small": one_label})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- benchmark 4: decoded frames per second per core --------------------------------------------------
+
+
+def _videos_of(root: str, limit: int | None, folder: str) -> list[dict]:
+    """Each camera stream's member bytes, written to ``folder`` for ffmpeg."""
+    from stream import DatasetSource
+
+    src = DatasetSource(root)
+    ix = src.index
+    out = []
+    for e in range(ix.num_episodes):
+        for c in range(int(ix.episode_cams[e + 1] - ix.episode_cams[e])):
+            s = ix.stream(e, c)
+            with open(src.shard_path(int(ix.shard[e])), "rb") as f:
+                f.seek(int(ix.cam_offset[s]))
+                data = f.read(int(ix.cam_size[s]))
+            path = os.path.join(folder, f"{os.path.basename(root)}_{e}_{c}.mp4")
+            with open(path, "wb") as f:
+                f.write(data)
+            out.append({"data": data, "path": path, "tables": ix.frame_tables(s), "n": int(ix.cam_num_frames[s]),
+                        "codec": ix.table.column("cameras")[e][c]["codec"].as_py(),
+                        "size": f"{int(ix.cam_width[s])}x{int(ix.cam_height[s])}"})
+            if limit and len(out) >= limit:
+                return out
+    return out
+
+
+def _ffmpeg(path: str, extra: list[str]) -> tuple[float, float, str]:
+    cmd = ["ffmpeg", "-nostdin", "-hide_banner", "-threads", "1", "-i", path, *extra, "-f", "rawvideo", "-pix_fmt", "rgb24",
+           "-y", "/dev/null"]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr[-500:]}")
+    return wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), p.stderr
+
+
+def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
+    say(f"\n[4-decode] decoded frames per second per core: reader decode path vs ffmpeg -threads 1 "
+        f"({rounds} rounds alternating, medians; cpu = user+sys seconds)")
+    say(f"  {'videos':<44}{'frames':>7}{'reader fps/cpu':>15}{'ffmpeg fps/cpu':>15}{'fraction':>9}"
+        f"{'  -startup':>10}{'reader fps/wall':>16}{'ffmpeg fps/wall':>16}")
+    for label, videos in sets:
+        frames = sum(v["n"] for v in videos)
+        # ffmpeg's own frame count (stats line) must match the index: no duplicated or dropped frames.
+        counts = []
+        for v in videos:
+            _, _, err = _ffmpeg(v["path"], [])
+            m = re.findall(r"frame=\s*(\d+)", err)
+            counts.append(int(m[-1]) if m else -1)
+            dd = re.findall(r"(dup|drop)=\s*(\d+)", err)
+            if any(int(x) for _, x in dd):
+                log(f"warning: ffmpeg reported {dd} for {v['path']}")
+        startup = [_ffmpeg(v["path"], ["-frames:v", "1"]) for v in videos]
+        startup_cpu, startup_wall = sum(s[1] for s in startup), sum(s[0] for s in startup)
+        tensors = []
+
+        def reader():
+            cpu, t = time.process_time(), time.perf_counter()
+            for v in videos:
+                x = decode(v["data"], np.arange(v["n"]), frame_mappings(*v["tables"]), where=v["path"])
+                if len(tensors) < len(videos):
+                    tensors.append(int(x.shape[0]))
+                del x
+            return {"wall": time.perf_counter() - t, "cpu": time.process_time() - cpu}
+
+        def ffmpeg():
+            wall = cpu = 0.0
+            for v in videos:
+                w, c, _ = _ffmpeg(v["path"], [])
+                wall, cpu = wall + w, cpu + c
+            return {"wall": wall, "cpu": cpu}
+
+        res = alternate(rounds, {"reader": reader, "ffmpeg": ffmpeg})
+        if tensors != [v["n"] for v in videos] or counts != tensors:
+            log(f"warning: frame counts differ: index {[v['n'] for v in videos]}, reader {tensors}, ffmpeg {counts}")
+        r_cpu = frames / med([r["cpu"] for r in res["reader"]])
+        f_cpu = frames / med([r["cpu"] for r in res["ffmpeg"]])
+        r_wall = frames / med([r["wall"] for r in res["reader"]])
+        f_wall = frames / med([r["wall"] for r in res["ffmpeg"]])
+        f_cpu_net = frames / max(med([r["cpu"] for r in res["ffmpeg"]]) - startup_cpu, 1e-9)
+        say(f"  {label:<44}{frames:>7}{r_cpu:>15.0f}{f_cpu:>15.0f}{r_cpu / f_cpu:>9.2f}{r_cpu / f_cpu_net:>10.2f}"
+            f"{r_wall:>16.0f}{f_wall:>16.0f}")
+        emit({"bench": "4-decode", "videos": label, "frames": frames, "reader_fps_per_cpu_s": r_cpu,
+              "ffmpeg_fps_per_cpu_s": f_cpu, "fraction_cpu": r_cpu / f_cpu,
+              "ffmpeg_startup_cpu_s_per_video": startup_cpu / len(videos),
+              "ffmpeg_fps_per_cpu_s_without_startup": f_cpu_net, "fraction_cpu_without_startup": r_cpu / f_cpu_net,
+              "reader_fps_per_wall_s": r_wall, "ffmpeg_fps_per_wall_s": f_wall, "fraction_wall": r_wall / f_wall,
+              "ffmpeg_startup_wall_s_per_video": startup_wall / len(videos),
+              "rounds_reader": res["reader"], "rounds_ffmpeg": res["ffmpeg"]})
+    say("  fraction = reader fps / ffmpeg fps per CPU second; -startup: ffmpeg's per-process cost "
+        "(its run with -frames:v 1) taken out of the ffmpeg side")
+
+
+# --- main ------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per comparison (medians reported)")
+    parser.add_argument("--samples", type=int, default=None,
+                        help="samples per round in benchmarks 1 and 2 (default: one epoch, episodes x 4 windows; "
+                             "more spans further epochs)")
+    parser.add_argument("--big-episodes", type=int, default=27_500, help="episodes of the large planning case")
+    parser.add_argument("--only", type=int, nargs="+", choices=[1, 2, 3, 4], default=[1, 2, 3, 4])
+    parser.add_argument("--json", action="store_true", help="one JSON line per measurement instead of tables")
+    args = parser.parse_args()
+    OUT["json"] = args.json
+    t_start = time.perf_counter()
+    say(f"bench_reader: torch {torch.__version__} ({torch.get_num_threads()} intra-op threads), "
+        f"{os.cpu_count()} CPUs, rounds={args.rounds}")
+    emit({"bench": "setup", "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+          "rounds": args.rounds})
+    tmp = tempfile.mkdtemp(prefix="epishard_bench_reader_")
+    try:
+        need_synth = bool({1, 2, 4} & set(args.only))
+        need_real = bool({1, 4} & set(args.only))
+        synth = build_synth(os.path.join(tmp, "synth")) if need_synth else None
+        real = {}
+        if need_real:
+            for name in ("so101_bimanual_cloth", "unitree_g1_bottle_av1"):
+                log(f"converting {name} ...")
+                real[name] = build_real(name, os.path.join(tmp, name))
+                if real[name] is None:
+                    say(f"SKIP: {shared_data() / name} is absent; its rows are skipped")
+                    emit({"bench": "setup", "skipped": name, "reason": f"{shared_data() / name} absent"})
+        if 1 in args.only:
+            bench_samples("generated, 3 cameras", "1-fastwam", synth, {c: FASTWAM for c in CAMS3}, "span",
+                          args.rounds, args.samples, 2.1, True,
+                          f"{SYNTH['episodes']} episodes x {SYNTH['frames']} frames, H.264 {SYNTH['size']}x{SYNTH['size']} "
+                          f"B-frames, GOP {SYNTH['gop']}, {SYNTH['fps']} fps; offsets {FASTWAM}")
+            if real.get("so101_bimanual_cloth"):
+                cams = {"observation.images.cam0": FASTWAM, "observation.images.cam1": FASTWAM}
+                bench_samples("so101_bimanual_cloth, 2 cameras (cam0, cam1)", "1-fastwam", real["so101_bimanual_cloth"],
+                              cams, "span", args.rounds, args.samples, 2.1, False,
+                              "real: 5 episodes, MPEG-4 224x224 GOP 12, 20 fps (no resize needed on either side)")
+        if 2 in args.only:
+            offs = sum(SEGMENTS, ())
+            bench_samples("generated, 3 cameras, 3 segments", "2-segments", synth, {c: offs for c in CAMS3}, "segments",
+                          args.rounds, args.samples, 1.5, True, f"segments {SEGMENTS} ({len(offs)} frames over 65)")
+        if 3 in args.only:
+            bench_plan(args.rounds, args.big_episodes)
+        if 4 in args.only:
+            sets = []
+            vid_dir = os.path.join(tmp, "videos")
+            os.makedirs(vid_dir)
+            if real.get("so101_bimanual_cloth"):
+                sets.append(("so101_bimanual_cloth: 10 x MPEG-4 224x224", _videos_of(real["so101_bimanual_cloth"], None, vid_dir)))
+            if real.get("unitree_g1_bottle_av1"):
+                sets.append(("unitree_g1_bottle_av1: 4 x AV1 640x480", _videos_of(real["unitree_g1_bottle_av1"], None, vid_dir)))
+            sets.append((f"generated: 1 x H.264 {SYNTH['size']}x{SYNTH['size']} B-frames",
+                         _videos_of(synth, 1, vid_dir)))
+            bench_decode(args.rounds, sets)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    say(f"\ntotal {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

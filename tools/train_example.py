@@ -1,0 +1,182 @@
+"""A small but real DDP training loop fed by epishard's streaming reader.
+
+A tiny policy (a conv encoder per camera frame, an MLP on the state, a head predicting the action
+chunk) trains on windows streamed from a converted dataset. Rank, world size and local rank come
+from the torchrun environment; gloo on CPU, NCCL on GPUs. Per rank it logs step time and *data
+wait* (time the step spent waiting for the next batch), checkpoints model, optimiser and loader
+state, and resumes from a checkpoint exactly where the loader stopped.
+
+One machine:
+    torchrun --nproc-per-node 2 tools/train_example.py out/demo --epochs 1 --checkpoint out/ckpt
+Two nodes (run on each, NODE = 0 or 1):
+    torchrun --nnodes 2 --node-rank NODE --nproc-per-node 2 --master-addr HOST --master-port 29500 \\
+        tools/train_example.py s3://bucket/dataset --checkpoint /shared/ckpt
+Resume: the same command with ``--resume`` (same number of processes and workers; another count
+is refused with a clear error, because every rank's share of the epoch would change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from stream import DatasetSource, PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
+
+
+class TinyPolicy(nn.Module):
+    """images ``[B, T, C, H, W]`` per camera + state ``[B, T_s, D_s]`` -> actions ``[B, H, D_a]``."""
+
+    def __init__(self, cameras: int, state_dim: int, action_dim: int, horizon: int, width: int = 32):
+        super().__init__()
+        self.encoder = nn.Sequential(
+            nn.Conv2d(3, width, 5, stride=4), nn.ReLU(), nn.Conv2d(width, width, 3, stride=2), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.state = nn.Linear(state_dim, width)
+        self.head = nn.Sequential(nn.Linear(width * (cameras + 1), 4 * width), nn.ReLU(),
+                                  nn.Linear(4 * width, horizon * action_dim))
+        self.horizon, self.action_dim = horizon, action_dim
+
+    def forward(self, images: list[torch.Tensor], state: torch.Tensor) -> torch.Tensor:
+        feats = []
+        for x in images:
+            b, t = x.shape[:2]
+            feats.append(self.encoder(x.flatten(0, 1).float() / 255).view(b, t, -1).mean(1))
+        feats.append(self.state(state[:, -1]))
+        return self.head(torch.cat(feats, -1)).view(-1, self.horizon, self.action_dim)
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("dataset")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers per process")
+    p.add_argument("--frames", type=int, default=3, help="frames per camera over --span rows")
+    p.add_argument("--span", type=int, default=9)
+    p.add_argument("--horizon", type=int, default=8)
+    p.add_argument("--size", type=int, default=64, help="frames resized to size x size")
+    p.add_argument("--per-episode", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--checkpoint", help="folder for checkpoints (written every --save-every steps and at epoch ends)")
+    p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint")
+    p.add_argument("--stop-after", type=int, default=0, help="exit after this many steps (simulates a crash; for tests)")
+    p.add_argument("--dump-keys", help="write this rank's (epoch, step, episode, frame) sample keys to DUMP.rank<R>.jsonl")
+    p.add_argument("--log-every", type=int, default=10)
+    return p.parse_args()
+
+
+def setup() -> tuple[int, int, torch.device]:
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    torch.set_num_threads(1)
+    return rank, world, device
+
+
+def save(folder: str, rank: int, model, optimizer, loader: WindowLoader, step: int) -> None:
+    """Model and optimiser from rank 0 (identical on all ranks under DDP); loader state per rank."""
+    os.makedirs(folder, exist_ok=True)
+
+    def atomic(obj, name):
+        tmp = os.path.join(folder, f".{name}.tmp")
+        torch.save(obj, tmp)
+        os.replace(tmp, os.path.join(folder, name))
+
+    if dist.is_initialized():
+        dist.barrier()
+    if rank == 0:
+        atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, "model.pt")
+    atomic(loader.state_dict(), f"loader.rank{rank}.pt")
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def main() -> int:
+    args = parse()
+    rank, world, device = setup()
+    source = DatasetSource(args.dataset)
+    cams = source.cameras
+    per = int(args.per_episode) if args.per_episode and args.per_episode > 1 else args.per_episode
+    spec = WindowSpec(cameras={c: segment(0, args.span - 1, args.frames) for c in cams}, state_offsets=(-1, 0),
+                      action_horizon=args.horizon, boundary="pad", per_episode=per)
+    ds = WindowDataset(source, spec, seed=args.seed, postprocess=PostProcess(size=(args.size, args.size)),
+                       normalize={"action": "mean_std", "observation.state": "mean_std"})
+    loader = WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
+                          persistent_workers=args.workers > 0)
+    features = source.manifest["features"]
+    model = TinyPolicy(len(cams), features["observation.state"]["shape"][0], features["action"]["shape"][0],
+                       args.horizon).to(device)
+    if dist.is_initialized():
+        model = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    step = 0
+    if args.resume:
+        state = torch.load(os.path.join(args.checkpoint, "model.pt"), map_location=device)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+        loader.load_state_dict(torch.load(os.path.join(args.checkpoint, f"loader.rank{rank}.pt")))
+    first_epoch = loader._epoch
+    keys = open(f"{args.dump_keys}.rank{rank}.jsonl", "a" if args.resume else "w") if args.dump_keys else None
+    data_wait = compute = 0.0
+    steps_run = 0
+    for epoch in range(first_epoch, args.epochs):
+        tick = time.perf_counter()
+        for batch in loader:
+            got = time.perf_counter()
+            data_wait += got - tick
+            images = [batch[c].to(device) for c in cams]
+            pred = model(images, batch["observation.state"].to(device))
+            mask = ~batch["action_is_pad"].to(device)
+            loss = ((pred - batch["action"].to(device)) ** 2).mean(-1)[mask].mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            steps_run += 1
+            tick = time.perf_counter()
+            compute += tick - got
+            if keys:
+                for e, f in zip(batch["episode_index"].tolist(), batch["frame_index"].tolist()):
+                    keys.write(json.dumps([epoch, step, int(batch["dataset"][0]), e, f]) + "\n")
+                keys.flush()
+            if args.log_every and step % args.log_every == 0:
+                print(f"[rank {rank}] epoch {epoch} step {step} loss {loss.item():.4f} "
+                      f"data wait {data_wait:.2f}s compute {compute:.2f}s", flush=True)
+            if args.checkpoint and args.save_every and step % args.save_every == 0:
+                save(args.checkpoint, rank, model, optimizer, loader, step)
+            if args.stop_after and steps_run >= args.stop_after:
+                print(f"[rank {rank}] stopping after {steps_run} steps (--stop-after)", flush=True)
+                return 0
+        if args.checkpoint:
+            save(args.checkpoint, rank, model, optimizer, loader, step)
+    summary = torch.tensor([data_wait, compute, float(steps_run)])
+    if dist.is_initialized():
+        gathered = [torch.zeros(3) for _ in range(world)]
+        dist.all_gather(gathered, summary)
+    else:
+        gathered = [summary]
+    if rank == 0:
+        for r, (wait, comp, n) in enumerate(t.tolist() for t in gathered):
+            print(f"rank {r}: {int(n)} steps, data wait {wait:.2f}s ({100 * wait / max(wait + comp, 1e-9):.0f}% of "
+                  f"step time), compute {comp:.2f}s", flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
