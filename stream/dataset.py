@@ -90,6 +90,8 @@ class WindowDataset(IterableDataset):
         pairs = [item if isinstance(item, tuple) else (item, 1.0) for item in items]
         self.sources = [s if isinstance(s, DatasetSource) else DatasetSource(s, storage_options) for s, _ in pairs]
         self.weights = [float(w) for _, w in pairs]
+        if any(w < 0 for w in self.weights):
+            raise ValueError(f"dataset weights must not be negative: {self.weights}")
         self.spec = spec
         self.seed = seed
         self.shuffle_windows = shuffle_windows

@@ -30,7 +30,7 @@ _SALT_SHARDS, _SALT_ANCHORS, _SALT_DROP, _SALT_SHUFFLE = 1, 2, 3, 4
 
 def rng_for(seed: int, epoch: int, *salt: int) -> np.random.Generator:
     """A numpy Generator determined by ``(seed, epoch, *salt)`` only."""
-    return np.random.default_rng([seed & 0xFFFFFFFF, epoch, *salt])
+    return np.random.default_rng([seed % (1 << 64), epoch, *salt])
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,14 @@ def select_anchors(lo: int, hi: int, stride: int, per_episode, weight: float, rn
 
     ``weight`` scales the count (stochastic rounding); past all anchors they are drawn again.
     """
+    if weight < 0 or (per_episode is not None and per_episode < 0):
+        raise ValueError(f"per_episode ({per_episode}) and weight ({weight}) must not be negative")
     anchors = np.arange(lo, hi, stride, dtype=np.int64)
     if anchors.size == 0:
         return anchors
     if per_episode is None:
         want = float(anchors.size)
-    elif isinstance(per_episode, float):
+    elif isinstance(per_episode, (float, np.floating)):
         want = max(1.0, round(per_episode * anchors.size))
     else:
         want = float(min(int(per_episode), anchors.size))

@@ -24,6 +24,8 @@ def segment(start: int, stop: int, count: int) -> tuple[int, ...]:
         raise ValueError(f"segment({start}, {stop}, {count}): need count >= 1 and stop >= start")
     if count == 1:
         return (start,)
+    if stop == start:
+        raise ValueError(f"segment({start}, {stop}, {count}): {count} distinct frames need a span longer than 0")
     step, rest = divmod(stop - start, count - 1)
     if rest:
         raise ValueError(f"segment({start}, {stop}, {count}): {count} frames do not spread evenly over the span")
@@ -79,8 +81,10 @@ class WindowSpec:
             raise ValueError(f"boundary must be 'inside' or 'pad', not {self.boundary!r}")
         if self.stride < 1 or self.action_horizon < 0:
             raise ValueError("stride must be >= 1 and action_horizon >= 0")
-        if isinstance(self.per_episode, float) and not 0 < self.per_episode <= 1:
+        if isinstance(self.per_episode, (float, np.floating)) and not 0 < self.per_episode <= 1:
             raise ValueError(f"per_episode fraction must be in (0, 1], not {self.per_episode}")
+        if isinstance(self.per_episode, (int, np.integer)) and self.per_episode < 0:
+            raise ValueError(f"per_episode count must be >= 0, not {self.per_episode}")
 
     @classmethod
     def from_delta_timestamps(cls, delta_timestamps: dict[str, list[float]], fps: float, **kw) -> "WindowSpec":

@@ -426,12 +426,13 @@ def test_buffer_shuffle_edge_inputs():
     assert one.tolist() == [0]
 
 
-def _distinct_per_batch(capacity, batch=8, seeds=range(5)):
+def _distinct_per_batch(capacity, capacity_bytes=10**12, batch=8, seeds=range(5)):
     vals = []
     for s in seeds:
         rng = np.random.default_rng(200 + s)
         window_episode, cost = _arrivals(rng, 60, 20, 60)
-        out = buffer_shuffle(window_episode, cost, capacity, 10**12, np.random.default_rng(s))
+        cost[cost > 0] = 10_000  # every episode costs the same: capacity_bytes = 10_000 * episodes held
+        out = buffer_shuffle(window_episode, cost, capacity, capacity_bytes, np.random.default_rng(s))
         ye = window_episode[out]
         nb = ye.size // batch
         vals += [np.unique(ye[i * batch:(i + 1) * batch]).size for i in range(nb)]
@@ -447,6 +448,17 @@ def test_buffer_shuffle_mixing_grows_with_capacity():
     assert figures[0] < 1.3  # capacity 0: a batch spans one or two episodes
     assert figures[-1] > 6.5  # the whole epoch buffered: nearly 8 different episodes per batch
     assert figures[3] > figures[1] + 1.0
+
+
+def test_buffer_shuffle_mixing_grows_with_capacity_bytes():
+    """A byte-bounded buffer holds about capacity_bytes / cost episodes (and frees an episode's bytes once
+    its last window is out), so it keeps mixing through the epoch."""
+    held = [0, 2, 8, 32, 100]
+    figures = [_distinct_per_batch(10**6, 10_000 * k) for k in held]
+    print("distinct episodes per 8-window batch by episodes' bytes held:", dict(zip(held, [round(f, 2) for f in figures])))
+    for prev, cur in zip(figures, figures[1:]):
+        assert cur >= prev - 0.05
+    assert figures[0] < 1.3 and figures[2] > 3.0 and figures[-1] > 6.5
 
 
 # --- 5. select_anchors ---------------------------------------------------------------------------
