@@ -39,7 +39,7 @@ def _cmd_convert(args) -> int:
         progress=not args.quiet,
     )
     try:
-        manifest = convert(args.sources, args.out, options)
+        manifest = convert(args.sources, args.out, options, storage_options=args.storage_options)
     except (ConversionError, SourceError) as exc:
         print(f"epishard convert: error: {exc}", file=sys.stderr)
         return 1
@@ -68,7 +68,7 @@ def _cmd_inspect(args) -> int:
 def _cmd_verify(args) -> int:
     from .verify import verify
 
-    result = verify(args.root, decode=not args.no_decode)
+    result = verify(args.root, decode=not args.no_decode, storage_options=args.storage_options)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -78,6 +78,12 @@ def _cmd_verify(args) -> int:
             where = " ".join(f"{k}={p[k]}" for k in ("shard", "episode", "camera") if p.get(k) is not None)
             print(f"  {where}: {p['message']}")
     return 0 if result["ok"] else 1
+
+
+def _storage_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage-options", type=json.loads, default=None, metavar="JSON",
+                        help='fsspec options for URLs, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\' '
+                             "(credentials come from the usual AWS environment and profiles)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timestamps that disagree with the video: report (default) or fail")
     c.add_argument("--workers", type=int, default=1, help="parallel processes (default 1)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    _storage_option(c)
     c.set_defaults(func=_cmd_convert)
 
     i = sub.add_parser("inspect", help="shards, episodes, frames, cameras, codecs, keyframe intervals, sizes")
@@ -111,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("root", metavar="OUT")
     v.add_argument("--json", action="store_true")
     v.add_argument("--no-decode", action="store_true", help="skip the per-camera decode check")
+    _storage_option(v)
     v.set_defaults(func=_cmd_verify)
     from stream import report
 

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import os
@@ -27,11 +26,12 @@ import pyarrow.parquet as pq
 from . import format as fmt
 from .episode import Episode, Source, TableSlice
 from .errors import ConversionError, SourceError
-from .index import encode_index, read_shard_meta, write_dataset_index
+from .index import dataset_index_bytes, encode_index, read_shard_meta
 from .lerobot import read_lerobot
 from .prepare import PrepareOptions, prepare
 from .stats import DatasetStats
-from .tarwriter import TarShardWriter, sha256_file, temp_path, write_atomic
+from .storage import Storage
+from .tarwriter import TarShardWriter
 from .video import ReencodeSpec
 
 
@@ -124,12 +124,13 @@ def plan_digest(episodes: list[Episode], options: ConvertOptions) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def write_shard(out: str, shard_id: int, episodes: list[Episode], options: ConvertOptions, digest: str) -> dict:
+def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], options: ConvertOptions, digest: str) -> dict:
     """Write one shard and its index atomically; return the shard metadata stored in the index."""
     name = fmt.shard_name(options.prefix, shard_id)
     rows, skipped, warnings = [], [], []
     prep = options.prepare_options()
-    with TarShardWriter(os.path.join(out, name)) as tar:
+    with storage.writer(name) as f:
+        tar = TarShardWriter(f)
         for episode in episodes:
             try:
                 ready = prepare(episode, prep)
@@ -144,51 +145,51 @@ def write_shard(out: str, shard_id: int, episodes: list[Episode], options: Conve
                 members.append({"name": member_name, "offset": offset, "size": size, "sha256": sha})
             rows.append({**ready.row, "members": members})
             warnings.extend(ready.warnings)
+        tar.close()
     meta = {
         "shard": name, "index": fmt.index_name(options.prefix, shard_id), "size": tar.size, "sha256": tar.sha256,
         "plan_digest": digest, "episodes": len(rows), "rows": sum(r["num_rows"] for r in rows),
         "frames": sum(r["num_rows"] * len(r["cameras"]) for r in rows), "skipped": skipped, "warnings": warnings,
     }
-    write_atomic(os.path.join(out, meta["index"]), encode_index(rows, meta))
+    storage.write(meta["index"], encode_index(rows, meta))
     return meta
 
 
-def _complete(out: str, shard_id: int, options: ConvertOptions, digest: str) -> dict | None:
-    index_path = os.path.join(out, fmt.index_name(options.prefix, shard_id))
-    tar_path = os.path.join(out, fmt.shard_name(options.prefix, shard_id))
-    if not (os.path.exists(index_path) and os.path.exists(tar_path)):
+def _complete(storage: Storage, shard_id: int, options: ConvertOptions, digest: str) -> dict | None:
+    index, tar = fmt.index_name(options.prefix, shard_id), fmt.shard_name(options.prefix, shard_id)
+    if not (storage.exists(index) and storage.exists(tar)):
         return None
     try:
-        meta = read_shard_meta(index_path)
+        meta = read_shard_meta(pa.BufferReader(storage.read(index)))
     except (ValueError, OSError, pa.ArrowException):
         return None
-    if meta.get("plan_digest") != digest or os.path.getsize(tar_path) != meta.get("size"):
+    if meta.get("plan_digest") != digest or storage.size(tar) != meta.get("size"):
         return None
     return meta
 
 
-def _remove_stale(out: str, prefix: str, num_shards: int) -> None:
-    for path in glob.glob(os.path.join(out, "*.partial-*")):
-        os.remove(path)
+def _remove_stale(storage: Storage, prefix: str, num_shards: int) -> None:
+    storage.remove_partials()
     # Shards of an earlier plan with more shards than this one would be listed by no manifest.
-    for path in glob.glob(os.path.join(out, f"{prefix}-*")):
-        stem = os.path.basename(path)[len(prefix) + 1:].split(".")[0]
-        if stem.isdigit() and int(stem) >= num_shards:
-            os.remove(path)
+    for name in storage.names():
+        if name.startswith(prefix + "-"):
+            stem = name[len(prefix) + 1:].split(".")[0]
+            if stem.isdigit() and int(stem) >= num_shards:
+                storage.remove(name)
 
 
-def _run(jobs: list[tuple], out: str, options: ConvertOptions, total_episodes: int, done: dict) -> None:
+def _run(jobs: list[tuple], storage: Storage, options: ConvertOptions, total_episodes: int, done: dict) -> None:
     from tqdm import tqdm
 
     bar = tqdm(total=total_episodes, unit="ep", desc="convert", disable=not options.progress, file=sys.stderr)
     bar.update(sum(m["episodes"] + len(m["skipped"]) for m in done.values()))
     if options.workers <= 1 or len(jobs) <= 1:
         for shard_id, episodes, digest in jobs:
-            done[shard_id] = write_shard(out, shard_id, episodes, options, digest)
+            done[shard_id] = write_shard(storage, shard_id, episodes, options, digest)
             bar.update(len(episodes))
     else:
         with ProcessPoolExecutor(max_workers=options.workers) as pool:
-            futures = {pool.submit(write_shard, out, sid, eps, options, dg): (sid, len(eps)) for sid, eps, dg in jobs}
+            futures = {pool.submit(write_shard, storage, sid, eps, options, dg): (sid, len(eps)) for sid, eps, dg in jobs}
             try:
                 for future in as_completed(futures):
                     sid, n = futures[future]
@@ -218,13 +219,7 @@ def _feature_schema(source: Source, table: pa.Table) -> dict:
     return features
 
 
-def _read_member(path: str, offset: int, size: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
-
-
-def _summarise(out: str, shard_metas: list[dict], sources: list[Source]) -> dict:
+def _summarise(storage: Storage, shard_metas: list[dict], sources: list[Source]) -> dict:
     """Statistics, schema, cameras and tasks, computed from the written shards."""
     stats = DatasetStats()
     features: dict = {}
@@ -233,11 +228,12 @@ def _summarise(out: str, shard_metas: list[dict], sources: list[Source]) -> dict
     per_source: dict[str, int] = {}
     by_name = {s.name: s for s in sources}
     for meta in shard_metas:
-        index = pq.read_table(os.path.join(out, meta["index"])).to_pylist()
+        index = pq.read_table(pa.BufferReader(storage.read(meta["index"]))).to_pylist()
         for row in index:
             per_source[row["source"]] = per_source.get(row["source"], 0) + 1
             data_member = next(m for m in row["members"] if m["name"].endswith("." + fmt.DATA_EXT))
-            table = pq.read_table(pa.BufferReader(_read_member(os.path.join(out, meta["shard"]), data_member["offset"], data_member["size"])))
+            start = data_member["offset"]
+            table = pq.read_table(pa.BufferReader(storage.read(meta["shard"], start, start + data_member["size"])))
             stats.add_table(table)
             for name, spec in _feature_schema(by_name[row["source"]], table).items():
                 features.setdefault(name, spec)
@@ -260,9 +256,12 @@ def _count(items: list[dict]) -> dict:
     return dict(sorted(counts.items()))
 
 
-def convert(inputs: list[Source | str], out: str, options: ConvertOptions = ConvertOptions()) -> dict:
+def convert(inputs: list[Source | str], out: str, options: ConvertOptions = ConvertOptions(),
+            storage_options: dict | None = None) -> dict:
     """Convert sources (LeRobot dataset paths or ``Source`` objects) into a sharded dataset at ``out``.
 
+    ``out`` is a local folder or any fsspec URL (``s3://bucket/prefix``; ``storage_options`` go to
+    fsspec). Shards stream straight to it; each appears under its final name only when complete.
     Returns the manifest (also written to ``out/manifest.json``, last).
 
     Raises:
@@ -282,27 +281,27 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
             raise SourceError(f"episode key {key!r} is used twice ({keys[key].source} and {e.source})")
         keys[key] = e
     shards = plan_shards(episodes, options.max_episodes_per_shard, options.max_bytes_per_shard)
-    os.makedirs(out, exist_ok=True)
+    storage = Storage(out, storage_options)
+    storage.makedirs()
     # The dataset is incomplete until a new manifest lands: never leave an old one describing shards
     # this run may rewrite.
-    if os.path.exists(os.path.join(out, fmt.MANIFEST_NAME)):
-        os.remove(os.path.join(out, fmt.MANIFEST_NAME))
-    _remove_stale(out, options.prefix, len(shards))
+    storage.remove(fmt.MANIFEST_NAME)
+    _remove_stale(storage, options.prefix, len(shards))
     done: dict[int, dict] = {}
     jobs = []
     for shard_id, shard in enumerate(shards):
         digest = plan_digest(shard, options)
-        meta = _complete(out, shard_id, options, digest)
+        meta = _complete(storage, shard_id, options, digest)
         if meta is not None:
             done[shard_id] = meta
         else:
             jobs.append((shard_id, shard, digest))
-    _run(jobs, out, options, len(episodes), done)
+    _run(jobs, storage, options, len(episodes), done)
     metas = [done[i] for i in range(len(shards))]
-    dataset_index = os.path.join(out, fmt.DATASET_INDEX_NAME)
-    write_dataset_index(out, [m["index"] for m in metas], temp_path(dataset_index))
-    os.replace(temp_path(dataset_index), dataset_index)
-    summary = _summarise(out, metas, sources)
+    index_files = [storage.read(m["index"]) for m in metas]
+    dataset_index = dataset_index_bytes(index_files)
+    storage.write(fmt.DATASET_INDEX_NAME, dataset_index)
+    summary = _summarise(storage, metas, sources)
     skipped = [s for m in metas for s in m["skipped"]]
     warnings = [w for m in metas for w in m["warnings"]]
     fps_values = sorted({s.fps for s in sources})
@@ -320,11 +319,11 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
         "totals": {"shards": len(metas), "episodes": sum(m["episodes"] for m in metas),
                    "rows": sum(m["rows"] for m in metas), "frames": sum(m["frames"] for m in metas),
                    "bytes": sum(m["size"] for m in metas), "skipped": len(skipped)},
-        "index": {"file": fmt.DATASET_INDEX_NAME, "sha256": sha256_file(dataset_index)},
+        "index": {"file": fmt.DATASET_INDEX_NAME, "sha256": hashlib.sha256(dataset_index).hexdigest()},
         "shards": [{**{k: m[k] for k in ("shard", "index", "episodes", "rows", "frames", "size", "sha256")},
-                    "index_sha256": sha256_file(os.path.join(out, m["index"]))} for m in metas],
+                    "index_sha256": hashlib.sha256(data).hexdigest()} for m, data in zip(metas, index_files)],
         "report": {"skipped_by_kind": _count(skipped), "warnings_by_kind": _count(warnings),
                    "skipped": skipped, "warnings": warnings},
     }
-    write_atomic(os.path.join(out, fmt.MANIFEST_NAME), json.dumps(manifest, indent=1, sort_keys=True).encode())
+    storage.write(fmt.MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return manifest

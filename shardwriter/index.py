@@ -41,14 +41,16 @@ def encode_index(rows: list[dict], shard_meta: dict) -> bytes:
     return buf.getvalue()
 
 
-def write_dataset_index(root: str, index_files: list[str], out_path: str) -> None:
-    """Concatenate per-shard indexes (in shard order) into one uncompressed Arrow IPC file with an
-    int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``)."""
-    tables = [pq.read_table(os.path.join(root, name)).replace_schema_metadata(None) for name in index_files]
+def dataset_index_bytes(index_files: list[bytes]) -> bytes:
+    """Concatenate per-shard index files (Parquet bytes, in shard order) into one uncompressed Arrow
+    IPC file with an int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``)."""
+    tables = [pq.read_table(pa.BufferReader(data)).replace_schema_metadata(None) for data in index_files]
     table = pa.concat_tables(tables)
     shard = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])
     table = table.append_column("shard", pa.array(shard))
-    feather.write_feather(table, out_path, compression="uncompressed")
+    sink = pa.BufferOutputStream()
+    feather.write_feather(table, sink, compression="uncompressed")
+    return sink.getvalue().to_pybytes()
 
 
 def read_shard_meta(source) -> dict:

@@ -1,8 +1,8 @@
-"""Deterministic, atomic tar shards: same members in, same bytes out; never half-written.
+"""Deterministic tar shards: same members in, same bytes out.
 
 Members are written as USTAR entries with fixed metadata (mtime 0, uid/gid 0, mode 0644, empty
-owner names), the layout webdataset reads. The shard is written under a temporary name in the same
-folder and renamed over its final name only after its data reached the disk.
+owner names), the layout webdataset reads. Atomicity (nothing half-written under a final name) is
+the job of ``storage.Storage.writer``, which this writes into.
 """
 
 from __future__ import annotations
@@ -53,33 +53,27 @@ def temp_path(final_path: str) -> str:
 
 
 class TarShardWriter:
-    """Write one tar shard atomically; report where each member's data lies.
+    """Write one tar shard into a binary file object; report where each member's data lies.
 
-    Usage::
+    Usage (``Storage.writer`` makes the file appear under its name only when complete)::
 
-        with TarShardWriter("out/data-000000.tar") as w:
-            offset, size, sha = w.add("key.json", b"{}")
-        w.sha256, w.size  # of the finished shard
+        with storage.writer("shard-000000.tar") as f:
+            tar = TarShardWriter(f)
+            offset, size, sha = tar.add("key.json", b"{}")
+            tar.close()
+        tar.sha256, tar.size  # of the finished shard
 
     ``add`` returns ``(offset, size, sha256)``: byte offset of the member's data in the tar (header
     excluded), its size in bytes and its hex sha256, so a range read ``[offset, offset + size)``
-    returns the member. On an exception inside the ``with`` block the temporary file is removed and
-    nothing appears under the final name.
+    returns the member.
 
     Raises:
         ValueError: a member name longer than 100 bytes (USTAR's limit).
     """
 
-    def __init__(self, path: str):
-        self.path = path
-        self._tmp = temp_path(path)
-        self._file = open(self._tmp, "wb")
-        self._hash = _HashingFile(self._file)
-        try:
-            self._tar = tarfile.open(fileobj=self._hash, mode="w", format=tarfile.USTAR_FORMAT)
-        except BaseException:
-            self.abort()
-            raise
+    def __init__(self, fileobj):
+        self._hash = _HashingFile(fileobj)
+        self._tar = tarfile.open(fileobj=self._hash, mode="w", format=tarfile.USTAR_FORMAT)
         self.sha256 = ""
         self.size = 0
 
@@ -92,47 +86,7 @@ class TarShardWriter:
         return offset, len(data), hashlib.sha256(data).hexdigest()
 
     def close(self) -> None:
+        """Write the end-of-archive blocks; ``sha256`` and ``size`` then describe the whole shard."""
         self._tar.close()
         self.sha256 = self._hash.sha256.hexdigest()
         self.size = self._hash.position
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._tmp, self.path)
-
-    def abort(self) -> None:
-        self._file.close()
-        if os.path.exists(self._tmp):
-            os.remove(self._tmp)
-
-    def __enter__(self) -> "TarShardWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (fsync'd)."""
-    tmp = temp_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def sha256_file(path: str) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

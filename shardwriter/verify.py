@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tarfile
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import format as fmt
 from .index import camera_row_frames
-from .tarwriter import sha256_file
+from .storage import Storage
 
 
 def _problem(shard: str, message: str, **where) -> dict:
@@ -40,30 +40,37 @@ def _check_video(data: bytes, cam: dict, num_rows: int, shard: str, key: str) ->
     return []
 
 
-def _check_shard(root: str, entry: dict, decode: bool) -> list[dict]:
+def _check_shard(storage: Storage, entry: dict, decode: bool) -> list[dict]:
     shard = entry["shard"]
-    tar_path, index_path = os.path.join(root, shard), os.path.join(root, entry["index"])
-    for path in (tar_path, index_path):
-        if not os.path.exists(path):
-            return [_problem(shard, f"missing file {path}")]
+    for name in (shard, entry["index"]):
+        if not storage.exists(name):
+            return [_problem(shard, f"missing file {storage.path(name)}")]
     problems = []
-    if os.path.getsize(tar_path) != entry["size"]:
-        problems.append(_problem(shard, f"size {os.path.getsize(tar_path)} != manifest {entry['size']}"))
-    if sha256_file(tar_path) != entry["sha256"]:
-        problems.append(_problem(shard, "sha256 differs from the manifest"))
-    if sha256_file(index_path) != entry["index_sha256"]:
+    if storage.size(shard) != entry["size"]:
+        problems.append(_problem(shard, f"size {storage.size(shard)} != manifest {entry['size']}"))
+    with storage.open(shard) as f:
+        if _sha256(f) != entry["sha256"]:
+            problems.append(_problem(shard, "sha256 differs from the manifest"))
+    index_bytes = storage.read(entry["index"])
+    if hashlib.sha256(index_bytes).hexdigest() != entry["index_sha256"]:
         problems.append(_problem(shard, f"index {entry['index']} sha256 differs from the manifest"))
-    rows = pq.read_table(index_path).to_pylist()
+    rows = pq.read_table(pa.BufferReader(index_bytes)).to_pylist()
     try:
-        with tarfile.open(tar_path) as tar:
+        with storage.open(shard) as f, tarfile.open(fileobj=f) as tar:
             members = {m.name: m for m in tar.getmembers()}
             order = [m.name for m in tar.getmembers()]
-            with open(tar_path, "rb") as f:
-                for row in rows:
-                    problems += _check_episode(f, members, order, row, shard, decode)
+            for row in rows:
+                problems += _check_episode(f, members, order, row, shard, decode)
     except tarfile.TarError as exc:
         problems.append(_problem(shard, f"tar does not parse: {exc}"))
     return problems
+
+
+def _sha256(f) -> str:
+    digest = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()
 
 
 def _check_episode(f, members: dict, order: list[str], row: dict, shard: str, decode: bool) -> list[dict]:
@@ -93,22 +100,22 @@ def _check_episode(f, members: dict, order: list[str], row: dict, shard: str, de
     return problems
 
 
-def verify(root: str, decode: bool = True) -> dict:
-    """Verify the dataset at ``root``; return ``{"ok": bool, "shards": n, "episodes": n, "problems": [...]}``.
+def verify(root: str, decode: bool = True, storage_options: dict | None = None) -> dict:
+    """Verify the dataset at ``root`` (local folder or fsspec URL); return
+    ``{"ok": bool, "shards": n, "episodes": n, "problems": [...]}``.
 
     Each problem names the shard, and where it applies the episode key and camera.
     """
-    manifest_path = os.path.join(root, fmt.MANIFEST_NAME)
-    if not os.path.exists(manifest_path):
+    storage = Storage(root, storage_options)
+    if not storage.exists(fmt.MANIFEST_NAME):
         return {"ok": False, "shards": 0, "episodes": 0,
                 "problems": [{"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {root} (conversion unfinished?)"}]}
-    with open(manifest_path) as f:
-        manifest = json.load(f)
+    manifest = json.loads(storage.read(fmt.MANIFEST_NAME))
     problems = []
-    dataset_index = os.path.join(root, manifest["index"]["file"])
-    if not os.path.exists(dataset_index) or sha256_file(dataset_index) != manifest["index"]["sha256"]:
-        problems.append({"shard": None, "message": f"{manifest['index']['file']} is missing or its sha256 differs"})
+    name = manifest["index"]["file"]
+    if not storage.exists(name) or hashlib.sha256(storage.read(name)).hexdigest() != manifest["index"]["sha256"]:
+        problems.append({"shard": None, "message": f"{name} is missing or its sha256 differs"})
     for entry in manifest["shards"]:
-        problems += _check_shard(root, entry, decode)
+        problems += _check_shard(storage, entry, decode)
     return {"ok": not problems, "shards": len(manifest["shards"]), "episodes": manifest["totals"]["episodes"],
             "problems": problems}

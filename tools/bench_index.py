@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME, index_name
-from shardwriter.index import WindowIndex, encode_index, write_dataset_index
+from shardwriter.index import WindowIndex, dataset_index_bytes, encode_index
 
 CAMERAS = ("observation.images.front", "observation.images.left", "observation.images.wrist")
 ROWS, GOP, PER_SHARD = 300, 30, 64
@@ -68,7 +68,8 @@ def build(folder: str, episodes: int) -> dict:
     paths = write_indexes(folder, episodes)
     with open(os.path.join(folder, MANIFEST_NAME), "w") as f:
         json.dump({"shards": [{"index": os.path.basename(p)} for p in paths]}, f)
-    write_dataset_index(folder, [os.path.basename(p) for p in paths], os.path.join(folder, DATASET_INDEX_NAME))
+    with open(os.path.join(folder, DATASET_INDEX_NAME), "wb") as f:
+        f.write(dataset_index_bytes([open(p, "rb").read() for p in paths]))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     arrow_s, parquet_s = [], []
     for _ in range(3):

@@ -2,6 +2,10 @@
 
 Every timed comparison alternates its sides round by round (A B A B ...) on the same inputs and
 reports medians and the ratio of the medians; machines are noisy, so only ratios from one run count.
+Everything runs in this one process with torch at 1 intra-op thread (``--threads``), as in a
+DataLoader worker; rates are given per wall second and per CPU second of this process (user+sys),
+the latter less sensitive to other load on a shared machine. Benchmarks 1 and 2 run ``--samples``
+samples per round and side (default 96), rounded up to whole epochs of 4 windows per episode.
 
 1. FastWAM-style sample: 3 cameras, a 33-frame span of which 9 frames are used (offsets 0, 4, ...,
    32: ``segment(0, 32, 9)``), frames post-processed to 224x224 uint8, 16-step action chunk,
@@ -40,7 +44,8 @@ reports medians and the ratio of the medians; machines are noisy, so only ratios
    same video members: so101 (MPEG-4 224x224, 10 videos), unitree_g1_bottle_av1 (AV1 640x480, 4
    videos) and one generated H.264 256x256. fps per CPU second (user+sys; for ffmpeg from the
    child's rusage), fps per wall second, and ffmpeg's per-process startup (``-frames:v 1``)
-   subtracted for a second fraction. Reported: reader fps / ffmpeg fps.
+   subtracted for a second fraction. Reported: reader fps / ffmpeg fps. For attribution only, a
+   third side fetches the same frames from the same decoder 32 at a time (no full-video tensor).
 
 Real datasets come from ../shared/data (or ``$EPISHARD_SHARED_DATA``), converted with
 ``shardwriter.convert`` into a temporary folder at the start; when absent, their rows are skipped
@@ -50,11 +55,15 @@ the reader's telemetry (frames decoded per sample, decoder opens, stage seconds)
 
 Commands (from the repository root):
 
-    python tools/bench_reader.py                      # everything, readable tables (~3-5 min on 2 cores)
+    python tools/bench_reader.py                      # everything, readable tables (~2-3 min on 2 cores,
+                                                      # plus ~20 s once to encode the test videos)
     python tools/bench_reader.py --json               # one JSON line per measurement instead
     python tools/bench_reader.py --rounds 5 --samples 48
     python tools/bench_reader.py --only 1 2           # some benchmarks (1: FastWAM, 2: segments, 3: plan, 4: decode)
     python tools/bench_reader.py --big-episodes 5000  # smaller planning benchmark
+    python tools/bench_reader.py --threads 2          # torch intra-op threads (default 1)
+
+(``/tmp/venv/bin/python tools/bench_reader.py`` on the project's standard machine.)
 """
 
 from __future__ import annotations
@@ -192,19 +201,19 @@ def resize(frames: torch.Tensor, size) -> torch.Tensor:
     return frames.contiguous()
 
 
-def windows_for(ds: WindowDataset, samples: int | None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(epoch, count) pieces and the (episode, anchor) list the reader yields for them, in order."""
+def windows_for(ds: WindowDataset, samples: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Whole epochs 0, 1, ... until at least ``samples`` windows: (epoch, count) pieces and the
+    (episode, anchor) list the reader yields for them, in order. Whole epochs, so that every episode
+    the reader loads has all its windows yielded (a cut epoch would charge it decoded, unused frames)."""
     pieces, wins, epoch = [], [], 0
-    while True:
+    while len(wins) < samples:
         plan = ds.plan(epoch, 0, 1, 1, 0)
         if len(plan) == 0:
             raise RuntimeError("the window spec gives no windows on this dataset")
-        take = len(plan) if samples is None else min(len(plan), samples - len(wins))
-        pieces.append((epoch, take))
-        wins += list(zip(plan.episode[:take].tolist(), plan.anchor[:take].tolist()))
+        pieces.append((epoch, len(plan)))
+        wins += list(zip(plan.episode.tolist(), plan.anchor.tolist()))
         epoch += 1
-        if samples is None or len(wins) >= samples:
-            return pieces, wins
+    return pieces, wins
 
 
 def reader_pass(ds: WindowDataset, pieces, keep: bool = False) -> tuple[float, list]:
@@ -305,7 +314,7 @@ def check(reader_samples, naive_samples, wins, cams, synthetic: bool, ds: Window
 
 
 def bench_samples(name: str, bench: str, root: str, cams: dict[str, tuple[int, ...]], mode: str, rounds: int,
-                  samples: int | None, target: float, synthetic: bool, note: str) -> None:
+                  samples: int, target: float, synthetic: bool, note: str) -> None:
     kw = dict(spec=WindowSpec(cameras=cams, action_horizon=ACTION_HORIZON, per_episode=PER_EPISODE),
               postprocess=PostProcess(size=SIZE), shuffle_windows=0)
     ds = WindowDataset(root, **kw)
@@ -335,7 +344,7 @@ def bench_samples(name: str, bench: str, root: str, cams: dict[str, tuple[int, .
     }
     say(f"\n[{bench}] {name}")
     say(f"  {note}")
-    say(f"  {n} samples per round ({len(pieces)} epoch(s) x {PER_EPISODE} windows/episode), {len(cams)} cameras x "
+    say(f"  {n} samples per round and side ({len(pieces)} epochs, {PER_EPISODE} windows/episode), {len(cams)} cameras x "
         f"{frames_returned // len(cams)} frames -> {SIZE[0]}x{SIZE[1]}; check: {verdict}")
     say(f"  {'side':<8}{'samples/s':>11}{'ms/sample':>11}{'samples/cpu-s':>15}{'frames decoded/sample':>23}"
         f"{'decoder opens/sample':>22}   rounds (samples/s)")
@@ -503,7 +512,7 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
     say(f"\n[4-decode] decoded frames per second per core: reader decode path vs ffmpeg -threads 1 "
         f"({rounds} rounds alternating, medians; cpu = user+sys seconds)")
     say(f"  {'videos':<44}{'frames':>7}{'reader fps/cpu':>15}{'ffmpeg fps/cpu':>15}{'fraction':>9}"
-        f"{'  -startup':>10}{'reader fps/wall':>16}{'ffmpeg fps/wall':>16}")
+        f"{'  -startup':>10}{'reader fps/wall':>16}{'ffmpeg fps/wall':>16}{'chunked fps/cpu':>16}{'-startup':>8}")
     for label, videos in sets:
         frames = sum(v["n"] for v in videos)
         # ffmpeg's own frame count (stats line) must match the index: no duplicated or dropped frames.
@@ -528,6 +537,15 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
                 del x
             return {"wall": time.perf_counter() - t, "cpu": time.process_time() - cpu}
 
+        def chunked():  # attribution only: the same decoder, frames fetched 32 at a time (small buffers)
+            cpu, t = time.process_time(), time.perf_counter()
+            for v in videos:
+                dec = VideoDecoder(v["data"], custom_frame_mappings=frame_mappings(*v["tables"]), dimension_order="NCHW",
+                                   num_ffmpeg_threads=1)
+                for i in range(0, v["n"], 32):
+                    dec.get_frames_at(list(range(i, min(i + 32, v["n"]))))
+            return {"wall": time.perf_counter() - t, "cpu": time.process_time() - cpu}
+
         def ffmpeg():
             wall = cpu = 0.0
             for v in videos:
@@ -535,7 +553,7 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
                 wall, cpu = wall + w, cpu + c
             return {"wall": wall, "cpu": cpu}
 
-        res = alternate(rounds, {"reader": reader, "ffmpeg": ffmpeg})
+        res = alternate(rounds, {"reader": reader, "ffmpeg": ffmpeg, "chunked": chunked})
         if tensors != [v["n"] for v in videos] or counts != tensors:
             log(f"warning: frame counts differ: index {[v['n'] for v in videos]}, reader {tensors}, ffmpeg {counts}")
         r_cpu = frames / med([r["cpu"] for r in res["reader"]])
@@ -543,17 +561,21 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
         r_wall = frames / med([r["wall"] for r in res["reader"]])
         f_wall = frames / med([r["wall"] for r in res["ffmpeg"]])
         f_cpu_net = frames / max(med([r["cpu"] for r in res["ffmpeg"]]) - startup_cpu, 1e-9)
+        c_cpu = frames / med([r["cpu"] for r in res["chunked"]])
         say(f"  {label:<44}{frames:>7}{r_cpu:>15.0f}{f_cpu:>15.0f}{r_cpu / f_cpu:>9.2f}{r_cpu / f_cpu_net:>10.2f}"
-            f"{r_wall:>16.0f}{f_wall:>16.0f}")
+            f"{r_wall:>16.0f}{f_wall:>16.0f}{c_cpu:>14.0f}{c_cpu / f_cpu_net:>10.2f}")
         emit({"bench": "4-decode", "videos": label, "frames": frames, "reader_fps_per_cpu_s": r_cpu,
               "ffmpeg_fps_per_cpu_s": f_cpu, "fraction_cpu": r_cpu / f_cpu,
               "ffmpeg_startup_cpu_s_per_video": startup_cpu / len(videos),
               "ffmpeg_fps_per_cpu_s_without_startup": f_cpu_net, "fraction_cpu_without_startup": r_cpu / f_cpu_net,
               "reader_fps_per_wall_s": r_wall, "ffmpeg_fps_per_wall_s": f_wall, "fraction_wall": r_wall / f_wall,
               "ffmpeg_startup_wall_s_per_video": startup_wall / len(videos),
-              "rounds_reader": res["reader"], "rounds_ffmpeg": res["ffmpeg"]})
+              "chunked_fps_per_cpu_s": c_cpu, "fraction_chunked_cpu_without_startup": c_cpu / f_cpu_net,
+              "rounds_reader": res["reader"], "rounds_ffmpeg": res["ffmpeg"], "rounds_chunked": res["chunked"]})
     say("  fraction = reader fps / ffmpeg fps per CPU second; -startup: ffmpeg's per-process cost "
-        "(its run with -frames:v 1) taken out of the ffmpeg side")
+        "(its run with -frames:v 1) taken out of the ffmpeg side;")
+    say("  chunked (attribution only): the reader's decoder fetching 32 frames per call instead of all at once "
+        "(no full-video output tensor), fraction vs ffmpeg without startup")
 
 
 # --- main ------------------------------------------------------------------------------------------
@@ -562,9 +584,9 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per comparison (medians reported)")
-    parser.add_argument("--samples", type=int, default=None,
-                        help="samples per round in benchmarks 1 and 2 (default: one epoch, episodes x 4 windows; "
-                             "more spans further epochs)")
+    parser.add_argument("--samples", type=int, default=96,
+                        help="samples per round and side in benchmarks 1 and 2, rounded up to whole epochs "
+                             "(an epoch is episodes x 4 windows)")
     parser.add_argument("--big-episodes", type=int, default=27_500, help="episodes of the large planning case")
     parser.add_argument("--only", type=int, nargs="+", choices=[1, 2, 3, 4], default=[1, 2, 3, 4])
     parser.add_argument("--threads", type=int, default=1,
