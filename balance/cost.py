@@ -292,7 +292,8 @@ class WindowCost:
         indexes: a ``WindowIndex`` or a list of them; global episode ``g`` is episode
             ``g - base[d]`` of dataset ``d`` where ``base`` are the cumulative episode counts (the
             numbering ``WindowDataset`` plans with).
-        spec: ``stream.WindowSpec``.
+        spec: ``stream.WindowSpec``, or a list with one spec per index (datasets mixed with
+            different window shapes).
         model: ``CostModel`` (or any ``f(WindowFeatures) -> float64 [N]``).
         postprocess: output size of frames (``stream.PostProcess``), ``None`` for the stored size.
         tokenizer: instruction tokenizer; ``None``: ``estimate_tokens``. Each task text is
@@ -302,7 +303,9 @@ class WindowCost:
     def __init__(self, indexes, spec, model: Callable[[WindowFeatures], np.ndarray] | None = None, *,
                  postprocess=None, tokenizer: Tokenizer | None = None):
         self.indexes = list(indexes) if isinstance(indexes, (list, tuple)) else [indexes]
-        self.spec = spec
+        self.specs = list(spec) if isinstance(spec, (list, tuple)) else [spec] * len(self.indexes)
+        if len(self.specs) != len(self.indexes):
+            raise ValueError(f"{len(self.specs)} specs for {len(self.indexes)} indexes")
         self.model = model if model is not None else CostModel()
         self.postprocess = postprocess
         self.base = np.cumsum([0] + [ix.num_episodes for ix in self.indexes]).astype(np.int64)
@@ -324,7 +327,7 @@ class WindowCost:
         parts, positions = [], []
         for d, ix in enumerate(self.indexes):
             pick = np.flatnonzero(dataset == d)
-            parts.append(window_features(ix, self.spec, episodes[pick] - self.base[d], anchors[pick],
+            parts.append(window_features(ix, self.specs[d], episodes[pick] - self.base[d], anchors[pick],
                                          postprocess=self.postprocess, task_tokens=self.task_tokens[d]))
             positions.append(pick)
         inverse = np.empty(episodes.size, dtype=np.int64)

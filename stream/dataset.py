@@ -14,6 +14,9 @@ Sample format (stable; ``default_collate`` batches it):
 ``episode_index``                  int, episode index in its source dataset
 ``frame_index``, ``timestamp``     int and float (seconds) of the anchor row
 ``dataset``                        int, position of the dataset in the mix (always present)
+``substitute``                     bool: True for a repeat of the worker's previous sample that
+                                   stands in for a window of a shard that failed to fetch
+                                   (``FetchPolicy(on_shard_error="skip")``)
 ``__telemetry__``                  float64 counters of the worker (only with ``telemetry=True``)
 =================================  =========================================================
 
@@ -28,8 +31,8 @@ Epochs: each ``__iter__`` runs the next epoch of the object it is called on. Wit
 
 from __future__ import annotations
 
-import os
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +41,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .episode import LoadedEpisode, Normalizer
 from .plan import EpisodeTable, WorkerPlan, worker_plan
-from .source import DatasetSource, ShardReader
+from .fetch import FetchError, FetchPolicy, Fetcher, episode_ranges
+from .source import DatasetSource
 from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
@@ -78,13 +82,15 @@ class WindowDataset(IterableDataset):
         normalize: column -> ``"mean_std"`` | ``"min_max"``, from the manifest statistics.
         telemetry: attach ``__telemetry__`` counters to every sample.
         storage_options: fsspec options for URLs.
+        fetch: how shard bytes are fetched (``FetchPolicy``: stream or ranged mode, prefetch
+            budget, retries, and the shard policy when retries run out).
     """
 
     def __init__(self, sources, spec: WindowSpec, *, seed: int = 0, shuffle_windows: int = 512,
                  shuffle_bytes: int = 1 << 30, rank: int | None = None, world_size: int | None = None,
                  num_workers: int | None = None, postprocess: PostProcess | None = None,
                  normalize: dict[str, str] | None = None, telemetry: bool = False,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, fetch: FetchPolicy | None = None):
         super().__init__()
         items = sources if isinstance(sources, list) else [sources]
         pairs = [item if isinstance(item, tuple) else (item, 1.0) for item in items]
@@ -100,6 +106,7 @@ class WindowDataset(IterableDataset):
         self.num_workers = num_workers
         self.post = postprocess or PostProcess()
         self.telemetry = telemetry
+        self.fetch = fetch or FetchPolicy()
         self.cam_offsets = [spec.camera_offsets(s.cameras) for s in self.sources]
         self.normalizers = [
             {col: Normalizer.from_stats(s.manifest["stats"][col], mode) for col, mode in (normalize or {}).items()}
@@ -189,36 +196,88 @@ class WindowDataset(IterableDataset):
         pending = {int(episodes[order[b]]): np.sort(anchors[order[b:e]])
                    for b, e in zip(list(bounds), list(bounds[1:]) + [episodes.size])}
         remaining = {e: a.size for e, a in pending.items()}
-        readers = [ShardReader(s) for s in self.sources]
+        fetchers, slots = self._fetchers(plan, remaining, telemetry)
         loaded: dict[int, LoadedEpisode] = {}
+        failed: set[int] = set()
+        last, owed = None, 0
         read_pos = 0
         try:
             for e, anchor in zip(episodes.tolist(), anchors.tolist()):
-                while e not in loaded:
+                while e not in loaded and e not in failed:
                     nxt = int(plan.read_order[read_pos])
                     read_pos += 1
                     if remaining.get(nxt):
-                        d, local = self._locate(nxt)
-                        loaded[nxt] = LoadedEpisode.load(
-                            self.sources[d].index, local, pending[nxt], self.spec, self.cam_offsets[d], readers[d],
-                            self.post, self.normalizers[d], telemetry)
-                t = time.perf_counter()
-                d, _ = self._locate(e)
-                sample = loaded[e].window(self.sources[d].index, anchor, self.spec, self.cam_offsets[d])
-                sample["dataset"] = d
+                        try:
+                            loaded[nxt] = self._load(nxt, pending[nxt], fetchers, slots, telemetry)
+                        except FetchError as exc:
+                            if self.fetch.on_shard_error == "raise":
+                                raise
+                            warnings.warn(f"epishard: skipping episode {self._key(nxt)}: {exc}")
+                            telemetry.add(episodes_skipped=1)
+                            failed.add(nxt)
                 remaining[e] -= 1
-                if remaining[e] == 0:
-                    del loaded[e]
-                telemetry.add(assemble_s=time.perf_counter() - t, samples=1,
-                              frames_returned=sum(len(o) for o in self.cam_offsets[d].values()))
-                telemetry.values["shard_opens"] = sum(r.opens for r in readers)
-                if self.telemetry:
-                    sample["__telemetry__"] = telemetry.tensor()
-                self._consumed += 1
-                yield sample
+                if e in failed:
+                    # Keep this rank's sample count: repeat the worker's previous sample, flagged.
+                    if last is None:
+                        owed += 1
+                        continue
+                    sample = dict(last, substitute=True)
+                else:
+                    t = time.perf_counter()
+                    d, _ = self._locate(e)
+                    sample = loaded[e].window(self.sources[d].index, anchor, self.spec, self.cam_offsets[d])
+                    sample["dataset"], sample["substitute"] = d, False
+                    if remaining[e] == 0:
+                        del loaded[e]
+                    telemetry.add(assemble_s=time.perf_counter() - t,
+                                  frames_returned=sum(len(o) for o in self.cam_offsets[d].values()))
+                yield self._emit(sample, telemetry)
+                for _ in range(owed):  # windows of failed episodes that came before any good sample
+                    yield self._emit(dict(sample, substitute=True), telemetry)
+                owed, last = 0, sample
+            if owed:
+                raise FetchError(f"every shard of this worker failed; cannot fill {owed} samples", -1)
         finally:
-            for r in readers:
-                r.close()
+            for f in fetchers:
+                f.close()
+
+    def _emit(self, sample: dict, telemetry: Telemetry) -> dict:
+        telemetry.add(samples=1, substitutes=int(sample["substitute"]))
+        stats = self._fetch_stats
+        telemetry.values.update(bytes_read=stats["bytes_fetched"], retries=stats["retries"], read_s=stats["fetch_wait_s"])
+        if self.telemetry:
+            sample = dict(sample, __telemetry__=telemetry.tensor())
+        self._consumed += 1
+        return sample
+
+    def _key(self, episode: int) -> str:
+        d, local = self._locate(episode)
+        return self.sources[d].index.key(local)
+
+    def _fetchers(self, plan: WorkerPlan, remaining: dict, telemetry: Telemetry):
+        """One ``Fetcher`` per dataset, over the episodes this worker still needs, in read order."""
+        self._fetch_stats = {"bytes_fetched": 0, "requests": 0, "retries": 0, "range_ignored": 0, "fetch_wait_s": 0.0}
+        lists: list[list] = [[] for _ in self.sources]
+        slots: dict[int, tuple] = {}
+        for e in plan.read_order.tolist():
+            if not remaining.get(e):
+                continue
+            d, local = self._locate(e)
+            ix = self.sources[d].index
+            names = ix.camera_names(local)
+            streams = [ix.stream(local, names.index(c)) for c in self.cam_offsets[d]]
+            shard, ranges, shas, members = episode_ranges(ix, local, streams)
+            slots[e] = (d, len(lists[d]), shas, members)
+            lists[d].append((shard, ranges))
+        fetchers = [Fetcher(src, lst, self.fetch, self._fetch_stats) for src, lst in zip(self.sources, lists)]
+        return fetchers, slots
+
+    def _load(self, episode: int, anchors: np.ndarray, fetchers, slots, telemetry: Telemetry) -> LoadedEpisode:
+        d, k, shas, members = slots[episode]
+        blobs = dict(zip(members, fetchers[d].episode(k, shas)))
+        _, local = self._locate(episode)
+        return LoadedEpisode.load(self.sources[d].index, local, anchors, self.spec, self.cam_offsets[d], blobs,
+                                  self.post, self.normalizers[d], telemetry)
 
     # --- resume ----------------------------------------------------------------------------------
 

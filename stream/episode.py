@@ -12,12 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from shardwriter.format import DATA_EXT
 from shardwriter.index import WindowIndex
 from shardwriter.stats import numeric_matrix
 
 from .decode import decode, decoded_frames, frame_mappings
-from .source import ShardReader
 from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
@@ -69,25 +67,15 @@ class LoadedEpisode:
 
     @classmethod
     def load(cls, index: WindowIndex, episode: int, anchors: np.ndarray, spec: WindowSpec,
-             cam_offsets: dict[str, np.ndarray], reader: ShardReader, post: PostProcess,
+             cam_offsets: dict[str, np.ndarray], blobs: dict[int, bytes], post: PostProcess,
              normalizers: dict[str, Normalizer], telemetry: Telemetry) -> "LoadedEpisode":
-        t0 = time.perf_counter()
+        """``blobs``: member number -> bytes, for the data member and the cameras' video members."""
         key, n = index.key(episode), int(index.num_rows[episode])
         names = index.camera_names(episode)
         streams = {cam: index.stream(episode, names.index(cam)) for cam in cam_offsets}
-        m0, m1 = int(index.episode_members[episode]), int(index.episode_members[episode + 1])
-        member_names = index.table.column("members")[episode].values.field("name").to_pylist()
-        data_member = m0 + next(i for i, name in enumerate(member_names) if name.endswith("." + DATA_EXT))
-        wanted = [data_member] + [m0 + int(index.cam_member[s]) for s in streams.values()]
-        start = min(int(index.member_offset[m]) for m in wanted)
-        stop = max(int(index.member_offset[m] + index.member_size[m]) for m in wanted)
-        blob = reader.read(int(index.shard[episode]), start, stop)
-
-        def member(m: int) -> bytes:
-            a = int(index.member_offset[m]) - start
-            return blob[a:a + int(index.member_size[m])]
-
-        table = pq.read_table(pa.BufferReader(member(data_member)))
+        m0 = int(index.episode_members[episode])
+        video_members = {m0 + int(index.cam_member[s]) for s in streams.values()}
+        table = pq.read_table(pa.BufferReader(next(b for m, b in blobs.items() if m not in video_members)))
         columns = {}
         for name in {spec.state_key, spec.action_key, *spec.extra_columns} - {None}:
             matrix = numeric_matrix(table.column(name)).astype(np.float32)
@@ -97,7 +85,6 @@ class LoadedEpisode:
         fps = float(index.fps[episode])
         columns["timestamp"] = (table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
                                 if "timestamp" in table.column_names else np.arange(n) / fps)
-        telemetry.add(read_s=time.perf_counter() - t0, bytes_read=stop - start)
 
         frames, positions = {}, {}
         for cam, offsets in cam_offsets.items():
@@ -106,7 +93,7 @@ class LoadedEpisode:
             unique = np.unique(index.frames(s, rows))
             t1 = time.perf_counter()
             pts, duration, keyflags = index.frame_tables(s)
-            decoded = decode(member(m0 + int(index.cam_member[s])), unique, frame_mappings(pts, duration, keyflags),
+            decoded = decode(blobs[m0 + int(index.cam_member[s])], unique, frame_mappings(pts, duration, keyflags),
                              where=f"episode {key} camera {cam}")
             t2 = time.perf_counter()
             frames[cam] = post(decoded)

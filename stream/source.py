@@ -1,4 +1,4 @@
-"""Opening a converted dataset (local path or any fsspec URL) and reading episode bytes from shards.
+"""Opening a converted dataset (local path or any fsspec URL).
 
 File handles and filesystem clients are created lazily in the process that uses them, never
 before a fork: a ``DatasetSource`` pickles to its URL and options only.
@@ -60,37 +60,3 @@ class DatasetSource:
 
     def shard_path(self, shard: int) -> str:
         return f"{self._root}/{self.shards[shard]}"
-
-
-class ShardReader:
-    """Reads byte ranges of shards in a forward pass, keeping one open handle: the current shard.
-
-    A consumer's episodes come shard by shard in tar order, so each shard is opened once per epoch
-    and read front to back. ``bytes_read`` and ``opens`` count what happened.
-    """
-
-    def __init__(self, source: DatasetSource):
-        self.source = source
-        self._shard = None
-        self._file = None
-        self.bytes_read = 0
-        self.opens = 0
-
-    def read(self, shard: int, start: int, stop: int) -> bytes:
-        """Bytes ``[start, stop)`` of shard number ``shard``."""
-        if shard != self._shard:
-            self.close()
-            self._file = self.source.filesystem().open(self.source.shard_path(shard), "rb")
-            self._shard = shard
-            self.opens += 1
-        self._file.seek(start)
-        data = self._file.read(stop - start)
-        if len(data) != stop - start:
-            raise IOError(f"{self.source.shard_path(shard)}: short read at {start} ({len(data)} of {stop - start} bytes)")
-        self.bytes_read += len(data)
-        return data
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._file = self._shard = None

@@ -8,14 +8,15 @@ import torch
 FIELDS = (
     "worker", "plan_s", "read_s", "decode_s", "postprocess_s", "assemble_s", "samples", "episodes_loaded",
     "decoder_opens", "decode_calls", "frames_decoded", "frames_unique", "frames_returned", "bytes_read",
-    "shard_opens", "episodes_without_windows", "windows_dropped",
+    "episodes_without_windows", "windows_dropped", "retries", "episodes_skipped", "substitutes",
 )
 
 
 class Telemetry:
     """Cumulative counters of one consumer (a DataLoader worker, or the main process).
 
-    Seconds per stage (plan and index, read, decode, post-process, assemble); frames decoded
+    Seconds per stage (plan and index, read = time the worker waited for prefetched bytes, decode,
+    post-process, assemble); frames decoded
     (decoder work estimated from the keyframe tables), unique frames requested, frames returned in
     samples; decoder opens and decode calls; bytes read; samples; episodes loaded.
     """

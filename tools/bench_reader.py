@@ -92,7 +92,7 @@ from torchcodec.decoders import VideoDecoder  # noqa: E402
 
 from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert  # noqa: E402
 from shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME  # noqa: E402
-from shardwriter.index import write_dataset_index  # noqa: E402
+from shardwriter.index import dataset_index_bytes  # noqa: E402
 from stream import PostProcess, WindowDataset, WindowSpec, segment  # noqa: E402
 from stream.decode import decode, decoded_frames, frame_mappings  # noqa: E402
 from stream.plan import worker_plan  # noqa: E402
@@ -386,7 +386,8 @@ def synth_index_dataset(folder: str, episodes: int) -> str:
     from bench_index import CAMERAS, write_indexes
 
     paths = write_indexes(folder, episodes)
-    write_dataset_index(folder, [os.path.basename(p) for p in paths], os.path.join(folder, DATASET_INDEX_NAME))
+    with open(os.path.join(folder, DATASET_INDEX_NAME), "wb") as f:
+        f.write(dataset_index_bytes([Path(p).read_bytes() for p in paths]))
     manifest = {"format": "epishard", "format_version": 1, "stats": {}, "fps": 30.0,
                 "cameras": {c: {"codec": "h264", "width": 224, "height": 224, "fps": 30.0, "episodes": episodes} for c in CAMERAS},
                 "shards": [{"shard": f"bench-{i:06d}.tar", "index": os.path.basename(p)} for i, p in enumerate(paths)]}

@@ -1,0 +1,278 @@
+"""Fetching shard bytes for one worker: background prefetch, verified ranged reads, retries.
+
+The reader knows, from its plan, every byte range it will need this epoch and in which order, so
+a small thread pool fetches ahead (bounded in bytes) while the worker decodes. Two modes:
+
+- ``"stream"``: each shard's needed span (first to last needed byte, in tar order) is read front to
+  back in requests of ``chunk_bytes``; bytes between the members a worker needs are read too.
+- ``"ranged"``: only the members each episode needs (its table and the requested cameras) are
+  fetched, by byte range; for global shuffling or reading one camera of many.
+
+Every response is checked: its length must be the requested length (a server that ignores Range
+returns the whole object: then the requested bytes are cut out of it if it is complete, counted in
+``range_ignored``, else a ``FetchError`` is raised), and every member's sha256 is compared with the
+index. A reset, timeout or 5xx is retried with bounded exponential backoff; a retry asks again from
+the first byte not yet received. When retries run out the shard fails (``FetchError``) and the
+reader applies its shard policy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .source import DatasetSource
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    """How a worker fetches.
+
+    Args:
+        mode: ``"stream"`` or ``"ranged"`` (see the module docstring).
+        chunk_bytes: largest single request, bytes (stream mode reads shards in such requests).
+        prefetch_bytes: bytes fetched ahead of the worker and not yet consumed, at most.
+        threads: concurrent requests per worker.
+        retries: attempts after the first, per request; backoff ``backoff_s * 2**attempt`` capped at
+            ``backoff_max_s`` seconds.
+        on_shard_error: ``"skip"`` (default for training: the shard's windows are replaced by repeats
+            of the worker's other samples, flagged ``substitute``, so every rank keeps its batch count)
+            or ``"raise"`` (strict).
+        verify: compare each member with its sha256 from the index.
+    """
+
+    mode: str = "stream"
+    chunk_bytes: int = 8 << 20
+    prefetch_bytes: int = 256 << 20
+    threads: int = 4
+    retries: int = 5
+    backoff_s: float = 0.05
+    backoff_max_s: float = 2.0
+    on_shard_error: str = "skip"
+    verify: bool = True
+
+    def __post_init__(self):
+        if self.mode not in ("stream", "ranged") or self.on_shard_error not in ("skip", "raise"):
+            raise ValueError(f"mode must be 'stream' or 'ranged' and on_shard_error 'skip' or 'raise': {self}")
+
+
+class FetchError(IOError):
+    """A shard's bytes could not be fetched or verified; names the shard, the range and the cause."""
+
+    def __init__(self, message: str, shard: int):
+        super().__init__(message)
+        self.shard = shard
+
+
+_RETRYABLE = (OSError, TimeoutError, ConnectionError)
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, FileNotFoundError | PermissionError):
+        return False
+    try:  # aiohttp is there whenever an HTTP or S3 filesystem is in use
+        import aiohttp
+
+        if isinstance(exc, aiohttp.ClientResponseError):
+            return exc.status >= 500 or exc.status in (408, 429)
+        if isinstance(exc, aiohttp.ClientError):
+            return True
+    except ImportError:
+        pass
+    name = type(exc).__name__
+    return isinstance(exc, _RETRYABLE) or "Timeout" in name or "ServerError" in name or "EndpointConnection" in name
+
+
+class Fetcher:
+    """Fetches, ahead of use, the byte ranges of a worker's episodes in read order.
+
+    Args:
+        source: the dataset.
+        episodes: ``[(shard, [(start, stop), ...])]`` per episode in read order: the byte ranges
+            (member data) the episode needs.
+        policy: ``FetchPolicy``.
+        stats: a dict of counters this updates: ``bytes_fetched``, ``requests``, ``retries``,
+            ``range_ignored``, ``fetch_wait_s`` (time the worker waited for data).
+    """
+
+    def __init__(self, source: DatasetSource, episodes: list[tuple[int, list[tuple[int, int]]]],
+                 policy: FetchPolicy, stats: dict):
+        self.source, self.policy, self.stats = source, policy, stats
+        self.episodes = episodes
+        self.requests = self._requests(episodes)  # [(shard, start, stop)] in fetch order
+        self._futures: dict[int, Future] = {}
+        self._next = 0  # next request to submit
+        self._buffered = 0  # bytes submitted and not yet released
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=policy.threads, thread_name_prefix="epishard-fetch")
+        self._failed: dict[int, FetchError] = {}
+        self._fill()
+
+    def _requests(self, episodes) -> list[tuple[int, int, int]]:
+        chunk = self.policy.chunk_bytes
+        if self.policy.mode == "ranged":
+            ranges = [(shard, a, b) for shard, rs in episodes for a, b in _merge(rs)]
+        else:  # one span per run of consecutive episodes of a shard
+            ranges = []
+            for shard, rs in episodes:
+                a, b = min(r[0] for r in rs), max(r[1] for r in rs)
+                if ranges and ranges[-1][0] == shard and ranges[-1][2] <= a:
+                    ranges[-1] = (shard, ranges[-1][1], max(b, ranges[-1][2]))
+                else:
+                    ranges.append((shard, a, b))
+        return [(s, p, min(p + chunk, b)) for s, a, b in ranges for p in range(a, b, chunk)]
+
+    # --- background fetching ----------------------------------------------------------------------
+
+    def _fill(self) -> None:
+        with self._lock:
+            while self._next < len(self.requests):
+                shard, a, b = self.requests[self._next]
+                if self._buffered and self._buffered + (b - a) > self.policy.prefetch_bytes:
+                    break
+                self._futures[self._next] = self._pool.submit(self._fetch, shard, a, b)
+                self._buffered += b - a
+                self._next += 1
+
+    def _fetch(self, shard: int, start: int, stop: int) -> bytes:
+        fs = self.source.filesystem()
+        path = self.source.shard_path(shard)
+        size = int(self.source.manifest["shards"][shard]["size"])
+        parts, pos, attempt = [], start, 0
+        while pos < stop:
+            try:
+                data = fs.cat_file(path, start=pos, end=stop)
+                self.stats["requests"] += 1
+                if len(data) > stop - pos:
+                    if len(data) != size:
+                        raise FetchError(f"{path}: asked bytes {pos}-{stop}, got {len(data)} bytes that are neither "
+                                         f"the range nor the whole object ({size} bytes)", shard)
+                    self.stats["range_ignored"] += 1  # the server ignored Range: cut the range out
+                    data = data[pos:stop]
+                if not data:
+                    raise ConnectionError(f"{path}: empty response at byte {pos}")
+            except FetchError:
+                raise
+            except Exception as exc:  # classified below: retried or turned into a FetchError
+                if not _retryable(exc) or attempt >= self.policy.retries:
+                    raise FetchError(f"{path}: bytes {pos}-{stop}: {type(exc).__name__}: {exc} "
+                                     f"(after {attempt} retries)", shard) from exc
+                self.stats["retries"] += 1
+                time.sleep(min(self.policy.backoff_s * 2 ** attempt, self.policy.backoff_max_s))
+                attempt += 1
+                continue
+            parts.append(data)
+            pos += len(data)
+            self.stats["bytes_fetched"] += len(data)
+        return b"".join(parts)
+
+    # --- consuming --------------------------------------------------------------------------------
+
+    def _take(self, i: int) -> bytes:
+        t = time.perf_counter()
+        try:
+            return self._futures[i].result()
+        finally:
+            self.stats["fetch_wait_s"] += time.perf_counter() - t
+
+    def episode(self, k: int, checksums: list[str] | None = None) -> list[bytes]:
+        """Bytes of each range of the ``k``-th episode (in read order), verified.
+
+        Must be called with increasing ``k``. Raises ``FetchError`` if a request of its shard failed
+        or a member's sha256 differs from ``checksums``.
+        """
+        shard, ranges = self.episodes[k]
+        if shard in self._failed:
+            raise self._failed[shard]
+        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        first = self._first_request(shard, lo)
+        pieces, i = {}, first
+        try:
+            while i < len(self.requests) and self.requests[i][0] == shard and self.requests[i][1] < hi:
+                if i >= self._next:
+                    self._fill_until(i)
+                s, a, b = self.requests[i]
+                if b > lo:
+                    pieces[(a, b)] = self._take(i)
+                i += 1
+        except FetchError as exc:
+            self._failed[shard] = exc
+            raise
+        finally:
+            self._release(first, shard, hi)
+        out = [_slice(pieces, a, b) for a, b in ranges]
+        if self.policy.verify and checksums is not None:
+            for (a, b), data, digest in zip(ranges, out, checksums):
+                if hashlib.sha256(data).hexdigest() != digest:
+                    self._failed[shard] = FetchError(
+                        f"{self.source.shard_path(shard)}: bytes {a}-{b} do not match the index's sha256", shard)
+                    raise self._failed[shard]
+        return out
+
+    def _first_request(self, shard: int, lo: int) -> int:
+        for i in sorted(self._futures):
+            s, a, b = self.requests[i]
+            if s == shard and b > lo:
+                return i
+        return self._next
+
+    def _fill_until(self, i: int) -> None:
+        with self._lock:
+            while self._next <= i:
+                shard, a, b = self.requests[self._next]
+                self._futures[self._next] = self._pool.submit(self._fetch, shard, a, b)
+                self._buffered += b - a
+                self._next += 1
+
+    def _release(self, first: int, shard: int, hi: int) -> None:
+        """Drop requests that end at or before ``hi`` of this shard, and everything before them."""
+        with self._lock:
+            for i in sorted(self._futures):
+                s, a, b = self.requests[i]
+                if i < first or (s == shard and b <= hi):
+                    del self._futures[i]
+                    self._buffered -= b - a
+        self._fill()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + 1024:  # tar headers between adjacent members: read through them
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _slice(pieces: dict[tuple[int, int], bytes], start: int, stop: int) -> bytes:
+    out = []
+    for (a, b), data in sorted(pieces.items()):
+        if b <= start or a >= stop:
+            continue
+        out.append(data[max(start, a) - a:min(stop, b) - a])
+    joined = b"".join(out)
+    if len(joined) != stop - start:
+        raise FetchError(f"internal: assembled {len(joined)} of {stop - start} bytes", -1)
+    return joined
+
+
+def episode_ranges(index, episode: int, cameras: list[int]) -> tuple[int, list[tuple[int, int]], list[str], list[int]]:
+    """(shard, byte ranges, sha256s, member numbers) of the data member and the given camera streams
+    of ``episode`` (member ranges in tar order)."""
+    from shardwriter.format import DATA_EXT
+
+    m0, m1 = int(index.episode_members[episode]), int(index.episode_members[episode + 1])
+    names = index.table.column("members")[episode].values.field("name").to_pylist()
+    shas = index.table.column("members")[episode].values.field("sha256").to_pylist()
+    data = m0 + next(i for i, n in enumerate(names) if n.endswith("." + DATA_EXT))
+    members = sorted({data, *(m0 + int(index.cam_member[s]) for s in cameras)})
+    ranges = [(int(index.member_offset[m]), int(index.member_offset[m] + index.member_size[m])) for m in members]
+    return int(index.shard[episode]), ranges, [shas[m - m0] for m in members], members
+
