@@ -115,7 +115,8 @@ class WindowFeatures:
     the episode's windows (an upper bound here). ``pixels``: output pixels returned (height x width
     of each returned frame after crop/resize, summed). ``tokens``: instruction tokens.
     ``action``: action steps returned (``spec.action_horizon``, 0 without an action key).
-    ``per_camera``: camera -> ``{"frames", "decoded", "pixels"}``, the same per camera.
+    ``per_camera``: camera -> ``{"frames", "decoded", "pixels"}``, the same per camera (one
+    dataset only: empty after ``concat``).
     """
 
     frames: np.ndarray

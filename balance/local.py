@@ -1,6 +1,18 @@
 """Rank-local balancing for a streaming reader: reorder one consumer's planned windows so that the
 batches of a step have matching costs on every rank, without moving a window to another rank.
 
+Two pure functions, both permutations of a consumer's planned yield order:
+
+- ``local_order``: cost-sorted blocks inside chunks, chunk block order shared by all ranks. Enough
+  when every rank's stream mixes costs the same way (one dataset with varying lengths).
+- ``stratified_order``: when costs differ by *stratum* (datasets with other window shapes, which
+  live in their own shards, so at a given time one rank reads an expensive dataset and another a
+  cheap one), every batch is taken from one stratum, and a schedule shared by all ranks names the
+  stratum of each step. It needs a plan that gives every consumer the same number of windows of
+  each stratum (the reader's equal-range cut applied per stratum) and reads the strata side by side.
+
+``local_order`` in detail:
+
 The streaming reader (``stream.plan``) gives each consumer ``(rank, worker)`` a fixed list of
 windows from its own shards, in a yield order simulated from its shuffle buffer; every consumer of
 a given worker id yields the same number of windows, and the DataLoader builds rank ``r``'s
@@ -33,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_SALT_LOCAL = 21
+_SALT_LOCAL, _SALT_STRATA = 21, 22
 
 
 def local_order(costs: np.ndarray, batch_size: int, chunk_batches: int, seed: int, epoch: int,
@@ -80,3 +92,46 @@ def rank_steps(yield_costs: list[np.ndarray], batch_size: int) -> np.ndarray:
     per = min(c.size for c in yield_costs) // batch_size
     blocks = np.stack([c[: per * batch_size].reshape(per, batch_size) for c in yield_costs], axis=1)
     return blocks.reshape(per * workers, batch_size)
+
+
+def stratified_order(strata: np.ndarray, num_strata: int, batch_size: int, seed: int, epoch: int, worker: int = 0,
+                     costs: np.ndarray | None = None, chunk_batches: int = 1) -> np.ndarray:
+    """Yield order of a consumer whose windows fall into cost strata (datasets, or cost buckets), so
+    that each of its batches comes from one stratum and every rank's step ``t`` from the same one.
+
+    Args:
+        strata: int64 ``[n]``: stratum of each window, in planned yield order (a stratum's windows
+            keep their planned order among themselves).
+        num_strata: ``K``; strata are ``0 .. K-1``.
+        batch_size: per-rank batch size.
+        seed, epoch, worker: the stratum schedule comes from ``(seed, epoch, worker)``: the same on
+            every rank, so it aligns when every rank holds the same number of windows per stratum
+            (a plan that cuts each stratum into equal ranges per consumer guarantees it; otherwise
+            the order is still a permutation, only less balanced).
+        costs: float64 ``[n]``; with ``chunk_batches > 1`` each stratum's windows are first
+            reordered by ``local_order`` (cost-sorted blocks inside the stratum).
+
+    Returns:
+        int64 ``[n]`` permutation. First ``sum_k (c_k // batch_size)`` batches, each from the stratum
+        the shared schedule names (a random order of the multiset of full batches), then the
+        ``c_k mod batch_size`` leftovers of every stratum, in stratum order (trailing mixed batches).
+    """
+    strata = np.asarray(strata, dtype=np.int64)
+    counts = np.bincount(strata, minlength=num_strata)
+    queues = []
+    for k in range(num_strata):
+        pos = np.flatnonzero(strata == k)
+        if costs is not None and chunk_batches > 1 and pos.size:
+            pos = pos[local_order(np.asarray(costs, dtype=np.float64)[pos], batch_size, chunk_batches, seed, epoch,
+                                  worker * num_strata + k)]
+        queues.append(pos)
+    full = counts // batch_size
+    schedule = np.random.default_rng([seed & 0xFFFFFFFF, epoch, _SALT_STRATA, worker]).permutation(
+        np.repeat(np.arange(num_strata), full))
+    taken = np.zeros(num_strata, dtype=np.int64)
+    out = []
+    for k in schedule.tolist():
+        out.append(queues[k][taken[k]:taken[k] + batch_size])
+        taken[k] += batch_size
+    out += [queues[k][taken[k]:] for k in range(num_strata)]
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)

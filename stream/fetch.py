@@ -34,7 +34,8 @@ class FetchPolicy:
     Args:
         mode: ``"stream"`` or ``"ranged"`` (see the module docstring).
         chunk_bytes: largest single request, bytes (stream mode reads shards in such requests).
-        prefetch_bytes: bytes fetched ahead of the worker and not yet consumed, at most.
+        prefetch_bytes: bytes fetched ahead of the worker and not yet consumed, at most; 0 turns
+            prefetch off (each range is fetched when the worker needs it).
         threads: concurrent requests per worker.
         retries: attempts after the first, per request; backoff ``backoff_s * 2**attempt`` capped at
             ``backoff_max_s`` seconds.
@@ -128,6 +129,8 @@ class Fetcher:
     # --- background fetching ----------------------------------------------------------------------
 
     def _fill(self) -> None:
+        if self.policy.prefetch_bytes <= 0:
+            return  # no prefetch: each range is requested when the worker asks for it
         with self._lock:
             while self._next < len(self.requests):
                 shard, a, b = self.requests[self._next]

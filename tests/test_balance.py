@@ -12,9 +12,9 @@ import torch
 
 from balance import (CostModel, MeasuredCosts, StepTelemetry, WindowCost, balanced_steps, dropped_samples,
                      epoch_summary, estimate_tokens, local_order, lpt_capped, padding_fraction, random_steps,
-                     rank_steps, remainder, sample_cost, step_stats, token_counts, window_features)
+                     rank_steps, remainder, sample_cost, step_stats, stratified_order, token_counts, window_features)
 from stream.decode import decoded_frames
-from stream.plan import EpisodeTable, worker_plan
+from stream.plan import EpisodeTable, buffer_shuffle, global_plan, rng_for, worker_plan
 
 
 def lognormal_costs(n: int, seed: int = 0) -> np.ndarray:
@@ -303,6 +303,64 @@ def test_streaming_plan_with_local_order_keeps_guarantees_and_balances_steps():
     b = epoch_summary(step_stats(np.stack(balanced, axis=1)))
     assert b["step_time_padded"] < 0.8 * a["step_time_padded"]
     assert b["imbalance_mean"] < a["imbalance_mean"] and b["padding"] < a["padding"]
+
+
+def test_stratified_order_gives_every_rank_the_same_stratum_per_batch():
+    rng = np.random.default_rng(3)
+    batch, num_strata = 4, 3
+    counts = [37, 20, 9]  # per stratum, the same on every rank
+    ranks = []
+    for _ in range(3):
+        strata = rng.permutation(np.repeat(np.arange(num_strata), counts))
+        costs = rng.lognormal(3, 1, strata.size) * (1 + strata)
+        order = stratified_order(strata, num_strata, batch, seed=2, epoch=0, worker=1, costs=costs, chunk_batches=4)
+        assert np.array_equal(np.sort(order), np.arange(strata.size))
+        for k in range(num_strata):  # within a stratum, blocks stay inside local_order's chunks
+            assert np.array_equal(np.sort(order[strata[order] == k]), np.flatnonzero(strata == k))
+        ranks.append(strata[order])
+    full = sum(c // batch for c in counts)
+    for r in ranks:
+        batches = r[: full * batch].reshape(full, batch)
+        assert (batches == batches[:, :1]).all()  # one stratum per full batch
+        assert np.array_equal(r, ranks[0])  # the same stratum in every step on every rank
+    assert sorted(ranks[0][full * batch:].tolist()) == [0, 2]  # leftovers 37 mod 4, 20 mod 4, 9 mod 4 at the end
+    other = stratified_order(np.repeat(np.arange(num_strata), counts), num_strata, batch, seed=2, epoch=1, worker=1)
+    assert not np.array_equal(np.repeat(np.arange(num_strata), counts)[other], ranks[0])
+
+
+def test_stratified_streaming_plan_balances_datasets_that_live_in_separate_shards():
+    table = _mixed_table(num_episodes=160, shards=40, seed=4)
+    strata = table.shard % 4  # 4 datasets, each in its own shards, with different window costs
+    stratum_cost = np.array([800.0, 1560.0, 810.0, 1580.0])
+    world, workers, batch, consumers = 4, 2, 4, 8
+    parts = [[] for _ in range(consumers)]
+    for k in range(4):  # the reader's plan run per stratum: each consumer gets equal counts of every stratum
+        pick = np.flatnonzero(strata == k)
+        sub = EpisodeTable(shard=table.shard[pick], lo=table.lo[pick], hi=table.hi[pick], weight=table.weight[pick],
+                           cost_bytes=table.cost_bytes[pick])
+        plan = global_plan(sub, 3, None, 0, 0, consumers)
+        for c in range(consumers):
+            e = plan.episode[plan.consumer_slice(c)]
+            o = buffer_shuffle(e, sub.cost_bytes, 64, 1 << 40, rng_for(0, 0, 4, c, k))
+            parts[c].append((pick[e[o]], plan.anchor[plan.consumer_slice(c)][o]))
+    plain, stratified, seen = [], [], collections.Counter()
+    for rank in range(world):
+        per_plain, per_strat = [], []
+        for w in range(workers):
+            p = worker_plan(table, stride=3, per_episode=None, seed=0, epoch=0, world_size=world, rank=rank,
+                            num_workers=workers, worker=w, shuffle_windows=64, shuffle_bytes=1 << 40)
+            per_plain.append(stratum_cost[strata[p.episode]])
+            e, a = (np.concatenate(x) for x in zip(*parts[rank * workers + w]))
+            order = stratified_order(strata[e], 4, batch, seed=0, epoch=0, worker=w)
+            seen.update(zip(e[order].tolist(), a[order].tolist()))
+            per_strat.append(stratum_cost[strata[e[order]]])
+        plain.append(rank_steps(per_plain, batch))
+        stratified.append(rank_steps(per_strat, batch))
+    assert all(v == 1 for v in seen.values()) and len({len(s) for s in stratified}) == 1
+    a = epoch_summary(step_stats(np.stack(plain, axis=1)))
+    b = epoch_summary(step_stats(np.stack(stratified, axis=1)))
+    assert a["imbalance_mean"] > 1.2 and b["imbalance_mean"] < 1.03
+    assert b["step_time_padded"] < 0.8 * a["step_time_padded"]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,150 @@
+"""Loopback servers for the object-storage tests: an HTTP file server that honours Range or ignores
+it, and a fault-injecting TCP proxy (cut a response after N bytes, add latency per request)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import socket
+import threading
+import time
+
+
+class RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """``http.server`` file handler that answers ``Range: bytes=a-b`` with 206 and Content-Range."""
+
+    honour_range = True
+
+    def log_message(self, *args):
+        pass
+
+    def send_head(self):
+        path = self.translate_path(self.path)
+        match = re.match(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        if not self.honour_range or not match or not os.path.isfile(path):
+            return super().send_head()
+        size = os.path.getsize(path)
+        start = int(match.group(1))
+        stop = min(int(match.group(2)) + 1 if match.group(2) else size, size)
+        f = open(path, "rb")
+        f.seek(start)
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{size}")
+        self.send_header("Content-Length", str(stop - start))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        return _Limited(f, stop - start)
+
+
+class _Limited:
+    def __init__(self, f, n):
+        self.f, self.n = f, n
+
+    def read(self, size=-1):
+        size = self.n if size < 0 else min(size, self.n)
+        data = self.f.read(size)
+        self.n -= len(data)
+        return data
+
+    def close(self):
+        self.f.close()
+
+
+class IgnoreRangeHandler(RangeHandler):
+    honour_range = False
+
+
+def serve_http(folder: str, honour_range: bool = True) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Start a threaded HTTP server for ``folder`` on 127.0.0.1; returns (server, base URL)."""
+    handler = RangeHandler if honour_range else IgnoreRangeHandler
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=folder))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+class FaultProxy:
+    """TCP proxy to ``upstream`` (host, port) on 127.0.0.1.
+
+    ``cut_after``: cut the connection once a response to a ranged request (a shard read; metadata
+    reads have no Range header) has sent this many bytes (a response is what the server sends
+    after the client's latest request bytes), ``cuts`` times (``-1``: always).
+    ``match``: cut only responses to requests containing these bytes (e.g. one shard's name).
+    ``latency_s``: delay added before forwarding each request. ``cuts_done`` counts cuts.
+    """
+
+    def __init__(self, upstream: tuple[str, int], cut_after: int = 0, cuts: int = 0, latency_s: float = 0.0,
+                 match: bytes = b""):
+        self.upstream, self.cut_after, self.cuts, self.latency_s = upstream, cut_after, cuts, latency_s
+        self.match = match
+        self.cuts_done = 0
+        self._lock = threading.Lock()
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.port = self._sock.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _should_cut(self) -> bool:
+        with self._lock:
+            if self.cuts == -1 or self.cuts_done < self.cuts:
+                self.cuts_done += 1
+                return True
+            return False
+
+    def _accept(self):
+        while not self._closed:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket):
+        server = socket.create_connection(self.upstream)
+        state = {"sent": 0, "ranged": False}
+
+        def upstream_pump():
+            try:
+                while data := client.recv(65536):
+                    if self.latency_s:
+                        time.sleep(self.latency_s)
+                    state["sent"] = 0  # a new request: count its response from zero
+                    state["ranged"] = b"\r\nrange:" in data.lower() and self.match in data
+                    server.sendall(data)
+            except OSError:
+                pass
+            finally:
+                _close(server)
+
+        threading.Thread(target=upstream_pump, daemon=True).start()
+        try:
+            while data := server.recv(65536):
+                if (self.cut_after and state["ranged"] and state["sent"] + len(data) > self.cut_after
+                        and self._should_cut()):
+                    client.sendall(data[: max(self.cut_after - state["sent"], 0)])
+                    break
+                state["sent"] += len(data)
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _close(client)
+            _close(server)
+
+    def close(self):
+        self._closed = True
+        _close(self._sock)
+
+
+def _close(s: socket.socket):
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    s.close()
