@@ -19,11 +19,13 @@ reader applies its shard policy.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from .cache import RangeCache
 from .source import DatasetSource
 
 
@@ -43,6 +45,9 @@ class FetchPolicy:
             of the worker's other samples, flagged ``substitute``, so every rank keeps its batch count)
             or ``"raise"`` (strict).
         verify: compare each member with its sha256 from the index.
+        cache_dir / cache_bytes: keep fetched ranges in a local folder of at most ``cache_bytes``
+            (``stream.cache.RangeCache``; keyed by the shard's sha256, so never stale). Local
+            datasets are never cached.
     """
 
     mode: str = "stream"
@@ -54,6 +59,8 @@ class FetchPolicy:
     backoff_max_s: float = 2.0
     on_shard_error: str = "skip"
     verify: bool = True
+    cache_dir: str | None = None
+    cache_bytes: int = 10 << 30
 
     def __post_init__(self):
         if self.mode not in ("stream", "ranged") or self.on_shard_error not in ("skip", "raise"):
@@ -110,6 +117,8 @@ class Fetcher:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=policy.threads, thread_name_prefix="epishard-fetch")
         self._failed: dict[int, FetchError] = {}
+        remote = not os.path.isdir(source.url)
+        self._cache = RangeCache(policy.cache_dir, policy.cache_bytes) if policy.cache_dir and remote else None
         self._fill()
 
     def _requests(self, episodes) -> list[tuple[int, int, int]]:
@@ -141,6 +150,18 @@ class Fetcher:
                 self._next += 1
 
     def _fetch(self, shard: int, start: int, stop: int) -> bytes:
+        if self._cache is None:
+            return self._fetch_remote(shard, start, stop)
+        sha = self.source.manifest["shards"][shard]["sha256"]
+        data = self._cache.get(sha, start, stop)
+        if data is None:
+            data = self._fetch_remote(shard, start, stop)
+            self._cache.put(sha, start, stop, data)
+        else:
+            self.stats["cache_hits"] = self.stats.get("cache_hits", 0) + 1
+        return data
+
+    def _fetch_remote(self, shard: int, start: int, stop: int) -> bytes:
         fs = self.source.filesystem()
         path = self.source.shard_path(shard)
         size = int(self.source.manifest["shards"][shard]["size"])

@@ -190,3 +190,28 @@ def test_ranged_mode_reads_only_the_cameras_asked_for(local):
         wanted += front["offset"] + front["size"] - table["offset"]
     assert totals["ranged"] == wanted  # exactly the table and the one camera, not the wrist camera
     assert totals["stream"] > wanted
+
+
+def test_local_cache_serves_repeat_epochs_and_never_stale_data(local, tmp_path):
+    from stream.cache import RangeCache
+
+    server, _ = serve_http(local)
+    proxy = FaultProxy(server.server_address)
+    url, cache = f"http://127.0.0.1:{proxy.port}", str(tmp_path / "cache")
+    policy = FetchPolicy(cache_dir=cache, cache_bytes=10 << 20, retries=0, on_shard_error="raise")
+    try:
+        first = _samples(url, fetch=policy)
+        proxy.cut_after, proxy.cuts = 1, -1  # from now on every shard read through the network fails
+        second = _samples(url, fetch=policy)  # same plan (same seed and epoch): all ranges come from the cache
+    finally:
+        proxy.close()
+        server.shutdown()
+    expected = _samples(local)
+    _same(first, expected)
+    _same(second, expected)
+    assert proxy.cuts_done == 0 and os.listdir(cache)
+    small = RangeCache(str(tmp_path / "small"), max_bytes=100)
+    small.put("a" * 64, 0, 60, b"x" * 60)
+    small.put("b" * 64, 0, 60, b"y" * 60)  # evicts the older entry
+    assert small.get("a" * 64, 0, 60) is None and small.get("b" * 64, 0, 60) == b"y" * 60
+    assert small.get("c" * 64, 0, 60) is None  # a changed shard has another sha256: another key

@@ -175,6 +175,7 @@ def build_real(name: str, out: str) -> str | None:
     src = shared_data() / name
     if not src.exists():
         return None
+    log(f"converting {name} ...")
     convert([str(src)], out, ConvertOptions(progress=False))
     return out
 
@@ -629,7 +630,6 @@ def main() -> int:
         real = {}
         if need_real:
             for name in ("so101_bimanual_cloth", "unitree_g1_bottle_av1"):
-                log(f"converting {name} ...")
                 real[name] = build_real(name, os.path.join(tmp, name))
                 if real[name] is None:
                     say(f"SKIP: {shared_data() / name} is absent; its rows are skipped")
