@@ -7,6 +7,12 @@ and resume guarantee of the reader holds, because the permutation is a pure func
 (see ``balance.local``). Every sample carries its predicted cost as ``__cost__`` (float64) so the
 training loop can gather the step's costs for telemetry (``balance.telemetry.StepTelemetry``).
 
+Scope: ``local_order`` evens out cost variation *inside* each rank's stream (lengths varying within
+a dataset). When costs differ by dataset and datasets live in separate shards, each rank reads one
+dataset at a time and this does not help (tools/bench_balance.py, section (c): 1.00x); that case
+needs a plan cut per stratum and ``balance.local.stratified_order``, which belong in ``stream.plan``.
+A substitute sample (an episode that failed to fetch) carries the planned window's ``__cost__``.
+
 It relies on ``WindowDataset.plan`` and ``WindowDataset._generate``; the intended long-term home of
 this step is ``stream.plan.worker_plan`` itself (one more pure stage after the shuffle buffer).
 """
