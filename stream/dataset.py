@@ -84,13 +84,17 @@ class WindowDataset(IterableDataset):
         storage_options: fsspec options for URLs.
         fetch: how shard bytes are fetched (``FetchPolicy``: stream or ranged mode, prefetch
             budget, retries, and the shard policy when retries run out).
+        stratify: deal each dataset of a mix to the consumers on its own, so every worker of every
+            rank reads all datasets in proportion at the same pace (default: True when mixing).
+            Each worker then reads one shard per dataset side by side.
     """
 
     def __init__(self, sources, spec: WindowSpec, *, seed: int = 0, shuffle_windows: int = 512,
                  shuffle_bytes: int = 1 << 30, rank: int | None = None, world_size: int | None = None,
                  num_workers: int | None = None, postprocess: PostProcess | None = None,
                  normalize: dict[str, str] | None = None, telemetry: bool = False,
-                 storage_options: dict | None = None, fetch: FetchPolicy | None = None):
+                 storage_options: dict | None = None, fetch: FetchPolicy | None = None,
+                 stratify: bool | None = None):
         super().__init__()
         items = sources if isinstance(sources, list) else [sources]
         pairs = [item if isinstance(item, tuple) else (item, 1.0) for item in items]
@@ -112,6 +116,7 @@ class WindowDataset(IterableDataset):
             {col: Normalizer.from_stats(s.manifest["stats"][col], mode) for col, mode in (normalize or {}).items()}
             for s in self.sources
         ]
+        self.stratify = len(self.sources) > 1 if stratify is None else stratify
         self.table, self.episode_base = self._episode_table()
         self.epoch = 0
         self._resume: _Resume | None = None
@@ -141,8 +146,9 @@ class WindowDataset(IterableDataset):
             shard_base += len(source.shards)
             base.append(base[-1] + ix.num_episodes)
         cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
+        stratum = np.repeat(np.arange(len(self.sources)), np.diff(base)) if self.stratify else None
         return EpisodeTable(shard=cat[0], lo=cat[1].astype(np.int64), hi=cat[2].astype(np.int64), weight=cat[3],
-                            cost_bytes=cat[4]), np.asarray(base)
+                            cost_bytes=cat[4], stratum=stratum), np.asarray(base)
 
     def plan(self, epoch: int, rank: int, world_size: int, num_workers: int, consumer: int) -> WorkerPlan:
         """This consumer's windows for ``epoch`` (global episode numbers), in yield order."""

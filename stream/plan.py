@@ -39,7 +39,8 @@ class EpisodeTable:
 
     ``shard``: global shard number; ``lo``/``hi``: anchor range ``[lo, hi)`` for the window spec;
     ``weight``: window-count multiplier (dataset mixing weight); ``cost_bytes``: bytes an episode
-    holds in a shuffle buffer while loaded.
+    holds in a shuffle buffer while loaded; ``stratum``: optional stratum per episode (e.g. its
+    dataset), constant within a shard: each stratum is then dealt to consumers on its own.
     """
 
     shard: np.ndarray
@@ -47,6 +48,7 @@ class EpisodeTable:
     hi: np.ndarray
     weight: np.ndarray
     cost_bytes: np.ndarray
+    stratum: np.ndarray | None = None
 
     @property
     def num_episodes(self) -> int:
@@ -109,7 +111,14 @@ class GlobalPlan:
 
 
 def global_plan(table: EpisodeTable, stride: int, per_episode, seed: int, epoch: int, consumers: int) -> GlobalPlan:
-    """Every window of the epoch in read order, trimmed to a multiple of ``consumers``."""
+    """Every window of the epoch in read order, trimmed to a multiple of ``consumers``.
+
+    With ``table.stratum``, each stratum's windows are cut into ``consumers`` equal contiguous
+    ranges on their own (its remainder dropped at random), and each consumer's ranges are
+    interleaved in proportion, episode by episode: every consumer then reads every stratum in the
+    same proportion at the same pace, which is what step-wise cost balancing across ranks needs
+    when strata (datasets) differ in cost and live in separate shards.
+    """
     order = episode_order(table, seed, epoch)
     episodes, anchors = [], []
     for e in order:
@@ -119,12 +128,46 @@ def global_plan(table: EpisodeTable, stride: int, per_episode, seed: int, epoch:
         anchors.append(a)
     episode = np.concatenate(episodes) if episodes else np.zeros(0, dtype=np.int64)
     anchor = np.concatenate(anchors) if anchors else np.zeros(0, dtype=np.int64)
-    dropped = int(episode.size % consumers)
-    if dropped:
-        keep = np.ones(episode.size, dtype=bool)
-        keep[rng_for(seed, epoch, _SALT_DROP).choice(episode.size, size=dropped, replace=False)] = False
-        episode, anchor = episode[keep], anchor[keep]
-    return GlobalPlan(episode=episode, anchor=anchor, per_consumer=int(episode.size // consumers), dropped=dropped)
+    strata = np.zeros(episode.size, dtype=np.int64) if table.stratum is None else table.stratum[episode]
+    cuts = []  # per stratum: (episode, anchor, windows per consumer)
+    dropped = 0
+    for k in np.unique(strata):
+        e_k, a_k = episode[strata == k], anchor[strata == k]
+        extra = int(e_k.size % consumers)
+        if extra:
+            keep = np.ones(e_k.size, dtype=bool)
+            keep[rng_for(seed, epoch, _SALT_DROP, int(k)).choice(e_k.size, size=extra, replace=False)] = False
+            e_k, a_k = e_k[keep], a_k[keep]
+        cuts.append((e_k, a_k, e_k.size // consumers))
+        dropped += extra
+    if len(cuts) == 1:
+        e, a, n = cuts[0]
+        return GlobalPlan(episode=e, anchor=a, per_consumer=n, dropped=dropped)
+    parts_e, parts_a = [], []
+    for c in range(consumers):
+        pieces = [(e[c * n:(c + 1) * n], a[c * n:(c + 1) * n]) for e, a, n in cuts]
+        e_c, a_c = _interleave(pieces)
+        parts_e.append(e_c)
+        parts_a.append(a_c)
+    return GlobalPlan(episode=np.concatenate(parts_e), anchor=np.concatenate(parts_a),
+                      per_consumer=sum(n for _, _, n in cuts), dropped=dropped)
+
+
+def _interleave(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Merge per-stratum window runs, keeping each episode's windows together, ordered by how far
+    through its stratum's part the episode's middle window lies (a proportional interleave)."""
+    runs = []  # (key, stratum, episode windows)
+    for k, (e, a) in enumerate(pieces):
+        if e.size == 0:
+            continue
+        starts = np.flatnonzero(np.r_[True, e[1:] != e[:-1]])
+        ends = np.r_[starts[1:], e.size]
+        for s, t in zip(starts.tolist(), ends.tolist()):
+            runs.append(((s + t) / 2 / e.size, k, e[s:t], a[s:t]))
+    runs.sort(key=lambda r: (r[0], r[1]))
+    if not runs:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate([r[2] for r in runs]), np.concatenate([r[3] for r in runs])
 
 
 def buffer_shuffle(window_episode: np.ndarray, cost_bytes: np.ndarray, capacity: int, capacity_bytes: int,

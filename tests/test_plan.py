@@ -7,6 +7,8 @@ orders) over grids of world sizes x workers, datasets, seeds and epochs.
 
 from __future__ import annotations
 
+import collections
+
 import math
 
 import numpy as np
@@ -629,3 +631,35 @@ def test_anchor_range_is_exactly_the_inside_anchors(spec):
         lo, hi = spec.anchor_range(n, cams)
         inside = [a for a in range(-50, n + 50) if np.all((a + offs >= 0) & (a + offs < n))]
         assert list(range(lo, hi)) == inside
+
+
+@pytest.mark.parametrize("world,workers", [(1, 1), (2, 2), (4, 2), (8, 4)])
+def test_stratified_plan_deals_every_stratum_evenly_and_exactly_once(world, workers):
+    rng = np.random.default_rng(3)
+    n = 40
+    shard = np.repeat(np.arange(10), 4)  # strata own whole shards: shards 0-5 stratum 0, 6-9 stratum 1
+    stratum = (shard >= 6).astype(np.int64)
+    lengths = rng.integers(5, 80, size=n)
+    table = EpisodeTable(shard=shard, lo=np.zeros(n, np.int64), hi=lengths.astype(np.int64), weight=np.ones(n),
+                         cost_bytes=np.full(n, 10, np.int64), stratum=stratum)
+    consumers = world * workers
+    plan = global_plan(table, 1, None, 5, 1, consumers)
+    per_stratum = [int(lengths[stratum == k].sum()) for k in (0, 1)]
+    assert plan.dropped == sum(t % consumers for t in per_stratum)
+    assert plan.per_consumer == sum(t // consumers for t in per_stratum)
+    every = collections.Counter(zip(plan.episode.tolist(), plan.anchor.tolist()))
+    assert all(c == 1 for c in every.values()) and len(every) == sum(per_stratum) - plan.dropped
+    got = collections.Counter()
+    for rank in range(world):
+        for worker in range(workers):
+            wp = worker_plan(table, stride=1, per_episode=None, seed=5, epoch=1, world_size=world, rank=rank,
+                             num_workers=workers, worker=worker, shuffle_windows=0, shuffle_bytes=0)
+            counts = [int(np.sum(stratum[wp.episode] == k)) for k in (0, 1)]
+            assert counts == [t // consumers for t in per_stratum]  # every consumer: the same share of each
+            got.update(zip(wp.episode.tolist(), wp.anchor.tolist()))
+    assert got == every
+    # Proportional interleave: in every half of a consumer's plan both strata appear.
+    part = plan.episode[plan.consumer_slice(0)]
+    half = part.size // 2
+    if half > 100:
+        assert set(stratum[part[:half]]) == {0, 1} and set(stratum[part[half:]]) == {0, 1}

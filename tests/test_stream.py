@@ -204,3 +204,28 @@ def test_real_datasets_return_the_source_frames_of_their_rows(name, tmp_path):
             want = VideoDecoder(video.source).get_frames_at([first + int(frame_index[row + o]) for o in segment(0, 16, 5)]).data
             assert torch.equal(s[cam], want), (name, cam, row)
         assert torch.equal(s["action"][0], torch.tensor(table.column("action")[row].as_py(), dtype=torch.float32))
+
+
+def test_mixing_datasets_with_weights_deals_each_to_every_worker(dataset, tmp_path):
+    other = tmp_path / "other"
+    eps = [Episode(source="other", episode_index=e, table=make_episode_table(n, fps=FPS), fps=FPS, tasks=("other",),
+                   videos={"observation.images.front": CameraVideo(make_video(None, n, gop=10, fps=FPS,
+                                                                              start_number=30000 + 1000 * e))})
+           for e, n in enumerate([30, 26, 41])]
+    convert([Source(name="other", episodes=eps, fps=FPS)], str(other), ConvertOptions(progress=False))
+    spec = WindowSpec(cameras={"observation.images.front": (0, 4)}, boundary="pad", stride=2)
+    mixed = WindowDataset([(dataset, 1.0), (str(other), 2.0)], spec, seed=0)
+    assert mixed.stratify
+    samples = list(DataLoader(mixed, batch_size=None, num_workers=2))
+    by = collections.Counter(int(s["dataset"]) for s in samples)
+    first = sum(len(range(0, n, 2)) for n in LENGTHS)
+    second = 2 * sum(len(range(0, n, 2)) for n in [30, 26, 41])
+    assert abs(by[0] - first) <= 2 and abs(by[1] - second) <= 4  # weight 2: every anchor twice
+    for s in samples:
+        base = 30000 if s["dataset"] == 1 else 0
+        rows = np.clip(int(s["frame_index"]) + np.array([0, 4]), 0, None)
+        n = [30, 26, 41][int(s["episode_index"])] if s["dataset"] == 1 else LENGTHS[int(s["episode_index"])]
+        want = base + 1000 * int(s["episode_index"]) + np.minimum(rows, n - 1)
+        assert [decode_frame_number(f) for f in s["observation.images.front"]] == want.tolist()
+    halves = [samples[: len(samples) // 2], samples[len(samples) // 2:]]
+    assert all({int(s["dataset"]) for s in h} == {0, 1} for h in halves)
