@@ -126,8 +126,14 @@ def stratified_order(strata: np.ndarray, num_strata: int, batch_size: int, seed:
                                   worker * num_strata + k)]
         queues.append(pos)
     full = counts // batch_size
-    schedule = np.random.default_rng([seed & 0xFFFFFFFF, epoch, _SALT_STRATA, worker]).permutation(
-        np.repeat(np.arange(num_strata), full))
+    # Proportional schedule with a random phase per stratum: stratum k's j-th batch goes at
+    # (j + u_k) / full_k of the epoch. Every rank derives the same schedule, and a worker never runs
+    # more than about one batch per stratum ahead of its read order (bounded memory), unlike a
+    # uniformly random order of the batches.
+    phase = np.random.default_rng([seed % (1 << 64), epoch, _SALT_STRATA, worker]).random(num_strata)
+    keys = np.concatenate([(np.arange(f) + phase[k]) / f for k, f in enumerate(full.tolist()) if f])
+    labels = np.concatenate([np.full(f, k) for k, f in enumerate(full.tolist()) if f]) if full.any() else np.zeros(0, np.int64)
+    schedule = labels[np.argsort(keys, kind="stable")] if full.any() else labels
     taken = np.zeros(num_strata, dtype=np.int64)
     out = []
     for k in schedule.tolist():

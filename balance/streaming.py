@@ -8,9 +8,9 @@ and resume guarantee of the reader holds, because the permutation is a pure func
 training loop can gather the step's costs for telemetry (``balance.telemetry.StepTelemetry``).
 
 Scope: ``local_order`` evens out cost variation *inside* each rank's stream (lengths varying within
-a dataset). When costs differ by dataset and datasets live in separate shards, each rank reads one
-dataset at a time and this does not help (tools/bench_balance.py, section (c): 1.00x); that case
-needs a plan cut per stratum and ``balance.local.stratified_order``, which belong in ``stream.plan``.
+a dataset). When datasets are mixed, the reader's plan deals every dataset to every consumer evenly
+(``stream.plan``, per-stratum cut), and ``stratified_order`` then makes each step come from one
+dataset on every rank, cost-sorted inside it (tools/bench_balance.py, section (c), "reader").
 A substitute sample (an episode that failed to fetch) carries the planned window's ``__cost__``.
 
 It relies on ``WindowDataset.plan`` and ``WindowDataset._generate``; the intended long-term home of
@@ -27,7 +27,7 @@ from stream.dataset import WindowDataset
 from stream.plan import WorkerPlan
 
 from .cost import CostFn, WindowCost
-from .local import local_order
+from .local import local_order, stratified_order
 
 
 class BalancedWindowDataset(WindowDataset):
@@ -50,7 +50,11 @@ class BalancedWindowDataset(WindowDataset):
     def plan(self, epoch: int, rank: int, world_size: int, num_workers: int, consumer: int) -> WorkerPlan:
         plan = super().plan(epoch, rank, world_size, num_workers, consumer)
         costs = self.cost(plan.episode, plan.anchor)
-        order = local_order(costs, self.batch_size, self.chunk_batches, self.seed, epoch, consumer)
+        if self.table.stratum is None:
+            order = local_order(costs, self.batch_size, self.chunk_batches, self.seed, epoch, consumer)
+        else:  # mixed datasets, each dealt to every consumer evenly: every step from one dataset on all ranks
+            order = stratified_order(self.table.stratum[plan.episode], len(self.sources), self.batch_size, self.seed,
+                                     epoch, consumer, costs, self.chunk_batches)
         return dataclasses.replace(plan, episode=plan.episode[order], anchor=plan.anchor[order])
 
     def _generate(self, plan: WorkerPlan, skip: int, telemetry):

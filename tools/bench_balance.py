@@ -35,6 +35,7 @@ Sections:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -56,7 +57,7 @@ from stream.plan import EpisodeTable, buffer_shuffle, global_plan, rng_for, work
 D_MODEL = 2048
 MIX = {"gr00t_robot_sim_picknplace": 4.0, "so101_bimanual_cloth": 2.0, "unitree_g1_bottle_av1": 0.5,
        "so101_record_test_v30_novideo": 4.0}
-VARIANTS = ("plain", "local", "stratified", "global")
+VARIANTS = ("plain", "local", "stratified", "reader", "global")
 ASSUMED_GOP = 2  # LeRobot's default for libsvtav1 (g=2), for datasets without video files
 
 
@@ -228,7 +229,8 @@ def streaming(mix: RealMix, model: str, world: int, batch: int, workers: int, ch
     strata = (np.searchsorted(mix.base, np.arange(table.num_episodes), side="right") - 1).astype(np.int64)
     cost, key = mix.cost[model], ("step_time_padded" if model == "compute" else "step_time_packed")
     strat_plans = _stratified_plans(table, strata, world * workers, seed)
-    layouts = {"plain": [], "local": [], "stratified": []}
+    layouts = {"plain": [], "local": [], "stratified": [], "reader": []}
+    table_s = dataclasses.replace(table, stratum=strata)  # what WindowDataset does when mixing datasets
     windows = []
     for rank in range(world):
         per = {k: [] for k in layouts}
@@ -239,6 +241,11 @@ def streaming(mix: RealMix, model: str, world: int, batch: int, workers: int, ch
             per["plain"].append(c)
             per["local"].append(c[local_order(c, batch, chunk_batches, seed, 0, w)])
             windows.append(c)
+            q = worker_plan(table_s, stride=1, per_episode=None, seed=seed, epoch=0, world_size=world, rank=rank,
+                            num_workers=workers, worker=w, shuffle_windows=512, shuffle_bytes=1 << 62)
+            cq = cost(q.episode, q.anchor)
+            kq = strata[q.episode]
+            per["reader"].append(cq[stratified_order(kq, len(mix.metas), batch, seed, 0, w, cq, chunk_batches)])
             e, a, k = strat_plans[rank * workers + w]
             cs = cost(e, a)
             per["stratified"].append(cs[stratified_order(k, len(mix.metas), batch, seed, 0, w, cs, chunk_batches)])
