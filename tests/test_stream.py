@@ -4,6 +4,7 @@ and on the real datasets in ../shared/data (skipped when absent)."""
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -229,3 +230,24 @@ def test_mixing_datasets_with_weights_deals_each_to_every_worker(dataset, tmp_pa
         assert [decode_frame_number(f) for f in s["observation.images.front"]] == want.tolist()
     halves = [samples[: len(samples) // 2], samples[len(samples) // 2:]]
     assert all({int(s["dataset"]) for s in h} == {0, 1} for h in halves)
+
+
+def test_memory_stays_flat_across_epochs(dataset):
+    import gc
+
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    spec = WindowSpec(cameras={c: segment(0, 8, 3) for c in CAMS}, action_horizon=4, boundary="pad")
+    ds = WindowDataset(dataset, spec, seed=0)
+    for _ in range(2):  # warm up allocators and caches
+        for _ in ds:
+            pass
+    gc.collect()
+    before = rss_mb()
+    for _ in range(6):
+        for _ in ds:
+            pass
+    gc.collect()
+    assert rss_mb() - before < 40, (before, rss_mb())  # no decoder, episode or sample kept between epochs
