@@ -118,19 +118,23 @@ class StepTelemetry:
     """
 
     def __init__(self):
-        self.steps: list[np.ndarray] = []
+        self.steps: list[StepStats] = []
 
     def add(self, rank_costs: np.ndarray) -> dict:
-        """Record one step; returns its telemetry ``{"imbalance", "padded_time", "packed_time", "padding"}``."""
-        c = np.asarray(rank_costs, dtype=np.float64)[None]
-        self.steps.append(c[0])
-        s = step_stats(c)
+        """Record one step; returns its telemetry ``{"imbalance", "padded_time", "packed_time", "padding"}``.
+
+        Steps may differ in batch size (an epoch's last, partial batch)."""
+        s = step_stats(np.asarray(rank_costs, dtype=np.float64)[None])
+        self.steps.append(s)
         return {"imbalance": float(s.imbalance[0]), "padded_time": float(s.padded_time[0]),
                 "packed_time": float(s.packed_time[0]), "padding": float(s.padding[0])}
 
     def summary(self, reset: bool = True) -> dict:
         """``epoch_summary`` of the steps recorded so far (then forgets them when ``reset``)."""
-        out = epoch_summary(step_stats(np.stack(self.steps))) if self.steps else {"steps": 0}
+        if not self.steps:
+            return {"steps": 0}
+        merged = StepStats(**{f: np.concatenate([getattr(s, f) for s in self.steps])
+                              for f in ("max_rank", "mean_rank", "imbalance", "padded_time", "packed_time", "padding")})
         if reset:
             self.steps = []
-        return out
+        return epoch_summary(merged)

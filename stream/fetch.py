@@ -292,7 +292,7 @@ def episode_ranges(index, episode: int, cameras: list[int]) -> tuple[int, list[t
     of ``episode`` (member ranges in tar order)."""
     from shardwriter.format import DATA_EXT
 
-    m0, m1 = int(index.episode_members[episode]), int(index.episode_members[episode + 1])
+    m0 = int(index.episode_members[episode])
     names = index.table.column("members")[episode].values.field("name").to_pylist()
     shas = index.table.column("members")[episode].values.field("sha256").to_pylist()
     data = m0 + next(i for i, n in enumerate(names) if n.endswith("." + DATA_EXT))

@@ -416,3 +416,15 @@ def test_balanced_reader_resumes_exactly(balanced_loader_factory, workers, cut):
     plain = [_keys_of(b) for b in balanced_loader_factory(workers=workers, balanced=False)]
     assert sorted(sum(plain, [])) == sorted(sum(full[:len(plain)], []))  # same windows ...
     assert plain != full[:len(plain)]  # ... in the balanced order
+
+
+def test_step_telemetry_accepts_a_partial_last_batch():
+    from balance import StepTelemetry
+
+    t = StepTelemetry()
+    t.add(np.array([[1.0, 3.0], [2.0, 2.0]]))
+    t.add(np.array([[5.0], [1.0]]))  # the epoch's last, partial batch
+    s = t.summary()
+    assert s["steps"] == 2
+    assert s["imbalance_mean"] == pytest.approx((1.0 + 5.0 / 3.0) / 2)
+    assert s["step_time_padded"] == pytest.approx((6.0 + 5.0) / 2)

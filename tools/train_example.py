@@ -13,6 +13,15 @@ Two nodes (run on each, NODE = 0 or 1):
         tools/train_example.py s3://bucket/dataset --checkpoint /shared/ckpt
 Resume: the same command with ``--resume`` (same number of processes and workers; another count
 is refused with a clear error, because every rank's share of the epoch would change).
+
+Balancing (``--balance``): the reader is ``balance.streaming.BalancedWindowDataset``; each rank
+reorders its own stream in chunks of ``--chunk-batches`` batches so that every step's batches have
+similar cost on all ranks (cost: ``balance.cost.CostModel`` sequence tokens = instruction tokens +
+vision tokens + action steps, known from the index before decoding). Every step the batches' costs
+are gathered from all ranks (one small ``all_gather``) into ``balance.telemetry.StepTelemetry``;
+rank 0 prints a summary per epoch and for the run (max/mean rank cost, padded and packed step cost,
+padding fraction). ``--balance --chunk-batches 1`` keeps the plain reader's batches (it only sorts
+inside each batch) and so gives the telemetry of the unbalanced run for comparison.
 """
 
 from __future__ import annotations
@@ -23,10 +32,12 @@ import os
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from balance.telemetry import StepTelemetry
 from stream import DatasetSource, PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
 
 
@@ -71,6 +82,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--stop-after", type=int, default=0, help="exit after this many steps (simulates a crash; for tests)")
     p.add_argument("--dump-keys", help="write this rank's (epoch, step, episode, frame) sample keys to DUMP.rank<R>.jsonl")
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--balance", action="store_true",
+                   help="cost-balanced batches (balance.streaming.BalancedWindowDataset) and per-step cost telemetry")
+    p.add_argument("--chunk-batches", type=int, default=16,
+                   help="with --balance: reordering horizon in batches per worker (1: the plain reader's batches)")
     return p.parse_args()
 
 
@@ -104,6 +119,34 @@ def save(folder: str, rank: int, model, optimizer, loader: WindowLoader, step: i
         dist.barrier()
 
 
+def gather_costs(costs: torch.Tensor, world: int) -> np.ndarray:
+    """float64 ``[world, batch]``: this step's per-sample costs (``__cost__``) on every rank.
+
+    Every rank's batch has the same size in every step (the reader's guarantee), so a plain
+    ``all_gather`` works; on NCCL the tensor goes through the device.
+    """
+    costs = costs.to(torch.float64)
+    if not dist.is_initialized():
+        return costs.numpy()[None]
+    if dist.get_backend() == "nccl":
+        costs = costs.cuda()
+    parts = [torch.empty_like(costs) for _ in range(world)]
+    dist.all_gather(parts, costs)
+    return torch.stack(parts).cpu().numpy()
+
+
+def report_balance(s: dict, label: str, world: int) -> None:
+    """Print one telemetry summary (a line for people, a JSON line for tools)."""
+    if not s["steps"]:
+        print(f"balance telemetry {label}: no steps", flush=True)
+        return
+    print(f"balance telemetry {label}: {s['steps']} steps over {world} ranks, max/mean rank cost "
+          f"{s['imbalance_mean']:.3f} mean (p95 {s['imbalance_p95']:.3f}, max {s['imbalance_max']:.3f}, "
+          f"whole {s['imbalance_total']:.3f}), step cost padded {s['step_time_padded']:.1f} / packed "
+          f"{s['step_time_packed']:.1f}, padding {100 * s['padding']:.1f}%", flush=True)
+    print("balance telemetry json " + json.dumps({"label": label, "world_size": world, **s}), flush=True)
+
+
 def main() -> int:
     args = parse()
     rank, world, device = setup()
@@ -112,8 +155,13 @@ def main() -> int:
     per = int(args.per_episode) if args.per_episode and args.per_episode > 1 else args.per_episode
     spec = WindowSpec(cameras={c: segment(0, args.span - 1, args.frames) for c in cams}, state_offsets=(-1, 0),
                       action_horizon=args.horizon, boundary="pad", per_episode=per)
-    ds = WindowDataset(source, spec, seed=args.seed, postprocess=PostProcess(size=(args.size, args.size)),
-                       normalize={"action": "mean_std", "observation.state": "mean_std"})
+    kw = dict(seed=args.seed, postprocess=PostProcess(size=(args.size, args.size)),
+              normalize={"action": "mean_std", "observation.state": "mean_std"})
+    if args.balance:
+        from balance.streaming import BalancedWindowDataset
+        ds = BalancedWindowDataset(source, spec, batch_size=args.batch_size, chunk_batches=args.chunk_batches, **kw)
+    else:
+        ds = WindowDataset(source, spec, **kw)
     loader = WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
                           persistent_workers=args.workers > 0)
     features = source.manifest["features"]
@@ -133,6 +181,7 @@ def main() -> int:
     keys = open(f"{args.dump_keys}.rank{rank}.jsonl", "a" if args.resume else "w") if args.dump_keys else None
     data_wait = compute = 0.0
     steps_run = 0
+    telemetry = (StepTelemetry(), StepTelemetry()) if args.balance else None  # this epoch, the whole run
     for epoch in range(first_epoch, args.epochs):
         tick = time.perf_counter()
         for batch in loader:
@@ -147,6 +196,11 @@ def main() -> int:
             optimizer.step()
             step += 1
             steps_run += 1
+            if telemetry is not None:  # one small all_gather per step (after DDP's own sync in backward)
+                step_costs = gather_costs(batch["__cost__"], world)
+                if rank == 0:
+                    for t in telemetry:
+                        t.add(step_costs)
             tick = time.perf_counter()
             compute += tick - got
             if keys:
@@ -163,6 +217,8 @@ def main() -> int:
                 return 0
         if args.checkpoint:
             save(args.checkpoint, rank, model, optimizer, loader, step)
+        if telemetry is not None and rank == 0:
+            report_balance(telemetry[0].summary(), f"epoch {epoch}", world)
     summary = torch.tensor([data_wait, compute, float(steps_run)])
     if dist.is_initialized():
         gathered = [torch.zeros(3) for _ in range(world)]
@@ -173,6 +229,8 @@ def main() -> int:
         for r, (wait, comp, n) in enumerate(t.tolist() for t in gathered):
             print(f"rank {r}: {int(n)} steps, data wait {wait:.2f}s ({100 * wait / max(wait + comp, 1e-9):.0f}% of "
                   f"step time), compute {comp:.2f}s", flush=True)
+        if telemetry is not None:
+            report_balance(telemetry[1].summary(reset=False), "run", world)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
