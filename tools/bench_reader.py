@@ -44,8 +44,8 @@ samples per round and side (default 96), rounded up to whole epochs of 4 windows
    same video members: so101 (MPEG-4 224x224, 10 videos), unitree_g1_bottle_av1 (AV1 640x480, 4
    videos) and the generated H.264 256x256 (one camera of each of the 6 episodes; the
    frame-numbered content is far simpler to decode than camera footage). fps per CPU second (user+sys; for ffmpeg from the
-   child's rusage), fps per wall second, and ffmpeg's per-process startup (``-frames:v 1``)
-   subtracted for a second fraction. Reported: reader fps / ffmpeg fps. For attribution only, a
+   child's rusage), fps per wall second, and ffmpeg's per-process startup (the same command with
+   ``-frames:v 1``, timed in the same rounds) subtracted for a second fraction. Reported: reader fps / ffmpeg fps. For attribution only, a
    third side fetches the same frames from the same decoder 32 at a time (no full-video tensor).
 
 Real datasets come from ../shared/data (or ``$EPISHARD_SHARED_DATA``), converted with
@@ -546,8 +546,6 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
             dd = re.findall(r"(dup|drop)=\s*(\d+)", err)
             if any(int(x) for _, x in dd):
                 log(f"warning: ffmpeg reported {dd} for {v['path']}")
-        startup = [_ffmpeg(v["path"], ["-frames:v", "1"]) for v in videos]
-        startup_cpu, startup_wall = sum(s[1] for s in startup), sum(s[0] for s in startup)
         tensors = []
 
         def reader():
@@ -568,21 +566,26 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
                     dec.get_frames_at(list(range(i, min(i + 32, v["n"]))))
             return {"wall": time.perf_counter() - t, "cpu": time.process_time() - cpu}
 
-        def ffmpeg():
+        def ffmpeg(extra=()):
             wall = cpu = 0.0
             for v in videos:
-                w, c, _ = _ffmpeg(v["path"], [])
+                w, c, _ = _ffmpeg(v["path"], list(extra))
                 wall, cpu = wall + w, cpu + c
             return {"wall": wall, "cpu": cpu}
 
-        res = alternate(rounds, {"reader": reader, "ffmpeg": ffmpeg, "chunked": chunked})
+        res = alternate(rounds, {"reader": reader, "ffmpeg": ffmpeg, "startup": lambda: ffmpeg(["-frames:v", "1"]),
+                                 "chunked": chunked})
+        startup_cpu = med([r["cpu"] for r in res["startup"]])
+        startup_wall = med([r["wall"] for r in res["startup"]])
         if tensors != [v["n"] for v in videos] or counts != tensors:
             log(f"warning: frame counts differ: index {[v['n'] for v in videos]}, reader {tensors}, ffmpeg {counts}")
         r_cpu = frames / med([r["cpu"] for r in res["reader"]])
         f_cpu = frames / med([r["cpu"] for r in res["ffmpeg"]])
         r_wall = frames / med([r["wall"] for r in res["reader"]])
         f_wall = frames / med([r["wall"] for r in res["ffmpeg"]])
-        f_cpu_net = frames / max(med([r["cpu"] for r in res["ffmpeg"]]) - startup_cpu, 1e-9)
+        # ffmpeg without its per-process startup: median of per-round differences (same round, same load).
+        net = med([f["cpu"] - st["cpu"] for f, st in zip(res["ffmpeg"], res["startup"])])
+        f_cpu_net = frames / net if net > 0 else float("nan")
         c_cpu = frames / med([r["cpu"] for r in res["chunked"]])
         say(f"  {label:<44}{frames:>7}{r_cpu:>15.0f}{f_cpu:>15.0f}{r_cpu / f_cpu:>9.2f}{r_cpu / f_cpu_net:>10.2f}"
             f"{r_wall:>16.0f}{f_wall:>16.0f}{c_cpu:>14.0f}{c_cpu / f_cpu_net:>10.2f}")
@@ -593,7 +596,8 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
               "reader_fps_per_wall_s": r_wall, "ffmpeg_fps_per_wall_s": f_wall, "fraction_wall": r_wall / f_wall,
               "ffmpeg_startup_wall_s_per_video": startup_wall / len(videos),
               "chunked_fps_per_cpu_s": c_cpu, "fraction_chunked_cpu_without_startup": c_cpu / f_cpu_net,
-              "rounds_reader": res["reader"], "rounds_ffmpeg": res["ffmpeg"], "rounds_chunked": res["chunked"]})
+              "rounds_reader": res["reader"], "rounds_ffmpeg": res["ffmpeg"], "rounds_ffmpeg_startup": res["startup"],
+              "rounds_chunked": res["chunked"]})
     say("  fraction = reader fps / ffmpeg fps per CPU second; -startup: ffmpeg's per-process cost "
         "(its run with -frames:v 1) taken out of the ffmpeg side;")
     say("  chunked (attribution only): the reader's decoder fetching 32 frames per call instead of all at once "
