@@ -163,6 +163,21 @@ class WindowIndex:
         a, b = self.episode_cams[episode], self.episode_cams[episode + 1]
         return self.cam_names.slice(int(a), int(b - a)).to_pylist()
 
+    def camera_streams(self, name: str) -> np.ndarray:
+        """int64 ``[num_episodes]``: the stream of camera ``name`` in every episode.
+
+        Raises:
+            KeyError: an episode has no such camera (naming the first one).
+        """
+        names = self.cam_names.to_numpy(zero_copy_only=False)
+        hits = np.flatnonzero(names == name)
+        episode_of_stream = np.searchsorted(self.episode_cams, hits, side="right") - 1
+        out = np.full(self.num_episodes, -1, dtype=np.int64)
+        out[episode_of_stream] = hits
+        if np.any(out < 0):
+            raise KeyError(f"episode {self.key(int(np.flatnonzero(out < 0)[0]))} has no camera {name!r}")
+        return out
+
     def stream(self, episode: int, camera: int) -> int:
         """Flat camera-stream number of the episode's ``camera``-th camera (sorted by name)."""
         return int(self.episode_cams[episode] + camera)

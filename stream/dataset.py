@@ -40,7 +40,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .episode import LoadedEpisode, Normalizer
-from .plan import EpisodeTable, WorkerPlan, worker_plan
+from .plan import EpisodeTable, WorkerPlan, global_plan, worker_plan
 from .fetch import FetchError, FetchPolicy, Fetcher, episode_ranges
 from .source import DatasetSource
 from .spec import WindowSpec
@@ -139,7 +139,7 @@ class WindowDataset(IterableDataset):
             cost = np.zeros(ix.num_episodes, dtype=np.int64)
             itemsize = torch.empty(0, dtype=self.post.dtype).element_size()
             for cam in offsets:
-                streams = np.array([ix.stream(e, ix.camera_names(e).index(cam)) for e in range(ix.num_episodes)])
+                streams = ix.camera_streams(cam)
                 size = np.array(self.post.size) if self.post.size else np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1)
                 cost += ix.cam_size[streams] + ix.num_rows * 3 * np.prod(size, axis=-1) * itemsize
             parts.append((ix.shard.astype(np.int64) + shard_base, lo, hi, np.full(ix.num_episodes, weight), cost))
@@ -156,12 +156,17 @@ class WindowDataset(IterableDataset):
                            epoch=epoch, world_size=world_size, rank=rank, num_workers=num_workers, worker=consumer,
                            shuffle_windows=self.shuffle_windows, shuffle_bytes=self.shuffle_bytes)
 
+    def windows_per_consumer(self, epoch: int, world_size: int, num_workers: int) -> int:
+        """Windows each (rank, worker) yields in ``epoch``: the planner's count, without the shuffle."""
+        return global_plan(self.table, self.spec.stride, self.spec.per_episode, self.seed, epoch,
+                           world_size * num_workers).per_consumer
+
     def samples_per_rank(self, num_workers: int | None = None, world_size: int | None = None, epoch: int = 0) -> int:
         """Samples every rank yields in ``epoch`` (the same on all ranks)."""
         _, world = _distributed(self._rank, self._world_size)
         world = world_size or world
         workers = max(num_workers if num_workers is not None else (self.num_workers or 0), 1)
-        return len(self.plan(epoch, 0, world, workers, 0)) * workers
+        return self.windows_per_consumer(epoch, world, workers) * workers
 
     def __len__(self) -> int:
         return self.samples_per_rank(epoch=self.epoch)
@@ -302,7 +307,7 @@ class WindowDataset(IterableDataset):
         if batches is None:
             consumed = [self._consumed]
         else:
-            per = len(self.plan(epoch, rank, world, workers, 0))
+            per = self.windows_per_consumer(epoch, world, workers)
             consumed = [min(-(-(batches - w) // workers) * batch_size, per) if batches > w else 0 for w in range(workers)]
         return {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "world_size": world, "num_workers": workers,
                 "rank": rank, "consumed": consumed, "rotation": (batches or 0) % workers}
@@ -322,7 +327,7 @@ class WindowDataset(IterableDataset):
                 raise ValueError(f"cannot resume: the state was saved with {name}={state[name]}, this run has "
                                  f"{name}={now}. Resume with the same settings, or start the next epoch fresh "
                                  f"with set_epoch({state['epoch'] + 1}).")
-        per = len(self.plan(state["epoch"], rank, world, workers, 0))
+        per = self.windows_per_consumer(state["epoch"], world, workers)
         if all(c >= per for c in state["consumed"]):
             self.epoch, self._resume = state["epoch"] + 1, None  # the epoch was finished
         else:

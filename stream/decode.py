@@ -40,19 +40,36 @@ class DecodeError(RuntimeError):
     """A video member did not decode; the message names the episode key and camera."""
 
 
-def decode(data: bytes, frames: np.ndarray, mappings: str, *, where: str) -> torch.Tensor:
-    """Decode ``frames`` (sorted unique int64 frame numbers) of one video in one call.
+def decode(data: bytes, frames: np.ndarray, mappings: str, *, where: str, post=None,
+           max_bytes: int = 256 << 20, height: int = 0, width: int = 0) -> tuple[torch.Tensor, int, float]:
+    """Decode ``frames`` (sorted unique int64 frame numbers) of one video with one decoder.
+
+    One ``get_frames_at`` call takes them all, unless the decoded RGB frames (``height x width x 3``
+    bytes each) would exceed ``max_bytes``: then consecutive calls of at most that many bytes on the
+    same decoder, each post-processed before the next, bound the memory of long high-resolution
+    episodes. ``post`` (a ``PostProcess``) runs on the decoded frames only.
 
     Returns:
-        uint8 tensor ``[len(frames), C, H, W]`` (RGB).
+        (frames ``[len(frames), C, h, w]`` after ``post``, decode calls made, seconds spent in
+        ``post``).
 
     Raises:
         DecodeError: torchcodec failed; ``where`` (episode key and camera) is in the message.
     """
+    import time
+
     from torchcodec.decoders import VideoDecoder
 
+    per_call = max(1, max_bytes // max(3 * height * width, 1)) if height and width else frames.size
+    parts, post_s = [], 0.0
     try:
         decoder = VideoDecoder(data, custom_frame_mappings=mappings, dimension_order="NCHW", num_ffmpeg_threads=1)
-        return decoder.get_frames_at(frames.tolist()).data
+        for start in range(0, frames.size, per_call):
+            batch = decoder.get_frames_at(frames[start:start + per_call].tolist()).data
+            t = time.perf_counter()
+            parts.append(post(batch) if post is not None else batch)
+            post_s += time.perf_counter() - t
     except Exception as exc:  # torchcodec raises RuntimeError/ValueError/IndexError by case
         raise DecodeError(f"{where}: decoding frames {frames[:8].tolist()}... failed: {exc}") from exc
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return out, len(parts), post_s

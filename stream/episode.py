@@ -93,13 +93,14 @@ class LoadedEpisode:
             unique = np.unique(index.frames(s, rows))
             t1 = time.perf_counter()
             pts, duration, keyflags = index.frame_tables(s)
-            decoded = decode(blobs[m0 + int(index.cam_member[s])], unique, frame_mappings(pts, duration, keyflags),
-                             where=f"episode {key} camera {cam}")
-            t2 = time.perf_counter()
-            frames[cam] = post(decoded)
+            frames[cam], calls, post_s = decode(
+                blobs[m0 + int(index.cam_member[s])], unique, frame_mappings(pts, duration, keyflags),
+                where=f"episode {key} camera {cam}", post=post, height=int(index.cam_height[s]),
+                width=int(index.cam_width[s]))
             positions[cam] = unique
             keys = index.keyframes[index.key_offsets[s]:index.key_offsets[s + 1]]
-            telemetry.add(decode_s=t2 - t1, postprocess_s=time.perf_counter() - t2, decoder_opens=1, decode_calls=1,
+            telemetry.add(decode_s=time.perf_counter() - t1 - post_s, postprocess_s=post_s, decoder_opens=1,
+                          decode_calls=calls,
                           frames_decoded=decoded_frames(unique, keys), frames_unique=unique.size)
         info = {"task": index.table.column("task")[episode].as_py(), "episode_index":
                 int(index.table.column("episode_index")[episode].as_py()), "key": key, "fps": fps,

@@ -120,14 +120,7 @@ def global_plan(table: EpisodeTable, stride: int, per_episode, seed: int, epoch:
     when strata (datasets) differ in cost and live in separate shards.
     """
     order = episode_order(table, seed, epoch)
-    episodes, anchors = [], []
-    for e in order:
-        a = select_anchors(int(table.lo[e]), int(table.hi[e]), stride, per_episode, float(table.weight[e]),
-                           rng_for(seed, epoch, _SALT_ANCHORS, int(e)))
-        episodes.append(np.full(a.size, e, dtype=np.int64))
-        anchors.append(a)
-    episode = np.concatenate(episodes) if episodes else np.zeros(0, dtype=np.int64)
-    anchor = np.concatenate(anchors) if anchors else np.zeros(0, dtype=np.int64)
+    episode, anchor = _anchors(table, order, stride, per_episode, seed, epoch)
     strata = np.zeros(episode.size, dtype=np.int64) if table.stratum is None else table.stratum[episode]
     cuts = []  # per stratum: (episode, anchor, windows per consumer)
     dropped = 0
@@ -151,6 +144,26 @@ def global_plan(table: EpisodeTable, stride: int, per_episode, seed: int, epoch:
         parts_a.append(a_c)
     return GlobalPlan(episode=np.concatenate(parts_e), anchor=np.concatenate(parts_a),
                       per_consumer=sum(n for _, _, n in cuts), dropped=dropped)
+
+
+def _anchors(table: EpisodeTable, order: np.ndarray, stride: int, per_episode, seed: int, epoch: int):
+    """(episode, anchor) int64 arrays of every selected window, episodes in ``order``."""
+    if per_episode is None and np.all(table.weight[order] == 1.0):
+        # Every anchor of every episode: vectorised, no per-episode random draws.
+        counts = np.maximum((table.hi[order] - table.lo[order] + stride - 1) // stride, 0)
+        episode = np.repeat(order.astype(np.int64), counts)
+        first = np.repeat(np.cumsum(counts) - counts, counts)
+        anchor = np.repeat(table.lo[order], counts) + (np.arange(episode.size) - first) * stride
+        return episode, anchor.astype(np.int64)
+    episodes, anchors = [], []
+    for e in order:
+        a = select_anchors(int(table.lo[e]), int(table.hi[e]), stride, per_episode, float(table.weight[e]),
+                           rng_for(seed, epoch, _SALT_ANCHORS, int(e)))
+        episodes.append(np.full(a.size, e, dtype=np.int64))
+        anchors.append(a)
+    if not episodes:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(episodes), np.concatenate(anchors)
 
 
 def _interleave(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
