@@ -39,10 +39,10 @@ class PostProcess:
                                                      size=self.size, mode="bilinear", antialias=True)
         if self.hook is not None:
             frames = self.hook(frames)
-        frames = frames.to(self.dtype)
+        frames = frames.contiguous().to(self.dtype)
         if self.scale and self.dtype.is_floating_point:
-            frames = frames / 255.0
-        return frames.contiguous()
+            frames.mul_(1.0 / 255.0)  # in place: no second full-size float tensor
+        return frames
 
     def output_shape(self, channels: int, height: int, width: int) -> tuple[int, int, int]:
         """Shape ``(C, h, w)`` of one output frame for a source of the given size (without the hook)."""
