@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from .collate import FloatCollate
 from .episode import LoadedEpisode, Normalizer
 from .plan import EpisodeTable, WorkerPlan, global_plan, worker_plan
 from .fetch import FetchError, FetchPolicy, Fetcher, episode_ranges
@@ -118,6 +119,7 @@ class WindowDataset(IterableDataset):
         ]
         self.stratify = len(self.sources) > 1 if stratify is None else stratify
         self.table, self.episode_base = self._episode_table()
+        self.defer_float = False  # set by WindowLoader: frames stay uint8 until its collate converts them
         self.epoch = 0
         self._resume: _Resume | None = None
         self._consumed = 0
@@ -134,14 +136,19 @@ class WindowDataset(IterableDataset):
             else:
                 lo = ix.window_start + max(0, -int(rows.min()))
                 hi = ix.window_stop - max(0, int(rows.max()))
-            # Bytes an episode holds while loaded, an upper bound: encoded members of the cameras
-            # read plus every row's frame decoded and post-processed.
+            # Bytes an episode holds while loaded: encoded members of the cameras read plus the
+            # frames its windows need, decoded and prepared (uint8; float conversion happens per
+            # window). Frames: all rows when every anchor is taken, else windows x offsets.
             cost = np.zeros(ix.num_episodes, dtype=np.int64)
-            itemsize = torch.empty(0, dtype=self.post.dtype).element_size()
-            for cam in offsets:
+            per = self.spec.per_episode
+            anchors = (np.maximum(hi - lo, 0) + self.spec.stride - 1) // self.spec.stride
+            windows = (anchors if per is None else np.ceil(anchors * per) if isinstance(per, (float, np.floating))
+                       else np.minimum(anchors, per)) * weight
+            for cam, cam_offsets in offsets.items():
                 streams = ix.camera_streams(cam)
                 size = np.array(self.post.size) if self.post.size else np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1)
-                cost += ix.cam_size[streams] + ix.num_rows * 3 * np.prod(size, axis=-1) * itemsize
+                frames = np.minimum(ix.num_rows, np.ceil(windows * len(cam_offsets)))
+                cost += ix.cam_size[streams] + (frames * 3 * np.prod(size, axis=-1)).astype(np.int64)
             parts.append((ix.shard.astype(np.int64) + shard_base, lo, hi, np.full(ix.num_episodes, weight), cost))
             shard_base += len(source.shards)
             base.append(base[-1] + ix.num_episodes)
@@ -236,7 +243,8 @@ class WindowDataset(IterableDataset):
                 else:
                     t = time.perf_counter()
                     d, _ = self._locate(e)
-                    sample = loaded[e].window(self.sources[d].index, anchor, self.spec, self.cam_offsets[d])
+                    sample = loaded[e].window(self.sources[d].index, anchor, self.spec, self.cam_offsets[d],
+                                              finish=None if self.defer_float else self.post.finish)
                     sample["dataset"], sample["substitute"] = d, False
                     if remaining[e] == 0:
                         del loaded[e]
@@ -345,6 +353,11 @@ class WindowLoader(DataLoader):
     """
 
     def __init__(self, dataset: WindowDataset, batch_size: int = 1, **kw):
+        if dataset.post.dtype.is_floating_point and "collate_fn" not in kw and batch_size is not None:
+            # Frames stay uint8 through the workers and become float32 while copied into the batch.
+            dataset.defer_float = True
+            kw["collate_fn"] = FloatCollate(sorted({c for o in dataset.cam_offsets for c in o}), dataset.post.dtype,
+                                            dataset.post.scale)
         super().__init__(dataset, batch_size=batch_size, **kw)
         dataset.num_workers = self.num_workers
         self._epoch = dataset.epoch

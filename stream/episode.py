@@ -95,7 +95,7 @@ class LoadedEpisode:
             pts, duration, keyflags = index.frame_tables(s)
             frames[cam], calls, post_s = decode(
                 blobs[m0 + int(index.cam_member[s])], unique, frame_mappings(pts, duration, keyflags),
-                where=f"episode {key} camera {cam}", post=post, height=int(index.cam_height[s]),
+                where=f"episode {key} camera {cam}", post=post.prepare, height=int(index.cam_height[s]),
                 width=int(index.cam_width[s]))
             positions[cam] = unique
             keys = index.keyframes[index.key_offsets[s]:index.key_offsets[s + 1]]
@@ -108,15 +108,20 @@ class LoadedEpisode:
         telemetry.add(episodes_loaded=1)
         return cls(episode, n, columns, frames, positions, info)
 
-    def window(self, index: WindowIndex, anchor: int, spec: WindowSpec, cam_offsets: dict[str, np.ndarray]) -> dict:
-        """The sample of the window anchored at row ``anchor`` (see ``WindowDataset`` for keys)."""
+    def window(self, index: WindowIndex, anchor: int, spec: WindowSpec, cam_offsets: dict[str, np.ndarray],
+               finish=None) -> dict:
+        """The sample of the window anchored at row ``anchor`` (see ``WindowDataset`` for keys).
+
+        ``finish``: applied to each camera's frames (``PostProcess.finish``); None leaves them as
+        stored (uint8, for a collate that converts them)."""
         n = self.num_rows
         sample: dict = {}
         for cam, offsets in cam_offsets.items():
             rows, pad = _clamped(anchor + offsets, n)
             frames = index.frames(self.info["streams"][cam], rows)
             picked = np.searchsorted(self.positions[cam], frames)
-            sample[cam] = self.frames[cam].index_select(0, torch.from_numpy(picked))  # 50x faster than x[idx] for uint8
+            frames = self.frames[cam].index_select(0, torch.from_numpy(picked))  # 50x faster than x[idx] for uint8
+            sample[cam] = finish(frames) if finish is not None else frames
             sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
         if spec.state_key:
             rows, pad = _clamped(anchor + np.asarray(spec.state_offsets), n)

@@ -29,6 +29,14 @@ class PostProcess:
 
     def __call__(self, frames: torch.Tensor) -> torch.Tensor:
         """``frames``: uint8 ``[N, C, H, W]`` -> ``[N, C, h, w]`` of ``dtype``."""
+        return self.finish(self.prepare(frames))
+
+    def prepare(self, frames: torch.Tensor) -> torch.Tensor:
+        """Crop, resize and hook: uint8 ``[N, C, H, W]`` -> uint8 ``[N, C, h, w]`` (contiguous).
+
+        The reader keeps decoded frames in this form and applies ``finish`` to the frames of each
+        window (or, under ``WindowLoader``, while collating), so float output never converts
+        frames that no window returns, nor writes them twice."""
         if self.crop is not None:
             top, left, h, w = self.crop
             frames = frames[:, :, top:top + h, left:left + w]
@@ -39,7 +47,13 @@ class PostProcess:
                                                      size=self.size, mode="bilinear", antialias=True)
         if self.hook is not None:
             frames = self.hook(frames)
-        frames = frames.contiguous().to(self.dtype)
+        return frames.contiguous()
+
+    def finish(self, frames: torch.Tensor) -> torch.Tensor:
+        """dtype conversion and scaling of prepared frames."""
+        if frames.dtype == self.dtype:
+            return frames
+        frames = frames.to(self.dtype)
         if self.scale and self.dtype.is_floating_point:
             frames.mul_(1.0 / 255.0)  # in place: no second full-size float tensor
         return frames

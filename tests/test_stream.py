@@ -251,3 +251,22 @@ def test_memory_stays_flat_across_epochs(dataset):
             pass
     gc.collect()
     assert rss_mb() - before < 40, (before, rss_mb())  # no decoder, episode or sample kept between epochs
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_float_output_through_the_loader_equals_per_sample_conversion(dataset, workers):
+    spec = WindowSpec(cameras={"observation.images.front": (0, 4), "observation.images.left": (0,)},
+                      boundary="pad", per_episode=3)
+    post = PostProcess(size=(32, 32), dtype=torch.float32)
+    loader = WindowLoader(WindowDataset(dataset, spec, seed=1, postprocess=post), batch_size=4, num_workers=workers)
+    assert loader.dataset.defer_float
+    plain = WindowDataset(dataset, spec, seed=1, postprocess=post)
+    expected = {(int(s["episode_index"]), int(s["frame_index"])): s for s in plain}
+    seen = 0
+    for batch in loader:
+        for i, (e, f) in enumerate(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist())):
+            for cam in spec.cameras:
+                assert batch[cam].dtype == torch.float32
+                assert torch.equal(batch[cam][i], expected[(e, f)][cam])
+            seen += 1
+    assert len(expected) - max(workers, 1) < seen <= len(expected)  # the remainder is dropped per epoch
