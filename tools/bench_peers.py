@@ -23,8 +23,9 @@ workers (persistent), shuffled, 2 warm-up batches, then timed batches. Systems:
                  LeRobot's shuffle over all frames; the timed region is one full epoch, so all
                  decoding for the timed windows is in it (warm-up: the last 2 batches of epoch 0,
                  reached by exact resume, so nothing is in flight when the timed epoch starts).
-    ``es-f32c``              float32 [0, 1] batches from a uint8 reader: the collate converts while it
-                 copies into the shared-memory batch (what a reader fix could do; same values).
+    ``es-f32c``              float32 [0, 1] batches from a uint8 reader with this tool's own collate that
+                 converts while it copies into the shared-memory batch (the reader now does the same by
+                 itself under ``WindowLoader``: ``stream.collate.FloatCollate``; kept for comparison).
     ``es-f32m`` (on request) uint8 through the DataLoader, converted in the main process into two
                  reused float32 buffers (a batch is overwritten two batches later).
     ``es-f32-pe4``           4 windows per episode per epoch: little reuse of decoded frames. The
@@ -368,6 +369,21 @@ def timed_collate(samples: list[dict]) -> dict:
     return batch
 
 
+class TimedCollate:
+    """Wraps a collate function and adds its time as ``__collate_s__``."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, samples: list[dict]) -> dict:
+        import torch
+
+        t = time.perf_counter()
+        batch = self.fn(samples)
+        batch["__collate_s__"] = torch.tensor(time.perf_counter() - t, dtype=torch.float64)
+        return batch
+
+
 def float_collate(samples: list[dict]) -> dict:
     """``timed_collate`` for uint8 samples that returns frames as float32 in [0, 1]: each sample's
     uint8 frames are converted while being copied into the batch (in shared memory inside a worker,
@@ -450,8 +466,12 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
                           action_horizon=HORIZON, boundary="pad", per_episode=per_episode)
         sources = [src] if copies == 1 else [DatasetSource(root) for _ in range(copies)]
         ds = WindowDataset(sources, spec, seed=seed, postprocess=PostProcess(dtype=dtype), telemetry=True)
-        loader = WindowLoader(ds, batch_size=bs, num_workers=workers, persistent_workers=True,
-                              collate_fn=float_collate if system.float_in_collate else timed_collate)
+        if system.float_in_collate:
+            loader = WindowLoader(ds, batch_size=bs, num_workers=workers, persistent_workers=True,
+                                  collate_fn=float_collate)
+        else:  # the reader's own collate (FloatCollate for float32 output), timed
+            loader = WindowLoader(ds, batch_size=bs, num_workers=workers, persistent_workers=True)
+            loader.collate_fn = TimedCollate(loader.collate_fn)
         epoch_timed = system.reuse in ("epoch", "pe4")
         if epoch_timed:
             # Warm up on the tail of epoch 0 (exact resume: only its last `warmup` batches are left), so
