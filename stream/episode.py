@@ -52,9 +52,9 @@ def _clamped(rows: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
 class LoadedEpisode:
     """An episode's columns and decoded frames, enough to cut all of the given windows.
 
-    Built by ``load``: one byte-range read covering the needed members, one decoder and one
-    ``get_frames_at`` call per camera for the sorted union of frames of all windows, and
-    post-processing of exactly those frames.
+    Built by ``load`` from the member bytes the fetcher delivered: one decoder and one
+    ``get_frames_at`` call per camera for the sorted union of frames of all windows (split only
+    past 256 MiB of decoded frames), and post-processing of exactly those frames.
     """
 
     def __init__(self, episode: int, num_rows: int, columns: dict, frames: dict, positions: dict, info: dict):
