@@ -130,7 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (FileNotFoundError, KeyError, ValueError) as exc:  # bad paths, cameras, options: say it, no traceback
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"epishard {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

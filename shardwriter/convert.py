@@ -72,8 +72,9 @@ def open_sources(inputs: list[Source | str]) -> list[Source]:
         name, n = source.name, 2
         while fmt.slug(name) in seen:
             name, n = f"{source.name}_{n}", n + 1
-        if name != source.name:
-            episodes = [dataclasses.replace(e, source=name) for e in source.episodes]
+        if name != source.name or any(e.source != name for e in source.episodes):
+            # Episodes take their source's (unique) name: keys and per-source statistics follow it.
+            episodes = [dataclasses.replace(e, source=name) if e.source != name else e for e in source.episodes]
             source = dataclasses.replace(source, name=name, episodes=episodes)
         seen.add(fmt.slug(name))
         sources.append(source)
@@ -234,7 +235,7 @@ def _summarise(storage: Storage, shard_metas: list[dict], sources: list[Source])
             data_member = next(m for m in row["members"] if m["name"].endswith("." + fmt.DATA_EXT))
             start = data_member["offset"]
             table = pq.read_table(pa.BufferReader(storage.read(meta["shard"], start, start + data_member["size"])))
-            stats.add_table(table)
+            stats.add_table(table, row["source"])
             for name, spec in _feature_schema(by_name[row["source"]], table).items():
                 features.setdefault(name, spec)
             for cam in row["cameras"]:
@@ -246,6 +247,7 @@ def _summarise(storage: Storage, shard_metas: list[dict], sources: list[Source])
     for name, cam in cameras.items():
         features[name] = {"dtype": "video", "shape": [cam["height"], cam["width"], 3], "names": ["height", "width", "channel"]}
     return {"features": features, "cameras": cameras, "tasks": list(tasks), "stats": stats.result(),
+            "stats_by_source": stats.result_by_source(), "stats_mixed_widths": stats.mixed_widths,
             "episodes_per_source": per_source}
 
 

@@ -13,7 +13,10 @@ from .index import WindowIndex
 
 def describe(root: str) -> dict:
     """Summarise the dataset at ``root`` from its manifest and indexes (no tar is read)."""
-    with open(os.path.join(root, fmt.MANIFEST_NAME)) as f:
+    path = os.path.join(root, fmt.MANIFEST_NAME)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no {fmt.MANIFEST_NAME} in {root} (not a dataset, or the conversion is unfinished)")
+    with open(path) as f:
         manifest = json.load(f)
     index = WindowIndex.load([os.path.join(root, s["index"]) for s in manifest["shards"]])
     cameras = {}

@@ -52,6 +52,19 @@ class FeatureStats:
             matrix = matrix[np.linspace(0, matrix.shape[0] - 1, self.max_rows).round().astype(np.int64)]
         self.samples.append(matrix)
 
+    def merge(self, other: "FeatureStats") -> None:
+        """Add another accumulator's rows (same width)."""
+        if self.sum is None:
+            self.count, self.sum, self.sumsq = other.count, other.sum.copy(), other.sumsq.copy()
+            self.min, self.max, self.samples = other.min.copy(), other.max.copy(), list(other.samples)
+            return
+        self.count += other.count
+        self.sum += other.sum
+        self.sumsq += other.sumsq
+        self.min = np.minimum(self.min, other.min)
+        self.max = np.maximum(self.max, other.max)
+        self.samples += other.samples
+
     def result(self) -> dict:
         mean = self.sum / self.count
         var = np.maximum(self.sumsq / self.count - np.square(mean), 0.0)
@@ -72,18 +85,42 @@ SKIP_COLUMNS = {"index", "episode_index", "frame_index", "task_index", "timestam
 
 
 class DatasetStats:
-    """Statistics for every numeric column of the episode tables (bookkeeping columns excluded)."""
+    """Statistics for every numeric column of the episode tables (bookkeeping columns excluded),
+    over the whole dataset and per source.
+
+    Sources may differ in a feature's width (robots with other state sizes): such a feature gets
+    per-source statistics only, and ``mixed_widths`` names it.
+    """
 
     def __init__(self):
-        self.features: dict[str, FeatureStats] = {}
+        self.by_source: dict[str, dict[str, FeatureStats]] = {}
 
-    def add_table(self, table: pa.Table) -> None:
+    def add_table(self, table: pa.Table, source: str = "") -> None:
+        features = self.by_source.setdefault(source, {})
         for name in table.column_names:
             if name in SKIP_COLUMNS:
                 continue
             matrix = numeric_matrix(table.column(name))
             if matrix is not None and matrix.shape[0]:
-                self.features.setdefault(name, FeatureStats()).add(matrix)
+                features.setdefault(name, FeatureStats()).add(matrix)
+
+    @property
+    def mixed_widths(self) -> list[str]:
+        widths: dict[str, set[int]] = {}
+        for features in self.by_source.values():
+            for name, acc in features.items():
+                widths.setdefault(name, set()).add(acc.sum.shape[0])
+        return sorted(name for name, w in widths.items() if len(w) > 1)
 
     def result(self) -> dict:
-        return {name: acc.result() for name, acc in sorted(self.features.items())}
+        """Feature -> statistics over all sources (features whose width is the same everywhere)."""
+        mixed = set(self.mixed_widths)
+        merged: dict[str, FeatureStats] = {}
+        for features in self.by_source.values():
+            for name, acc in features.items():
+                if name not in mixed:
+                    merged.setdefault(name, FeatureStats()).merge(acc)
+        return {name: acc.result() for name, acc in sorted(merged.items())}
+
+    def result_by_source(self) -> dict:
+        return {source: {name: acc.result() for name, acc in sorted(f.items())} for source, f in self.by_source.items()}

@@ -312,3 +312,15 @@ def test_frame_tables_are_compact_when_regular_and_exact_when_not(tmp_path):
         f.seek(look.offset)
         data = f.read(look.size)
     assert [decode_frame_number(x) for x in VideoDecoder(data).get_frames_at(look.frames.tolist()).data] == gap
+
+
+def test_sources_with_other_state_widths_get_per_source_stats(tmp_path):
+    a = _source([_episode(0, video=_video40(), source="arm")], "arm")
+    wide = Episode(source="humanoid", episode_index=0, table=make_episode_table(40, state_dim=9, action_dim=3),
+                   videos={"observation.images.front": CameraVideo(_video40())}, fps=FPS)
+    manifest = convert([a, _source([wide], "humanoid")], str(tmp_path), _opts())
+    assert manifest["stats_mixed_widths"] == ["observation.state"]
+    assert "observation.state" not in manifest["stats"] and "action" in manifest["stats"]
+    assert len(manifest["stats_by_source"]["humanoid"]["observation.state"]["mean"]) == 9
+    assert len(manifest["stats_by_source"]["arm"]["observation.state"]["mean"]) == 4
+    assert manifest["stats"]["action"]["count"] == 80

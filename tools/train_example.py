@@ -176,7 +176,11 @@ def main() -> int:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
-        loader.load_state_dict(torch.load(os.path.join(args.checkpoint, f"loader.rank{rank}.pt")))
+        try:
+            loader.load_state_dict(torch.load(os.path.join(args.checkpoint, f"loader.rank{rank}.pt")))
+        except ValueError as exc:  # another world size / worker count mid-epoch: refused, say why
+            print(f"[rank {rank}] {exc}", file=sys.stderr, flush=True)
+            return 1
     first_epoch = loader._epoch
     keys = open(f"{args.dump_keys}.rank{rank}.jsonl", "a" if args.resume else "w") if args.dump_keys else None
     data_wait = compute = 0.0
