@@ -374,11 +374,9 @@ class WindowLoader(DataLoader):
         self._batches = 0
 
     def state_dict(self) -> dict:
-        if self._batches == 0:
-            return {"version": STATE_VERSION, "seed": self.dataset.seed, "epoch": self._epoch, "fresh": True,
-                    "world_size": _distributed(self.dataset._rank, self.dataset._world_size)[1],
-                    "num_workers": max(self.num_workers, 1), "rank": _distributed(self.dataset._rank, self.dataset._world_size)[0]}
-        return self.dataset.state_dict(self._batches, self.batch_size, self.num_workers, epoch=self._epoch)
+        state = self.dataset.state_dict(self._batches, self.batch_size, self.num_workers, epoch=self._epoch)
+        # At an epoch boundary nothing is consumed: such a state loads under any layout.
+        return {**state, "fresh": True} if self._batches == 0 else state
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("fresh"):

@@ -49,21 +49,22 @@ def _clamped(rows: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(rows, 0, num_rows - 1), pad
 
 
+@dataclass
 class LoadedEpisode:
     """An episode's columns and decoded frames, enough to cut all of the given windows.
 
     Built by ``load`` from the member bytes the fetcher delivered: one decoder and one
     ``get_frames_at`` call per camera for the sorted union of frames of all windows (split only
     past 256 MiB of decoded frames), and post-processing of exactly those frames.
+    ``frames[cam]``: prepared uint8 ``[U, C, H, W]``; ``positions[cam]``: the U frame numbers.
     """
 
-    def __init__(self, episode: int, num_rows: int, columns: dict, frames: dict, positions: dict, info: dict):
-        self.episode = episode
-        self.num_rows = num_rows
-        self.columns = columns
-        self.frames = frames
-        self.positions = positions
-        self.info = info
+    episode: int
+    num_rows: int
+    columns: dict
+    frames: dict
+    positions: dict
+    info: dict
 
     @classmethod
     def load(cls, index: WindowIndex, episode: int, anchors: np.ndarray, spec: WindowSpec,
