@@ -183,7 +183,7 @@ def window_features(index, spec, episodes: np.ndarray, anchors: np.ndarray, *, p
     Args:
         index: the dataset's ``WindowIndex``.
         spec: the ``stream.WindowSpec`` (camera offsets, action horizon; pad-mode rows are clamped
-            to the episode the way the reader clamps them).
+            to the anchor's recording segment the way the reader clamps them).
         episodes, anchors: int64 ``[N]``: episode numbers in this index and anchor rows.
         postprocess: anything with ``output_shape(c, h, w) -> (c, h, w)`` (``stream.PostProcess``)
             for the output pixel count; ``None``: the stored video size.
@@ -198,7 +198,8 @@ def window_features(index, spec, episodes: np.ndarray, anchors: np.ndarray, *, p
     available = sorted(set(index.cam_names.to_pylist()))
     if task_tokens is None:
         task_tokens = token_counts(index.table.column("task").to_pylist(), tokenizer)
-    num_rows = index.num_rows[episodes]
+    # Rows are clamped into the anchor's recording segment, as the reader clamps them.
+    seg_lo, seg_hi = index.segment_bounds(episodes, anchors)
     total = {k: np.zeros(n, dtype=np.int64) for k in ("frames", "decoded", "pixels")}
     per_camera = {}
     for cam, offsets in spec.camera_offsets(available).items():
@@ -206,7 +207,7 @@ def window_features(index, spec, episodes: np.ndarray, anchors: np.ndarray, *, p
         if (streams < 0).any():
             bad = int(episodes[np.argmax(streams < 0)])
             raise KeyError(f"episode {bad} ({index.key(bad)}) has no camera {cam!r}")
-        rows = np.clip(anchors[:, None] + np.sort(offsets)[None, :], 0, (num_rows - 1)[:, None])
+        rows = np.clip(anchors[:, None] + np.sort(offsets)[None, :], seg_lo[:, None], (seg_hi - 1)[:, None])
         frames = np.sort(_frames_of_rows(index, streams, rows), axis=1)
         decoded = decoded_frames_sorted(frames, _keyframe_before(index, streams, frames))
         h, w = index.cam_height[streams].astype(np.int64), index.cam_width[streams].astype(np.int64)

@@ -121,6 +121,7 @@ def plan_digest(episodes: list[Episode], options: ConvertOptions) -> str:
         "reencode": options.reencode.describe() if options.reencode else None,
         "on_error": options.on_error,
         "timestamps": options.timestamps,
+        "index_columns": fmt.INDEX_SCHEMA.names,  # an index of another layout is rewritten, not reused
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 

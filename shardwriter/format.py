@@ -113,6 +113,11 @@ INDEX_SCHEMA = pa.schema(
         # Rows in [window_start, window_stop) have a frame in every camera: anchors are drawn there.
         ("window_start", pa.int32()),
         ("window_stop", pa.int32()),
+        # Rows where a new recording segment starts inside the episode (timestamps reset or jump:
+        # recording paused and resumed), ascending, each in (0, num_rows); [] for the common case.
+        # Windows never cross one: readers treat it like an episode boundary. Absent in indexes
+        # written before it existed, which readers take as [].
+        ("segment_starts", pa.list_(pa.int32())),
     ],
     metadata={b"epishard.format_version": str(FORMAT_VERSION).encode()},
 )

@@ -126,6 +126,12 @@ class WindowIndex:
         self.keyframes = _np(keys, np.int64)
         r2f, self.r2f_offsets = _flat(cams.field("row_to_frame"))
         self.row_to_frame = _np(r2f, np.int64)
+        if "segment_starts" in table.column_names:
+            starts, self.segment_offsets = _flat(table.column("segment_starts"))
+            self.segment_starts = _np(starts, np.int64)
+        else:  # an index written before recording segments were recorded
+            self.segment_starts = np.zeros(0, dtype=np.int64)
+            self.segment_offsets = np.zeros(self.num_rows.shape[0] + 1, dtype=np.int64)
 
     @classmethod
     def load(cls, sources: list) -> "WindowIndex":
@@ -188,6 +194,29 @@ class WindowIndex:
         if start == self.r2f_offsets[stream + 1]:  # regular: frame = first_frame + row
             return self.cam_first_frame[stream] + rows
         return self.row_to_frame[start + rows]
+
+    def segment_bounds(self, episodes, rows) -> tuple[np.ndarray, np.ndarray]:
+        """Recording segment ``[lo, hi)`` holding each row: the whole episode ``[0, num_rows)``
+        unless its timestamps reset or jump (``segment_starts``), where a new segment begins.
+
+        ``episodes``, ``rows``: int arrays (or ints) broadcast together. Returns two int64 arrays
+        of the broadcast shape. Windows anchored at a row stay inside that row's segment.
+        """
+        episodes, rows = np.broadcast_arrays(np.asarray(episodes, dtype=np.int64), np.asarray(rows, dtype=np.int64))
+        n = self.num_rows[episodes]
+        if self.segment_starts.size == 0:
+            return np.zeros_like(rows), n
+        # One sorted key per (episode, start) row: a single searchsorted finds every row's segment.
+        span = int(self.num_rows.max()) + 1
+        owner = np.repeat(np.arange(self.num_episodes, dtype=np.int64), np.diff(self.segment_offsets))
+        keys = owner * span + self.segment_starts
+        pos = np.searchsorted(keys, episodes * span + rows, side="right") - 1
+        own = pos >= self.segment_offsets[episodes]
+        lo = np.where(own, self.segment_starts[np.maximum(pos, 0)], 0)
+        nxt = pos + 1
+        later = nxt < self.segment_offsets[episodes + 1]
+        hi = np.where(later, self.segment_starts[np.minimum(nxt, self.segment_starts.size - 1)], n)
+        return lo, hi
 
     def frame_tables(self, stream: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(pts, duration, keyframe flags) of every frame of a camera stream, expanded.

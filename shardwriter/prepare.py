@@ -88,22 +88,50 @@ def _check_finite(table: pa.Table) -> None:
             raise _fail("nan", f"column {name!r} holds {array[bad[0]]} at dimension {dim}", row=row)
 
 
-def _timestamp_report(table: pa.Table, expected: np.ndarray, fps: float, frame_seconds: float) -> dict | None:
-    """Compare table timestamps (s) with the video time each row's frame is shown at (s).
+# A step of more than this many frame periods between consecutive rows' timestamps is a jump in
+# time (recording paused and resumed). Wall-clock timestamps of real recordings jitter up to about
+# 1.3 periods (so101_bimanual_cloth: 18.5 Hz stamps on a 20 fps video); one dropped frame is 2.
+JUMP_PERIODS = 2.0
+
+
+def discontinuities(table: pa.Table, fps: float) -> list[dict]:
+    """Rows where the ``timestamp`` column starts a new recording segment inside one episode.
+
+    A row starts one when its timestamp does not advance past the previous row's (``<= 0`` step:
+    ``timestamps_reset`` when it goes back to the episode's first timestamp or earlier, else
+    ``timestamps_non_monotonic``) or advances by more than ``JUMP_PERIODS`` frame periods plus a
+    quarter frame (``timestamps_jump``). Returns ``[{kind, row, message}]`` in row order; empty
+    for a table without ``timestamp``.
+    """
+    if "timestamp" not in table.column_names or table.num_rows < 2:
+        return []
+    t = table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+    step = np.diff(t)
+    tol = 0.25 / fps
+    out = []
+    for r in (np.flatnonzero((step <= 0) | (step > (JUMP_PERIODS + 0.25) / fps)) + 1).tolist():
+        if step[r - 1] > 0:
+            kind, what = "timestamps_jump", f"skips {step[r - 1] * fps:.1f} frame periods"
+        else:
+            kind = "timestamps_reset" if t[r] <= t[0] + tol else "timestamps_non_monotonic"
+            what = "goes back" if step[r - 1] < 0 else "does not advance"
+        out.append({"kind": kind, "row": r,
+                    "message": f"timestamp goes from {t[r - 1]:.6f}s to {t[r]:.6f}s at row {r} ({what}): a new "
+                               "recording segment starts here; windows do not cross it"})
+    return out
+
+
+def _timestamp_report(t: np.ndarray, expected: np.ndarray, fps: float, frame_seconds: float) -> dict | None:
+    """Compare table timestamps (s, rows of one recording segment) with the video time each row's
+    frame is shown at (s).
 
     Returns None when they agree within a quarter frame, else a dict with ``kind`` one of
-    ``timestamps_non_monotonic``, ``timestamps_reset``, ``timestamps_offset``, ``timestamps_rate``,
-    ``timestamps_past_end``, the first row concerned and a message.
+    ``timestamps_offset``, ``timestamps_rate``, ``timestamps_past_end``, the first row concerned
+    and a message.
     """
-    if "timestamp" not in table.column_names or table.num_rows == 0:
+    if t.size == 0:
         return None
-    t = table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
     tol = 0.25 / fps
-    step = np.diff(t)
-    if step.size and np.any(step <= 0):
-        r = int(np.flatnonzero(step <= 0)[0]) + 1
-        kind = "timestamps_reset" if t[r] <= t[0] + tol else "timestamps_non_monotonic"
-        return {"kind": kind, "row": r, "message": f"timestamp goes from {t[r - 1]:.6f}s to {t[r]:.6f}s"}
     d = t - expected
     if np.all(np.abs(d) <= tol):
         return None
@@ -125,6 +153,37 @@ def _timestamp_report(table: pa.Table, expected: np.ndarray, fps: float, frame_s
                        f"{d[r]:+.3f}s off); frames follow frame_index/row order"}
 
 
+def _segment_end_report(info: VideoProbe, absolute: np.ndarray, segment: tuple[float, float], fps: float) -> dict | None:
+    """Check a v3.0 ``to_timestamp`` against the frames the rows own (rows and ``from_timestamp``
+    decide them; ``to_timestamp`` only has to agree within one frame).
+
+    Returns None when the last row's frame ends within a quarter frame of ``to_timestamp``, else a
+    ``segment_end_mismatch`` report (e.g. an inclusive end: the last frame's time).
+
+    Raises:
+        ConversionError: ``frames_past_end`` when a row's frame starts more than a quarter frame
+            after ``to_timestamp``: it is past the episode's end by more than one frame, so it
+            belongs to what follows in the file, not to this episode.
+    """
+    to = segment[1]
+    times = info.seconds(absolute)
+    tol = 0.25 / fps
+    over = np.flatnonzero(times > to + tol)
+    if over.size:
+        r = int(over[0])
+        raise _fail("frames_past_end",
+                    f"row {r} needs video frame {int(absolute[r])} at {times[r]:.6f}s, more than one frame past the "
+                    f"episode's to_timestamp {to:.6f}s in meta/episodes", row=r)
+    d = to - (times[-1] + 1.0 / fps)
+    if abs(d) <= tol:
+        return None
+    how = ("before the end of the last row's frame: the metadata's end looks inclusive (the last frame's time)"
+           if d < 0 else "after the end of the last row's frame: the segment is longer than the rows")
+    return {"kind": "segment_end_mismatch", "row": int(absolute.size - 1),
+            "message": f"meta/episodes to_timestamp {to:.6f}s is {abs(d) * fps:.2f} frame(s) {how}; the rows "
+                       f"(length, frame_index) and from_timestamp {segment[0]:.6f}s decide the episode's frames"}
+
+
 @functools.lru_cache(maxsize=8)
 def _probe_shared(path: str) -> VideoProbe:
     # Consecutive episodes of a LeRobot v3.0 dataset are segments of one video file: demux it once.
@@ -141,8 +200,11 @@ def _decode_check(data: bytes, frames: list[int]) -> None:
         raise _fail("unreadable_video", f"decoding frames {frames} failed: {exc}") from exc
 
 
-def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, table: pa.Table):
-    """Return (stored bytes, probe of stored bytes, row_to_frame, transform, timestamp report)."""
+def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, table: pa.Table, first_break: int):
+    """Return (stored bytes, probe of stored bytes, row_to_frame, transform, timestamp reports).
+
+    ``first_break``: the row where the table's second recording segment starts (``num_rows`` if none).
+    """
     source = video.source
     if video.segment is None and not isinstance(source, (bytes, bytearray)):
         with open(source, "rb") as f:
@@ -156,21 +218,20 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
         except ValueError as exc:
             raise _fail("segment_offset", f"from_timestamp={seg_start}: {exc}") from exc
     absolute = base + local
-    last_ok = info.num_frames - 1
-    if video.segment is not None:
-        # Frames of the next episode in a shared file are past this episode's end too.
-        end_frame = int(np.searchsorted(info.seconds(np.arange(info.num_frames)), video.segment[1] - 0.5 / fps))
-        last_ok = min(last_ok, end_frame - 1)
-    over = np.flatnonzero(absolute > last_ok)
+    over = np.flatnonzero(absolute >= info.num_frames)
     if over.size:
         r = int(over[0])
         raise _fail("frames_past_end",
-                    f"row {r} needs video frame {int(absolute[r])} but the episode's video has frames "
-                    f"{base}..{last_ok} ({table.num_rows} rows, {last_ok - base + 1} frames)", row=r)
+                    f"row {r} needs video frame {int(absolute[r])} but the video has frames "
+                    f"0..{info.num_frames - 1} ({table.num_rows} rows from frame {base})", row=r)
+    reports = [] if video.segment is None else [_segment_end_report(info, absolute, video.segment, fps)]
     # Where the table's timestamps should be: the frame's pts relative to the episode's time zero
-    # (the video's first frame for a whole file, from_timestamp for a segment).
+    # (the video's first frame for a whole file, from_timestamp for a segment). Only the first
+    # recording segment is compared: timestamps restart or jump at a discontinuity by definition.
     zero = seg_start if video.segment is not None else float(info.seconds(np.zeros(1, dtype=np.int64))[0])
-    report = _timestamp_report(table, info.seconds(absolute) - zero, fps, 1.0 / fps)
+    if "timestamp" in table.column_names:
+        t = table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)[:first_break]
+        reports.append(_timestamp_report(t, info.seconds(absolute[:first_break]) - zero, fps, 1.0 / fps))
     if opts.reencode is not None:
         data = reencode(source, absolute, fps, opts.reencode)
         stored, row_to_frame, transform = probe(data), np.arange(absolute.size), opts.reencode.describe()
@@ -182,7 +243,7 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
         row_to_frame, transform = np.searchsorted(kept, absolute), "cut"
     else:
         data, stored, row_to_frame, transform = bytes(source), info, absolute, "copy"
-    return data, stored, row_to_frame.astype(np.int32), transform, report
+    return data, stored, row_to_frame.astype(np.int32), transform, [r for r in reports if r is not None]
 
 
 def compact_tables(stored: VideoProbe, row_to_frame: np.ndarray) -> dict:
@@ -248,22 +309,28 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         local = _local_frames(table)
     except ConversionError as exc:
         raise exc.with_context(**where) from None
+    breaks = discontinuities(table, episode.fps)
+    if breaks and opts.timestamps == "fail":
+        raise _fail(breaks[0]["kind"], breaks[0]["message"], row=breaks[0]["row"], **where)
+    warnings = [{**b, "dataset": episode.source, "episode": episode.episode_index, "camera": None} for b in breaks]
+    first_break = breaks[0]["row"] if breaks else table.num_rows
     cameras = sorted(c for c in episode.videos if wanted is None or c in wanted)
     fields = _camera_fields(cameras)
     members: list[tuple[str, bytes]] = []
-    cam_rows, warnings = [], []
+    cam_rows = []
     for cam in cameras:
         video = episode.videos[cam]
         path = video.source if isinstance(video.source, str) else None
         try:
-            data, stored, row_to_frame, transform, report = _prepare_camera(video, local, episode.fps, opts, table)
+            data, stored, row_to_frame, transform, reports = _prepare_camera(video, local, episode.fps, opts, table,
+                                                                             first_break)
             if opts.decode_check:
                 keys = stored.keyframes
                 starts = {int(keys[np.searchsorted(keys, f, side="right") - 1]) for f in (row_to_frame[0], row_to_frame[-1])}
                 _decode_check(data, sorted(starts))
         except ConversionError as exc:
             raise exc.with_context(camera=cam, path=path, **where) from None
-        if report is not None:
+        for report in reports:
             if opts.timestamps == "fail":
                 raise _fail(report["kind"], report["message"], camera=cam, row=report["row"], path=path, **where)
             warnings.append({**report, "dataset": episode.source, "episode": episode.episode_index, "camera": cam})
@@ -291,5 +358,6 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         "key": key, "source": episode.source, "episode_index": episode.episode_index, "num_rows": table.num_rows,
         "fps": float(episode.fps), "task": tasks[0] if tasks else "", "tasks": tasks, "robot": episode.robot,
         "cameras": cam_rows, "window_start": 0, "window_stop": table.num_rows,
+        "segment_starts": [b["row"] for b in breaks],
     }
     return PreparedEpisode(key=key, members=head + members, row=row, warnings=warnings)

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .collate import FloatCollate
 from .episode import LoadedEpisode, Normalizer
-from .plan import EpisodeTable, WorkerPlan, global_plan, worker_plan
+from .plan import EpisodeTable, WorkerPlan, anchor_counts, break_gaps, global_plan, worker_plan
 from .fetch import FetchError, FetchPolicy, Fetcher, episode_ranges
 from .source import DatasetSource
 from .spec import WindowSpec
@@ -127,21 +127,26 @@ class WindowDataset(IterableDataset):
     # --- planning ---------------------------------------------------------------------------------
 
     def _episode_table(self) -> tuple[EpisodeTable, np.ndarray]:
-        parts, base, shard_base = [], [0], 0
+        parts, gaps, base, shard_base = [], [], [0], 0
         for source, weight, offsets in zip(self.sources, self.weights, self.cam_offsets):
             ix = source.index
             rows = self.spec.row_offsets(list(offsets))
             if self.spec.boundary == "pad":
                 lo, hi = ix.window_start, ix.window_stop
+                gap = np.zeros((0, 3), dtype=np.int64)  # windows across a break are padded instead
             else:
-                lo = ix.window_start + max(0, -int(rows.min()))
-                hi = ix.window_stop - max(0, int(rows.max()))
+                before, after = max(0, -int(rows.min())), max(0, int(rows.max()))
+                lo, hi = ix.window_start + before, ix.window_stop - after
+                # A recording break inside an episode is an episode boundary for windows.
+                owner = np.repeat(np.arange(ix.num_episodes, dtype=np.int64), np.diff(ix.segment_offsets))
+                gap = break_gaps(owner, ix.segment_starts, before, after)
+            gaps.append(gap + np.array([base[-1], 0, 0]))
             # Bytes an episode holds while loaded: encoded members of the cameras read plus the
             # frames its windows need, decoded and prepared (uint8; float conversion happens per
             # window). Frames: all rows when every anchor is taken, else windows x offsets.
             cost = np.zeros(ix.num_episodes, dtype=np.int64)
             per = self.spec.per_episode
-            anchors = (np.maximum(hi - lo, 0) + self.spec.stride - 1) // self.spec.stride
+            anchors = anchor_counts(lo, hi, self.spec.stride, gap)
             windows = (anchors if per is None else np.ceil(anchors * per) if isinstance(per, (float, np.floating))
                        else np.minimum(anchors, per)) * weight
             for cam, cam_offsets in offsets.items():
@@ -154,8 +159,9 @@ class WindowDataset(IterableDataset):
             base.append(base[-1] + ix.num_episodes)
         cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
         stratum = np.repeat(np.arange(len(self.sources)), np.diff(base)) if self.stratify else None
+        gaps = np.concatenate(gaps)
         return EpisodeTable(shard=cat[0], lo=cat[1].astype(np.int64), hi=cat[2].astype(np.int64), weight=cat[3],
-                            cost_bytes=cat[4], stratum=stratum), np.asarray(base)
+                            cost_bytes=cat[4], stratum=stratum, gaps=gaps if gaps.shape[0] else None), np.asarray(base)
 
     def plan(self, epoch: int, rank: int, world_size: int, num_workers: int, consumer: int) -> WorkerPlan:
         """This consumer's windows for ``epoch`` (global episode numbers), in yield order."""
@@ -204,7 +210,8 @@ class WindowDataset(IterableDataset):
         t0 = time.perf_counter()
         plan = self.plan(epoch, rank, world, workers, consumer)
         telemetry.add(plan_s=time.perf_counter() - t0, windows_dropped=plan.dropped if consumer == 0 and rank == 0 else 0,
-                      episodes_without_windows=int(np.sum(self.table.hi <= self.table.lo)) if consumer == 0 and rank == 0 else 0)
+                      episodes_without_windows=int(np.sum(anchor_counts(
+                          self.table.lo, self.table.hi, self.spec.stride, self.table.gaps) == 0)) if consumer == 0 and rank == 0 else 0)
         return self._generate(plan, skip, telemetry)
 
     def _generate(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):

@@ -44,9 +44,11 @@ class Normalizer:
         return (x - self.shift) / self.scale
 
 
-def _clamped(rows: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    pad = (rows < 0) | (rows >= num_rows)
-    return np.clip(rows, 0, num_rows - 1), pad
+def _clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:
+    """Rows clamped into the anchor's recording segment ``[lo, hi)`` (the episode unless its
+    timestamps reset or jump), and the pad flags of the rows that fell outside it."""
+    pad = (rows < lo) | (rows >= hi)
+    return np.clip(rows, lo, hi - 1), pad
 
 
 @dataclass
@@ -88,9 +90,11 @@ class LoadedEpisode:
                                 if "timestamp" in table.column_names else np.arange(n) / fps)
 
         frames, positions = {}, {}
+        seg_lo, seg_hi = index.segment_bounds(episode, anchors)
         for cam, offsets in cam_offsets.items():
             s = streams[cam]
-            rows, _ = _clamped((anchors[:, None] + offsets[None, :]).ravel(), n)
+            rows, _ = _clamped(anchors[:, None] + offsets[None, :], seg_lo[:, None], seg_hi[:, None])
+            rows = rows.ravel()
             unique = np.unique(index.frames(s, rows))
             t1 = time.perf_counter()
             pts, duration, keyflags = index.frame_tables(s)
@@ -115,21 +119,21 @@ class LoadedEpisode:
 
         ``finish``: applied to each camera's frames (``PostProcess.finish``); None leaves them as
         stored (uint8, for a collate that converts them)."""
-        n = self.num_rows
+        lo, hi = (int(x) for x in index.segment_bounds(self.episode, anchor))
         sample: dict = {}
         for cam, offsets in cam_offsets.items():
-            rows, pad = _clamped(anchor + offsets, n)
+            rows, pad = _clamped(anchor + offsets, lo, hi)
             frames = index.frames(self.info["streams"][cam], rows)
             picked = np.searchsorted(self.positions[cam], frames)
             frames = self.frames[cam].index_select(0, torch.from_numpy(picked))  # 50x faster than x[idx] for uint8
             sample[cam] = finish(frames) if finish is not None else frames
             sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
         if spec.state_key:
-            rows, pad = _clamped(anchor + np.asarray(spec.state_offsets), n)
+            rows, pad = _clamped(anchor + np.asarray(spec.state_offsets), lo, hi)
             sample[spec.state_key] = torch.from_numpy(self.columns[spec.state_key][rows])
             sample[f"{spec.state_key}_is_pad"] = torch.from_numpy(pad)
         if spec.action_key and spec.action_horizon:
-            rows, pad = _clamped(anchor + np.arange(spec.action_horizon), n)
+            rows, pad = _clamped(anchor + np.arange(spec.action_horizon), lo, hi)
             sample[spec.action_key] = torch.from_numpy(self.columns[spec.action_key][rows])
             sample[f"{spec.action_key}_is_pad"] = torch.from_numpy(pad)
         for name in spec.extra_columns:

@@ -41,6 +41,9 @@ class EpisodeTable:
     ``weight``: window-count multiplier (dataset mixing weight); ``cost_bytes``: bytes an episode
     holds in a shuffle buffer while loaded; ``stratum``: optional stratum per episode (e.g. its
     dataset), constant within a shard: each stratum is then dealt to consumers on its own.
+    ``gaps``: optional int64 ``[G, 3]`` rows ``(episode, lo, hi)``, sorted and disjoint
+    (``break_gaps``): anchors in ``[lo, hi)`` of that episode are left out, because their window
+    would cross a recording break (timestamps reset or jump inside the episode).
     """
 
     shard: np.ndarray
@@ -49,10 +52,54 @@ class EpisodeTable:
     weight: np.ndarray
     cost_bytes: np.ndarray
     stratum: np.ndarray | None = None
+    gaps: np.ndarray | None = None
 
     @property
     def num_episodes(self) -> int:
         return int(self.shard.shape[0])
+
+
+def break_gaps(episodes: np.ndarray, starts: np.ndarray, before: int, after: int) -> np.ndarray:
+    """Anchors to leave out around recording breaks, as ``EpisodeTable.gaps``.
+
+    A window of rows ``anchor - before .. anchor + after`` crosses a break at row ``b`` (the first
+    row of a new recording segment) when ``b - after <= anchor < b + before``. ``episodes``,
+    ``starts``: int64 ``[B]``, the breaks sorted by (episode, row). Overlapping ranges of one
+    episode are merged; empty ones (``before == after == 0``) dropped. Returns int64 ``[G, 3]``.
+    """
+    episodes = np.asarray(episodes, dtype=np.int64)
+    lo = np.maximum(np.asarray(starts, dtype=np.int64) - after, 0)
+    hi = np.asarray(starts, dtype=np.int64) + before
+    if before + after == 0 or episodes.size == 0:
+        return np.zeros((0, 3), dtype=np.int64)
+    span = int(hi.max()) + 1
+    reach = np.maximum.accumulate(episodes * span + hi)  # furthest end so far (same episode: keys grow)
+    new = np.r_[True, (episodes[1:] != episodes[:-1]) | (episodes[1:] * span + lo[1:] > reach[:-1])]
+    first = np.flatnonzero(new)
+    return np.stack([episodes[first], lo[first], np.maximum.reduceat(hi, first)], axis=1)
+
+
+def _in_gaps(gaps: np.ndarray, episode: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+    """bool ``[n]``: anchor ``i`` of episode ``i`` lies in one of ``gaps`` (sorted, disjoint)."""
+    if gaps is None or gaps.shape[0] == 0 or anchor.size == 0:
+        return np.zeros(anchor.shape, dtype=bool)
+    span = int(max(anchor.max(), gaps[:, 2].max())) + 1
+    pos = np.searchsorted(gaps[:, 0] * span + gaps[:, 1], episode * span + anchor, side="right") - 1
+    safe = np.maximum(pos, 0)
+    return (pos >= 0) & (gaps[safe, 0] == episode) & (anchor < gaps[safe, 2])
+
+
+def anchor_counts(lo: np.ndarray, hi: np.ndarray, stride: int, gaps: np.ndarray | None = None) -> np.ndarray:
+    """Anchors per episode (int64 ``[E]``): rows ``lo, lo + stride, ... < hi`` outside ``gaps``,
+    counted without listing them."""
+    counts = np.maximum(-((lo - hi) // stride), 0).astype(np.int64)  # ceil((hi - lo) / stride)
+    if gaps is not None and gaps.shape[0]:
+        e, first = gaps[:, 0], lo[gaps[:, 0]]
+        a, b = np.maximum(gaps[:, 1], first), np.minimum(gaps[:, 2], hi[e])
+        # Anchors first + k*stride in [a, b): ceil((b - first) / stride) - ceil((a - first) / stride).
+        inside = np.where(b > a, -((first - b) // stride) + ((first - a) // stride), 0)
+        counts -= np.bincount(e, weights=inside, minlength=counts.size).astype(np.int64)
+    return counts
 
 
 def shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
@@ -68,14 +115,18 @@ def episode_order(table: EpisodeTable, seed: int, epoch: int) -> np.ndarray:
     return np.lexsort((np.arange(table.num_episodes), rank_of_shard[table.shard]))
 
 
-def select_anchors(lo: int, hi: int, stride: int, per_episode, weight: float, rng: np.random.Generator) -> np.ndarray:
+def select_anchors(lo: int, hi: int, stride: int, per_episode, weight: float, rng: np.random.Generator,
+                   gaps: np.ndarray | None = None) -> np.ndarray:
     """Anchors of one episode for one epoch, ascending (int64). See ``WindowSpec.per_episode``.
 
     ``weight`` scales the count (stochastic rounding); past all anchors they are drawn again.
+    ``gaps``: int64 ``[k, 2]`` anchor ranges ``[lo, hi)`` left out (windows across a recording break).
     """
     if weight < 0 or (per_episode is not None and per_episode < 0):
         raise ValueError(f"per_episode ({per_episode}) and weight ({weight}) must not be negative")
     anchors = np.arange(lo, hi, stride, dtype=np.int64)
+    if gaps is not None and len(gaps):
+        anchors = anchors[~np.any((anchors[:, None] >= gaps[None, :, 0]) & (anchors[:, None] < gaps[None, :, 1]), axis=1)]
     if anchors.size == 0:
         return anchors
     if per_episode is None:
@@ -153,12 +204,15 @@ def _anchors(table: EpisodeTable, order: np.ndarray, stride: int, per_episode, s
         counts = np.maximum((table.hi[order] - table.lo[order] + stride - 1) // stride, 0)
         episode = np.repeat(order.astype(np.int64), counts)
         first = np.repeat(np.cumsum(counts) - counts, counts)
-        anchor = np.repeat(table.lo[order], counts) + (np.arange(episode.size) - first) * stride
-        return episode, anchor.astype(np.int64)
+        anchor = (np.repeat(table.lo[order], counts) + (np.arange(episode.size) - first) * stride).astype(np.int64)
+        keep = ~_in_gaps(table.gaps, episode, anchor)
+        return episode[keep], anchor[keep]
+    gaps = table.gaps if table.gaps is not None else np.zeros((0, 3), dtype=np.int64)
+    gap_first = np.searchsorted(gaps[:, 0], np.arange(table.num_episodes + 1))
     episodes, anchors = [], []
     for e in order:
         a = select_anchors(int(table.lo[e]), int(table.hi[e]), stride, per_episode, float(table.weight[e]),
-                           rng_for(seed, epoch, _SALT_ANCHORS, int(e)))
+                           rng_for(seed, epoch, _SALT_ANCHORS, int(e)), gaps[gap_first[e]:gap_first[e + 1], 1:])
         episodes.append(np.full(a.size, e, dtype=np.int64))
         anchors.append(a)
     if not episodes:

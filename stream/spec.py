@@ -60,7 +60,9 @@ class WindowSpec:
         state_key / action_key: table columns (``None`` to leave one out).
         boundary: ``"inside"``: only anchors whose every offset lies inside the episode (short
             episodes give zero windows and are counted); ``"pad"``: every anchor, out-of-range
-            offsets clamped to the episode's edge and flagged in ``<key>_is_pad``.
+            offsets clamped to the episode's edge and flagged in ``<key>_is_pad``. A recording
+            break inside an episode (the index's ``segment_starts``: timestamps reset or jump) is
+            an episode edge for both: no window crosses it.
         stride: anchors are taken every ``stride`` rows.
         per_episode: windows per episode per epoch: ``None`` all anchors, a float in (0, 1] that
             fraction (rounded, at least 1 when any anchor exists), an int that many (at most all).
