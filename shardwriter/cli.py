@@ -31,7 +31,7 @@ def _cmd_convert(args) -> int:
         max_episodes_per_shard=args.max_episodes_per_shard,
         max_bytes_per_shard=_size(args.max_shard_size),
         episodes=_ints(args.episodes) if args.episodes else None,
-        cameras=tuple(args.cameras.split(",")) if args.cameras else None,
+        cameras=() if args.no_cameras else tuple(args.cameras.split(",")) if args.cameras else None,
         reencode=ReencodeSpec.parse(args.reencode) if args.reencode else None,
         on_error=args.on_error,
         timestamps=args.timestamps,
@@ -53,7 +53,8 @@ def _cmd_convert(args) -> int:
         print(f"  skipped {n} episode(s): {kind}")
     for kind, n in report["warnings_by_kind"].items():
         example = next(w for w in report["warnings"] if w["kind"] == kind)
-        print(f"  warning x{n} {kind}: e.g. episode {example['episode']} camera {example['camera']}: {example['message']}")
+        camera = f" camera {example['camera']}" if example["camera"] else ""
+        print(f"  warning x{n} {kind}: e.g. episode {example['episode']}{camera}: {example['message']}")
     return 0
 
 
@@ -98,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-shard-size", default="1GiB", help="bytes per shard, e.g. 512MiB (default 1GiB)")
     c.add_argument("--episodes", help="source episode indices to keep, e.g. 0-9,12")
     c.add_argument("--cameras", help="comma-separated camera names to keep (default: all)")
+    c.add_argument("--no-cameras", action="store_true",
+                   help="convert state and action only, no camera (needed when no declared camera has video files)")
     c.add_argument("--reencode", help="re-encode videos, e.g. codec=libx264,gop=10,size=224x224,crf=23 "
                                       "(default: copy bit-exact)")
     c.add_argument("--on-error", choices=["fail", "skip"], default="fail",

@@ -42,7 +42,8 @@ class ConvertOptions:
     ``prefix``: shard file prefix. ``max_episodes_per_shard`` / ``max_bytes_per_shard``: a shard
     is closed before it would exceed either (a single larger episode gets a shard of its own).
     ``episodes``: source episode indices to keep (None: all). ``cameras``: camera names to keep
-    (None: all). ``reencode``: re-encode videos instead of copying them bit-exact. ``on_error``:
+    (None: all; ``()``: none, state and action only, e.g. for a dataset whose videos are absent).
+    ``reencode``: re-encode videos instead of copying them bit-exact. ``on_error``:
     ``"fail"`` stops at the first bad episode, ``"skip"`` leaves it out and counts it in the report.
     ``timestamps``: ``"warn"`` or ``"fail"`` on timestamp/video disagreements. ``workers``: processes.
     """
@@ -64,11 +65,12 @@ class ConvertOptions:
                               decode_check=self.decode_check)
 
 
-def open_sources(inputs: list[Source | str]) -> list[Source]:
-    """Open LeRobot paths and give every source a unique name (``name``, ``name_2``, ...)."""
+def open_sources(inputs: list[Source | str], cameras: tuple[str, ...] | None = None) -> list[Source]:
+    """Open LeRobot paths (``cameras``: see ``read_lerobot``) and give every source a unique name
+    (``name``, ``name_2``, ...)."""
     sources, seen = [], set()
     for item in inputs:
-        source = read_lerobot(item) if isinstance(item, str) else item
+        source = read_lerobot(item, cameras=cameras) if isinstance(item, str) else item
         name, n = source.name, 2
         while fmt.slug(name) in seen:
             name, n = f"{source.name}_{n}", n + 1
@@ -273,7 +275,7 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
         ConversionError: an episode is bad and ``options.on_error == "fail"``; the message names
             dataset, episode, camera and row. Shards finished before it stay and are reused by a rerun.
     """
-    sources = open_sources(inputs)
+    sources = open_sources(inputs, options.cameras)
     episodes = [e for s in sources for e in s.episodes if options.episodes is None or e.episode_index in options.episodes]
     if not episodes:
         raise SourceError("no episodes to convert (check the sources and --episodes)")

@@ -10,12 +10,15 @@ Layouts (from LeRobot's ``lerobot/datasets`` code and the datasets in the wild):
 
 Real datasets disagree with their metadata, so episodes are found from the files present (subset
 copies keep the full dataset's meta), templates are matched whatever their field names, missing
-``index``/``task_index``/``frame_index`` columns are accepted, and cameras declared without any file
-are dropped with a note.
+``index``/``task_index``/``frame_index`` columns are accepted, and a camera declared without any file
+is dropped with a note naming the path it was expected at (and a folder that looks like the
+intended one). When that would drop every declared camera the dataset is refused, unless the
+caller asks for state and action only (``cameras=()``).
 """
 
 from __future__ import annotations
 
+import difflib
 import glob
 import json
 import os
@@ -59,15 +62,61 @@ def _camera_names(features: dict) -> list[str]:
     return [name for name, spec in features.items() if spec.get("dtype") == "video"]
 
 
-def read_lerobot(root: str, name: str | None = None) -> Source:
+def _look_alike(root: str, rel: str, taken: set[str]) -> str | None:
+    """A path under ``root`` that looks like the intended one where ``rel`` first goes missing
+    (``video/`` for ``videos/...``), or None. ``taken``: relative paths that are something else
+    (other cameras' folders)."""
+    here = ""
+    for part in rel.split("/"):
+        path = os.path.join(root, here, part)
+        if not os.path.exists(path):
+            if not os.path.isdir(os.path.join(root, here)):
+                return None
+            entries = [e for e in sorted(os.listdir(os.path.join(root, here))) if os.path.join(here, e) not in taken]
+            match = difflib.get_close_matches(part, entries, n=1, cutoff=0.6)
+            return os.path.join(here, match[0]) if match else None
+        here = os.path.join(here, part)
+    return None
+
+
+def _dropped_cameras(root: str, declared: list[str], expected: dict[str, str], present: set[str],
+                     wanted: tuple[str, ...] | None) -> list[str]:
+    """Notes for declared cameras without any file; refuse when none would be left.
+
+    ``expected``: camera -> the path (absolute) its first episode's video was looked for at
+    (empty when ``wanted == ()``: videos are not looked for).
+
+    Raises:
+        SourceError: every declared camera lacks files and ``wanted`` is not ``()`` (state/action only).
+    """
+    taken = {os.path.dirname(os.path.relpath(expected[c], root)) for c in present}
+    notes = []
+    for cam in (c for c in expected if c not in present):
+        rel = os.path.relpath(expected[cam], root)
+        alike = _look_alike(root, rel, taken)
+        notes.append(f"camera {cam} is declared in meta/info.json but has no video files (expected e.g. {rel}, "
+                     f"from video_path)" + (f"; {alike}/ exists and looks like the intended folder" if alike else ""))
+    if expected and not present:
+        raise SourceError(f"{root}: no declared camera has video files, so no camera would be converted: "
+                          + "; ".join(notes) + ". To convert state and action only, pass --no-cameras "
+                          "(ConvertOptions(cameras=())).")
+    if wanted == () and declared:
+        notes.append(f"cameras {', '.join(declared)} not converted: state and action only, as asked")
+    return notes
+
+
+def read_lerobot(root: str, name: str | None = None, cameras: tuple[str, ...] | None = None) -> Source:
     """Open a LeRobot dataset folder and describe its episodes without reading any video.
 
     Args:
         root: local path of the dataset (the folder holding ``meta/``).
         name: source name used in shard keys (default: the folder name).
+        cameras: the cameras the conversion keeps (``ConvertOptions.cameras``): ``None`` all,
+            ``()`` none (state and action only; the dataset's videos are not looked at).
 
     Raises:
-        SourceError: no ``meta/info.json``, an unknown ``codebase_version``, or no episode files.
+        SourceError: no ``meta/info.json``, an unknown ``codebase_version``, no episode files, or
+            no declared camera has video files (naming the expected path) unless ``cameras == ()``.
     """
     root = os.path.abspath(root)
     info_path = os.path.join(root, "meta", "info.json")
@@ -78,9 +127,9 @@ def read_lerobot(root: str, name: str | None = None) -> Source:
     version = str(info.get("codebase_version", ""))
     name = name or os.path.basename(root.rstrip("/"))
     if version.startswith("v2"):
-        return _read_v2(root, name, info)
+        return _read_v2(root, name, info, cameras)
     if version.startswith("v3"):
-        return _read_v3(root, name, info)
+        return _read_v3(root, name, info, cameras)
     raise SourceError(f"{info_path}: codebase_version {version!r} is not v2.0, v2.1 or v3.0")
 
 
@@ -95,7 +144,7 @@ def _v2_tasks(root: str) -> tuple[dict[int, list[str]], dict[int, str]]:
     return per_episode, by_index
 
 
-def _read_v2(root: str, name: str, info: dict) -> Source:
+def _read_v2(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -> Source:
     fps = float(info["fps"])
     data_re = _template_regex(info["data_path"])
     video_template = info.get("video_path") or ""
@@ -108,17 +157,19 @@ def _read_v2(root: str, name: str, info: dict) -> Source:
     if not found:
         raise SourceError(f"{root}: no data file matches data_path {info['data_path']!r}")
     per_episode_tasks, task_text = _v2_tasks(root)
-    cameras = _camera_names(info.get("features", {}))
+    declared = _camera_names(info.get("features", {}))
     video_of: dict[str, dict[int, str]] = {}
-    for cam in cameras:
+    expected: dict[str, str] = {}
+    for cam in declared if wanted != () else []:
         paths = {}
         for ep, (_, fields) in found.items():
             path = os.path.join(root, _format(video_template, {**fields, "video_key": cam}))
+            expected.setdefault(cam, path)
             if os.path.exists(path):
                 paths[ep] = path
         video_of[cam] = paths
-    notes = [f"camera {cam} is declared in meta/info.json but has no video files; dropped" for cam in cameras if not video_of[cam]]
-    cameras = [cam for cam in cameras if video_of[cam]]
+    cameras = [cam for cam in expected if video_of[cam]]
+    notes = _dropped_cameras(root, declared, expected, set(cameras), wanted)
     episodes = []
     for ep in sorted(found):
         path, _ = found[ep]
@@ -137,7 +188,7 @@ def _read_v2(root: str, name: str, info: dict) -> Source:
                   features=info.get("features", {}), notes=notes)
 
 
-def _read_v3(root: str, name: str, info: dict) -> Source:
+def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -> Source:
     fps = float(info["fps"])
     meta_files = sorted(glob.glob(os.path.join(root, "meta", "episodes", "**", "*.parquet"), recursive=True))
     if not meta_files:
@@ -149,8 +200,8 @@ def _read_v3(root: str, name: str, info: dict) -> Source:
         t = pq.read_table(tasks_path)
         text_col = "task" if "task" in t.column_names else next(c for c in t.column_names if c != "task_index")
         task_text = dict(zip(t.column("task_index").to_pylist(), map(str, t.column(text_col).to_pylist())))
-    cameras = _camera_names(info.get("features", {}))
-    notes: list[str] = []
+    declared = _camera_names(info.get("features", {}))
+    cameras = declared if wanted != () else []
     data_ranges: dict[str, dict[int, tuple[int, int]]] = {}
 
     def ranges_in(path: str) -> dict[int, tuple[int, int]]:
@@ -169,16 +220,17 @@ def _read_v3(root: str, name: str, info: dict) -> Source:
         return data_ranges[path]
 
     file_seconds: dict[str, float] = {}
+    files_of: dict[str, list[str]] = {cam: [] for cam in cameras}
     for row in rows:
         for cam in cameras:
             key = f"videos/{cam}/to_timestamp"
             if key in row and row[key] is not None:
                 path = _video_path(root, info, cam, row)
                 file_seconds[path] = max(file_seconds.get(path, 0.0), float(row[key]))
-    present = {cam for cam in cameras if any(os.path.exists(p) for p in file_seconds if f"/{cam}/" in p)}
-    for cam in cameras:
-        if cam not in present:
-            notes.append(f"camera {cam} is declared in meta/info.json but has no video files; dropped")
+                files_of[cam].append(path)
+    present = {cam for cam in cameras if any(os.path.exists(p) for p in files_of[cam])}
+    expected = {cam: files_of[cam][0] if files_of[cam] else _video_path(root, info, cam, rows[0]) for cam in cameras}
+    notes = _dropped_cameras(root, declared, expected, present, wanted)
     episodes = []
     for row in rows:
         ep = int(row["episode_index"])

@@ -20,7 +20,7 @@ import webdataset as wds
 from torchcodec.decoders import VideoDecoder
 
 from conftest import shared_dataset
-from shardwriter import ConvertOptions, WindowIndex, convert, read_lerobot, verify
+from shardwriter import ConvertOptions, SourceError, WindowIndex, convert, read_lerobot, verify
 from shardwriter.index import camera_row_frames
 
 DATASETS = [
@@ -32,6 +32,9 @@ DATASETS = [
     "unitree_g1_bottle_av1_v30",
     "so101_record_test_v30_novideo",
 ]
+# Every declared camera of so101_record_test_v30_novideo lacks its files: refused unless state and
+# action only are asked for (cameras=()).
+CAMERAS = {"so101_record_test_v30_novideo": ()}
 
 
 def _packets(data_or_path) -> dict[int, bytes]:
@@ -45,13 +48,14 @@ def _packets(data_or_path) -> dict[int, bytes]:
 def converted(request, tmp_path_factory):
     root = shared_dataset(request.param)
     out = tmp_path_factory.mktemp(request.param)
-    manifest = convert([str(root)], str(out), ConvertOptions(max_episodes_per_shard=2, progress=False))
+    manifest = convert([str(root)], str(out), ConvertOptions(max_episodes_per_shard=2, progress=False,
+                                                             cameras=CAMERAS.get(root.name)))
     return root, out, manifest
 
 
 def test_converts_and_verifies(converted):
     root, out, manifest = converted
-    source = read_lerobot(str(root))
+    source = read_lerobot(str(root), cameras=CAMERAS.get(root.name))
     assert manifest["totals"]["episodes"] == len(source.episodes)
     result = verify(str(out))
     assert result["ok"], result["problems"]
@@ -70,7 +74,7 @@ def test_webdataset_yields_one_sample_per_episode(converted):
 
 def test_rows_and_video_bytes_round_trip(converted):
     root, out, manifest = converted
-    source = {e.episode_index: e for e in read_lerobot(str(root)).episodes}
+    source = {e.episode_index: e for e in read_lerobot(str(root), cameras=CAMERAS.get(root.name)).episodes}
     index = WindowIndex.load([f"{out}/{s['index']}" for s in manifest["shards"]])
     for e in range(index.num_episodes):
         row = index.table.slice(e, 1).to_pylist()[0]
@@ -113,14 +117,30 @@ def test_quirks_are_reported(converted):
     warnings = manifest["report"]["warnings_by_kind"]
     notes = " ".join(n for s in manifest["sources"] for n in s["notes"])
     if name == "gr00t_robot_sim_picknplace":
-        assert warnings == {"timestamps_offset": 5} and "egoview" in notes
+        assert warnings == {"timestamps_offset": 5}
+        assert "camera observation.images.egoview" in notes
+        assert "expected e.g. videos/chunk-000/observation.images.egoview/episode_000000.mp4" in notes
     elif name == "so101_bimanual_cloth":
         assert warnings == {"timestamps_past_end": 10}
     elif name == "so101_record_test_v30_novideo":
-        assert manifest["cameras"] == {} and "observation.images.front" in notes
+        assert manifest["cameras"] == {} and "observation.images.front" in notes and "as asked" in notes
     else:
         assert warnings == {}
+    # No real dataset has a recording break: every episode is one segment, windows as before.
+    index = WindowIndex.load_dataset(str(converted[1]))
+    assert index.segment_starts.size == 0 and index.table.column("segment_starts").null_count == 0
     stats = manifest["stats"]
     assert "observation.state" in stats and "action" in stats
     for feature in stats.values():
         assert all(np.isfinite(feature[k]).all() for k in ("mean", "std", "min", "max", "q01", "q99"))
+
+
+def test_dataset_without_any_camera_file_is_refused_by_default(tmp_path):
+    root = shared_dataset("so101_record_test_v30_novideo")
+    with pytest.raises(SourceError) as info:
+        convert([str(root)], str(tmp_path), ConvertOptions(progress=False))
+    message = str(info.value)
+    assert "no declared camera has video files" in message and "--no-cameras" in message
+    assert "expected e.g. videos/observation.images.front/chunk-000/file-000.mp4" in message
+    assert "expected e.g. videos/observation.images.top/chunk-000/file-000.mp4" in message
+    assert not (tmp_path / "manifest.json").exists()
