@@ -1,0 +1,107 @@
+"""Small LeRobot dataset folders (v2.1 and v3.0 layouts) on disk, from ``videogen`` episodes.
+
+Test-support module (not a test file). Video frame ``i`` of a camera shows the number
+``camera_base + i`` (``videogen.decode_frame_number`` reads it back), so a test can check which
+source frame every row was given. Layouts follow LeRobot's ``meta/info.json`` path templates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from videogen import make_episode_table, make_video
+
+V2_DATA = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+V2_VIDEO = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
+V3_DATA = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+V3_VIDEO = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+
+
+def _info(version: str, fps: int, lengths: list[int], cameras: list[str], data: str, video: str) -> dict:
+    features = {
+        "observation.state": {"dtype": "float32", "shape": [4], "names": None},
+        "action": {"dtype": "float32", "shape": [3], "names": None},
+        **{cam: {"dtype": "video", "shape": [32, 32, 3], "names": ["height", "width", "channel"]} for cam in cameras},
+    }
+    return {"codebase_version": version, "fps": fps, "robot_type": "toy", "total_episodes": len(lengths),
+            "data_path": data, "video_path": video, "features": features}
+
+
+def _write_json(path: str, value) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(value, f)
+
+
+def _table(episode: int, rows: int, fps: int, first_index: int, timestamps=None) -> pa.Table:
+    table = make_episode_table(rows, fps=fps)
+    table = table.set_column(table.column_names.index("episode_index"), "episode_index",
+                             pa.array(np.full(rows, episode, np.int64)))
+    table = table.set_column(table.column_names.index("index"), "index",
+                             pa.array(np.arange(first_index, first_index + rows, dtype=np.int64)))
+    if timestamps is not None:
+        table = table.set_column(table.column_names.index("timestamp"), "timestamp",
+                                 pa.array(np.asarray(timestamps, np.float32), pa.float32()))
+    return table
+
+
+def write_v2(root: str, lengths: list[int], cameras: list[str], *, fps: int = 20, declared: list[str] | None = None,
+             video_dir: str = "videos") -> None:
+    """A v2.1 dataset: one parquet and one mp4 per camera per episode (32x32 H.264, gop 8).
+
+    ``declared``: cameras listed in ``meta/info.json`` (default ``cameras``); only ``cameras`` get
+    files, stored under ``video_dir`` (``"video"`` misplaces them). Episode ``e``'s frames show
+    ``1000 * e + i``.
+    """
+    declared = cameras if declared is None else declared
+    _write_json(f"{root}/meta/info.json", _info("v2.1", fps, lengths, declared, V2_DATA, V2_VIDEO))
+    for e, n in enumerate(lengths):
+        path = f"{root}/{V2_DATA.format(episode_chunk=0, episode_index=e)}"
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        pq.write_table(_table(e, n, fps, sum(lengths[:e])), path)
+        for cam in cameras:
+            video = f"{root}/{V2_VIDEO.format(episode_chunk=0, video_key=cam, episode_index=e)}"
+            video = video.replace(f"{root}/videos/", f"{root}/{video_dir}/", 1)
+            os.makedirs(os.path.dirname(video), exist_ok=True)
+            make_video(video, n, fps=fps, height=32, width=32, gop=8, start_number=1000 * e)
+    with open(f"{root}/meta/tasks.jsonl", "w") as f:
+        f.write(json.dumps({"task_index": 0, "task": "fold"}) + "\n")
+
+
+def write_v3(root: str, lengths: list[int], camera: str, *, fps: int = 20, per_file: int = 3, end_shift: int = 0,
+             timestamps: dict[int, np.ndarray] | None = None) -> None:
+    """A v3.0 dataset: ``per_file`` episodes per data file and per video file (32x32 H.264, gop 8,
+    B-frames), one camera. Frame ``i`` of every video file shows ``i`` counted over all files, so
+    episode ``e``'s row ``r`` must show ``sum(lengths[:e]) + r``.
+
+    ``end_shift``: frames added to every ``to_timestamp`` (``-1``: the last frame's time, as some
+    recorders write it; ``0``: exact; ``1``: one frame long). ``timestamps``: episode -> its
+    ``timestamp`` column (default ``frame_index / fps``).
+    """
+    _write_json(f"{root}/meta/info.json", _info("v3.0", fps, lengths, [camera], V3_DATA, V3_VIDEO))
+    meta = []
+    for file_index, first in enumerate(range(0, len(lengths), per_file)):
+        episodes = range(first, min(first + per_file, len(lengths)))
+        base = sum(lengths[:first])
+        tables = [_table(e, lengths[e], fps, sum(lengths[:e]), (timestamps or {}).get(e)) for e in episodes]
+        data = f"{root}/{V3_DATA.format(chunk_index=0, file_index=file_index)}"
+        os.makedirs(os.path.dirname(data), exist_ok=True)
+        pq.write_table(pa.concat_tables(tables), data)
+        video = f"{root}/{V3_VIDEO.format(video_key=camera, chunk_index=0, file_index=file_index)}"
+        os.makedirs(os.path.dirname(video), exist_ok=True)
+        make_video(video, sum(lengths[e] for e in episodes), fps=fps, height=32, width=32, gop=8, start_number=base)
+        start = 0
+        for e in episodes:
+            meta.append({"episode_index": e, "tasks": ["fold"], "length": lengths[e],
+                         "data/chunk_index": 0, "data/file_index": file_index,
+                         f"videos/{camera}/chunk_index": 0, f"videos/{camera}/file_index": file_index,
+                         f"videos/{camera}/from_timestamp": start / fps,
+                         f"videos/{camera}/to_timestamp": (start + lengths[e] + end_shift) / fps})
+            start += lengths[e]
+    os.makedirs(f"{root}/meta/episodes/chunk-000", exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(meta), f"{root}/meta/episodes/chunk-000/file-000.parquet")
