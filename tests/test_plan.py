@@ -663,3 +663,29 @@ def test_stratified_plan_deals_every_stratum_evenly_and_exactly_once(world, work
     half = part.size // 2
     if half > 100:
         assert set(stratum[part[:half]]) == {0, 1} and set(stratum[part[half:]]) == {0, 1}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_recording_breaks_remove_exactly_the_crossing_anchors(seed):
+    """Anchors, counts and per-episode draws around recording breaks, against a brute force."""
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        n_ep = int(rng.integers(1, 6))
+        rows = rng.integers(1, 60, n_ep)
+        breaks = [np.unique(rng.integers(1, max(int(n), 2), rng.integers(0, 4))) for n in rows]
+        breaks = [b[b < n] for b, n in zip(breaks, rows)]
+        before, after, stride = int(rng.integers(0, 6)), int(rng.integers(0, 6)), int(rng.integers(1, 4))
+        owner = np.concatenate([np.full(b.size, e) for e, b in enumerate(breaks)]).astype(np.int64)
+        gaps = P.break_gaps(owner, np.concatenate(breaks).astype(np.int64), before, after)
+        lo, hi = np.full(n_ep, before, np.int64), (rows - after).astype(np.int64)
+        want = {(e, a) for e in range(n_ep) for a in range(lo[e], hi[e], stride)
+                if all(not (b - after <= a < b + before) for b in breaks[e])}
+        counts = P.anchor_counts(lo, hi, stride, gaps)
+        assert counts.tolist() == [sum(1 for w in want if w[0] == e) for e in range(n_ep)]
+        table = EpisodeTable(shard=np.zeros(n_ep, np.int64), lo=lo, hi=hi, weight=np.ones(n_ep),
+                             cost_bytes=np.ones(n_ep, np.int64), gaps=gaps)
+        for per_episode in (None, 1.0):  # vectorised path and per-episode draw path
+            plan = global_plan(table, stride, per_episode, 0, 0, 1)
+            assert set(zip(plan.episode.tolist(), plan.anchor.tolist())) == want and plan.episode.size == len(want)
+        half = global_plan(table, stride, 0.5, 0, 0, 1)
+        assert set(zip(half.episode.tolist(), half.anchor.tolist())) <= want
