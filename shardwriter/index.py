@@ -195,6 +195,12 @@ class WindowIndex:
             return self.cam_first_frame[stream] + rows
         return self.row_to_frame[start + rows]
 
+    def segment_edges(self, episode: int) -> np.ndarray:
+        """int64 ``[k + 2]``: ``0``, the episode's ``segment_starts`` (k recording breaks), ``num_rows``;
+        segment ``i`` is rows ``[edges[i], edges[i + 1])``."""
+        starts = self.segment_starts[self.segment_offsets[episode]:self.segment_offsets[episode + 1]]
+        return np.r_[0, starts, self.num_rows[episode]].astype(np.int64)
+
     def segment_bounds(self, episodes, rows) -> tuple[np.ndarray, np.ndarray]:
         """Recording segment ``[lo, hi)`` holding each row: the whole episode ``[0, num_rows)``
         unless its timestamps reset or jump (``segment_starts``), where a new segment begins.

@@ -90,7 +90,9 @@ class LoadedEpisode:
                                 if "timestamp" in table.column_names else np.arange(n) / fps)
 
         frames, positions = {}, {}
-        seg_lo, seg_hi = index.segment_bounds(episode, anchors)
+        edges = index.segment_edges(episode)  # recording segments: windows stay inside their anchor's
+        k = np.searchsorted(edges, anchors, side="right") - 1
+        seg_lo, seg_hi = edges[k], edges[k + 1]
         for cam, offsets in cam_offsets.items():
             s = streams[cam]
             rows, _ = _clamped(anchors[:, None] + offsets[None, :], seg_lo[:, None], seg_hi[:, None])
@@ -109,7 +111,7 @@ class LoadedEpisode:
                           frames_decoded=decoded_frames(unique, keys), frames_unique=unique.size)
         info = {"task": index.table.column("task")[episode].as_py(), "episode_index":
                 int(index.table.column("episode_index")[episode].as_py()), "key": key, "fps": fps,
-                "streams": streams}
+                "streams": streams, "segments": edges}
         telemetry.add(episodes_loaded=1)
         return cls(episode, n, columns, frames, positions, info)
 
@@ -119,7 +121,9 @@ class LoadedEpisode:
 
         ``finish``: applied to each camera's frames (``PostProcess.finish``); None leaves them as
         stored (uint8, for a collate that converts them)."""
-        lo, hi = (int(x) for x in index.segment_bounds(self.episode, anchor))
+        edges = self.info["segments"]
+        k = int(np.searchsorted(edges, anchor, side="right")) - 1
+        lo, hi = int(edges[k]), int(edges[k + 1])
         sample: dict = {}
         for cam, offsets in cam_offsets.items():
             rows, pad = _clamped(anchor + offsets, lo, hi)
