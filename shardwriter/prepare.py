@@ -2,7 +2,9 @@
 
 The row-to-frame map is resolved here, once: by the ``frame_index`` column or row position, plus
 (LeRobot v3.0) the exact frame of the segment's ``from_timestamp``. Float timestamps are never
-rounded to pick frames; they are only compared with the video to report disagreements.
+rounded to pick frames; they are compared with the video to report disagreements, and where they
+reset or jump inside the episode a recording break is recorded (``segment_starts``) so that no
+training window crosses it.
 """
 
 from __future__ import annotations
@@ -285,7 +287,8 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         ConversionError: naming dataset, episode, camera and row, for: empty table, NaN/Inf in
             state or action (``nan``), bad ``frame_index``, a missing camera, an unreadable or
             truncated video, rows past the video's end, and (with ``timestamps="fail"``) timestamps
-            that disagree with the video.
+            that disagree with the video, a v3.0 ``to_timestamp`` off by up to a frame, or a
+            recording break (timestamps reset or jump).
     """
     where = {"dataset": episode.source, "episode": episode.episode_index}
     key = episode.key or fmt.episode_key(episode.source, episode.episode_index)
