@@ -89,7 +89,9 @@ def _dropped_cameras(root: str, declared: list[str], expected: dict[str, str], p
     Raises:
         SourceError: every declared camera lacks files and ``wanted`` is not ``()`` (state/action only).
     """
-    taken = {os.path.dirname(os.path.relpath(expected[c], root)) for c in present}
+    # Folders on other cameras' paths are theirs, not look-alikes (ego_view is not egoview misspelt).
+    taken = {os.path.join(*parts[:i]) for c in present for parts in [os.path.relpath(expected[c], root).split("/")]
+             for i in range(1, len(parts) + 1)}
     notes = []
     for cam in (c for c in expected if c not in present):
         rel = os.path.relpath(expected[cam], root)
@@ -229,7 +231,9 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
                 file_seconds[path] = max(file_seconds.get(path, 0.0), float(row[key]))
                 files_of[cam].append(path)
     present = {cam for cam in cameras if any(os.path.exists(p) for p in files_of[cam])}
-    expected = {cam: files_of[cam][0] if files_of[cam] else _video_path(root, info, cam, rows[0]) for cam in cameras}
+    # A camera meta/episodes gives no file for: the template, its chunk and file fields unfilled.
+    expected = {cam: files_of[cam][0] if files_of[cam] else
+                os.path.join(root, (info.get("video_path") or "").replace("{video_key}", cam)) for cam in cameras}
     notes = _dropped_cameras(root, declared, expected, present, wanted)
     episodes = []
     for row in rows:

@@ -74,16 +74,17 @@ def write_v2(root: str, lengths: list[int], cameras: list[str], *, fps: int = 20
 
 
 def write_v3(root: str, lengths: list[int], camera: str, *, fps: int = 20, per_file: int = 3, end_shift: int = 0,
-             timestamps: dict[int, np.ndarray] | None = None) -> None:
+             timestamps: dict[int, np.ndarray] | None = None, absent: tuple[str, ...] = ()) -> None:
     """A v3.0 dataset: ``per_file`` episodes per data file and per video file (32x32 H.264, gop 8,
     B-frames), one camera. Frame ``i`` of every video file shows ``i`` counted over all files, so
     episode ``e``'s row ``r`` must show ``sum(lengths[:e]) + r``.
 
     ``end_shift``: frames added to every ``to_timestamp`` (``-1``: the last frame's time, as some
     recorders write it; ``0``: exact; ``1``: one frame long). ``timestamps``: episode -> its
-    ``timestamp`` column (default ``frame_index / fps``).
+    ``timestamp`` column (default ``frame_index / fps``). ``absent``: more cameras declared, with
+    meta/episodes columns like ``camera``'s, but no video files.
     """
-    _write_json(f"{root}/meta/info.json", _info("v3.0", fps, lengths, [camera], V3_DATA, V3_VIDEO))
+    _write_json(f"{root}/meta/info.json", _info("v3.0", fps, lengths, [camera, *absent], V3_DATA, V3_VIDEO))
     meta = []
     for file_index, first in enumerate(range(0, len(lengths), per_file)):
         episodes = range(first, min(first + per_file, len(lengths)))
@@ -97,11 +98,13 @@ def write_v3(root: str, lengths: list[int], camera: str, *, fps: int = 20, per_f
         make_video(video, sum(lengths[e] for e in episodes), fps=fps, height=32, width=32, gop=8, start_number=base)
         start = 0
         for e in episodes:
-            meta.append({"episode_index": e, "tasks": ["fold"], "length": lengths[e],
-                         "data/chunk_index": 0, "data/file_index": file_index,
-                         f"videos/{camera}/chunk_index": 0, f"videos/{camera}/file_index": file_index,
-                         f"videos/{camera}/from_timestamp": start / fps,
-                         f"videos/{camera}/to_timestamp": (start + lengths[e] + end_shift) / fps})
+            row = {"episode_index": e, "tasks": ["fold"], "length": lengths[e],
+                   "data/chunk_index": 0, "data/file_index": file_index}
+            for cam in (camera, *absent):
+                row.update({f"videos/{cam}/chunk_index": 0, f"videos/{cam}/file_index": file_index,
+                            f"videos/{cam}/from_timestamp": start / fps,
+                            f"videos/{cam}/to_timestamp": (start + lengths[e] + end_shift) / fps})
+            meta.append(row)
             start += lengths[e]
     os.makedirs(f"{root}/meta/episodes/chunk-000", exist_ok=True)
     pq.write_table(pa.Table.from_pylist(meta), f"{root}/meta/episodes/chunk-000/file-000.parquet")

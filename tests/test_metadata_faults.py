@@ -230,6 +230,17 @@ def test_one_camera_without_files_is_dropped_naming_the_expected_path(tmp_path):
     assert _decoded_rows(tmp_path / "out", index, 1) == list(range(1000, 1009))
 
 
+def test_v3_camera_without_files_is_dropped_naming_the_expected_path(tmp_path):
+    write_v3(str(tmp_path / "src"), [12, 9, 10], CAM, fps=FPS, per_file=2, absent=(WRIST,))
+    manifest = convert([str(tmp_path / "src")], str(tmp_path / "out"), _opts())
+    assert list(manifest["cameras"]) == [CAM] and manifest["totals"]["rows"] == 31
+    assert manifest["sources"][0]["notes"] == [
+        f"camera {WRIST} is declared in meta/info.json but has no video files "
+        f"(expected e.g. videos/{WRIST}/chunk-000/file-000.mp4, from video_path)"]
+    index = WindowIndex.load_dataset(str(tmp_path / "out"))
+    assert _decoded_rows(tmp_path / "out", index, 2) == list(range(21, 31))
+
+
 def test_no_camera_with_files_is_refused_naming_path_and_look_alike(tmp_path, capsys):
     src = str(tmp_path / "src")
     write_v2(src, [12, 9], [CAM, WRIST], fps=FPS, video_dir="video")  # videos/ misspelt
