@@ -49,6 +49,9 @@ def _cmd_convert(args) -> int:
     for source in manifest["sources"]:
         for note in source["notes"]:
             print(f"  note: {source['name']}: {note}")
+    for name, cam in manifest["cameras"].items():
+        if cam.get("conversion") or cam.get("kind") == "depth":
+            print(f"  camera {name}: " + (cam.get("conversion") or f"depth, read as uint16 [T, 1, H, W] ({cam['pix_fmt']})"))
     for kind, n in report["skipped_by_kind"].items():
         print(f"  skipped {n} episode(s): {kind}")
     for kind, n in report["warnings_by_kind"].items():

@@ -20,6 +20,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
+import av
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -223,6 +224,21 @@ def _feature_schema(source: Source, table: pa.Table) -> dict:
     return features
 
 
+def _camera_entry(cam: dict, fps: float) -> dict:
+    """Manifest ``cameras`` entry: stream facts, the camera kind and what the reader returns, and
+    the conversion the reader applies when it returns fewer bits than are stored."""
+    kind = cam.get("kind") or "rgb"
+    dtype, channels = fmt.camera_output(kind)
+    bits = av.VideoFormat(cam["pix_fmt"]).components[0].bits if cam["pix_fmt"] else 8
+    conversion = None
+    if kind == "rgb" and bits > 8:
+        conversion = (f"{cam['pix_fmt']} ({bits} bits per sample) is returned as 8-bit RGB (uint8): "
+                      f"the decoder converts it to rgb24, keeping 8 of its {bits} bits")
+    return {"codec": cam["codec"], "width": cam["width"], "height": cam["height"], "fps": fps, "episodes": 0,
+            "kind": kind, "pix_fmt": cam["pix_fmt"], "bit_depth": bits, "dtype": dtype, "channels": channels,
+            "conversion": conversion}
+
+
 def _summarise(storage: Storage, shard_metas: list[dict], sources: list[Source]) -> dict:
     """Statistics, schema, cameras and tasks, computed from the written shards."""
     stats = DatasetStats()
@@ -242,13 +258,13 @@ def _summarise(storage: Storage, shard_metas: list[dict], sources: list[Source])
             for name, spec in _feature_schema(by_name[row["source"]], table).items():
                 features.setdefault(name, spec)
             for cam in row["cameras"]:
-                entry = cameras.setdefault(cam["name"], {"codec": cam["codec"], "width": cam["width"],
-                                                         "height": cam["height"], "fps": row["fps"], "episodes": 0})
+                entry = cameras.setdefault(cam["name"], _camera_entry(cam, row["fps"]))
                 entry["episodes"] += 1
             for task in row["tasks"]:
                 tasks.setdefault(task, len(tasks))
     for name, cam in cameras.items():
-        features[name] = {"dtype": "video", "shape": [cam["height"], cam["width"], 3], "names": ["height", "width", "channel"]}
+        features[name] = {"dtype": "video", "shape": [cam["height"], cam["width"], cam["channels"]],
+                          "names": ["height", "width", "channel"], "kind": cam["kind"]}
     return {"features": features, "cameras": cameras, "tasks": list(tasks), "stats": stats.result(),
             "stats_by_source": stats.result_by_source(), "stats_mixed_widths": stats.mixed_widths,
             "episodes_per_source": per_source}

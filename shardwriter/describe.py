@@ -65,9 +65,12 @@ def render(summary: dict) -> str:
         lines.append(f"  source {s['name']} ({s['format']}, {s['fps']:g} fps): {s['episodes']} episodes")
     for name, c in summary["cameras"].items():
         k = c["keyframe_interval"]
-        lines.append(f"  camera {name}: {c['codec']} {c['width']}x{c['height']}, {c['episodes']} episodes, "
+        kind = f" {c.get('pix_fmt')}, read as {c.get('kind', 'rgb')} {c.get('dtype', 'uint8')}" if "kind" in c else ""
+        lines.append(f"  camera {name}: {c['codec']} {c['width']}x{c['height']}{kind}, {c['episodes']} episodes, "
                      f"{c['frames']} frames, {c['bytes'] / 1e6:.1f} MB, keyframe interval min {k['min']} / "
                      f"mean {k['mean']} / max {k['max']} frames")
+        if c.get("conversion"):
+            lines.append(f"    conversion: {c['conversion']}")
     for s in summary["shards"]:
         lines.append(f"  {s['shard']}: {s['episodes']} episodes, {s['rows']} rows, {s['size'] / 1e6:.1f} MB")
     for kind, n in summary["report"]["skipped_by_kind"].items():

@@ -42,12 +42,15 @@ class CameraVideo:
     ``source``: the encoded file, as bytes or a local path. ``segment``: ``(from_timestamp,
     to_timestamp)`` in seconds when the episode is only part of the file (LeRobot v3.0); the writer
     turns ``from_timestamp`` into an exact frame number once and cuts the segment by stream copy.
-    Without a segment the file belongs to the episode and is copied bit-exact.
+    Without a segment the file belongs to the episode and is copied bit-exact. ``depth``: the source
+    declares the video a depth map (LeRobot's ``video.is_depth_map``); a grey one is then read at
+    full precision (camera kind ``depth``, see ``format.CAMERA_KINDS``).
     """
 
     source: bytes | str
     segment: tuple[float, float] | None = None
     file_seconds: float | None = None  # duration of the whole file, for shard-size planning only
+    depth: bool = False
 
     def size(self) -> int:
         """Size in bytes of the whole source file (an upper bound for a segment)."""
@@ -70,6 +73,9 @@ class Episode:
         tasks: task texts; the first is the instruction.
         robot: robot type (free text).
         key: shard key; default ``<source>-e<episode_index:06d>``.
+        images: table columns holding one encoded image per row (LeRobot's ``image`` dtype: PNG or
+            JPEG bytes); each becomes a camera of that name (see ``shardwriter.images``) and leaves
+            the stored table.
     """
 
     source: str
@@ -81,6 +87,7 @@ class Episode:
     robot: str = ""
     key: str | None = None
     extra: dict = field(default_factory=dict)
+    images: tuple[str, ...] = ()
 
     def load_table(self) -> tuple[pa.Table, bytes | None]:
         """Return (table, original parquet bytes when the table is a whole file, else None)."""

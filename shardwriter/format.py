@@ -11,7 +11,7 @@ import re
 import pyarrow as pa
 
 FORMAT_NAME = "epishard"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: camera `kind` (depth cameras), `images:` transform
 
 MANIFEST_NAME = "manifest.json"
 REPORT_NAME = "report.json"
@@ -63,6 +63,17 @@ def index_name(prefix: str, shard_id: int) -> str:
     return f"{prefix}-{shard_id:06d}{INDEX_SUFFIX}"
 
 
+# Camera kinds. "rgb": decoded to uint8 RGB [3, H, W] (8 bits per sample; deeper colour video is
+# reduced to 8 bits, stated in the manifest). "depth": a grey video (a depth map, or any grey video of
+# more than 8 bits) decoded at full precision to uint16 [1, H, W] in the stored units, never scaled.
+CAMERA_KINDS = ("rgb", "depth")
+
+
+def camera_output(kind: str) -> tuple[str, int]:
+    """(numpy dtype name, channels) of the frames the reader returns for a camera of ``kind``."""
+    return ("uint16", 1) if kind == "depth" else ("uint8", 3)
+
+
 MEMBER_TYPE = pa.struct(
     [
         ("name", pa.string()),  # full tar member name, e.g. "gr00t-e000003.ego_view.mp4"
@@ -94,7 +105,8 @@ CAMERA_TYPE = pa.struct(
         # Video frame shown at table row r = first_frame + r when `row_to_frame` is empty, else row_to_frame[r].
         ("first_frame", pa.int32()),
         ("row_to_frame", pa.list_(pa.int32())),  # [num_rows] or []
-        ("transform", pa.string()),  # "copy" | "cut" | "reencode:<json>": what the writer did
+        ("transform", pa.string()),  # "copy" | "cut" | "reencode:<json>" | "images:<json>": what the writer did
+        ("kind", pa.string()),  # CAMERA_KINDS: how the reader decodes it
     ]
 )
 

@@ -110,6 +110,10 @@ class WindowIndex:
         self.cam_num_frames = _np(cams.field("num_frames"), np.int64)
         self.cam_width = _np(cams.field("width"), np.int32)
         self.cam_height = _np(cams.field("height"), np.int32)
+        # Indexes written before camera kinds existed hold RGB cameras only.
+        kinds = (cams.field("kind").to_numpy(zero_copy_only=False) if "kind" in [f.name for f in cams.type]
+                 else np.full(len(cams), "rgb", dtype=object))
+        self.cam_depth = kinds == "depth"  # bool per stream: decoded at full precision, uint16 [1, H, W]
         self.cam_time_base = _np(cams.field("time_base_num"), np.float64) / _np(cams.field("time_base_den"), np.float64)
         # Byte range of each stream's video member, resolved once so a lookup is one array read.
         episode_of_stream = np.repeat(np.arange(self.num_rows.shape[0]), np.diff(self.episode_cams))
@@ -183,6 +187,11 @@ class WindowIndex:
         if np.any(out < 0):
             raise KeyError(f"episode {self.key(int(np.flatnonzero(out < 0)[0]))} has no camera {name!r}")
         return out
+
+    def is_depth(self, name: str) -> bool:
+        """True when camera ``name`` is a depth camera (kind ``depth``) in any episode."""
+        names = self.cam_names.to_numpy(zero_copy_only=False)
+        return bool(np.any(self.cam_depth[names == name]))
 
     def stream(self, episode: int, camera: int) -> int:
         """Flat camera-stream number of the episode's ``camera``-th camera (sorted by name)."""

@@ -107,6 +107,19 @@ def _dropped_cameras(root: str, declared: list[str], expected: dict[str, str], p
     return notes
 
 
+def _image_features(features: dict) -> tuple[tuple[str, ...], list[str]]:
+    """Image features (one PNG/JPEG per row inside the parquet) and the notes saying what becomes of them."""
+    names = tuple(name for name, spec in features.items() if spec.get("dtype") == "image")
+    return names, [f"image feature {name} (images inside the parquet) is converted to a camera: lossless "
+                   "H.264 RGB video, every frame a keyframe; the column leaves the stored tables" for name in names]
+
+
+def _depth_cameras(features: dict) -> set[str]:
+    """Cameras declared depth maps (``info["video.is_depth_map"]``, LeRobot's flag)."""
+    return {name for name, spec in features.items()
+            if spec.get("dtype") == "video" and (spec.get("info") or {}).get("video.is_depth_map")}
+
+
 def read_lerobot(root: str, name: str | None = None, cameras: tuple[str, ...] | None = None) -> Source:
     """Open a LeRobot dataset folder and describe its episodes without reading any video.
 
@@ -160,6 +173,7 @@ def _read_v2(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
         raise SourceError(f"{root}: no data file matches data_path {info['data_path']!r}")
     per_episode_tasks, task_text = _v2_tasks(root)
     declared = _camera_names(info.get("features", {}))
+    depth = _depth_cameras(info.get("features", {}))
     video_of: dict[str, dict[int, str]] = {}
     expected: dict[str, str] = {}
     for cam in declared if wanted != () else []:
@@ -172,16 +186,18 @@ def _read_v2(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
         video_of[cam] = paths
     cameras = [cam for cam in expected if video_of[cam]]
     notes = _dropped_cameras(root, declared, expected, set(cameras), wanted)
+    images, image_notes = _image_features(info.get("features", {}))
+    notes += image_notes
     episodes = []
     for ep in sorted(found):
         path, _ = found[ep]
         tasks = per_episode_tasks.get(ep) or ([task_text[0]] if len(task_text) == 1 else [])
-        videos = {cam: CameraVideo(video_of[cam][ep]) for cam in cameras if ep in video_of[cam]}
+        videos = {cam: CameraVideo(video_of[cam][ep], depth=cam in depth) for cam in cameras if ep in video_of[cam]}
         # A camera missing for this episode only is left out here and reported by the writer.
         extra = {"missing_cameras": [cam for cam in cameras if ep not in video_of[cam]], "task_text": task_text}
         episodes.append(
             Episode(source=name, episode_index=ep, table=path, videos=videos, fps=fps, tasks=tuple(tasks),
-                    robot=str(info.get("robot_type") or ""), extra=extra)
+                    robot=str(info.get("robot_type") or ""), extra=extra, images=images)
         )
     declared = int(info.get("total_episodes", len(episodes)))
     if declared != len(episodes):
@@ -204,6 +220,8 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
         task_text = dict(zip(t.column("task_index").to_pylist(), map(str, t.column(text_col).to_pylist())))
     declared = _camera_names(info.get("features", {}))
     cameras = declared if wanted != () else []
+    depth = _depth_cameras(info.get("features", {}))
+    images, image_notes = _image_features(info.get("features", {}))
     data_ranges: dict[str, dict[int, tuple[int, int]]] = {}
 
     def ranges_in(path: str) -> dict[int, tuple[int, int]]:
@@ -234,7 +252,7 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
     # A camera meta/episodes gives no file for: the template, its chunk and file fields unfilled.
     expected = {cam: files_of[cam][0] if files_of[cam] else
                 os.path.join(root, (info.get("video_path") or "").replace("{video_key}", cam)) for cam in cameras}
-    notes = _dropped_cameras(root, declared, expected, present, wanted)
+    notes = _dropped_cameras(root, declared, expected, present, wanted) + image_notes
     episodes = []
     for row in rows:
         ep = int(row["episode_index"])
@@ -254,14 +272,14 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
             path = _video_path(root, info, cam, row)
             if os.path.exists(path):
                 seg = (float(row[f"videos/{cam}/from_timestamp"]), float(row[f"videos/{cam}/to_timestamp"]))
-                videos[cam] = CameraVideo(path, segment=seg, file_seconds=file_seconds.get(path))
+                videos[cam] = CameraVideo(path, segment=seg, file_seconds=file_seconds.get(path), depth=cam in depth)
             else:
                 missing.append(cam)
         tasks = tuple(str(t) for t in (row.get("tasks") or []))
         episodes.append(
             Episode(source=name, episode_index=ep, table=TableSlice(data_path, start, stop), videos=videos, fps=fps,
                     tasks=tasks, robot=str(info.get("robot_type") or ""),
-                    extra={"missing_cameras": missing, "task_text": task_text})
+                    extra={"missing_cameras": missing, "task_text": task_text}, images=images)
         )
     if not episodes:
         raise SourceError(f"{root}: none of the episodes in meta/episodes has its data file present")

@@ -14,6 +14,7 @@ import io
 import json
 from dataclasses import dataclass, field
 
+import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,7 +22,8 @@ import pyarrow.parquet as pq
 from . import format as fmt
 from .episode import Episode
 from .errors import ConversionError
-from .video import ReencodeSpec, VideoProbe, cut, frame_at_time, probe, reencode
+from .images import IMAGE_SPEC, column_images
+from .video import ReencodeSpec, VideoProbe, cut, encode, frame_at_time, probe, reencode, resize
 
 CHECKED_PREFIXES = ("observation.state", "action")
 
@@ -234,7 +236,7 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
     if "timestamp" in table.column_names:
         t = table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)[:first_break]
         reports.append(_timestamp_report(t, info.seconds(absolute[:first_break]) - zero, fps, 1.0 / fps))
-    if opts.reencode is not None:
+    if opts.reencode is not None and camera_kind(video.depth, info.pix_fmt) == "rgb":
         data = reencode(source, absolute, fps, opts.reencode)
         stored, row_to_frame, transform = probe(data), np.arange(absolute.size), opts.reencode.describe()
     elif video.segment is not None:
@@ -246,6 +248,40 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
     else:
         data, stored, row_to_frame, transform = bytes(source), info, absolute, "copy"
     return data, stored, row_to_frame.astype(np.int32), transform, [r for r in reports if r is not None]
+
+
+def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptions):
+    """Encode an image column as a video (``IMAGE_SPEC``, or the re-encode settings when given).
+
+    Returns (stored bytes, probe of them, row_to_frame, transform, report entries); frame ``r`` is
+    row ``r``'s image, so there are no timestamps to check."""
+    images, notes = column_images(table, column)
+    spec = opts.reencode or IMAGE_SPEC
+    data = encode(resize(images, spec.size), fps, spec)
+    transform = "images:" + spec.describe().partition(":")[2]
+    return data, probe(data), np.arange(table.num_rows, dtype=np.int32), transform, notes
+
+
+def camera_kind(declared_depth: bool, pix_fmt: str) -> str:
+    """``"depth"`` for a grey video declared a depth map or of more than 8 bits per sample (the RGB
+    path would squeeze it into 8 bits), else ``"rgb"``. See ``format.CAMERA_KINDS``."""
+    try:
+        desc = av.VideoFormat(pix_fmt)
+    except (ValueError, av.error.FFmpegError):
+        return "rgb"
+    grey = pix_fmt.startswith("gray") and len(desc.components) == 1
+    return "depth" if grey and (declared_depth or desc.components[0].bits > 8) else "rgb"
+
+
+def _kind_notes(declared_depth: bool, kind: str, pix_fmt: str, opts: PrepareOptions) -> list[dict]:
+    """Report entries for a camera read otherwise than its source or the options say."""
+    if declared_depth and kind != "depth":
+        return [{"kind": "depth_not_grey", "row": None, "message": f"declared a depth map but stored as {pix_fmt} "
+                 "(not a grey format): read as an RGB image"}]
+    if kind == "depth" and opts.reencode is not None:
+        return [{"kind": "depth_not_reencoded", "row": None, "message": "depth camera kept as stored: a re-encode "
+                 f"through 8-bit RGB would lose its {av.VideoFormat(pix_fmt).components[0].bits}-bit values"}]
+    return []
 
 
 def compact_tables(stored: VideoProbe, row_to_frame: np.ndarray) -> dict:
@@ -286,9 +322,10 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     Raises:
         ConversionError: naming dataset, episode, camera and row, for: empty table, NaN/Inf in
             state or action (``nan``), bad ``frame_index``, a missing camera, an unreadable or
-            truncated video, rows past the video's end, and (with ``timestamps="fail"``) timestamps
-            that disagree with the video, a v3.0 ``to_timestamp`` off by up to a frame, or a
-            recording break (timestamps reset or jump).
+            truncated video, rows past the video's end, an encoder failure (``encode_failed``), an
+            image camera's undecodable row (``bad_image``), and (with ``timestamps="fail"``)
+            timestamps that disagree with the video, a v3.0 ``to_timestamp`` off by up to a frame, or
+            a recording break (timestamps reset or jump).
     """
     where = {"dataset": episode.source, "episode": episode.episode_index}
     key = episode.key or fmt.episode_key(episode.source, episode.episode_index)
@@ -297,7 +334,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     wanted = opts.cameras
     missing = [c for c in episode.extra.get("missing_cameras", []) if wanted is None or c in wanted]
     if wanted is not None:
-        missing += [c for c in wanted if c not in episode.videos and c not in missing]
+        missing += [c for c in wanted if c not in episode.videos and c not in episode.images and c not in missing]
     if missing:
         raise _fail("missing_camera", "no video file for this episode", camera=missing[0], **where)
     try:
@@ -317,22 +354,34 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         raise _fail(breaks[0]["kind"], breaks[0]["message"], row=breaks[0]["row"], **where)
     warnings = [{**b, "dataset": episode.source, "episode": episode.episode_index, "camera": None} for b in breaks]
     first_break = breaks[0]["row"] if breaks else table.num_rows
-    cameras = sorted(c for c in episode.videos if wanted is None or c in wanted)
+    absent = [c for c in episode.images if c not in table.column_names and (wanted is None or c in wanted)]
+    if absent:
+        raise _fail("missing_camera", "image feature has no column in the table", camera=absent[0], **where)
+    cameras = sorted(c for c in (*episode.videos, *episode.images) if wanted is None or c in wanted)
     fields = _camera_fields(cameras)
     members: list[tuple[str, bytes]] = []
     cam_rows = []
     for cam in cameras:
-        video = episode.videos[cam]
-        path = video.source if isinstance(video.source, str) else None
+        video = episode.videos.get(cam)  # None: an image column
+        path = video.source if video is not None and isinstance(video.source, str) else None
+        notes: list[dict] = []
         try:
-            data, stored, row_to_frame, transform, reports = _prepare_camera(video, local, episode.fps, opts, table,
-                                                                             first_break)
+            if video is None:
+                data, stored, row_to_frame, transform, notes = _prepare_images(table, cam, episode.fps, opts)
+                reports = []
+            else:
+                data, stored, row_to_frame, transform, reports = _prepare_camera(video, local, episode.fps, opts,
+                                                                                 table, first_break)
             if opts.decode_check:
                 keys = stored.keyframes
                 starts = {int(keys[np.searchsorted(keys, f, side="right") - 1]) for f in (row_to_frame[0], row_to_frame[-1])}
                 _decode_check(data, sorted(starts))
         except ConversionError as exc:
             raise exc.with_context(camera=cam, path=path, **where) from None
+        declared_depth = video is not None and video.depth
+        kind = camera_kind(declared_depth, stored.pix_fmt)
+        for note in notes + _kind_notes(declared_depth, kind, stored.pix_fmt, opts):
+            warnings.append({**note, "dataset": episode.source, "episode": episode.episode_index, "camera": cam})
         for report in reports:
             if opts.timestamps == "fail":
                 raise _fail(report["kind"], report["message"], camera=cam, row=report["row"], path=path, **where)
@@ -342,8 +391,11 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
             "pix_fmt": stored.pix_fmt, "time_base_num": stored.time_base.numerator,
             "time_base_den": stored.time_base.denominator, "num_frames": stored.num_frames,
             **compact_tables(stored, row_to_frame), "keyframes": stored.keyframes, "transform": transform,
+            "kind": kind,
         })
         members.append((f"{key}.{fields[cam]}.{fmt.VIDEO_EXT}", data))
+    if episode.images:  # their images now live in the cameras' videos
+        table, raw = table.drop_columns([c for c in episode.images if c in table.column_names]), None
     tasks = _task(episode, table)
     meta = {
         "key": key, "source": episode.source, "episode_index": episode.episode_index, "num_rows": table.num_rows,

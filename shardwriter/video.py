@@ -179,6 +179,10 @@ class ReencodeSpec:
     size: tuple[int, int] | None = None
     crf: int | None = 23
 
+    def __post_init__(self):
+        if self.gop < 1:
+            raise ValueError(f"re-encode gop must be at least 1 frame, not {self.gop}")
+
     def describe(self) -> str:
         return "reencode:" + json.dumps(
             {"codec": self.codec, "gop": self.gop, "size": self.size, "crf": self.crf}, sort_keys=True
@@ -205,36 +209,90 @@ class ReencodeSpec:
 
 
 def reencode(source: VideoSource, frames: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
-    """Decode the given source frames (torchcodec, frame-exact) and encode them as a new MP4.
+    """Decode the given source frames (torchcodec, frame-exact, 8-bit RGB) and encode them as a new MP4.
 
     ``frames``: int64 ``[n]`` source frame numbers, in output order. Output frame ``i`` is shown at
-    ``i / fps`` seconds and every ``spec.gop``-th frame is a keyframe.
+    ``i / fps`` seconds and every ``spec.gop``-th frame is a keyframe. A source of more than 8 bits
+    per sample is reduced to 8 bits by the decode (the stored ``pix_fmt`` in the index says so).
+
+    Raises:
+        ConversionError(kind="unreadable_video"): the frames do not decode.
+        ConversionError(kind="encode_failed"): the encoder refused the frames (see ``encode``).
     """
-    import torch
     from torchcodec.decoders import VideoDecoder
 
-    decoder = VideoDecoder(source, seek_mode="exact", dimension_order="NHWC")
-    pixels = decoder.get_frames_at(frames.tolist()).data
-    if spec.size is not None:
-        chw = pixels.permute(0, 3, 1, 2).float()
-        chw = torch.nn.functional.interpolate(chw, size=spec.size, mode="bilinear", antialias=True)
-        pixels = chw.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
-    array = pixels.contiguous().numpy()
+    try:
+        decoder = VideoDecoder(source, seek_mode="exact", dimension_order="NHWC")
+        pixels = decoder.get_frames_at(frames.tolist()).data
+    except Exception as exc:  # torchcodec raises RuntimeError/IndexError/ValueError by case
+        raise ConversionError(f"decoding frames for the re-encode failed: {exc}", kind="unreadable_video") from exc
+    return encode(resize(pixels.numpy(), spec.size), fps, spec)
+
+
+def resize(images: np.ndarray, size: tuple[int, int] | None) -> np.ndarray:
+    """uint8 RGB ``[n, H, W, 3]`` resized to ``size`` = ``(h, w)`` (bilinear, antialiased), or as is."""
+    import torch
+
+    if size is None or tuple(images.shape[1:3]) == tuple(size):
+        return np.ascontiguousarray(images)
+    chw = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float()
+    chw = torch.nn.functional.interpolate(chw, size=size, mode="bilinear", antialias=True)
+    return chw.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def encoder_pix_fmt(codec: str, height: int, width: int) -> str:
+    """Pixel format ``encode`` gives encoder ``codec`` for frames of ``height`` x ``width``.
+
+    RGB encoders (``libx264rgb``) get ``rgb24`` (lossless with crf 0); others ``yuv420p``, the
+    format every player decodes, unless a dimension is odd: 4:2:0 needs even sizes in x264 and
+    x265, so an encoder that offers ``yuv444p`` gets that (no padding, no cropping: the stored
+    video has the frames' own size). Encoders with neither (``mpeg4``, ``libsvtav1``) pad odd
+    sizes internally and decode back to the given size.
+    """
+    try:
+        offered = [f.name for f in av.codec.Codec(codec, "w").video_formats or ()]
+    except (av.error.FFmpegError, ValueError) as exc:
+        raise ConversionError(f"no FFmpeg video encoder named {codec!r}", kind="encode_failed") from exc
+    if "rgb24" in offered and "yuv420p" not in offered:
+        return "rgb24"
+    if (height % 2 or width % 2) and "yuv444p" in offered:
+        return "yuv444p"
+    return "yuv420p" if "yuv420p" in offered or not offered else offered[0]
+
+
+def encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
+    """Encode uint8 RGB ``images`` ``[n, H, W, 3]`` as an MP4 at ``fps``, a keyframe every ``spec.gop``.
+
+    The pixel format is ``encoder_pix_fmt``'s choice. Deterministic settings: one encoder thread,
+    no scene-cut keyframes, ``+bitexact`` muxing.
+
+    Raises:
+        ConversionError(kind="encode_failed"): the encoder is unknown or refuses the size, pixel
+            format or options; the message gives FFmpeg's reason (the caller adds dataset, episode
+            and camera).
+    """
+    n, height, width = int(images.shape[0]), int(images.shape[1]), int(images.shape[2])
+    pix_fmt = encoder_pix_fmt(spec.codec, height, width)
     out = io.BytesIO()
     rate = Fraction(fps).limit_denominator(1001000)
-    with av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
-        options = {"g": str(spec.gop), "keyint_min": str(spec.gop), "sc_threshold": "0"}
-        if spec.crf is not None and spec.codec in ("libx264", "libsvtav1", "libx265"):
-            options["crf"] = str(spec.crf)
-        if spec.codec == "libx264":
-            options["x264-params"] = f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0"
-        stream = dst.add_stream(spec.codec, rate=rate, options=options)
-        stream.width, stream.height = int(array.shape[2]), int(array.shape[1])
-        stream.pix_fmt = "yuv420p"
-        stream.codec_context.thread_count = 1
-        for image in array:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+    options = {"g": str(spec.gop), "keyint_min": str(spec.gop), "sc_threshold": "0"}
+    if spec.crf is not None and spec.codec in ("libx264", "libx264rgb", "libsvtav1", "libx265"):
+        options["crf"] = str(spec.crf)
+    if spec.codec in ("libx264", "libx264rgb"):
+        options["x264-params"] = f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0"
+    if spec.codec == "libx265":
+        options["x265-params"] = f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0:log-level=error:frame-threads=1:pools=none"
+    try:
+        with av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
+            stream = dst.add_stream(spec.codec, rate=rate, options=options)
+            stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+            stream.codec_context.thread_count = 1
+            for image in images:
+                for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                    dst.mux(packet)
+            for packet in stream.encode():
                 dst.mux(packet)
-        for packet in stream.encode():
-            dst.mux(packet)
+    except (av.error.FFmpegError, ValueError, OSError) as exc:
+        raise ConversionError(f"encoder {spec.codec} ({pix_fmt}, {width}x{height}, {n} frames) failed: {exc}",
+                              kind="encode_failed") from exc
     return out.getvalue()

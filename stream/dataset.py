@@ -4,7 +4,8 @@ and ``WindowLoader``: a ``DataLoader`` that adds exact mid-epoch resume.
 Sample format (stable; ``default_collate`` batches it):
 
 =================================  =========================================================
-``<camera>`` (full name)           frames ``[T, C, H, W]``, uint8 by default (``PostProcess``)
+``<camera>`` (full name)           frames ``[T, C, H, W]``, uint8 RGB by default (``PostProcess``);
+                                   a depth camera: uint16 ``[T, 1, H, W]``, stored units, always
 ``<camera>_is_pad``                bool ``[T]``: offset fell outside the episode (pad mode)
 ``observation.state``              float32 ``[T_s, D]`` (``spec.state_offsets`` rows)
 ``observation.state_is_pad``       bool ``[T_s]``
@@ -153,7 +154,8 @@ class WindowDataset(IterableDataset):
                 streams = ix.camera_streams(cam)
                 size = np.array(self.post.size) if self.post.size else np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1)
                 frames = np.minimum(ix.num_rows, np.ceil(windows * len(cam_offsets)))
-                cost += ix.cam_size[streams] + (frames * 3 * np.prod(size, axis=-1)).astype(np.int64)
+                per_pixel = np.where(ix.cam_depth[streams], 2, 3)  # uint16 [1, H, W] or uint8 [3, H, W]
+                cost += ix.cam_size[streams] + (frames * per_pixel * np.prod(size, axis=-1)).astype(np.int64)
             parts.append((ix.shard.astype(np.int64) + shard_base, lo, hi, np.full(ix.num_episodes, weight), cost))
             shard_base += len(source.shards)
             base.append(base[-1] + ix.num_episodes)
@@ -363,8 +365,9 @@ class WindowLoader(DataLoader):
         if dataset.post.dtype.is_floating_point and "collate_fn" not in kw and batch_size is not None:
             # Frames stay uint8 through the workers and become float32 while copied into the batch.
             dataset.defer_float = True
-            kw["collate_fn"] = FloatCollate(sorted({c for o in dataset.cam_offsets for c in o}), dataset.post.dtype,
-                                            dataset.post.scale)
+            # Depth cameras stay uint16 (``PostProcess.prepare_depth``): not converted, not scaled.
+            rgb = {c for src, o in zip(dataset.sources, dataset.cam_offsets) for c in o if not src.index.is_depth(c)}
+            kw["collate_fn"] = FloatCollate(sorted(rgb), dataset.post.dtype, dataset.post.scale)
         super().__init__(dataset, batch_size=batch_size, **kw)
         dataset.num_workers = self.num_workers
         self._epoch = dataset.epoch

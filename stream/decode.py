@@ -73,3 +73,64 @@ def decode(data: bytes, frames: np.ndarray, mappings: str, *, where: str, post=N
         raise DecodeError(f"{where}: decoding frames {frames[:8].tolist()}... failed: {exc}") from exc
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
     return out, len(parts), post_s
+
+
+def decode_depth(data: bytes, frames: np.ndarray, pts: np.ndarray, keyframes: np.ndarray, *, where: str,
+                 post=None) -> tuple[torch.Tensor, int, float]:
+    """Decode ``frames`` (sorted unique int64 frame numbers) of a grey (depth) video at full precision.
+
+    torchcodec returns RGB only, so PyAV decodes here: it seeks to the keyframe at or before each
+    run of wanted frames and decodes forward, jumping again when the next wanted frame lies past
+    another keyframe. Frames are identified by pts against the index's table (``pts``: int64
+    ``[num_frames]``, presentation order; ``keyframes``: int64 ascending frame numbers), so frame
+    numbers match the RGB path. Samples are returned as stored (a 12-bit code stays 0..4095).
+
+    Returns:
+        (uint16 frames ``[len(frames), 1, h, w]`` after ``post``, seeks made, seconds in ``post``).
+
+    Raises:
+        DecodeError: PyAV failed, or a wanted frame never came out of the decoder; ``where``
+            (episode key and camera) is in the message.
+    """
+    import io
+    import time
+
+    import av
+
+    wanted = {int(pts[f]): i for i, f in enumerate(frames.tolist())}
+    out: list = [None] * frames.size
+    seeks, i = 0, 0
+    try:
+        with av.open(io.BytesIO(data), "r") as container:
+            stream = container.streams.video[0]
+            stream.thread_count = 1
+            while i < frames.size:
+                key = int(keyframes[np.searchsorted(keyframes, frames[i], side="right") - 1])
+                container.seek(int(pts[key]), stream=stream, backward=True)
+                seeks += 1
+                for frame in container.decode(stream):
+                    j = wanted.get(frame.pts)
+                    if j is not None and out[j] is None:
+                        out[j] = frame.to_ndarray()  # grey formats: one plane of raw samples
+                    while i < frames.size and out[i] is not None:
+                        i += 1
+                    if i == frames.size:
+                        break
+                    # A keyframe past the decoder's position and at or before the next wanted frame:
+                    # seeking there is cheaper than decoding on.
+                    shown = int(np.searchsorted(pts, frame.pts)) if frame.pts is not None else -1
+                    next_key = int(keyframes[np.searchsorted(keyframes, frames[i], side="right") - 1])
+                    if next_key != key and next_key > shown + 1:
+                        break
+                else:
+                    if i < frames.size:
+                        raise DecodeError(f"{where}: frame {int(frames[i])} (pts {int(pts[frames[i]])}) "
+                                          "not found in the depth video")
+    except DecodeError:
+        raise
+    except Exception as exc:  # PyAV raises FFmpegError/ValueError by case
+        raise DecodeError(f"{where}: decoding depth frames {frames[:8].tolist()}... failed: {exc}") from exc
+    batch = torch.from_numpy(np.stack(out).astype(np.uint16, copy=False)[:, None])
+    t = time.perf_counter()
+    batch = post(batch) if post is not None else batch
+    return batch, seeks, time.perf_counter() - t

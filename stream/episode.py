@@ -15,7 +15,7 @@ import torch
 from shardwriter.index import WindowIndex
 from shardwriter.stats import numeric_matrix
 
-from .decode import decode, decoded_frames, frame_mappings
+from .decode import decode, decode_depth, decoded_frames, frame_mappings
 from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
@@ -58,7 +58,8 @@ class LoadedEpisode:
     Built by ``load`` from the member bytes the fetcher delivered: one decoder and one
     ``get_frames_at`` call per camera for the sorted union of frames of all windows (split only
     past 256 MiB of decoded frames), and post-processing of exactly those frames.
-    ``frames[cam]``: prepared uint8 ``[U, C, H, W]``; ``positions[cam]``: the U frame numbers.
+    ``frames[cam]``: prepared uint8 ``[U, 3, H, W]`` (uint16 ``[U, 1, H, W]`` for a depth camera);
+    ``positions[cam]``: the U frame numbers.
     """
 
     episode: int
@@ -100,12 +101,15 @@ class LoadedEpisode:
             unique = np.unique(index.frames(s, rows))
             t1 = time.perf_counter()
             pts, duration, keyflags = index.frame_tables(s)
-            frames[cam], calls, post_s = decode(
-                blobs[m0 + int(index.cam_member[s])], unique, frame_mappings(pts, duration, keyflags),
-                where=f"episode {key} camera {cam}", post=post.prepare, height=int(index.cam_height[s]),
-                width=int(index.cam_width[s]))
-            positions[cam] = unique
             keys = index.keyframes[index.key_offsets[s]:index.key_offsets[s + 1]]
+            where, data = f"episode {key} camera {cam}", blobs[m0 + int(index.cam_member[s])]
+            if index.cam_depth[s]:
+                frames[cam], calls, post_s = decode_depth(data, unique, pts, keys, where=where, post=post.prepare_depth)
+            else:
+                frames[cam], calls, post_s = decode(
+                    data, unique, frame_mappings(pts, duration, keyflags), where=where, post=post.prepare,
+                    height=int(index.cam_height[s]), width=int(index.cam_width[s]))
+            positions[cam] = unique
             telemetry.add(decode_s=time.perf_counter() - t1 - post_s, postprocess_s=post_s, decoder_opens=1,
                           decode_calls=calls,
                           frames_decoded=decoded_frames(unique, keys), frames_unique=unique.size)
@@ -130,7 +134,8 @@ class LoadedEpisode:
             frames = index.frames(self.info["streams"][cam], rows)
             picked = np.searchsorted(self.positions[cam], frames)
             frames = self.frames[cam].index_select(0, torch.from_numpy(picked))  # 50x faster than x[idx] for uint8
-            sample[cam] = finish(frames) if finish is not None else frames
+            depth = index.cam_depth[self.info["streams"][cam]]  # depth stays uint16: never scaled as an image
+            sample[cam] = finish(frames) if finish is not None and not depth else frames
             sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
         if spec.state_key:
             rows, pad = _clamped(anchor + np.asarray(spec.state_offsets), lo, hi)

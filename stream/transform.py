@@ -19,6 +19,8 @@ class PostProcess:
         scale: with a float dtype, divide by 255 so values lie in [0, 1] (LeRobot's convention).
         hook: ``f(frames) -> frames`` on a uint8 ``[N, C, H, W]`` tensor, before the dtype
             conversion; runs once per decoded frame, never per window.
+
+    Depth cameras go through ``prepare_depth`` only (crop, nearest resize): no hook, no dtype change.
     """
 
     crop: tuple[int, int, int, int] | None = None
@@ -47,6 +49,23 @@ class PostProcess:
                                                      size=self.size, mode="bilinear", antialias=True)
         if self.hook is not None:
             frames = self.hook(frames)
+        return frames.contiguous()
+
+    def prepare_depth(self, frames: torch.Tensor) -> torch.Tensor:
+        """Crop and resize of depth frames: uint16 ``[N, 1, H, W]`` -> uint16 ``[N, 1, h, w]``.
+
+        Resizing is nearest-neighbour (PyTorch's ``nearest-exact`` sampling positions), so every
+        output pixel is one stored depth sample, never a blend of a foreground and a background
+        depth. The hook and ``finish`` (dtype, /255 scaling) are not applied: depth stays uint16 in
+        the stored units, and float conversion with a depth scale is left to the user."""
+        if self.crop is not None:
+            top, left, h, w = self.crop
+            frames = frames[:, :, top:top + h, left:left + w]
+        if self.size is not None and tuple(frames.shape[-2:]) != tuple(self.size):
+            (h, w), (oh, ow) = frames.shape[-2:], self.size
+            rows = ((torch.arange(oh) + 0.5) * (h / oh)).floor().long().clamp_(max=h - 1)
+            cols = ((torch.arange(ow) + 0.5) * (w / ow)).floor().long().clamp_(max=w - 1)
+            frames = frames.index_select(2, rows).index_select(3, cols)
         return frames.contiguous()
 
     def finish(self, frames: torch.Tensor) -> torch.Tensor:

@@ -89,13 +89,15 @@ def make_video(
     gop: int | None = None,
     bframes: bool = True,
     start_number: int = 0,
+    pix_fmt: str = "yuv420p",
 ) -> bytes:
     """Encode an MP4 whose frame ``i`` (0-based) shows the number ``start_number + i``.
 
     ``codec``: ``"h264"`` (libx264), ``"av1"`` (libsvtav1) or ``"mpeg4"`` (MPEG-4 Part 2). ``gop``: keyframe
     interval in frames (default 30); for h264 and mpeg4 keyframes are at exactly the multiples of ``gop``.
     ``bframes``: allow B-frames (h264 only, up to 2 consecutive; av1 uses its own hierarchical
-    mini-GOP regardless and mpeg4 never uses B-frames). Pixel format yuv420p, constant
+    mini-GOP regardless and mpeg4 never uses B-frames). Pixel format ``pix_fmt`` (default yuv420p;
+    ``yuv444p`` allows odd sizes, ``yuv420p10le`` makes 10-bit H.264 or AV1), constant
     frame rate ``fps``, stream time base ``1/fps``: frame ``i`` has pts ``i`` (presented at ``i / fps`` s).
     Returns the file bytes and also writes them to ``path`` when given. Output is byte-deterministic for
     identical arguments for all three codecs (single-threaded encoders; x264 runs without asm, see
@@ -106,13 +108,13 @@ def make_video(
     buf = BytesIO()
     with av.open(buf, "w", format="mp4") as container:
         stream = container.add_stream(enc, rate=fps, options=options)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
         stream.time_base = Fraction(1, fps)
         stream.codec_context.time_base = Fraction(1, fps)
         stream.codec_context.gop_size = gop
         for i in range(num_frames):
             frame = av.VideoFrame.from_ndarray(encode_frame_number(start_number + i, height, width), format="rgb24")
-            frame = frame.reformat(format="yuv420p")
+            frame = frame.reformat(format=pix_fmt)
             frame.pts, frame.time_base = i, Fraction(1, fps)
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
@@ -157,3 +159,68 @@ def make_episode_table(
     cols["index"] = pa.array(np.arange(num_rows, dtype=np.int64), pa.int64())
     cols["task_index"] = pa.array(np.zeros(num_rows, np.int64), pa.int64())
     return pa.table(cols)
+
+
+def make_grey_video(values: np.ndarray, *, codec: str = "ffv1", pix_fmt: str = "gray16le", fps: int = 20,
+                    gop: int = 4) -> bytes:
+    """Lossless MP4 of grey frames holding exactly ``values`` (uint16 ``[T, H, W]``), e.g. a depth map.
+
+    ``codec``: ``"ffv1"`` (intra-only; ``gray16le``, ``gray12le``, ``gray10le`` or ``gray``) or ``"hevc"``
+    (libx265 lossless, keyframe every ``gop`` frames; ``gray12le``, ``gray10le`` or ``gray``). Frames are
+    made directly in ``pix_fmt``, so no scaling happens: a 12-bit value 285 is stored as 285.
+    """
+    enc, options = {"ffv1": ("ffv1", {}), "hevc": ("libx265", {
+        "x265-params": f"lossless=1:keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0:log-level=error:"
+                       "frame-threads=1:pools=none"})}[codec]
+    buf = BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        stream = container.add_stream(enc, rate=fps, options=options)
+        stream.width, stream.height, stream.pix_fmt = int(values.shape[2]), int(values.shape[1]), pix_fmt
+        stream.codec_context.thread_count = 1
+        for i, plane in enumerate(values):
+            data = plane.astype(np.uint8 if pix_fmt == "gray" else np.uint16)
+            frame = av.VideoFrame.from_ndarray(data, format=pix_fmt)
+            frame.pts, frame.time_base = i, Fraction(1, fps)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return buf.getvalue()
+
+
+def write_lerobot_v21(root: str | PathLike, tables: list[pa.Table], *, fps: int = 20,
+                      videos: dict[str, list[bytes]] | None = None, features: dict | None = None,
+                      task: str = "pick") -> str:
+    """A minimal LeRobot v2.1 dataset folder: ``meta/info.json`` (templates, fps, features),
+    ``meta/episodes.jsonl``, ``meta/tasks.jsonl``, one parquet per episode and one mp4 per camera per
+    episode (``videos[camera][episode]``). ``features`` adds or overrides feature entries (e.g. an
+    ``image`` dtype column, or ``info: {"video.is_depth_map": true}``). Returns ``root``."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    root = str(root)
+    videos = videos or {}
+    feats = {cam: {"dtype": "video", "shape": [0, 0, 3], "names": ["height", "width", "channel"]} for cam in videos}
+    for name, spec in (features or {}).items():
+        feats[name] = {**feats.get(name, {}), **spec}
+    info = {"codebase_version": "v2.1", "fps": fps, "robot_type": "toy", "total_episodes": len(tables),
+            "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+            "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
+            "features": feats}
+    os.makedirs(os.path.join(root, "meta"), exist_ok=True)
+    with open(os.path.join(root, "meta", "info.json"), "w") as f:
+        json.dump(info, f)
+    with open(os.path.join(root, "meta", "tasks.jsonl"), "w") as f:
+        f.write(json.dumps({"task_index": 0, "task": task}) + "\n")
+    with open(os.path.join(root, "meta", "episodes.jsonl"), "w") as f:
+        for e, table in enumerate(tables):
+            f.write(json.dumps({"episode_index": e, "tasks": [task], "length": table.num_rows}) + "\n")
+    for e, table in enumerate(tables):
+        path = os.path.join(root, "data", "chunk-000", f"episode_{e:06d}.parquet")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        pq.write_table(table, path)
+        for cam, files in videos.items():
+            path = os.path.join(root, "videos", "chunk-000", cam, f"episode_{e:06d}.mp4")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(files[e])
+    return root
