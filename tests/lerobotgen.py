@@ -108,3 +108,27 @@ def write_v3(root: str, lengths: list[int], camera: str, *, fps: int = 20, per_f
             start += lengths[e]
     os.makedirs(f"{root}/meta/episodes/chunk-000", exist_ok=True)
     pq.write_table(pa.Table.from_pylist(meta), f"{root}/meta/episodes/chunk-000/file-000.parquet")
+
+
+def write_v2_files(root: str, tables: list[pa.Table], *, fps: int = 20, videos: dict[str, list[bytes]] | None = None,
+                   features: dict | None = None) -> str:
+    """A v2.1 dataset from given parts: episode ``e``'s table ``tables[e]`` and, per camera, its mp4
+    ``videos[camera][e]``. ``features`` adds or overrides ``meta/info.json`` feature entries (an
+    ``image`` dtype column, ``info: {"video.is_depth_map": true}``). Returns ``root``."""
+    videos = videos or {}
+    info = _info("v2.1", fps, [t.num_rows for t in tables], list(videos), V2_DATA, V2_VIDEO)
+    for name, spec in (features or {}).items():
+        info["features"][name] = {**info["features"].get(name, {}), **spec}
+    _write_json(f"{root}/meta/info.json", info)
+    for e, table in enumerate(tables):
+        path = f"{root}/{V2_DATA.format(episode_chunk=0, episode_index=e)}"
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        pq.write_table(table, path)
+        for cam, files in videos.items():
+            path = f"{root}/{V2_VIDEO.format(episode_chunk=0, video_key=cam, episode_index=e)}"
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(files[e])
+    with open(f"{root}/meta/tasks.jsonl", "w") as f:
+        f.write(json.dumps({"task_index": 0, "task": "fold"}) + "\n")
+    return root

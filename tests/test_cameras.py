@@ -16,7 +16,8 @@ from shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, R
 from shardwriter.images import decode_image
 from stream import PostProcess, WindowDataset, WindowSpec
 from stream.dataset import WindowLoader
-from videogen import decode_frame_number, make_episode_table, make_grey_video, make_video, write_lerobot_v21
+from lerobotgen import write_v2_files
+from videogen import decode_frame_number, make_episode_table, make_grey_video, make_video
 
 FPS = 20
 RGB, DEPTH, IMAGE = "observation.images.front", "observation.images.depth", "observation.image"
@@ -43,7 +44,7 @@ def _iterate(url, spec, **kw):
 def test_depth_round_trips_exactly_beside_rgb(codec, pix_fmt, top, tmp_path):
     rows = 12
     depth = [_depth_values(e, rows, top) for e in range(2)]
-    src = write_lerobot_v21(
+    src = write_v2_files(
         tmp_path / "src", [make_episode_table(rows, fps=FPS) for _ in range(2)], fps=FPS,
         videos={RGB: [make_video(None, rows, fps=FPS, height=32, width=32, start_number=100 * e) for e in range(2)],
                 DEPTH: [make_grey_video(d, codec=codec, pix_fmt=pix_fmt, fps=FPS, gop=4) for d in depth]},
@@ -139,7 +140,7 @@ def _image_dataset(root, kind: str, rows: int = 10, broken_row: int | None = Non
         image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
         tables.append(make_episode_table(rows, fps=FPS).append_column(IMAGE, pa.array(cells, image_type)))
         originals.append(images)
-    src = write_lerobot_v21(root, tables, fps=FPS, videos={RGB: [make_video(None, rows, fps=FPS, height=32, width=32)] * 2},
+    src = write_v2_files(root, tables, fps=FPS, videos={RGB: [make_video(None, rows, fps=FPS, height=32, width=32)] * 2},
                             features={IMAGE: {"dtype": "image", "shape": [48, 40, 3], "names": ["height", "width", "channel"]}})
     return src, originals, tables
 
