@@ -165,11 +165,12 @@ def make_grey_video(values: np.ndarray, *, codec: str = "ffv1", pix_fmt: str = "
                     gop: int = 4) -> bytes:
     """Lossless MP4 of grey frames holding exactly ``values`` (uint16 ``[T, H, W]``), e.g. a depth map.
 
-    ``codec``: ``"ffv1"`` (intra-only; ``gray16le``, ``gray12le``, ``gray10le`` or ``gray``) or ``"hevc"``
-    (libx265 lossless, keyframe every ``gop`` frames; ``gray12le``, ``gray10le`` or ``gray``). Frames are
+    ``codec``: ``"ffv1"`` (intra coding, but its coder state carries over until the next keyframe;
+    ``gray16le``, ``gray12le``, ``gray10le`` or ``gray``) or ``"hevc"`` (libx265 lossless; ``gray12le``,
+    ``gray10le`` or ``gray``); a keyframe every ``gop`` frames. Frames are
     made directly in ``pix_fmt``, so no scaling happens: a 12-bit value 285 is stored as 285.
     """
-    enc, options = {"ffv1": ("ffv1", {}), "hevc": ("libx265", {
+    enc, options = {"ffv1": ("ffv1", {"g": str(gop)}), "hevc": ("libx265", {
         "x265-params": f"lossless=1:keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0:log-level=error:"
                        "frame-threads=1:pools=none"})}[codec]
     buf = BytesIO()
