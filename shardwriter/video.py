@@ -246,8 +246,11 @@ def encoder_pix_fmt(codec: str, height: int, width: int) -> str:
     RGB encoders (``libx264rgb``) get ``rgb24`` (lossless with crf 0); others ``yuv420p``, the
     format every player decodes, unless a dimension is odd: 4:2:0 needs even sizes in x264 and
     x265, so an encoder that offers ``yuv444p`` gets that (no padding, no cropping: the stored
-    video has the frames' own size). Encoders with neither (``mpeg4``, ``libsvtav1``) pad odd
-    sizes internally and decode back to the given size.
+    video has the frames' own size). Encoders without 4:4:4 (``mpeg4``, ``libsvtav1``) accept odd
+    sizes in 4:2:0 (padding internally) and decode back to the given size.
+
+    Raises:
+        ConversionError(kind="encode_failed"): FFmpeg has no encoder named ``codec``.
     """
     try:
         offered = [f.name for f in av.codec.Codec(codec, "w").video_formats or ()]
