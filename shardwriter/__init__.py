@@ -2,19 +2,19 @@
 
 Public API: ``convert``, ``ConvertOptions``, ``Episode``, ``CameraVideo``, ``TableSlice``,
 ``Source``, ``read_lerobot``, ``WindowIndex``, ``ReencodeSpec``, ``ConversionError``,
-``SourceError``, ``verify``. The on-disk format is described in docs/FORMAT.md and defined in
-``shardwriter.format``.
+``SourceError``, ``OutputFolderError``, ``verify``. The on-disk format is described in
+docs/FORMAT.md and defined in ``shardwriter.format``.
 """
 
 from .convert import ConvertOptions, convert
 from .episode import CameraVideo, Episode, Source, TableSlice
-from .errors import ConversionError, SourceError
+from .errors import ConversionError, OutputFolderError, SourceError
 from .index import WindowIndex
 from .lerobot import read_lerobot
 from .verify import verify
 from .video import ReencodeSpec
 
 __all__ = [
-    "CameraVideo", "ConversionError", "ConvertOptions", "Episode", "ReencodeSpec", "Source", "SourceError",
-    "TableSlice", "WindowIndex", "convert", "read_lerobot", "verify",
+    "CameraVideo", "ConversionError", "ConvertOptions", "Episode", "OutputFolderError", "ReencodeSpec", "Source",
+    "SourceError", "TableSlice", "WindowIndex", "convert", "read_lerobot", "verify",
 ]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
+import traceback
 
 from .convert import ConvertOptions, convert
-from .errors import ConversionError, SourceError
+from .errors import ConversionError, OutputFolderError, SourceError
 from .video import ReencodeSpec
 
 
@@ -38,11 +40,7 @@ def _cmd_convert(args) -> int:
         workers=args.workers,
         progress=not args.quiet,
     )
-    try:
-        manifest = convert(args.sources, args.out, options, storage_options=args.storage_options)
-    except (ConversionError, SourceError) as exc:
-        print(f"epishard convert: error: {exc}", file=sys.stderr)
-        return 1
+    manifest = convert(args.sources, args.out, options, storage_options=args.storage_options)
     t, report = manifest["totals"], manifest["report"]
     print(f"wrote {t['shards']} shards, {t['episodes']} episodes, {t['rows']} rows, "
           f"{t['bytes'] / 1e6:.1f} MB to {args.out}")
@@ -92,6 +90,7 @@ def _storage_option(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epishard", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
     sub = parser.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("convert", help="convert LeRobot datasets (v2.0, v2.1, v3.0) into window-indexed tar shards")
@@ -131,16 +130,54 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stream", help="stream training windows from a converted dataset; report throughput and stages")
     report.add_arguments(st)
     st.set_defaults(func=report.main)
+    for command in (c, i, v, st):  # `--debug` also after the command
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def error_line(exc: BaseException) -> tuple[str, bool]:
+    """``(message, expected)`` for an exception reaching the CLI: one line naming the thing and the
+    cause. ``expected`` is False for a fault the code did not anticipate (a bug to report)."""
+    text = str(exc)
+    if "Original Traceback (most recent call last)" in text:
+        # Re-raised from a DataLoader worker: the message carries the worker's traceback; its last
+        # line is the worker's exception.
+        text = [line for line in text.splitlines() if line.strip()][-1]
+        return _one_line(text), True
+    if isinstance(exc, (ConversionError, SourceError, OutputFolderError)):
+        return _one_line(text), True
+    if isinstance(exc, OSError) and exc.filename is not None:
+        cause = exc.strerror or text
+        if exc.errno == errno.ENOSPC:
+            cause += "; nothing half-written was kept: free space and run the same command again to resume"
+        return _one_line(f"{exc.filename}: {cause}"), True
+    if isinstance(exc, KeyError):  # ours carry a sentence; a bare missing key is a bug
+        said = exc.args[0] if exc.args and isinstance(exc.args[0], str) and " " in exc.args[0] else None
+        return (_one_line(said), True) if said else (f"KeyError: {text}", False)
+    if isinstance(exc, (OSError, ValueError)):  # our own checks and fsspec/s3fs raise these with a message
+        return _one_line(text), True
+    return _one_line(f"{type(exc).__name__}: {text}"), False
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the CLI. Exit status: 0 done, 1 ``verify`` found damage, 2 an error (one line on stderr,
+    ``epishard <command>: error: <thing>: <cause>``; the traceback too with ``--debug``)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (FileNotFoundError, KeyError, ValueError) as exc:  # bad paths, cameras, options: say it, no traceback
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"epishard {args.command}: error: {message}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"epishard {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # every failure a user can meet: one line, the traceback on request
+        if args.debug:
+            traceback.print_exc()
+        message, expected = error_line(exc)
+        hint = "" if expected or args.debug else " (unexpected: run with --debug for the traceback)"
+        print(f"epishard {args.command}: error: {message}{hint}", file=sys.stderr)
         return 2
 
 

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from . import format as fmt
 from .episode import Episode, Source, TableSlice
-from .errors import ConversionError, SourceError
+from .errors import ConversionError, OutputFolderError, SourceError
 from .index import dataset_index_bytes, encode_index, read_shard_meta
 from .lerobot import read_lerobot
 from .prepare import PrepareOptions, prepare
@@ -140,10 +140,14 @@ def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], option
             try:
                 ready = prepare(episode, prep)
             except ConversionError as exc:
+                exc = exc.with_context(shard=name)
                 if options.on_error != "skip":
-                    raise
+                    raise exc from None
                 skipped.append(exc.to_dict())
                 continue
+            except Exception as exc:  # a fault prepare does not know: still say where, never skip it
+                raise ConversionError(f"{type(exc).__name__}: {exc}", kind="internal", dataset=episode.source,
+                                      episode=episode.episode_index, shard=name) from exc
             members = []
             for member_name, data in ready.members:
                 offset, size, sha = tar.add(member_name, data)
@@ -171,6 +175,45 @@ def _complete(storage: Storage, shard_id: int, options: ConvertOptions, digest: 
     if meta.get("plan_digest") != digest or storage.size(tar) != meta.get("size"):
         return None
     return meta
+
+
+def _claim_output(storage: Storage, prefix: str) -> None:
+    """Make sure the output folder is this writer's before anything in it is removed or replaced.
+
+    A new or empty folder is claimed by writing the marker (``format.CONVERT_MARKER``) first. A
+    non-empty one is used only if it holds the marker, for the same shard prefix, and nothing but
+    files the writer creates (``format.is_writer_file``): an earlier or interrupted conversion,
+    which this one resumes or replaces.
+
+    Raises:
+        OutputFolderError: the path is a file, or the folder holds anything else; nothing was changed.
+        FileNotFoundError, PermissionError: from ``Storage.names``: no such bucket, access denied.
+    """
+    if storage.is_file():
+        raise OutputFolderError(f"{storage.url}: is a file; the output must be a new or empty folder")
+    names = storage.names()
+    if not names:
+        storage.makedirs()
+        storage.write(fmt.CONVERT_MARKER, json.dumps({"writer": "epishard convert", "prefix": prefix}).encode())
+        return
+    try:
+        marker = json.loads(storage.read(fmt.CONVERT_MARKER)) if fmt.CONVERT_MARKER in names else None
+    except ValueError:
+        marker = None
+    if not isinstance(marker, dict):
+        raise OutputFolderError(f"{storage.url}: not empty and not made by epishard convert (holds {_some(names)}); "
+                                "nothing was changed: convert into a new or empty folder")
+    foreign = [n for n in names if not fmt.is_writer_file(n, prefix)]
+    if foreign:
+        raise OutputFolderError(f"{storage.url}: holds files epishard convert did not write ({_some(foreign)}); "
+                                "nothing was changed: move them out or convert into a new or empty folder")
+    if marker.get("prefix") != prefix:
+        raise OutputFolderError(f"{storage.url}: holds a conversion with --prefix {marker.get('prefix')!r}, not "
+                                f"{prefix!r}; nothing was changed: use that prefix or a new or empty folder")
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def _remove_stale(storage: Storage, prefix: str, num_shards: int) -> None:
@@ -289,7 +332,12 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
         SourceError: a source cannot be read, no episode is left after filtering, or two episodes
             share a key.
         ConversionError: an episode is bad and ``options.on_error == "fail"``; the message names
-            dataset, episode, camera and row. Shards finished before it stay and are reused by a rerun.
+            dataset, episode, camera, row and shard. Shards finished before it stay and are reused
+            by a rerun.
+        OutputFolderError: ``out`` is a file, or a non-empty folder that is not this writer's (see
+            ``_claim_output``); nothing in it was changed.
+        OSError: a write failed (``filename`` names the file; no half-written file stays under a
+            final name, and a rerun resumes).
     """
     sources = open_sources(inputs, options.cameras)
     episodes = [e for s in sources for e in s.episodes if options.episodes is None or e.episode_index in options.episodes]
@@ -303,7 +351,7 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
         keys[key] = e
     shards = plan_shards(episodes, options.max_episodes_per_shard, options.max_bytes_per_shard)
     storage = Storage(out, storage_options)
-    storage.makedirs()
+    _claim_output(storage, options.prefix)
     # The dataset is incomplete until a new manifest lands: never leave an old one describing shards
     # this run may rewrite.
     storage.remove(fmt.MANIFEST_NAME)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -16,8 +15,8 @@ def describe(root: str) -> dict:
     path = os.path.join(root, fmt.MANIFEST_NAME)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {fmt.MANIFEST_NAME} in {root} (not a dataset, or the conversion is unfinished)")
-    with open(path) as f:
-        manifest = json.load(f)
+    with open(path, "rb") as f:
+        manifest = fmt.parse_manifest(f.read(), path)
     index = WindowIndex.load([os.path.join(root, s["index"]) for s in manifest["shards"]])
     cameras = {}
     for cam_name in manifest["cameras"]:

@@ -8,7 +8,8 @@ class ConversionError(Exception):
 
     Attributes name the place precisely so a user can open the file and look: ``dataset`` (source
     name or path), ``episode`` (source episode index), ``camera`` (full camera name or None),
-    ``row`` (table row within the episode or None), ``kind`` (a short machine-readable tag such
+    ``row`` (table row within the episode or None), ``shard`` (the shard being written, or None),
+    ``kind`` (a short machine-readable tag such
     as ``"nan"``, ``"frames_past_end"``, ``"unreadable_video"``; the report counts skips by it).
     """
 
@@ -22,6 +23,7 @@ class ConversionError(Exception):
         camera: str | None = None,
         row: int | None = None,
         path: str | None = None,
+        shard: str | None = None,
     ) -> None:
         self.kind = kind
         self.dataset = dataset
@@ -29,6 +31,7 @@ class ConversionError(Exception):
         self.camera = camera
         self.row = row
         self.path = path
+        self.shard = shard
         self.detail = message
         super().__init__(self._render())
 
@@ -41,6 +44,7 @@ class ConversionError(Exception):
                 ("camera", self.camera),
                 ("row", self.row),
                 ("file", self.path),
+                ("shard", self.shard),
             )
             if value is not None
         ]
@@ -55,11 +59,16 @@ class ConversionError(Exception):
             camera=self.camera,
             row=self.row,
             path=self.path,
+            shard=self.shard,
         )
         for name, value in kw.items():
             if fields.get(name) is None:
                 fields[name] = value
         return ConversionError(self.detail, **fields)
+
+    def __reduce__(self):
+        # Crosses process boundaries (convert --workers): rebuild from the fields, not the rendered text.
+        return _rebuild, (self.detail, self.to_dict())
 
     def to_dict(self) -> dict:
         return {
@@ -69,9 +78,20 @@ class ConversionError(Exception):
             "camera": self.camera,
             "row": self.row,
             "file": self.path,
+            "shard": self.shard,
             "message": self.detail,
         }
 
 
+def _rebuild(message: str, fields: dict) -> ConversionError:
+    fields = {("path" if k == "file" else k): v for k, v in fields.items() if k != "message"}
+    return ConversionError(message, **fields)
+
+
 class SourceError(Exception):
     """A source dataset as a whole is unusable (no meta/info.json, no episodes found, ...)."""
+
+
+class OutputFolderError(Exception):
+    """The output folder cannot be used: it holds files this writer did not create, is a file, or
+    belongs to a conversion with another shard prefix. Nothing in it was changed."""

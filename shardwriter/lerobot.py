@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import glob
 import json
+import math
 import os
 import re
 
@@ -48,14 +49,71 @@ def _format(template: str, fields: dict) -> str:
     missing = names - fields.keys()
     if missing:
         raise SourceError(f"path template {template!r} uses unknown fields {sorted(missing)}")
-    return template.format(**{k: v for k, v in fields.items() if k in names})
+    try:
+        return template.format(**{k: v for k, v in fields.items() if k in names})
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        raise SourceError(f"path template {template!r} cannot be filled with {fields}: {exc}") from None
 
 
-def _read_jsonl(path: str) -> list[dict]:
+def _read_jsonl(path: str, fields: dict[str, type]) -> list[dict]:
+    """Rows of a JSON-lines file (none if it is absent), each an object whose ``fields`` (name ->
+    type; ``list`` means a list of strings) have those types. Raises SourceError naming file and line."""
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    rows = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise SourceError(f"{path}: line {number}: not valid JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise SourceError(f"{path}: line {number}: must be a JSON object, got {line.strip()[:60]}")
+            for name, kind in fields.items():
+                value = row.get(name)
+                if kind is list and value is not None and not (
+                        isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                    raise SourceError(f"{path}: line {number}: {name} must be a list of strings, got {value!r:.60}")
+                if kind is not list and (not isinstance(value, kind) or isinstance(value, bool)):
+                    raise SourceError(f"{path}: line {number}: {name} must be a JSON {kind.__name__}, got {value!r:.60}")
+            rows.append(row)
+    return rows
+
+
+def _check_info(info, path: str) -> None:
+    """Refuse a ``meta/info.json`` whose fields the reader relies on have a wrong type or value.
+
+    Raises SourceError naming the file, the field and the value: the document is not an object;
+    ``fps`` is not a finite number > 0; ``codebase_version`` or ``data_path`` is not a non-empty
+    string (v2.x: ``data_path`` must use ``{episode_index}``); ``video_path`` is not a string while
+    a video feature is declared; ``features`` is not an object of objects; ``total_episodes`` is
+    not an integer >= 0; ``robot_type`` is not a string.
+    """
+    def bad(field: str, must: str, value) -> SourceError:
+        return SourceError(f"{path}: {field} must be {must}, got {json.dumps(value)[:60]}")
+
+    if not isinstance(info, dict):
+        raise bad("the document", "a JSON object", info)
+    fps = info.get("fps")
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
+        raise bad("fps", "a positive number (frames per second)", fps)
+    for field in ("codebase_version", "data_path"):
+        if not isinstance(info.get(field), str) or not info[field]:
+            raise bad(field, "a non-empty string", info.get(field))
+    if info["codebase_version"].startswith("v2") and "{episode_index" not in info["data_path"]:
+        raise bad("data_path", "a template with {episode_index}", info["data_path"])
+    features = info.get("features", {})
+    if not isinstance(features, dict) or not all(isinstance(spec, dict) for spec in features.values()):
+        raise bad("features", "an object of feature objects", features)
+    if _camera_names(features) and not (isinstance(info.get("video_path"), str) and info["video_path"]):
+        raise bad("video_path", "a non-empty string when video features are declared", info.get("video_path"))
+    total = info.get("total_episodes", 0)
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise bad("total_episodes", "an integer >= 0", total)
+    if not isinstance(info.get("robot_type") or "", str):
+        raise bad("robot_type", "a string", info["robot_type"])
 
 
 def _camera_names(features: dict) -> list[str]:
@@ -130,15 +188,21 @@ def read_lerobot(root: str, name: str | None = None, cameras: tuple[str, ...] | 
             ``()`` none (state and action only; the dataset's videos are not looked at).
 
     Raises:
-        SourceError: no ``meta/info.json``, an unknown ``codebase_version``, no episode files, or
-            no declared camera has video files (naming the expected path) unless ``cameras == ()``.
+        SourceError: no ``meta/info.json``, one that is not valid JSON or has fields of the wrong
+            type or value (``_check_info``), an unknown ``codebase_version``, malformed
+            episodes/tasks metadata, no episode files, or no declared camera has video files
+            (naming the expected path) unless ``cameras == ()``. Messages name the file and field.
     """
     root = os.path.abspath(root)
     info_path = os.path.join(root, "meta", "info.json")
     if not os.path.exists(info_path):
         raise SourceError(f"{root}: no meta/info.json; is this a LeRobot dataset root?")
-    with open(info_path) as f:
-        info = json.load(f)
+    try:
+        with open(info_path, "rb") as f:
+            info = json.loads(f.read())
+    except ValueError as exc:  # also bytes that are not UTF-8
+        raise SourceError(f"{info_path}: not valid JSON ({exc})") from None
+    _check_info(info, info_path)
     version = str(info.get("codebase_version", ""))
     name = name or os.path.basename(root.rstrip("/"))
     if version.startswith("v2"):
@@ -150,11 +214,12 @@ def read_lerobot(root: str, name: str | None = None, cameras: tuple[str, ...] | 
 
 def _v2_tasks(root: str) -> tuple[dict[int, list[str]], dict[int, str]]:
     per_episode = {
-        int(row["episode_index"]): [str(t) for t in row.get("tasks", [])]
-        for row in _read_jsonl(os.path.join(root, "meta", "episodes.jsonl"))
+        row["episode_index"]: row.get("tasks") or []
+        for row in _read_jsonl(os.path.join(root, "meta", "episodes.jsonl"), {"episode_index": int, "tasks": list})
     }
     by_index = {
-        int(row["task_index"]): str(row["task"]) for row in _read_jsonl(os.path.join(root, "meta", "tasks.jsonl"))
+        row["task_index"]: row["task"]
+        for row in _read_jsonl(os.path.join(root, "meta", "tasks.jsonl"), {"task_index": int, "task": str})
     }
     return per_episode, by_index
 
@@ -211,13 +276,8 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
     meta_files = sorted(glob.glob(os.path.join(root, "meta", "episodes", "**", "*.parquet"), recursive=True))
     if not meta_files:
         raise SourceError(f"{root}: LeRobot v3.0 dataset without meta/episodes/*.parquet")
-    rows = [row for path in meta_files for row in pq.read_table(path).to_pylist()]
-    task_text = {}
-    tasks_path = os.path.join(root, "meta", "tasks.parquet")
-    if os.path.exists(tasks_path):
-        t = pq.read_table(tasks_path)
-        text_col = "task" if "task" in t.column_names else next(c for c in t.column_names if c != "task_index")
-        task_text = dict(zip(t.column("task_index").to_pylist(), map(str, t.column(text_col).to_pylist())))
+    rows = [row for path in meta_files for row in _v3_episode_rows(path)]
+    task_text = _v3_tasks(os.path.join(root, "meta", "tasks.parquet"))
     declared = _camera_names(info.get("features", {}))
     cameras = declared if wanted != () else []
     depth = _depth_cameras(info.get("features", {}))
@@ -289,6 +349,48 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
     episodes.sort(key=lambda e: e.episode_index)
     return Source(name=name, episodes=episodes, fps=fps, path=root, format=f"lerobot-{info['codebase_version']}",
                   features=info.get("features", {}), notes=notes)
+
+
+def _read_parquet(path: str):
+    try:
+        return pq.read_table(path)
+    except (OSError, ValueError) as exc:  # pyarrow: not Parquet, truncated, unreadable
+        raise SourceError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+def _v3_episode_rows(path: str) -> list[dict]:
+    """Rows of a v3.0 ``meta/episodes`` file, checked: ``episode_index`` and ``data/*_index`` are
+    integers, ``videos/*/*_index`` integers or null, ``videos/*/*_timestamp`` finite numbers or null."""
+    rows = _read_parquet(path).to_pylist()
+    for i, row in enumerate(rows):
+        for name in ("episode_index", "data/chunk_index", "data/file_index"):
+            if not isinstance(row.get(name), int):
+                raise SourceError(f"{path}: row {i}: {name} must be an integer, got {row.get(name)!r:.60}")
+        for name, value in row.items():
+            if not name.startswith("videos/") or value is None:
+                continue
+            if name.endswith("_index") and not isinstance(value, int):
+                raise SourceError(f"{path}: row {i}: {name} must be an integer, got {value!r:.60}")
+            if name.endswith("_timestamp") and not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise SourceError(f"{path}: row {i}: {name} must be a finite number, got {value!r:.60}")
+        tasks = row.get("tasks")
+        if tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks)):
+            raise SourceError(f"{path}: row {i}: tasks must be a list of strings, got {tasks!r:.60}")
+    return rows
+
+
+def _v3_tasks(path: str) -> dict[int, str]:
+    """task_index -> task text from a v3.0 ``meta/tasks.parquet`` (none if absent)."""
+    if not os.path.exists(path):
+        return {}
+    t = _read_parquet(path)
+    text_col = "task" if "task" in t.column_names else next((c for c in t.column_names if c != "task_index"), None)
+    if "task_index" not in t.column_names or text_col is None:
+        raise SourceError(f"{path}: needs a task_index column and a task text column, has {t.column_names}")
+    index = t.column("task_index").to_pylist()
+    if not all(isinstance(v, int) for v in index):
+        raise SourceError(f"{path}: task_index must hold integers, has {t.schema.field('task_index').type}")
+    return dict(zip(index, map(str, t.column(text_col).to_pylist())))
 
 
 def _video_path(root: str, info: dict, cam: str, row: dict) -> str:

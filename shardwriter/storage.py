@@ -9,11 +9,15 @@ created lazily in each process (s3fs/aiohttp sessions do not survive a fork).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 
 import fsspec
 
 from .tarwriter import temp_path
+
+
+_BUCKET_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs")
 
 
 class Storage:
@@ -42,6 +46,10 @@ class Storage:
     def path(self, name: str) -> str:
         return f"{self._root}/{name}"
 
+    def is_file(self) -> bool:
+        """Whether the dataset path itself is a file (a dataset is a folder or an object prefix)."""
+        return os.path.isfile(self._root) if self.local else self.fs.isfile(self._root)
+
     def makedirs(self) -> None:
         if self.local:
             os.makedirs(self._root, exist_ok=True)
@@ -57,13 +65,25 @@ class Storage:
             self.fs.rm(self.path(name)) if not self.local else os.remove(self.path(name))
 
     def names(self) -> list[str]:
-        """File names directly in the folder."""
+        """File names directly in the folder (fresh: an object store's listing cache is dropped); [] if
+        the folder does not exist.
+
+        Raises:
+            FileNotFoundError: the object store's bucket does not exist (``filename``: the URL).
+            PermissionError: the store refuses to list it (``filename``: the URL).
+        """
         if self.local:
             return sorted(os.listdir(self._root)) if os.path.isdir(self._root) else []
+        self.fs.invalidate_cache(self._root)
         try:
             return sorted(os.path.basename(p.rstrip("/")) for p in self.fs.ls(self._root, detail=False))
         except FileNotFoundError:
+            bucket = self._root.split("/")[0]
+            if fsspec.core.split_protocol(self.url)[0] in _BUCKET_STORES and not self.fs.exists(bucket):
+                raise FileNotFoundError(errno.ENOENT, f"bucket {bucket!r} does not exist", self.url) from None
             return []
+        except PermissionError as exc:  # s3fs: "Access Denied", naming nothing
+            raise PermissionError(errno.EACCES, f"access denied ({exc})", self.url) from exc
 
     def read(self, name: str, start: int | None = None, stop: int | None = None) -> bytes:
         """Bytes ``[start, stop)`` of a file (all of it by default)."""
@@ -91,9 +111,14 @@ class Storage:
                 os.fsync(f.fileno())
                 f.close()
                 os.replace(tmp, final)
+            except OSError as exc:
+                if exc.filename is None:  # a failed write (ENOSPC, EIO) names no file: name the one written
+                    raise OSError(exc.errno, exc.strerror or str(exc), final) from exc
+                raise
             finally:
-                f.close()
-                if os.path.exists(tmp):
+                with contextlib.suppress(OSError):  # closing flushes, which fails again when the disk is full
+                    f.close()
+                with contextlib.suppress(FileNotFoundError):
                     os.remove(tmp)
         else:
             f = self.fs.open(self.path(name), "wb")

@@ -8,8 +8,8 @@ the index's, and its first and last indexed frames decode.
 
 from __future__ import annotations
 
+import errno
 import hashlib
-import json
 import tarfile
 
 import pyarrow as pa
@@ -105,12 +105,18 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None) 
     ``{"ok": bool, "shards": n, "episodes": n, "problems": [...]}``.
 
     Each problem names the shard, and where it applies the episode key and camera.
+
+    Raises:
+        FileNotFoundError: no such folder or bucket. PermissionError: access denied.
+        ValueError: ``manifest.json`` is not a well-formed manifest (``format.parse_manifest``).
     """
     storage = Storage(root, storage_options)
     if not storage.exists(fmt.MANIFEST_NAME):
+        if not storage.names():  # raises for a missing bucket or denied access
+            raise FileNotFoundError(errno.ENOENT, "no such dataset folder (or it is empty)", root)
         return {"ok": False, "shards": 0, "episodes": 0,
                 "problems": [{"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {root} (conversion unfinished?)"}]}
-    manifest = json.loads(storage.read(fmt.MANIFEST_NAME))
+    manifest = fmt.parse_manifest(storage.read(fmt.MANIFEST_NAME), f"{storage.url}/{fmt.MANIFEST_NAME}")
     problems = []
     name = manifest["index"]["file"]
     if not storage.exists(name) or hashlib.sha256(storage.read(name)).hexdigest() != manifest["index"]["sha256"]:

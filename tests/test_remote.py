@@ -112,7 +112,7 @@ def test_interrupted_upload_leaves_no_object_and_rerun_finishes(local, s3, monke
     fs = s3fs.S3FileSystem(**s3)
     fs.invalidate_cache()
     names = sorted(p.rsplit("/", 1)[1] for p in fs.ls("epishard-test/interrupted"))
-    assert names == ["shard-000000.index.parquet", "shard-000000.tar"]  # shard 1 never appeared
+    assert names == [".epishard-convert.json", "shard-000000.index.parquet", "shard-000000.tar"]  # shard 1 never appeared
     monkeypatch.setattr(convert_module, "prepare", real)
     convert([_source()], url, ConvertOptions(max_episodes_per_shard=2, progress=False), storage_options=s3)
     assert verify(url, storage_options=s3)["ok"]

@@ -197,7 +197,7 @@ def test_bad_episode_fails_with_a_precise_message(case, tmp_path):
         assert getattr(err, name) == value, (name, str(err))
     # Shards finished before the failure are complete; nothing is half-written under a final name.
     assert not glob.glob(f"{tmp_path}/*.partial-*") and not os.path.exists(tmp_path / "manifest.json")
-    assert sorted(os.listdir(tmp_path)) == ["shard-000000.index.parquet", "shard-000000.tar"]
+    assert sorted(os.listdir(tmp_path)) == [".epishard-convert.json", "shard-000000.index.parquet", "shard-000000.tar"]
 
 
 @pytest.mark.parametrize("case", ["nan", "frames_past_end", "unreadable_video"])
