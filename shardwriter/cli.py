@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import re
 import sys
 import traceback
+import warnings
 
 from .convert import ConvertOptions, convert
 from .errors import ConversionError, OutputFolderError, SourceError
@@ -147,7 +149,7 @@ def error_line(exc: BaseException) -> tuple[str, bool]:
         # Re-raised from a DataLoader worker: the message carries the worker's traceback; its last
         # line is the worker's exception.
         text = [line for line in text.splitlines() if line.strip()][-1]
-        return _one_line(text), True
+        return _one_line(re.sub(r"^[\w.]+\.(\w+): ", r"\1: ", text)), True
     if isinstance(exc, (ConversionError, SourceError, OutputFolderError)):
         return _one_line(text), True
     if isinstance(exc, OSError) and exc.filename is not None:
@@ -167,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI. Exit status: 0 done, 1 ``verify`` found damage, 2 an error (one line on stderr,
     ``epishard <command>: error: <thing>: <cause>``; the traceback too with ``--debug``)."""
     args = build_parser().parse_args(argv)
+    shown = warnings.formatwarning
+    if not args.debug:  # notices (a skipped shard, ...) as one line each, without the source line
+        warnings.formatwarning = lambda message, *_, **__: (
+            f"epishard {args.command}: warning: {_one_line(str(message).removeprefix('epishard: '))}\n")
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -176,10 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         message, expected = error_line(exc)
+        dataset = getattr(args, "root", None) or getattr(args, "dataset", None)  # inspect, verify, stream
+        if dataset and dataset not in message:
+            message = f"{dataset}: {message}"
         hint = "" if expected or args.debug else " (unexpected: run with --debug for the traceback)"
         print(f"epishard {args.command}: error: {message}{hint}", file=sys.stderr)
         return 2
-
+    finally:
+        warnings.formatwarning = shown
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -109,5 +109,7 @@ def render(r: dict) -> str:
 
 def main(args) -> int:
     report = run(args)
+    if not report["batches"]:
+        raise ValueError(f"{args.dataset}: no window fits the request (episodes shorter than --span/--action-horizon?)")
     print(json.dumps(report) if args.json else render(report))
     return 0
