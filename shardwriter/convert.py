@@ -203,13 +203,13 @@ def _claim_output(storage: Storage, prefix: str) -> None:
     if not isinstance(marker, dict):
         raise OutputFolderError(f"{storage.url}: not empty and not made by epishard convert (holds {_some(names)}); "
                                 "nothing was changed: convert into a new or empty folder")
+    if marker.get("prefix") != prefix:
+        raise OutputFolderError(f"{storage.url}: holds a conversion with --prefix {marker.get('prefix')!r}, not "
+                                f"{prefix!r}; nothing was changed: use that prefix or a new or empty folder")
     foreign = [n for n in names if not fmt.is_writer_file(n, prefix)]
     if foreign:
         raise OutputFolderError(f"{storage.url}: holds files epishard convert did not write ({_some(foreign)}); "
                                 "nothing was changed: move them out or convert into a new or empty folder")
-    if marker.get("prefix") != prefix:
-        raise OutputFolderError(f"{storage.url}: holds a conversion with --prefix {marker.get('prefix')!r}, not "
-                                f"{prefix!r}; nothing was changed: use that prefix or a new or empty folder")
 
 
 def _some(names: list[str]) -> str:
