@@ -48,14 +48,27 @@ class Storage:
 
     def is_file(self) -> bool:
         """Whether the dataset path itself is a file (a dataset is a folder or an object prefix)."""
-        return os.path.isfile(self._root) if self.local else self.fs.isfile(self._root)
+        if self.local:
+            return os.path.isfile(self._root)
+        with self._named_denial():
+            return self.fs.isfile(self._root)
+
+    @contextlib.contextmanager
+    def _named_denial(self):
+        try:
+            yield
+        except PermissionError as exc:  # s3fs: "Access Denied" or "Forbidden", naming nothing
+            raise PermissionError(errno.EACCES, f"access denied ({exc})", self.url) from exc
 
     def makedirs(self) -> None:
         if self.local:
             os.makedirs(self._root, exist_ok=True)
 
     def exists(self, name: str) -> bool:
-        return os.path.exists(self.path(name)) if self.local else self.fs.exists(self.path(name))
+        if self.local:
+            return os.path.exists(self.path(name))
+        with self._named_denial():
+            return self.fs.exists(self.path(name))
 
     def size(self, name: str) -> int:
         return os.path.getsize(self.path(name)) if self.local else int(self.fs.size(self.path(name)))
@@ -76,14 +89,13 @@ class Storage:
             return sorted(os.listdir(self._root)) if os.path.isdir(self._root) else []
         self.fs.invalidate_cache(self._root)
         try:
-            return sorted(os.path.basename(p.rstrip("/")) for p in self.fs.ls(self._root, detail=False))
+            with self._named_denial():
+                return sorted(os.path.basename(p.rstrip("/")) for p in self.fs.ls(self._root, detail=False))
         except FileNotFoundError:
             bucket = self._root.split("/")[0]
             if fsspec.core.split_protocol(self.url)[0] in _BUCKET_STORES and not self.fs.exists(bucket):
                 raise FileNotFoundError(errno.ENOENT, f"bucket {bucket!r} does not exist", self.url) from None
             return []
-        except PermissionError as exc:  # s3fs: "Access Denied", naming nothing
-            raise PermissionError(errno.EACCES, f"access denied ({exc})", self.url) from exc
 
     def read(self, name: str, start: int | None = None, stop: int | None = None) -> bytes:
         """Bytes ``[start, stop)`` of a file (all of it by default)."""

@@ -21,3 +21,27 @@ def shared_dataset(name: str) -> Path:
     if not (path / "meta" / "info.json").exists():
         pytest.skip(f"{path} is absent (real test data lives in ../shared/data)")
     return path
+
+
+@pytest.fixture(scope="module")
+def moto_s3():
+    """A loopback S3 server (moto) with test credentials in the environment; yields
+    ``(storage_options, s3fs filesystem)``. Skips when s3fs or moto is not installed."""
+    pytest.importorskip("s3fs")
+    server_mod = pytest.importorskip("moto.server")
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    import s3fs
+
+    options = {"endpoint_url": f"http://{host}:{port}"}
+    yield options, s3fs.S3FileSystem(**options, skip_instance_cache=True)
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -148,3 +148,32 @@ def _close(s: socket.socket):
     except OSError:
         pass
     s.close()
+
+
+class _DenyHandler(http.server.BaseHTTPRequestHandler):
+    """Answers every request 403 with S3's AccessDenied error document."""
+
+    body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+            b"<Message>Access Denied</Message></Error>")
+
+    def log_message(self, *args):
+        pass
+
+    def _deny(self):
+        self.send_response(403)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(self.body)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _deny
+
+
+def serve_access_denied() -> tuple[http.server.ThreadingHTTPServer, str]:
+    """An S3 endpoint on 127.0.0.1 that refuses everything (HTTP 403 AccessDenied), as a store does
+    for wrong credentials or a bucket policy; returns (server, endpoint URL)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DenyHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"

@@ -149,24 +149,9 @@ def test_interrupted_conversion_resumes_and_removes_only_its_own_partials(source
 # --- object store (moto) ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def s3():
-    pytest.importorskip("s3fs")
-    server_mod = pytest.importorskip("moto.server")
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    import s3fs
-
-    options = {"endpoint_url": f"http://{host}:{port}"}
-    fs = s3fs.S3FileSystem(**options, skip_instance_cache=True)
-    fs.mkdir("safety")
-    yield options, fs
-    server.stop()
-    for k, v in old.items():
-        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+def s3(moto_s3):
+    moto_s3[1].mkdir("safety")
+    return moto_s3
 
 
 def test_s3_prefix_with_unrelated_objects_is_refused_untouched(source, s3):
