@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import string
 
 import pyarrow.parquet as pq
 
@@ -48,11 +49,11 @@ def _format(template: str, fields: dict) -> str:
     names = {m.group(1) for m in re.finditer(r"\{(\w+)", template)}
     missing = names - fields.keys()
     if missing:
-        raise SourceError(f"path template {template!r} uses unknown fields {sorted(missing)}")
+        raise SourceError(f"meta/info.json: path template {template!r} uses unknown fields {sorted(missing)}")
     try:
         return template.format(**{k: v for k, v in fields.items() if k in names})
     except (ValueError, IndexError, KeyError, TypeError) as exc:
-        raise SourceError(f"path template {template!r} cannot be filled with {fields}: {exc}") from None
+        raise SourceError(f"meta/info.json: path template {template!r} cannot be filled with {fields}: {exc}") from None
 
 
 def _read_jsonl(path: str, fields: dict[str, type]) -> list[dict]:
@@ -82,6 +83,14 @@ def _read_jsonl(path: str, fields: dict[str, type]) -> list[dict]:
     return rows
 
 
+def _is_template(template: str) -> bool:
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError:  # unbalanced braces
+        return False
+    return all(name.isidentifier() for name in fields)
+
+
 def _check_info(info, path: str) -> None:
     """Refuse a ``meta/info.json`` whose fields the reader relies on have a wrong type or value.
 
@@ -102,6 +111,9 @@ def _check_info(info, path: str) -> None:
     for field in ("codebase_version", "data_path"):
         if not isinstance(info.get(field), str) or not info[field]:
             raise bad(field, "a non-empty string", info.get(field))
+    for field in ("data_path", "video_path"):
+        if isinstance(info.get(field), str) and not _is_template(info[field]):
+            raise bad(field, "a path template with named fields like {episode_index:06d}", info[field])
     if info["codebase_version"].startswith("v2") and "{episode_index" not in info["data_path"]:
         raise bad("data_path", "a template with {episode_index}", info["data_path"])
     features = info.get("features", {})
@@ -276,7 +288,7 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
     meta_files = sorted(glob.glob(os.path.join(root, "meta", "episodes", "**", "*.parquet"), recursive=True))
     if not meta_files:
         raise SourceError(f"{root}: LeRobot v3.0 dataset without meta/episodes/*.parquet")
-    rows = [row for path in meta_files for row in _v3_episode_rows(path)]
+    rows = _v3_episode_rows(meta_files)
     task_text = _v3_tasks(os.path.join(root, "meta", "tasks.parquet"))
     declared = _camera_names(info.get("features", {}))
     cameras = declared if wanted != () else []
@@ -342,7 +354,8 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
                     extra={"missing_cameras": missing, "task_text": task_text}, images=images)
         )
     if not episodes:
-        raise SourceError(f"{root}: none of the episodes in meta/episodes has its data file present")
+        raise SourceError(f"{root}: none of the episodes in meta/episodes has its data file present "
+                          f"(data_path {info['data_path']!r})")
     declared = int(info.get("total_episodes", len(episodes)))
     if declared != len(episodes):
         notes.append(f"meta/info.json declares {declared} episodes; {len(episodes)} have data files and are converted")
@@ -358,24 +371,37 @@ def _read_parquet(path: str):
         raise SourceError(f"{path}: not a readable Parquet file ({exc})") from None
 
 
-def _v3_episode_rows(path: str) -> list[dict]:
-    """Rows of a v3.0 ``meta/episodes`` file, checked: ``episode_index`` and ``data/*_index`` are
-    integers, ``videos/*/*_index`` integers or null, ``videos/*/*_timestamp`` finite numbers or null."""
-    rows = _read_parquet(path).to_pylist()
-    for i, row in enumerate(rows):
-        for name in ("episode_index", "data/chunk_index", "data/file_index"):
-            if not isinstance(row.get(name), int):
-                raise SourceError(f"{path}: row {i}: {name} must be an integer, got {row.get(name)!r:.60}")
-        for name, value in row.items():
-            if not name.startswith("videos/") or value is None:
-                continue
-            if name.endswith("_index") and not isinstance(value, int):
-                raise SourceError(f"{path}: row {i}: {name} must be an integer, got {value!r:.60}")
-            if name.endswith("_timestamp") and not (isinstance(value, (int, float)) and math.isfinite(value)):
-                raise SourceError(f"{path}: row {i}: {name} must be a finite number, got {value!r:.60}")
-        tasks = row.get("tasks")
-        if tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks)):
-            raise SourceError(f"{path}: row {i}: tasks must be a list of strings, got {tasks!r:.60}")
+def _v3_episode_rows(paths: list[str]) -> list[dict]:
+    """Rows of the v3.0 ``meta/episodes`` files, checked: ``episode_index`` (unique) and
+    ``data/*_index`` are integers; each camera's ``videos/<camera>/`` columns come as the set
+    ``chunk_index``, ``file_index`` (integers or null), ``from_timestamp``, ``to_timestamp`` (finite
+    numbers or null); ``tasks`` is a list of strings. Raises SourceError naming file, row and column."""
+    rows, seen = [], {}
+    for path in paths:
+        table = _read_parquet(path)
+        for prefix in {name.rsplit("/", 1)[0] for name in table.column_names if name.startswith("videos/")}:
+            for column in (f"{prefix}/{key}" for key in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")):
+                if column not in table.column_names:
+                    raise SourceError(f"{path}: column {column} is missing")
+        for i, row in enumerate(table.to_pylist()):
+            for name in ("episode_index", "data/chunk_index", "data/file_index"):
+                if not isinstance(row.get(name), int):
+                    raise SourceError(f"{path}: row {i}: {name} must be an integer, got {row.get(name)!r:.60}")
+            for name, value in row.items():
+                if not name.startswith("videos/") or value is None:
+                    continue
+                if name.endswith("_index") and not isinstance(value, int):
+                    raise SourceError(f"{path}: row {i}: {name} must be an integer, got {value!r:.60}")
+                if name.endswith("_timestamp") and not (isinstance(value, (int, float)) and math.isfinite(value)):
+                    raise SourceError(f"{path}: row {i}: {name} must be a finite number, got {value!r:.60}")
+            tasks = row.get("tasks")
+            if tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks)):
+                raise SourceError(f"{path}: row {i}: tasks must be a list of strings, got {tasks!r:.60}")
+            if row["episode_index"] in seen:
+                raise SourceError(f"{path}: row {i}: episode_index {row['episode_index']} is listed twice "
+                                  f"(also in {seen[row['episode_index']]})")
+            seen[row["episode_index"]] = path
+            rows.append(row)
     return rows
 
 
