@@ -96,6 +96,9 @@ class Storage:
             if fsspec.core.split_protocol(self.url)[0] in _BUCKET_STORES and not self.fs.exists(bucket):
                 raise FileNotFoundError(errno.ENOENT, f"bucket {bucket!r} does not exist", self.url) from None
             return []
+        finally:
+            # Worker processes write here too: a cached listing would hide their files from this one.
+            self.fs.invalidate_cache(self._root)
 
     def read(self, name: str, start: int | None = None, stop: int | None = None) -> bytes:
         """Bytes ``[start, stop)`` of a file (all of it by default)."""
