@@ -56,7 +56,7 @@ def write_v2(root: str, lengths: list[int], cameras: list[str], *, fps: int = 20
 
     ``declared``: cameras listed in ``meta/info.json`` (default ``cameras``); only ``cameras`` get
     files, stored under ``video_dir`` (``"video"`` misplaces them). Episode ``e``'s frames show
-    ``1000 * e + i``.
+    ``1000 * e + i``. ``meta/tasks.jsonl`` and ``meta/episodes.jsonl`` give every episode the task "fold".
     """
     declared = cameras if declared is None else declared
     _write_json(f"{root}/meta/info.json", _info("v2.1", fps, lengths, declared, V2_DATA, V2_VIDEO))
@@ -71,6 +71,8 @@ def write_v2(root: str, lengths: list[int], cameras: list[str], *, fps: int = 20
             make_video(video, n, fps=fps, height=32, width=32, gop=8, start_number=1000 * e)
     with open(f"{root}/meta/tasks.jsonl", "w") as f:
         f.write(json.dumps({"task_index": 0, "task": "fold"}) + "\n")
+    with open(f"{root}/meta/episodes.jsonl", "w") as f:
+        f.writelines(json.dumps({"episode_index": e, "tasks": ["fold"], "length": n}) + "\n" for e, n in enumerate(lengths))
 
 
 def write_v3(root: str, lengths: list[int], camera: str, *, fps: int = 20, per_file: int = 3, end_shift: int = 0,
@@ -82,7 +84,8 @@ def write_v3(root: str, lengths: list[int], camera: str, *, fps: int = 20, per_f
     ``end_shift``: frames added to every ``to_timestamp`` (``-1``: the last frame's time, as some
     recorders write it; ``0``: exact; ``1``: one frame long). ``timestamps``: episode -> its
     ``timestamp`` column (default ``frame_index / fps``). ``absent``: more cameras declared, with
-    meta/episodes columns like ``camera``'s, but no video files.
+    meta/episodes columns like ``camera``'s, but no video files. ``meta/tasks.parquet`` holds the
+    one task, "fold".
     """
     _write_json(f"{root}/meta/info.json", _info("v3.0", fps, lengths, [camera, *absent], V3_DATA, V3_VIDEO))
     meta = []
@@ -108,6 +111,7 @@ def write_v3(root: str, lengths: list[int], camera: str, *, fps: int = 20, per_f
             start += lengths[e]
     os.makedirs(f"{root}/meta/episodes/chunk-000", exist_ok=True)
     pq.write_table(pa.Table.from_pylist(meta), f"{root}/meta/episodes/chunk-000/file-000.parquet")
+    pq.write_table(pa.table({"task_index": [0], "task": ["fold"]}), f"{root}/meta/tasks.parquet")
 
 
 def write_v2_files(root: str, tables: list[pa.Table], *, fps: int = 20, videos: dict[str, list[bytes]] | None = None,

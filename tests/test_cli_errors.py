@@ -12,17 +12,20 @@ import sys
 
 import pytest
 
-from lerobotgen import CAMERA, make_lerobot_v21
+from lerobotgen import write_v2
 from remote_servers import serve_access_denied
 from shardwriter.cli import main as cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CAMERA = "observation.images.front"
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> str:
     """A LeRobot v2.1 dataset of 3 short episodes (12, 9, 10 rows at 10 fps, one camera)."""
-    return make_lerobot_v21(str(tmp_path_factory.mktemp("src") / "toy"), lengths=(12, 9, 10))
+    root = str(tmp_path_factory.mktemp("src") / "toy")
+    write_v2(root, [12, 9, 10], [CAMERA], fps=10)
+    return root
 
 
 @pytest.fixture(scope="module")

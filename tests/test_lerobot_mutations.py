@@ -14,11 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lerobotgen import CAMERA, make_lerobot_v21, make_lerobot_v30
+from lerobotgen import write_v2, write_v3
 from shardwriter import WindowIndex, verify
 from shardwriter.cli import main as cli
 
-LENGTHS = (12, 9)
+LENGTHS = [12, 9]
+CAMERA = "observation.images.front"
 WRONG = {"null": None, "zero": 0, "negative": -1, "fraction": 1.5, "nan": math.nan, "inf": math.inf, "empty": "",
          "text": "x", "list": [], "object": {}, "true": True}
 
@@ -148,7 +149,7 @@ V30_META = {
         "tasks=string": _column("tasks", ["pick", "place"]), "truncate": _truncate(0.5), "empty": _write(b""),
     },
     "tasks.parquet": {
-        "drop-task_index": _drop_column("task_index"), "task_index=string": _column("task_index", ["0", "1"]),
+        "drop-task_index": _drop_column("task_index"), "task_index=string": _column("task_index", lambda v: [str(x) for x in v]),
         "only-task_index": _drop_column("task"), "truncate": _truncate(0.5),
     },
 }
@@ -172,7 +173,9 @@ def _mutation(version: str, file: str, name: str):
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("lerobot")
-    return {"v21": make_lerobot_v21(str(root / "v21"), LENGTHS), "v30": make_lerobot_v30(str(root / "v30"), LENGTHS)}
+    write_v2(str(root / "v21"), LENGTHS, [CAMERA], fps=10)
+    write_v3(str(root / "v30"), LENGTHS, CAMERA, fps=10)
+    return {"v21": str(root / "v21"), "v30": str(root / "v30")}
 
 
 class Hang(BaseException):

@@ -66,9 +66,10 @@ def test_folder_with_unrelated_files_is_refused_untouched(source, tmp_path):
 
 
 def test_cli_refusal_is_one_line_and_touches_nothing(tmp_path, capsys):
-    from lerobotgen import make_lerobot_v21
+    from lerobotgen import write_v2
 
-    src = make_lerobot_v21(str(tmp_path / "src"), lengths=(8,))
+    src = str(tmp_path / "src")
+    write_v2(src, [8], ["observation.images.front"], fps=FPS)
     out = tmp_path / "out"
     _plant(out, UNRELATED)
     before = _snapshot(out)
