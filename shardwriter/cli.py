@@ -191,5 +191,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         warnings.formatwarning = shown
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,8 +9,8 @@ class ConversionError(Exception):
     Attributes name the place precisely so a user can open the file and look: ``dataset`` (source
     name or path), ``episode`` (source episode index), ``camera`` (full camera name or None),
     ``row`` (table row within the episode or None), ``shard`` (the shard being written, or None),
-    ``kind`` (a short machine-readable tag such
-    as ``"nan"``, ``"frames_past_end"``, ``"unreadable_video"``; the report counts skips by it).
+    ``kind`` (a short machine-readable tag such as ``"nan"``, ``"frames_past_end"``,
+    ``"unreadable_video"``; the report counts skips by it).
     """
 
     def __init__(

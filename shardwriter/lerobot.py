@@ -62,24 +62,28 @@ def _read_jsonl(path: str, fields: dict[str, type]) -> list[dict]:
     if not os.path.exists(path):
         return []
     rows = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise SourceError(f"{path}: line {number}: not valid JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise SourceError(f"{path}: line {number}: must be a JSON object, got {line.strip()[:60]}")
-            for name, kind in fields.items():
-                value = row.get(name)
-                if kind is list and value is not None and not (
-                        isinstance(value, list) and all(isinstance(v, str) for v in value)):
-                    raise SourceError(f"{path}: line {number}: {name} must be a list of strings, got {value!r:.60}")
-                if kind is not list and (not isinstance(value, kind) or isinstance(value, bool)):
-                    raise SourceError(f"{path}: line {number}: {name} must be a JSON {kind.__name__}, got {value!r:.60}")
-            rows.append(row)
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"{path}: not UTF-8 text ({exc})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise SourceError(f"{path}: line {number}: not valid JSON ({exc})") from None
+        if not isinstance(row, dict):
+            raise SourceError(f"{path}: line {number}: must be a JSON object, got {line.strip()[:60]}")
+        for name, kind in fields.items():
+            value = row.get(name)
+            if kind is list and value is not None and not (
+                    isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                raise SourceError(f"{path}: line {number}: {name} must be a list of strings, got {value!r:.60}")
+            if kind is not list and (not isinstance(value, kind) or isinstance(value, bool)):
+                raise SourceError(f"{path}: line {number}: {name} must be a JSON {kind.__name__}, got {value!r:.60}")
+        rows.append(row)
     return rows
 
 
