@@ -137,6 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _close_progress_bars() -> None:
+    """Finish a progress bar an exception left open, so the error starts a line of its own."""
+    if "tqdm" in sys.modules:
+        from tqdm import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):
+            bar.close()
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -179,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"epishard {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # every failure a user can meet: one line, the traceback on request
+        _close_progress_bars()
         if args.debug:
             traceback.print_exc()
         message, expected = error_line(exc)

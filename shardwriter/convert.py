@@ -153,7 +153,7 @@ def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], option
                 offset, size, sha = tar.add(member_name, data)
                 members.append({"name": member_name, "offset": offset, "size": size, "sha256": sha})
             rows.append({**ready.row, "members": members})
-            warnings.extend({**w, "shard": name} for w in ready.warnings)
+            warnings.extend(ready.warnings)
         tar.close()
     meta = {
         "shard": name, "index": fmt.index_name(options.prefix, shard_id), "size": tar.size, "sha256": tar.sha256,
