@@ -17,16 +17,29 @@ from .video import ReencodeSpec
 
 def _size(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    text = text.strip().lower().rstrip("b").rstrip("i")
-    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+    stem = text.strip().lower().rstrip("b").rstrip("i")
+    try:
+        return int(float(stem[:-1]) * units[stem[-1]]) if stem and stem[-1] in units else int(stem)
+    except ValueError:
+        raise ValueError(f"--max-shard-size: {text!r} is not a size in bytes like 512MiB or 1GiB") from None
 
 
 def _ints(text: str) -> frozenset[int]:
     out: set[int] = set()
-    for part in filter(None, text.split(",")):
-        a, _, b = part.partition("-")
-        out.update(range(int(a), int(b) + 1) if b else [int(a)])
+    try:
+        for part in filter(None, text.split(",")):
+            a, _, b = part.partition("-")
+            out.update(range(int(a), int(b) + 1) if b else [int(a)])
+    except ValueError:
+        raise ValueError(f"--episodes: {text!r} is not a list of episode indices like 0-9,12") from None
     return frozenset(out)
+
+
+def _reencode(text: str) -> ReencodeSpec:
+    try:
+        return ReencodeSpec.parse(text)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--reencode {text!r}: {exc} (expected e.g. codec=libx264,gop=10,size=224x224,crf=23)") from None
 
 
 def _cmd_convert(args) -> int:
@@ -36,7 +49,7 @@ def _cmd_convert(args) -> int:
         max_bytes_per_shard=_size(args.max_shard_size),
         episodes=_ints(args.episodes) if args.episodes else None,
         cameras=() if args.no_cameras else tuple(args.cameras.split(",")) if args.cameras else None,
-        reencode=ReencodeSpec.parse(args.reencode) if args.reencode else None,
+        reencode=_reencode(args.reencode) if args.reencode else None,
         on_error=args.on_error,
         timestamps=args.timestamps,
         workers=args.workers,

@@ -47,6 +47,8 @@ class ConvertOptions:
     ``reencode``: re-encode videos instead of copying them bit-exact. ``on_error``:
     ``"fail"`` stops at the first bad episode, ``"skip"`` leaves it out and counts it in the report.
     ``timestamps``: ``"warn"`` or ``"fail"`` on timestamp/video disagreements. ``workers``: processes.
+    Raises ``ValueError`` for a prefix that is not a plain file-name stem (``format.PREFIX_RE``: no
+    path separator, so nothing is written outside the output folder) or an out-of-range value.
     """
 
     prefix: str = "shard"
@@ -60,6 +62,20 @@ class ConvertOptions:
     decode_check: bool = True
     workers: int = 1
     progress: bool = True
+
+    def __post_init__(self):
+        problems = [
+            f"prefix must be a plain file-name stem ({fmt.PREFIX_RE.pattern}), got {self.prefix!r}"
+            if not fmt.PREFIX_RE.fullmatch(self.prefix) else "",
+            f"max_episodes_per_shard must be >= 1, got {self.max_episodes_per_shard}"
+            if self.max_episodes_per_shard < 1 else "",
+            f"max_bytes_per_shard must be >= 1, got {self.max_bytes_per_shard}" if self.max_bytes_per_shard < 1 else "",
+            f"workers must be >= 1, got {self.workers}" if self.workers < 1 else "",
+            f"on_error must be 'fail' or 'skip', got {self.on_error!r}" if self.on_error not in ("fail", "skip") else "",
+            f"timestamps must be 'warn' or 'fail', got {self.timestamps!r}" if self.timestamps not in ("warn", "fail") else "",
+        ]
+        if any(problems):
+            raise ValueError("ConvertOptions: " + "; ".join(p for p in problems if p))
 
     def prepare_options(self) -> PrepareOptions:
         return PrepareOptions(cameras=self.cameras, reencode=self.reencode, timestamps=self.timestamps,

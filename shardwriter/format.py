@@ -58,6 +58,11 @@ def camera_field(camera: str) -> str:
     return slug(short)
 
 
+# A shard prefix is a plain file-name stem: no path separators, no leading dot, so every file the
+# writer makes stays inside the output folder.
+PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+
+
 def shard_name(prefix: str, shard_id: int) -> str:
     """File name of shard ``shard_id``: ``<prefix>-<shard_id:06d>.tar``."""
     return f"{prefix}-{shard_id:06d}{SHARD_SUFFIX}"

@@ -129,6 +129,19 @@ def test_output_path_that_is_a_file(dataset, tmp_path, capsys):
     assert out.read_bytes() == b"keep me"
 
 
+@pytest.mark.parametrize("option, said", [
+    (["--max-shard-size", "abc"], "--max-shard-size: 'abc' is not a size in bytes like 512MiB or 1GiB"),
+    (["--episodes", "1-x"], "--episodes: '1-x' is not a list of episode indices like 0-9,12"),
+    (["--reencode", "gop=x"], "--reencode 'gop=x': invalid literal for int() with base 10: 'x'"),
+    (["--prefix", "../evil"], "ConvertOptions: prefix must be a plain file-name stem"),
+    (["--max-episodes-per-shard", "0"], "ConvertOptions: max_episodes_per_shard must be >= 1, got 0"),
+])
+def test_bad_options(dataset, tmp_path, capsys, option, said):
+    assert cli(["convert", dataset, str(tmp_path / "out"), "--quiet", *option]) == 2
+    assert _error(capsys, "convert").startswith(said)
+    assert os.listdir(tmp_path) == []
+
+
 class _FullDisk:
     """Stands in for ``open`` in shardwriter.storage: files written through it share ``free`` bytes,
     then every write fails with ENOSPC, as on a full disk."""

@@ -109,6 +109,13 @@ def test_output_that_is_a_file_is_refused(source, tmp_path):
     assert path.read_bytes() == b"precious"
 
 
+@pytest.mark.parametrize("prefix", ["../evil", "a/b", ".hidden", "", "/abs"])
+def test_a_prefix_that_would_write_outside_the_folder_is_refused(source, tmp_path, prefix):
+    with pytest.raises(ValueError, match="prefix must be a plain file-name stem"):
+        convert([source], str(tmp_path / "out"), _opts(prefix=prefix))
+    assert os.listdir(tmp_path) == []
+
+
 def test_marker_is_written_first_and_a_rerun_resumes(source, tmp_path, monkeypatch):
     out = tmp_path / "out"
     convert([source], str(out), _opts())
