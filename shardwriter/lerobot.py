@@ -100,7 +100,8 @@ def _check_info(info, path: str) -> None:
 
     Raises SourceError naming the file, the field and the value: the document is not an object;
     ``fps`` is not a finite number > 0; ``codebase_version`` or ``data_path`` is not a non-empty
-    string (v2.x: ``data_path`` must use ``{episode_index}``); ``video_path`` is not a string while
+    string (v2.x: ``data_path`` must use ``{episode_index}``); a path template is absolute or climbs
+    out of the dataset folder (``..``); ``video_path`` is not a string while
     a video feature is declared; ``features`` is not an object of objects; ``total_episodes`` is
     not an integer >= 0; ``robot_type`` is not a string.
     """
@@ -118,6 +119,8 @@ def _check_info(info, path: str) -> None:
     for field in ("data_path", "video_path"):
         if isinstance(info.get(field), str) and not _is_template(info[field]):
             raise bad(field, "a path template with named fields like {episode_index:06d}", info[field])
+        if isinstance(info.get(field), str) and (os.path.isabs(info[field]) or ".." in info[field].split("/")):
+            raise bad(field, "a path inside the dataset folder (relative, no '..')", info[field])
     if info["codebase_version"].startswith("v2") and "{episode_index" not in info["data_path"]:
         raise bad("data_path", "a template with {episode_index}", info["data_path"])
     features = info.get("features", {})

@@ -83,6 +83,8 @@ def test_fps_zero_is_one_line_and_the_traceback_only_with_debug(dataset, tmp_pat
     (lambda info: info | {"fps": "30"}, 'fps must be a positive number (frames per second), got "30"'),
     (lambda info: info | {"fps": -10}, "fps must be a positive number (frames per second), got -10"),
     (lambda info: info | {"total_episodes": "3"}, 'total_episodes must be an integer >= 0, got "3"'),
+    (lambda info: info | {"video_path": "../toy/" + info["video_path"]},
+     "video_path must be a path inside the dataset folder (relative, no '..')"),
 ])
 def test_info_json_of_the_wrong_type(dataset, tmp_path, capsys, change, said):
     src = _copy(dataset, tmp_path)

@@ -76,6 +76,8 @@ def _info_mutations() -> dict[str, object]:
         "data_path=unknown-field": _set("data_path", "data/{nonsense:03d}/{episode_index:06d}.parquet"),
         "data_path=positional": _set("data_path", "data/{0}/{episode_index}.parquet"),
         "video_path=bad-spec": _set("video_path", "videos/{video_key:06d}/{episode_index:06d}.mp4"),
+        "video_path=outside": _json_edit(lambda i: i | {"video_path": "../toy/" + i["video_path"]}),
+        "data_path=absolute": _json_edit(lambda i: i | {"data_path": "/" + i["data_path"]}),
         "features=camera-not-object": _set("features", {CAMERA: "video"}),
         "features=dtype-number": _json_edit(lambda i: i | {"features": {CAMERA: {"dtype": 5}}}),
         "swap-data_path-video_path": _swap("data_path", "video_path"),
