@@ -142,12 +142,14 @@ CAMERA_TYPE = pa.struct(
         ("name", pa.string()),  # full camera name, e.g. "observation.images.ego_view"
         ("member", pa.int32()),  # position of its video in the episode's `members` list
         ("codec", pa.string()),
-        ("width", pa.int32()),
+        ("width", pa.int32()),  # size of the frames a decoder returns: after `rotation`
         ("height", pa.int32()),
+        ("rotation", pa.int32()),  # degrees from the stream's display matrix (0, 90, 180, 270)
+        ("stream_index", pa.int32()),  # container stream holding the frames (cover art etc. skipped)
         ("pix_fmt", pa.string()),
         ("time_base_num", pa.int64()),
         ("time_base_den", pa.int64()),
-        ("num_frames", pa.int32()),  # frames in the stored video, counted from its packets
+        ("num_frames", pa.int32()),  # frames a decoder displays from the stored video (not packets)
         # Frame tables, compact when regular (the common case; keeps 10^4+ episodes small in memory):
         # pts of frame i = pts_start + i * pts_step when `pts` is empty, else pts[i] (stream time base).
         ("pts_start", pa.int64()),

@@ -114,6 +114,9 @@ class WindowIndex:
         kinds = (cams.field("kind").to_numpy(zero_copy_only=False) if "kind" in [f.name for f in cams.type]
                  else np.full(len(cams), "rgb", dtype=object))
         self.cam_depth = kinds == "depth"  # bool per stream: decoded at full precision, uint16 [1, H, W]
+        # Indexes written before the stream was recorded decode FFmpeg's best video stream (-1).
+        self.cam_stream_index = (_np(cams.field("stream_index"), np.int64) if cams.type.get_field_index("stream_index") >= 0
+                                 else np.full(len(cams), -1, np.int64))
         self.cam_time_base = _np(cams.field("time_base_num"), np.float64) / _np(cams.field("time_base_den"), np.float64)
         # Byte range of each stream's video member, resolved once so a lookup is one array read.
         episode_of_stream = np.repeat(np.arange(self.num_rows.shape[0]), np.diff(self.episode_cams))
@@ -273,3 +276,14 @@ def camera_row_frames(camera: dict, num_rows: int) -> list[int]:
     if camera["row_to_frame"]:
         return list(camera["row_to_frame"])
     return list(range(camera["first_frame"], camera["first_frame"] + num_rows))
+
+
+def camera_frame_tables(camera: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pts, duration, keyframe flags) of one camera entry of an index row (as read by pyarrow),
+    expanded like ``WindowIndex.frame_tables``."""
+    n, step = camera["num_frames"], camera["pts_step"]
+    pts = np.asarray(camera["pts"], np.int64) if camera["pts"] else camera["pts_start"] + step * np.arange(n, dtype=np.int64)
+    duration = np.asarray(camera["duration"], np.int64) if camera["duration"] else np.full(n, step, np.int64)
+    flags = np.zeros(n, dtype=bool)
+    flags[np.asarray(camera["keyframes"], np.int64)] = True
+    return pts, duration, flags

@@ -23,7 +23,7 @@ from . import format as fmt
 from .episode import Episode
 from .errors import ConversionError
 from .images import IMAGE_SPEC, column_images
-from .video import ReencodeSpec, VideoProbe, cut, encode, frame_at_time, probe, reencode, resize
+from .video import ReencodeSpec, VideoProbe, check_frames, cut, encode, frame_at_time, probe, reencode, resize
 
 CHECKED_PREFIXES = ("observation.state", "action")
 
@@ -35,9 +35,9 @@ class PrepareOptions:
     ``cameras``: camera names to keep (None: all). ``reencode``: re-encode settings or None for a
     bit-exact copy / stream-copy cut. ``timestamps``: ``"warn"`` records timestamp disagreements in
     the report (frames are mapped by frame_index, so they cannot shift frames); ``"fail"`` treats
-    them as errors. ``decode_check``: per camera, decode the keyframes where decoding the episode's
-    first and last frames starts (keyframes decode alone, so this costs two frames, not a GOP;
-    ``epishard verify`` decodes the first and last frames themselves).
+    them as errors. ``decode_check``: per camera, decode every frame of the stored video the way the
+    reader does and stop (``frame_mismatch``) where the frame table disagrees with it (see
+    ``video.check_frames``; two full decodes per camera). Turning it off trusts the table unchecked.
     """
 
     cameras: tuple[str, ...] | None = None
@@ -194,16 +194,6 @@ def _probe_shared(path: str) -> VideoProbe:
     return probe(path)
 
 
-def _decode_check(data: bytes, frames: list[int]) -> None:
-    from torchcodec.decoders import VideoDecoder
-
-    try:
-        decoder = VideoDecoder(data, seek_mode="exact")
-        decoder.get_frames_at(frames)
-    except Exception as exc:  # torchcodec raises RuntimeError/IndexError/ValueError by case
-        raise _fail("unreadable_video", f"decoding frames {frames} failed: {exc}") from exc
-
-
 def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, table: pa.Table, first_break: int):
     """Return (stored bytes, probe of stored bytes, row_to_frame, transform, timestamp reports).
 
@@ -240,11 +230,13 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
         data = reencode(source, absolute, fps, opts.reencode)
         stored, row_to_frame, transform = probe(data), np.arange(absolute.size), opts.reencode.describe()
     elif video.segment is not None:
-        data, kept = cut(source, info, int(absolute[0]), int(absolute[-1]) + 1)
-        stored = probe(data)
-        if stored.num_frames != kept.size:
-            raise _fail("unreadable_video", f"cut holds {stored.num_frames} frames, expected {kept.size}")
-        row_to_frame, transform = np.searchsorted(kept, absolute), "cut"
+        data, stored, shown = cut(source, info, int(absolute[0]), int(absolute[-1]) + 1)
+        frame_in_cut = {int(f): i for i, f in enumerate(shown) if f >= 0}
+        lost = [r for r, f in enumerate(absolute.tolist()) if f not in frame_in_cut]
+        if lost:
+            raise _fail("unreadable_video", f"the stream-copy cut does not show source frame {absolute[lost[0]]} "
+                                            f"({len(lost)} rows without their frame)", row=lost[0])
+        row_to_frame, transform = np.asarray([frame_in_cut[f] for f in absolute.tolist()]), "cut"
     else:
         data, stored, row_to_frame, transform = bytes(source), info, absolute, "copy"
     return data, stored, row_to_frame.astype(np.int32), transform, [r for r in reports if r is not None]
@@ -373,9 +365,10 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
                 data, stored, row_to_frame, transform, reports = _prepare_camera(video, local, episode.fps, opts,
                                                                                  table, first_break)
             if opts.decode_check:
-                keys = stored.keyframes
-                starts = {int(keys[np.searchsorted(keys, f, side="right") - 1]) for f in (row_to_frame[0], row_to_frame[-1])}
-                _decode_check(data, sorted(starts))
+                problem = check_frames(data, stored.pts, stored.duration, stored.keyflags(), stored.time_base,
+                                       stored.stream_index)
+                if problem is not None:
+                    raise _fail("frame_mismatch", f"the frame table disagrees with the decoder: {problem}")
         except ConversionError as exc:
             raise exc.with_context(camera=cam, path=path, **where) from None
         declared_depth = video is not None and video.depth
@@ -388,8 +381,8 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
             warnings.append({**report, "dataset": episode.source, "episode": episode.episode_index, "camera": cam})
         cam_rows.append({
             "name": cam, "member": None, "codec": stored.codec, "width": stored.width, "height": stored.height,
-            "pix_fmt": stored.pix_fmt, "time_base_num": stored.time_base.numerator,
-            "time_base_den": stored.time_base.denominator, "num_frames": stored.num_frames,
+            "rotation": stored.rotation, "stream_index": stored.stream_index, "pix_fmt": stored.pix_fmt,
+            "time_base_num": stored.time_base.numerator, "time_base_den": stored.time_base.denominator, "num_frames": stored.num_frames,
             **compact_tables(stored, row_to_frame), "keyframes": stored.keyframes, "transform": transform,
             "kind": kind,
         })

@@ -1,14 +1,19 @@
-"""Video work done at write time: packet tables, segment cuts by stream copy, optional re-encode.
+"""Video work done at write time: frame tables, the check that a decoder agrees with them, segment
+cuts by stream copy, optional re-encode.
 
-Packet-level work uses PyAV (FFmpeg's demuxer and muxer) so that nothing is decoded except where a
-re-encode is asked for. Frame numbers follow torchcodec's exact seek mode: frame ``i`` is the packet
-with the ``i``-th smallest pts, and keyframes are packets flagged as such by the demuxer.
+Frame tables describe the frames a decoder **displays**: they are built from a full decode with
+PyAV (FFmpeg), so edit lists, discard flags, B-frame reordering, negative start pts, header frame
+counts that lie and truncated tails are all resolved by FFmpeg itself, not by a model of the
+container. Frame ``i`` is the ``i``-th frame the decoder outputs (ascending pts). Because PyAV and
+torchcodec may link different FFmpeg versions, ``check_frames`` then decodes every frame the way the
+reader does (torchcodec with the table as ``custom_frame_mappings``) and compares.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import zlib
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -22,11 +27,17 @@ VideoSource = bytes | str  # encoded file bytes, or a local path
 
 @dataclass(frozen=True)
 class VideoProbe:
-    """What the demuxer says about one video stream, in presentation order.
+    """The frames a decoder displays from one video stream, in presentation order.
 
-    ``pts``, ``duration``: int64 ``[num_frames]`` in units of ``time_base`` (seconds per tick).
-    ``keyframes``: int32 ascending frame numbers of keyframes. ``decode_order``: int64
-    ``[num_frames]`` frame number of each packet in file (decode) order.
+    ``pts``, ``duration``: int64 ``[num_frames]`` in units of ``time_base`` (seconds per tick), one
+    entry per frame the decoder outputs (frames hidden by an edit list or discard flags are not
+    frames). ``keyframes``: int32 ascending frame numbers where decoding can start: frames whose
+    packet the demuxer flags as a keyframe, and always frame 0 (a seek to its pts lands on the
+    demuxer's keyframe at or before it, which may be a hidden one). ``packet_pts``, ``packet_key``:
+    int64 pts and bool keyframe flag of every packet, in file (decode) order, hidden ones included.
+    ``width``, ``height``: size of the frames a decoder returns, after the stream's rotation
+    (``rotation``, degrees counter-clockwise, from its display matrix). ``stream_index``: the
+    container stream holding the frames.
     """
 
     codec: str
@@ -37,8 +48,11 @@ class VideoProbe:
     pts: np.ndarray
     duration: np.ndarray
     keyframes: np.ndarray
-    decode_order: np.ndarray
+    packet_pts: np.ndarray
+    packet_key: np.ndarray
     average_fps: float
+    stream_index: int = 0
+    rotation: int = 0
 
     @property
     def num_frames(self) -> int:
@@ -48,57 +62,176 @@ class VideoProbe:
         """Presentation time in seconds of the given frame numbers (float64)."""
         return self.pts[frames].astype(np.float64) * float(self.time_base)
 
+    def keyflags(self) -> np.ndarray:
+        """bool ``[num_frames]``: True at keyframes."""
+        flags = np.zeros(self.num_frames, dtype=bool)
+        flags[self.keyframes] = True
+        return flags
+
 
 def _open(source: VideoSource):
     return av.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source, "r")
 
 
-def probe(source: VideoSource) -> VideoProbe:
-    """Demux every packet of the first video stream (no decoding) and return its frame tables.
+def frame_stream(container) -> "av.video.stream.VideoStream":
+    """The video stream that holds the frames: attached pictures (cover art) are skipped; among the
+    rest, FFmpeg's best video stream (``av_find_best_stream``), else the first.
 
     Raises:
-        ConversionError(kind="unreadable_video"): the container cannot be opened or demuxed, has
-            no video stream, or has packets without pts.
+        ConversionError(kind="unreadable_video"): no video stream other than attached pictures.
+    """
+    candidates = [s for s in container.streams.video if not s.disposition & av.stream.Disposition.attached_pic]
+    if not candidates:
+        what = "only attached pictures (cover art)" if container.streams.video else "no video stream"
+        raise ConversionError(f"{what} in file: no video stream holds frames", kind="unreadable_video")
+    best = container.streams.best("video")
+    return best if best in candidates else candidates[0]
+
+
+def _decode_all(stream, container) -> tuple[list, list, int]:
+    """(packet rows (pts, key, duration) in decode order, frame rows (pts, duration), rotation)."""
+    packets, frames, rotation = [], [], 0
+    for packet in container.demux(stream):
+        if packet.size:
+            pts = packet.pts if packet.pts is not None else packet.dts
+            if pts is not None:
+                packets.append((pts, packet.is_keyframe, packet.duration or 0))
+        for frame in packet.decode():
+            pts = frame.pts if frame.pts is not None else frame.dts
+            if pts is None:
+                raise ConversionError(f"decoded frame {len(frames)} has neither pts nor dts", kind="unreadable_video")
+            if not frames:
+                rotation = int(round(frame.rotation or 0))
+            frames.append((pts, frame.duration or 0))
+    return packets, frames, rotation
+
+
+def probe(source: VideoSource) -> VideoProbe:
+    """Decode every frame of the file's frame stream (see ``frame_stream``) and return its tables.
+
+    Costs one full decode (no colour conversion). Durations: the frame's, else its packet's, else
+    the gap to the next frame's pts.
+
+    Raises:
+        ConversionError(kind="unreadable_video"): the container cannot be opened, demuxed or
+            decoded, has no stream holding frames, or its decoded frames' pts do not increase.
     """
     try:
         with _open(source) as container:
-            if not container.streams.video:
-                raise ConversionError("no video stream in file", kind="unreadable_video")
-            stream = container.streams.video[0]
+            stream = frame_stream(container)
             ctx = stream.codec_context
-            rows = [
-                (p.pts, p.duration or 0, p.is_keyframe)
-                for p in container.demux(stream)
-                if p.size and p.pts is not None
-            ]
-            info = (ctx.codec.canonical_name, ctx.width, ctx.height, ctx.format.name if ctx.format else "", stream.time_base)
+            packets, frames, rotation = _decode_all(stream, container)
+            info = (ctx.codec.canonical_name, ctx.width, ctx.height, ctx.format.name if ctx.format else "",
+                    stream.time_base, stream.index)
             fps = float(stream.average_rate) if stream.average_rate else 0.0
     except ConversionError:
         raise
     except (av.error.FFmpegError, OSError, ValueError) as exc:
-        raise ConversionError(f"cannot demux video: {exc}", kind="unreadable_video") from exc
-    if not rows:
-        raise ConversionError("video stream holds no frames", kind="unreadable_video")
-    table = np.asarray(rows, dtype=np.int64)
-    order = np.argsort(table[:, 0], kind="stable")
-    frame_of_packet = np.empty_like(order)
-    frame_of_packet[order] = np.arange(order.size)
-    pts = table[order, 0]
-    if np.any(np.diff(pts) == 0):
-        raise ConversionError("two packets share one pts", kind="unreadable_video")
-    codec, width, height, pix_fmt, time_base = info
+        raise ConversionError(f"cannot decode video: {exc}", kind="unreadable_video") from exc
+    if not frames:
+        raise ConversionError(f"video stream {info[5]} holds no frames ({len(packets)} packets, none displayed)",
+                              kind="unreadable_video")
+    pts = np.asarray([f[0] for f in frames], dtype=np.int64)
+    bad = np.flatnonzero(np.diff(pts) <= 0)
+    if bad.size:
+        i = int(bad[0]) + 1
+        raise ConversionError(f"decoded frame {i} has pts {pts[i]} after pts {pts[i - 1]} (pts must increase)",
+                              kind="unreadable_video")
+    packet_pts = np.asarray([p[0] for p in packets], dtype=np.int64)
+    packet_key = np.asarray([p[1] for p in packets], dtype=bool)
+    by_pts = {int(p): (bool(k), int(d)) for p, k, d in packets}
+    duration = np.asarray([f[1] or by_pts.get(int(p), (False, 0))[1] for p, f in zip(pts, frames)], dtype=np.int64)
+    gaps = np.diff(pts)
+    fill = np.append(gaps, gaps[-1] if gaps.size else 1)
+    duration = np.where(duration > 0, duration, fill)
+    keyflags = np.asarray([by_pts.get(int(p), (False, 0))[0] for p in pts], dtype=bool)
+    keyflags[0] = True
+    codec, width, height, pix_fmt, time_base, index = info
+    if rotation % 180:
+        width, height = height, width
     return VideoProbe(
-        codec=codec,
-        width=int(width),
-        height=int(height),
-        pix_fmt=pix_fmt,
+        codec=codec, width=int(width), height=int(height), pix_fmt=pix_fmt,
         time_base=Fraction(time_base.numerator, time_base.denominator),
-        pts=pts,
-        duration=table[order, 1],
-        keyframes=np.flatnonzero(table[order, 2]).astype(np.int32),
-        decode_order=frame_of_packet,
-        average_fps=fps,
+        pts=pts, duration=duration, keyframes=np.flatnonzero(keyflags).astype(np.int32),
+        packet_pts=packet_pts, packet_key=packet_key, average_fps=fps, stream_index=int(index),
+        rotation=rotation % 360,
     )
+
+
+def frame_mappings(pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray) -> str:
+    """torchcodec ``custom_frame_mappings`` JSON (ffprobe's ``-show_frames`` shape) for one stream.
+
+    ``pts``, ``duration``: int64 ``[num_frames]`` in the stream time base; ``keyframe``: bool.
+    """
+    frames = [{"pts": int(p), "duration": int(d), "key_frame": int(k)}
+              for p, d, k in zip(pts.tolist(), duration.tolist(), keyframe.tolist())]
+    return json.dumps({"frames": frames})
+
+
+def open_decoder(data: bytes, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray,
+                 stream_index: int | None):
+    """The reader's decoder: torchcodec ``VideoDecoder`` on ``data`` with the frame tables as
+    ``custom_frame_mappings`` (no rescan), NCHW uint8 output, one FFmpeg thread.
+
+    ``stream_index``: the stream the tables describe (None: FFmpeg's best video stream, for indexes
+    written before the index recorded it). Raises whatever torchcodec raises.
+    """
+    from torchcodec.decoders import VideoDecoder
+
+    return VideoDecoder(data, stream_index=stream_index, custom_frame_mappings=frame_mappings(pts, duration, keyframe),
+                        dimension_order="NCHW", num_ffmpeg_threads=1)
+
+
+CHECK_BATCH = 32  # frames per get_frames_at call in check_frames: bounds its memory
+
+
+def _decode_range(decoder, start: int, stop: int, time_base: Fraction) -> tuple[np.ndarray, list[int]]:
+    """(pts ticks, CRC-32 of the pixels) of frames ``[start, stop)``, in consecutive calls."""
+    ticks, crcs = [], []
+    for a in range(start, stop, CHECK_BATCH):
+        batch = decoder.get_frames_at(list(range(a, min(stop, a + CHECK_BATCH))))
+        ticks.append(np.rint(batch.pts_seconds.double().numpy() / float(time_base)).astype(np.int64))
+        crcs += [zlib.crc32(frame.contiguous().numpy().tobytes()) for frame in batch.data]
+    return np.concatenate(ticks), crcs
+
+
+def check_frames(data: bytes, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray, time_base: Fraction,
+                 stream_index: int | None) -> str | None:
+    """Decode every frame through the reader's decoder (``open_decoder``) and compare it with the table.
+
+    Two passes: all frames in order from a fresh decoder (no seek), then each keyframe's group of
+    pictures from the last one to the first, so every group starts with a seek. Every access
+    pattern of the reader (any sorted frame list: sequential runs, forward skips, seeks) returns
+    frames one of these two passes returned, so the table is right for the reader exactly when the
+    pts returned in both passes equal the table's and both passes return the same pixels (CRC-32).
+    Costs two full decodes.
+
+    Returns:
+        None when they agree, else a message naming the first disagreeing frame.
+    """
+    n = int(pts.size)
+    keys = np.flatnonzero(keyframe).tolist()
+    where = "in order from the start"
+    try:
+        ticks, reference = _decode_range(open_decoder(data, pts, duration, keyframe, stream_index), 0, n, time_base)
+        bad = np.flatnonzero(ticks != pts)
+        if bad.size:
+            i = int(bad[0])
+            return (f"frame {i}: table pts {pts[i]}, the decoder returns pts {ticks[i]} decoding {where} "
+                    f"({n} frames in the table)")
+        decoder = open_decoder(data, pts, duration, keyframe, stream_index)
+        for g in range(len(keys) - 1, -1, -1):
+            start, stop = keys[g], keys[g + 1] if g + 1 < len(keys) else n
+            where = f"after a seek to keyframe {start}"
+            ticks, crcs = _decode_range(decoder, start, stop, time_base)
+            for i, (t, c) in enumerate(zip(ticks, crcs), start):
+                if t != pts[i]:
+                    return f"frame {i}: table pts {pts[i]}, the decoder returns pts {t} {where}"
+                if c != reference[i]:
+                    return f"frame {i}: decodes to other pixels {where} than decoding in order from the start"
+    except Exception as exc:  # torchcodec raises RuntimeError/IndexError/ValueError by case
+        return f"decoding {where} failed: {exc}"
+    return None
 
 
 def frame_at_time(info: VideoProbe, seconds: float, fps: float) -> int:
@@ -121,51 +254,63 @@ def frame_at_time(info: VideoProbe, seconds: float, fps: float) -> int:
     return best
 
 
-def cut(source: VideoSource, info: VideoProbe, first: int, stop: int) -> tuple[bytes, np.ndarray]:
+def _cut_packets(info: VideoProbe, first: int, stop: int) -> tuple[np.ndarray, int]:
+    """(mask over packets in decode order to keep, pts of the start keyframe packet)."""
+    lo = int(info.pts[first])
+    starts = np.flatnonzero(info.packet_key & (info.packet_pts <= lo))
+    if not starts.size:
+        raise ConversionError(f"no keyframe packet at or before frame {first} (pts {lo})", kind="unreadable_video")
+    p0 = int(starts[-1])
+    key_pts = int(info.packet_pts[p0])
+    missing = set(info.pts[first:stop].tolist())
+    keep = np.zeros(info.packet_pts.size, dtype=bool)
+    for q in range(p0, info.packet_pts.size):
+        if not missing and info.packet_key[q] and q != p0:
+            break
+        if info.packet_pts[q] >= key_pts:
+            keep[q] = True
+            missing.discard(int(info.packet_pts[q]))
+    return keep, key_pts
+
+
+def cut(source: VideoSource, info: VideoProbe, first: int, stop: int) -> tuple[bytes, VideoProbe, np.ndarray]:
     """Stream-copy the frames ``[first, stop)`` of a video into a new MP4, without re-encoding.
 
-    The cut starts at the last keyframe at or before ``first`` and takes whole groups of pictures
-    in decode order until every frame up to ``stop - 1`` is present, so every kept frame decodes
-    exactly as in the source. Timestamps are shifted so the cut starts at pts 0.
+    The cut starts at the last keyframe packet at or before frame ``first`` (possibly one an edit
+    list hides) and takes whole groups of pictures in decode order until every frame up to
+    ``stop - 1`` is present, so every kept frame decodes exactly as in the source. Leading pictures
+    (pts before the start keyframe) are dropped; timestamps are shifted so the cut starts at pts 0.
+    The cut is then probed like any video, and its displayed frames are matched to the source's by
+    pts.
 
     Returns:
-        (mp4 bytes, kept) where ``kept`` is int64 ``[frames in the cut]``: the source frame number of
-        each frame of the cut, ascending (frame ``i`` of the cut is source frame ``kept[i]``).
+        (mp4 bytes, probe of the cut, source) where ``source`` is int64 ``[frames of the cut]``:
+        the source frame number each frame of the cut shows, or -1 for a frame the source hides.
     """
-    start_key = int(info.keyframes[np.searchsorted(info.keyframes, first, side="right") - 1])
-    is_key = np.zeros(info.num_frames, dtype=bool)
-    is_key[info.keyframes] = True
-    # Walk packets in decode order from the start keyframe; stop at a keyframe once all needed
-    # frames have been seen. Leading pictures (pts before the start keyframe) are dropped.
-    positions = np.flatnonzero(info.decode_order == start_key)
-    keep: list[int] = []
-    missing = set(range(first, stop))
-    for frame in info.decode_order[int(positions[0]):]:
-        frame = int(frame)
-        if not missing and is_key[frame] and frame != start_key:
-            break
-        if frame >= start_key:
-            keep.append(frame)
-            missing.discard(frame)
-    kept = np.sort(np.asarray(keep, dtype=np.int64))
-    wanted = set(keep)
-    offset = int(info.pts[start_key])
+    keep, offset = _cut_packets(info, first, stop)
     out = io.BytesIO()
     with _open(source) as src, av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
-        in_stream = src.streams.video[0]
+        in_stream = src.streams[info.stream_index]
         out_stream = dst.add_stream_from_template(in_stream, opaque=True)
-        frame_of_pts = {int(p): i for i, p in enumerate(info.pts)}
+        q = -1
         for packet in src.demux(in_stream):
-            if not packet.size or packet.pts is None:
+            if not packet.size or (packet.pts if packet.pts is not None else packet.dts) is None:
                 continue
-            if frame_of_pts[int(packet.pts)] not in wanted:
+            q += 1
+            if not keep[q]:
                 continue
-            packet.pts -= offset
+            packet.pts = packet.pts - offset if packet.pts is not None else None
             if packet.dts is not None:
                 packet.dts -= offset
             packet.stream = out_stream
             dst.mux(packet)
-    return out.getvalue(), kept
+    data = out.getvalue()
+    stored = probe(data)
+    scale = stored.time_base / info.time_base
+    frame_of_pts = {int(p): i for i, p in enumerate(info.pts)}
+    source_frames = [frame_of_pts.get(int(p * scale) + offset, -1) if (p * scale).denominator == 1 else -1
+                     for p in stored.pts.tolist()]
+    return data, stored, np.asarray(source_frames, dtype=np.int64)
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,18 @@
 """Merged frame-list decoding: one decoder and one ``get_frames_at`` call per (episode, camera).
 
 The decoder is opened from the member's bytes in memory with torchcodec's
-``custom_frame_mappings`` built from the index (pts, durations, keyframes), so opening does not
-rescan the file and seeking stays frame-exact.
+``custom_frame_mappings`` built from the index (pts, durations, keyframes) and the stream the index
+names (``shardwriter.video.open_decoder``, the decoder the writer checked every frame against), so
+opening does not rescan the file and seeking stays frame-exact. Every returned frame's pts is
+compared with the index: a frame the table does not vouch for is an error, never a sample.
 """
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import torch
 
-
-def frame_mappings(pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray) -> str:
-    """torchcodec ``custom_frame_mappings`` JSON (ffprobe's ``-show_frames`` shape) for one stream.
-
-    ``pts``, ``duration``: int64 ``[num_frames]`` in the stream time base; ``keyframe``: bool.
-    """
-    frames = [{"pts": int(p), "duration": int(d), "key_frame": int(k)} for p, d, k in zip(pts.tolist(), duration.tolist(), keyframe.tolist())]
-    return json.dumps({"frames": frames})
+from shardwriter.video import frame_mappings, open_decoder  # noqa: F401  (frame_mappings: re-exported)
 
 
 def decoded_frames(frames: np.ndarray, keyframes: np.ndarray) -> int:
@@ -40,9 +33,14 @@ class DecodeError(RuntimeError):
     """A video member did not decode; the message names the episode key and camera."""
 
 
-def decode(data: bytes, frames: np.ndarray, mappings: str, *, where: str, post=None,
-           max_bytes: int = 256 << 20, height: int = 0, width: int = 0) -> tuple[torch.Tensor, int, float]:
+def decode(data: bytes, frames: np.ndarray, tables: tuple[np.ndarray, np.ndarray, np.ndarray], *, where: str,
+           stream_index: int | None = None, time_base: float = 0.0, post=None, max_bytes: int = 256 << 20,
+           height: int = 0, width: int = 0) -> tuple[torch.Tensor, int, float]:
     """Decode ``frames`` (sorted unique int64 frame numbers) of one video with one decoder.
+
+    ``tables``: (pts, duration, keyframe flags) of the stream (``WindowIndex.frame_tables``);
+    ``stream_index``: the stream they describe (None or -1: FFmpeg's best video stream);
+    ``time_base``: seconds per pts tick; when given, each decoded frame's pts must equal the table's.
 
     One ``get_frames_at`` call takes them all, unless the decoded RGB frames (``height x width x 3``
     bytes each) would exceed ``max_bytes``: then consecutive calls of at most that many bytes on the
@@ -54,21 +52,31 @@ def decode(data: bytes, frames: np.ndarray, mappings: str, *, where: str, post=N
         ``post``).
 
     Raises:
-        DecodeError: torchcodec failed; ``where`` (episode key and camera) is in the message.
+        DecodeError: torchcodec failed, or returned a frame whose pts is not the table's; ``where``
+            (episode key and camera) is in the message.
     """
     import time
 
-    from torchcodec.decoders import VideoDecoder
-
+    pts = tables[0]
     per_call = max(1, max_bytes // max(3 * height * width, 1)) if height and width else frames.size
     parts, post_s = [], 0.0
     try:
-        decoder = VideoDecoder(data, custom_frame_mappings=mappings, dimension_order="NCHW", num_ffmpeg_threads=1)
+        decoder = open_decoder(data, *tables, None if stream_index is None or stream_index < 0 else int(stream_index))
         for start in range(0, frames.size, per_call):
-            batch = decoder.get_frames_at(frames[start:start + per_call].tolist()).data
+            wanted = frames[start:start + per_call]
+            out = decoder.get_frames_at(wanted.tolist())
+            batch = out.data
+            if time_base:
+                got = np.rint(out.pts_seconds.double().numpy() / time_base).astype(np.int64)
+                bad = np.flatnonzero(got != pts[wanted])
+                if bad.size:
+                    f = int(wanted[bad[0]])
+                    raise DecodeError(f"{where}: frame {f} should have pts {pts[f]}, the decoder returned pts {got[bad[0]]}")
             t = time.perf_counter()
             parts.append(post(batch) if post is not None else batch)
             post_s += time.perf_counter() - t
+    except DecodeError:
+        raise
     except Exception as exc:  # torchcodec raises RuntimeError/ValueError/IndexError by case
         raise DecodeError(f"{where}: decoding frames {frames[:8].tolist()}... failed: {exc}") from exc
     out = parts[0] if len(parts) == 1 else torch.cat(parts)

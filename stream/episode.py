@@ -15,7 +15,7 @@ import torch
 from shardwriter.index import WindowIndex
 from shardwriter.stats import numeric_matrix
 
-from .decode import decode, decode_depth, decoded_frames, frame_mappings
+from .decode import decode, decode_depth, decoded_frames
 from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
@@ -107,8 +107,9 @@ class LoadedEpisode:
                 frames[cam], calls, post_s = decode_depth(data, unique, pts, keys, where=where, post=post.prepare_depth)
             else:
                 frames[cam], calls, post_s = decode(
-                    data, unique, frame_mappings(pts, duration, keyflags), where=where, post=post.prepare,
-                    height=int(index.cam_height[s]), width=int(index.cam_width[s]))
+                    data, unique, (pts, duration, keyflags), where=where, stream_index=int(index.cam_stream_index[s]),
+                    time_base=float(index.cam_time_base[s]), post=post.prepare, height=int(index.cam_height[s]),
+                    width=int(index.cam_width[s]))
             positions[cam] = unique
             telemetry.add(decode_s=time.perf_counter() - t1 - post_s, postprocess_s=post_s, decoder_opens=1,
                           decode_calls=calls,
