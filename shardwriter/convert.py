@@ -319,9 +319,13 @@ def _summarise(storage: Storage, shard_metas: list[dict], sources: list[Source])
             for cam in row["cameras"]:
                 entry = cameras.setdefault(cam["name"], _camera_entry(cam, row["fps"]))
                 entry["episodes"] += 1
+                size = f"{cam['height']}x{cam['width']}"
+                entry.setdefault("sizes", {})[size] = entry.get("sizes", {}).get(size, 0) + 1
             for task in row["tasks"]:
                 tasks.setdefault(task, len(tasks))
     for name, cam in cameras.items():
+        if len(cam["sizes"]) == 1:  # listed only where episodes differ (e.g. a rotated one)
+            del cam["sizes"]
         features[name] = {"dtype": "video", "shape": [cam["height"], cam["width"], cam["channels"]],
                           "names": ["height", "width", "channel"], "kind": cam["kind"]}
     return {"features": features, "cameras": cameras, "tasks": list(tasks), "stats": stats.result(),

@@ -127,7 +127,7 @@ def probe(source: VideoSource) -> VideoProbe:
     except ConversionError:
         raise
     except (av.error.FFmpegError, OSError, ValueError) as exc:
-        raise ConversionError(f"cannot decode video: {exc}", kind="unreadable_video") from exc
+        raise ConversionError(f"cannot demux or decode video: {exc}", kind="unreadable_video") from exc
     if not frames:
         raise ConversionError(f"video stream {info[5]} holds no frames ({len(packets)} packets, none displayed)",
                               kind="unreadable_video")

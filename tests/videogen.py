@@ -49,6 +49,8 @@ def decode_frame_number(frame) -> int:
     channels, is thresholded at 128. Returns the frame number as a Python int.
     """
     a = np.asarray(frame.numpy() if hasattr(frame, "numpy") else frame)
+    if a.dtype.kind == "f":  # torchcodec returns high-bit-depth video as float in [0, 1]
+        a = a * 255.0
     if a.ndim != 3:
         raise ValueError(f"expected a 3-D frame, got shape {a.shape}")
     if a.shape[0] == 3 and a.shape[-1] != 3:
@@ -62,20 +64,54 @@ def decode_frame_number(frame) -> int:
     return n
 
 
-def _stream_options(codec: str, gop: int, bframes: bool) -> tuple[str, dict[str, str]]:
+def _stream_options(codec: str, gop: int, bframes: bool, open_gop: bool) -> tuple[str, dict[str, str]]:
     if codec == "h264":
         # asm=0: with x264's AVX-512 path the first encode in a process (torch imported) differed in
         # ~1 of 4 processes by a few bytes in one IDR frame; capped at AVX2 or with no asm it never did.
         # x264's C path is bit-exact with its asm and fast enough at test sizes (~3x slower at 256x256).
-        params = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={2 if bframes else 0}:asm=0"
+        params = (f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={2 if bframes else 0}:asm=0"
+                  f":open-gop={int(open_gop)}")
         return "libx264", {"x264-params": params, "preset": "medium", "threads": "1"}
+    if codec == "hevc":
+        params = (f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={2 if bframes else 0}:open-gop={int(open_gop)}"
+                  ":log-level=error:pools=1:frame-threads=1:wpp=0")
+        return "libx265", {"x265-params": params, "preset": "fast", "crf": "20"}
     if codec == "av1":
         # lp=1: single-threaded (deterministic); crf 20 keeps 8x8 px blocks legible.
         return "libsvtav1", {"preset": "8", "crf": "20", "g": str(gop), "svtav1-params": f"keyint={gop}:lp=1"}
     if codec == "mpeg4":
         # No B-frames: with them the mpeg4 encoder inserts extra I-frames off the gop grid.
         return "mpeg4", {"qscale": "3", "g": str(gop), "bf": "0", "threads": "1", "sc_threshold": "1000000000"}
-    raise ValueError(f"unknown codec {codec!r} (expected 'h264', 'av1' or 'mpeg4')")
+    if codec == "vp9":
+        # lag-in-frames > 0 lets libvpx emit hidden alt-ref frames (packets that display nothing).
+        lag = "16" if bframes else "0"
+        return "libvpx-vp9", {"g": str(gop), "crf": "20", "b": "0", "deadline": "good", "cpu-used": "8",
+                              "threads": "1", "lag-in-frames": lag, "auto-alt-ref": "1" if bframes else "0"}
+    raise ValueError(f"unknown codec {codec!r} (expected 'h264', 'hevc', 'av1', 'mpeg4' or 'vp9')")
+
+
+CONTAINERS = {"mp4": "mp4", "mkv": "matroska", "webm": "webm"}
+
+
+def _boxes(data: bytes, start: int, end: int) -> list[tuple[bytes, int, int]]:
+    """(type, offset, size) of the ISO-BMFF boxes in ``data[start:end]`` (32-bit sizes only)."""
+    out = []
+    while start < end:
+        size = int.from_bytes(data[start:start + 4], "big")
+        out.append((data[start + 4:start + 8], start, size))
+        start += size
+    return out
+
+
+def _udta_first(data: bytes) -> bytes:
+    """Move the moov's ``udta`` box (which holds the cover art) in front of its ``trak`` boxes, so
+    FFmpeg's demuxer lists the cover as stream 0. The moov is the file's last box (FFmpeg's MP4
+    muxer writes it last), so no chunk offset moves."""
+    _, moov, size = next(b for b in _boxes(data, 0, len(data)) if b[0] == b"moov")
+    assert moov + size == len(data), "moov must be the last box"
+    children = _boxes(data, moov + 8, moov + size)
+    order = sorted(children, key=lambda b: {b"mvhd": 0, b"udta": 1}.get(b[0], 2))
+    return data[:moov + 8] + b"".join(data[o:o + n] for _, o, n in order)
 
 
 def make_video(
@@ -89,40 +125,98 @@ def make_video(
     gop: int | None = None,
     bframes: bool = True,
     start_number: int = 0,
+    container: str = "mp4",
     pix_fmt: str = "yuv420p",
+    pts: list[int] | None = None,
+    time_base: Fraction | None = None,
+    open_gop: bool = False,
+    rotation: int = 0,
+    audio: bool = False,
+    cover: bool = False,
 ) -> bytes:
-    """Encode an MP4 whose frame ``i`` (0-based) shows the number ``start_number + i``.
+    """Encode a video whose displayed frame ``i`` (0-based) shows the number ``start_number + i``.
 
-    ``codec``: ``"h264"`` (libx264), ``"av1"`` (libsvtav1) or ``"mpeg4"`` (MPEG-4 Part 2). ``gop``: keyframe
-    interval in frames (default 30); for h264 and mpeg4 keyframes are at exactly the multiples of ``gop``.
-    ``bframes``: allow B-frames (h264 only, up to 2 consecutive; av1 uses its own hierarchical
-    mini-GOP regardless and mpeg4 never uses B-frames). Pixel format ``pix_fmt`` (default yuv420p;
-    ``yuv444p`` allows odd sizes, ``yuv420p10le`` makes 10-bit H.264 or AV1), constant
-    frame rate ``fps``, stream time base ``1/fps``: frame ``i`` has pts ``i`` (presented at ``i / fps`` s).
-    Returns the file bytes and also writes them to ``path`` when given. Output is byte-deterministic for
-    identical arguments for all three codecs (single-threaded encoders; x264 runs without asm, see
-    ``_stream_options``); checked across 80 encodes in 40 fresh processes with torch imported.
+    ``codec``: ``"h264"`` (libx264), ``"hevc"`` (libx265), ``"av1"`` (libsvtav1), ``"mpeg4"`` (MPEG-4
+    Part 2) or ``"vp9"`` (libvpx-vp9). ``gop``: keyframe interval in frames (default 30); for h264,
+    hevc and mpeg4 keyframes are at exactly the multiples of ``gop``. ``bframes``: allow B-frames
+    (h264/hevc: up to 2 consecutive; vp9: hidden alt-ref frames; av1 uses its own hierarchical
+    mini-GOP regardless and mpeg4 never uses B-frames). ``open_gop``: h264/hevc open GOPs.
+    ``container``: ``"mp4"``, ``"mkv"`` or ``"webm"``. ``pix_fmt``: e.g. ``yuv420p``, ``yuv444p`` (odd
+    sizes), ``yuv420p10le`` (10-bit). ``pts``: pts of each frame in ``time_base`` (default
+    ``1/fps``; frame ``i`` at pts ``i``), for variable frame rates and start offsets.
+    ``rotation``: display-matrix rotation in degrees (90 or 270: frames are stored turned, so a
+    decoder that honours the matrix shows them upright, ``height`` x ``width``). ``audio``: add a
+    silent audio stream (AAC, Opus in webm). ``cover``: add a 1-frame MJPEG cover (attached picture)
+    as stream 0 (mp4 only). Returns the file bytes and also writes them to ``path`` when given.
+    Output is byte-deterministic for identical arguments with the h264, av1 and mpeg4 encoders
+    (single-threaded; x264 runs without asm, see ``_stream_options``); checked across 80 encodes in
+    40 fresh processes with torch imported.
     """
     gop = 30 if gop is None else gop
-    enc, options = _stream_options(codec, gop, bframes)
+    time_base = time_base or Fraction(1, fps)
+    pts = list(range(num_frames)) if pts is None else list(pts)
+    enc, options = _stream_options(codec, gop, bframes, open_gop)
+    coded_h, coded_w = (width, height) if rotation % 180 else (height, width)
     buf = BytesIO()
-    with av.open(buf, "w", format="mp4") as container:
-        stream = container.add_stream(enc, rate=fps, options=options)
-        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
-        stream.time_base = Fraction(1, fps)
-        stream.codec_context.time_base = Fraction(1, fps)
+    with av.open(buf, "w", format=CONTAINERS[container]) as out:
+        if cover:
+            art = out.add_stream("mjpeg")
+            art.width, art.height, art.pix_fmt = 64, 64, "yuvj420p"
+            art.disposition = av.stream.Disposition.attached_pic
+        stream = out.add_stream(enc, rate=fps, options=options)
+        stream.width, stream.height, stream.pix_fmt = coded_w, coded_h, pix_fmt
+        stream.time_base = stream.codec_context.time_base = time_base
         stream.codec_context.gop_size = gop
+        if rotation:
+            stream.set_display_rotation(rotation)
+        sound = out.add_stream("libopus" if container == "webm" else "aac", rate=48000) if audio else None
+        if cover:
+            image = av.VideoFrame.from_ndarray(encode_frame_number(0xA5A5), format="rgb24").reformat(format="yuvj420p")
+            out.mux(art.encode(image) + art.encode(None))
         for i in range(num_frames):
-            frame = av.VideoFrame.from_ndarray(encode_frame_number(start_number + i, height, width), format="rgb24")
-            frame = frame.reformat(format=pix_fmt)
-            frame.pts, frame.time_base = i, Fraction(1, fps)
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode(None))
-    data = buf.getvalue()
+            image = np.rot90(encode_frame_number(start_number + i, height, width), -(rotation // 90))  # the matrix turns it back
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24").reformat(format=pix_fmt)
+            frame.pts, frame.time_base = pts[i], time_base
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+        if sound is not None:
+            seconds = float((pts[-1] + 1) * time_base)
+            for k in range(int(seconds * 48000) // 960 + 1):
+                samples = av.AudioFrame.from_ndarray(np.zeros((1, 960), np.float32), format="fltp", layout="mono")
+                samples.sample_rate, samples.pts = 48000, k * 960
+                out.mux(sound.encode(samples))
+            out.mux(sound.encode(None))
+    data = _udta_first(buf.getvalue()) if cover else buf.getvalue()
     if path is not None:
         with open(path, "wb") as f:
             f.write(data)
     return data
+
+
+def cut_by_stream_copy(data: bytes, start: int, container: str = "mp4") -> tuple[bytes, int]:
+    """Cut a video at frame ``start`` by stream copy, as ``ffmpeg -ss T -c copy`` and editing tools do.
+
+    Packets are copied from the keyframe at or before ``start`` with timestamps shifted so frame
+    ``start`` has pts 0: the frames before it get negative pts. In MP4 the muxer writes an edit list
+    that hides them (the file holds more packets than it displays); Matroska/WebM shift all
+    timestamps to start at 0 and show them. Returns (bytes, index in ``data`` of the first displayed
+    frame).
+    """
+    out = BytesIO()
+    with av.open(BytesIO(data)) as src, av.open(out, "w", format=CONTAINERS[container]) as dst:
+        stream = src.streams.video[0]
+        target = dst.add_stream_from_template(stream)
+        packets = [p for p in src.demux(stream) if p.size]
+        shift = sorted(int(p.pts) for p in packets)[start]
+        key = max(int(p.pts) for p in packets if p.is_keyframe and p.pts <= shift)
+        first = next(i for i, p in enumerate(packets) if p.pts == key)
+        shown = start if container == "mp4" else sorted(int(p.pts) for p in packets).index(key)
+        for packet in packets[first:]:
+            packet.pts -= shift
+            packet.dts -= shift
+            packet.stream = target
+            dst.mux(packet)
+    return out.getvalue(), shown
 
 
 def make_episode_table(
