@@ -70,6 +70,8 @@ def render(summary: dict) -> str:
                      f"mean {k['mean']} / max {k['max']} frames")
         if c.get("conversion"):
             lines.append(f"    conversion: {c['conversion']}")
+        if "sizes" in c:  # episodes of other sizes (height x width, as the reader returns them)
+            lines.append("    sizes: " + ", ".join(f"{size} ({n} episodes)" for size, n in c["sizes"].items()))
     for s in summary["shards"]:
         lines.append(f"  {s['shard']}: {s['episodes']} episodes, {s['rows']} rows, {s['size'] / 1e6:.1f} MB")
     for kind, n in summary["report"]["skipped_by_kind"].items():

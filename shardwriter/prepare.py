@@ -314,10 +314,11 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     Raises:
         ConversionError: naming dataset, episode, camera and row, for: empty table, NaN/Inf in
             state or action (``nan``), bad ``frame_index``, a missing camera, an unreadable or
-            truncated video, rows past the video's end, an encoder failure (``encode_failed``), an
-            image camera's undecodable row (``bad_image``), and (with ``timestamps="fail"``)
-            timestamps that disagree with the video, a v3.0 ``to_timestamp`` off by up to a frame, or
-            a recording break (timestamps reset or jump).
+            truncated video, a frame table the reader's decoder disagrees with (``frame_mismatch``),
+            rows past the video's end, an encoder failure (``encode_failed``), an image camera's
+            undecodable row (``bad_image``), and (with ``timestamps="fail"``) timestamps that
+            disagree with the video, a v3.0 ``to_timestamp`` off by up to a frame, or a recording
+            break (timestamps reset or jump).
     """
     where = {"dataset": episode.source, "episode": episode.episode_index}
     key = episode.key or fmt.episode_key(episode.source, episode.episode_index)

@@ -119,6 +119,7 @@ def probe(source: VideoSource) -> VideoProbe:
     try:
         with _open(source) as container:
             stream = frame_stream(container)
+            stream.thread_type = "AUTO"  # frame threads: same frames, sooner
             ctx = stream.codec_context
             packets, frames, rotation = _decode_all(stream, container)
             info = (ctx.codec.canonical_name, ctx.width, ctx.height, ctx.format.name if ctx.format else "",
