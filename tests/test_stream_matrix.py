@@ -123,10 +123,19 @@ def test_every_access_pattern_returns_the_displayed_frame_of_each_row(name, tmp_
     _check_patterns(str(tmp_path), {0: shown})
 
 
-def test_v30_segments_cut_from_an_edit_listed_file_show_their_rows(tmp_path):
-    """A v3.0-style shared file that itself starts with hidden frames (an MP4 cut mid-GOP),
-    split into episodes by from_timestamp: each segment's cut must describe its displayed frames."""
-    data, first = cut_by_stream_copy(make_video(None, 60, fps=FPS, gop=10, start_number=100), 13)
+V30_FILES = {
+    "edit-listed": lambda: cut_by_stream_copy(make_video(None, 60, fps=FPS, gop=10, start_number=100), 13),
+    "cover-art-and-audio": lambda: (make_video(None, 60, fps=FPS, gop=10, start_number=100, cover=True, audio=True), 0),
+    "rotated": lambda: (make_video(None, 60, fps=FPS, gop=10, start_number=100, rotation=270, height=64, width=48), 0),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(V30_FILES))
+def test_v30_segments_of_a_shared_file_show_their_rows(kind, tmp_path):
+    """A v3.0-style shared file split into episodes by from_timestamp, where the file itself starts
+    with hidden frames (an MP4 cut mid-GOP), lists cover art first, or is rotated: each segment's
+    stream-copy cut must describe its displayed frames."""
+    data, first = V30_FILES[kind]()
     numbers = list(range(100 + first, 160))
     bounds = [(0, 17), (17, 39), (39, len(numbers))]  # rows of each episode, in displayed frames
     info = probe(data)
