@@ -76,7 +76,7 @@ def test_make_video_options(codec):
 
 def test_make_video_unknown_codec():
     with pytest.raises(ValueError):
-        make_video(None, 5, codec="vp9")
+        make_video(None, 5, codec="vp8")
 
 
 def test_make_episode_table():
