@@ -1,7 +1,7 @@
 """Benchmark: writer throughput (no re-encode) against copying the same source files, in one run.
 
 For each dataset, alternating rounds (A B C D A B C D ...) of:
-  A  ``epishard convert`` with default settings (validation + first/last-frame decode check),
+  A  ``epishard convert`` with default settings (validation + the full frame check),
   B  the same without the decode check (``decode_check=False``),
   C  ``shutil.copytree`` of the dataset folder (what a plain copy to local disk costs),
   D  the same copy with every file fsync'd (the durability the writer gives its shards).
