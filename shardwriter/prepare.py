@@ -227,7 +227,7 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
         t = table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)[:first_break]
         reports.append(_timestamp_report(t, info.seconds(absolute[:first_break]) - zero, fps, 1.0 / fps))
     if opts.reencode is not None and camera_kind(video.depth, info.pix_fmt) == "rgb":
-        data = reencode(source, absolute, fps, opts.reencode)
+        data = reencode(source, info, absolute, fps, opts.reencode)
         stored, row_to_frame, transform = probe(data), np.arange(absolute.size), opts.reencode.describe()
     elif video.segment is not None:
         data, stored, shown = cut(source, info, int(absolute[0]), int(absolute[-1]) + 1)

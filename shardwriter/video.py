@@ -356,9 +356,11 @@ class ReencodeSpec:
         return cls(**fields)
 
 
-def reencode(source: VideoSource, frames: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
+def reencode(source: VideoSource, info: VideoProbe, frames: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
     """Decode the given source frames (torchcodec, frame-exact, 8-bit RGB) and encode them as a new MP4.
 
+    ``info``: the source's probe; frames are numbered by its table (the displayed frames) and decoded
+    through the reader's decoder (``open_decoder``) on its stream.
     ``frames``: int64 ``[n]`` source frame numbers, in output order. Output frame ``i`` is shown at
     ``i / fps`` seconds and every ``spec.gop``-th frame is a keyframe. A source of more than 8 bits
     per sample is reduced to 8 bits by the decode (the stored ``pix_fmt`` in the index says so).
@@ -367,11 +369,12 @@ def reencode(source: VideoSource, frames: np.ndarray, fps: float, spec: Reencode
         ConversionError(kind="unreadable_video"): the frames do not decode.
         ConversionError(kind="encode_failed"): the encoder refused the frames (see ``encode``).
     """
-    from torchcodec.decoders import VideoDecoder
-
     try:
-        decoder = VideoDecoder(source, seek_mode="exact", dimension_order="NHWC")
-        pixels = decoder.get_frames_at(frames.tolist()).data
+        if isinstance(source, str):
+            with open(source, "rb") as f:
+                source = f.read()
+        decoder = open_decoder(source, info.pts, info.duration, info.keyflags(), info.stream_index)
+        pixels = decoder.get_frames_at(frames.tolist()).data.permute(0, 2, 3, 1)
     except Exception as exc:  # torchcodec raises RuntimeError/IndexError/ValueError by case
         raise ConversionError(f"decoding frames for the re-encode failed: {exc}", kind="unreadable_video") from exc
     return encode(resize(pixels.numpy(), spec.size), fps, spec)
