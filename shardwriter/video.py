@@ -172,8 +172,8 @@ def frame_mappings(pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray) 
 def open_decoder(data: bytes, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray,
                  stream_index: int | None):
     """The reader's decoder: torchcodec ``VideoDecoder`` on ``data`` with the frame tables as
-    ``custom_frame_mappings`` (no rescan), NCHW output (uint8; float32 in [0, 1] above 8 bits), one
-    FFmpeg thread.
+    ``custom_frame_mappings`` (no rescan), NCHW uint8 RGB output (8 bits whatever the source's
+    depth), one FFmpeg thread.
 
     ``stream_index``: the stream the tables describe (None: FFmpeg's best video stream, for indexes
     written before the index recorded it). Raises whatever torchcodec raises.

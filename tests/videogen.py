@@ -49,8 +49,6 @@ def decode_frame_number(frame) -> int:
     channels, is thresholded at 128. Returns the frame number as a Python int.
     """
     a = np.asarray(frame.numpy() if hasattr(frame, "numpy") else frame)
-    if a.dtype.kind == "f":  # torchcodec returns high-bit-depth video as float in [0, 1]
-        a = a * 255.0
     if a.ndim != 3:
         raise ValueError(f"expected a 3-D frame, got shape {a.shape}")
     if a.shape[0] == 3 and a.shape[-1] != 3:
