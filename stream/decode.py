@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shardwriter.video import frame_mappings, open_decoder  # noqa: F401  (frame_mappings: re-exported)
+from shardwriter.video import frame_mappings, frame_stream, open_decoder  # noqa: F401  (frame_mappings: re-exported)
 
 
 def decoded_frames(frames: np.ndarray, keyframes: np.ndarray) -> int:
@@ -83,8 +83,14 @@ def decode(data: bytes, frames: np.ndarray, tables: tuple[np.ndarray, np.ndarray
     return out, len(parts), post_s
 
 
+def _depth_stream(container, stream_index: int | None):
+    if stream_index is not None and stream_index >= 0:
+        return container.streams[int(stream_index)]
+    return frame_stream(container)
+
+
 def decode_depth(data: bytes, frames: np.ndarray, pts: np.ndarray, keyframes: np.ndarray, *, where: str,
-                 post=None) -> tuple[torch.Tensor, int, float]:
+                 stream_index: int | None = None, post=None) -> tuple[torch.Tensor, int, float]:
     """Decode ``frames`` (sorted unique int64 frame numbers) of a grey (depth) video at full precision.
 
     torchcodec returns RGB only, so PyAV decodes here: it seeks to the keyframe at or before each
@@ -92,6 +98,8 @@ def decode_depth(data: bytes, frames: np.ndarray, pts: np.ndarray, keyframes: np
     another keyframe. Frames are identified by pts against the index's table (``pts``: int64
     ``[num_frames]``, presentation order; ``keyframes``: int64 ascending frame numbers), so frame
     numbers match the RGB path. Samples are returned as stored (a 12-bit code stays 0..4095).
+    ``stream_index``: the stream the index describes (None or -1: FFmpeg's best video stream that is
+    not an attached picture, the writer's rule).
 
     Returns:
         (uint16 frames ``[len(frames), 1, h, w]`` after ``post``, seeks made, seconds in ``post``).
@@ -110,7 +118,7 @@ def decode_depth(data: bytes, frames: np.ndarray, pts: np.ndarray, keyframes: np
     seeks, i = 0, 0
     try:
         with av.open(io.BytesIO(data), "r") as container:
-            stream = container.streams.video[0]
+            stream = _depth_stream(container, stream_index)
             stream.thread_count = 1
             while i < frames.size:
                 key = int(keyframes[np.searchsorted(keyframes, frames[i], side="right") - 1])

@@ -104,7 +104,9 @@ class LoadedEpisode:
             keys = index.keyframes[index.key_offsets[s]:index.key_offsets[s + 1]]
             where, data = f"episode {key} camera {cam}", blobs[m0 + int(index.cam_member[s])]
             if index.cam_depth[s]:
-                frames[cam], calls, post_s = decode_depth(data, unique, pts, keys, where=where, post=post.prepare_depth)
+                frames[cam], calls, post_s = decode_depth(data, unique, pts, keys, where=where,
+                                                            stream_index=int(index.cam_stream_index[s]),
+                                                            post=post.prepare_depth)
             else:
                 frames[cam], calls, post_s = decode(
                     data, unique, (pts, duration, keyflags), where=where, stream_index=int(index.cam_stream_index[s]),

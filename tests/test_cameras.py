@@ -4,6 +4,8 @@ and the re-encoder's handling of them. Inputs are built here (videogen), values 
 from __future__ import annotations
 
 import json
+from fractions import Fraction
+from io import BytesIO
 
 import av
 import numpy as np
@@ -256,3 +258,33 @@ def test_depth_segments_of_a_shared_file_are_cut_and_read_exactly(tmp_path):
     for s in samples:
         first = starts[s["episode_index"]] + s["frame_index"]
         assert np.array_equal(s[DEPTH][:, 0].numpy(), values[[first, first + 1, first + 4]])
+
+
+def test_depth_decode_reads_the_stream_the_index_names():
+    """A file whose first video stream is not the depth one (e.g. a preview or cover): the index's
+    ``stream_index`` decides, never ``streams.video[0]``."""
+    import av
+
+    from shardwriter.video import probe
+    from stream.decode import decode_depth
+
+    values = _depth_values(3, 12, 4095, 8, 8)
+    buf = BytesIO()
+    with av.open(buf, "w", format="matroska") as container:
+        decoy = container.add_stream("ffv1", rate=FPS)
+        decoy.width, decoy.height, decoy.pix_fmt = 8, 8, "gray16le"
+        depth = container.add_stream("ffv1", rate=FPS, options={"g": "4"})
+        depth.width, depth.height, depth.pix_fmt = 8, 8, "gray16le"
+        for i, plane in enumerate(values):
+            for stream, image in ((decoy, np.full_like(plane, 7)), (depth, plane)):
+                frame = av.VideoFrame.from_ndarray(image.astype(np.uint16), format="gray16le")
+                frame.pts, frame.time_base = i, Fraction(1, FPS)
+                container.mux(stream.encode(frame))
+        for stream in (decoy, depth):
+            container.mux(stream.encode(None))
+    data = buf.getvalue()
+    with av.open(BytesIO(data)) as container:
+        pts = np.asarray([f.pts for f in container.decode(container.streams[1])], dtype=np.int64)
+    keys = np.arange(0, values.shape[0], 4, dtype=np.int64)
+    got, _, _ = decode_depth(data, np.asarray([2, 5, 11]), pts, keys, where="ep cam", stream_index=1)
+    assert np.array_equal(got[:, 0].numpy(), values[[2, 5, 11]])
