@@ -1,0 +1,126 @@
+"""Process hygiene on generated inputs: clean interpreter exit, conversion workers that die with
+their parent, and WindowLoader resume with persistent workers."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from shardwriter import ConvertOptions, convert
+from videogen import make_episode_table, make_video
+
+REPO = Path(__file__).resolve().parents[1]
+CAMERA = "observation.images.front"
+
+
+def write_lerobot_v21(root: Path, num_episodes: int, rows: int = 24, size: int = 32) -> Path:
+    """A LeRobot v2.1 folder: per episode a parquet table and one frame-numbered h264 video."""
+    info = {
+        "codebase_version": "v2.1", "fps": 20, "robot_type": "toy",
+        "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+        "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
+        "features": {CAMERA: {"dtype": "video", "shape": [size, size, 3], "names": ["height", "width", "channel"]}},
+    }
+    (root / "meta").mkdir(parents=True)
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    (root / "meta" / "tasks.jsonl").write_text(json.dumps({"task_index": 0, "task": "fold"}) + "\n")
+    episodes = [json.dumps({"episode_index": e, "tasks": ["fold"], "length": rows}) for e in range(num_episodes)]
+    (root / "meta" / "episodes.jsonl").write_text("\n".join(episodes) + "\n")
+    (root / "data" / "chunk-000").mkdir(parents=True)
+    (root / "videos" / "chunk-000" / CAMERA).mkdir(parents=True)
+    video = make_video(None, rows, height=size, width=size, gop=8)
+    for e in range(num_episodes):
+        table = make_episode_table(rows)
+        table = table.set_column(table.schema.get_field_index("episode_index"), "episode_index",
+                                 [[e] * rows])
+        pq.write_table(table, root / "data" / "chunk-000" / f"episode_{e:06d}.parquet")
+        (root / "videos" / "chunk-000" / CAMERA / f"episode_{e:06d}.mp4").write_bytes(video)
+    return root
+
+
+def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "shardwriter.cli", *args], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+# --- clean exit ------------------------------------------------------------------------------------
+
+def test_verify_exits_cleanly_20_times(tmp_path):
+    """``verify --no-decode`` prints OK and exits 0, 20 times (2 at a time): no abort at shutdown."""
+    out = tmp_path / "out"
+    convert([str(write_lerobot_v21(tmp_path / "src", 2))], str(out), ConvertOptions(progress=False))
+
+    def run(_):
+        proc = _cli("verify", str(out), "--no-decode")
+        stdout, stderr = proc.communicate(timeout=120)
+        return proc.returncode, stdout.decode(), stderr.decode()
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(run, range(20)))
+    for rc, stdout, stderr in results:
+        assert (rc, stdout.strip().endswith("OK")) == (0, True), f"rc={rc}\n{stdout}\n{stderr}"
+
+
+# --- conversion workers die with their parent -----------------------------------------------------
+
+def _tagged(tag: str) -> list[int]:
+    """Live (not zombie) processes whose environment carries ``EPISHARD_TEST_TAG=tag``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone, or not ours
+        if f"EPISHARD_TEST_TAG={tag}".encode() in environ.split(b"\0") and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_kill_9_of_a_2_worker_conversion_leaves_no_process_and_rerun_is_identical(tmp_path):
+    src = str(write_lerobot_v21(tmp_path / "src", 6))
+    args = ["convert", src, "--workers", "2", "--max-episodes-per-shard", "1", "--quiet"]
+    clean = tmp_path / "clean"
+    t0 = time.perf_counter()
+    proc = _cli(*args, str(clean))
+    assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()
+    duration = time.perf_counter() - t0
+    expected = _files(clean)
+    rng = random.Random()
+    for attempt in range(4):
+        out, tag = tmp_path / f"killed{attempt}", uuid.uuid4().hex
+        delay = rng.uniform(0.3, duration)
+        proc = _cli(*args, str(out), env={"EPISHARD_TEST_TAG": tag})
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while _tagged(tag) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _tagged(tag) == [], f"processes left after kill -9 at {delay:.2f}s"
+        written = {p.name: p.stat().st_mtime_ns for p in out.iterdir()} if out.exists() else {}
+        time.sleep(0.5)
+        after = {p.name: p.stat().st_mtime_ns for p in out.iterdir()} if out.exists() else {}
+        assert after == written, f"files written after kill -9 at {delay:.2f}s"
+        convert([src], str(out), ConvertOptions(max_episodes_per_shard=1, workers=2, progress=False))
+        assert _files(out) == expected, f"rerun after kill -9 at {delay:.2f}s differs from a clean run"
