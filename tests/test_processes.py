@@ -18,8 +18,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from shardwriter import ConvertOptions, convert
-from videogen import make_episode_table, make_video
+from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+from stream import WindowDataset, WindowLoader, WindowSpec
+from videogen import decode_frame_number, make_episode_table, make_video
 
 REPO = Path(__file__).resolve().parents[1]
 CAMERA = "observation.images.front"
@@ -124,3 +125,106 @@ def test_kill_9_of_a_2_worker_conversion_leaves_no_process_and_rerun_is_identica
         assert after == written, f"files written after kill -9 at {delay:.2f}s"
         convert([src], str(out), ConvertOptions(max_episodes_per_shard=1, workers=2, progress=False))
         assert _files(out) == expected, f"rerun after kill -9 at {delay:.2f}s differs from a clean run"
+
+
+# --- resume with persistent workers ----------------------------------------------------------------
+
+LENGTHS = [26, 20, 31, 24]
+
+
+@pytest.fixture(scope="module")
+def windows(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("windows")
+    episodes = [Episode(source="gen", episode_index=e, table=make_episode_table(n), fps=20, tasks=("fold",),
+                        videos={CAMERA: CameraVideo(make_video(None, n, height=32, width=32, gop=8,
+                                                               start_number=100 * e))})
+                for e, n in enumerate(LENGTHS)]
+    convert([Source(name="gen", episodes=episodes, fps=20)], str(out), ConvertOptions(progress=False))
+    return str(out)
+
+
+def _loader(root: str, persistent: bool) -> WindowLoader:
+    spec = WindowSpec(cameras={CAMERA: (0,)}, action_horizon=1, boundary="pad", stride=2)
+    return WindowLoader(WindowDataset(root, spec, seed=3), batch_size=2, num_workers=2, persistent_workers=persistent)
+
+
+def _epoch(batches) -> list[tuple[int, int]]:
+    """(episode, frame) of every sample, checked against the decoded frame number."""
+    keys = []
+    for b in batches:
+        for e, f, frame in zip(b["episode_index"].tolist(), b["frame_index"].tolist(), b[CAMERA]):
+            assert decode_frame_number(frame[0]) == 100 * e + f
+            keys.append((e, f))
+    return keys
+
+
+@pytest.fixture(scope="module")
+def reference(windows) -> list[list[tuple[int, int]]]:
+    """Epochs 0, 1, 2 of an uninterrupted run without persistent workers."""
+    loader = _loader(windows, persistent=False)
+    return [_epoch(loader) for _ in range(3)]
+
+
+def _take(loader: WindowLoader, n: int) -> tuple[list, dict]:
+    """The first ``n`` batches of the loader's next epoch and its state after them; finish the epoch."""
+    it = iter(loader)
+    head = _epoch(next(it) for _ in range(n))
+    state = loader.state_dict()
+    _epoch(it)
+    return head, state
+
+
+def test_mid_epoch_state_loaded_after_the_epoch_ended_resumes_exactly(windows, reference):
+    loader = _loader(windows, persistent=True)
+    assert _epoch(loader) == reference[0]
+    head, state = _take(loader, 3)  # epoch 1: 3 batches, state, rest of the epoch
+    assert head == reference[1][:6]
+    loader.load_state_dict(state)
+    assert _epoch(loader) == reference[1][6:]
+    assert _epoch(loader) == reference[2]
+
+
+def test_state_loaded_before_the_first_iteration_and_twice(windows, reference):
+    source = _loader(windows, persistent=True)
+    _epoch(source)
+    _, mid = _take(source, 3)
+    loader = _loader(windows, persistent=True)
+    loader.load_state_dict(mid)
+    assert _epoch(loader) == reference[1][6:]
+    fresh = loader.state_dict()  # at the boundary of epochs 1 and 2
+    loader.load_state_dict(mid)
+    loader.load_state_dict(mid)
+    assert _epoch(loader) == reference[1][6:]
+    loader.load_state_dict(fresh)
+    assert _epoch(loader) == reference[2]
+
+
+def test_state_taken_at_an_epoch_boundary_replays_that_epoch(windows, reference):
+    loader = _loader(windows, persistent=True)
+    _epoch(loader)
+    boundary = loader.state_dict()
+    assert _epoch(loader) == reference[1]
+    loader.load_state_dict(boundary)
+    assert _epoch(loader) == reference[1]
+    assert _epoch(loader) == reference[2]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_unfinished_epoch_runs_again_from_its_start(windows, reference, persistent):
+    loader = _loader(windows, persistent)
+    it = iter(loader)
+    assert _epoch([next(it)]) == reference[0][:2]
+    del it
+    assert _epoch(loader) == reference[0]
+    assert _epoch(loader) == reference[1]
+
+
+def test_loading_during_an_iteration_is_refused(windows):
+    loader = _loader(windows, persistent=True)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    with pytest.raises(RuntimeError, match="during an iteration"):
+        loader.load_state_dict(state)
+    del it
+    loader.load_state_dict(state)
