@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .collate import FloatCollate
 from .episode import LoadedEpisode, Normalizer
+from .memory import limit_worker_arenas, release_free_memory
 from .plan import EpisodeTable, WorkerPlan, anchor_counts, break_gaps, global_plan, worker_plan
 from .fetch import FetchError, FetchPolicy, Fetcher, episode_ranges
 from .source import DatasetSource
@@ -200,6 +201,8 @@ class WindowDataset(IterableDataset):
         rank, world = _distributed(self._rank, self._world_size)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            limit_worker_arenas()
         epoch, skip, consumer = self.epoch, 0, worker
         if self._resume is not None:
             if self._resume.epoch == epoch:
@@ -268,6 +271,8 @@ class WindowDataset(IterableDataset):
         finally:
             for f in fetchers:
                 f.close()
+            if get_worker_info() is not None:
+                release_free_memory()  # a persistent worker idles until the next epoch
 
     def _emit(self, sample: dict, telemetry: Telemetry) -> dict:
         telemetry.add(samples=1, substitutes=int(sample["substitute"]))
