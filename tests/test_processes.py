@@ -3,8 +3,6 @@ their parent, and WindowLoader resume with persistent workers."""
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import random
 import signal
@@ -15,40 +13,21 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from stream import WindowDataset, WindowLoader, WindowSpec
+from lerobotgen import write_v2
 from videogen import decode_frame_number, make_episode_table, make_video
 
 REPO = Path(__file__).resolve().parents[1]
 CAMERA = "observation.images.front"
 
 
-def write_lerobot_v21(root: Path, num_episodes: int, rows: int = 24, size: int = 32) -> Path:
-    """A LeRobot v2.1 folder: per episode a parquet table and one frame-numbered h264 video."""
-    info = {
-        "codebase_version": "v2.1", "fps": 20, "robot_type": "toy",
-        "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
-        "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
-        "features": {CAMERA: {"dtype": "video", "shape": [size, size, 3], "names": ["height", "width", "channel"]}},
-    }
-    (root / "meta").mkdir(parents=True)
-    (root / "meta" / "info.json").write_text(json.dumps(info))
-    (root / "meta" / "tasks.jsonl").write_text(json.dumps({"task_index": 0, "task": "fold"}) + "\n")
-    episodes = [json.dumps({"episode_index": e, "tasks": ["fold"], "length": rows}) for e in range(num_episodes)]
-    (root / "meta" / "episodes.jsonl").write_text("\n".join(episodes) + "\n")
-    (root / "data" / "chunk-000").mkdir(parents=True)
-    (root / "videos" / "chunk-000" / CAMERA).mkdir(parents=True)
-    video = make_video(None, rows, height=size, width=size, gop=8)
-    for e in range(num_episodes):
-        table = make_episode_table(rows)
-        table = table.set_column(table.schema.get_field_index("episode_index"), "episode_index",
-                                 [[e] * rows])
-        pq.write_table(table, root / "data" / "chunk-000" / f"episode_{e:06d}.parquet")
-        (root / "videos" / "chunk-000" / CAMERA / f"episode_{e:06d}.mp4").write_bytes(video)
-    return root
+def _lerobot(root: Path, num_episodes: int) -> str:
+    """A LeRobot v2.1 folder of ``num_episodes`` episodes of 24 rows, one 32x32 camera."""
+    write_v2(str(root), [24] * num_episodes, [CAMERA])
+    return str(root)
 
 
 def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
@@ -66,7 +45,7 @@ def _files(out: Path) -> dict[str, bytes]:
 def test_verify_exits_cleanly_20_times(tmp_path):
     """``verify --no-decode`` prints OK and exits 0, 20 times (2 at a time): no abort at shutdown."""
     out = tmp_path / "out"
-    convert([str(write_lerobot_v21(tmp_path / "src", 2))], str(out), ConvertOptions(progress=False))
+    convert([_lerobot(tmp_path / "src", 2)], str(out), ConvertOptions(progress=False))
 
     def run(_):
         proc = _cli("verify", str(out), "--no-decode")
@@ -99,7 +78,7 @@ def _tagged(tag: str) -> list[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_kill_9_of_a_2_worker_conversion_leaves_no_process_and_rerun_is_identical(tmp_path):
-    src = str(write_lerobot_v21(tmp_path / "src", 6))
+    src = _lerobot(tmp_path / "src", 6)
     args = ["convert", src, "--workers", "2", "--max-episodes-per-shard", "1", "--quiet"]
     clean = tmp_path / "clean"
     t0 = time.perf_counter()
