@@ -103,7 +103,9 @@ def _storage_option(parser: argparse.ArgumentParser) -> None:
                              "(credentials come from the usual AWS environment and profiles)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(selected: str | None = "stream") -> argparse.ArgumentParser:
+    """The ``epishard`` parser; the ``stream`` command's arguments are added when ``selected`` (the
+    command given) is ``"stream"`` (they need torch)."""
     parser = argparse.ArgumentParser(prog="epishard", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -140,11 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--no-decode", action="store_true", help="skip the per-camera decode check")
     _storage_option(v)
     v.set_defaults(func=_cmd_verify)
-    from stream import report
 
     st = sub.add_parser("stream", help="stream training windows from a converted dataset; report throughput and stages")
-    report.add_arguments(st)
-    st.set_defaults(func=report.main)
+    if selected == "stream":
+        # Only this command loads torch (and its native thread pools): the others start faster and
+        # exit with fewer native libraries to tear down.
+        from stream import report
+
+        report.add_arguments(st)
+        st.set_defaults(func=report.main)
     for command in (c, i, v, st):  # `--debug` also after the command
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
@@ -190,7 +196,8 @@ def error_line(exc: BaseException) -> tuple[str, bool]:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI. Exit status: 0 done, 1 ``verify`` found damage, 2 an error (one line on stderr,
     ``epishard <command>: error: <thing>: <cause>``; the traceback too with ``--debug``)."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     shown = warnings.formatwarning
     if not args.debug:  # notices (a skipped shard, ...) as one line each, without the source line
         warnings.formatwarning = lambda message, *_, **__: (

@@ -6,28 +6,31 @@
    is a pure function of the inputs and options, and each shard carries a digest of its part of it.
 3. Shards are written in parallel processes. Each shard is complete once its index is renamed into
    place; a rerun keeps every shard whose index digest and tar size match, removes stale temporary
-   files, and writes the rest.
+   files, and writes the rest. Worker processes die with the converting process (even on SIGKILL)
+   and never publish a shard after it is gone.
 4. Statistics are computed from the written tables; the manifest is written last.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
+import signal
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import av
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import format as fmt
 from .episode import Episode, Source, TableSlice
 from .errors import ConversionError, OutputFolderError, SourceError
-from .index import dataset_index_bytes, encode_index, read_shard_meta
+from .index import dataset_index_bytes, encode_index, read_shard_meta, read_table_bytes
 from .lerobot import read_lerobot
 from .prepare import PrepareOptions, prepare
 from .stats import DatasetStats
@@ -145,6 +148,33 @@ def plan_digest(episodes: list[Episode], options: ConvertOptions) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_parent: int | None = None  # pid of the converting process, in its worker processes
+
+
+def _die_with_parent(parent: int) -> None:
+    """Worker initializer: the kernel SIGKILLs this worker when ``parent`` dies (Linux
+    ``PR_SET_PDEATHSIG``), so a killed conversion leaves no worker running and writing shards."""
+    global _parent
+    _parent = parent
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _check_parent()  # the parent may have died before the request took effect
+
+
+def _check_parent() -> None:
+    """In a worker: exit if the converting process is gone (its children are re-parented). Called
+    before each publishing rename too, where ``PR_SET_PDEATHSIG`` is unavailable (not Linux)."""
+    if _parent is not None and os.getppid() != _parent:
+        os._exit(1)  # an orphan: nobody reads its results; the rerun rewrites its shard
+
+
+def _pool_context():
+    # PR_SET_PDEATHSIG and the getppid() check need workers to be children of the converting
+    # process: fork (Linux; Python 3.14 defaults to forkserver, whose workers are not) or spawn.
+    return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+
+
 def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], options: ConvertOptions, digest: str) -> dict:
     """Write one shard and its index atomically; return the shard metadata stored in the index."""
     name = fmt.shard_name(options.prefix, shard_id)
@@ -171,11 +201,13 @@ def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], option
             rows.append({**ready.row, "members": members})
             warnings.extend(ready.warnings)
         tar.close()
+        _check_parent()  # leaving this block publishes the tar
     meta = {
         "shard": name, "index": fmt.index_name(options.prefix, shard_id), "size": tar.size, "sha256": tar.sha256,
         "plan_digest": digest, "episodes": len(rows), "rows": sum(r["num_rows"] for r in rows),
         "frames": sum(r["num_rows"] * len(r["cameras"]) for r in rows), "skipped": skipped, "warnings": warnings,
     }
+    _check_parent()
     storage.write(meta["index"], encode_index(rows, meta))
     return meta
 
@@ -252,7 +284,8 @@ def _run(jobs: list[tuple], storage: Storage, options: ConvertOptions, total_epi
             done[shard_id] = write_shard(storage, shard_id, episodes, options, digest)
             bar.update(len(episodes))
     else:
-        with ProcessPoolExecutor(max_workers=options.workers) as pool:
+        with ProcessPoolExecutor(max_workers=options.workers, mp_context=_pool_context(),
+                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(write_shard, storage, sid, eps, options, dg): (sid, len(eps)) for sid, eps, dg in jobs}
             try:
                 for future in as_completed(futures):
@@ -307,12 +340,12 @@ def _summarise(storage: Storage, shard_metas: list[dict], sources: list[Source])
     per_source: dict[str, int] = {}
     by_name = {s.name: s for s in sources}
     for meta in shard_metas:
-        index = pq.read_table(pa.BufferReader(storage.read(meta["index"]))).to_pylist()
+        index = read_table_bytes(storage.read(meta["index"])).to_pylist()
         for row in index:
             per_source[row["source"]] = per_source.get(row["source"], 0) + 1
             data_member = next(m for m in row["members"] if m["name"].endswith("." + fmt.DATA_EXT))
             start = data_member["offset"]
-            table = pq.read_table(pa.BufferReader(storage.read(meta["shard"], start, start + data_member["size"])))
+            table = read_table_bytes(storage.read(meta["shard"], start, start + data_member["size"]))
             stats.add_table(table, row["source"])
             for name, spec in _feature_schema(by_name[row["source"]], table).items():
                 features.setdefault(name, spec)

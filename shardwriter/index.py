@@ -41,10 +41,19 @@ def encode_index(rows: list[dict], shard_meta: dict) -> bytes:
     return buf.getvalue()
 
 
+def read_table_bytes(data: bytes) -> pa.Table:
+    """A Parquet file held in memory (an index or an episode's data member), read in the calling
+    thread. ``pq.read_table`` would start Arrow's CPU and I/O thread pools, which then stay alive
+    until the process exits; pool threads alive during the C++ teardown at interpreter exit are a
+    known cause of ``terminate called without an active exception`` aborts (apache/arrow#34314,
+    #39862). These tables are small: threads gain nothing here."""
+    return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
+
+
 def dataset_index_bytes(index_files: list[bytes]) -> bytes:
     """Concatenate per-shard index files (Parquet bytes, in shard order) into one uncompressed Arrow
     IPC file with an int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``)."""
-    tables = [pq.read_table(pa.BufferReader(data)).replace_schema_metadata(None) for data in index_files]
+    tables = [read_table_bytes(data).replace_schema_metadata(None) for data in index_files]
     table = pa.concat_tables(tables)
     shard = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])
     table = table.append_column("shard", pa.array(shard))

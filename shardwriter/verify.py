@@ -14,11 +14,8 @@ import hashlib
 import tarfile
 from fractions import Fraction
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from . import format as fmt
-from .index import camera_frame_tables, camera_row_frames
+from .index import camera_frame_tables, camera_row_frames, read_table_bytes
 from .storage import Storage
 from .video import check_frames
 
@@ -57,7 +54,7 @@ def _check_shard(storage: Storage, entry: dict, decode: bool) -> list[dict]:
     index_bytes = storage.read(entry["index"])
     if hashlib.sha256(index_bytes).hexdigest() != entry["index_sha256"]:
         problems.append(_problem(shard, f"index {entry['index']} sha256 differs from the manifest"))
-    rows = pq.read_table(pa.BufferReader(index_bytes)).to_pylist()
+    rows = read_table_bytes(index_bytes).to_pylist()
     try:
         with storage.open(shard) as f, tarfile.open(fileobj=f) as tar:
             members = {m.name: m for m in tar.getmembers()}

@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .collate import FloatCollate
 from .episode import LoadedEpisode, Normalizer
+from .memory import limit_worker_arenas, release_free_memory
 from .plan import EpisodeTable, WorkerPlan, anchor_counts, break_gaps, global_plan, worker_plan
 from .fetch import FetchError, FetchPolicy, Fetcher, episode_ranges
 from .source import DatasetSource
@@ -200,6 +201,8 @@ class WindowDataset(IterableDataset):
         rank, world = _distributed(self._rank, self._world_size)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            limit_worker_arenas()
         epoch, skip, consumer = self.epoch, 0, worker
         if self._resume is not None:
             if self._resume.epoch == epoch:
@@ -268,6 +271,8 @@ class WindowDataset(IterableDataset):
         finally:
             for f in fetchers:
                 f.close()
+            if get_worker_info() is not None:
+                release_free_memory()  # a persistent worker idles until the next epoch
 
     def _emit(self, sample: dict, telemetry: Telemetry) -> dict:
         telemetry.add(samples=1, substitutes=int(sample["substitute"]))
@@ -359,6 +364,12 @@ class WindowLoader(DataLoader):
 
     Exactness relies on the DataLoader's in-order round-robin over workers (the default,
     ``in_order=True``) and on every worker of a rank holding the same number of windows.
+
+    Persistent workers keep their own copy of the dataset, which can only run the epoch after the
+    one it ran last; when the next iteration must run anything else (after ``load_state_dict``, or
+    after an epoch left unfinished) the workers are restarted, so every iteration runs exactly the
+    epoch ``state_dict()`` reports. An unfinished epoch is run again from its start (as without
+    persistent workers) unless a state is loaded.
     """
 
     def __init__(self, dataset: WindowDataset, batch_size: int = 1, **kw):
@@ -372,16 +383,29 @@ class WindowLoader(DataLoader):
         dataset.num_workers = self.num_workers
         self._epoch = dataset.epoch
         self._batches = 0
+        self._workers_next: int | None = None  # the epoch persistent workers run on their next iteration
+        self._running: object | None = None  # token of the iteration in progress
 
     def __iter__(self):
-        if not (self.persistent_workers and getattr(self, "_iterator", None) is not None):
+        if self._iterator is not None and (self._workers_next != self._epoch or self.dataset._resume is not None):
+            self._iterator._shutdown_workers()  # their dataset copies cannot run this epoch
+            self._iterator = None
+        if self._iterator is None:
             self.dataset.set_epoch(self._epoch)
         self._batches = 0
-        for batch in super().__iter__():
-            self._batches += 1
-            yield batch
-        self._epoch += 1
-        self._batches = 0
+        self._running = token = object()
+        try:
+            batches = super().__iter__()  # starts the workers with the dataset as it is now
+            self.dataset._resume = None  # taken by the workers' copies (or by this process's iteration)
+            self._workers_next = self._epoch + 1
+            for batch in batches:
+                self._batches += 1
+                yield batch
+            self._epoch += 1
+            self._batches = 0
+        finally:
+            if self._running is token:
+                self._running = None
 
     def state_dict(self) -> dict:
         state = self.dataset.state_dict(self._batches, self.batch_size, self.num_workers, epoch=self._epoch)
@@ -389,9 +413,22 @@ class WindowLoader(DataLoader):
         return {**state, "fresh": True} if self._batches == 0 else state
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` on the next iteration.
+
+        Raises:
+            RuntimeError: an iteration over this loader is in progress (it would go on with its own
+                epoch); load before the ``for`` loop, or after it ended or was dropped.
+            ValueError: see ``WindowDataset.load_state_dict``.
+        """
+        if self._running is not None:
+            raise RuntimeError("WindowLoader.load_state_dict during an iteration over the loader: the running "
+                               "iteration would go on with its own epoch. Load the state before the for loop "
+                               "(or after it ended, or after deleting its iterator).")
+        self._batches = 0
         if state.get("fresh"):
             self._epoch = state["epoch"]
             self.dataset.set_epoch(self._epoch)
+            self.dataset._resume = None
             return
         self.dataset.load_state_dict(state, self.num_workers)
         self._epoch = self.dataset.epoch
