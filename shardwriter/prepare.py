@@ -103,17 +103,23 @@ def discontinuities(table: pa.Table, fps: float) -> list[dict]:
 
     A row starts one when its timestamp does not advance past the previous row's (``<= 0`` step:
     ``timestamps_reset`` when it goes back to the episode's first timestamp or earlier, else
-    ``timestamps_non_monotonic``) or advances by more than ``JUMP_PERIODS`` frame periods plus a
-    quarter frame (``timestamps_jump``). Returns ``[{kind, row, message}]`` in row order; empty
-    for a table without ``timestamp``.
+    ``timestamps_non_monotonic``) or advances by more than ``JUMP_PERIODS`` periods plus a quarter
+    (``timestamps_jump``). The period is the frame period, or the episode's median step where its
+    timestamps advance more slowly (another rate or unit, e.g. milliseconds): a steady rate is not a
+    pause, and ``_timestamp_report`` reports it. A column that never advances (constant) holds no
+    time to cut by: no breaks, and the timestamp report flags it. Returns ``[{kind, row, message}]``
+    in row order; empty for a table without ``timestamp``.
     """
     if "timestamp" not in table.column_names or table.num_rows < 2:
         return []
     t = table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
     step = np.diff(t)
+    if not np.any(step > 0):
+        return []
     tol = 0.25 / fps
+    period = max(1.0 / fps, float(np.median(step[step > 0])))
     out = []
-    for r in (np.flatnonzero((step <= 0) | (step > (JUMP_PERIODS + 0.25) / fps)) + 1).tolist():
+    for r in (np.flatnonzero((step <= 0) | (step > (JUMP_PERIODS + 0.25) * period)) + 1).tolist():
         if step[r - 1] > 0:
             kind, what = "timestamps_jump", f"skips {step[r - 1] * fps:.1f} frame periods"
         else:

@@ -160,6 +160,29 @@ def test_jitter_and_one_dropped_frame_are_not_breaks(tmp_path):
     assert WindowIndex.load_dataset(str(tmp_path)).segment_starts.size == 0
 
 
+def test_a_steady_other_rate_or_unit_is_not_a_break_but_a_pause_in_it_is(tmp_path):
+    millis = np.arange(ROWS) * (1000.0 / FPS)  # milliseconds: every step is 1000 frame periods
+    paused = np.r_[np.arange(30), np.arange(40, 70)] * (1000.0 / FPS)  # the same, paused at row 30
+    slow = np.arange(ROWS) / (FPS / 3)  # one row every 3 frame periods (stamps at a third of the rate)
+    constant = np.zeros(ROWS)  # a column that never advances
+    manifest = convert([Source(name="rec", episodes=_episodes({0: millis, 1: paused, 2: slow}), fps=FPS),
+                        Source(name="flat", episodes=_episodes({0: constant})[:1], fps=FPS)], str(tmp_path), _opts())
+    report = manifest["report"]
+    assert [(w["dataset"], w["episode"], w["row"]) for w in report["warnings"] if w["kind"] == "timestamps_jump"] == [
+        ("rec", 1, 30)]
+    # The disagreement with the video is reported instead (rec 1's too, before its pause).
+    assert sorted((w["dataset"], w["episode"], w["kind"]) for w in report["warnings"] if w["kind"] != "timestamps_jump") == [
+        ("flat", 0, "timestamps_rate"), ("rec", 0, "timestamps_past_end"), ("rec", 1, "timestamps_past_end"),
+        ("rec", 2, "timestamps_past_end")]
+    assert WindowIndex.load_dataset(str(tmp_path)).table.column("segment_starts").to_pylist() == [[], [30], [], []]
+    # Every row still anchors a window, and shows its own frame.
+    ds = WindowDataset(str(tmp_path), WindowSpec(cameras={CAM: (-1, 0)}, action_horizon=1), shuffle_windows=0)
+    got = sorted((s["dataset"], int(s["episode_index"]), int(s["frame_index"]), decode_frame_number(s[CAM][1]))
+                 for s in ds)
+    assert len(got) == 4 * (ROWS - 1) - 1
+    assert all(frame == 1000 * e + a for _, e, a, frame in got)
+
+
 OFFSETS = (-4, 0, 4)
 SPEC_KW = dict(cameras={CAM: OFFSETS}, state_offsets=(-1, 0), action_horizon=3)
 
