@@ -192,9 +192,10 @@ def _image_features(features: dict) -> tuple[tuple[str, ...], list[str]]:
 
 
 def _depth_cameras(features: dict) -> set[str]:
-    """Cameras declared depth maps (``info["video.is_depth_map"]``, LeRobot's flag)."""
-    return {name for name, spec in features.items()
-            if spec.get("dtype") == "video" and (spec.get("info") or {}).get("video.is_depth_map")}
+    """Cameras declared depth maps (LeRobot's flag ``video.is_depth_map``, under the feature's
+    ``info``, or ``video_info`` as LeRobot v2.0 and many converted datasets, v2.1 and v3.0 too, write it)."""
+    return {name for name, spec in features.items() if spec.get("dtype") == "video" and any(
+        (spec.get(key) or {}).get("video.is_depth_map") for key in ("info", "video_info"))}
 
 
 def read_lerobot(root: str, name: str | None = None, cameras: tuple[str, ...] | None = None) -> Source:

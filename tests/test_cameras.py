@@ -94,6 +94,22 @@ def test_grey_video_over_8_bits_is_depth_even_undeclared_and_never_reencoded(tmp
     assert np.array_equal(s[DEPTH][0, 0].numpy(), values[s["frame_index"]])
 
 
+@pytest.mark.parametrize("key", ["info", "video_info"])
+def test_8_bit_depth_declared_under_either_lerobot_key_stays_depth_through_reencode(key, tmp_path):
+    # LeRobot v2.0 (and many converted v2.1/v3.0 datasets) put the flag under "video_info".
+    rows = 8
+    values = _depth_values(0, rows, 255)
+    src = write_v2_files(tmp_path / "src", [make_episode_table(rows, fps=FPS)], fps=FPS,
+                         videos={DEPTH: [make_grey_video(values, pix_fmt="gray", fps=FPS)]},
+                         features={DEPTH: {key: {"video.is_depth_map": True}}})
+    manifest = convert([str(src)], str(tmp_path / "out"), _opts(reencode=ReencodeSpec(gop=2)))
+    assert (manifest["cameras"][DEPTH]["kind"], manifest["cameras"][DEPTH]["channels"]) == ("depth", 1)
+    assert [w["kind"] for w in manifest["report"]["warnings"]] == ["depth_not_reencoded"]
+    for s in _iterate(str(tmp_path / "out"), WindowSpec(cameras={DEPTH: (0, 1)})):
+        r = s["frame_index"]
+        assert s[DEPTH].dtype == torch.uint16 and np.array_equal(s[DEPTH][:, 0].numpy(), values[[r, r + 1]])
+
+
 def test_declared_depth_in_a_colour_format_is_read_as_rgb_with_a_warning(tmp_path):
     rows = 6
     ep = Episode(source="d", episode_index=0, table=make_episode_table(rows, fps=FPS), fps=FPS,
