@@ -61,6 +61,32 @@ def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank or 0, world_size or 1
 
 
+def _check_camera_kinds(sources: list[DatasetSource], cam_offsets: list[dict]) -> None:
+    """Refuse a window camera that is depth (uint16 ``[T, 1, H, W]``) in some episodes and RGB
+    (uint8 ``[T, 3, H, W]``) in others, of one dataset or across a mix: its frames could not be
+    batched together (the writer reports such episodes as ``depth_not_grey``).
+
+    Raises:
+        ValueError: naming the camera and one episode (key and dataset) of each kind.
+    """
+    for cam in sorted({c for offsets in cam_offsets for c in offsets}):
+        example: dict[bool, str] = {}
+        for source, offsets in zip(sources, cam_offsets):
+            if cam not in offsets:
+                continue
+            ix = source.index
+            depth = ix.cam_depth[ix.camera_streams(cam)]
+            for kind in (True, False):
+                hits = np.flatnonzero(depth == kind)
+                if hits.size and kind not in example:
+                    example[kind] = f"episode {ix.key(int(hits[0]))} of {source.url}"
+        if len(example) == 2:
+            raise ValueError(f"camera {cam!r} is a depth camera (uint16 [T, 1, H, W]) in {example[True]} but RGB "
+                             f"(uint8 [T, 3, H, W]) in {example[False]}: its frames cannot be batched together. "
+                             "Leave it out of the window spec, or convert the episodes of each kind apart "
+                             "(--episodes) and do not mix them.")
+
+
 @dataclass
 class _Resume:
     epoch: int
@@ -115,6 +141,7 @@ class WindowDataset(IterableDataset):
         self.telemetry = telemetry
         self.fetch = fetch or FetchPolicy()
         self.cam_offsets = [spec.camera_offsets(s.cameras) for s in self.sources]
+        _check_camera_kinds(self.sources, self.cam_offsets)
         self.normalizers = [
             {col: Normalizer.from_stats(s.manifest["stats"][col], mode) for col, mode in (normalize or {}).items()}
             for s in self.sources

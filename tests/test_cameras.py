@@ -119,6 +119,29 @@ def test_declared_depth_in_a_colour_format_is_read_as_rgb_with_a_warning(tmp_pat
     assert [w["kind"] for w in manifest["report"]["warnings"]] == ["depth_not_grey"]
 
 
+def test_a_camera_depth_in_some_episodes_and_rgb_in_others_is_refused_by_the_reader(tmp_path):
+    rows = 6
+    table = make_episode_table(rows, fps=FPS)
+    grey = CameraVideo(make_grey_video(_depth_values(0, rows, 4095), pix_fmt="gray16le", fps=FPS), depth=True)
+    colour = CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32), depth=True)
+    rgb = CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32))
+    eps = [Episode(source="m", episode_index=e, table=table, fps=FPS, videos={DEPTH: video, RGB: rgb})
+           for e, video in enumerate((grey, colour))]
+    convert([Source("m", eps, FPS)], str(tmp_path / "mixed"), _opts())
+    convert([Source("d", eps[:1], FPS)], str(tmp_path / "depth"), _opts())
+    convert([Source("c", eps[1:], FPS)], str(tmp_path / "colour"), _opts())
+    # Batching uint16 [T, 1, H, W] with uint8 [T, 3, H, W] cannot work: refused up front, both named.
+    with pytest.raises(ValueError, match=r"'observation.images.depth' is a depth camera .* in episode m-e000000 of "
+                                         r".*mixed but RGB .* in episode m-e000001 of .*mixed"):
+        WindowDataset(str(tmp_path / "mixed"), WindowSpec(cameras={DEPTH: (0,)}))
+    with pytest.raises(ValueError, match=r"in episode d-e000000 of .*depth but RGB .* in episode c-e000001 of .*colour"):
+        WindowDataset([str(tmp_path / "depth"), str(tmp_path / "colour")], WindowSpec(cameras={DEPTH: (0,), RGB: (0,)}))
+    # Without that camera the episodes stream as usual.
+    samples = _iterate(str(tmp_path / "mixed"), WindowSpec(cameras={RGB: (0,)}))
+    assert sorted((s["episode_index"], decode_frame_number(s[RGB][0])) for s in samples) == [
+        (e, r) for e in range(2) for r in range(rows)]
+
+
 def test_ten_bit_colour_states_its_8_bit_conversion(tmp_path):
     rows = 6
     ep = Episode(source="t", episode_index=0, table=make_episode_table(rows, fps=FPS), fps=FPS,
