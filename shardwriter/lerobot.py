@@ -184,11 +184,13 @@ def _dropped_cameras(root: str, declared: list[str], expected: dict[str, str], p
     return notes
 
 
-def _image_features(features: dict) -> tuple[tuple[str, ...], list[str]]:
-    """Image features (one PNG/JPEG per row inside the parquet) and the notes saying what becomes of them."""
+def _image_features(features: dict, wanted: tuple[str, ...] | None) -> tuple[tuple[str, ...], list[str]]:
+    """Image features (one PNG/JPEG per row inside the parquet) and the notes saying what becomes of
+    the ones converted (all, or those in ``wanted``: the others are not read)."""
     names = tuple(name for name, spec in features.items() if spec.get("dtype") == "image")
     return names, [f"image feature {name} (images inside the parquet) is converted to a camera: lossless "
-                   "H.264 RGB video, every frame a keyframe; the column leaves the stored tables" for name in names]
+                   "H.264 RGB video, every frame a keyframe (or the --reencode settings); the column leaves the "
+                   "stored tables" for name in names if wanted is None or name in wanted]
 
 
 def _depth_cameras(features: dict) -> set[str]:
@@ -271,7 +273,7 @@ def _read_v2(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
         video_of[cam] = paths
     cameras = [cam for cam in expected if video_of[cam]]
     notes = _dropped_cameras(root, declared, expected, set(cameras), wanted)
-    images, image_notes = _image_features(info.get("features", {}))
+    images, image_notes = _image_features(info.get("features", {}), wanted)
     notes += image_notes
     episodes = []
     for ep in sorted(found):
@@ -301,7 +303,7 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
     declared = _camera_names(info.get("features", {}))
     cameras = declared if wanted != () else []
     depth = _depth_cameras(info.get("features", {}))
-    images, image_notes = _image_features(info.get("features", {}))
+    images, image_notes = _image_features(info.get("features", {}), wanted)
     data_ranges: dict[str, dict[int, tuple[int, int]]] = {}
 
     def ranges_in(path: str) -> dict[int, tuple[int, int]]:

@@ -223,6 +223,19 @@ def test_image_feature_becomes_a_camera_with_its_exact_pixels(kind, tmp_path):
     assert columns == set(tables[0].column_names) - {IMAGE}
 
 
+def test_image_feature_left_out_by_cameras_is_not_said_to_be_converted(tmp_path):
+    src, originals, _ = _image_dataset(tmp_path / "src", "png", rows=6)
+    manifest = convert([str(src)], str(tmp_path / "rgb"), _opts(cameras=(RGB,)))
+    assert list(manifest["cameras"]) == [RGB] and manifest["sources"][0]["notes"] == []
+    manifest = convert([str(src)], str(tmp_path / "img"), _opts(cameras=(IMAGE,), episodes=frozenset({1})))
+    assert list(manifest["cameras"]) == [IMAGE] and [IMAGE in n for n in manifest["sources"][0]["notes"]] == [True]
+    samples = _iterate(str(tmp_path / "img"), WindowSpec(cameras={IMAGE: (0,)}))
+    assert sorted(s["frame_index"] for s in samples) == list(range(6))
+    for s in samples:
+        assert s["episode_index"] == 1
+        assert np.array_equal(s[IMAGE][0].permute(1, 2, 0).numpy(), originals[1][s["frame_index"]])
+
+
 def test_broken_image_names_row_and_camera_and_can_be_skipped(tmp_path):
     src, _, _ = _image_dataset(tmp_path / "src", "png", broken_row=4)
     with pytest.raises(ConversionError) as err:
