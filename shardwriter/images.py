@@ -18,6 +18,9 @@ from .errors import ConversionError
 from .video import ReencodeSpec
 
 IMAGE_SPEC = ReencodeSpec(codec="libx264rgb", gop=1, size=None, crf=0)
+# 16-bit grey images (depth maps saved as PNG): lossless FFV1 in gray16le, every frame a keyframe;
+# the camera is then a depth camera (uint16 [T, 1, H, W], values exact). Never re-encoded.
+GREY_IMAGE_SPEC = ReencodeSpec(codec="ffv1", gop=1, size=None, crf=None)
 
 # File signatures -> FFmpeg image decoder.
 _SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8", "mjpeg"), (b"BM", "bmp"))
@@ -33,13 +36,15 @@ def _decoder(data: bytes) -> str:
 
 
 def decode_image(data: bytes) -> tuple[np.ndarray, bool]:
-    """Decode one image file to uint8 RGB ``[H, W, 3]``; also return whether an alpha channel was dropped.
+    """Decode one image file to uint8 RGB ``[H, W, 3]``, or a 16-bit grey one (a depth map) to
+    uint16 ``[H, W]`` with its values exact; also return whether an alpha channel was dropped.
 
-    Grey and palette images expand to RGB exactly; JPEG's YCbCr converts with FFmpeg's rounding.
+    8-bit grey and palette images expand to RGB exactly; JPEG's YCbCr converts with FFmpeg's
+    rounding.
 
     Raises:
-        ValueError: unknown format, undecodable bytes, or more than 8 bits per sample (returning
-            them as 8-bit RGB would lose precision silently).
+        ValueError: unknown format, undecodable bytes, or colour of more than 8 bits per sample
+            (returning it as 8-bit RGB would lose precision silently).
     """
     codec = _decoder(data)
     try:
@@ -51,20 +56,27 @@ def decode_image(data: bytes) -> tuple[np.ndarray, bool]:
         raise ValueError(f"{codec} decoder returned no picture")
     frame = frames[0]
     bits = max(c.bits for c in frame.format.components)
+    if bits > 8 and len(frame.format.components) == 1:
+        return frame.reformat(format="gray16le").to_ndarray(), False
     if bits > 8:
         raise ValueError(f"{frame.format.name} image ({bits} bits per sample): only 8-bit images are supported")
     return frame.to_ndarray(format="rgb24"), len(frame.format.components) == 4
 
 
+def _describe(image: np.ndarray) -> str:
+    return f"{image.shape[1]}x{image.shape[0]} " + ("16-bit grey" if image.ndim == 2 else "8-bit RGB")
+
+
 def column_images(table: pa.Table, column: str) -> tuple[np.ndarray, list[dict]]:
-    """Decode an image column (one image per row) to uint8 RGB ``[num_rows, H, W, 3]``.
+    """Decode an image column (one image per row) to uint8 RGB ``[num_rows, H, W, 3]``, or, for
+    16-bit grey images, uint16 ``[num_rows, H, W]``.
 
     Accepts LeRobot's ``struct<bytes, path>`` cells and plain binary cells. Returns the frames and
     report entries (``image_alpha_dropped``, once per column).
 
     Raises:
         ConversionError(kind="bad_image"): a row has no image bytes, an undecodable image, or a
-            size other than row 0's; ``row`` names it.
+            size or kind (16-bit grey, 8-bit RGB) other than row 0's; ``row`` names it.
     """
     cells = table.column(column).combine_chunks()
     if pa.types.is_struct(cells.type):
@@ -79,8 +91,8 @@ def column_images(table: pa.Table, column: str) -> tuple[np.ndarray, list[dict]]
         except ValueError as exc:
             raise ConversionError(str(exc), kind="bad_image", row=row) from exc
         if frames and image.shape != frames[0].shape:
-            raise ConversionError(f"image is {image.shape[1]}x{image.shape[0]}, row 0's is "
-                                  f"{frames[0].shape[1]}x{frames[0].shape[0]}", kind="bad_image", row=row)
+            raise ConversionError(f"image is {_describe(image)}, row 0's is {_describe(frames[0])}",
+                                  kind="bad_image", row=row)
         frames.append(image)
         alpha |= has_alpha
     notes = [{"kind": "image_alpha_dropped", "row": None, "message": "images have an alpha channel; "

@@ -189,8 +189,8 @@ def _image_features(features: dict, wanted: tuple[str, ...] | None) -> tuple[tup
     the ones converted (all, or those in ``wanted``: the others are not read)."""
     names = tuple(name for name, spec in features.items() if spec.get("dtype") == "image")
     return names, [f"image feature {name} (images inside the parquet) is converted to a camera: lossless "
-                   "H.264 RGB video, every frame a keyframe (or the --reencode settings); the column leaves the "
-                   "stored tables" for name in names if wanted is None or name in wanted]
+                   "H.264 RGB video, every frame a keyframe (or the --reencode settings; 16-bit grey images: lossless "
+                   "FFV1, a depth camera); the column leaves the stored tables" for name in names if wanted is None or name in wanted]
 
 
 def _depth_cameras(features: dict) -> set[str]:

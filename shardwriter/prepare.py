@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from . import format as fmt
 from .episode import Episode
 from .errors import ConversionError
-from .images import IMAGE_SPEC, column_images
+from .images import GREY_IMAGE_SPEC, IMAGE_SPEC, column_images
 from .video import ReencodeSpec, VideoProbe, check_frames, cut, encode, frame_at_time, probe, reencode, resize
 
 CHECKED_PREFIXES = ("observation.state", "action")
@@ -249,13 +249,18 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
 
 
 def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptions):
-    """Encode an image column as a video (``IMAGE_SPEC``, or the re-encode settings when given).
+    """Encode an image column as a video (``IMAGE_SPEC``, or the re-encode settings when given;
+    16-bit grey images, depth maps, always ``GREY_IMAGE_SPEC``: a depth camera with exact values).
 
     Returns (stored bytes, probe of them, row_to_frame, transform, report entries); frame ``r`` is
     row ``r``'s image, so there are no timestamps to check."""
     images, notes = column_images(table, column)
-    spec = opts.reencode or IMAGE_SPEC
-    data = encode(resize(images, spec.size), fps, spec)
+    if images.dtype == np.uint16:
+        spec = GREY_IMAGE_SPEC
+        data = encode(images, fps, spec)
+    else:
+        spec = opts.reencode or IMAGE_SPEC
+        data = encode(resize(images, spec.size), fps, spec)
     transform = "images:" + spec.describe().partition(":")[2]
     return data, probe(data), np.arange(table.num_rows, dtype=np.int32), transform, notes
 

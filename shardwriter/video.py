@@ -417,7 +417,8 @@ def encoder_pix_fmt(codec: str, height: int, width: int) -> str:
 def encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
     """Encode uint8 RGB ``images`` ``[n, H, W, 3]`` as an MP4 at ``fps``, a keyframe every ``spec.gop``.
 
-    The pixel format is ``encoder_pix_fmt``'s choice. Deterministic settings: one encoder thread,
+    The pixel format is ``encoder_pix_fmt``'s choice; uint16 grey ``images`` ``[n, H, W]`` are
+    encoded in ``gray16le`` (with a lossless grey encoder such as ``ffv1``: values exact). Deterministic settings: one encoder thread,
     no scene-cut keyframes, ``+bitexact`` muxing.
 
     Raises:
@@ -426,7 +427,8 @@ def encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
             and camera).
     """
     n, height, width = int(images.shape[0]), int(images.shape[1]), int(images.shape[2])
-    pix_fmt = encoder_pix_fmt(spec.codec, height, width)
+    grey = images.ndim == 3
+    pix_fmt = "gray16le" if grey else encoder_pix_fmt(spec.codec, height, width)
     out = io.BytesIO()
     rate = Fraction(fps).limit_denominator(1001000)
     options = {"g": str(spec.gop), "keyint_min": str(spec.gop), "sc_threshold": "0"}
@@ -442,7 +444,8 @@ def encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
             stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
             stream.codec_context.thread_count = 1
             for image in images:
-                for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                frame = av.VideoFrame.from_ndarray(image, format="gray16le" if grey else "rgb24")
+                for packet in stream.encode(frame):
                     dst.mux(packet)
             for packet in stream.encode():
                 dst.mux(packet)

@@ -158,14 +158,15 @@ def test_ten_bit_colour_states_its_8_bit_conversion(tmp_path):
 
 def _encode_image(image: np.ndarray, codec: str) -> bytes:
     """PNG (rgb24 or grey) or JPEG bytes of ``image`` with FFmpeg's encoders."""
-    grey = image.ndim == 2
+    grey, deep = image.ndim == 2, image.dtype == np.uint16  # deep: a 16-bit grey PNG (a depth map)
     ctx = av.CodecContext.create(codec, "w")
     ctx.width, ctx.height = image.shape[1], image.shape[0]
-    ctx.pix_fmt = {"png": "gray" if grey else "rgb24", "mjpeg": "yuvj444p"}[codec]
+    ctx.pix_fmt = {"png": ("gray16be" if deep else "gray") if grey else "rgb24", "mjpeg": "yuvj444p"}[codec]
     ctx.time_base = ctx.framerate = 1
     if codec == "mjpeg":
         ctx.qmin, ctx.qmax = 1, 2
-    frame = av.VideoFrame.from_ndarray(image, format="gray" if grey else "rgb24").reformat(format=ctx.pix_fmt)
+    frame = av.VideoFrame.from_ndarray(image, format=("gray16le" if deep else "gray") if grey else "rgb24")
+    frame = frame.reformat(format=ctx.pix_fmt)
     return b"".join(bytes(p) for p in ctx.encode(frame) + ctx.encode(None))
 
 
@@ -243,6 +244,32 @@ def test_broken_image_names_row_and_camera_and_can_be_skipped(tmp_path):
     assert (err.value.kind, err.value.episode, err.value.camera, err.value.row) == ("bad_image", 1, IMAGE, 4)
     manifest = convert([str(src)], str(tmp_path / "out2"), _opts(on_error="skip"))
     assert manifest["totals"]["episodes"] == 1 and manifest["report"]["skipped_by_kind"] == {"bad_image": 1}
+
+
+def test_16_bit_grey_images_become_a_depth_camera_with_exact_values(tmp_path):
+    rows, image_type = 6, pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    depth = [_depth_values(e, rows, 65535, h=24, w=20) for e in range(2)]
+    cells = [[{"bytes": _encode_image(d, "png"), "path": None} for d in values] for values in depth]
+    tables = [make_episode_table(rows, fps=FPS).append_column(IMAGE, pa.array(c, image_type)) for c in cells]
+    features = {IMAGE: {"dtype": "image", "shape": [24, 20, 1], "names": ["height", "width", "channel"]}}
+    src = write_v2_files(tmp_path / "src", tables, fps=FPS, features=features,
+                         videos={RGB: [make_video(None, rows, fps=FPS, height=32, width=32)] * 2})
+    manifest = convert([str(src)], str(tmp_path / "out"), _opts(reencode=ReencodeSpec(gop=2)))
+    cam = manifest["cameras"][IMAGE]
+    assert (cam["kind"], cam["pix_fmt"], cam["dtype"], cam["channels"]) == ("depth", "gray16le", "uint16", 1)
+    assert [(w["kind"], w["camera"]) for w in manifest["report"]["warnings"]] == [("depth_not_reencoded", IMAGE)] * 2
+    samples = _iterate(str(tmp_path / "out"), WindowSpec(cameras={IMAGE: (0, 1), RGB: (0,)}))
+    assert len(samples) == 2 * (rows - 1)
+    for s in samples:
+        e, r = s["episode_index"], s["frame_index"]
+        assert s[IMAGE].dtype == torch.uint16 and np.array_equal(s[IMAGE][:, 0].numpy(), depth[e][[r, r + 1]])
+    # A row of another kind is named, with both kinds.
+    cells[1][3]["bytes"] = _encode_image(make_video_frame(3, "png")[:24, :20].copy(), "png")
+    tables[1] = make_episode_table(rows, fps=FPS).append_column(IMAGE, pa.array(cells[1], image_type))
+    src = write_v2_files(tmp_path / "src2", tables, fps=FPS, features=features)
+    with pytest.raises(ConversionError, match="image is 20x24 8-bit RGB, row 0's is 20x24 16-bit grey") as err:
+        convert([str(src)], str(tmp_path / "out2"), _opts())
+    assert (err.value.kind, err.value.episode, err.value.camera, err.value.row) == ("bad_image", 1, IMAGE, 3)
 
 
 # --- re-encoding ----------------------------------------------------------------------------------
