@@ -61,6 +61,27 @@ def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank or 0, world_size or 1
 
 
+def _camera_offsets(sources: list[DatasetSource], spec: WindowSpec) -> list[dict[str, np.ndarray]]:
+    """Per dataset, camera -> frame offsets (``WindowSpec.camera_offsets``), checked across a mix:
+    every sample must carry the same keys or batches cannot be collated.
+
+    Raises:
+        KeyError: the spec names a camera a dataset lacks (the dataset is named).
+        ValueError: the spec takes every camera (``cameras=None``) of datasets whose cameras differ.
+    """
+    out = []
+    for source in sources:
+        try:
+            out.append(spec.camera_offsets(source.cameras))
+        except KeyError as exc:
+            raise KeyError(f"{source.url}: {exc.args[0]}") from None
+    if spec.cameras is None and len({tuple(s.cameras) for s in sources}) > 1:
+        have = "; ".join(f"{s.url} has {s.cameras}" for s in sources)
+        raise ValueError(f"the window spec takes every camera (cameras=None) but the datasets' cameras differ ({have}): "
+                         "name the cameras every dataset has in WindowSpec(cameras=...)")
+    return out
+
+
 def _check_camera_kinds(sources: list[DatasetSource], cam_offsets: list[dict]) -> None:
     """Refuse a window camera that is depth (uint16 ``[T, 1, H, W]``) in some episodes and RGB
     (uint8 ``[T, 3, H, W]``) in others, of one dataset or across a mix: its frames could not be
@@ -140,7 +161,7 @@ class WindowDataset(IterableDataset):
         self.post = postprocess or PostProcess()
         self.telemetry = telemetry
         self.fetch = fetch or FetchPolicy()
-        self.cam_offsets = [spec.camera_offsets(s.cameras) for s in self.sources]
+        self.cam_offsets = _camera_offsets(self.sources, spec)
         _check_camera_kinds(self.sources, self.cam_offsets)
         self.normalizers = [
             {col: Normalizer.from_stats(s.manifest["stats"][col], mode) for col, mode in (normalize or {}).items()}

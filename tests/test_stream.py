@@ -232,6 +232,27 @@ def test_mixing_datasets_with_weights_deals_each_to_every_worker(dataset, tmp_pa
     assert all({int(s["dataset"]) for s in h} == {0, 1} for h in halves)
 
 
+def test_a_mix_whose_datasets_have_other_cameras_is_refused_naming_them(dataset, tmp_path):
+    other = str(tmp_path / "other")
+    eps = [Episode(source="other", episode_index=0, table=make_episode_table(12, fps=FPS), fps=FPS,
+                   videos={"observation.images.front": CameraVideo(make_video(None, 12, fps=FPS, start_number=30000))})]
+    convert([Source(name="other", episodes=eps, fps=FPS)], other, ConvertOptions(progress=False))
+    # Every camera of each: samples of the two would carry other keys, and no batch could hold both.
+    with pytest.raises(ValueError, match=r"cameras differ .*stream\d* has \['observation.images.front', "
+                                         r"'observation.images.left', 'observation.images.wrist'\]; .*other has "
+                                         r"\['observation.images.front'\]\)"):
+        WindowDataset([dataset, other], WindowSpec(cameras=None))
+    with pytest.raises(KeyError, match=r"other: window spec names cameras \['observation.images.left'\]"):
+        WindowDataset([dataset, other], WindowSpec(cameras={"observation.images.left": (0,)}))
+    # The cameras both have: batches mix the two datasets.
+    ds = WindowDataset([dataset, other], WindowSpec(cameras={"observation.images.front": (0,)}), seed=0)
+    batch = next(iter(WindowLoader(ds, batch_size=64)))
+    assert set(batch["dataset"].tolist()) == {0, 1}
+    for d, e, a, frame in zip(batch["dataset"], batch["episode_index"], batch["frame_index"],
+                              batch["observation.images.front"]):
+        assert decode_frame_number(frame[0]) == (30000 if d else 1000 * int(e)) + int(a)
+
+
 def test_memory_stays_flat_across_epochs(dataset):
     import gc
 
