@@ -418,8 +418,8 @@ def encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
     """Encode uint8 RGB ``images`` ``[n, H, W, 3]`` as an MP4 at ``fps``, a keyframe every ``spec.gop``.
 
     The pixel format is ``encoder_pix_fmt``'s choice; uint16 grey ``images`` ``[n, H, W]`` are
-    encoded in ``gray16le`` (with a lossless grey encoder such as ``ffv1``: values exact). Deterministic settings: one encoder thread,
-    no scene-cut keyframes, ``+bitexact`` muxing.
+    encoded in ``gray16le`` (with a lossless grey encoder such as ``ffv1``: values exact).
+    Deterministic settings: one encoder thread, no scene-cut keyframes, ``+bitexact`` muxing.
 
     Raises:
         ConversionError(kind="encode_failed"): the encoder is unknown or refuses the size, pixel
