@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 import zlib
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -414,6 +417,9 @@ def encoder_pix_fmt(codec: str, height: int, width: int) -> str:
     return "yuv420p" if "yuv420p" in offered or not offered else offered[0]
 
 
+_encoder_pool: ProcessPoolExecutor | None = None
+
+
 def encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
     """Encode uint8 RGB ``images`` ``[n, H, W, 3]`` as an MP4 at ``fps``, a keyframe every ``spec.gop``.
 
@@ -421,11 +427,29 @@ def encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
     encoded in ``gray16le`` (with a lossless grey encoder such as ``ffv1``: values exact).
     Deterministic settings: one encoder thread, no scene-cut keyframes, ``+bitexact`` muxing.
 
+    The encoder runs in a separate process (one per converting process, started on first use with
+    ``spawn``): a native encoder that crashes (Debian's x265 3.5 corrupts its heap on some small
+    4:4:4 sizes and aborts) ends that process, not the conversion, and becomes an error.
+
     Raises:
-        ConversionError(kind="encode_failed"): the encoder is unknown or refuses the size, pixel
-            format or options; the message gives FFmpeg's reason (the caller adds dataset, episode
-            and camera).
+        ConversionError(kind="encode_failed"): the encoder is unknown, refuses the size, pixel
+            format or options, or crashed; the message gives FFmpeg's reason (the caller adds
+            dataset, episode and camera).
     """
+    global _encoder_pool
+    if _encoder_pool is None:
+        _encoder_pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        return _encoder_pool.submit(_encode, images, fps, spec).result()
+    except BrokenProcessPool:
+        _encoder_pool = None
+        n, height, width = int(images.shape[0]), int(images.shape[1]), int(images.shape[2])
+        raise ConversionError(f"encoder {spec.codec} crashed ({width}x{height}, {n} frames): the encoder "
+                              "process died (a native encoder fault); no output was kept",
+                              kind="encode_failed") from None
+
+
+def _encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
     n, height, width = int(images.shape[0]), int(images.shape[1]), int(images.shape[2])
     grey = images.ndim == 3
     pix_fmt = "gray16le" if grey else encoder_pix_fmt(spec.codec, height, width)

@@ -308,6 +308,40 @@ def test_encoder_failure_names_episode_and_camera_and_skip_honours_it(tmp_path):
         convert([Source("f", eps, FPS)], str(tmp_path / "c"), _opts(reencode=ReencodeSpec(codec="nope")))
 
 
+def _crash_on_encode():
+    """Encoder-process initializer: every encode aborts the process, as a native encoder fault does."""
+    import os
+
+    import shardwriter.video
+
+    shardwriter.video._encode = lambda *args: os.abort()
+
+
+def test_an_encoder_that_crashes_its_process_is_an_error_skip_honours_and_the_next_encode_works(tmp_path, monkeypatch):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import shardwriter.video as video
+
+    def crashing_pool():
+        return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_crash_on_encode)
+
+    eps = [Episode(source="f", episode_index=e, table=make_episode_table(6, fps=FPS), fps=FPS,
+                   videos={RGB: CameraVideo(make_video(None, 6, fps=FPS, height=32, width=32))}) for e in range(2)]
+    spec = ReencodeSpec(codec="libx264", gop=2)
+    monkeypatch.setattr(video, "_encoder_pool", crashing_pool())
+    with pytest.raises(ConversionError) as err:
+        convert([Source("f", eps, FPS)], str(tmp_path / "a"), _opts(reencode=spec))
+    assert (err.value.kind, err.value.dataset, err.value.episode, err.value.camera) == ("encode_failed", "f", 0, RGB)
+    assert "crashed" in str(err.value) and video._encoder_pool is None
+    monkeypatch.setattr(video, "_encoder_pool", crashing_pool())
+    manifest = convert([Source("f", eps, FPS)], str(tmp_path / "b"), _opts(reencode=spec, on_error="skip"))
+    assert manifest["report"]["skipped_by_kind"] == {"encode_failed": 1} and manifest["totals"]["episodes"] == 1
+    samples = _iterate(str(tmp_path / "b"), WindowSpec(cameras={RGB: (0, 5)}))
+    assert [decode_frame_number(s[RGB][i].permute(1, 2, 0).numpy()) for s in samples for i in (0, 1)] == [0, 5]
+
+
 def test_depth_decode_seeks_only_where_a_keyframe_is_closer():
     from shardwriter.video import probe
     from stream.decode import decode_depth
