@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import re
 import sys
 import traceback
@@ -195,7 +196,8 @@ def error_line(exc: BaseException) -> tuple[str, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI. Exit status: 0 done, 1 ``verify`` found damage, 2 an error (one line on stderr,
-    ``epishard <command>: error: <thing>: <cause>``; the traceback too with ``--debug``)."""
+    ``epishard <command>: error: <thing>: <cause>``; the traceback too with ``--debug``), 130
+    interrupted, 141 stdout closed early (a pipe into `head`)."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     shown = warnings.formatwarning
@@ -207,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"epishard {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout piped into e.g. `head`, which exited: not a fault of the dataset
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by it
     except Exception as exc:  # every failure a user can meet: one line, the traceback on request
         _close_progress_bars()
         if args.debug:

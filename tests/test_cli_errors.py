@@ -245,6 +245,17 @@ def test_verify_damage_exits_1(converted, tmp_path, capsys):
 
 # --- workers and unexpected faults -------------------------------------------------------------------
 
+def test_output_piped_into_a_reader_that_stops_early_is_no_error(converted):
+    """`epishard inspect OUT --json | head -1`: the closed pipe is not blamed on the dataset."""
+    env = {**os.environ, "PYTHONPATH": REPO}
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    done = subprocess.run([sys.executable, "-m", "shardwriter.cli", "inspect", converted, "--json"], stdout=write,
+                          stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
 def test_worker_error_names_dataset_shard_episode_and_camera(dataset, tmp_path, capsys):
     src = _copy(dataset, tmp_path, "toy")
     with open(f"{src}/videos/chunk-000/{CAMERA}/episode_000001.mp4", "wb") as f:
