@@ -55,6 +55,7 @@ def _cmd_convert(args) -> int:
         timestamps=args.timestamps,
         workers=args.workers,
         progress=not args.quiet,
+        overwrite=args.overwrite,
     )
     manifest = convert(args.sources, args.out, options, storage_options=args.storage_options)
     t, report = manifest["totals"], manifest["report"]
@@ -128,6 +129,8 @@ def build_parser(selected: str | None = "stream") -> argparse.ArgumentParser:
     c.add_argument("--timestamps", choices=["warn", "fail"], default="warn",
                    help="timestamps that disagree with the video: report (default) or fail")
     c.add_argument("--workers", type=int, default=1, help="parallel processes (default 1)")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace a finished conversion of other sources or options in OUT (refused without it)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     _storage_option(c)
     c.set_defaults(func=_cmd_convert)

@@ -50,6 +50,8 @@ class ConvertOptions:
     ``reencode``: re-encode videos instead of copying them bit-exact. ``on_error``:
     ``"fail"`` stops at the first bad episode, ``"skip"`` leaves it out and counts it in the report.
     ``timestamps``: ``"warn"`` or ``"fail"`` on timestamp/video disagreements. ``workers``: processes.
+    ``overwrite``: replace a finished conversion of another plan in the output folder (without it,
+    that is refused; a rerun of the same plan, or of an unfinished conversion, never needs it).
     Raises ``ValueError`` for a prefix that is not a plain file-name stem (``format.PREFIX_RE``: no
     path separator, so nothing is written outside the output folder) or an out-of-range value.
     """
@@ -65,6 +67,7 @@ class ConvertOptions:
     decode_check: bool = True
     workers: int = 1
     progress: bool = True
+    overwrite: bool = False
 
     def __post_init__(self):
         problems = [
@@ -260,6 +263,27 @@ def _claim_output(storage: Storage, prefix: str) -> None:
                                 "nothing was changed: move them out or convert into a new or empty folder")
 
 
+def _refuse_other_finished(storage: Storage, dataset_digest: str) -> None:
+    """Refuse to replace a finished conversion (one with a manifest) of another plan.
+
+    A rerun of the same plan (same sources, episodes and options: same ``plan_digest`` in the
+    manifest) resumes or repairs it; an unfinished conversion (no manifest) is this writer's to
+    resume or replace.
+
+    Raises:
+        OutputFolderError: the manifest records another plan (or none); nothing was changed.
+    """
+    if not storage.exists(fmt.MANIFEST_NAME):
+        return
+    try:
+        recorded = json.loads(storage.read(fmt.MANIFEST_NAME)).get("plan_digest")
+    except (ValueError, AttributeError):
+        recorded = None
+    if recorded != dataset_digest:
+        raise OutputFolderError(f"{storage.url}: holds a finished conversion of other sources or options; "
+                                "nothing was changed: convert into a new folder, or pass --overwrite to replace it")
+
+
 def _some(names: list[str]) -> str:
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
@@ -388,7 +412,8 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
             dataset, episode, camera, row and shard. Shards finished before it stay and are reused
             by a rerun.
         OutputFolderError: ``out`` is a file, or a non-empty folder that is not this writer's (see
-            ``_claim_output``); nothing in it was changed.
+            ``_claim_output``), or a finished conversion of another plan and ``options.overwrite``
+            is off; nothing in it was changed.
         OSError: a write failed (``filename`` names the file; no half-written file stays under a
             final name, and a rerun resumes).
     """
@@ -405,19 +430,22 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
     shards = plan_shards(episodes, options.max_episodes_per_shard, options.max_bytes_per_shard)
     storage = Storage(out, storage_options)
     _claim_output(storage, options.prefix)
-    # The dataset is incomplete until a new manifest lands: never leave an old one describing shards
-    # this run may rewrite.
-    storage.remove(fmt.MANIFEST_NAME)
-    _remove_stale(storage, options.prefix, len(shards))
+    digests = [plan_digest(shard, options) for shard in shards]
+    dataset_digest = hashlib.sha256("".join(digests).encode()).hexdigest()
+    if not options.overwrite:
+        _refuse_other_finished(storage, dataset_digest)
     done: dict[int, dict] = {}
     jobs = []
-    for shard_id, shard in enumerate(shards):
-        digest = plan_digest(shard, options)
+    for shard_id, (shard, digest) in enumerate(zip(shards, digests)):
         meta = _complete(storage, shard_id, options, digest)
         if meta is not None:
             done[shard_id] = meta
         else:
             jobs.append((shard_id, shard, digest))
+    # The dataset is incomplete until a new manifest lands: never leave an old one describing shards
+    # this run may rewrite.
+    storage.remove(fmt.MANIFEST_NAME)
+    _remove_stale(storage, options.prefix, len(shards))
     _run(jobs, storage, options, len(episodes), done)
     metas = [done[i] for i in range(len(shards))]
     index_files = [storage.read(m["index"]) for m in metas]
@@ -430,6 +458,7 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
     manifest = {
         "format": fmt.FORMAT_NAME,
         "format_version": fmt.FORMAT_VERSION,
+        "plan_digest": dataset_digest,
         "sources": [{"name": s.name, "path": s.path, "format": s.format, "fps": s.fps,
                      "episodes": summary["episodes_per_source"].get(s.name, 0),
                      "notes": s.notes} for s in sources],

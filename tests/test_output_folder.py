@@ -188,3 +188,33 @@ def test_s3_conversion_resumes_and_refuses_a_foreign_object(source, s3):
     with pytest.raises(OutputFolderError, match=r"did not write \(notes.txt\)"):
         convert([source], url, _opts(), storage_options=options)
     assert fs.cat_file("safety/own/notes.txt") == b"mine"
+
+
+def test_a_finished_dataset_of_another_plan_is_replaced_only_with_overwrite(source, tmp_path):
+    out = str(tmp_path / "out")
+    first = convert([source], out, _opts())
+    before = _snapshot(out)
+    fewer = ConvertOptions(progress=False, max_episodes_per_shard=1, episodes=frozenset({0, 1}))
+    with pytest.raises(OutputFolderError, match="finished conversion of other sources or options.*--overwrite"):
+        convert([source], out, fewer)
+    assert _snapshot(out) == before
+    # The same plan again is a resume (nothing to write), not a replacement.
+    assert convert([source], out, _opts())["plan_digest"] == first["plan_digest"]
+    replaced = convert([source], out, ConvertOptions(progress=False, max_episodes_per_shard=1,
+                                                       episodes=frozenset({0, 1}), overwrite=True))
+    assert replaced["totals"]["episodes"] == 2 and replaced["plan_digest"] != first["plan_digest"]
+    assert sorted(n for n in os.listdir(out) if n.endswith(".tar")) == ["shard-000000.tar", "shard-000001.tar"]
+
+
+def test_cli_refuses_to_replace_a_finished_dataset_without_overwrite(source, tmp_path, capsys):
+    out = str(tmp_path / "out")
+    convert([source], out, _opts())
+    lerobot = tmp_path / "other"
+    from lerobotgen import write_v2
+
+    write_v2(str(lerobot), [6, 7], ["observation.images.front"])
+    assert cli(["convert", str(lerobot), out, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--overwrite" in err[0]
+    assert cli(["convert", str(lerobot), out, "--quiet", "--overwrite"]) == 0
+    assert json.load(open(os.path.join(out, "manifest.json")))["sources"][0]["name"] == "other"
