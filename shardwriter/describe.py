@@ -7,17 +7,27 @@ import os
 import numpy as np
 
 from . import format as fmt
-from .index import WindowIndex
+from .storage import open_regular
+from .validate import load_shard_indexes, parse_manifest
+
+
+def _read(path: str) -> bytes:
+    with open_regular(path) as f:
+        return f.read()
 
 
 def describe(root: str) -> dict:
-    """Summarise the dataset at ``root`` from its manifest and indexes (no tar is read)."""
+    """Summarise the dataset at ``root`` from its manifest and indexes (no tar is read).
+
+    Raises:
+        FileNotFoundError: no manifest; ``shardwriter.validate.FormatError``: the manifest or an
+            index breaks the format (checked as the reader checks them).
+    """
     path = os.path.join(root, fmt.MANIFEST_NAME)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {fmt.MANIFEST_NAME} in {root} (not a dataset, or the conversion is unfinished)")
-    with open(path, "rb") as f:
-        manifest = fmt.parse_manifest(f.read(), path)
-    index = WindowIndex.load([os.path.join(root, s["index"]) for s in manifest["shards"]])
+    manifest = parse_manifest(_read(path), path)
+    index = load_shard_indexes(manifest, lambda name: _read(os.path.join(root, name)), root)
     cameras = {}
     for cam_name in manifest["cameras"]:
         streams = [i for i, n in enumerate(index.cam_names.to_pylist()) if n == cam_name]

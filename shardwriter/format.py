@@ -6,7 +6,6 @@ version of this module and the two change together.
 
 from __future__ import annotations
 
-import json
 import re
 
 import pyarrow as pa
@@ -77,39 +76,6 @@ def is_writer_file(name: str, prefix: str) -> bool:
         return True
     return re.fullmatch(re.escape(prefix) + r"-\d{6,}(" + re.escape(SHARD_SUFFIX) + "|" + re.escape(INDEX_SUFFIX) + ")",
                         name) is not None
-
-
-_MANIFEST_TYPES = {"format_version": int, "sources": list, "cameras": dict, "tasks": list, "index": dict,
-                   "shards": list, "totals": dict, "report": dict}
-_SHARD_TYPES = {"shard": str, "index": str, "episodes": int, "rows": int, "size": int, "sha256": str,
-                "index_sha256": str}
-
-
-def parse_manifest(data: bytes, where: str) -> dict:
-    """Parse ``manifest.json`` bytes and check the types of the fields readers rely on.
-
-    ``where`` names the file in messages (its path or URL). Raises ``ValueError`` naming ``where``
-    and the field: not JSON, not an epishard manifest, a field of the wrong type.
-    """
-    try:
-        manifest = json.loads(data)
-    except ValueError as exc:
-        raise ValueError(f"{where}: not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise ValueError(f"{where}: not an {FORMAT_NAME} manifest")
-    for key, kind in _MANIFEST_TYPES.items():
-        if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
-            raise ValueError(f"{where}: {key} must be a JSON {_JSON_TYPE[kind]}, got {manifest.get(key)!r:.60}")
-    for i, shard in enumerate(manifest["shards"]):
-        for key, kind in _SHARD_TYPES.items():
-            if not isinstance(shard, dict) or not isinstance(shard.get(key), kind) or isinstance(shard.get(key), bool):
-                raise ValueError(f"{where}: shards[{i}].{key} must be a JSON {_JSON_TYPE[kind]}")
-    if not isinstance(manifest["index"].get("file"), str) or not isinstance(manifest["index"].get("sha256"), str):
-        raise ValueError(f"{where}: index must be {{file, sha256}} strings")
-    return manifest
-
-
-_JSON_TYPE = {int: "integer", str: "string", list: "array", dict: "object"}
 
 
 def index_name(prefix: str, shard_id: int) -> str:

@@ -126,11 +126,13 @@ class WindowIndex:
         # Indexes written before the stream was recorded decode FFmpeg's best video stream (-1).
         self.cam_stream_index = (_np(cams.field("stream_index"), np.int64) if cams.type.get_field_index("stream_index") >= 0
                                  else np.full(len(cams), -1, np.int64))
-        self.cam_time_base = _np(cams.field("time_base_num"), np.float64) / _np(cams.field("time_base_den"), np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero denominator is rejected by check_index
+            self.cam_time_base = _np(cams.field("time_base_num"), np.float64) / _np(cams.field("time_base_den"), np.float64)
         # Byte range of each stream's video member, resolved once so a lookup is one array read.
         episode_of_stream = np.repeat(np.arange(self.num_rows.shape[0]), np.diff(self.episode_cams))
-        member = self.episode_members[episode_of_stream] + self.cam_member
-        self.cam_offset, self.cam_size = self.member_offset[member], self.member_size[member]
+        # Clipped so that a damaged index still loads; shardwriter.validate.check_index rejects it.
+        member = np.clip(self.episode_members[episode_of_stream] + self.cam_member, 0, self.member_size.size)
+        self.cam_offset, self.cam_size = np.append(self.member_offset, 0)[member], np.append(self.member_size, 0)[member]
         self.cam_first_frame = _np(cams.field("first_frame"), np.int64)
         self.cam_pts_start = _np(cams.field("pts_start"), np.int64)
         self.cam_pts_step = _np(cams.field("pts_step"), np.int64)

@@ -4,6 +4,10 @@ Every write is atomic: a local file is written under a temporary name, fsync'd a
 object-store object is uploaded to its final key, which the store makes visible only when the
 upload completes (an S3 multipart upload that is aborted leaves nothing). The filesystem client is
 created lazily in each process (s3fs/aiohttp sessions do not survive a fork).
+
+Nothing waits forever: S3 and HTTP clients get connect and read timeouts (``with_timeouts``), and
+only regular local files are opened (``open_regular``: a FIFO or device in a dataset folder is an
+error, not a read that blocks or never ends).
 """
 
 from __future__ import annotations
@@ -11,17 +15,93 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 
 import fsspec
 
 from .tarwriter import temp_path
+
+CONNECT_TIMEOUT_S = 10.0  # default seconds to open a connection to S3 or an HTTP server
+READ_TIMEOUT_S = 30.0  # default seconds a request may wait for the next bytes of a response
+# epishard's own storage options (popped before fsspec sees the rest)
+TIMEOUT_OPTIONS = ("connect_timeout", "read_timeout")
+
+
+def with_timeouts(url: str, storage_options: dict, connect_s: float, read_s: float, attempts: int) -> dict:
+    """fsspec options for ``url`` with connect and read timeouts (seconds) for S3 (botocore's
+    ``config_kwargs``) and HTTP(S) (an aiohttp ``ClientTimeout`` in ``client_kwargs``, no total
+    limit, so large reads still finish); what the options already set is kept.
+
+    ``attempts``: tries per S3 request, botocore's standard retry mode (backoff with jitter).
+    """
+    protocol = fsspec.core.split_protocol(url)[0]
+    options = dict(storage_options)
+    if protocol in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", connect_s)
+        config.setdefault("read_timeout", read_s)
+        config.setdefault("retries", {"mode": "standard", "total_max_attempts": attempts})
+        options["config_kwargs"] = config
+    elif protocol in ("http", "https"):
+        import aiohttp
+
+        client = dict(options.get("client_kwargs") or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=connect_s, sock_read=read_s))
+        options["client_kwargs"] = client
+    return options
+
+
+def make_filesystem(url: str, storage_options: dict, attempts: int = 3, connect_s: float | None = None,
+                    read_s: float | None = None):
+    """(fsspec filesystem, root path) for ``url`` with timeouts: ``connect_s``/``read_s``, else the
+    ``connect_timeout``/``read_timeout`` storage options (epishard's own, in seconds), else
+    ``CONNECT_TIMEOUT_S``/``READ_TIMEOUT_S``.
+
+    ``attempts``: tries per S3 request (botocore); s3fs's own retry loops are turned off because
+    they nest (5 x 5 x botocore's 5 tries by default: one stuck endpoint became minutes of silence).
+    The filesystem is this caller's own (not fsspec's shared instance for the same options).
+    """
+    options = dict(storage_options)
+    connect = float(options.pop("connect_timeout", CONNECT_TIMEOUT_S) if connect_s is None else connect_s)
+    read = float(options.pop("read_timeout", READ_TIMEOUT_S) if read_s is None else read_s)
+    options = with_timeouts(url, {k: v for k, v in options.items() if k not in TIMEOUT_OPTIONS}, connect, read,
+                            attempts)
+    fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
+    if hasattr(fs, "retries") and hasattr(fs, "set_session"):  # s3fs
+        fs.retries = 1
+    return fs, root
+
+
+class NotARegularFile(OSError):
+    """A local path that should be a file is a FIFO, a directory or a device."""
+
+
+def open_regular(path: str):
+    """Open a local file for reading if it is a regular file.
+
+    Opened without blocking and checked with ``fstat`` before any read, so a FIFO (whose open or
+    read would wait for a writer), a directory or a device (``/dev/zero`` never ends) is refused.
+
+    Raises:
+        FileNotFoundError: no such file.
+        NotARegularFile: not a regular file (names the path and what it is).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or special file"
+        raise NotARegularFile(f"{path} is {kind}, not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 _BUCKET_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs")
 
 
 class Storage:
-    """A dataset folder. ``url``: local path or fsspec URL; ``storage_options``: passed to fsspec."""
+    """A dataset folder. ``url``: local path or fsspec URL; ``storage_options``: passed to fsspec, except
+    epishard's ``connect_timeout`` and ``read_timeout`` (seconds; see ``make_filesystem``)."""
 
     def __init__(self, url: str, storage_options: dict | None = None):
         self.url = url.rstrip("/")
@@ -30,7 +110,7 @@ class Storage:
         self.local = protocol in (None, "file", "local")
         self._fs = None
         self._pid = None
-        self._root = fsspec.core.url_to_fs(self.url, **self.storage_options)[1] if not self.local else os.path.abspath(
+        self._root = make_filesystem(self.url, self.storage_options)[1] if not self.local else os.path.abspath(
             fsspec.core.strip_protocol(self.url) if protocol else self.url)
 
     def __getstate__(self):
@@ -39,7 +119,7 @@ class Storage:
     @property
     def fs(self):
         if self._fs is None or self._pid != os.getpid():
-            self._fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
+            self._fs = make_filesystem(self.url, self.storage_options)[0]
             self._pid = os.getpid()
         return self._fs
 
@@ -103,14 +183,14 @@ class Storage:
     def read(self, name: str, start: int | None = None, stop: int | None = None) -> bytes:
         """Bytes ``[start, stop)`` of a file (all of it by default)."""
         if self.local:
-            with open(self.path(name), "rb") as f:
+            with open_regular(self.path(name)) as f:
                 f.seek(start or 0)
                 return f.read() if stop is None else f.read(stop - (start or 0))
         return self.fs.cat_file(self.path(name), start=start, end=stop)
 
     def open(self, name: str):
         """A seekable binary file to read ``name`` (range requests on object stores)."""
-        return open(self.path(name), "rb") if self.local else self.fs.open(self.path(name), "rb")
+        return open_regular(self.path(name)) if self.local else self.fs.open(self.path(name), "rb")
 
     @contextlib.contextmanager
     def writer(self, name: str):

@@ -1,10 +1,14 @@
 """Re-read a converted dataset and check it against its manifest and indexes.
 
-Checks, per shard: the tar and index exist, sizes and sha256 match the manifest; every tar member
+Checks everything the reader relies on. The manifest: every field the reader uses, file names plain
+(``shardwriter.validate``), before any file it names is opened. ``index.arrow``: its sha256, schema
+and value bounds, and that it holds exactly the per-shard indexes. Per shard: the tar and index
+exist as regular files, sizes and sha256 match the manifest; the index's schema; every tar member
 lies exactly where the index says (data offset and size) and has the indexed sha256; an episode's
-members are contiguous; and per episode and camera (unless ``decode=False``), every frame of the
-video decodes through the reader's decoder with the pts and pixels its frame table promises
-(``video.check_frames``: in order, and after a seek to each keyframe).
+members are contiguous; its table has the indexed number of rows; and per episode and camera
+(unless ``decode=False``), every frame of the video decodes through the reader's decoder with the
+pts and pixels its frame table promises (``video.check_frames``: in order, and after a seek to each
+keyframe).
 """
 
 from __future__ import annotations
@@ -14,9 +18,14 @@ import hashlib
 import tarfile
 from fractions import Fraction
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from . import format as fmt
-from .index import camera_frame_tables, camera_row_frames, read_table_bytes
-from .storage import Storage
+from .index import WindowIndex, camera_frame_tables, camera_row_frames, read_table_bytes
+from .storage import NotARegularFile, Storage
+from .validate import FormatError, check_index, check_index_table, parse_manifest
 from .video import check_frames
 
 
@@ -40,11 +49,12 @@ def _check_video(data: bytes, cam: dict, num_rows: int, shard: str, key: str) ->
     return [_problem(shard, f"the frame table disagrees with the video: {problem}", **where)]
 
 
-def _check_shard(storage: Storage, entry: dict, decode: bool) -> list[dict]:
+def _check_shard(storage: Storage, entry: dict, cameras: dict, decode: bool) -> tuple[list[dict], pa.Table | None]:
+    """Problems of one shard, and its index table when that is sound (else None)."""
     shard = entry["shard"]
     for name in (shard, entry["index"]):
         if not storage.exists(name):
-            return [_problem(shard, f"missing file {storage.path(name)}")]
+            return [_problem(shard, f"missing file {storage.path(name)}")], None
     problems = []
     if storage.size(shard) != entry["size"]:
         problems.append(_problem(shard, f"size {storage.size(shard)} != manifest {entry['size']}"))
@@ -54,7 +64,15 @@ def _check_shard(storage: Storage, entry: dict, decode: bool) -> list[dict]:
     index_bytes = storage.read(entry["index"])
     if hashlib.sha256(index_bytes).hexdigest() != entry["index_sha256"]:
         problems.append(_problem(shard, f"index {entry['index']} sha256 differs from the manifest"))
-    rows = read_table_bytes(index_bytes).to_pylist()
+    try:
+        table = read_table_bytes(index_bytes).replace_schema_metadata(None)
+        check_index_table(table, storage.path(entry["index"]), shard_column=False)
+        shard_of_row = np.zeros(table.num_rows, dtype=np.int32)
+        one = {"shards": [entry], "cameras": {name: {} for name in cameras}}  # per-camera counts are dataset-wide
+        check_index(WindowIndex(table, shard_of_row), one, storage.path(entry["index"]))
+    except (pa.ArrowException, FormatError) as exc:
+        return problems + [_problem(shard, f"index {entry['index']} does not read: {exc}")], None
+    rows = table.to_pylist()
     try:
         with storage.open(shard) as f, tarfile.open(fileobj=f) as tar:
             members = {m.name: m for m in tar.getmembers()}
@@ -63,7 +81,7 @@ def _check_shard(storage: Storage, entry: dict, decode: bool) -> list[dict]:
                 problems += _check_episode(f, members, order, row, shard, decode)
     except tarfile.TarError as exc:
         problems.append(_problem(shard, f"tar does not parse: {exc}"))
-    return problems
+    return problems, table
 
 
 def _sha256(f) -> str:
@@ -92,6 +110,14 @@ def _check_episode(f, members: dict, order: list[str], row: dict, shard: str, de
         blobs[m["name"]] = data = f.read(m["size"])
         if hashlib.sha256(data).hexdigest() != m["sha256"]:
             problems.append(_problem(shard, f"member {m['name']} sha256 differs from the index", episode=key))
+    data = next((blobs.get(m["name"]) for m in row["members"] if m["name"].endswith("." + fmt.DATA_EXT)), None)
+    if data is not None:
+        try:
+            rows = pq.read_metadata(pa.BufferReader(data)).num_rows
+            if rows != row["num_rows"]:
+                problems.append(_problem(shard, f"table holds {rows} rows, index says {row['num_rows']}", episode=key))
+        except pa.ArrowException as exc:
+            problems.append(_problem(shard, f"table does not read: {exc}", episode=key))
     if decode:
         for cam in row["cameras"]:
             name = row["members"][cam["member"]]["name"]
@@ -108,7 +134,8 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None) 
 
     Raises:
         FileNotFoundError: no such folder or bucket. PermissionError: access denied.
-        ValueError: ``manifest.json`` is not a well-formed manifest (``format.parse_manifest``).
+        shardwriter.validate.FormatError (a ValueError): ``manifest.json`` breaks the format
+            (nothing it names is opened then). NotARegularFile: it is a FIFO, directory or device.
     """
     storage = Storage(root, storage_options)
     if not storage.exists(fmt.MANIFEST_NAME):
@@ -116,12 +143,40 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None) 
             raise FileNotFoundError(errno.ENOENT, "no such dataset folder (or it is empty)", root)
         return {"ok": False, "shards": 0, "episodes": 0,
                 "problems": [{"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {root} (conversion unfinished?)"}]}
-    manifest = fmt.parse_manifest(storage.read(fmt.MANIFEST_NAME), f"{storage.url}/{fmt.MANIFEST_NAME}")
-    problems = []
-    name = manifest["index"]["file"]
-    if not storage.exists(name) or hashlib.sha256(storage.read(name)).hexdigest() != manifest["index"]["sha256"]:
-        problems.append({"shard": None, "message": f"{name} is missing or its sha256 differs"})
+    manifest = parse_manifest(storage.read(fmt.MANIFEST_NAME), f"{storage.url}/{fmt.MANIFEST_NAME}")
+    problems, tables = [], []
     for entry in manifest["shards"]:
-        problems += _check_shard(storage, entry, decode)
+        try:
+            found, table = _check_shard(storage, entry, manifest["cameras"], decode)
+        except NotARegularFile as exc:
+            found, table = [_problem(entry["shard"], str(exc))], None
+        problems += found
+        tables.append(table)
+    problems += _check_dataset_index(storage, manifest, tables)
     return {"ok": not problems, "shards": len(manifest["shards"]), "episodes": manifest["totals"]["episodes"],
             "problems": problems}
+
+
+def _check_dataset_index(storage: Storage, manifest: dict, shard_tables: list) -> list[dict]:
+    """``index.arrow``: sha256 as in the manifest, the format's schema, values in bounds, and the
+    same rows as the per-shard indexes (``shard_tables``, None where a shard's index is unsound)."""
+    name = manifest["index"]["file"]
+    where = storage.path(name)
+    try:
+        if not storage.exists(name):
+            return [{"shard": None, "message": f"{name} is missing"}]
+        data = storage.read(name)
+        if hashlib.sha256(data).hexdigest() != manifest["index"]["sha256"]:
+            return [{"shard": None, "message": f"{name} sha256 differs from the manifest"}]
+        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        check_index_table(table, where, shard_column=True)
+        check_index(WindowIndex.from_dataset_table(table), manifest, where)
+    except (FormatError, pa.ArrowException, NotARegularFile) as exc:
+        return [{"shard": None, "message": f"{name}: {exc}"}]
+    if all(t is not None for t in shard_tables) and shard_tables:
+        shards = pa.concat_tables(shard_tables)
+        expected_shard = np.repeat(np.arange(len(shard_tables), dtype=np.int32), [t.num_rows for t in shard_tables])
+        if (not table.drop_columns(["shard"]).replace_schema_metadata(None).equals(shards)
+                or not np.array_equal(table.column("shard").to_numpy(), expected_shard)):
+            return [{"shard": None, "message": f"{name} differs from the per-shard indexes"}]
+    return []

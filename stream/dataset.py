@@ -41,6 +41,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .collate import FloatCollate
+from .decode import DecodeError
 from .episode import LoadedEpisode, Normalizer
 from .memory import limit_worker_arenas, release_free_memory
 from .plan import EpisodeTable, WorkerPlan, anchor_counts, break_gaps, global_plan, worker_plan
@@ -148,7 +149,9 @@ class WindowDataset(IterableDataset):
         super().__init__()
         items = sources if isinstance(sources, list) else [sources]
         pairs = [item if isinstance(item, tuple) else (item, 1.0) for item in items]
-        self.sources = [s if isinstance(s, DatasetSource) else DatasetSource(s, storage_options) for s, _ in pairs]
+        self.fetch = fetch or FetchPolicy()
+        self.sources = [s if isinstance(s, DatasetSource) else DatasetSource(s, storage_options, self.fetch)
+                        for s, _ in pairs]
         self.weights = [float(w) for _, w in pairs]
         if any(w < 0 for w in self.weights):
             raise ValueError(f"dataset weights must not be negative: {self.weights}")
@@ -160,7 +163,6 @@ class WindowDataset(IterableDataset):
         self.num_workers = num_workers
         self.post = postprocess or PostProcess()
         self.telemetry = telemetry
-        self.fetch = fetch or FetchPolicy()
         self.cam_offsets = _camera_offsets(self.sources, spec)
         _check_camera_kinds(self.sources, self.cam_offsets)
         self.normalizers = [
@@ -200,7 +202,10 @@ class WindowDataset(IterableDataset):
             windows = (anchors if per is None else np.ceil(anchors * per) if isinstance(per, (float, np.floating))
                        else np.minimum(anchors, per)) * weight
             for cam, cam_offsets in offsets.items():
-                streams = ix.camera_streams(cam)
+                try:
+                    streams = ix.camera_streams(cam)
+                except KeyError as exc:
+                    raise KeyError(f"{source.index_file}: {exc.args[0]}") from None
                 size = np.array(self.post.size) if self.post.size else np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1)
                 frames = np.minimum(ix.num_rows, np.ceil(windows * len(cam_offsets)))
                 per_pixel = np.where(ix.cam_depth[streams], 2, 3)  # uint16 [1, H, W] or uint8 [3, H, W]
@@ -277,6 +282,7 @@ class WindowDataset(IterableDataset):
         fetchers, slots = self._fetchers(plan, remaining, telemetry)
         loaded: dict[int, LoadedEpisode] = {}
         failed: set[int] = set()
+        first_failure = None
         last, owed = None, 0
         read_pos = 0
         try:
@@ -287,12 +293,13 @@ class WindowDataset(IterableDataset):
                     if remaining.get(nxt):
                         try:
                             loaded[nxt] = self._load(nxt, pending[nxt], fetchers, slots, telemetry)
-                        except FetchError as exc:
+                        except (FetchError, DecodeError) as exc:  # the shard policy decides, for both
                             if self.fetch.on_shard_error == "raise":
                                 raise
                             warnings.warn(f"epishard: skipping episode {self._key(nxt)}: {exc}")
                             telemetry.add(episodes_skipped=1)
                             failed.add(nxt)
+                            first_failure = first_failure or exc
                 remaining[e] -= 1
                 if e in failed:
                     # Keep this rank's sample count: repeat the worker's previous sample, flagged.
@@ -315,7 +322,8 @@ class WindowDataset(IterableDataset):
                     yield self._emit(dict(sample, substitute=True), telemetry)
                 owed, last = 0, sample
             if owed:
-                raise FetchError(f"every shard of this worker failed; cannot fill {owed} samples", -1)
+                raise FetchError(f"every episode this worker read failed, so {owed} samples cannot be filled; "
+                                 f"the first: {first_failure}", -1)
         finally:
             for f in fetchers:
                 f.close()

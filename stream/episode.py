@@ -15,7 +15,7 @@ import torch
 from shardwriter.index import WindowIndex
 from shardwriter.stats import numeric_matrix
 
-from .decode import decode, decode_depth, decoded_frames
+from .decode import DecodeError, decode, decode_depth, decoded_frames
 from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
@@ -51,6 +51,23 @@ def _clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(rows, lo, hi - 1), pad
 
 
+def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers: dict[str, Normalizer]) -> dict:
+    """The columns windows need, ``n`` rows each (state, action and extras as float32 matrices)."""
+    if table.num_rows != n:
+        raise ValueError(f"{table.num_rows} rows, the index says {n}")
+    columns = {}
+    for name in {spec.state_key, spec.action_key, *spec.extra_columns} - {None}:
+        matrix = numeric_matrix(table.column(name))
+        if matrix is None:
+            raise ValueError(f"column {name!r} is not numeric")
+        matrix = matrix.astype(np.float32)
+        columns[name] = normalizers[name](matrix) if name in normalizers else matrix
+    columns["frame_index"] = table.column("frame_index").to_numpy() if "frame_index" in table.column_names else np.arange(n)
+    columns["timestamp"] = (table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+                            if "timestamp" in table.column_names else np.arange(n) / fps)
+    return columns
+
+
 @dataclass
 class LoadedEpisode:
     """An episode's columns and decoded frames, enough to cut all of the given windows.
@@ -79,16 +96,13 @@ class LoadedEpisode:
         streams = {cam: index.stream(episode, names.index(cam)) for cam in cam_offsets}
         m0 = int(index.episode_members[episode])
         video_members = {m0 + int(index.cam_member[s]) for s in streams.values()}
-        table = pq.read_table(pa.BufferReader(next(b for m, b in blobs.items() if m not in video_members)))
-        columns = {}
-        for name in {spec.state_key, spec.action_key, *spec.extra_columns} - {None}:
-            matrix = numeric_matrix(table.column(name)).astype(np.float32)
-            columns[name] = normalizers[name](matrix) if name in normalizers else matrix
-        columns["frame_index"] = (table.column("frame_index").to_numpy() if "frame_index" in table.column_names
-                                  else np.arange(n))
         fps = float(index.fps[episode])
-        columns["timestamp"] = (table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
-                                if "timestamp" in table.column_names else np.arange(n) / fps)
+        try:
+            columns = _columns(pq.read_table(pa.BufferReader(next(b for m, b in blobs.items() if m not in video_members))),
+                               n, fps, spec, normalizers)
+        except (pa.ArrowException, KeyError, ValueError, TypeError) as exc:
+            raise DecodeError(f"episode {key}: its table does not read as the index describes: "
+                              f"{type(exc).__name__}: {exc}") from exc
 
         frames, positions = {}, {}
         edges = index.segment_edges(episode)  # recording segments: windows stay inside their anchor's

@@ -19,14 +19,18 @@ reader applies its shard policy.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shardwriter.storage import NotARegularFile
 
 from .cache import RangeCache
-from .source import DatasetSource
+
+if TYPE_CHECKING:
+    from .source import DatasetSource
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,9 @@ class FetchPolicy:
         cache_dir / cache_bytes: keep fetched ranges in a local folder of at most ``cache_bytes``
             (``stream.cache.RangeCache``; keyed by the shard's sha256, so never stale). Local
             datasets are never cached.
+        connect_timeout_s / read_timeout_s: seconds to open a connection to S3 or an HTTP server,
+            and to wait for the next bytes of a response; a request past either fails and is
+            retried like a reset (storage options ``connect_timeout`` / ``read_timeout`` override).
     """
 
     mode: str = "stream"
@@ -61,6 +68,8 @@ class FetchPolicy:
     verify: bool = True
     cache_dir: str | None = None
     cache_bytes: int = 10 << 30
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
 
     def __post_init__(self):
         if self.mode not in ("stream", "ranged") or self.on_shard_error not in ("skip", "raise"):
@@ -78,8 +87,9 @@ class FetchError(IOError):
 _RETRYABLE = (OSError, TimeoutError, ConnectionError)
 
 
-def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, FileNotFoundError | PermissionError):
+def retryable(exc: BaseException) -> bool:
+    """Whether a failed request may succeed when asked again (resets, timeouts, 5xx, 408, 429)."""
+    if isinstance(exc, FileNotFoundError | PermissionError | NotARegularFile | IsADirectoryError):
         return False
     try:  # aiohttp is there whenever an HTTP or S3 filesystem is in use
         import aiohttp
@@ -111,14 +121,14 @@ class Fetcher:
         self.source, self.policy, self.stats = source, policy, stats
         self.episodes = episodes
         self.requests = self._requests(episodes)  # [(shard, start, stop)] in fetch order
+        self._spans = _spans(self.requests, episodes)  # [(first, stop)] request numbers per episode
         self._futures: dict[int, Future] = {}
         self._next = 0  # next request to submit
         self._buffered = 0  # bytes submitted and not yet released
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=policy.threads, thread_name_prefix="epishard-fetch")
         self._failed: dict[int, FetchError] = {}
-        remote = not os.path.isdir(source.url)
-        self._cache = RangeCache(policy.cache_dir, policy.cache_bytes) if policy.cache_dir and remote else None
+        self._cache = RangeCache(policy.cache_dir, policy.cache_bytes) if policy.cache_dir and not source.local else None
         self._fill()
 
     def _requests(self, episodes) -> list[tuple[int, int, int]]:
@@ -138,16 +148,23 @@ class Fetcher:
     # --- background fetching ----------------------------------------------------------------------
 
     def _fill(self) -> None:
+        """Submit requests ahead, up to ``prefetch_bytes`` in flight or unconsumed; never those of a
+        failed shard."""
         if self.policy.prefetch_bytes <= 0:
             return  # no prefetch: each range is requested when the worker asks for it
         with self._lock:
             while self._next < len(self.requests):
                 shard, a, b = self.requests[self._next]
-                if self._buffered and self._buffered + (b - a) > self.policy.prefetch_bytes:
-                    break
-                self._futures[self._next] = self._pool.submit(self._fetch, shard, a, b)
-                self._buffered += b - a
+                if shard not in self._failed:
+                    if self._buffered and self._buffered + (b - a) > self.policy.prefetch_bytes:
+                        break
+                    self._submit(self._next)
                 self._next += 1
+
+    def _submit(self, i: int) -> None:  # holding self._lock
+        shard, a, b = self.requests[i]
+        self._futures[i] = self._pool.submit(self._fetch, shard, a, b)
+        self._buffered += b - a
 
     def _fetch(self, shard: int, start: int, stop: int) -> bytes:
         if self._cache is None:
@@ -162,13 +179,12 @@ class Fetcher:
         return data
 
     def _fetch_remote(self, shard: int, start: int, stop: int) -> bytes:
-        fs = self.source.filesystem()
         path = self.source.shard_path(shard)
         size = int(self.source.manifest["shards"][shard]["size"])
         parts, pos, attempt = [], start, 0
         while pos < stop:
             try:
-                data = fs.cat_file(path, start=pos, end=stop)
+                data = self.source.read_range(shard, pos, stop)
                 self.stats["requests"] += 1
                 if len(data) > stop - pos:
                     if len(data) != size:
@@ -181,7 +197,7 @@ class Fetcher:
             except FetchError:
                 raise
             except Exception as exc:  # classified below: retried or turned into a FetchError
-                if not _retryable(exc) or attempt >= self.policy.retries:
+                if not retryable(exc) or attempt >= self.policy.retries:
                     raise FetchError(f"{path}: bytes {pos}-{stop}: {type(exc).__name__}: {exc} "
                                      f"(after {attempt} retries)", shard) from exc
                 self.stats["retries"] += 1
@@ -196,9 +212,14 @@ class Fetcher:
     # --- consuming --------------------------------------------------------------------------------
 
     def _take(self, i: int) -> bytes:
+        with self._lock:
+            if i not in self._futures:  # not prefetched (prefetch off, or past the budget)
+                self._next = max(self._next, i + 1)
+                self._submit(i)
+            future = self._futures[i]
         t = time.perf_counter()
         try:
-            return self._futures[i].result()
+            return future.result()
         finally:
             self.stats["fetch_wait_s"] += time.perf_counter() - t
 
@@ -206,63 +227,72 @@ class Fetcher:
         """Bytes of each range of the ``k``-th episode (in read order), verified.
 
         Must be called with increasing ``k``. Raises ``FetchError`` if a request of its shard failed
-        or a member's sha256 differs from ``checksums``.
+        or a member's sha256 differs from ``checksums``; the shard is then failed as a whole: its
+        queued and in-flight requests are dropped, so the next shard starts with the full prefetch
+        budget, and its later episodes raise the same error without a request.
         """
         shard, ranges = self.episodes[k]
-        if shard in self._failed:
-            raise self._failed[shard]
-        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
-        first = self._first_request(shard, lo)
-        pieces, i = {}, first
+        first, stop = self._spans[k]
         try:
-            while i < len(self.requests) and self.requests[i][0] == shard and self.requests[i][1] < hi:
-                if i >= self._next:
-                    self._fill_until(i)
-                s, a, b = self.requests[i]
-                if b > lo:
-                    pieces[(a, b)] = self._take(i)
-                i += 1
+            if shard in self._failed:
+                raise self._failed[shard]
+            pieces = {self.requests[i][1:]: self._take(i) for i in range(first, stop)}
+            out = [_slice(pieces, a, b, self.source.shard_path(shard)) for a, b in ranges]
+            if self.policy.verify and checksums is not None:
+                for (a, b), data, digest in zip(ranges, out, checksums):
+                    if hashlib.sha256(data).hexdigest() != digest:
+                        raise FetchError(f"{self.source.shard_path(shard)}: bytes {a}-{b} do not match the index's "
+                                         "sha256", shard)
+            return out
         except FetchError as exc:
-            self._failed[shard] = exc
+            self._fail(shard, exc)
             raise
         finally:
-            self._release(first, shard, hi)
-        out = [_slice(pieces, a, b) for a, b in ranges]
-        if self.policy.verify and checksums is not None:
-            for (a, b), data, digest in zip(ranges, out, checksums):
-                if hashlib.sha256(data).hexdigest() != digest:
-                    self._failed[shard] = FetchError(
-                        f"{self.source.shard_path(shard)}: bytes {a}-{b} do not match the index's sha256", shard)
-                    raise self._failed[shard]
-        return out
+            self._release(k)
 
-    def _first_request(self, shard: int, lo: int) -> int:
-        for i in sorted(self._futures):
-            s, a, b = self.requests[i]
-            if s == shard and b > lo:
-                return i
-        return self._next
-
-    def _fill_until(self, i: int) -> None:
+    def _fail(self, shard: int, exc: FetchError) -> None:
         with self._lock:
-            while self._next <= i:
-                shard, a, b = self.requests[self._next]
-                self._futures[self._next] = self._pool.submit(self._fetch, shard, a, b)
-                self._buffered += b - a
-                self._next += 1
+            self._failed[shard] = exc
+            for i in [i for i in self._futures if self.requests[i][0] == shard]:
+                self._drop(i)
 
-    def _release(self, first: int, shard: int, hi: int) -> None:
-        """Drop requests that end at or before ``hi`` of this shard, and everything before them."""
+    def _release(self, k: int) -> None:
+        """Drop the requests episode ``k`` used, and every earlier one (skipped episodes), except a
+        last request the next episode shares; then fetch ahead again."""
+        first, stop = self._spans[k]
+        hi = max(b for _, b in self.episodes[k][1])
         with self._lock:
-            for i in sorted(self._futures):
-                s, a, b = self.requests[i]
-                if i < first or (s == shard and b <= hi):
-                    del self._futures[i]
-                    self._buffered -= b - a
+            self._next = max(self._next, first)
+            for i in [i for i in self._futures if i < stop and not (i == stop - 1 and self.requests[i][2] > hi)]:
+                self._drop(i)
         self._fill()
+
+    def _drop(self, i: int) -> None:  # holding self._lock
+        future = self._futures.pop(i)
+        future.cancel()  # a request still queued is never sent; one in flight finishes and is discarded
+        _, a, b = self.requests[i]
+        self._buffered -= b - a
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _spans(requests: list[tuple[int, int, int]], episodes) -> list[tuple[int, int]]:
+    """``[first, stop)`` request numbers holding each episode's bytes (requests and episodes are both
+    in read order; consecutive episodes may share one request)."""
+    out, i = [], 0
+    for shard, ranges in episodes:
+        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        inside = lambda j: requests[j][0] == shard and requests[j][1] < hi and requests[j][2] > lo  # noqa: E731
+        first = next((j for j in range(i, len(requests)) if inside(j)), None)
+        if first is None:  # not after the previous episode: search from the start
+            first = next(j for j in range(len(requests)) if inside(j))
+        stop = first
+        while stop < len(requests) and inside(stop):
+            stop += 1
+        out.append((first, stop))
+        i = first
+    return out
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -275,7 +305,7 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
-def _slice(pieces: dict[tuple[int, int], bytes], start: int, stop: int) -> bytes:
+def _slice(pieces: dict[tuple[int, int], bytes], start: int, stop: int, path: str) -> bytes:
     out = []
     for (a, b), data in sorted(pieces.items()):
         if b <= start or a >= stop:
@@ -283,7 +313,7 @@ def _slice(pieces: dict[tuple[int, int], bytes], start: int, stop: int) -> bytes
         out.append(data[max(start, a) - a:min(stop, b) - a])
     joined = b"".join(out)
     if len(joined) != stop - start:
-        raise FetchError(f"internal: assembled {len(joined)} of {stop - start} bytes", -1)
+        raise FetchError(f"{path}: internal: assembled {len(joined)} of {stop - start} bytes", -1)
     return joined
 
 

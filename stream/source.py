@@ -1,19 +1,32 @@
-"""Opening a converted dataset (local path or any fsspec URL).
+"""Opening a converted dataset (local path or any fsspec URL), and checking what the reader trusts.
+
+On open, the manifest is checked field by field (``shardwriter.validate.check_manifest``: plain
+file names, sizes, sha256 digests, cameras) before any name in it is opened; the dataset index
+(``index.arrow``, or the per-shard indexes when it is absent) is hashed against the manifest's
+sha256, its schema checked, and every value bounds-checked (``check_index``) before anything is
+allocated or indexed by it. Local files are opened only if they are regular files; remote requests
+have connect and read timeouts (``FetchPolicy``) and are retried by the reader's policy.
 
 File handles and filesystem clients are created lazily in the process that uses them, never
-before a fork: a ``DatasetSource`` pickles to its URL and options only.
+before a fork: a ``DatasetSource`` pickles to its URL, options, manifest and index only.
 """
 
 from __future__ import annotations
 
-import json
+import mmap
 import os
+import time
 
 import fsspec
 import pyarrow as pa
 
-from shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME
+from shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME
 from shardwriter.index import WindowIndex
+from shardwriter.storage import make_filesystem, open_regular
+from shardwriter.validate import (FormatError, check_digest, check_index, check_index_table, load_shard_indexes,
+                                  parse_manifest)
+
+from .fetch import FetchError, FetchPolicy, retryable
 
 
 class DatasetSource:
@@ -21,30 +34,36 @@ class DatasetSource:
 
     Args:
         url: the dataset folder (local path, ``file://``, ``s3://``, ``https://``, ...).
-        storage_options: passed to fsspec (endpoint, credentials, ...).
+        storage_options: passed to fsspec (endpoint, credentials, ...); ``connect_timeout`` /
+            ``read_timeout`` (seconds) override ``fetch``'s.
+        fetch: the ``FetchPolicy`` whose timeouts and retries apply to reading the manifest and
+            index here and to the shard reads of ``read_range``.
 
     Raises:
         FileNotFoundError: no ``manifest.json`` at ``url`` (conversion unfinished or wrong path).
+        FormatError (a ``ValueError``): the manifest or index breaks the format, or the index's
+            sha256 differs from the manifest's; the message names the file and the field.
+        FetchError (an ``IOError``): the manifest or index could not be read (timeouts, errors)
+            after the policy's retries.
     """
 
-    def __init__(self, url: str, storage_options: dict | None = None):
+    def __init__(self, url: str, storage_options: dict | None = None, fetch: FetchPolicy | None = None):
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
-        fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
-        self._root = root
-        manifest_path = f"{root}/{MANIFEST_NAME}"
-        if not fs.exists(manifest_path):
-            raise FileNotFoundError(f"{self.url}: no {MANIFEST_NAME} (is the conversion finished?)")
-        self.manifest = json.loads(fs.cat_file(manifest_path))
-        if os.path.isdir(self.url):
-            self.index = WindowIndex.load_dataset(self.url)  # memory-mapped: pages shared by workers
-        else:
-            data = fs.cat_file(f"{root}/{DATASET_INDEX_NAME}")
-            self.index = WindowIndex.from_dataset_table(pa.ipc.open_file(pa.BufferReader(data)).read_all())
+        self.policy = fetch or FetchPolicy()
+        protocol = fsspec.core.split_protocol(self.url)[0]
+        self.local = protocol in (None, "file", "local")
+        self._fs = self._pid = None
+        self._root = (os.path.abspath(fsspec.core.strip_protocol(self.url)) if self.local
+                      else make_filesystem(self.url, self.storage_options)[1])
+        try:
+            data = self._read(MANIFEST_NAME)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.url}: no {MANIFEST_NAME} (is the conversion finished?)") from None
+        self.manifest = parse_manifest(data, f"{self.url}/{MANIFEST_NAME}")
+        self.index = self._load_index()
         self.shards = [s["shard"] for s in self.manifest["shards"]]
         self.cameras = sorted(self.manifest["cameras"])
-        self._fs = None
-        self._pid = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -52,11 +71,71 @@ class DatasetSource:
         return state
 
     def filesystem(self):
-        """This process's fsspec filesystem (recreated after a fork)."""
+        """This process's fsspec filesystem (recreated after a fork), with the policy's timeouts;
+        the policy retries, so the client makes one attempt per request."""
         if self._fs is None or self._pid != os.getpid():
-            self._fs, _ = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            self._fs, _ = make_filesystem(self.url, self.storage_options, attempts=1,
+                                          connect_s=self.policy.connect_timeout_s, read_s=self.policy.read_timeout_s)
             self._pid = os.getpid()
         return self._fs
 
+    def path(self, name: str) -> str:
+        return f"{self._root}/{name}"
+
     def shard_path(self, shard: int) -> str:
-        return f"{self._root}/{self.shards[shard]}"
+        return self.path(self.shards[shard])
+
+    def read_range(self, shard: int, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of a shard, one request (a remote server may answer with more:
+        the caller checks the length). A local shard must be a regular file."""
+        if self.local:
+            with open_regular(self.shard_path(shard)) as f:
+                f.seek(start)
+                return f.read(stop - start)
+        return self.filesystem().cat_file(self.shard_path(shard), start=start, end=stop)
+
+    def _read(self, name: str) -> bytes:
+        """A whole metadata file, with the policy's retries for remote reads."""
+        if self.local:
+            with open_regular(self.path(name)) as f:
+                return f.read()
+        attempt = 0
+        while True:
+            try:
+                return self.filesystem().cat_file(self.path(name))
+            except Exception as exc:  # classified like shard reads: retried, or the error named
+                if not retryable(exc):
+                    raise
+                if attempt >= self.policy.retries:
+                    raise FetchError(f"{self.path(name)}: {type(exc).__name__}: {exc} (after {attempt} retries)",
+                                     -1) from exc
+                time.sleep(min(self.policy.backoff_s * 2 ** attempt, self.policy.backoff_max_s))
+                attempt += 1
+
+    # --- the index, checked ----------------------------------------------------------------------
+
+    def _load_index(self) -> WindowIndex:
+        """``index.arrow`` (memory-mapped when local: its pages are shared by forked workers) after
+        its sha256 and every value are checked; the per-shard indexes when it is absent."""
+        entry = self.manifest["index"]
+        where = self.index_file = f"{self.url}/{entry['file']}"
+        try:
+            if self.local:
+                with open_regular(self.path(entry["file"])) as f:
+                    if os.fstat(f.fileno()).st_size == 0:
+                        raise FormatError(f"{where}: empty file")
+                    data = pa.py_buffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            else:
+                data = pa.py_buffer(self._read(entry["file"]))
+        except FileNotFoundError:
+            self.index_file = f"{self.url}/*{INDEX_SUFFIX}"
+            return load_shard_indexes(self.manifest, self._read, self.url)
+        check_digest(data, entry["sha256"], where, "index.sha256")
+        try:
+            table = pa.ipc.open_file(data).read_all()
+        except (pa.ArrowException, OSError) as exc:
+            raise FormatError(f"{where}: not an Arrow IPC file: {exc}") from None
+        check_index_table(table, where, shard_column=True)
+        index = WindowIndex.from_dataset_table(table)
+        check_index(index, self.manifest, where)
+        return index

@@ -45,3 +45,12 @@ def moto_s3():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def fault_dataset(tmp_path_factory) -> str:
+    """The tiny generated dataset the fault tests damage copies of (``faultgen.make_dataset``):
+    6 episodes in 3 shards, generated once per session. Tests must not modify it."""
+    from faultgen import make_dataset
+
+    return make_dataset(str(tmp_path_factory.mktemp("fault_dataset")))

@@ -74,12 +74,14 @@ class FaultProxy:
     after the client's latest request bytes), ``cuts`` times (``-1``: always).
     ``match``: cut only responses to requests containing these bytes (e.g. one shard's name).
     ``latency_s``: delay added before forwarding each request. ``cuts_done`` counts cuts.
+    ``stall``: never forward responses to matching ranged requests, and keep their connections
+    open (a server that stops answering); ``stalled`` counts such requests.
     """
 
     def __init__(self, upstream: tuple[str, int], cut_after: int = 0, cuts: int = 0, latency_s: float = 0.0,
-                 match: bytes = b""):
+                 match: bytes = b"", stall: bool = False):
         self.upstream, self.cut_after, self.cuts, self.latency_s = upstream, cut_after, cuts, latency_s
-        self.match = match
+        self.match, self.stall, self.stalled = match, stall, 0
         self.cuts_done = 0
         self._lock = threading.Lock()
         self._sock = socket.socket()
@@ -116,6 +118,7 @@ class FaultProxy:
                         time.sleep(self.latency_s)
                     state["sent"] = 0  # a new request: count its response from zero
                     state["ranged"] = b"\r\nrange:" in data.lower() and self.match in data
+                    self.stalled += int(self.stall and state["ranged"])
                     server.sendall(data)
             except OSError:
                 pass
@@ -125,6 +128,8 @@ class FaultProxy:
         threading.Thread(target=upstream_pump, daemon=True).start()
         try:
             while data := server.recv(65536):
+                if self.stall and state["ranged"]:
+                    continue  # swallowed: the client waits until its read timeout
                 if (self.cut_after and state["ranged"] and state["sent"] + len(data) > self.cut_after
                         and self._should_cut()):
                     client.sendall(data[: max(self.cut_after - state["sent"], 0)])
@@ -134,12 +139,22 @@ class FaultProxy:
         except OSError:
             pass
         finally:
-            _close(client)
             _close(server)
+            if self.stall and state["ranged"]:
+                _wait_closed(client)  # the upstream has answered and closed; the client hears nothing
+            _close(client)
 
     def close(self):
         self._closed = True
         _close(self._sock)
+
+
+def _wait_closed(s: socket.socket):
+    try:
+        while s.recv(65536):
+            pass
+    except OSError:
+        pass
 
 
 def _close(s: socket.socket):
@@ -177,3 +192,42 @@ def serve_access_denied() -> tuple[http.server.ThreadingHTTPServer, str]:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+class SilentServer:
+    """A TCP server on 127.0.0.1 that accepts every connection, reads what the client sends and
+    never answers: a stuck S3 or HTTP endpoint. ``connections`` counts accepted connections."""
+
+    def __init__(self):
+        self.connections = 0
+        self._clients: list[socket.socket] = []
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            self._clients.append(client)
+            threading.Thread(target=self._drain, args=(client,), daemon=True).start()
+
+    @staticmethod
+    def _drain(client: socket.socket):
+        try:
+            while client.recv(65536):
+                pass
+        except OSError:
+            pass
+
+    def close(self):
+        _close(self._sock)
+        for client in self._clients:
+            _close(client)
+

@@ -118,7 +118,7 @@ def test_manifest_shards_of_the_wrong_type_under_stream(converted, tmp_path, cap
     ds = _copy(converted, tmp_path)
     _edit_json(f"{ds}/manifest.json", lambda m: m | {"shards": "shard-000000.tar"})
     assert cli(["stream", ds, "--workers", "0", "--batches", "1"]) == 2
-    assert _error(capsys, "stream").startswith(f"{ds}: ")
+    assert _error(capsys, "stream").startswith(f"{ds}/manifest.json: shards must be a JSON array")
 
 
 # --- output ------------------------------------------------------------------------------------------

@@ -1,0 +1,127 @@
+"""Damaged datasets for the fault tests: a tiny generated dataset, and copies of it with one byte
+flipped, a file replaced, or the manifest / index rewritten (optionally with their sha256 digests
+updated, as a forger would, so that the value checks, not the digests, must catch the change).
+
+Test-support module (not a test file). Frames carry their number (``videogen``): episode ``e``'s
+frame ``i`` shows ``100 * e + i``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+
+from shardwriter import CameraVideo, ConvertOptions, Episode, Source, WindowIndex, convert
+from stream import WindowSpec, segment
+from videogen import make_episode_table, make_video
+
+CAMERA = "observation.images.front"
+ROWS = 20
+SPEC = WindowSpec(cameras={CAMERA: segment(0, 4, 2)}, action_horizon=2, boundary="pad")
+
+
+def make_dataset(out: str, episodes: int = 6, per_shard: int = 2) -> str:
+    """``episodes`` episodes of ``ROWS`` rows, one 32x32 H.264 camera (keyframe every 5 frames),
+    ``per_shard`` episodes per shard. Returns ``out``."""
+    eps = [Episode(source="g", episode_index=e, table=make_episode_table(ROWS), fps=20, tasks=(f"task {e}",),
+                   videos={CAMERA: CameraVideo(make_video(None, ROWS, gop=5, start_number=100 * e, height=32,
+                                                          width=32))})
+           for e in range(episodes)]
+    convert([Source(name="g", episodes=eps, fps=20)], out,
+            ConvertOptions(max_episodes_per_shard=per_shard, progress=False))
+    return out
+
+
+def copy(src: str, dst: str) -> str:
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    return dst
+
+
+def manifest(root: str) -> dict:
+    with open(os.path.join(root, "manifest.json")) as f:
+        return json.load(f)
+
+
+def write_manifest(root: str, data) -> None:
+    with open(os.path.join(root, "manifest.json"), "w") as f:
+        json.dump(data, f)
+
+
+def video_member(root: str, shard: int, episode_in_shard: int = 0) -> dict:
+    """The index entry (name, offset, size, sha256) of a video member of a shard's episode."""
+    index = WindowIndex.load_dataset(root)
+    rows = [r for r, s in zip(index.table.to_pylist(), index.shard.tolist()) if s == shard]
+    return next(m for m in rows[episode_in_shard]["members"] if m["name"].endswith(".mp4"))
+
+
+def flip_byte(root: str, shard: int, offset: int) -> None:
+    path = os.path.join(root, manifest(root)["shards"][shard]["shard"])
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def rewrite_index(root: str, edit, digests: bool = True) -> None:
+    """Apply ``edit(rows)`` (rows of ``index.arrow`` as dicts, edited in place) and write the result
+    back to ``index.arrow`` and the per-shard indexes; with ``digests``, update the manifest's
+    sha256 of every file that changed, as a consistent forger would."""
+    m = manifest(root)
+    table = feather.read_table(os.path.join(root, "index.arrow"))
+    rows = table.to_pylist()
+    edit(rows)
+    table = pa.Table.from_pylist(rows, schema=table.schema)
+    _write_arrow(root, m, table, digests)
+    for i, entry in enumerate(m["shards"]):
+        path = os.path.join(root, entry["index"])
+        meta = pq.read_schema(path).metadata
+        part = table.filter(pc.equal(table.column("shard"), i)).drop_columns(["shard"])
+        buf = io.BytesIO()
+        pq.write_table(part.replace_schema_metadata(meta), buf, compression="zstd")
+        with open(path, "wb") as f:
+            f.write(buf.getvalue())
+        if digests:
+            entry["index_sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+    write_manifest(root, m)
+
+
+def _write_arrow(root: str, m: dict, table: pa.Table, digests: bool) -> None:
+    sink = pa.BufferOutputStream()
+    feather.write_feather(table, sink, compression="uncompressed")
+    data = sink.getvalue().to_pybytes()
+    with open(os.path.join(root, "index.arrow"), "wb") as f:
+        f.write(data)
+    if digests:
+        m["index"]["sha256"] = hashlib.sha256(data).hexdigest()
+
+
+def rewrite_shard_member(root: str, shard: int, member: dict, data: bytes) -> None:
+    """Replace a member's bytes in its tar (same length) and update every digest that covers it."""
+    assert len(data) == member["size"]
+    m = manifest(root)
+    path = os.path.join(root, m["shards"][shard]["shard"])
+    with open(path, "r+b") as f:
+        f.seek(member["offset"])
+        f.write(data)
+    with open(path, "rb") as f:
+        m["shards"][shard]["sha256"] = hashlib.sha256(f.read()).hexdigest()
+    write_manifest(root, m)
+    digest = hashlib.sha256(data).hexdigest()
+
+    def edit(rows):
+        for row in rows:
+            for mm in row["members"]:
+                if mm["name"] == member["name"]:
+                    mm["sha256"] = digest
+
+    rewrite_index(root, edit)

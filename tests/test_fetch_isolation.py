@@ -1,0 +1,86 @@
+"""A damaged shard costs only its own windows (issue 11, item 1).
+
+Three shards of two episodes; one byte flipped inside the first video member of the first, middle
+or last shard a worker reads; one epoch under both fetch modes, with and without prefetch, at
+several chunk sizes. The damaged shard's windows become flagged substitutes with a warning that
+names the shard; every window of the other shards is yielded with its real frames.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from faultgen import CAMERA, SPEC, copy, flip_byte, manifest, video_member
+from stream import WindowDataset
+from stream.fetch import FetchError, FetchPolicy
+from videogen import decode_frame_number
+
+
+@pytest.fixture(scope="module")
+def intact(fault_dataset):
+    return fault_dataset
+
+
+@pytest.fixture(scope="module")
+def reference(intact):
+    return {_key(s): s for s in WindowDataset(intact, SPEC, seed=5)}
+
+
+def _key(s) -> tuple[int, int]:
+    return int(s["episode_index"]), int(s["frame_index"])
+
+
+def _read_order_shards(root: str) -> list[int]:
+    ds = WindowDataset(root, SPEC, seed=5)
+    plan = ds.plan(0, 0, 1, 1, 0)
+    order = ds.table.shard[plan.read_order].tolist()
+    return list(dict.fromkeys(order))
+
+
+@pytest.fixture(scope="module")
+def damaged(intact, tmp_path_factory):
+    """position in the worker's shard order -> (dataset copy, damaged shard)."""
+    out = {}
+    for position, shard in enumerate(_read_order_shards(intact)):
+        root = copy(intact, str(tmp_path_factory.mktemp(f"damaged{position}")))
+        member = video_member(root, shard)
+        flip_byte(root, shard, member["offset"] + member["size"] // 2)
+        out[position] = (root, shard)
+    return out
+
+
+@pytest.mark.parametrize("position", [0, 1, 2], ids=["first", "middle", "last"])
+@pytest.mark.parametrize("prefetch", [0, 4096, 256 << 20], ids=["no-prefetch", "prefetch-4k", "prefetch-default"])
+@pytest.mark.parametrize("chunk", [1024, 3001, 8 << 20], ids=["chunk-1k", "chunk-3001", "chunk-8M"])
+@pytest.mark.parametrize("mode", ["stream", "ranged"])
+def test_damaged_shard_costs_only_its_windows(intact, reference, damaged, position, prefetch, chunk, mode):
+    root, shard = damaged[position]
+    policy = FetchPolicy(mode=mode, chunk_bytes=chunk, prefetch_bytes=prefetch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples = list(WindowDataset(root, SPEC, seed=5, fetch=policy))
+    name = manifest(root)["shards"][shard]["shard"]
+    lost = {e for e in range(6) if e // 2 == shard}  # both episodes of the damaged shard
+    assert len(samples) == len(reference)  # the rank keeps its sample count
+    real = [s for s in samples if not s["substitute"]]
+    assert sorted(_key(s) for s in real) == sorted(k for k in reference if k[0] not in lost)
+    assert sum(s["substitute"] for s in samples) == sum(1 for k in reference if k[0] in lost)
+    for s in samples:  # real windows and substitutes alike carry a real window's frames
+        e, anchor = _key(s)
+        assert e not in lost
+        assert torch.equal(s[CAMERA], reference[(e, anchor)][CAMERA])
+        rows = np.clip(anchor + np.asarray(SPEC.cameras[CAMERA]), 0, 19)
+        assert [decode_frame_number(f) for f in s[CAMERA]] == (100 * e + rows).tolist()
+    messages = [str(w.message) for w in caught if "epishard: skipping" in str(w.message)]
+    assert len(messages) == len(lost) and all(name in m and "sha256" in m for m in messages)
+
+
+def test_strict_policy_names_the_damaged_shard(damaged):
+    root, shard = damaged[1]
+    name = manifest(root)["shards"][shard]["shard"]
+    with pytest.raises(FetchError, match=name):
+        list(WindowDataset(root, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="raise")))

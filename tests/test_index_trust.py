@@ -1,0 +1,148 @@
+"""The reader checks what it trusts (issue 11, item 4): the dataset index against the manifest's
+sha256 on load (per-shard indexes when it uses them), every index value bounds-checked before it
+sizes an allocation, and a decode failure handled by the shard policy, never a crash. ``verify``
+checks everything the reader needs.
+"""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+import warnings
+
+import pytest
+import torch
+
+from faultgen import CAMERA, SPEC, copy, manifest, rewrite_index, rewrite_shard_member, video_member, \
+    write_manifest
+from shardwriter import verify
+from shardwriter.validate import FormatError
+from stream import WindowDataset
+from stream.decode import DecodeError
+from stream.fetch import FetchPolicy
+
+
+@pytest.fixture(scope="module")
+def intact(fault_dataset):
+    return fault_dataset
+
+
+@pytest.fixture(scope="module")
+def reference(intact):
+    return list(WindowDataset(intact, SPEC, seed=5))
+
+
+def _set(episode: int, field: str, value, camera: bool = False):
+    def edit(rows):
+        (rows[episode]["cameras"][0] if camera else rows[episode])[field] = value
+    return edit
+
+
+def test_a_changed_task_text_is_refused_by_the_digest(intact, tmp_path):
+    root = copy(intact, str(tmp_path / "ds"))
+    rewrite_index(root, _set(2, "task", "stack the red cup"), digests=False)
+    with pytest.raises(FormatError, match=r"index.arrow: sha256 differs from the manifest's index.sha256"):
+        WindowDataset(root, SPEC)
+    assert any("index.arrow sha256 differs" in p["message"] for p in verify(root, decode=False)["problems"])
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("first_frame", 5, r"row 2 \(episode g-e000002\), camera observation.images.front: first_frame 5 \+ num_rows runs "
+                       "outside the video's frames"),
+    ("num_frames", 2**31 - 1, r"num_frames 2147483647 is not between 1 and the video member's size"),
+    ("keyframes", [0, 30], r"keyframes are not ascending frame numbers below num_frames"),
+    ("row_to_frame", [0] * 19 + [20], r"row_to_frame holds frames outside the video"),
+    ("member", 7, r"member 7 is not a member of the episode"),
+    ("width", 0, r"width/height are not in \[1, 65536\]"),
+])
+def test_index_values_are_bounds_checked_before_use(intact, tmp_path, field, value, message):
+    root = copy(intact, str(tmp_path / "ds"))
+    rewrite_index(root, _set(2, field, value, camera=True))  # a consistent forgery: digests updated
+    tracemalloc.start()
+    try:
+        with pytest.raises(FormatError, match=message):
+            WindowDataset(root, SPEC)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20  # nothing sized by the forged value (2^31 frames would be 16 GiB of tables)
+    assert any(field in p["message"] for p in verify(root, decode=False)["problems"])
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_rows", 0, r"row 1 \(episode g-e000001\): num_rows 0 is not positive"),
+    ("window_stop", 99, r"window_start/window_stop are not inside \[0, num_rows\]"),
+    ("fps", float("nan"), r"fps nan is not a positive number"),
+    ("shard", 7, r"shard 7 is not a shard of the manifest"),
+])
+def test_episode_values_are_bounds_checked(intact, tmp_path, field, value, message):
+    root = copy(intact, str(tmp_path / "ds"))
+    rewrite_index(root, _set(1, field, value))
+    with pytest.raises(FormatError, match=message):
+        WindowDataset(root, SPEC)
+
+
+def test_member_ranges_must_lie_inside_the_shard(intact, tmp_path):
+    root = copy(intact, str(tmp_path / "ds"))
+
+    def edit(rows):
+        rows[4]["members"][2]["size"] = 1 << 40
+
+    rewrite_index(root, edit)
+    with pytest.raises(FormatError, match=r"row 4 \(episode g-e000004\): members.offset/size lie outside the shard"):
+        WindowDataset(root, SPEC)
+
+
+@pytest.mark.parametrize("policy", ["skip", "raise"])
+def test_a_video_that_does_not_decode_follows_the_shard_policy(intact, reference, tmp_path, policy):
+    root = copy(intact, str(tmp_path / "ds"))
+    member = video_member(root, 1, 0)  # episode 2's video
+    rewrite_shard_member(root, 1, member, bytes(member["size"]))  # digests match: only decoding can tell
+    ds = WindowDataset(root, SPEC, seed=5, fetch=FetchPolicy(on_shard_error=policy))
+    if policy == "raise":
+        with pytest.raises(DecodeError, match=f"episode g-e000002 camera {CAMERA}"):
+            list(ds)
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples = list(ds)
+    assert len(samples) == len(reference)
+    good = {(int(s["episode_index"]), int(s["frame_index"])): s for s in reference}
+    real = [s for s in samples if not s["substitute"]]
+    assert sorted((int(s["episode_index"]), int(s["frame_index"])) for s in real) == sorted(k for k in good if k[0] != 2)
+    for s in samples:
+        assert torch.equal(s[CAMERA], good[(int(s["episode_index"]), int(s["frame_index"]))][CAMERA])
+    assert [str(w.message) for w in caught if "skipping episode g-e000002" in str(w.message)]
+
+
+def test_per_shard_indexes_are_checked_when_used(intact, reference, tmp_path):
+    root = copy(intact, str(tmp_path / "ds"))
+    os.remove(os.path.join(root, "index.arrow"))
+    assert [s["frame_index"] for s in WindowDataset(root, SPEC, seed=5)] == [s["frame_index"] for s in reference]
+    path = os.path.join(root, manifest(root)["shards"][2]["index"])
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(FormatError, match=r"shard-000002.index.parquet: sha256 differs from the manifest's "
+                                          r"shards\[2\].index_sha256"):
+        WindowDataset(root, SPEC)
+
+
+def test_verify_checks_what_the_reader_needs(intact, tmp_path):
+    root = copy(intact, str(tmp_path / "ds"))
+    m = manifest(root)
+    del m["cameras"]
+    write_manifest(root, m)
+    with pytest.raises(FormatError, match="manifest.json: cameras: missing"):
+        verify(root)
+    with pytest.raises(FormatError, match="manifest.json: cameras: missing"):
+        WindowDataset(root, SPEC)
+
+    root = copy(intact, str(tmp_path / "ds2"))  # index.arrow rewritten alone, its digest updated
+    rewrite_index(root, _set(3, "task", "another task"))
+    for entry in manifest(intact)["shards"]:  # the per-shard indexes and their digests as converted
+        open(os.path.join(root, entry["index"]), "wb").write(open(os.path.join(intact, entry["index"]), "rb").read())
+    m = manifest(root)
+    m["shards"] = manifest(intact)["shards"]
+    write_manifest(root, m)
+    assert [p["message"] for p in verify(root, decode=False)["problems"]] == ["index.arrow differs from the per-shard indexes"]
