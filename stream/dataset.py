@@ -299,7 +299,7 @@ class WindowDataset(IterableDataset):
                             warnings.warn(f"epishard: skipping episode {self._key(nxt)}: {exc}")
                             telemetry.add(episodes_skipped=1)
                             failed.add(nxt)
-                            first_failure = first_failure or exc
+                            first_failure = first_failure or (self._locate(nxt)[0], exc)
                 remaining[e] -= 1
                 if e in failed:
                     # Keep this rank's sample count: repeat the worker's previous sample, flagged.
@@ -322,8 +322,9 @@ class WindowDataset(IterableDataset):
                     yield self._emit(dict(sample, substitute=True), telemetry)
                 owed, last = 0, sample
             if owed:
-                raise FetchError(f"every episode this worker read failed, so {owed} samples cannot be filled; "
-                                 f"the first: {first_failure}", -1)
+                d, exc = first_failure
+                raise FetchError(f"{self.sources[d].url}: every episode this worker read failed, so {owed} samples "
+                                 f"cannot be filled; the first: {exc}", -1)
         finally:
             for f in fetchers:
                 f.close()

@@ -91,7 +91,11 @@ class DatasetSource:
         if self.local:
             with open_regular(self.shard_path(shard)) as f:
                 f.seek(start)
-                return f.read(stop - start)
+                data = f.read(stop - start)
+            if len(data) < stop - start:  # a local file does not grow on a retry
+                raise FetchError(f"{self.shard_path(shard)}: {len(data)} bytes at {start}, the index needs "
+                                 f"{stop - start}: the file is shorter than the manifest says", shard)
+            return data
         return self.filesystem().cat_file(self.shard_path(shard), start=start, end=stop)
 
     def _read(self, name: str) -> bytes:
