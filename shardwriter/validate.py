@@ -227,63 +227,70 @@ def check_index(index, manifest: dict, where: str) -> None:
     Raises:
         FormatError: the first value out of range, naming ``where``, the row, episode and camera.
     """
-    shards = manifest["shards"]
     w = _Where(index, where)
-    n = index.num_episodes
-    counts = np.bincount(index.shard[(index.shard >= 0) & (index.shard < len(shards))], minlength=len(shards))
+    _check_episodes(index, manifest, w)
+    _check_members(index, manifest, w)
+    _check_cameras(index, manifest, w)
+
+
+def _check_episodes(index, manifest: dict, w: _Where) -> None:
+    shards, n = manifest["shards"], index.num_episodes
     w.episode((index.shard < 0) | (index.shard >= len(shards)), "shard", f"is not a shard of the manifest "
               f"({len(shards)} shards)", index.shard)
+    counts = np.bincount(index.shard, minlength=len(shards))
     if counts.tolist() != [s["episodes"] for s in shards]:
-        raise FormatError(f"{where}: episodes per shard {counts.tolist()} differ from the manifest's "
+        raise FormatError(f"{w.where}: episodes per shard {counts.tolist()} differ from the manifest's "
                           f"{[s['episodes'] for s in shards]}")
     w.episode(index.num_rows < 1, "num_rows", "is not positive", index.num_rows)
     w.episode(~np.isfinite(index.fps) | (index.fps <= 0), "fps", "is not a positive number", index.fps)
     w.episode((index.window_start < 0) | (index.window_start > index.window_stop)
               | (index.window_stop > index.num_rows), "window_start/window_stop", "are not inside [0, num_rows]")
-
     starts = np.diff(index.segment_offsets)
     bad = (index.segment_starts <= 0) | (index.segment_starts >= _per_item(starts, index.num_rows))
     bad |= _not_ascending(index.segment_starts, index.segment_offsets)
     w.episode(_item_to_group(bad, index.segment_offsets, n), "segment_starts", "are not ascending rows in (0, num_rows)")
 
-    # Members: inside the shard, plain names, sha256 digests, one table member per episode.
+
+def _check_members(index, manifest: dict, w: _Where) -> None:
+    """Members inside the shard, plain names, sha256 digests, one table member per episode."""
+    n = index.num_episodes
     member_counts = np.diff(index.episode_members)
     w.episode(member_counts < 1, "members", "is empty")
-    shard_size = np.array([s["size"] for s in shards], dtype=np.int64)
+    shard_size = np.array([s["size"] for s in manifest["shards"]], dtype=np.int64)
     end = index.member_offset + index.member_size
-    bad = ((index.member_offset < 0) | (index.member_size < 0)
-           | (end > _per_item(member_counts, shard_size[np.clip(index.shard, 0, len(shards) - 1)])))
+    bad = (index.member_offset < 0) | (index.member_size < 0) | (end > _per_item(member_counts, shard_size[index.shard]))
     w.episode(_item_to_group(bad, index.episode_members, n), "members.offset/size", "lie outside the shard")
-    members = pa.concat_arrays(index.table.column("members").chunks).flatten() if n else None
-    if n:
-        names = members.field("name")
-        ok = pc.invert(pc.or_(pc.match_substring_regex(names, r"[/\\\x00]"),
-                              pc.is_in(names, value_set=pa.array(["", ".", ".."]))))
-        w.episode(_item_to_group(~ok.to_numpy(zero_copy_only=False), index.episode_members, n), "members.name",
-                  "is not a plain file name")
-        sha_ok = pc.match_substring_regex(members.field("sha256"), _SHA256_PATTERN).to_numpy(zero_copy_only=False)
-        w.episode(_item_to_group(~sha_ok, index.episode_members, n), "members.sha256", "is not a sha256 hex digest")
-        data = pc.ends_with(names, "." + fmt.DATA_EXT).to_numpy(zero_copy_only=False)
-        w.episode(np.add.reduceat(data, index.episode_members[:-1]) != 1 if data.size else np.ones(n, bool),
-                  "members", f"do not hold exactly one .{fmt.DATA_EXT} table")
-
-    # Cameras: known names, their video member, sizes, frame tables within the video's frames.
-    cam_counts = np.diff(index.episode_cams)
-    known = pc.is_in(index.cam_names, value_set=pa.array(sorted(manifest["cameras"]), pa.string())).to_numpy(zero_copy_only=False)
-    w.stream(~known, "name", "is not a camera of the manifest")
-    episode_of_stream = np.repeat(np.arange(n), cam_counts)
-    named = pc.value_counts(index.cam_names).to_pylist() if n else []
-    found = {c["values"]: c["counts"] for c in named}
-    for name, camera in manifest["cameras"].items():
-        if isinstance(camera.get("episodes"), int) and found.get(name, 0) != camera["episodes"]:
-            raise FormatError(f"{where}: {found.get(name, 0)} episodes have camera {name}, the manifest's "
-                              f"cameras.{name}.episodes says {camera['episodes']}")
+    if not n:
+        return
+    members = pa.concat_arrays(index.table.column("members").chunks).flatten()
+    names = members.field("name")
+    plain = pc.invert(pc.or_(pc.match_substring_regex(names, r"[/\\\x00]"),
+                             pc.is_in(names, value_set=pa.array(["", ".", ".."]))))
+    w.episode(_item_to_group(~plain.to_numpy(zero_copy_only=False), index.episode_members, n), "members.name",
+              "is not a plain file name")
+    sha_ok = pc.match_substring_regex(members.field("sha256"), _SHA256_PATTERN).to_numpy(zero_copy_only=False)
+    w.episode(_item_to_group(~sha_ok, index.episode_members, n), "members.sha256", "is not a sha256 hex digest")
+    data = pc.ends_with(names, "." + fmt.DATA_EXT).to_numpy(zero_copy_only=False)
+    w.episode(np.add.reduceat(data, index.episode_members[:-1]) != 1, "members",
+              f"do not hold exactly one .{fmt.DATA_EXT} table")
+    video = pc.ends_with(names, "." + fmt.VIDEO_EXT).to_numpy(zero_copy_only=False)
+    episode_of_stream = np.repeat(np.arange(n), np.diff(index.episode_cams))
     w.stream((index.cam_member < 0) | (index.cam_member >= member_counts[episode_of_stream]), "member",
              "is not a member of the episode", index.cam_member)
-    if n:
-        video = pc.ends_with(names, "." + fmt.VIDEO_EXT).to_numpy(zero_copy_only=False)
-        w.stream(~video[np.clip(index.episode_members[episode_of_stream] + index.cam_member, 0, video.size - 1)],
-                 "member", f"is not a .{fmt.VIDEO_EXT} member", index.cam_member)
+    member = np.clip(index.episode_members[episode_of_stream] + index.cam_member, 0, video.size - 1)
+    w.stream(~video[member], "member", f"is not a .{fmt.VIDEO_EXT} member", index.cam_member)
+
+
+def _check_cameras(index, manifest: dict, w: _Where) -> None:
+    """Known names and kinds, per-camera episode counts, sizes, frame tables within the video."""
+    n = index.num_episodes
+    known = pc.is_in(index.cam_names, value_set=pa.array(sorted(manifest["cameras"]), pa.string()))
+    w.stream(~known.to_numpy(zero_copy_only=False), "name", "is not a camera of the manifest")
+    found = {c["values"]: c["counts"] for c in (pc.value_counts(index.cam_names).to_pylist() if n else [])}
+    for name, camera in manifest["cameras"].items():
+        if isinstance(camera.get("episodes"), int) and found.get(name, 0) != camera["episodes"]:
+            raise FormatError(f"{w.where}: {found.get(name, 0)} episodes have camera {name}, the manifest's "
+                              f"cameras.{name}.episodes says {camera['episodes']}")
     cams = pa.concat_arrays(index.table.column("cameras").chunks).flatten() if n else None
     if n and "kind" in [f.name for f in cams.type]:
         kinds = pc.is_in(cams.field("kind"), value_set=pa.array(fmt.CAMERA_KINDS)).to_numpy(zero_copy_only=False)
@@ -309,14 +316,13 @@ def check_index(index, manifest: dict, where: str) -> None:
     w.stream(_item_to_group(bad, index.key_offsets, frames.size), "keyframes",
              "are not ascending frame numbers below num_frames")
     r2f_counts = np.diff(index.r2f_offsets)
-    rows = index.num_rows[episode_of_stream]
+    rows = index.num_rows[np.repeat(np.arange(n), np.diff(index.episode_cams))]
     w.stream((r2f_counts != 0) & (r2f_counts != rows), "row_to_frame", "does not list num_rows values", r2f_counts)
     bad = (index.row_to_frame < 0) | (index.row_to_frame >= _per_item(r2f_counts, frames))
     w.stream(_item_to_group(bad, index.r2f_offsets, frames.size), "row_to_frame", "holds frames outside the video")
     first = index.cam_first_frame
     w.stream((r2f_counts == 0) & ((first < 0) | (first + rows > frames)), "first_frame",
              "+ num_rows runs outside the video's frames", first)
-
 
 
 def parse_manifest(data: bytes, where: str) -> dict:
