@@ -33,8 +33,9 @@ from . import format as fmt
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHA256_PATTERN = "^[0-9a-f]{64}$"
 _OPTIONAL_COLUMNS = {"segment_starts"}  # absent from indexes written before recording segments were kept
-# Indexes written before camera kinds existed (format version 1) have cameras without `kind`.
-_CAMERAS_V1 = pa.list_(pa.struct([f for f in fmt.CAMERA_TYPE if f.name != "kind"]))
+# Camera fields that indexes written before them lack (readers take the defaults: an RGB camera,
+# FFmpeg's best video stream).
+_OPTIONAL_CAMERA_FIELDS = {"kind", "stream_index"}
 MAX_DIMENSION = 1 << 16  # widest frame any codec the reader decodes can hold (AV1: 65536)
 
 
@@ -156,12 +157,22 @@ def check_index_table(table: pa.Table, where: str, shard_column: bool) -> None:
                 continue
             raise FormatError(f"{where}: column {field.name!r} is missing")
         got = table.schema.field(field.name).type
-        if not got.equals(field.type) and not (field.name == "cameras" and got.equals(_CAMERAS_V1)):
+        if not got.equals(field.type) and not (field.name == "cameras" and _older_cameras(got)):
             raise FormatError(f"{where}: column {field.name!r} has type {got}, the format says {field.type}")
         for chunk in table.column(field.name).chunks:
             path = _null_path(chunk, field.name)
             if path:
                 raise FormatError(f"{where}: column {path} holds a null")
+
+
+def _older_cameras(got: pa.DataType) -> bool:
+    """Whether ``got`` is the cameras column of an index written before some optional fields."""
+    if not pa.types.is_list(got) or not pa.types.is_struct(got.value_type):
+        return False
+    fields = {f.name: f.type for f in got.value_type}
+    expected = {f.name: f.type for f in fmt.CAMERA_TYPE}
+    return (all(fields.get(name) == t for name, t in expected.items() if name not in _OPTIONAL_CAMERA_FIELDS)
+            and all(name in expected and expected[name] == t for name, t in fields.items()))
 
 
 def _null_path(array: pa.Array, path: str) -> str | None:
@@ -295,6 +306,7 @@ def _check_cameras(index, manifest: dict, w: _Where) -> None:
     if n and "kind" in [f.name for f in cams.type]:
         kinds = pc.is_in(cams.field("kind"), value_set=pa.array(fmt.CAMERA_KINDS)).to_numpy(zero_copy_only=False)
         w.stream(~kinds, "kind", f"is not one of {fmt.CAMERA_KINDS}")
+    w.stream(index.cam_stream_index < -1, "stream_index", "is not a stream number", index.cam_stream_index)
     w.stream((index.cam_width < 1) | (index.cam_width > MAX_DIMENSION) | (index.cam_height < 1)
              | (index.cam_height > MAX_DIMENSION), "width/height", f"are not in [1, {MAX_DIMENSION}]")
     w.stream(~np.isfinite(index.cam_time_base) | (index.cam_time_base <= 0), "time_base", "is not positive")
