@@ -33,9 +33,11 @@ from . import format as fmt
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHA256_PATTERN = "^[0-9a-f]{64}$"
 _OPTIONAL_COLUMNS = {"segment_starts"}  # absent from indexes written before recording segments were kept
-# Camera fields that indexes written before them lack (readers take the defaults: an RGB camera,
-# FFmpeg's best video stream).
-_OPTIONAL_CAMERA_FIELDS = {"kind", "stream_index"}
+# Camera fields of format version 1; fields added since (kind, stream_index, rotation, ...) are
+# absent from older indexes and the index loader takes their defaults.
+_CAMERA_FIELDS_V1 = {"name", "member", "codec", "width", "height", "pix_fmt", "time_base_num", "time_base_den",
+                     "num_frames", "pts_start", "pts_step", "pts", "duration", "keyframes", "first_frame",
+                     "row_to_frame", "transform"}
 MAX_DIMENSION = 1 << 16  # widest frame any codec the reader decodes can hold (AV1: 65536)
 
 
@@ -171,7 +173,7 @@ def _older_cameras(got: pa.DataType) -> bool:
         return False
     fields = {f.name: f.type for f in got.value_type}
     expected = {f.name: f.type for f in fmt.CAMERA_TYPE}
-    return (all(fields.get(name) == t for name, t in expected.items() if name not in _OPTIONAL_CAMERA_FIELDS)
+    return (all(fields.get(name) == expected[name] for name in _CAMERA_FIELDS_V1)
             and all(name in expected and expected[name] == t for name, t in fields.items()))
 
 

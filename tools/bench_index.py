@@ -43,7 +43,7 @@ def _row(e: int) -> dict:
         "name": c, "member": 2 + i, "codec": "h264", "width": 224, "height": 224, "pix_fmt": "yuv420p",
         "time_base_num": 1, "time_base_den": 15360, "num_frames": ROWS, "pts_start": 0, "pts_step": 512,
         "pts": [], "duration": [], "keyframes": list(range(0, ROWS, GOP)), "first_frame": 0, "row_to_frame": [],
-        "transform": "copy", "kind": "rgb", "stream_index": 0} for i, c in enumerate(CAMERAS)]
+        "transform": "copy", "kind": "rgb", "stream_index": 0, "rotation": 0} for i, c in enumerate(CAMERAS)]
     return {"key": f"bench-e{e:06d}", "source": "bench", "episode_index": e, "num_rows": ROWS, "fps": 30.0,
             "task": "pick", "tasks": ["pick"], "robot": "bench", "members": members, "cameras": cams,
             "window_start": 0, "window_stop": ROWS, "segment_starts": []}
