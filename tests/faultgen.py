@@ -8,11 +8,13 @@ frame ``i`` shows ``100 * e + i``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import shutil
+import signal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +24,26 @@ import pyarrow.parquet as pq
 from shardwriter import CameraVideo, ConvertOptions, Episode, Source, WindowIndex, convert
 from stream import WindowSpec, segment
 from videogen import make_episode_table, make_video
+
+class Hang(BaseException):
+    """A test ran past its alarm. A BaseException, so no ``except Exception`` (the CLI's one-line
+    error handler, the reader's shard policy) can turn a hang into a 'clean' error."""
+
+
+@contextlib.contextmanager
+def hang_alarm(seconds: int):
+    """Raise ``Hang`` in the main thread when the block runs longer than ``seconds``."""
+    def hung(*_):
+        raise Hang(f"hung for {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
 
 CAMERA = "observation.images.front"
 ROWS = 20

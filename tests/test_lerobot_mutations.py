@@ -8,12 +8,12 @@ import json
 import math
 import os
 import shutil
-import signal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from faultgen import hang_alarm
 from lerobotgen import write_v2, write_v3
 from shardwriter import WindowIndex, verify
 from shardwriter.cli import main as cli
@@ -180,26 +180,13 @@ def sources(tmp_path_factory) -> dict[str, str]:
     return {"v21": str(root / "v21"), "v30": str(root / "v30")}
 
 
-class Hang(BaseException):
-    """Raised by the alarm: not an Exception, so the CLI cannot report it as a clean error."""
-
-
-def _alarm(*_):
-    raise Hang
-
-
 @pytest.mark.parametrize("version, file, name", _cases(), ids=lambda v: str(v))
 def test_mutation_gives_a_correct_conversion_or_one_clean_line(sources, tmp_path, capsys, version, file, name):
     src = shutil.copytree(sources[version], str(tmp_path / "toy"))
     _mutation(version, file, name)(os.path.join(src, "meta", file))
     out = str(tmp_path / "out")
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(120)
-    try:
+    with hang_alarm(120):
         code = cli(["convert", src, out, "--quiet"])
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
     err = capsys.readouterr().err
     if code == 0:
         assert verify(out)["ok"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy as copy_module
 import json
 import os
-import signal
 import tracemalloc
 import warnings
 
@@ -21,7 +20,7 @@ import pyarrow.feather as feather
 import pytest
 import torch
 
-from faultgen import CAMERA, SPEC, copy, manifest, rewrite_index, write_manifest
+from faultgen import CAMERA, SPEC, copy, hang_alarm, manifest, rewrite_index, write_manifest
 from shardwriter.cli import main
 from shardwriter.validate import FormatError
 from stream import WindowDataset
@@ -176,14 +175,8 @@ MUTATIONS = _manifest_mutations() + _index_mutations()
 
 @pytest.fixture(autouse=True)
 def watchdog():
-    def hung(*_):
-        raise TimeoutError("hung for 30 s")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with hang_alarm(30):
+        yield
 
 
 @pytest.mark.parametrize("name, how", MUTATIONS, ids=[m[0] for m in MUTATIONS])

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import warnings
 
 import pytest
 
-from faultgen import SPEC, copy, manifest
+from faultgen import SPEC, copy, hang_alarm, manifest
 from remote_servers import FaultProxy, SilentServer, serve_http
 from shardwriter import ConvertOptions, convert, verify
 from shardwriter.cli import main
@@ -29,14 +28,8 @@ SHORT = dict(connect_timeout_s=0.3, read_timeout_s=0.3, retries=1, backoff_s=0.0
 
 @pytest.fixture(autouse=True)
 def watchdog():
-    def hung(*_):
-        raise TimeoutError("the test hung for 60 s")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with hang_alarm(60):
+        yield
 
 
 @pytest.fixture(scope="module")
