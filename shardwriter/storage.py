@@ -23,8 +23,6 @@ from .tarwriter import temp_path
 
 CONNECT_TIMEOUT_S = 10.0  # default seconds to open a connection to S3 or an HTTP server
 READ_TIMEOUT_S = 30.0  # default seconds a request may wait for the next bytes of a response
-# epishard's own storage options (popped before fsspec sees the rest)
-TIMEOUT_OPTIONS = ("connect_timeout", "read_timeout")
 
 
 def with_timeouts(url: str, storage_options: dict, connect_s: float, read_s: float, attempts: int) -> dict:
@@ -51,21 +49,19 @@ def with_timeouts(url: str, storage_options: dict, connect_s: float, read_s: flo
     return options
 
 
-def make_filesystem(url: str, storage_options: dict, attempts: int = 3, connect_s: float | None = None,
-                    read_s: float | None = None):
-    """(fsspec filesystem, root path) for ``url`` with timeouts: ``connect_s``/``read_s``, else the
-    ``connect_timeout``/``read_timeout`` storage options (epishard's own, in seconds), else
-    ``CONNECT_TIMEOUT_S``/``READ_TIMEOUT_S``.
+def make_filesystem(url: str, storage_options: dict, attempts: int = 3, connect_s: float = CONNECT_TIMEOUT_S,
+                    read_s: float = READ_TIMEOUT_S):
+    """(fsspec filesystem, root path) for ``url`` with timeouts: the ``connect_timeout``/``read_timeout``
+    storage options (epishard's own, in seconds) when given, else ``connect_s``/``read_s``.
 
     ``attempts``: tries per S3 request (botocore); s3fs's own retry loops are turned off because
     they nest (5 x 5 x botocore's 5 tries by default: one stuck endpoint became minutes of silence).
     The filesystem is this caller's own (not fsspec's shared instance for the same options).
     """
     options = dict(storage_options)
-    connect = float(options.pop("connect_timeout", CONNECT_TIMEOUT_S) if connect_s is None else connect_s)
-    read = float(options.pop("read_timeout", READ_TIMEOUT_S) if read_s is None else read_s)
-    options = with_timeouts(url, {k: v for k, v in options.items() if k not in TIMEOUT_OPTIONS}, connect, read,
-                            attempts)
+    connect = float(options.pop("connect_timeout", connect_s))
+    read = float(options.pop("read_timeout", read_s))
+    options = with_timeouts(url, options, connect, read, attempts)
     fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
     if hasattr(fs, "retries") and hasattr(fs, "set_session"):  # s3fs
         fs.retries = 1

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shardwriter.storage import NotARegularFile
+from shardwriter.storage import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, NotARegularFile
 
 from .cache import RangeCache
 
@@ -68,8 +68,8 @@ class FetchPolicy:
     verify: bool = True
     cache_dir: str | None = None
     cache_bytes: int = 10 << 30
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 30.0
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    read_timeout_s: float = READ_TIMEOUT_S
 
     def __post_init__(self):
         if self.mode not in ("stream", "ranged") or self.on_shard_error not in ("skip", "raise"):
