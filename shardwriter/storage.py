@@ -106,8 +106,11 @@ class Storage:
         self.local = protocol in (None, "file", "local")
         self._fs = None
         self._pid = None
-        self._root = make_filesystem(self.url, self.storage_options)[1] if not self.local else os.path.abspath(
-            fsspec.core.strip_protocol(self.url) if protocol else self.url)
+        if self.local:
+            self._root = os.path.abspath(fsspec.core.strip_protocol(self.url) if protocol else self.url)
+        else:  # the filesystem made for the root path is kept for this process
+            self._fs, self._root = make_filesystem(self.url, self.storage_options)
+            self._pid = os.getpid()
 
     def __getstate__(self):
         return {**self.__dict__, "_fs": None, "_pid": None}

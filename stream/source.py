@@ -54,8 +54,7 @@ class DatasetSource:
         protocol = fsspec.core.split_protocol(self.url)[0]
         self.local = protocol in (None, "file", "local")
         self._fs = self._pid = None
-        self._root = (os.path.abspath(fsspec.core.strip_protocol(self.url)) if self.local
-                      else make_filesystem(self.url, self.storage_options)[1])
+        self._root = os.path.abspath(fsspec.core.strip_protocol(self.url)) if self.local else self._connect()
         try:
             data = self._read(MANIFEST_NAME)
         except FileNotFoundError:
@@ -74,10 +73,15 @@ class DatasetSource:
         """This process's fsspec filesystem (recreated after a fork), with the policy's timeouts;
         the policy retries, so the client makes one attempt per request."""
         if self._fs is None or self._pid != os.getpid():
-            self._fs, _ = make_filesystem(self.url, self.storage_options, attempts=1,
-                                          connect_s=self.policy.connect_timeout_s, read_s=self.policy.read_timeout_s)
-            self._pid = os.getpid()
+            self._connect()
         return self._fs
+
+    def _connect(self) -> str:
+        """Make this process's filesystem; returns the dataset's root path in it."""
+        self._fs, root = make_filesystem(self.url, self.storage_options, attempts=1,
+                                         connect_s=self.policy.connect_timeout_s, read_s=self.policy.read_timeout_s)
+        self._pid = os.getpid()
+        return root
 
     def path(self, name: str) -> str:
         return f"{self._root}/{name}"
