@@ -360,6 +360,26 @@ def check_digest(data, expected: str, where: str, field: str) -> None:
                           "conversion; `epishard verify` names what differs)")
 
 
+def load_dataset_index(data, manifest: dict, where: str):
+    """The ``WindowIndex`` in ``data`` (``index.arrow``'s bytes or buffer: an Arrow IPC file) of a
+    checked manifest, after its sha256 (the manifest's ``index.sha256``), schema and values are checked.
+
+    Raises:
+        FormatError: names ``where`` (the file) and the field.
+    """
+    from .index import WindowIndex
+
+    check_digest(data, manifest["index"]["sha256"], where, "index.sha256")
+    try:
+        table = pa.ipc.open_file(data).read_all()
+    except (pa.ArrowException, OSError) as exc:
+        raise FormatError(f"{where}: not an Arrow IPC file: {exc}") from None
+    check_index_table(table, where, shard_column=True)
+    index = WindowIndex.from_dataset_table(table)
+    check_index(index, manifest, where)
+    return index
+
+
 def load_shard_indexes(manifest: dict, read: Callable[[str], bytes], url: str):
     """The ``WindowIndex`` of every per-shard index a checked manifest lists, each checked against
     its ``index_sha256``, the schema and the value bounds. ``read(name)`` returns a file's bytes.

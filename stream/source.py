@@ -23,8 +23,7 @@ import pyarrow as pa
 from shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME
 from shardwriter.index import WindowIndex
 from shardwriter.storage import make_filesystem, open_regular
-from shardwriter.validate import (FormatError, check_digest, check_index, check_index_table, load_shard_indexes,
-                                  parse_manifest)
+from shardwriter.validate import FormatError, load_dataset_index, load_shard_indexes, parse_manifest
 
 from .fetch import FetchError, FetchPolicy, retryable
 
@@ -138,12 +137,4 @@ class DatasetSource:
         except FileNotFoundError:
             self.index_file = f"{self.url}/*{INDEX_SUFFIX}"
             return load_shard_indexes(self.manifest, self._read, self.url)
-        check_digest(data, entry["sha256"], where, "index.sha256")
-        try:
-            table = pa.ipc.open_file(data).read_all()
-        except (pa.ArrowException, OSError) as exc:
-            raise FormatError(f"{where}: not an Arrow IPC file: {exc}") from None
-        check_index_table(table, where, shard_column=True)
-        index = WindowIndex.from_dataset_table(table)
-        check_index(index, self.manifest, where)
-        return index
+        return load_dataset_index(data, self.manifest, where)
