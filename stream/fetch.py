@@ -104,6 +104,15 @@ def retryable(exc: BaseException) -> bool:
     return isinstance(exc, _RETRYABLE) or "Timeout" in name or "ServerError" in name or "EndpointConnection" in name
 
 
+def wait_or_raise(policy: FetchPolicy, exc: Exception, attempt: int, where: str, shard: int) -> None:
+    """After a failed request (try ``attempt``, from 0): sleep ``backoff_s * 2**attempt`` seconds (at
+    most ``backoff_max_s``) before asking again, or raise ``FetchError`` naming ``where`` and the cause
+    when ``exc`` is not ``retryable`` or the policy's retries are used up."""
+    if not retryable(exc) or attempt >= policy.retries:
+        raise FetchError(f"{where}: {type(exc).__name__}: {exc} (after {attempt} retries)", shard) from exc
+    time.sleep(min(policy.backoff_s * 2 ** attempt, policy.backoff_max_s))
+
+
 class Fetcher:
     """Fetches, ahead of use, the byte ranges of a worker's episodes in read order.
 
@@ -197,11 +206,8 @@ class Fetcher:
             except FetchError:
                 raise
             except Exception as exc:  # classified below: retried or turned into a FetchError
-                if not retryable(exc) or attempt >= self.policy.retries:
-                    raise FetchError(f"{path}: bytes {pos}-{stop}: {type(exc).__name__}: {exc} "
-                                     f"(after {attempt} retries)", shard) from exc
+                wait_or_raise(self.policy, exc, attempt, f"{path}: bytes {pos}-{stop}", shard)
                 self.stats["retries"] += 1
-                time.sleep(min(self.policy.backoff_s * 2 ** attempt, self.policy.backoff_max_s))
                 attempt += 1
                 continue
             parts.append(data)

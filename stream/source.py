@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 
 import fsspec
 import pyarrow as pa
@@ -25,7 +24,7 @@ from shardwriter.index import WindowIndex
 from shardwriter.storage import make_filesystem, open_regular
 from shardwriter.validate import FormatError, load_dataset_index, load_shard_indexes, parse_manifest
 
-from .fetch import FetchError, FetchPolicy, retryable
+from .fetch import FetchError, FetchPolicy, retryable, wait_or_raise
 
 
 class DatasetSource:
@@ -112,11 +111,8 @@ class DatasetSource:
                 return self.filesystem().cat_file(self.path(name))
             except Exception as exc:  # classified like shard reads: retried, or the error named
                 if not retryable(exc):
-                    raise
-                if attempt >= self.policy.retries:
-                    raise FetchError(f"{self.path(name)}: {type(exc).__name__}: {exc} (after {attempt} retries)",
-                                     -1) from exc
-                time.sleep(min(self.policy.backoff_s * 2 ** attempt, self.policy.backoff_max_s))
+                    raise  # FileNotFoundError stays itself: a missing index.arrow means per-shard indexes
+                wait_or_raise(self.policy, exc, attempt, self.path(name), -1)
                 attempt += 1
 
     # --- the index, checked ----------------------------------------------------------------------
