@@ -355,16 +355,17 @@ def _camera_entry(cam: dict, fps: float) -> dict:
             "conversion": conversion}
 
 
-def _summarise(storage: Storage, shard_metas: list[dict], sources: list[Source]) -> dict:
-    """Statistics, schema, cameras and tasks, computed from the written shards."""
+def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[bytes], sources: list[Source]) -> dict:
+    """Statistics, schema, cameras and tasks, computed from the written shards (``index_files``: each
+    shard's index, as read back once for the manifest)."""
     stats = DatasetStats()
     features: dict = {}
     cameras: dict = {}
     tasks: dict[str, int] = {}
     per_source: dict[str, int] = {}
     by_name = {s.name: s for s in sources}
-    for meta in shard_metas:
-        index = read_table_bytes(storage.read(meta["index"])).to_pylist()
+    for meta, index_file in zip(shard_metas, index_files):
+        index = read_table_bytes(index_file).to_pylist()
         for row in index:
             per_source[row["source"]] = per_source.get(row["source"], 0) + 1
             data_member = next(m for m in row["members"] if m["name"].endswith("." + fmt.DATA_EXT))
@@ -451,7 +452,7 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
     index_files = [storage.read(m["index"]) for m in metas]
     dataset_index = dataset_index_bytes(index_files)
     storage.write(fmt.DATASET_INDEX_NAME, dataset_index)
-    summary = _summarise(storage, metas, sources)
+    summary = _summarise(storage, metas, index_files, sources)
     skipped = [s for m in metas for s in m["skipped"]]
     warnings = [w for m in metas for w in m["warnings"]]
     fps_values = sorted({s.fps for s in sources})
