@@ -21,7 +21,13 @@ INDEX_SUFFIX = ".index.parquet"
 # Written first into the (new or empty) output folder: marks it as a conversion's folder, so a
 # rerun may replace what is in it. A folder without it is never written into unless empty.
 CONVERT_MARKER = ".epishard-convert.json"
-_PARTIAL = re.compile(r"\.partial-\d+$")  # a file being written: <final name>.partial-<pid>
+_PARTIAL = re.compile(r"\.partial-\d+$")  # a file being written: <final name>.partial-<pid> (tarwriter.temp_path)
+
+
+def is_partial(name: str) -> bool:
+    """Whether ``name`` is a file still being written (or left by a killed run): ``<name>.partial-<pid>``."""
+    return _PARTIAL.search(name) is not None
+
 
 # Tar member extensions (the part after the key's first dot, webdataset-style).
 DATA_EXT = "parquet"

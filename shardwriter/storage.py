@@ -19,6 +19,7 @@ import stat
 
 import fsspec
 
+from . import format as fmt
 from .tarwriter import temp_path
 
 CONNECT_TIMEOUT_S = 10.0  # default seconds to open a connection to S3 or an HTTP server
@@ -232,5 +233,5 @@ class Storage:
         """Remove temporary files a killed local run left behind (object stores keep none)."""
         if self.local:
             for name in self.names():
-                if ".partial-" in name:
+                if fmt.is_partial(name):
                     os.remove(self.path(name))
