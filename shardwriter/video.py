@@ -298,11 +298,13 @@ def cut(source: VideoSource, info: VideoProbe, first: int, stop: int) -> tuple[b
     with _open(source) as src, av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
         in_stream = src.streams[info.stream_index]
         out_stream = dst.add_stream_from_template(in_stream, opaque=True)
-        q = -1
+        q, last = -1, int(np.flatnonzero(keep)[-1])
         for packet in src.demux(in_stream):
             if not packet.size or (packet.pts if packet.pts is not None else packet.dts) is None:
                 continue
             q += 1
+            if q > last:
+                break  # a v3.0 file holds many episodes: demux no further than this one's packets
             if not keep[q]:
                 continue
             packet.pts = packet.pts - offset if packet.pts is not None else None
