@@ -76,13 +76,16 @@ def _open(source: VideoSource):
     return av.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source, "r")
 
 
-def frame_stream(container) -> "av.video.stream.VideoStream":
-    """The video stream that holds the frames: attached pictures (cover art) are skipped; among the
-    rest, FFmpeg's best video stream (``av_find_best_stream``), else the first.
+def frame_stream(container, stream_index: int | None = None) -> "av.video.stream.VideoStream":
+    """The video stream that holds the frames: stream ``stream_index`` when given (an index records
+    it; None or -1: not recorded); else, attached pictures (cover art) skipped, FFmpeg's best video
+    stream (``av_find_best_stream``), else the first.
 
     Raises:
         ConversionError(kind="unreadable_video"): no video stream other than attached pictures.
     """
+    if stream_index is not None and stream_index >= 0:
+        return container.streams[int(stream_index)]
     candidates = [s for s in container.streams.video if not s.disposition & av.stream.Disposition.attached_pic]
     if not candidates:
         what = "only attached pictures (cover art)" if container.streams.video else "no video stream"
@@ -178,11 +181,12 @@ def open_decoder(data: bytes, pts: np.ndarray, duration: np.ndarray, keyframe: n
     ``custom_frame_mappings`` (no rescan), NCHW uint8 RGB output (8 bits whatever the source's
     depth), one FFmpeg thread.
 
-    ``stream_index``: the stream the tables describe (None: FFmpeg's best video stream, for indexes
-    written before the index recorded it). Raises whatever torchcodec raises.
+    ``stream_index``: the stream the tables describe (None or -1: FFmpeg's best video stream, for
+    indexes written before the index recorded it). Raises whatever torchcodec raises.
     """
     from torchcodec.decoders import VideoDecoder
 
+    stream_index = None if stream_index is None or stream_index < 0 else int(stream_index)
     return VideoDecoder(data, stream_index=stream_index, custom_frame_mappings=frame_mappings(pts, duration, keyframe),
                         dimension_order="NCHW", num_ffmpeg_threads=1)
 

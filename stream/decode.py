@@ -9,10 +9,14 @@ compared with the index: a frame the table does not vouch for is an error, never
 
 from __future__ import annotations
 
+import io
+import time
+
+import av
 import numpy as np
 import torch
 
-from shardwriter.video import frame_mappings, frame_stream, open_decoder  # noqa: F401  (frame_mappings: re-exported)
+from shardwriter.video import frame_stream, open_decoder
 
 
 def decoded_frames(frames: np.ndarray, keyframes: np.ndarray) -> int:
@@ -55,13 +59,11 @@ def decode(data: bytes, frames: np.ndarray, tables: tuple[np.ndarray, np.ndarray
         DecodeError: torchcodec failed, or returned a frame whose pts is not the table's; ``where``
             (episode key and camera) is in the message.
     """
-    import time
-
     pts = tables[0]
     per_call = max(1, max_bytes // max(3 * height * width, 1)) if height and width else frames.size
     parts, post_s = [], 0.0
     try:
-        decoder = open_decoder(data, *tables, None if stream_index is None or stream_index < 0 else int(stream_index))
+        decoder = open_decoder(data, *tables, stream_index)
         for start in range(0, frames.size, per_call):
             wanted = frames[start:start + per_call]
             out = decoder.get_frames_at(wanted.tolist())
@@ -83,12 +85,6 @@ def decode(data: bytes, frames: np.ndarray, tables: tuple[np.ndarray, np.ndarray
     return out, len(parts), post_s
 
 
-def _depth_stream(container, stream_index: int | None):
-    if stream_index is not None and stream_index >= 0:
-        return container.streams[int(stream_index)]
-    return frame_stream(container)
-
-
 def decode_depth(data: bytes, frames: np.ndarray, pts: np.ndarray, keyframes: np.ndarray, *, where: str,
                  stream_index: int | None = None, post=None) -> tuple[torch.Tensor, int, float]:
     """Decode ``frames`` (sorted unique int64 frame numbers) of a grey (depth) video at full precision.
@@ -108,17 +104,12 @@ def decode_depth(data: bytes, frames: np.ndarray, pts: np.ndarray, keyframes: np
         DecodeError: PyAV failed, or a wanted frame never came out of the decoder; ``where``
             (episode key and camera) is in the message.
     """
-    import io
-    import time
-
-    import av
-
     wanted = {int(pts[f]): i for i, f in enumerate(frames.tolist())}
     out: list = [None] * frames.size
     seeks, i = 0, 0
     try:
         with av.open(io.BytesIO(data), "r") as container:
-            stream = _depth_stream(container, stream_index)
+            stream = frame_stream(container, stream_index)
             stream.thread_count = 1
             while i < frames.size:
                 key = int(keyframes[np.searchsorted(keyframes, frames[i], side="right") - 1])

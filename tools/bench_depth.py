@@ -22,8 +22,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shardwriter.video import probe  # noqa: E402
-from stream.decode import decode, decode_depth, frame_mappings  # noqa: E402
+from shardwriter.video import frame_mappings, probe  # noqa: E402
+from stream.decode import decode, decode_depth  # noqa: E402
 from videogen import make_grey_video  # noqa: E402
 
 H, W, N, GOP = 240, 320, 120, 30
