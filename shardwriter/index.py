@@ -287,14 +287,3 @@ def camera_row_frames(camera: dict, num_rows: int) -> list[int]:
     if camera["row_to_frame"]:
         return list(camera["row_to_frame"])
     return list(range(camera["first_frame"], camera["first_frame"] + num_rows))
-
-
-def camera_frame_tables(camera: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(pts, duration, keyframe flags) of one camera entry of an index row (as read by pyarrow),
-    expanded like ``WindowIndex.frame_tables``."""
-    n, step = camera["num_frames"], camera["pts_step"]
-    pts = np.asarray(camera["pts"], np.int64) if camera["pts"] else camera["pts_start"] + step * np.arange(n, dtype=np.int64)
-    duration = np.asarray(camera["duration"], np.int64) if camera["duration"] else np.full(n, step, np.int64)
-    flags = np.zeros(n, dtype=bool)
-    flags[np.asarray(camera["keyframes"], np.int64)] = True
-    return pts, duration, flags

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import format as fmt
-from .index import WindowIndex, camera_frame_tables, camera_row_frames, read_table_bytes
+from .index import WindowIndex, read_table_bytes
 from .storage import NotARegularFile, Storage
 from .validate import FormatError, check_index, check_index_table, parse_manifest
 from .video import check_frames
@@ -33,20 +33,14 @@ def _problem(shard: str, message: str, **where) -> dict:
     return {"shard": shard, **where, "message": message}
 
 
-def _check_video(data: bytes, cam: dict, num_rows: int, shard: str, key: str) -> list[dict]:
-    where = {"episode": key, "camera": cam["name"]}
-    try:
-        pts, duration, keyflags = camera_frame_tables(cam)
-        frames = camera_row_frames(cam, num_rows)
-    except (ValueError, IndexError) as exc:
-        return [_problem(shard, f"malformed frame tables: {exc}", **where)]
-    if len(frames) != num_rows or min(frames) < 0 or max(frames) >= pts.size:
-        return [_problem(shard, f"rows map to frames {min(frames)}..{max(frames)}, the video has {pts.size}", **where)]
-    problem = check_frames(data, pts, duration, keyflags, Fraction(cam["time_base_num"], cam["time_base_den"]),
+def _check_video(data: bytes, cam: dict, tables: tuple, shard: str, key: str) -> list[dict]:
+    """``tables``: the stream's (pts, duration, keyframe flags), ``WindowIndex.frame_tables``; their
+    bounds and the row-to-frame map were checked with the index (``validate.check_index``)."""
+    problem = check_frames(data, *tables, Fraction(cam["time_base_num"], cam["time_base_den"]),
                            cam.get("stream_index"))
     if problem is None:
         return []
-    return [_problem(shard, f"the frame table disagrees with the video: {problem}", **where)]
+    return [_problem(shard, f"the frame table disagrees with the video: {problem}", episode=key, camera=cam["name"])]
 
 
 def _check_shard(storage: Storage, entry: dict, cameras: dict, decode: bool) -> tuple[list[dict], pa.Table | None]:
@@ -67,9 +61,9 @@ def _check_shard(storage: Storage, entry: dict, cameras: dict, decode: bool) -> 
     try:
         table = read_table_bytes(index_bytes).replace_schema_metadata(None)
         check_index_table(table, storage.path(entry["index"]), shard_column=False)
-        shard_of_row = np.zeros(table.num_rows, dtype=np.int32)
+        index = WindowIndex(table, np.zeros(table.num_rows, dtype=np.int32))
         one = {"shards": [entry], "cameras": {name: {} for name in cameras}}  # per-camera counts are dataset-wide
-        check_index(WindowIndex(table, shard_of_row), one, storage.path(entry["index"]))
+        check_index(index, one, storage.path(entry["index"]))
     except (pa.ArrowException, FormatError) as exc:
         return problems + [_problem(shard, f"index {entry['index']} does not read: {exc}")], None
     rows = table.to_pylist()
@@ -77,8 +71,8 @@ def _check_shard(storage: Storage, entry: dict, cameras: dict, decode: bool) -> 
         with storage.open(shard) as f, tarfile.open(fileobj=f) as tar:
             members = {m.name: m for m in tar.getmembers()}
             order = [m.name for m in tar.getmembers()]
-            for row in rows:
-                problems += _check_episode(f, members, order, row, shard, decode)
+            for episode, row in enumerate(rows):
+                problems += _check_episode(f, members, order, row, shard, index if decode else None, episode)
     except tarfile.TarError as exc:
         problems.append(_problem(shard, f"tar does not parse: {exc}"))
     return problems, table
@@ -91,7 +85,10 @@ def _sha256(f) -> str:
     return digest.hexdigest()
 
 
-def _check_episode(f, members: dict, order: list[str], row: dict, shard: str, decode: bool) -> list[dict]:
+def _check_episode(f, members: dict, order: list[str], row: dict, shard: str, index: WindowIndex | None,
+                   episode: int) -> list[dict]:
+    """Problems of one episode (row ``episode`` of the shard's index); its videos are decoded when
+    ``index`` is given."""
     key, problems = row["key"], []
     names = [m["name"] for m in row["members"]]
     if any(n not in members for n in names):
@@ -118,11 +115,11 @@ def _check_episode(f, members: dict, order: list[str], row: dict, shard: str, de
                 problems.append(_problem(shard, f"table holds {rows} rows, index says {row['num_rows']}", episode=key))
         except pa.ArrowException as exc:
             problems.append(_problem(shard, f"table does not read: {exc}", episode=key))
-    if decode:
-        for cam in row["cameras"]:
+    if index is not None:
+        for c, cam in enumerate(row["cameras"]):
             name = row["members"][cam["member"]]["name"]
             if name in blobs:
-                problems += _check_video(blobs[name], cam, row["num_rows"], shard, key)
+                problems += _check_video(blobs[name], cam, index.frame_tables(index.stream(episode, c)), shard, key)
     return problems
 
 
