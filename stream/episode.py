@@ -9,10 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
-from shardwriter.index import WindowIndex
+from shardwriter.index import WindowIndex, read_table_bytes
 from shardwriter.stats import numeric_matrix
 
 from .decode import DecodeError, decode, decode_depth, decoded_frames
@@ -98,7 +97,7 @@ class LoadedEpisode:
         video_members = {m0 + int(index.cam_member[s]) for s in streams.values()}
         fps = float(index.fps[episode])
         try:
-            columns = _columns(pq.read_table(pa.BufferReader(next(b for m, b in blobs.items() if m not in video_members))),
+            columns = _columns(read_table_bytes(next(b for m, b in blobs.items() if m not in video_members)),
                                n, fps, spec, normalizers)
         except (pa.ArrowException, KeyError, ValueError, TypeError) as exc:
             raise DecodeError(f"episode {key}: its table does not read as the index describes: "
