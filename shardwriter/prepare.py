@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 from dataclasses import dataclass, field
 
 import av
@@ -194,9 +195,15 @@ def _segment_end_report(info: VideoProbe, absolute: np.ndarray, segment: tuple[f
                        f"(length, frame_index) and from_timestamp {segment[0]:.6f}s decide the episode's frames"}
 
 
-@functools.lru_cache(maxsize=8)
 def _probe_shared(path: str) -> VideoProbe:
-    # Consecutive episodes of a LeRobot v3.0 dataset are segments of one video file: demux it once.
+    # Consecutive episodes of a LeRobot v3.0 dataset are segments of one video file: decode it once.
+    # Keyed by size and mtime too, so a file rewritten in place is probed again, never served stale.
+    st = os.stat(path)
+    return _probe_cached(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _probe_cached(path: str, size: int, mtime_ns: int) -> VideoProbe:
     return probe(path)
 
 
