@@ -8,7 +8,6 @@ Every test runs under a watchdog: a hang fails it instead of blocking the suite.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 
