@@ -83,6 +83,18 @@ def _camera_offsets(sources: list[DatasetSource], spec: WindowSpec) -> list[dict
     return out
 
 
+def _camera_streams(source: DatasetSource, cam: str) -> np.ndarray:
+    """``source.index.camera_streams(cam)`` (int64 ``[num_episodes]``).
+
+    Raises:
+        KeyError: an episode has no such camera, naming the index file and the episode.
+    """
+    try:
+        return source.index.camera_streams(cam)
+    except KeyError as exc:
+        raise KeyError(f"{source.index_file}: {exc.args[0]}") from None
+
+
 def _check_camera_kinds(sources: list[DatasetSource], cam_offsets: list[dict]) -> None:
     """Refuse a window camera that is depth (uint16 ``[T, 1, H, W]``) in some episodes and RGB
     (uint8 ``[T, 3, H, W]``) in others, of one dataset or across a mix: its frames could not be
@@ -90,6 +102,7 @@ def _check_camera_kinds(sources: list[DatasetSource], cam_offsets: list[dict]) -
 
     Raises:
         ValueError: naming the camera and one episode (key and dataset) of each kind.
+        KeyError: an episode lacks the camera (``_camera_streams``).
     """
     for cam in sorted({c for offsets in cam_offsets for c in offsets}):
         example: dict[bool, str] = {}
@@ -97,7 +110,7 @@ def _check_camera_kinds(sources: list[DatasetSource], cam_offsets: list[dict]) -
             if cam not in offsets:
                 continue
             ix = source.index
-            depth = ix.cam_depth[ix.camera_streams(cam)]
+            depth = ix.cam_depth[_camera_streams(source, cam)]
             for kind in (True, False):
                 hits = np.flatnonzero(depth == kind)
                 if hits.size and kind not in example:
@@ -202,10 +215,7 @@ class WindowDataset(IterableDataset):
             windows = (anchors if per is None else np.ceil(anchors * per) if isinstance(per, (float, np.floating))
                        else np.minimum(anchors, per)) * weight
             for cam, cam_offsets in offsets.items():
-                try:
-                    streams = ix.camera_streams(cam)
-                except KeyError as exc:
-                    raise KeyError(f"{source.index_file}: {exc.args[0]}") from None
+                streams = _camera_streams(source, cam)
                 size = np.array(self.post.size) if self.post.size else np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1)
                 frames = np.minimum(ix.num_rows, np.ceil(windows * len(cam_offsets)))
                 per_pixel = np.where(ix.cam_depth[streams], 2, 3)  # uint16 [1, H, W] or uint8 [3, H, W]

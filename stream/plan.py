@@ -79,14 +79,18 @@ def break_gaps(episodes: np.ndarray, starts: np.ndarray, before: int, after: int
     return np.stack([episodes[first], lo[first], np.maximum.reduceat(hi, first)], axis=1)
 
 
+def _in_ranges(lo: np.ndarray, hi: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """bool ``[n]``: ``x[i]`` lies in one of the ranges ``[lo[k], hi[k])`` (sorted, disjoint)."""
+    pos = np.searchsorted(lo, x, side="right") - 1
+    return (pos >= 0) & (x < hi[np.maximum(pos, 0)])
+
+
 def _in_gaps(gaps: np.ndarray, episode: np.ndarray, anchor: np.ndarray) -> np.ndarray:
     """bool ``[n]``: anchor ``i`` of episode ``i`` lies in one of ``gaps`` (sorted, disjoint)."""
     if gaps is None or gaps.shape[0] == 0 or anchor.size == 0:
         return np.zeros(anchor.shape, dtype=bool)
-    span = int(max(anchor.max(), gaps[:, 2].max())) + 1
-    pos = np.searchsorted(gaps[:, 0] * span + gaps[:, 1], episode * span + anchor, side="right") - 1
-    safe = np.maximum(pos, 0)
-    return (pos >= 0) & (gaps[safe, 0] == episode) & (anchor < gaps[safe, 2])
+    span = int(max(anchor.max(), gaps[:, 2].max())) + 1  # (episode, row) -> one sortable key
+    return _in_ranges(gaps[:, 0] * span + gaps[:, 1], gaps[:, 0] * span + gaps[:, 2], episode * span + anchor)
 
 
 def anchor_counts(lo: np.ndarray, hi: np.ndarray, stride: int, gaps: np.ndarray | None = None) -> np.ndarray:
@@ -120,13 +124,14 @@ def select_anchors(lo: int, hi: int, stride: int, per_episode, weight: float, rn
     """Anchors of one episode for one epoch, ascending (int64). See ``WindowSpec.per_episode``.
 
     ``weight`` scales the count (stochastic rounding); past all anchors they are drawn again.
-    ``gaps``: int64 ``[k, 2]`` anchor ranges ``[lo, hi)`` left out (windows across a recording break).
+    ``gaps``: int64 ``[k, 2]`` anchor ranges ``[lo, hi)``, sorted and disjoint, left out (windows
+    across a recording break).
     """
     if weight < 0 or (per_episode is not None and per_episode < 0):
         raise ValueError(f"per_episode ({per_episode}) and weight ({weight}) must not be negative")
     anchors = np.arange(lo, hi, stride, dtype=np.int64)
     if gaps is not None and len(gaps):
-        anchors = anchors[~np.any((anchors[:, None] >= gaps[None, :, 0]) & (anchors[:, None] < gaps[None, :, 1]), axis=1)]
+        anchors = anchors[~_in_ranges(gaps[:, 0], gaps[:, 1], anchors)]
     if anchors.size == 0:
         return anchors
     if per_episode is None:
@@ -201,7 +206,7 @@ def _anchors(table: EpisodeTable, order: np.ndarray, stride: int, per_episode, s
     """(episode, anchor) int64 arrays of every selected window, episodes in ``order``."""
     if per_episode is None and np.all(table.weight[order] == 1.0):
         # Every anchor of every episode: vectorised, no per-episode random draws.
-        counts = np.maximum((table.hi[order] - table.lo[order] + stride - 1) // stride, 0)
+        counts = anchor_counts(table.lo[order], table.hi[order], stride)
         episode = np.repeat(order.astype(np.int64), counts)
         first = np.repeat(np.cumsum(counts) - counts, counts)
         anchor = (np.repeat(table.lo[order], counts) + (np.arange(episode.size) - first) * stride).astype(np.int64)

@@ -48,9 +48,25 @@ def moto_s3():
 
 
 @pytest.fixture(scope="session")
-def fault_dataset(tmp_path_factory) -> str:
+def intact(tmp_path_factory) -> str:
     """The tiny generated dataset the fault tests damage copies of (``faultgen.make_dataset``):
     6 episodes in 3 shards, generated once per session. Tests must not modify it."""
     from faultgen import make_dataset
 
     return make_dataset(str(tmp_path_factory.mktemp("fault_dataset")))
+
+
+@pytest.fixture(scope="session")
+def reference(intact) -> list[dict]:
+    """Every sample of ``intact`` read with ``faultgen.SPEC`` and seed 5, in read order; decoded once
+    per session. Tests must not modify the samples."""
+    from faultgen import SPEC
+    from stream import WindowDataset
+
+    return list(WindowDataset(intact, SPEC, seed=5))
+
+
+@pytest.fixture(scope="session")
+def keyed_reference(reference) -> dict[tuple[int, int], dict]:
+    """``reference`` keyed by (episode_index, frame_index)."""
+    return {(int(s["episode_index"]), int(s["frame_index"])): s for s in reference}

@@ -50,15 +50,18 @@ ROWS = 20
 SPEC = WindowSpec(cameras={CAMERA: segment(0, 4, 2)}, action_horizon=2, boundary="pad")
 
 
+def source(episodes: int = 6) -> Source:
+    """``episodes`` episodes of ``ROWS`` rows, one 32x32 H.264 camera (keyframe every 5 frames);
+    episode ``e``'s frame ``i`` shows ``100 * e + i``."""
+    return Source(name="g", fps=20, episodes=[
+        Episode(source="g", episode_index=e, table=make_episode_table(ROWS), fps=20, tasks=(f"task {e}",),
+                videos={CAMERA: CameraVideo(make_video(None, ROWS, gop=5, start_number=100 * e, height=32, width=32))})
+        for e in range(episodes)])
+
+
 def make_dataset(out: str, episodes: int = 6, per_shard: int = 2) -> str:
-    """``episodes`` episodes of ``ROWS`` rows, one 32x32 H.264 camera (keyframe every 5 frames),
-    ``per_shard`` episodes per shard. Returns ``out``."""
-    eps = [Episode(source="g", episode_index=e, table=make_episode_table(ROWS), fps=20, tasks=(f"task {e}",),
-                   videos={CAMERA: CameraVideo(make_video(None, ROWS, gop=5, start_number=100 * e, height=32,
-                                                          width=32))})
-           for e in range(episodes)]
-    convert([Source(name="g", episodes=eps, fps=20)], out,
-            ConvertOptions(max_episodes_per_shard=per_shard, progress=False))
+    """``source(episodes)`` converted with ``per_shard`` episodes per shard. Returns ``out``."""
+    convert([source(episodes)], out, ConvertOptions(max_episodes_per_shard=per_shard, progress=False))
     return out
 
 

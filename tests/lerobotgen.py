@@ -38,6 +38,15 @@ def _write_json(path: str, value) -> None:
         json.dump(value, f)
 
 
+def edit_json(path: str, change) -> None:
+    """Replace the JSON value in ``path`` by ``change(value)`` (NaN/Infinity written as Python's
+    json writes them)."""
+    with open(path) as f:
+        value = json.load(f)
+    with open(path, "w") as f:
+        json.dump(change(value), f)
+
+
 def _table(episode: int, rows: int, fps: int, first_index: int, timestamps=None) -> pa.Table:
     table = make_episode_table(rows, fps=fps)
     table = table.set_column(table.column_names.index("episode_index"), "episode_index",

@@ -150,6 +150,7 @@ class FaultProxy:
 
 
 def _wait_closed(s: socket.socket):
+    """Reads and discards until the peer closes the connection (or it breaks)."""
     try:
         while s.recv(65536):
             pass
@@ -216,15 +217,7 @@ class SilentServer:
                 return
             self.connections += 1
             self._clients.append(client)
-            threading.Thread(target=self._drain, args=(client,), daemon=True).start()
-
-    @staticmethod
-    def _drain(client: socket.socket):
-        try:
-            while client.recv(65536):
-                pass
-        except OSError:
-            pass
+            threading.Thread(target=_wait_closed, args=(client,), daemon=True).start()
 
     def close(self):
         _close(self._sock)

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from lerobotgen import write_v2
+from lerobotgen import edit_json, write_v2
 from remote_servers import serve_access_denied
 from shardwriter.cli import main as cli
 
@@ -49,19 +49,11 @@ def _error(capsys, command: str) -> str:
     return errors[0][len(f"epishard {command}: error: "):]
 
 
-def _edit_json(path: str, change) -> None:
-    with open(path) as f:
-        value = json.load(f)
-    value = change(value)
-    with open(path, "w") as f:
-        json.dump(value, f)
-
-
 # --- source metadata ---------------------------------------------------------------------------------
 
 def test_fps_zero_is_one_line_and_the_traceback_only_with_debug(dataset, tmp_path, capsys):
     src = _copy(dataset, tmp_path)
-    _edit_json(f"{src}/meta/info.json", lambda info: info | {"fps": 0})
+    edit_json(f"{src}/meta/info.json", lambda info: info | {"fps": 0})
     env = {**os.environ, "PYTHONPATH": REPO}
     command = [sys.executable, "-m", "shardwriter.cli", "convert", src, str(tmp_path / "out"), "--quiet"]
     plain = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
@@ -88,7 +80,7 @@ def test_fps_zero_is_one_line_and_the_traceback_only_with_debug(dataset, tmp_pat
 ])
 def test_info_json_of_the_wrong_type(dataset, tmp_path, capsys, change, said):
     src = _copy(dataset, tmp_path)
-    _edit_json(f"{src}/meta/info.json", change)
+    edit_json(f"{src}/meta/info.json", change)
     assert cli(["convert", src, str(tmp_path / "out"), "--quiet"]) == 2
     assert _error(capsys, "convert").startswith(f"{src}/meta/info.json: {said}")
 
@@ -107,7 +99,7 @@ def test_truncated_info_json(dataset, tmp_path, capsys):
 @pytest.mark.parametrize("shards", ["shard-000000.tar", {"shard": "shard-000000.tar"}, None, [["shard-000000.tar"]]])
 def test_manifest_shards_of_the_wrong_type(converted, tmp_path, capsys, command, shards):
     ds = _copy(converted, tmp_path)
-    _edit_json(f"{ds}/manifest.json", lambda m: m | {"shards": shards})
+    edit_json(f"{ds}/manifest.json", lambda m: m | {"shards": shards})
     assert cli([command, ds]) == 2
     line = _error(capsys, command)
     expected = "shards must be a JSON array" if not isinstance(shards, list) else "shards[0].shard must be a JSON string"
@@ -116,7 +108,7 @@ def test_manifest_shards_of_the_wrong_type(converted, tmp_path, capsys, command,
 
 def test_manifest_shards_of_the_wrong_type_under_stream(converted, tmp_path, capsys):
     ds = _copy(converted, tmp_path)
-    _edit_json(f"{ds}/manifest.json", lambda m: m | {"shards": "shard-000000.tar"})
+    edit_json(f"{ds}/manifest.json", lambda m: m | {"shards": "shard-000000.tar"})
     assert cli(["stream", ds, "--workers", "0", "--batches", "1"]) == 2
     assert _error(capsys, "stream").startswith(f"{ds}/manifest.json: shards must be a JSON array")
 

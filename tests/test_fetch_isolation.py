@@ -20,16 +20,6 @@ from stream.fetch import FetchError, FetchPolicy
 from videogen import decode_frame_number
 
 
-@pytest.fixture(scope="module")
-def intact(fault_dataset):
-    return fault_dataset
-
-
-@pytest.fixture(scope="module")
-def reference(intact):
-    return {_key(s): s for s in WindowDataset(intact, SPEC, seed=5)}
-
-
 def _key(s) -> tuple[int, int]:
     return int(s["episode_index"]), int(s["frame_index"])
 
@@ -57,7 +47,7 @@ def damaged(intact, tmp_path_factory):
 @pytest.mark.parametrize("prefetch", [0, 4096, 256 << 20], ids=["no-prefetch", "prefetch-4k", "prefetch-default"])
 @pytest.mark.parametrize("chunk", [1024, 3001, 8 << 20], ids=["chunk-1k", "chunk-3001", "chunk-8M"])
 @pytest.mark.parametrize("mode", ["stream", "ranged"])
-def test_damaged_shard_costs_only_its_windows(intact, reference, damaged, position, prefetch, chunk, mode):
+def test_damaged_shard_costs_only_its_windows(intact, keyed_reference, damaged, position, prefetch, chunk, mode):
     root, shard = damaged[position]
     policy = FetchPolicy(mode=mode, chunk_bytes=chunk, prefetch_bytes=prefetch)
     with warnings.catch_warnings(record=True) as caught:
@@ -65,14 +55,14 @@ def test_damaged_shard_costs_only_its_windows(intact, reference, damaged, positi
         samples = list(WindowDataset(root, SPEC, seed=5, fetch=policy))
     name = manifest(root)["shards"][shard]["shard"]
     lost = {e for e in range(6) if e // 2 == shard}  # both episodes of the damaged shard
-    assert len(samples) == len(reference)  # the rank keeps its sample count
+    assert len(samples) == len(keyed_reference)  # the rank keeps its sample count
     real = [s for s in samples if not s["substitute"]]
-    assert sorted(_key(s) for s in real) == sorted(k for k in reference if k[0] not in lost)
-    assert sum(s["substitute"] for s in samples) == sum(1 for k in reference if k[0] in lost)
+    assert sorted(_key(s) for s in real) == sorted(k for k in keyed_reference if k[0] not in lost)
+    assert sum(s["substitute"] for s in samples) == sum(1 for k in keyed_reference if k[0] in lost)
     for s in samples:  # real windows and substitutes alike carry a real window's frames
         e, anchor = _key(s)
         assert e not in lost
-        assert torch.equal(s[CAMERA], reference[(e, anchor)][CAMERA])
+        assert torch.equal(s[CAMERA], keyed_reference[(e, anchor)][CAMERA])
         rows = np.clip(anchor + np.asarray(SPEC.cameras[CAMERA]), 0, 19)
         assert [decode_frame_number(f) for f in s[CAMERA]] == (100 * e + rows).tolist()
     messages = [str(w.message) for w in caught if "epishard: skipping" in str(w.message)]

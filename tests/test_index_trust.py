@@ -22,16 +22,6 @@ from stream.decode import DecodeError
 from stream.fetch import FetchPolicy
 
 
-@pytest.fixture(scope="module")
-def intact(fault_dataset):
-    return fault_dataset
-
-
-@pytest.fixture(scope="module")
-def reference(intact):
-    return list(WindowDataset(intact, SPEC, seed=5))
-
-
 def _set(episode: int, field: str, value, camera: bool = False):
     def edit(rows):
         (rows[episode]["cameras"][0] if camera else rows[episode])[field] = value
@@ -94,7 +84,7 @@ def test_member_ranges_must_lie_inside_the_shard(intact, tmp_path):
 
 
 @pytest.mark.parametrize("policy", ["skip", "raise"])
-def test_a_video_that_does_not_decode_follows_the_shard_policy(intact, reference, tmp_path, policy):
+def test_a_video_that_does_not_decode_follows_the_shard_policy(intact, keyed_reference, tmp_path, policy):
     root = copy(intact, str(tmp_path / "ds"))
     member = video_member(root, 1, 0)  # episode 2's video
     rewrite_shard_member(root, 1, member, bytes(member["size"]))  # digests match: only decoding can tell
@@ -106,8 +96,8 @@ def test_a_video_that_does_not_decode_follows_the_shard_policy(intact, reference
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         samples = list(ds)
-    assert len(samples) == len(reference)
-    good = {(int(s["episode_index"]), int(s["frame_index"])): s for s in reference}
+    assert len(samples) == len(keyed_reference)
+    good = keyed_reference
     real = [s for s in samples if not s["substitute"]]
     assert sorted((int(s["episode_index"]), int(s["frame_index"])) for s in real) == sorted(k for k in good if k[0] != 2)
     for s in samples:

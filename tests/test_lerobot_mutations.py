@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from faultgen import hang_alarm
-from lerobotgen import write_v2, write_v3
+from lerobotgen import edit_json, write_v2, write_v3
 from shardwriter import WindowIndex, verify
 from shardwriter.cli import main as cli
 
@@ -25,12 +25,7 @@ WRONG = {"null": None, "zero": 0, "negative": -1, "fraction": 1.5, "nan": math.n
 
 
 def _json_edit(change):
-    def apply(path: str) -> None:
-        with open(path) as f:
-            value = json.load(f)
-        with open(path, "w") as f:
-            f.write(json.dumps(change(value)))  # NaN/Infinity as Python's json writes them
-    return apply
+    return lambda path: edit_json(path, change)
 
 
 def _set(key, value):

@@ -18,11 +18,6 @@ from stream import WindowDataset
 HOSTILE = ["../../dev/zero", "/etc/passwd", "sub/shard-000001.tar", "..", "a\\b.tar", "x\0.tar"]
 
 
-@pytest.fixture(scope="module")
-def intact(fault_dataset):
-    return fault_dataset
-
-
 def _with_name(intact: str, root: str, field: str, name: str) -> str:
     copy(intact, root)
     m = manifest(root)

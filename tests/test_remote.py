@@ -54,25 +54,10 @@ def _same(a: list[dict], b: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def s3():
-    pytest.importorskip("s3fs")
-    server_mod = pytest.importorskip("moto.server")
-    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {"endpoint_url": f"http://{host}:{port}"}
-    import s3fs
-
-    s3fs.S3FileSystem(**options).mkdir("epishard-test")
-    yield options
-    server.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+def s3(moto_s3):
+    options, fs = moto_s3
+    fs.mkdir("epishard-test")
+    return options
 
 
 def test_convert_verify_and_stream_through_s3(local, s3):

@@ -8,13 +8,12 @@ Every test runs under a watchdog: a hang fails it instead of blocking the suite.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 
 import pytest
 
-from faultgen import SPEC, copy, hang_alarm, manifest
+from faultgen import SPEC, copy, hang_alarm, manifest, source
 from remote_servers import FaultProxy, SilentServer, serve_http
 from shardwriter import ConvertOptions, convert, verify
 from shardwriter.cli import main
@@ -32,11 +31,6 @@ def watchdog():
         yield
 
 
-@pytest.fixture(scope="module")
-def intact(fault_dataset):
-    return fault_dataset
-
-
 def _stream(url: str, **kw) -> tuple[list[dict], list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -51,8 +45,8 @@ def _check_stuck_shard(samples, messages, expected: int, stuck_episodes: set[int
     assert len(messages) == len(stuck_episodes) and all("Timeout" in m and "after 1 retries" in m for m in messages)
 
 
-def test_http_shard_that_stops_answering_is_substituted(intact):
-    expected = len(list(WindowDataset(intact, SPEC, seed=5)))
+def test_http_shard_that_stops_answering_is_substituted(intact, reference):
+    expected = len(reference)
     server, _ = serve_http(intact)
     proxy = FaultProxy(server.server_address, match=b"shard-000001.tar", stall=True)
     try:
@@ -83,10 +77,10 @@ def s3(moto_s3):
     return options
 
 
-def test_s3_shard_that_stops_answering_is_substituted(intact, s3):
+def test_s3_shard_that_stops_answering_is_substituted(intact, reference, s3):
     url = "s3://timeouts/ds"
-    convert([intact_source()], url, ConvertOptions(max_episodes_per_shard=2, progress=False), storage_options=s3)
-    expected = len(list(WindowDataset(intact, SPEC, seed=5)))
+    convert([source()], url, ConvertOptions(max_episodes_per_shard=2, progress=False), storage_options=s3)
+    expected = len(reference)
     host, port = s3["endpoint_url"].rsplit("/", 1)[1].split(":")
     proxy = FaultProxy((host, int(port)), match=b"shard-000001.tar", stall=True)
     try:
@@ -97,17 +91,6 @@ def test_s3_shard_that_stops_answering_is_substituted(intact, s3):
     _check_stuck_shard(samples, messages, expected, {2, 3})
 
 
-def intact_source():
-    from faultgen import CAMERA, ROWS
-    from shardwriter import CameraVideo, Episode, Source
-    from videogen import make_episode_table, make_video
-
-    return Source(name="g", fps=20, episodes=[
-        Episode(source="g", episode_index=e, table=make_episode_table(ROWS), fps=20, tasks=(f"task {e}",),
-                videos={CAMERA: CameraVideo(make_video(None, ROWS, gop=5, start_number=100 * e, height=32, width=32))})
-        for e in range(6)])
-
-
 def test_s3_endpoint_that_never_answers_fails_convert_verify_and_reader(intact, capsys):
     silent = SilentServer()
     options = {"endpoint_url": silent.url, "connect_timeout": 0.3, "read_timeout": 0.3}
@@ -115,7 +98,7 @@ def test_s3_endpoint_that_never_answers_fails_convert_verify_and_reader(intact, 
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     try:
         with pytest.raises(Exception, match="[Tt]imeout"):
-            convert([intact_source()], "s3://stuck/ds", ConvertOptions(progress=False), storage_options=options)
+            convert([source()], "s3://stuck/ds", ConvertOptions(progress=False), storage_options=options)
         with pytest.raises(Exception, match="[Tt]imeout"):
             verify("s3://stuck/ds", storage_options=options)
         with pytest.raises(FetchError, match="manifest.json: .*Timeout"):
