@@ -12,14 +12,45 @@
 """
 
 from .assign import balanced_steps, dropped_samples, lpt_capped, random_steps, rank_samples, remainder
-from .cost import (CostFn, CostModel, MeasuredCosts, WindowCost, WindowFeatures, estimate_tokens, sample_cost,
-                   sample_features, token_counts, window_features)
+from .cost import (
+    CostFn,
+    CostModel,
+    MeasuredCosts,
+    WindowCost,
+    WindowFeatures,
+    estimate_tokens,
+    sample_cost,
+    sample_features,
+    token_counts,
+    window_features,
+)
 from .local import local_order, rank_steps, stratified_order
 from .telemetry import StepStats, StepTelemetry, epoch_summary, padding_fraction, step_costs, step_stats
 
 __all__ = [
-    "CostFn", "CostModel", "MeasuredCosts", "StepStats", "StepTelemetry", "WindowCost", "WindowFeatures",
-    "balanced_steps", "dropped_samples", "epoch_summary", "estimate_tokens", "local_order", "lpt_capped",
-    "padding_fraction", "random_steps", "rank_samples", "rank_steps", "remainder", "sample_cost",
-    "sample_features", "step_costs", "step_stats", "stratified_order", "token_counts", "window_features",
+    "CostFn",
+    "CostModel",
+    "MeasuredCosts",
+    "StepStats",
+    "StepTelemetry",
+    "WindowCost",
+    "WindowFeatures",
+    "balanced_steps",
+    "dropped_samples",
+    "epoch_summary",
+    "estimate_tokens",
+    "local_order",
+    "lpt_capped",
+    "padding_fraction",
+    "random_steps",
+    "rank_samples",
+    "rank_steps",
+    "remainder",
+    "sample_cost",
+    "sample_features",
+    "step_costs",
+    "step_stats",
+    "stratified_order",
+    "token_counts",
+    "window_features",
 ]

@@ -133,7 +133,8 @@ def balanced_steps(costs: np.ndarray, world_size: int, batch_size: int, seed: in
 
 def random_steps(costs: np.ndarray, world_size: int, batch_size: int, seed: int, epoch: int = 0) -> np.ndarray:
     """The baseline: kept samples (same remainder rule) in a random ``(seed, epoch)`` order, dealt in
-    order into ``[steps, world_size, batch_size]`` (what a shuffled ``DistributedSampler`` does)."""
+    order into ``[steps, world_size, batch_size]`` (what a shuffled ``DistributedSampler`` does).
+    """
     costs = _check(costs, world_size, batch_size)
     per_step = world_size * batch_size
     kept = _kept(costs.size, world_size, batch_size, seed, epoch)

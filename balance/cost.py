@@ -29,8 +29,9 @@ model's weights give them; the default model counts transformer sequence tokens.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -130,12 +131,17 @@ class WindowFeatures:
         return int(self.frames.shape[0])
 
     @classmethod
-    def concat(cls, parts: list["WindowFeatures"], order: np.ndarray | None = None) -> "WindowFeatures":
+    def concat(cls, parts: list[WindowFeatures], order: np.ndarray | None = None) -> WindowFeatures:
         """Windows of several parts one after the other; ``order`` (int64 ``[N]``) then picks them."""
         pick = (lambda a: a) if order is None else (lambda a: a[order])
-        cat = lambda name: pick(np.concatenate([getattr(p, name) for p in parts]))  # noqa: E731
-        return cls(frames=cat("frames"), decoded=cat("decoded"), pixels=cat("pixels"), tokens=cat("tokens"),
-                   action=cat("action"))
+        cat = lambda name: pick(np.concatenate([getattr(p, name) for p in parts]))
+        return cls(
+            frames=cat("frames"),
+            decoded=cat("decoded"),
+            pixels=cat("pixels"),
+            tokens=cat("tokens"),
+            action=cat("action"),
+        )
 
 
 def _camera_streams(index, camera: str) -> np.ndarray:
@@ -176,8 +182,16 @@ def _keyframe_before(index, streams: np.ndarray, frames: np.ndarray) -> np.ndarr
     return np.where(valid, keys[np.maximum(pos, 0)] if keys.size else 0, frames)
 
 
-def window_features(index, spec, episodes: np.ndarray, anchors: np.ndarray, *, postprocess=None,
-                    tokenizer: Tokenizer | None = None, task_tokens: np.ndarray | None = None) -> WindowFeatures:
+def window_features(
+    index,
+    spec,
+    episodes: np.ndarray,
+    anchors: np.ndarray,
+    *,
+    postprocess=None,
+    tokenizer: Tokenizer | None = None,
+    task_tokens: np.ndarray | None = None,
+) -> WindowFeatures:
     """Features of windows ``(episodes[i], anchors[i])`` of one dataset, no I/O.
 
     Args:
@@ -213,8 +227,9 @@ def window_features(index, spec, episodes: np.ndarray, anchors: np.ndarray, *, p
         h, w = index.cam_height[streams].astype(np.int64), index.cam_width[streams].astype(np.int64)
         if postprocess is not None:  # output size per distinct stored size
             stored, which = np.unique(np.stack([h, w], 1), axis=0, return_inverse=True)
-            out = np.array([postprocess.output_shape(3, int(a), int(b))[1:] for a, b in stored],
-                           dtype=np.int64).reshape(-1, 2)
+            out = np.array(
+                [postprocess.output_shape(3, int(a), int(b))[1:] for a, b in stored], dtype=np.int64
+            ).reshape(-1, 2)
             h, w = out[which.ravel(), 0], out[which.ravel(), 1]
         cam_frames = np.full(n, offsets.size, dtype=np.int64)
         part = {"frames": cam_frames, "decoded": decoded.astype(np.int64), "pixels": cam_frames * h * w}
@@ -222,9 +237,14 @@ def window_features(index, spec, episodes: np.ndarray, anchors: np.ndarray, *, p
         for k in total:
             total[k] += part[k]
     horizon = spec.action_horizon if spec.action_key else 0
-    return WindowFeatures(frames=total["frames"], decoded=total["decoded"], pixels=total["pixels"],
-                          tokens=np.asarray(task_tokens, dtype=np.int64)[episodes],
-                          action=np.full(n, horizon, dtype=np.int64), per_camera=per_camera)
+    return WindowFeatures(
+        frames=total["frames"],
+        decoded=total["decoded"],
+        pixels=total["pixels"],
+        tokens=np.asarray(task_tokens, dtype=np.int64)[episodes],
+        action=np.full(n, horizon, dtype=np.int64),
+        per_camera=per_camera,
+    )
 
 
 @dataclass(frozen=True)
@@ -261,12 +281,12 @@ class CostModel:
     extra: Callable[[WindowFeatures], np.ndarray] | None = None
 
     @classmethod
-    def transformer(cls, d_model: int, **kw) -> "CostModel":
+    def transformer(cls, d_model: int, **kw) -> CostModel:
         """Sequence tokens plus attention for hidden size ``d_model`` (``quadratic = 1 / (12 d)``)."""
         return cls(quadratic=1.0 / (12.0 * d_model), **kw)
 
     @classmethod
-    def decode(cls, **kw) -> "CostModel":
+    def decode(cls, **kw) -> CostModel:
         """Loader-side cost: frames decoded from the preceding keyframe, nothing else."""
         return cls(per_token=0.0, per_vision_token=0.0, per_action_step=0.0, per_decoded_frame=1.0, **kw)
 
@@ -276,9 +296,15 @@ class CostModel:
 
     def __call__(self, f: WindowFeatures) -> np.ndarray:
         """float64 ``[N]`` costs."""
-        cost = (self.constant + self.per_frame * f.frames + self.per_decoded_frame * f.decoded
-                + self.per_pixel * f.pixels + self.per_token * f.tokens
-                + self.per_vision_token * (f.pixels / self.pixels_per_token) + self.per_action_step * f.action)
+        cost = (
+            self.constant
+            + self.per_frame * f.frames
+            + self.per_decoded_frame * f.decoded
+            + self.per_pixel * f.pixels
+            + self.per_token * f.tokens
+            + self.per_vision_token * (f.pixels / self.pixels_per_token)
+            + self.per_action_step * f.action
+        )
         cost = np.asarray(cost, dtype=np.float64)
         if self.quadratic:
             cost = cost + self.quadratic * self.sequence(f) ** 2
@@ -302,8 +328,15 @@ class WindowCost:
             tokenised once, here.
     """
 
-    def __init__(self, indexes, spec, model: Callable[[WindowFeatures], np.ndarray] | None = None, *,
-                 postprocess=None, tokenizer: Tokenizer | None = None):
+    def __init__(
+        self,
+        indexes,
+        spec,
+        model: Callable[[WindowFeatures], np.ndarray] | None = None,
+        *,
+        postprocess=None,
+        tokenizer: Tokenizer | None = None,
+    ):
         self.indexes = list(indexes) if isinstance(indexes, (list, tuple)) else [indexes]
         self.specs = list(spec) if isinstance(spec, (list, tuple)) else [spec] * len(self.indexes)
         if len(self.specs) != len(self.indexes):
@@ -314,10 +347,11 @@ class WindowCost:
         self.task_tokens = [token_counts(ix.table.column("task").to_pylist(), tokenizer) for ix in self.indexes]
 
     @classmethod
-    def from_dataset(cls, dataset, model=None, *, tokenizer: Tokenizer | None = None) -> "WindowCost":
+    def from_dataset(cls, dataset, model=None, *, tokenizer: Tokenizer | None = None) -> WindowCost:
         """For a ``stream.WindowDataset``: its indexes, spec and post-processing."""
-        return cls([s.index for s in dataset.sources], dataset.spec, model, postprocess=dataset.post,
-                   tokenizer=tokenizer)
+        return cls(
+            [s.index for s in dataset.sources], dataset.spec, model, postprocess=dataset.post, tokenizer=tokenizer
+        )
 
     def features(self, episodes: np.ndarray, anchors: np.ndarray) -> WindowFeatures:
         """``WindowFeatures`` of the windows, in the given order."""
@@ -329,8 +363,16 @@ class WindowCost:
         parts, positions = [], []
         for d, ix in enumerate(self.indexes):
             pick = np.flatnonzero(dataset == d)
-            parts.append(window_features(ix, self.specs[d], episodes[pick] - self.base[d], anchors[pick],
-                                         postprocess=self.postprocess, task_tokens=self.task_tokens[d]))
+            parts.append(
+                window_features(
+                    ix,
+                    self.specs[d],
+                    episodes[pick] - self.base[d],
+                    anchors[pick],
+                    postprocess=self.postprocess,
+                    task_tokens=self.task_tokens[d],
+                )
+            )
             positions.append(pick)
         inverse = np.empty(episodes.size, dtype=np.int64)
         inverse[np.concatenate(positions)] = np.arange(episodes.size)
@@ -355,12 +397,15 @@ def sample_features(sample: dict, tokenizer: Tokenizer | None = None, action_key
             pixels += int(t) * int(h) * int(w)
     tokens = token_counts([str(sample.get("task", ""))], tokenizer)
     action = int(sample[action_key].shape[0]) if action_key in sample else 0
-    one = lambda v: np.array([v], dtype=np.int64)  # noqa: E731
-    return WindowFeatures(frames=one(frames), decoded=one(frames), pixels=one(pixels), tokens=tokens, action=one(action))
+    one = lambda v: np.array([v], dtype=np.int64)
+    return WindowFeatures(
+        frames=one(frames), decoded=one(frames), pixels=one(pixels), tokens=tokens, action=one(action)
+    )
 
 
-def sample_cost(model: Callable[[WindowFeatures], np.ndarray] | None = None,
-                tokenizer: Tokenizer | None = None) -> SampleCost:
+def sample_cost(
+    model: Callable[[WindowFeatures], np.ndarray] | None = None, tokenizer: Tokenizer | None = None
+) -> SampleCost:
     """A ``SampleCost``: the model applied to the features of a decoded sample (``sample_features``).
 
     Use it when the cost is only known after decoding (a processor that tiles images by their

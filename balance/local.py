@@ -48,8 +48,9 @@ import numpy as np
 _SALT_LOCAL, _SALT_STRATA = 21, 22
 
 
-def local_order(costs: np.ndarray, batch_size: int, chunk_batches: int, seed: int, epoch: int,
-                worker: int = 0) -> np.ndarray:
+def local_order(
+    costs: np.ndarray, batch_size: int, chunk_batches: int, seed: int, epoch: int, worker: int = 0
+) -> np.ndarray:
     """New yield order of one consumer's windows.
 
     Args:
@@ -73,7 +74,7 @@ def local_order(costs: np.ndarray, batch_size: int, chunk_batches: int, seed: in
         full = ordered.size // batch_size
         blocks = np.random.default_rng([seed & 0xFFFFFFFF, epoch, _SALT_LOCAL, worker, c]).permutation(full)
         head = ordered[: full * batch_size].reshape(full, batch_size)[blocks].reshape(-1)
-        out[start:start + pos.size] = np.concatenate([head, ordered[full * batch_size:]])
+        out[start : start + pos.size] = np.concatenate([head, ordered[full * batch_size :]])
     return out
 
 
@@ -94,8 +95,16 @@ def rank_steps(yield_costs: list[np.ndarray], batch_size: int) -> np.ndarray:
     return blocks.reshape(per * workers, batch_size)
 
 
-def stratified_order(strata: np.ndarray, num_strata: int, batch_size: int, seed: int, epoch: int, worker: int = 0,
-                     costs: np.ndarray | None = None, chunk_batches: int = 1) -> np.ndarray:
+def stratified_order(
+    strata: np.ndarray,
+    num_strata: int,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    worker: int = 0,
+    costs: np.ndarray | None = None,
+    chunk_batches: int = 1,
+) -> np.ndarray:
     """Yield order of a consumer whose windows fall into cost strata (datasets, or cost buckets), so
     that each of its batches comes from one stratum and every rank's step ``t`` from the same one.
 
@@ -122,8 +131,16 @@ def stratified_order(strata: np.ndarray, num_strata: int, batch_size: int, seed:
     for k in range(num_strata):
         pos = np.flatnonzero(strata == k)
         if costs is not None and chunk_batches > 1 and pos.size:
-            pos = pos[local_order(np.asarray(costs, dtype=np.float64)[pos], batch_size, chunk_batches, seed, epoch,
-                                  worker * num_strata + k)]
+            pos = pos[
+                local_order(
+                    np.asarray(costs, dtype=np.float64)[pos],
+                    batch_size,
+                    chunk_batches,
+                    seed,
+                    epoch,
+                    worker * num_strata + k,
+                )
+            ]
         queues.append(pos)
     full = counts // batch_size
     # Proportional schedule with a random phase per stratum: stratum k's j-th batch goes at
@@ -132,12 +149,16 @@ def stratified_order(strata: np.ndarray, num_strata: int, batch_size: int, seed:
     # uniformly random order of the batches.
     phase = np.random.default_rng([seed % (1 << 64), epoch, _SALT_STRATA, worker]).random(num_strata)
     keys = np.concatenate([(np.arange(f) + phase[k]) / f for k, f in enumerate(full.tolist()) if f])
-    labels = np.concatenate([np.full(f, k) for k, f in enumerate(full.tolist()) if f]) if full.any() else np.zeros(0, np.int64)
+    labels = (
+        np.concatenate([np.full(f, k) for k, f in enumerate(full.tolist()) if f])
+        if full.any()
+        else np.zeros(0, np.int64)
+    )
     schedule = labels[np.argsort(keys, kind="stable")] if full.any() else labels
     taken = np.zeros(num_strata, dtype=np.int64)
     out = []
     for k in schedule.tolist():
-        out.append(queues[k][taken[k]:taken[k] + batch_size])
+        out.append(queues[k][taken[k] : taken[k] + batch_size])
         taken[k] += batch_size
-    out += [queues[k][taken[k]:] for k in range(num_strata)]
+    out += [queues[k][taken[k] :] for k in range(num_strata)]
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)

@@ -23,8 +23,8 @@ import dataclasses
 
 import numpy as np
 
-from stream.dataset import WindowDataset
-from stream.plan import WorkerPlan
+from epishard.stream.dataset import WindowDataset
+from epishard.stream.plan import WorkerPlan
 
 from .cost import CostFn, WindowCost
 from .local import local_order, stratified_order
@@ -53,12 +53,20 @@ class BalancedWindowDataset(WindowDataset):
         if self.table.stratum is None:
             order = local_order(costs, self.batch_size, self.chunk_batches, self.seed, epoch, consumer)
         else:  # mixed datasets, each dealt to every consumer evenly: every step from one dataset on all ranks
-            order = stratified_order(self.table.stratum[plan.episode], len(self.sources), self.batch_size, self.seed,
-                                     epoch, consumer, costs, self.chunk_batches)
+            order = stratified_order(
+                self.table.stratum[plan.episode],
+                len(self.sources),
+                self.batch_size,
+                self.seed,
+                epoch,
+                consumer,
+                costs,
+                self.chunk_batches,
+            )
         return dataclasses.replace(plan, episode=plan.episode[order], anchor=plan.anchor[order])
 
     def _generate(self, plan: WorkerPlan, skip: int, telemetry):
         costs = np.asarray(self.cost(plan.episode[skip:], plan.anchor[skip:]), dtype=np.float64)
-        for sample, cost in zip(super()._generate(plan, skip, telemetry), costs.tolist()):
+        for sample, cost in zip(super()._generate(plan, skip, telemetry), costs.tolist(), strict=False):
             sample["__cost__"] = cost
             yield sample

@@ -79,8 +79,14 @@ def step_stats(steps: np.ndarray, costs: np.ndarray | None = None, sizes: np.nda
     padded_rank = c.max(axis=2) * c.shape[2]
     s_padded = (s.max(axis=2) * s.shape[2]).sum(axis=1)
     padding = np.divide(s_padded - s.sum(axis=(1, 2)), s_padded, out=np.zeros(c.shape[0]), where=s_padded > 0)
-    return StepStats(max_rank=max_rank, mean_rank=mean_rank, imbalance=imbalance, padded_time=padded_rank.max(axis=1),
-                     packed_time=max_rank, padding=padding)
+    return StepStats(
+        max_rank=max_rank,
+        mean_rank=mean_rank,
+        imbalance=imbalance,
+        padded_time=padded_rank.max(axis=1),
+        packed_time=max_rank,
+        padding=padding,
+    )
 
 
 def epoch_summary(stats: StepStats, *, samples: int | None = None, dropped: int | None = None) -> dict:
@@ -123,18 +129,27 @@ class StepTelemetry:
     def add(self, rank_costs: np.ndarray) -> dict:
         """Record one step; returns its telemetry ``{"imbalance", "padded_time", "packed_time", "padding"}``.
 
-        Steps may differ in batch size (an epoch's last, partial batch)."""
+        Steps may differ in batch size (an epoch's last, partial batch).
+        """
         s = step_stats(np.asarray(rank_costs, dtype=np.float64)[None])
         self.steps.append(s)
-        return {"imbalance": float(s.imbalance[0]), "padded_time": float(s.padded_time[0]),
-                "packed_time": float(s.packed_time[0]), "padding": float(s.padding[0])}
+        return {
+            "imbalance": float(s.imbalance[0]),
+            "padded_time": float(s.padded_time[0]),
+            "packed_time": float(s.packed_time[0]),
+            "padding": float(s.padding[0]),
+        }
 
     def summary(self, reset: bool = True) -> dict:
         """``epoch_summary`` of the steps recorded so far (then forgets them when ``reset``)."""
         if not self.steps:
             return {"steps": 0}
-        merged = StepStats(**{f: np.concatenate([getattr(s, f) for s in self.steps])
-                              for f in ("max_rank", "mean_rank", "imbalance", "padded_time", "packed_time", "padding")})
+        merged = StepStats(
+            **{
+                f: np.concatenate([getattr(s, f) for s in self.steps])
+                for f in ("max_rank", "mean_rank", "imbalance", "padded_time", "packed_time", "padding")
+            }
+        )
         if reset:
             self.steps = []
         return epoch_summary(merged)

@@ -15,6 +15,17 @@ from .verify import verify
 from .video import ReencodeSpec
 
 __all__ = [
-    "CameraVideo", "ConversionError", "ConvertOptions", "Episode", "OutputFolderError", "ReencodeSpec", "Source",
-    "SourceError", "TableSlice", "WindowIndex", "convert", "read_lerobot", "verify",
+    "CameraVideo",
+    "ConversionError",
+    "ConvertOptions",
+    "Episode",
+    "OutputFolderError",
+    "ReencodeSpec",
+    "Source",
+    "SourceError",
+    "TableSlice",
+    "WindowIndex",
+    "convert",
+    "read_lerobot",
+    "verify",
 ]

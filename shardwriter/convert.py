@@ -72,25 +72,33 @@ class ConvertOptions:
     def __post_init__(self):
         problems = [
             f"prefix must be a plain file-name stem ({fmt.PREFIX_RE.pattern}), got {self.prefix!r}"
-            if not fmt.PREFIX_RE.fullmatch(self.prefix) else "",
+            if not fmt.PREFIX_RE.fullmatch(self.prefix)
+            else "",
             f"max_episodes_per_shard must be >= 1, got {self.max_episodes_per_shard}"
-            if self.max_episodes_per_shard < 1 else "",
+            if self.max_episodes_per_shard < 1
+            else "",
             f"max_bytes_per_shard must be >= 1, got {self.max_bytes_per_shard}" if self.max_bytes_per_shard < 1 else "",
             f"workers must be >= 1, got {self.workers}" if self.workers < 1 else "",
-            f"on_error must be 'fail' or 'skip', got {self.on_error!r}" if self.on_error not in ("fail", "skip") else "",
-            f"timestamps must be 'warn' or 'fail', got {self.timestamps!r}" if self.timestamps not in ("warn", "fail") else "",
+            f"on_error must be 'fail' or 'skip', got {self.on_error!r}"
+            if self.on_error not in ("fail", "skip")
+            else "",
+            f"timestamps must be 'warn' or 'fail', got {self.timestamps!r}"
+            if self.timestamps not in ("warn", "fail")
+            else "",
         ]
         if any(problems):
             raise ValueError("ConvertOptions: " + "; ".join(p for p in problems if p))
 
     def prepare_options(self) -> PrepareOptions:
-        return PrepareOptions(cameras=self.cameras, reencode=self.reencode, timestamps=self.timestamps,
-                              decode_check=self.decode_check)
+        return PrepareOptions(
+            cameras=self.cameras, reencode=self.reencode, timestamps=self.timestamps, decode_check=self.decode_check
+        )
 
 
 def open_sources(inputs: list[Source | str], cameras: tuple[str, ...] | None = None) -> list[Source]:
     """Open LeRobot paths (``cameras``: see ``read_lerobot``) and give every source a unique name
-    (``name``, ``name_2``, ...)."""
+    (``name``, ``name_2``, ...).
+    """
     sources, seen = [], set()
     for item in inputs:
         source = read_lerobot(item, cameras=cameras) if isinstance(item, str) else item
@@ -133,7 +141,7 @@ def _fingerprint(episode: Episode) -> list:
             return ["bytes", hashlib.sha256(item).hexdigest()]
         return ["file", item, os.path.getsize(item)]
 
-    videos = {cam: one(v.source) + [v.segment] for cam, v in sorted(episode.videos.items())}
+    videos = {cam: [*one(v.source), v.segment] for cam, v in sorted(episode.videos.items())}
     return [episode.key or fmt.episode_key(episode.source, episode.episode_index), one(episode.table), videos]
 
 
@@ -157,7 +165,8 @@ _parent: int | None = None  # pid of the converting process, in its worker proce
 
 def _die_with_parent(parent: int) -> None:
     """Worker initializer: the kernel SIGKILLs this worker when ``parent`` dies (Linux
-    ``PR_SET_PDEATHSIG``), so a killed conversion leaves no worker running and writing shards."""
+    ``PR_SET_PDEATHSIG``), so a killed conversion leaves no worker running and writing shards.
+    """
     global _parent
     _parent = parent
     if sys.platform.startswith("linux"):
@@ -167,7 +176,8 @@ def _die_with_parent(parent: int) -> None:
 
 def _check_parent() -> None:
     """In a worker: exit if the converting process is gone (its children are re-parented). Called
-    before each publishing rename too, where ``PR_SET_PDEATHSIG`` is unavailable (not Linux)."""
+    before each publishing rename too, where ``PR_SET_PDEATHSIG`` is unavailable (not Linux).
+    """
     if _parent is not None and os.getppid() != _parent:
         os._exit(1)  # an orphan: nobody reads its results; the rerun rewrites its shard
 
@@ -195,8 +205,13 @@ def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], option
                 skipped.append(exc.to_dict())
                 continue
             except Exception as exc:  # a fault prepare does not know: still say where, never skip it
-                raise ConversionError(f"{type(exc).__name__}: {exc}", kind="internal", dataset=episode.source,
-                                      episode=episode.episode_index, shard=name) from exc
+                raise ConversionError(
+                    f"{type(exc).__name__}: {exc}",
+                    kind="internal",
+                    dataset=episode.source,
+                    episode=episode.episode_index,
+                    shard=name,
+                ) from exc
             members = []
             for member_name, data in ready.members:
                 offset, size, sha = tar.add(member_name, data)
@@ -206,9 +221,16 @@ def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], option
         tar.close()
         _check_parent()  # leaving this block publishes the tar
     meta = {
-        "shard": name, "index": fmt.index_name(options.prefix, shard_id), "size": tar.size, "sha256": tar.sha256,
-        "plan_digest": digest, "episodes": len(rows), "rows": sum(r["num_rows"] for r in rows),
-        "frames": sum(r["num_rows"] * len(r["cameras"]) for r in rows), "skipped": skipped, "warnings": warnings,
+        "shard": name,
+        "index": fmt.index_name(options.prefix, shard_id),
+        "size": tar.size,
+        "sha256": tar.sha256,
+        "plan_digest": digest,
+        "episodes": len(rows),
+        "rows": sum(r["num_rows"] for r in rows),
+        "frames": sum(r["num_rows"] * len(r["cameras"]) for r in rows),
+        "skipped": skipped,
+        "warnings": warnings,
     }
     _check_parent()
     storage.write(meta["index"], encode_index(rows, meta))
@@ -252,15 +274,21 @@ def _claim_output(storage: Storage, prefix: str) -> None:
     except ValueError:
         marker = None
     if not isinstance(marker, dict):
-        raise OutputFolderError(f"{storage.url}: not empty and not made by epishard convert (holds {_some(names)}); "
-                                "nothing was changed: convert into a new or empty folder")
+        raise OutputFolderError(
+            f"{storage.url}: not empty and not made by epishard convert (holds {_some(names)}); "
+            "nothing was changed: convert into a new or empty folder"
+        )
     if marker.get("prefix") != prefix:
-        raise OutputFolderError(f"{storage.url}: holds a conversion with --prefix {marker.get('prefix')!r}, not "
-                                f"{prefix!r}; nothing was changed: use that prefix or a new or empty folder")
+        raise OutputFolderError(
+            f"{storage.url}: holds a conversion with --prefix {marker.get('prefix')!r}, not "
+            f"{prefix!r}; nothing was changed: use that prefix or a new or empty folder"
+        )
     foreign = [n for n in names if not fmt.is_writer_file(n, prefix)]
     if foreign:
-        raise OutputFolderError(f"{storage.url}: holds files epishard convert did not write ({_some(foreign)}); "
-                                "nothing was changed: move them out or convert into a new or empty folder")
+        raise OutputFolderError(
+            f"{storage.url}: holds files epishard convert did not write ({_some(foreign)}); "
+            "nothing was changed: move them out or convert into a new or empty folder"
+        )
 
 
 def _refuse_other_finished(storage: Storage, dataset_digest: str) -> None:
@@ -280,8 +308,10 @@ def _refuse_other_finished(storage: Storage, dataset_digest: str) -> None:
     except (ValueError, AttributeError):
         recorded = None
     if recorded != dataset_digest:
-        raise OutputFolderError(f"{storage.url}: holds a finished conversion of other sources or options; "
-                                "nothing was changed: convert into a new folder, or pass --overwrite to replace it")
+        raise OutputFolderError(
+            f"{storage.url}: holds a finished conversion of other sources or options; "
+            "nothing was changed: convert into a new folder, or pass --overwrite to replace it"
+        )
 
 
 def _some(names: list[str]) -> str:
@@ -293,7 +323,7 @@ def _remove_stale(storage: Storage, prefix: str, num_shards: int) -> None:
     # Shards of an earlier plan with more shards than this one would be listed by no manifest.
     for name in storage.names():
         if name.startswith(prefix + "-"):
-            stem = name[len(prefix) + 1:].split(".")[0]
+            stem = name[len(prefix) + 1 :].split(".")[0]
             if stem.isdigit() and int(stem) >= num_shards:
                 storage.remove(name)
 
@@ -308,9 +338,15 @@ def _run(jobs: list[tuple], storage: Storage, options: ConvertOptions, total_epi
             done[shard_id] = write_shard(storage, shard_id, episodes, options, digest)
             bar.update(len(episodes))
     else:
-        with ProcessPoolExecutor(max_workers=options.workers, mp_context=_pool_context(),
-                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
-            futures = {pool.submit(write_shard, storage, sid, eps, options, dg): (sid, len(eps)) for sid, eps, dg in jobs}
+        with ProcessPoolExecutor(
+            max_workers=options.workers,
+            mp_context=_pool_context(),
+            initializer=_die_with_parent,
+            initargs=(os.getpid(),),
+        ) as pool:
+            futures = {
+                pool.submit(write_shard, storage, sid, eps, options, dg): (sid, len(eps)) for sid, eps, dg in jobs
+            }
             try:
                 for future in as_completed(futures):
                     sid, n = futures[future]
@@ -327,7 +363,11 @@ def _feature_schema(source: Source, table: pa.Table) -> dict:
     features = {}
     for field in table.schema:
         value_type, shape = field.type, []
-        while pa.types.is_list(value_type) or pa.types.is_fixed_size_list(value_type) or pa.types.is_large_list(value_type):
+        while (
+            pa.types.is_list(value_type)
+            or pa.types.is_fixed_size_list(value_type)
+            or pa.types.is_large_list(value_type)
+        ):
             if pa.types.is_fixed_size_list(value_type):
                 shape.append(value_type.list_size)
             else:
@@ -342,29 +382,43 @@ def _feature_schema(source: Source, table: pa.Table) -> dict:
 
 def _camera_entry(cam: dict, fps: float) -> dict:
     """Manifest ``cameras`` entry: stream facts, the camera kind and what the reader returns, and
-    the conversion the reader applies when it returns fewer bits than are stored."""
+    the conversion the reader applies when it returns fewer bits than are stored.
+    """
     kind = cam.get("kind") or "rgb"
     dtype, channels = fmt.camera_output(kind)
     bits = av.VideoFormat(cam["pix_fmt"]).components[0].bits if cam["pix_fmt"] else 8
     conversion = None
     if kind == "rgb" and bits > 8:
-        conversion = (f"{cam['pix_fmt']} ({bits} bits per sample) is returned as 8-bit RGB (uint8): "
-                      f"the decoder converts it to rgb24, keeping 8 of its {bits} bits")
-    return {"codec": cam["codec"], "width": cam["width"], "height": cam["height"], "fps": fps, "episodes": 0,
-            "kind": kind, "pix_fmt": cam["pix_fmt"], "bit_depth": bits, "dtype": dtype, "channels": channels,
-            "conversion": conversion}
+        conversion = (
+            f"{cam['pix_fmt']} ({bits} bits per sample) is returned as 8-bit RGB (uint8): "
+            f"the decoder converts it to rgb24, keeping 8 of its {bits} bits"
+        )
+    return {
+        "codec": cam["codec"],
+        "width": cam["width"],
+        "height": cam["height"],
+        "fps": fps,
+        "episodes": 0,
+        "kind": kind,
+        "pix_fmt": cam["pix_fmt"],
+        "bit_depth": bits,
+        "dtype": dtype,
+        "channels": channels,
+        "conversion": conversion,
+    }
 
 
 def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[bytes], sources: list[Source]) -> dict:
     """Statistics, schema, cameras and tasks, computed from the written shards (``index_files``: each
-    shard's index, as read back once for the manifest)."""
+    shard's index, as read back once for the manifest).
+    """
     stats = DatasetStats()
     features: dict = {}
     cameras: dict = {}
     tasks: dict[str, int] = {}
     per_source: dict[str, int] = {}
     by_name = {s.name: s for s in sources}
-    for meta, index_file in zip(shard_metas, index_files):
+    for meta, index_file in zip(shard_metas, index_files, strict=False):
         index = read_table_bytes(index_file).to_pylist()
         for row in index:
             per_source[row["source"]] = per_source.get(row["source"], 0) + 1
@@ -384,11 +438,21 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
     for name, cam in cameras.items():
         if len(cam["sizes"]) == 1:  # listed only where episodes differ (e.g. a rotated one)
             del cam["sizes"]
-        features[name] = {"dtype": "video", "shape": [cam["height"], cam["width"], cam["channels"]],
-                          "names": ["height", "width", "channel"], "kind": cam["kind"]}
-    return {"features": features, "cameras": cameras, "tasks": list(tasks), "stats": stats.result(),
-            "stats_by_source": stats.result_by_source(), "stats_mixed_widths": stats.mixed_widths,
-            "episodes_per_source": per_source}
+        features[name] = {
+            "dtype": "video",
+            "shape": [cam["height"], cam["width"], cam["channels"]],
+            "names": ["height", "width", "channel"],
+            "kind": cam["kind"],
+        }
+    return {
+        "features": features,
+        "cameras": cameras,
+        "tasks": list(tasks),
+        "stats": stats.result(),
+        "stats_by_source": stats.result_by_source(),
+        "stats_mixed_widths": stats.mixed_widths,
+        "episodes_per_source": per_source,
+    }
 
 
 def _count(items: list[dict]) -> dict:
@@ -398,8 +462,12 @@ def _count(items: list[dict]) -> dict:
     return dict(sorted(counts.items()))
 
 
-def convert(inputs: list[Source | str], out: str, options: ConvertOptions = ConvertOptions(),
-            storage_options: dict | None = None) -> dict:
+def convert(
+    inputs: list[Source | str],
+    out: str,
+    options: ConvertOptions = ConvertOptions(),
+    storage_options: dict | None = None,
+) -> dict:
     """Convert sources (LeRobot dataset paths or ``Source`` objects) into a sharded dataset at ``out``.
 
     ``out`` is a local folder or any fsspec URL (``s3://bucket/prefix``; ``storage_options`` go to
@@ -419,7 +487,9 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
             final name, and a rerun resumes).
     """
     sources = open_sources(inputs, options.cameras)
-    episodes = [e for s in sources for e in s.episodes if options.episodes is None or e.episode_index in options.episodes]
+    episodes = [
+        e for s in sources for e in s.episodes if options.episodes is None or e.episode_index in options.episodes
+    ]
     if not episodes:
         raise SourceError("no episodes to convert (check the sources and --episodes)")
     keys: dict[str, Episode] = {}
@@ -437,7 +507,7 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
         _refuse_other_finished(storage, dataset_digest)
     done: dict[int, dict] = {}
     jobs = []
-    for shard_id, (shard, digest) in enumerate(zip(shards, digests)):
+    for shard_id, (shard, digest) in enumerate(zip(shards, digests, strict=False)):
         meta = _complete(storage, shard_id, options, digest)
         if meta is not None:
             done[shard_id] = meta
@@ -460,22 +530,48 @@ def convert(inputs: list[Source | str], out: str, options: ConvertOptions = Conv
         "format": fmt.FORMAT_NAME,
         "format_version": fmt.FORMAT_VERSION,
         "plan_digest": dataset_digest,
-        "sources": [{"name": s.name, "path": s.path, "format": s.format, "fps": s.fps,
-                     "episodes": summary["episodes_per_source"].get(s.name, 0),
-                     "notes": s.notes} for s in sources],
-        "options": {"prefix": options.prefix, "cameras": options.cameras, "on_error": options.on_error,
-                    "timestamps": options.timestamps,
-                    "video": options.reencode.describe() if options.reencode else "copy"},
+        "sources": [
+            {
+                "name": s.name,
+                "path": s.path,
+                "format": s.format,
+                "fps": s.fps,
+                "episodes": summary["episodes_per_source"].get(s.name, 0),
+                "notes": s.notes,
+            }
+            for s in sources
+        ],
+        "options": {
+            "prefix": options.prefix,
+            "cameras": options.cameras,
+            "on_error": options.on_error,
+            "timestamps": options.timestamps,
+            "video": options.reencode.describe() if options.reencode else "copy",
+        },
         "fps": fps_values[0] if len(fps_values) == 1 else None,
         **{k: v for k, v in summary.items() if k != "episodes_per_source"},
-        "totals": {"shards": len(metas), "episodes": sum(m["episodes"] for m in metas),
-                   "rows": sum(m["rows"] for m in metas), "frames": sum(m["frames"] for m in metas),
-                   "bytes": sum(m["size"] for m in metas), "skipped": len(skipped)},
+        "totals": {
+            "shards": len(metas),
+            "episodes": sum(m["episodes"] for m in metas),
+            "rows": sum(m["rows"] for m in metas),
+            "frames": sum(m["frames"] for m in metas),
+            "bytes": sum(m["size"] for m in metas),
+            "skipped": len(skipped),
+        },
         "index": {"file": fmt.DATASET_INDEX_NAME, "sha256": hashlib.sha256(dataset_index).hexdigest()},
-        "shards": [{**{k: m[k] for k in ("shard", "index", "episodes", "rows", "frames", "size", "sha256")},
-                    "index_sha256": hashlib.sha256(data).hexdigest()} for m, data in zip(metas, index_files)],
-        "report": {"skipped_by_kind": _count(skipped), "warnings_by_kind": _count(warnings),
-                   "skipped": skipped, "warnings": warnings},
+        "shards": [
+            {
+                **{k: m[k] for k in ("shard", "index", "episodes", "rows", "frames", "size", "sha256")},
+                "index_sha256": hashlib.sha256(data).hexdigest(),
+            }
+            for m, data in zip(metas, index_files, strict=False)
+        ],
+        "report": {
+            "skipped_by_kind": _count(skipped),
+            "warnings_by_kind": _count(warnings),
+            "skipped": skipped,
+            "warnings": warnings,
+        },
     }
     storage.write(fmt.MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return manifest

@@ -33,7 +33,7 @@ def describe(root: str) -> dict:
         streams = [i for i, n in enumerate(index.cam_names.to_pylist()) if n == cam_name]
         gaps = []
         for s in streams:
-            keys = index.keyframes[index.key_offsets[s]:index.key_offsets[s + 1]]
+            keys = index.keyframes[index.key_offsets[s] : index.key_offsets[s + 1]]
             ends = np.append(keys[1:], index.cam_num_frames[s])
             gaps.append(ends - keys)
         gaps = np.concatenate(gaps) if gaps else np.zeros(1)
@@ -41,10 +41,16 @@ def describe(root: str) -> dict:
             **manifest["cameras"][cam_name],
             "frames": int(index.cam_num_frames[streams].sum()),
             "keyframe_interval": {"min": int(gaps.min()), "mean": round(float(gaps.mean()), 1), "max": int(gaps.max())},
-            "bytes": int(index.member_size[[index.episode_members[e] + index.cam_member[s]
-                                            for e in range(index.num_episodes)
-                                            for s in range(index.episode_cams[e], index.episode_cams[e + 1])
-                                            if s in streams]].sum()),
+            "bytes": int(
+                index.member_size[
+                    [
+                        index.episode_members[e] + index.cam_member[s]
+                        for e in range(index.num_episodes)
+                        for s in range(index.episode_cams[e], index.episode_cams[e + 1])
+                        if s in streams
+                    ]
+                ].sum()
+            ),
         }
     return {
         "root": root,
@@ -52,8 +58,11 @@ def describe(root: str) -> dict:
         "sources": [{k: s[k] for k in ("name", "format", "episodes", "fps")} for s in manifest["sources"]],
         "totals": manifest["totals"],
         "shards": manifest["shards"],
-        "episode_rows": {"min": int(index.num_rows.min()), "mean": round(float(index.num_rows.mean()), 1),
-                         "max": int(index.num_rows.max())},
+        "episode_rows": {
+            "min": int(index.num_rows.min()),
+            "mean": round(float(index.num_rows.mean()), 1),
+            "max": int(index.num_rows.max()),
+        },
         "cameras": cameras,
         "tasks": len(manifest["tasks"]),
         "report": {k: manifest["report"][k] for k in ("skipped_by_kind", "warnings_by_kind")},
@@ -75,9 +84,11 @@ def render(summary: dict) -> str:
     for name, c in summary["cameras"].items():
         k = c["keyframe_interval"]
         kind = f" {c.get('pix_fmt')}, read as {c.get('kind', 'rgb')} {c.get('dtype', 'uint8')}" if "kind" in c else ""
-        lines.append(f"  camera {name}: {c['codec']} {c['width']}x{c['height']}{kind}, {c['episodes']} episodes, "
-                     f"{c['frames']} frames, {c['bytes'] / 1e6:.1f} MB, keyframe interval min {k['min']} / "
-                     f"mean {k['mean']} / max {k['max']} frames")
+        lines.append(
+            f"  camera {name}: {c['codec']} {c['width']}x{c['height']}{kind}, {c['episodes']} episodes, "
+            f"{c['frames']} frames, {c['bytes'] / 1e6:.1f} MB, keyframe interval min {k['min']} / "
+            f"mean {k['mean']} / max {k['max']} frames"
+        )
         if c.get("conversion"):
             lines.append(f"    conversion: {c['conversion']}")
         if "sizes" in c:  # episodes of other sizes (height x width, as the reader returns them)

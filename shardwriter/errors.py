@@ -50,7 +50,7 @@ class ConversionError(Exception):
         ]
         return f"[{self.kind}] {' '.join(where)}: {self.detail}"
 
-    def with_context(self, **kw) -> "ConversionError":
+    def with_context(self, **kw) -> ConversionError:
         """Return a copy with missing location fields filled in from ``kw``."""
         fields = dict(
             kind=self.kind,
@@ -94,4 +94,5 @@ class SourceError(Exception):
 
 class OutputFolderError(Exception):
     """The output folder cannot be used: it holds files this writer did not create, is a file, or
-    belongs to a conversion with another shard prefix. Nothing in it was changed."""
+    belongs to a conversion with another shard prefix. Nothing in it was changed.
+    """

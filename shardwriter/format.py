@@ -59,7 +59,7 @@ def camera_field(camera: str) -> str:
 
     The full camera name is kept in the index and the episode's JSON member and restored on read.
     """
-    short = camera[len("observation.images."):] if camera.startswith("observation.images.") else camera
+    short = camera[len("observation.images.") :] if camera.startswith("observation.images.") else camera
     return slug(short)
 
 
@@ -76,12 +76,17 @@ def shard_name(prefix: str, shard_id: int) -> str:
 def is_writer_file(name: str, prefix: str) -> bool:
     """Whether ``name`` (a file name in the output folder) is one the writer creates for shard
     prefix ``prefix``: a shard, a shard index, ``index.arrow``, ``manifest.json``, the marker, or
-    one of these being written (``<name>.partial-<pid>``)."""
+    one of these being written (``<name>.partial-<pid>``).
+    """
     name = _PARTIAL.sub("", name)
     if name in (MANIFEST_NAME, DATASET_INDEX_NAME, CONVERT_MARKER):
         return True
-    return re.fullmatch(re.escape(prefix) + r"-\d{6,}(" + re.escape(SHARD_SUFFIX) + "|" + re.escape(INDEX_SUFFIX) + ")",
-                        name) is not None
+    return (
+        re.fullmatch(
+            re.escape(prefix) + r"-\d{6,}(" + re.escape(SHARD_SUFFIX) + "|" + re.escape(INDEX_SUFFIX) + ")", name
+        )
+        is not None
+    )
 
 
 def index_name(prefix: str, shard_id: int) -> str:

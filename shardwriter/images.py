@@ -84,17 +84,28 @@ def column_images(table: pa.Table, column: str) -> tuple[np.ndarray, list[dict]]
     frames, alpha = [], False
     for row, data in enumerate(cells.to_pylist()):
         if not data:
-            raise ConversionError("image cell holds no bytes (images stored as paths are not supported)",
-                                  kind="bad_image", row=row)
+            raise ConversionError(
+                "image cell holds no bytes (images stored as paths are not supported)", kind="bad_image", row=row
+            )
         try:
             image, has_alpha = decode_image(data)
         except ValueError as exc:
             raise ConversionError(str(exc), kind="bad_image", row=row) from exc
         if frames and image.shape != frames[0].shape:
-            raise ConversionError(f"image is {_describe(image)}, row 0's is {_describe(frames[0])}",
-                                  kind="bad_image", row=row)
+            raise ConversionError(
+                f"image is {_describe(image)}, row 0's is {_describe(frames[0])}", kind="bad_image", row=row
+            )
         frames.append(image)
         alpha |= has_alpha
-    notes = [{"kind": "image_alpha_dropped", "row": None, "message": "images have an alpha channel; "
-              "the camera keeps RGB only"}] if alpha else []
+    notes = (
+        [
+            {
+                "kind": "image_alpha_dropped",
+                "row": None,
+                "message": "images have an alpha channel; the camera keeps RGB only",
+            }
+        ]
+        if alpha
+        else []
+    )
     return np.stack(frames), notes

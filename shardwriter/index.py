@@ -31,10 +31,10 @@ def _plain(value):
 
 def encode_index(rows: list[dict], shard_meta: dict) -> bytes:
     """Serialise index rows (dicts following ``INDEX_SCHEMA``) and shard metadata to Parquet bytes."""
-    clean = [
-        {**row, "cameras": [{k: _plain(v) for k, v in cam.items()} for cam in row["cameras"]]} for row in rows
-    ]
-    schema = INDEX_SCHEMA.with_metadata({**INDEX_SCHEMA.metadata, SHARD_META_KEY: json.dumps(shard_meta, sort_keys=True).encode()})
+    clean = [{**row, "cameras": [{k: _plain(v) for k, v in cam.items()} for cam in row["cameras"]]} for row in rows]
+    schema = INDEX_SCHEMA.with_metadata(
+        {**INDEX_SCHEMA.metadata, SHARD_META_KEY: json.dumps(shard_meta, sort_keys=True).encode()}
+    )
     table = pa.Table.from_pylist(clean, schema=schema)
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
@@ -46,13 +46,15 @@ def read_table_bytes(data: bytes) -> pa.Table:
     thread. ``pq.read_table`` would start Arrow's CPU and I/O thread pools, which then stay alive
     until the process exits; pool threads alive during the C++ teardown at interpreter exit are a
     known cause of ``terminate called without an active exception`` aborts (apache/arrow#34314,
-    #39862). These tables are small: threads gain nothing here."""
+    #39862). These tables are small: threads gain nothing here.
+    """
     return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
 
 
 def dataset_index_bytes(index_files: list[bytes]) -> bytes:
     """Concatenate per-shard index files (Parquet bytes, in shard order) into one uncompressed Arrow
-    IPC file with an int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``)."""
+    IPC file with an int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``).
+    """
     tables = [read_table_bytes(data).replace_schema_metadata(None) for data in index_files]
     table = pa.concat_tables(tables)
     shard = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])
@@ -85,7 +87,8 @@ def _np(array: pa.Array, dtype) -> np.ndarray:
 @dataclass
 class CameraLookup:
     """Where one camera's frames for one window lie: shard number, byte range of the video member
-    in the shard, frame numbers (int64 ``[n]``) in that video, and the keyframe to start decoding at."""
+    in the shard, frame numbers (int64 ``[n]``) in that video, and the keyframe to start decoding at.
+    """
 
     shard: int
     offset: int
@@ -120,19 +123,30 @@ class WindowIndex:
         self.cam_width = _np(cams.field("width"), np.int32)
         self.cam_height = _np(cams.field("height"), np.int32)
         # Indexes written before camera kinds existed hold RGB cameras only.
-        kinds = (cams.field("kind").to_numpy(zero_copy_only=False) if "kind" in [f.name for f in cams.type]
-                 else np.full(len(cams), "rgb", dtype=object))
+        kinds = (
+            cams.field("kind").to_numpy(zero_copy_only=False)
+            if "kind" in [f.name for f in cams.type]
+            else np.full(len(cams), "rgb", dtype=object)
+        )
         self.cam_depth = kinds == "depth"  # bool per stream: decoded at full precision, uint16 [1, H, W]
         # Indexes written before the stream was recorded decode FFmpeg's best video stream (-1).
-        self.cam_stream_index = (_np(cams.field("stream_index"), np.int64) if cams.type.get_field_index("stream_index") >= 0
-                                 else np.full(len(cams), -1, np.int64))
+        self.cam_stream_index = (
+            _np(cams.field("stream_index"), np.int64)
+            if cams.type.get_field_index("stream_index") >= 0
+            else np.full(len(cams), -1, np.int64)
+        )
         with np.errstate(divide="ignore", invalid="ignore"):  # a zero denominator is rejected by check_index
-            self.cam_time_base = _np(cams.field("time_base_num"), np.float64) / _np(cams.field("time_base_den"), np.float64)
+            self.cam_time_base = _np(cams.field("time_base_num"), np.float64) / _np(
+                cams.field("time_base_den"), np.float64
+            )
         # Byte range of each stream's video member, resolved once so a lookup is one array read.
         episode_of_stream = np.repeat(np.arange(self.num_rows.shape[0]), np.diff(self.episode_cams))
         # Clipped so that a damaged index still loads; shardwriter.validate.check_index rejects it.
         member = np.clip(self.episode_members[episode_of_stream] + self.cam_member, 0, self.member_size.size)
-        self.cam_offset, self.cam_size = np.append(self.member_offset, 0)[member], np.append(self.member_size, 0)[member]
+        self.cam_offset, self.cam_size = (
+            np.append(self.member_offset, 0)[member],
+            np.append(self.member_size, 0)[member],
+        )
         self.cam_first_frame = _np(cams.field("first_frame"), np.int64)
         self.cam_pts_start = _np(cams.field("pts_start"), np.int64)
         self.cam_pts_step = _np(cams.field("pts_step"), np.int64)
@@ -152,7 +166,7 @@ class WindowIndex:
             self.segment_offsets = np.zeros(self.num_rows.shape[0] + 1, dtype=np.int64)
 
     @classmethod
-    def load(cls, sources: list) -> "WindowIndex":
+    def load(cls, sources: list) -> WindowIndex:
         """Load per-shard index files (paths or file objects); shard ``i`` is ``sources[i]``."""
         tables = [pq.read_table(s) for s in sources]
         counts = np.array([t.num_rows for t in tables], dtype=np.int64)
@@ -160,15 +174,16 @@ class WindowIndex:
         return cls(table, np.repeat(np.arange(len(tables)), counts))
 
     @classmethod
-    def from_dataset_table(cls, table: pa.Table) -> "WindowIndex":
+    def from_dataset_table(cls, table: pa.Table) -> WindowIndex:
         """From the table of an ``index.arrow`` file (index columns plus ``shard``)."""
         return cls(table.drop_columns(["shard"]), _np(table.column("shard"), np.int32))
 
     @classmethod
-    def load_dataset(cls, root: str) -> "WindowIndex":
+    def load_dataset(cls, root: str) -> WindowIndex:
         """Load a local dataset's index from its memory-mapped ``index.arrow`` (one file for all
         shards: milliseconds for tens of thousands of episodes, pages shared by forked workers),
-        or from the per-shard Parquet indexes the manifest lists when it is absent."""
+        or from the per-shard Parquet indexes the manifest lists when it is absent.
+        """
         path = os.path.join(root, DATASET_INDEX_NAME)
         if os.path.exists(path):
             return cls.from_dataset_table(feather.read_table(path, memory_map=True))
@@ -220,8 +235,9 @@ class WindowIndex:
 
     def segment_edges(self, episode: int) -> np.ndarray:
         """int64 ``[k + 2]``: ``0``, the episode's ``segment_starts`` (k recording breaks), ``num_rows``;
-        segment ``i`` is rows ``[edges[i], edges[i + 1])``."""
-        starts = self.segment_starts[self.segment_offsets[episode]:self.segment_offsets[episode + 1]]
+        segment ``i`` is rows ``[edges[i], edges[i + 1])``.
+        """
+        starts = self.segment_starts[self.segment_offsets[episode] : self.segment_offsets[episode + 1]]
         return np.r_[0, starts, self.num_rows[episode]].astype(np.int64)
 
     def segment_bounds(self, episodes, rows) -> tuple[np.ndarray, np.ndarray]:
@@ -260,7 +276,7 @@ class WindowIndex:
         a, b = self.duration_offsets[stream], self.duration_offsets[stream + 1]
         duration = self.duration[a:b] if b > a else np.full(n, step, dtype=np.int64)
         flags = np.zeros(n, dtype=bool)
-        flags[self.keyframes[self.key_offsets[stream]:self.key_offsets[stream + 1]]] = True
+        flags[self.keyframes[self.key_offsets[stream] : self.key_offsets[stream + 1]]] = True
         return pts, duration, flags
 
     def keyframe_before(self, stream: int, frame: int) -> int:

@@ -34,10 +34,11 @@ from .errors import SourceError
 
 def _template_regex(template: str) -> re.Pattern:
     """Turn a LeRobot path template (``data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet``)
-    into a regex with one named group per field."""
+    into a regex with one named group per field.
+    """
     out, pos = [], 0
     for m in re.finditer(r"\{(\w+)(?::[^}]*)?\}", template):
-        out.append(re.escape(template[pos:m.start()]))
+        out.append(re.escape(template[pos : m.start()]))
         name = m.group(1)
         out.append(f"(?P<{name}>[^/]+)" if name == "video_key" else f"(?P<{name}>\\d+)")
         pos = m.end()
@@ -58,7 +59,8 @@ def _format(template: str, fields: dict) -> str:
 
 def _read_jsonl(path: str, fields: dict[str, type]) -> list[dict]:
     """Rows of a JSON-lines file (none if it is absent), each an object whose ``fields`` (name ->
-    type; ``list`` means a list of strings) have those types. Raises SourceError naming file and line."""
+    type; ``list`` means a list of strings) have those types. Raises SourceError naming file and line.
+    """
     if not os.path.exists(path):
         return []
     rows = []
@@ -78,8 +80,11 @@ def _read_jsonl(path: str, fields: dict[str, type]) -> list[dict]:
             raise SourceError(f"{path}: line {number}: must be a JSON object, got {line.strip()[:60]}")
         for name, kind in fields.items():
             value = row.get(name)
-            if kind is list and value is not None and not (
-                    isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            if (
+                kind is list
+                and value is not None
+                and not (isinstance(value, list) and all(isinstance(v, str) for v in value))
+            ):
                 raise SourceError(f"{path}: line {number}: {name} must be a list of strings, got {value!r:.60}")
             if kind is not list and (not isinstance(value, kind) or isinstance(value, bool)):
                 raise SourceError(f"{path}: line {number}: {name} must be a JSON {kind.__name__}, got {value!r:.60}")
@@ -105,6 +110,7 @@ def _check_info(info, path: str) -> None:
     a video feature is declared; ``features`` is not an object of objects; ``total_episodes`` is
     not an integer >= 0; ``robot_type`` is not a string.
     """
+
     def bad(field: str, must: str, value) -> SourceError:
         return SourceError(f"{path}: {field} must be {must}, got {json.dumps(value)[:60]}")
 
@@ -142,7 +148,8 @@ def _camera_names(features: dict) -> list[str]:
 def _look_alike(root: str, rel: str, taken: set[str]) -> str | None:
     """A path under ``root`` that looks like the intended one where ``rel`` first goes missing
     (``video/`` for ``videos/...``), or None. ``taken``: relative paths that are something else
-    (other cameras' folders)."""
+    (other cameras' folders).
+    """
     here = ""
     for part in rel.split("/"):
         path = os.path.join(root, here, part)
@@ -156,8 +163,9 @@ def _look_alike(root: str, rel: str, taken: set[str]) -> str | None:
     return None
 
 
-def _dropped_cameras(root: str, declared: list[str], expected: dict[str, str], present: set[str],
-                     wanted: tuple[str, ...] | None) -> list[str]:
+def _dropped_cameras(
+    root: str, declared: list[str], expected: dict[str, str], present: set[str], wanted: tuple[str, ...] | None
+) -> list[str]:
     """Notes for declared cameras without any file; refuse when none would be left.
 
     ``expected``: camera -> the path (absolute) its first episode's video was looked for at
@@ -167,18 +175,27 @@ def _dropped_cameras(root: str, declared: list[str], expected: dict[str, str], p
         SourceError: every declared camera lacks files and ``wanted`` is not ``()`` (state/action only).
     """
     # Folders on other cameras' paths are theirs, not look-alikes (ego_view is not egoview misspelt).
-    taken = {os.path.join(*parts[:i]) for c in present for parts in [os.path.relpath(expected[c], root).split("/")]
-             for i in range(1, len(parts) + 1)}
+    taken = {
+        os.path.join(*parts[:i])
+        for c in present
+        for parts in [os.path.relpath(expected[c], root).split("/")]
+        for i in range(1, len(parts) + 1)
+    }
     notes = []
     for cam in (c for c in expected if c not in present):
         rel = os.path.relpath(expected[cam], root)
         alike = _look_alike(root, rel, taken)
-        notes.append(f"camera {cam} is declared in meta/info.json but has no video files (expected e.g. {rel}, "
-                     f"from video_path)" + (f"; {alike}/ exists and looks like the intended folder" if alike else ""))
+        notes.append(
+            f"camera {cam} is declared in meta/info.json but has no video files (expected e.g. {rel}, "
+            f"from video_path)" + (f"; {alike}/ exists and looks like the intended folder" if alike else "")
+        )
     if expected and not present:
-        raise SourceError(f"{root}: no declared camera has video files, so no camera would be converted: "
-                          + "; ".join(notes) + ". To convert state and action only, pass --no-cameras "
-                          "(ConvertOptions(cameras=())).")
+        raise SourceError(
+            f"{root}: no declared camera has video files, so no camera would be converted: "
+            + "; ".join(notes)
+            + ". To convert state and action only, pass --no-cameras "
+            "(ConvertOptions(cameras=()))."
+        )
     if wanted == () and declared:
         notes.append(f"cameras {', '.join(declared)} not converted: state and action only, as asked")
     return notes
@@ -186,18 +203,28 @@ def _dropped_cameras(root: str, declared: list[str], expected: dict[str, str], p
 
 def _image_features(features: dict, wanted: tuple[str, ...] | None) -> tuple[tuple[str, ...], list[str]]:
     """Image features (one PNG/JPEG per row inside the parquet) and the notes saying what becomes of
-    the ones converted (all, or those in ``wanted``: the others are not read)."""
+    the ones converted (all, or those in ``wanted``: the others are not read).
+    """
     names = tuple(name for name, spec in features.items() if spec.get("dtype") == "image")
-    return names, [f"image feature {name} (images inside the parquet) is converted to a camera: lossless "
-                   "H.264 RGB video, every frame a keyframe (or the --reencode settings; 16-bit grey images: lossless "
-                   "FFV1, a depth camera); the column leaves the stored tables" for name in names if wanted is None or name in wanted]
+    return names, [
+        f"image feature {name} (images inside the parquet) is converted to a camera: lossless "
+        "H.264 RGB video, every frame a keyframe (or the --reencode settings; 16-bit grey images: lossless "
+        "FFV1, a depth camera); the column leaves the stored tables"
+        for name in names
+        if wanted is None or name in wanted
+    ]
 
 
 def _depth_cameras(features: dict) -> set[str]:
     """Cameras declared depth maps (LeRobot's flag ``video.is_depth_map``, under the feature's
-    ``info``, or ``video_info`` as LeRobot v2.0 and many converted datasets, v2.1 and v3.0 too, write it)."""
-    return {name for name, spec in features.items() if spec.get("dtype") == "video" and any(
-        (spec.get(key) or {}).get("video.is_depth_map") for key in ("info", "video_info"))}
+    ``info``, or ``video_info`` as LeRobot v2.0 and many converted datasets, v2.1 and v3.0 too, write it).
+    """
+    return {
+        name
+        for name, spec in features.items()
+        if spec.get("dtype") == "video"
+        and any((spec.get(key) or {}).get("video.is_depth_map") for key in ("info", "video_info"))
+    }
 
 
 def read_lerobot(root: str, name: str | None = None, cameras: tuple[str, ...] | None = None) -> Source:
@@ -283,14 +310,30 @@ def _read_v2(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
         # A camera missing for this episode only is left out here and reported by the writer.
         extra = {"missing_cameras": [cam for cam in cameras if ep not in video_of[cam]], "task_text": task_text}
         episodes.append(
-            Episode(source=name, episode_index=ep, table=path, videos=videos, fps=fps, tasks=tuple(tasks),
-                    robot=str(info.get("robot_type") or ""), extra=extra, images=images)
+            Episode(
+                source=name,
+                episode_index=ep,
+                table=path,
+                videos=videos,
+                fps=fps,
+                tasks=tuple(tasks),
+                robot=str(info.get("robot_type") or ""),
+                extra=extra,
+                images=images,
+            )
         )
     declared = int(info.get("total_episodes", len(episodes)))
     if declared != len(episodes):
         notes.append(f"meta/info.json declares {declared} episodes; {len(episodes)} have data files and are converted")
-    return Source(name=name, episodes=episodes, fps=fps, path=root, format=f"lerobot-{info['codebase_version']}",
-                  features=info.get("features", {}), notes=notes)
+    return Source(
+        name=name,
+        episodes=episodes,
+        fps=fps,
+        path=root,
+        format=f"lerobot-{info['codebase_version']}",
+        features=info.get("features", {}),
+        notes=notes,
+    )
 
 
 def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -> Source:
@@ -313,7 +356,7 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
             values = col.to_numpy()
             ranges: dict[int, tuple[int, int]] = {}
             change = [0] + [i for i in range(1, len(values)) if values[i] != values[i - 1]] + [len(values)]
-            for a, b in zip(change[:-1], change[1:]):
+            for a, b in zip(change[:-1], change[1:], strict=False):
                 ep = int(values[a])
                 if ep in ranges:
                     raise SourceError(f"{path}: rows of episode {ep} are not contiguous")
@@ -332,19 +375,34 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
                 files_of[cam].append(path)
     present = {cam for cam in cameras if any(os.path.exists(p) for p in files_of[cam])}
     # A camera meta/episodes gives no file for: the template, its chunk and file fields unfilled.
-    expected = {cam: files_of[cam][0] if files_of[cam] else
-                os.path.join(root, (info.get("video_path") or "").replace("{video_key}", cam)) for cam in cameras}
+    expected = {
+        cam: files_of[cam][0]
+        if files_of[cam]
+        else os.path.join(root, (info.get("video_path") or "").replace("{video_key}", cam))
+        for cam in cameras
+    }
     notes = _dropped_cameras(root, declared, expected, present, wanted) + image_notes
     episodes = []
     for row in rows:
         ep = int(row["episode_index"])
-        data_path = os.path.join(root, _format(info["data_path"], {
-            "chunk_index": row["data/chunk_index"], "file_index": row["data/file_index"],
-            "episode_chunk": row["data/chunk_index"], "episode_index": ep}))
+        data_path = os.path.join(
+            root,
+            _format(
+                info["data_path"],
+                {
+                    "chunk_index": row["data/chunk_index"],
+                    "file_index": row["data/file_index"],
+                    "episode_chunk": row["data/chunk_index"],
+                    "episode_index": ep,
+                },
+            ),
+        )
         if not os.path.exists(data_path):
             continue
         if ep not in ranges_in(data_path):
-            notes.append(f"episode {ep}: meta/episodes lists it in {data_path} but the file has no rows for it; skipped")
+            notes.append(
+                f"episode {ep}: meta/episodes lists it in {data_path} but the file has no rows for it; skipped"
+            )
             continue
         start, stop = ranges_in(data_path)[ep]
         videos, missing = {}, []
@@ -359,19 +417,35 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
                 missing.append(cam)
         tasks = tuple(str(t) for t in (row.get("tasks") or []))
         episodes.append(
-            Episode(source=name, episode_index=ep, table=TableSlice(data_path, start, stop), videos=videos, fps=fps,
-                    tasks=tasks, robot=str(info.get("robot_type") or ""),
-                    extra={"missing_cameras": missing, "task_text": task_text}, images=images)
+            Episode(
+                source=name,
+                episode_index=ep,
+                table=TableSlice(data_path, start, stop),
+                videos=videos,
+                fps=fps,
+                tasks=tasks,
+                robot=str(info.get("robot_type") or ""),
+                extra={"missing_cameras": missing, "task_text": task_text},
+                images=images,
+            )
         )
     if not episodes:
-        raise SourceError(f"{root}: none of the episodes in meta/episodes has its data file present "
-                          f"(data_path {info['data_path']!r})")
+        raise SourceError(
+            f"{root}: none of the episodes in meta/episodes has its data file present (data_path {info['data_path']!r})"
+        )
     declared = int(info.get("total_episodes", len(episodes)))
     if declared != len(episodes):
         notes.append(f"meta/info.json declares {declared} episodes; {len(episodes)} have data files and are converted")
     episodes.sort(key=lambda e: e.episode_index)
-    return Source(name=name, episodes=episodes, fps=fps, path=root, format=f"lerobot-{info['codebase_version']}",
-                  features=info.get("features", {}), notes=notes)
+    return Source(
+        name=name,
+        episodes=episodes,
+        fps=fps,
+        path=root,
+        format=f"lerobot-{info['codebase_version']}",
+        features=info.get("features", {}),
+        notes=notes,
+    )
 
 
 def _read_parquet(path: str):
@@ -385,12 +459,15 @@ def _v3_episode_rows(paths: list[str]) -> list[dict]:
     """Rows of the v3.0 ``meta/episodes`` files, checked: ``episode_index`` (unique) and
     ``data/*_index`` are integers; each camera's ``videos/<camera>/`` columns come as the set
     ``chunk_index``, ``file_index`` (integers or null), ``from_timestamp``, ``to_timestamp`` (finite
-    numbers or null); ``tasks`` is a list of strings. Raises SourceError naming file, row and column."""
+    numbers or null); ``tasks`` is a list of strings. Raises SourceError naming file, row and column.
+    """
     rows, seen = [], {}
     for path in paths:
         table = _read_parquet(path)
         for prefix in {name.rsplit("/", 1)[0] for name in table.column_names if name.startswith("videos/")}:
-            for column in (f"{prefix}/{key}" for key in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")):
+            for column in (
+                f"{prefix}/{key}" for key in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
+            ):
                 if column not in table.column_names:
                     raise SourceError(f"{path}: column {column} is missing")
         for i, row in enumerate(table.to_pylist()):
@@ -408,8 +485,10 @@ def _v3_episode_rows(paths: list[str]) -> list[dict]:
             if tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks)):
                 raise SourceError(f"{path}: row {i}: tasks must be a list of strings, got {tasks!r:.60}")
             if row["episode_index"] in seen:
-                raise SourceError(f"{path}: row {i}: episode_index {row['episode_index']} is listed twice "
-                                  f"(also in {seen[row['episode_index']]})")
+                raise SourceError(
+                    f"{path}: row {i}: episode_index {row['episode_index']} is listed twice "
+                    f"(also in {seen[row['episode_index']]})"
+                )
             seen[row["episode_index"]] = path
             rows.append(row)
     return rows
@@ -426,13 +505,22 @@ def _v3_tasks(path: str) -> dict[int, str]:
     index = t.column("task_index").to_pylist()
     if not all(isinstance(v, int) for v in index):
         raise SourceError(f"{path}: task_index must hold integers, has {t.schema.field('task_index').type}")
-    return dict(zip(index, map(str, t.column(text_col).to_pylist())))
+    return dict(zip(index, map(str, t.column(text_col).to_pylist()), strict=False))
 
 
 def _video_path(root: str, info: dict, cam: str, row: dict) -> str:
     chunk = row.get(f"videos/{cam}/chunk_index")
     file = row.get(f"videos/{cam}/file_index")
-    return os.path.join(root, _format(info.get("video_path") or "", {
-        "video_key": cam, "chunk_index": chunk, "file_index": file, "episode_chunk": chunk,
-        "episode_index": int(row["episode_index"])}))
-
+    return os.path.join(
+        root,
+        _format(
+            info.get("video_path") or "",
+            {
+                "video_key": cam,
+                "chunk_index": chunk,
+                "file_index": file,
+                "episode_chunk": chunk,
+                "episode_index": int(row["episode_index"]),
+            },
+        ),
+    )

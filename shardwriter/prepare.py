@@ -63,7 +63,8 @@ def _fail(kind: str, message: str, **where) -> ConversionError:
 
 def _local_frames(table: pa.Table) -> np.ndarray:
     """Frame of each row within the episode's video (or segment): ``frame_index`` when present
-    (LeRobot's per-episode frame counter), else row position."""
+    (LeRobot's per-episode frame counter), else row position.
+    """
     if "frame_index" not in table.column_names:
         return np.arange(table.num_rows, dtype=np.int64)
     frames = table.column("frame_index").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -81,7 +82,11 @@ def _check_finite(table: pa.Table) -> None:
         if not name.startswith(CHECKED_PREFIXES):
             continue
         values = table.column(name).combine_chunks()
-        while pa.types.is_list(values.type) or pa.types.is_fixed_size_list(values.type) or pa.types.is_large_list(values.type):
+        while (
+            pa.types.is_list(values.type)
+            or pa.types.is_fixed_size_list(values.type)
+            or pa.types.is_large_list(values.type)
+        ):
             values = values.flatten()
         if not pa.types.is_floating(values.type):
             continue
@@ -126,9 +131,14 @@ def discontinuities(table: pa.Table, fps: float) -> list[dict]:
         else:
             kind = "timestamps_reset" if t[r] <= t[0] + tol else "timestamps_non_monotonic"
             what = "goes back" if step[r - 1] < 0 else "does not advance"
-        out.append({"kind": kind, "row": r,
-                    "message": f"timestamp goes from {t[r - 1]:.6f}s to {t[r]:.6f}s at row {r} ({what}): a new "
-                               "recording segment starts here; windows do not cross it"})
+        out.append(
+            {
+                "kind": kind,
+                "row": r,
+                "message": f"timestamp goes from {t[r - 1]:.6f}s to {t[r]:.6f}s at row {r} ({what}): a new "
+                "recording segment starts here; windows do not cross it",
+            }
+        )
     return out
 
 
@@ -150,21 +160,32 @@ def _timestamp_report(t: np.ndarray, expected: np.ndarray, fps: float, frame_sec
     if t[-1] > video_end + tol and np.abs(d[0]) <= tol:
         r = int(np.flatnonzero(t > video_end + tol)[0])
         rate = (t.size - 1) / (t[-1] - t[0]) if t[-1] > t[0] else 0.0
-        return {"kind": "timestamps_past_end", "row": r,
-                "message": f"timestamps run to {t[-1]:.3f}s but the video ends at {video_end:.3f}s "
-                           f"(timestamps advance at {rate:.2f} Hz, the video is {fps:g} fps); frames follow frame_index/row order"}
+        return {
+            "kind": "timestamps_past_end",
+            "row": r,
+            "message": f"timestamps run to {t[-1]:.3f}s but the video ends at {video_end:.3f}s "
+            f"(timestamps advance at {rate:.2f} Hz, the video is {fps:g} fps); frames follow frame_index/row order",
+        }
     if np.all(np.abs(d - d[0]) <= tol):
-        return {"kind": "timestamps_offset", "row": 0,
-                "message": f"timestamps are offset by {d[0]:+.6f}s ({d[0] * fps:+.2f} frames) from the video pts; "
-                           "frames follow frame_index/row order"}
+        return {
+            "kind": "timestamps_offset",
+            "row": 0,
+            "message": f"timestamps are offset by {d[0]:+.6f}s ({d[0] * fps:+.2f} frames) from the video pts; "
+            "frames follow frame_index/row order",
+        }
     r = int(np.flatnonzero(np.abs(d) > tol)[0])
     rate = (t.size - 1) / (t[-1] - t[0]) if t[-1] > t[0] else 0.0
-    return {"kind": "timestamps_rate", "row": r,
-            "message": f"timestamps advance at {rate:.2f} Hz while the video is {fps:g} fps (row {r} is "
-                       f"{d[r]:+.3f}s off); frames follow frame_index/row order"}
+    return {
+        "kind": "timestamps_rate",
+        "row": r,
+        "message": f"timestamps advance at {rate:.2f} Hz while the video is {fps:g} fps (row {r} is "
+        f"{d[r]:+.3f}s off); frames follow frame_index/row order",
+    }
 
 
-def _segment_end_report(info: VideoProbe, absolute: np.ndarray, segment: tuple[float, float], fps: float) -> dict | None:
+def _segment_end_report(
+    info: VideoProbe, absolute: np.ndarray, segment: tuple[float, float], fps: float
+) -> dict | None:
     """Check a v3.0 ``to_timestamp`` against the frames the rows own (rows and ``from_timestamp``
     decide them; ``to_timestamp`` only has to agree within one frame).
 
@@ -182,17 +203,26 @@ def _segment_end_report(info: VideoProbe, absolute: np.ndarray, segment: tuple[f
     over = np.flatnonzero(times > to + tol)
     if over.size:
         r = int(over[0])
-        raise _fail("frames_past_end",
-                    f"row {r} needs video frame {int(absolute[r])} at {times[r]:.6f}s, more than one frame past the "
-                    f"episode's to_timestamp {to:.6f}s in meta/episodes", row=r)
+        raise _fail(
+            "frames_past_end",
+            f"row {r} needs video frame {int(absolute[r])} at {times[r]:.6f}s, more than one frame past the "
+            f"episode's to_timestamp {to:.6f}s in meta/episodes",
+            row=r,
+        )
     d = to - (times[-1] + 1.0 / fps)
     if abs(d) <= tol:
         return None
-    how = ("before the end of the last row's frame: the metadata's end looks inclusive (the last frame's time)"
-           if d < 0 else "after the end of the last row's frame: the segment is longer than the rows")
-    return {"kind": "segment_end_mismatch", "row": int(absolute.size - 1),
-            "message": f"meta/episodes to_timestamp {to:.6f}s is {abs(d) * fps:.2f} frame(s) {how}; the rows "
-                       f"(length, frame_index) and from_timestamp {segment[0]:.6f}s decide the episode's frames"}
+    how = (
+        "before the end of the last row's frame: the metadata's end looks inclusive (the last frame's time)"
+        if d < 0
+        else "after the end of the last row's frame: the segment is longer than the rows"
+    )
+    return {
+        "kind": "segment_end_mismatch",
+        "row": int(absolute.size - 1),
+        "message": f"meta/episodes to_timestamp {to:.6f}s is {abs(d) * fps:.2f} frame(s) {how}; the rows "
+        f"(length, frame_index) and from_timestamp {segment[0]:.6f}s decide the episode's frames",
+    }
 
 
 def _probe_shared(path: str) -> VideoProbe:
@@ -228,9 +258,12 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
     over = np.flatnonzero(absolute >= info.num_frames)
     if over.size:
         r = int(over[0])
-        raise _fail("frames_past_end",
-                    f"row {r} needs video frame {int(absolute[r])} but the video has frames "
-                    f"0..{info.num_frames - 1} ({table.num_rows} rows from frame {base})", row=r)
+        raise _fail(
+            "frames_past_end",
+            f"row {r} needs video frame {int(absolute[r])} but the video has frames "
+            f"0..{info.num_frames - 1} ({table.num_rows} rows from frame {base})",
+            row=r,
+        )
     reports = [] if video.segment is None else [_segment_end_report(info, absolute, video.segment, fps)]
     # Where the table's timestamps should be: the frame's pts relative to the episode's time zero
     # (the video's first frame for a whole file, from_timestamp for a segment). Only the first
@@ -247,8 +280,12 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
         frame_in_cut = {int(f): i for i, f in enumerate(shown) if f >= 0}
         lost = [r for r, f in enumerate(absolute.tolist()) if f not in frame_in_cut]
         if lost:
-            raise _fail("unreadable_video", f"the stream-copy cut does not show source frame {absolute[lost[0]]} "
-                                            f"({len(lost)} rows without their frame)", row=lost[0])
+            raise _fail(
+                "unreadable_video",
+                f"the stream-copy cut does not show source frame {absolute[lost[0]]} "
+                f"({len(lost)} rows without their frame)",
+                row=lost[0],
+            )
         row_to_frame, transform = np.asarray([frame_in_cut[f] for f in absolute.tolist()]), "cut"
     else:
         data, stored, row_to_frame, transform = bytes(source), info, absolute, "copy"
@@ -260,7 +297,8 @@ def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptio
     16-bit grey images, depth maps, always ``GREY_IMAGE_SPEC``: a depth camera with exact values).
 
     Returns (stored bytes, probe of them, row_to_frame, transform, report entries); frame ``r`` is
-    row ``r``'s image, so there are no timestamps to check."""
+    row ``r``'s image, so there are no timestamps to check.
+    """
     images, notes = column_images(table, column)
     if images.dtype == np.uint16:
         spec = GREY_IMAGE_SPEC
@@ -274,7 +312,8 @@ def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptio
 
 def camera_kind(declared_depth: bool, pix_fmt: str) -> str:
     """``"depth"`` for a grey video declared a depth map or of more than 8 bits per sample (the RGB
-    path would squeeze it into 8 bits), else ``"rgb"``. See ``format.CAMERA_KINDS``."""
+    path would squeeze it into 8 bits), else ``"rgb"``. See ``format.CAMERA_KINDS``.
+    """
     try:
         desc = av.VideoFormat(pix_fmt)
     except (ValueError, av.error.FFmpegError):
@@ -286,11 +325,22 @@ def camera_kind(declared_depth: bool, pix_fmt: str) -> str:
 def _kind_notes(declared_depth: bool, kind: str, pix_fmt: str, opts: PrepareOptions) -> list[dict]:
     """Report entries for a camera read otherwise than its source or the options say."""
     if declared_depth and kind != "depth":
-        return [{"kind": "depth_not_grey", "row": None, "message": f"declared a depth map but stored as {pix_fmt} "
-                 "(not a grey format): read as an RGB image"}]
+        return [
+            {
+                "kind": "depth_not_grey",
+                "row": None,
+                "message": f"declared a depth map but stored as {pix_fmt} (not a grey format): read as an RGB image",
+            }
+        ]
     if kind == "depth" and opts.reencode is not None:
-        return [{"kind": "depth_not_reencoded", "row": None, "message": "depth camera kept as stored: a re-encode "
-                 f"through 8-bit RGB would lose its {av.VideoFormat(pix_fmt).components[0].bits}-bit values"}]
+        return [
+            {
+                "kind": "depth_not_reencoded",
+                "row": None,
+                "message": "depth camera kept as stored: a re-encode "
+                f"through 8-bit RGB would lose its {av.VideoFormat(pix_fmt).components[0].bits}-bit values",
+            }
+        ]
     return []
 
 
@@ -303,9 +353,12 @@ def compact_tables(stored: VideoProbe, row_to_frame: np.ndarray) -> dict:
     first = int(row_to_frame[0])
     regular_rows = bool(np.all(row_to_frame == first + np.arange(row_to_frame.size)))
     return {
-        "pts_start": int(pts[0]), "pts_step": step if regular_pts else 0,
-        "pts": [] if regular_pts else pts, "duration": [] if regular_duration else duration,
-        "first_frame": first, "row_to_frame": [] if regular_rows else row_to_frame,
+        "pts_start": int(pts[0]),
+        "pts_step": step if regular_pts else 0,
+        "pts": [] if regular_pts else pts,
+        "duration": [] if regular_duration else duration,
+        "first_frame": first,
+        "row_to_frame": [] if regular_rows else row_to_frame,
     }
 
 
@@ -381,11 +434,13 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
                 data, stored, row_to_frame, transform, notes = _prepare_images(table, cam, episode.fps, opts)
                 reports = []
             else:
-                data, stored, row_to_frame, transform, reports = _prepare_camera(video, local, episode.fps, opts,
-                                                                                 table, first_break)
+                data, stored, row_to_frame, transform, reports = _prepare_camera(
+                    video, local, episode.fps, opts, table, first_break
+                )
             if opts.decode_check:
-                problem = check_frames(data, stored.pts, stored.duration, stored.keyflags(), stored.time_base,
-                                       stored.stream_index)
+                problem = check_frames(
+                    data, stored.pts, stored.duration, stored.keyflags(), stored.time_base, stored.stream_index
+                )
                 if problem is not None:
                     raise _fail("frame_mismatch", f"the frame table disagrees with the decoder: {problem}")
         except ConversionError as exc:
@@ -398,20 +453,37 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
             if opts.timestamps == "fail":
                 raise _fail(report["kind"], report["message"], camera=cam, row=report["row"], path=path, **where)
             warnings.append({**report, "dataset": episode.source, "episode": episode.episode_index, "camera": cam})
-        cam_rows.append({
-            "name": cam, "member": None, "codec": stored.codec, "width": stored.width, "height": stored.height,
-            "rotation": stored.rotation, "stream_index": stored.stream_index, "pix_fmt": stored.pix_fmt,
-            "time_base_num": stored.time_base.numerator, "time_base_den": stored.time_base.denominator, "num_frames": stored.num_frames,
-            **compact_tables(stored, row_to_frame), "keyframes": stored.keyframes, "transform": transform,
-            "kind": kind,
-        })
+        cam_rows.append(
+            {
+                "name": cam,
+                "member": None,
+                "codec": stored.codec,
+                "width": stored.width,
+                "height": stored.height,
+                "rotation": stored.rotation,
+                "stream_index": stored.stream_index,
+                "pix_fmt": stored.pix_fmt,
+                "time_base_num": stored.time_base.numerator,
+                "time_base_den": stored.time_base.denominator,
+                "num_frames": stored.num_frames,
+                **compact_tables(stored, row_to_frame),
+                "keyframes": stored.keyframes,
+                "transform": transform,
+                "kind": kind,
+            }
+        )
         members.append((f"{key}.{fields[cam]}.{fmt.VIDEO_EXT}", data))
     if episode.images:  # their images now live in the cameras' videos
         table, raw = table.drop_columns([c for c in episode.images if c in table.column_names]), None
     tasks = _task(episode, table)
     meta = {
-        "key": key, "source": episode.source, "episode_index": episode.episode_index, "num_rows": table.num_rows,
-        "fps": episode.fps, "tasks": tasks, "robot": episode.robot,
+        "key": key,
+        "source": episode.source,
+        "episode_index": episode.episode_index,
+        "num_rows": table.num_rows,
+        "fps": episode.fps,
+        "tasks": tasks,
+        "robot": episode.robot,
         "cameras": {fields[c]: c for c in cameras},
     }
     if raw is None:
@@ -422,9 +494,17 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     for i, cam_row in enumerate(cam_rows):
         cam_row["member"] = len(head) + i
     row = {
-        "key": key, "source": episode.source, "episode_index": episode.episode_index, "num_rows": table.num_rows,
-        "fps": float(episode.fps), "task": tasks[0] if tasks else "", "tasks": tasks, "robot": episode.robot,
-        "cameras": cam_rows, "window_start": 0, "window_stop": table.num_rows,
+        "key": key,
+        "source": episode.source,
+        "episode_index": episode.episode_index,
+        "num_rows": table.num_rows,
+        "fps": float(episode.fps),
+        "task": tasks[0] if tasks else "",
+        "tasks": tasks,
+        "robot": episode.robot,
+        "cameras": cam_rows,
+        "window_start": 0,
+        "window_stop": table.num_rows,
         "segment_starts": [b["row"] for b in breaks],
     }
     return PreparedEpisode(key=key, members=head + members, row=row, warnings=warnings)

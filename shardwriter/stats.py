@@ -17,7 +17,9 @@ def numeric_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     rows = len(array)
     values = array
-    while pa.types.is_list(values.type) or pa.types.is_fixed_size_list(values.type) or pa.types.is_large_list(values.type):
+    while (
+        pa.types.is_list(values.type) or pa.types.is_fixed_size_list(values.type) or pa.types.is_large_list(values.type)
+    ):
         values = values.flatten()
     if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type) or pa.types.is_boolean(values.type)):
         return None
@@ -52,7 +54,7 @@ class FeatureStats:
             matrix = matrix[np.linspace(0, matrix.shape[0] - 1, self.max_rows).round().astype(np.int64)]
         self.samples.append(matrix)
 
-    def merge(self, other: "FeatureStats") -> None:
+    def merge(self, other: FeatureStats) -> None:
         """Add another accumulator's rows (same width)."""
         if self.sum is None:
             self.count, self.sum, self.sumsq = other.count, other.sum.copy(), other.sumsq.copy()

@@ -27,7 +27,7 @@ READ_TIMEOUT_S = 30.0  # default seconds a request may wait for the next bytes o
 
 
 def with_timeouts(url: str, storage_options: dict, connect_s: float, read_s: float, attempts: int) -> dict:
-    """fsspec options for ``url`` with connect and read timeouts (seconds) for S3 (botocore's
+    """Fsspec options for ``url`` with connect and read timeouts (seconds) for S3 (botocore's
     ``config_kwargs``) and HTTP(S) (an aiohttp ``ClientTimeout`` in ``client_kwargs``, no total
     limit, so large reads still finish); what the options already set is kept.
 
@@ -50,8 +50,13 @@ def with_timeouts(url: str, storage_options: dict, connect_s: float, read_s: flo
     return options
 
 
-def make_filesystem(url: str, storage_options: dict, attempts: int = 3, connect_s: float = CONNECT_TIMEOUT_S,
-                    read_s: float = READ_TIMEOUT_S):
+def make_filesystem(
+    url: str,
+    storage_options: dict,
+    attempts: int = 3,
+    connect_s: float = CONNECT_TIMEOUT_S,
+    read_s: float = READ_TIMEOUT_S,
+):
     """(fsspec filesystem, root path) for ``url`` with timeouts: the ``connect_timeout``/``read_timeout``
     storage options (epishard's own, in seconds) when given, else ``connect_s``/``read_s``.
 
@@ -98,7 +103,8 @@ _BUCKET_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs")
 
 class Storage:
     """A dataset folder. ``url``: local path or fsspec URL; ``storage_options``: passed to fsspec, except
-    epishard's ``connect_timeout`` and ``read_timeout`` (seconds; see ``make_filesystem``)."""
+    epishard's ``connect_timeout`` and ``read_timeout`` (seconds; see ``make_filesystem``).
+    """
 
     def __init__(self, url: str, storage_options: dict | None = None):
         self.url = url.rstrip("/")
@@ -195,7 +201,8 @@ class Storage:
     @contextlib.contextmanager
     def writer(self, name: str):
         """A binary file to write ``name`` through; it appears under its name only if the block exits
-        without an exception."""
+        without an exception.
+        """
         if self.local:
             final = self.path(name)
             tmp = temp_path(final)

@@ -35,20 +35,38 @@ _SHA256_PATTERN = "^[0-9a-f]{64}$"
 _OPTIONAL_COLUMNS = {"segment_starts"}  # absent from indexes written before recording segments were kept
 # Camera fields of format version 1; fields added since (kind, stream_index, rotation, ...) are
 # absent from older indexes and the index loader takes their defaults.
-_CAMERA_FIELDS_V1 = {"name", "member", "codec", "width", "height", "pix_fmt", "time_base_num", "time_base_den",
-                     "num_frames", "pts_start", "pts_step", "pts", "duration", "keyframes", "first_frame",
-                     "row_to_frame", "transform"}
+_CAMERA_FIELDS_V1 = {
+    "name",
+    "member",
+    "codec",
+    "width",
+    "height",
+    "pix_fmt",
+    "time_base_num",
+    "time_base_den",
+    "num_frames",
+    "pts_start",
+    "pts_step",
+    "pts",
+    "duration",
+    "keyframes",
+    "first_frame",
+    "row_to_frame",
+    "transform",
+}
 MAX_DIMENSION = 1 << 16  # widest frame any codec the reader decodes can hold (AV1: 65536)
 
 
 class FormatError(ValueError):
     """A manifest or index breaks the format; the message names the file and the field (and for an
-    index the row, episode key and camera)."""
+    index the row, episode key and camera).
+    """
 
 
 def plain_name(name, where: str) -> str:
     """``name`` if it is a plain file name (no ``/`` or ``\\``, no NUL, not empty, ``.`` or ``..``),
-    else ``FormatError`` naming ``where``."""
+    else ``FormatError`` naming ``where``.
+    """
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0") or len(name) > 255:
         raise FormatError(f"{where}: {name!r} is not a plain file name (no path separators, not '.' or '..')")
     return name
@@ -109,8 +127,10 @@ def check_manifest(manifest, where: str) -> None:
     if _get(manifest, "format", str, where) != fmt.FORMAT_NAME:
         raise FormatError(f"{where} format: {manifest['format']!r} is not {fmt.FORMAT_NAME!r}")
     if not 1 <= _get(manifest, "format_version", int, where) <= fmt.FORMAT_VERSION:
-        raise FormatError(f"{where} format_version: {manifest['format_version']} is not supported "
-                          f"(this reader reads versions 1 to {fmt.FORMAT_VERSION})")
+        raise FormatError(
+            f"{where} format_version: {manifest['format_version']} is not supported "
+            f"(this reader reads versions 1 to {fmt.FORMAT_VERSION})"
+        )
     index = _get(manifest, "index", dict, where)
     plain_name(_get(index, "file", str, f"{where} index"), f"{where} index.file")
     _sha(index, "sha256", f"{where} index")
@@ -173,8 +193,9 @@ def _older_cameras(got: pa.DataType) -> bool:
         return False
     fields = {f.name: f.type for f in got.value_type}
     expected = {f.name: f.type for f in fmt.CAMERA_TYPE}
-    return (all(fields.get(name) == expected[name] for name in _CAMERA_FIELDS_V1)
-            and all(name in expected and expected[name] == t for name, t in fields.items()))
+    return all(fields.get(name) == expected[name] for name in _CAMERA_FIELDS_V1) and all(
+        name in expected and expected[name] == t for name, t in fields.items()
+    )
 
 
 def _null_path(array: pa.Array, path: str) -> str | None:
@@ -209,8 +230,10 @@ class _Where:
             s = int(bad[0])
             e = int(np.searchsorted(self.index.episode_cams, s, side="right") - 1)
             value = "" if values is None else f" {values[s]}"
-            raise FormatError(f"{self.where}: row {e} (episode {self.index.key(e)}), camera "
-                              f"{self.index.cam_names[s].as_py()}: {field}{value} {message}")
+            raise FormatError(
+                f"{self.where}: row {e} (episode {self.index.key(e)}), camera "
+                f"{self.index.cam_names[s].as_py()}: {field}{value} {message}"
+            )
 
 
 def _per_item(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -219,14 +242,14 @@ def _per_item(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def _item_to_group(bad_items: np.ndarray, offsets: np.ndarray, groups: int) -> np.ndarray:
-    """bool ``[groups]``: groups (offset-delimited) holding any of the bad items."""
+    """Bool ``[groups]``: groups (offset-delimited) holding any of the bad items."""
     out = np.zeros(groups, dtype=bool)
     out[np.searchsorted(offsets, np.flatnonzero(bad_items), side="right") - 1] = True
     return out
 
 
 def _not_ascending(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """bool per item: not strictly greater than the previous item of its group."""
+    """Bool per item: not strictly greater than the previous item of its group."""
     bad = np.zeros(values.size, dtype=bool)
     if values.size > 1:
         bad[1:] = np.diff(values) <= 0
@@ -248,20 +271,31 @@ def check_index(index, manifest: dict, where: str) -> None:
 
 def _check_episodes(index, manifest: dict, w: _Where) -> None:
     shards, n = manifest["shards"], index.num_episodes
-    w.episode((index.shard < 0) | (index.shard >= len(shards)), "shard", f"is not a shard of the manifest "
-              f"({len(shards)} shards)", index.shard)
+    w.episode(
+        (index.shard < 0) | (index.shard >= len(shards)),
+        "shard",
+        f"is not a shard of the manifest ({len(shards)} shards)",
+        index.shard,
+    )
     counts = np.bincount(index.shard, minlength=len(shards))
     if counts.tolist() != [s["episodes"] for s in shards]:
-        raise FormatError(f"{w.where}: episodes per shard {counts.tolist()} differ from the manifest's "
-                          f"{[s['episodes'] for s in shards]}")
+        raise FormatError(
+            f"{w.where}: episodes per shard {counts.tolist()} differ from the manifest's "
+            f"{[s['episodes'] for s in shards]}"
+        )
     w.episode(index.num_rows < 1, "num_rows", "is not positive", index.num_rows)
     w.episode(~np.isfinite(index.fps) | (index.fps <= 0), "fps", "is not a positive number", index.fps)
-    w.episode((index.window_start < 0) | (index.window_start > index.window_stop)
-              | (index.window_stop > index.num_rows), "window_start/window_stop", "are not inside [0, num_rows]")
+    w.episode(
+        (index.window_start < 0) | (index.window_start > index.window_stop) | (index.window_stop > index.num_rows),
+        "window_start/window_stop",
+        "are not inside [0, num_rows]",
+    )
     starts = np.diff(index.segment_offsets)
     bad = (index.segment_starts <= 0) | (index.segment_starts >= _per_item(starts, index.num_rows))
     bad |= _not_ascending(index.segment_starts, index.segment_offsets)
-    w.episode(_item_to_group(bad, index.segment_offsets, n), "segment_starts", "are not ascending rows in (0, num_rows)")
+    w.episode(
+        _item_to_group(bad, index.segment_offsets, n), "segment_starts", "are not ascending rows in (0, num_rows)"
+    )
 
 
 def _check_members(index, manifest: dict, w: _Where) -> None:
@@ -271,25 +305,38 @@ def _check_members(index, manifest: dict, w: _Where) -> None:
     w.episode(member_counts < 1, "members", "is empty")
     shard_size = np.array([s["size"] for s in manifest["shards"]], dtype=np.int64)
     end = index.member_offset + index.member_size
-    bad = (index.member_offset < 0) | (index.member_size < 0) | (end > _per_item(member_counts, shard_size[index.shard]))
+    bad = (
+        (index.member_offset < 0) | (index.member_size < 0) | (end > _per_item(member_counts, shard_size[index.shard]))
+    )
     w.episode(_item_to_group(bad, index.episode_members, n), "members.offset/size", "lie outside the shard")
     if not n:
         return
     members = pa.concat_arrays(index.table.column("members").chunks).flatten()
     names = members.field("name")
-    plain = pc.invert(pc.or_(pc.match_substring_regex(names, r"[/\\\x00]"),
-                             pc.is_in(names, value_set=pa.array(["", ".", ".."]))))
-    w.episode(_item_to_group(~plain.to_numpy(zero_copy_only=False), index.episode_members, n), "members.name",
-              "is not a plain file name")
+    plain = pc.invert(
+        pc.or_(pc.match_substring_regex(names, r"[/\\\x00]"), pc.is_in(names, value_set=pa.array(["", ".", ".."])))
+    )
+    w.episode(
+        _item_to_group(~plain.to_numpy(zero_copy_only=False), index.episode_members, n),
+        "members.name",
+        "is not a plain file name",
+    )
     sha_ok = pc.match_substring_regex(members.field("sha256"), _SHA256_PATTERN).to_numpy(zero_copy_only=False)
     w.episode(_item_to_group(~sha_ok, index.episode_members, n), "members.sha256", "is not a sha256 hex digest")
     data = pc.ends_with(names, "." + fmt.DATA_EXT).to_numpy(zero_copy_only=False)
-    w.episode(np.add.reduceat(data, index.episode_members[:-1]) != 1, "members",
-              f"do not hold exactly one .{fmt.DATA_EXT} table")
+    w.episode(
+        np.add.reduceat(data, index.episode_members[:-1]) != 1,
+        "members",
+        f"do not hold exactly one .{fmt.DATA_EXT} table",
+    )
     video = pc.ends_with(names, "." + fmt.VIDEO_EXT).to_numpy(zero_copy_only=False)
     episode_of_stream = np.repeat(np.arange(n), np.diff(index.episode_cams))
-    w.stream((index.cam_member < 0) | (index.cam_member >= member_counts[episode_of_stream]), "member",
-             "is not a member of the episode", index.cam_member)
+    w.stream(
+        (index.cam_member < 0) | (index.cam_member >= member_counts[episode_of_stream]),
+        "member",
+        "is not a member of the episode",
+        index.cam_member,
+    )
     member = np.clip(index.episode_members[episode_of_stream] + index.cam_member, 0, video.size - 1)
     w.stream(~video[member], "member", f"is not a .{fmt.VIDEO_EXT} member", index.cam_member)
 
@@ -302,41 +349,64 @@ def _check_cameras(index, manifest: dict, w: _Where) -> None:
     found = {c["values"]: c["counts"] for c in (pc.value_counts(index.cam_names).to_pylist() if n else [])}
     for name, camera in manifest["cameras"].items():
         if isinstance(camera.get("episodes"), int) and found.get(name, 0) != camera["episodes"]:
-            raise FormatError(f"{w.where}: {found.get(name, 0)} episodes have camera {name}, the manifest's "
-                              f"cameras.{name}.episodes says {camera['episodes']}")
+            raise FormatError(
+                f"{w.where}: {found.get(name, 0)} episodes have camera {name}, the manifest's "
+                f"cameras.{name}.episodes says {camera['episodes']}"
+            )
     cams = pa.concat_arrays(index.table.column("cameras").chunks).flatten() if n else None
     if n and "kind" in [f.name for f in cams.type]:
         kinds = pc.is_in(cams.field("kind"), value_set=pa.array(fmt.CAMERA_KINDS)).to_numpy(zero_copy_only=False)
         w.stream(~kinds, "kind", f"is not one of {fmt.CAMERA_KINDS}")
     w.stream(index.cam_stream_index < -1, "stream_index", "is not a stream number", index.cam_stream_index)
-    w.stream((index.cam_width < 1) | (index.cam_width > MAX_DIMENSION) | (index.cam_height < 1)
-             | (index.cam_height > MAX_DIMENSION), "width/height", f"are not in [1, {MAX_DIMENSION}]")
+    w.stream(
+        (index.cam_width < 1)
+        | (index.cam_width > MAX_DIMENSION)
+        | (index.cam_height < 1)
+        | (index.cam_height > MAX_DIMENSION),
+        "width/height",
+        f"are not in [1, {MAX_DIMENSION}]",
+    )
     w.stream(~np.isfinite(index.cam_time_base) | (index.cam_time_base <= 0), "time_base", "is not positive")
     frames = index.cam_num_frames
-    w.stream((frames < 1) | (frames > index.cam_size), "num_frames",
-             "is not between 1 and the video member's size in bytes", frames)
+    w.stream(
+        (frames < 1) | (frames > index.cam_size),
+        "num_frames",
+        "is not between 1 and the video member's size in bytes",
+        frames,
+    )
     for name, offsets in (("pts", index.pts_offsets), ("duration", index.duration_offsets)):
         lengths = np.diff(offsets)
         w.stream((lengths != 0) & (lengths != frames), name, "does not list num_frames values", lengths)
-    w.stream((np.diff(index.pts_offsets) == 0) & (index.cam_pts_step <= 0), "pts_step", "is not positive",
-             index.cam_pts_step)
-    w.stream(_item_to_group(_not_ascending(index.pts, index.pts_offsets), index.pts_offsets, frames.size), "pts",
-             "is not strictly increasing")
+    w.stream(
+        (np.diff(index.pts_offsets) == 0) & (index.cam_pts_step <= 0), "pts_step", "is not positive", index.cam_pts_step
+    )
+    w.stream(
+        _item_to_group(_not_ascending(index.pts, index.pts_offsets), index.pts_offsets, frames.size),
+        "pts",
+        "is not strictly increasing",
+    )
     w.stream(_item_to_group(index.duration < 0, index.duration_offsets, frames.size), "duration", "is negative")
     key_counts = np.diff(index.key_offsets)
     w.stream(key_counts < 1, "keyframes", "is empty")
     bad = (index.keyframes < 0) | (index.keyframes >= _per_item(key_counts, frames))
     bad |= _not_ascending(index.keyframes, index.key_offsets)
-    w.stream(_item_to_group(bad, index.key_offsets, frames.size), "keyframes",
-             "are not ascending frame numbers below num_frames")
+    w.stream(
+        _item_to_group(bad, index.key_offsets, frames.size),
+        "keyframes",
+        "are not ascending frame numbers below num_frames",
+    )
     r2f_counts = np.diff(index.r2f_offsets)
     rows = index.num_rows[np.repeat(np.arange(n), np.diff(index.episode_cams))]
     w.stream((r2f_counts != 0) & (r2f_counts != rows), "row_to_frame", "does not list num_rows values", r2f_counts)
     bad = (index.row_to_frame < 0) | (index.row_to_frame >= _per_item(r2f_counts, frames))
     w.stream(_item_to_group(bad, index.r2f_offsets, frames.size), "row_to_frame", "holds frames outside the video")
     first = index.cam_first_frame
-    w.stream((r2f_counts == 0) & ((first < 0) | (first + rows > frames)), "first_frame",
-             "+ num_rows runs outside the video's frames", first)
+    w.stream(
+        (r2f_counts == 0) & ((first < 0) | (first + rows > frames)),
+        "first_frame",
+        "+ num_rows runs outside the video's frames",
+        first,
+    )
 
 
 def parse_manifest(data: bytes, where: str) -> dict:
@@ -356,8 +426,10 @@ def parse_manifest(data: bytes, where: str) -> dict:
 def check_digest(data, expected: str, where: str, field: str) -> None:
     """``FormatError`` unless ``data`` (bytes or buffer) has the sha256 the manifest's ``field`` gives."""
     if hashlib.sha256(memoryview(data)).hexdigest() != expected:
-        raise FormatError(f"{where}: sha256 differs from the manifest's {field} (changed or damaged after "
-                          "conversion; `epishard verify` names what differs)")
+        raise FormatError(
+            f"{where}: sha256 differs from the manifest's {field} (changed or damaged after "
+            "conversion; `epishard verify` names what differs)"
+        )
 
 
 def load_dataset_index(data, manifest: dict, where: str):

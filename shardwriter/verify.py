@@ -35,9 +35,9 @@ def _problem(shard: str, message: str, **where) -> dict:
 
 def _check_video(data: bytes, cam: dict, tables: tuple, shard: str, key: str) -> list[dict]:
     """``tables``: the stream's (pts, duration, keyframe flags), ``WindowIndex.frame_tables``; their
-    bounds and the row-to-frame map were checked with the index (``validate.check_index``)."""
-    problem = check_frames(data, *tables, Fraction(cam["time_base_num"], cam["time_base_den"]),
-                           cam.get("stream_index"))
+    bounds and the row-to-frame map were checked with the index (``validate.check_index``).
+    """
+    problem = check_frames(data, *tables, Fraction(cam["time_base_num"], cam["time_base_den"]), cam.get("stream_index"))
     if problem is None:
         return []
     return [_problem(shard, f"the frame table disagrees with the video: {problem}", episode=key, camera=cam["name"])]
@@ -65,7 +65,7 @@ def _check_shard(storage: Storage, entry: dict, cameras: dict, decode: bool) -> 
         one = {"shards": [entry], "cameras": {name: {} for name in cameras}}  # per-camera counts are dataset-wide
         check_index(index, one, storage.path(entry["index"]))
     except (pa.ArrowException, FormatError) as exc:
-        return problems + [_problem(shard, f"index {entry['index']} does not read: {exc}")], None
+        return [*problems, _problem(shard, f"index {entry['index']} does not read: {exc}")], None
     rows = table.to_pylist()
     try:
         with storage.open(shard) as f, tarfile.open(fileobj=f) as tar:
@@ -85,23 +85,31 @@ def _sha256(f) -> str:
     return digest.hexdigest()
 
 
-def _check_episode(f, members: dict, order: list[str], row: dict, shard: str, index: WindowIndex | None,
-                   episode: int) -> list[dict]:
+def _check_episode(
+    f, members: dict, order: list[str], row: dict, shard: str, index: WindowIndex | None, episode: int
+) -> list[dict]:
     """Problems of one episode (row ``episode`` of the shard's index); its videos are decoded when
-    ``index`` is given."""
+    ``index`` is given.
+    """
     key, problems = row["key"], []
     names = [m["name"] for m in row["members"]]
     if any(n not in members for n in names):
         return [_problem(shard, f"members missing from the tar: {[n for n in names if n not in members]}", episode=key)]
     first = order.index(names[0])
-    if order[first:first + len(names)] != names:
+    if order[first : first + len(names)] != names:
         problems.append(_problem(shard, "episode members are not contiguous in index order", episode=key))
     blobs = {}
     for m in row["members"]:
         info = members[m["name"]]
         if (info.offset_data, info.size) != (m["offset"], m["size"]):
-            problems.append(_problem(shard, f"member {m['name']} at ({info.offset_data}, {info.size}) in the tar, "
-                                            f"index says ({m['offset']}, {m['size']})", episode=key))
+            problems.append(
+                _problem(
+                    shard,
+                    f"member {m['name']} at ({info.offset_data}, {info.size}) in the tar, "
+                    f"index says ({m['offset']}, {m['size']})",
+                    episode=key,
+                )
+            )
             continue
         f.seek(m["offset"])
         blobs[m["name"]] = data = f.read(m["size"])
@@ -138,8 +146,12 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None) 
     if not storage.exists(fmt.MANIFEST_NAME):
         if not storage.names():  # raises for a missing bucket or denied access
             raise FileNotFoundError(errno.ENOENT, "no such dataset folder (or it is empty)", root)
-        return {"ok": False, "shards": 0, "episodes": 0,
-                "problems": [{"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {root} (conversion unfinished?)"}]}
+        return {
+            "ok": False,
+            "shards": 0,
+            "episodes": 0,
+            "problems": [{"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {root} (conversion unfinished?)"}],
+        }
     manifest = parse_manifest(storage.read(fmt.MANIFEST_NAME), f"{storage.url}/{fmt.MANIFEST_NAME}")
     problems, tables = [], []
     for entry in manifest["shards"]:
@@ -150,13 +162,18 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None) 
         problems += found
         tables.append(table)
     problems += _check_dataset_index(storage, manifest, tables)
-    return {"ok": not problems, "shards": len(manifest["shards"]), "episodes": manifest["totals"]["episodes"],
-            "problems": problems}
+    return {
+        "ok": not problems,
+        "shards": len(manifest["shards"]),
+        "episodes": manifest["totals"]["episodes"],
+        "problems": problems,
+    }
 
 
 def _check_dataset_index(storage: Storage, manifest: dict, shard_tables: list) -> list[dict]:
     """``index.arrow``: sha256 as in the manifest, the format's schema, values in bounds, and the
-    same rows as the per-shard indexes (``shard_tables``, None where a shard's index is unsound)."""
+    same rows as the per-shard indexes (``shard_tables``, None where a shard's index is unsound).
+    """
     name = manifest["index"]["file"]
     where = storage.path(name)
     try:
@@ -173,7 +190,8 @@ def _check_dataset_index(storage: Storage, manifest: dict, shard_tables: list) -
     if all(t is not None for t in shard_tables) and shard_tables:
         shards = pa.concat_tables(shard_tables)
         expected_shard = np.repeat(np.arange(len(shard_tables), dtype=np.int32), [t.num_rows for t in shard_tables])
-        if (not table.drop_columns(["shard"]).replace_schema_metadata(None).equals(shards)
-                or not np.array_equal(table.column("shard").to_numpy(), expected_shard)):
+        if not table.drop_columns(["shard"]).replace_schema_metadata(None).equals(shards) or not np.array_equal(
+            table.column("shard").to_numpy(), expected_shard
+        ):
             return [{"shard": None, "message": f"{name} differs from the per-shard indexes"}]
     return []

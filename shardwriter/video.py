@@ -66,7 +66,7 @@ class VideoProbe:
         return self.pts[frames].astype(np.float64) * float(self.time_base)
 
     def keyflags(self) -> np.ndarray:
-        """bool ``[num_frames]``: True at keyframes."""
+        """Bool ``[num_frames]``: True at keyframes."""
         flags = np.zeros(self.num_frames, dtype=bool)
         flags[self.keyframes] = True
         return flags
@@ -76,7 +76,7 @@ def _open(source: VideoSource):
     return av.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source, "r")
 
 
-def frame_stream(container, stream_index: int | None = None) -> "av.video.stream.VideoStream":
+def frame_stream(container, stream_index: int | None = None) -> av.video.stream.VideoStream:
     """The video stream that holds the frames: stream ``stream_index`` when given (an index records
     it; None or -1: not recorded); else, attached pictures (cover art) skipped, FFmpeg's best video
     stream (``av_find_best_stream``), else the first.
@@ -128,26 +128,36 @@ def probe(source: VideoSource) -> VideoProbe:
             stream.thread_type = "AUTO"  # frame threads: same frames, sooner
             ctx = stream.codec_context
             packets, frames, rotation = _decode_all(stream, container)
-            info = (ctx.codec.canonical_name, ctx.width, ctx.height, ctx.format.name if ctx.format else "",
-                    stream.time_base, stream.index)
+            info = (
+                ctx.codec.canonical_name,
+                ctx.width,
+                ctx.height,
+                ctx.format.name if ctx.format else "",
+                stream.time_base,
+                stream.index,
+            )
             fps = float(stream.average_rate) if stream.average_rate else 0.0
     except ConversionError:
         raise
     except (av.error.FFmpegError, OSError, ValueError) as exc:
         raise ConversionError(f"cannot demux or decode video: {exc}", kind="unreadable_video") from exc
     if not frames:
-        raise ConversionError(f"video stream {info[5]} holds no frames ({len(packets)} packets, none displayed)",
-                              kind="unreadable_video")
+        raise ConversionError(
+            f"video stream {info[5]} holds no frames ({len(packets)} packets, none displayed)", kind="unreadable_video"
+        )
     pts = np.asarray([f[0] for f in frames], dtype=np.int64)
     bad = np.flatnonzero(np.diff(pts) <= 0)
     if bad.size:
         i = int(bad[0]) + 1
-        raise ConversionError(f"decoded frame {i} has pts {pts[i]} after pts {pts[i - 1]} (pts must increase)",
-                              kind="unreadable_video")
+        raise ConversionError(
+            f"decoded frame {i} has pts {pts[i]} after pts {pts[i - 1]} (pts must increase)", kind="unreadable_video"
+        )
     packet_pts = np.asarray([p[0] for p in packets], dtype=np.int64)
     packet_key = np.asarray([p[1] for p in packets], dtype=bool)
     by_pts = {int(p): (bool(k), int(d)) for p, k, d in packets}
-    duration = np.asarray([f[1] or by_pts.get(int(p), (False, 0))[1] for p, f in zip(pts, frames)], dtype=np.int64)
+    duration = np.asarray(
+        [f[1] or by_pts.get(int(p), (False, 0))[1] for p, f in zip(pts, frames, strict=False)], dtype=np.int64
+    )
     gaps = np.diff(pts)
     fill = np.append(gaps, gaps[-1] if gaps.size else 1)
     duration = np.where(duration > 0, duration, fill)
@@ -157,26 +167,35 @@ def probe(source: VideoSource) -> VideoProbe:
     if rotation % 180:
         width, height = height, width
     return VideoProbe(
-        codec=codec, width=int(width), height=int(height), pix_fmt=pix_fmt,
+        codec=codec,
+        width=int(width),
+        height=int(height),
+        pix_fmt=pix_fmt,
         time_base=Fraction(time_base.numerator, time_base.denominator),
-        pts=pts, duration=duration, keyframes=np.flatnonzero(keyflags).astype(np.int32),
-        packet_pts=packet_pts, packet_key=packet_key, average_fps=fps, stream_index=int(index),
+        pts=pts,
+        duration=duration,
+        keyframes=np.flatnonzero(keyflags).astype(np.int32),
+        packet_pts=packet_pts,
+        packet_key=packet_key,
+        average_fps=fps,
+        stream_index=int(index),
         rotation=rotation % 360,
     )
 
 
 def frame_mappings(pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray) -> str:
-    """torchcodec ``custom_frame_mappings`` JSON (ffprobe's ``-show_frames`` shape) for one stream.
+    """Torchcodec ``custom_frame_mappings`` JSON (ffprobe's ``-show_frames`` shape) for one stream.
 
     ``pts``, ``duration``: int64 ``[num_frames]`` in the stream time base; ``keyframe``: bool.
     """
-    frames = [{"pts": int(p), "duration": int(d), "key_frame": int(k)}
-              for p, d, k in zip(pts.tolist(), duration.tolist(), keyframe.tolist())]
+    frames = [
+        {"pts": int(p), "duration": int(d), "key_frame": int(k)}
+        for p, d, k in zip(pts.tolist(), duration.tolist(), keyframe.tolist(), strict=False)
+    ]
     return json.dumps({"frames": frames})
 
 
-def open_decoder(data: bytes, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray,
-                 stream_index: int | None):
+def open_decoder(data: bytes, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray, stream_index: int | None):
     """The reader's decoder: torchcodec ``VideoDecoder`` on ``data`` with the frame tables as
     ``custom_frame_mappings`` (no rescan), NCHW uint8 RGB output (8 bits whatever the source's
     depth), one FFmpeg thread.
@@ -187,8 +206,13 @@ def open_decoder(data: bytes, pts: np.ndarray, duration: np.ndarray, keyframe: n
     from torchcodec.decoders import VideoDecoder
 
     stream_index = None if stream_index is None or stream_index < 0 else int(stream_index)
-    return VideoDecoder(data, stream_index=stream_index, custom_frame_mappings=frame_mappings(pts, duration, keyframe),
-                        dimension_order="NCHW", num_ffmpeg_threads=1)
+    return VideoDecoder(
+        data,
+        stream_index=stream_index,
+        custom_frame_mappings=frame_mappings(pts, duration, keyframe),
+        dimension_order="NCHW",
+        num_ffmpeg_threads=1,
+    )
 
 
 CHECK_BATCH = 32  # frames per get_frames_at call in check_frames: bounds its memory
@@ -205,8 +229,14 @@ def _decode_range(decoder, start: int, stop: int, time_base: Fraction) -> tuple[
     return np.concatenate(ticks), crcs
 
 
-def check_frames(data: bytes, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray, time_base: Fraction,
-                 stream_index: int | None) -> str | None:
+def check_frames(
+    data: bytes,
+    pts: np.ndarray,
+    duration: np.ndarray,
+    keyframe: np.ndarray,
+    time_base: Fraction,
+    stream_index: int | None,
+) -> str | None:
     """Decode every frame through the reader's decoder (``open_decoder``) and compare it with the table.
 
     Two passes: all frames in order from a fresh decoder (no seek), then each keyframe's group of
@@ -227,14 +257,16 @@ def check_frames(data: bytes, pts: np.ndarray, duration: np.ndarray, keyframe: n
         bad = np.flatnonzero(ticks != pts)
         if bad.size:
             i = int(bad[0])
-            return (f"frame {i}: table pts {pts[i]}, the decoder returns pts {ticks[i]} decoding {where} "
-                    f"({n} frames in the table)")
+            return (
+                f"frame {i}: table pts {pts[i]}, the decoder returns pts {ticks[i]} decoding {where} "
+                f"({n} frames in the table)"
+            )
         decoder = open_decoder(data, pts, duration, keyframe, stream_index)
         for g in range(len(keys) - 1, -1, -1):
             start, stop = keys[g], keys[g + 1] if g + 1 < len(keys) else n
             where = f"after a seek to keyframe {start}"
             ticks, crcs = _decode_range(decoder, start, stop, time_base)
-            for i, (t, c) in enumerate(zip(ticks, crcs), start):
+            for i, (t, c) in enumerate(zip(ticks, crcs, strict=False), start):
                 if t != pts[i]:
                     return f"frame {i}: table pts {pts[i]}, the decoder returns pts {t} {where}"
                 if c != reference[i]:
@@ -320,8 +352,10 @@ def cut(source: VideoSource, info: VideoProbe, first: int, stop: int) -> tuple[b
     stored = probe(data)
     scale = stored.time_base / info.time_base
     frame_of_pts = {int(p): i for i, p in enumerate(info.pts)}
-    source_frames = [frame_of_pts.get(int(p * scale) + offset, -1) if (p * scale).denominator == 1 else -1
-                     for p in stored.pts.tolist()]
+    source_frames = [
+        frame_of_pts.get(int(p * scale) + offset, -1) if (p * scale).denominator == 1 else -1
+        for p in stored.pts.tolist()
+    ]
     return data, stored, np.asarray(source_frames, dtype=np.int64)
 
 
@@ -329,7 +363,8 @@ def cut(source: VideoSource, info: VideoProbe, first: int, stop: int) -> tuple[b
 class ReencodeSpec:
     """Re-encode settings: ``codec`` (an FFmpeg encoder name, e.g. ``libx264``, ``libsvtav1``,
     ``mpeg4``), ``gop`` (keyframe interval in frames), ``size`` (``(height, width)`` or None to keep),
-    ``crf`` (quality for x264/SVT-AV1; None for the encoder's default)."""
+    ``crf`` (quality for x264/SVT-AV1; None for the encoder's default).
+    """
 
     codec: str = "libx264"
     gop: int = 10
@@ -346,7 +381,7 @@ class ReencodeSpec:
         )
 
     @classmethod
-    def parse(cls, text: str) -> "ReencodeSpec":
+    def parse(cls, text: str) -> ReencodeSpec:
         """Parse ``codec=libx264,gop=10,size=224x224,crf=23`` (any subset, in any order)."""
         fields: dict = {}
         for part in filter(None, text.split(",")):
@@ -450,9 +485,11 @@ def encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
     except BrokenProcessPool:
         _encoder_pool = None
         n, height, width = int(images.shape[0]), int(images.shape[1]), int(images.shape[2])
-        raise ConversionError(f"encoder {spec.codec} crashed ({width}x{height}, {n} frames): the encoder "
-                              "process died (a native encoder fault); no output was kept",
-                              kind="encode_failed") from None
+        raise ConversionError(
+            f"encoder {spec.codec} crashed ({width}x{height}, {n} frames): the encoder "
+            "process died (a native encoder fault); no output was kept",
+            kind="encode_failed",
+        ) from None
 
 
 def _encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
@@ -467,7 +504,9 @@ def _encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
     if spec.codec in ("libx264", "libx264rgb"):
         options["x264-params"] = f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0"
     if spec.codec == "libx265":
-        options["x265-params"] = f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0:log-level=error:frame-threads=1:pools=none"
+        options["x265-params"] = (
+            f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0:log-level=error:frame-threads=1:pools=none"
+        )
     try:
         with av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
             stream = dst.add_stream(spec.codec, rate=rate, options=options)
@@ -480,6 +519,7 @@ def _encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
             for packet in stream.encode():
                 dst.mux(packet)
     except (av.error.FFmpegError, ValueError, OSError) as exc:
-        raise ConversionError(f"encoder {spec.codec} ({pix_fmt}, {width}x{height}, {n} frames) failed: {exc}",
-                              kind="encode_failed") from exc
+        raise ConversionError(
+            f"encoder {spec.codec} ({pix_fmt}, {width}x{height}, {n} frames) failed: {exc}", kind="encode_failed"
+        ) from exc
     return out.getvalue()

@@ -43,9 +43,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from .collate import FloatCollate
 from .decode import DecodeError
 from .episode import LoadedEpisode, Normalizer
+from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
 from .memory import limit_worker_arenas, release_free_memory
 from .plan import EpisodeTable, WorkerPlan, anchor_counts, break_gaps, global_plan, worker_plan
-from .fetch import FetchError, FetchPolicy, Fetcher, episode_ranges
 from .source import DatasetSource
 from .spec import WindowSpec
 from .telemetry import Telemetry
@@ -78,8 +78,10 @@ def _camera_offsets(sources: list[DatasetSource], spec: WindowSpec) -> list[dict
             raise KeyError(f"{source.url}: {exc.args[0]}") from None
     if spec.cameras is None and len({tuple(s.cameras) for s in sources}) > 1:
         have = "; ".join(f"{s.url} has {s.cameras}" for s in sources)
-        raise ValueError(f"the window spec takes every camera (cameras=None) but the datasets' cameras differ ({have}): "
-                         "name the cameras every dataset has in WindowSpec(cameras=...)")
+        raise ValueError(
+            f"the window spec takes every camera (cameras=None) but the datasets' cameras differ ({have}): "
+            "name the cameras every dataset has in WindowSpec(cameras=...)"
+        )
     return out
 
 
@@ -106,7 +108,7 @@ def _check_camera_kinds(sources: list[DatasetSource], cam_offsets: list[dict]) -
     """
     for cam in sorted({c for offsets in cam_offsets for c in offsets}):
         example: dict[bool, str] = {}
-        for source, offsets in zip(sources, cam_offsets):
+        for source, offsets in zip(sources, cam_offsets, strict=False):
             if cam not in offsets:
                 continue
             ix = source.index
@@ -116,10 +118,12 @@ def _check_camera_kinds(sources: list[DatasetSource], cam_offsets: list[dict]) -
                 if hits.size and kind not in example:
                     example[kind] = f"episode {ix.key(int(hits[0]))} of {source.url}"
         if len(example) == 2:
-            raise ValueError(f"camera {cam!r} is a depth camera (uint16 [T, 1, H, W]) in {example[True]} but RGB "
-                             f"(uint8 [T, 3, H, W]) in {example[False]}: its frames cannot be batched together. "
-                             "Leave it out of the window spec, or convert the episodes of each kind apart "
-                             "(--episodes) and do not mix them.")
+            raise ValueError(
+                f"camera {cam!r} is a depth camera (uint16 [T, 1, H, W]) in {example[True]} but RGB "
+                f"(uint8 [T, 3, H, W]) in {example[False]}: its frames cannot be batched together. "
+                "Leave it out of the window spec, or convert the episodes of each kind apart "
+                "(--episodes) and do not mix them."
+            )
 
 
 @dataclass
@@ -153,18 +157,31 @@ class WindowDataset(IterableDataset):
             Each worker then reads one shard per dataset side by side.
     """
 
-    def __init__(self, sources, spec: WindowSpec, *, seed: int = 0, shuffle_windows: int = 512,
-                 shuffle_bytes: int = 1 << 30, rank: int | None = None, world_size: int | None = None,
-                 num_workers: int | None = None, postprocess: PostProcess | None = None,
-                 normalize: dict[str, str] | None = None, telemetry: bool = False,
-                 storage_options: dict | None = None, fetch: FetchPolicy | None = None,
-                 stratify: bool | None = None):
+    def __init__(
+        self,
+        sources,
+        spec: WindowSpec,
+        *,
+        seed: int = 0,
+        shuffle_windows: int = 512,
+        shuffle_bytes: int = 1 << 30,
+        rank: int | None = None,
+        world_size: int | None = None,
+        num_workers: int | None = None,
+        postprocess: PostProcess | None = None,
+        normalize: dict[str, str] | None = None,
+        telemetry: bool = False,
+        storage_options: dict | None = None,
+        fetch: FetchPolicy | None = None,
+        stratify: bool | None = None,
+    ):
         super().__init__()
         items = sources if isinstance(sources, list) else [sources]
         pairs = [item if isinstance(item, tuple) else (item, 1.0) for item in items]
         self.fetch = fetch or FetchPolicy()
-        self.sources = [s if isinstance(s, DatasetSource) else DatasetSource(s, storage_options, self.fetch)
-                        for s, _ in pairs]
+        self.sources = [
+            s if isinstance(s, DatasetSource) else DatasetSource(s, storage_options, self.fetch) for s, _ in pairs
+        ]
         self.weights = [float(w) for _, w in pairs]
         if any(w < 0 for w in self.weights):
             raise ValueError(f"dataset weights must not be negative: {self.weights}")
@@ -193,7 +210,7 @@ class WindowDataset(IterableDataset):
 
     def _episode_table(self) -> tuple[EpisodeTable, np.ndarray]:
         parts, gaps, base, shard_base = [], [], [0], 0
-        for source, weight, offsets in zip(self.sources, self.weights, self.cam_offsets):
+        for source, weight, offsets in zip(self.sources, self.weights, self.cam_offsets, strict=False):
             ix = source.index
             rows = self.spec.row_offsets(list(offsets))
             if self.spec.boundary == "pad":
@@ -212,11 +229,20 @@ class WindowDataset(IterableDataset):
             cost = np.zeros(ix.num_episodes, dtype=np.int64)
             per = self.spec.per_episode
             anchors = anchor_counts(lo, hi, self.spec.stride, gap)
-            windows = (anchors if per is None else np.ceil(anchors * per) if isinstance(per, (float, np.floating))
-                       else np.minimum(anchors, per)) * weight
+            windows = (
+                anchors
+                if per is None
+                else np.ceil(anchors * per)
+                if isinstance(per, (float, np.floating))
+                else np.minimum(anchors, per)
+            ) * weight
             for cam, cam_offsets in offsets.items():
                 streams = _camera_streams(source, cam)
-                size = np.array(self.post.size) if self.post.size else np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1)
+                size = (
+                    np.array(self.post.size)
+                    if self.post.size
+                    else np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1)
+                )
                 frames = np.minimum(ix.num_rows, np.ceil(windows * len(cam_offsets)))
                 per_pixel = np.where(ix.cam_depth[streams], 2, 3)  # uint16 [1, H, W] or uint8 [3, H, W]
                 cost += ix.cam_size[streams] + (frames * per_pixel * np.prod(size, axis=-1)).astype(np.int64)
@@ -226,19 +252,37 @@ class WindowDataset(IterableDataset):
         cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
         stratum = np.repeat(np.arange(len(self.sources)), np.diff(base)) if self.stratify else None
         gaps = np.concatenate(gaps)
-        return EpisodeTable(shard=cat[0], lo=cat[1].astype(np.int64), hi=cat[2].astype(np.int64), weight=cat[3],
-                            cost_bytes=cat[4], stratum=stratum, gaps=gaps if gaps.shape[0] else None), np.asarray(base)
+        return EpisodeTable(
+            shard=cat[0],
+            lo=cat[1].astype(np.int64),
+            hi=cat[2].astype(np.int64),
+            weight=cat[3],
+            cost_bytes=cat[4],
+            stratum=stratum,
+            gaps=gaps if gaps.shape[0] else None,
+        ), np.asarray(base)
 
     def plan(self, epoch: int, rank: int, world_size: int, num_workers: int, consumer: int) -> WorkerPlan:
         """This consumer's windows for ``epoch`` (global episode numbers), in yield order."""
-        return worker_plan(self.table, stride=self.spec.stride, per_episode=self.spec.per_episode, seed=self.seed,
-                           epoch=epoch, world_size=world_size, rank=rank, num_workers=num_workers, worker=consumer,
-                           shuffle_windows=self.shuffle_windows, shuffle_bytes=self.shuffle_bytes)
+        return worker_plan(
+            self.table,
+            stride=self.spec.stride,
+            per_episode=self.spec.per_episode,
+            seed=self.seed,
+            epoch=epoch,
+            world_size=world_size,
+            rank=rank,
+            num_workers=num_workers,
+            worker=consumer,
+            shuffle_windows=self.shuffle_windows,
+            shuffle_bytes=self.shuffle_bytes,
+        )
 
     def windows_per_consumer(self, epoch: int, world_size: int, num_workers: int) -> int:
         """Windows each (rank, worker) yields in ``epoch``: the planner's count, without the shuffle."""
-        return global_plan(self.table, self.spec.stride, self.spec.per_episode, self.seed, epoch,
-                           world_size * num_workers).per_consumer
+        return global_plan(
+            self.table, self.spec.stride, self.spec.per_episode, self.seed, epoch, world_size * num_workers
+        ).per_consumer
 
     def samples_per_rank(self, num_workers: int | None = None, world_size: int | None = None, epoch: int = 0) -> int:
         """Samples every rank yields in ``epoch`` (the same on all ranks)."""
@@ -277,17 +321,25 @@ class WindowDataset(IterableDataset):
         telemetry = Telemetry(worker)
         t0 = time.perf_counter()
         plan = self.plan(epoch, rank, world, workers, consumer)
-        telemetry.add(plan_s=time.perf_counter() - t0, windows_dropped=plan.dropped if consumer == 0 and rank == 0 else 0,
-                      episodes_without_windows=int(np.sum(anchor_counts(
-                          self.table.lo, self.table.hi, self.spec.stride, self.table.gaps) == 0)) if consumer == 0 and rank == 0 else 0)
+        telemetry.add(
+            plan_s=time.perf_counter() - t0,
+            windows_dropped=plan.dropped if consumer == 0 and rank == 0 else 0,
+            episodes_without_windows=int(
+                np.sum(anchor_counts(self.table.lo, self.table.hi, self.spec.stride, self.table.gaps) == 0)
+            )
+            if consumer == 0 and rank == 0
+            else 0,
+        )
         return self._generate(plan, skip, telemetry)
 
     def _generate(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):
         episodes, anchors = plan.episode[skip:], plan.anchor[skip:]
         order = np.argsort(episodes, kind="stable")
         bounds = np.flatnonzero(np.r_[True, episodes[order][1:] != episodes[order][:-1]]) if episodes.size else []
-        pending = {int(episodes[order[b]]): np.sort(anchors[order[b:e]])
-                   for b, e in zip(list(bounds), list(bounds[1:]) + [episodes.size])}
+        pending = {
+            int(episodes[order[b]]): np.sort(anchors[order[b:e]])
+            for b, e in zip(list(bounds), [*list(bounds[1:]), episodes.size], strict=False)
+        }
         remaining = {e: a.size for e, a in pending.items()}
         fetchers, slots = self._fetchers(plan, remaining, telemetry)
         loaded: dict[int, LoadedEpisode] = {}
@@ -296,7 +348,7 @@ class WindowDataset(IterableDataset):
         last, owed = None, 0
         read_pos = 0
         try:
-            for e, anchor in zip(episodes.tolist(), anchors.tolist()):
+            for e, anchor in zip(episodes.tolist(), anchors.tolist(), strict=False):
                 while e not in loaded and e not in failed:
                     nxt = int(plan.read_order[read_pos])
                     read_pos += 1
@@ -320,21 +372,31 @@ class WindowDataset(IterableDataset):
                 else:
                     t = time.perf_counter()
                     d, _ = self._locate(e)
-                    sample = loaded[e].window(self.sources[d].index, anchor, self.spec, self.cam_offsets[d],
-                                              finish=None if self.defer_float else self.post.finish)
+                    sample = loaded[e].window(
+                        self.sources[d].index,
+                        anchor,
+                        self.spec,
+                        self.cam_offsets[d],
+                        finish=None if self.defer_float else self.post.finish,
+                    )
                     sample["dataset"], sample["substitute"] = d, False
                     if remaining[e] == 0:
                         del loaded[e]
-                    telemetry.add(assemble_s=time.perf_counter() - t,
-                                  frames_returned=sum(len(o) for o in self.cam_offsets[d].values()))
+                    telemetry.add(
+                        assemble_s=time.perf_counter() - t,
+                        frames_returned=sum(len(o) for o in self.cam_offsets[d].values()),
+                    )
                 yield self._emit(sample, telemetry)
                 for _ in range(owed):  # windows of failed episodes that came before any good sample
                     yield self._emit(dict(sample, substitute=True), telemetry)
                 owed, last = 0, sample
             if owed:
                 d, exc = first_failure
-                raise FetchError(f"{self.sources[d].url}: every episode this worker read failed, so {owed} samples "
-                                 f"cannot be filled; the first: {exc}", -1)
+                raise FetchError(
+                    f"{self.sources[d].url}: every episode this worker read failed, so {owed} samples "
+                    f"cannot be filled; the first: {exc}",
+                    -1,
+                )
         finally:
             for f in fetchers:
                 f.close()
@@ -344,7 +406,9 @@ class WindowDataset(IterableDataset):
     def _emit(self, sample: dict, telemetry: Telemetry) -> dict:
         telemetry.add(samples=1, substitutes=int(sample["substitute"]))
         stats = self._fetch_stats
-        telemetry.values.update(bytes_read=stats["bytes_fetched"], retries=stats["retries"], read_s=stats["fetch_wait_s"])
+        telemetry.values.update(
+            bytes_read=stats["bytes_fetched"], retries=stats["retries"], read_s=stats["fetch_wait_s"]
+        )
         if self.telemetry:
             sample = dict(sample, __telemetry__=telemetry.tensor())
         self._consumed += 1
@@ -369,20 +433,32 @@ class WindowDataset(IterableDataset):
             shard, ranges, shas, members = episode_ranges(ix, local, streams)
             slots[e] = (d, len(lists[d]), shas, members)
             lists[d].append((shard, ranges))
-        fetchers = [Fetcher(src, lst, self.fetch, self._fetch_stats) for src, lst in zip(self.sources, lists)]
+        fetchers = [
+            Fetcher(src, lst, self.fetch, self._fetch_stats) for src, lst in zip(self.sources, lists, strict=False)
+        ]
         return fetchers, slots
 
     def _load(self, episode: int, anchors: np.ndarray, fetchers, slots, telemetry: Telemetry) -> LoadedEpisode:
         d, k, shas, members = slots[episode]
-        blobs = dict(zip(members, fetchers[d].episode(k, shas)))
+        blobs = dict(zip(members, fetchers[d].episode(k, shas), strict=False))
         _, local = self._locate(episode)
-        return LoadedEpisode.load(self.sources[d].index, local, anchors, self.spec, self.cam_offsets[d], blobs,
-                                  self.post, self.normalizers[d], telemetry)
+        return LoadedEpisode.load(
+            self.sources[d].index,
+            local,
+            anchors,
+            self.spec,
+            self.cam_offsets[d],
+            blobs,
+            self.post,
+            self.normalizers[d],
+            telemetry,
+        )
 
     # --- resume ----------------------------------------------------------------------------------
 
-    def state_dict(self, batches: int | None = None, batch_size: int | None = None, num_workers: int = 0,
-                   epoch: int | None = None) -> dict:
+    def state_dict(
+        self, batches: int | None = None, batch_size: int | None = None, num_workers: int = 0, epoch: int | None = None
+    ) -> dict:
         """Position of this rank in the current epoch, for ``load_state_dict``.
 
         Without arguments (iteration in this process, ``num_workers=0``): the samples yielded so far.
@@ -397,9 +473,19 @@ class WindowDataset(IterableDataset):
             consumed = [self._consumed]
         else:
             per = self.windows_per_consumer(epoch, world, workers)
-            consumed = [min(-(-(batches - w) // workers) * batch_size, per) if batches > w else 0 for w in range(workers)]
-        return {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "world_size": world, "num_workers": workers,
-                "rank": rank, "consumed": consumed, "rotation": (batches or 0) % workers}
+            consumed = [
+                min(-(-(batches - w) // workers) * batch_size, per) if batches > w else 0 for w in range(workers)
+            ]
+        return {
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "epoch": epoch,
+            "world_size": world,
+            "num_workers": workers,
+            "rank": rank,
+            "consumed": consumed,
+            "rotation": (batches or 0) % workers,
+        }
 
     def load_state_dict(self, state: dict, num_workers: int = 0) -> None:
         """Continue exactly where ``state`` was taken: the next sample (or batch) is the one the
@@ -413,9 +499,11 @@ class WindowDataset(IterableDataset):
         workers = max(num_workers, 1)
         for name, now in (("world_size", world), ("num_workers", workers), ("seed", self.seed), ("rank", rank)):
             if state[name] != now:
-                raise ValueError(f"cannot resume: the state was saved with {name}={state[name]}, this run has "
-                                 f"{name}={now}. Resume with the same settings, or start the next epoch fresh "
-                                 f"with set_epoch({state['epoch'] + 1}).")
+                raise ValueError(
+                    f"cannot resume: the state was saved with {name}={state[name]}, this run has "
+                    f"{name}={now}. Resume with the same settings, or start the next epoch fresh "
+                    f"with set_epoch({state['epoch'] + 1})."
+                )
         per = self.windows_per_consumer(state["epoch"], world, workers)
         if all(c >= per for c in state["consumed"]):
             self.epoch, self._resume = state["epoch"] + 1, None  # the epoch was finished
@@ -444,7 +532,12 @@ class WindowLoader(DataLoader):
             # Frames stay uint8 through the workers and become float32 while copied into the batch.
             dataset.defer_float = True
             # Depth cameras stay uint16 (``PostProcess.prepare_depth``): not converted, not scaled.
-            rgb = {c for src, o in zip(dataset.sources, dataset.cam_offsets) for c in o if not src.index.is_depth(c)}
+            rgb = {
+                c
+                for src, o in zip(dataset.sources, dataset.cam_offsets, strict=False)
+                for c in o
+                if not src.index.is_depth(c)
+            }
             kw["collate_fn"] = FloatCollate(sorted(rgb), dataset.post.dtype, dataset.post.scale)
         super().__init__(dataset, batch_size=batch_size, **kw)
         dataset.num_workers = self.num_workers
@@ -488,9 +581,11 @@ class WindowLoader(DataLoader):
             ValueError: see ``WindowDataset.load_state_dict``.
         """
         if self._running is not None:
-            raise RuntimeError("WindowLoader.load_state_dict during an iteration over the loader: the running "
-                               "iteration would go on with its own epoch. Load the state before the for loop "
-                               "(or after it ended, or after deleting its iterator).")
+            raise RuntimeError(
+                "WindowLoader.load_state_dict during an iteration over the loader: the running "
+                "iteration would go on with its own epoch. Load the state before the for loop "
+                "(or after it ended, or after deleting its iterator)."
+            )
         self._batches = 0
         if state.get("fresh"):
             self._epoch = state["epoch"]

@@ -16,7 +16,7 @@ import av
 import numpy as np
 import torch
 
-from shardwriter.video import frame_stream, open_decoder
+from epishard.shardwriter.video import frame_stream, open_decoder
 
 
 def decoded_frames(frames: np.ndarray, keyframes: np.ndarray) -> int:
@@ -37,9 +37,19 @@ class DecodeError(RuntimeError):
     """A video member did not decode; the message names the episode key and camera."""
 
 
-def decode(data: bytes, frames: np.ndarray, tables: tuple[np.ndarray, np.ndarray, np.ndarray], *, where: str,
-           stream_index: int | None = None, time_base: float = 0.0, post=None, max_bytes: int = 256 << 20,
-           height: int = 0, width: int = 0) -> tuple[torch.Tensor, int, float]:
+def decode(
+    data: bytes,
+    frames: np.ndarray,
+    tables: tuple[np.ndarray, np.ndarray, np.ndarray],
+    *,
+    where: str,
+    stream_index: int | None = None,
+    time_base: float = 0.0,
+    post=None,
+    max_bytes: int = 256 << 20,
+    height: int = 0,
+    width: int = 0,
+) -> tuple[torch.Tensor, int, float]:
     """Decode ``frames`` (sorted unique int64 frame numbers) of one video with one decoder.
 
     ``tables``: (pts, duration, keyframe flags) of the stream (``WindowIndex.frame_tables``);
@@ -65,7 +75,7 @@ def decode(data: bytes, frames: np.ndarray, tables: tuple[np.ndarray, np.ndarray
     try:
         decoder = open_decoder(data, *tables, stream_index)
         for start in range(0, frames.size, per_call):
-            wanted = frames[start:start + per_call]
+            wanted = frames[start : start + per_call]
             out = decoder.get_frames_at(wanted.tolist())
             batch = out.data
             if time_base:
@@ -73,7 +83,9 @@ def decode(data: bytes, frames: np.ndarray, tables: tuple[np.ndarray, np.ndarray
                 bad = np.flatnonzero(got != pts[wanted])
                 if bad.size:
                     f = int(wanted[bad[0]])
-                    raise DecodeError(f"{where}: frame {f} should have pts {pts[f]}, the decoder returned pts {got[bad[0]]}")
+                    raise DecodeError(
+                        f"{where}: frame {f} should have pts {pts[f]}, the decoder returned pts {got[bad[0]]}"
+                    )
             t = time.perf_counter()
             parts.append(post(batch) if post is not None else batch)
             post_s += time.perf_counter() - t
@@ -85,8 +97,16 @@ def decode(data: bytes, frames: np.ndarray, tables: tuple[np.ndarray, np.ndarray
     return out, len(parts), post_s
 
 
-def decode_depth(data: bytes, frames: np.ndarray, pts: np.ndarray, keyframes: np.ndarray, *, where: str,
-                 stream_index: int | None = None, post=None) -> tuple[torch.Tensor, int, float]:
+def decode_depth(
+    data: bytes,
+    frames: np.ndarray,
+    pts: np.ndarray,
+    keyframes: np.ndarray,
+    *,
+    where: str,
+    stream_index: int | None = None,
+    post=None,
+) -> tuple[torch.Tensor, int, float]:
     """Decode ``frames`` (sorted unique int64 frame numbers) of a grey (depth) video at full precision.
 
     torchcodec returns RGB only, so PyAV decodes here: it seeks to the keyframe at or before each
@@ -131,8 +151,9 @@ def decode_depth(data: bytes, frames: np.ndarray, pts: np.ndarray, keyframes: np
                         break
                 else:
                     if i < frames.size:
-                        raise DecodeError(f"{where}: frame {int(frames[i])} (pts {int(pts[frames[i]])}) "
-                                          "not found in the depth video")
+                        raise DecodeError(
+                            f"{where}: frame {int(frames[i])} (pts {int(pts[frames[i]])}) not found in the depth video"
+                        )
     except DecodeError:
         raise
     except Exception as exc:  # PyAV raises FFmpegError/ValueError by case

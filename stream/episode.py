@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from shardwriter.index import WindowIndex, read_table_bytes
-from shardwriter.stats import numeric_matrix
+from epishard.shardwriter.index import WindowIndex, read_table_bytes
+from epishard.shardwriter.stats import numeric_matrix
 
 from .decode import DecodeError, decode, decode_depth, decoded_frames
 from .spec import WindowSpec
@@ -31,7 +31,7 @@ class Normalizer:
     scale: np.ndarray
 
     @classmethod
-    def from_stats(cls, stats: dict, mode: str, eps: float = 1e-8) -> "Normalizer":
+    def from_stats(cls, stats: dict, mode: str, eps: float = 1e-8) -> Normalizer:
         if mode == "mean_std":
             return cls(np.asarray(stats["mean"], np.float32), np.maximum(np.asarray(stats["std"], np.float32), eps))
         if mode == "min_max":
@@ -45,7 +45,8 @@ class Normalizer:
 
 def _clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:
     """Rows clamped into the anchor's recording segment ``[lo, hi)`` (the episode unless its
-    timestamps reset or jump), and the pad flags of the rows that fell outside it."""
+    timestamps reset or jump), and the pad flags of the rows that fell outside it.
+    """
     pad = (rows < lo) | (rows >= hi)
     return np.clip(rows, lo, hi - 1), pad
 
@@ -61,9 +62,14 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
             raise ValueError(f"column {name!r} is not numeric")
         matrix = matrix.astype(np.float32)
         columns[name] = normalizers[name](matrix) if name in normalizers else matrix
-    columns["frame_index"] = table.column("frame_index").to_numpy() if "frame_index" in table.column_names else np.arange(n)
-    columns["timestamp"] = (table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
-                            if "timestamp" in table.column_names else np.arange(n) / fps)
+    columns["frame_index"] = (
+        table.column("frame_index").to_numpy() if "frame_index" in table.column_names else np.arange(n)
+    )
+    columns["timestamp"] = (
+        table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+        if "timestamp" in table.column_names
+        else np.arange(n) / fps
+    )
     return columns
 
 
@@ -86,9 +92,18 @@ class LoadedEpisode:
     info: dict
 
     @classmethod
-    def load(cls, index: WindowIndex, episode: int, anchors: np.ndarray, spec: WindowSpec,
-             cam_offsets: dict[str, np.ndarray], blobs: dict[int, bytes], post: PostProcess,
-             normalizers: dict[str, Normalizer], telemetry: Telemetry) -> "LoadedEpisode":
+    def load(
+        cls,
+        index: WindowIndex,
+        episode: int,
+        anchors: np.ndarray,
+        spec: WindowSpec,
+        cam_offsets: dict[str, np.ndarray],
+        blobs: dict[int, bytes],
+        post: PostProcess,
+        normalizers: dict[str, Normalizer],
+        telemetry: Telemetry,
+    ) -> LoadedEpisode:
         """``blobs``: member number -> bytes, for the data member and the cameras' video members."""
         key, n = index.key(episode), int(index.num_rows[episode])
         names = index.camera_names(episode)
@@ -97,11 +112,13 @@ class LoadedEpisode:
         video_members = {m0 + int(index.cam_member[s]) for s in streams.values()}
         fps = float(index.fps[episode])
         try:
-            columns = _columns(read_table_bytes(next(b for m, b in blobs.items() if m not in video_members)),
-                               n, fps, spec, normalizers)
+            columns = _columns(
+                read_table_bytes(next(b for m, b in blobs.items() if m not in video_members)), n, fps, spec, normalizers
+            )
         except (pa.ArrowException, KeyError, ValueError, TypeError) as exc:
-            raise DecodeError(f"episode {key}: its table does not read as the index describes: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise DecodeError(
+                f"episode {key}: its table does not read as the index describes: {type(exc).__name__}: {exc}"
+            ) from exc
 
         frames, positions = {}, {}
         edges = index.segment_edges(episode)  # recording segments: windows stay inside their anchor's
@@ -114,33 +131,58 @@ class LoadedEpisode:
             unique = np.unique(index.frames(s, rows))
             t1 = time.perf_counter()
             pts, duration, keyflags = index.frame_tables(s)
-            keys = index.keyframes[index.key_offsets[s]:index.key_offsets[s + 1]]
+            keys = index.keyframes[index.key_offsets[s] : index.key_offsets[s + 1]]
             where, data = f"episode {key} camera {cam}", blobs[m0 + int(index.cam_member[s])]
             if index.cam_depth[s]:
-                frames[cam], calls, post_s = decode_depth(data, unique, pts, keys, where=where,
-                                                            stream_index=int(index.cam_stream_index[s]),
-                                                            post=post.prepare_depth)
+                frames[cam], calls, post_s = decode_depth(
+                    data,
+                    unique,
+                    pts,
+                    keys,
+                    where=where,
+                    stream_index=int(index.cam_stream_index[s]),
+                    post=post.prepare_depth,
+                )
             else:
                 frames[cam], calls, post_s = decode(
-                    data, unique, (pts, duration, keyflags), where=where, stream_index=int(index.cam_stream_index[s]),
-                    time_base=float(index.cam_time_base[s]), post=post.prepare, height=int(index.cam_height[s]),
-                    width=int(index.cam_width[s]))
+                    data,
+                    unique,
+                    (pts, duration, keyflags),
+                    where=where,
+                    stream_index=int(index.cam_stream_index[s]),
+                    time_base=float(index.cam_time_base[s]),
+                    post=post.prepare,
+                    height=int(index.cam_height[s]),
+                    width=int(index.cam_width[s]),
+                )
             positions[cam] = unique
-            telemetry.add(decode_s=time.perf_counter() - t1 - post_s, postprocess_s=post_s, decoder_opens=1,
-                          decode_calls=calls,
-                          frames_decoded=decoded_frames(unique, keys), frames_unique=unique.size)
-        info = {"task": index.table.column("task")[episode].as_py(), "episode_index":
-                int(index.table.column("episode_index")[episode].as_py()), "key": key, "fps": fps,
-                "streams": streams, "segments": edges}
+            telemetry.add(
+                decode_s=time.perf_counter() - t1 - post_s,
+                postprocess_s=post_s,
+                decoder_opens=1,
+                decode_calls=calls,
+                frames_decoded=decoded_frames(unique, keys),
+                frames_unique=unique.size,
+            )
+        info = {
+            "task": index.table.column("task")[episode].as_py(),
+            "episode_index": int(index.table.column("episode_index")[episode].as_py()),
+            "key": key,
+            "fps": fps,
+            "streams": streams,
+            "segments": edges,
+        }
         telemetry.add(episodes_loaded=1)
         return cls(episode, n, columns, frames, positions, info)
 
-    def window(self, index: WindowIndex, anchor: int, spec: WindowSpec, cam_offsets: dict[str, np.ndarray],
-               finish=None) -> dict:
+    def window(
+        self, index: WindowIndex, anchor: int, spec: WindowSpec, cam_offsets: dict[str, np.ndarray], finish=None
+    ) -> dict:
         """The sample of the window anchored at row ``anchor`` (see ``WindowDataset`` for keys).
 
         ``finish``: applied to each camera's frames (``PostProcess.finish``); None leaves them as
-        stored (uint8, for a collate that converts them)."""
+        stored (uint8, for a collate that converts them).
+        """
         edges = self.info["segments"]
         k = int(np.searchsorted(edges, anchor, side="right")) - 1
         lo, hi = int(edges[k]), int(edges[k + 1])

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shardwriter.storage import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, NotARegularFile
+from epishard.shardwriter.storage import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, NotARegularFile
 
 from .cache import RangeCache
 
@@ -107,10 +107,11 @@ def retryable(exc: BaseException) -> bool:
 def wait_or_raise(policy: FetchPolicy, exc: Exception, attempt: int, where: str, shard: int) -> None:
     """After a failed request (try ``attempt``, from 0): sleep ``backoff_s * 2**attempt`` seconds (at
     most ``backoff_max_s``) before asking again, or raise ``FetchError`` naming ``where`` and the cause
-    when ``exc`` is not ``retryable`` or the policy's retries are used up."""
+    when ``exc`` is not ``retryable`` or the policy's retries are used up.
+    """
     if not retryable(exc) or attempt >= policy.retries:
         raise FetchError(f"{where}: {type(exc).__name__}: {exc} (after {attempt} retries)", shard) from exc
-    time.sleep(min(policy.backoff_s * 2 ** attempt, policy.backoff_max_s))
+    time.sleep(min(policy.backoff_s * 2**attempt, policy.backoff_max_s))
 
 
 class Fetcher:
@@ -125,8 +126,9 @@ class Fetcher:
             ``range_ignored``, ``fetch_wait_s`` (time the worker waited for data).
     """
 
-    def __init__(self, source: DatasetSource, episodes: list[tuple[int, list[tuple[int, int]]]],
-                 policy: FetchPolicy, stats: dict):
+    def __init__(
+        self, source: DatasetSource, episodes: list[tuple[int, list[tuple[int, int]]]], policy: FetchPolicy, stats: dict
+    ):
         self.source, self.policy, self.stats = source, policy, stats
         self.episodes = episodes
         self.requests = self._requests(episodes)  # [(shard, start, stop)] in fetch order
@@ -137,7 +139,9 @@ class Fetcher:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=policy.threads, thread_name_prefix="epishard-fetch")
         self._failed: dict[int, FetchError] = {}
-        self._cache = RangeCache(policy.cache_dir, policy.cache_bytes) if policy.cache_dir and not source.local else None
+        self._cache = (
+            RangeCache(policy.cache_dir, policy.cache_bytes) if policy.cache_dir and not source.local else None
+        )
         self._fill()
 
     def _requests(self, episodes) -> list[tuple[int, int, int]]:
@@ -158,7 +162,8 @@ class Fetcher:
 
     def _fill(self) -> None:
         """Submit requests ahead, up to ``prefetch_bytes`` in flight or unconsumed; never those of a
-        failed shard."""
+        failed shard.
+        """
         if self.policy.prefetch_bytes <= 0:
             return  # no prefetch: each range is requested when the worker asks for it
         with self._lock:
@@ -197,8 +202,11 @@ class Fetcher:
                 self.stats["requests"] += 1
                 if len(data) > stop - pos:
                     if len(data) != size:
-                        raise FetchError(f"{path}: asked bytes {pos}-{stop}, got {len(data)} bytes that are neither "
-                                         f"the range nor the whole object ({size} bytes)", shard)
+                        raise FetchError(
+                            f"{path}: asked bytes {pos}-{stop}, got {len(data)} bytes that are neither "
+                            f"the range nor the whole object ({size} bytes)",
+                            shard,
+                        )
                     self.stats["range_ignored"] += 1  # the server ignored Range: cut the range out
                     data = data[pos:stop]
                 if not data:
@@ -245,10 +253,11 @@ class Fetcher:
             pieces = {self.requests[i][1:]: self._take(i) for i in range(first, stop)}
             out = [_slice(pieces, a, b, self.source.shard_path(shard)) for a, b in ranges]
             if self.policy.verify and checksums is not None:
-                for (a, b), data, digest in zip(ranges, out, checksums):
+                for (a, b), data, digest in zip(ranges, out, checksums, strict=False):
                     if hashlib.sha256(data).hexdigest() != digest:
-                        raise FetchError(f"{self.source.shard_path(shard)}: bytes {a}-{b} do not match the index's "
-                                         "sha256", shard)
+                        raise FetchError(
+                            f"{self.source.shard_path(shard)}: bytes {a}-{b} do not match the index's sha256", shard
+                        )
             return out
         except FetchError as exc:
             self._fail(shard, exc)
@@ -264,7 +273,8 @@ class Fetcher:
 
     def _release(self, k: int) -> None:
         """Drop the requests episode ``k`` used, and every earlier one (skipped episodes), except a
-        last request the next episode shares; then fetch ahead again."""
+        last request the next episode shares; then fetch ahead again.
+        """
         first, stop = self._spans[k]
         hi = max(b for _, b in self.episodes[k][1])
         with self._lock:
@@ -285,11 +295,12 @@ class Fetcher:
 
 def _spans(requests: list[tuple[int, int, int]], episodes) -> list[tuple[int, int]]:
     """``[first, stop)`` request numbers holding each episode's bytes (requests and episodes are both
-    in read order; consecutive episodes may share one request)."""
+    in read order; consecutive episodes may share one request).
+    """
     out, i = [], 0
     for shard, ranges in episodes:
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
-        inside = lambda j: requests[j][0] == shard and requests[j][1] < hi and requests[j][2] > lo  # noqa: E731
+        inside = lambda j: requests[j][0] == shard and requests[j][1] < hi and requests[j][2] > lo
         first = next((j for j in range(i, len(requests)) if inside(j)), None)
         if first is None:  # not after the previous episode: search from the start
             first = next(j for j in range(len(requests)) if inside(j))
@@ -316,7 +327,7 @@ def _slice(pieces: dict[tuple[int, int], bytes], start: int, stop: int, path: st
     for (a, b), data in sorted(pieces.items()):
         if b <= start or a >= stop:
             continue
-        out.append(data[max(start, a) - a:min(stop, b) - a])
+        out.append(data[max(start, a) - a : min(stop, b) - a])
     joined = b"".join(out)
     if len(joined) != stop - start:
         raise FetchError(f"{path}: internal: assembled {len(joined)} of {stop - start} bytes", -1)
@@ -325,8 +336,9 @@ def _slice(pieces: dict[tuple[int, int], bytes], start: int, stop: int, path: st
 
 def episode_ranges(index, episode: int, cameras: list[int]) -> tuple[int, list[tuple[int, int]], list[str], list[int]]:
     """(shard, byte ranges, sha256s, member numbers) of the data member and the given camera streams
-    of ``episode`` (member ranges in tar order)."""
-    from shardwriter.format import DATA_EXT
+    of ``episode`` (member ranges in tar order).
+    """
+    from epishard.shardwriter.format import DATA_EXT
 
     m0 = int(index.episode_members[episode])
     names = index.table.column("members")[episode].values.field("name").to_pylist()
@@ -335,4 +347,3 @@ def episode_ranges(index, episode: int, cameras: list[int]) -> tuple[int, list[t
     members = sorted({data, *(m0 + int(index.cam_member[s]) for s in cameras)})
     ranges = [(int(index.member_offset[m]), int(index.member_offset[m] + index.member_size[m])) for m in members]
     return int(index.shard[episode]), ranges, [shas[m - m0] for m in members], members
-

@@ -22,7 +22,7 @@ def _glibc():
     if _libc is None:
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            libc.mallopt, libc.malloc_trim  # noqa: B018 - both exist in glibc only
+            libc.mallopt, libc.malloc_trim
         except (OSError, AttributeError):
             libc = False
         else:

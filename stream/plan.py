@@ -80,13 +80,13 @@ def break_gaps(episodes: np.ndarray, starts: np.ndarray, before: int, after: int
 
 
 def _in_ranges(lo: np.ndarray, hi: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """bool ``[n]``: ``x[i]`` lies in one of the ranges ``[lo[k], hi[k])`` (sorted, disjoint)."""
+    """Bool ``[n]``: ``x[i]`` lies in one of the ranges ``[lo[k], hi[k])`` (sorted, disjoint)."""
     pos = np.searchsorted(lo, x, side="right") - 1
     return (pos >= 0) & (x < hi[np.maximum(pos, 0)])
 
 
 def _in_gaps(gaps: np.ndarray, episode: np.ndarray, anchor: np.ndarray) -> np.ndarray:
-    """bool ``[n]``: anchor ``i`` of episode ``i`` lies in one of ``gaps`` (sorted, disjoint)."""
+    """Bool ``[n]``: anchor ``i`` of episode ``i`` lies in one of ``gaps`` (sorted, disjoint)."""
     if gaps is None or gaps.shape[0] == 0 or anchor.size == 0:
         return np.zeros(anchor.shape, dtype=bool)
     span = int(max(anchor.max(), gaps[:, 2].max())) + 1  # (episode, row) -> one sortable key
@@ -95,7 +95,8 @@ def _in_gaps(gaps: np.ndarray, episode: np.ndarray, anchor: np.ndarray) -> np.nd
 
 def anchor_counts(lo: np.ndarray, hi: np.ndarray, stride: int, gaps: np.ndarray | None = None) -> np.ndarray:
     """Anchors per episode (int64 ``[E]``): rows ``lo, lo + stride, ... < hi`` outside ``gaps``,
-    counted without listing them."""
+    counted without listing them.
+    """
     counts = np.maximum(-((lo - hi) // stride), 0).astype(np.int64)  # ceil((hi - lo) / stride)
     if gaps is not None and gaps.shape[0]:
         e, first = gaps[:, 0], lo[gaps[:, 0]]
@@ -119,8 +120,9 @@ def episode_order(table: EpisodeTable, seed: int, epoch: int) -> np.ndarray:
     return np.lexsort((np.arange(table.num_episodes), rank_of_shard[table.shard]))
 
 
-def select_anchors(lo: int, hi: int, stride: int, per_episode, weight: float, rng: np.random.Generator,
-                   gaps: np.ndarray | None = None) -> np.ndarray:
+def select_anchors(
+    lo: int, hi: int, stride: int, per_episode, weight: float, rng: np.random.Generator, gaps: np.ndarray | None = None
+) -> np.ndarray:
     """Anchors of one episode for one epoch, ascending (int64). See ``WindowSpec.per_episode``.
 
     ``weight`` scales the count (stochastic rounding); past all anchors they are drawn again.
@@ -194,12 +196,16 @@ def global_plan(table: EpisodeTable, stride: int, per_episode, seed: int, epoch:
         return GlobalPlan(episode=e, anchor=a, per_consumer=n, dropped=dropped)
     parts_e, parts_a = [], []
     for c in range(consumers):
-        pieces = [(e[c * n:(c + 1) * n], a[c * n:(c + 1) * n]) for e, a, n in cuts]
+        pieces = [(e[c * n : (c + 1) * n], a[c * n : (c + 1) * n]) for e, a, n in cuts]
         e_c, a_c = _interleave(pieces)
         parts_e.append(e_c)
         parts_a.append(a_c)
-    return GlobalPlan(episode=np.concatenate(parts_e), anchor=np.concatenate(parts_a),
-                      per_consumer=sum(n for _, _, n in cuts), dropped=dropped)
+    return GlobalPlan(
+        episode=np.concatenate(parts_e),
+        anchor=np.concatenate(parts_a),
+        per_consumer=sum(n for _, _, n in cuts),
+        dropped=dropped,
+    )
 
 
 def _anchors(table: EpisodeTable, order: np.ndarray, stride: int, per_episode, seed: int, epoch: int):
@@ -216,8 +222,15 @@ def _anchors(table: EpisodeTable, order: np.ndarray, stride: int, per_episode, s
     gap_first = np.searchsorted(gaps[:, 0], np.arange(table.num_episodes + 1))
     episodes, anchors = [], []
     for e in order:
-        a = select_anchors(int(table.lo[e]), int(table.hi[e]), stride, per_episode, float(table.weight[e]),
-                           rng_for(seed, epoch, _SALT_ANCHORS, int(e)), gaps[gap_first[e]:gap_first[e + 1], 1:])
+        a = select_anchors(
+            int(table.lo[e]),
+            int(table.hi[e]),
+            stride,
+            per_episode,
+            float(table.weight[e]),
+            rng_for(seed, epoch, _SALT_ANCHORS, int(e)),
+            gaps[gap_first[e] : gap_first[e + 1], 1:],
+        )
         episodes.append(np.full(a.size, e, dtype=np.int64))
         anchors.append(a)
     if not episodes:
@@ -227,14 +240,15 @@ def _anchors(table: EpisodeTable, order: np.ndarray, stride: int, per_episode, s
 
 def _interleave(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Merge per-stratum window runs, keeping each episode's windows together, ordered by how far
-    through its stratum's part the episode's middle window lies (a proportional interleave)."""
+    through its stratum's part the episode's middle window lies (a proportional interleave).
+    """
     runs = []  # (key, stratum, episode windows)
     for k, (e, a) in enumerate(pieces):
         if e.size == 0:
             continue
         starts = np.flatnonzero(np.r_[True, e[1:] != e[:-1]])
         ends = np.r_[starts[1:], e.size]
-        for s, t in zip(starts.tolist(), ends.tolist()):
+        for s, t in zip(starts.tolist(), ends.tolist(), strict=False):
             runs.append(((s + t) / 2 / e.size, k, e[s:t], a[s:t]))
     runs.sort(key=lambda r: (r[0], r[1]))
     if not runs:
@@ -242,8 +256,9 @@ def _interleave(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
     return np.concatenate([r[2] for r in runs]), np.concatenate([r[3] for r in runs])
 
 
-def buffer_shuffle(window_episode: np.ndarray, cost_bytes: np.ndarray, capacity: int, capacity_bytes: int,
-                   rng: np.random.Generator) -> np.ndarray:
+def buffer_shuffle(
+    window_episode: np.ndarray, cost_bytes: np.ndarray, capacity: int, capacity_bytes: int, rng: np.random.Generator
+) -> np.ndarray:
     """Yield order of windows that arrive episode by episode through a bounded shuffle buffer.
 
     Args:
@@ -262,15 +277,19 @@ def buffer_shuffle(window_episode: np.ndarray, cost_bytes: np.ndarray, capacity:
     remaining: dict[int, int] = {}
     loaded_bytes = 0
     produced = 0
-    starts = np.flatnonzero(np.r_[True, window_episode[1:] != window_episode[:-1]]) if n else np.zeros(0, dtype=np.int64)
+    starts = (
+        np.flatnonzero(np.r_[True, window_episode[1:] != window_episode[:-1]]) if n else np.zeros(0, dtype=np.int64)
+    )
     ends = np.r_[starts[1:], n]
-    for a, b in zip(starts.tolist(), ends.tolist()):
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=False):
         e = int(window_episode[a])
         buffer.extend(range(a, b))
         remaining[e] = remaining.get(e, 0) + (b - a)
         loaded_bytes += int(cost_bytes[e])
         while buffer and (len(buffer) > capacity or loaded_bytes > capacity_bytes):
-            produced, loaded_bytes = _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, loaded_bytes)
+            produced, loaded_bytes = _pop(
+                buffer, remaining, window_episode, cost_bytes, rng, out, produced, loaded_bytes
+            )
     while buffer:
         produced, loaded_bytes = _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, loaded_bytes)
     return out
@@ -303,8 +322,20 @@ class WorkerPlan:
         return int(self.episode.size)
 
 
-def worker_plan(table: EpisodeTable, *, stride: int, per_episode, seed: int, epoch: int, world_size: int, rank: int,
-                num_workers: int, worker: int, shuffle_windows: int, shuffle_bytes: int) -> WorkerPlan:
+def worker_plan(
+    table: EpisodeTable,
+    *,
+    stride: int,
+    per_episode,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    rank: int,
+    num_workers: int,
+    worker: int,
+    shuffle_windows: int,
+    shuffle_bytes: int,
+) -> WorkerPlan:
     """The windows consumer ``rank * num_workers + worker`` yields this epoch, in yield order.
 
     Raises:
@@ -316,8 +347,14 @@ def worker_plan(table: EpisodeTable, *, stride: int, per_episode, seed: int, epo
     part = plan.consumer_slice(rank * num_workers + worker)
     episode, anchor = plan.episode[part], plan.anchor[part]
     consumer = rank * num_workers + worker
-    order = buffer_shuffle(episode, table.cost_bytes, shuffle_windows, shuffle_bytes,
-                           rng_for(seed, epoch, _SALT_SHUFFLE, consumer))
+    order = buffer_shuffle(
+        episode, table.cost_bytes, shuffle_windows, shuffle_bytes, rng_for(seed, epoch, _SALT_SHUFFLE, consumer)
+    )
     firsts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if episode.size else np.zeros(0, dtype=np.int64)
-    return WorkerPlan(episode=episode[order], anchor=anchor[order], read_order=episode[firsts], dropped=plan.dropped,
-                      total_windows=int(plan.episode.size + plan.dropped))
+    return WorkerPlan(
+        episode=episode[order],
+        anchor=anchor[order],
+        read_order=episode[firsts],
+        dropped=plan.dropped,
+        total_windows=int(plan.episode.size + plan.dropped),
+    )

@@ -50,8 +50,14 @@ def build(args) -> WindowLoader:
     offsets = segment(0, args.span - 1, args.frames) if args.frames > 1 else (0,)
     per = args.per_episode
     per = int(per) if per is not None and per > 1 else per
-    spec = WindowSpec(cameras={c: offsets for c in cams}, state_offsets=tuple(range(1 - args.state_history, 1)),
-                      action_horizon=args.action_horizon, boundary=args.boundary, stride=args.stride, per_episode=per)
+    spec = WindowSpec(
+        cameras={c: offsets for c in cams},
+        state_offsets=tuple(range(1 - args.state_history, 1)),
+        action_horizon=args.action_horizon,
+        boundary=args.boundary,
+        stride=args.stride,
+        per_episode=per,
+    )
     size = tuple(int(v) for v in args.size.lower().split("x")) if args.size else None
     post = PostProcess(size=size, dtype=torch.float32 if args.float else torch.uint8)
     ds = WindowDataset(source, spec, seed=args.seed, postprocess=post, telemetry=True)
@@ -69,7 +75,7 @@ def run(args) -> dict:
         if first is None:
             first = time.perf_counter() - start
         tel.append(batch["__telemetry__"].numpy())
-        distinct.append(len(set(zip(batch["dataset"].tolist(), batch["episode_index"].tolist()))))
+        distinct.append(len(set(zip(batch["dataset"].tolist(), batch["episode_index"].tolist(), strict=False))))
         collate_s += float(batch["__collate_s__"])
         samples += len(batch["episode_index"])
         if args.batches and i + 1 >= args.batches:
@@ -79,14 +85,22 @@ def run(args) -> dict:
     stages = {k: t[k] for k in ("plan_s", "read_s", "decode_s", "postprocess_s", "assemble_s")}
     stages["collate_s"] = collate_s
     return {
-        "dataset": args.dataset, "batches": len(tel), "samples": samples, "wall_s": wall, "setup_s": setup_s,
-        "time_to_first_batch_s": first, "samples_per_s": samples / wall if wall else 0.0,
+        "dataset": args.dataset,
+        "batches": len(tel),
+        "samples": samples,
+        "wall_s": wall,
+        "setup_s": setup_s,
+        "time_to_first_batch_s": first,
+        "samples_per_s": samples / wall if wall else 0.0,
         "frames_per_s": t["frames_returned"] / wall if wall else 0.0,
-        "worker_stage_s": stages, "frames_decoded_per_returned": t["frames_decoded_per_returned"],
-        "decoder_opens_per_sample": t["decoder_opens_per_sample"], "bytes_read_per_sample": t["bytes_read_per_sample"],
+        "worker_stage_s": stages,
+        "frames_decoded_per_returned": t["frames_decoded_per_returned"],
+        "decoder_opens_per_sample": t["decoder_opens_per_sample"],
+        "bytes_read_per_sample": t["bytes_read_per_sample"],
         "distinct_episodes_per_batch": float(np.mean(distinct)) if distinct else 0.0,
         "windows_per_rank_per_epoch": len(loader.dataset),
-        "episodes_without_windows": t["episodes_without_windows"], "workers": args.workers,
+        "episodes_without_windows": t["episodes_without_windows"],
+        "workers": args.workers,
     }
 
 
@@ -98,7 +112,8 @@ def render(r: dict) -> str:
         f"({r['workers']} workers; {r['windows_per_rank_per_epoch']} windows per epoch)",
         f"  {r['samples_per_s']:.1f} samples/s, {r['frames_per_s']:.0f} frames/s, first batch after "
         f"{r['time_to_first_batch_s']:.2f} s (setup {r['setup_s']:.2f} s)",
-        "  worker time per stage: " + ", ".join(f"{k[:-2]} {v:.2f}s ({100 * v / total:.0f}%)" for k, v in stages.items()),
+        "  worker time per stage: "
+        + ", ".join(f"{k[:-2]} {v:.2f}s ({100 * v / total:.0f}%)" for k, v in stages.items()),
         f"  frames decoded per frame returned {r['frames_decoded_per_returned']:.2f}, decoder opens per sample "
         f"{r['decoder_opens_per_sample']:.3f}, bytes read per sample {r['bytes_read_per_sample'] / 1e3:.1f} kB",
         f"  shuffle: {r['distinct_episodes_per_batch']:.2f} distinct episodes per batch; "

@@ -19,10 +19,10 @@ import os
 import fsspec
 import pyarrow as pa
 
-from shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME
-from shardwriter.index import WindowIndex
-from shardwriter.storage import make_filesystem, open_regular
-from shardwriter.validate import FormatError, load_dataset_index, load_shard_indexes, parse_manifest
+from epishard.shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME
+from epishard.shardwriter.index import WindowIndex
+from epishard.shardwriter.storage import make_filesystem, open_regular
+from epishard.shardwriter.validate import FormatError, load_dataset_index, load_shard_indexes, parse_manifest
 
 from .fetch import FetchError, FetchPolicy, retryable, wait_or_raise
 
@@ -69,15 +69,21 @@ class DatasetSource:
 
     def filesystem(self):
         """This process's fsspec filesystem (recreated after a fork), with the policy's timeouts;
-        the policy retries, so the client makes one attempt per request."""
+        the policy retries, so the client makes one attempt per request.
+        """
         if self._fs is None or self._pid != os.getpid():
             self._connect()
         return self._fs
 
     def _connect(self) -> str:
         """Make this process's filesystem; returns the dataset's root path in it."""
-        self._fs, root = make_filesystem(self.url, self.storage_options, attempts=1,
-                                         connect_s=self.policy.connect_timeout_s, read_s=self.policy.read_timeout_s)
+        self._fs, root = make_filesystem(
+            self.url,
+            self.storage_options,
+            attempts=1,
+            connect_s=self.policy.connect_timeout_s,
+            read_s=self.policy.read_timeout_s,
+        )
         self._pid = os.getpid()
         return root
 
@@ -89,14 +95,18 @@ class DatasetSource:
 
     def read_range(self, shard: int, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of a shard, one request (a remote server may answer with more:
-        the caller checks the length). A local shard must be a regular file."""
+        the caller checks the length). A local shard must be a regular file.
+        """
         if self.local:
             with open_regular(self.shard_path(shard)) as f:
                 f.seek(start)
                 data = f.read(stop - start)
             if len(data) < stop - start:  # a local file does not grow on a retry
-                raise FetchError(f"{self.shard_path(shard)}: {len(data)} bytes at {start}, the index needs "
-                                 f"{stop - start}: the file is shorter than the manifest says", shard)
+                raise FetchError(
+                    f"{self.shard_path(shard)}: {len(data)} bytes at {start}, the index needs "
+                    f"{stop - start}: the file is shorter than the manifest says",
+                    shard,
+                )
             return data
         return self.filesystem().cat_file(self.shard_path(shard), start=start, end=stop)
 
@@ -119,7 +129,8 @@ class DatasetSource:
 
     def _load_index(self) -> WindowIndex:
         """``index.arrow`` (memory-mapped when local: its pages are shared by forked workers) after
-        its sha256 and every value are checked; the per-shard indexes when it is absent."""
+        its sha256 and every value are checked; the per-shard indexes when it is absent.
+        """
         entry = self.manifest["index"]
         where = self.index_file = f"{self.url}/{entry['file']}"
         try:

@@ -42,7 +42,9 @@ def offsets_from_seconds(deltas: list[float], fps: float, tolerance: float = 1e-
     for d in deltas:
         frames = round(d * fps)
         if abs(frames / fps - d) > tolerance:
-            raise ValueError(f"delta_timestamp {d}s is not a multiple of 1/fps = {1 / fps:.6f}s (tolerance {tolerance}s)")
+            raise ValueError(
+                f"delta_timestamp {d}s is not a multiple of 1/fps = {1 / fps:.6f}s (tolerance {tolerance}s)"
+            )
         out.append(int(frames))
     return tuple(out)
 
@@ -89,9 +91,10 @@ class WindowSpec:
             raise ValueError(f"per_episode count must be >= 0, not {self.per_episode}")
 
     @classmethod
-    def from_delta_timestamps(cls, delta_timestamps: dict[str, list[float]], fps: float, **kw) -> "WindowSpec":
+    def from_delta_timestamps(cls, delta_timestamps: dict[str, list[float]], fps: float, **kw) -> WindowSpec:
         """Build a spec from LeRobot ``delta_timestamps`` (keys: camera names, ``observation.state``,
-        ``action``); the action deltas must be 0, 1/fps, 2/fps, ... (an action chunk)."""
+        ``action``); the action deltas must be 0, 1/fps, 2/fps, ... (an action chunk).
+        """
         cams, state, horizon = {}, (0,), 0
         for key, deltas in delta_timestamps.items():
             offsets = offsets_from_seconds(deltas, fps)

@@ -6,9 +6,25 @@ import numpy as np
 import torch
 
 FIELDS = (
-    "worker", "plan_s", "read_s", "decode_s", "postprocess_s", "assemble_s", "samples", "episodes_loaded",
-    "decoder_opens", "decode_calls", "frames_decoded", "frames_unique", "frames_returned", "bytes_read",
-    "episodes_without_windows", "windows_dropped", "retries", "episodes_skipped", "substitutes",
+    "worker",
+    "plan_s",
+    "read_s",
+    "decode_s",
+    "postprocess_s",
+    "assemble_s",
+    "samples",
+    "episodes_loaded",
+    "decoder_opens",
+    "decode_calls",
+    "frames_decoded",
+    "frames_unique",
+    "frames_returned",
+    "bytes_read",
+    "episodes_without_windows",
+    "windows_dropped",
+    "retries",
+    "episodes_skipped",
+    "substitutes",
 )
 
 
@@ -40,7 +56,11 @@ def summarize(rows: list[torch.Tensor] | np.ndarray) -> dict:
     Takes, per worker, the latest (largest ``samples``) vector, then sums across workers and adds
     ratios: frames decoded per frame returned, decoder opens per sample, bytes read per sample.
     """
-    data = np.concatenate([np.atleast_2d(np.asarray(r, dtype=np.float64)) for r in rows]) if len(rows) else np.zeros((0, len(FIELDS)))
+    data = (
+        np.concatenate([np.atleast_2d(np.asarray(r, dtype=np.float64)) for r in rows])
+        if len(rows)
+        else np.zeros((0, len(FIELDS)))
+    )
     latest: dict[int, np.ndarray] = {}
     for row in data:
         w = int(row[0])

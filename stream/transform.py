@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -38,15 +38,17 @@ class PostProcess:
 
         The reader keeps decoded frames in this form and applies ``finish`` to the frames of each
         window (or, under ``WindowLoader``, while collating), so float output never converts
-        frames that no window returns, nor writes them twice."""
+        frames that no window returns, nor writes them twice.
+        """
         if self.crop is not None:
             top, left, h, w = self.crop
-            frames = frames[:, :, top:top + h, left:left + w]
+            frames = frames[:, :, top : top + h, left : left + w]
         if self.size is not None and tuple(frames.shape[-2:]) != tuple(self.size):
             # torch's uint8 antialiased bilinear kernel on channels-last input is ~10x faster than
             # going through float32 and rounds to within 1 of it.
-            frames = torch.nn.functional.interpolate(frames.contiguous(memory_format=torch.channels_last),
-                                                     size=self.size, mode="bilinear", antialias=True)
+            frames = torch.nn.functional.interpolate(
+                frames.contiguous(memory_format=torch.channels_last), size=self.size, mode="bilinear", antialias=True
+            )
         if self.hook is not None:
             frames = self.hook(frames)
         return frames.contiguous()
@@ -57,10 +59,11 @@ class PostProcess:
         Resizing is nearest-neighbour (PyTorch's ``nearest-exact`` sampling positions), so every
         output pixel is one stored depth sample, never a blend of a foreground and a background
         depth. The hook and ``finish`` (dtype, /255 scaling) are not applied: depth stays uint16 in
-        the stored units, and float conversion with a depth scale is left to the user."""
+        the stored units, and float conversion with a depth scale is left to the user.
+        """
         if self.crop is not None:
             top, left, h, w = self.crop
-            frames = frames[:, :, top:top + h, left:left + w]
+            frames = frames[:, :, top : top + h, left : left + w]
         if self.size is not None and tuple(frames.shape[-2:]) != tuple(self.size):
             (h, w), (oh, ow) = frames.shape[-2:], self.size
             rows = ((torch.arange(oh) + 0.5) * (h / oh)).floor().long().clamp_(max=h - 1)
@@ -69,7 +72,7 @@ class PostProcess:
         return frames.contiguous()
 
     def finish(self, frames: torch.Tensor) -> torch.Tensor:
-        """dtype conversion and scaling of prepared frames."""
+        """Dtype conversion and scaling of prepared frames."""
         if frames.dtype == self.dtype:
             return frames
         frames = frames.to(self.dtype)

@@ -61,7 +61,8 @@ def reference(intact) -> list[dict]:
     """Every sample of ``intact`` read with ``faultgen.SPEC`` and seed 5, in read order; decoded once
     per session. Tests must not modify the samples."""
     from faultgen import SPEC
-    from stream import WindowDataset
+
+    from epishard.stream import WindowDataset
 
     return list(WindowDataset(intact, SPEC, seed=5))
 

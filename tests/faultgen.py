@@ -20,10 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
-
-from shardwriter import CameraVideo, ConvertOptions, Episode, Source, WindowIndex, convert
-from stream import WindowSpec, segment
 from videogen import make_episode_table, make_video
+
+from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, WindowIndex, convert
+from epishard.stream import WindowSpec, segment
+
 
 class Hang(BaseException):
     """A test ran past its alarm. A BaseException, so no ``except Exception`` (the CLI's one-line
@@ -33,6 +34,7 @@ class Hang(BaseException):
 @contextlib.contextmanager
 def hang_alarm(seconds: int):
     """Raise ``Hang`` in the main thread when the block runs longer than ``seconds``."""
+
     def hung(*_):
         raise Hang(f"hung for {seconds} s")
 
@@ -53,10 +55,21 @@ SPEC = WindowSpec(cameras={CAMERA: segment(0, 4, 2)}, action_horizon=2, boundary
 def source(episodes: int = 6) -> Source:
     """``episodes`` episodes of ``ROWS`` rows, one 32x32 H.264 camera (keyframe every 5 frames);
     episode ``e``'s frame ``i`` shows ``100 * e + i``."""
-    return Source(name="g", fps=20, episodes=[
-        Episode(source="g", episode_index=e, table=make_episode_table(ROWS), fps=20, tasks=(f"task {e}",),
-                videos={CAMERA: CameraVideo(make_video(None, ROWS, gop=5, start_number=100 * e, height=32, width=32))})
-        for e in range(episodes)])
+    return Source(
+        name="g",
+        fps=20,
+        episodes=[
+            Episode(
+                source="g",
+                episode_index=e,
+                table=make_episode_table(ROWS),
+                fps=20,
+                tasks=(f"task {e}",),
+                videos={CAMERA: CameraVideo(make_video(None, ROWS, gop=5, start_number=100 * e, height=32, width=32))},
+            )
+            for e in range(episodes)
+        ],
+    )
 
 
 def make_dataset(out: str, episodes: int = 6, per_shard: int = 2) -> str:
@@ -84,7 +97,7 @@ def write_manifest(root: str, data) -> None:
 def video_member(root: str, shard: int, episode_in_shard: int = 0) -> dict:
     """The index entry (name, offset, size, sha256) of a video member of a shard's episode."""
     index = WindowIndex.load_dataset(root)
-    rows = [r for r, s in zip(index.table.to_pylist(), index.shard.tolist()) if s == shard]
+    rows = [r for r, s in zip(index.table.to_pylist(), index.shard.tolist(), strict=False) if s == shard]
     return next(m for m in rows[episode_in_shard]["members"] if m["name"].endswith(".mp4"))
 
 

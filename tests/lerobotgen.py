@@ -13,7 +13,6 @@ import os
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from videogen import make_episode_table, make_video
 
 V2_DATA = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
@@ -28,8 +27,15 @@ def _info(version: str, fps: int, lengths: list[int], cameras: list[str], data: 
         "action": {"dtype": "float32", "shape": [3], "names": None},
         **{cam: {"dtype": "video", "shape": [32, 32, 3], "names": ["height", "width", "channel"]} for cam in cameras},
     }
-    return {"codebase_version": version, "fps": fps, "robot_type": "toy", "total_episodes": len(lengths),
-            "data_path": data, "video_path": video, "features": features}
+    return {
+        "codebase_version": version,
+        "fps": fps,
+        "robot_type": "toy",
+        "total_episodes": len(lengths),
+        "data_path": data,
+        "video_path": video,
+        "features": features,
+    }
 
 
 def _write_json(path: str, value) -> None:
@@ -49,18 +55,30 @@ def edit_json(path: str, change) -> None:
 
 def _table(episode: int, rows: int, fps: int, first_index: int, timestamps=None) -> pa.Table:
     table = make_episode_table(rows, fps=fps)
-    table = table.set_column(table.column_names.index("episode_index"), "episode_index",
-                             pa.array(np.full(rows, episode, np.int64)))
-    table = table.set_column(table.column_names.index("index"), "index",
-                             pa.array(np.arange(first_index, first_index + rows, dtype=np.int64)))
+    table = table.set_column(
+        table.column_names.index("episode_index"), "episode_index", pa.array(np.full(rows, episode, np.int64))
+    )
+    table = table.set_column(
+        table.column_names.index("index"), "index", pa.array(np.arange(first_index, first_index + rows, dtype=np.int64))
+    )
     if timestamps is not None:
-        table = table.set_column(table.column_names.index("timestamp"), "timestamp",
-                                 pa.array(np.asarray(timestamps, np.float32), pa.float32()))
+        table = table.set_column(
+            table.column_names.index("timestamp"),
+            "timestamp",
+            pa.array(np.asarray(timestamps, np.float32), pa.float32()),
+        )
     return table
 
 
-def write_v2(root: str, lengths: list[int], cameras: list[str], *, fps: int = 20, declared: list[str] | None = None,
-             video_dir: str = "videos") -> None:
+def write_v2(
+    root: str,
+    lengths: list[int],
+    cameras: list[str],
+    *,
+    fps: int = 20,
+    declared: list[str] | None = None,
+    video_dir: str = "videos",
+) -> None:
     """A v2.1 dataset: one parquet and one mp4 per camera per episode (32x32 H.264, gop 8).
 
     ``declared``: cameras listed in ``meta/info.json`` (default ``cameras``); only ``cameras`` get
@@ -81,11 +99,22 @@ def write_v2(root: str, lengths: list[int], cameras: list[str], *, fps: int = 20
     with open(f"{root}/meta/tasks.jsonl", "w") as f:
         f.write(json.dumps({"task_index": 0, "task": "fold"}) + "\n")
     with open(f"{root}/meta/episodes.jsonl", "w") as f:
-        f.writelines(json.dumps({"episode_index": e, "tasks": ["fold"], "length": n}) + "\n" for e, n in enumerate(lengths))
+        f.writelines(
+            json.dumps({"episode_index": e, "tasks": ["fold"], "length": n}) + "\n" for e, n in enumerate(lengths)
+        )
 
 
-def write_v3(root: str, lengths: list[int], camera: str, *, fps: int = 20, per_file: int = 3, end_shift: int = 0,
-             timestamps: dict[int, np.ndarray] | None = None, absent: tuple[str, ...] = ()) -> None:
+def write_v3(
+    root: str,
+    lengths: list[int],
+    camera: str,
+    *,
+    fps: int = 20,
+    per_file: int = 3,
+    end_shift: int = 0,
+    timestamps: dict[int, np.ndarray] | None = None,
+    absent: tuple[str, ...] = (),
+) -> None:
     """A v3.0 dataset: ``per_file`` episodes per data file and per video file (32x32 H.264, gop 8,
     B-frames), one camera. Frame ``i`` of every video file shows ``i`` counted over all files, so
     episode ``e``'s row ``r`` must show ``sum(lengths[:e]) + r``.
@@ -110,12 +139,22 @@ def write_v3(root: str, lengths: list[int], camera: str, *, fps: int = 20, per_f
         make_video(video, sum(lengths[e] for e in episodes), fps=fps, height=32, width=32, gop=8, start_number=base)
         start = 0
         for e in episodes:
-            row = {"episode_index": e, "tasks": ["fold"], "length": lengths[e],
-                   "data/chunk_index": 0, "data/file_index": file_index}
+            row = {
+                "episode_index": e,
+                "tasks": ["fold"],
+                "length": lengths[e],
+                "data/chunk_index": 0,
+                "data/file_index": file_index,
+            }
             for cam in (camera, *absent):
-                row.update({f"videos/{cam}/chunk_index": 0, f"videos/{cam}/file_index": file_index,
-                            f"videos/{cam}/from_timestamp": start / fps,
-                            f"videos/{cam}/to_timestamp": (start + lengths[e] + end_shift) / fps})
+                row.update(
+                    {
+                        f"videos/{cam}/chunk_index": 0,
+                        f"videos/{cam}/file_index": file_index,
+                        f"videos/{cam}/from_timestamp": start / fps,
+                        f"videos/{cam}/to_timestamp": (start + lengths[e] + end_shift) / fps,
+                    }
+                )
             meta.append(row)
             start += lengths[e]
     os.makedirs(f"{root}/meta/episodes/chunk-000", exist_ok=True)
@@ -123,8 +162,14 @@ def write_v3(root: str, lengths: list[int], camera: str, *, fps: int = 20, per_f
     pq.write_table(pa.table({"task_index": [0], "task": ["fold"]}), f"{root}/meta/tasks.parquet")
 
 
-def write_v2_files(root: str, tables: list[pa.Table], *, fps: int = 20, videos: dict[str, list[bytes]] | None = None,
-                   features: dict | None = None) -> str:
+def write_v2_files(
+    root: str,
+    tables: list[pa.Table],
+    *,
+    fps: int = 20,
+    videos: dict[str, list[bytes]] | None = None,
+    features: dict | None = None,
+) -> str:
     """A v2.1 dataset from given parts: episode ``e``'s table ``tables[e]`` and, per camera, its mp4
     ``videos[camera][e]``. ``features`` adds or overrides ``meta/info.json`` feature entries (an
     ``image`` dtype column, ``info: {"video.is_depth_map": true}``). Returns ``root``."""

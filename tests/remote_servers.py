@@ -78,8 +78,15 @@ class FaultProxy:
     open (a server that stops answering); ``stalled`` counts such requests.
     """
 
-    def __init__(self, upstream: tuple[str, int], cut_after: int = 0, cuts: int = 0, latency_s: float = 0.0,
-                 match: bytes = b"", stall: bool = False):
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        cut_after: int = 0,
+        cuts: int = 0,
+        latency_s: float = 0.0,
+        match: bytes = b"",
+        stall: bool = False,
+    ):
         self.upstream, self.cut_after, self.cuts, self.latency_s = upstream, cut_after, cuts, latency_s
         self.match, self.stall, self.stalled = match, stall, 0
         self.cuts_done = 0
@@ -130,8 +137,12 @@ class FaultProxy:
             while data := server.recv(65536):
                 if self.stall and state["ranged"]:
                     continue  # swallowed: the client waits until its read timeout
-                if (self.cut_after and state["ranged"] and state["sent"] + len(data) > self.cut_after
-                        and self._should_cut()):
+                if (
+                    self.cut_after
+                    and state["ranged"]
+                    and state["sent"] + len(data) > self.cut_after
+                    and self._should_cut()
+                ):
                     client.sendall(data[: max(self.cut_after - state["sent"], 0)])
                     break
                 state["sent"] += len(data)
@@ -169,8 +180,10 @@ def _close(s: socket.socket):
 class _DenyHandler(http.server.BaseHTTPRequestHandler):
     """Answers every request 403 with S3's AccessDenied error document."""
 
-    body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
-            b"<Message>Access Denied</Message></Error>")
+    body = (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+        b"<Message>Access Denied</Message></Error>"
+    )
 
     def log_message(self, *args):
         pass
@@ -223,4 +236,3 @@ class SilentServer:
         _close(self._sock)
         for client in self._clients:
             _close(client)
-

@@ -10,30 +10,51 @@ import numpy as np
 import pytest
 import torch
 
-from balance import (CostModel, MeasuredCosts, StepTelemetry, WindowCost, balanced_steps, dropped_samples,
-                     epoch_summary, estimate_tokens, local_order, lpt_capped, padding_fraction, random_steps,
-                     rank_steps, remainder, sample_cost, step_stats, stratified_order, token_counts, window_features)
-from stream.decode import decoded_frames
-from stream.plan import EpisodeTable, buffer_shuffle, global_plan, rng_for, worker_plan
+from epishard.balance import (
+    CostModel,
+    MeasuredCosts,
+    StepTelemetry,
+    WindowCost,
+    balanced_steps,
+    dropped_samples,
+    epoch_summary,
+    estimate_tokens,
+    local_order,
+    lpt_capped,
+    padding_fraction,
+    random_steps,
+    rank_steps,
+    remainder,
+    sample_cost,
+    step_stats,
+    stratified_order,
+    token_counts,
+    window_features,
+)
+from epishard.stream.decode import decoded_frames
+from epishard.stream.plan import EpisodeTable, buffer_shuffle, global_plan, rng_for, worker_plan
 
 
 def lognormal_costs(n: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    tokens = np.clip(np.round(rng.lognormal(5.5, 1.0, n)), 8, 16384) + rng.choice([0, 576, 1152], n, p=[.3, .6, .1])
-    return tokens + tokens ** 2 / 24576
+    tokens = np.clip(np.round(rng.lognormal(5.5, 1.0, n)), 8, 16384) + rng.choice([0, 576, 1152], n, p=[0.3, 0.6, 0.1])
+    return tokens + tokens**2 / 24576
 
 
 DISTRIBUTIONS = {
     "lognormal": lognormal_costs(40_000),
     "uniform": np.random.default_rng(1).uniform(1, 100, 40_000),
-    "mixed_datasets": np.random.default_rng(2).choice([1900.0, 2400.0, 3700.0, 5200.0], 40_000, p=[.4, .3, .2, .1]),
+    "mixed_datasets": np.random.default_rng(2).choice([1900.0, 2400.0, 3700.0, 5200.0], 40_000, p=[0.4, 0.3, 0.2, 0.1]),
     "constant": np.full(40_000, 7.0),
 }
 
 
 # --- the global algorithm ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n,world,batch", [(1000, 8, 4), (1003, 8, 4), (4096, 64, 16), (31, 8, 4), (7, 1, 1), (0, 4, 2)])
+
+@pytest.mark.parametrize(
+    "n,world,batch", [(1000, 8, 4), (1003, 8, 4), (4096, 64, 16), (31, 8, 4), (7, 1, 1), (0, 4, 2)]
+)
 def test_every_sample_once_minus_the_remainder_and_equal_counts(n, world, batch):
     costs = lognormal_costs(n, seed=n)
     for fn in (balanced_steps, random_steps):
@@ -115,6 +136,7 @@ def test_steps_hold_similar_costs():
 
 # --- telemetry -------------------------------------------------------------------------------------
 
+
 def test_padding_and_step_stats_on_a_hand_example():
     costs = np.array([4.0, 2.0, 3.0, 3.0])
     steps = np.array([[[0, 1], [2, 3]]])  # rank 0: 4 + 2 (padded 8), rank 1: 3 + 3 (padded 6)
@@ -137,38 +159,56 @@ FPS = 20
 LENGTHS = [40, 25, 33]
 TASKS = ["pick", "pick the pear from the counter and place it in the plate", ""]
 GOPS = {"observation.images.front": ("h264", 10), "observation.images.wrist": ("mpeg4", 6)}
-SPEC_KW = dict(cameras={"observation.images.front": (0, 4, 8), "observation.images.wrist": (-2, 0)},
-               action_horizon=5, boundary="pad")
+SPEC_KW = dict(
+    cameras={"observation.images.front": (0, 4, 8), "observation.images.wrist": (-2, 0)},
+    action_horizon=5,
+    boundary="pad",
+)
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
     from videogen import make_episode_table, make_video
 
+    from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+
     out = tmp_path_factory.mktemp("balance")
-    episodes = [Episode(source="gen", episode_index=e, table=make_episode_table(n, fps=FPS), fps=FPS, tasks=(TASKS[e],),
-                        videos={cam: CameraVideo(make_video(None, n, codec=codec, gop=gop, fps=FPS, start_number=1000 * e))
-                                for cam, (codec, gop) in GOPS.items()})
-                for e, n in enumerate(LENGTHS)]
-    convert([Source(name="gen", episodes=episodes, fps=FPS)], str(out), ConvertOptions(max_episodes_per_shard=2, progress=False))
+    episodes = [
+        Episode(
+            source="gen",
+            episode_index=e,
+            table=make_episode_table(n, fps=FPS),
+            fps=FPS,
+            tasks=(TASKS[e],),
+            videos={
+                cam: CameraVideo(make_video(None, n, codec=codec, gop=gop, fps=FPS, start_number=1000 * e))
+                for cam, (codec, gop) in GOPS.items()
+            },
+        )
+        for e, n in enumerate(LENGTHS)
+    ]
+    convert(
+        [Source(name="gen", episodes=episodes, fps=FPS)],
+        str(out),
+        ConvertOptions(max_episodes_per_shard=2, progress=False),
+    )
     return str(out)
 
 
 @pytest.fixture(scope="module")
 def index(dataset):
-    from shardwriter import WindowIndex
+    from epishard.shardwriter import WindowIndex
 
     ix = WindowIndex.load_dataset(dataset)
     for e, n in enumerate(LENGTHS):  # the hand counts below assume keyframes at multiples of the GOP
         for c, (_, gop) in enumerate(GOPS.values()):
             s = ix.stream(e, c)
-            assert ix.keyframes[ix.key_offsets[s]:ix.key_offsets[s + 1]].tolist() == list(range(0, n, gop))
+            assert ix.keyframes[ix.key_offsets[s] : ix.key_offsets[s + 1]].tolist() == list(range(0, n, gop))
     return ix
 
 
 def test_features_match_hand_counts(index):
-    from stream import WindowSpec
+    from epishard.stream import WindowSpec
 
     spec = WindowSpec(**SPEC_KW)
     f = window_features(index, spec, np.array([0, 0, 1]), np.array([13, 38, 0]))
@@ -188,12 +228,12 @@ def test_features_match_hand_counts(index):
     default = CostModel()(f)  # tokens + pixels / 196 + action
     assert default.tolist() == pytest.approx([1 + 5 * 4096 / 196 + 5, 1 + 5 * 4096 / 196 + 5, 14 + 5 * 4096 / 196 + 5])
     quad = CostModel.transformer(64)(f)
-    assert quad == pytest.approx(default + default ** 2 / (12 * 64))
+    assert quad == pytest.approx(default + default**2 / (12 * 64))
     assert CostModel.decode()(f).tolist() == [18.0, 13.0, 10.0]
 
 
 def test_decode_counts_equal_stream_decode_for_every_window(index):
-    from stream import WindowSpec
+    from epishard.stream import WindowSpec
 
     spec = WindowSpec(**SPEC_KW)
     episodes = np.repeat(np.arange(len(LENGTHS)), LENGTHS)
@@ -202,17 +242,19 @@ def test_decode_counts_equal_stream_decode_for_every_window(index):
     for cam_pos, (cam, offsets) in enumerate(spec.cameras.items()):
         c = sorted(GOPS).index(cam)
         expected = []
-        for e, a in zip(episodes.tolist(), anchors.tolist()):
+        for e, a in zip(episodes.tolist(), anchors.tolist(), strict=False):
             rows = np.clip(a + np.asarray(offsets), 0, LENGTHS[e] - 1)
             look = index.lookup(e, rows, camera=c)
             s = index.stream(e, c)
-            expected.append(decoded_frames(np.unique(look.frames), index.keyframes[index.key_offsets[s]:index.key_offsets[s + 1]]))
+            expected.append(
+                decoded_frames(np.unique(look.frames), index.keyframes[index.key_offsets[s] : index.key_offsets[s + 1]])
+            )
         assert f.per_camera[cam]["decoded"].tolist() == expected
 
 
 def test_features_equal_the_readers_decode_counters_and_the_measured_hook(dataset):
-    from stream import PostProcess, WindowDataset, WindowSpec
-    from stream.telemetry import summarize
+    from epishard.stream import PostProcess, WindowDataset, WindowSpec
+    from epishard.stream.telemetry import summarize
 
     spec = WindowSpec(**SPEC_KW, per_episode=1)  # one window per episode: the reader decodes exactly its frames
     ds = WindowDataset(dataset, spec, seed=4, telemetry=True, postprocess=PostProcess(size=(32, 48)))
@@ -236,7 +278,7 @@ def test_tokens_from_a_tokenizer_or_the_estimate():
 
 
 def test_user_cost_function_and_measured_costs(index):
-    from stream import WindowSpec
+    from epishard.stream import WindowSpec
 
     cost = WindowCost(index, WindowSpec(**SPEC_KW), CostModel(extra=lambda f: 1000.0 * f.tokens))
     e, a = np.array([0, 1, 2]), np.array([0, 0, 0])
@@ -249,13 +291,14 @@ def test_user_cost_function_and_measured_costs(index):
 
 # --- applied in the streaming reader -----------------------------------------------------------------
 
+
 def test_local_order_is_a_chunked_permutation_aligned_across_ranks():
     rng = np.random.default_rng(0)
     batch, chunk_batches = 4, 5
     chunk = batch * chunk_batches
     plans = [rng.lognormal(3, 1, 203) for _ in range(3)]  # three ranks' costs for worker 0
     orders = [local_order(c, batch, chunk_batches, seed=1, epoch=0, worker=0) for c in plans]
-    for costs, order in zip(plans, orders):
+    for costs, order in zip(plans, orders, strict=False):
         assert np.array_equal(np.sort(order), np.arange(costs.size))
         assert np.array_equal(order // chunk, np.arange(costs.size) // chunk)  # never leaves its chunk
         assert np.all(order - np.arange(costs.size) <= chunk - 1)  # moved at most a chunk earlier
@@ -263,8 +306,8 @@ def test_local_order_is_a_chunked_permutation_aligned_across_ranks():
     # In every step all ranks hold the block of the same cost rank of their own chunk.
     for c in range(costs.size // chunk):
         ranks_of_blocks = []
-        for costs, order in zip(plans, orders):
-            block_cost = costs[order[c * chunk:(c + 1) * chunk]].reshape(chunk_batches, batch).sum(axis=1)
+        for costs, order in zip(plans, orders, strict=False):
+            block_cost = costs[order[c * chunk : (c + 1) * chunk]].reshape(chunk_batches, batch).sum(axis=1)
             ranks_of_blocks.append(np.argsort(np.argsort(-block_cost)).tolist())
         assert ranks_of_blocks[0] == ranks_of_blocks[1] == ranks_of_blocks[2]
     assert not np.array_equal(orders[0], local_order(plans[0], batch, chunk_batches, seed=1, epoch=1, worker=0))
@@ -273,8 +316,13 @@ def test_local_order_is_a_chunked_permutation_aligned_across_ranks():
 def _mixed_table(num_episodes=120, shards=30, seed=0):
     rng = np.random.default_rng(seed)
     rows = rng.integers(40, 200, num_episodes)
-    return EpisodeTable(shard=np.sort(rng.integers(0, shards, num_episodes)), lo=np.zeros(num_episodes, np.int64),
-                        hi=rows.astype(np.int64), weight=np.ones(num_episodes), cost_bytes=rows * 1000)
+    return EpisodeTable(
+        shard=np.sort(rng.integers(0, shards, num_episodes)),
+        lo=np.zeros(num_episodes, np.int64),
+        hi=rows.astype(np.int64),
+        weight=np.ones(num_episodes),
+        cost_bytes=rows * 1000,
+    )
 
 
 def test_streaming_plan_with_local_order_keeps_guarantees_and_balances_steps():
@@ -286,11 +334,22 @@ def test_streaming_plan_with_local_order_keeps_guarantees_and_balances_steps():
     for rank in range(world):
         per_worker_plain, per_worker_bal = [], []
         for w in range(workers):
-            p = worker_plan(table, stride=3, per_episode=None, seed=0, epoch=0, world_size=world, rank=rank,
-                            num_workers=workers, worker=w, shuffle_windows=64, shuffle_bytes=1 << 40)
+            p = worker_plan(
+                table,
+                stride=3,
+                per_episode=None,
+                seed=0,
+                epoch=0,
+                world_size=world,
+                rank=rank,
+                num_workers=workers,
+                worker=w,
+                shuffle_windows=64,
+                shuffle_bytes=1 << 40,
+            )
             costs = episode_cost[p.episode] * (1 + 0.2 * (p.anchor % 7))  # and some per-window variation
             order = local_order(costs, batch, chunk_batches, seed=0, epoch=0, worker=w)
-            seen.update(zip(p.episode[order].tolist(), p.anchor[order].tolist()))
+            seen.update(zip(p.episode[order].tolist(), p.anchor[order].tolist(), strict=False))
             per_worker_plain.append(costs)
             per_worker_bal.append(costs[order])
         plain.append(rank_steps(per_worker_plain, batch))
@@ -323,7 +382,7 @@ def test_stratified_order_gives_every_rank_the_same_stratum_per_batch():
         batches = r[: full * batch].reshape(full, batch)
         assert (batches == batches[:, :1]).all()  # one stratum per full batch
         assert np.array_equal(r, ranks[0])  # the same stratum in every step on every rank
-    assert sorted(ranks[0][full * batch:].tolist()) == [0, 2]  # leftovers 37 mod 4, 20 mod 4, 9 mod 4 at the end
+    assert sorted(ranks[0][full * batch :].tolist()) == [0, 2]  # leftovers 37 mod 4, 20 mod 4, 9 mod 4 at the end
     other = stratified_order(np.repeat(np.arange(num_strata), counts), num_strata, batch, seed=2, epoch=1, worker=1)
     assert not np.array_equal(np.repeat(np.arange(num_strata), counts)[other], ranks[0])
 
@@ -336,8 +395,13 @@ def test_stratified_streaming_plan_balances_datasets_that_live_in_separate_shard
     parts = [[] for _ in range(consumers)]
     for k in range(4):  # the reader's plan run per stratum: each consumer gets equal counts of every stratum
         pick = np.flatnonzero(strata == k)
-        sub = EpisodeTable(shard=table.shard[pick], lo=table.lo[pick], hi=table.hi[pick], weight=table.weight[pick],
-                           cost_bytes=table.cost_bytes[pick])
+        sub = EpisodeTable(
+            shard=table.shard[pick],
+            lo=table.lo[pick],
+            hi=table.hi[pick],
+            weight=table.weight[pick],
+            cost_bytes=table.cost_bytes[pick],
+        )
         plan = global_plan(sub, 3, None, 0, 0, consumers)
         for c in range(consumers):
             e = plan.episode[plan.consumer_slice(c)]
@@ -347,12 +411,23 @@ def test_stratified_streaming_plan_balances_datasets_that_live_in_separate_shard
     for rank in range(world):
         per_plain, per_strat = [], []
         for w in range(workers):
-            p = worker_plan(table, stride=3, per_episode=None, seed=0, epoch=0, world_size=world, rank=rank,
-                            num_workers=workers, worker=w, shuffle_windows=64, shuffle_bytes=1 << 40)
+            p = worker_plan(
+                table,
+                stride=3,
+                per_episode=None,
+                seed=0,
+                epoch=0,
+                world_size=world,
+                rank=rank,
+                num_workers=workers,
+                worker=w,
+                shuffle_windows=64,
+                shuffle_bytes=1 << 40,
+            )
             per_plain.append(stratum_cost[strata[p.episode]])
-            e, a = (np.concatenate(x) for x in zip(*parts[rank * workers + w]))
+            e, a = (np.concatenate(x) for x in zip(*parts[rank * workers + w], strict=False))
             order = stratified_order(strata[e], 4, batch, seed=0, epoch=0, worker=w)
-            seen.update(zip(e[order].tolist(), a[order].tolist()))
+            seen.update(zip(e[order].tolist(), a[order].tolist(), strict=False))
             per_strat.append(stratum_cost[strata[e[order]]])
         plain.append(rank_steps(per_plain, batch))
         stratified.append(rank_steps(per_strat, batch))
@@ -365,25 +440,29 @@ def test_stratified_streaming_plan_balances_datasets_that_live_in_separate_shard
 
 @pytest.fixture(scope="module")
 def balanced_loader_factory(dataset, index):
-    from balance.streaming import BalancedWindowDataset
-    from stream import WindowLoader, WindowSpec
+    from epishard.balance.streaming import BalancedWindowDataset
+    from epishard.stream import WindowLoader, WindowSpec
 
     spec = WindowSpec(**{**SPEC_KW, "cameras": {"observation.images.front": (0, 4, 8)}}, stride=2)
     cost = WindowCost(index, spec, CostModel.decode())  # decode work varies with the anchor's keyframe distance
 
     def make(rank=0, world=1, workers=0, batch=2, balanced=True):
         if not balanced:
-            from stream import WindowDataset
-            return WindowLoader(WindowDataset(dataset, spec, seed=7, rank=rank, world_size=world), batch_size=batch,
-                                num_workers=workers)
-        ds = BalancedWindowDataset(dataset, spec, batch_size=batch, chunk_batches=3, seed=7, rank=rank,
-                                   world_size=world, cost=cost)
+            from epishard.stream import WindowDataset
+
+            return WindowLoader(
+                WindowDataset(dataset, spec, seed=7, rank=rank, world_size=world), batch_size=batch, num_workers=workers
+            )
+        ds = BalancedWindowDataset(
+            dataset, spec, batch_size=batch, chunk_batches=3, seed=7, rank=rank, world_size=world, cost=cost
+        )
         return WindowLoader(ds, batch_size=batch, num_workers=workers)
+
     return make
 
 
 def _keys_of(batch) -> list[tuple[int, int]]:
-    return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist()))
+    return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=False))
 
 
 def test_balanced_reader_yields_each_window_once_with_equal_batches(balanced_loader_factory):
@@ -414,12 +493,12 @@ def test_balanced_reader_resumes_exactly(balanced_loader_factory, workers, cut):
     got += [_keys_of(b) for b in second] + [_keys_of(b) for b in second]
     assert got == full
     plain = [_keys_of(b) for b in balanced_loader_factory(workers=workers, balanced=False)]
-    assert sorted(sum(plain, [])) == sorted(sum(full[:len(plain)], []))  # same windows ...
-    assert plain != full[:len(plain)]  # ... in the balanced order
+    assert sorted(sum(plain, [])) == sorted(sum(full[: len(plain)], []))  # same windows ...
+    assert plain != full[: len(plain)]  # ... in the balanced order
 
 
 def test_step_telemetry_accepts_a_partial_last_batch():
-    from balance import StepTelemetry
+    from epishard.balance import StepTelemetry
 
     t = StepTelemetry()
     t.add(np.array([[1.0, 3.0], [2.0, 2.0]]))

@@ -23,14 +23,38 @@ def test_bench_peers_smoke_on_sample_without_peers(tmp_path):
     peers.mkdir()
     (peers / "lerobot_windows.py").write_text("")  # the harness is there, its venv is not
     out = tmp_path / "peers.jsonl"
-    cmd = [sys.executable, str(REPO / "tools" / "bench_peers.py"), "--source", str(SAMPLE), "--systems", ",".join(SYSTEMS),
-           "--batches", "2", "--warmup", "1", "--rounds", "1", "--out", str(out), "--charts", str(tmp_path / "charts"),
-           "--work", str(tmp_path / "work"), "--peers-dir", str(peers), "--peer-venv", str(tmp_path / "no-venv"),
-           "--timeout", "120"]
+    cmd = [
+        sys.executable,
+        str(REPO / "tools" / "bench_peers.py"),
+        "--source",
+        str(SAMPLE),
+        "--systems",
+        ",".join(SYSTEMS),
+        "--batches",
+        "2",
+        "--warmup",
+        "1",
+        "--rounds",
+        "1",
+        "--out",
+        str(out),
+        "--charts",
+        str(tmp_path / "charts"),
+        "--work",
+        str(tmp_path / "work"),
+        "--peers-dir",
+        str(peers),
+        "--peer-venv",
+        str(tmp_path / "no-venv"),
+        "--timeout",
+        "120",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=str(REPO))
     assert p.returncode == 0, p.stdout + p.stderr
 
-    assert "skip LeRobotDataset peer" in p.stdout and "setup_lerobot_venv.sh" in p.stdout and "--setup-peers" in p.stdout
+    assert (
+        "skip LeRobotDataset peer" in p.stdout and "setup_lerobot_venv.sh" in p.stdout and "--setup-peers" in p.stdout
+    )
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert records[0]["record"] == "run" and records[0]["batches"] == 2
     runs = {r["system"]: r for r in records if r["record"] == "run_result"}

@@ -10,16 +10,15 @@ from io import BytesIO
 import av
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
-
-from shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, ReencodeSpec, Source, convert
-from shardwriter.images import decode_image
-from stream import PostProcess, WindowDataset, WindowSpec
-from stream.dataset import WindowLoader
 from lerobotgen import write_v2_files
 from videogen import decode_frame_number, make_episode_table, make_grey_video, make_video
+
+from epishard.shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, ReencodeSpec, Source, convert
+from epishard.shardwriter.images import decode_image
+from epishard.stream import PostProcess, WindowDataset, WindowSpec
+from epishard.stream.dataset import WindowLoader
 
 FPS = 20
 RGB, DEPTH, IMAGE = "observation.images.front", "observation.images.depth", "observation.image"
@@ -42,15 +41,21 @@ def _iterate(url, spec, **kw):
 
 # --- depth ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("codec,pix_fmt,top", [("ffv1", "gray16le", 65535), ("hevc", "gray12le", 4095)])
 def test_depth_round_trips_exactly_beside_rgb(codec, pix_fmt, top, tmp_path):
     rows = 12
     depth = [_depth_values(e, rows, top) for e in range(2)]
     src = write_v2_files(
-        tmp_path / "src", [make_episode_table(rows, fps=FPS) for _ in range(2)], fps=FPS,
-        videos={RGB: [make_video(None, rows, fps=FPS, height=32, width=32, start_number=100 * e) for e in range(2)],
-                DEPTH: [make_grey_video(d, codec=codec, pix_fmt=pix_fmt, fps=FPS, gop=4) for d in depth]},
-        features={DEPTH: {"info": {"video.is_depth_map": True}}})
+        tmp_path / "src",
+        [make_episode_table(rows, fps=FPS) for _ in range(2)],
+        fps=FPS,
+        videos={
+            RGB: [make_video(None, rows, fps=FPS, height=32, width=32, start_number=100 * e) for e in range(2)],
+            DEPTH: [make_grey_video(d, codec=codec, pix_fmt=pix_fmt, fps=FPS, gop=4) for d in depth],
+        },
+        features={DEPTH: {"info": {"video.is_depth_map": True}}},
+    )
     manifest = convert([str(src)], str(tmp_path / "out"), _opts())
     cam = manifest["cameras"][DEPTH]
     assert (cam["kind"], cam["dtype"], cam["channels"], cam["pix_fmt"]) == ("depth", "uint16", 1, pix_fmt)
@@ -69,8 +74,7 @@ def test_depth_round_trips_exactly_beside_rgb(codec, pix_fmt, top, tmp_path):
 
     # Batches with float RGB and a resize: depth stays uint16, resized by nearest neighbour only.
     post = PostProcess(dtype=torch.float32, size=(16, 24))
-    loader = WindowLoader(WindowDataset(str(tmp_path / "out"), spec, shuffle_windows=0, postprocess=post),
-                          batch_size=4)
+    loader = WindowLoader(WindowDataset(str(tmp_path / "out"), spec, shuffle_windows=0, postprocess=post), batch_size=4)
     batch = next(iter(loader))
     pick_y, pick_x = (np.arange(16) * 2 + 1), np.floor((np.arange(24) + 0.5) * 32 / 24).astype(int)
     assert batch[DEPTH].dtype == torch.uint16 and tuple(batch[DEPTH].shape) == (4, 3, 1, 16, 24)
@@ -84,9 +88,16 @@ def test_depth_round_trips_exactly_beside_rgb(codec, pix_fmt, top, tmp_path):
 def test_grey_video_over_8_bits_is_depth_even_undeclared_and_never_reencoded(tmp_path):
     rows = 8
     values = _depth_values(0, rows, 1023)
-    ep = Episode(source="g", episode_index=0, table=make_episode_table(rows, fps=FPS), fps=FPS,
-                 videos={DEPTH: CameraVideo(make_grey_video(values, pix_fmt="gray10le", fps=FPS)),
-                         RGB: CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32))})
+    ep = Episode(
+        source="g",
+        episode_index=0,
+        table=make_episode_table(rows, fps=FPS),
+        fps=FPS,
+        videos={
+            DEPTH: CameraVideo(make_grey_video(values, pix_fmt="gray10le", fps=FPS)),
+            RGB: CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32)),
+        },
+    )
     manifest = convert([Source("g", [ep], FPS)], str(tmp_path), _opts(reencode=ReencodeSpec(gop=2)))
     assert manifest["cameras"][DEPTH]["kind"] == "depth" and manifest["cameras"][DEPTH]["bit_depth"] == 10
     assert [(w["kind"], w["camera"]) for w in manifest["report"]["warnings"]] == [("depth_not_reencoded", DEPTH)]
@@ -99,9 +110,13 @@ def test_8_bit_depth_declared_under_either_lerobot_key_stays_depth_through_reenc
     # LeRobot v2.0 (and many converted v2.1/v3.0 datasets) put the flag under "video_info".
     rows = 8
     values = _depth_values(0, rows, 255)
-    src = write_v2_files(tmp_path / "src", [make_episode_table(rows, fps=FPS)], fps=FPS,
-                         videos={DEPTH: [make_grey_video(values, pix_fmt="gray", fps=FPS)]},
-                         features={DEPTH: {key: {"video.is_depth_map": True}}})
+    src = write_v2_files(
+        tmp_path / "src",
+        [make_episode_table(rows, fps=FPS)],
+        fps=FPS,
+        videos={DEPTH: [make_grey_video(values, pix_fmt="gray", fps=FPS)]},
+        features={DEPTH: {key: {"video.is_depth_map": True}}},
+    )
     manifest = convert([str(src)], str(tmp_path / "out"), _opts(reencode=ReencodeSpec(gop=2)))
     assert (manifest["cameras"][DEPTH]["kind"], manifest["cameras"][DEPTH]["channels"]) == ("depth", 1)
     assert [w["kind"] for w in manifest["report"]["warnings"]] == ["depth_not_reencoded"]
@@ -112,8 +127,13 @@ def test_8_bit_depth_declared_under_either_lerobot_key_stays_depth_through_reenc
 
 def test_declared_depth_in_a_colour_format_is_read_as_rgb_with_a_warning(tmp_path):
     rows = 6
-    ep = Episode(source="d", episode_index=0, table=make_episode_table(rows, fps=FPS), fps=FPS,
-                 videos={DEPTH: CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32), depth=True)})
+    ep = Episode(
+        source="d",
+        episode_index=0,
+        table=make_episode_table(rows, fps=FPS),
+        fps=FPS,
+        videos={DEPTH: CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32), depth=True)},
+    )
     manifest = convert([Source("d", [ep], FPS)], str(tmp_path), _opts())
     assert manifest["cameras"][DEPTH]["kind"] == "rgb"
     assert [w["kind"] for w in manifest["report"]["warnings"]] == ["depth_not_grey"]
@@ -125,27 +145,40 @@ def test_a_camera_depth_in_some_episodes_and_rgb_in_others_is_refused_by_the_rea
     grey = CameraVideo(make_grey_video(_depth_values(0, rows, 4095), pix_fmt="gray16le", fps=FPS), depth=True)
     colour = CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32), depth=True)
     rgb = CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32))
-    eps = [Episode(source="m", episode_index=e, table=table, fps=FPS, videos={DEPTH: video, RGB: rgb})
-           for e, video in enumerate((grey, colour))]
+    eps = [
+        Episode(source="m", episode_index=e, table=table, fps=FPS, videos={DEPTH: video, RGB: rgb})
+        for e, video in enumerate((grey, colour))
+    ]
     convert([Source("m", eps, FPS)], str(tmp_path / "mixed"), _opts())
     convert([Source("d", eps[:1], FPS)], str(tmp_path / "depth"), _opts())
     convert([Source("c", eps[1:], FPS)], str(tmp_path / "colour"), _opts())
     # Batching uint16 [T, 1, H, W] with uint8 [T, 3, H, W] cannot work: refused up front, both named.
-    with pytest.raises(ValueError, match=r"'observation.images.depth' is a depth camera .* in episode m-e000000 of "
-                                         r".*mixed but RGB .* in episode m-e000001 of .*mixed"):
+    with pytest.raises(
+        ValueError,
+        match=r"'observation.images.depth' is a depth camera .* in episode m-e000000 of "
+        r".*mixed but RGB .* in episode m-e000001 of .*mixed",
+    ):
         WindowDataset(str(tmp_path / "mixed"), WindowSpec(cameras={DEPTH: (0,)}))
-    with pytest.raises(ValueError, match=r"in episode d-e000000 of .*depth but RGB .* in episode c-e000001 of .*colour"):
+    with pytest.raises(
+        ValueError, match=r"in episode d-e000000 of .*depth but RGB .* in episode c-e000001 of .*colour"
+    ):
         WindowDataset([str(tmp_path / "depth"), str(tmp_path / "colour")], WindowSpec(cameras={DEPTH: (0,), RGB: (0,)}))
     # Without that camera the episodes stream as usual.
     samples = _iterate(str(tmp_path / "mixed"), WindowSpec(cameras={RGB: (0,)}))
     assert sorted((s["episode_index"], decode_frame_number(s[RGB][0])) for s in samples) == [
-        (e, r) for e in range(2) for r in range(rows)]
+        (e, r) for e in range(2) for r in range(rows)
+    ]
 
 
 def test_ten_bit_colour_states_its_8_bit_conversion(tmp_path):
     rows = 6
-    ep = Episode(source="t", episode_index=0, table=make_episode_table(rows, fps=FPS), fps=FPS,
-                 videos={RGB: CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32, pix_fmt="yuv420p10le"))})
+    ep = Episode(
+        source="t",
+        episode_index=0,
+        table=make_episode_table(rows, fps=FPS),
+        fps=FPS,
+        videos={RGB: CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32, pix_fmt="yuv420p10le"))},
+    )
     manifest = convert([Source("t", [ep], FPS)], str(tmp_path), _opts())
     cam = manifest["cameras"][RGB]
     assert (cam["kind"], cam["dtype"], cam["bit_depth"]) == ("rgb", "uint8", 10)
@@ -155,6 +188,7 @@ def test_ten_bit_colour_states_its_8_bit_conversion(tmp_path):
 
 
 # --- image features -------------------------------------------------------------------------------
+
 
 def _encode_image(image: np.ndarray, codec: str) -> bytes:
     """PNG (rgb24 or grey) or JPEG bytes of ``image`` with FFmpeg's encoders."""
@@ -175,15 +209,22 @@ def _image_dataset(root, kind: str, rows: int = 10, broken_row: int | None = Non
     tables, originals = [], []
     for e in range(2):
         images = [make_video_frame(100 * e + r, kind) for r in range(rows)]
-        cells = [{"bytes": _encode_image(im, "mjpeg" if kind == "jpeg" else "png"), "path": f"f{r}.png"}
-                 for r, im in enumerate(images)]
+        cells = [
+            {"bytes": _encode_image(im, "mjpeg" if kind == "jpeg" else "png"), "path": f"f{r}.png"}
+            for r, im in enumerate(images)
+        ]
         if broken_row is not None and e == 1:
             cells[broken_row]["bytes"] = cells[broken_row]["bytes"][:40]
         image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
         tables.append(make_episode_table(rows, fps=FPS).append_column(IMAGE, pa.array(cells, image_type)))
         originals.append(images)
-    src = write_v2_files(root, tables, fps=FPS, videos={RGB: [make_video(None, rows, fps=FPS, height=32, width=32)] * 2},
-                            features={IMAGE: {"dtype": "image", "shape": [48, 40, 3], "names": ["height", "width", "channel"]}})
+    src = write_v2_files(
+        root,
+        tables,
+        fps=FPS,
+        videos={RGB: [make_video(None, rows, fps=FPS, height=32, width=32)] * 2},
+        features={IMAGE: {"dtype": "image", "shape": [48, 40, 3], "names": ["height", "width", "channel"]}},
+    )
     return src, originals, tables
 
 
@@ -252,8 +293,13 @@ def test_16_bit_grey_images_become_a_depth_camera_with_exact_values(tmp_path):
     cells = [[{"bytes": _encode_image(d, "png"), "path": None} for d in values] for values in depth]
     tables = [make_episode_table(rows, fps=FPS).append_column(IMAGE, pa.array(c, image_type)) for c in cells]
     features = {IMAGE: {"dtype": "image", "shape": [24, 20, 1], "names": ["height", "width", "channel"]}}
-    src = write_v2_files(tmp_path / "src", tables, fps=FPS, features=features,
-                         videos={RGB: [make_video(None, rows, fps=FPS, height=32, width=32)] * 2})
+    src = write_v2_files(
+        tmp_path / "src",
+        tables,
+        fps=FPS,
+        features=features,
+        videos={RGB: [make_video(None, rows, fps=FPS, height=32, width=32)] * 2},
+    )
     manifest = convert([str(src)], str(tmp_path / "out"), _opts(reencode=ReencodeSpec(gop=2)))
     cam = manifest["cameras"][IMAGE]
     assert (cam["kind"], cam["pix_fmt"], cam["dtype"], cam["channels"]) == ("depth", "gray16le", "uint16", 1)
@@ -274,17 +320,32 @@ def test_16_bit_grey_images_become_a_depth_camera_with_exact_values(tmp_path):
 
 # --- re-encoding ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("codec,pix_fmt,stored_fmt", [
-    ("libx264", "yuv444p", "yuv444p"),  # odd size: x264 refuses 4:2:0, gets 4:4:4
-    ("libx265", "yuv444p", "yuv444p"),
-    ("mpeg4", "yuv444p", "yuv420p"),  # offers 4:2:0 only and pads odd sizes itself
-    ("libx264", "yuv420p10le", "yuv420p"),  # 10-bit source, 8-bit re-encode
-])
+
+@pytest.mark.parametrize(
+    "codec,pix_fmt,stored_fmt",
+    [
+        ("libx264", "yuv444p", "yuv444p"),  # odd size: x264 refuses 4:2:0, gets 4:4:4
+        ("libx265", "yuv444p", "yuv444p"),
+        ("mpeg4", "yuv444p", "yuv420p"),  # offers 4:2:0 only and pads odd sizes itself
+        ("libx264", "yuv420p10le", "yuv420p"),  # 10-bit source, 8-bit re-encode
+    ],
+)
 def test_reencode_handles_odd_sizes_and_deep_colour(codec, pix_fmt, stored_fmt, tmp_path):
     rows, (h, w) = 10, ((47, 63) if pix_fmt == "yuv444p" else (32, 32))
-    eps = [Episode(source="o", episode_index=e, table=make_episode_table(rows, fps=FPS), fps=FPS,
-                   videos={RGB: CameraVideo(make_video(None, rows, fps=FPS, height=h, width=w, pix_fmt=pix_fmt,
-                                                       start_number=50 * e))}) for e in range(2)]
+    eps = [
+        Episode(
+            source="o",
+            episode_index=e,
+            table=make_episode_table(rows, fps=FPS),
+            fps=FPS,
+            videos={
+                RGB: CameraVideo(
+                    make_video(None, rows, fps=FPS, height=h, width=w, pix_fmt=pix_fmt, start_number=50 * e)
+                )
+            },
+        )
+        for e in range(2)
+    ]
     manifest = convert([Source("o", eps, FPS)], str(tmp_path), _opts(reencode=ReencodeSpec(codec=codec, gop=4)))
     cam = manifest["cameras"][RGB]
     assert (cam["width"], cam["height"], cam["pix_fmt"]) == (w, h, stored_fmt) and manifest["totals"]["skipped"] == 0
@@ -295,8 +356,16 @@ def test_reencode_handles_odd_sizes_and_deep_colour(codec, pix_fmt, stored_fmt, 
 
 
 def test_encoder_failure_names_episode_and_camera_and_skip_honours_it(tmp_path):
-    eps = [Episode(source="f", episode_index=e, table=make_episode_table(6, fps=FPS), fps=FPS,
-                   videos={RGB: CameraVideo(make_video(None, 6, fps=FPS, height=32, width=32))}) for e in range(2)]
+    eps = [
+        Episode(
+            source="f",
+            episode_index=e,
+            table=make_episode_table(6, fps=FPS),
+            fps=FPS,
+            videos={RGB: CameraVideo(make_video(None, 6, fps=FPS, height=32, width=32))},
+        )
+        for e in range(2)
+    ]
     bad = ReencodeSpec(codec="libsvtav1", gop=4, crf=99)  # SVT-AV1 refuses crf > 63 when it opens
     with pytest.raises(ConversionError) as err:
         convert([Source("f", eps, FPS)], str(tmp_path / "a"), _opts(reencode=bad))
@@ -312,23 +381,32 @@ def _crash_on_encode():
     """Encoder-process initializer: every encode aborts the process, as a native encoder fault does."""
     import os
 
-    import shardwriter.video
+    import epishard.shardwriter.video
 
-    shardwriter.video._encode = lambda *args: os.abort()
+    epishard.shardwriter.video._encode = lambda *args: os.abort()
 
 
 def test_an_encoder_that_crashes_its_process_is_an_error_skip_honours_and_the_next_encode_works(tmp_path, monkeypatch):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    import shardwriter.video as video
+    import epishard.shardwriter.video as video
 
     def crashing_pool():
-        return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_crash_on_encode)
+        return ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_crash_on_encode
+        )
 
-    eps = [Episode(source="f", episode_index=e, table=make_episode_table(6, fps=FPS), fps=FPS,
-                   videos={RGB: CameraVideo(make_video(None, 6, fps=FPS, height=32, width=32))}) for e in range(2)]
+    eps = [
+        Episode(
+            source="f",
+            episode_index=e,
+            table=make_episode_table(6, fps=FPS),
+            fps=FPS,
+            videos={RGB: CameraVideo(make_video(None, 6, fps=FPS, height=32, width=32))},
+        )
+        for e in range(2)
+    ]
     spec = ReencodeSpec(codec="libx264", gop=2)
     monkeypatch.setattr(video, "_encoder_pool", crashing_pool())
     with pytest.raises(ConversionError) as err:
@@ -343,8 +421,8 @@ def test_an_encoder_that_crashes_its_process_is_an_error_skip_honours_and_the_ne
 
 
 def test_depth_decode_seeks_only_where_a_keyframe_is_closer():
-    from shardwriter.video import probe
-    from stream.decode import decode_depth
+    from epishard.shardwriter.video import probe
+    from epishard.stream.decode import decode_depth
 
     values = _depth_values(2, 20, 4095, 16, 16)
     data = make_grey_video(values, codec="hevc", pix_fmt="gray12le", gop=4)
@@ -361,9 +439,16 @@ def test_depth_segments_of_a_shared_file_are_cut_and_read_exactly(tmp_path):
     lengths, starts = [9, 11], [0, 9]
     values = _depth_values(1, sum(lengths), 4095)
     video = make_grey_video(values, codec="hevc", pix_fmt="gray12le", fps=FPS, gop=4)
-    eps = [Episode(source="v3", episode_index=i, table=make_episode_table(n, fps=FPS), fps=FPS,
-                   videos={DEPTH: CameraVideo(video, segment=(s / FPS, (s + n) / FPS), depth=True)})
-           for i, (n, s) in enumerate(zip(lengths, starts))]
+    eps = [
+        Episode(
+            source="v3",
+            episode_index=i,
+            table=make_episode_table(n, fps=FPS),
+            fps=FPS,
+            videos={DEPTH: CameraVideo(video, segment=(s / FPS, (s + n) / FPS), depth=True)},
+        )
+        for i, (n, s) in enumerate(zip(lengths, starts, strict=False))
+    ]
     manifest = convert([Source("v3", eps, FPS)], str(tmp_path), _opts())
     assert manifest["cameras"][DEPTH]["kind"] == "depth"
     samples = _iterate(str(tmp_path), WindowSpec(cameras={DEPTH: (0, 1, 4)}))
@@ -378,8 +463,7 @@ def test_depth_decode_reads_the_stream_the_index_names():
     ``stream_index`` decides, never ``streams.video[0]``."""
     import av
 
-    from shardwriter.video import probe
-    from stream.decode import decode_depth
+    from epishard.stream.decode import decode_depth
 
     values = _depth_values(3, 12, 4095, 8, 8)
     buf = BytesIO()

@@ -11,10 +11,10 @@ import subprocess
 import sys
 
 import pytest
-
 from lerobotgen import edit_json, write_v2
 from remote_servers import serve_access_denied
-from shardwriter.cli import main as cli
+
+from epishard.cli import main as cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAMERA = "observation.images.front"
@@ -46,20 +46,22 @@ def _error(capsys, command: str) -> str:
     errors = [line for line in lines if line.startswith(f"epishard {command}: error: ")]
     assert len(errors) == 1 and lines[-1] == errors[0], err
     assert all(line.startswith(f"epishard {command}: warning: ") for line in lines[:-1]), err
-    return errors[0][len(f"epishard {command}: error: "):]
+    return errors[0][len(f"epishard {command}: error: ") :]
 
 
 # --- source metadata ---------------------------------------------------------------------------------
+
 
 def test_fps_zero_is_one_line_and_the_traceback_only_with_debug(dataset, tmp_path, capsys):
     src = _copy(dataset, tmp_path)
     edit_json(f"{src}/meta/info.json", lambda info: info | {"fps": 0})
     env = {**os.environ, "PYTHONPATH": REPO}
-    command = [sys.executable, "-m", "shardwriter.cli", "convert", src, str(tmp_path / "out"), "--quiet"]
+    command = [sys.executable, "-m", "epishard.cli", "convert", src, str(tmp_path / "out"), "--quiet"]
     plain = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert plain.returncode == 2 and plain.stdout == ""
-    assert plain.stderr == (f"epishard convert: error: {src}/meta/info.json: fps must be a positive number "
-                            "(frames per second), got 0\n")
+    assert plain.stderr == (
+        f"epishard convert: error: {src}/meta/info.json: fps must be a positive number (frames per second), got 0\n"
+    )
     assert cli(["--debug", *command[3:]]) == 2
     debug = capsys.readouterr().err
     assert "Traceback (most recent call last)" in debug and "_check_info" in debug
@@ -67,17 +69,25 @@ def test_fps_zero_is_one_line_and_the_traceback_only_with_debug(dataset, tmp_pat
     assert not os.path.exists(tmp_path / "out")  # a bad source is refused before the output is touched
 
 
-@pytest.mark.parametrize("change, said", [
-    (lambda info: info | {"features": ["observation.state"]}, 'features must be an object of feature objects, got ["observation.state"]'),
-    (lambda info: info | {"features": {CAMERA: "video"}}, "features must be an object of feature objects"),
-    (lambda info: [info], "the document must be a JSON object"),
-    (lambda info: "v2.1", 'the document must be a JSON object, got "v2.1"'),
-    (lambda info: info | {"fps": "30"}, 'fps must be a positive number (frames per second), got "30"'),
-    (lambda info: info | {"fps": -10}, "fps must be a positive number (frames per second), got -10"),
-    (lambda info: info | {"total_episodes": "3"}, 'total_episodes must be an integer >= 0, got "3"'),
-    (lambda info: info | {"video_path": "../toy/" + info["video_path"]},
-     "video_path must be a path inside the dataset folder (relative, no '..')"),
-])
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (
+            lambda info: info | {"features": ["observation.state"]},
+            'features must be an object of feature objects, got ["observation.state"]',
+        ),
+        (lambda info: info | {"features": {CAMERA: "video"}}, "features must be an object of feature objects"),
+        (lambda info: [info], "the document must be a JSON object"),
+        (lambda info: "v2.1", 'the document must be a JSON object, got "v2.1"'),
+        (lambda info: info | {"fps": "30"}, 'fps must be a positive number (frames per second), got "30"'),
+        (lambda info: info | {"fps": -10}, "fps must be a positive number (frames per second), got -10"),
+        (lambda info: info | {"total_episodes": "3"}, 'total_episodes must be an integer >= 0, got "3"'),
+        (
+            lambda info: info | {"video_path": "../toy/" + info["video_path"]},
+            "video_path must be a path inside the dataset folder (relative, no '..')",
+        ),
+    ],
+)
 def test_info_json_of_the_wrong_type(dataset, tmp_path, capsys, change, said):
     src = _copy(dataset, tmp_path)
     edit_json(f"{src}/meta/info.json", change)
@@ -95,6 +105,7 @@ def test_truncated_info_json(dataset, tmp_path, capsys):
 
 # --- manifest ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("command", ["verify", "inspect"])
 @pytest.mark.parametrize("shards", ["shard-000000.tar", {"shard": "shard-000000.tar"}, None, [["shard-000000.tar"]]])
 def test_manifest_shards_of_the_wrong_type(converted, tmp_path, capsys, command, shards):
@@ -102,7 +113,9 @@ def test_manifest_shards_of_the_wrong_type(converted, tmp_path, capsys, command,
     edit_json(f"{ds}/manifest.json", lambda m: m | {"shards": shards})
     assert cli([command, ds]) == 2
     line = _error(capsys, command)
-    expected = "shards must be a JSON array" if not isinstance(shards, list) else "shards[0].shard must be a JSON string"
+    expected = (
+        "shards must be a JSON array" if not isinstance(shards, list) else "shards[0].shard must be a JSON string"
+    )
     assert line.startswith(f"{ds}/manifest.json: {expected}")
 
 
@@ -115,6 +128,7 @@ def test_manifest_shards_of_the_wrong_type_under_stream(converted, tmp_path, cap
 
 # --- output ------------------------------------------------------------------------------------------
 
+
 def test_output_path_that_is_a_file(dataset, tmp_path, capsys):
     out = tmp_path / "out"
     out.write_bytes(b"keep me")
@@ -123,13 +137,16 @@ def test_output_path_that_is_a_file(dataset, tmp_path, capsys):
     assert out.read_bytes() == b"keep me"
 
 
-@pytest.mark.parametrize("option, said", [
-    (["--max-shard-size", "abc"], "--max-shard-size: 'abc' is not a size in bytes like 512MiB or 1GiB"),
-    (["--episodes", "1-x"], "--episodes: '1-x' is not a list of episode indices like 0-9,12"),
-    (["--reencode", "gop=x"], "--reencode 'gop=x': invalid literal for int() with base 10: 'x'"),
-    (["--prefix", "../evil"], "ConvertOptions: prefix must be a plain file-name stem"),
-    (["--max-episodes-per-shard", "0"], "ConvertOptions: max_episodes_per_shard must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "option, said",
+    [
+        (["--max-shard-size", "abc"], "--max-shard-size: 'abc' is not a size in bytes like 512MiB or 1GiB"),
+        (["--episodes", "1-x"], "--episodes: '1-x' is not a list of episode indices like 0-9,12"),
+        (["--reencode", "gop=x"], "--reencode 'gop=x': invalid literal for int() with base 10: 'x'"),
+        (["--prefix", "../evil"], "ConvertOptions: prefix must be a plain file-name stem"),
+        (["--max-episodes-per-shard", "0"], "ConvertOptions: max_episodes_per_shard must be >= 1, got 0"),
+    ],
+)
 def test_bad_options(dataset, tmp_path, capsys, option, said):
     assert cli(["convert", dataset, str(tmp_path / "out"), "--quiet", *option]) == 2
     assert _error(capsys, "convert").startswith(said)
@@ -164,13 +181,15 @@ class _Limited:
 
 
 def test_disk_full_leaves_no_half_written_shard_and_a_rerun_resumes(dataset, converted, tmp_path, capsys, monkeypatch):
-    storage_module = sys.modules["shardwriter.storage"]
+    storage_module = sys.modules["epishard.shardwriter.storage"]
     out = tmp_path / "out"
     first_shard = sum(os.path.getsize(f"{converted}/{n}") for n in ("shard-000000.tar", "shard-000000.index.parquet"))
     monkeypatch.setattr(storage_module, "open", _FullDisk(first_shard + 200), raising=False)
     assert cli(["convert", dataset, str(out), "--quiet", "--max-episodes-per-shard", "2"]) == 2
-    assert _error(capsys, "convert") == (f"{out}/shard-000001.tar: No space left on device; nothing half-written was "
-                                         "kept: free space and run the same command again to resume")
+    assert _error(capsys, "convert") == (
+        f"{out}/shard-000001.tar: No space left on device; nothing half-written was "
+        "kept: free space and run the same command again to resume"
+    )
     assert sorted(os.listdir(out)) == [".epishard-convert.json", "shard-000000.index.parquet", "shard-000000.tar"]
     kept = os.stat(out / "shard-000000.tar").st_mtime_ns
     monkeypatch.undo()  # space freed
@@ -183,6 +202,7 @@ def test_disk_full_leaves_no_half_written_shard_and_a_rerun_resumes(dataset, con
 
 # --- object store ------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def denied(moto_s3):  # moto_s3 sets test credentials in the environment
     server, endpoint = serve_access_denied()
@@ -194,8 +214,10 @@ def denied(moto_s3):  # moto_s3 sets test credentials in the environment
 def test_s3_access_denied(dataset, denied, capsys, command):
     args = [dataset, "s3://private/ds", "--quiet"] if command == "convert" else ["s3://private/ds"]
     assert cli([command, *args, "--storage-options", denied]) == 2
-    assert _error(capsys, command) in ("s3://private/ds: access denied (Access Denied)",  # s3fs's words for a
-                                       "s3://private/ds: access denied (Forbidden)")  # listing and a HEAD
+    assert _error(capsys, command) in (
+        "s3://private/ds: access denied (Access Denied)",  # s3fs's words for a
+        "s3://private/ds: access denied (Forbidden)",
+    )  # listing and a HEAD
 
 
 @pytest.mark.parametrize("command", ["convert", "verify"])
@@ -237,13 +259,20 @@ def test_verify_damage_exits_1(converted, tmp_path, capsys):
 
 # --- workers and unexpected faults -------------------------------------------------------------------
 
+
 def test_output_piped_into_a_reader_that_stops_early_is_no_error(converted):
     """`epishard inspect OUT --json | head -1`: the closed pipe is not blamed on the dataset."""
     env = {**os.environ, "PYTHONPATH": REPO}
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first write
-    done = subprocess.run([sys.executable, "-m", "shardwriter.cli", "inspect", converted, "--json"], stdout=write,
-                          stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "epishard.cli", "inspect", converted, "--json"],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     os.close(write)
     assert (done.returncode, done.stderr) == (141, "")
 
@@ -260,7 +289,7 @@ def test_worker_error_names_dataset_shard_episode_and_camera(dataset, tmp_path, 
 
 
 def test_unexpected_fault_says_how_to_see_the_traceback(dataset, tmp_path, capsys, monkeypatch):
-    cli_module = sys.modules["shardwriter.cli"]
+    cli_module = sys.modules["epishard.cli"]
 
     def broken(*args, **kw):
         raise RuntimeError("something\nbroke")
@@ -270,4 +299,7 @@ def test_unexpected_fault_says_how_to_see_the_traceback(dataset, tmp_path, capsy
     assert _error(capsys, "convert") == "RuntimeError: something broke (unexpected: run with --debug for the traceback)"
     assert cli(["--debug", "convert", dataset, str(tmp_path / "out"), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "Traceback (most recent call last)" in err and err.splitlines()[-1] == "epishard convert: error: RuntimeError: something broke"
+    assert (
+        "Traceback (most recent call last)" in err
+        and err.splitlines()[-1] == "epishard convert: error: RuntimeError: something broke"
+    )

@@ -13,11 +13,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
-
 from faultgen import CAMERA, SPEC, copy, flip_byte, manifest, video_member
-from stream import WindowDataset
-from stream.fetch import FetchError, FetchPolicy
 from videogen import decode_frame_number
+
+from epishard.stream import WindowDataset
+from epishard.stream.fetch import FetchError, FetchPolicy
 
 
 def _key(s) -> tuple[int, int]:

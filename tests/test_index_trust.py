@@ -12,19 +12,19 @@ import warnings
 
 import pytest
 import torch
+from faultgen import CAMERA, SPEC, copy, manifest, rewrite_index, rewrite_shard_member, video_member, write_manifest
 
-from faultgen import CAMERA, SPEC, copy, manifest, rewrite_index, rewrite_shard_member, video_member, \
-    write_manifest
-from shardwriter import verify
-from shardwriter.validate import FormatError
-from stream import WindowDataset
-from stream.decode import DecodeError
-from stream.fetch import FetchPolicy
+from epishard.shardwriter import verify
+from epishard.shardwriter.validate import FormatError
+from epishard.stream import WindowDataset
+from epishard.stream.decode import DecodeError
+from epishard.stream.fetch import FetchPolicy
 
 
 def _set(episode: int, field: str, value, camera: bool = False):
     def edit(rows):
         (rows[episode]["cameras"][0] if camera else rows[episode])[field] = value
+
     return edit
 
 
@@ -36,15 +36,22 @@ def test_a_changed_task_text_is_refused_by_the_digest(intact, tmp_path):
     assert any("index.arrow sha256 differs" in p["message"] for p in verify(root, decode=False)["problems"])
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("first_frame", 5, r"row 2 \(episode g-e000002\), camera observation.images.front: first_frame 5 \+ num_rows runs "
-                       "outside the video's frames"),
-    ("num_frames", 2**31 - 1, r"num_frames 2147483647 is not between 1 and the video member's size"),
-    ("keyframes", [0, 30], r"keyframes are not ascending frame numbers below num_frames"),
-    ("row_to_frame", [0] * 19 + [20], r"row_to_frame holds frames outside the video"),
-    ("member", 7, r"member 7 is not a member of the episode"),
-    ("width", 0, r"width/height are not in \[1, 65536\]"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        (
+            "first_frame",
+            5,
+            r"row 2 \(episode g-e000002\), camera observation.images.front: first_frame 5 \+ num_rows runs "
+            "outside the video's frames",
+        ),
+        ("num_frames", 2**31 - 1, r"num_frames 2147483647 is not between 1 and the video member's size"),
+        ("keyframes", [0, 30], r"keyframes are not ascending frame numbers below num_frames"),
+        ("row_to_frame", [0] * 19 + [20], r"row_to_frame holds frames outside the video"),
+        ("member", 7, r"member 7 is not a member of the episode"),
+        ("width", 0, r"width/height are not in \[1, 65536\]"),
+    ],
+)
 def test_index_values_are_bounds_checked_before_use(intact, tmp_path, field, value, message):
     root = copy(intact, str(tmp_path / "ds"))
     rewrite_index(root, _set(2, field, value, camera=True))  # a consistent forgery: digests updated
@@ -59,12 +66,15 @@ def test_index_values_are_bounds_checked_before_use(intact, tmp_path, field, val
     assert any(field in p["message"] for p in verify(root, decode=False)["problems"])
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("num_rows", 0, r"row 1 \(episode g-e000001\): num_rows 0 is not positive"),
-    ("window_stop", 99, r"window_start/window_stop are not inside \[0, num_rows\]"),
-    ("fps", float("nan"), r"fps nan is not a positive number"),
-    ("shard", 7, r"shard 7 is not a shard of the manifest"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_rows", 0, r"row 1 \(episode g-e000001\): num_rows 0 is not positive"),
+        ("window_stop", 99, r"window_start/window_stop are not inside \[0, num_rows\]"),
+        ("fps", float("nan"), r"fps nan is not a positive number"),
+        ("shard", 7, r"shard 7 is not a shard of the manifest"),
+    ],
+)
 def test_episode_values_are_bounds_checked(intact, tmp_path, field, value, message):
     root = copy(intact, str(tmp_path / "ds"))
     rewrite_index(root, _set(1, field, value))
@@ -99,7 +109,9 @@ def test_a_video_that_does_not_decode_follows_the_shard_policy(intact, keyed_ref
     assert len(samples) == len(keyed_reference)
     good = keyed_reference
     real = [s for s in samples if not s["substitute"]]
-    assert sorted((int(s["episode_index"]), int(s["frame_index"])) for s in real) == sorted(k for k in good if k[0] != 2)
+    assert sorted((int(s["episode_index"]), int(s["frame_index"])) for s in real) == sorted(
+        k for k in good if k[0] != 2
+    )
     for s in samples:
         assert torch.equal(s[CAMERA], good[(int(s["episode_index"]), int(s["frame_index"]))][CAMERA])
     assert [str(w.message) for w in caught if "skipping episode g-e000002" in str(w.message)]
@@ -113,8 +125,11 @@ def test_per_shard_indexes_are_checked_when_used(intact, reference, tmp_path):
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2] ^= 0xFF
     open(path, "wb").write(bytes(data))
-    with pytest.raises(FormatError, match=r"shard-000002.index.parquet: sha256 differs from the manifest's "
-                                          r"shards\[2\].index_sha256"):
+    with pytest.raises(
+        FormatError,
+        match=r"shard-000002.index.parquet: sha256 differs from the manifest's "
+        r"shards\[2\].index_sha256",
+    ):
         WindowDataset(root, SPEC)
 
 
@@ -135,4 +150,6 @@ def test_verify_checks_what_the_reader_needs(intact, tmp_path):
     m = manifest(root)
     m["shards"] = manifest(intact)["shards"]
     write_manifest(root, m)
-    assert [p["message"] for p in verify(root, decode=False)["problems"]] == ["index.arrow differs from the per-shard indexes"]
+    assert [p["message"] for p in verify(root, decode=False)["problems"]] == [
+        "index.arrow differs from the per-shard indexes"
+    ]

@@ -12,16 +12,27 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from faultgen import hang_alarm
 from lerobotgen import edit_json, write_v2, write_v3
-from shardwriter import WindowIndex, verify
-from shardwriter.cli import main as cli
+
+from epishard.cli import main as cli
+from epishard.shardwriter import WindowIndex, verify
 
 LENGTHS = [12, 9]
 CAMERA = "observation.images.front"
-WRONG = {"null": None, "zero": 0, "negative": -1, "fraction": 1.5, "nan": math.nan, "inf": math.inf, "empty": "",
-         "text": "x", "list": [], "object": {}, "true": True}
+WRONG = {
+    "null": None,
+    "zero": 0,
+    "negative": -1,
+    "fraction": 1.5,
+    "nan": math.nan,
+    "inf": math.inf,
+    "empty": "",
+    "text": "x",
+    "list": [],
+    "object": {},
+    "true": True,
+}
 
 
 def _json_edit(change):
@@ -40,12 +51,14 @@ def _truncate(fraction: float):
     def apply(path: str) -> None:
         data = open(path, "rb").read()
         open(path, "wb").write(data[: int(len(data) * fraction)])
+
     return apply
 
 
 def _write(data: bytes):
     def apply(path: str) -> None:
         open(path, "wb").write(data)
+
     return apply
 
 
@@ -66,8 +79,11 @@ def _info_mutations() -> dict[str, object]:
         for name, value in WRONG.items():
             out[f"{key}={name}"] = _set(key, value)
     out |= {
-        "fps=string-number": _set("fps", "10"), "fps=huge": _set("fps", 1e9), "fps=other-rate": _set("fps", 25),
-        "total_episodes=more": _set("total_episodes", 100), "data_path=no-fields": _set("data_path", "data/x.parquet"),
+        "fps=string-number": _set("fps", "10"),
+        "fps=huge": _set("fps", 1e9),
+        "fps=other-rate": _set("fps", 25),
+        "total_episodes=more": _set("total_episodes", 100),
+        "data_path=no-fields": _set("data_path", "data/x.parquet"),
         "data_path=unknown-field": _set("data_path", "data/{nonsense:03d}/{episode_index:06d}.parquet"),
         "data_path=positional": _set("data_path", "data/{0}/{episode_index}.parquet"),
         "video_path=bad-spec": _set("video_path", "videos/{video_key:06d}/{episode_index:06d}.mp4"),
@@ -79,8 +95,11 @@ def _info_mutations() -> dict[str, object]:
         "swap-fps-total_episodes": _swap("fps", "total_episodes"),
         "swap-feature-names": _json_edit(_swap_feature_names),
         "rename-fps": _json_edit(lambda i: {("FPS" if k == "fps" else k): v for k, v in i.items()}),
-        "document=list": _json_edit(lambda i: [i]), "document=number": _write(b"30"),
-        "document=null": _write(b"null"), "document=empty": _write(b""), "document=binary": _write(b"\xff\xfe\x00{"),
+        "document=list": _json_edit(lambda i: [i]),
+        "document=number": _write(b"30"),
+        "document=null": _write(b"null"),
+        "document=empty": _write(b""),
+        "document=binary": _write(b"\xff\xfe\x00{"),
     }
     out |= {f"truncate-{f}": _truncate(f) for f in (0.1, 0.5, 0.9)}
     return out
@@ -91,28 +110,40 @@ def _jsonl_edit(change):
         rows = [json.loads(line) for line in open(path) if line.strip()]
         with open(path, "w") as f:
             f.write("".join(line + "\n" for line in change(rows)))
+
     return apply
 
 
 def _rows_set(key, value, drop=False):
-    return _jsonl_edit(lambda rows: [json.dumps({k: v for k, v in r.items() if k != key} if drop else r | {key: value})
-                                     for r in rows])
+    return _jsonl_edit(
+        lambda rows: [json.dumps({k: v for k, v in r.items() if k != key} if drop else r | {key: value}) for r in rows]
+    )
 
 
 V21_JSONL = {
     "episodes.jsonl": {
-        "episode_index=string": _rows_set("episode_index", "0"), "drop-episode_index": _rows_set("episode_index", None, True),
-        "episode_index=null": _rows_set("episode_index", None), "episode_index=out-of-range": _rows_set("episode_index", 99),
-        "tasks=string": _rows_set("tasks", "pick the cube"), "tasks=numbers": _rows_set("tasks", [1, 2]),
-        "tasks=null": _rows_set("tasks", None), "row=list": _jsonl_edit(lambda rows: [json.dumps([r]) for r in rows]),
-        "truncate": _truncate(0.6), "empty": _write(b""), "binary": _write(b"\xff\xfe\n\x00"),
+        "episode_index=string": _rows_set("episode_index", "0"),
+        "drop-episode_index": _rows_set("episode_index", None, True),
+        "episode_index=null": _rows_set("episode_index", None),
+        "episode_index=out-of-range": _rows_set("episode_index", 99),
+        "tasks=string": _rows_set("tasks", "pick the cube"),
+        "tasks=numbers": _rows_set("tasks", [1, 2]),
+        "tasks=null": _rows_set("tasks", None),
+        "row=list": _jsonl_edit(lambda rows: [json.dumps([r]) for r in rows]),
+        "truncate": _truncate(0.6),
+        "empty": _write(b""),
+        "binary": _write(b"\xff\xfe\n\x00"),
         "duplicate-rows": _jsonl_edit(lambda rows: [json.dumps(r) for r in rows + rows]),
     },
     "tasks.jsonl": {
-        "task_index=string": _rows_set("task_index", "0"), "drop-task": _rows_set("task", None, True),
-        "task=number": _rows_set("task", 5), "swap-names": _jsonl_edit(
-            lambda rows: [json.dumps({"task": r["task_index"], "task_index": r["task"]}) for r in rows]),
-        "truncate": _truncate(0.5), "row=string": _jsonl_edit(lambda rows: ['"pick"' for _ in rows]),
+        "task_index=string": _rows_set("task_index", "0"),
+        "drop-task": _rows_set("task", None, True),
+        "task=number": _rows_set("task", 5),
+        "swap-names": _jsonl_edit(
+            lambda rows: [json.dumps({"task": r["task_index"], "task_index": r["task"]}) for r in rows]
+        ),
+        "truncate": _truncate(0.5),
+        "row=string": _jsonl_edit(lambda rows: ['"pick"' for _ in rows]),
     },
 }
 
@@ -120,6 +151,7 @@ V21_JSONL = {
 def _parquet_edit(change):
     def apply(path: str) -> None:
         pq.write_table(change(pq.read_table(path)), path)
+
     return apply
 
 
@@ -127,6 +159,7 @@ def _column(name: str, values):
     def change(table: pa.Table) -> pa.Table:
         array = pa.array(values(table.column(name).to_pylist()) if callable(values) else values)
         return table.set_column(table.column_names.index(name), name, array)
+
     return _parquet_edit(change)
 
 
@@ -137,17 +170,27 @@ def _drop_column(name: str):
 FROM, TO = f"videos/{CAMERA}/from_timestamp", f"videos/{CAMERA}/to_timestamp"
 V30_META = {
     "episodes/chunk-000/file-000.parquet": {
-        "drop-episode_index": _drop_column("episode_index"), "drop-data-chunk": _drop_column("data/chunk_index"),
-        "drop-from_timestamp": _drop_column(FROM), "episode_index=string": _column("episode_index", ["0", "1"]),
-        "data-file=float": _column("data/file_index", [0.0, 0.5]), "from=nan": _column(FROM, [math.nan, 1.2]),
-        "to<from": _column(TO, [0.0, 1.2]), "from=negative": _column(FROM, [-5.0, 1.2]),
-        "to=past-end": _column(TO, [1.2, 50.0]), "swap-from-to": _column(FROM, lambda v: [v[0] + 5.0, v[1] + 5.0]),
-        "episode_index=duplicate": _column("episode_index", [0, 0]), "episode_index=missing-data": _column("episode_index", [0, 7]),
-        "tasks=string": _column("tasks", ["pick", "place"]), "truncate": _truncate(0.5), "empty": _write(b""),
+        "drop-episode_index": _drop_column("episode_index"),
+        "drop-data-chunk": _drop_column("data/chunk_index"),
+        "drop-from_timestamp": _drop_column(FROM),
+        "episode_index=string": _column("episode_index", ["0", "1"]),
+        "data-file=float": _column("data/file_index", [0.0, 0.5]),
+        "from=nan": _column(FROM, [math.nan, 1.2]),
+        "to<from": _column(TO, [0.0, 1.2]),
+        "from=negative": _column(FROM, [-5.0, 1.2]),
+        "to=past-end": _column(TO, [1.2, 50.0]),
+        "swap-from-to": _column(FROM, lambda v: [v[0] + 5.0, v[1] + 5.0]),
+        "episode_index=duplicate": _column("episode_index", [0, 0]),
+        "episode_index=missing-data": _column("episode_index", [0, 7]),
+        "tasks=string": _column("tasks", ["pick", "place"]),
+        "truncate": _truncate(0.5),
+        "empty": _write(b""),
     },
     "tasks.parquet": {
-        "drop-task_index": _drop_column("task_index"), "task_index=string": _column("task_index", lambda v: [str(x) for x in v]),
-        "only-task_index": _drop_column("task"), "truncate": _truncate(0.5),
+        "drop-task_index": _drop_column("task_index"),
+        "task_index=string": _column("task_index", lambda v: [str(x) for x in v]),
+        "only-task_index": _drop_column("task"),
+        "truncate": _truncate(0.5),
     },
 }
 
@@ -195,5 +238,5 @@ def test_mutation_gives_a_correct_conversion_or_one_clean_line(sources, tmp_path
     line = lines[0]
     assert line.startswith("epishard convert: error: ") and "unexpected" not in line, line
     field = name.split("=")[0].removeprefix("drop-").removeprefix("swap-").split("-")[0]
-    named = (os.path.basename(file), field, "data_path", "video_path", f"dataset=toy")
+    named = (os.path.basename(file), field, "data_path", "video_path", "dataset=toy")
     assert any(thing in line for thing in named), line

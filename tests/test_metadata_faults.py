@@ -13,15 +13,24 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-from torchcodec.decoders import VideoDecoder
-
-from balance.cost import window_features
 from lerobotgen import write_v2, write_v3
-from shardwriter import (CameraVideo, ConversionError, ConvertOptions, Episode, Source, SourceError, WindowIndex,
-                         convert, verify)
-from shardwriter.cli import main as cli
-from stream import WindowDataset, WindowSpec
+from torchcodec.decoders import VideoDecoder
 from videogen import decode_frame_number, make_episode_table, make_video
+
+from epishard.balance.cost import window_features
+from epishard.cli import main as cli
+from epishard.shardwriter import (
+    CameraVideo,
+    ConversionError,
+    ConvertOptions,
+    Episode,
+    Source,
+    SourceError,
+    WindowIndex,
+    convert,
+    verify,
+)
+from epishard.stream import WindowDataset, WindowSpec
 
 FPS = 20
 CAM = "observation.images.front"
@@ -34,12 +43,15 @@ def _opts(**kw) -> ConvertOptions:
 def _decoded_rows(out, index: WindowIndex, episode: int, camera: int = 0) -> list[int]:
     """Frame number shown by every row of ``episode``, decoded from the shard."""
     import json
+
     shards = json.load(open(f"{out}/manifest.json"))["shards"]
     look = index.lookup(episode, np.arange(int(index.num_rows[episode])), camera=camera)
     with open(f"{out}/{shards[look.shard]['shard']}", "rb") as f:
         f.seek(look.offset)
         data = f.read(look.size)
-    return [decode_frame_number(x) for x in VideoDecoder(data, seek_mode="exact").get_frames_at(look.frames.tolist()).data]
+    return [
+        decode_frame_number(x) for x in VideoDecoder(data, seek_mode="exact").get_frames_at(look.frames.tolist()).data
+    ]
 
 
 # --- v3.0 to_timestamp ------------------------------------------------------------------------------
@@ -106,8 +118,16 @@ def _episodes(timestamps: dict[int, np.ndarray]) -> list[Episode]:
     for e in range(3):
         t = timestamps.get(e, np.arange(ROWS) / FPS)
         video = make_video(None, ROWS, fps=FPS, height=32, width=32, gop=8, start_number=1000 * e)
-        out.append(Episode(source="rec", episode_index=e, table=_with_timestamps(t), fps=FPS,
-                           videos={CAM: CameraVideo(video)}, tasks=("fold",)))
+        out.append(
+            Episode(
+                source="rec",
+                episode_index=e,
+                table=_with_timestamps(t),
+                fps=FPS,
+                videos={CAM: CameraVideo(video)},
+                tasks=("fold",),
+            )
+        )
     return out
 
 
@@ -115,8 +135,11 @@ def _episodes(timestamps: dict[int, np.ndarray]) -> list[Episode]:
 def broken(tmp_path_factory):
     """Episode 1 has a reset and a jump; episodes 0 and 2 are continuous."""
     out = tmp_path_factory.mktemp("breaks")
-    manifest = convert([Source(name="rec", episodes=_episodes({1: _break_timestamps()}), fps=FPS)], str(out),
-                       _opts(max_episodes_per_shard=2))
+    manifest = convert(
+        [Source(name="rec", episodes=_episodes({1: _break_timestamps()}), fps=FPS)],
+        str(out),
+        _opts(max_episodes_per_shard=2),
+    )
     return str(out), manifest
 
 
@@ -136,11 +159,14 @@ def test_breaks_are_reported_and_indexed(broken):
     assert verify(out)["ok"]
 
 
-@pytest.mark.parametrize("t, kind, row", [
-    (_break_timestamps(), "timestamps_reset", RESET),
-    (np.r_[np.arange(30), np.arange(40, 70)] / FPS, "timestamps_jump", 30),
-    (np.r_[np.arange(30), np.arange(25, 55)] / FPS, "timestamps_non_monotonic", 30),
-])
+@pytest.mark.parametrize(
+    "t, kind, row",
+    [
+        (_break_timestamps(), "timestamps_reset", RESET),
+        (np.r_[np.arange(30), np.arange(40, 70)] / FPS, "timestamps_jump", 30),
+        (np.r_[np.arange(30), np.arange(25, 55)] / FPS, "timestamps_non_monotonic", 30),
+    ],
+)
 def test_timestamps_fail_stops_at_a_break(t, kind, row, tmp_path):
     with pytest.raises(ConversionError) as info:
         convert([Source(name="rec", episodes=_episodes({2: t}), fps=FPS)], str(tmp_path), _opts(timestamps="fail"))
@@ -153,8 +179,9 @@ def test_jitter_and_one_dropped_frame_are_not_breaks(tmp_path):
     rng = np.random.default_rng(0)
     jitter = np.cumsum(np.r_[0, rng.uniform(0.9, 1.3, ROWS - 1)]) / FPS  # wall-clock stamps
     dropped = np.r_[np.arange(30), np.arange(31, 61)] / FPS  # one frame period missing: a step of 2
-    manifest = convert([Source(name="rec", episodes=_episodes({0: jitter, 1: dropped}), fps=FPS)], str(tmp_path),
-                       _opts())
+    manifest = convert(
+        [Source(name="rec", episodes=_episodes({0: jitter, 1: dropped}), fps=FPS)], str(tmp_path), _opts()
+    )
     kinds = manifest["report"]["warnings_by_kind"]
     assert not {"timestamps_jump", "timestamps_reset", "timestamps_non_monotonic"} & set(kinds)
     assert WindowIndex.load_dataset(str(tmp_path)).segment_starts.size == 0
@@ -165,20 +192,33 @@ def test_a_steady_other_rate_or_unit_is_not_a_break_but_a_pause_in_it_is(tmp_pat
     paused = np.r_[np.arange(30), np.arange(40, 70)] * (1000.0 / FPS)  # the same, paused at row 30
     slow = np.arange(ROWS) / (FPS / 3)  # one row every 3 frame periods (stamps at a third of the rate)
     constant = np.zeros(ROWS)  # a column that never advances
-    manifest = convert([Source(name="rec", episodes=_episodes({0: millis, 1: paused, 2: slow}), fps=FPS),
-                        Source(name="flat", episodes=_episodes({0: constant})[:1], fps=FPS)], str(tmp_path), _opts())
+    manifest = convert(
+        [
+            Source(name="rec", episodes=_episodes({0: millis, 1: paused, 2: slow}), fps=FPS),
+            Source(name="flat", episodes=_episodes({0: constant})[:1], fps=FPS),
+        ],
+        str(tmp_path),
+        _opts(),
+    )
     report = manifest["report"]
     assert [(w["dataset"], w["episode"], w["row"]) for w in report["warnings"] if w["kind"] == "timestamps_jump"] == [
-        ("rec", 1, 30)]
+        ("rec", 1, 30)
+    ]
     # The disagreement with the video is reported instead (rec 1's too, before its pause).
-    assert sorted((w["dataset"], w["episode"], w["kind"]) for w in report["warnings"] if w["kind"] != "timestamps_jump") == [
-        ("flat", 0, "timestamps_rate"), ("rec", 0, "timestamps_past_end"), ("rec", 1, "timestamps_past_end"),
-        ("rec", 2, "timestamps_past_end")]
+    assert sorted(
+        (w["dataset"], w["episode"], w["kind"]) for w in report["warnings"] if w["kind"] != "timestamps_jump"
+    ) == [
+        ("flat", 0, "timestamps_rate"),
+        ("rec", 0, "timestamps_past_end"),
+        ("rec", 1, "timestamps_past_end"),
+        ("rec", 2, "timestamps_past_end"),
+    ]
     assert WindowIndex.load_dataset(str(tmp_path)).table.column("segment_starts").to_pylist() == [[], [30], [], []]
     # Every row still anchors a window, and shows its own frame.
     ds = WindowDataset(str(tmp_path), WindowSpec(cameras={CAM: (-1, 0)}, action_horizon=1), shuffle_windows=0)
-    got = sorted((s["dataset"], int(s["episode_index"]), int(s["frame_index"]), decode_frame_number(s[CAM][1]))
-                 for s in ds)
+    got = sorted(
+        (s["dataset"], int(s["episode_index"]), int(s["frame_index"]), decode_frame_number(s[CAM][1])) for s in ds
+    )
     assert len(got) == 4 * (ROWS - 1) - 1
     assert all(frame == 1000 * e + a for _, e, a, frame in got)
 
@@ -193,14 +233,14 @@ def _spec(boundary: str) -> WindowSpec:
 
 def _planned(ds: WindowDataset) -> set[tuple[int, int]]:
     plan = ds.plan(0, 0, 1, 1, 0)
-    return set(zip(plan.episode.tolist(), plan.anchor.tolist()))
+    return set(zip(plan.episode.tolist(), plan.anchor.tolist(), strict=False))
 
 
 def test_inside_windows_never_cross_a_break(broken):
     out, _ = broken
     ds = WindowDataset(out, _spec("inside"), seed=0, shuffle_windows=0)
     # Window rows span anchor-4 .. anchor+4: anchors keep 4 rows from every segment edge.
-    inside = lambda a, b: list(range(a + 4, b - 4))  # noqa: E731
+    inside = lambda a, b: list(range(a + 4, b - 4))
     want = {(e, a) for e in (0, 2) for a in inside(0, ROWS)}
     want |= {(1, a) for lo, hi in BREAK_SEGMENTS for a in inside(lo, hi)}
     assert _planned(ds) == want and len(ds) == len(want)
@@ -247,8 +287,10 @@ def test_one_camera_without_files_is_dropped_naming_the_expected_path(tmp_path):
     manifest = convert([str(tmp_path / "src")], str(tmp_path / "out"), _opts())
     assert list(manifest["cameras"]) == [CAM]
     notes = manifest["sources"][0]["notes"]
-    assert notes == [f"camera {WRIST} is declared in meta/info.json but has no video files "
-                     f"(expected e.g. videos/chunk-000/{WRIST}/episode_000000.mp4, from video_path)"]
+    assert notes == [
+        f"camera {WRIST} is declared in meta/info.json but has no video files "
+        f"(expected e.g. videos/chunk-000/{WRIST}/episode_000000.mp4, from video_path)"
+    ]
     index = WindowIndex.load_dataset(str(tmp_path / "out"))
     assert _decoded_rows(tmp_path / "out", index, 1) == list(range(1000, 1009))
 
@@ -259,7 +301,8 @@ def test_v3_camera_without_files_is_dropped_naming_the_expected_path(tmp_path):
     assert list(manifest["cameras"]) == [CAM] and manifest["totals"]["rows"] == 31
     assert manifest["sources"][0]["notes"] == [
         f"camera {WRIST} is declared in meta/info.json but has no video files "
-        f"(expected e.g. videos/{WRIST}/chunk-000/file-000.mp4, from video_path)"]
+        f"(expected e.g. videos/{WRIST}/chunk-000/file-000.mp4, from video_path)"
+    ]
     index = WindowIndex.load_dataset(str(tmp_path / "out"))
     assert _decoded_rows(tmp_path / "out", index, 2) == list(range(21, 31))
 
@@ -273,7 +316,9 @@ def test_no_camera_with_files_is_refused_naming_path_and_look_alike(tmp_path, ca
     for cam in (CAM, WRIST):
         assert f"expected e.g. videos/chunk-000/{cam}/episode_000000.mp4" in message
     assert "video/ exists and looks like the intended folder" in message and "--no-cameras" in message
-    assert cli(["convert", src, str(tmp_path / "out"), "--quiet"]) == 2  # an error (1 is for a verify that found damage)
+    assert (
+        cli(["convert", src, str(tmp_path / "out"), "--quiet"]) == 2
+    )  # an error (1 is for a verify that found damage)
     assert "no declared camera has video files" in capsys.readouterr().err
 
 

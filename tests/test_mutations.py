@@ -19,12 +19,12 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pytest
 import torch
-
 from faultgen import CAMERA, SPEC, copy, hang_alarm, manifest, rewrite_index, write_manifest
-from shardwriter.cli import main
-from shardwriter.validate import FormatError
-from stream import WindowDataset
-from stream.fetch import FetchError
+
+from epishard.cli import main
+from epishard.shardwriter.validate import FormatError
+from epishard.stream import WindowDataset
+from epishard.stream.fetch import FetchError
 
 BOUND = 32 << 20  # bytes the reader may allocate (Python and numpy) while loading a 6-episode dataset
 CLEAN = (FormatError, FileNotFoundError, FetchError, KeyError)  # KeyError: the spec's camera is not in an episode
@@ -37,11 +37,32 @@ def _keyed(samples) -> dict:
 # --- the mutations -------------------------------------------------------------------------------
 
 WRONG = {"str": "x", "int": -1, "big": 2**63, "null": None, "list": [1], "dict": {"a": 1}, "bool": True}
-MANIFEST_PATHS = [("format",), ("format_version",), ("index",), ("index", "file"), ("index", "sha256"), ("shards",),
-                  ("shards", 0), ("shards", 0, "shard"), ("shards", 0, "index"), ("shards", 1, "size"),
-                  ("shards", 1, "sha256"), ("shards", 0, "index_sha256"), ("shards", 1, "episodes"), ("cameras",),
-                  ("cameras", CAMERA), ("stats",), ("stats", "action"), ("stats", "action", "mean"), ("totals",),
-                  ("totals", "episodes"), ("tasks",), ("sources",), ("sources", 0, "name"), ("report",)]
+MANIFEST_PATHS = [
+    ("format",),
+    ("format_version",),
+    ("index",),
+    ("index", "file"),
+    ("index", "sha256"),
+    ("shards",),
+    ("shards", 0),
+    ("shards", 0, "shard"),
+    ("shards", 0, "index"),
+    ("shards", 1, "size"),
+    ("shards", 1, "sha256"),
+    ("shards", 0, "index_sha256"),
+    ("shards", 1, "episodes"),
+    ("cameras",),
+    ("cameras", CAMERA),
+    ("stats",),
+    ("stats", "action"),
+    ("stats", "action", "mean"),
+    ("totals",),
+    ("totals", "episodes"),
+    ("tasks",),
+    ("sources",),
+    ("sources", 0, "name"),
+    ("report",),
+]
 
 
 def _manifest_mutations():
@@ -50,8 +71,11 @@ def _manifest_mutations():
         out.append((f"manifest-delete-{'.'.join(map(str, path))}", ("delete", path)))
         for kind, value in WRONG.items():
             out.append((f"manifest-{kind}-{'.'.join(map(str, path))}", ("set", path, value)))
-    out += [("manifest-swap-shard-names", ("swap", "shard")), ("manifest-swap-index-names", ("swap", "index")),
-            ("manifest-swap-shard-and-index", ("swap", "both"))]
+    out += [
+        ("manifest-swap-shard-names", ("swap", "shard")),
+        ("manifest-swap-index-names", ("swap", "index")),
+        ("manifest-swap-shard-and-index", ("swap", "both")),
+    ]
     out += [(f"manifest-truncated-{cut}", ("truncate", cut)) for cut in (0, 1, 0.5, -1)]
     return out
 
@@ -75,8 +99,13 @@ def _mutate_manifest(root: str, how) -> None:
             a[how[1]], b[how[1]] = b[how[1]], a[how[1]]
     if how[0] == "truncate":
         text = json.dumps(m)
-        cut = how[1] if isinstance(how[1], int) and how[1] >= 0 else len(text) + how[1] if isinstance(how[1], int) \
+        cut = (
+            how[1]
+            if isinstance(how[1], int) and how[1] >= 0
+            else len(text) + how[1]
+            if isinstance(how[1], int)
             else int(len(text) * how[1])
+        )
         with open(os.path.join(root, "manifest.json"), "w") as f:
             f.write(text[:cut])
         return
@@ -84,18 +113,39 @@ def _mutate_manifest(root: str, how) -> None:
 
 
 def _index_mutations():
-    out = [(f"index-truncated-{cut}-{'forged' if d else 'plain'}", ("truncate", cut, d))
-           for cut in (0, 8, 0.5, -16) for d in (False, True)]
-    for column, value in [("num_rows", pa.array(["1"] * 6)), ("fps", pa.array([20] * 6, pa.int32())),
-                          ("shard", pa.array([0, 0, 1, 1, 2, 2], pa.int64())), ("key", pa.array(range(6)))]:
+    out = [
+        (f"index-truncated-{cut}-{'forged' if d else 'plain'}", ("truncate", cut, d))
+        for cut in (0, 8, 0.5, -16)
+        for d in (False, True)
+    ]
+    for column, value in [
+        ("num_rows", pa.array(["1"] * 6)),
+        ("fps", pa.array([20] * 6, pa.int32())),
+        ("shard", pa.array([0, 0, 1, 1, 2, 2], pa.int64())),
+        ("key", pa.array(range(6))),
+    ]:
         out.append((f"index-type-{column}", ("column", column, value)))
     out += [(f"index-drop-{c}", ("drop", c)) for c in ("cameras", "members", "shard", "window_stop")]
     out.append(("index-null-num_rows", ("column", "num_rows", pa.array([20, None, 20, 20, 20, 20], pa.int32()))))
     out.append(("index-null-camera-name", ("rows", "null_camera")))
-    out += [(f"index-rows-{name}", ("rows", name)) for name in (
-        "negative_rows", "huge_frames", "no_keyframes", "pts_wrong_length", "negative_offset", "swap_keys",
-        "swap_member_names", "unknown_camera", "no_members", "no_cameras", "duplicate_data_member", "time_base_zero",
-        "segment_past_end")]
+    out += [
+        (f"index-rows-{name}", ("rows", name))
+        for name in (
+            "negative_rows",
+            "huge_frames",
+            "no_keyframes",
+            "pts_wrong_length",
+            "negative_offset",
+            "swap_keys",
+            "swap_member_names",
+            "unknown_camera",
+            "no_members",
+            "no_cameras",
+            "duplicate_data_member",
+            "time_base_zero",
+            "segment_past_end",
+        )
+    ]
     return out
 
 
@@ -131,6 +181,7 @@ def _edit_rows(name: str):
             row["segment_starts"] = [5, 99]
         elif name == "time_base_zero":
             cam["time_base_den"] = 0
+
     return edit
 
 
@@ -141,8 +192,13 @@ def _mutate_index(root: str, how) -> None:
         return
     if how[0] == "truncate":
         data = open(path, "rb").read()
-        cut = how[1] if isinstance(how[1], int) and how[1] >= 0 else len(data) + how[1] if isinstance(how[1], int) \
+        cut = (
+            how[1]
+            if isinstance(how[1], int) and how[1] >= 0
+            else len(data) + how[1]
+            if isinstance(how[1], int)
             else int(len(data) * how[1])
+        )
         data = data[:cut]
         open(path, "wb").write(data)
     else:
@@ -162,6 +218,7 @@ MUTATIONS = _manifest_mutations() + _index_mutations()
 
 
 # --- the test ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(autouse=True)
 def watchdog():
@@ -192,9 +249,28 @@ def test_mutation_gives_correct_output_or_one_clean_error(intact, keyed_referenc
         got = _keyed(s for s in samples if not s["substitute"])
         assert len(samples) == len(keyed_reference) and set(got) <= set(keyed_reference)
         assert all(torch.equal(s[CAMERA], keyed_reference[k][CAMERA]) for k, s in got.items())
-    for argv in (["verify", root], ["inspect", root],
-                 ["stream", root, "--workers", "0", "--batches", "2", "--batch-size", "2", "--frames", "2",
-                  "--span", "5", "--action-horizon", "2", "--boundary", "pad"]):
+    for argv in (
+        ["verify", root],
+        ["inspect", root],
+        [
+            "stream",
+            root,
+            "--workers",
+            "0",
+            "--batches",
+            "2",
+            "--batch-size",
+            "2",
+            "--frames",
+            "2",
+            "--span",
+            "5",
+            "--action-horizon",
+            "2",
+            "--boundary",
+            "pad",
+        ],
+    ):
         code = main(argv)
         out, err = capsys.readouterr()
         errors = [line for line in err.splitlines() if ": error: " in line]

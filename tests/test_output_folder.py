@@ -8,11 +8,19 @@ import os
 import sys
 
 import pytest
-
-from shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, OutputFolderError, Source, convert
-from shardwriter import format as fmt
-from shardwriter.cli import main as cli
 from videogen import make_episode_table, make_video
+
+from epishard.cli import main as cli
+from epishard.shardwriter import (
+    CameraVideo,
+    ConversionError,
+    ConvertOptions,
+    Episode,
+    OutputFolderError,
+    Source,
+    convert,
+)
+from epishard.shardwriter import format as fmt
 
 FPS = 10
 # The files issue 11 found deleted or overwritten: every one must survive byte for byte.
@@ -27,8 +35,16 @@ UNRELATED = {
 @pytest.fixture(scope="module")
 def source() -> Source:
     video = make_video(None, 12, fps=FPS, gop=4, height=32, width=32)
-    episodes = [Episode(source="toy", episode_index=i, table=make_episode_table(12, fps=FPS), fps=FPS,
-                        videos={"observation.images.front": CameraVideo(video)}) for i in range(3)]
+    episodes = [
+        Episode(
+            source="toy",
+            episode_index=i,
+            table=make_episode_table(12, fps=FPS),
+            fps=FPS,
+            videos={"observation.images.front": CameraVideo(video)},
+        )
+        for i in range(3)
+    ]
     return Source(name="toy", episodes=episodes, fps=FPS)
 
 
@@ -122,7 +138,7 @@ def test_marker_is_written_first_and_a_rerun_resumes(source, tmp_path, monkeypat
     assert json.loads((out / fmt.CONVERT_MARKER).read_bytes()) == {"writer": "epishard convert", "prefix": "shard"}
     before = _snapshot(out)
     # The same plan again: every shard is kept as it is (same bytes, never rewritten).
-    convert_module = sys.modules["shardwriter.convert"]
+    convert_module = sys.modules["epishard.shardwriter.convert"]
 
     def no_write(*args, **kw):
         raise AssertionError("a finished shard was written again")
@@ -142,8 +158,13 @@ def test_interrupted_conversion_resumes_and_removes_only_its_own_partials(source
     bad[2] = dataclasses.replace(bad[2], videos={"observation.images.front": CameraVideo(b"\0" * 500)})
     with pytest.raises(ConversionError):
         convert([dataclasses.replace(source, episodes=bad)], str(out), _opts())
-    assert sorted(os.listdir(out)) == [fmt.CONVERT_MARKER, "shard-000000.index.parquet", "shard-000000.tar",
-                                       "shard-000001.index.parquet", "shard-000001.tar"]
+    assert sorted(os.listdir(out)) == [
+        fmt.CONVERT_MARKER,
+        "shard-000000.index.parquet",
+        "shard-000000.tar",
+        "shard-000001.index.parquet",
+        "shard-000001.tar",
+    ]
     _plant(out, {"shard-000002.tar.partial-99999": b"left by a killed run"})
     kept = _snapshot(out)["shard-000000.tar"]
     convert([source], str(out), _opts())
@@ -155,6 +176,7 @@ def test_interrupted_conversion_resumes_and_removes_only_its_own_partials(source
 
 
 # --- object store (moto) ------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def s3(moto_s3):
@@ -200,8 +222,11 @@ def test_a_finished_dataset_of_another_plan_is_replaced_only_with_overwrite(sour
     assert _snapshot(out) == before
     # The same plan again is a resume (nothing to write), not a replacement.
     assert convert([source], out, _opts())["plan_digest"] == first["plan_digest"]
-    replaced = convert([source], out, ConvertOptions(progress=False, max_episodes_per_shard=1,
-                                                       episodes=frozenset({0, 1}), overwrite=True))
+    replaced = convert(
+        [source],
+        out,
+        ConvertOptions(progress=False, max_episodes_per_shard=1, episodes=frozenset({0, 1}), overwrite=True),
+    )
     assert replaced["totals"]["episodes"] == 2 and replaced["plan_digest"] != first["plan_digest"]
     assert sorted(n for n in os.listdir(out) if n.endswith(".tar")) == ["shard-000000.tar", "shard-000001.tar"]
 

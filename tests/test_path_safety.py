@@ -7,13 +7,13 @@ import os
 import re
 
 import pytest
-
 from faultgen import SPEC, copy, manifest, rewrite_index, write_manifest
 from remote_servers import serve_http
-from shardwriter import verify
-from shardwriter.cli import main
-from shardwriter.validate import FormatError
-from stream import WindowDataset
+
+from epishard.cli import main
+from epishard.shardwriter import verify
+from epishard.shardwriter.validate import FormatError
+from epishard.stream import WindowDataset
 
 HOSTILE = ["../../dev/zero", "/etc/passwd", "sub/shard-000001.tar", "..", "a\\b.tar", "x\0.tar"]
 

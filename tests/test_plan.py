@@ -8,16 +8,23 @@ orders) over grids of world sizes x workers, datasets, seeds and epochs.
 from __future__ import annotations
 
 import collections
-
 import math
 
 import numpy as np
 import pytest
 
-from stream import plan as P
-from stream.plan import (EpisodeTable, buffer_shuffle, episode_order, global_plan, rng_for, select_anchors,
-                         shard_order, worker_plan)
-from stream.spec import WindowSpec, offsets_from_seconds, segment
+from epishard.stream import plan as P
+from epishard.stream.plan import (
+    EpisodeTable,
+    buffer_shuffle,
+    episode_order,
+    global_plan,
+    rng_for,
+    select_anchors,
+    shard_order,
+    worker_plan,
+)
+from epishard.stream.spec import WindowSpec, offsets_from_seconds, segment
 
 # A window that needs 32 rows of history and 15 rows of future: anchors [32, num_rows - 15).
 BEFORE, AFTER = 32, 15
@@ -34,8 +41,13 @@ def make_table(shard, num_rows, weight=1.0, cost=None) -> EpisodeTable:
     num_rows = np.asarray(num_rows, dtype=np.int64)
     weight = np.broadcast_to(np.asarray(weight, dtype=np.float64), shard.shape).copy()
     cost = num_rows * 1000 + 7 if cost is None else np.asarray(cost, dtype=np.int64)
-    return EpisodeTable(shard=shard, lo=np.full(shard.shape, BEFORE, dtype=np.int64),
-                        hi=(num_rows - AFTER).astype(np.int64), weight=weight, cost_bytes=cost)
+    return EpisodeTable(
+        shard=shard,
+        lo=np.full(shard.shape, BEFORE, dtype=np.int64),
+        hi=(num_rows - AFTER).astype(np.int64),
+        weight=weight,
+        cost_bytes=cost,
+    )
 
 
 def _uneven() -> EpisodeTable:
@@ -73,8 +85,13 @@ def _weighted() -> EpisodeTable:
     return make_table(shard, rows, weight=weight)
 
 
-DATASETS = {"uneven": _uneven(), "single_shard": _single_shard(), "few_shards": _few_shards(),
-            "one_episode": _one_episode(), "weighted": _weighted()}
+DATASETS = {
+    "uneven": _uneven(),
+    "single_shard": _single_shard(),
+    "few_shards": _few_shards(),
+    "one_episode": _one_episode(),
+    "weighted": _weighted(),
+}
 
 # (dataset, stride, per_episode, shuffle_windows, shuffle_bytes)
 CASES = [
@@ -99,14 +116,20 @@ def selected(table: EpisodeTable, stride: int, per_episode, seed: int, epoch: in
     """The windows the planner selects before the remainder is dropped, in read order."""
     out = []
     for e in episode_order(table, seed, epoch):
-        a = select_anchors(int(table.lo[e]), int(table.hi[e]), stride, per_episode, float(table.weight[e]),
-                           rng_for(seed, epoch, P._SALT_ANCHORS, int(e)))
+        a = select_anchors(
+            int(table.lo[e]),
+            int(table.hi[e]),
+            stride,
+            per_episode,
+            float(table.weight[e]),
+            rng_for(seed, epoch, P._SALT_ANCHORS, int(e)),
+        )
         out += [(int(e), int(x)) for x in a]
     return out
 
 
 def pairs(episode: np.ndarray, anchor: np.ndarray) -> list[tuple[int, int]]:
-    return list(zip(episode.tolist(), anchor.tolist()))
+    return list(zip(episode.tolist(), anchor.tolist(), strict=False))
 
 
 def runs(seq) -> list:
@@ -119,9 +142,25 @@ def runs(seq) -> list:
 
 
 def all_worker_plans(table, world, workers, *, stride, per_episode, seed, epoch, shuffle_windows, shuffle_bytes):
-    return [[worker_plan(table, stride=stride, per_episode=per_episode, seed=seed, epoch=epoch, world_size=world,
-                         rank=r, num_workers=workers, worker=w, shuffle_windows=shuffle_windows,
-                         shuffle_bytes=shuffle_bytes) for w in range(workers)] for r in range(world)]
+    return [
+        [
+            worker_plan(
+                table,
+                stride=stride,
+                per_episode=per_episode,
+                seed=seed,
+                epoch=epoch,
+                world_size=world,
+                rank=r,
+                num_workers=workers,
+                worker=w,
+                shuffle_windows=shuffle_windows,
+                shuffle_bytes=shuffle_bytes,
+            )
+            for w in range(workers)
+        ]
+        for r in range(world)
+    ]
 
 
 def replay_buffer(window_episode, cost_bytes, order, capacity, capacity_bytes):
@@ -187,8 +226,17 @@ def test_exactly_once_and_equal_steps(case, grid):
                 assert len(set(kept)) == len(kept) and set(kept) <= set(full)
                 assert len(full) - len(kept) == plan.dropped
 
-            plans = all_worker_plans(table, world, workers, stride=stride, per_episode=per_episode, seed=seed,
-                                     epoch=epoch, shuffle_windows=cap, shuffle_bytes=cap_bytes)
+            plans = all_worker_plans(
+                table,
+                world,
+                workers,
+                stride=stride,
+                per_episode=per_episode,
+                seed=seed,
+                epoch=epoch,
+                shuffle_windows=cap,
+                shuffle_bytes=cap_bytes,
+            )
             union = []
             for r in range(world):
                 for w in range(workers):
@@ -234,31 +282,75 @@ def test_more_consumers_than_windows_and_empty():
             assert plan.per_consumer == 1 and plan.dropped == 0
         for r in range(world):
             for w in range(workers):
-                wp = worker_plan(table, stride=1, per_episode=None, seed=0, epoch=0, world_size=world, rank=r,
-                                 num_workers=workers, worker=w, shuffle_windows=8, shuffle_bytes=10**9)
+                wp = worker_plan(
+                    table,
+                    stride=1,
+                    per_episode=None,
+                    seed=0,
+                    epoch=0,
+                    world_size=world,
+                    rank=r,
+                    num_workers=workers,
+                    worker=w,
+                    shuffle_windows=8,
+                    shuffle_bytes=10**9,
+                )
                 assert len(wp) == plan.per_consumer and wp.total_windows == 5
     # all episodes shorter than the window, and an empty table
     for t in (make_table([0, 1], [10, 46]), make_table(np.zeros(0), np.zeros(0))):
         plan = global_plan(t, 1, None, 0, 0, 4)
         assert plan.episode.size == 0 and plan.dropped == 0 and plan.per_consumer == 0
-        wp = worker_plan(t, stride=1, per_episode=None, seed=0, epoch=0, world_size=2, rank=1, num_workers=2,
-                         worker=1, shuffle_windows=8, shuffle_bytes=0)
+        wp = worker_plan(
+            t,
+            stride=1,
+            per_episode=None,
+            seed=0,
+            epoch=0,
+            world_size=2,
+            rank=1,
+            num_workers=2,
+            worker=1,
+            shuffle_windows=8,
+            shuffle_bytes=0,
+        )
         assert len(wp) == 0 and wp.read_order.size == 0
 
 
 @pytest.mark.parametrize("rank,worker", [(2, 0), (-1, 0), (0, 3), (0, -1)])
 def test_worker_plan_range(rank, worker):
     with pytest.raises(ValueError):
-        worker_plan(DATASETS["uneven"], stride=1, per_episode=None, seed=0, epoch=0, world_size=2, rank=rank,
-                    num_workers=3, worker=worker, shuffle_windows=8, shuffle_bytes=0)
+        worker_plan(
+            DATASETS["uneven"],
+            stride=1,
+            per_episode=None,
+            seed=0,
+            epoch=0,
+            world_size=2,
+            rank=rank,
+            num_workers=3,
+            worker=worker,
+            shuffle_windows=8,
+            shuffle_bytes=0,
+        )
 
 
 # --- 2. determinism ------------------------------------------------------------------------------
 
 
 def _wp(table, seed, epoch, rank=1, worker=0):
-    return worker_plan(table, stride=1, per_episode=None, seed=seed, epoch=epoch, world_size=2, rank=rank,
-                       num_workers=2, worker=worker, shuffle_windows=64, shuffle_bytes=10**12)
+    return worker_plan(
+        table,
+        stride=1,
+        per_episode=None,
+        seed=seed,
+        epoch=epoch,
+        world_size=2,
+        rank=rank,
+        num_workers=2,
+        worker=worker,
+        shuffle_windows=64,
+        shuffle_bytes=10**12,
+    )
 
 
 @pytest.mark.parametrize("name", ["uneven", "single_shard", "few_shards", "one_episode", "weighted"])
@@ -321,8 +413,17 @@ def test_shard_runs_per_consumer(name, grid):
     world, workers = grid
     for seed in SEEDS:
         for epoch in EPOCHS:
-            for row in all_worker_plans(table, world, workers, stride=2, per_episode=None, seed=seed, epoch=epoch,
-                                        shuffle_windows=16, shuffle_bytes=10**12):
+            for row in all_worker_plans(
+                table,
+                world,
+                workers,
+                stride=2,
+                per_episode=None,
+                seed=seed,
+                epoch=epoch,
+                shuffle_windows=16,
+                shuffle_bytes=10**12,
+            ):
                 for wp in row:
                     _check_read_order(table, wp)
 
@@ -354,13 +455,24 @@ def test_many_shards_few_consumers(world, workers):
             order = [s for s in perm if s in present]
             assert runs(table.shard[plan.episode].tolist()) == order  # the plan reads shards in permuted order, once
             seen = []
-            for r, row in enumerate(all_worker_plans(table, world, workers, stride=1, per_episode=None, seed=seed,
-                                                     epoch=epoch, shuffle_windows=32, shuffle_bytes=10**12)):
+            for r, row in enumerate(
+                all_worker_plans(
+                    table,
+                    world,
+                    workers,
+                    stride=1,
+                    per_episode=None,
+                    seed=seed,
+                    epoch=epoch,
+                    shuffle_windows=32,
+                    shuffle_bytes=10**12,
+                )
+            ):
                 for w, wp in enumerate(row):
                     _check_read_order(table, wp)
                     mine = runs(table.shard[wp.read_order].tolist())
                     i = order.index(mine[0])
-                    assert order[i:i + len(mine)] == mine, "consumer's shards are not a contiguous run"
+                    assert order[i : i + len(mine)] == mine, "consumer's shards are not a contiguous run"
                     seen.append(mine)
             # consecutive consumers continue where the previous stopped (sharing at most one shard)
             joined = seen[0]
@@ -381,9 +493,10 @@ def _arrivals(rng, num_episodes, lo=1, hi=60):
     return window_episode, cost
 
 
-@pytest.mark.parametrize("capacity,capacity_bytes", [(0, 0), (1, 10**12), (10, 10**12), (200, 10**12),
-                                                     (10**6, 10**12), (10**6, 60_000), (50, 200_000),
-                                                     (10**6, 0)])
+@pytest.mark.parametrize(
+    "capacity,capacity_bytes",
+    [(0, 0), (1, 10**12), (10, 10**12), (200, 10**12), (10**6, 10**12), (10**6, 60_000), (50, 200_000), (10**6, 0)],
+)
 def test_buffer_shuffle_permutation_and_bounded_memory(capacity, capacity_bytes):
     for k in range(4):
         rng = np.random.default_rng(100 + k)
@@ -437,15 +550,18 @@ def _distinct_per_batch(capacity, capacity_bytes=10**12, batch=8, seeds=range(5)
         out = buffer_shuffle(window_episode, cost, capacity, capacity_bytes, np.random.default_rng(s))
         ye = window_episode[out]
         nb = ye.size // batch
-        vals += [np.unique(ye[i * batch:(i + 1) * batch]).size for i in range(nb)]
+        vals += [np.unique(ye[i * batch : (i + 1) * batch]).size for i in range(nb)]
     return float(np.mean(vals))
 
 
 def test_buffer_shuffle_mixing_grows_with_capacity():
     caps = [0, 8, 32, 128, 512, 4096]
     figures = [_distinct_per_batch(c) for c in caps]
-    print("distinct episodes per 8-window batch by capacity:", dict(zip(caps, [round(f, 2) for f in figures])))
-    for prev, cur in zip(figures, figures[1:]):
+    print(
+        "distinct episodes per 8-window batch by capacity:",
+        dict(zip(caps, [round(f, 2) for f in figures], strict=False)),
+    )
+    for prev, cur in zip(figures, figures[1:], strict=False):
         assert cur >= prev - 0.05
     assert figures[0] < 1.3  # capacity 0: a batch spans one or two episodes
     assert figures[-1] > 6.5  # the whole epoch buffered: nearly 8 different episodes per batch
@@ -457,8 +573,11 @@ def test_buffer_shuffle_mixing_grows_with_capacity_bytes():
     its last window is out), so it keeps mixing through the epoch."""
     held = [0, 2, 8, 32, 100]
     figures = [_distinct_per_batch(10**6, 10_000 * k) for k in held]
-    print("distinct episodes per 8-window batch by episodes' bytes held:", dict(zip(held, [round(f, 2) for f in figures])))
-    for prev, cur in zip(figures, figures[1:]):
+    print(
+        "distinct episodes per 8-window batch by episodes' bytes held:",
+        dict(zip(held, [round(f, 2) for f in figures], strict=False)),
+    )
+    for prev, cur in zip(figures, figures[1:], strict=False):
         assert cur >= prev - 0.05
     assert figures[0] < 1.3 and figures[2] > 3.0 and figures[-1] > 6.5
 
@@ -565,12 +684,15 @@ def test_offsets_from_seconds():
 
 def test_from_delta_timestamps():
     fps = 10
-    spec = WindowSpec.from_delta_timestamps({
-        "observation.images.top": [-1.0, -0.5, 0.0],
-        "observation.images.wrist": [0.0],
-        "observation.state": [-0.2, -0.1, 0.0],
-        "action": [i / fps for i in range(16)],
-    }, fps)
+    spec = WindowSpec.from_delta_timestamps(
+        {
+            "observation.images.top": [-1.0, -0.5, 0.0],
+            "observation.images.wrist": [0.0],
+            "observation.state": [-0.2, -0.1, 0.0],
+            "action": [i / fps for i in range(16)],
+        },
+        fps,
+    )
     assert spec.cameras == {"observation.images.top": (-10, -5, 0), "observation.images.wrist": (0,)}
     assert spec.state_offsets == (-2, -1, 0) and spec.action_horizon == 16
     assert spec.anchor_range(100, ["observation.images.top", "observation.images.wrist"]) == (10, 85)
@@ -587,8 +709,13 @@ def test_from_delta_timestamps():
 
 
 def test_window_spec_validation():
-    for kw in [dict(boundary="clamp"), dict(stride=0), dict(action_horizon=-1), dict(per_episode=0.0),
-               dict(per_episode=1.5)]:
+    for kw in [
+        dict(boundary="clamp"),
+        dict(stride=0),
+        dict(action_horizon=-1),
+        dict(per_episode=0.0),
+        dict(per_episode=1.5),
+    ]:
         with pytest.raises(ValueError):
             WindowSpec(**kw)
     WindowSpec(per_episode=1.0)
@@ -597,14 +724,40 @@ def test_window_spec_validation():
         WindowSpec(cameras={"front": (0,)}).camera_offsets(["top"])
 
 
-SPEC = WindowSpec(cameras={"top": segment(-32, -16, 3) + (0,) + segment(16, 32, 2), "wrist": (0,)},
-                  state_offsets=(-2, -1, 0), action_horizon=16)
+SPEC = WindowSpec(
+    cameras={"top": (*segment(-32, -16, 3), 0, *segment(16, 32, 2)), "wrist": (0,)},
+    state_offsets=(-2, -1, 0),
+    action_horizon=16,
+)
 
 
 def test_anchor_range_inside_and_pad():
     cams = ["top", "wrist", "side"]
-    assert SPEC.row_offsets(cams).tolist() == [-32, -24, -16, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
-                                                14, 15, 16, 32]
+    assert SPEC.row_offsets(cams).tolist() == [
+        -32,
+        -24,
+        -16,
+        -2,
+        -1,
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+        10,
+        11,
+        12,
+        13,
+        14,
+        15,
+        16,
+        32,
+    ]
     assert SPEC.anchor_range(100, cams) == (32, 68)
     assert SPEC.anchor_range(65, cams) == (32, 33)  # exactly one window
     assert SPEC.anchor_range(64, cams) == (32, 32)  # hi <= lo: zero windows
@@ -621,8 +774,14 @@ def test_anchor_range_inside_and_pad():
         assert pad.anchor_range(n, cams) == (0, n)
 
 
-@pytest.mark.parametrize("spec", [SPEC, WindowSpec(cameras={"c": (3, 9)}, state_offsets=(-4,), action_horizon=0),
-                                  WindowSpec(cameras={"c": (-7,)}, state_offsets=(0,), action_horizon=2)])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SPEC,
+        WindowSpec(cameras={"c": (3, 9)}, state_offsets=(-4,), action_horizon=0),
+        WindowSpec(cameras={"c": (-7,)}, state_offsets=(0,), action_horizon=2),
+    ],
+)
 def test_anchor_range_is_exactly_the_inside_anchors(spec):
     """Every anchor in [lo, hi) keeps all offsets inside the episode, and no anchor outside does."""
     cams = ["top", "wrist", "c"]
@@ -640,23 +799,40 @@ def test_stratified_plan_deals_every_stratum_evenly_and_exactly_once(world, work
     shard = np.repeat(np.arange(10), 4)  # strata own whole shards: shards 0-5 stratum 0, 6-9 stratum 1
     stratum = (shard >= 6).astype(np.int64)
     lengths = rng.integers(5, 80, size=n)
-    table = EpisodeTable(shard=shard, lo=np.zeros(n, np.int64), hi=lengths.astype(np.int64), weight=np.ones(n),
-                         cost_bytes=np.full(n, 10, np.int64), stratum=stratum)
+    table = EpisodeTable(
+        shard=shard,
+        lo=np.zeros(n, np.int64),
+        hi=lengths.astype(np.int64),
+        weight=np.ones(n),
+        cost_bytes=np.full(n, 10, np.int64),
+        stratum=stratum,
+    )
     consumers = world * workers
     plan = global_plan(table, 1, None, 5, 1, consumers)
     per_stratum = [int(lengths[stratum == k].sum()) for k in (0, 1)]
     assert plan.dropped == sum(t % consumers for t in per_stratum)
     assert plan.per_consumer == sum(t // consumers for t in per_stratum)
-    every = collections.Counter(zip(plan.episode.tolist(), plan.anchor.tolist()))
+    every = collections.Counter(zip(plan.episode.tolist(), plan.anchor.tolist(), strict=False))
     assert all(c == 1 for c in every.values()) and len(every) == sum(per_stratum) - plan.dropped
     got = collections.Counter()
     for rank in range(world):
         for worker in range(workers):
-            wp = worker_plan(table, stride=1, per_episode=None, seed=5, epoch=1, world_size=world, rank=rank,
-                             num_workers=workers, worker=worker, shuffle_windows=0, shuffle_bytes=0)
+            wp = worker_plan(
+                table,
+                stride=1,
+                per_episode=None,
+                seed=5,
+                epoch=1,
+                world_size=world,
+                rank=rank,
+                num_workers=workers,
+                worker=worker,
+                shuffle_windows=0,
+                shuffle_bytes=0,
+            )
             counts = [int(np.sum(stratum[wp.episode] == k)) for k in (0, 1)]
             assert counts == [t // consumers for t in per_stratum]  # every consumer: the same share of each
-            got.update(zip(wp.episode.tolist(), wp.anchor.tolist()))
+            got.update(zip(wp.episode.tolist(), wp.anchor.tolist(), strict=False))
     assert got == every
     # Proportional interleave: in every half of a consumer's plan both strata appear.
     part = plan.episode[plan.consumer_slice(0)]
@@ -673,19 +849,31 @@ def test_recording_breaks_remove_exactly_the_crossing_anchors(seed):
         n_ep = int(rng.integers(1, 6))
         rows = rng.integers(1, 60, n_ep)
         breaks = [np.unique(rng.integers(1, max(int(n), 2), rng.integers(0, 4))) for n in rows]
-        breaks = [b[b < n] for b, n in zip(breaks, rows)]
+        breaks = [b[b < n] for b, n in zip(breaks, rows, strict=False)]
         before, after, stride = int(rng.integers(0, 6)), int(rng.integers(0, 6)), int(rng.integers(1, 4))
         owner = np.concatenate([np.full(b.size, e) for e, b in enumerate(breaks)]).astype(np.int64)
         gaps = P.break_gaps(owner, np.concatenate(breaks).astype(np.int64), before, after)
         lo, hi = np.full(n_ep, before, np.int64), (rows - after).astype(np.int64)
-        want = {(e, a) for e in range(n_ep) for a in range(lo[e], hi[e], stride)
-                if all(not (b - after <= a < b + before) for b in breaks[e])}
+        want = {
+            (e, a)
+            for e in range(n_ep)
+            for a in range(lo[e], hi[e], stride)
+            if all(not (b - after <= a < b + before) for b in breaks[e])
+        }
         counts = P.anchor_counts(lo, hi, stride, gaps)
         assert counts.tolist() == [sum(1 for w in want if w[0] == e) for e in range(n_ep)]
-        table = EpisodeTable(shard=np.zeros(n_ep, np.int64), lo=lo, hi=hi, weight=np.ones(n_ep),
-                             cost_bytes=np.ones(n_ep, np.int64), gaps=gaps)
+        table = EpisodeTable(
+            shard=np.zeros(n_ep, np.int64),
+            lo=lo,
+            hi=hi,
+            weight=np.ones(n_ep),
+            cost_bytes=np.ones(n_ep, np.int64),
+            gaps=gaps,
+        )
         for per_episode in (None, 1.0):  # vectorised path and per-episode draw path
             plan = global_plan(table, stride, per_episode, 0, 0, 1)
-            assert set(zip(plan.episode.tolist(), plan.anchor.tolist())) == want and plan.episode.size == len(want)
+            assert set(
+                zip(plan.episode.tolist(), plan.anchor.tolist(), strict=False)
+            ) == want and plan.episode.size == len(want)
         half = global_plan(table, stride, 0.5, 0, 0, 1)
-        assert set(zip(half.episode.tolist(), half.anchor.tolist())) <= want
+        assert set(zip(half.episode.tolist(), half.anchor.tolist(), strict=False)) <= want

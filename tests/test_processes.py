@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
-from stream import WindowDataset, WindowLoader, WindowSpec
 from lerobotgen import write_v2
 from videogen import decode_frame_number, make_episode_table, make_video
+
+from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+from epishard.stream import WindowDataset, WindowLoader, WindowSpec
 
 REPO = Path(__file__).resolve().parents[1]
 CAMERA = "observation.images.front"
@@ -31,9 +31,14 @@ def _lerobot(root: Path, num_episodes: int) -> str:
 
 
 def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "shardwriter.cli", *args], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "epishard.cli", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
 
 
 def _files(out: Path) -> dict[str, bytes]:
@@ -41,6 +46,7 @@ def _files(out: Path) -> dict[str, bytes]:
 
 
 # --- clean exit ------------------------------------------------------------------------------------
+
 
 def test_verify_exits_cleanly_20_times(tmp_path):
     """``verify --no-decode`` prints OK and exits 0, 20 times (2 at a time): no abort at shutdown."""
@@ -59,6 +65,7 @@ def test_verify_exits_cleanly_20_times(tmp_path):
 
 
 # --- conversion workers die with their parent -----------------------------------------------------
+
 
 def _tagged(tag: str) -> list[int]:
     """Live (not zombie) processes whose environment carries ``EPISHARD_TEST_TAG=tag``."""
@@ -114,10 +121,17 @@ LENGTHS = [26, 20, 31, 24]
 @pytest.fixture(scope="module")
 def windows(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("windows")
-    episodes = [Episode(source="gen", episode_index=e, table=make_episode_table(n), fps=20, tasks=("fold",),
-                        videos={CAMERA: CameraVideo(make_video(None, n, height=32, width=32, gop=8,
-                                                               start_number=100 * e))})
-                for e, n in enumerate(LENGTHS)]
+    episodes = [
+        Episode(
+            source="gen",
+            episode_index=e,
+            table=make_episode_table(n),
+            fps=20,
+            tasks=("fold",),
+            videos={CAMERA: CameraVideo(make_video(None, n, height=32, width=32, gop=8, start_number=100 * e))},
+        )
+        for e, n in enumerate(LENGTHS)
+    ]
     convert([Source(name="gen", episodes=episodes, fps=20)], str(out), ConvertOptions(progress=False))
     return str(out)
 
@@ -131,7 +145,7 @@ def _epoch(batches) -> list[tuple[int, int]]:
     """(episode, frame) of every sample, checked against the decoded frame number."""
     keys = []
     for b in batches:
-        for e, f, frame in zip(b["episode_index"].tolist(), b["frame_index"].tolist(), b[CAMERA]):
+        for e, f, frame in zip(b["episode_index"].tolist(), b["frame_index"].tolist(), b[CAMERA], strict=False):
             assert decode_frame_number(frame[0]) == 100 * e + f
             keys.append((e, f))
     return keys

@@ -17,11 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
+from conftest import shared_dataset
 from torchcodec.decoders import VideoDecoder
 
-from conftest import shared_dataset
-from shardwriter import ConvertOptions, SourceError, WindowIndex, convert, read_lerobot, verify
-from shardwriter.index import camera_row_frames
+from epishard.shardwriter import ConvertOptions, SourceError, WindowIndex, convert, read_lerobot, verify
+from epishard.shardwriter.index import camera_row_frames
 
 DATASETS = [
     "gr00t_robot_sim_picknplace",
@@ -48,8 +48,9 @@ def _packets(data_or_path) -> dict[int, bytes]:
 def converted(request, tmp_path_factory):
     root = shared_dataset(request.param)
     out = tmp_path_factory.mktemp(request.param)
-    manifest = convert([str(root)], str(out), ConvertOptions(max_episodes_per_shard=2, progress=False,
-                                                             cameras=CAMERAS.get(root.name)))
+    manifest = convert(
+        [str(root)], str(out), ConvertOptions(max_episodes_per_shard=2, progress=False, cameras=CAMERAS.get(root.name))
+    )
     return root, out, manifest
 
 
@@ -69,7 +70,8 @@ def test_webdataset_yields_one_sample_per_episode(converted):
     for sample in samples:
         meta = json.loads(sample["json"])
         assert {f"{field}.mp4" for field in meta["cameras"]} | {"json", "parquet"} == {
-            k for k in sample if not k.startswith("__")}
+            k for k in sample if not k.startswith("__")
+        }
 
 
 def test_rows_and_video_bytes_round_trip(converted):
@@ -81,9 +83,11 @@ def test_rows_and_video_bytes_round_trip(converted):
         episode = source[row["episode_index"]]
         tar = f"{out}/{manifest['shards'][int(index.shard[e])]['shard']}"
         with open(tar, "rb") as f:
+
             def member(m):
                 f.seek(m["offset"])
                 return f.read(m["size"])
+
             blobs = {m["name"]: member(m) for m in row["members"]}
         table = pq.read_table(pa.BufferReader(blobs[f"{row['key']}.parquet"]))
         expected, raw = episode.load_table()

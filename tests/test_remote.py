@@ -8,14 +8,14 @@ import sys
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
-
 from remote_servers import FaultProxy, serve_http
-from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert, verify
-from stream import WindowDataset, WindowSpec, segment
-from stream.fetch import FetchError, FetchPolicy
-from stream.telemetry import summarize
+from torch.utils.data import DataLoader
 from videogen import make_episode_table, make_video
+
+from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert, verify
+from epishard.stream import WindowDataset, WindowSpec, segment
+from epishard.stream.fetch import FetchError, FetchPolicy
+from epishard.stream.telemetry import summarize
 
 LENGTHS = [40, 25, 33, 47, 30]
 CAMS = ("observation.images.front", "observation.images.wrist")
@@ -23,10 +23,19 @@ SPEC = WindowSpec(cameras={c: segment(0, 8, 3) for c in CAMS}, action_horizon=4,
 
 
 def _source() -> Source:
-    episodes = [Episode(source="remote", episode_index=e, table=make_episode_table(n), fps=20, tasks=("t",),
-                        videos={c: CameraVideo(make_video(None, n, gop=10, start_number=1000 * e + 100 * i))
-                                for i, c in enumerate(CAMS)})
-                for e, n in enumerate(LENGTHS)]
+    episodes = [
+        Episode(
+            source="remote",
+            episode_index=e,
+            table=make_episode_table(n),
+            fps=20,
+            tasks=("t",),
+            videos={
+                c: CameraVideo(make_video(None, n, gop=10, start_number=1000 * e + 100 * i)) for i, c in enumerate(CAMS)
+            },
+        )
+        for e, n in enumerate(LENGTHS)
+    ]
     return Source(name="remote", episodes=episodes, fps=20)
 
 
@@ -47,8 +56,8 @@ def _samples(url: str, workers: int = 0, **kw) -> list[dict]:
 
 def _same(a: list[dict], b: list[dict]) -> None:
     assert len(a) == len(b)
-    for x, y in zip(a, b):
-        for key in list(CAMS) + ["observation.state", "action", "episode_index", "frame_index"]:
+    for x, y in zip(a, b, strict=False):
+        for key in [*list(CAMS), "observation.state", "action", "episode_index", "frame_index"]:
             assert torch.equal(torch.as_tensor(x[key]), torch.as_tensor(y[key])), key
         assert not x["substitute"]
 
@@ -62,8 +71,9 @@ def s3(moto_s3):
 
 def test_convert_verify_and_stream_through_s3(local, s3):
     url = "s3://epishard-test/ds"
-    manifest = convert([_source()], url, ConvertOptions(max_episodes_per_shard=2, progress=False, workers=2),
-                       storage_options=s3)
+    manifest = convert(
+        [_source()], url, ConvertOptions(max_episodes_per_shard=2, progress=False, workers=2), storage_options=s3
+    )
     assert manifest["totals"]["episodes"] == len(LENGTHS)
     assert verify(url, storage_options=s3)["ok"]
     # The same input gives the same bytes locally and in the bucket.
@@ -73,13 +83,16 @@ def test_convert_verify_and_stream_through_s3(local, s3):
     for shard in manifest["shards"]:
         assert fs.cat_file(f"epishard-test/ds/{shard['shard']}") == open(f"{local}/{shard['shard']}", "rb").read()
     expected = _samples(local)
-    _same(_samples(url, workers=2, storage_options=s3), sorted(expected, key=lambda s: (int(s["episode_index"]), int(s["frame_index"]))))
+    _same(
+        _samples(url, workers=2, storage_options=s3),
+        sorted(expected, key=lambda s: (int(s["episode_index"]), int(s["frame_index"]))),
+    )
 
 
 def test_interrupted_upload_leaves_no_object_and_rerun_finishes(local, s3, monkeypatch):
     import s3fs
 
-    from shardwriter import prepare as prepare_module
+    from epishard.shardwriter import prepare as prepare_module
 
     url, calls = "s3://epishard-test/interrupted", {"n": 0}
     real = prepare_module.prepare
@@ -90,14 +103,18 @@ def test_interrupted_upload_leaves_no_object_and_rerun_finishes(local, s3, monke
             raise KeyboardInterrupt  # as Ctrl-C in the middle of shard 1
         return real(episode, opts)
 
-    convert_module = sys.modules["shardwriter.convert"]
+    convert_module = sys.modules["epishard.shardwriter.convert"]
     monkeypatch.setattr(convert_module, "prepare", failing)
     with pytest.raises(KeyboardInterrupt):
         convert([_source()], url, ConvertOptions(max_episodes_per_shard=2, progress=False), storage_options=s3)
     fs = s3fs.S3FileSystem(**s3)
     fs.invalidate_cache()
     names = sorted(p.rsplit("/", 1)[1] for p in fs.ls("epishard-test/interrupted"))
-    assert names == [".epishard-convert.json", "shard-000000.index.parquet", "shard-000000.tar"]  # shard 1 never appeared
+    assert names == [
+        ".epishard-convert.json",
+        "shard-000000.index.parquet",
+        "shard-000000.tar",
+    ]  # shard 1 never appeared
     monkeypatch.setattr(convert_module, "prepare", real)
     convert([_source()], url, ConvertOptions(max_episodes_per_shard=2, progress=False), storage_options=s3)
     assert verify(url, storage_options=s3)["ok"]
@@ -166,19 +183,21 @@ def test_ranged_mode_reads_only_the_cameras_asked_for(local):
             totals[mode] = summarize([s["__telemetry__"] for s in samples])["bytes_read"]
     finally:
         server.shutdown()
-    from shardwriter import WindowIndex
+    from epishard.shardwriter import WindowIndex
 
     ix = WindowIndex.load_dataset(local)
     wanted = 0
     for row in ix.table.to_pylist():  # the table and the camera are adjacent: one range from one to the other
-        table, front = (next(m for m in row["members"] if m["name"].endswith(ext)) for ext in (".parquet", ".front.mp4"))
+        table, front = (
+            next(m for m in row["members"] if m["name"].endswith(ext)) for ext in (".parquet", ".front.mp4")
+        )
         wanted += front["offset"] + front["size"] - table["offset"]
     assert totals["ranged"] == wanted  # exactly the table and the one camera, not the wrist camera
     assert totals["stream"] > wanted
 
 
 def test_local_cache_serves_repeat_epochs_and_never_stale_data(local, tmp_path):
-    from stream.cache import RangeCache
+    from epishard.stream.cache import RangeCache
 
     server, _ = serve_http(local)
     proxy = FaultProxy(server.server_address)

@@ -9,18 +9,21 @@ import os
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader
-
 from conftest import shared_dataset
-from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
-from stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
-from stream.telemetry import summarize
+from torch.utils.data import DataLoader
 from videogen import decode_frame_number, make_episode_table, make_video
+
+from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
+from epishard.stream.telemetry import summarize
 
 FPS = 20
 LENGTHS = [45, 20, 60, 33, 70, 52, 38]  # episode 1 is shorter than the 33-frame span
-CAMS = {"observation.images.front": ("h264", 30), "observation.images.left": ("av1", 16),
-        "observation.images.wrist": ("mpeg4", 12)}
+CAMS = {
+    "observation.images.front": ("h264", 30),
+    "observation.images.left": ("av1", 16),
+    "observation.images.wrist": ("mpeg4", 12),
+}
 
 
 @pytest.fixture(scope="module")
@@ -28,19 +31,38 @@ def dataset(tmp_path_factory):
     out = tmp_path_factory.mktemp("stream")
     episodes = []
     for e, n in enumerate(LENGTHS):
-        videos = {cam: CameraVideo(make_video(None, n, codec=codec, gop=gop, fps=FPS, start_number=1000 * e))
-                  for cam, (codec, gop) in CAMS.items()}
-        episodes.append(Episode(source="gen", episode_index=e, table=make_episode_table(n, fps=FPS), videos=videos,
-                                fps=FPS, tasks=(f"task {e}",)))
-    convert([Source(name="gen", episodes=episodes, fps=FPS)], str(out),
-            ConvertOptions(max_episodes_per_shard=2, progress=False))
+        videos = {
+            cam: CameraVideo(make_video(None, n, codec=codec, gop=gop, fps=FPS, start_number=1000 * e))
+            for cam, (codec, gop) in CAMS.items()
+        }
+        episodes.append(
+            Episode(
+                source="gen",
+                episode_index=e,
+                table=make_episode_table(n, fps=FPS),
+                videos=videos,
+                fps=FPS,
+                tasks=(f"task {e}",),
+            )
+        )
+    convert(
+        [Source(name="gen", episodes=episodes, fps=FPS)],
+        str(out),
+        ConvertOptions(max_episodes_per_shard=2, progress=False),
+    )
     return str(out)
 
 
-SPEC = WindowSpec(cameras={"observation.images.front": segment(0, 32, 9),
-                           "observation.images.left": (0, 16, 32),
-                           "observation.images.wrist": segment(-8, -4, 2) + (0,) + segment(24, 32, 3)},
-                  state_offsets=(-2, -1, 0), action_horizon=8, boundary="pad")
+SPEC = WindowSpec(
+    cameras={
+        "observation.images.front": segment(0, 32, 9),
+        "observation.images.left": (0, 16, 32),
+        "observation.images.wrist": (*segment(-8, -4, 2), 0, *segment(24, 32, 3)),
+    },
+    state_offsets=(-2, -1, 0),
+    action_horizon=8,
+    boundary="pad",
+)
 
 
 def _check_sample(s: dict, spec: WindowSpec) -> None:
@@ -114,7 +136,7 @@ def test_ranks_and_workers_yield_each_window_once_and_equal_batches(dataset, wor
         loader = DataLoader(ds, batch_size=4, num_workers=workers if workers > 1 else 0)
         n = 0
         for batch in loader:
-            seen.update(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist()))
+            seen.update(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=False))
             n += 1
         batches.append(n)
     planned = [(e, a) for e, n in enumerate(LENGTHS) for a in range(0, n, 3)]
@@ -145,7 +167,7 @@ def test_resume_continues_exactly(dataset, workers, cut):
 
 
 def _keys_of(batch) -> list[tuple[int, int]]:
-    return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist()))
+    return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=False))
 
 
 def test_resume_with_another_worker_count_is_refused(dataset):
@@ -172,8 +194,10 @@ def test_workers_with_fork_spawn_and_persistent_workers(dataset, context):
 
 def test_delta_timestamps_and_float_output(dataset):
     spec = WindowSpec.from_delta_timestamps(
-        {"observation.images.front": [-0.1, 0.0], "observation.state": [0.0], "action": [0.0, 0.05, 0.1]}, fps=FPS,
-        boundary="pad")
+        {"observation.images.front": [-0.1, 0.0], "observation.state": [0.0], "action": [0.0, 0.05, 0.1]},
+        fps=FPS,
+        boundary="pad",
+    )
     assert spec.cameras == {"observation.images.front": (-2, 0)} and spec.action_horizon == 3
     ds = WindowDataset(dataset, spec, postprocess=PostProcess(dtype=torch.float32), normalize={"action": "mean_std"})
     s = next(iter(ds))
@@ -186,7 +210,8 @@ def test_delta_timestamps_and_float_output(dataset):
 @pytest.mark.parametrize("name", ["so101_bimanual_cloth", "unitree_g1_bottle_av1_v30", "gr00t_robot_sim_picknplace"])
 def test_real_datasets_return_the_source_frames_of_their_rows(name, tmp_path):
     from torchcodec.decoders import VideoDecoder
-    from shardwriter import read_lerobot
+
+    from epishard.shardwriter import read_lerobot
 
     root = shared_dataset(name)
     convert([str(root)], str(tmp_path), ConvertOptions(progress=False))
@@ -196,23 +221,39 @@ def test_real_datasets_return_the_source_frames_of_their_rows(name, tmp_path):
     for s in WindowDataset(str(tmp_path), spec, seed=0):
         episode = source[int(s["episode_index"])]
         table, _ = episode.load_table()
-        frame_index = (table.column("frame_index").to_numpy() if "frame_index" in table.column_names
-                       else np.arange(table.num_rows))
+        frame_index = (
+            table.column("frame_index").to_numpy() if "frame_index" in table.column_names else np.arange(table.num_rows)
+        )
         row = int(np.flatnonzero(frame_index == int(s["frame_index"]))[0])
         for cam in cams:
             video = episode.videos[cam]
             first = round(video.segment[0] * episode.fps) if video.segment else 0
-            want = VideoDecoder(video.source).get_frames_at([first + int(frame_index[row + o]) for o in segment(0, 16, 5)]).data
+            want = (
+                VideoDecoder(video.source)
+                .get_frames_at([first + int(frame_index[row + o]) for o in segment(0, 16, 5)])
+                .data
+            )
             assert torch.equal(s[cam], want), (name, cam, row)
         assert torch.equal(s["action"][0], torch.tensor(table.column("action")[row].as_py(), dtype=torch.float32))
 
 
 def test_mixing_datasets_with_weights_deals_each_to_every_worker(dataset, tmp_path):
     other = tmp_path / "other"
-    eps = [Episode(source="other", episode_index=e, table=make_episode_table(n, fps=FPS), fps=FPS, tasks=("other",),
-                   videos={"observation.images.front": CameraVideo(make_video(None, n, gop=10, fps=FPS,
-                                                                              start_number=30000 + 1000 * e))})
-           for e, n in enumerate([30, 26, 41])]
+    eps = [
+        Episode(
+            source="other",
+            episode_index=e,
+            table=make_episode_table(n, fps=FPS),
+            fps=FPS,
+            tasks=("other",),
+            videos={
+                "observation.images.front": CameraVideo(
+                    make_video(None, n, gop=10, fps=FPS, start_number=30000 + 1000 * e)
+                )
+            },
+        )
+        for e, n in enumerate([30, 26, 41])
+    ]
     convert([Source(name="other", episodes=eps, fps=FPS)], str(other), ConvertOptions(progress=False))
     spec = WindowSpec(cameras={"observation.images.front": (0, 4)}, boundary="pad", stride=2)
     mixed = WindowDataset([(dataset, 1.0), (str(other), 2.0)], spec, seed=0)
@@ -228,19 +269,29 @@ def test_mixing_datasets_with_weights_deals_each_to_every_worker(dataset, tmp_pa
         n = [30, 26, 41][int(s["episode_index"])] if s["dataset"] == 1 else LENGTHS[int(s["episode_index"])]
         want = base + 1000 * int(s["episode_index"]) + np.minimum(rows, n - 1)
         assert [decode_frame_number(f) for f in s["observation.images.front"]] == want.tolist()
-    halves = [samples[: len(samples) // 2], samples[len(samples) // 2:]]
+    halves = [samples[: len(samples) // 2], samples[len(samples) // 2 :]]
     assert all({int(s["dataset"]) for s in h} == {0, 1} for h in halves)
 
 
 def test_a_mix_whose_datasets_have_other_cameras_is_refused_naming_them(dataset, tmp_path):
     other = str(tmp_path / "other")
-    eps = [Episode(source="other", episode_index=0, table=make_episode_table(12, fps=FPS), fps=FPS,
-                   videos={"observation.images.front": CameraVideo(make_video(None, 12, fps=FPS, start_number=30000))})]
+    eps = [
+        Episode(
+            source="other",
+            episode_index=0,
+            table=make_episode_table(12, fps=FPS),
+            fps=FPS,
+            videos={"observation.images.front": CameraVideo(make_video(None, 12, fps=FPS, start_number=30000))},
+        )
+    ]
     convert([Source(name="other", episodes=eps, fps=FPS)], other, ConvertOptions(progress=False))
     # Every camera of each: samples of the two would carry other keys, and no batch could hold both.
-    with pytest.raises(ValueError, match=r"cameras differ .*stream\d* has \['observation.images.front', "
-                                         r"'observation.images.left', 'observation.images.wrist'\]; .*other has "
-                                         r"\['observation.images.front'\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"cameras differ .*stream\d* has \['observation.images.front', "
+        r"'observation.images.left', 'observation.images.wrist'\]; .*other has "
+        r"\['observation.images.front'\]\)",
+    ):
         WindowDataset([dataset, other], WindowSpec(cameras=None))
     with pytest.raises(KeyError, match=r"other: window spec names cameras \['observation.images.left'\]"):
         WindowDataset([dataset, other], WindowSpec(cameras={"observation.images.left": (0,)}))
@@ -248,8 +299,9 @@ def test_a_mix_whose_datasets_have_other_cameras_is_refused_naming_them(dataset,
     ds = WindowDataset([dataset, other], WindowSpec(cameras={"observation.images.front": (0,)}), seed=0)
     batch = next(iter(WindowLoader(ds, batch_size=64)))
     assert set(batch["dataset"].tolist()) == {0, 1}
-    for d, e, a, frame in zip(batch["dataset"], batch["episode_index"], batch["frame_index"],
-                              batch["observation.images.front"]):
+    for d, e, a, frame in zip(
+        batch["dataset"], batch["episode_index"], batch["frame_index"], batch["observation.images.front"], strict=False
+    ):
         assert decode_frame_number(frame[0]) == (30000 if d else 1000 * int(e)) + int(a)
 
 
@@ -276,8 +328,9 @@ def test_memory_stays_flat_across_epochs(dataset):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_float_output_through_the_loader_equals_per_sample_conversion(dataset, workers):
-    spec = WindowSpec(cameras={"observation.images.front": (0, 4), "observation.images.left": (0,)},
-                      boundary="pad", per_episode=3)
+    spec = WindowSpec(
+        cameras={"observation.images.front": (0, 4), "observation.images.left": (0,)}, boundary="pad", per_episode=3
+    )
     post = PostProcess(size=(32, 32), dtype=torch.float32)
     loader = WindowLoader(WindowDataset(dataset, spec, seed=1, postprocess=post), batch_size=4, num_workers=workers)
     assert loader.dataset.defer_float
@@ -285,7 +338,7 @@ def test_float_output_through_the_loader_equals_per_sample_conversion(dataset, w
     expected = {(int(s["episode_index"]), int(s["frame_index"])): s for s in plain}
     seen = 0
     for batch in loader:
-        for i, (e, f) in enumerate(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist())):
+        for i, (e, f) in enumerate(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=False)):
             for cam in spec.cameras:
                 assert batch[cam].dtype == torch.float32
                 assert torch.equal(batch[cam][i], expected[(e, f)][cam])

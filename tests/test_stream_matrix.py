@@ -15,13 +15,13 @@ import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-from shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, Source, convert, verify
-from shardwriter import prepare as prepare_module
-from shardwriter.describe import describe
-from shardwriter.video import VideoProbe, probe
-from stream import WindowDataset, WindowSpec
 from videogen import cut_by_stream_copy, decode_frame_number, make_episode_table, make_video
+
+from epishard.shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, Source, convert, verify
+from epishard.shardwriter import prepare as prepare_module
+from epishard.shardwriter.describe import describe
+from epishard.shardwriter.video import VideoProbe, probe
+from epishard.stream import WindowDataset, WindowSpec
 
 FPS = 20
 CAM = "observation.images.front"
@@ -85,11 +85,20 @@ def _video(name: str) -> tuple[bytes, list[int]]:
 
 
 def _convert(out, videos: list[bytes], **opts) -> dict:
-    episodes = [Episode(source="matrix", episode_index=e, table=make_episode_table(len(shown), fps=FPS),
-                        videos={CAM: CameraVideo(data)}, fps=FPS, tasks=("t",))
-                for e, (data, shown) in enumerate(videos)]
-    return convert([Source(name="matrix", episodes=episodes, fps=FPS)], str(out),
-                   ConvertOptions(progress=False, **opts))
+    episodes = [
+        Episode(
+            source="matrix",
+            episode_index=e,
+            table=make_episode_table(len(shown), fps=FPS),
+            videos={CAM: CameraVideo(data)},
+            fps=FPS,
+            tasks=("t",),
+        )
+        for e, (data, shown) in enumerate(videos)
+    ]
+    return convert(
+        [Source(name="matrix", episodes=episodes, fps=FPS)], str(out), ConvertOptions(progress=False, **opts)
+    )
 
 
 # Access patterns of the reader: every anchor with one frame; one random window per episode; single
@@ -143,14 +152,23 @@ def test_v30_segments_of_a_shared_file_show_their_rows(kind, tmp_path):
     for e, (a, b) in enumerate(bounds):
         t0 = float(info.seconds(np.array([a]))[0])
         t1 = float(info.seconds(np.array([b - 1]))[0]) + 1 / FPS
-        episodes.append(Episode(source="v30", episode_index=e, table=make_episode_table(b - a, fps=FPS),
-                                videos={CAM: CameraVideo(data, segment=(t0, t1))}, fps=FPS, tasks=("t",)))
+        episodes.append(
+            Episode(
+                source="v30",
+                episode_index=e,
+                table=make_episode_table(b - a, fps=FPS),
+                videos={CAM: CameraVideo(data, segment=(t0, t1))},
+                fps=FPS,
+                tasks=("t",),
+            )
+        )
     convert([Source(name="v30", episodes=episodes, fps=FPS)], str(tmp_path), ConvertOptions(progress=False))
     assert verify(str(tmp_path))["ok"]
     _check_patterns(str(tmp_path), {e: numbers[a:b] for e, (a, b) in enumerate(bounds)})
 
 
 # --- The kinds of ../shared/cases, built with the project's own generators -----------------------
+
 
 def test_hidden_frames_of_a_mid_gop_cut_are_not_frames(tmp_path):
     """hidden_frames_cut kind: the MP4 holds more packets than it displays; rows map to the
@@ -173,10 +191,20 @@ def _packet_table(source) -> VideoProbe:
     info = probe(source)
     pts = np.sort(info.packet_pts)
     keys = np.flatnonzero(np.isin(pts, info.packet_pts[info.packet_key])).astype(np.int32)
-    return VideoProbe(codec=info.codec, width=info.width, height=info.height, pix_fmt=info.pix_fmt,
-                      time_base=info.time_base, pts=pts, duration=np.full(pts.size, pts[1] - pts[0]),
-                      keyframes=keys, packet_pts=info.packet_pts, packet_key=info.packet_key,
-                      average_fps=info.average_fps, stream_index=info.stream_index)
+    return VideoProbe(
+        codec=info.codec,
+        width=info.width,
+        height=info.height,
+        pix_fmt=info.pix_fmt,
+        time_base=info.time_base,
+        pts=pts,
+        duration=np.full(pts.size, pts[1] - pts[0]),
+        keyframes=keys,
+        packet_pts=info.packet_pts,
+        packet_key=info.packet_key,
+        average_fps=info.average_fps,
+        stream_index=info.stream_index,
+    )
 
 
 def test_a_table_that_disagrees_with_the_decoder_is_never_written(tmp_path, monkeypatch):
@@ -224,10 +252,15 @@ def test_rotated_episode_reports_the_size_the_reader_returns(tmp_path):
     manifest = _convert(tmp_path, [(turned, list(range(20))), (upright, list(range(20, 40)))])
     rows = pq.read_table(tmp_path / manifest["shards"][0]["index"]).to_pylist()
     assert [(r["cameras"][0]["height"], r["cameras"][0]["width"], r["cameras"][0]["rotation"]) for r in rows] == [
-        (64, 48, 90), (64, 48, 0)]
+        (64, 48, 90),
+        (64, 48, 0),
+    ]
     assert (manifest["cameras"][CAM]["height"], manifest["cameras"][CAM]["width"]) == (64, 48)
     assert manifest["features"][CAM]["shape"] == [64, 48, 3] and "sizes" not in manifest["cameras"][CAM]
-    assert (describe(str(tmp_path))["cameras"][CAM]["height"], describe(str(tmp_path))["cameras"][CAM]["width"]) == (64, 48)
+    assert (describe(str(tmp_path))["cameras"][CAM]["height"], describe(str(tmp_path))["cameras"][CAM]["width"]) == (
+        64,
+        48,
+    )
     for s in WindowDataset(str(tmp_path), PATTERNS["all-anchors"], seed=0):
         assert tuple(s[CAM].shape) == (1, 3, 64, 48)
     _check_patterns(str(tmp_path), {0: list(range(20)), 1: list(range(20, 40))})

@@ -12,14 +12,14 @@ import os
 import warnings
 
 import pytest
-
 from faultgen import SPEC, copy, hang_alarm, manifest, source
 from remote_servers import FaultProxy, SilentServer, serve_http
-from shardwriter import ConvertOptions, convert, verify
-from shardwriter.cli import main
-from shardwriter.storage import NotARegularFile
-from stream import WindowDataset
-from stream.fetch import FetchError, FetchPolicy
+
+from epishard.cli import main
+from epishard.shardwriter import ConvertOptions, convert, verify
+from epishard.shardwriter.storage import NotARegularFile
+from epishard.stream import WindowDataset
+from epishard.stream.fetch import FetchError, FetchPolicy
 
 pytest.importorskip("aiohttp")
 SHORT = dict(connect_timeout_s=0.3, read_timeout_s=0.3, retries=1, backoff_s=0.01)
@@ -84,8 +84,9 @@ def test_s3_shard_that_stops_answering_is_substituted(intact, reference, s3):
     host, port = s3["endpoint_url"].rsplit("/", 1)[1].split(":")
     proxy = FaultProxy((host, int(port)), match=b"shard-000001.tar", stall=True)
     try:
-        samples, messages = _stream(url, storage_options={"endpoint_url": f"http://127.0.0.1:{proxy.port}"},
-                                    fetch=FetchPolicy(**SHORT))
+        samples, messages = _stream(
+            url, storage_options={"endpoint_url": f"http://127.0.0.1:{proxy.port}"}, fetch=FetchPolicy(**SHORT)
+        )
     finally:
         proxy.close()
     _check_stuck_shard(samples, messages, expected, {2, 3})
@@ -102,7 +103,9 @@ def test_s3_endpoint_that_never_answers_fails_convert_verify_and_reader(intact, 
         with pytest.raises(Exception, match="[Tt]imeout"):
             verify("s3://stuck/ds", storage_options=options)
         with pytest.raises(FetchError, match="manifest.json: .*Timeout"):
-            WindowDataset("s3://stuck/ds", SPEC, storage_options={"endpoint_url": silent.url}, fetch=FetchPolicy(**SHORT))
+            WindowDataset(
+                "s3://stuck/ds", SPEC, storage_options={"endpoint_url": silent.url}, fetch=FetchPolicy(**SHORT)
+            )
     finally:
         silent.close()
 

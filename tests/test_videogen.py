@@ -5,7 +5,6 @@ import pyarrow as pa
 import pytest
 import torch
 from torchcodec.decoders import VideoDecoder
-
 from videogen import decode_frame_number, encode_frame_number, make_episode_table, make_video
 
 # (codec, num_frames, gop, bframes)
@@ -82,7 +81,13 @@ def test_make_video_unknown_codec():
 def test_make_episode_table():
     t = make_episode_table(5, state_dim=4, action_dim=3, fps=20, start_frame=10)
     assert t.column_names == [
-        "observation.state", "action", "timestamp", "frame_index", "episode_index", "index", "task_index"
+        "observation.state",
+        "action",
+        "timestamp",
+        "frame_index",
+        "episode_index",
+        "index",
+        "task_index",
     ]
     assert t.schema.field("observation.state").type == pa.list_(pa.float32(), 4)
     assert t.schema.field("action").type == pa.list_(pa.float32(), 3)

@@ -12,22 +12,46 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from torchcodec.decoders import VideoDecoder
+from videogen import decode_frame_number, make_episode_table, make_video
 
-from shardwriter import (
-    CameraVideo, ConversionError, ConvertOptions, Episode, ReencodeSpec, Source, SourceError, WindowIndex, convert,
+from epishard.cli import main as cli
+from epishard.shardwriter import (
+    CameraVideo,
+    ConversionError,
+    ConvertOptions,
+    Episode,
+    ReencodeSpec,
+    Source,
+    SourceError,
+    WindowIndex,
+    convert,
     verify,
 )
-from shardwriter.cli import main as cli
-from videogen import decode_frame_number, make_episode_table, make_video
 
 FPS = 20
 
 
-def _episode(i: int, rows: int = 40, *, source: str = "synth", cameras=("observation.images.front",),
-             table=None, video=None, codec="h264", gop=30) -> Episode:
+def _episode(
+    i: int,
+    rows: int = 40,
+    *,
+    source: str = "synth",
+    cameras=("observation.images.front",),
+    table=None,
+    video=None,
+    codec="h264",
+    gop=30,
+) -> Episode:
     video = video if video is not None else make_video(None, rows, codec=codec, gop=gop, fps=FPS)
-    return Episode(source=source, episode_index=i, table=table if table is not None else make_episode_table(rows, fps=FPS),
-                   videos={cam: CameraVideo(video) for cam in cameras}, fps=FPS, tasks=(f"task {i % 2}",), robot="toy")
+    return Episode(
+        source=source,
+        episode_index=i,
+        table=table if table is not None else make_episode_table(rows, fps=FPS),
+        videos={cam: CameraVideo(video) for cam in cameras},
+        fps=FPS,
+        tasks=(f"task {i % 2}",),
+        robot="toy",
+    )
 
 
 def _source(episodes, name="synth") -> Source:
@@ -90,13 +114,18 @@ def test_segments_of_a_shared_file_are_cut_frame_exact(codec, tmp_path):
     lengths, starts = [37, 29, 40], [0, 37, 66]
     video = make_video(None, sum(lengths), codec=codec, gop=16, fps=FPS)
     eps = [
-        Episode(source="v3", episode_index=i, table=make_episode_table(n, fps=FPS), fps=FPS,
-                videos={"observation.images.top": CameraVideo(video, segment=(s / FPS, (s + n) / FPS))})
-        for i, (n, s) in enumerate(zip(lengths, starts))
+        Episode(
+            source="v3",
+            episode_index=i,
+            table=make_episode_table(n, fps=FPS),
+            fps=FPS,
+            videos={"observation.images.top": CameraVideo(video, segment=(s / FPS, (s + n) / FPS))},
+        )
+        for i, (n, s) in enumerate(zip(lengths, starts, strict=False))
     ]
     manifest = convert([_source(eps, "v3")], str(tmp_path), _opts(max_episodes_per_shard=3))
     index = WindowIndex.load([tmp_path / manifest["shards"][0]["index"]])
-    for e, (n, s) in enumerate(zip(lengths, starts)):
+    for e, (n, s) in enumerate(zip(lengths, starts, strict=False)):
         look = index.lookup(e, np.arange(n))
         with open(tmp_path / manifest["shards"][0]["shard"], "rb") as f:
             f.seek(look.offset)
@@ -132,6 +161,7 @@ def test_stats_are_exact_and_finite_for_constant_dims(tmp_path):
 
 # --- validation: each failure names dataset, episode, camera and row, or is a counted skip ----------
 
+
 def _bad_table(column: str, row: int, value: float) -> pa.Table:
     table = make_episode_table(40, fps=FPS)
     values = np.array(table.column(column).to_pylist(), dtype=np.float32)
@@ -155,29 +185,67 @@ def _video40() -> bytes:
 
 
 CASES = {
-    "nan": (lambda: _episode(3, table=_bad_table("observation.state", 7, np.nan), video=_video40()),
-            {"row": 7, "camera": None}, "observation.state"),
-    "inf": (lambda: _episode(3, table=_bad_table("action", 11, np.inf), video=_video40()),
-            {"row": 11, "camera": None}, "action"),
-    "frames_past_end": (lambda: _episode(3, table=make_episode_table(40, fps=FPS), video=make_video(None, 33, fps=FPS)),
-                        {"row": 33, "camera": "observation.images.front"}, "frames 0..32"),
-    "unreadable_video": (lambda: _episode(3, video=b"\x00not a video" * 100),
-                         {"camera": "observation.images.front"}, "demux"),
-    "truncated_video": (lambda: _episode(3, video=_video40()[: len(_video40()) * 2 // 3]),
-                        {"camera": "observation.images.front"}, ""),
-    "bad_frame_index": (lambda: _episode(3, table=_table_with("frame_index", list(range(10)) + [9] + list(range(11, 40))),
-                                         video=_video40()),
-                        {"row": 10}, "not increasing"),
-    "timestamps_offset": (lambda: _episode(3, table=_table_with("timestamp", [(r + 1) / FPS for r in range(40)]), video=_video40()),
-                          {"camera": "observation.images.front", "row": 0}, "+1.00 frames"),
-    "timestamps_rate": (lambda: _episode(3, table=_table_with("timestamp", [r / 25 for r in range(40)]), video=_video40()),
-                        {"camera": "observation.images.front"}, "25.00 Hz"),
-    "timestamps_non_monotonic": (lambda: _episode(3, table=_table_with("timestamp", [r / FPS for r in range(20)] + [0.5] + [r / FPS for r in range(21, 40)]),
-                                                  video=_video40()), {"row": 20}, "goes from"),
-    "timestamps_reset": (lambda: _episode(3, table=_table_with("timestamp", [r / FPS for r in range(20)] * 2), video=_video40()),
-                         {"row": 20}, "goes from"),
-    "timestamps_past_end": (lambda: _episode(3, table=_table_with("timestamp", [r / 18.5 for r in range(40)]), video=_video40()),
-                            {"camera": "observation.images.front"}, "video ends"),
+    "nan": (
+        lambda: _episode(3, table=_bad_table("observation.state", 7, np.nan), video=_video40()),
+        {"row": 7, "camera": None},
+        "observation.state",
+    ),
+    "inf": (
+        lambda: _episode(3, table=_bad_table("action", 11, np.inf), video=_video40()),
+        {"row": 11, "camera": None},
+        "action",
+    ),
+    "frames_past_end": (
+        lambda: _episode(3, table=make_episode_table(40, fps=FPS), video=make_video(None, 33, fps=FPS)),
+        {"row": 33, "camera": "observation.images.front"},
+        "frames 0..32",
+    ),
+    "unreadable_video": (
+        lambda: _episode(3, video=b"\x00not a video" * 100),
+        {"camera": "observation.images.front"},
+        "demux",
+    ),
+    "truncated_video": (
+        lambda: _episode(3, video=_video40()[: len(_video40()) * 2 // 3]),
+        {"camera": "observation.images.front"},
+        "",
+    ),
+    "bad_frame_index": (
+        lambda: _episode(
+            3, table=_table_with("frame_index", [*list(range(10)), 9, *list(range(11, 40))]), video=_video40()
+        ),
+        {"row": 10},
+        "not increasing",
+    ),
+    "timestamps_offset": (
+        lambda: _episode(3, table=_table_with("timestamp", [(r + 1) / FPS for r in range(40)]), video=_video40()),
+        {"camera": "observation.images.front", "row": 0},
+        "+1.00 frames",
+    ),
+    "timestamps_rate": (
+        lambda: _episode(3, table=_table_with("timestamp", [r / 25 for r in range(40)]), video=_video40()),
+        {"camera": "observation.images.front"},
+        "25.00 Hz",
+    ),
+    "timestamps_non_monotonic": (
+        lambda: _episode(
+            3,
+            table=_table_with("timestamp", [r / FPS for r in range(20)] + [0.5] + [r / FPS for r in range(21, 40)]),
+            video=_video40(),
+        ),
+        {"row": 20},
+        "goes from",
+    ),
+    "timestamps_reset": (
+        lambda: _episode(3, table=_table_with("timestamp", [r / FPS for r in range(20)] * 2), video=_video40()),
+        {"row": 20},
+        "goes from",
+    ),
+    "timestamps_past_end": (
+        lambda: _episode(3, table=_table_with("timestamp", [r / 18.5 for r in range(40)]), video=_video40()),
+        {"camera": "observation.images.front"},
+        "video ends",
+    ),
 }
 KIND = {"inf": "nan", "truncated_video": ("unreadable_video", "frames_past_end")}
 
@@ -187,7 +255,7 @@ def test_bad_episode_fails_with_a_precise_message(case, tmp_path):
     make, where, text = CASES[case]
     good = [_episode(i, video=_video40()) for i in range(3)]
     with pytest.raises(ConversionError) as info:
-        convert([_source(good + [make()])], str(tmp_path), _opts(timestamps="fail"))
+        convert([_source([*good, make()])], str(tmp_path), _opts(timestamps="fail"))
     err = info.value
     expected = KIND.get(case, case)
     assert err.kind in (expected if isinstance(expected, tuple) else (expected,))
@@ -203,7 +271,7 @@ def test_bad_episode_fails_with_a_precise_message(case, tmp_path):
 @pytest.mark.parametrize("case", ["nan", "frames_past_end", "unreadable_video"])
 def test_skip_policy_counts_bad_episodes(case, tmp_path):
     good = [_episode(i, video=_video40()) for i in range(3)]
-    manifest = convert([_source(good + [CASES[case][0]()])], str(tmp_path), _opts(on_error="skip"))
+    manifest = convert([_source([*good, CASES[case][0]()])], str(tmp_path), _opts(on_error="skip"))
     assert manifest["totals"]["episodes"] == 3 and manifest["totals"]["skipped"] == 1
     assert manifest["report"]["skipped_by_kind"] == {KIND.get(case, case): 1}
     assert manifest["report"]["skipped"][0]["episode"] == 3
@@ -223,6 +291,7 @@ def test_missing_camera_is_named(tmp_path):
 
 
 # --- resume ----------------------------------------------------------------------------------------
+
 
 def test_rerun_after_failure_resumes_and_matches_a_clean_run(tmp_path):
     good = [_episode(i, video=_video40()) for i in range(5)]
@@ -251,6 +320,7 @@ def test_rerun_rewrites_a_shard_whose_index_is_missing(episodes, tmp_path):
 
 # --- sources, keys, options ------------------------------------------------------------------------
 
+
 def test_sources_with_one_name_get_unique_keys(tmp_path):
     a = _source([_episode(0, video=_video40(), source="robot")], "robot")
     b = _source([_episode(0, video=_video40(), source="robot")], "robot")
@@ -262,13 +332,16 @@ def test_sources_with_one_name_get_unique_keys(tmp_path):
 
 def test_duplicate_explicit_keys_are_refused(tmp_path):
     import dataclasses
+
     eps = [dataclasses.replace(_episode(i, video=_video40()), key="same") for i in range(2)]
     with pytest.raises(SourceError, match="'same' is used twice"):
         convert([_source(eps)], str(tmp_path), _opts())
 
 
 def test_episode_and_camera_subsets(episodes, tmp_path):
-    manifest = convert([_source(episodes)], str(tmp_path), _opts(episodes=frozenset({1, 3}), cameras=("observation.images.wrist",)))
+    manifest = convert(
+        [_source(episodes)], str(tmp_path), _opts(episodes=frozenset({1, 3}), cameras=("observation.images.wrist",))
+    )
     index = WindowIndex.load([tmp_path / s["index"] for s in manifest["shards"]])
     assert [index.key(i) for i in range(index.num_episodes)] == ["synth-e000001", "synth-e000003"]
     assert list(manifest["cameras"]) == ["observation.images.wrist"]
@@ -281,6 +354,7 @@ def test_shard_byte_limit(episodes, tmp_path):
 
 
 # --- CLI -------------------------------------------------------------------------------------------
+
 
 def test_cli_verify_names_the_damaged_episode_and_camera(episodes, tmp_path, capsys):
     manifest = convert([_source(episodes)], str(tmp_path), _opts())
@@ -298,7 +372,9 @@ def test_cli_verify_names_the_damaged_episode_and_camera(episodes, tmp_path, cap
 def test_frame_tables_are_compact_when_regular_and_exact_when_not(tmp_path):
     gap = list(range(20)) + list(range(21, 41))  # a dropped frame: row 20 shows video frame 21
     table = _table_with("frame_index", gap)
-    manifest = convert([_source([_episode(0, table=table, video=make_video(None, 41, fps=FPS))])], str(tmp_path), _opts())
+    manifest = convert(
+        [_source([_episode(0, table=table, video=make_video(None, 41, fps=FPS))])], str(tmp_path), _opts()
+    )
     row = pq.read_table(tmp_path / manifest["shards"][0]["index"]).to_pylist()[0]
     cam = row["cameras"][0]
     assert cam["pts"] == [] and cam["duration"] == [] and cam["pts_step"] > 0
@@ -316,8 +392,13 @@ def test_frame_tables_are_compact_when_regular_and_exact_when_not(tmp_path):
 
 def test_sources_with_other_state_widths_get_per_source_stats(tmp_path):
     a = _source([_episode(0, video=_video40(), source="arm")], "arm")
-    wide = Episode(source="humanoid", episode_index=0, table=make_episode_table(40, state_dim=9, action_dim=3),
-                   videos={"observation.images.front": CameraVideo(_video40())}, fps=FPS)
+    wide = Episode(
+        source="humanoid",
+        episode_index=0,
+        table=make_episode_table(40, state_dim=9, action_dim=3),
+        videos={"observation.images.front": CameraVideo(_video40())},
+        fps=FPS,
+    )
     manifest = convert([a, _source([wide], "humanoid")], str(tmp_path), _opts())
     assert manifest["stats_mixed_widths"] == ["observation.state"]
     assert "observation.state" not in manifest["stats"] and "action" in manifest["stats"]

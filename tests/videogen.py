@@ -67,12 +67,15 @@ def _stream_options(codec: str, gop: int, bframes: bool, open_gop: bool) -> tupl
         # asm=0: with x264's AVX-512 path the first encode in a process (torch imported) differed in
         # ~1 of 4 processes by a few bytes in one IDR frame; capped at AVX2 or with no asm it never did.
         # x264's C path is bit-exact with its asm and fast enough at test sizes (~3x slower at 256x256).
-        params = (f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={2 if bframes else 0}:asm=0"
-                  f":open-gop={int(open_gop)}")
+        params = (
+            f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={2 if bframes else 0}:asm=0:open-gop={int(open_gop)}"
+        )
         return "libx264", {"x264-params": params, "preset": "medium", "threads": "1"}
     if codec == "hevc":
-        params = (f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={2 if bframes else 0}:open-gop={int(open_gop)}"
-                  ":log-level=error:pools=1:frame-threads=1:wpp=0")
+        params = (
+            f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={2 if bframes else 0}:open-gop={int(open_gop)}"
+            ":log-level=error:pools=1:frame-threads=1:wpp=0"
+        )
         return "libx265", {"x265-params": params, "preset": "fast", "crf": "20"}
     if codec == "av1":
         # lp=1: single-threaded (deterministic); crf 20 keeps 8x8 px blocks legible.
@@ -83,8 +86,16 @@ def _stream_options(codec: str, gop: int, bframes: bool, open_gop: bool) -> tupl
     if codec == "vp9":
         # lag-in-frames > 0 lets libvpx emit hidden alt-ref frames (packets that display nothing).
         lag = "16" if bframes else "0"
-        return "libvpx-vp9", {"g": str(gop), "crf": "20", "b": "0", "deadline": "good", "cpu-used": "8",
-                              "threads": "1", "lag-in-frames": lag, "auto-alt-ref": "1" if bframes else "0"}
+        return "libvpx-vp9", {
+            "g": str(gop),
+            "crf": "20",
+            "b": "0",
+            "deadline": "good",
+            "cpu-used": "8",
+            "threads": "1",
+            "lag-in-frames": lag,
+            "auto-alt-ref": "1" if bframes else "0",
+        }
     raise ValueError(f"unknown codec {codec!r} (expected 'h264', 'hevc', 'av1', 'mpeg4' or 'vp9')")
 
 
@@ -95,8 +106,8 @@ def _boxes(data: bytes, start: int, end: int) -> list[tuple[bytes, int, int]]:
     """(type, offset, size) of the ISO-BMFF boxes in ``data[start:end]`` (32-bit sizes only)."""
     out = []
     while start < end:
-        size = int.from_bytes(data[start:start + 4], "big")
-        out.append((data[start + 4:start + 8], start, size))
+        size = int.from_bytes(data[start : start + 4], "big")
+        out.append((data[start + 4 : start + 8], start, size))
         start += size
     return out
 
@@ -109,7 +120,7 @@ def _udta_first(data: bytes) -> bytes:
     assert moov + size == len(data), "moov must be the last box"
     children = _boxes(data, moov + 8, moov + size)
     order = sorted(children, key=lambda b: {b"mvhd": 0, b"udta": 1}.get(b[0], 2))
-    return data[:moov + 8] + b"".join(data[o:o + n] for _, o, n in order)
+    return data[: moov + 8] + b"".join(data[o : o + n] for _, o, n in order)
 
 
 def make_video(
@@ -172,7 +183,9 @@ def make_video(
             image = av.VideoFrame.from_ndarray(encode_frame_number(0xA5A5), format="rgb24").reformat(format="yuvj420p")
             out.mux(art.encode(image) + art.encode(None))
         for i in range(num_frames):
-            image = np.rot90(encode_frame_number(start_number + i, height, width), -(rotation // 90))  # the matrix turns it back
+            image = np.rot90(
+                encode_frame_number(start_number + i, height, width), -(rotation // 90)
+            )  # the matrix turns it back
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24").reformat(format=pix_fmt)
             frame.pts, frame.time_base = pts[i], time_base
             out.mux(stream.encode(frame))
@@ -253,8 +266,9 @@ def make_episode_table(
     return pa.table(cols)
 
 
-def make_grey_video(values: np.ndarray, *, codec: str = "ffv1", pix_fmt: str = "gray16le", fps: int = 20,
-                    gop: int = 4) -> bytes:
+def make_grey_video(
+    values: np.ndarray, *, codec: str = "ffv1", pix_fmt: str = "gray16le", fps: int = 20, gop: int = 4
+) -> bytes:
     """Lossless MP4 of grey frames holding exactly ``values`` (uint16 ``[T, H, W]``), e.g. a depth map.
 
     ``codec``: ``"ffv1"`` (intra coding, but its coder state carries over until the next keyframe;
@@ -262,9 +276,16 @@ def make_grey_video(values: np.ndarray, *, codec: str = "ffv1", pix_fmt: str = "
     ``gray10le`` or ``gray``); a keyframe every ``gop`` frames. Frames are
     made directly in ``pix_fmt``, so no scaling happens: a 12-bit value 285 is stored as 285.
     """
-    enc, options = {"ffv1": ("ffv1", {"g": str(gop)}), "hevc": ("libx265", {
-        "x265-params": f"lossless=1:keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0:log-level=error:"
-                       "frame-threads=1:pools=none"})}[codec]
+    enc, options = {
+        "ffv1": ("ffv1", {"g": str(gop)}),
+        "hevc": (
+            "libx265",
+            {
+                "x265-params": f"lossless=1:keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0:log-level=error:"
+                "frame-threads=1:pools=none"
+            },
+        ),
+    }[codec]
     buf = BytesIO()
     with av.open(buf, "w", format="mp4") as container:
         stream = container.add_stream(enc, rate=fps, options=options)
@@ -277,4 +298,3 @@ def make_grey_video(values: np.ndarray, *, codec: str = "ffv1", pix_fmt: str = "
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     return buf.getvalue()
-

@@ -82,13 +82,24 @@ STATE_DIM, ACTION_DIM = 8, 7
 HORIZON = 16
 FRAME_OFFSETS = (0, 8)
 VOCAB = 512
-PHRASES = ["pick up the red cube", "place it in the blue bowl", "open the top drawer", "move the gripper left",
-           "avoid the mug on the right", "then wipe the table with the sponge", "close the drawer slowly",
-           "rotate the bottle upright", "push the tray to the edge", "hand the cup to the person",
-           "if the bowl is full use the plate", "keep the lid level"]
+PHRASES = [
+    "pick up the red cube",
+    "place it in the blue bowl",
+    "open the top drawer",
+    "move the gripper left",
+    "avoid the mug on the right",
+    "then wipe the table with the sponge",
+    "close the drawer slowly",
+    "rotate the bottle upright",
+    "push the tray to the edge",
+    "hand the cup to the person",
+    "if the bowl is full use the plate",
+    "keep the lid level",
+]
 
 
 # --- data ------------------------------------------------------------------------------------------
+
 
 def instruction(tokens: int, rng: np.random.Generator) -> str:
     """An instruction of exactly ``4 * tokens`` characters (``estimate_tokens`` gives ``tokens``)."""
@@ -99,8 +110,9 @@ def instruction(tokens: int, rng: np.random.Generator) -> str:
 
 
 def make_dataset(out: str, episodes: int, per_shard: int, seed: int) -> dict:
-    from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
     from videogen import make_episode_table, make_video
+
+    from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 
     rng = np.random.default_rng(seed)
     lengths = rng.integers(40, 101, episodes)
@@ -110,17 +122,28 @@ def make_dataset(out: str, episodes: int, per_shard: int, seed: int) -> dict:
     z = np.array([statistics.NormalDist().inv_cdf(float(x)) for x in q])
     tokens = rng.permutation(np.clip(np.round(40 * np.exp(0.9 * z)), 6, 480).astype(int))
     eps = []
-    for e, (n, t) in enumerate(zip(lengths.tolist(), tokens.tolist())):
+    for e, (n, t) in enumerate(zip(lengths.tolist(), tokens.tolist(), strict=False)):
         video = make_video(None, n, height=SIZE, width=SIZE, gop=10, fps=FPS, start_number=100 * e)
-        eps.append(Episode(source="bal", episode_index=e, fps=FPS, tasks=(instruction(t, rng),),
-                           table=make_episode_table(n, state_dim=STATE_DIM, action_dim=ACTION_DIM, fps=FPS),
-                           videos={CAMERA: CameraVideo(video)}))
-    convert([Source(name="bal", episodes=eps, fps=FPS)], out, ConvertOptions(max_episodes_per_shard=per_shard,
-                                                                            progress=False))
+        eps.append(
+            Episode(
+                source="bal",
+                episode_index=e,
+                fps=FPS,
+                tasks=(instruction(t, rng),),
+                table=make_episode_table(n, state_dim=STATE_DIM, action_dim=ACTION_DIM, fps=FPS),
+                videos={CAMERA: CameraVideo(video)},
+            )
+        )
+    convert(
+        [Source(name="bal", episodes=eps, fps=FPS)],
+        out,
+        ConvertOptions(max_episodes_per_shard=per_shard, progress=False),
+    )
     return {"episodes": episodes, "frames": lengths.tolist(), "tokens": tokens.tolist()}
 
 
 # --- the distributed part (one process per rank, under torchrun) --------------------------------------
+
 
 def toy_model(d: int, layers: int, heads: int):
     import torch
@@ -160,20 +183,23 @@ class Tokens:
 
     def __call__(self, texts):
         import torch
-        ids = [self.cache.setdefault(t, [zlib.crc32(t[i:i + 4].encode()) % VOCAB for i in range(0, len(t), 4)])
-               for t in texts]
+
+        ids = [
+            self.cache.setdefault(t, [zlib.crc32(t[i : i + 4].encode()) % VOCAB for i in range(0, len(t), 4)])
+            for t in texts
+        ]
         longest = max(len(i) for i in ids)
         out = torch.zeros(len(ids), longest, dtype=torch.long)
         pad = torch.ones(len(ids), longest, dtype=torch.bool)
         for k, i in enumerate(ids):
-            out[k, :len(i)] = torch.tensor(i, dtype=torch.long)
-            pad[k, :len(i)] = False
+            out[k, : len(i)] = torch.tensor(i, dtype=torch.long)
+            pad[k, : len(i)] = False
         return out, pad, np.array([len(i) for i in ids], dtype=np.float64)
 
 
 def summarize(steps: list[np.ndarray]) -> dict:
     """``epoch_summary`` of per-step ``[world, batch]`` costs."""
-    from balance import StepTelemetry
+    from epishard.balance import StepTelemetry
 
     telemetry = StepTelemetry()
     for c in steps:
@@ -186,16 +212,17 @@ def worker(args) -> int:
     import torch.distributed as dist
     from torch import nn
 
-    from balance import CostModel, WindowCost
-    from balance.streaming import BalancedWindowDataset
-    from stream import DatasetSource, WindowDataset, WindowLoader, WindowSpec
+    from epishard.balance import CostModel, WindowCost
+    from epishard.balance.streaming import BalancedWindowDataset
+    from epishard.stream import DatasetSource, WindowDataset, WindowLoader, WindowSpec
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    spec = WindowSpec(cameras={CAMERA: FRAME_OFFSETS}, state_offsets=(0,), action_horizon=HORIZON, boundary="pad",
-                      stride=args.stride)
+    spec = WindowSpec(
+        cameras={CAMERA: FRAME_OFFSETS}, state_offsets=(0,), action_horizon=HORIZON, boundary="pad", stride=args.stride
+    )
     cost_model = CostModel.transformer(args.d_model)
     cost_fn = WindowCost(DatasetSource(args.dataset).index, spec, cost_model)  # stored frame size: no resize
     model = nn.parallel.DistributedDataParallel(toy_model(args.d_model, args.layers, 4))
@@ -206,8 +233,9 @@ def worker(args) -> int:
     def run(variant: str, epoch: int) -> dict:
         kw = dict(seed=args.seed, normalize={"action": "mean_std", "observation.state": "mean_std"})
         if variant == "balanced":
-            ds = BalancedWindowDataset(args.dataset, spec, batch_size=args.batch_size, chunk_batches=args.chunk_batches,
-                                       cost=cost_fn, **kw)
+            ds = BalancedWindowDataset(
+                args.dataset, spec, batch_size=args.batch_size, chunk_batches=args.chunk_batches, cost=cost_fn, **kw
+            )
         else:
             ds = WindowDataset(args.dataset, spec, **kw)
         ds.set_epoch(epoch)
@@ -222,7 +250,7 @@ def worker(args) -> int:
         while batch is not None:
             ids, pad, n_text = tokens(batch["task"])
             length = n_text + vision + HORIZON
-            cost = length + cost_model.quadratic * length ** 2  # == CostModel.transformer(d) on the features
+            cost = length + cost_model.quadratic * length**2  # == CostModel.transformer(d) on the features
             if "__cost__" in batch:
                 mismatch = max(mismatch, float(np.max(np.abs(batch["__cost__"].numpy() - cost) / cost)))
             pred = model(ids, pad, batch[CAMERA], batch["observation.state"])
@@ -242,10 +270,18 @@ def worker(args) -> int:
         del it, loader
         waits = [torch.zeros(2) for _ in range(world)]
         dist.all_gather(waits, torch.tensor([wait, first]))
-        return {"variant": variant, "epoch": epoch, "steps": steps, "seconds": elapsed, "steps_per_s": steps / elapsed,
-                "samples_per_s": sum(int(c.shape[1]) for c in costs_seen) * world / elapsed,
-                "data_wait_s": [float(w[0]) for w in waits], "first_batch_s": [float(w[1]) for w in waits],
-                "cost_mismatch": mismatch, **summarize(costs_seen)}
+        return {
+            "variant": variant,
+            "epoch": epoch,
+            "steps": steps,
+            "seconds": elapsed,
+            "steps_per_s": steps / elapsed,
+            "samples_per_s": sum(int(c.shape[1]) for c in costs_seen) * world / elapsed,
+            "data_wait_s": [float(w[0]) for w in waits],
+            "first_batch_s": [float(w[1]) for w in waits],
+            "cost_mismatch": mismatch,
+            **summarize(costs_seen),
+        }
 
     for r in range(args.rounds):
         for variant in ("plain", "balanced"):
@@ -257,6 +293,7 @@ def worker(args) -> int:
 
 
 # --- the driver --------------------------------------------------------------------------------------
+
 
 def _port() -> int:
     with socket.socket() as s:
@@ -286,14 +323,36 @@ def driver(args) -> int:
         with open(os.path.join(data, "bench_info.json")) as f:
             info = json.load(f)
         tok = np.array(info["tokens"])
-        print(f"data: {info['episodes']} episodes, {sum(info['frames'])} frames, instruction tokens median "
-              f"{np.median(tok):.0f} mean {tok.mean():.0f} max {tok.max()} (sorted: {sorted(tok.tolist())}); "
-              f"{time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(args.nproc),
-               "--master-addr", "127.0.0.1", "--master-port", str(_port()), os.path.abspath(__file__), "--worker",
-               "--dataset", data, *args.passthrough]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-               "OMP_NUM_THREADS": "1"}
+        print(
+            f"data: {info['episodes']} episodes, {sum(info['frames'])} frames, instruction tokens median "
+            f"{np.median(tok):.0f} mean {tok.mean():.0f} max {tok.max()} (sorted: {sorted(tok.tolist())}); "
+            f"{time.perf_counter() - t:.1f}s",
+            file=sys.stderr,
+            flush=True,
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(args.nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_port()),
+            os.path.abspath(__file__),
+            "--worker",
+            "--dataset",
+            data,
+            *args.passthrough,
+        ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1",
+        }
         print("running: torchrun " + " ".join(cmd[3:]), file=sys.stderr, flush=True)
         t = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -303,8 +362,11 @@ def driver(args) -> int:
             if line.startswith("BENCH "):
                 results.append(json.loads(line[6:]))
                 r = results[-1]
-                print(f"  round {r['epoch']} {r['variant']:8s} {r['steps_per_s']:.3f} steps/s", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"  round {r['epoch']} {r['variant']:8s} {r['steps_per_s']:.3f} steps/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if proc.wait() != 0:
             sys.stderr.write("".join(log[-80:]))
             return proc.returncode
@@ -317,28 +379,52 @@ def driver(args) -> int:
 
 
 def report(args, info: dict, results: list[dict]) -> None:
-    emit(args, {"bench": "balance_e2e", "kind": "config", "nproc": args.nproc, "workers": args.workers,
-                "batch_size": args.batch_size, "chunk_batches": args.chunk_batches, "d_model": args.d_model,
-                "layers": args.layers, "stride": args.stride, "rounds": args.rounds, "episodes": info["episodes"],
-                "tokens": info["tokens"]})
+    emit(
+        args,
+        {
+            "bench": "balance_e2e",
+            "kind": "config",
+            "nproc": args.nproc,
+            "workers": args.workers,
+            "batch_size": args.batch_size,
+            "chunk_batches": args.chunk_batches,
+            "d_model": args.d_model,
+            "layers": args.layers,
+            "stride": args.stride,
+            "rounds": args.rounds,
+            "episodes": info["episodes"],
+            "tokens": info["tokens"],
+        },
+    )
     if not args.json:
-        print(f"\nDDP on {args.nproc} processes (gloo), {args.workers} DataLoader worker each, batch {args.batch_size} "
-              f"per rank, chunk_batches {args.chunk_batches}, toy transformer d={args.d_model} x {args.layers} layers\n")
-        print("| round | variant | steps | steps/s | first batch s | data wait s (per rank) | max/mean rank cost "
-              "| padded step cost | packed step cost | padding |")
+        print(
+            f"\nDDP on {args.nproc} processes (gloo), {args.workers} DataLoader worker each, batch {args.batch_size} "
+            f"per rank, chunk_batches {args.chunk_batches}, toy transformer d={args.d_model} x {args.layers} layers\n"
+        )
+        print(
+            "| round | variant | steps | steps/s | first batch s | data wait s (per rank) | max/mean rank cost "
+            "| padded step cost | packed step cost | padding |"
+        )
         print("|---:|---|---:|---:|---:|---|---:|---:|---:|---:|")
     for r in results:
-        emit(args, {"bench": "balance_e2e", "kind": "phase", **r},
-             f"| {r['epoch']} | {r['variant']} | {r['steps']} | {r['steps_per_s']:.3f} | {max(r['first_batch_s']):.1f} | "
-             f"{' / '.join(f'{w:.1f}' for w in r['data_wait_s'])} | {r['imbalance_mean']:.3f} | "
-             f"{r['step_time_padded']:.0f} | {r['step_time_packed']:.0f} | {100 * r['padding']:.1f}% |")
+        emit(
+            args,
+            {"bench": "balance_e2e", "kind": "phase", **r},
+            f"| {r['epoch']} | {r['variant']} | {r['steps']} | {r['steps_per_s']:.3f} | {max(r['first_batch_s']):.1f} | "
+            f"{' / '.join(f'{w:.1f}' for w in r['data_wait_s'])} | {r['imbalance_mean']:.3f} | "
+            f"{r['step_time_padded']:.0f} | {r['step_time_packed']:.0f} | {100 * r['padding']:.1f}% |",
+        )
     by = {v: [r for r in results if r["variant"] == v] for v in ("plain", "balanced")}
-    med = {v: {k: statistics.median(r[k] for r in rs) for k in ("steps_per_s", "imbalance_mean", "step_time_padded",
-                                                                "step_time_packed", "padding")}
-           for v, rs in by.items()}
+    med = {
+        v: {
+            k: statistics.median(r[k] for r in rs)
+            for k in ("steps_per_s", "imbalance_mean", "step_time_padded", "step_time_packed", "padding")
+        }
+        for v, rs in by.items()
+    }
     ratio = med["balanced"]["steps_per_s"] / med["plain"]["steps_per_s"]
     predicted = med["plain"]["step_time_padded"] / med["balanced"]["step_time_padded"]
-    per_round = [b["steps_per_s"] / p["steps_per_s"] for p, b in zip(by["plain"], by["balanced"])]
+    per_round = [b["steps_per_s"] / p["steps_per_s"] for p, b in zip(by["plain"], by["balanced"], strict=False)]
     mismatch = max(r["cost_mismatch"] for r in by["balanced"])
     packed = med["plain"]["step_time_packed"] / med["balanced"]["step_time_packed"]
     # Step time = overhead + k * padded step cost, solved from the two medians: the per-step time that
@@ -346,20 +432,32 @@ def report(args, info: dict, results: list[dict]) -> None:
     tp, tb = 1 / med["plain"]["steps_per_s"], 1 / med["balanced"]["steps_per_s"]
     cp, cb = med["plain"]["step_time_padded"], med["balanced"]["step_time_padded"]
     overhead = (tb * cp - tp * cb) / (cp - cb) if cp != cb else float("nan")
-    emit(args, {"bench": "balance_e2e", "kind": "summary", "plain": med["plain"], "balanced": med["balanced"],
-                "ratio": ratio, "ratio_per_round": per_round, "predicted_ratio": predicted,
-                "predicted_ratio_packed": packed, "overhead_s": overhead, "step_s": {"plain": tp, "balanced": tb},
-                "cost_mismatch": mismatch},
-         f"\nmedians: plain {med['plain']['steps_per_s']:.3f} steps/s (max/mean {med['plain']['imbalance_mean']:.3f}, "
-         f"padding {100 * med['plain']['padding']:.1f}%), balanced {med['balanced']['steps_per_s']:.3f} steps/s "
-         f"(max/mean {med['balanced']['imbalance_mean']:.3f}, padding {100 * med['balanced']['padding']:.1f}%)\n"
-         f"ratio balanced / plain: {ratio:.2f}x (per round: {', '.join(f'{x:.2f}' for x in per_round)}); "
-         f"predicted from padded step cost: {predicted:.2f}x; if batches were packed (no padding) the "
-         f"prediction would be {packed:.2f}x (rank imbalance only)\n"
-         f"step time {1000 * tp:.0f} ms plain, {1000 * tb:.0f} ms balanced; implied per-step time not "
-         f"proportional to cost: {1000 * overhead:.0f} ms\n"
-         f"__cost__ (from the index, before decoding) vs cost from the decoded batch: max relative difference "
-         f"{mismatch:.1e}")
+    emit(
+        args,
+        {
+            "bench": "balance_e2e",
+            "kind": "summary",
+            "plain": med["plain"],
+            "balanced": med["balanced"],
+            "ratio": ratio,
+            "ratio_per_round": per_round,
+            "predicted_ratio": predicted,
+            "predicted_ratio_packed": packed,
+            "overhead_s": overhead,
+            "step_s": {"plain": tp, "balanced": tb},
+            "cost_mismatch": mismatch,
+        },
+        f"\nmedians: plain {med['plain']['steps_per_s']:.3f} steps/s (max/mean {med['plain']['imbalance_mean']:.3f}, "
+        f"padding {100 * med['plain']['padding']:.1f}%), balanced {med['balanced']['steps_per_s']:.3f} steps/s "
+        f"(max/mean {med['balanced']['imbalance_mean']:.3f}, padding {100 * med['balanced']['padding']:.1f}%)\n"
+        f"ratio balanced / plain: {ratio:.2f}x (per round: {', '.join(f'{x:.2f}' for x in per_round)}); "
+        f"predicted from padded step cost: {predicted:.2f}x; if batches were packed (no padding) the "
+        f"prediction would be {packed:.2f}x (rank imbalance only)\n"
+        f"step time {1000 * tp:.0f} ms plain, {1000 * tb:.0f} ms balanced; implied per-step time not "
+        f"proportional to cost: {1000 * overhead:.0f} ms\n"
+        f"__cost__ (from the index, before decoding) vs cost from the decoded batch: max relative difference "
+        f"{mismatch:.1e}",
+    )
 
 
 def main() -> int:
@@ -382,8 +480,10 @@ def main() -> int:
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    args.passthrough = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
-                        ("rounds", "batch_size", "chunk_batches", "workers", "stride", "d_model", "layers", "seed")]
+    args.passthrough = [
+        f"--{k.replace('_', '-')}={getattr(args, k)}"
+        for k in ("rounds", "batch_size", "chunk_batches", "workers", "stride", "d_model", "layers", "seed")
+    ]
     return driver(args)
 
 

@@ -22,9 +22,10 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shardwriter.video import frame_mappings, probe  # noqa: E402
-from stream.decode import decode, decode_depth  # noqa: E402
-from videogen import make_grey_video  # noqa: E402
+from videogen import make_grey_video
+
+from epishard.shardwriter.video import frame_mappings, probe
+from epishard.stream.decode import decode, decode_depth
 
 H, W, N, GOP = 240, 320, 120, 30
 PATTERNS = {"all 120": np.arange(N), "sparse 8": np.arange(0, N, 15) + 7}
@@ -38,7 +39,7 @@ def _scene() -> np.ndarray:
     frames = np.repeat(floor[None], N, axis=0).copy()
     for i in range(N):
         x0 = 20 + 2 * i
-        frames[i, 80:160, x0:x0 + 60] = 900 + i
+        frames[i, 80:160, x0 : x0 + 60] = 900 + i
     return (frames + rng.randint(-1, 2, frames.shape)).clip(0, 4095).astype(np.uint16)
 
 
@@ -74,9 +75,11 @@ def main() -> None:
             assert tuple(out.shape) == (frames.size, 3, H, W)
 
         for name, frames in PATTERNS.items():
-            print(f"{codec} {pix_fmt} {len(data) / 1e6:.2f} MB, {name}: depth path (PyAV, uint16) "
-                  f"{_median_ms(run, frames, args.rounds):.1f} ms/frame; RGB path (torchcodec, uint8) "
-                  f"{_median_ms(run_rgb, frames, args.rounds):.1f} ms/frame")
+            print(
+                f"{codec} {pix_fmt} {len(data) / 1e6:.2f} MB, {name}: depth path (PyAV, uint16) "
+                f"{_median_ms(run, frames, args.rounds):.1f} ms/frame; RGB path (torchcodec, uint8) "
+                f"{_median_ms(run_rgb, frames, args.rounds):.1f} ms/frame"
+            )
 
 
 if __name__ == "__main__":

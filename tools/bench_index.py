@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME, index_name
-from shardwriter.index import WindowIndex, dataset_index_bytes, encode_index
-from shardwriter.validate import check_index, check_index_table
+from epishard.shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME, index_name
+from epishard.shardwriter.index import WindowIndex, dataset_index_bytes, encode_index
+from epishard.shardwriter.validate import check_index, check_index_table
 
 CAMERAS = ("observation.images.front", "observation.images.left", "observation.images.wrist")
 ROWS, GOP, PER_SHARD = 300, 30, 64
@@ -39,14 +39,46 @@ def _row(e: int) -> dict:
     for name, size in [("json", 300), ("parquet", 40_000)] + [(c.split(".")[-1] + ".mp4", 900_000) for c in CAMERAS]:
         members.append({"name": f"bench-e{e:06d}.{name}", "offset": offset, "size": size, "sha256": "0" * 64})
         offset += 512 + (size + 511) // 512 * 512
-    cams = [{
-        "name": c, "member": 2 + i, "codec": "h264", "width": 224, "height": 224, "pix_fmt": "yuv420p",
-        "time_base_num": 1, "time_base_den": 15360, "num_frames": ROWS, "pts_start": 0, "pts_step": 512,
-        "pts": [], "duration": [], "keyframes": list(range(0, ROWS, GOP)), "first_frame": 0, "row_to_frame": [],
-        "transform": "copy", "kind": "rgb", "stream_index": 0, "rotation": 0} for i, c in enumerate(CAMERAS)]
-    return {"key": f"bench-e{e:06d}", "source": "bench", "episode_index": e, "num_rows": ROWS, "fps": 30.0,
-            "task": "pick", "tasks": ["pick"], "robot": "bench", "members": members, "cameras": cams,
-            "window_start": 0, "window_stop": ROWS, "segment_starts": []}
+    cams = [
+        {
+            "name": c,
+            "member": 2 + i,
+            "codec": "h264",
+            "width": 224,
+            "height": 224,
+            "pix_fmt": "yuv420p",
+            "time_base_num": 1,
+            "time_base_den": 15360,
+            "num_frames": ROWS,
+            "pts_start": 0,
+            "pts_step": 512,
+            "pts": [],
+            "duration": [],
+            "keyframes": list(range(0, ROWS, GOP)),
+            "first_frame": 0,
+            "row_to_frame": [],
+            "transform": "copy",
+            "kind": "rgb",
+            "stream_index": 0,
+            "rotation": 0,
+        }
+        for i, c in enumerate(CAMERAS)
+    ]
+    return {
+        "key": f"bench-e{e:06d}",
+        "source": "bench",
+        "episode_index": e,
+        "num_rows": ROWS,
+        "fps": 30.0,
+        "task": "pick",
+        "tasks": ["pick"],
+        "robot": "bench",
+        "members": members,
+        "cameras": cams,
+        "window_start": 0,
+        "window_stop": ROWS,
+        "segment_starts": [],
+    }
 
 
 def write_indexes(folder: str, episodes: int) -> list[str]:
@@ -88,10 +120,17 @@ def build(folder: str, episodes: int) -> dict:
     hash_s, check_s = _checks(folder, index, [t.num_rows for t in map(pq.read_metadata, paths)])
     span = int(OFFSETS[-1]) + 1
     cum = np.cumsum(np.maximum(index.window_stop - index.window_start - span + 1, 0))
-    return {"episodes": episodes, "index_files": len(paths), "load_dataset_index_s": min(arrow_s),
-            "load_shard_indexes_s": min(parquet_s), "peak_rss_growth_mb": max(rss1 - rss0, 0) / 1024,
-            "sha256_index_s": hash_s, "check_index_s": check_s,
-            "_index": index, "_cum": cum}
+    return {
+        "episodes": episodes,
+        "index_files": len(paths),
+        "load_dataset_index_s": min(arrow_s),
+        "load_shard_indexes_s": min(parquet_s),
+        "peak_rss_growth_mb": max(rss1 - rss0, 0) / 1024,
+        "sha256_index_s": hash_s,
+        "check_index_s": check_s,
+        "_index": index,
+        "_cum": cum,
+    }
 
 
 def _checks(folder: str, index: WindowIndex, per_shard: list[int]) -> tuple[float, float]:
@@ -141,17 +180,19 @@ def main() -> int:
             for i, r in enumerate(results):
                 rounds[i].append(time_lookups(r, ids[i]))
     base = float(np.median(rounds[0]))
-    for r, times in zip(results, rounds):
+    for r, times in zip(results, rounds, strict=False):
         r = {k: v for k, v in r.items() if not k.startswith("_")}
         r["lookup_us"] = float(np.median(times)) * 1e6
         r["lookup_ratio_vs_first"] = float(np.median(times)) / base
         if args.json:
             print(json.dumps(r))
         else:
-            print(f"{r['episodes']:>7} episodes ({r['index_files']} shard indexes): load index.arrow "
-                  f"{r['load_dataset_index_s'] * 1e3:7.1f} ms, load shard indexes {r['load_shard_indexes_s'] * 1e3:7.1f} ms, "
-                  f"lookup {r['lookup_us']:6.2f} us/sample (x{r['lookup_ratio_vs_first']:.2f}), "
-                  f"peak RSS +{r['peak_rss_growth_mb']:.0f} MB")
+            print(
+                f"{r['episodes']:>7} episodes ({r['index_files']} shard indexes): load index.arrow "
+                f"{r['load_dataset_index_s'] * 1e3:7.1f} ms, load shard indexes {r['load_shard_indexes_s'] * 1e3:7.1f} ms, "
+                f"lookup {r['lookup_us']:6.2f} us/sample (x{r['lookup_ratio_vs_first']:.2f}), "
+                f"peak RSS +{r['peak_rss_growth_mb']:.0f} MB"
+            )
     return 0
 
 

@@ -81,8 +81,17 @@ SPAN, FRAMES, STEP, HORIZON = 33, 9, 4, 16
 PEER_VENV = "/tmp/peer/lerobot-venv"
 PEER_ENV = "/tmp/peer/env.sh"
 STAGES = ("read_s", "decode_s", "postprocess_s", "assemble_s", "collate_s")
-COUNTERS = ("read_s", "decode_s", "postprocess_s", "assemble_s", "frames_decoded", "frames_returned", "bytes_read",
-            "decoder_opens", "frames_unique")
+COUNTERS = (
+    "read_s",
+    "decode_s",
+    "postprocess_s",
+    "assemble_s",
+    "frames_decoded",
+    "frames_returned",
+    "bytes_read",
+    "decoder_opens",
+    "frames_unique",
+)
 TARGET = 3.0
 
 
@@ -116,23 +125,32 @@ class System:
         if self.kind != "epishard":
             return self.kind
         extra = {"epoch": "", "pe4": " pe4", "all": " all"}[self.reuse]
-        out = "f32c" if self.float_in_collate else "f32m" if self.float_in_main else ("f32" if self.dtype == "float32" else "u8")
+        out = (
+            "f32c"
+            if self.float_in_collate
+            else "f32m"
+            if self.float_in_main
+            else ("f32" if self.dtype == "float32" else "u8")
+        )
         return f"epishard {out}{extra}" + (" [v2]" if self.source == "v2" else "")
 
 
-SYSTEMS = {s.id: s for s in (
-    System("lerobot", "lerobot"),
-    System("webdataset", "webdataset"),
-    System("naive", "naive"),
-    System("es-f32", "epishard", reuse="epoch"),
-    System("es-u8", "epishard", dtype="uint8", reuse="epoch"),
-    System("es-f32c", "epishard", reuse="epoch", float_in_collate=True),
-    System("es-f32m", "epishard", reuse="epoch", float_in_main=True),
-    System("es-f32-pe4", "epishard", reuse="pe4"),
-    System("es-f32-all", "epishard", reuse="all"),
-    System("es-f32-v2", "epishard", source="v2", reuse="epoch"),
-    System("es-u8-v2", "epishard", source="v2", dtype="uint8", reuse="epoch"),
-)}
+SYSTEMS = {
+    s.id: s
+    for s in (
+        System("lerobot", "lerobot"),
+        System("webdataset", "webdataset"),
+        System("naive", "naive"),
+        System("es-f32", "epishard", reuse="epoch"),
+        System("es-u8", "epishard", dtype="uint8", reuse="epoch"),
+        System("es-f32c", "epishard", reuse="epoch", float_in_collate=True),
+        System("es-f32m", "epishard", reuse="epoch", float_in_main=True),
+        System("es-f32-pe4", "epishard", reuse="pe4"),
+        System("es-f32-all", "epishard", reuse="all"),
+        System("es-f32-v2", "epishard", source="v2", reuse="epoch"),
+        System("es-u8-v2", "epishard", source="v2", dtype="uint8", reuse="epoch"),
+    )
+}
 PEERS = ("lerobot", "webdataset", "naive")
 DEFAULT = [k for k in SYSTEMS if k not in ("es-u8-v2", "es-f32m")]  # on request: v2.x and v3.0 shards measure alike;
 # es-f32m hands out batches that are overwritten two batches later (a training step must be done with them)
@@ -225,7 +243,7 @@ class _SpanDecoder:
 
     def _open(self) -> None:
         if self.index is None:
-            from shardwriter import WindowIndex
+            from epishard.shardwriter import WindowIndex
 
             self.index = WindowIndex.load_dataset(self.root)
 
@@ -235,8 +253,8 @@ class _SpanDecoder:
         import torch
         from torchcodec.decoders import VideoDecoder
 
-        from shardwriter.stats import numeric_matrix
-        from stream.decode import decoded_frames
+        from epishard.shardwriter.stats import numeric_matrix
+        from epishard.stream.decode import decoded_frames
 
         ix, n = self.index, int(self.index.num_rows[episode])
         names = ix.camera_names(episode)
@@ -259,7 +277,7 @@ class _SpanDecoder:
             rows, pad = _clamped(anchor + offsets, n)
             sample[cam] = frames[torch.from_numpy(np.searchsorted(span, ix.frames(s, rows)))]
             sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
-            keys = ix.keyframes[ix.key_offsets[s]:ix.key_offsets[s + 1]]
+            keys = ix.keyframes[ix.key_offsets[s] : ix.key_offsets[s + 1]]
             counters["decode_s"] += t1 - t0
             counters["postprocess_s"] += t2 - t1
             counters["frames_decoded"] += decoded_frames(span, keys)
@@ -318,7 +336,7 @@ class NaiveWindows(_SpanDecoder):
     def __init__(self, root: str, dtype: str):
         import numpy as np
 
-        from stream import DatasetSource
+        from epishard.stream import DatasetSource
 
         super().__init__(root, dtype)
         self.source = DatasetSource(root)
@@ -416,7 +434,7 @@ def _latest(rows):
     """Per worker, the telemetry vector with the most samples (counters are cumulative per epoch)."""
     import numpy as np
 
-    from stream.telemetry import FIELDS
+    from epishard.stream.telemetry import FIELDS
 
     i = FIELDS.index("samples")
     out: dict[int, np.ndarray] = {}
@@ -431,13 +449,13 @@ def _telemetry_delta(before: list, after: list) -> dict:
     """Telemetry totals of ``after`` minus ``before`` (both lists of per-sample vectors of one epoch)."""
     import numpy as np
 
-    from stream.telemetry import FIELDS
+    from epishard.stream.telemetry import FIELDS
 
     a, b = _latest(after), _latest(before)
     total = np.zeros(len(FIELDS))
     for w, row in a.items():
         total += row - b.get(w, np.zeros(len(FIELDS)))
-    return dict(zip(FIELDS, total.tolist()))
+    return dict(zip(FIELDS, total.tolist(), strict=False))
 
 
 def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
@@ -447,12 +465,16 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
 
     system = SYSTEMS[cfg["system"]]
     root, bs, workers, seed = cfg["root"], cfg["batch_size"], cfg["workers"], cfg["seed"]
-    dtype = torch.float32 if system.dtype == "float32" and not (system.float_in_collate or system.float_in_main) else torch.uint8
+    dtype = (
+        torch.float32
+        if system.dtype == "float32" and not (system.float_in_collate or system.float_in_main)
+        else torch.uint8
+    )
     t0 = time.perf_counter()
     epoch_timed, extra = False, {}
     if system.kind == "epishard":
-        from stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
-        from stream.source import DatasetSource
+        from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
+        from epishard.stream.source import DatasetSource
 
         src = DatasetSource(root)
         episodes = src.index.num_episodes
@@ -462,13 +484,19 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
             per_episode = max(1, math.ceil(want / episodes))
         elif system.reuse == "pe4":
             per_episode, copies = 4, max(1, math.ceil(want / (4 * episodes)))
-        spec = WindowSpec(cameras={c: segment(0, SPAN - 1, FRAMES) for c in src.cameras}, state_offsets=(0,),
-                          action_horizon=HORIZON, boundary="pad", per_episode=per_episode)
+        spec = WindowSpec(
+            cameras={c: segment(0, SPAN - 1, FRAMES) for c in src.cameras},
+            state_offsets=(0,),
+            action_horizon=HORIZON,
+            boundary="pad",
+            per_episode=per_episode,
+        )
         sources = [src] if copies == 1 else [DatasetSource(root) for _ in range(copies)]
         ds = WindowDataset(sources, spec, seed=seed, postprocess=PostProcess(dtype=dtype), telemetry=True)
         if system.float_in_collate:
-            loader = WindowLoader(ds, batch_size=bs, num_workers=workers, persistent_workers=True,
-                                  collate_fn=float_collate)
+            loader = WindowLoader(
+                ds, batch_size=bs, num_workers=workers, persistent_workers=True, collate_fn=float_collate
+            )
         else:  # the reader's own collate (FloatCollate for float32 output), timed
             loader = WindowLoader(ds, batch_size=bs, num_workers=workers, persistent_workers=True)
             loader.collate_fn = TimedCollate(loader.collate_fn)
@@ -483,19 +511,30 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
     elif system.kind == "webdataset":
         import webdataset as wds
 
-        from stream.source import DatasetSource
+        from epishard.stream.source import DatasetSource
 
         src = DatasetSource(root)
         urls = [src.shard_path(i) for i in range(len(src.shards))]
-        pipeline = (wds.WebDataset(urls, resampled=True, shardshuffle=False, seed=seed)
-                    .shuffle(32, initial=32).map(TarWindows(root, system.dtype, seed)))
-        loader = torch.utils.data.DataLoader(pipeline, batch_size=bs, num_workers=workers, persistent_workers=True,
-                                             collate_fn=timed_collate)
+        pipeline = (
+            wds.WebDataset(urls, resampled=True, shardshuffle=False, seed=seed)
+            .shuffle(32, initial=32)
+            .map(TarWindows(root, system.dtype, seed))
+        )
+        loader = torch.utils.data.DataLoader(
+            pipeline, batch_size=bs, num_workers=workers, persistent_workers=True, collate_fn=timed_collate
+        )
         extra = {"shuffle_buffer_episodes": 32}
     elif system.kind == "naive":
         ds = NaiveWindows(root, system.dtype)
-        loader = torch.utils.data.DataLoader(ds, batch_size=bs, num_workers=workers, shuffle=True, persistent_workers=True,
-                                             generator=torch.Generator().manual_seed(seed), collate_fn=timed_collate)
+        loader = torch.utils.data.DataLoader(
+            ds,
+            batch_size=bs,
+            num_workers=workers,
+            shuffle=True,
+            persistent_workers=True,
+            generator=torch.Generator().manual_seed(seed),
+            collate_fn=timed_collate,
+        )
     else:
         raise ValueError(system.kind)
     build_s = time.perf_counter() - t0
@@ -533,7 +572,7 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
             for k, v in list(b.items()):
                 if torch.is_tensor(v) and v.dtype == torch.uint8 and v.dim() == 5:
                     bufs = ring.setdefault(k, [torch.empty(v.shape, dtype=torch.float32) for _ in range(2)])
-                    out = bufs[batches % 2][:v.shape[0]]
+                    out = bufs[batches % 2][: v.shape[0]]
                     b[k] = out.copy_(v).div_(255.0)
             main_s += time.perf_counter() - t
         epoch_first = epoch_first if epoch_first is not None else time.perf_counter() - t1
@@ -543,13 +582,13 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
         collate_s += float(b["__collate_s__"])
         if "__telemetry__" in b:
             tel += list(b["__telemetry__"].numpy())
-            distinct.append(len(set(zip(b["dataset"].tolist(), b["episode_index"].tolist()))))
+            distinct.append(len(set(zip(b["dataset"].tolist(), b["episode_index"].tolist(), strict=False))))
         else:
             counters += b["__counters__"].numpy().sum(0)
             distinct.append(len(set(b["episode_index"].tolist())))
         if cams is None:
             cams = sorted(k for k, v in b.items() if torch.is_tensor(v) and v.dim() == 5)
-            shapes = {k: list(b[k].shape) + [str(b[k].dtype).replace("torch.", "")] for k in cams}
+            shapes = {k: [*list(b[k].shape), str(b[k].dtype).replace("torch.", "")] for k in cams}
     seconds = time.perf_counter() - t1
     mem.stop()
     del it, loader
@@ -560,33 +599,71 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
         # Counts over everything the epoch has done so far (for "all": the loads of the warm-up too,
         # which the timed batches use), per sample yielded.
         w = _telemetry_delta([], tel)
-        frames_decoded, frames_returned, bytes_read, opens = w["frames_decoded"], w["frames_returned"], w["bytes_read"], w["decoder_opens"]
+        frames_decoded, frames_returned, bytes_read, opens = (
+            w["frames_decoded"],
+            w["frames_returned"],
+            w["bytes_read"],
+            w["decoder_opens"],
+        )
         samples_all, post_frames = w["samples"], t["frames_unique"] / max(t["samples"], 1)
     else:
-        c = dict(zip(COUNTERS, counters.tolist()))
+        c = dict(zip(COUNTERS, counters.tolist(), strict=False))
         stages = {k: c[k] for k in STAGES[:-1]}
-        frames_decoded, frames_returned, bytes_read, opens = c["frames_decoded"], c["frames_returned"], c["bytes_read"], c["decoder_opens"]
+        frames_decoded, frames_returned, bytes_read, opens = (
+            c["frames_decoded"],
+            c["frames_returned"],
+            c["bytes_read"],
+            c["decoder_opens"],
+        )
         samples_all, post_frames = samples, c["frames_unique"] / max(samples, 1)
     stages["collate_s"] = collate_s
     return {
-        "system": system.id, "label": system.label, "kind": system.kind, "dtype": system.dtype, "reuse": system.reuse,
-        "root": root, "samples": samples, "batches": batches, "seconds": seconds,
-        "samples_per_s": samples / seconds, "frames_per_s": samples * frames_returned / max(samples_all, 1) / seconds,
+        "system": system.id,
+        "label": system.label,
+        "kind": system.kind,
+        "dtype": system.dtype,
+        "reuse": system.reuse,
+        "root": root,
+        "samples": samples,
+        "batches": batches,
+        "seconds": seconds,
+        "samples_per_s": samples / seconds,
+        "frames_per_s": samples * frames_returned / max(samples_all, 1) / seconds,
         "frames_decoded_per_returned": frames_decoded / max(frames_returned, 1),
-        "time_to_first_batch_s": epoch_first if epoch_timed else first, "warmup_s": warmup_s, "warmup_batches": warm_batches,
+        "time_to_first_batch_s": epoch_first if epoch_timed else first,
+        "warmup_s": warmup_s,
+        "warmup_batches": warm_batches,
         "timed": "one epoch" if epoch_timed else f"{cfg['batches']} batches",
-        "build_s": build_s, "rss_peak_mb": mem.rss_peak / 1024, "pss_peak_mb": mem.pss_peak / 1024,
-        "bytes_read_per_sample": bytes_read / max(samples_all, 1), "decoder_opens_per_sample": opens / max(samples_all, 1),
-        "worker_stage_s": stages, "frames_postprocessed_per_sample": post_frames, "distinct_episodes_per_batch": float(np.mean(distinct)) if distinct else 0.0,
-        "shapes": shapes if cams else {}, "main_convert_s_per_sample": main_s / max(samples, 1) if system.float_in_main else None,
+        "build_s": build_s,
+        "rss_peak_mb": mem.rss_peak / 1024,
+        "pss_peak_mb": mem.pss_peak / 1024,
+        "bytes_read_per_sample": bytes_read / max(samples_all, 1),
+        "decoder_opens_per_sample": opens / max(samples_all, 1),
+        "worker_stage_s": stages,
+        "frames_postprocessed_per_sample": post_frames,
+        "distinct_episodes_per_batch": float(np.mean(distinct)) if distinct else 0.0,
+        "shapes": shapes if cams else {},
+        "main_convert_s_per_sample": main_s / max(samples, 1) if system.float_in_main else None,
         **extra,
     }
 
 
 # --- the zygote: imports once, forks one measuring process per run -------------------------------
 
-ZYGOTE_IMPORTS = ("numpy", "torch", "torch.utils.data", "pyarrow", "pyarrow.parquet", "torchcodec.decoders", "webdataset",
-                  "shardwriter", "shardwriter.stats", "stream", "stream.decode", "stream.telemetry")
+ZYGOTE_IMPORTS = (
+    "numpy",
+    "torch",
+    "torch.utils.data",
+    "pyarrow",
+    "pyarrow.parquet",
+    "torchcodec.decoders",
+    "webdataset",
+    "epishard.shardwriter",
+    "epishard.shardwriter.stats",
+    "epishard.stream",
+    "epishard.stream.decode",
+    "epishard.stream.telemetry",
+)
 
 
 def zygote_main() -> None:
@@ -625,8 +702,14 @@ class Zygote:
 
     def __init__(self, env: dict):
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, __file__, "--zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, env=env, cwd=str(REPO))
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+            cwd=str(REPO),
+        )
         self.buf = b""
 
     def _line(self, deadline: float) -> str:
@@ -667,7 +750,9 @@ class Zygote:
             raise RuntimeError(f"{cfg['system']} timed out after {timeout} s") from None
         if code or rec is None:
             self.log.seek(start)
-            raise RuntimeError(f"{cfg['system']} on {cfg['root']} failed (exit {code}): {self.log.read()[-3000:].decode(errors='replace')}")
+            raise RuntimeError(
+                f"{cfg['system']} on {cfg['root']} failed (exit {code}): {self.log.read()[-3000:].decode(errors='replace')}"
+            )
         return rec
 
     def close(self) -> None:
@@ -718,13 +803,19 @@ def find_datasets(args) -> list[Dataset]:
             print(f"skip {p.name}: a LeRobot v3.0 dataset without video files (nothing to decode)")
             continue
         orig = data / p.name.removesuffix("_v30")
-        out.append(Dataset(p.name, str(p), lerobot_version(p),
-                           str(orig) if orig != p and (orig / "meta" / "info.json").exists() else None))
+        out.append(
+            Dataset(
+                p.name,
+                str(p),
+                lerobot_version(p),
+                str(orig) if orig != p and (orig / "meta" / "info.json").exists() else None,
+            )
+        )
     return out
 
 
 def convert_all(datasets: list[Dataset], work: Path) -> None:
-    from shardwriter import ConvertOptions, convert
+    from epishard.shardwriter import ConvertOptions, convert
 
     for d in datasets:
         d.shards = {}
@@ -744,8 +835,10 @@ def peer_status(args) -> str | None:
     if not harness.exists():
         return f"no harness at {harness} (it lives in ../shared/peers)"
     if not Path(args.peer_venv, "bin", "python").exists() or not Path(args.peer_env).exists():
-        return (f"peer venv {args.peer_venv} not found: build it with `bash {Path(args.peers_dir) / 'setup_lerobot_venv.sh'}` "
-                f"(~75 s, offline CPU venv) or run this command with --setup-peers")
+        return (
+            f"peer venv {args.peer_venv} not found: build it with `bash {Path(args.peers_dir) / 'setup_lerobot_venv.sh'}` "
+            f"(~75 s, offline CPU venv) or run this command with --setup-peers"
+        )
     return None
 
 
@@ -764,9 +857,11 @@ def run_env(args) -> dict:
 
 def run_lerobot(args, d: Dataset, seed: int) -> dict:
     harness = Path(args.peers_dir) / "lerobot_windows.py"
-    cmd = (f"source {args.peer_env} && exec {args.peer_venv}/bin/python {harness} {d.main} --workers {args.workers} "
-           f"--batches {args.batches} --warmup {args.warmup} --batch-size {args.batch_size} --window {FRAMES} "
-           f"--stride {STEP} --action-horizon {HORIZON} --seed {seed}")
+    cmd = (
+        f"source {args.peer_env} && exec {args.peer_venv}/bin/python {harness} {d.main} --workers {args.workers} "
+        f"--batches {args.batches} --warmup {args.warmup} --batch-size {args.batch_size} --window {FRAMES} "
+        f"--stride {STEP} --action-horizon {HORIZON} --seed {seed}"
+    )
     p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=args.timeout, env=run_env(args))
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if p.returncode or not lines:
@@ -774,33 +869,68 @@ def run_lerobot(args, d: Dataset, seed: int) -> dict:
     r = json.loads(lines[-1])
     fps_s = r["samples_per_s"]
     return {
-        "system": "lerobot", "label": "lerobot", "kind": "lerobot", "dtype": "float32", "reuse": "", "root": d.main,
-        "samples": r["batches"] * r["batch_size"], "batches": r["batches"], "seconds": r["seconds"],
-        "samples_per_s": fps_s, "frames_per_s": r["frames_per_s"], "frames_decoded_per_returned": None,
-        "time_to_first_batch_s": None, "warmup_s": r["warmup_s"], "build_s": r["build_s"],
-        "timed": f"{r['batches']} batches", "rss_peak_mb": r["rss_peak_mb"], "pss_peak_mb": r["pss_peak_mb"],
-        "bytes_read_per_sample": None, "worker_stage_s": None, "distinct_episodes_per_batch": None,
-        "shapes": r.get("shapes"), "peer": r.get("peer"), "decoder": r.get("decoder"),
+        "system": "lerobot",
+        "label": "lerobot",
+        "kind": "lerobot",
+        "dtype": "float32",
+        "reuse": "",
+        "root": d.main,
+        "samples": r["batches"] * r["batch_size"],
+        "batches": r["batches"],
+        "seconds": r["seconds"],
+        "samples_per_s": fps_s,
+        "frames_per_s": r["frames_per_s"],
+        "frames_decoded_per_returned": None,
+        "time_to_first_batch_s": None,
+        "warmup_s": r["warmup_s"],
+        "build_s": r["build_s"],
+        "timed": f"{r['batches']} batches",
+        "rss_peak_mb": r["rss_peak_mb"],
+        "pss_peak_mb": r["pss_peak_mb"],
+        "bytes_read_per_sample": None,
+        "worker_stage_s": None,
+        "distinct_episodes_per_batch": None,
+        "shapes": r.get("shapes"),
+        "peer": r.get("peer"),
+        "decoder": r.get("decoder"),
     }
 
 
 def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | None) -> dict:
     t = time.perf_counter()
-    cfg = {"system": system.id, "root": d.shards[system.source], "batch_size": args.batch_size,
-           "workers": args.workers, "batches": args.batches, "warmup": args.warmup, "seed": seed}
+    cfg = {
+        "system": system.id,
+        "root": d.shards[system.source],
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "batches": args.batches,
+        "warmup": args.warmup,
+        "seed": seed,
+    }
     if system.kind == "lerobot":
         rec = run_lerobot(args, d, seed)
     elif zygote is not None:
         rec = zygote.run(cfg, args.timeout)
     else:
-        p = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True,
-                           timeout=args.timeout, cwd=str(REPO), env=run_env(args))
+        p = subprocess.run(
+            [sys.executable, __file__, "--child", json.dumps(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=args.timeout,
+            cwd=str(REPO),
+            env=run_env(args),
+        )
         lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
         if p.returncode or not lines:
             raise RuntimeError(f"{system.id} on {d.name} failed (exit {p.returncode}): {p.stderr[-3000:]}")
         rec = json.loads(lines[-1])
-    rec.update(dataset=d.name, source_format=d.version if system.source == "main" else lerobot_version(Path(d.original)),
-               seed=seed, loadavg_1m=os.getloadavg()[0], wall_s=time.perf_counter() - t)
+    rec.update(
+        dataset=d.name,
+        source_format=d.version if system.source == "main" else lerobot_version(Path(d.original)),
+        seed=seed,
+        loadavg_1m=os.getloadavg()[0],
+        wall_s=time.perf_counter() - t,
+    )
     return rec
 
 
@@ -810,8 +940,8 @@ def expected_decoded_per_returned(shards: str) -> float:
     every anchor (LeRobot samples anchors uniformly)."""
     import numpy as np
 
-    from shardwriter import WindowIndex
-    from stream.decode import decoded_frames
+    from epishard.shardwriter import WindowIndex
+    from epishard.stream.decode import decoded_frames
 
     ix = WindowIndex.load_dataset(shards)
     decoded = returned = 0
@@ -819,7 +949,7 @@ def expected_decoded_per_returned(shards: str) -> float:
         n = int(ix.num_rows[e])
         for c in range(len(ix.camera_names(e))):
             s = ix.stream(e, c)
-            keys = ix.keyframes[ix.key_offsets[s]:ix.key_offsets[s + 1]]
+            keys = ix.keyframes[ix.key_offsets[s] : ix.key_offsets[s + 1]]
             for a in range(n):
                 rows, _ = _clamped(a + np.arange(0, SPAN, STEP), n)
                 decoded += decoded_frames(np.unique(ix.frames(s, rows)), keys)
@@ -849,34 +979,54 @@ def summarize(records: list[dict], datasets: list[Dataset], systems: list[System
             stages = None
             if rs[0].get("worker_stage_s"):
                 stages = {k: med([r["worker_stage_s"][k] / max(r["samples"], 1) for r in rs]) for k in STAGES}
-            rows.append({
-                "record": "summary", "dataset": d.name, "system": s.id, "label": rs[0]["label"],
-                "source_format": rs[0]["source_format"], "dtype": s.dtype, "rounds": len(rs),
-                "samples_per_s": med([r["samples_per_s"] for r in rs]),
-                "samples_per_s_rounds": [r["samples_per_s"] for r in rs],
-                "frames_per_s": med([r["frames_per_s"] for r in rs]),
-                "frames_decoded_per_returned": med([r["frames_decoded_per_returned"] for r in rs]),
-                "time_to_first_batch_s": med([r["time_to_first_batch_s"] for r in rs]),
-                "warmup_s": med([r["warmup_s"] for r in rs]),
-                "rss_peak_mb": med([r["rss_peak_mb"] for r in rs]), "pss_peak_mb": med([r["pss_peak_mb"] for r in rs]),
-                "bytes_read_per_sample": med([r["bytes_read_per_sample"] for r in rs]),
-                "distinct_episodes_per_batch": med([r["distinct_episodes_per_batch"] for r in rs]),
-                "stage_s_per_sample": stages, "timed": rs[0]["timed"],
-                "frames_postprocessed_per_sample": med([r.get("frames_postprocessed_per_sample") for r in rs]), "per_episode": rs[0].get("per_episode"),
-                "dataset_copies": rs[0].get("dataset_copies"), "windows_per_epoch": rs[0].get("windows_per_epoch"),
-                "shapes": rs[0].get("shapes"),
-            })
+            rows.append(
+                {
+                    "record": "summary",
+                    "dataset": d.name,
+                    "system": s.id,
+                    "label": rs[0]["label"],
+                    "source_format": rs[0]["source_format"],
+                    "dtype": s.dtype,
+                    "rounds": len(rs),
+                    "samples_per_s": med([r["samples_per_s"] for r in rs]),
+                    "samples_per_s_rounds": [r["samples_per_s"] for r in rs],
+                    "frames_per_s": med([r["frames_per_s"] for r in rs]),
+                    "frames_decoded_per_returned": med([r["frames_decoded_per_returned"] for r in rs]),
+                    "time_to_first_batch_s": med([r["time_to_first_batch_s"] for r in rs]),
+                    "warmup_s": med([r["warmup_s"] for r in rs]),
+                    "rss_peak_mb": med([r["rss_peak_mb"] for r in rs]),
+                    "pss_peak_mb": med([r["pss_peak_mb"] for r in rs]),
+                    "bytes_read_per_sample": med([r["bytes_read_per_sample"] for r in rs]),
+                    "distinct_episodes_per_batch": med([r["distinct_episodes_per_batch"] for r in rs]),
+                    "stage_s_per_sample": stages,
+                    "timed": rs[0]["timed"],
+                    "frames_postprocessed_per_sample": med([r.get("frames_postprocessed_per_sample") for r in rs]),
+                    "per_episode": rs[0].get("per_episode"),
+                    "dataset_copies": rs[0].get("dataset_copies"),
+                    "windows_per_epoch": rs[0].get("windows_per_epoch"),
+                    "shapes": rs[0].get("shapes"),
+                }
+            )
         for s in systems:
             if s.kind != "epishard":
                 continue
             for peer in PEERS:
                 a, b = by.get(s.id, []), by.get(peer, [])
-                pairs = [(x["samples_per_s"], y["samples_per_s"]) for x, y in zip(a, b)]
+                pairs = [(x["samples_per_s"], y["samples_per_s"]) for x, y in zip(a, b, strict=False)]
                 if not pairs:
                     continue
                 per_round = [x / y for x, y in pairs]
-                ratios.append({"record": "ratio", "dataset": d.name, "system": s.id, "label": s.label, "peer": peer,
-                               "ratio": med(per_round), "ratio_rounds": [round(v, 2) for v in per_round]})
+                ratios.append(
+                    {
+                        "record": "ratio",
+                        "dataset": d.name,
+                        "system": s.id,
+                        "label": s.label,
+                        "peer": peer,
+                        "ratio": med(per_round),
+                        "ratio_rounds": [round(v, 2) for v in per_round],
+                    }
+                )
     return rows, ratios
 
 
@@ -885,35 +1035,55 @@ def fmt(v, spec: str, none: str = "-") -> str:
 
 
 def print_tables(rows: list[dict], ratios: list[dict], datasets: list[Dataset], lerobot_decode: dict) -> None:
-    head = (f"{'system':<22}{'src':>5}{'samples/s':>10}{'(min..max)':>16}{'frames/s':>9}{'dec/ret':>8}{'1st batch':>10}"
-            f"{'warm-up':>8}{'RSS MB':>8}{'PSS MB':>8}{'kB/sample':>10}{'eps/batch':>10}  timed")
+    head = (
+        f"{'system':<22}{'src':>5}{'samples/s':>10}{'(min..max)':>16}{'frames/s':>9}{'dec/ret':>8}{'1st batch':>10}"
+        f"{'warm-up':>8}{'RSS MB':>8}{'PSS MB':>8}{'kB/sample':>10}{'eps/batch':>10}  timed"
+    )
     for d in datasets:
         drows = [r for r in rows if r["dataset"] == d.name]
         if not drows:
             continue
         shapes = next((r["shapes"] for r in drows if r["shapes"]), {})
-        print(f"\n{d.name} ({d.version}" + (f"; v2 = {Path(d.original).name}" if d.original else "") + ")  "
-              + ", ".join(f"{k.split('.')[-1]} {v[:5]}" for k, v in (shapes or {}).items()))
+        print(
+            f"\n{d.name} ({d.version}"
+            + (f"; v2 = {Path(d.original).name}" if d.original else "")
+            + ")  "
+            + ", ".join(f"{k.split('.')[-1]} {v[:5]}" for k, v in (shapes or {}).items())
+        )
         print(head)
         for r in drows:
             rounds = r["samples_per_s_rounds"]
             dec = r["frames_decoded_per_returned"]
-            dec_s = fmt(dec, ".2f") if dec is not None else (f"~{lerobot_decode[d.name]:.2f}" if d.name in lerobot_decode else "-")
+            dec_s = (
+                fmt(dec, ".2f")
+                if dec is not None
+                else (f"~{lerobot_decode[d.name]:.2f}" if d.name in lerobot_decode else "-")
+            )
             src = r["source_format"]
-            print(f"{r['label']:<22}{src:>5}{r['samples_per_s']:>10.1f}{f'({min(rounds):.1f}..{max(rounds):.1f})':>16}"
-                  f"{r['frames_per_s']:>9.0f}{dec_s:>8}{fmt(r['time_to_first_batch_s'], '.2f'):>10}{r['warmup_s']:>8.2f}"
-                  f"{r['rss_peak_mb']:>8.0f}{r['pss_peak_mb']:>8.0f}"
-                  f"{fmt(r['bytes_read_per_sample'] and r['bytes_read_per_sample'] / 1e3, '.0f'):>10}"
-                  f"{fmt(r['distinct_episodes_per_batch'], '.2f'):>10}  {r['timed']}"
-                  + (f", {r['per_episode']}/episode" if r.get("per_episode") else "")
-                  + (f" x{r['dataset_copies']} copies" if (r.get("dataset_copies") or 1) > 1 else ""))
+            print(
+                f"{r['label']:<22}{src:>5}{r['samples_per_s']:>10.1f}{f'({min(rounds):.1f}..{max(rounds):.1f})':>16}"
+                f"{r['frames_per_s']:>9.0f}{dec_s:>8}{fmt(r['time_to_first_batch_s'], '.2f'):>10}{r['warmup_s']:>8.2f}"
+                f"{r['rss_peak_mb']:>8.0f}{r['pss_peak_mb']:>8.0f}"
+                f"{fmt(r['bytes_read_per_sample'] and r['bytes_read_per_sample'] / 1e3, '.0f'):>10}"
+                f"{fmt(r['distinct_episodes_per_batch'], '.2f'):>10}  {r['timed']}"
+                + (f", {r['per_episode']}/episode" if r.get("per_episode") else "")
+                + (f" x{r['dataset_copies']} copies" if (r.get("dataset_copies") or 1) > 1 else "")
+            )
         st = [r for r in drows if r["stage_s_per_sample"]]
         if st:
-            print(f"  {'worker ms per sample':<20}" + "".join(f"{k[:-2]:>12}" for k in STAGES) + f"{'sum':>8}{'frames post-processed/sample':>30}")
+            print(
+                f"  {'worker ms per sample':<20}"
+                + "".join(f"{k[:-2]:>12}" for k in STAGES)
+                + f"{'sum':>8}{'frames post-processed/sample':>30}"
+            )
             for r in st:
                 ms = [1e3 * r["stage_s_per_sample"][k] for k in STAGES]
-                print(f"  {r['label']:<20}" + "".join(f"{v:>12.1f}" for v in ms) + f"{sum(ms):>8.1f}"
-                      + f"{fmt(r['frames_postprocessed_per_sample'], '.1f'):>30}")
+                print(
+                    f"  {r['label']:<20}"
+                    + "".join(f"{v:>12.1f}" for v in ms)
+                    + f"{sum(ms):>8.1f}"
+                    + f"{fmt(r['frames_postprocessed_per_sample'], '.1f'):>30}"
+                )
         dr = [x for x in ratios if x["dataset"] == d.name]
         if dr:
             peers = [p for p in PEERS if any(x["peer"] == p for x in dr)]
@@ -944,15 +1114,24 @@ def verdict(ratios: list[dict], datasets: list[Dataset]) -> list[str]:
     for d in datasets:
         if not d.version.startswith("v3"):
             continue
-        x = next((x for x in ratios if x["dataset"] == d.name and x["system"] == "es-f32" and x["peer"] == "lerobot"), None)
+        x = next(
+            (x for x in ratios if x["dataset"] == d.name and x["system"] == "es-f32" and x["peer"] == "lerobot"), None
+        )
         if x is None:
             lines.append(f"{d.name}: no epishard-f32 / LeRobot pair measured")
             continue
         ok = x["ratio"] >= TARGET
-        more = [(y["label"], y["ratio"]) for y in ratios if y["dataset"] == d.name and y["peer"] == "lerobot"
-                and y["system"] in ("es-f32-pe4", "es-f32-all", "es-f32c", "es-f32m", "es-u8")]
-        lines.append(f"{d.name}: epishard f32 / LeRobot = {x['ratio']:.2f}x (target >= {TARGET:.0f}x: "
-                     f"{'met' if ok else 'NOT met'})" + "".join(f"; {label} {v:.2f}x" for label, v in more))
+        more = [
+            (y["label"], y["ratio"])
+            for y in ratios
+            if y["dataset"] == d.name
+            and y["peer"] == "lerobot"
+            and y["system"] in ("es-f32-pe4", "es-f32-all", "es-f32c", "es-f32m", "es-u8")
+        ]
+        lines.append(
+            f"{d.name}: epishard f32 / LeRobot = {x['ratio']:.2f}x (target >= {TARGET:.0f}x: "
+            f"{'met' if ok else 'NOT met'})" + "".join(f"; {label} {v:.2f}x" for label, v in more)
+        )
     return lines
 
 
@@ -985,8 +1164,16 @@ def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) 
                 ys.append(r["samples_per_s"])
                 lo.append(max(0.0, r["samples_per_s"] - min(r["samples_per_s_rounds"])))
                 hi.append(max(0.0, max(r["samples_per_s_rounds"]) - r["samples_per_s"]))
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=label, color=colors(j % 10),
-               hatch="//" if "lerobot" == label else None)
+        ax.bar(
+            xs,
+            ys,
+            width,
+            yerr=[lo, hi],
+            capsize=2,
+            label=label,
+            color=colors(j % 10),
+            hatch="//" if label == "lerobot" else None,
+        )
     ax.set_xticks(range(len(names)), [n.replace("_v30", "\n(v3.0)") for n in names])
     ax.set_yscale("log")
     ax.set_ylabel("samples/s (median of rounds; bars: min..max)")
@@ -1003,15 +1190,20 @@ def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) 
     if st:
         panels = [n for n in names if any(r["dataset"] == n for r in st)]
         fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1, 5), squeeze=False)
-        for ax, n in zip(axes[0], panels):
+        for ax, n in zip(axes[0], panels, strict=False):
             rs = [r for r in st if r["dataset"] == n]
             bottom = np.zeros(len(rs))
             for k, stage in enumerate(STAGES):
                 vals = np.array([1e3 * r["stage_s_per_sample"][stage] for r in rs])
                 ax.bar(range(len(rs)), vals, 0.7, bottom=bottom, label=stage[:-2], color=colors(k))
                 bottom += vals
-            ax.set_xticks(range(len(rs)), [r["label"].replace("epishard ", "es ") for r in rs], rotation=60, ha="right",
-                          fontsize=8)
+            ax.set_xticks(
+                range(len(rs)),
+                [r["label"].replace("epishard ", "es ") for r in rs],
+                rotation=60,
+                ha="right",
+                fontsize=8,
+            )
             ax.set_title(n.replace("_v30", " (v3.0)"), fontsize=9)
             ax.grid(axis="y", alpha=0.3)
         axes[0][0].set_ylabel("worker ms per sample (median of rounds)")
@@ -1033,21 +1225,41 @@ def machine() -> dict:
     import torchcodec
 
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpus": os.cpu_count(), "memory_gib": round(mem, 1), "python": platform.python_version(),
-            "torch": torch.__version__, "torchcodec": torchcodec.__version__, "host": platform.node(),
-            "cpu": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")}
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchcodec": torchcodec.__version__,
+        "host": platform.node(),
+        "cpu": next(
+            (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?"
+        ),
+    }
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=str(shared_dir() / "data"), help="folder of LeRobot datasets (default ../shared/data)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--data", default=str(shared_dir() / "data"), help="folder of LeRobot datasets (default ../shared/data)"
+    )
     p.add_argument("--datasets", type=lambda s: s.split(","), help="comma-separated v3.0 folder names (default: all)")
     p.add_argument("--source", action="append", help="a LeRobot dataset folder to measure instead (repeatable)")
-    p.add_argument("--systems", type=lambda s: s.split(","), default=DEFAULT,
-                   help=f"comma-separated, from {','.join(SYSTEMS)} (default: all but es-u8-v2)")
-    p.add_argument("--batches", type=int, default=20,
-                   help="timed batches (default 20: a full run in ~10 min on 2 cores; epishard's epoch configs time "
-                        "one epoch of about as many)")
+    p.add_argument(
+        "--systems",
+        type=lambda s: s.split(","),
+        default=DEFAULT,
+        help=f"comma-separated, from {','.join(SYSTEMS)} (default: all but es-u8-v2)",
+    )
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=20,
+        help="timed batches (default 20: a full run in ~10 min on 2 cores; epishard's epoch configs time "
+        "one epoch of about as many)",
+    )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=8)
@@ -1058,14 +1270,24 @@ def parse(argv=None):
     p.add_argument("--peers-dir", default=str(shared_dir() / "peers"))
     p.add_argument("--peer-venv", default=PEER_VENV)
     p.add_argument("--peer-env", default=PEER_ENV)
-    p.add_argument("--setup-peers", action="store_true", help="build the LeRobot peer venv first (setup_lerobot_venv.sh)")
+    p.add_argument(
+        "--setup-peers", action="store_true", help="build the LeRobot peer venv first (setup_lerobot_venv.sh)"
+    )
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment for every run, peers included (e.g. THP_MEM_ALLOC_ENABLE=1: torch's large "
-                        "CPU allocations on transparent huge pages)")
-    p.add_argument("--fresh-process", action="store_true",
-                   help="start a fresh interpreter per run (default: fork each run from a process that imported "
-                        "torch, torchcodec, ... once; its PSS is added to the run's)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment for every run, peers included (e.g. THP_MEM_ALLOC_ENABLE=1: torch's large "
+        "CPU allocations on transparent huge pages)",
+    )
+    p.add_argument(
+        "--fresh-process",
+        action="store_true",
+        help="start a fresh interpreter per run (default: fork each run from a process that imported "
+        "torch, torchcodec, ... once; its PSS is added to the run's)",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -1098,11 +1320,17 @@ def main(argv=None) -> int:
         systems = [s for s in systems if s.kind != "lerobot"]
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="epishard_bench_peers_"))
     info = machine()
-    print(f"{started}; {info['cpus']} CPUs ({info['cpu']}), {info['memory_gib']} GiB; torch {info['torch']}, "
-          f"torchcodec {info['torchcodec']}; load average {os.getloadavg()[0]:.2f}", flush=True)
-    print(f"window: {FRAMES} frames over {SPAN} (offsets 0,{STEP},...,{SPAN - 1}) per camera, action chunk {HORIZON}, "
-          f"batch {args.batch_size}, {args.workers} workers, {args.warmup} warm-up batches, {args.batches} timed batches, "
-          f"{args.rounds} rounds", flush=True)
+    print(
+        f"{started}; {info['cpus']} CPUs ({info['cpu']}), {info['memory_gib']} GiB; torch {info['torch']}, "
+        f"torchcodec {info['torchcodec']}; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    print(
+        f"window: {FRAMES} frames over {SPAN} (offsets 0,{STEP},...,{SPAN - 1}) per camera, action chunk {HORIZON}, "
+        f"batch {args.batch_size}, {args.workers} workers, {args.warmup} warm-up batches, {args.batches} timed batches, "
+        f"{args.rounds} rounds",
+        flush=True,
+    )
     records: list[dict] = []
     zygote = None if args.fresh_process else Zygote(run_env(args))
     try:
@@ -1123,8 +1351,10 @@ def main(argv=None) -> int:
                     if s.kind == "lerobot":
                         rec["frames_decoded_per_returned_expected"] = lerobot_decode[d.name]
                     records.append(rec)
-                    log(f"  {d.name} round {r + 1}/{args.rounds} {s.label:<22} {rec['samples_per_s']:8.1f} samples/s  "
-                        f"(load {rec['loadavg_1m']:.1f})")
+                    log(
+                        f"  {d.name} round {r + 1}/{args.rounds} {s.label:<22} {rec['samples_per_s']:8.1f} samples/s  "
+                        f"(load {rec['loadavg_1m']:.1f})"
+                    )
     finally:
         if zygote is not None:
             zygote.close()
@@ -1135,17 +1365,31 @@ def main(argv=None) -> int:
     print("\n" + LEGEND)
     loads = [r["loadavg_1m"] for r in records]
     total_s = time.perf_counter() - t_start
-    print(f"\nnoise: 1-min load average during runs {min(loads):.1f}..{max(loads):.1f} on {info['cpus']} CPUs; total {total_s:.0f} s")
+    print(
+        f"\nnoise: 1-min load average during runs {min(loads):.1f}..{max(loads):.1f} on {info['cpus']} CPUs; total {total_s:.0f} s"
+    )
     lines = verdict(ratios, datasets)
     if lines:
         print("acceptance (float32, v3.0 datasets):")
         for line in lines:
             print("  " + line)
-    meta = {"record": "run", "started": started, "command": command, "seconds": total_s, "machine": info,
-            "window": {"frames": FRAMES, "span": SPAN, "offsets": list(range(0, SPAN, STEP)), "action_horizon": HORIZON},
-            "batch_size": args.batch_size, "workers": args.workers, "warmup": args.warmup, "batches": args.batches,
-            "rounds": args.rounds, "env": args.env, "systems": [asdict(s) for s in systems], "lerobot_expected_decoded_per_returned": lerobot_decode,
-            "verdict": lines}
+    meta = {
+        "record": "run",
+        "started": started,
+        "command": command,
+        "seconds": total_s,
+        "machine": info,
+        "window": {"frames": FRAMES, "span": SPAN, "offsets": list(range(0, SPAN, STEP)), "action_horizon": HORIZON},
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "warmup": args.warmup,
+        "batches": args.batches,
+        "rounds": args.rounds,
+        "env": args.env,
+        "systems": [asdict(s) for s in systems],
+        "lerobot_expected_decoded_per_returned": lerobot_decode,
+        "verdict": lines,
+    }
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:

@@ -88,17 +88,17 @@ for _p in (str(REPO), str(REPO / "tests"), str(REPO / "tools")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torchcodec.decoders import VideoDecoder  # noqa: E402
+import numpy as np
+import torch
+from torchcodec.decoders import VideoDecoder
 
-from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert  # noqa: E402
-from shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME  # noqa: E402
-from shardwriter.index import dataset_index_bytes  # noqa: E402
-from stream import PostProcess, WindowDataset, WindowSpec, segment  # noqa: E402
-from shardwriter.video import frame_mappings  # noqa: E402
-from stream.decode import decode, decoded_frames  # noqa: E402
-from stream.plan import worker_plan  # noqa: E402
+from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+from epishard.shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME
+from epishard.shardwriter.index import dataset_index_bytes
+from epishard.shardwriter.video import frame_mappings
+from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
+from epishard.stream.decode import decode, decoded_frames
+from epishard.stream.plan import worker_plan
 
 SIZE = (224, 224)
 CAMS3 = ("observation.images.front", "observation.images.left", "observation.images.wrist")
@@ -151,8 +151,17 @@ def _encode(args: tuple) -> str:
 def synth_videos(episodes: int, frames: int, fps: int, size: int, gop: int) -> list[str]:
     """Frame-numbered H.264 videos (cached: x264 runs without asm in videogen, ~6 s each)."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    jobs = [(str(CACHE / f"h264_{size}px_{frames}f_{fps}fps_gop{gop}_start{e * START}.mp4"), frames, fps, size, gop, e * START)
-            for e in range(episodes)]
+    jobs = [
+        (
+            str(CACHE / f"h264_{size}px_{frames}f_{fps}fps_gop{gop}_start{e * START}.mp4"),
+            frames,
+            fps,
+            size,
+            gop,
+            e * START,
+        )
+        for e in range(episodes)
+    ]
     todo = [j for j in jobs if not os.path.exists(j[0])]
     if todo:
         log(f"encoding {len(todo)} test videos ({frames} frames {size}x{size}, cached in {CACHE}) ...")
@@ -165,9 +174,18 @@ def build_synth(out: str) -> str:
     from videogen import make_episode_table
 
     videos = synth_videos(**SYNTH)
-    eps = [Episode(source="synth3cam", episode_index=e, table=make_episode_table(SYNTH["frames"], fps=SYNTH["fps"]),
-                   videos={c: CameraVideo(path) for c in CAMS3}, fps=SYNTH["fps"], tasks=("pick",), robot="synthetic")
-           for e, path in enumerate(videos)]
+    eps = [
+        Episode(
+            source="synth3cam",
+            episode_index=e,
+            table=make_episode_table(SYNTH["frames"], fps=SYNTH["fps"]),
+            videos={c: CameraVideo(path) for c in CAMS3},
+            fps=SYNTH["fps"],
+            tasks=("pick",),
+            robot="synthetic",
+        )
+        for e, path in enumerate(videos)
+    ]
     convert([Source(name="synth3cam", episodes=eps, fps=SYNTH["fps"])], out, ConvertOptions(progress=False))
     return out
 
@@ -200,8 +218,9 @@ def resize(frames: torch.Tensor, size) -> torch.Tensor:
     """The kernel of ``stream.transform.PostProcess`` (uint8, channels-last, antialiased bilinear),
     copied here so the baseline does not change when the reader's post-processing does."""
     if size is not None and tuple(frames.shape[-2:]) != tuple(size):
-        frames = torch.nn.functional.interpolate(frames.contiguous(memory_format=torch.channels_last), size=size,
-                                                 mode="bilinear", antialias=True)
+        frames = torch.nn.functional.interpolate(
+            frames.contiguous(memory_format=torch.channels_last), size=size, mode="bilinear", antialias=True
+        )
     return frames.contiguous()
 
 
@@ -215,7 +234,7 @@ def windows_for(ds: WindowDataset, samples: int) -> tuple[list[tuple[int, int]],
         if len(plan) == 0:
             raise RuntimeError("the window spec gives no windows on this dataset")
         pieces.append((epoch, len(plan)))
-        wins += list(zip(plan.episode.tolist(), plan.anchor.tolist()))
+        wins += list(zip(plan.episode.tolist(), plan.anchor.tolist(), strict=False))
         epoch += 1
     return pieces, wins
 
@@ -263,7 +282,7 @@ class Naive:
         for cam, offsets in self.cams.items():
             c = names.index(cam)
             s = ix.stream(episode, c)
-            keys = ix.keyframes[ix.key_offsets[s]:ix.key_offsets[s + 1]]
+            keys = ix.keyframes[ix.key_offsets[s] : ix.key_offsets[s + 1]]
             if self.mode == "span":
                 lo, hi = int(offsets.min()), int(offsets.max())
                 look = ix.lookup(episode, anchor + np.arange(lo, hi + 1), c)
@@ -282,7 +301,7 @@ class Naive:
                 data = self._read(look.shard, look.offset, look.size)
                 parts, pos = [], 0
                 for seg in SEGMENTS:
-                    f = look.frames[pos:pos + len(seg)]
+                    f = look.frames[pos : pos + len(seg)]
                     pos += len(seg)
                     decoder = VideoDecoder(data, dimension_order="NCHW", num_ffmpeg_threads=1)
                     parts.append(resize(decoder.get_frames_at(f.tolist()).data, SIZE))
@@ -306,7 +325,7 @@ def check(reader_samples, naive_samples, wins, cams, synthetic: bool, ds: Window
     from videogen import decode_frame_number
 
     ix = ds.sources[0].index
-    for r, n, (e, a) in zip(reader_samples, naive_samples, wins):
+    for r, n, (e, a) in zip(reader_samples, naive_samples, wins, strict=False):
         if int(r["episode_index"]) != int(ix.table.column("episode_index")[e].as_py()):
             raise AssertionError(f"reader sample is episode {r['episode_index']}, plan says {e}")
         for cam, offsets in cams.items():
@@ -318,13 +337,28 @@ def check(reader_samples, naive_samples, wins, cams, synthetic: bool, ds: Window
                 want = [e * START + a + int(o) for o in offsets]
                 if got != want:
                     raise AssertionError(f"episode {e} anchor {a} {cam}: frames {got}, expected {want}")
-    return f"{len(reader_samples)} samples x {len(cams)} cameras identical" + (", frame numbers as expected" if synthetic else "")
+    return f"{len(reader_samples)} samples x {len(cams)} cameras identical" + (
+        ", frame numbers as expected" if synthetic else ""
+    )
 
 
-def bench_samples(name: str, bench: str, root: str, cams: dict[str, tuple[int, ...]], mode: str, rounds: int,
-                  samples: int, target: float, synthetic: bool, note: str) -> None:
-    kw = dict(spec=WindowSpec(cameras=cams, action_horizon=ACTION_HORIZON, per_episode=PER_EPISODE),
-              postprocess=PostProcess(size=SIZE), shuffle_windows=0)
+def bench_samples(
+    name: str,
+    bench: str,
+    root: str,
+    cams: dict[str, tuple[int, ...]],
+    mode: str,
+    rounds: int,
+    samples: int,
+    target: float,
+    synthetic: bool,
+    note: str,
+) -> None:
+    kw = dict(
+        spec=WindowSpec(cameras=cams, action_horizon=ACTION_HORIZON, per_episode=PER_EPISODE),
+        postprocess=PostProcess(size=SIZE),
+        shuffle_windows=0,
+    )
     # telemetry=True only attaches the worker's counters (kept anyway) to each sample: ~10 us/sample.
     ds = WindowDataset(root, telemetry=True, **kw)
     pieces, wins = windows_for(ds, samples)
@@ -335,10 +369,13 @@ def bench_samples(name: str, bench: str, root: str, cams: dict[str, tuple[int, .
     verdict = check(rs, ns, wins, cams, synthetic, ds)
     naive_frames, naive_opens = naive.frames_decoded, naive.decoder_opens
     del rs, ns
-    res = alternate(rounds, {
-        "reader": lambda: reader_pass(ds, pieces)[0],
-        "naive": lambda: naive.run(wins)[0],
-    })
+    res = alternate(
+        rounds,
+        {
+            "reader": lambda: reader_pass(ds, pieces)[0],
+            "naive": lambda: naive.run(wins)[0],
+        },
+    )
     n = len(wins)
     tele = {k: float(np.mean([r["tele"][k] for r in res["reader"]])) for k in res["reader"][0]["tele"]}
     sps = {k: [n / r["s"] for r in v] for k, v in res.items()}
@@ -347,34 +384,68 @@ def bench_samples(name: str, bench: str, root: str, cams: dict[str, tuple[int, .
     ratio_cpu = med(cps["reader"]) / med(cps["naive"])
     frames_returned = sum(len(o) for o in cams.values())
     rows = {
-        "reader": dict(frames_decoded_per_sample=tele["frames_decoded"] / n, decoder_opens_per_sample=tele["decoder_opens"] / n),
+        "reader": dict(
+            frames_decoded_per_sample=tele["frames_decoded"] / n, decoder_opens_per_sample=tele["decoder_opens"] / n
+        ),
         "naive": dict(frames_decoded_per_sample=naive_frames / n, decoder_opens_per_sample=naive_opens / n),
     }
     say(f"\n[{bench}] {name} (load average {os.getloadavg()[0]:.1f})")
     say(f"  {note}")
-    say(f"  {n} samples per round and side ({len(pieces)} epochs, {PER_EPISODE} windows/episode), {len(cams)} cameras x "
-        f"{frames_returned // len(cams)} frames -> {SIZE[0]}x{SIZE[1]}; check: {verdict}")
-    say(f"  {'side':<8}{'samples/s':>11}{'ms/sample':>11}{'samples/cpu-s':>15}{'frames decoded/sample':>23}"
-        f"{'decoder opens/sample':>22}   rounds (samples/s)")
+    say(
+        f"  {n} samples per round and side ({len(pieces)} epochs, {PER_EPISODE} windows/episode), {len(cams)} cameras x "
+        f"{frames_returned // len(cams)} frames -> {SIZE[0]}x{SIZE[1]}; check: {verdict}"
+    )
+    say(
+        f"  {'side':<8}{'samples/s':>11}{'ms/sample':>11}{'samples/cpu-s':>15}{'frames decoded/sample':>23}"
+        f"{'decoder opens/sample':>22}   rounds (samples/s)"
+    )
     for side in ("reader", "naive"):
         m = med(sps[side])
-        say(f"  {side:<8}{m:>11.1f}{1e3 / m:>11.2f}{med(cps[side]):>15.1f}{rows[side]['frames_decoded_per_sample']:>23.1f}"
-            f"{rows[side]['decoder_opens_per_sample']:>22.2f}   {', '.join(f'{x:.1f}' for x in sps[side])}")
-        emit({"bench": bench, "dataset": name, "side": side, "samples": n, "rounds": rounds, "samples_per_s": m,
-              "samples_per_cpu_s": med(cps[side]), "rounds_samples_per_s": sps[side], **rows[side]})
+        say(
+            f"  {side:<8}{m:>11.1f}{1e3 / m:>11.2f}{med(cps[side]):>15.1f}{rows[side]['frames_decoded_per_sample']:>23.1f}"
+            f"{rows[side]['decoder_opens_per_sample']:>22.2f}   {', '.join(f'{x:.1f}' for x in sps[side])}"
+        )
+        emit(
+            {
+                "bench": bench,
+                "dataset": name,
+                "side": side,
+                "samples": n,
+                "rounds": rounds,
+                "samples_per_s": m,
+                "samples_per_cpu_s": med(cps[side]),
+                "rounds_samples_per_s": sps[side],
+                **rows[side],
+            }
+        )
     stages = {k: tele[k] / n * 1e3 for k in ("read_s", "decode_s", "postprocess_s", "assemble_s", "plan_s")}
-    say("  reader stages, ms/sample (its telemetry, mean of the timed rounds): " + ", ".join(f"{k[:-2]} {v:.2f}" for k, v in stages.items()))
+    say(
+        "  reader stages, ms/sample (its telemetry, mean of the timed rounds): "
+        + ", ".join(f"{k[:-2]} {v:.2f}" for k, v in stages.items())
+    )
     met = ratio >= target
-    say(f"  ratio reader/naive = {ratio:.2f}x wall (target >= {target}x: {'met' if met else 'NOT met'}); "
-        f"{ratio_cpu:.2f}x per CPU second")
-    emit({"bench": bench, "dataset": name, "metric": "ratio_reader_over_naive", "value": ratio, "target_min": target,
-          "met": met, "value_cpu": ratio_cpu, "reader_stage_ms_per_sample": stages})
+    say(
+        f"  ratio reader/naive = {ratio:.2f}x wall (target >= {target}x: {'met' if met else 'NOT met'}); "
+        f"{ratio_cpu:.2f}x per CPU second"
+    )
+    emit(
+        {
+            "bench": bench,
+            "dataset": name,
+            "metric": "ratio_reader_over_naive",
+            "value": ratio,
+            "target_min": target,
+            "met": met,
+            "value_cpu": ratio_cpu,
+            "reader_stage_ms_per_sample": stages,
+        }
+    )
 
 
 def _sum_epochs(vectors: list[torch.Tensor]) -> dict:
     """Telemetry totals over several epochs run one after another in this process (one ``Telemetry``
     per epoch, cumulative: add up each epoch's last vector)."""
-    from stream.telemetry import FIELDS
+    from epishard.stream.telemetry import FIELDS
 
     i_samples = FIELDS.index("samples")
     total = dict.fromkeys(FIELDS[1:], 0.0)
@@ -394,9 +465,16 @@ def synth_index_dataset(folder: str, episodes: int) -> str:
     paths = write_indexes(folder, episodes)
     with open(os.path.join(folder, DATASET_INDEX_NAME), "wb") as f:
         f.write(dataset_index_bytes([Path(p).read_bytes() for p in paths]))
-    manifest = {"format": "epishard", "format_version": 1, "stats": {}, "fps": 30.0,
-                "cameras": {c: {"codec": "h264", "width": 224, "height": 224, "fps": 30.0, "episodes": episodes} for c in CAMERAS},
-                "shards": [{"shard": f"bench-{i:06d}.tar", "index": os.path.basename(p)} for i, p in enumerate(paths)]}
+    manifest = {
+        "format": "epishard",
+        "format_version": 1,
+        "stats": {},
+        "fps": 30.0,
+        "cameras": {
+            c: {"codec": "h264", "width": 224, "height": 224, "fps": 30.0, "episodes": episodes} for c in CAMERAS
+        },
+        "shards": [{"shard": f"bench-{i:06d}.tar", "index": os.path.basename(p)} for i, p in enumerate(paths)],
+    }
     with open(os.path.join(folder, MANIFEST_NAME), "w") as f:
         json.dump(manifest, f)
     return folder
@@ -427,11 +505,21 @@ def bench_plan(rounds: int, big: int) -> None:
 
         def once(ds, ix, per, world, workers) -> tuple[float, float, float, float, int]:
             t0, c0 = time.perf_counter(), time.process_time()
-            plan = worker_plan(ds.table, stride=1, per_episode=per, seed=0, epoch=0, world_size=world, rank=0,
-                               num_workers=workers, worker=0, shuffle_windows=ds.shuffle_windows,
-                               shuffle_bytes=ds.shuffle_bytes)
+            plan = worker_plan(
+                ds.table,
+                stride=1,
+                per_episode=per,
+                seed=0,
+                epoch=0,
+                world_size=world,
+                rank=0,
+                num_workers=workers,
+                worker=0,
+                shuffle_windows=ds.shuffle_windows,
+                shuffle_bytes=ds.shuffle_bytes,
+            )
             t1, c1 = time.perf_counter(), time.process_time()
-            for e, a in zip(plan.episode.tolist(), plan.anchor.tolist()):
+            for e, a in zip(plan.episode.tolist(), plan.anchor.tolist(), strict=False):
                 rows = a + offsets
                 for c in range(len(CAMERAS)):
                     ix.lookup(e, rows, c)
@@ -447,14 +535,22 @@ def bench_plan(rounds: int, big: int) -> None:
             while reps == 0 or time.perf_counter() - start < 0.05:
                 total += once(ds, ds.sources[0].index, per, world, workers)
                 reps += 1
-            return {"plan_s": total[0], "lookup_s": total[1], "plan_cpu": total[2], "lookup_cpu": total[3],
-                    "samples": int(total[4]), "per_epoch": int(total[4]) // reps}
+            return {
+                "plan_s": total[0],
+                "lookup_s": total[1],
+                "plan_cpu": total[2],
+                "lookup_cpu": total[3],
+                "samples": int(total[4]),
+                "per_epoch": int(total[4]) // reps,
+            }
 
         # The per_episode of each case is passed to worker_plan directly (the spec's is not used).
         res = alternate(rounds, {c[0]: (lambda c=c: run(c)) for c in cases})
-        say(f"\n[3-plan] planning + index lookups per sample (synthetic indexes, 3 cameras x 300 rows, FastWAM spec, "
+        say(
+            f"\n[3-plan] planning + index lookups per sample (synthetic indexes, 3 cameras x 300 rows, FastWAM spec, "
             f"shuffle_windows={datasets[1].shuffle_windows}; {rounds} rounds alternating, medians; load average "
-            f"{os.getloadavg()[0]:.1f})")
+            f"{os.getloadavg()[0]:.1f})"
+        )
         say("  per planned sample, microseconds of CPU (wall in the last column but one)")
         say(f"  {'case':<66}{'samples':>8}{'plan':>9}{'lookup':>9}{'total':>9}{'total wall':>12}{'plan ms/epoch':>15}")
         per_sample, per_sample_wall = {}, {}
@@ -468,27 +564,64 @@ def bench_plan(rounds: int, big: int) -> None:
             wall = med([(r["plan_s"] + r["lookup_s"]) / r["samples"] for r in rs]) * 1e6
             plan_ms = med([r["plan_cpu"] / r["samples"] for r in rs]) * epoch_samples * 1e3
             per_sample[label], per_sample_wall[label] = total, wall
-            say(f"  {label:<66}{epoch_samples:>8}{plan_us:>9.2f}{look_us:>9.2f}{total:>9.2f}{wall:>12.2f}{plan_ms:>15.1f}")
-            emit({"bench": "3-plan", "case": label, "episodes": n, "per_episode": case[2], "world_size": case[3],
-                  "num_workers": case[4], "samples_per_epoch": epoch_samples, "plan_cpu_us_per_sample": plan_us,
-                  "lookup_cpu_us_per_sample": look_us, "total_cpu_us_per_sample": total,
-                  "total_wall_us_per_sample": wall, "plan_cpu_ms_per_epoch": plan_ms})
+            say(
+                f"  {label:<66}{epoch_samples:>8}{plan_us:>9.2f}{look_us:>9.2f}{total:>9.2f}{wall:>12.2f}{plan_ms:>15.1f}"
+            )
+            emit(
+                {
+                    "bench": "3-plan",
+                    "case": label,
+                    "episodes": n,
+                    "per_episode": case[2],
+                    "world_size": case[3],
+                    "num_workers": case[4],
+                    "samples_per_epoch": epoch_samples,
+                    "plan_cpu_us_per_sample": plan_us,
+                    "lookup_cpu_us_per_sample": look_us,
+                    "total_cpu_us_per_sample": total,
+                    "total_wall_us_per_sample": wall,
+                    "plan_cpu_ms_per_epoch": plan_ms,
+                }
+            )
         for n in sizes:
-            say(f"  WindowDataset construction (index.arrow mmap + episode table), {n:,} episodes: {init[n] * 1e3:.1f} ms")
+            say(
+                f"  WindowDataset construction (index.arrow mmap + episode table), {n:,} episodes: {init[n] * 1e3:.1f} ms"
+            )
             emit({"bench": "3-plan", "metric": "dataset_init_ms", "episodes": n, "value": init[n] * 1e3})
         big_label, small_label, one_label = cases[2][0], cases[1][0], cases[0][0]
         ratio = per_sample[big_label] / per_sample[small_label]
         ratio_wall = per_sample_wall[big_label] / per_sample_wall[small_label]
         met = ratio <= 1.2
-        say(f"  ratio per sample {big:,} x 1 / 8 x 1 = {ratio:.2f} CPU (target <= 1.2: {'met' if met else 'NOT met'}); "
-            f"{ratio_wall:.2f} wall")
+        say(
+            f"  ratio per sample {big:,} x 1 / 8 x 1 = {ratio:.2f} CPU (target <= 1.2: {'met' if met else 'NOT met'}); "
+            f"{ratio_wall:.2f} wall"
+        )
         r1 = per_sample[big_label] / per_sample[one_label]
-        say(f"  ratio per sample {big:,} x 1 / 1 episode all anchors = {r1:.2f} CPU (informational: the planner's "
-            f"per-episode cost)")
-        emit({"bench": "3-plan", "metric": "ratio_big_over_small_per_sample", "value": ratio, "value_wall": ratio_wall,
-              "target_max": 1.2, "met": met, "big": big_label, "small": small_label})
-        emit({"bench": "3-plan", "metric": "ratio_big_over_one_episode_per_sample", "value": r1, "big": big_label,
-              "small": one_label})
+        say(
+            f"  ratio per sample {big:,} x 1 / 1 episode all anchors = {r1:.2f} CPU (informational: the planner's "
+            f"per-episode cost)"
+        )
+        emit(
+            {
+                "bench": "3-plan",
+                "metric": "ratio_big_over_small_per_sample",
+                "value": ratio,
+                "value_wall": ratio_wall,
+                "target_max": 1.2,
+                "met": met,
+                "big": big_label,
+                "small": small_label,
+            }
+        )
+        emit(
+            {
+                "bench": "3-plan",
+                "metric": "ratio_big_over_one_episode_per_sample",
+                "value": r1,
+                "big": big_label,
+                "small": one_label,
+            }
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -498,7 +631,7 @@ def bench_plan(rounds: int, big: int) -> None:
 
 def _videos_of(root: str, folder: str, first_camera_only: bool = False) -> list[dict]:
     """Each camera stream's member bytes, written to ``folder`` for ffmpeg."""
-    from stream import DatasetSource
+    from epishard.stream import DatasetSource
 
     src = DatasetSource(root)
     ix = src.index
@@ -512,15 +645,36 @@ def _videos_of(root: str, folder: str, first_camera_only: bool = False) -> list[
             path = os.path.join(folder, f"{os.path.basename(root)}_{e}_{c}.mp4")
             with open(path, "wb") as f:
                 f.write(data)
-            out.append({"data": data, "path": path, "tables": ix.frame_tables(s), "n": int(ix.cam_num_frames[s]),
-                        "codec": ix.table.column("cameras")[e][c]["codec"].as_py(),
-                        "size": f"{int(ix.cam_width[s])}x{int(ix.cam_height[s])}"})
+            out.append(
+                {
+                    "data": data,
+                    "path": path,
+                    "tables": ix.frame_tables(s),
+                    "n": int(ix.cam_num_frames[s]),
+                    "codec": ix.table.column("cameras")[e][c]["codec"].as_py(),
+                    "size": f"{int(ix.cam_width[s])}x{int(ix.cam_height[s])}",
+                }
+            )
     return out
 
 
 def _ffmpeg(path: str, extra: list[str]) -> tuple[float, float, str]:
-    cmd = ["ffmpeg", "-nostdin", "-hide_banner", "-threads", "1", "-i", path, *extra, "-f", "rawvideo", "-pix_fmt", "rgb24",
-           "-y", "/dev/null"]
+    cmd = [
+        "ffmpeg",
+        "-nostdin",
+        "-hide_banner",
+        "-threads",
+        "1",
+        "-i",
+        path,
+        *extra,
+        "-f",
+        "rawvideo",
+        "-pix_fmt",
+        "rgb24",
+        "-y",
+        "/dev/null",
+    ]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -532,10 +686,14 @@ def _ffmpeg(path: str, extra: list[str]) -> tuple[float, float, str]:
 
 
 def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
-    say(f"\n[4-decode] decoded frames per second per core: reader decode path vs ffmpeg -threads 1 "
-        f"({rounds} rounds alternating, medians; cpu = user+sys seconds; load average {os.getloadavg()[0]:.1f})")
-    say(f"  {'videos':<44}{'frames':>7}{'reader fps/cpu':>15}{'ffmpeg fps/cpu':>15}{'fraction':>9}"
-        f"{'  -startup':>10}{'reader fps/wall':>16}{'ffmpeg fps/wall':>16}{'chunked fps/cpu':>16}{'-startup':>8}")
+    say(
+        f"\n[4-decode] decoded frames per second per core: reader decode path vs ffmpeg -threads 1 "
+        f"({rounds} rounds alternating, medians; cpu = user+sys seconds; load average {os.getloadavg()[0]:.1f})"
+    )
+    say(
+        f"  {'videos':<44}{'frames':>7}{'reader fps/cpu':>15}{'ffmpeg fps/cpu':>15}{'fraction':>9}"
+        f"{'  -startup':>10}{'reader fps/wall':>16}{'ffmpeg fps/wall':>16}{'chunked fps/cpu':>16}{'-startup':>8}"
+    )
     for label, videos in sets:
         frames = sum(v["n"] for v in videos)
         # ffmpeg's own frame count (stats line) must match the index: no duplicated or dropped frames.
@@ -561,8 +719,12 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
         def chunked():  # attribution only: the same decoder, frames fetched 32 at a time (small buffers)
             cpu, t = time.process_time(), time.perf_counter()
             for v in videos:
-                dec = VideoDecoder(v["data"], custom_frame_mappings=frame_mappings(*v["tables"]), dimension_order="NCHW",
-                                   num_ffmpeg_threads=1)
+                dec = VideoDecoder(
+                    v["data"],
+                    custom_frame_mappings=frame_mappings(*v["tables"]),
+                    dimension_order="NCHW",
+                    num_ffmpeg_threads=1,
+                )
                 for i in range(0, v["n"], 32):
                     dec.get_frames_at(list(range(i, min(i + 32, v["n"]))))
             return {"wall": time.perf_counter() - t, "cpu": time.process_time() - cpu}
@@ -574,8 +736,10 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
                 wall, cpu = wall + w, cpu + c
             return {"wall": wall, "cpu": cpu}
 
-        res = alternate(rounds, {"reader": reader, "ffmpeg": ffmpeg, "startup": lambda: ffmpeg(["-frames:v", "1"]),
-                                 "chunked": chunked})
+        res = alternate(
+            rounds,
+            {"reader": reader, "ffmpeg": ffmpeg, "startup": lambda: ffmpeg(["-frames:v", "1"]), "chunked": chunked},
+        )
         startup_cpu = med([r["cpu"] for r in res["startup"]])
         startup_wall = med([r["wall"] for r in res["startup"]])
         if tensors != [v["n"] for v in videos] or counts != tensors:
@@ -585,24 +749,44 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
         r_wall = frames / med([r["wall"] for r in res["reader"]])
         f_wall = frames / med([r["wall"] for r in res["ffmpeg"]])
         # ffmpeg without its per-process startup: median of per-round differences (same round, same load).
-        net = med([f["cpu"] - st["cpu"] for f, st in zip(res["ffmpeg"], res["startup"])])
+        net = med([f["cpu"] - st["cpu"] for f, st in zip(res["ffmpeg"], res["startup"], strict=False)])
         f_cpu_net = frames / net if net > 0 else float("nan")
         c_cpu = frames / med([r["cpu"] for r in res["chunked"]])
-        say(f"  {label:<44}{frames:>7}{r_cpu:>15.0f}{f_cpu:>15.0f}{r_cpu / f_cpu:>9.2f}{r_cpu / f_cpu_net:>10.2f}"
-            f"{r_wall:>16.0f}{f_wall:>16.0f}{c_cpu:>14.0f}{c_cpu / f_cpu_net:>10.2f}")
-        emit({"bench": "4-decode", "videos": label, "frames": frames, "reader_fps_per_cpu_s": r_cpu,
-              "ffmpeg_fps_per_cpu_s": f_cpu, "fraction_cpu": r_cpu / f_cpu,
-              "ffmpeg_startup_cpu_s_per_video": startup_cpu / len(videos),
-              "ffmpeg_fps_per_cpu_s_without_startup": f_cpu_net, "fraction_cpu_without_startup": r_cpu / f_cpu_net,
-              "reader_fps_per_wall_s": r_wall, "ffmpeg_fps_per_wall_s": f_wall, "fraction_wall": r_wall / f_wall,
-              "ffmpeg_startup_wall_s_per_video": startup_wall / len(videos),
-              "chunked_fps_per_cpu_s": c_cpu, "fraction_chunked_cpu_without_startup": c_cpu / f_cpu_net,
-              "rounds_reader": res["reader"], "rounds_ffmpeg": res["ffmpeg"], "rounds_ffmpeg_startup": res["startup"],
-              "rounds_chunked": res["chunked"]})
-    say("  fraction = reader fps / ffmpeg fps per CPU second; -startup: ffmpeg's per-process cost "
-        "(its run with -frames:v 1) taken out of the ffmpeg side;")
-    say("  chunked (attribution only): the reader's decoder fetching 32 frames per call instead of all at once "
-        "(no full-video output tensor), fraction vs ffmpeg without startup")
+        say(
+            f"  {label:<44}{frames:>7}{r_cpu:>15.0f}{f_cpu:>15.0f}{r_cpu / f_cpu:>9.2f}{r_cpu / f_cpu_net:>10.2f}"
+            f"{r_wall:>16.0f}{f_wall:>16.0f}{c_cpu:>14.0f}{c_cpu / f_cpu_net:>10.2f}"
+        )
+        emit(
+            {
+                "bench": "4-decode",
+                "videos": label,
+                "frames": frames,
+                "reader_fps_per_cpu_s": r_cpu,
+                "ffmpeg_fps_per_cpu_s": f_cpu,
+                "fraction_cpu": r_cpu / f_cpu,
+                "ffmpeg_startup_cpu_s_per_video": startup_cpu / len(videos),
+                "ffmpeg_fps_per_cpu_s_without_startup": f_cpu_net,
+                "fraction_cpu_without_startup": r_cpu / f_cpu_net,
+                "reader_fps_per_wall_s": r_wall,
+                "ffmpeg_fps_per_wall_s": f_wall,
+                "fraction_wall": r_wall / f_wall,
+                "ffmpeg_startup_wall_s_per_video": startup_wall / len(videos),
+                "chunked_fps_per_cpu_s": c_cpu,
+                "fraction_chunked_cpu_without_startup": c_cpu / f_cpu_net,
+                "rounds_reader": res["reader"],
+                "rounds_ffmpeg": res["ffmpeg"],
+                "rounds_ffmpeg_startup": res["startup"],
+                "rounds_chunked": res["chunked"],
+            }
+        )
+    say(
+        "  fraction = reader fps / ffmpeg fps per CPU second; -startup: ffmpeg's per-process cost "
+        "(its run with -frames:v 1) taken out of the ffmpeg side;"
+    )
+    say(
+        "  chunked (attribution only): the reader's decoder fetching 32 frames per call instead of all at once "
+        "(no full-video output tensor), fraction vs ffmpeg without startup"
+    )
 
 
 # --- main ------------------------------------------------------------------------------------------
@@ -611,22 +795,36 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per comparison (medians reported)")
-    parser.add_argument("--samples", type=int, default=96,
-                        help="samples per round and side in benchmarks 1 and 2, rounded up to whole epochs "
-                             "(an epoch is episodes x 4 windows)")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=96,
+        help="samples per round and side in benchmarks 1 and 2, rounded up to whole epochs "
+        "(an epoch is episodes x 4 windows)",
+    )
     parser.add_argument("--big-episodes", type=int, default=27_500, help="episodes of the large planning case")
     parser.add_argument("--only", type=int, nargs="+", choices=[1, 2, 3, 4], default=[1, 2, 3, 4])
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1, what a DataLoader worker runs with)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (default 1, what a DataLoader worker runs with)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line per measurement instead of tables")
     args = parser.parse_args()
     OUT["json"] = args.json
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
-    say(f"bench_reader: torch {torch.__version__} ({torch.get_num_threads()} intra-op threads), "
-        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, rounds={args.rounds}")
-    emit({"bench": "setup", "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-          "rounds": args.rounds})
+    say(
+        f"bench_reader: torch {torch.__version__} ({torch.get_num_threads()} intra-op threads), "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, rounds={args.rounds}"
+    )
+    emit(
+        {
+            "bench": "setup",
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
+            "rounds": args.rounds,
+        }
+    )
     tmp = tempfile.mkdtemp(prefix="epishard_bench_reader_")
     try:
         need_synth = bool({1, 2, 4} & set(args.only))
@@ -640,19 +838,47 @@ def main() -> int:
                     say(f"SKIP: {shared_data() / name} is absent; its rows are skipped")
                     emit({"bench": "setup", "skipped": name, "reason": f"{shared_data() / name} absent"})
         if 1 in args.only:
-            bench_samples("generated, 3 cameras", "1-fastwam", synth, {c: FASTWAM for c in CAMS3}, "span",
-                          args.rounds, args.samples, 2.1, True,
-                          f"{SYNTH['episodes']} episodes x {SYNTH['frames']} frames, H.264 {SYNTH['size']}x{SYNTH['size']} "
-                          f"B-frames, GOP {SYNTH['gop']}, {SYNTH['fps']} fps; offsets {FASTWAM}")
+            bench_samples(
+                "generated, 3 cameras",
+                "1-fastwam",
+                synth,
+                {c: FASTWAM for c in CAMS3},
+                "span",
+                args.rounds,
+                args.samples,
+                2.1,
+                True,
+                f"{SYNTH['episodes']} episodes x {SYNTH['frames']} frames, H.264 {SYNTH['size']}x{SYNTH['size']} "
+                f"B-frames, GOP {SYNTH['gop']}, {SYNTH['fps']} fps; offsets {FASTWAM}",
+            )
             if real.get("so101_bimanual_cloth"):
                 cams = {"observation.images.cam0": FASTWAM, "observation.images.cam1": FASTWAM}
-                bench_samples("so101_bimanual_cloth, 2 cameras (cam0, cam1)", "1-fastwam", real["so101_bimanual_cloth"],
-                              cams, "span", args.rounds, args.samples, 2.1, False,
-                              "real: 5 episodes, MPEG-4 224x224 GOP 12, 20 fps (no resize needed on either side)")
+                bench_samples(
+                    "so101_bimanual_cloth, 2 cameras (cam0, cam1)",
+                    "1-fastwam",
+                    real["so101_bimanual_cloth"],
+                    cams,
+                    "span",
+                    args.rounds,
+                    args.samples,
+                    2.1,
+                    False,
+                    "real: 5 episodes, MPEG-4 224x224 GOP 12, 20 fps (no resize needed on either side)",
+                )
         if 2 in args.only:
             offs = sum(SEGMENTS, ())
-            bench_samples("generated, 3 cameras, 3 segments", "2-segments", synth, {c: offs for c in CAMS3}, "segments",
-                          args.rounds, args.samples, 1.5, True, f"segments {SEGMENTS} ({len(offs)} frames over 65)")
+            bench_samples(
+                "generated, 3 cameras, 3 segments",
+                "2-segments",
+                synth,
+                {c: offs for c in CAMS3},
+                "segments",
+                args.rounds,
+                args.samples,
+                1.5,
+                True,
+                f"segments {SEGMENTS} ({len(offs)} frames over 65)",
+            )
         if 3 in args.only:
             bench_plan(args.rounds, args.big_episodes)
         if 4 in args.only:
@@ -660,11 +886,19 @@ def main() -> int:
             vid_dir = os.path.join(tmp, "videos")
             os.makedirs(vid_dir)
             if real.get("so101_bimanual_cloth"):
-                sets.append(("so101_bimanual_cloth: 10 x MPEG-4 224x224", _videos_of(real["so101_bimanual_cloth"], vid_dir)))
+                sets.append(
+                    ("so101_bimanual_cloth: 10 x MPEG-4 224x224", _videos_of(real["so101_bimanual_cloth"], vid_dir))
+                )
             if real.get("unitree_g1_bottle_av1"):
-                sets.append(("unitree_g1_bottle_av1: 4 x AV1 640x480", _videos_of(real["unitree_g1_bottle_av1"], vid_dir)))
-            sets.append((f"generated: {SYNTH['episodes']} x H.264 {SYNTH['size']}x{SYNTH['size']} B-frames",
-                         _videos_of(synth, vid_dir, first_camera_only=True)))
+                sets.append(
+                    ("unitree_g1_bottle_av1: 4 x AV1 640x480", _videos_of(real["unitree_g1_bottle_av1"], vid_dir))
+                )
+            sets.append(
+                (
+                    f"generated: {SYNTH['episodes']} x H.264 {SYNTH['size']}x{SYNTH['size']} B-frames",
+                    _videos_of(synth, vid_dir, first_camera_only=True),
+                )
+            )
             bench_decode(args.rounds, sets)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -29,12 +29,13 @@ from torch.utils.data import DataLoader
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from remote_servers import FaultProxy  # noqa: E402
-from shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert  # noqa: E402
-from stream import PostProcess, WindowDataset, WindowSpec, segment  # noqa: E402
-from stream.fetch import FetchPolicy  # noqa: E402
-from stream.telemetry import summarize  # noqa: E402
-from videogen import make_episode_table, make_video  # noqa: E402
+from remote_servers import FaultProxy
+from videogen import make_episode_table, make_video
+
+from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
+from epishard.stream.fetch import FetchPolicy
+from epishard.stream.telemetry import summarize
 
 CAMS = ("observation.images.front", "observation.images.left", "observation.images.wrist")
 COPIES = 6  # the dataset listed this many times in one WindowDataset: a longer epoch
@@ -42,10 +43,22 @@ COPIES = 6  # the dataset listed this many times in one WindowDataset: a longer 
 
 def make_source(episodes: int, frames: int) -> Source:
     """Generated 3-camera episodes: 128x128 H.264 with B-frames, a keyframe every 30 frames, 30 fps."""
-    eps = [Episode(source="bench", episode_index=e, table=make_episode_table(frames, fps=30), fps=30, tasks=("t",),
-                   videos={c: CameraVideo(make_video(None, frames, fps=30, height=128, width=128, gop=30,
-                                                     start_number=1000 * e + 300 * i)) for i, c in enumerate(CAMS)})
-           for e in range(episodes)]
+    eps = [
+        Episode(
+            source="bench",
+            episode_index=e,
+            table=make_episode_table(frames, fps=30),
+            fps=30,
+            tasks=("t",),
+            videos={
+                c: CameraVideo(
+                    make_video(None, frames, fps=30, height=128, width=128, gop=30, start_number=1000 * e + 300 * i)
+                )
+                for i, c in enumerate(CAMS)
+            },
+        )
+        for e in range(episodes)
+    ]
     return Source(name="bench", episodes=eps, fps=30)
 
 
@@ -53,8 +66,16 @@ def rate(url: str, options: dict | None, policy: FetchPolicy, workers: int, cams
     """Samples/s from the first batch to the end of one epoch over ``COPIES`` copies of the dataset
     (so the steady state dominates), and the reader's telemetry."""
     spec = WindowSpec(cameras={c: segment(0, 32, 9) for c in cams}, action_horizon=16, per_episode=per_episode)
-    ds = WindowDataset([url] * COPIES, spec, seed=0, telemetry=True, storage_options=options, fetch=policy,
-                       postprocess=PostProcess(size=(96, 96)), stratify=False)
+    ds = WindowDataset(
+        [url] * COPIES,
+        spec,
+        seed=0,
+        telemetry=True,
+        storage_options=options,
+        fetch=policy,
+        postprocess=PostProcess(size=(96, 96)),
+        stratify=False,
+    )
     loader = DataLoader(ds, batch_size=8, num_workers=workers)
     tel, n, t = [], 0, None
     for batch in loader:
@@ -65,15 +86,23 @@ def rate(url: str, options: dict | None, policy: FetchPolicy, workers: int, cams
             n += len(batch["frame_index"])
     wall = time.perf_counter() - t
     total = summarize(tel)
-    return {"samples_per_s": n / wall, "samples": n, "bytes_read_per_sample": total["bytes_read_per_sample"],
-            "read_wait_s": total["read_s"]}
+    return {
+        "samples_per_s": n / wall,
+        "samples": n,
+        "bytes_read_per_sample": total["bytes_read_per_sample"],
+        "read_wait_s": total["read_s"],
+    }
 
 
 def real_or_generated(episodes: int, frames: int) -> tuple[list, list[str], str]:
     """The real 2-camera so101_bimanual_cloth from ../shared/data when present, else generated episodes."""
     real = REPO.parent / "shared" / "data" / "so101_bimanual_cloth"
     if (real / "meta" / "info.json").exists():
-        return [str(real)], ["observation.images.cam0", "observation.images.cam1"], "so101_bimanual_cloth (real, 2 cameras, MPEG-4 224x224)"
+        return (
+            [str(real)],
+            ["observation.images.cam0", "observation.images.cam1"],
+            "so101_bimanual_cloth (real, 2 cameras, MPEG-4 224x224)",
+        )
     return [make_source(episodes, frames)], list(CAMS), "generated (3 cameras, H.264 128x128, GOP 30)"
 
 
@@ -87,8 +116,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     try:
-        from moto.server import ThreadedMotoServer
         import s3fs
+        from moto.server import ThreadedMotoServer
     except ImportError:
         print("bench_remote: needs moto[server] and s3fs (pip install 's3fs' 'moto[server]')")
         return 0
@@ -106,8 +135,11 @@ def main() -> int:
         convert(inputs, local, opts)
         convert(inputs, "s3://bench/ds", opts, storage_options=direct)
         on, off = FetchPolicy(), FetchPolicy(prefetch_bytes=0, threads=1)
-        configs = {"local disk": (local, None, on), "s3 direct, prefetch": ("s3://bench/ds", direct, on),
-                   "s3 direct, no prefetch": ("s3://bench/ds", direct, off)}
+        configs = {
+            "local disk": (local, None, on),
+            "s3 direct, prefetch": ("s3://bench/ds", direct, on),
+            "s3 direct, no prefetch": ("s3://bench/ds", direct, off),
+        }
         for ms, proxy in proxies.items():
             via = {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}
             configs[f"s3 +{ms} ms/request, prefetch"] = ("s3://bench/ds", via, on)
@@ -120,16 +152,30 @@ def main() -> int:
         base = float(np.median([r["samples_per_s"] for r in runs["local disk"]]))
         for name, rs in runs.items():
             sps = float(np.median([r["samples_per_s"] for r in rs]))
-            row = {"config": name, "samples_per_s": sps, "vs_local": sps / base,
-                   "read_wait_s": float(np.median([r["read_wait_s"] for r in rs])), "samples": rs[0]["samples"]}
-            print(json.dumps(row) if args.json else
-                  f"{name:<32} {sps:7.1f} samples/s  x{sps / base:.2f} of local  (worker wait for bytes "
-                  f"{row['read_wait_s']:.2f} s over {row['samples']} samples)")
+            row = {
+                "config": name,
+                "samples_per_s": sps,
+                "vs_local": sps / base,
+                "read_wait_s": float(np.median([r["read_wait_s"] for r in rs])),
+                "samples": rs[0]["samples"],
+            }
+            print(
+                json.dumps(row)
+                if args.json
+                else f"{name:<32} {sps:7.1f} samples/s  x{sps / base:.2f} of local  (worker wait for bytes "
+                f"{row['read_wait_s']:.2f} s over {row['samples']} samples)"
+            )
         for mode in ("stream", "ranged"):
             r = rate("s3://bench/ds", direct, FetchPolicy(mode=mode), args.workers, cams[:1], args.per_episode)
-            row = {"config": f"one camera of {len(cams)}, {mode} mode", "bytes_read_per_sample": r["bytes_read_per_sample"]}
-            print(json.dumps(row) if args.json else
-                  f"one camera of {len(cams)}, {mode:<6} mode: {r['bytes_read_per_sample'] / 1e3:8.1f} kB read per sample")
+            row = {
+                "config": f"one camera of {len(cams)}, {mode} mode",
+                "bytes_read_per_sample": r["bytes_read_per_sample"],
+            }
+            print(
+                json.dumps(row)
+                if args.json
+                else f"one camera of {len(cams)}, {mode:<6} mode: {r['bytes_read_per_sample'] / 1e3:8.1f} kB read per sample"
+            )
     for proxy in proxies.values():
         proxy.close()
     server.stop()

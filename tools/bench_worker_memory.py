@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shardwriter import ConvertOptions, convert  # noqa: E402
-from stream import PostProcess, WindowDataset, WindowLoader, WindowSpec  # noqa: E402
+from epishard.shardwriter import ConvertOptions, convert
+from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
 
 SOURCES = [REPO / "sample" / "gr00t_robot_sim_picknplace", REPO.parent / "shared" / "data" / "so101_bimanual_cloth"]
 
@@ -74,16 +73,27 @@ def main() -> int:
         t = time.perf_counter()
         samples = sum(len(b) for b in loader)
         pids = [w.pid for w in loader._iterator._workers]
-        rows.append({"epoch": epoch, "samples": samples, "s": round(time.perf_counter() - t, 1),
-                     "workers": [memory_mb(pid) for pid in pids]})
-        print(json.dumps(rows[-1]) if args.json else
-              f"epoch {epoch}: {samples} samples in {rows[-1]['s']} s; " +
-              "; ".join(f"w{i} RSS {m['rss']:.0f} MB PSS {m['pss']:.0f} MB"
-                        for i, m in enumerate(rows[-1]["workers"])), flush=True)
+        rows.append(
+            {
+                "epoch": epoch,
+                "samples": samples,
+                "s": round(time.perf_counter() - t, 1),
+                "workers": [memory_mb(pid) for pid in pids],
+            }
+        )
+        print(
+            json.dumps(rows[-1])
+            if args.json
+            else f"epoch {epoch}: {samples} samples in {rows[-1]['s']} s; "
+            + "; ".join(f"w{i} RSS {m['rss']:.0f} MB PSS {m['pss']:.0f} MB" for i, m in enumerate(rows[-1]["workers"])),
+            flush=True,
+        )
     for i in range(args.workers):
         rss = [r["workers"][i]["rss"] for r in rows]
-        print(f"worker {i}: RSS last/first epoch {rss[-1] / rss[0]:.3f}, max/first {max(rss) / rss[0]:.3f}, "
-              f"last/second {rss[-1] / rss[min(1, len(rss) - 1)]:.3f}")
+        print(
+            f"worker {i}: RSS last/first epoch {rss[-1] / rss[0]:.3f}, max/first {max(rss) / rss[0]:.3f}, "
+            f"last/second {rss[-1] / rss[min(1, len(rss) - 1)]:.3f}"
+        )
     return 0
 
 

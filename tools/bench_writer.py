@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardwriter import ConvertOptions, convert
+from epishard.shardwriter import ConvertOptions, convert
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,8 @@ def bench(dataset: str, rounds: int, workers: int) -> dict:
     systems = {
         "convert": lambda out: convert([dataset], out, ConvertOptions(progress=False, workers=workers)),
         "convert_no_decode_check": lambda out: convert(
-            [dataset], out, ConvertOptions(progress=False, workers=workers, decode_check=False)),
+            [dataset], out, ConvertOptions(progress=False, workers=workers, decode_check=False)
+        ),
         "copy": lambda out: shutil.copytree(dataset, os.path.join(out, "copy")),
         "copy_fsync": lambda out: _copy_durable(dataset, os.path.join(out, "copy")),
     }
@@ -92,8 +93,10 @@ def main() -> int:
         if args.json:
             print(json.dumps(r))
             continue
-        parts = [f"{name} {r[name]['median_s'] * 1e3:7.0f} ms {r[name]['mb_per_s']:7.1f} MB/s (x{r[name]['time_vs_copy']:.1f} copy time)"
-                 for name in ("convert", "convert_no_decode_check", "copy", "copy_fsync")]
+        parts = [
+            f"{name} {r[name]['median_s'] * 1e3:7.0f} ms {r[name]['mb_per_s']:7.1f} MB/s (x{r[name]['time_vs_copy']:.1f} copy time)"
+            for name in ("convert", "convert_no_decode_check", "copy", "copy_fsync")
+        ]
         print(f"{r['dataset']:<32} {r['source_mb']:5.1f} MB | " + " | ".join(parts))
     return 0
 

@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from balance.telemetry import StepTelemetry
-from stream import DatasetSource, PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
+from epishard.balance.telemetry import StepTelemetry
+from epishard.stream import DatasetSource, PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
 
 
 class TinyPolicy(nn.Module):
@@ -47,11 +47,17 @@ class TinyPolicy(nn.Module):
     def __init__(self, cameras: int, state_dim: int, action_dim: int, horizon: int, width: int = 32):
         super().__init__()
         self.encoder = nn.Sequential(
-            nn.Conv2d(3, width, 5, stride=4), nn.ReLU(), nn.Conv2d(width, width, 3, stride=2), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten())
+            nn.Conv2d(3, width, 5, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(width, width, 3, stride=2),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
         self.state = nn.Linear(state_dim, width)
-        self.head = nn.Sequential(nn.Linear(width * (cameras + 1), 4 * width), nn.ReLU(),
-                                  nn.Linear(4 * width, horizon * action_dim))
+        self.head = nn.Sequential(
+            nn.Linear(width * (cameras + 1), 4 * width), nn.ReLU(), nn.Linear(4 * width, horizon * action_dim)
+        )
         self.horizon, self.action_dim = horizon, action_dim
 
     def forward(self, images: list[torch.Tensor], state: torch.Tensor) -> torch.Tensor:
@@ -79,13 +85,24 @@ def parse() -> argparse.Namespace:
     p.add_argument("--checkpoint", help="folder for checkpoints (written every --save-every steps and at epoch ends)")
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint")
-    p.add_argument("--stop-after", type=int, default=0, help="exit after this many steps (simulates a crash; for tests)")
-    p.add_argument("--dump-keys", help="write this rank's (epoch, step, episode, frame) sample keys to DUMP.rank<R>.jsonl")
+    p.add_argument(
+        "--stop-after", type=int, default=0, help="exit after this many steps (simulates a crash; for tests)"
+    )
+    p.add_argument(
+        "--dump-keys", help="write this rank's (epoch, step, episode, frame) sample keys to DUMP.rank<R>.jsonl"
+    )
     p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--balance", action="store_true",
-                   help="cost-balanced batches (balance.streaming.BalancedWindowDataset) and per-step cost telemetry")
-    p.add_argument("--chunk-batches", type=int, default=16,
-                   help="with --balance: reordering horizon in batches per worker (1: the plain reader's batches)")
+    p.add_argument(
+        "--balance",
+        action="store_true",
+        help="cost-balanced batches (balance.streaming.BalancedWindowDataset) and per-step cost telemetry",
+    )
+    p.add_argument(
+        "--chunk-batches",
+        type=int,
+        default=16,
+        help="with --balance: reordering horizon in batches per worker (1: the plain reader's batches)",
+    )
     return p.parse_args()
 
 
@@ -140,10 +157,13 @@ def report_balance(s: dict, label: str, world: int) -> None:
     if not s["steps"]:
         print(f"balance telemetry {label}: no steps", flush=True)
         return
-    print(f"balance telemetry {label}: {s['steps']} steps over {world} ranks, max/mean rank cost "
-          f"{s['imbalance_mean']:.3f} mean (p95 {s['imbalance_p95']:.3f}, max {s['imbalance_max']:.3f}, "
-          f"whole {s['imbalance_total']:.3f}), step cost padded {s['step_time_padded']:.1f} / packed "
-          f"{s['step_time_packed']:.1f}, padding {100 * s['padding']:.1f}%", flush=True)
+    print(
+        f"balance telemetry {label}: {s['steps']} steps over {world} ranks, max/mean rank cost "
+        f"{s['imbalance_mean']:.3f} mean (p95 {s['imbalance_p95']:.3f}, max {s['imbalance_max']:.3f}, "
+        f"whole {s['imbalance_total']:.3f}), step cost padded {s['step_time_padded']:.1f} / packed "
+        f"{s['step_time_packed']:.1f}, padding {100 * s['padding']:.1f}%",
+        flush=True,
+    )
     print("balance telemetry json " + json.dumps({"label": label, "world_size": world, **s}), flush=True)
 
 
@@ -153,20 +173,29 @@ def main() -> int:
     source = DatasetSource(args.dataset)
     cams = source.cameras
     per = int(args.per_episode) if args.per_episode and args.per_episode > 1 else args.per_episode
-    spec = WindowSpec(cameras={c: segment(0, args.span - 1, args.frames) for c in cams}, state_offsets=(-1, 0),
-                      action_horizon=args.horizon, boundary="pad", per_episode=per)
-    kw = dict(seed=args.seed, postprocess=PostProcess(size=(args.size, args.size)),
-              normalize={"action": "mean_std", "observation.state": "mean_std"})
+    spec = WindowSpec(
+        cameras={c: segment(0, args.span - 1, args.frames) for c in cams},
+        state_offsets=(-1, 0),
+        action_horizon=args.horizon,
+        boundary="pad",
+        per_episode=per,
+    )
+    kw = dict(
+        seed=args.seed,
+        postprocess=PostProcess(size=(args.size, args.size)),
+        normalize={"action": "mean_std", "observation.state": "mean_std"},
+    )
     if args.balance:
-        from balance.streaming import BalancedWindowDataset
+        from epishard.balance.streaming import BalancedWindowDataset
+
         ds = BalancedWindowDataset(source, spec, batch_size=args.batch_size, chunk_batches=args.chunk_batches, **kw)
     else:
         ds = WindowDataset(source, spec, **kw)
-    loader = WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
-                          persistent_workers=args.workers > 0)
+    loader = WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers, persistent_workers=args.workers > 0)
     features = source.manifest["features"]
-    model = TinyPolicy(len(cams), features["observation.state"]["shape"][0], features["action"]["shape"][0],
-                       args.horizon).to(device)
+    model = TinyPolicy(
+        len(cams), features["observation.state"]["shape"][0], features["action"]["shape"][0], args.horizon
+    ).to(device)
     if dist.is_initialized():
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -208,12 +237,15 @@ def main() -> int:
             tick = time.perf_counter()
             compute += tick - got
             if keys:
-                for e, f in zip(batch["episode_index"].tolist(), batch["frame_index"].tolist()):
+                for e, f in zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=False):
                     keys.write(json.dumps([epoch, step, int(batch["dataset"][0]), e, f]) + "\n")
                 keys.flush()
             if args.log_every and step % args.log_every == 0:
-                print(f"[rank {rank}] epoch {epoch} step {step} loss {loss.item():.4f} "
-                      f"data wait {data_wait:.2f}s compute {compute:.2f}s", flush=True)
+                print(
+                    f"[rank {rank}] epoch {epoch} step {step} loss {loss.item():.4f} "
+                    f"data wait {data_wait:.2f}s compute {compute:.2f}s",
+                    flush=True,
+                )
             if args.checkpoint and args.save_every and step % args.save_every == 0:
                 save(args.checkpoint, rank, model, optimizer, loader, step)
             if args.stop_after and steps_run >= args.stop_after:
@@ -231,8 +263,11 @@ def main() -> int:
         gathered = [summary]
     if rank == 0:
         for r, (wait, comp, n) in enumerate(t.tolist() for t in gathered):
-            print(f"rank {r}: {int(n)} steps, data wait {wait:.2f}s ({100 * wait / max(wait + comp, 1e-9):.0f}% of "
-                  f"step time), compute {comp:.2f}s", flush=True)
+            print(
+                f"rank {r}: {int(n)} steps, data wait {wait:.2f}s ({100 * wait / max(wait + comp, 1e-9):.0f}% of "
+                f"step time), compute {comp:.2f}s",
+                flush=True,
+            )
         if telemetry is not None:
             report_balance(telemetry[1].summary(reset=False), "run", world)
     if dist.is_initialized():

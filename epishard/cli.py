@@ -11,9 +11,9 @@ import sys
 import traceback
 import warnings
 
-from .convert import ConvertOptions, convert
-from .errors import ConversionError, OutputFolderError, SourceError
-from .video import ReencodeSpec
+from epishard.shardwriter.convert import ConvertOptions, convert
+from epishard.shardwriter.errors import ConversionError, OutputFolderError, SourceError
+from epishard.shardwriter.video import ReencodeSpec
 
 
 def _size(text: str) -> int:
@@ -40,7 +40,9 @@ def _reencode(text: str) -> ReencodeSpec:
     try:
         return ReencodeSpec.parse(text)
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"--reencode {text!r}: {exc} (expected e.g. codec=libx264,gop=10,size=224x224,crf=23)") from None
+        raise ValueError(
+            f"--reencode {text!r}: {exc} (expected e.g. codec=libx264,gop=10,size=224x224,crf=23)"
+        ) from None
 
 
 def _cmd_convert(args) -> int:
@@ -59,14 +61,19 @@ def _cmd_convert(args) -> int:
     )
     manifest = convert(args.sources, args.out, options, storage_options=args.storage_options)
     t, report = manifest["totals"], manifest["report"]
-    print(f"wrote {t['shards']} shards, {t['episodes']} episodes, {t['rows']} rows, "
-          f"{t['bytes'] / 1e6:.1f} MB to {args.out}")
+    print(
+        f"wrote {t['shards']} shards, {t['episodes']} episodes, {t['rows']} rows, "
+        f"{t['bytes'] / 1e6:.1f} MB to {args.out}"
+    )
     for source in manifest["sources"]:
         for note in source["notes"]:
             print(f"  note: {source['name']}: {note}")
     for name, cam in manifest["cameras"].items():
         if cam.get("conversion") or cam.get("kind") == "depth":
-            print(f"  camera {name}: " + (cam.get("conversion") or f"depth, read as uint16 [T, 1, H, W] ({cam['pix_fmt']})"))
+            print(
+                f"  camera {name}: "
+                + (cam.get("conversion") or f"depth, read as uint16 [T, 1, H, W] ({cam['pix_fmt']})")
+            )
     for kind, n in report["skipped_by_kind"].items():
         print(f"  skipped {n} episode(s): {kind}")
     for kind, n in report["warnings_by_kind"].items():
@@ -77,7 +84,7 @@ def _cmd_convert(args) -> int:
 
 
 def _cmd_inspect(args) -> int:
-    from .describe import describe, render
+    from epishard.shardwriter.describe import describe, render
 
     summary = describe(args.root)
     print(json.dumps(summary, indent=1) if args.json else render(summary))
@@ -85,14 +92,16 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_verify(args) -> int:
-    from .verify import verify
+    from epishard.shardwriter.verify import verify
 
     result = verify(args.root, decode=not args.no_decode, storage_options=args.storage_options)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        print(f"{args.root}: {result['shards']} shards, {result['episodes']} episodes: "
-              f"{'OK' if result['ok'] else str(len(result['problems'])) + ' problem(s)'}")
+        print(
+            f"{args.root}: {result['shards']} shards, {result['episodes']} episodes: "
+            f"{'OK' if result['ok'] else str(len(result['problems'])) + ' problem(s)'}"
+        )
         for p in result["problems"]:
             where = " ".join(f"{k}={p[k]}" for k in ("shard", "episode", "camera") if p.get(k) is not None)
             print(f"  {where}: {p['message']}")
@@ -100,14 +109,20 @@ def _cmd_verify(args) -> int:
 
 
 def _storage_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--storage-options", type=json.loads, default=None, metavar="JSON",
-                        help='fsspec options for URLs, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\' '
-                             "(credentials come from the usual AWS environment and profiles)")
+    parser.add_argument(
+        "--storage-options",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help='fsspec options for URLs, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\' '
+        "(credentials come from the usual AWS environment and profiles)",
+    )
 
 
 def build_parser(selected: str | None = "stream") -> argparse.ArgumentParser:
     """The ``epishard`` parser; the ``stream`` command's arguments are added when ``selected`` (the
-    command given) is ``"stream"`` (they need torch)."""
+    command given) is ``"stream"`` (they need torch).
+    """
     parser = argparse.ArgumentParser(prog="epishard", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,17 +135,32 @@ def build_parser(selected: str | None = "stream") -> argparse.ArgumentParser:
     c.add_argument("--max-shard-size", default="1GiB", help="bytes per shard, e.g. 512MiB (default 1GiB)")
     c.add_argument("--episodes", help="source episode indices to keep, e.g. 0-9,12")
     c.add_argument("--cameras", help="comma-separated camera names to keep (default: all)")
-    c.add_argument("--no-cameras", action="store_true",
-                   help="convert state and action only, no camera (needed when no declared camera has video files)")
-    c.add_argument("--reencode", help="re-encode videos, e.g. codec=libx264,gop=10,size=224x224,crf=23 "
-                                      "(default: copy bit-exact)")
-    c.add_argument("--on-error", choices=["fail", "skip"], default="fail",
-                   help="bad episode: stop (default) or skip it and count it in the report")
-    c.add_argument("--timestamps", choices=["warn", "fail"], default="warn",
-                   help="timestamps that disagree with the video: report (default) or fail")
+    c.add_argument(
+        "--no-cameras",
+        action="store_true",
+        help="convert state and action only, no camera (needed when no declared camera has video files)",
+    )
+    c.add_argument(
+        "--reencode", help="re-encode videos, e.g. codec=libx264,gop=10,size=224x224,crf=23 (default: copy bit-exact)"
+    )
+    c.add_argument(
+        "--on-error",
+        choices=["fail", "skip"],
+        default="fail",
+        help="bad episode: stop (default) or skip it and count it in the report",
+    )
+    c.add_argument(
+        "--timestamps",
+        choices=["warn", "fail"],
+        default="warn",
+        help="timestamps that disagree with the video: report (default) or fail",
+    )
     c.add_argument("--workers", type=int, default=1, help="parallel processes (default 1)")
-    c.add_argument("--overwrite", action="store_true",
-                   help="replace a finished conversion of other sources or options in OUT (refused without it)")
+    c.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a finished conversion of other sources or options in OUT (refused without it)",
+    )
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     _storage_option(c)
     c.set_defaults(func=_cmd_convert)
@@ -151,7 +181,7 @@ def build_parser(selected: str | None = "stream") -> argparse.ArgumentParser:
     if selected == "stream":
         # Only this command loads torch (and its native thread pools): the others start faster and
         # exit with fewer native libraries to tear down.
-        from stream import report
+        from epishard.stream import report
 
         report.add_arguments(st)
         st.set_defaults(func=report.main)
@@ -175,7 +205,8 @@ def _one_line(text: str) -> str:
 
 def error_line(exc: BaseException) -> tuple[str, bool]:
     """``(message, expected)`` for an exception reaching the CLI: one line naming the thing and the
-    cause. ``expected`` is False for a fault the code did not anticipate (a bug to report)."""
+    cause. ``expected`` is False for a fault the code did not anticipate (a bug to report).
+    """
     text = str(exc)
     if "Original Traceback (most recent call last)" in text:
         # Re-raised from a DataLoader worker: the message carries the worker's traceback; its last
@@ -200,13 +231,15 @@ def error_line(exc: BaseException) -> tuple[str, bool]:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI. Exit status: 0 done, 1 ``verify`` found damage, 2 an error (one line on stderr,
     ``epishard <command>: error: <thing>: <cause>``; the traceback too with ``--debug``), 130
-    interrupted, 141 stdout closed early (a pipe into `head`)."""
+    interrupted, 141 stdout closed early (a pipe into `head`).
+    """
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     shown = warnings.formatwarning
     if not args.debug:  # notices (a skipped shard, ...) as one line each, without the source line
         warnings.formatwarning = lambda message, *_, **__: (
-            f"epishard {args.command}: warning: {_one_line(str(message).removeprefix('epishard: '))}\n")
+            f"epishard {args.command}: warning: {_one_line(str(message).removeprefix('epishard: '))}\n"
+        )
     try:
         return args.func(args)
     except KeyboardInterrupt:
