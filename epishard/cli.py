@@ -60,26 +60,20 @@ def _cmd_convert(args) -> int:
         overwrite=args.overwrite,
     )
     manifest = convert(args.sources, args.out, options, storage_options=args.storage_options)
-    t, report = manifest["totals"], manifest["report"]
-    print(
-        f"wrote {t['shards']} shards, {t['episodes']} episodes, {t['rows']} rows, "
-        f"{t['bytes'] / 1e6:.1f} MB to {args.out}"
-    )
-    for source in manifest["sources"]:
-        for note in source["notes"]:
-            print(f"  note: {source['name']}: {note}")
-    for name, cam in manifest["cameras"].items():
-        if cam.get("conversion") or cam.get("kind") == "depth":
-            print(
-                f"  camera {name}: "
-                + (cam.get("conversion") or f"depth, read as uint16 [T, 1, H, W] ({cam['pix_fmt']})")
-            )
-    for kind, n in report["skipped_by_kind"].items():
+    t, report = manifest.totals, manifest.report
+    print(f"wrote {t.shards} shards, {t.episodes} episodes, {t.rows} rows, {t.bytes / 1e6:.1f} MB to {args.out}")
+    for source in manifest.sources:
+        for note in source.notes:
+            print(f"  note: {source.name}: {note}")
+    for name, cam in manifest.cameras.items():
+        if cam.conversion or cam.kind == "depth":
+            print(f"  camera {name}: " + (cam.conversion or f"depth, read as uint16 [T, 1, H, W] ({cam.pix_fmt})"))
+    for kind, n in report.skipped_by_kind.items():
         print(f"  skipped {n} episode(s): {kind}")
-    for kind, n in report["warnings_by_kind"].items():
-        example = next(w for w in report["warnings"] if w["kind"] == kind)
-        camera = f" camera {example['camera']}" if example["camera"] else ""
-        print(f"  warning x{n} {kind}: e.g. episode {example['episode']}{camera}: {example['message']}")
+    for kind, n in report.warnings_by_kind.items():
+        example = next(w for w in report.warnings if w.kind == kind)
+        camera = f" camera {example.camera}" if example.camera else ""
+        print(f"  warning x{n} {kind}: e.g. episode {example.episode}{camera}: {example.message}")
     return 0
 
 
@@ -145,15 +139,17 @@ def build_parser(selected: str | None = "stream") -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--on-error",
-        choices=["fail", "skip"],
-        default="fail",
-        help="bad episode: stop (default) or skip it and count it in the report",
+        choices=["raise", "skip", "fail"],
+        default="raise",
+        metavar="{raise,skip}",
+        help="bad episode: stop (default) or skip it and count it in the report ('fail': deprecated 'raise')",
     )
     c.add_argument(
         "--timestamps",
-        choices=["warn", "fail"],
+        choices=["warn", "raise", "fail"],
         default="warn",
-        help="timestamps that disagree with the video: report (default) or fail",
+        metavar="{warn,raise}",
+        help="timestamps that disagree with the video: report (default) or stop ('fail': deprecated 'raise')",
     )
     c.add_argument("--workers", type=int, default=1, help="parallel processes (default 1)")
     c.add_argument(

@@ -23,13 +23,14 @@ import signal
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from typing import Literal
 
 import av
 import pyarrow as pa
 
 from . import format as fmt
 from .episode import Episode, Source, TableSlice
-from .errors import ConversionError, OutputFolderError, SourceError
+from .errors import ConversionError, OutputFolderError, SourceError, check_choice
 from .index import dataset_index_bytes, encode_index, read_shard_meta, read_table_bytes
 from .lerobot import read_lerobot
 from .prepare import PrepareOptions, prepare
@@ -48,12 +49,15 @@ class ConvertOptions:
     ``episodes``: source episode indices to keep (None: all). ``cameras``: camera names to keep
     (None: all; ``()``: none, state and action only, e.g. for a dataset whose videos are absent).
     ``reencode``: re-encode videos instead of copying them bit-exact. ``on_error``:
-    ``"fail"`` stops at the first bad episode, ``"skip"`` leaves it out and counts it in the report.
-    ``timestamps``: ``"warn"`` or ``"fail"`` on timestamp/video disagreements. ``workers``: processes.
+    ``"raise"`` stops at the first bad episode, ``"skip"`` leaves it out and counts it in the report.
+    ``timestamps``: ``"warn"`` (report) or ``"raise"`` (stop) on timestamp/video disagreements
+    (``errors.ErrorPolicy`` is the vocabulary; the earlier ``"fail"`` is a deprecated alias of
+    ``"raise"``). ``workers``: processes.
     ``overwrite``: replace a finished conversion of another plan in the output folder (without it,
     that is refused; a rerun of the same plan, or of an unfinished conversion, never needs it).
     Raises ``ValueError`` for a prefix that is not a plain file-name stem (``format.PREFIX_RE``: no
-    path separator, so nothing is written outside the output folder) or an out-of-range value.
+    path separator, so nothing is written outside the output folder), an out-of-range value, or a
+    policy that is not one of the allowed values (the message lists them).
     """
 
     prefix: str = "shard"
@@ -62,14 +66,18 @@ class ConvertOptions:
     episodes: frozenset[int] | None = None
     cameras: tuple[str, ...] | None = None
     reencode: ReencodeSpec | None = None
-    on_error: str = "fail"
-    timestamps: str = "warn"
+    on_error: Literal["raise", "skip"] = "raise"
+    timestamps: Literal["warn", "raise"] = "warn"
     decode_check: bool = True
     workers: int = 1
     progress: bool = True
     overwrite: bool = False
 
     def __post_init__(self):
+        object.__setattr__(self, "on_error", check_choice("ConvertOptions", "on_error", self.on_error, ("raise", "skip")))
+        object.__setattr__(
+            self, "timestamps", check_choice("ConvertOptions", "timestamps", self.timestamps, ("warn", "raise"))
+        )
         problems = [
             f"prefix must be a plain file-name stem ({fmt.PREFIX_RE.pattern}), got {self.prefix!r}"
             if not fmt.PREFIX_RE.fullmatch(self.prefix)
@@ -79,12 +87,6 @@ class ConvertOptions:
             else "",
             f"max_bytes_per_shard must be >= 1, got {self.max_bytes_per_shard}" if self.max_bytes_per_shard < 1 else "",
             f"workers must be >= 1, got {self.workers}" if self.workers < 1 else "",
-            f"on_error must be 'fail' or 'skip', got {self.on_error!r}"
-            if self.on_error not in ("fail", "skip")
-            else "",
-            f"timestamps must be 'warn' or 'fail', got {self.timestamps!r}"
-            if self.timestamps not in ("warn", "fail")
-            else "",
         ]
         if any(problems):
             raise ValueError("ConvertOptions: " + "; ".join(p for p in problems if p))
@@ -152,8 +154,8 @@ def plan_digest(episodes: list[Episode], options: ConvertOptions) -> str:
         "episodes": [_fingerprint(e) for e in episodes],
         "cameras": options.cameras,
         "reencode": options.reencode.describe() if options.reencode else None,
-        "on_error": options.on_error,
-        "timestamps": options.timestamps,
+        "on_error": fmt.policy_on_disk(options.on_error),  # the format's spelling: digests of earlier runs hold
+        "timestamps": fmt.policy_on_disk(options.timestamps),
         "index_columns": fmt.INDEX_SCHEMA.names,  # an index of another layout is rewritten, not reused
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
@@ -445,8 +447,8 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
             "kind": cam["kind"],
         }
     return {
-        "features": features,
-        "cameras": cameras,
+        "features": {name: fmt.FeatureEntry(**{**f, "shape": tuple(f["shape"])}) for name, f in features.items()},
+        "cameras": {name: fmt.CameraEntry(**cam) for name, cam in cameras.items()},
         "tasks": list(tasks),
         "stats": stats.result(),
         "stats_by_source": stats.result_by_source(),
@@ -455,29 +457,22 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
     }
 
 
-def _count(items: list[dict]) -> dict:
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[item["kind"]] = counts.get(item["kind"], 0) + 1
-    return dict(sorted(counts.items()))
-
-
 def convert(
     inputs: list[Source | str],
     out: str,
     options: ConvertOptions = ConvertOptions(),
     storage_options: dict | None = None,
-) -> dict:
+) -> fmt.Manifest:
     """Convert sources (LeRobot dataset paths or ``Source`` objects) into a sharded dataset at ``out``.
 
     ``out`` is a local folder or any fsspec URL (``s3://bucket/prefix``; ``storage_options`` go to
     fsspec). Shards stream straight to it; each appears under its final name only when complete.
-    Returns the manifest (also written to ``out/manifest.json``, last).
+    Returns the manifest (``format.Manifest``; also written to ``out/manifest.json``, last).
 
     Raises:
         SourceError: a source cannot be read, no episode is left after filtering, or two episodes
             share a key.
-        ConversionError: an episode is bad and ``options.on_error == "fail"``; the message names
+        ConversionError: an episode is bad and ``options.on_error == "raise"``; the message names
             dataset, episode, camera, row and shard. Shards finished before it stay and are reused
             by a rerun.
         OutputFolderError: ``out`` is a file, or a non-empty folder that is not this writer's (see
@@ -523,55 +518,55 @@ def convert(
     dataset_index = dataset_index_bytes(index_files)
     storage.write(fmt.DATASET_INDEX_NAME, dataset_index)
     summary = _summarise(storage, metas, index_files, sources)
-    skipped = [s for m in metas for s in m["skipped"]]
-    warnings = [w for m in metas for w in m["warnings"]]
+    skipped = tuple(fmt.ReportEntry(**s) for m in metas for s in m["skipped"])
+    warnings = tuple(fmt.ReportEntry(**w) for m in metas for w in m["warnings"])
     fps_values = sorted({s.fps for s in sources})
-    manifest = {
-        "format": fmt.FORMAT_NAME,
-        "format_version": fmt.FORMAT_VERSION,
-        "plan_digest": dataset_digest,
-        "sources": [
-            {
-                "name": s.name,
-                "path": s.path,
-                "format": s.format,
-                "fps": s.fps,
-                "episodes": summary["episodes_per_source"].get(s.name, 0),
-                "notes": s.notes,
-            }
+    manifest = fmt.Manifest(
+        format=fmt.FORMAT_NAME,
+        format_version=fmt.FORMAT_VERSION,
+        plan_digest=dataset_digest,
+        sources=tuple(
+            fmt.SourceEntry(
+                name=s.name,
+                path=s.path,
+                format=s.format,
+                fps=s.fps,
+                episodes=summary["episodes_per_source"].get(s.name, 0),
+                notes=tuple(s.notes),
+            )
             for s in sources
-        ],
-        "options": {
-            "prefix": options.prefix,
-            "cameras": options.cameras,
-            "on_error": options.on_error,
-            "timestamps": options.timestamps,
-            "video": options.reencode.describe() if options.reencode else "copy",
-        },
-        "fps": fps_values[0] if len(fps_values) == 1 else None,
-        **{k: v for k, v in summary.items() if k != "episodes_per_source"},
-        "totals": {
-            "shards": len(metas),
-            "episodes": sum(m["episodes"] for m in metas),
-            "rows": sum(m["rows"] for m in metas),
-            "frames": sum(m["frames"] for m in metas),
-            "bytes": sum(m["size"] for m in metas),
-            "skipped": len(skipped),
-        },
-        "index": {"file": fmt.DATASET_INDEX_NAME, "sha256": hashlib.sha256(dataset_index).hexdigest()},
-        "shards": [
-            {
+        ),
+        options=fmt.ManifestOptions(
+            prefix=options.prefix,
+            cameras=options.cameras,
+            on_error=options.on_error,
+            timestamps=options.timestamps,
+            video=options.reencode.describe() if options.reencode else "copy",
+        ),
+        fps=fps_values[0] if len(fps_values) == 1 else None,
+        features=summary["features"],
+        cameras=summary["cameras"],
+        tasks=tuple(summary["tasks"]),
+        stats=summary["stats"],
+        stats_by_source=summary["stats_by_source"],
+        stats_mixed_widths=tuple(summary["stats_mixed_widths"]),
+        totals=fmt.Totals(
+            shards=len(metas),
+            episodes=sum(m["episodes"] for m in metas),
+            rows=sum(m["rows"] for m in metas),
+            frames=sum(m["frames"] for m in metas),
+            bytes=sum(m["size"] for m in metas),
+            skipped=len(skipped),
+        ),
+        index=fmt.IndexFile(file=fmt.DATASET_INDEX_NAME, sha256=hashlib.sha256(dataset_index).hexdigest()),
+        shards=tuple(
+            fmt.ShardEntry(
                 **{k: m[k] for k in ("shard", "index", "episodes", "rows", "frames", "size", "sha256")},
-                "index_sha256": hashlib.sha256(data).hexdigest(),
-            }
+                index_sha256=hashlib.sha256(data).hexdigest(),
+            )
             for m, data in zip(metas, index_files, strict=False)
-        ],
-        "report": {
-            "skipped_by_kind": _count(skipped),
-            "warnings_by_kind": _count(warnings),
-            "skipped": skipped,
-            "warnings": warnings,
-        },
-    }
-    storage.write(fmt.MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        ),
+        report=fmt.Report.of(skipped, warnings),
+    )
+    storage.write(fmt.MANIFEST_NAME, manifest.dump())
     return manifest

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import format as fmt
 from .storage import open_regular
-from .validate import load_shard_indexes, parse_manifest
+from .validate import load_shard_indexes
 
 
 def _read(path: str) -> bytes:
@@ -26,10 +26,10 @@ def describe(root: str) -> dict:
     path = os.path.join(root, fmt.MANIFEST_NAME)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {fmt.MANIFEST_NAME} in {root} (not a dataset, or the conversion is unfinished)")
-    manifest = parse_manifest(_read(path), path)
+    manifest = fmt.Manifest.load(_read(path), path)
     index = load_shard_indexes(manifest, lambda name: _read(os.path.join(root, name)), root)
     cameras = {}
-    for cam_name in manifest["cameras"]:
+    for cam_name, camera in manifest.cameras.items():
         streams = [i for i, n in enumerate(index.cam_names.to_pylist()) if n == cam_name]
         gaps = []
         for s in streams:
@@ -38,7 +38,7 @@ def describe(root: str) -> dict:
             gaps.append(ends - keys)
         gaps = np.concatenate(gaps) if gaps else np.zeros(1)
         cameras[cam_name] = {
-            **manifest["cameras"][cam_name],
+            **camera.to_json(),
             "frames": int(index.cam_num_frames[streams].sum()),
             "keyframe_interval": {"min": int(gaps.min()), "mean": round(float(gaps.mean()), 1), "max": int(gaps.max())},
             "bytes": int(
@@ -54,18 +54,21 @@ def describe(root: str) -> dict:
         }
     return {
         "root": root,
-        "format_version": manifest["format_version"],
-        "sources": [{k: s[k] for k in ("name", "format", "episodes", "fps")} for s in manifest["sources"]],
-        "totals": manifest["totals"],
-        "shards": manifest["shards"],
+        "format_version": manifest.format_version,
+        "sources": [{k: getattr(s, k) for k in ("name", "format", "episodes", "fps")} for s in manifest.sources],
+        "totals": manifest.totals.to_json(),
+        "shards": [s.to_json() for s in manifest.shards],
         "episode_rows": {
             "min": int(index.num_rows.min()),
             "mean": round(float(index.num_rows.mean()), 1),
             "max": int(index.num_rows.max()),
         },
         "cameras": cameras,
-        "tasks": len(manifest["tasks"]),
-        "report": {k: manifest["report"][k] for k in ("skipped_by_kind", "warnings_by_kind")},
+        "tasks": len(manifest.tasks),
+        "report": {
+            "skipped_by_kind": dict(manifest.report.skipped_by_kind),
+            "warnings_by_kind": dict(manifest.report.warnings_by_kind),
+        },
     }
 
 

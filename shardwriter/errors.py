@@ -1,6 +1,39 @@
-"""Errors raised by the writer, each naming where the problem is."""
+"""Errors raised by the writer, each naming where the problem is; the error-policy vocabulary
+shared by writer and reader, and the check of option values against their allowed values.
+"""
 
 from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Literal, get_args
+
+# What to do about a bad input, in every option of writer and reader that decides it: stop with an
+# error ("raise"), leave the input out and count it ("skip"), or go on and report it ("warn").
+ErrorPolicy = Literal["raise", "skip", "warn"]
+ERROR_POLICIES: tuple[str, ...] = get_args(ErrorPolicy)
+# Spellings of earlier releases, still accepted with a DeprecationWarning.
+DEPRECATED_POLICIES = {"fail": "raise"}
+
+
+def check_choice(
+    owner: str, name: str, value: object, allowed: tuple[str, ...], deprecated: Mapping[str, str] = DEPRECATED_POLICIES
+) -> str:
+    """``value`` if it is one of ``allowed``; the new spelling of a deprecated one (with a
+    ``DeprecationWarning``), e.g. ``"fail"`` -> ``"raise"``.
+
+    Raises:
+        ValueError: names ``owner``, ``name``, the value and the allowed values.
+    """
+    if value in deprecated and deprecated[value] in allowed:  # type: ignore[index]
+        new = deprecated[value]  # type: ignore[index]
+        warnings.warn(f"{owner}: {name}={value!r} is deprecated, use {new!r}", DeprecationWarning, stacklevel=4)
+        return new
+    if value not in allowed:
+        raise ValueError(
+            f"{owner}: invalid {name} {value!r}; allowed values are " + ", ".join(repr(a) for a in allowed)
+        )
+    return value  # type: ignore[return-value]
 
 
 class ConversionError(Exception):

@@ -6,12 +6,19 @@ version of this module and the two change together.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 FORMAT_NAME = "epishard"
 FORMAT_VERSION = 2  # 2: camera `kind` (depth cameras), `images:` transform
+VERSION_KEY = b"epishard.format_version"  # Arrow schema metadata of every index file: the version it follows
 
 MANIFEST_NAME = "manifest.json"
 REPORT_NAME = "report.json"
@@ -21,7 +28,14 @@ INDEX_SUFFIX = ".index.parquet"
 # Written first into the (new or empty) output folder: marks it as a conversion's folder, so a
 # rerun may replace what is in it. A folder without it is never written into unless empty.
 CONVERT_MARKER = ".epishard-convert.json"
-_PARTIAL = re.compile(r"\.partial-\d+$")  # a file being written: <final name>.partial-<pid> (tarwriter.temp_path)
+_PARTIAL = re.compile(r"\.partial-\d+$")  # a file being written: <final name>.partial-<pid> (temp_path)
+
+
+def temp_path(final_path: str) -> str:
+    """Temporary name a file is written under before it is renamed to ``final_path``:
+    ``<final_path>.partial-<pid>`` (``is_partial`` recognises it; a rerun removes what a killed run left).
+    """
+    return f"{final_path}.partial-{os.getpid()}"
 
 
 def is_partial(name: str) -> bool:
@@ -61,6 +75,30 @@ def camera_field(camera: str) -> str:
     """
     short = camera[len("observation.images.") :] if camera.startswith("observation.images.") else camera
     return slug(short)
+
+
+def camera_fields(cameras: list[str]) -> dict[str, str]:
+    """Field name of each camera's video member (``cameras`` in sorted order): ``camera_field``, or
+    ``cam<i>`` (its position) when that collides with an earlier camera's or with ``json``/``parquet``.
+    """
+    fields: dict[str, str] = {}
+    for i, cam in enumerate(cameras):
+        name = camera_field(cam)
+        fields[cam] = name if name not in fields.values() and name not in (DATA_EXT, META_EXT) else f"cam{i}"
+    return fields
+
+
+def member_name(key: str, field: str) -> str:
+    """Tar member name ``<key>.<field>`` (``field``: ``json``, ``parquet`` or ``<camera field>.mp4``)."""
+    return f"{key}.{field}"
+
+
+def check_member_name(name: str) -> None:
+    """Raise ``ValueError`` when ``name`` is longer than ``MAX_MEMBER_NAME`` bytes (USTAR's limit:
+    the writer emits no PAX headers).
+    """
+    if len(name.encode()) > MAX_MEMBER_NAME:
+        raise ValueError(f"tar member name {name!r} is longer than {MAX_MEMBER_NAME} bytes")
 
 
 # A shard prefix is a plain file-name stem: no path separators, no leading dot, so every file the
@@ -164,5 +202,495 @@ INDEX_SCHEMA = pa.schema(
         # written before it existed, which readers take as [].
         ("segment_starts", pa.list_(pa.int32())),
     ],
-    metadata={b"epishard.format_version": str(FORMAT_VERSION).encode()},
+    metadata={VERSION_KEY: str(FORMAT_VERSION).encode()},
 )
+
+
+# --- the manifest ------------------------------------------------------------------------------------
+
+
+class FormatError(ValueError):
+    """A manifest or index breaks the format; the message names the file and the field (and for an
+    index the row, episode key and camera).
+    """
+
+
+def check_version(name: object, version: object, where: str) -> None:
+    """Refuse a dataset this reader cannot read: another ``format`` than ``"epishard"``, or a
+    ``format_version`` outside ``1 .. FORMAT_VERSION`` (a newer one comes from a newer epishard).
+
+    Raises:
+        FormatError: names ``where`` (the file) and both versions.
+    """
+    if name != FORMAT_NAME:
+        raise FormatError(f"{where}: format {name!r} is not {FORMAT_NAME!r}: not an epishard dataset")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise FormatError(f"{where}: format_version {version!r} is not a format version (1, 2, ...)")
+    if version > FORMAT_VERSION:
+        raise FormatError(
+            f"{where}: format_version {version} is newer than this epishard reads (format versions 1 to "
+            f"{FORMAT_VERSION}): upgrade epishard to read it"
+        )
+
+
+_JSON_NAMES = {int: "integer", float: "number", str: "string", list: "array", dict: "object", type(None): "null"}
+_REQUIRED = object()
+
+
+def field_path(where: str, key: str) -> str:
+    """``"<file>: key"`` after a file name, else ``"<where>.key"`` (how messages name a field)."""
+    return f"{where} {key}" if where.endswith(":") else f"{where}.{key}"
+
+
+def json_field(obj: Any, key: str, types, where: str, default: Any = _REQUIRED) -> Any:
+    """``obj[key]`` if it has one of ``types`` (a JSON bool is not an integer); ``default`` when the
+    key is absent and a default is given.
+
+    Raises:
+        FormatError: "<where> <key>: missing" or "<where> <key> must be a JSON <type>, got ...".
+    """
+    at = field_path(where, key)
+    allowed = types if isinstance(types, tuple) else (types,)
+    if isinstance(obj, dict) and key not in obj:
+        if default is not _REQUIRED:
+            return default
+        raise FormatError(f"{at}: missing")
+    value = obj.get(key) if isinstance(obj, dict) else obj
+    if not isinstance(obj, dict) or not isinstance(value, types) or (isinstance(value, bool) and bool not in allowed):
+        names = " or ".join(_JSON_NAMES[t] for t in allowed)
+        raise FormatError(f"{at} must be a JSON {names}, got {value!r:.60}")
+    return value
+
+
+_NUMBER = (int, float)
+_OPT_NUMBER = (int, float, type(None))
+_OPT_STR = (str, type(None))
+_OPT_INT = (int, type(None))
+
+
+def _strings(obj: dict, key: str, where: str, default: Any = _REQUIRED) -> tuple[str, ...]:
+    values = json_field(obj, key, list, where, default)
+    if values is None:
+        return default
+    if not all(isinstance(v, str) for v in values):
+        raise FormatError(f"{field_path(where, key)} must be a JSON array of strings")
+    return tuple(values)
+
+
+def _objects(obj: dict, key: str, where: str, default: Any = _REQUIRED) -> dict:
+    values = json_field(obj, key, dict, where, default)
+    if values is not None and not all(isinstance(v, dict) for v in values.values()):
+        raise FormatError(f"{field_path(where, key)} must be a JSON object of name -> object")
+    return values
+
+
+def _to_json(value: Any) -> Any:
+    """Dataclasses (their ``to_json``), tuples and mappings as the JSON values they stand for."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, tuple):
+        return [_to_json(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _to_json(v) for k, v in value.items()}
+    return value
+
+
+class _Entry:
+    """JSON object of a frozen dataclass: every field, except ``optional`` ones that are None (absent
+    from the document they were read from, e.g. fields of an older format version).
+    """
+
+    optional: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {
+            f.name: _to_json(getattr(self, f.name))
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]
+            if not (f.name in self.optional and getattr(self, f.name) is None)
+        }
+
+
+# On-disk spelling of the writer's ``on_error``/``timestamps`` option values. Format version 2
+# records "fail" where the API now says "raise" (one vocabulary with the reader): manifests and
+# plan digests stay byte-identical, so a rerun of an existing conversion still resumes it.
+_POLICY_ON_DISK = {"raise": "fail"}
+_POLICY_IN_API = {"fail": "raise"}
+
+
+def policy_on_disk(value: str) -> str:
+    """The manifest's spelling of an ``on_error``/``timestamps`` value (``"raise"`` -> ``"fail"``)."""
+    return _POLICY_ON_DISK.get(value, value)
+
+
+@dataclass(frozen=True)
+class SourceEntry(_Entry):
+    """A converted source: ``name`` (unique in the dataset), ``path`` (None for a Python-API source),
+    ``format`` (e.g. ``lerobot-v2.1``), ``fps`` (frames per second or None), ``episodes`` converted,
+    ``notes`` (facts found while reading it, e.g. cameras declared without files).
+    """
+
+    name: str
+    path: str | None
+    format: str
+    fps: float | None
+    episodes: int
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str) -> SourceEntry:
+        return cls(
+            name=json_field(obj, "name", str, where),
+            path=json_field(obj, "path", _OPT_STR, where, None),
+            format=json_field(obj, "format", str, where),
+            fps=json_field(obj, "fps", _OPT_NUMBER, where),
+            episodes=json_field(obj, "episodes", int, where),
+            notes=_strings(obj, "notes", where, ()),
+        )
+
+
+@dataclass(frozen=True)
+class ManifestOptions(_Entry):
+    """The conversion's options: shard ``prefix``; ``cameras`` kept (None: all; ``()``: none);
+    ``on_error`` and ``timestamps`` policies (``"raise"``/``"skip"``, ``"warn"``/``"raise"``; written
+    as ``"fail"`` for ``"raise"``, the format's spelling); ``video``: ``"copy"`` or the re-encode spec.
+    """
+
+    prefix: str
+    cameras: tuple[str, ...] | None
+    on_error: str
+    timestamps: str
+    video: str
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["on_error"], out["timestamps"] = policy_on_disk(self.on_error), policy_on_disk(self.timestamps)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str) -> ManifestOptions:
+        on_error, timestamps = json_field(obj, "on_error", str, where), json_field(obj, "timestamps", str, where)
+        return cls(
+            prefix=json_field(obj, "prefix", str, where),
+            cameras=_strings(obj, "cameras", where, None) if obj.get("cameras") is not None else None,
+            on_error=_POLICY_IN_API.get(on_error, on_error),
+            timestamps=_POLICY_IN_API.get(timestamps, timestamps),
+            video=json_field(obj, "video", str, where),
+        )
+
+
+@dataclass(frozen=True)
+class FeatureEntry(_Entry):
+    """A column or camera: ``dtype`` (Arrow value type, or ``"video"``), ``shape`` (list widths, None
+    where they vary; ``[h, w, c]`` for a camera), ``names`` (as the source declares them, or None),
+    ``kind`` (cameras only: ``rgb`` or ``depth``).
+    """
+
+    optional = ("kind",)
+    dtype: str
+    shape: tuple[int | None, ...]
+    names: Any
+    kind: str | None = None
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str) -> FeatureEntry:
+        shape = json_field(obj, "shape", list, where)
+        if not all(isinstance(n, _OPT_INT) and not isinstance(n, bool) for n in shape):
+            raise FormatError(f"{field_path(where, 'shape')} must be a JSON array of integers or nulls")
+        return cls(
+            dtype=json_field(obj, "dtype", str, where),
+            shape=tuple(shape),
+            names=obj.get("names"),
+            kind=json_field(obj, "kind", str, where, None),
+        )
+
+
+@dataclass(frozen=True)
+class CameraEntry(_Entry):
+    """A camera: stream facts of its first episode as a reader returns them (``width``, ``height``
+    after rotation, ``codec``, ``fps``), ``episodes`` that have it, and (format version 2) its
+    ``kind``, stored ``pix_fmt`` and ``bit_depth``, what a reader returns (``dtype``, ``channels``)
+    and the ``conversion`` applied when that holds fewer bits than are stored (None: none).
+    ``sizes``: ``"<height>x<width>"`` -> episodes, only where episodes differ in size.
+    """
+
+    optional = ("kind", "pix_fmt", "bit_depth", "dtype", "channels", "sizes")
+    codec: str
+    width: int
+    height: int
+    fps: float
+    episodes: int
+    kind: str | None = None
+    pix_fmt: str | None = None
+    bit_depth: int | None = None
+    dtype: str | None = None
+    channels: int | None = None
+    conversion: str | None = None
+    sizes: Mapping[str, int] | None = None
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        if self.kind is None:  # a version-1 entry: none of the version-2 fields
+            out.pop("conversion")
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str) -> CameraEntry:
+        return cls(
+            codec=json_field(obj, "codec", str, where),
+            width=json_field(obj, "width", int, where),
+            height=json_field(obj, "height", int, where),
+            fps=json_field(obj, "fps", _NUMBER, where),
+            episodes=json_field(obj, "episodes", int, where),
+            kind=json_field(obj, "kind", str, where, None),
+            pix_fmt=json_field(obj, "pix_fmt", str, where, None),
+            bit_depth=json_field(obj, "bit_depth", int, where, None),
+            dtype=json_field(obj, "dtype", str, where, None),
+            channels=json_field(obj, "channels", int, where, None),
+            conversion=json_field(obj, "conversion", _OPT_STR, where, None),
+            sizes=json_field(obj, "sizes", dict, where, None),
+        )
+
+
+@dataclass(frozen=True)
+class IndexFile(_Entry):
+    """The dataset index: ``file`` (``index.arrow``) and its ``sha256`` (hex)."""
+
+    file: str
+    sha256: str
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str) -> IndexFile:
+        return cls(file=json_field(obj, "file", str, where), sha256=json_field(obj, "sha256", str, where))
+
+
+@dataclass(frozen=True)
+class ShardEntry(_Entry):
+    """One shard: file names of its tar (``shard``) and window index (``index``), ``episodes``,
+    ``rows`` and camera ``frames`` it holds, the tar's ``size`` (bytes) and ``sha256``, the index's
+    ``index_sha256``.
+    """
+
+    shard: str
+    index: str
+    episodes: int
+    rows: int
+    frames: int
+    size: int
+    sha256: str
+    index_sha256: str
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str) -> ShardEntry:
+        return cls(
+            shard=json_field(obj, "shard", str, where),
+            index=json_field(obj, "index", str, where),
+            episodes=json_field(obj, "episodes", int, where),
+            rows=json_field(obj, "rows", int, where),
+            frames=json_field(obj, "frames", int, where),
+            size=json_field(obj, "size", int, where),
+            sha256=json_field(obj, "sha256", str, where),
+            index_sha256=json_field(obj, "index_sha256", str, where),
+        )
+
+
+@dataclass(frozen=True)
+class Totals(_Entry):
+    """Dataset totals: ``shards``, ``episodes``, ``rows``, camera ``frames`` (rows x cameras), ``bytes``
+    of the tars, ``skipped`` episodes.
+    """
+
+    shards: int
+    episodes: int
+    rows: int
+    frames: int
+    bytes: int
+    skipped: int
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str) -> Totals:
+        return cls(**{f.name: json_field(obj, f.name, int, where) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class ReportEntry(_Entry):
+    """A skipped episode or a warning: ``kind`` (e.g. ``nan``, ``timestamps_offset``), ``message``,
+    and where (None where it does not apply): ``dataset``, ``episode``, ``camera``, ``row``, ``file``,
+    and for a skipped episode the ``shard`` it would have been in.
+    """
+
+    kind: str
+    message: str
+    dataset: str | None = None
+    episode: int | None = None
+    camera: str | None = None
+    row: int | None = None
+    file: str | None = None
+    shard: str | None = None
+
+    def to_json(self, skipped: bool = True) -> dict:  # type: ignore[override]
+        """Warnings name no file or shard unless they have one; skipped entries always list both."""
+        out = super().to_json()
+        for key in ("file", "shard"):
+            if not skipped and out[key] is None:
+                del out[key]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str) -> ReportEntry:
+        return cls(
+            kind=json_field(obj, "kind", str, where),
+            message=json_field(obj, "message", str, where),
+            dataset=json_field(obj, "dataset", _OPT_STR, where, None),
+            episode=json_field(obj, "episode", _OPT_INT, where, None),
+            camera=json_field(obj, "camera", _OPT_STR, where, None),
+            row=json_field(obj, "row", _OPT_INT, where, None),
+            file=json_field(obj, "file", _OPT_STR, where, None),
+            shard=json_field(obj, "shard", _OPT_STR, where, None),
+        )
+
+
+def count_kinds(entries: tuple[ReportEntry, ...]) -> dict[str, int]:
+    """Entries per ``kind``, kinds in sorted order (the report's ``*_by_kind``)."""
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry.kind] = counts.get(entry.kind, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+@dataclass(frozen=True)
+class Report(_Entry):
+    """What the writer dropped or flagged: ``skipped`` episodes and ``warnings``, and their counts per kind."""
+
+    skipped_by_kind: Mapping[str, int]
+    warnings_by_kind: Mapping[str, int]
+    skipped: tuple[ReportEntry, ...] = ()
+    warnings: tuple[ReportEntry, ...] = ()
+
+    @classmethod
+    def of(cls, skipped: tuple[ReportEntry, ...], warnings: tuple[ReportEntry, ...]) -> Report:
+        return cls(count_kinds(skipped), count_kinds(warnings), skipped, warnings)
+
+    def to_json(self) -> dict:
+        return {
+            "skipped_by_kind": dict(self.skipped_by_kind),
+            "warnings_by_kind": dict(self.warnings_by_kind),
+            "skipped": [e.to_json(skipped=True) for e in self.skipped],
+            "warnings": [e.to_json(skipped=False) for e in self.warnings],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str) -> Report:
+        lists = {
+            key: tuple(
+                ReportEntry.from_json(e, f"{where}.{key}[{i}]")
+                for i, e in enumerate(json_field(obj, key, list, where, []))
+            )
+            for key in ("skipped", "warnings")
+        }
+        return cls(
+            skipped_by_kind=json_field(obj, "skipped_by_kind", dict, where),
+            warnings_by_kind=json_field(obj, "warnings_by_kind", dict, where),
+            **lists,
+        )
+
+
+@dataclass(frozen=True)
+class Manifest(_Entry):
+    """``manifest.json``: what a dataset holds and how it was made (docs/FORMAT.md, "Manifest").
+
+    Built by ``convert``; read with ``Manifest.load`` (every reader: the stream reader, ``verify``,
+    ``inspect``), written with ``dump``. Mappings keep the document's order; statistics
+    (``stats``: column -> ``{count, mean, std, min, max, q01, q99}`` lists, one value per
+    dimension; ``stats_by_source``: source -> the same) stay plain JSON values. ``plan_digest``,
+    ``options``, ``features``, ``stats_by_source`` and ``stats_mixed_widths`` are None when the
+    document has none (hand-made or older manifests); readers do not need them.
+    """
+
+    optional = ("plan_digest", "options", "features", "stats_by_source", "stats_mixed_widths")
+    format: str
+    format_version: int
+    index: IndexFile
+    shards: tuple[ShardEntry, ...]
+    cameras: Mapping[str, CameraEntry]
+    stats: Mapping[str, Mapping[str, Any]]
+    totals: Totals
+    tasks: tuple[str, ...]
+    sources: tuple[SourceEntry, ...]
+    report: Report
+    fps: float | None = None
+    plan_digest: str | None = None
+    options: ManifestOptions | None = None
+    features: Mapping[str, FeatureEntry] | None = None
+    stats_by_source: Mapping[str, Mapping[str, Any]] | None = None
+    stats_mixed_widths: tuple[str, ...] | None = None
+
+    def dump(self) -> bytes:
+        """``manifest.json``'s bytes: sorted keys, one space of indent (what every version wrote)."""
+        return json.dumps(self.to_json(), indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def load(cls, data: bytes, where: str) -> Manifest:
+        """The manifest in ``data`` (``manifest.json``'s bytes; ``where``: its path or URL).
+
+        First the format and version (``check_version``: a newer version is refused, naming both),
+        then every field readers use (``validate.check_manifest``: types, ranges, plain file names,
+        sha256 digests), then the typed fields. Nothing the manifest names is opened here.
+
+        Raises:
+            FormatError: not JSON, another format, a newer version, or a field that breaks the
+                format; the message names ``where`` and the field.
+        """
+        from .validate import check_manifest  # validate reads this module's names: imported on use
+
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, absurd nesting
+            raise FormatError(f"{where}: not valid JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise FormatError(f"{where}: the document must be a JSON object, got {obj!r:.60}")
+        at = f"{where}:"  # fields follow: "<file>: shards[1].size"
+        check_version(json_field(obj, "format", str, at), json_field(obj, "format_version", int, at), where)
+        check_manifest(obj, where)
+        return cls.from_json(obj, at)
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str) -> Manifest:
+        """The typed manifest of a parsed document (``where``: ``"<file>:"``); types are checked
+        here, value ranges by ``Manifest.load``.
+        """
+        sub = field_path
+        options = json_field(obj, "options", dict, where, None)
+        features = _objects(obj, "features", where, None)
+        return cls(
+            format=json_field(obj, "format", str, where),
+            format_version=json_field(obj, "format_version", int, where),
+            index=IndexFile.from_json(json_field(obj, "index", dict, where), sub(where, "index")),
+            shards=tuple(
+                ShardEntry.from_json(s, f"{sub(where, 'shards')}[{i}]")
+                for i, s in enumerate(json_field(obj, "shards", list, where))
+            ),
+            cameras={
+                name: CameraEntry.from_json(c, f"{sub(where, 'cameras')}.{name}")
+                for name, c in _objects(obj, "cameras", where).items()
+            },
+            stats=_objects(obj, "stats", where),
+            totals=Totals.from_json(json_field(obj, "totals", dict, where), sub(where, "totals")),
+            tasks=_strings(obj, "tasks", where),
+            sources=tuple(
+                SourceEntry.from_json(s, f"{sub(where, 'sources')}[{i}]")
+                for i, s in enumerate(json_field(obj, "sources", list, where))
+            ),
+            report=Report.from_json(json_field(obj, "report", dict, where), sub(where, "report")),
+            fps=json_field(obj, "fps", _OPT_NUMBER, where, None),
+            plan_digest=json_field(obj, "plan_digest", str, where, None),
+            options=None if options is None else ManifestOptions.from_json(options, sub(where, "options")),
+            features=None
+            if features is None
+            else {name: FeatureEntry.from_json(f, f"{sub(where, 'features')}.{name}") for name, f in features.items()},
+            stats_by_source=_objects(obj, "stats_by_source", where, None),
+            stats_mixed_widths=_strings(obj, "stats_mixed_widths", where, None),
+        )
+
+    def camera_episodes(self) -> dict[str, int]:
+        """Camera name -> episodes that have it."""
+        return {name: camera.episodes for name, camera in self.cameras.items()}

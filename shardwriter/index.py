@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
-from .format import DATASET_INDEX_NAME, INDEX_SCHEMA, MANIFEST_NAME
+from .format import DATASET_INDEX_NAME, INDEX_SCHEMA, MANIFEST_NAME, VERSION_KEY, Manifest
+from .validate import check_index_version
 
 SHARD_META_KEY = b"epishard.shard"
 
@@ -54,11 +55,13 @@ def read_table_bytes(data: bytes) -> pa.Table:
 def dataset_index_bytes(index_files: list[bytes]) -> bytes:
     """Concatenate per-shard index files (Parquet bytes, in shard order) into one uncompressed Arrow
     IPC file with an int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``).
+    Its schema metadata holds the format version (``format.VERSION_KEY``), as each shard index's does.
     """
     tables = [read_table_bytes(data).replace_schema_metadata(None) for data in index_files]
     table = pa.concat_tables(tables)
     shard = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])
     table = table.append_column("shard", pa.array(shard))
+    table = table.replace_schema_metadata({VERSION_KEY: INDEX_SCHEMA.metadata[VERSION_KEY]})  # checked by readers
     sink = pa.BufferOutputStream()
     feather.write_feather(table, sink, compression="uncompressed")
     return sink.getvalue().to_pybytes()
@@ -186,10 +189,13 @@ class WindowIndex:
         """
         path = os.path.join(root, DATASET_INDEX_NAME)
         if os.path.exists(path):
-            return cls.from_dataset_table(feather.read_table(path, memory_map=True))
-        with open(os.path.join(root, MANIFEST_NAME)) as f:
-            shards = json.load(f)["shards"]
-        return cls.load([os.path.join(root, s["index"]) for s in shards])
+            table = feather.read_table(path, memory_map=True)
+            check_index_version(table.schema, None, path)
+            return cls.from_dataset_table(table)
+        manifest_path = os.path.join(root, MANIFEST_NAME)
+        with open(manifest_path, "rb") as f:
+            shards = Manifest.load(f.read(), manifest_path).shards
+        return cls.load([os.path.join(root, s.index) for s in shards])
 
     @property
     def num_episodes(self) -> int:

@@ -14,6 +14,7 @@ import io
 import json
 import os
 from dataclasses import dataclass, field
+from typing import Literal
 
 import av
 import numpy as np
@@ -35,7 +36,7 @@ class PrepareOptions:
 
     ``cameras``: camera names to keep (None: all). ``reencode``: re-encode settings or None for a
     bit-exact copy / stream-copy cut. ``timestamps``: ``"warn"`` records timestamp disagreements in
-    the report (frames are mapped by frame_index, so they cannot shift frames); ``"fail"`` treats
+    the report (frames are mapped by frame_index, so they cannot shift frames); ``"raise"`` treats
     them as errors. ``decode_check``: per camera, decode every frame of the stored video the way the
     reader does and stop (``frame_mismatch``) where the frame table disagrees with it (see
     ``video.check_frames``; two full decodes per camera). Turning it off trusts the table unchecked.
@@ -43,7 +44,7 @@ class PrepareOptions:
 
     cameras: tuple[str, ...] | None = None
     reencode: ReencodeSpec | None = None
-    timestamps: str = "warn"
+    timestamps: Literal["warn", "raise"] = "warn"
     decode_check: bool = True
 
 
@@ -362,14 +363,6 @@ def compact_tables(stored: VideoProbe, row_to_frame: np.ndarray) -> dict:
     }
 
 
-def _camera_fields(cameras: list[str]) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for i, cam in enumerate(cameras):
-        name = fmt.camera_field(cam)
-        fields[cam] = name if name not in fields.values() and name not in (fmt.DATA_EXT, fmt.META_EXT) else f"cam{i}"
-    return fields
-
-
 def _task(episode: Episode, table: pa.Table) -> list[str]:
     if episode.tasks:
         return list(episode.tasks)
@@ -387,7 +380,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
             state or action (``nan``), bad ``frame_index``, a missing camera, an unreadable or
             truncated video, a frame table the reader's decoder disagrees with (``frame_mismatch``),
             rows past the video's end, an encoder failure (``encode_failed``), an image camera's
-            undecodable row (``bad_image``), and (with ``timestamps="fail"``) timestamps that
+            undecodable row (``bad_image``), and (with ``timestamps="raise"``) timestamps that
             disagree with the video, a v3.0 ``to_timestamp`` off by up to a frame, or a recording
             break (timestamps reset or jump).
     """
@@ -414,7 +407,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     except ConversionError as exc:
         raise exc.with_context(**where) from None
     breaks = discontinuities(table, episode.fps)
-    if breaks and opts.timestamps == "fail":
+    if breaks and opts.timestamps == "raise":
         raise _fail(breaks[0]["kind"], breaks[0]["message"], row=breaks[0]["row"], **where)
     warnings = [{**b, "dataset": episode.source, "episode": episode.episode_index, "camera": None} for b in breaks]
     first_break = breaks[0]["row"] if breaks else table.num_rows
@@ -422,7 +415,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     if absent:
         raise _fail("missing_camera", "image feature has no column in the table", camera=absent[0], **where)
     cameras = sorted(c for c in (*episode.videos, *episode.images) if wanted is None or c in wanted)
-    fields = _camera_fields(cameras)
+    fields = fmt.camera_fields(cameras)
     members: list[tuple[str, bytes]] = []
     cam_rows = []
     for cam in cameras:
@@ -450,7 +443,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         for note in notes + _kind_notes(declared_depth, kind, stored.pix_fmt, opts):
             warnings.append({**note, "dataset": episode.source, "episode": episode.episode_index, "camera": cam})
         for report in reports:
-            if opts.timestamps == "fail":
+            if opts.timestamps == "raise":
                 raise _fail(report["kind"], report["message"], camera=cam, row=report["row"], path=path, **where)
             warnings.append({**report, "dataset": episode.source, "episode": episode.episode_index, "camera": cam})
         cam_rows.append(
@@ -472,7 +465,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
                 "kind": kind,
             }
         )
-        members.append((f"{key}.{fields[cam]}.{fmt.VIDEO_EXT}", data))
+        members.append((fmt.member_name(key, f"{fields[cam]}.{fmt.VIDEO_EXT}"), data))
     if episode.images:  # their images now live in the cameras' videos
         table, raw = table.drop_columns([c for c in episode.images if c in table.column_names]), None
     tasks = _task(episode, table)
@@ -490,7 +483,10 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         buf = io.BytesIO()
         pq.write_table(table, buf)
         raw = buf.getvalue()
-    head = [(f"{key}.{fmt.META_EXT}", json.dumps(meta, sort_keys=True).encode()), (f"{key}.{fmt.DATA_EXT}", raw)]
+    head = [
+        (fmt.member_name(key, fmt.META_EXT), json.dumps(meta, sort_keys=True).encode()),
+        (fmt.member_name(key, fmt.DATA_EXT), raw),
+    ]
     for i, cam_row in enumerate(cam_rows):
         cam_row["member"] = len(head) + i
     row = {

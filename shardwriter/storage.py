@@ -20,7 +20,6 @@ import stat
 import fsspec
 
 from . import format as fmt
-from .tarwriter import temp_path
 
 CONNECT_TIMEOUT_S = 10.0  # default seconds to open a connection to S3 or an HTTP server
 READ_TIMEOUT_S = 30.0  # default seconds a request may wait for the next bytes of a response
@@ -205,7 +204,7 @@ class Storage:
         """
         if self.local:
             final = self.path(name)
-            tmp = temp_path(final)
+            tmp = fmt.temp_path(final)
             f = open(tmp, "wb")
             try:
                 yield f

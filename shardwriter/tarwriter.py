@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import tarfile
 
-from .format import MAX_MEMBER_NAME
+from .format import check_member_name
 
 
 class _HashingFile(io.RawIOBase):
@@ -47,11 +46,6 @@ def _member_info(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def temp_path(final_path: str) -> str:
-    """Temporary name a file is written under before being renamed to ``final_path``."""
-    return f"{final_path}.partial-{os.getpid()}"
-
-
 class TarShardWriter:
     """Write one tar shard into a binary file object; report where each member's data lies.
 
@@ -78,8 +72,7 @@ class TarShardWriter:
         self.size = 0
 
     def add(self, name: str, data: bytes) -> tuple[int, int, str]:
-        if len(name.encode()) > MAX_MEMBER_NAME:
-            raise ValueError(f"tar member name {name!r} is longer than {MAX_MEMBER_NAME} bytes")
+        check_member_name(name)
         info = _member_info(name, len(data))
         offset = self._tar.offset + len(info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape"))
         self._tar.addfile(info, io.BytesIO(data))

@@ -20,15 +20,19 @@ key and camera. The checks are vectorised (milliseconds for tens of thousands of
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import format as fmt
+from .format import FormatError
+from .format import field_path as _join
+from .format import json_field as _get
+
+__all__ = ["FormatError", "check_index", "check_index_table", "check_manifest", "plain_name"]
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHA256_PATTERN = "^[0-9a-f]{64}$"
@@ -57,12 +61,6 @@ _CAMERA_FIELDS_V1 = {
 MAX_DIMENSION = 1 << 16  # widest frame any codec the reader decodes can hold (AV1: 65536)
 
 
-class FormatError(ValueError):
-    """A manifest or index breaks the format; the message names the file and the field (and for an
-    index the row, episode key and camera).
-    """
-
-
 def plain_name(name, where: str) -> str:
     """``name`` if it is a plain file name (no ``/`` or ``\\``, no NUL, not empty, ``.`` or ``..``),
     else ``FormatError`` naming ``where``.
@@ -70,29 +68,6 @@ def plain_name(name, where: str) -> str:
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0") or len(name) > 255:
         raise FormatError(f"{where}: {name!r} is not a plain file name (no path separators, not '.' or '..')")
     return name
-
-
-def _get(obj: dict, key: str, types, where: str):
-    """``obj[key]`` if it has one of ``types``; else ``FormatError`` "<where> <key> must be a JSON ..."."""
-    at = _join(where, key)
-    value = obj.get(key) if isinstance(obj, dict) else obj
-    allowed = types if isinstance(types, tuple) else (types,)
-    if isinstance(obj, dict) and key not in obj:
-        raise FormatError(f"{at}: missing")
-    if not isinstance(obj, dict) or not isinstance(value, types) or (isinstance(value, bool) and bool not in allowed):
-        raise FormatError(f"{at} must be a JSON {_names(types)}, got {value!r:.60}")
-    return value
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where} {key}" if where.endswith(":") else f"{where}.{key}"
-
-
-_JSON = {int: "integer", float: "number", str: "string", list: "array", dict: "object", type(None): "null"}
-
-
-def _names(types) -> str:
-    return " or ".join(_JSON[t] for t in (types if isinstance(types, tuple) else (types,)))
 
 
 def _count(obj: dict, key: str, where: str) -> int:
@@ -123,14 +98,9 @@ def check_manifest(manifest, where: str) -> None:
     """
     if not isinstance(manifest, dict):
         raise FormatError(f"{where}: the document must be a JSON object, got {manifest!r:.60}")
-    where = f"{where}:"  # fields follow: "<file>: shards[1].size"
-    if _get(manifest, "format", str, where) != fmt.FORMAT_NAME:
-        raise FormatError(f"{where} format: {manifest['format']!r} is not {fmt.FORMAT_NAME!r}")
-    if not 1 <= _get(manifest, "format_version", int, where) <= fmt.FORMAT_VERSION:
-        raise FormatError(
-            f"{where} format_version: {manifest['format_version']} is not supported "
-            f"(this reader reads versions 1 to {fmt.FORMAT_VERSION})"
-        )
+    at = f"{where}:"  # fields follow: "<file>: shards[1].size"
+    fmt.check_version(_get(manifest, "format", str, at), _get(manifest, "format_version", int, at), where)
+    where = at
     index = _get(manifest, "index", dict, where)
     plain_name(_get(index, "file", str, f"{where} index"), f"{where} index.file")
     _sha(index, "sha256", f"{where} index")
@@ -257,20 +227,24 @@ def _not_ascending(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return bad
 
 
-def check_index(index, manifest: dict, where: str) -> None:
-    """Bounds-check every value of a ``WindowIndex`` (a checked manifest's dataset) before use.
+def check_index(
+    index, shards: Sequence[fmt.ShardEntry], camera_episodes: Mapping[str, int | None], where: str
+) -> None:
+    """Bounds-check every value of a ``WindowIndex`` before use, against a checked manifest's
+    ``shards`` (sizes, episodes per shard) and cameras (``camera_episodes``: name -> episodes that
+    have it, or None where that is not checked).
 
     Raises:
         FormatError: the first value out of range, naming ``where``, the row, episode and camera.
     """
     w = _Where(index, where)
-    _check_episodes(index, manifest, w)
-    _check_members(index, manifest, w)
-    _check_cameras(index, manifest, w)
+    _check_episodes(index, shards, w)
+    _check_members(index, shards, w)
+    _check_cameras(index, camera_episodes, w)
 
 
-def _check_episodes(index, manifest: dict, w: _Where) -> None:
-    shards, n = manifest["shards"], index.num_episodes
+def _check_episodes(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
+    n = index.num_episodes
     w.episode(
         (index.shard < 0) | (index.shard >= len(shards)),
         "shard",
@@ -278,10 +252,9 @@ def _check_episodes(index, manifest: dict, w: _Where) -> None:
         index.shard,
     )
     counts = np.bincount(index.shard, minlength=len(shards))
-    if counts.tolist() != [s["episodes"] for s in shards]:
+    if counts.tolist() != [s.episodes for s in shards]:
         raise FormatError(
-            f"{w.where}: episodes per shard {counts.tolist()} differ from the manifest's "
-            f"{[s['episodes'] for s in shards]}"
+            f"{w.where}: episodes per shard {counts.tolist()} differ from the manifest's {[s.episodes for s in shards]}"
         )
     w.episode(index.num_rows < 1, "num_rows", "is not positive", index.num_rows)
     w.episode(~np.isfinite(index.fps) | (index.fps <= 0), "fps", "is not a positive number", index.fps)
@@ -298,12 +271,12 @@ def _check_episodes(index, manifest: dict, w: _Where) -> None:
     )
 
 
-def _check_members(index, manifest: dict, w: _Where) -> None:
+def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
     """Members inside the shard, plain names, sha256 digests, one table member per episode."""
     n = index.num_episodes
     member_counts = np.diff(index.episode_members)
     w.episode(member_counts < 1, "members", "is empty")
-    shard_size = np.array([s["size"] for s in manifest["shards"]], dtype=np.int64)
+    shard_size = np.array([s.size for s in shards], dtype=np.int64)
     end = index.member_offset + index.member_size
     bad = (
         (index.member_offset < 0) | (index.member_size < 0) | (end > _per_item(member_counts, shard_size[index.shard]))
@@ -341,17 +314,17 @@ def _check_members(index, manifest: dict, w: _Where) -> None:
     w.stream(~video[member], "member", f"is not a .{fmt.VIDEO_EXT} member", index.cam_member)
 
 
-def _check_cameras(index, manifest: dict, w: _Where) -> None:
+def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) -> None:
     """Known names and kinds, per-camera episode counts, sizes, frame tables within the video."""
     n = index.num_episodes
-    known = pc.is_in(index.cam_names, value_set=pa.array(sorted(manifest["cameras"]), pa.string()))
+    known = pc.is_in(index.cam_names, value_set=pa.array(sorted(camera_episodes), pa.string()))
     w.stream(~known.to_numpy(zero_copy_only=False), "name", "is not a camera of the manifest")
     found = {c["values"]: c["counts"] for c in (pc.value_counts(index.cam_names).to_pylist() if n else [])}
-    for name, camera in manifest["cameras"].items():
-        if isinstance(camera.get("episodes"), int) and found.get(name, 0) != camera["episodes"]:
+    for name, episodes in camera_episodes.items():
+        if episodes is not None and found.get(name, 0) != episodes:
             raise FormatError(
                 f"{w.where}: {found.get(name, 0)} episodes have camera {name}, the manifest's "
-                f"cameras.{name}.episodes says {camera['episodes']}"
+                f"cameras.{name}.episodes says {episodes}"
             )
     cams = pa.concat_arrays(index.table.column("cameras").chunks).flatten() if n else None
     if n and "kind" in [f.name for f in cams.type]:
@@ -409,18 +382,26 @@ def _check_cameras(index, manifest: dict, w: _Where) -> None:
     )
 
 
-def parse_manifest(data: bytes, where: str) -> dict:
-    """The manifest in ``data`` (``manifest.json``'s bytes), checked by ``check_manifest``.
+def check_index_version(schema: pa.Schema, manifest_version: int | None, where: str) -> None:
+    """Check the format version an index file's schema metadata states (``format.VERSION_KEY``)
+    against this reader and the manifest's (None: not compared). Indexes written before
+    ``index.arrow`` kept it have none (the manifest's version applies).
 
     Raises:
-        FormatError: not JSON, or a field breaks the format.
+        FormatError: a newer version than this reader reads (naming both), or another than the manifest's.
     """
+    stated = (schema.metadata or {}).get(fmt.VERSION_KEY)
+    if stated is None:
+        return
     try:
-        manifest = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, absurd nesting
-        raise FormatError(f"{where}: not valid JSON ({exc})") from None
-    check_manifest(manifest, where)
-    return manifest
+        version = int(stated)
+    except ValueError:
+        raise FormatError(f"{where}: schema metadata {fmt.VERSION_KEY.decode()} {stated!r:.40} is not a version") from None
+    fmt.check_version(fmt.FORMAT_NAME, version, where)
+    if manifest_version is not None and version != manifest_version:
+        raise FormatError(
+            f"{where}: format_version {version} in its schema metadata, the manifest's format_version is {manifest_version}"
+        )
 
 
 def check_digest(data, expected: str, where: str, field: str) -> None:
@@ -432,27 +413,29 @@ def check_digest(data, expected: str, where: str, field: str) -> None:
         )
 
 
-def load_dataset_index(data, manifest: dict, where: str):
+def load_dataset_index(data, manifest: fmt.Manifest, where: str):
     """The ``WindowIndex`` in ``data`` (``index.arrow``'s bytes or buffer: an Arrow IPC file) of a
-    checked manifest, after its sha256 (the manifest's ``index.sha256``), schema and values are checked.
+    checked manifest, after its sha256 (the manifest's ``index.sha256``), format version, schema and
+    values are checked.
 
     Raises:
         FormatError: names ``where`` (the file) and the field.
     """
     from .index import WindowIndex
 
-    check_digest(data, manifest["index"]["sha256"], where, "index.sha256")
+    check_digest(data, manifest.index.sha256, where, "index.sha256")
     try:
         table = pa.ipc.open_file(data).read_all()
     except (pa.ArrowException, OSError) as exc:
         raise FormatError(f"{where}: not an Arrow IPC file: {exc}") from None
+    check_index_version(table.schema, manifest.format_version, where)
     check_index_table(table, where, shard_column=True)
     index = WindowIndex.from_dataset_table(table)
-    check_index(index, manifest, where)
+    check_index(index, manifest.shards, manifest.camera_episodes(), where)
     return index
 
 
-def load_shard_indexes(manifest: dict, read: Callable[[str], bytes], url: str):
+def load_shard_indexes(manifest: fmt.Manifest, read: Callable[[str], bytes], url: str):
     """The ``WindowIndex`` of every per-shard index a checked manifest lists, each checked against
     its ``index_sha256``, the schema and the value bounds. ``read(name)`` returns a file's bytes.
 
@@ -462,18 +445,19 @@ def load_shard_indexes(manifest: dict, read: Callable[[str], bytes], url: str):
     from .index import WindowIndex, read_table_bytes
 
     tables = []
-    for i, entry in enumerate(manifest["shards"]):
-        where = f"{url}/{entry['index']}"
-        data = read(entry["index"])
-        check_digest(data, entry["index_sha256"], where, f"shards[{i}].index_sha256")
+    for i, entry in enumerate(manifest.shards):
+        where = f"{url}/{entry.index}"
+        data = read(entry.index)
+        check_digest(data, entry.index_sha256, where, f"shards[{i}].index_sha256")
         try:
             table = read_table_bytes(data)
         except (pa.ArrowException, OSError) as exc:
             raise FormatError(f"{where}: not a Parquet file: {exc}") from None
+        check_index_version(table.schema, manifest.format_version, where)
         check_index_table(table, where, shard_column=False)
         tables.append(table.replace_schema_metadata(None))
     if not tables:
         raise FormatError(f"{url}/{fmt.MANIFEST_NAME}: lists no shards")
     index = WindowIndex(pa.concat_tables(tables), np.repeat(np.arange(len(tables)), [t.num_rows for t in tables]))
-    check_index(index, manifest, f"{url}/*{fmt.INDEX_SUFFIX}")  # DatasetSource.index_file names it alike
+    check_index(index, manifest.shards, manifest.camera_episodes(), f"{url}/*{fmt.INDEX_SUFFIX}")  # DatasetSource.index_file names it alike
     return index

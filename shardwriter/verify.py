@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from . import format as fmt
 from .index import WindowIndex, read_table_bytes
 from .storage import NotARegularFile, Storage
-from .validate import FormatError, check_index, check_index_table, parse_manifest
+from .validate import FormatError, check_index, check_index_table, check_index_version
 from .video import check_frames
 
 
@@ -43,29 +43,33 @@ def _check_video(data: bytes, cam: dict, tables: tuple, shard: str, key: str) ->
     return [_problem(shard, f"the frame table disagrees with the video: {problem}", episode=key, camera=cam["name"])]
 
 
-def _check_shard(storage: Storage, entry: dict, cameras: dict, decode: bool) -> tuple[list[dict], pa.Table | None]:
+def _check_shard(
+    storage: Storage, entry: fmt.ShardEntry, manifest: fmt.Manifest, decode: bool
+) -> tuple[list[dict], pa.Table | None]:
     """Problems of one shard, and its index table when that is sound (else None)."""
-    shard = entry["shard"]
-    for name in (shard, entry["index"]):
+    shard = entry.shard
+    for name in (shard, entry.index):
         if not storage.exists(name):
             return [_problem(shard, f"missing file {storage.path(name)}")], None
     problems = []
-    if storage.size(shard) != entry["size"]:
-        problems.append(_problem(shard, f"size {storage.size(shard)} != manifest {entry['size']}"))
+    if storage.size(shard) != entry.size:
+        problems.append(_problem(shard, f"size {storage.size(shard)} != manifest {entry.size}"))
     with storage.open(shard) as f:
-        if _sha256(f) != entry["sha256"]:
+        if _sha256(f) != entry.sha256:
             problems.append(_problem(shard, "sha256 differs from the manifest"))
-    index_bytes = storage.read(entry["index"])
-    if hashlib.sha256(index_bytes).hexdigest() != entry["index_sha256"]:
-        problems.append(_problem(shard, f"index {entry['index']} sha256 differs from the manifest"))
+    index_bytes = storage.read(entry.index)
+    if hashlib.sha256(index_bytes).hexdigest() != entry.index_sha256:
+        problems.append(_problem(shard, f"index {entry.index} sha256 differs from the manifest"))
     try:
-        table = read_table_bytes(index_bytes).replace_schema_metadata(None)
-        check_index_table(table, storage.path(entry["index"]), shard_column=False)
+        table = read_table_bytes(index_bytes)
+        check_index_version(table.schema, manifest.format_version, storage.path(entry.index))
+        table = table.replace_schema_metadata(None)
+        check_index_table(table, storage.path(entry.index), shard_column=False)
         index = WindowIndex(table, np.zeros(table.num_rows, dtype=np.int32))
-        one = {"shards": [entry], "cameras": {name: {} for name in cameras}}  # per-camera counts are dataset-wide
-        check_index(index, one, storage.path(entry["index"]))
+        cameras = dict.fromkeys(manifest.cameras)  # per-camera episode counts are dataset-wide: not checked here
+        check_index(index, [entry], cameras, storage.path(entry.index))
     except (pa.ArrowException, FormatError) as exc:
-        return [*problems, _problem(shard, f"index {entry['index']} does not read: {exc}")], None
+        return [*problems, _problem(shard, f"index {entry.index} does not read: {exc}")], None
     rows = table.to_pylist()
     try:
         with storage.open(shard) as f, tarfile.open(fileobj=f) as tar:
@@ -152,39 +156,40 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None) 
             "episodes": 0,
             "problems": [{"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {root} (conversion unfinished?)"}],
         }
-    manifest = parse_manifest(storage.read(fmt.MANIFEST_NAME), f"{storage.url}/{fmt.MANIFEST_NAME}")
+    manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), f"{storage.url}/{fmt.MANIFEST_NAME}")
     problems, tables = [], []
-    for entry in manifest["shards"]:
+    for entry in manifest.shards:
         try:
-            found, table = _check_shard(storage, entry, manifest["cameras"], decode)
+            found, table = _check_shard(storage, entry, manifest, decode)
         except NotARegularFile as exc:
-            found, table = [_problem(entry["shard"], str(exc))], None
+            found, table = [_problem(entry.shard, str(exc))], None
         problems += found
         tables.append(table)
     problems += _check_dataset_index(storage, manifest, tables)
     return {
         "ok": not problems,
-        "shards": len(manifest["shards"]),
-        "episodes": manifest["totals"]["episodes"],
+        "shards": len(manifest.shards),
+        "episodes": manifest.totals.episodes,
         "problems": problems,
     }
 
 
-def _check_dataset_index(storage: Storage, manifest: dict, shard_tables: list) -> list[dict]:
+def _check_dataset_index(storage: Storage, manifest: fmt.Manifest, shard_tables: list) -> list[dict]:
     """``index.arrow``: sha256 as in the manifest, the format's schema, values in bounds, and the
     same rows as the per-shard indexes (``shard_tables``, None where a shard's index is unsound).
     """
-    name = manifest["index"]["file"]
+    name = manifest.index.file
     where = storage.path(name)
     try:
         if not storage.exists(name):
             return [{"shard": None, "message": f"{name} is missing"}]
         data = storage.read(name)
-        if hashlib.sha256(data).hexdigest() != manifest["index"]["sha256"]:
+        if hashlib.sha256(data).hexdigest() != manifest.index.sha256:
             return [{"shard": None, "message": f"{name} sha256 differs from the manifest"}]
         table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        check_index_version(table.schema, manifest.format_version, where)
         check_index_table(table, where, shard_column=True)
-        check_index(WindowIndex.from_dataset_table(table), manifest, where)
+        check_index(WindowIndex.from_dataset_table(table), manifest.shards, manifest.camera_episodes(), where)
     except (FormatError, pa.ArrowException, NotARegularFile) as exc:
         return [{"shard": None, "message": f"{name}: {exc}"}]
     if all(t is not None for t in shard_tables) and shard_tables:

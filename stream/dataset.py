@@ -196,7 +196,7 @@ class WindowDataset(IterableDataset):
         self.cam_offsets = _camera_offsets(self.sources, spec)
         _check_camera_kinds(self.sources, self.cam_offsets)
         self.normalizers = [
-            {col: Normalizer.from_stats(s.manifest["stats"][col], mode) for col, mode in (normalize or {}).items()}
+            {col: Normalizer.from_stats(s.manifest.stats[col], mode) for col, mode in (normalize or {}).items()}
             for s in self.sources
         ]
         self.stratify = len(self.sources) > 1 if stratify is None else stratify

@@ -23,8 +23,9 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from epishard.shardwriter.errors import check_choice
 from epishard.shardwriter.storage import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, NotARegularFile
 
 from .cache import RangeCache
@@ -64,7 +65,7 @@ class FetchPolicy:
     retries: int = 5
     backoff_s: float = 0.05
     backoff_max_s: float = 2.0
-    on_shard_error: str = "skip"
+    on_shard_error: Literal["skip", "raise"] = "skip"
     verify: bool = True
     cache_dir: str | None = None
     cache_bytes: int = 10 << 30
@@ -72,8 +73,8 @@ class FetchPolicy:
     read_timeout_s: float = READ_TIMEOUT_S
 
     def __post_init__(self):
-        if self.mode not in ("stream", "ranged") or self.on_shard_error not in ("skip", "raise"):
-            raise ValueError(f"mode must be 'stream' or 'ranged' and on_shard_error 'skip' or 'raise': {self}")
+        check_choice("FetchPolicy", "mode", self.mode, ("stream", "ranged"), {})
+        check_choice("FetchPolicy", "on_shard_error", self.on_shard_error, ("skip", "raise"), {})
 
 
 class FetchError(IOError):
@@ -183,7 +184,7 @@ class Fetcher:
     def _fetch(self, shard: int, start: int, stop: int) -> bytes:
         if self._cache is None:
             return self._fetch_remote(shard, start, stop)
-        sha = self.source.manifest["shards"][shard]["sha256"]
+        sha = self.source.manifest.shards[shard].sha256
         data = self._cache.get(sha, start, stop)
         if data is None:
             data = self._fetch_remote(shard, start, stop)
@@ -194,7 +195,7 @@ class Fetcher:
 
     def _fetch_remote(self, shard: int, start: int, stop: int) -> bytes:
         path = self.source.shard_path(shard)
-        size = int(self.source.manifest["shards"][shard]["size"])
+        size = self.source.manifest.shards[shard].size
         parts, pos, attempt = [], start, 0
         while pos < stop:
             try:

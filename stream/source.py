@@ -1,6 +1,7 @@
 """Opening a converted dataset (local path or any fsspec URL), and checking what the reader trusts.
 
-On open, the manifest is checked field by field (``shardwriter.validate.check_manifest``: plain
+On open, the manifest is loaded by ``shardwriter.format.Manifest.load``: its format and version
+(a newer version is refused), then field by field (``shardwriter.validate.check_manifest``: plain
 file names, sizes, sha256 digests, cameras) before any name in it is opened; the dataset index
 (``index.arrow``, or the per-shard indexes when it is absent) is hashed against the manifest's
 sha256, its schema checked, and every value bounds-checked (``check_index``) before anything is
@@ -19,10 +20,10 @@ import os
 import fsspec
 import pyarrow as pa
 
-from epishard.shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME
+from epishard.shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
 from epishard.shardwriter.index import WindowIndex
 from epishard.shardwriter.storage import make_filesystem, open_regular
-from epishard.shardwriter.validate import FormatError, load_dataset_index, load_shard_indexes, parse_manifest
+from epishard.shardwriter.validate import FormatError, load_dataset_index, load_shard_indexes
 
 from .fetch import FetchError, FetchPolicy, retryable, wait_or_raise
 
@@ -57,10 +58,10 @@ class DatasetSource:
             data = self._read(MANIFEST_NAME)
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.url}: no {MANIFEST_NAME} (is the conversion finished?)") from None
-        self.manifest = parse_manifest(data, f"{self.url}/{MANIFEST_NAME}")
+        self.manifest = Manifest.load(data, f"{self.url}/{MANIFEST_NAME}")
         self.index = self._load_index()
-        self.shards = [s["shard"] for s in self.manifest["shards"]]
-        self.cameras = sorted(self.manifest["cameras"])
+        self.shards = [s.shard for s in self.manifest.shards]
+        self.cameras = sorted(self.manifest.cameras)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -131,16 +132,16 @@ class DatasetSource:
         """``index.arrow`` (memory-mapped when local: its pages are shared by forked workers) after
         its sha256 and every value are checked; the per-shard indexes when it is absent.
         """
-        entry = self.manifest["index"]
-        where = self.index_file = f"{self.url}/{entry['file']}"
+        entry = self.manifest.index
+        where = self.index_file = f"{self.url}/{entry.file}"
         try:
             if self.local:
-                with open_regular(self.path(entry["file"])) as f:
+                with open_regular(self.path(entry.file)) as f:
                     if os.fstat(f.fileno()).st_size == 0:
                         raise FormatError(f"{where}: empty file")
                     data = pa.py_buffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
             else:
-                data = pa.py_buffer(self._read(entry["file"]))
+                data = pa.py_buffer(self._read(entry.file))
         except FileNotFoundError:
             self.index_file = f"{self.url}/*{INDEX_SUFFIX}"
             return load_shard_indexes(self.manifest, self._read, self.url)

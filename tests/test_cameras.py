@@ -57,10 +57,10 @@ def test_depth_round_trips_exactly_beside_rgb(codec, pix_fmt, top, tmp_path):
         features={DEPTH: {"info": {"video.is_depth_map": True}}},
     )
     manifest = convert([str(src)], str(tmp_path / "out"), _opts())
-    cam = manifest["cameras"][DEPTH]
-    assert (cam["kind"], cam["dtype"], cam["channels"], cam["pix_fmt"]) == ("depth", "uint16", 1, pix_fmt)
-    assert manifest["features"][DEPTH]["shape"] == [32, 32, 1] and manifest["features"][DEPTH]["kind"] == "depth"
-    assert manifest["cameras"][RGB]["kind"] == "rgb" and manifest["report"]["warnings"] == []
+    cam = manifest.cameras[DEPTH]
+    assert (cam.kind, cam.dtype, cam.channels, cam.pix_fmt) == ("depth", "uint16", 1, pix_fmt)
+    assert list(manifest.features[DEPTH].shape) == [32, 32, 1] and manifest.features[DEPTH].kind == "depth"
+    assert manifest.cameras[RGB].kind == "rgb" and list(manifest.report.warnings) == []
 
     spec = WindowSpec(cameras={DEPTH: (0, 2, 5), RGB: (0, 1)})
     samples = _iterate(str(tmp_path / "out"), spec)
@@ -99,8 +99,8 @@ def test_grey_video_over_8_bits_is_depth_even_undeclared_and_never_reencoded(tmp
         },
     )
     manifest = convert([Source("g", [ep], FPS)], str(tmp_path), _opts(reencode=ReencodeSpec(gop=2)))
-    assert manifest["cameras"][DEPTH]["kind"] == "depth" and manifest["cameras"][DEPTH]["bit_depth"] == 10
-    assert [(w["kind"], w["camera"]) for w in manifest["report"]["warnings"]] == [("depth_not_reencoded", DEPTH)]
+    assert manifest.cameras[DEPTH].kind == "depth" and manifest.cameras[DEPTH].bit_depth == 10
+    assert [(w.kind, w.camera) for w in manifest.report.warnings] == [("depth_not_reencoded", DEPTH)]
     s = _iterate(str(tmp_path), WindowSpec(cameras={DEPTH: (0,), RGB: (0,)}))[0]
     assert np.array_equal(s[DEPTH][0, 0].numpy(), values[s["frame_index"]])
 
@@ -118,8 +118,8 @@ def test_8_bit_depth_declared_under_either_lerobot_key_stays_depth_through_reenc
         features={DEPTH: {key: {"video.is_depth_map": True}}},
     )
     manifest = convert([str(src)], str(tmp_path / "out"), _opts(reencode=ReencodeSpec(gop=2)))
-    assert (manifest["cameras"][DEPTH]["kind"], manifest["cameras"][DEPTH]["channels"]) == ("depth", 1)
-    assert [w["kind"] for w in manifest["report"]["warnings"]] == ["depth_not_reencoded"]
+    assert (manifest.cameras[DEPTH].kind, manifest.cameras[DEPTH].channels) == ("depth", 1)
+    assert [w.kind for w in manifest.report.warnings] == ["depth_not_reencoded"]
     for s in _iterate(str(tmp_path / "out"), WindowSpec(cameras={DEPTH: (0, 1)})):
         r = s["frame_index"]
         assert s[DEPTH].dtype == torch.uint16 and np.array_equal(s[DEPTH][:, 0].numpy(), values[[r, r + 1]])
@@ -135,8 +135,8 @@ def test_declared_depth_in_a_colour_format_is_read_as_rgb_with_a_warning(tmp_pat
         videos={DEPTH: CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32), depth=True)},
     )
     manifest = convert([Source("d", [ep], FPS)], str(tmp_path), _opts())
-    assert manifest["cameras"][DEPTH]["kind"] == "rgb"
-    assert [w["kind"] for w in manifest["report"]["warnings"]] == ["depth_not_grey"]
+    assert manifest.cameras[DEPTH].kind == "rgb"
+    assert [w.kind for w in manifest.report.warnings] == ["depth_not_grey"]
 
 
 def test_a_camera_depth_in_some_episodes_and_rgb_in_others_is_refused_by_the_reader(tmp_path):
@@ -180,9 +180,9 @@ def test_ten_bit_colour_states_its_8_bit_conversion(tmp_path):
         videos={RGB: CameraVideo(make_video(None, rows, fps=FPS, height=32, width=32, pix_fmt="yuv420p10le"))},
     )
     manifest = convert([Source("t", [ep], FPS)], str(tmp_path), _opts())
-    cam = manifest["cameras"][RGB]
-    assert (cam["kind"], cam["dtype"], cam["bit_depth"]) == ("rgb", "uint8", 10)
-    assert "8-bit RGB" in cam["conversion"] and "yuv420p10le" in cam["conversion"]
+    cam = manifest.cameras[RGB]
+    assert (cam.kind, cam.dtype, cam.bit_depth) == ("rgb", "uint8", 10)
+    assert "8-bit RGB" in cam.conversion and "yuv420p10le" in cam.conversion
     s = _iterate(str(tmp_path), WindowSpec(cameras={RGB: (0,)}))[0]
     assert s[RGB].dtype == torch.uint8 and decode_frame_number(s[RGB][0]) == s["frame_index"]
 
@@ -241,9 +241,9 @@ def make_video_frame(n: int, kind: str) -> np.ndarray:
 def test_image_feature_becomes_a_camera_with_its_exact_pixels(kind, tmp_path):
     src, originals, tables = _image_dataset(tmp_path / "src", kind)
     manifest = convert([str(src)], str(tmp_path / "out"), _opts())
-    cam = manifest["cameras"][IMAGE]
-    assert (cam["kind"], cam["width"], cam["height"], cam["episodes"]) == ("rgb", 40, 48, 2)
-    assert any(IMAGE in note and "camera" in note for note in manifest["sources"][0]["notes"])
+    cam = manifest.cameras[IMAGE]
+    assert (cam.kind, cam.width, cam.height, cam.episodes) == ("rgb", 40, 48, 2)
+    assert any(IMAGE in note and "camera" in note for note in manifest.sources[0].notes)
     spec = WindowSpec(cameras={IMAGE: (0, 3), RGB: (0,)})
     samples = _iterate(str(tmp_path / "out"), spec)
     assert len(samples) == 2 * 7
@@ -261,16 +261,16 @@ def test_image_feature_becomes_a_camera_with_its_exact_pixels(kind, tmp_path):
     # The stored table no longer carries the images; everything else is kept.
     with open(tmp_path / "out" / "manifest.json") as f:
         assert IMAGE not in json.load(f)["stats"]
-    columns = {n for n in manifest["features"] if n not in manifest["cameras"]}
+    columns = {n for n in manifest.features if n not in manifest.cameras}
     assert columns == set(tables[0].column_names) - {IMAGE}
 
 
 def test_image_feature_left_out_by_cameras_is_not_said_to_be_converted(tmp_path):
     src, originals, _ = _image_dataset(tmp_path / "src", "png", rows=6)
     manifest = convert([str(src)], str(tmp_path / "rgb"), _opts(cameras=(RGB,)))
-    assert list(manifest["cameras"]) == [RGB] and manifest["sources"][0]["notes"] == []
+    assert list(manifest.cameras) == [RGB] and list(manifest.sources[0].notes) == []
     manifest = convert([str(src)], str(tmp_path / "img"), _opts(cameras=(IMAGE,), episodes=frozenset({1})))
-    assert list(manifest["cameras"]) == [IMAGE] and [IMAGE in n for n in manifest["sources"][0]["notes"]] == [True]
+    assert list(manifest.cameras) == [IMAGE] and [IMAGE in n for n in manifest.sources[0].notes] == [True]
     samples = _iterate(str(tmp_path / "img"), WindowSpec(cameras={IMAGE: (0,)}))
     assert sorted(s["frame_index"] for s in samples) == list(range(6))
     for s in samples:
@@ -284,7 +284,7 @@ def test_broken_image_names_row_and_camera_and_can_be_skipped(tmp_path):
         convert([str(src)], str(tmp_path / "out"), _opts())
     assert (err.value.kind, err.value.episode, err.value.camera, err.value.row) == ("bad_image", 1, IMAGE, 4)
     manifest = convert([str(src)], str(tmp_path / "out2"), _opts(on_error="skip"))
-    assert manifest["totals"]["episodes"] == 1 and manifest["report"]["skipped_by_kind"] == {"bad_image": 1}
+    assert manifest.totals.episodes == 1 and manifest.report.skipped_by_kind == {"bad_image": 1}
 
 
 def test_16_bit_grey_images_become_a_depth_camera_with_exact_values(tmp_path):
@@ -301,9 +301,9 @@ def test_16_bit_grey_images_become_a_depth_camera_with_exact_values(tmp_path):
         videos={RGB: [make_video(None, rows, fps=FPS, height=32, width=32)] * 2},
     )
     manifest = convert([str(src)], str(tmp_path / "out"), _opts(reencode=ReencodeSpec(gop=2)))
-    cam = manifest["cameras"][IMAGE]
-    assert (cam["kind"], cam["pix_fmt"], cam["dtype"], cam["channels"]) == ("depth", "gray16le", "uint16", 1)
-    assert [(w["kind"], w["camera"]) for w in manifest["report"]["warnings"]] == [("depth_not_reencoded", IMAGE)] * 2
+    cam = manifest.cameras[IMAGE]
+    assert (cam.kind, cam.pix_fmt, cam.dtype, cam.channels) == ("depth", "gray16le", "uint16", 1)
+    assert [(w.kind, w.camera) for w in manifest.report.warnings] == [("depth_not_reencoded", IMAGE)] * 2
     samples = _iterate(str(tmp_path / "out"), WindowSpec(cameras={IMAGE: (0, 1), RGB: (0,)}))
     assert len(samples) == 2 * (rows - 1)
     for s in samples:
@@ -347,8 +347,8 @@ def test_reencode_handles_odd_sizes_and_deep_colour(codec, pix_fmt, stored_fmt, 
         for e in range(2)
     ]
     manifest = convert([Source("o", eps, FPS)], str(tmp_path), _opts(reencode=ReencodeSpec(codec=codec, gop=4)))
-    cam = manifest["cameras"][RGB]
-    assert (cam["width"], cam["height"], cam["pix_fmt"]) == (w, h, stored_fmt) and manifest["totals"]["skipped"] == 0
+    cam = manifest.cameras[RGB]
+    assert (cam.width, cam.height, cam.pix_fmt) == (w, h, stored_fmt) and manifest.totals.skipped == 0
     for s in _iterate(str(tmp_path), WindowSpec(cameras={RGB: (0, 2)})):
         e, r = s["episode_index"], s["frame_index"]
         assert tuple(s[RGB].shape) == (2, 3, h, w)
@@ -372,7 +372,7 @@ def test_encoder_failure_names_episode_and_camera_and_skip_honours_it(tmp_path):
     assert (err.value.kind, err.value.dataset, err.value.episode, err.value.camera) == ("encode_failed", "f", 0, RGB)
     assert "libsvtav1" in str(err.value)
     manifest = convert([Source("f", eps, FPS)], str(tmp_path / "b"), _opts(reencode=bad, on_error="skip"))
-    assert manifest["report"]["skipped_by_kind"] == {"encode_failed": 2} and manifest["totals"]["episodes"] == 0
+    assert manifest.report.skipped_by_kind == {"encode_failed": 2} and manifest.totals.episodes == 0
     with pytest.raises(ConversionError, match="no FFmpeg video encoder named 'nope'"):
         convert([Source("f", eps, FPS)], str(tmp_path / "c"), _opts(reencode=ReencodeSpec(codec="nope")))
 
@@ -415,7 +415,7 @@ def test_an_encoder_that_crashes_its_process_is_an_error_skip_honours_and_the_ne
     assert "crashed" in str(err.value) and video._encoder_pool is None
     monkeypatch.setattr(video, "_encoder_pool", crashing_pool())
     manifest = convert([Source("f", eps, FPS)], str(tmp_path / "b"), _opts(reencode=spec, on_error="skip"))
-    assert manifest["report"]["skipped_by_kind"] == {"encode_failed": 1} and manifest["totals"]["episodes"] == 1
+    assert manifest.report.skipped_by_kind == {"encode_failed": 1} and manifest.totals.episodes == 1
     samples = _iterate(str(tmp_path / "b"), WindowSpec(cameras={RGB: (0, 5)}))
     assert [decode_frame_number(s[RGB][i].permute(1, 2, 0).numpy()) for s in samples for i in (0, 1)] == [0, 5]
 
@@ -450,7 +450,7 @@ def test_depth_segments_of_a_shared_file_are_cut_and_read_exactly(tmp_path):
         for i, (n, s) in enumerate(zip(lengths, starts, strict=False))
     ]
     manifest = convert([Source("v3", eps, FPS)], str(tmp_path), _opts())
-    assert manifest["cameras"][DEPTH]["kind"] == "depth"
+    assert manifest.cameras[DEPTH].kind == "depth"
     samples = _iterate(str(tmp_path), WindowSpec(cameras={DEPTH: (0, 1, 4)}))
     assert len(samples) == sum(n - 4 for n in lengths)
     for s in samples:

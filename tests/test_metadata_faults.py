@@ -63,19 +63,19 @@ LENGTHS_V3 = [13, 17, 11, 15, 12]  # 3 episodes in file 0, 2 in file 1; none sta
 def test_to_timestamp_off_by_one_frame_keeps_every_row_and_warns(end_shift, tmp_path):
     write_v3(str(tmp_path / "src"), LENGTHS_V3, CAM, fps=FPS, per_file=3, end_shift=end_shift)
     manifest = convert([str(tmp_path / "src")], str(tmp_path / "out"), _opts(max_episodes_per_shard=2))
-    assert manifest["totals"]["episodes"] == 5 and manifest["totals"]["rows"] == sum(LENGTHS_V3)
+    assert manifest.totals.episodes == 5 and manifest.totals.rows == sum(LENGTHS_V3)
     index = WindowIndex.load_dataset(str(tmp_path / "out"))
     for e, n in enumerate(LENGTHS_V3):
         assert _decoded_rows(tmp_path / "out", index, e) == list(range(sum(LENGTHS_V3[:e]), sum(LENGTHS_V3[:e]) + n))
-    report = manifest["report"]
+    report = manifest.report
     if end_shift == 0:
-        assert report["warnings_by_kind"] == {}
+        assert report.warnings_by_kind == {}
     else:
-        assert report["warnings_by_kind"] == {"segment_end_mismatch": 5}
-        w = report["warnings"][0]
-        assert (w["episode"], w["camera"], w["row"]) == (0, CAM, LENGTHS_V3[0] - 1)
-        assert "to_timestamp" in w["message"] and "1.00 frame(s)" in w["message"]
-        assert ("inclusive" in w["message"]) == (end_shift < 0)
+        assert report.warnings_by_kind == {"segment_end_mismatch": 5}
+        w = report.warnings[0]
+        assert (w.episode, w.camera, w.row) == (0, CAM, LENGTHS_V3[0] - 1)
+        assert "to_timestamp" in w.message and "1.00 frame(s)" in w.message
+        assert ("inclusive" in w.message) == (end_shift < 0)
     assert verify(str(tmp_path / "out"))["ok"]
 
 
@@ -91,7 +91,7 @@ def test_to_timestamp_short_by_more_than_a_frame_is_refused(tmp_path):
 def test_to_timestamp_mismatch_stops_with_timestamps_fail(tmp_path):
     write_v3(str(tmp_path / "src"), LENGTHS_V3, CAM, fps=FPS, per_file=3, end_shift=-1)
     with pytest.raises(ConversionError, match=r"\[segment_end_mismatch\] dataset=src episode=0 camera=observation"):
-        convert([str(tmp_path / "src")], str(tmp_path / "out"), _opts(timestamps="fail"))
+        convert([str(tmp_path / "src")], str(tmp_path / "out"), _opts(timestamps="raise"))
 
 
 # --- discontinuities --------------------------------------------------------------------------------
@@ -145,10 +145,10 @@ def broken(tmp_path_factory):
 
 def test_breaks_are_reported_and_indexed(broken):
     out, manifest = broken
-    report = manifest["report"]
-    assert report["warnings_by_kind"] == {"timestamps_jump": 1, "timestamps_reset": 1}
-    assert [(w["episode"], w["row"], w["camera"]) for w in report["warnings"]] == [(1, RESET, None), (1, JUMP, None)]
-    assert "skips 10.0 frame periods" in report["warnings"][1]["message"]
+    report = manifest.report
+    assert report.warnings_by_kind == {"timestamps_jump": 1, "timestamps_reset": 1}
+    assert [(w.episode, w.row, w.camera) for w in report.warnings] == [(1, RESET, None), (1, JUMP, None)]
+    assert "skips 10.0 frame periods" in report.warnings[1].message
     index = WindowIndex.load_dataset(out)
     assert index.table.column("segment_starts").to_pylist() == [[], [RESET, JUMP], []]
     lo, hi = index.segment_bounds(1, np.arange(ROWS))
@@ -169,7 +169,7 @@ def test_breaks_are_reported_and_indexed(broken):
 )
 def test_timestamps_fail_stops_at_a_break(t, kind, row, tmp_path):
     with pytest.raises(ConversionError) as info:
-        convert([Source(name="rec", episodes=_episodes({2: t}), fps=FPS)], str(tmp_path), _opts(timestamps="fail"))
+        convert([Source(name="rec", episodes=_episodes({2: t}), fps=FPS)], str(tmp_path), _opts(timestamps="raise"))
     err = info.value
     assert (err.kind, err.dataset, err.episode, err.row) == (kind, "rec", 2, row)
     assert f"dataset=rec episode=2 row={row}" in str(err)
@@ -182,7 +182,7 @@ def test_jitter_and_one_dropped_frame_are_not_breaks(tmp_path):
     manifest = convert(
         [Source(name="rec", episodes=_episodes({0: jitter, 1: dropped}), fps=FPS)], str(tmp_path), _opts()
     )
-    kinds = manifest["report"]["warnings_by_kind"]
+    kinds = manifest.report.warnings_by_kind
     assert not {"timestamps_jump", "timestamps_reset", "timestamps_non_monotonic"} & set(kinds)
     assert WindowIndex.load_dataset(str(tmp_path)).segment_starts.size == 0
 
@@ -200,13 +200,13 @@ def test_a_steady_other_rate_or_unit_is_not_a_break_but_a_pause_in_it_is(tmp_pat
         str(tmp_path),
         _opts(),
     )
-    report = manifest["report"]
-    assert [(w["dataset"], w["episode"], w["row"]) for w in report["warnings"] if w["kind"] == "timestamps_jump"] == [
+    report = manifest.report
+    assert [(w.dataset, w.episode, w.row) for w in report.warnings if w.kind == "timestamps_jump"] == [
         ("rec", 1, 30)
     ]
     # The disagreement with the video is reported instead (rec 1's too, before its pause).
     assert sorted(
-        (w["dataset"], w["episode"], w["kind"]) for w in report["warnings"] if w["kind"] != "timestamps_jump"
+        (w.dataset, w.episode, w.kind) for w in report.warnings if w.kind != "timestamps_jump"
     ) == [
         ("flat", 0, "timestamps_rate"),
         ("rec", 0, "timestamps_past_end"),
@@ -285,8 +285,8 @@ WRIST = "observation.images.wrist"
 def test_one_camera_without_files_is_dropped_naming_the_expected_path(tmp_path):
     write_v2(str(tmp_path / "src"), [12, 9], [CAM], declared=[CAM, WRIST], fps=FPS)
     manifest = convert([str(tmp_path / "src")], str(tmp_path / "out"), _opts())
-    assert list(manifest["cameras"]) == [CAM]
-    notes = manifest["sources"][0]["notes"]
+    assert list(manifest.cameras) == [CAM]
+    notes = list(manifest.sources[0].notes)
     assert notes == [
         f"camera {WRIST} is declared in meta/info.json but has no video files "
         f"(expected e.g. videos/chunk-000/{WRIST}/episode_000000.mp4, from video_path)"
@@ -298,8 +298,8 @@ def test_one_camera_without_files_is_dropped_naming_the_expected_path(tmp_path):
 def test_v3_camera_without_files_is_dropped_naming_the_expected_path(tmp_path):
     write_v3(str(tmp_path / "src"), [12, 9, 10], CAM, fps=FPS, per_file=2, absent=(WRIST,))
     manifest = convert([str(tmp_path / "src")], str(tmp_path / "out"), _opts())
-    assert list(manifest["cameras"]) == [CAM] and manifest["totals"]["rows"] == 31
-    assert manifest["sources"][0]["notes"] == [
+    assert list(manifest.cameras) == [CAM] and manifest.totals.rows == 31
+    assert list(manifest.sources[0].notes) == [
         f"camera {WRIST} is declared in meta/info.json but has no video files "
         f"(expected e.g. videos/{WRIST}/chunk-000/file-000.mp4, from video_path)"
     ]

@@ -203,7 +203,7 @@ def test_s3_conversion_resumes_and_refuses_a_foreign_object(source, s3):
     assert f"safety/own/{fmt.CONVERT_MARKER}" in first
     manifest = convert([source], url, _opts(), storage_options=options)
     fs.invalidate_cache()
-    assert manifest["totals"]["episodes"] == 3
+    assert manifest.totals.episodes == 3
     shards = [p for p in first if p.rsplit("/", 1)[1].startswith("shard-")]
     assert len(shards) == 6 and all(fs.info(p)["LastModified"] == first[p] for p in shards)  # not rewritten
     fs.pipe_file("safety/own/notes.txt", b"mine")
@@ -221,13 +221,13 @@ def test_a_finished_dataset_of_another_plan_is_replaced_only_with_overwrite(sour
         convert([source], out, fewer)
     assert _snapshot(out) == before
     # The same plan again is a resume (nothing to write), not a replacement.
-    assert convert([source], out, _opts())["plan_digest"] == first["plan_digest"]
+    assert convert([source], out, _opts()).plan_digest == first.plan_digest
     replaced = convert(
         [source],
         out,
         ConvertOptions(progress=False, max_episodes_per_shard=1, episodes=frozenset({0, 1}), overwrite=True),
     )
-    assert replaced["totals"]["episodes"] == 2 and replaced["plan_digest"] != first["plan_digest"]
+    assert replaced.totals.episodes == 2 and replaced.plan_digest != first.plan_digest
     assert sorted(n for n in os.listdir(out) if n.endswith(".tar")) == ["shard-000000.tar", "shard-000001.tar"]
 
 

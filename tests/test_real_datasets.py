@@ -57,7 +57,7 @@ def converted(request, tmp_path_factory):
 def test_converts_and_verifies(converted):
     root, out, manifest = converted
     source = read_lerobot(str(root), cameras=CAMERAS.get(root.name))
-    assert manifest["totals"]["episodes"] == len(source.episodes)
+    assert manifest.totals.episodes == len(source.episodes)
     result = verify(str(out))
     assert result["ok"], result["problems"]
 
@@ -65,7 +65,7 @@ def test_converts_and_verifies(converted):
 def test_webdataset_yields_one_sample_per_episode(converted):
     _, out, manifest = converted
     samples = list(wds.WebDataset(sorted(glob.glob(f"{out}/*.tar")), shardshuffle=False))
-    index = WindowIndex.load([f"{out}/{s['index']}" for s in manifest["shards"]])
+    index = WindowIndex.load([f"{out}/{s.index}" for s in manifest.shards])
     assert [s["__key__"] for s in samples] == [index.key(i) for i in range(index.num_episodes)]
     for sample in samples:
         meta = json.loads(sample["json"])
@@ -77,11 +77,11 @@ def test_webdataset_yields_one_sample_per_episode(converted):
 def test_rows_and_video_bytes_round_trip(converted):
     root, out, manifest = converted
     source = {e.episode_index: e for e in read_lerobot(str(root), cameras=CAMERAS.get(root.name)).episodes}
-    index = WindowIndex.load([f"{out}/{s['index']}" for s in manifest["shards"]])
+    index = WindowIndex.load([f"{out}/{s.index}" for s in manifest.shards])
     for e in range(index.num_episodes):
         row = index.table.slice(e, 1).to_pylist()[0]
         episode = source[row["episode_index"]]
-        tar = f"{out}/{manifest['shards'][int(index.shard[e])]['shard']}"
+        tar = f"{out}/{manifest.shards[int(index.shard[e])].shard}"
         with open(tar, "rb") as f:
 
             def member(m):
@@ -118,8 +118,8 @@ def test_rows_and_video_bytes_round_trip(converted):
 def test_quirks_are_reported(converted):
     root, _, manifest = converted
     name = root.name
-    warnings = manifest["report"]["warnings_by_kind"]
-    notes = " ".join(n for s in manifest["sources"] for n in s["notes"])
+    warnings = manifest.report.warnings_by_kind
+    notes = " ".join(n for s in manifest.sources for n in s.notes)
     if name == "gr00t_robot_sim_picknplace":
         assert warnings == {"timestamps_offset": 5}
         assert "camera observation.images.egoview" in notes
@@ -127,13 +127,13 @@ def test_quirks_are_reported(converted):
     elif name == "so101_bimanual_cloth":
         assert warnings == {"timestamps_past_end": 10}
     elif name == "so101_record_test_v30_novideo":
-        assert manifest["cameras"] == {} and "observation.images.front" in notes and "as asked" in notes
+        assert manifest.cameras == {} and "observation.images.front" in notes and "as asked" in notes
     else:
         assert warnings == {}
     # No real dataset has a recording break: every episode is one segment, windows as before.
     index = WindowIndex.load_dataset(str(converted[1]))
     assert index.segment_starts.size == 0 and index.table.column("segment_starts").null_count == 0
-    stats = manifest["stats"]
+    stats = manifest.stats
     assert "observation.state" in stats and "action" in stats
     for feature in stats.values():
         assert all(np.isfinite(feature[k]).all() for k in ("mean", "std", "min", "max", "q01", "q99"))

@@ -74,14 +74,14 @@ def test_convert_verify_and_stream_through_s3(local, s3):
     manifest = convert(
         [_source()], url, ConvertOptions(max_episodes_per_shard=2, progress=False, workers=2), storage_options=s3
     )
-    assert manifest["totals"]["episodes"] == len(LENGTHS)
+    assert manifest.totals.episodes == len(LENGTHS)
     assert verify(url, storage_options=s3)["ok"]
     # The same input gives the same bytes locally and in the bucket.
     import s3fs
 
     fs = s3fs.S3FileSystem(**s3)
-    for shard in manifest["shards"]:
-        assert fs.cat_file(f"epishard-test/ds/{shard['shard']}") == open(f"{local}/{shard['shard']}", "rb").read()
+    for shard in manifest.shards:
+        assert fs.cat_file(f"epishard-test/ds/{shard.shard}") == open(f"{local}/{shard.shard}", "rb").read()
     expected = _samples(local)
     _same(
         _samples(url, workers=2, storage_options=s3),

@@ -126,7 +126,7 @@ def _check_patterns(out: str, shown: dict[int, list[int]]) -> None:
 def test_every_access_pattern_returns_the_displayed_frame_of_each_row(name, tmp_path):
     data, shown = _video(name)
     manifest = _convert(tmp_path, [(data, shown)])
-    assert manifest["totals"]["rows"] == len(shown)
+    assert manifest.totals.rows == len(shown)
     result = verify(str(tmp_path))
     assert result["ok"], result["problems"]
     _check_patterns(str(tmp_path), {0: shown})
@@ -180,7 +180,7 @@ def test_hidden_frames_of_a_mid_gop_cut_are_not_frames(tmp_path):
     shown = list(range(first, 60))
     assert first == 27 and packets == 40 and len(shown) == 33  # cut mid-GOP: packets from keyframe 20, 7 hidden
     manifest = _convert(tmp_path, [(data, shown)])
-    cam = pq.read_table(tmp_path / manifest["shards"][0]["index"]).to_pylist()[0]["cameras"][0]
+    cam = pq.read_table(tmp_path / manifest.shards[0].index).to_pylist()[0]["cameras"][0]
     assert cam["num_frames"] == 33 and cam["keyframes"][0] == 0
     assert verify(str(tmp_path))["ok"]
     _check_patterns(str(tmp_path), {0: shown})
@@ -220,7 +220,7 @@ def test_a_table_that_disagrees_with_the_decoder_is_never_written(tmp_path, monk
     assert info.value.kind == "frame_mismatch" and (info.value.dataset, info.value.episode) == ("matrix", 1)
     assert info.value.camera == CAM and "frame" in str(info.value)
     manifest = _convert(tmp_path / "skip", videos, on_error="skip")
-    assert manifest["report"]["skipped_by_kind"] == {"frame_mismatch": 1} and manifest["totals"]["episodes"] == 1
+    assert manifest.report.skipped_by_kind == {"frame_mismatch": 1} and manifest.totals.episodes == 1
     _convert(tmp_path / "unchecked", videos, decode_check=False)
     problems = verify(str(tmp_path / "unchecked"))["problems"]
     assert len(problems) == 1 and problems[0]["camera"] == CAM and problems[0]["episode"].endswith("e000001")
@@ -235,7 +235,7 @@ def test_cover_art_as_stream_0_is_skipped_and_the_stream_is_recorded(tmp_path):
     with av.open(io.BytesIO(covered)) as c:
         assert c.streams[0].disposition & av.stream.Disposition.attached_pic  # the generator's premise
     manifest = _convert(tmp_path, [(plain, list(range(20))), (covered, list(range(20, 40)))])
-    rows = pq.read_table(tmp_path / manifest["shards"][0]["index"]).to_pylist()
+    rows = pq.read_table(tmp_path / manifest.shards[0].index).to_pylist()
     assert [r["cameras"][0]["stream_index"] for r in rows] == [0, 1]
     assert verify(str(tmp_path))["ok"]
     _check_patterns(str(tmp_path), {0: list(range(20)), 1: list(range(20, 40))})
@@ -250,13 +250,13 @@ def test_rotated_episode_reports_the_size_the_reader_returns(tmp_path):
     with av.open(io.BytesIO(turned)) as c:
         assert (c.streams.video[0].width, c.streams.video[0].height) == (64, 48)  # stored sideways
     manifest = _convert(tmp_path, [(turned, list(range(20))), (upright, list(range(20, 40)))])
-    rows = pq.read_table(tmp_path / manifest["shards"][0]["index"]).to_pylist()
+    rows = pq.read_table(tmp_path / manifest.shards[0].index).to_pylist()
     assert [(r["cameras"][0]["height"], r["cameras"][0]["width"], r["cameras"][0]["rotation"]) for r in rows] == [
         (64, 48, 90),
         (64, 48, 0),
     ]
-    assert (manifest["cameras"][CAM]["height"], manifest["cameras"][CAM]["width"]) == (64, 48)
-    assert manifest["features"][CAM]["shape"] == [64, 48, 3] and "sizes" not in manifest["cameras"][CAM]
+    assert (manifest.cameras[CAM].height, manifest.cameras[CAM].width) == (64, 48)
+    assert list(manifest.features[CAM].shape) == [64, 48, 3] and manifest.cameras[CAM].sizes is None
     assert (describe(str(tmp_path))["cameras"][CAM]["height"], describe(str(tmp_path))["cameras"][CAM]["width"]) == (
         64,
         48,
@@ -270,4 +270,4 @@ def test_episodes_of_other_sizes_are_listed_per_size(tmp_path):
     small = make_video(None, 12, fps=FPS, gop=6, height=32, width=32)
     large = make_video(None, 12, fps=FPS, gop=6, height=64, width=48)
     manifest = _convert(tmp_path, [(small, list(range(12))), (large, list(range(12))), (large, list(range(12)))])
-    assert manifest["cameras"][CAM]["sizes"] == {"32x32": 1, "64x48": 2}
+    assert manifest.cameras[CAM].sizes == {"32x32": 1, "64x48": 2}

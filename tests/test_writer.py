@@ -82,9 +82,9 @@ def test_same_input_gives_byte_identical_output(episodes, tmp_path):
 
 def test_index_offsets_match_tarfile(episodes, tmp_path):
     manifest = convert([_source(episodes)], str(tmp_path), _opts())
-    for shard in manifest["shards"]:
-        rows = pq.read_table(tmp_path / shard["index"]).to_pylist()
-        with tarfile.open(tmp_path / shard["shard"]) as tar, open(tmp_path / shard["shard"], "rb") as raw:
+    for shard in manifest.shards:
+        rows = pq.read_table(tmp_path / shard.index).to_pylist()
+        with tarfile.open(tmp_path / shard.shard) as tar, open(tmp_path / shard.shard, "rb") as raw:
             names = [m.name for m in tar.getmembers()]
             assert names == [m["name"] for row in rows for m in row["members"]]  # contiguous, in index order
             for row in rows:
@@ -98,9 +98,9 @@ def test_decoded_frame_numbers_follow_row_to_frame(tmp_path):
     table = make_episode_table(rows, fps=FPS, start_frame=3)  # rows show video frames 3..47
     ep = _episode(0, table=table, video=make_video(None, 50, gop=10, fps=FPS))
     manifest = convert([_source([ep])], str(tmp_path), _opts())
-    index = WindowIndex.load([tmp_path / manifest["shards"][0]["index"]])
+    index = WindowIndex.load([tmp_path / manifest.shards[0].index])
     look = index.lookup(0, np.arange(rows), camera=0)
-    with open(tmp_path / manifest["shards"][0]["shard"], "rb") as f:
+    with open(tmp_path / manifest.shards[0].shard, "rb") as f:
         f.seek(look.offset)
         data = f.read(look.size)
     frames = VideoDecoder(data).get_frames_at(look.frames.tolist()).data
@@ -124,10 +124,10 @@ def test_segments_of_a_shared_file_are_cut_frame_exact(codec, tmp_path):
         for i, (n, s) in enumerate(zip(lengths, starts, strict=False))
     ]
     manifest = convert([_source(eps, "v3")], str(tmp_path), _opts(max_episodes_per_shard=3))
-    index = WindowIndex.load([tmp_path / manifest["shards"][0]["index"]])
+    index = WindowIndex.load([tmp_path / manifest.shards[0].index])
     for e, (n, s) in enumerate(zip(lengths, starts, strict=False)):
         look = index.lookup(e, np.arange(n))
-        with open(tmp_path / manifest["shards"][0]["shard"], "rb") as f:
+        with open(tmp_path / manifest.shards[0].shard, "rb") as f:
             f.seek(look.offset)
             data = f.read(look.size)
         got = [decode_frame_number(x) for x in VideoDecoder(data).get_frames_at(look.frames.tolist()).data]
@@ -139,24 +139,24 @@ def test_reencode_sets_gop_and_is_recorded(tmp_path):
     ep = _episode(0, rows=40, gop=40)
     spec = ReencodeSpec(codec="libx264", gop=8, size=(48, 48), crf=18)
     manifest = convert([_source([ep])], str(tmp_path), _opts(reencode=spec))
-    row = pq.read_table(tmp_path / manifest["shards"][0]["index"]).to_pylist()[0]
+    row = pq.read_table(tmp_path / manifest.shards[0].index).to_pylist()[0]
     cam = row["cameras"][0]
     assert cam["keyframes"] == list(range(0, 40, 8))
     assert cam["transform"].startswith("reencode:") and json.loads(cam["transform"][9:])["gop"] == 8
     assert (cam["width"], cam["height"]) == (48, 48)
-    assert manifest["options"]["video"] == spec.describe()
+    assert manifest.options.video == spec.describe()
 
 
 def test_stats_are_exact_and_finite_for_constant_dims(tmp_path):
     table = make_episode_table(50, fps=FPS).append_column("constant", pa.array([2.0] * 50))
     manifest = convert([_source([_episode(0, rows=50, table=table)])], str(tmp_path), _opts())
-    stats = manifest["stats"]
+    stats = manifest.stats
     state = np.arange(50.0)
     assert stats["observation.state"]["mean"][0] == pytest.approx(state.mean(), rel=1e-6)
     assert stats["observation.state"]["std"][0] == pytest.approx(state.std(), rel=1e-5)
     assert stats["observation.state"]["q99"][0] == pytest.approx(np.quantile(state, 0.99), rel=1e-6)
     assert stats["constant"]["std"] == [0.0] and stats["constant"]["min"] == [2.0]
-    assert manifest["features"]["observation.state"]["shape"] == [4]
+    assert list(manifest.features["observation.state"].shape) == [4]
 
 
 # --- validation: each failure names dataset, episode, camera and row, or is a counted skip ----------
@@ -255,7 +255,7 @@ def test_bad_episode_fails_with_a_precise_message(case, tmp_path):
     make, where, text = CASES[case]
     good = [_episode(i, video=_video40()) for i in range(3)]
     with pytest.raises(ConversionError) as info:
-        convert([_source([*good, make()])], str(tmp_path), _opts(timestamps="fail"))
+        convert([_source([*good, make()])], str(tmp_path), _opts(timestamps="raise"))
     err = info.value
     expected = KIND.get(case, case)
     assert err.kind in (expected if isinstance(expected, tuple) else (expected,))
@@ -272,16 +272,16 @@ def test_bad_episode_fails_with_a_precise_message(case, tmp_path):
 def test_skip_policy_counts_bad_episodes(case, tmp_path):
     good = [_episode(i, video=_video40()) for i in range(3)]
     manifest = convert([_source([*good, CASES[case][0]()])], str(tmp_path), _opts(on_error="skip"))
-    assert manifest["totals"]["episodes"] == 3 and manifest["totals"]["skipped"] == 1
-    assert manifest["report"]["skipped_by_kind"] == {KIND.get(case, case): 1}
-    assert manifest["report"]["skipped"][0]["episode"] == 3
+    assert manifest.totals.episodes == 3 and manifest.totals.skipped == 1
+    assert manifest.report.skipped_by_kind == {KIND.get(case, case): 1}
+    assert manifest.report.skipped[0].episode == 3
     assert verify(str(tmp_path))["ok"]
 
 
 def test_timestamp_disagreements_are_reported_by_default(tmp_path):
     ep = CASES["timestamps_offset"][0]()
     manifest = convert([_source([ep])], str(tmp_path), _opts())
-    assert manifest["report"]["warnings_by_kind"] == {"timestamps_offset": 1}
+    assert manifest.report.warnings_by_kind == {"timestamps_offset": 1}
 
 
 def test_missing_camera_is_named(tmp_path):
@@ -325,9 +325,9 @@ def test_sources_with_one_name_get_unique_keys(tmp_path):
     a = _source([_episode(0, video=_video40(), source="robot")], "robot")
     b = _source([_episode(0, video=_video40(), source="robot")], "robot")
     manifest = convert([a, b], str(tmp_path), _opts())
-    index = WindowIndex.load([tmp_path / s["index"] for s in manifest["shards"]])
+    index = WindowIndex.load([tmp_path / s.index for s in manifest.shards])
     assert [index.key(i) for i in range(2)] == ["robot-e000000", "robot_2-e000000"]
-    assert [s["name"] for s in manifest["sources"]] == ["robot", "robot_2"]
+    assert [s.name for s in manifest.sources] == ["robot", "robot_2"]
 
 
 def test_duplicate_explicit_keys_are_refused(tmp_path):
@@ -342,15 +342,15 @@ def test_episode_and_camera_subsets(episodes, tmp_path):
     manifest = convert(
         [_source(episodes)], str(tmp_path), _opts(episodes=frozenset({1, 3}), cameras=("observation.images.wrist",))
     )
-    index = WindowIndex.load([tmp_path / s["index"] for s in manifest["shards"]])
+    index = WindowIndex.load([tmp_path / s.index for s in manifest.shards])
     assert [index.key(i) for i in range(index.num_episodes)] == ["synth-e000001", "synth-e000003"]
-    assert list(manifest["cameras"]) == ["observation.images.wrist"]
+    assert list(manifest.cameras) == ["observation.images.wrist"]
     assert index.camera_names(0) == ["observation.images.wrist"]
 
 
 def test_shard_byte_limit(episodes, tmp_path):
     manifest = convert([_source(episodes)], str(tmp_path), _opts(max_episodes_per_shard=100, max_bytes_per_shard=1))
-    assert [s["episodes"] for s in manifest["shards"]] == [1] * 5
+    assert [s.episodes for s in manifest.shards] == [1] * 5
 
 
 # --- CLI -------------------------------------------------------------------------------------------
@@ -358,9 +358,9 @@ def test_shard_byte_limit(episodes, tmp_path):
 
 def test_cli_verify_names_the_damaged_episode_and_camera(episodes, tmp_path, capsys):
     manifest = convert([_source(episodes)], str(tmp_path), _opts())
-    row = pq.read_table(tmp_path / manifest["shards"][1]["index"]).to_pylist()[0]
+    row = pq.read_table(tmp_path / manifest.shards[1].index).to_pylist()[0]
     video = row["members"][row["cameras"][1]["member"]]
-    with open(tmp_path / manifest["shards"][1]["shard"], "r+b") as f:
+    with open(tmp_path / manifest.shards[1].shard, "r+b") as f:
         f.seek(video["offset"] + video["size"] // 2)
         f.write(b"\xff" * 64)
     assert cli(["verify", str(tmp_path), "--json"]) == 1
@@ -375,16 +375,16 @@ def test_frame_tables_are_compact_when_regular_and_exact_when_not(tmp_path):
     manifest = convert(
         [_source([_episode(0, table=table, video=make_video(None, 41, fps=FPS))])], str(tmp_path), _opts()
     )
-    row = pq.read_table(tmp_path / manifest["shards"][0]["index"]).to_pylist()[0]
+    row = pq.read_table(tmp_path / manifest.shards[0].index).to_pylist()[0]
     cam = row["cameras"][0]
     assert cam["pts"] == [] and cam["duration"] == [] and cam["pts_step"] > 0
     assert cam["row_to_frame"] == gap
-    index = WindowIndex.load([tmp_path / manifest["shards"][0]["index"]])
+    index = WindowIndex.load([tmp_path / manifest.shards[0].index])
     pts, duration, keys = index.frame_tables(0)
     assert pts.tolist() == [cam["pts_start"] + i * cam["pts_step"] for i in range(41)]
     assert keys.nonzero()[0].tolist() == [0, 30]
     look = index.lookup(0, np.arange(40))
-    with open(tmp_path / manifest["shards"][0]["shard"], "rb") as f:
+    with open(tmp_path / manifest.shards[0].shard, "rb") as f:
         f.seek(look.offset)
         data = f.read(look.size)
     assert [decode_frame_number(x) for x in VideoDecoder(data).get_frames_at(look.frames.tolist()).data] == gap
@@ -400,8 +400,8 @@ def test_sources_with_other_state_widths_get_per_source_stats(tmp_path):
         fps=FPS,
     )
     manifest = convert([a, _source([wide], "humanoid")], str(tmp_path), _opts())
-    assert manifest["stats_mixed_widths"] == ["observation.state"]
-    assert "observation.state" not in manifest["stats"] and "action" in manifest["stats"]
-    assert len(manifest["stats_by_source"]["humanoid"]["observation.state"]["mean"]) == 9
-    assert len(manifest["stats_by_source"]["arm"]["observation.state"]["mean"]) == 4
-    assert manifest["stats"]["action"]["count"] == 80
+    assert list(manifest.stats_mixed_widths) == ["observation.state"]
+    assert "observation.state" not in manifest.stats and "action" in manifest.stats
+    assert len(manifest.stats_by_source["humanoid"]["observation.state"]["mean"]) == 9
+    assert len(manifest.stats_by_source["arm"]["observation.state"]["mean"]) == 4
+    assert manifest.stats["action"]["count"] == 80

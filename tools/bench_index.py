@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from epishard.shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME, index_name
+from epishard.shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME, ShardEntry, index_name
 from epishard.shardwriter.index import WindowIndex, dataset_index_bytes, encode_index
 from epishard.shardwriter.validate import check_index, check_index_table
 
@@ -137,7 +137,7 @@ def _checks(folder: str, index: WindowIndex, per_shard: list[int]) -> tuple[floa
     """Seconds the reader spends on its load-time checks (best of 3): hashing ``index.arrow``
     through its memory map (cold pages are read from disk once, then shared), and the schema and
     bound checks of every value (``shardwriter.validate``)."""
-    manifest = {"shards": [{"size": 1 << 40, "episodes": n} for n in per_shard], "cameras": {c: {} for c in CAMERAS}}
+    shards = [ShardEntry(f"s{i}.tar", f"s{i}.index.parquet", n, 0, 0, 1 << 40, "", "") for i, n in enumerate(per_shard)]
     path = os.path.join(folder, DATASET_INDEX_NAME)
     hash_s, check_s = [], []
     for _ in range(3):
@@ -147,7 +147,7 @@ def _checks(folder: str, index: WindowIndex, per_shard: list[int]) -> tuple[floa
         hash_s.append(time.perf_counter() - t)
         t = time.perf_counter()
         check_index_table(index.table.append_column("shard", pa.array(index.shard)), path, shard_column=True)
-        check_index(index, manifest, path)
+        check_index(index, shards, dict.fromkeys(CAMERAS), path)
         check_s.append(time.perf_counter() - t)
     return min(hash_s), min(check_s)
 
