@@ -28,12 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from epishard.seeding import rng_for as _rng  # the one seed convention (epishard.seeding)
+
 _SALT_DROP, _SALT_TIES, _SALT_RANKS, _SALT_STEPS, _SALT_RANDOM = 11, 12, 13, 14, 15
-
-
-def _rng(seed: int, epoch: int, salt: int) -> np.random.Generator:
-    """A Generator determined by ``(seed, epoch, salt)`` only (the convention of ``stream.plan``)."""
-    return np.random.default_rng([seed & 0xFFFFFFFF, epoch, salt])
 
 
 def remainder(num_samples: int, world_size: int, batch_size: int) -> int:

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from epishard.seeding import rng_for
+
 _SALT_LOCAL, _SALT_STRATA = 21, 22
 
 
@@ -72,7 +74,7 @@ def local_order(
         pos = np.arange(start, min(start + chunk, n), dtype=np.int64)
         ordered = pos[np.argsort(-costs[pos], kind="stable")]
         full = ordered.size // batch_size
-        blocks = np.random.default_rng([seed & 0xFFFFFFFF, epoch, _SALT_LOCAL, worker, c]).permutation(full)
+        blocks = rng_for(seed, epoch, _SALT_LOCAL, worker, c).permutation(full)
         head = ordered[: full * batch_size].reshape(full, batch_size)[blocks].reshape(-1)
         out[start : start + pos.size] = np.concatenate([head, ordered[full * batch_size :]])
     return out
@@ -147,7 +149,7 @@ def stratified_order(
     # (j + u_k) / full_k of the epoch. Every rank derives the same schedule, and a worker never runs
     # more than about one batch per stratum ahead of its read order (bounded memory), unlike a
     # uniformly random order of the batches.
-    phase = np.random.default_rng([seed % (1 << 64), epoch, _SALT_STRATA, worker]).random(num_strata)
+    phase = rng_for(seed, epoch, _SALT_STRATA, worker).random(num_strata)
     keys = np.concatenate([(np.arange(f) + phase[k]) / f for k, f in enumerate(full.tolist()) if f])
     labels = (
         np.concatenate([np.full(f, k) for k, f in enumerate(full.tolist()) if f])

@@ -74,7 +74,9 @@ class ConvertOptions:
     overwrite: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "on_error", check_choice("ConvertOptions", "on_error", self.on_error, ("raise", "skip")))
+        object.__setattr__(
+            self, "on_error", check_choice("ConvertOptions", "on_error", self.on_error, ("raise", "skip"))
+        )
         object.__setattr__(
             self, "timestamps", check_choice("ConvertOptions", "timestamps", self.timestamps, ("warn", "raise"))
         )

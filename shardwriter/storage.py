@@ -73,6 +73,48 @@ def make_filesystem(
     return fs, root
 
 
+class FileSystemHandle:
+    """This process's fsspec filesystem for ``url``, made on first use and again after a fork:
+    s3fs/aiohttp sessions do not survive a fork, so a handle pickles (to DataLoader workers, to
+    writer processes) without its filesystem, and a forked child makes its own.
+
+    ``storage_options``, ``attempts``, ``connect_s``, ``read_s``: as ``make_filesystem``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict,
+        attempts: int = 3,
+        connect_s: float = CONNECT_TIMEOUT_S,
+        read_s: float = READ_TIMEOUT_S,
+    ):
+        self.url, self.storage_options = url, dict(storage_options)
+        self.attempts, self.connect_s, self.read_s = attempts, connect_s, read_s
+        self._fs = None
+        self._pid: int | None = None
+        self._root: str | None = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_fs": None, "_pid": None}
+
+    def get(self):
+        """The filesystem of this process."""
+        if self._fs is None or self._pid != os.getpid():
+            self._fs, self._root = make_filesystem(
+                self.url, self.storage_options, self.attempts, self.connect_s, self.read_s
+            )
+            self._pid = os.getpid()
+        return self._fs
+
+    @property
+    def root(self) -> str:
+        """The dataset's root path inside the filesystem (``url`` without its protocol)."""
+        if self._root is None:
+            self.get()
+        return self._root  # type: ignore[return-value]
+
+
 class NotARegularFile(OSError):
     """A local path that should be a file is a FIFO, a directory or a device."""
 
@@ -110,23 +152,16 @@ class Storage:
         self.storage_options = dict(storage_options or {})
         protocol = fsspec.core.split_protocol(self.url)[0]
         self.local = protocol in (None, "file", "local")
-        self._fs = None
-        self._pid = None
+        self._handle = FileSystemHandle(self.url, self.storage_options)
         if self.local:
             self._root = os.path.abspath(fsspec.core.strip_protocol(self.url) if protocol else self.url)
         else:  # the filesystem made for the root path is kept for this process
-            self._fs, self._root = make_filesystem(self.url, self.storage_options)
-            self._pid = os.getpid()
-
-    def __getstate__(self):
-        return {**self.__dict__, "_fs": None, "_pid": None}
+            self._root = self._handle.root
 
     @property
     def fs(self):
-        if self._fs is None or self._pid != os.getpid():
-            self._fs = make_filesystem(self.url, self.storage_options)[0]
-            self._pid = os.getpid()
-        return self._fs
+        """This process's fsspec filesystem (``FileSystemHandle``)."""
+        return self._handle.get()
 
     def path(self, name: str) -> str:
         return f"{self._root}/{name}"

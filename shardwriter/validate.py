@@ -227,9 +227,7 @@ def _not_ascending(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return bad
 
 
-def check_index(
-    index, shards: Sequence[fmt.ShardEntry], camera_episodes: Mapping[str, int | None], where: str
-) -> None:
+def check_index(index, shards: Sequence[fmt.ShardEntry], camera_episodes: Mapping[str, int | None], where: str) -> None:
     """Bounds-check every value of a ``WindowIndex`` before use, against a checked manifest's
     ``shards`` (sizes, episodes per shard) and cameras (``camera_episodes``: name -> episodes that
     have it, or None where that is not checked).
@@ -396,7 +394,9 @@ def check_index_version(schema: pa.Schema, manifest_version: int | None, where: 
     try:
         version = int(stated)
     except ValueError:
-        raise FormatError(f"{where}: schema metadata {fmt.VERSION_KEY.decode()} {stated!r:.40} is not a version") from None
+        raise FormatError(
+            f"{where}: schema metadata {fmt.VERSION_KEY.decode()} {stated!r:.40} is not a version"
+        ) from None
     fmt.check_version(fmt.FORMAT_NAME, version, where)
     if manifest_version is not None and version != manifest_version:
         raise FormatError(
@@ -459,5 +459,7 @@ def load_shard_indexes(manifest: fmt.Manifest, read: Callable[[str], bytes], url
     if not tables:
         raise FormatError(f"{url}/{fmt.MANIFEST_NAME}: lists no shards")
     index = WindowIndex(pa.concat_tables(tables), np.repeat(np.arange(len(tables)), [t.num_rows for t in tables]))
-    check_index(index, manifest.shards, manifest.camera_episodes(), f"{url}/*{fmt.INDEX_SUFFIX}")  # DatasetSource.index_file names it alike
+    check_index(
+        index, manifest.shards, manifest.camera_episodes(), f"{url}/*{fmt.INDEX_SUFFIX}"
+    )  # DatasetSource.index_file names it alike
     return index

@@ -405,10 +405,6 @@ class WindowDataset(IterableDataset):
 
     def _emit(self, sample: dict, telemetry: Telemetry) -> dict:
         telemetry.add(samples=1, substitutes=int(sample["substitute"]))
-        stats = self._fetch_stats
-        telemetry.values.update(
-            bytes_read=stats["bytes_fetched"], retries=stats["retries"], read_s=stats["fetch_wait_s"]
-        )
         if self.telemetry:
             sample = dict(sample, __telemetry__=telemetry.tensor())
         self._consumed += 1
@@ -420,7 +416,6 @@ class WindowDataset(IterableDataset):
 
     def _fetchers(self, plan: WorkerPlan, remaining: dict, telemetry: Telemetry):
         """One ``Fetcher`` per dataset, over the episodes this worker still needs, in read order."""
-        self._fetch_stats = {"bytes_fetched": 0, "requests": 0, "retries": 0, "range_ignored": 0, "fetch_wait_s": 0.0}
         lists: list[list] = [[] for _ in self.sources]
         slots: dict[int, tuple] = {}
         for e in plan.read_order.tolist():
@@ -430,12 +425,10 @@ class WindowDataset(IterableDataset):
             ix = self.sources[d].index
             names = ix.camera_names(local)
             streams = [ix.stream(local, names.index(c)) for c in self.cam_offsets[d]]
-            shard, ranges, shas, members = episode_ranges(ix, local, streams)
-            slots[e] = (d, len(lists[d]), shas, members)
-            lists[d].append((shard, ranges))
-        fetchers = [
-            Fetcher(src, lst, self.fetch, self._fetch_stats) for src, lst in zip(self.sources, lists, strict=False)
-        ]
+            where = episode_ranges(ix, local, streams)
+            slots[e] = (d, len(lists[d]), where.sha256, where.members)
+            lists[d].append((where.shard, where.ranges))
+        fetchers = [Fetcher(src, lst, self.fetch, telemetry) for src, lst in zip(self.sources, lists, strict=False)]
         return fetchers, slots
 
     def _load(self, episode: int, anchors: np.ndarray, fetchers, slots, telemetry: Telemetry) -> LoadedEpisode:

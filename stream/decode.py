@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import time
+from dataclasses import dataclass
 
 import av
 import numpy as np
@@ -37,6 +38,18 @@ class DecodeError(RuntimeError):
     """A video member did not decode; the message names the episode key and camera."""
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """What ``decode``/``decode_depth`` return: ``frames`` (``[N, C, h, w]`` after post-processing:
+    uint8 RGB, or uint16 ``C == 1`` depth), ``calls`` (decoder calls made: ``get_frames_at`` calls,
+    or seeks for depth) and ``post_s`` (seconds spent in post-processing).
+    """
+
+    frames: torch.Tensor
+    calls: int
+    post_s: float
+
+
 def decode(
     data: bytes,
     frames: np.ndarray,
@@ -49,7 +62,7 @@ def decode(
     max_bytes: int = 256 << 20,
     height: int = 0,
     width: int = 0,
-) -> tuple[torch.Tensor, int, float]:
+) -> Decoded:
     """Decode ``frames`` (sorted unique int64 frame numbers) of one video with one decoder.
 
     ``tables``: (pts, duration, keyframe flags) of the stream (``WindowIndex.frame_tables``);
@@ -62,8 +75,8 @@ def decode(
     episodes. ``post`` (a ``PostProcess``) runs on the decoded frames only.
 
     Returns:
-        (frames ``[len(frames), C, h, w]`` after ``post``, decode calls made, seconds spent in
-        ``post``).
+        ``Decoded``: frames ``[len(frames), C, h, w]`` after ``post``, ``get_frames_at`` calls made,
+        seconds spent in ``post``.
 
     Raises:
         DecodeError: torchcodec failed, or returned a frame whose pts is not the table's; ``where``
@@ -94,7 +107,7 @@ def decode(
     except Exception as exc:  # torchcodec raises RuntimeError/ValueError/IndexError by case
         raise DecodeError(f"{where}: decoding frames {frames[:8].tolist()}... failed: {exc}") from exc
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return out, len(parts), post_s
+    return Decoded(out, len(parts), post_s)
 
 
 def decode_depth(
@@ -106,7 +119,7 @@ def decode_depth(
     where: str,
     stream_index: int | None = None,
     post=None,
-) -> tuple[torch.Tensor, int, float]:
+) -> Decoded:
     """Decode ``frames`` (sorted unique int64 frame numbers) of a grey (depth) video at full precision.
 
     torchcodec returns RGB only, so PyAV decodes here: it seeks to the keyframe at or before each
@@ -118,7 +131,8 @@ def decode_depth(
     not an attached picture, the writer's rule).
 
     Returns:
-        (uint16 frames ``[len(frames), 1, h, w]`` after ``post``, seeks made, seconds in ``post``).
+        ``Decoded``: uint16 frames ``[len(frames), 1, h, w]`` after ``post``, seeks made (``calls``),
+        seconds in ``post``.
 
     Raises:
         DecodeError: PyAV failed, or a wanted frame never came out of the decoder; ``where``
@@ -161,4 +175,4 @@ def decode_depth(
     batch = torch.from_numpy(np.stack(out).astype(np.uint16, copy=False)[:, None])
     t = time.perf_counter()
     batch = post(batch) if post is not None else batch
-    return batch, seeks, time.perf_counter() - t
+    return Decoded(batch, seeks, time.perf_counter() - t)

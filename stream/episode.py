@@ -73,6 +73,21 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
     return columns
 
 
+@dataclass(frozen=True)
+class EpisodeInfo:
+    """What every window of a loaded episode shares: its ``task`` text, source ``episode_index``,
+    ``key``, ``fps``, the index stream of each window camera (``streams``: camera -> stream number)
+    and its recording-segment edges (``segments``: int64 ``[S + 1]`` rows, ``WindowIndex.segment_edges``).
+    """
+
+    task: str
+    episode_index: int
+    key: str
+    fps: float
+    streams: dict[str, int]
+    segments: np.ndarray
+
+
 @dataclass
 class LoadedEpisode:
     """An episode's columns and decoded frames, enough to cut all of the given windows.
@@ -89,7 +104,7 @@ class LoadedEpisode:
     columns: dict
     frames: dict
     positions: dict
-    info: dict
+    info: EpisodeInfo
 
     @classmethod
     def load(
@@ -134,7 +149,7 @@ class LoadedEpisode:
             keys = index.keyframes[index.key_offsets[s] : index.key_offsets[s + 1]]
             where, data = f"episode {key} camera {cam}", blobs[m0 + int(index.cam_member[s])]
             if index.cam_depth[s]:
-                frames[cam], calls, post_s = decode_depth(
+                decoded = decode_depth(
                     data,
                     unique,
                     pts,
@@ -144,7 +159,7 @@ class LoadedEpisode:
                     post=post.prepare_depth,
                 )
             else:
-                frames[cam], calls, post_s = decode(
+                decoded = decode(
                     data,
                     unique,
                     (pts, duration, keyflags),
@@ -155,23 +170,23 @@ class LoadedEpisode:
                     height=int(index.cam_height[s]),
                     width=int(index.cam_width[s]),
                 )
-            positions[cam] = unique
+            frames[cam], positions[cam] = decoded.frames, unique
             telemetry.add(
-                decode_s=time.perf_counter() - t1 - post_s,
-                postprocess_s=post_s,
+                decode_s=time.perf_counter() - t1 - decoded.post_s,
+                postprocess_s=decoded.post_s,
                 decoder_opens=1,
-                decode_calls=calls,
+                decode_calls=decoded.calls,
                 frames_decoded=decoded_frames(unique, keys),
                 frames_unique=unique.size,
             )
-        info = {
-            "task": index.table.column("task")[episode].as_py(),
-            "episode_index": int(index.table.column("episode_index")[episode].as_py()),
-            "key": key,
-            "fps": fps,
-            "streams": streams,
-            "segments": edges,
-        }
+        info = EpisodeInfo(
+            task=index.table.column("task")[episode].as_py(),
+            episode_index=int(index.table.column("episode_index")[episode].as_py()),
+            key=key,
+            fps=fps,
+            streams=streams,
+            segments=edges,
+        )
         telemetry.add(episodes_loaded=1)
         return cls(episode, n, columns, frames, positions, info)
 
@@ -183,16 +198,16 @@ class LoadedEpisode:
         ``finish``: applied to each camera's frames (``PostProcess.finish``); None leaves them as
         stored (uint8, for a collate that converts them).
         """
-        edges = self.info["segments"]
+        edges = self.info.segments
         k = int(np.searchsorted(edges, anchor, side="right")) - 1
         lo, hi = int(edges[k]), int(edges[k + 1])
         sample: dict = {}
         for cam, offsets in cam_offsets.items():
             rows, pad = _clamped(anchor + offsets, lo, hi)
-            frames = index.frames(self.info["streams"][cam], rows)
+            frames = index.frames(self.info.streams[cam], rows)
             picked = np.searchsorted(self.positions[cam], frames)
             frames = self.frames[cam].index_select(0, torch.from_numpy(picked))  # 50x faster than x[idx] for uint8
-            depth = index.cam_depth[self.info["streams"][cam]]  # depth stays uint16: never scaled as an image
+            depth = index.cam_depth[self.info.streams[cam]]  # depth stays uint16: never scaled as an image
             sample[cam] = finish(frames) if finish is not None and not depth else frames
             sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
         if spec.state_key:
@@ -205,8 +220,8 @@ class LoadedEpisode:
             sample[f"{spec.action_key}_is_pad"] = torch.from_numpy(pad)
         for name in spec.extra_columns:
             sample[name] = torch.from_numpy(self.columns[name][anchor])
-        sample["task"] = self.info["task"]
-        sample["episode_index"] = self.info["episode_index"]
+        sample["task"] = self.info.task
+        sample["episode_index"] = self.info.episode_index
         sample["frame_index"] = int(self.columns["frame_index"][anchor])
         sample["timestamp"] = float(self.columns["timestamp"][anchor])
         return sample

@@ -32,6 +32,7 @@ from .cache import RangeCache
 
 if TYPE_CHECKING:
     from .source import DatasetSource
+    from .telemetry import Telemetry
 
 
 @dataclass(frozen=True)
@@ -123,14 +124,18 @@ class Fetcher:
         episodes: ``[(shard, [(start, stop), ...])]`` per episode in read order: the byte ranges
             (member data) the episode needs.
         policy: ``FetchPolicy``.
-        stats: a dict of counters this updates: ``bytes_fetched``, ``requests``, ``retries``,
-            ``range_ignored``, ``fetch_wait_s`` (time the worker waited for data).
+        telemetry: the worker's ``Telemetry``; this counts ``bytes_read``, ``requests``, ``retries``,
+            ``range_ignored``, ``cache_hits`` and ``read_s`` (time the worker waited for data) into it.
     """
 
     def __init__(
-        self, source: DatasetSource, episodes: list[tuple[int, list[tuple[int, int]]]], policy: FetchPolicy, stats: dict
+        self,
+        source: DatasetSource,
+        episodes: list[tuple[int, list[tuple[int, int]]]],
+        policy: FetchPolicy,
+        telemetry: Telemetry,
     ):
-        self.source, self.policy, self.stats = source, policy, stats
+        self.source, self.policy, self.telemetry = source, policy, telemetry
         self.episodes = episodes
         self.requests = self._requests(episodes)  # [(shard, start, stop)] in fetch order
         self._spans = _spans(self.requests, episodes)  # [(first, stop)] request numbers per episode
@@ -190,7 +195,7 @@ class Fetcher:
             data = self._fetch_remote(shard, start, stop)
             self._cache.put(sha, start, stop, data)
         else:
-            self.stats["cache_hits"] = self.stats.get("cache_hits", 0) + 1
+            self.telemetry.add(cache_hits=1)
         return data
 
     def _fetch_remote(self, shard: int, start: int, stop: int) -> bytes:
@@ -200,7 +205,7 @@ class Fetcher:
         while pos < stop:
             try:
                 data = self.source.read_range(shard, pos, stop)
-                self.stats["requests"] += 1
+                self.telemetry.add(requests=1)
                 if len(data) > stop - pos:
                     if len(data) != size:
                         raise FetchError(
@@ -208,7 +213,7 @@ class Fetcher:
                             f"the range nor the whole object ({size} bytes)",
                             shard,
                         )
-                    self.stats["range_ignored"] += 1  # the server ignored Range: cut the range out
+                    self.telemetry.add(range_ignored=1)  # the server ignored Range: cut the range out
                     data = data[pos:stop]
                 if not data:
                     raise ConnectionError(f"{path}: empty response at byte {pos}")
@@ -216,12 +221,12 @@ class Fetcher:
                 raise
             except Exception as exc:  # classified below: retried or turned into a FetchError
                 wait_or_raise(self.policy, exc, attempt, f"{path}: bytes {pos}-{stop}", shard)
-                self.stats["retries"] += 1
+                self.telemetry.add(retries=1)
                 attempt += 1
                 continue
             parts.append(data)
             pos += len(data)
-            self.stats["bytes_fetched"] += len(data)
+            self.telemetry.add(bytes_read=len(data))
         return b"".join(parts)
 
     # --- consuming --------------------------------------------------------------------------------
@@ -236,7 +241,7 @@ class Fetcher:
         try:
             return future.result()
         finally:
-            self.stats["fetch_wait_s"] += time.perf_counter() - t
+            self.telemetry.add(read_s=time.perf_counter() - t)
 
     def episode(self, k: int, checksums: list[str] | None = None) -> list[bytes]:
         """Bytes of each range of the ``k``-th episode (in read order), verified.
@@ -335,9 +340,21 @@ def _slice(pieces: dict[tuple[int, int], bytes], start: int, stop: int, path: st
     return joined
 
 
-def episode_ranges(index, episode: int, cameras: list[int]) -> tuple[int, list[tuple[int, int]], list[str], list[int]]:
-    """(shard, byte ranges, sha256s, member numbers) of the data member and the given camera streams
-    of ``episode`` (member ranges in tar order).
+@dataclass(frozen=True)
+class EpisodeRanges:
+    """Where an episode's members lie: its ``shard``, the byte ``ranges`` ``[(start, stop)]`` of the
+    members it needs in tar order, their hex ``sha256`` and their global member numbers (``members``).
+    """
+
+    shard: int
+    ranges: list[tuple[int, int]]
+    sha256: list[str]
+    members: list[int]
+
+
+def episode_ranges(index, episode: int, cameras: list[int]) -> EpisodeRanges:
+    """The data member and the given camera streams of ``episode``: their shard, byte ranges, sha256s
+    and member numbers (in tar order).
     """
     from epishard.shardwriter.format import DATA_EXT
 
@@ -347,4 +364,4 @@ def episode_ranges(index, episode: int, cameras: list[int]) -> tuple[int, list[t
     data = m0 + next(i for i, n in enumerate(names) if n.endswith("." + DATA_EXT))
     members = sorted({data, *(m0 + int(index.cam_member[s]) for s in cameras)})
     ranges = [(int(index.member_offset[m]), int(index.member_offset[m] + index.member_size[m])) for m in members]
-    return int(index.shard[episode]), ranges, [shas[m - m0] for m in members], members
+    return EpisodeRanges(int(index.shard[episode]), ranges, [shas[m - m0] for m in members], members)

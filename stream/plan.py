@@ -25,12 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from epishard.seeding import rng_for
+
+__all__ = ["rng_for"]  # re-exported: the planner's (and tests') name for the one seed convention
+
 _SALT_SHARDS, _SALT_ANCHORS, _SALT_DROP, _SALT_SHUFFLE = 1, 2, 3, 4
-
-
-def rng_for(seed: int, epoch: int, *salt: int) -> np.random.Generator:
-    """A numpy Generator determined by ``(seed, epoch, *salt)`` only."""
-    return np.random.default_rng([seed % (1 << 64), epoch, *salt])
 
 
 @dataclass(frozen=True)

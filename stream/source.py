@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from epishard.shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
 from epishard.shardwriter.index import WindowIndex
-from epishard.shardwriter.storage import make_filesystem, open_regular
+from epishard.shardwriter.storage import FileSystemHandle, open_regular
 from epishard.shardwriter.validate import FormatError, load_dataset_index, load_shard_indexes
 
 from .fetch import FetchError, FetchPolicy, retryable, wait_or_raise
@@ -52,8 +52,15 @@ class DatasetSource:
         self.policy = fetch or FetchPolicy()
         protocol = fsspec.core.split_protocol(self.url)[0]
         self.local = protocol in (None, "file", "local")
-        self._fs = self._pid = None
-        self._root = os.path.abspath(fsspec.core.strip_protocol(self.url)) if self.local else self._connect()
+        # The policy retries, so the client makes one attempt per request.
+        self._handle = FileSystemHandle(
+            self.url,
+            self.storage_options,
+            attempts=1,
+            connect_s=self.policy.connect_timeout_s,
+            read_s=self.policy.read_timeout_s,
+        )
+        self._root = os.path.abspath(fsspec.core.strip_protocol(self.url)) if self.local else self._handle.root
         try:
             data = self._read(MANIFEST_NAME)
         except FileNotFoundError:
@@ -63,30 +70,11 @@ class DatasetSource:
         self.shards = [s.shard for s in self.manifest.shards]
         self.cameras = sorted(self.manifest.cameras)
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_fs"] = state["_pid"] = None
-        return state
-
     def filesystem(self):
-        """This process's fsspec filesystem (recreated after a fork), with the policy's timeouts;
-        the policy retries, so the client makes one attempt per request.
+        """This process's fsspec filesystem (``FileSystemHandle``: recreated after a fork), with the
+        policy's timeouts.
         """
-        if self._fs is None or self._pid != os.getpid():
-            self._connect()
-        return self._fs
-
-    def _connect(self) -> str:
-        """Make this process's filesystem; returns the dataset's root path in it."""
-        self._fs, root = make_filesystem(
-            self.url,
-            self.storage_options,
-            attempts=1,
-            connect_s=self.policy.connect_timeout_s,
-            read_s=self.policy.read_timeout_s,
-        )
-        self._pid = os.getpid()
-        return root
+        return self._handle.get()
 
     def path(self, name: str) -> str:
         return f"{self._root}/{name}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -25,6 +27,9 @@ FIELDS = (
     "retries",
     "episodes_skipped",
     "substitutes",
+    "requests",
+    "range_ignored",
+    "cache_hits",
 )
 
 
@@ -34,16 +39,19 @@ class Telemetry:
     Seconds per stage (plan and index, read = time the worker waited for prefetched bytes, decode,
     post-process, assemble); frames decoded
     (decoder work estimated from the keyframe tables), unique frames requested, frames returned in
-    samples; decoder opens and decode calls; bytes read; samples; episodes loaded.
+    samples; decoder opens and decode calls; samples; episodes loaded. The fetcher (``stream.fetch``)
+    counts into the same names: bytes read, requests, retries, ranges a server ignored, cache hits.
     """
 
     def __init__(self, worker: int = 0):
         self.values = dict.fromkeys(FIELDS, 0.0)
         self.values["worker"] = float(worker)
+        self._lock = threading.Lock()  # the fetcher's threads count too
 
     def add(self, **kw: float) -> None:
-        for name, value in kw.items():
-            self.values[name] += value
+        with self._lock:
+            for name, value in kw.items():
+                self.values[name] += value
 
     def tensor(self) -> torch.Tensor:
         """float64 ``[len(FIELDS)]``: attached to samples as ``__telemetry__`` when enabled."""

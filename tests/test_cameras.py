@@ -430,7 +430,8 @@ def test_depth_decode_seeks_only_where_a_keyframe_is_closer():
     pts, keys = info.pts, info.keyframes.astype(np.int64)
     assert keys.tolist() == [0, 4, 8, 12, 16]
     for frames, seeks in (([1, 9, 10, 17], 3), ([5, 6, 7, 8], 1), ([19], 1)):
-        got, calls, _ = decode_depth(data, np.asarray(frames), pts, keys, where="ep cam")
+        decoded = decode_depth(data, np.asarray(frames), pts, keys, where="ep cam")
+        got, calls = decoded.frames, decoded.calls
         assert got.dtype == torch.uint16 and np.array_equal(got[:, 0].numpy(), values[frames]) and calls == seeks
 
 
@@ -483,5 +484,5 @@ def test_depth_decode_reads_the_stream_the_index_names():
     with av.open(BytesIO(data)) as container:
         pts = np.asarray([f.pts for f in container.decode(container.streams[1])], dtype=np.int64)
     keys = np.arange(0, values.shape[0], 4, dtype=np.int64)
-    got, _, _ = decode_depth(data, np.asarray([2, 5, 11]), pts, keys, where="ep cam", stream_index=1)
+    got = decode_depth(data, np.asarray([2, 5, 11]), pts, keys, where="ep cam", stream_index=1).frames
     assert np.array_equal(got[:, 0].numpy(), values[[2, 5, 11]])

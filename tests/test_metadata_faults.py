@@ -201,13 +201,9 @@ def test_a_steady_other_rate_or_unit_is_not_a_break_but_a_pause_in_it_is(tmp_pat
         _opts(),
     )
     report = manifest.report
-    assert [(w.dataset, w.episode, w.row) for w in report.warnings if w.kind == "timestamps_jump"] == [
-        ("rec", 1, 30)
-    ]
+    assert [(w.dataset, w.episode, w.row) for w in report.warnings if w.kind == "timestamps_jump"] == [("rec", 1, 30)]
     # The disagreement with the video is reported instead (rec 1's too, before its pause).
-    assert sorted(
-        (w.dataset, w.episode, w.kind) for w in report.warnings if w.kind != "timestamps_jump"
-    ) == [
+    assert sorted((w.dataset, w.episode, w.kind) for w in report.warnings if w.kind != "timestamps_jump") == [
         ("flat", 0, "timestamps_rate"),
         ("rec", 0, "timestamps_past_end"),
         ("rec", 1, "timestamps_past_end"),

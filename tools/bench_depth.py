@@ -63,7 +63,7 @@ def main() -> None:
         keys = info.keyframes.astype(np.int64)
 
         def run(frames, data=data, info=info, keys=keys):
-            out, _, _ = decode_depth(data, frames, info.pts, keys, where="bench")
+            out = decode_depth(data, frames, info.pts, keys, where="bench").frames
             assert np.array_equal(out[:, 0].numpy(), depth[frames])
 
         flags = np.zeros(info.num_frames, bool)
@@ -71,7 +71,7 @@ def main() -> None:
         mappings = frame_mappings(info.pts, info.duration, flags)
 
         def run_rgb(frames, data=data, mappings=mappings):
-            out, _, _ = decode(data, frames, mappings, where="bench")
+            out = decode(data, frames, mappings, where="bench").frames
             assert tuple(out.shape) == (frames.size, 3, H, W)
 
         for name, frames in PATTERNS.items():

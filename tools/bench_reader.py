@@ -710,7 +710,7 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
         def reader():
             cpu, t = time.process_time(), time.perf_counter()
             for v in videos:
-                x, _, _ = decode(v["data"], np.arange(v["n"]), v["tables"], where=v["path"])
+                x = decode(v["data"], np.arange(v["n"]), v["tables"], where=v["path"]).frames
                 if len(tensors) < len(videos):
                     tensors.append(int(x.shape[0]))
                 del x

@@ -193,9 +193,9 @@ def main() -> int:
         ds = WindowDataset(source, spec, **kw)
     loader = WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers, persistent_workers=args.workers > 0)
     features = source.manifest.features or {}
-    model = TinyPolicy(
-        len(cams), features["observation.state"].shape[0], features["action"].shape[0], args.horizon
-    ).to(device)
+    model = TinyPolicy(len(cams), features["observation.state"].shape[0], features["action"].shape[0], args.horizon).to(
+        device
+    )
     if dist.is_initialized():
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
