@@ -163,7 +163,8 @@ def _newer(root: str) -> str:
 
 
 NEWER_MESSAGE = (
-    f"format_version {NEWER} is newer than this epishard reads (format versions 1 to {FORMAT_VERSION}): upgrade"
+    f"format_version {NEWER} is newer than this epishard reads (format versions 1 to {FORMAT_VERSION}): "
+    "upgrade epishard to read it"
 )
 
 
@@ -179,7 +180,7 @@ def test_a_newer_version_is_refused_by_reader_verify_and_inspect(intact, tmp_pat
         describe(root)
     for command in ("inspect", "verify"):
         assert cli([command, root]) == 2
-        assert capsys.readouterr().err.strip() == f"epishard {command}: error: {path}: {NEWER_MESSAGE} it"
+        assert capsys.readouterr().err.strip() == f"epishard {command}: error: {path}: {NEWER_MESSAGE}"
 
 
 def test_another_format_is_refused(intact, tmp_path):
