@@ -59,7 +59,7 @@ class FetchPolicy:
             retried like a reset (storage options ``connect_timeout`` / ``read_timeout`` override).
     """
 
-    mode: str = "stream"
+    mode: Literal["stream", "ranged"] = "stream"
     chunk_bytes: int = 8 << 20
     prefetch_bytes: int = 256 << 20
     threads: int = 4

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from videogen import make_episode_table, make_video
 
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, WindowIndex, convert
+from epishard.shardwriter.format import Manifest
 from epishard.stream import WindowSpec, segment
 
 
@@ -85,8 +86,16 @@ def copy(src: str, dst: str) -> str:
 
 
 def manifest(root: str) -> dict:
+    """The manifest as raw JSON, for tests that damage it."""
     with open(os.path.join(root, "manifest.json")) as f:
         return json.load(f)
+
+
+def loaded(root: str) -> Manifest:
+    """The manifest as readers see it (``format.Manifest.load``)."""
+    path = os.path.join(root, "manifest.json")
+    with open(path, "rb") as f:
+        return Manifest.load(f.read(), path)
 
 
 def write_manifest(root: str, data) -> None:
@@ -102,7 +111,7 @@ def video_member(root: str, shard: int, episode_in_shard: int = 0) -> dict:
 
 
 def flip_byte(root: str, shard: int, offset: int) -> None:
-    path = os.path.join(root, manifest(root)["shards"][shard]["shard"])
+    path = os.path.join(root, loaded(root).shards[shard].shard)
     with open(path, "r+b") as f:
         f.seek(offset)
         byte = f.read(1)

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from faultgen import CAMERA, SPEC, copy, flip_byte, manifest, video_member
+from faultgen import CAMERA, SPEC, copy, flip_byte, loaded, video_member
 from videogen import decode_frame_number
 
 from epishard.stream import WindowDataset
@@ -53,7 +53,7 @@ def test_damaged_shard_costs_only_its_windows(intact, keyed_reference, damaged, 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         samples = list(WindowDataset(root, SPEC, seed=5, fetch=policy))
-    name = manifest(root)["shards"][shard]["shard"]
+    name = loaded(root).shards[shard].shard
     lost = {e for e in range(6) if e // 2 == shard}  # both episodes of the damaged shard
     assert len(samples) == len(keyed_reference)  # the rank keeps its sample count
     real = [s for s in samples if not s["substitute"]]
@@ -71,6 +71,6 @@ def test_damaged_shard_costs_only_its_windows(intact, keyed_reference, damaged, 
 
 def test_strict_policy_names_the_damaged_shard(damaged):
     root, shard = damaged[1]
-    name = manifest(root)["shards"][shard]["shard"]
+    name = loaded(root).shards[shard].shard
     with pytest.raises(FetchError, match=name):
         list(WindowDataset(root, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="raise")))

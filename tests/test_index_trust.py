@@ -12,7 +12,17 @@ import warnings
 
 import pytest
 import torch
-from faultgen import CAMERA, SPEC, copy, manifest, rewrite_index, rewrite_shard_member, video_member, write_manifest
+from faultgen import (
+    CAMERA,
+    SPEC,
+    copy,
+    loaded,
+    manifest,
+    rewrite_index,
+    rewrite_shard_member,
+    video_member,
+    write_manifest,
+)
 
 from epishard.shardwriter import verify
 from epishard.shardwriter.validate import FormatError
@@ -121,7 +131,7 @@ def test_per_shard_indexes_are_checked_when_used(intact, reference, tmp_path):
     root = copy(intact, str(tmp_path / "ds"))
     os.remove(os.path.join(root, "index.arrow"))
     assert [s["frame_index"] for s in WindowDataset(root, SPEC, seed=5)] == [s["frame_index"] for s in reference]
-    path = os.path.join(root, manifest(root)["shards"][2]["index"])
+    path = os.path.join(root, loaded(root).shards[2].index)
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2] ^= 0xFF
     open(path, "wb").write(bytes(data))

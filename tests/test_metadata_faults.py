@@ -30,6 +30,7 @@ from epishard.shardwriter import (
     convert,
     verify,
 )
+from epishard.shardwriter.format import Manifest
 from epishard.stream import WindowDataset, WindowSpec
 
 FPS = 20
@@ -42,11 +43,9 @@ def _opts(**kw) -> ConvertOptions:
 
 def _decoded_rows(out, index: WindowIndex, episode: int, camera: int = 0) -> list[int]:
     """Frame number shown by every row of ``episode``, decoded from the shard."""
-    import json
-
-    shards = json.load(open(f"{out}/manifest.json"))["shards"]
+    shards = Manifest.load(open(f"{out}/manifest.json", "rb").read(), "manifest.json").shards
     look = index.lookup(episode, np.arange(int(index.num_rows[episode])), camera=camera)
-    with open(f"{out}/{shards[look.shard]['shard']}", "rb") as f:
+    with open(f"{out}/{shards[look.shard].shard}", "rb") as f:
         f.seek(look.offset)
         data = f.read(look.size)
     return [

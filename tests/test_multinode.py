@@ -18,6 +18,7 @@ import pytest
 from videogen import make_episode_table, make_video
 
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+from epishard.shardwriter.format import Manifest
 from epishard.stream import WindowDataset, WindowSpec, segment
 from epishard.stream.plan import global_plan
 
@@ -63,7 +64,7 @@ def dataset(tmp_path_factory):
         str(out),
         ConvertOptions(max_episodes_per_shard=3, progress=False),
     )
-    assert len(json.loads((out / "manifest.json").read_text())["shards"]) == 3
+    assert len(Manifest.load((out / "manifest.json").read_bytes(), "manifest.json").shards) == 3
     return str(out)
 
 

@@ -242,4 +242,4 @@ def test_cli_refuses_to_replace_a_finished_dataset_without_overwrite(source, tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--overwrite" in err[0]
     assert cli(["convert", str(lerobot), out, "--quiet", "--overwrite"]) == 0
-    assert json.load(open(os.path.join(out, "manifest.json")))["sources"][0]["name"] == "other"
+    assert fmt.Manifest.load(open(os.path.join(out, "manifest.json"), "rb").read(), out).sources[0].name == "other"

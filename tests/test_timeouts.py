@@ -12,7 +12,7 @@ import os
 import warnings
 
 import pytest
-from faultgen import SPEC, copy, hang_alarm, manifest, source
+from faultgen import SPEC, copy, hang_alarm, loaded, source
 from remote_servers import FaultProxy, SilentServer, serve_http
 
 from epishard.cli import main
@@ -113,7 +113,7 @@ def test_s3_endpoint_that_never_answers_fails_convert_verify_and_reader(intact, 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
 def test_a_shard_that_is_not_a_regular_file_is_refused(intact, tmp_path, kind):
     root = copy(intact, str(tmp_path / "ds"))
-    path = os.path.join(root, manifest(root)["shards"][1]["shard"])
+    path = os.path.join(root, loaded(root).shards[1].shard)
     os.remove(path)
     {"fifo": os.mkfifo, "directory": os.mkdir, "device": lambda p: os.symlink("/dev/zero", p)}[kind](path)
     result = verify(root)
