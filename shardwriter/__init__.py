@@ -1,7 +1,7 @@
 """epishard's writer: episodes in, window-indexed WebDataset tar shards and a manifest out.
 
 Public API: ``convert``, ``ConvertOptions``, ``Episode``, ``CameraVideo``, ``TableSlice``,
-``Source``, ``read_lerobot``, ``WindowIndex``, ``ReencodeSpec``, ``ConversionError``,
+``Source``, ``read_lerobot``, ``WindowIndex``, ``Manifest``, ``ReencodeSpec``, ``ConversionError``,
 ``SourceError``, ``OutputFolderError``, ``verify``. The on-disk format is described in
 docs/FORMAT.md and defined in ``shardwriter.format``.
 """
@@ -9,6 +9,7 @@ docs/FORMAT.md and defined in ``shardwriter.format``.
 from .convert import ConvertOptions, convert
 from .episode import CameraVideo, Episode, Source, TableSlice
 from .errors import ConversionError, OutputFolderError, SourceError
+from .format import Manifest
 from .index import WindowIndex
 from .lerobot import read_lerobot
 from .verify import verify
@@ -19,6 +20,7 @@ __all__ = [
     "ConversionError",
     "ConvertOptions",
     "Episode",
+    "Manifest",
     "OutputFolderError",
     "ReencodeSpec",
     "Source",

@@ -5,8 +5,12 @@ open a file, size an allocation or index an array until it has been checked here
 
 - ``plain_name``: file and member names are plain names (no path separators, not ``.``/``..``),
   so nothing outside the dataset folder is opened, locally or remotely;
-- ``check_manifest``: every manifest field the reader, ``verify`` and ``inspect`` use has its type
-  and range (names, sizes, sha256 digests, cameras, statistics);
+- ``check_manifest``: the format and version (``format.check_version``: a newer version is
+  refused), and every manifest field the reader, ``verify`` and ``inspect`` use has its type and
+  range (names, sizes, sha256 digests, cameras, statistics); ``format.Manifest.load`` runs it
+  before it builds the typed manifest;
+- ``check_index_version``: an index file's stated format version is one this reader reads and
+  the manifest's;
 - ``check_index_table``: the index's Arrow schema is the format's, without nulls;
 - ``check_index``: every index value is in bounds against the manifest (shard sizes, episode
   counts) and the rest of the row (member byte ranges, frame counts, keyframes, row-to-frame maps),

@@ -71,6 +71,7 @@ Commands (from the repository root):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -89,10 +90,12 @@ for _p in (str(REPO), str(REPO / "tests"), str(REPO / "tools")):
         sys.path.insert(0, _p)
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from torchcodec.decoders import VideoDecoder
 
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+from epishard.shardwriter import format as fmt
 from epishard.shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME
 from epishard.shardwriter.index import dataset_index_bytes
 from epishard.shardwriter.video import frame_mappings
@@ -463,20 +466,29 @@ def synth_index_dataset(folder: str, episodes: int) -> str:
     from bench_index import CAMERAS, write_indexes
 
     paths = write_indexes(folder, episodes)
+    index_arrow = dataset_index_bytes([Path(p).read_bytes() for p in paths])
     with open(os.path.join(folder, DATASET_INDEX_NAME), "wb") as f:
-        f.write(dataset_index_bytes([Path(p).read_bytes() for p in paths]))
-    manifest = {
-        "format": "epishard",
-        "format_version": 1,
-        "stats": {},
-        "fps": 30.0,
-        "cameras": {
-            c: {"codec": "h264", "width": 224, "height": 224, "fps": 30.0, "episodes": episodes} for c in CAMERAS
-        },
-        "shards": [{"shard": f"bench-{i:06d}.tar", "index": os.path.basename(p)} for i, p in enumerate(paths)],
-    }
-    with open(os.path.join(folder, MANIFEST_NAME), "w") as f:
-        json.dump(manifest, f)
+        f.write(index_arrow)
+    no_digest = "0" * 64  # no tar is read: planning and index only
+    counts = [pq.read_metadata(p).num_rows for p in paths]
+    manifest = fmt.Manifest(
+        format=fmt.FORMAT_NAME,
+        format_version=fmt.FORMAT_VERSION,
+        index=fmt.IndexFile(DATASET_INDEX_NAME, hashlib.sha256(index_arrow).hexdigest()),
+        shards=tuple(
+            fmt.ShardEntry(f"bench-{i:06d}.tar", os.path.basename(p), n, 0, 0, 1 << 40, no_digest, no_digest)
+            for i, (p, n) in enumerate(zip(paths, counts, strict=True))
+        ),
+        cameras={c: fmt.CameraEntry("h264", 224, 224, 30.0, episodes) for c in CAMERAS},
+        stats={},
+        totals=fmt.Totals(len(paths), episodes, 0, 0, 0, 0),
+        tasks=(),
+        sources=(),
+        report=fmt.Report.of((), ()),
+        fps=30.0,
+    )
+    with open(os.path.join(folder, MANIFEST_NAME), "wb") as f:
+        f.write(manifest.dump())
     return folder
 
 
