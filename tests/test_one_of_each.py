@@ -1,0 +1,95 @@
+"""One of each piece of infrastructure (issue 15, item 4): one seed convention (every plan's
+randomness comes from ``epishard.seeding.rng_for``: ``[seed mod 2**64, epoch, *salt]``, in the
+reader's planner and in ``balance`` alike), one fork-safe fsspec handle
+(``shardwriter.storage.FileSystemHandle``), one set of counter names (the fetcher counts into
+``Telemetry``)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import pickle
+import re
+import tarfile
+
+import numpy as np
+
+from epishard.balance import local_order, random_steps
+from epishard.seeding import rng_for
+from epishard.shardwriter.storage import FileSystemHandle, Storage
+from epishard.stream import DatasetSource, WindowDataset
+from epishard.stream.plan import shard_order
+from epishard.stream.telemetry import FIELDS, summarize
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_seeds_equal_modulo_2_64_give_the_same_plans_and_larger_seeds_are_not_truncated():
+    costs = np.arange(64, dtype=np.float64)
+    for plan in (
+        lambda seed: random_steps(costs, 2, 4, seed=seed, epoch=1),
+        lambda seed: local_order(costs, 4, 4, seed, 1),
+        lambda seed: shard_order(64, seed, 1),
+    ):
+        assert np.array_equal(plan(-1), plan(2**64 - 1))
+        assert not np.array_equal(plan(5), plan(5 + 2**32))  # a 32-bit mask would make these equal
+
+
+def test_rng_for_is_numpys_generator_of_the_documented_sequence():
+    assert np.array_equal(rng_for(7, 2, 13).random(4), np.random.default_rng([7, 2, 13]).random(4))
+
+
+def test_no_plan_seeds_numpy_by_hand():
+    uses = [
+        f"{path.relative_to(REPO)}: {line.strip()}"
+        for folder in ("stream", "balance")
+        for path in (REPO / folder).glob("*.py")
+        for line in path.read_text().splitlines()
+        if re.search(r"default_rng\(|np\.random\.seed\(|RandomState\(", line)
+    ]
+    assert uses == []
+
+
+def _code_lines(folders, pattern: str) -> list[str]:
+    return [
+        f"{path.relative_to(REPO)}: {line.strip()}"
+        for folder in folders
+        for path in (REPO / folder).glob("*.py")
+        for line in path.read_text().splitlines()
+        if re.search(pattern, line)
+    ]
+
+
+def test_the_filesystem_handle_is_made_per_process_and_pickles_without_it(monkeypatch):
+    handle = FileSystemHandle("memory://epishard-handle", {})
+    fs = handle.get()
+    assert handle.get() is fs and handle.root == "/epishard-handle"
+    clone = pickle.loads(pickle.dumps(handle))
+    assert clone._fs is None and clone.get() is not fs  # a worker makes its own
+    monkeypatch.setattr(os, "getpid", lambda: -1)  # as in a forked child
+    assert handle.get() is not fs
+
+
+def test_writer_and_reader_share_the_one_handle(intact):
+    assert isinstance(Storage("memory://epishard-handle")._handle, FileSystemHandle)
+    assert isinstance(DatasetSource(intact)._handle, FileSystemHandle)
+    made_elsewhere = [
+        line for line in _code_lines(("shardwriter", "stream"), r"make_filesystem\(") if "storage.py" not in line
+    ]
+    assert made_elsewhere == []
+
+
+def test_the_fetcher_counts_into_the_telemetry_names(intact):
+    from faultgen import SPEC
+
+    samples = list(WindowDataset(intact, SPEC, seed=5, telemetry=True))
+    totals = summarize([s["__telemetry__"] for s in samples])
+    assert {"bytes_read", "requests", "retries", "range_ignored", "cache_hits", "read_s"} <= set(FIELDS)
+    # Stream mode: one request per shard (under chunk_bytes), covering the members every episode needs.
+    manifest = DatasetSource(intact).manifest
+    needed = 0
+    for shard in manifest.shards:
+        with tarfile.open(os.path.join(intact, shard.shard)) as tar:
+            needed += sum(m.size for m in tar.getmembers() if not m.name.endswith(".json"))
+    assert totals["requests"] == len(manifest.shards) == 3 and totals["retries"] == 0
+    assert needed <= totals["bytes_read"] <= manifest.totals.bytes
