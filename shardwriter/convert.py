@@ -307,7 +307,7 @@ def _refuse_other_finished(storage: Storage, dataset_digest: str) -> None:
     """
     if not storage.exists(fmt.MANIFEST_NAME):
         return
-    try:
+    try:  # only the digest is compared, not trusted: a damaged manifest of this very plan is still ours to redo
         recorded = json.loads(storage.read(fmt.MANIFEST_NAME)).get("plan_digest")
     except (ValueError, AttributeError):
         recorded = None
