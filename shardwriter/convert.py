@@ -29,7 +29,7 @@ import av
 import pyarrow as pa
 
 from . import format as fmt
-from .episode import Episode, Source, TableSlice
+from .episode import Episode, Source, TableSlice, file_size
 from .errors import ConversionError, OutputFolderError, SourceError, check_choice
 from .index import dataset_index_bytes, encode_index, read_shard_meta, read_table_bytes
 from .lerobot import read_lerobot
@@ -99,13 +99,15 @@ class ConvertOptions:
         )
 
 
-def open_sources(inputs: list[Source | str], cameras: tuple[str, ...] | None = None) -> list[Source]:
-    """Open LeRobot paths (``cameras``: see ``read_lerobot``) and give every source a unique name
-    (``name``, ``name_2``, ...).
+def open_sources(
+    inputs: list[Source | str], cameras: tuple[str, ...] | None = None, storage_options: dict | None = None
+) -> list[Source]:
+    """Open LeRobot paths or URLs (``cameras``, ``storage_options``: see ``read_lerobot``) and give
+    every source a unique name (``name``, ``name_2``, ...).
     """
     sources, seen = [], set()
     for item in inputs:
-        source = read_lerobot(item, cameras=cameras) if isinstance(item, str) else item
+        source = read_lerobot(item, cameras=cameras, storage_options=storage_options) if isinstance(item, str) else item
         name, n = source.name, 2
         while fmt.slug(name) in seen:
             name, n = f"{source.name}_{n}", n + 1
@@ -135,25 +137,37 @@ def plan_shards(episodes: list[Episode], max_episodes: int, max_bytes: int) -> l
     return shards
 
 
-def _fingerprint(episode: Episode) -> list:
+def _fingerprint(episode: Episode, root: str = "") -> list:
+    """What identifies an episode's input: key, and per file its path relative to the source's
+    ``root`` (so a copy of a dataset elsewhere, a local folder or a bucket, plans the same shards)
+    and size; in-memory inputs by size or digest.
+    """
+
+    def name(file) -> str:
+        path = str(file)
+        return path[len(root) + 1 :] if root and path.startswith(root + "/") else path
+
     def one(item) -> list:
         if isinstance(item, pa.Table):
             return ["table", item.num_rows, item.nbytes]
         if isinstance(item, TableSlice):
-            return ["slice", item.path, os.path.getsize(item.path), item.start, item.stop]
+            return ["slice", name(item.path), file_size(item.path), item.start, item.stop]
         if isinstance(item, (bytes, bytearray)):
             return ["bytes", hashlib.sha256(item).hexdigest()]
-        return ["file", item, os.path.getsize(item)]
+        return ["file", name(item), file_size(item)]
 
     videos = {cam: [*one(v.source), v.segment] for cam, v in sorted(episode.videos.items())}
     return [episode.key or fmt.episode_key(episode.source, episode.episode_index), one(episode.table), videos]
 
 
-def plan_digest(episodes: list[Episode], options: ConvertOptions) -> str:
-    """sha256 of what determines a shard's content: format version, episodes, sources, options."""
+def plan_digest(episodes: list[Episode], options: ConvertOptions, roots: dict[str, str] | None = None) -> str:
+    """sha256 of what determines a shard's content: format version, episodes, sources, options.
+    ``roots``: source name -> its folder or URL (``Source.path``); files are named relative to it.
+    """
+    roots = roots or {}
     spec = {
         "format": fmt.FORMAT_VERSION,
-        "episodes": [_fingerprint(e) for e in episodes],
+        "episodes": [_fingerprint(e, roots.get(e.source, "")) for e in episodes],
         "cameras": options.cameras,
         "reencode": options.reencode.describe() if options.reencode else None,
         "on_error": fmt.policy_on_disk(options.on_error),  # the format's spelling: digests of earlier runs hold
@@ -467,8 +481,12 @@ def convert(
 ) -> fmt.Manifest:
     """Convert sources (LeRobot dataset paths or ``Source`` objects) into a sharded dataset at ``out``.
 
-    ``out`` is a local folder or any fsspec URL (``s3://bucket/prefix``; ``storage_options`` go to
-    fsspec). Shards stream straight to it; each appears under its final name only when complete.
+    ``out`` and LeRobot sources are local folders or any fsspec URLs (``s3://bucket/prefix``,
+    ``https://...``, ``hf://datasets/<repo>``); ``storage_options`` apply to every URL, merged with
+    the environment (``storage.resolve_storage_options``; sources on stores needing other options:
+    open them with ``read_lerobot(url, storage_options=...)`` and pass the ``Source``). Sources are
+    read through (range requests), never copied whole to disk. Shards stream straight to ``out``;
+    each appears under its final name only when complete.
     Returns the manifest (``format.Manifest``; also written to ``out/manifest.json``, last).
 
     Raises:
@@ -483,7 +501,7 @@ def convert(
         OSError: a write failed (``filename`` names the file; no half-written file stays under a
             final name, and a rerun resumes).
     """
-    sources = open_sources(inputs, options.cameras)
+    sources = open_sources(inputs, options.cameras, storage_options)
     episodes = [
         e for s in sources for e in s.episodes if options.episodes is None or e.episode_index in options.episodes
     ]
@@ -498,7 +516,8 @@ def convert(
     shards = plan_shards(episodes, options.max_episodes_per_shard, options.max_bytes_per_shard)
     storage = Storage(out, storage_options)
     _claim_output(storage, options.prefix)
-    digests = [plan_digest(shard, options) for shard in shards]
+    roots = {s.name: s.path.rstrip("/") for s in sources}
+    digests = [plan_digest(shard, options, roots) for shard in shards]
     dataset_digest = hashlib.sha256("".join(digests).encode()).hexdigest()
     if not options.overwrite:
         _refuse_other_finished(storage, dataset_digest)

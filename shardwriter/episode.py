@@ -14,10 +14,30 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .storage import RemoteFile
+
+FileInput = str | RemoteFile
+"""A file given by reference: a local path, or a ``storage.RemoteFile`` (any fsspec URL)."""
+
+
+def read_file(file: FileInput) -> bytes:
+    """The whole file's bytes."""
+    if isinstance(file, RemoteFile):
+        return file.read()
+    with open(file, "rb") as f:
+        return f.read()
+
+
+def file_size(file: FileInput) -> int:
+    return file.size() if isinstance(file, RemoteFile) else os.path.getsize(file)
+
 
 @functools.lru_cache(maxsize=4)
-def _read_shared_table(path: str) -> pa.Table:
+def _read_shared_table(path: FileInput) -> pa.Table:
     # Consecutive episodes of a LeRobot v3.0 dataset share one parquet file: read it once.
+    if isinstance(path, RemoteFile):
+        with path.open() as f:
+            return pq.read_table(f)
     return pq.read_table(path)
 
 
@@ -25,21 +45,22 @@ def _read_shared_table(path: str) -> pa.Table:
 class TableSlice:
     """Rows ``[start, stop)`` of a parquet file holding many episodes (LeRobot v3.0 layout)."""
 
-    path: str
+    path: FileInput
     start: int
     stop: int
 
 
-TableInput = pa.Table | str | TableSlice
-"""An episode's per-frame table: an in-memory ``pyarrow.Table``, the path of a parquet file that
-holds exactly this episode (its bytes are copied unchanged), or a ``TableSlice``."""
+TableInput = pa.Table | FileInput | TableSlice
+"""An episode's per-frame table: an in-memory ``pyarrow.Table``, the parquet file that
+holds exactly this episode (a path or ``RemoteFile``) (its bytes are copied unchanged), or a ``TableSlice``."""
 
 
 @dataclass(frozen=True)
 class CameraVideo:
     """One camera's encoded video for one episode.
 
-    ``source``: the encoded file, as bytes or a local path. ``segment``: ``(from_timestamp,
+    ``source``: the encoded file, as bytes, a local path or a ``storage.RemoteFile`` (read through
+    range requests, never copied whole to disk). ``segment``: ``(from_timestamp,
     to_timestamp)`` in seconds when the episode is only part of the file (LeRobot v3.0); the writer
     turns ``from_timestamp`` into an exact frame number once and cuts the segment by stream copy.
     Without a segment the file belongs to the episode and is copied bit-exact. ``depth``: the source
@@ -47,7 +68,7 @@ class CameraVideo:
     full precision (camera kind ``depth``, see ``format.CAMERA_KINDS``).
     """
 
-    source: bytes | str
+    source: bytes | FileInput
     segment: tuple[float, float] | None = None
     file_seconds: float | None = None  # duration of the whole file, for shard-size planning only
     depth: bool = False
@@ -56,7 +77,7 @@ class CameraVideo:
         """Size in bytes of the whole source file (an upper bound for a segment)."""
         if isinstance(self.source, (bytes, bytearray)):
             return len(self.source)
-        return os.path.getsize(self.source)
+        return file_size(self.source)
 
 
 @dataclass(frozen=True)
@@ -96,14 +117,13 @@ class Episode:
         if isinstance(self.table, TableSlice):
             whole = _read_shared_table(self.table.path)
             return whole.slice(self.table.start, self.table.stop - self.table.start), None
-        with open(self.table, "rb") as f:
-            raw = f.read()
+        raw = read_file(self.table)
         return pq.read_table(pa.BufferReader(raw)), raw
 
     def estimated_bytes(self) -> int:
         """Rough shard bytes of this episode, used only to plan shard sizes."""
-        if isinstance(self.table, str):
-            table_bytes = os.path.getsize(self.table)
+        if isinstance(self.table, (str, RemoteFile)):
+            table_bytes = file_size(self.table)
         elif isinstance(self.table, TableSlice):
             table_bytes = 64 * (self.table.stop - self.table.start)
         else:

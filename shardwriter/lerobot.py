@@ -28,8 +28,70 @@ import string
 
 import pyarrow.parquet as pq
 
-from .episode import CameraVideo, Episode, Source, TableSlice
+from .episode import CameraVideo, Episode, FileInput, Source, TableSlice
 from .errors import SourceError
+from .storage import RemoteFile, is_local, local_path, make_filesystem
+
+
+class _Tree:
+    """The files of a dataset folder, local or behind an fsspec URL, addressed by full path
+    (``root/<relative path>``, the form messages show).
+
+    A remote folder is listed once, recursively (one paginated listing on an object store, one
+    request per folder over HTTP: the server must serve directory listings) and questions about it
+    are answered from that listing; its files become ``RemoteFile``s, read through range requests.
+    Hidden files and folders (a leading dot) are left out, as ``glob`` leaves them out locally.
+    """
+
+    def __init__(self, root: str, storage_options: dict | None):
+        self.local = is_local(root)
+        self.options = dict(storage_options or {})
+        if self.local:
+            self.root = local_path(root)
+            return
+        self.root = root.rstrip("/")
+        self.fs, base = make_filesystem(self.root, self.options)
+        self._base = base.rstrip("/")
+        self.sizes: dict[str, int | None] = {}  # None: the listing gives no size (HTTP)
+        for path, entry in self.fs.find(self._base, detail=True).items():
+            rel = path[len(self._base) :].strip("/")
+            if entry.get("type", "file") == "file" and not any(p.startswith(".") for p in rel.split("/")):
+                size = entry.get("size")
+                self.sizes[f"{self.root}/{rel}"] = None if size is None else int(size)
+        self.dirs = {path.rsplit("/", n)[0] for path in self.sizes for n in range(1, path.count("/") + 1)}
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path) if self.local else path in self.sizes or path in self.dirs
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path) if self.local else path in self.dirs
+
+    def listdir(self, path: str) -> list[str]:
+        if self.local:
+            return sorted(os.listdir(path))
+        return sorted({p[len(path) + 1 :].split("/")[0] for p in self.sizes if p.startswith(path + "/")})
+
+    def find(self, folder: str, suffix: str) -> list[str]:
+        """Full paths of the files under ``folder`` (recursively) whose names end with ``suffix``."""
+        if self.local:
+            return sorted(glob.glob(os.path.join(folder, "**", "*" + suffix), recursive=True))
+        return sorted(p for p in self.sizes if p.startswith(folder + "/") and p.endswith(suffix))
+
+    def read(self, path: str) -> bytes:
+        if self.local:
+            with open(path, "rb") as f:
+                return f.read()
+        return self.file(path).read()
+
+    def file(self, path: str) -> FileInput:
+        """What an episode refers to the file by: the local path, or a ``RemoteFile``."""
+        return path if self.local else RemoteFile(path, self.sizes.get(path), self.options)
+
+    def parquet(self, path: str, columns: list[str] | None = None):
+        if self.local:
+            return pq.read_table(path, columns=columns)
+        with self.file(path).open() as f:
+            return pq.read_table(f, columns=columns)
 
 
 def _template_regex(template: str) -> re.Pattern:
@@ -57,16 +119,15 @@ def _format(template: str, fields: dict) -> str:
         raise SourceError(f"meta/info.json: path template {template!r} cannot be filled with {fields}: {exc}") from None
 
 
-def _read_jsonl(path: str, fields: dict[str, type]) -> list[dict]:
+def _read_jsonl(tree: _Tree, path: str, fields: dict[str, type]) -> list[dict]:
     """Rows of a JSON-lines file (none if it is absent), each an object whose ``fields`` (name ->
     type; ``list`` means a list of strings) have those types. Raises SourceError naming file and line.
     """
-    if not os.path.exists(path):
+    if not tree.exists(path):
         return []
     rows = []
     try:
-        with open(path, "rb") as f:
-            lines = f.read().decode("utf-8").splitlines()
+        lines = tree.read(path).decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
         raise SourceError(f"{path}: not UTF-8 text ({exc})") from None
     for number, line in enumerate(lines, 1):
@@ -145,18 +206,19 @@ def _camera_names(features: dict) -> list[str]:
     return [name for name, spec in features.items() if spec.get("dtype") == "video"]
 
 
-def _look_alike(root: str, rel: str, taken: set[str]) -> str | None:
+def _look_alike(tree: _Tree, rel: str, taken: set[str]) -> str | None:
     """A path under ``root`` that looks like the intended one where ``rel`` first goes missing
     (``video/`` for ``videos/...``), or None. ``taken``: relative paths that are something else
     (other cameras' folders).
     """
-    here = ""
+    here, root = "", tree.root
     for part in rel.split("/"):
         path = os.path.join(root, here, part)
-        if not os.path.exists(path):
-            if not os.path.isdir(os.path.join(root, here)):
+        if not tree.exists(path):
+            folder = os.path.join(root, here).rstrip("/")
+            if not tree.isdir(folder):
                 return None
-            entries = [e for e in sorted(os.listdir(os.path.join(root, here))) if os.path.join(here, e) not in taken]
+            entries = [e for e in tree.listdir(folder) if os.path.join(here, e) not in taken]
             match = difflib.get_close_matches(part, entries, n=1, cutoff=0.6)
             return os.path.join(here, match[0]) if match else None
         here = os.path.join(here, part)
@@ -164,7 +226,7 @@ def _look_alike(root: str, rel: str, taken: set[str]) -> str | None:
 
 
 def _dropped_cameras(
-    root: str, declared: list[str], expected: dict[str, str], present: set[str], wanted: tuple[str, ...] | None
+    tree: _Tree, declared: list[str], expected: dict[str, str], present: set[str], wanted: tuple[str, ...] | None
 ) -> list[str]:
     """Notes for declared cameras without any file; refuse when none would be left.
 
@@ -175,6 +237,7 @@ def _dropped_cameras(
         SourceError: every declared camera lacks files and ``wanted`` is not ``()`` (state/action only).
     """
     # Folders on other cameras' paths are theirs, not look-alikes (ego_view is not egoview misspelt).
+    root = tree.root
     taken = {
         os.path.join(*parts[:i])
         for c in present
@@ -184,7 +247,7 @@ def _dropped_cameras(
     notes = []
     for cam in (c for c in expected if c not in present):
         rel = os.path.relpath(expected[cam], root)
-        alike = _look_alike(root, rel, taken)
+        alike = _look_alike(tree, rel, taken)
         notes.append(
             f"camera {cam} is declared in meta/info.json but has no video files (expected e.g. {rel}, "
             f"from video_path)" + (f"; {alike}/ exists and looks like the intended folder" if alike else "")
@@ -227,14 +290,21 @@ def _depth_cameras(features: dict) -> set[str]:
     }
 
 
-def read_lerobot(root: str, name: str | None = None, cameras: tuple[str, ...] | None = None) -> Source:
+def read_lerobot(
+    root: str, name: str | None = None, cameras: tuple[str, ...] | None = None, storage_options: dict | None = None
+) -> Source:
     """Open a LeRobot dataset folder and describe its episodes without reading any video.
 
     Args:
-        root: local path of the dataset (the folder holding ``meta/``).
+        root: the dataset (the folder holding ``meta/``): a local path or any fsspec URL
+            (``s3://bucket/raw/g1``, ``https://host/g1``, ``hf://datasets/<user>/<repo>``). A
+            remote folder is listed once (see ``_Tree``; an HTTP server must serve directory
+            listings); its files are read through range requests, never copied to disk.
         name: source name used in shard keys (default: the folder name).
         cameras: the cameras the conversion keeps (``ConvertOptions.cameras``): ``None`` all,
             ``()`` none (state and action only; the dataset's videos are not looked at).
+        storage_options: for a URL, as ``storage.make_filesystem`` takes them (merged with the
+            environment; see ``storage.resolve_storage_options``).
 
     Raises:
         SourceError: no ``meta/info.json``, one that is not valid JSON or has fields of the wrong
@@ -242,50 +312,53 @@ def read_lerobot(root: str, name: str | None = None, cameras: tuple[str, ...] | 
             episodes/tasks metadata, no episode files, or no declared camera has video files
             (naming the expected path) unless ``cameras == ()``. Messages name the file and field.
     """
-    root = os.path.abspath(root)
+    tree = _Tree(root, storage_options)
+    root = tree.root
     info_path = os.path.join(root, "meta", "info.json")
-    if not os.path.exists(info_path):
-        raise SourceError(f"{root}: no meta/info.json; is this a LeRobot dataset root?")
+    if not tree.exists(info_path):
+        listed = "" if tree.local or tree.sizes else " (the server listed no files: are directory listings on?)"
+        raise SourceError(f"{root}: no meta/info.json; is this a LeRobot dataset root?{listed}")
     try:
-        with open(info_path, "rb") as f:
-            info = json.loads(f.read())
+        info = json.loads(tree.read(info_path))
     except ValueError as exc:  # also bytes that are not UTF-8
         raise SourceError(f"{info_path}: not valid JSON ({exc})") from None
     _check_info(info, info_path)
     version = str(info.get("codebase_version", ""))
     name = name or os.path.basename(root.rstrip("/"))
     if version.startswith("v2"):
-        return _read_v2(root, name, info, cameras)
+        return _read_v2(tree, name, info, cameras)
     if version.startswith("v3"):
-        return _read_v3(root, name, info, cameras)
+        return _read_v3(tree, name, info, cameras)
     raise SourceError(f"{info_path}: codebase_version {version!r} is not v2.0, v2.1 or v3.0")
 
 
-def _v2_tasks(root: str) -> tuple[dict[int, list[str]], dict[int, str]]:
+def _v2_tasks(tree: _Tree) -> tuple[dict[int, list[str]], dict[int, str]]:
+    meta = os.path.join(tree.root, "meta")
     per_episode = {
         row["episode_index"]: row.get("tasks") or []
-        for row in _read_jsonl(os.path.join(root, "meta", "episodes.jsonl"), {"episode_index": int, "tasks": list})
+        for row in _read_jsonl(tree, f"{meta}/episodes.jsonl", {"episode_index": int, "tasks": list})
     }
     by_index = {
         row["task_index"]: row["task"]
-        for row in _read_jsonl(os.path.join(root, "meta", "tasks.jsonl"), {"task_index": int, "task": str})
+        for row in _read_jsonl(tree, f"{meta}/tasks.jsonl", {"task_index": int, "task": str})
     }
     return per_episode, by_index
 
 
-def _read_v2(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -> Source:
+def _read_v2(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None) -> Source:
+    root = tree.root
     fps = float(info["fps"])
     data_re = _template_regex(info["data_path"])
     video_template = info.get("video_path") or ""
     found: dict[int, tuple[str, dict]] = {}
-    for path in sorted(glob.glob(os.path.join(root, "**", "*.parquet"), recursive=True)):
-        m = data_re.match(os.path.relpath(path, root))
+    for path in tree.find(root, ".parquet"):
+        m = data_re.match(path[len(root) + 1 :])
         if m:
             fields = {k: int(v) for k, v in m.groupdict().items()}
             found[fields["episode_index"]] = (path, fields)
     if not found:
         raise SourceError(f"{root}: no data file matches data_path {info['data_path']!r}")
-    per_episode_tasks, task_text = _v2_tasks(root)
+    per_episode_tasks, task_text = _v2_tasks(tree)
     declared = _camera_names(info.get("features", {}))
     depth = _depth_cameras(info.get("features", {}))
     video_of: dict[str, dict[int, str]] = {}
@@ -295,25 +368,27 @@ def _read_v2(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
         for ep, (_, fields) in found.items():
             path = os.path.join(root, _format(video_template, {**fields, "video_key": cam}))
             expected.setdefault(cam, path)
-            if os.path.exists(path):
+            if tree.exists(path):
                 paths[ep] = path
         video_of[cam] = paths
     cameras = [cam for cam in expected if video_of[cam]]
-    notes = _dropped_cameras(root, declared, expected, set(cameras), wanted)
+    notes = _dropped_cameras(tree, declared, expected, set(cameras), wanted)
     images, image_notes = _image_features(info.get("features", {}), wanted)
     notes += image_notes
     episodes = []
     for ep in sorted(found):
         path, _ = found[ep]
         tasks = per_episode_tasks.get(ep) or ([task_text[0]] if len(task_text) == 1 else [])
-        videos = {cam: CameraVideo(video_of[cam][ep], depth=cam in depth) for cam in cameras if ep in video_of[cam]}
+        videos = {
+            cam: CameraVideo(tree.file(video_of[cam][ep]), depth=cam in depth) for cam in cameras if ep in video_of[cam]
+        }
         # A camera missing for this episode only is left out here and reported by the writer.
         extra = {"missing_cameras": [cam for cam in cameras if ep not in video_of[cam]], "task_text": task_text}
         episodes.append(
             Episode(
                 source=name,
                 episode_index=ep,
-                table=path,
+                table=tree.file(path),
                 videos=videos,
                 fps=fps,
                 tasks=tuple(tasks),
@@ -336,13 +411,14 @@ def _read_v2(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
     )
 
 
-def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -> Source:
+def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None) -> Source:
+    root = tree.root
     fps = float(info["fps"])
-    meta_files = sorted(glob.glob(os.path.join(root, "meta", "episodes", "**", "*.parquet"), recursive=True))
+    meta_files = tree.find(os.path.join(root, "meta", "episodes"), ".parquet")
     if not meta_files:
         raise SourceError(f"{root}: LeRobot v3.0 dataset without meta/episodes/*.parquet")
-    rows = _v3_episode_rows(meta_files)
-    task_text = _v3_tasks(os.path.join(root, "meta", "tasks.parquet"))
+    rows = _v3_episode_rows(tree, meta_files)
+    task_text = _v3_tasks(tree, os.path.join(root, "meta", "tasks.parquet"))
     declared = _camera_names(info.get("features", {}))
     cameras = declared if wanted != () else []
     depth = _depth_cameras(info.get("features", {}))
@@ -352,7 +428,7 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
     def ranges_in(path: str) -> dict[int, tuple[int, int]]:
         # Episode row ranges from the file's own episode_index column, not from global indices.
         if path not in data_ranges:
-            col = pq.read_table(path, columns=["episode_index"]).column("episode_index")
+            col = tree.parquet(path, columns=["episode_index"]).column("episode_index")
             values = col.to_numpy()
             ranges: dict[int, tuple[int, int]] = {}
             change = [0] + [i for i in range(1, len(values)) if values[i] != values[i - 1]] + [len(values)]
@@ -373,7 +449,7 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
                 path = _video_path(root, info, cam, row)
                 file_seconds[path] = max(file_seconds.get(path, 0.0), float(row[key]))
                 files_of[cam].append(path)
-    present = {cam for cam in cameras if any(os.path.exists(p) for p in files_of[cam])}
+    present = {cam for cam in cameras if any(tree.exists(p) for p in files_of[cam])}
     # A camera meta/episodes gives no file for: the template, its chunk and file fields unfilled.
     expected = {
         cam: files_of[cam][0]
@@ -381,7 +457,7 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
         else os.path.join(root, (info.get("video_path") or "").replace("{video_key}", cam))
         for cam in cameras
     }
-    notes = _dropped_cameras(root, declared, expected, present, wanted) + image_notes
+    notes = _dropped_cameras(tree, declared, expected, present, wanted) + image_notes
     episodes = []
     for row in rows:
         ep = int(row["episode_index"])
@@ -397,7 +473,7 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
                 },
             ),
         )
-        if not os.path.exists(data_path):
+        if not tree.exists(data_path):
             continue
         if ep not in ranges_in(data_path):
             notes.append(
@@ -410,9 +486,9 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
             if cam not in present:
                 continue
             path = _video_path(root, info, cam, row)
-            if os.path.exists(path):
+            if tree.exists(path):
                 seg = (float(row[f"videos/{cam}/from_timestamp"]), float(row[f"videos/{cam}/to_timestamp"]))
-                videos[cam] = CameraVideo(path, segment=seg, file_seconds=file_seconds.get(path), depth=cam in depth)
+                videos[cam] = CameraVideo(tree.file(path), segment=seg, file_seconds=file_seconds.get(path), depth=cam in depth)
             else:
                 missing.append(cam)
         tasks = tuple(str(t) for t in (row.get("tasks") or []))
@@ -420,7 +496,7 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
             Episode(
                 source=name,
                 episode_index=ep,
-                table=TableSlice(data_path, start, stop),
+                table=TableSlice(tree.file(data_path), start, stop),
                 videos=videos,
                 fps=fps,
                 tasks=tasks,
@@ -448,14 +524,14 @@ def _read_v3(root: str, name: str, info: dict, wanted: tuple[str, ...] | None) -
     )
 
 
-def _read_parquet(path: str):
+def _read_parquet(tree: _Tree, path: str):
     try:
-        return pq.read_table(path)
+        return tree.parquet(path)
     except (OSError, ValueError) as exc:  # pyarrow: not Parquet, truncated, unreadable
         raise SourceError(f"{path}: not a readable Parquet file ({exc})") from None
 
 
-def _v3_episode_rows(paths: list[str]) -> list[dict]:
+def _v3_episode_rows(tree: _Tree, paths: list[str]) -> list[dict]:
     """Rows of the v3.0 ``meta/episodes`` files, checked: ``episode_index`` (unique) and
     ``data/*_index`` are integers; each camera's ``videos/<camera>/`` columns come as the set
     ``chunk_index``, ``file_index`` (integers or null), ``from_timestamp``, ``to_timestamp`` (finite
@@ -463,7 +539,7 @@ def _v3_episode_rows(paths: list[str]) -> list[dict]:
     """
     rows, seen = [], {}
     for path in paths:
-        table = _read_parquet(path)
+        table = _read_parquet(tree, path)
         for prefix in {name.rsplit("/", 1)[0] for name in table.column_names if name.startswith("videos/")}:
             for column in (
                 f"{prefix}/{key}" for key in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
@@ -494,11 +570,11 @@ def _v3_episode_rows(paths: list[str]) -> list[dict]:
     return rows
 
 
-def _v3_tasks(path: str) -> dict[int, str]:
+def _v3_tasks(tree: _Tree, path: str) -> dict[int, str]:
     """task_index -> task text from a v3.0 ``meta/tasks.parquet`` (none if absent)."""
-    if not os.path.exists(path):
+    if not tree.exists(path):
         return {}
-    t = _read_parquet(path)
+    t = _read_parquet(tree, path)
     text_col = "task" if "task" in t.column_names else next((c for c in t.column_names if c != "task_index"), None)
     if "task_index" not in t.column_names or text_col is None:
         raise SourceError(f"{path}: needs a task_index column and a task text column, has {t.column_names}")

@@ -22,9 +22,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import format as fmt
-from .episode import Episode
+from .episode import Episode, read_file
 from .errors import ConversionError
 from .images import GREY_IMAGE_SPEC, IMAGE_SPEC, column_images
+from .storage import RemoteFile
 from .video import ReencodeSpec, VideoProbe, check_frames, cut, encode, frame_at_time, probe, reencode, resize
 
 CHECKED_PREFIXES = ("observation.state", "action")
@@ -226,15 +227,18 @@ def _segment_end_report(
     }
 
 
-def _probe_shared(path: str) -> VideoProbe:
+def _probe_shared(path: str | RemoteFile) -> VideoProbe:
     # Consecutive episodes of a LeRobot v3.0 dataset are segments of one video file: decode it once.
-    # Keyed by size and mtime too, so a file rewritten in place is probed again, never served stale.
+    # Keyed by size and mtime too, so a file rewritten in place is probed again, never served stale
+    # (a remote file: by its URL and the size its listing gave, fixed for the conversion).
+    if isinstance(path, RemoteFile):
+        return _probe_cached(path, path.size(), 0)
     st = os.stat(path)
     return _probe_cached(path, st.st_size, st.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=8)
-def _probe_cached(path: str, size: int, mtime_ns: int) -> VideoProbe:
+def _probe_cached(path: str | RemoteFile, size: int, mtime_ns: int) -> VideoProbe:
     return probe(path)
 
 
@@ -245,9 +249,9 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
     """
     source = video.source
     if video.segment is None and not isinstance(source, (bytes, bytearray)):
-        with open(source, "rb") as f:
-            source = f.read()  # copied whole: read once, probe and store these bytes
-    info = _probe_shared(source) if isinstance(source, str) else probe(source)
+        source = read_file(source)  # copied whole: read once, probe and store these bytes
+    # A segment's file (v3.0: many episodes) is probed and cut where it is, never read whole.
+    info = _probe_shared(source) if isinstance(source, (str, RemoteFile)) else probe(source)
     base, seg_start = 0, 0.0
     if video.segment is not None:
         seg_start = video.segment[0]
@@ -397,7 +401,8 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     try:
         table, raw = episode.load_table()
     except (OSError, pa.ArrowException) as exc:
-        path = episode.table if isinstance(episode.table, str) else getattr(episode.table, "path", None)
+        path = episode.table if isinstance(episode.table, (str, RemoteFile)) else getattr(episode.table, "path", None)
+        path = None if path is None else str(path)
         raise _fail("unreadable_table", str(exc), path=path, **where) from exc
     if table.num_rows == 0:
         raise _fail("empty_episode", "the episode has no rows", **where)
@@ -420,7 +425,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     cam_rows = []
     for cam in cameras:
         video = episode.videos.get(cam)  # None: an image column
-        path = video.source if video is not None and isinstance(video.source, str) else None
+        path = str(video.source) if video is not None and isinstance(video.source, (str, RemoteFile)) else None
         notes: list[dict] = []
         try:
             if video is None:

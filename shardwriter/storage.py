@@ -1,4 +1,14 @@
-"""Where a dataset is written: a local folder or any fsspec URL (``s3://``, ``gs://``, ...).
+"""Where a dataset lives: a local folder or any fsspec URL (``s3://``, ``gs://``, ``http(s)://``,
+``hf://``, ``file://``), and the storage options every command and API takes.
+
+Storage options (``resolve_storage_options``, the one definition): the ``storage_options`` dict
+of an API (CLI: ``--storage-options JSON``, ``parse_storage_options``) over the fsspec
+configuration read from the environment when a filesystem is made (``FSSPEC_<PROTOCOL>_<OPTION>``
+variables, ``FSSPEC_<PROTOCOL>`` JSON objects, files in ``FSSPEC_CONFIG_DIR``). The clients read
+their own variables too: botocore (s3fs) ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``),
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``,
+``AWS_DEFAULT_REGION``, ``AWS_CA_BUNDLE``; gcsfs ``GOOGLE_APPLICATION_CREDENTIALS``;
+huggingface_hub ``HF_TOKEN``, ``HF_ENDPOINT``. Explicit options win over the environment.
 
 Every write is atomic: a local file is written under a temporary name, fsync'd and renamed; an
 object-store object is uploaded to its final key, which the store makes visible only when the
@@ -14,10 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import json
 import os
 import stat
+from dataclasses import dataclass, field
 
 import fsspec
+import fsspec.config
 
 from . import format as fmt
 
@@ -49,6 +63,51 @@ def with_timeouts(url: str, storage_options: dict, connect_s: float, read_s: flo
     return options
 
 
+def parse_storage_options(text: str) -> dict:
+    """``--storage-options`` JSON text as a dict (``type=`` of every command's option).
+
+    Raises:
+        ValueError: the text is not a JSON object (the message quotes it and shows an example).
+    """
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"--storage-options {text!r} is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"--storage-options {text!r} must be a JSON object, e.g. " '\'{"endpoint_url": "http://127.0.0.1:9000"}\''
+        )
+    return value
+
+
+def protocol_of(url: str) -> str | None:
+    """The URL's fsspec protocol (``"s3"``, ``"http"``, ...), None for a plain local path."""
+    return fsspec.core.split_protocol(url)[0]
+
+
+def is_local(url: str) -> bool:
+    """Whether ``url`` is a local path (plain, ``file://`` or ``local://``)."""
+    return protocol_of(url) in (None, "file", "local")
+
+
+def local_path(url: str) -> str:
+    """The absolute local path of a local ``url`` (``file://`` stripped)."""
+    return os.path.abspath(fsspec.core.strip_protocol(url) if protocol_of(url) else url)
+
+
+def resolve_storage_options(url: str, storage_options: dict | None = None) -> dict:
+    """The options a filesystem for ``url`` is made with: the fsspec configuration for its
+    protocol, read now from ``FSSPEC_CONFIG_DIR`` files and ``FSSPEC_<PROTOCOL>[_<OPTION>]``
+    environment variables (values as fsspec parses them), updated by ``storage_options`` (explicit
+    options win). Client variables such as ``AWS_ENDPOINT_URL`` are read by the client itself (see
+    the module docstring) and apply when no option sets the same thing.
+    """
+    conf: dict = {}
+    fsspec.config.set_conf_files(fsspec.config.conf_dir, conf)
+    fsspec.config.set_conf_env(conf)
+    return {**conf.get(protocol_of(url) or "file", {}), **(storage_options or {})}
+
+
 def make_filesystem(
     url: str,
     storage_options: dict,
@@ -62,8 +121,9 @@ def make_filesystem(
     ``attempts``: tries per S3 request (botocore); s3fs's own retry loops are turned off because
     they nest (5 x 5 x botocore's 5 tries by default: one stuck endpoint became minutes of silence).
     The filesystem is this caller's own (not fsspec's shared instance for the same options).
+    ``storage_options`` are merged with the environment first (``resolve_storage_options``).
     """
-    options = dict(storage_options)
+    options = resolve_storage_options(url, storage_options)
     connect = float(options.pop("connect_timeout", connect_s))
     read = float(options.pop("read_timeout", read_s))
     options = with_timeouts(url, options, connect, read, attempts)
@@ -276,3 +336,57 @@ class Storage:
             for name in self.names():
                 if fmt.is_partial(name):
                     os.remove(self.path(name))
+
+
+READ_BLOCK_BYTES = 8 << 20  # bytes a remote source file is read ahead by: what one open file holds in memory
+_filesystems: dict[tuple, object] = {}  # (protocol, options, pid) -> this process's client for source files
+
+
+def source_filesystem(url: str, storage_options: dict):
+    """This process's fsspec filesystem for source files at ``url``'s protocol with these options
+    (one per process: a client made before a fork is not reused after it)."""
+    key = (protocol_of(url), json.dumps(storage_options, sort_keys=True, default=str), os.getpid())
+    if key not in _filesystems:
+        _filesystems[key] = make_filesystem(url, storage_options)[0]
+    return _filesystems[key]
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A source file behind an fsspec URL (a LeRobot dataset in S3, behind HTTP, on the Hub), read
+    through without a local copy: ``open`` gives a seekable file that holds at most
+    ``READ_BLOCK_BYTES`` read ahead (range requests), ``read`` the whole file.
+
+    ``url``: the file's URL. ``known_size``: its size in bytes when a listing gave it (else asked
+    on first use). ``storage_options``: as ``make_filesystem`` takes them. Picklable: each process
+    makes its own client (``source_filesystem``). Equal and hashed by ``url`` and ``known_size``.
+    """
+
+    url: str
+    known_size: int | None = None
+    storage_options: dict = field(default_factory=dict, compare=False)
+
+    def __str__(self) -> str:
+        return self.url
+
+    def _fs(self):
+        fs = source_filesystem(self.url, self.storage_options)
+        return fs, fs._strip_protocol(self.url)
+
+    def open(self):
+        """A seekable binary file (range requests, ``READ_BLOCK_BYTES`` read ahead)."""
+        fs, path = self._fs()
+        return fs.open(path, "rb", block_size=READ_BLOCK_BYTES)
+
+    def read(self) -> bytes:
+        fs, path = self._fs()
+        return fs.cat_file(path)
+
+    def size(self) -> int:
+        return self.known_size if self.known_size is not None else _remote_size(self)
+
+
+@functools.lru_cache(maxsize=4096)
+def _remote_size(file: RemoteFile) -> int:
+    fs, path = file._fs()
+    return int(fs.size(path))

@@ -11,6 +11,7 @@ reader does (torchcodec with the table as ``custom_frame_mappings``) and compare
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import multiprocessing
@@ -24,8 +25,9 @@ import av
 import numpy as np
 
 from .errors import ConversionError
+from .storage import RemoteFile
 
-VideoSource = bytes | str  # encoded file bytes, or a local path
+VideoSource = bytes | str | RemoteFile  # encoded file bytes, a local path, or a file behind a URL
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,22 @@ class VideoProbe:
         return flags
 
 
+@contextlib.contextmanager
+def _readable(source: VideoSource):
+    """What FFmpeg (PyAV) and torchcodec open: a local path as it is, bytes as a ``BytesIO``, a
+    ``RemoteFile`` as a seekable file of range requests (at most ``storage.READ_BLOCK_BYTES``
+    read ahead: memory stays bounded whatever the file's size)."""
+    if isinstance(source, str):
+        yield source
+        return
+    with io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source.open() as f:
+        yield f
+
+
+@contextlib.contextmanager
 def _open(source: VideoSource):
-    return av.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source, "r")
+    with _readable(source) as readable, av.open(readable, "r") as container:
+        yield container
 
 
 def frame_stream(container, stream_index: int | None = None) -> av.video.stream.VideoStream:
@@ -195,10 +211,10 @@ def frame_mappings(pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray) 
     return json.dumps({"frames": frames})
 
 
-def open_decoder(data: bytes, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray, stream_index: int | None):
+def open_decoder(data, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray, stream_index: int | None):
     """The reader's decoder: torchcodec ``VideoDecoder`` on ``data`` with the frame tables as
     ``custom_frame_mappings`` (no rescan), NCHW uint8 RGB output (8 bits whatever the source's
-    depth), one FFmpeg thread.
+    depth), one FFmpeg thread. ``data``: the encoded bytes, a local path or a seekable binary file.
 
     ``stream_index``: the stream the tables describe (None or -1: FFmpeg's best video stream, for
     indexes written before the index recorded it). Raises whatever torchcodec raises.
@@ -414,11 +430,9 @@ def reencode(source: VideoSource, info: VideoProbe, frames: np.ndarray, fps: flo
         ConversionError(kind="encode_failed"): the encoder refused the frames (see ``encode``).
     """
     try:
-        if isinstance(source, str):
-            with open(source, "rb") as f:
-                source = f.read()
-        decoder = open_decoder(source, info.pts, info.duration, info.keyflags(), info.stream_index)
-        pixels = decoder.get_frames_at(frames.tolist()).data.permute(0, 2, 3, 1)
+        with _readable(source) as readable:  # a file is decoded where it is, not read into memory
+            decoder = open_decoder(readable, info.pts, info.duration, info.keyflags(), info.stream_index)
+            pixels = decoder.get_frames_at(frames.tolist()).data.permute(0, 2, 3, 1)
     except Exception as exc:  # torchcodec raises RuntimeError/IndexError/ValueError by case
         raise ConversionError(f"decoding frames for the re-encode failed: {exc}", kind="unreadable_video") from exc
     return encode(resize(pixels.numpy(), spec.size), fps, spec)
