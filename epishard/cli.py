@@ -80,7 +80,7 @@ def _cmd_convert(args) -> int:
 def _cmd_inspect(args) -> int:
     from epishard.shardwriter.describe import describe, render
 
-    summary = describe(args.root)
+    summary = describe(args.root, args.storage_options)
     print(json.dumps(summary, indent=1) if args.json else render(summary))
     return 0
 
@@ -102,14 +102,25 @@ def _cmd_verify(args) -> int:
     return 0 if result["ok"] else 1
 
 
+def _storage_options_json(text: str) -> dict:
+    from epishard.shardwriter.storage import parse_storage_options
+
+    try:
+        return parse_storage_options(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _storage_option(parser: argparse.ArgumentParser) -> None:
+    """The one ``--storage-options`` every command takes (``shardwriter.storage.resolve_storage_options``)."""
     parser.add_argument(
         "--storage-options",
-        type=json.loads,
+        type=_storage_options_json,
         default=None,
         metavar="JSON",
-        help='fsspec options for URLs, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\' '
-        "(credentials come from the usual AWS environment and profiles)",
+        help='fsspec options for every URL (s3://, gs://, http(s)://, hf://), e.g. \'{"endpoint_url": '
+        '"http://127.0.0.1:9000"}\'; merged over FSSPEC_<PROTOCOL>_<OPTION> environment variables; '
+        "clients read their own too (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_PROFILE, HF_TOKEN, ...)",
     )
 
 
@@ -122,7 +133,12 @@ def build_parser(selected: str | None = "stream") -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("convert", help="convert LeRobot datasets (v2.0, v2.1, v3.0) into window-indexed tar shards")
-    c.add_argument("sources", nargs="+", metavar="SRC", help="LeRobot dataset folders")
+    c.add_argument(
+        "sources",
+        nargs="+",
+        metavar="SRC",
+        help="LeRobot dataset folders or URLs (s3://, http(s)://, hf://datasets/...)",
+    )
     c.add_argument("out", metavar="OUT", help="output folder")
     c.add_argument("--prefix", default="shard", help="shard file prefix (default: shard)")
     c.add_argument("--max-episodes-per-shard", type=int, default=64)
@@ -164,6 +180,7 @@ def build_parser(selected: str | None = "stream") -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="shards, episodes, frames, cameras, codecs, keyframe intervals, sizes")
     i.add_argument("root", metavar="OUT")
     i.add_argument("--json", action="store_true")
+    _storage_option(i)
     i.set_defaults(func=_cmd_inspect)
 
     v = sub.add_parser("verify", help="re-read every shard; check checksums, index offsets, decoding")
@@ -181,6 +198,7 @@ def build_parser(selected: str | None = "stream") -> argparse.ArgumentParser:
 
         report.add_arguments(st)
         st.set_defaults(func=report.main)
+    _storage_option(st)
     for command in (c, i, v, st):  # `--debug` also after the command
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser

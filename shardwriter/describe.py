@@ -2,32 +2,26 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from . import format as fmt
-from .storage import open_regular
+from .storage import Storage
 from .validate import load_shard_indexes
 
 
-def _read(path: str) -> bytes:
-    with open_regular(path) as f:
-        return f.read()
-
-
-def describe(root: str) -> dict:
-    """Summarise the dataset at ``root`` from its manifest and indexes (no tar is read).
+def describe(root: str, storage_options: dict | None = None) -> dict:
+    """Summarise the dataset at ``root`` (a local folder or any fsspec URL; ``storage_options`` as
+    ``storage.Storage`` takes them) from its manifest and indexes (no tar is read).
 
     Raises:
         FileNotFoundError: no manifest; ``shardwriter.validate.FormatError``: the manifest or an
             index breaks the format (checked as the reader checks them).
     """
-    path = os.path.join(root, fmt.MANIFEST_NAME)
-    if not os.path.exists(path):
+    storage = Storage(root, storage_options)
+    if not storage.exists(fmt.MANIFEST_NAME):
         raise FileNotFoundError(f"no {fmt.MANIFEST_NAME} in {root} (not a dataset, or the conversion is unfinished)")
-    manifest = fmt.Manifest.load(_read(path), path)
-    index = load_shard_indexes(manifest, lambda name: _read(os.path.join(root, name)), root)
+    manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), storage.path(fmt.MANIFEST_NAME))
+    index = load_shard_indexes(manifest, storage.read, root)
     cameras = {}
     for cam_name, camera in manifest.cameras.items():
         streams = [i for i, n in enumerate(index.cam_names.to_pylist()) if n == cam_name]

@@ -488,7 +488,9 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
             path = _video_path(root, info, cam, row)
             if tree.exists(path):
                 seg = (float(row[f"videos/{cam}/from_timestamp"]), float(row[f"videos/{cam}/to_timestamp"]))
-                videos[cam] = CameraVideo(tree.file(path), segment=seg, file_seconds=file_seconds.get(path), depth=cam in depth)
+                videos[cam] = CameraVideo(
+                    tree.file(path), segment=seg, file_seconds=file_seconds.get(path), depth=cam in depth
+                )
             else:
                 missing.append(cam)
         tasks = tuple(str(t) for t in (row.get("tasks") or []))

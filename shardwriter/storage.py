@@ -75,7 +75,7 @@ def parse_storage_options(text: str) -> dict:
         raise ValueError(f"--storage-options {text!r} is not valid JSON ({exc})") from None
     if not isinstance(value, dict):
         raise ValueError(
-            f"--storage-options {text!r} must be a JSON object, e.g. " '\'{"endpoint_url": "http://127.0.0.1:9000"}\''
+            f'--storage-options {text!r} must be a JSON object, e.g. \'{{"endpoint_url": "http://127.0.0.1:9000"}}\''
         )
     return value
 
@@ -344,7 +344,8 @@ _filesystems: dict[tuple, object] = {}  # (protocol, options, pid) -> this proce
 
 def source_filesystem(url: str, storage_options: dict):
     """This process's fsspec filesystem for source files at ``url``'s protocol with these options
-    (one per process: a client made before a fork is not reused after it)."""
+    (one per process: a client made before a fork is not reused after it).
+    """
     key = (protocol_of(url), json.dumps(storage_options, sort_keys=True, default=str), os.getpid())
     if key not in _filesystems:
         _filesystems[key] = make_filesystem(url, storage_options)[0]

@@ -78,7 +78,8 @@ class VideoProbe:
 def _readable(source: VideoSource):
     """What FFmpeg (PyAV) and torchcodec open: a local path as it is, bytes as a ``BytesIO``, a
     ``RemoteFile`` as a seekable file of range requests (at most ``storage.READ_BLOCK_BYTES``
-    read ahead: memory stays bounded whatever the file's size)."""
+    read ahead: memory stays bounded whatever the file's size).
+    """
     if isinstance(source, str):
         yield source
         return

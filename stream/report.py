@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build(args) -> WindowLoader:
     from .source import DatasetSource
 
-    source = DatasetSource(args.dataset)
+    source = DatasetSource(args.dataset, getattr(args, "storage_options", None))
     cams = args.cameras.split(",") if args.cameras else source.cameras
     offsets = segment(0, args.span - 1, args.frames) if args.frames > 1 else (0,)
     per = args.per_episode

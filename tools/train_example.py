@@ -11,6 +11,11 @@ One machine:
 Two nodes (run on each, NODE = 0 or 1):
     torchrun --nnodes 2 --node-rank NODE --nproc-per-node 2 --master-addr HOST --master-port 29500 \\
         tools/train_example.py s3://bucket/dataset --checkpoint /shared/ckpt
+An S3-compatible store (MinIO, Ceph, ...): ``--storage-options '{"endpoint_url": "http://minio:9000"}'``
+(the options of ``epishard --storage-options``), or the same through the environment that every rank
+inherits from torchrun: ``AWS_ENDPOINT_URL=http://minio:9000`` (botocore), or any fsspec option as
+``FSSPEC_S3_ENDPOINT_URL=...`` (``FSSPEC_<PROTOCOL>_<OPTION>``); credentials from ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` or ``AWS_PROFILE``. Explicit options win over the environment.
 Resume: the same command with ``--resume`` (same number of processes and workers; another count
 is refused with a clear error, because every rank's share of the epoch would change).
 
@@ -38,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from epishard.balance.telemetry import StepTelemetry
+from epishard.shardwriter.storage import parse_storage_options
 from epishard.stream import DatasetSource, PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
 
 
@@ -71,7 +77,15 @@ class TinyPolicy(nn.Module):
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("dataset")
+    p.add_argument("dataset", help="converted dataset: a folder or any fsspec URL (s3://, gs://, https://, hf://)")
+    p.add_argument(
+        "--storage-options",
+        type=parse_storage_options,
+        default=None,
+        metavar="JSON",
+        help='fsspec options for the dataset URL, e.g. \'{"endpoint_url": "http://minio:9000"}\' '
+        "(merged over FSSPEC_<PROTOCOL>_<OPTION> variables; AWS_ENDPOINT_URL etc. are read by the client)",
+    )
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per process")
@@ -170,7 +184,7 @@ def report_balance(s: dict, label: str, world: int) -> None:
 def main() -> int:
     args = parse()
     rank, world, device = setup()
-    source = DatasetSource(args.dataset)
+    source = DatasetSource(args.dataset, args.storage_options)
     cams = source.cameras
     per = int(args.per_episode) if args.per_episode and args.per_episode > 1 else args.per_episode
     spec = WindowSpec(
