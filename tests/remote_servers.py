@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
 import re
 import socket
 import threading
 import time
+import urllib.parse
 
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):
@@ -236,3 +238,93 @@ class SilentServer:
         _close(self._sock)
         for client in self._clients:
             _close(client)
+
+
+class FakeHubHandler(RangeHandler):
+    """The parts of the Hugging Face Hub HTTP API that ``huggingface_hub.HfFileSystem`` reads a
+    dataset repository through, serving ``<folder>/<user>/<repo>/`` as the dataset ``user/repo`` at
+    revision ``main``: repository info (``/api/datasets/<repo>[/revision/<rev>]``), tree listings
+    (``/api/datasets/<repo>/tree/<rev>[/<path>]``, recursive or not, one page), paths-info
+    (``POST /api/datasets/<repo>/paths-info/<rev>``) and ranged file downloads
+    (``/datasets/<repo>/resolve/<rev>/<path>``). Files are plain (no LFS/Xet pointers)."""
+
+    SHA = "0" * 40
+
+    def _repo_file(self, repo: str, rel: str = "") -> str:
+        return os.path.join(self.directory, repo, urllib.parse.unquote(rel))
+
+    def _entry(self, repo: str, rel: str) -> dict:
+        path = self._repo_file(repo, rel)
+        if os.path.isdir(path):
+            return {"type": "directory", "path": rel, "oid": self.SHA}
+        return {"type": "file", "path": rel, "size": os.path.getsize(path), "oid": self.SHA}
+
+    def _json(self, value, status: int = 200) -> None:
+        body = json.dumps(value).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _api(self) -> bool:
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        m = re.match(r"^/api/datasets/([^/]+/[^/]+)(?:/revision/[^/]+)?/?$", url.path)
+        if m and os.path.isdir(self._repo_file(m.group(1))):
+            self._json({"id": m.group(1), "sha": self.SHA, "private": False})
+            return True
+        m = re.match(r"^/api/datasets/([^/]+/[^/]+)/tree/[^/]+/?(.*)$", url.path)
+        if m:
+            repo, rel = m.group(1), urllib.parse.unquote(m.group(2)).strip("/")
+            if not os.path.isdir(self._repo_file(repo, rel)):
+                self._json({"error": "not found"}, 404)
+                return True
+            recursive = query.get("recursive", ["False"])[0].lower() == "true"
+            entries = []
+            for dirpath, dirs, files in os.walk(self._repo_file(repo, rel)):
+                dirs.sort()
+                for name in [*dirs, *sorted(files)]:
+                    entries.append(
+                        self._entry(repo, os.path.relpath(os.path.join(dirpath, name), self._repo_file(repo)))
+                    )
+                if not recursive:
+                    break
+            self._json(entries)
+            return True
+        return False
+
+    def do_GET(self):
+        if self._api():
+            return
+        m = re.match(r"^/datasets/([^/]+/[^/]+)/resolve/[^/]+/(.+)$", urllib.parse.urlsplit(self.path).path)
+        if not m:
+            self._json({"error": "not found"}, 404)
+            return
+        self.path = "/" + m.group(1) + "/" + m.group(2)
+        super().do_GET()
+
+    def do_HEAD(self):
+        m = re.match(r"^/datasets/([^/]+/[^/]+)/resolve/[^/]+/(.+)$", urllib.parse.urlsplit(self.path).path)
+        if m:
+            self.path = "/" + m.group(1) + "/" + m.group(2)
+        super().do_HEAD()
+
+    def do_POST(self):
+        m = re.match(r"^/api/datasets/([^/]+/[^/]+)/paths-info/[^/]+$", self.path)
+        if not m:
+            self._json({"error": "not found"}, 404)
+            return
+        form = urllib.parse.parse_qs(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
+        paths = [p.strip("/") for p in form.get("paths", [])]
+        self._json([self._entry(m.group(1), p) for p in paths if os.path.exists(self._repo_file(m.group(1), p))])
+
+
+def serve_fake_hub(folder: str) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """A stand-in Hugging Face Hub on 127.0.0.1 (``FakeHubHandler``) for ``folder``; returns
+    (server, endpoint URL) for ``HfFileSystem(endpoint=...)`` or ``HF_ENDPOINT``."""
+    handler = functools.partial(FakeHubHandler, directory=folder)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
