@@ -81,16 +81,19 @@ class _Tree:
         if self.local:
             with open(path, "rb") as f:
                 return f.read()
-        return self.file(path).read()
+        return self._remote(path).read()
 
     def file(self, path: str) -> FileInput:
         """What an episode refers to the file by: the local path, or a ``RemoteFile``."""
-        return path if self.local else RemoteFile(path, self.sizes.get(path), self.options)
+        return path if self.local else self._remote(path)
+
+    def _remote(self, path: str) -> RemoteFile:
+        return RemoteFile(path, self.sizes.get(path), self.options)
 
     def parquet(self, path: str, columns: list[str] | None = None):
         if self.local:
             return pq.read_table(path, columns=columns)
-        with self.file(path).open() as f:
+        with self._remote(path).open() as f:
             return pq.read_table(f, columns=columns)
 
 
