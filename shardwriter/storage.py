@@ -338,7 +338,7 @@ class Storage:
                     os.remove(self.path(name))
 
 
-READ_BLOCK_BYTES = 8 << 20  # bytes a remote source file is read ahead by: what one open file holds in memory
+READ_BLOCK_BYTES = 1 << 20  # bytes a remote source file is read ahead by: what one open file holds in memory
 _filesystems: dict[tuple, object] = {}  # (protocol, options, pid) -> this process's client for source files
 
 

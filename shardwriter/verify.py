@@ -136,7 +136,8 @@ def _check_episode(
 
 
 def verify(root: str, decode: bool = True, storage_options: dict | None = None) -> dict:
-    """Verify the dataset at ``root`` (local folder or fsspec URL); return
+    """Verify the dataset at ``root`` (local folder or fsspec URL; ``storage_options`` merged with
+    the environment, ``storage.resolve_storage_options``); return
     ``{"ok": bool, "shards": n, "episodes": n, "problems": [...]}``.
 
     Each problem names the shard, and where it applies the episode key and camera.

@@ -332,6 +332,36 @@ def _cut_packets(info: VideoProbe, first: int, stop: int) -> tuple[np.ndarray, i
     return keep, key_pts
 
 
+def _timed(packets):
+    """The packets that count in ``VideoProbe.packet_pts``: with data and a pts or dts."""
+    return (p for p in packets if p.size and (p.pts if p.pts is not None else p.dts) is not None)
+
+
+def _packets_from(src, source: VideoSource, info: VideoProbe, start: int):
+    """Yield ``(q, packet)``: the frame stream's packets in decode order with their index ``q`` in
+    ``info.packet_pts``, from packet ``start`` (a keyframe) or earlier.
+
+    ``src`` (an open container of ``source``) is first seeked to that keyframe, so the packets of
+    the episodes before it in a LeRobot v3.0 file are not read (remotely: not downloaded again for
+    every episode). The first packet after the seek must be one whose pts occurs once in the table,
+    at or before ``start``; otherwise (a demuxer that lands elsewhere) the packets are demuxed from
+    the start of a freshly opened container, as without a seek.
+    """
+    stream = src.streams[info.stream_index]
+    if start > 0:
+        src.seek(int(info.packet_pts[start]), backward=True, any_frame=False, stream=stream)
+        packets = _timed(src.demux(stream))
+        head = next(packets, None)
+        if head is not None:
+            where = np.flatnonzero(info.packet_pts == (head.pts if head.pts is not None else head.dts))
+            if where.size == 1 and where[0] <= start:
+                yield int(where[0]), head
+                yield from enumerate(packets, int(where[0]) + 1)
+                return
+    with _open(source) as fresh:
+        yield from enumerate(_timed(fresh.demux(fresh.streams[info.stream_index])))
+
+
 def cut(source: VideoSource, info: VideoProbe, first: int, stop: int) -> tuple[bytes, VideoProbe, np.ndarray]:
     """Stream-copy the frames ``[first, stop)`` of a video into a new MP4, without re-encoding.
 
@@ -351,12 +381,9 @@ def cut(source: VideoSource, info: VideoProbe, first: int, stop: int) -> tuple[b
     with _open(source) as src, av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
         in_stream = src.streams[info.stream_index]
         out_stream = dst.add_stream_from_template(in_stream, opaque=True)
-        q, last = -1, int(np.flatnonzero(keep)[-1])
-        for packet in src.demux(in_stream):
-            if not packet.size or (packet.pts if packet.pts is not None else packet.dts) is None:
-                continue
-            q += 1
-            if q > last:
+        kept = np.flatnonzero(keep)
+        for q, packet in _packets_from(src, source, info, int(kept[0])):
+            if q > int(kept[-1]):
                 break  # a v3.0 file holds many episodes: demux no further than this one's packets
             if not keep[q]:
                 continue

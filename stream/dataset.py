@@ -149,7 +149,7 @@ class WindowDataset(IterableDataset):
         postprocess: per-frame ``PostProcess`` (resize, crop, dtype, hook).
         normalize: column -> ``"mean_std"`` | ``"min_max"``, from the manifest statistics.
         telemetry: attach ``__telemetry__`` counters to every sample.
-        storage_options: fsspec options for URLs.
+        storage_options: fsspec options for URLs (``DatasetSource``; merged over the environment's).
         fetch: how shard bytes are fetched (``FetchPolicy``: stream or ranged mode, prefetch
             budget, retries, and the shard policy when retries run out).
         stratify: deal each dataset of a mix to the consumers on its own, so every worker of every

@@ -33,7 +33,8 @@ class DatasetSource:
 
     Args:
         url: the dataset folder (local path, ``file://``, ``s3://``, ``https://``, ...).
-        storage_options: passed to fsspec (endpoint, credentials, ...); ``connect_timeout`` /
+        storage_options: fsspec options (endpoint, credentials, ...), merged over the environment's
+            (``shardwriter.storage.resolve_storage_options``); ``connect_timeout`` /
             ``read_timeout`` (seconds) override ``fetch``'s.
         fetch: the ``FetchPolicy`` whose timeouts and retries apply to reading the manifest and
             index here and to the shard reads of ``read_range``.

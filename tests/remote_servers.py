@@ -77,7 +77,8 @@ class FaultProxy:
     ``match``: cut only responses to requests containing these bytes (e.g. one shard's name).
     ``latency_s``: delay added before forwarding each request. ``cuts_done`` counts cuts.
     ``stall``: never forward responses to matching ranged requests, and keep their connections
-    open (a server that stops answering); ``stalled`` counts such requests.
+    open (a server that stops answering); ``stalled`` counts such requests. ``bytes_out`` counts
+    the response bytes forwarded to clients.
     """
 
     def __init__(
@@ -91,7 +92,7 @@ class FaultProxy:
     ):
         self.upstream, self.cut_after, self.cuts, self.latency_s = upstream, cut_after, cuts, latency_s
         self.match, self.stall, self.stalled = match, stall, 0
-        self.cuts_done = 0
+        self.cuts_done = self.bytes_out = 0
         self._lock = threading.Lock()
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -148,6 +149,8 @@ class FaultProxy:
                     client.sendall(data[: max(self.cut_after - state["sent"], 0)])
                     break
                 state["sent"] += len(data)
+                with self._lock:
+                    self.bytes_out += len(data)
                 client.sendall(data)
         except OSError:
             pass
