@@ -13,6 +13,7 @@ import os
 import sys
 
 import pytest
+import torch
 from lerobotgen import write_v2, write_v3
 from remote_servers import serve_fake_hub, serve_http
 
@@ -202,3 +203,27 @@ def test_every_command_with_the_endpoint_only_in_the_environment(s3, capsys, mon
     monkeypatch.setenv(variable, s3["endpoint_url"])
     out = f"s3://{BUCKET}/shards/by-{variable.lower()}"
     _check(_run_all(_commands(f"s3://{BUCKET}/raw/v2", out), [], capsys), out)
+
+
+def test_train_example_reads_a_bucket_through_storage_options(s3, capsys, monkeypatch):
+    """tools/train_example.py (one process, no torchrun; run in this process) trains from shards in
+    the bucket, the endpoint given only with --storage-options."""
+    import importlib.util
+
+    url = f"s3://{BUCKET}/shards/for-training"
+    convert([f"s3://{BUCKET}/raw/v2"], url, OPTS, storage_options=s3)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("train_example", os.path.join(repo, "tools", "train_example.py"))
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    args = [url, "--storage-options", json.dumps(s3), "--workers", "0", "--batch-size", "2", "--size", "32"]
+    args += ["--span", "3", "--frames", "2", "--horizon", "2", "--stop-after", "2", "--log-every", "1"]
+    monkeypatch.setattr(sys, "argv", ["train_example.py", *args])
+    monkeypatch.delenv("RANK", raising=False)
+    threads = torch.get_num_threads()
+    try:
+        assert train.main() == 0
+    finally:
+        torch.set_num_threads(threads)  # the example sets one thread per process
+    out = capsys.readouterr().out
+    assert "[rank 0] epoch 0 step 2 loss" in out and "stopping after 2 steps" in out
