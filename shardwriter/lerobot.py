@@ -19,6 +19,7 @@ caller asks for state and action only (``cameras=()``).
 from __future__ import annotations
 
 import difflib
+import errno
 import glob
 import json
 import math
@@ -30,7 +31,7 @@ import pyarrow.parquet as pq
 
 from .episode import CameraVideo, Episode, FileInput, Source, TableSlice
 from .errors import SourceError
-from .storage import RemoteFile, is_local, local_path, make_filesystem
+from .storage import RemoteFile, is_local, local_path, make_filesystem, protocol_of
 
 
 class _Tree:
@@ -53,7 +54,14 @@ class _Tree:
         self.fs, base = make_filesystem(self.root, self.options)
         self._base = base.rstrip("/")
         self.sizes: dict[str, int | None] = {}  # None: the listing gives no size (HTTP)
-        for path, entry in self.fs.find(self._base, detail=True).items():
+        try:
+            listing = self.fs.find(self._base, detail=True)
+        except OSError as exc:  # s3fs: "Access Denied", a missing bucket, naming nothing
+            if exc.filename is not None:
+                raise
+            what = "access denied" if isinstance(exc, PermissionError) else "cannot be listed"
+            raise type(exc)(exc.errno or errno.EIO, f"{what} ({exc})", self.root) from exc
+        for path, entry in listing.items():
             rel = path[len(self._base) :].strip("/")
             if entry.get("type", "file") == "file" and not any(p.startswith(".") for p in rel.split("/")):
                 size = entry.get("size")
@@ -319,7 +327,8 @@ def read_lerobot(
     root = tree.root
     info_path = os.path.join(root, "meta", "info.json")
     if not tree.exists(info_path):
-        listed = "" if tree.local or tree.sizes else " (the server listed no files: are directory listings on?)"
+        http = protocol_of(root) in ("http", "https")
+        listed = " (the server listed no files: are directory listings on?)" if http and not tree.sizes else ""
         raise SourceError(f"{root}: no meta/info.json; is this a LeRobot dataset root?{listed}")
     try:
         info = json.loads(tree.read(info_path))

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 from lerobotgen import write_v2, write_v3
-from remote_servers import serve_fake_hub, serve_http
+from remote_servers import serve_access_denied, serve_fake_hub, serve_http
 
 from epishard.cli import main as cli
 from epishard.shardwriter import ConvertOptions, SourceError, convert, read_lerobot
@@ -110,6 +110,12 @@ def test_hf_dataset_through_huggingface_hub_against_a_stand_in_hub(version, sour
     _same_output(str(tmp_path / "out"), local[version], url, f"{sources}/{version}")
 
 
+def test_a_file_url_is_the_local_folder(sources):
+    by_url, by_path = read_lerobot(f"file://{sources}/v3"), read_lerobot(f"{sources}/v3")
+    assert by_url.path == by_path.path == f"{sources}/v3" and by_url.episodes == by_path.episodes
+    assert all(isinstance(v.source, str) for e in by_url.episodes for v in e.videos.values())
+
+
 def test_interrupted_remote_conversion_resumes_to_the_same_bytes(s3, sources, local, tmp_path, monkeypatch):
     from epishard.shardwriter import prepare as prepare_module
 
@@ -147,6 +153,16 @@ def test_a_local_conversion_resumes_from_the_bucket_copy(s3, sources, local, tmp
 def test_remote_source_errors_name_the_url(s3, moto_s3):
     with pytest.raises(SourceError, match=f"^s3://{BUCKET}/raw/nothing: no meta/info.json"):
         read_lerobot(f"s3://{BUCKET}/raw/nothing", storage_options=s3)
+    with pytest.raises(FileNotFoundError, match="bucket does not exist") as missing:
+        read_lerobot("s3://no-such-bucket/raw/g1", storage_options=s3)
+    assert missing.value.filename == "s3://no-such-bucket/raw/g1"
+    server, endpoint = serve_access_denied()
+    try:
+        with pytest.raises(PermissionError, match="access denied") as denied:
+            read_lerobot("s3://private/raw/g1", storage_options={"endpoint_url": endpoint})
+    finally:
+        server.shutdown()
+    assert denied.value.filename == "s3://private/raw/g1"
     moto_s3[1].pipe(f"{BUCKET}/raw/broken/meta/info.json", b"{not json")
     with pytest.raises(SourceError, match=f"^s3://{BUCKET}/raw/broken/meta/info.json: not valid JSON"):
         read_lerobot(f"s3://{BUCKET}/raw/broken", storage_options=s3)
