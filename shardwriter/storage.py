@@ -339,17 +339,17 @@ class Storage:
 
 
 READ_BLOCK_BYTES = 1 << 20  # bytes a remote source file is read ahead by: what one open file holds in memory
-_filesystems: dict[tuple, object] = {}  # (protocol, options, pid) -> this process's client for source files
+_source_handles: dict[tuple[str | None, str], FileSystemHandle] = {}  # (protocol, options) -> handle
 
 
 def source_filesystem(url: str, storage_options: dict):
-    """This process's fsspec filesystem for source files at ``url``'s protocol with these options
-    (one per process: a client made before a fork is not reused after it).
+    """This process's fsspec filesystem for source files at ``url``'s protocol with these options:
+    one ``FileSystemHandle`` per protocol and options, shared by every file (remade after a fork).
     """
-    key = (protocol_of(url), json.dumps(storage_options, sort_keys=True, default=str), os.getpid())
-    if key not in _filesystems:
-        _filesystems[key] = make_filesystem(url, storage_options)[0]
-    return _filesystems[key]
+    key = (protocol_of(url), json.dumps(storage_options, sort_keys=True, default=str))
+    if key not in _source_handles:
+        _source_handles[key] = FileSystemHandle(url, storage_options)
+    return _source_handles[key].get()
 
 
 @dataclass(frozen=True)
