@@ -88,7 +88,7 @@ def test_remote_source_converts_to_the_bytes_of_the_local_copy(store, version, s
     workers = 2 if (store, version) == ("s3", "v3") else 1
     opts = ConvertOptions(**{**OPTS.__dict__, "workers": workers})
     manifest = convert([url], str(tmp_path), opts, storage_options=options)
-    assert manifest["sources"][0]["path"] == url
+    assert manifest.sources[0].path == url
     _same_output(str(tmp_path), local[version], url, f"{sources}/{version}")
 
 
