@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from .episode import CameraVideo, Episode, FileInput, Source, TableSlice
 from .errors import SourceError
-from .storage import RemoteFile, is_local, local_path, make_filesystem, protocol_of
+from .storage import FileSystemHandle, RemoteFile, is_local, local_path, protocol_of
 
 
 class _Tree:
@@ -51,8 +51,8 @@ class _Tree:
             self.root = local_path(root)
             return
         self.root = root.rstrip("/")
-        self.fs, base = make_filesystem(self.root, self.options)
-        self._base = base.rstrip("/")
+        handle = FileSystemHandle(self.root, self.options)
+        self.fs, self._base = handle.get(), handle.root.rstrip("/")
         self.sizes: dict[str, int | None] = {}  # None: the listing gives no size (HTTP)
         try:
             listing = self.fs.find(self._base, detail=True)
