@@ -435,10 +435,10 @@ class WindowIndex:
         Returns int64 of the broadcast shape (a numpy scalar for scalar arguments). A frame before
         its stream's first keyframe (never written: frame 0 is a keyframe) counts from itself.
         """
-        if isinstance(streams, (int, np.integer)):
-            keys = self.keyframes_of(streams)
+        if isinstance(streams, (int, np.integer)):  # one stream: a slice of its keyframes
+            keys = self.keyframes[self.key_offsets[streams] : self.key_offsets[streams + 1]]
             pos = np.searchsorted(keys, frames, side="right") - 1
-            if np.ndim(pos) == 0:
+            if isinstance(frames, (int, np.integer)):
                 return keys[pos] if pos >= 0 else np.int64(frames)
             return np.where(pos >= 0, keys[np.maximum(pos, 0)] if keys.size else 0, frames)
         streams, frames = np.broadcast_arrays(np.asarray(streams, np.int64), np.asarray(frames, np.int64))
