@@ -388,7 +388,7 @@ def _camera_entry(index: WindowIndex, stream: int, fps: float) -> dict:
     """Manifest ``cameras`` entry of a camera stream: stream facts, the camera kind and what the
     reader returns, and the conversion the reader applies when it returns fewer bits than are stored.
     """
-    kind = str(index.cam_kind[stream])
+    kind = index.cam_kind[stream].as_py()
     pix_fmt = index.cam_pix_fmt[stream].as_py()
     dtype, channels = fmt.camera_output(kind)
     bits = av.VideoFormat(pix_fmt).components[0].bits if pix_fmt else 8

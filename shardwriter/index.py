@@ -128,8 +128,8 @@ class WindowIndex:
     number of the stream's video), grouped by ``episode_cams`` offsets. ``pts``, ``duration``,
     ``keyframes``, ``row_to_frame`` and ``segment_starts`` are flat with per-stream (per-episode)
     offsets. String columns stay Arrow arrays (``keys``, ``member_names``, ``member_sha256``,
-    ``cam_names``, ``cam_codec``, ``cam_pix_fmt``): no Python object per value; ``cam_kind`` is a
-    numpy object array (``rgb``/``depth``).
+    ``cam_names``, ``cam_codec``, ``cam_pix_fmt``, ``cam_kind``): no Python object per value, so
+    forked workers share every page.
     """
 
     def __init__(self, table: pa.Table, shard_of_row: np.ndarray):
@@ -156,11 +156,10 @@ class WindowIndex:
         self.cam_height = _np(cams.field("height"), np.int32)
         # Indexes written before camera kinds existed hold RGB cameras only.
         self.cam_kind = (
-            cams.field("kind").to_numpy(zero_copy_only=False)
-            if "kind" in [f.name for f in cams.type]
-            else np.full(len(cams), "rgb", dtype=object)
+            cams.field("kind") if "kind" in [f.name for f in cams.type] else pa.array(np.full(len(cams), "rgb"))
         )
-        self.cam_depth = self.cam_kind == "depth"  # bool per stream: decoded at full precision, uint16 [1, H, W]
+        # bool per stream: decoded at full precision, uint16 [1, H, W]
+        self.cam_depth = pc.equal(self.cam_kind, "depth").to_numpy(zero_copy_only=False)
         # Indexes written before the stream was recorded decode FFmpeg's best video stream (-1).
         self.cam_stream_index = (
             _np(cams.field("stream_index"), np.int64)

@@ -327,7 +327,8 @@ def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) 
                 f"{w.where}: {found.get(name, 0)} episodes have camera {name}, the manifest's "
                 f"cameras.{name}.episodes says {episodes}"
             )
-    w.stream(~np.isin(index.cam_kind, fmt.CAMERA_KINDS), "kind", f"is not one of {fmt.CAMERA_KINDS}")
+    kinds = pc.is_in(index.cam_kind, value_set=pa.array(fmt.CAMERA_KINDS)).to_numpy(zero_copy_only=False)
+    w.stream(~kinds, "kind", f"is not one of {fmt.CAMERA_KINDS}")
     w.stream(index.cam_stream_index < -1, "stream_index", "is not a stream number", index.cam_stream_index)
     w.stream(
         (index.cam_width < 1)
