@@ -84,33 +84,13 @@ def _as_count(result) -> int:
     return int(result) if isinstance(result, (int, np.integer)) else len(result)
 
 
-def decoded_frames_sorted(frames: np.ndarray, key_before: np.ndarray) -> np.ndarray:
-    """Frames a sequential decoder decodes per window, vectorised over windows.
-
-    Args:
-        frames: int64 ``[N, K]``, each row sorted ascending (duplicates allowed: they cost nothing).
-        key_before: int64 ``[N, K]``, the last keyframe at or before each frame.
-
-    Returns:
-        int64 ``[N]``. Row by row the same count as ``stream.decode.decoded_frames`` on the row's
-        unique frames: start at the keyframe before the first frame and decode up to it; for each
-        next frame decode forward from the previous one, or from a keyframe when one lies after
-        the previous frame and at or before the next.
-    """
-    if frames.shape[1] == 0:
-        return np.zeros(frames.shape[0], dtype=np.int64)
-    first = frames[:, 0] - key_before[:, 0] + 1
-    start = np.maximum(key_before[:, 1:], frames[:, :-1] + 1)
-    return first + np.sum(frames[:, 1:] - start + 1, axis=1)
-
-
 @dataclass(frozen=True)
 class WindowFeatures:
     """What each of ``N`` windows is made of (int64 ``[N]`` each).
 
     ``frames``: frames returned, all cameras together (``sum(len(offsets))``; pad-mode clamped
     frames count, they are in the tensor). ``decoded``: frames a decoder decodes to return them,
-    per camera from the keyframe at or before its first frame (``stream.decode.decoded_frames``),
+    per camera from the keyframe at or before its first frame (``WindowIndex.decoded_frames``),
     summed over cameras. This is the cost of the window read alone; the reader decodes the union
     of all windows of an episode once, so its real per-window decode cost is this amortised over
     the episode's windows (an upper bound here). ``pixels``: output pixels returned (height x width
@@ -144,44 +124,6 @@ class WindowFeatures:
         )
 
 
-def _camera_streams(index, camera: str) -> np.ndarray:
-    """int64 ``[num_episodes]``: flat stream number of ``camera`` in each episode, -1 where absent."""
-    names = np.asarray(index.cam_names.to_pylist(), dtype=object)
-    episode_of_stream = np.repeat(np.arange(index.num_episodes), np.diff(index.episode_cams))
-    out = np.full(index.num_episodes, -1, dtype=np.int64)
-    hit = np.flatnonzero(names == camera)
-    out[episode_of_stream[hit]] = hit
-    return out
-
-
-def _frames_of_rows(index, streams: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``WindowIndex.frames`` vectorised: streams int64 ``[N]``, rows int64 ``[N, K]`` -> ``[N, K]``."""
-    start, stop = index.r2f_offsets[streams], index.r2f_offsets[streams + 1]
-    regular = (start == stop)[:, None]
-    out = index.cam_first_frame[streams][:, None] + rows
-    if not regular.all():
-        flat = np.where(regular, 0, start[:, None] + rows)
-        out = np.where(regular, out, index.row_to_frame[flat] if index.row_to_frame.size else 0)
-    return out
-
-
-def _keyframe_before(index, streams: np.ndarray, frames: np.ndarray) -> np.ndarray:
-    """Last keyframe at or before each frame (int64, shape of ``frames``), one ``searchsorted``.
-
-    Keyframes of all streams are laid on one axis, stream ``s`` shifted by ``s * span`` (span
-    larger than any frame number), so one sorted array serves every stream. A frame before its
-    stream's first keyframe (not produced by the writer) counts from itself.
-    """
-    keys, offsets = index.keyframes, index.key_offsets
-    span = int(max(index.cam_num_frames.max(initial=0), frames.max(initial=0), keys.max(initial=0))) + 1
-    stream_of_key = np.repeat(np.arange(offsets.size - 1, dtype=np.int64), np.diff(offsets))
-    axis = stream_of_key * span + keys
-    s = np.broadcast_to(streams[:, None], frames.shape)
-    pos = np.searchsorted(axis, s * span + frames, side="right") - 1
-    valid = pos >= offsets[s]
-    return np.where(valid, keys[np.maximum(pos, 0)] if keys.size else 0, frames)
-
-
 def window_features(
     index,
     spec,
@@ -211,19 +153,16 @@ def window_features(
     n = episodes.shape[0]
     available = sorted(set(index.cam_names.to_pylist()))
     if task_tokens is None:
-        task_tokens = token_counts(index.table.column("task").to_pylist(), tokenizer)
+        task_tokens = token_counts(index.tasks(), tokenizer)
     # Rows are clamped into the anchor's recording segment, as the reader clamps them.
     seg_lo, seg_hi = index.segment_bounds(episodes, anchors)
     total = {k: np.zeros(n, dtype=np.int64) for k in ("frames", "decoded", "pixels")}
     per_camera = {}
     for cam, offsets in spec.camera_offsets(available).items():
-        streams = _camera_streams(index, cam)[episodes]
-        if (streams < 0).any():
-            bad = int(episodes[np.argmax(streams < 0)])
-            raise KeyError(f"episode {bad} ({index.key(bad)}) has no camera {cam!r}")
+        streams = index.camera_streams(cam, episodes)
         rows = np.clip(anchors[:, None] + np.sort(offsets)[None, :], seg_lo[:, None], (seg_hi - 1)[:, None])
-        frames = np.sort(_frames_of_rows(index, streams, rows), axis=1)
-        decoded = decoded_frames_sorted(frames, _keyframe_before(index, streams, frames))
+        frames = np.sort(index.frames(streams[:, None], rows), axis=1)
+        decoded = index.decoded_frames(streams, frames)
         h, w = index.cam_height[streams].astype(np.int64), index.cam_width[streams].astype(np.int64)
         if postprocess is not None:  # output size per distinct stored size
             stored, which = np.unique(np.stack([h, w], 1), axis=0, return_inverse=True)
@@ -344,7 +283,7 @@ class WindowCost:
         self.model = model if model is not None else CostModel()
         self.postprocess = postprocess
         self.base = np.cumsum([0] + [ix.num_episodes for ix in self.indexes]).astype(np.int64)
-        self.task_tokens = [token_counts(ix.table.column("task").to_pylist(), tokenizer) for ix in self.indexes]
+        self.task_tokens = [token_counts(ix.tasks(), tokenizer) for ix in self.indexes]
 
     @classmethod
     def from_dataset(cls, dataset, model=None, *, tokenizer: Tokenizer | None = None) -> WindowCost:

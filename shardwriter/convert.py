@@ -31,7 +31,7 @@ import pyarrow as pa
 from . import format as fmt
 from .episode import Episode, Source, TableSlice, file_size
 from .errors import ConversionError, OutputFolderError, SourceError, check_choice
-from .index import dataset_index_bytes, encode_index, read_shard_meta, read_table_bytes
+from .index import WindowIndex, dataset_index_bytes, encode_index, read_shard_meta, read_table_bytes
 from .lerobot import read_lerobot
 from .prepare import PrepareOptions, prepare
 from .stats import DatasetStats
@@ -398,27 +398,28 @@ def _feature_schema(source: Source, table: pa.Table) -> dict:
     return features
 
 
-def _camera_entry(cam: dict, fps: float) -> dict:
-    """Manifest ``cameras`` entry: stream facts, the camera kind and what the reader returns, and
-    the conversion the reader applies when it returns fewer bits than are stored.
+def _camera_entry(index: WindowIndex, stream: int, fps: float) -> dict:
+    """Manifest ``cameras`` entry of a camera stream: stream facts, the camera kind and what the
+    reader returns, and the conversion the reader applies when it returns fewer bits than are stored.
     """
-    kind = cam.get("kind") or "rgb"
+    kind = index.cam_kind[stream].as_py()
+    pix_fmt = index.cam_pix_fmt[stream].as_py()
     dtype, channels = fmt.camera_output(kind)
-    bits = av.VideoFormat(cam["pix_fmt"]).components[0].bits if cam["pix_fmt"] else 8
+    bits = av.VideoFormat(pix_fmt).components[0].bits if pix_fmt else 8
     conversion = None
     if kind == "rgb" and bits > 8:
         conversion = (
-            f"{cam['pix_fmt']} ({bits} bits per sample) is returned as 8-bit RGB (uint8): "
+            f"{pix_fmt} ({bits} bits per sample) is returned as 8-bit RGB (uint8): "
             f"the decoder converts it to rgb24, keeping 8 of its {bits} bits"
         )
     return {
-        "codec": cam["codec"],
-        "width": cam["width"],
-        "height": cam["height"],
+        "codec": index.cam_codec[stream].as_py(),
+        "width": int(index.cam_width[stream]),
+        "height": int(index.cam_height[stream]),
         "fps": fps,
         "episodes": 0,
         "kind": kind,
-        "pix_fmt": cam["pix_fmt"],
+        "pix_fmt": pix_fmt,
         "bit_depth": bits,
         "dtype": dtype,
         "channels": channels,
@@ -437,21 +438,21 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
     per_source: dict[str, int] = {}
     by_name = {s.name: s for s in sources}
     for meta, index_file in zip(shard_metas, index_files, strict=False):
-        index = read_table_bytes(index_file).to_pylist()
-        for row in index:
-            per_source[row["source"]] = per_source.get(row["source"], 0) + 1
-            data_member = next(m for m in row["members"] if m["name"].endswith("." + fmt.DATA_EXT))
-            start = data_member["offset"]
-            table = read_table_bytes(storage.read(meta["shard"], start, start + data_member["size"]))
-            stats.add_table(table, row["source"])
-            for name, spec in _feature_schema(by_name[row["source"]], table).items():
+        index = WindowIndex.read_shard_indexes([(index_file, storage.path(meta["index"]))], fmt.FORMAT_VERSION)
+        for e in range(index.num_episodes):
+            source = index.source(e)
+            per_source[source] = per_source.get(source, 0) + 1
+            start, stop = index.member_ranges(index.data_member(e))
+            table = read_table_bytes(storage.read(meta["shard"], int(start), int(stop)))
+            stats.add_table(table, source)
+            for name, spec in _feature_schema(by_name[source], table).items():
                 features.setdefault(name, spec)
-            for cam in row["cameras"]:
-                entry = cameras.setdefault(cam["name"], _camera_entry(cam, row["fps"]))
+            for s in range(index.episode_cams[e], index.episode_cams[e + 1]):
+                entry = cameras.setdefault(index.cam_names[s].as_py(), _camera_entry(index, s, float(index.fps[e])))
                 entry["episodes"] += 1
-                size = f"{cam['height']}x{cam['width']}"
+                size = f"{index.cam_height[s]}x{index.cam_width[s]}"
                 entry.setdefault("sizes", {})[size] = entry.get("sizes", {}).get(size, 0) + 1
-            for task in row["tasks"]:
+            for task in index.episode_tasks(e):
                 tasks.setdefault(task, len(tasks))
     for name, cam in cameras.items():
         if len(cam["sizes"]) == 1:  # listed only where episodes differ (e.g. a rotated one)

@@ -24,10 +24,10 @@ def describe(root: str, storage_options: dict | None = None) -> dict:
     index = load_shard_indexes(manifest, storage.read, root)
     cameras = {}
     for cam_name, camera in manifest.cameras.items():
-        streams = [i for i, n in enumerate(index.cam_names.to_pylist()) if n == cam_name]
+        streams = np.flatnonzero(index.cam_names.to_numpy(zero_copy_only=False) == cam_name)
         gaps = []
         for s in streams:
-            keys = index.keyframes[index.key_offsets[s] : index.key_offsets[s + 1]]
+            keys = index.keyframes_of(s)
             ends = np.append(keys[1:], index.cam_num_frames[s])
             gaps.append(ends - keys)
         gaps = np.concatenate(gaps) if gaps else np.zeros(1)
@@ -35,16 +35,7 @@ def describe(root: str, storage_options: dict | None = None) -> dict:
             **camera.to_json(),
             "frames": int(index.cam_num_frames[streams].sum()),
             "keyframe_interval": {"min": int(gaps.min()), "mean": round(float(gaps.mean()), 1), "max": int(gaps.max())},
-            "bytes": int(
-                index.member_size[
-                    [
-                        index.episode_members[e] + index.cam_member[s]
-                        for e in range(index.num_episodes)
-                        for s in range(index.episode_cams[e], index.episode_cams[e + 1])
-                        if s in streams
-                    ]
-                ].sum()
-            ),
+            "bytes": int(index.cam_size[streams].sum()),
         }
     return {
         "root": root,

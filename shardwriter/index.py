@@ -6,21 +6,29 @@ plan digest and conversion report). In memory, ``WindowIndex`` holds numpy array
 lists become one flat values array plus an offsets array (Arrow's own list layout), so loading
 tens of thousands of episodes takes milliseconds, lookups are O(1) array reads, and the arrays are
 shared copy-on-write by forked DataLoader workers without per-episode Python objects.
+
+``WindowIndex`` is the only view of an index: the index's Arrow table (a shard's Parquet, or
+``index.arrow``) is read, built and kept in this module alone, and every other module uses the
+arrays and vectorised lookups of ``WindowIndex`` (``tests/test_architecture.py`` checks it).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
-from .format import DATASET_INDEX_NAME, INDEX_SCHEMA, MANIFEST_NAME, VERSION_KEY, Manifest
+from .format import DATA_EXT, DATASET_INDEX_NAME, INDEX_SCHEMA, MANIFEST_NAME, VERSION_KEY, Manifest
 from .validate import check_index_version
 
 SHARD_META_KEY = b"epishard.shard"
@@ -30,9 +38,14 @@ def _plain(value):
     return value.tolist() if isinstance(value, np.ndarray) else value
 
 
+def _clean_rows(rows: list[dict]) -> list[dict]:
+    """Rows with numpy arrays in their camera entries turned into lists, as pyarrow takes them."""
+    return [{**row, "cameras": [{k: _plain(v) for k, v in cam.items()} for cam in row["cameras"]]} for row in rows]
+
+
 def encode_index(rows: list[dict], shard_meta: dict) -> bytes:
     """Serialise index rows (dicts following ``INDEX_SCHEMA``) and shard metadata to Parquet bytes."""
-    clean = [{**row, "cameras": [{k: _plain(v) for k, v in cam.items()} for cam in row["cameras"]]} for row in rows]
+    clean = _clean_rows(rows)
     schema = INDEX_SCHEMA.with_metadata(
         {**INDEX_SCHEMA.metadata, SHARD_META_KEY: json.dumps(shard_meta, sort_keys=True).encode()}
     )
@@ -101,54 +114,71 @@ class CameraLookup:
 
 
 class WindowIndex:
-    """The indexes of one or more shards, as flat numpy arrays.
+    """The indexes of one or more shards, as flat numpy arrays: the only view of an index.
 
-    Episode arrays have one entry per episode (``num_episodes``); camera-stream arrays one per
-    (episode, camera) (``cam_*``, grouped by ``episode_cams`` offsets); ``pts``, ``keyframes`` and
-    ``row_to_frame`` are flat with per-stream offsets. String columns stay Arrow arrays.
+    Every reader of an index (fetcher, episode loader, cost model, ``verify``, ``inspect``, the
+    converter's summary) goes through the arrays and lookups here; the Arrow table they come from
+    is private to this module.
+
+    Episode arrays have one entry per episode (``num_episodes``; ``shard``, ``num_rows``,
+    ``episode_index``, ``fps``, ``window_start``, ``window_stop``). Member arrays have one entry per
+    tar member (``member_offset``, ``member_size`` in bytes; ``member_names``, ``member_sha256``),
+    grouped by episode through ``episode_members`` offsets (int64 ``[num_episodes + 1]``). Camera-stream
+    arrays have one entry per (episode, camera) (``cam_*``; ``stream_member`` is the flat member
+    number of the stream's video), grouped by ``episode_cams`` offsets. ``pts``, ``duration``,
+    ``keyframes``, ``row_to_frame`` and ``segment_starts`` are flat with per-stream (per-episode)
+    offsets. String columns stay Arrow arrays (``keys``, ``member_names``, ``member_sha256``,
+    ``cam_names``, ``cam_codec``, ``cam_pix_fmt``, ``cam_kind``): no Python object per value, so
+    forked workers share every page.
     """
 
     def __init__(self, table: pa.Table, shard_of_row: np.ndarray):
-        self.table = table
+        self._table = table
         self.shard = shard_of_row.astype(np.int32)
         self.keys = table.column("key").combine_chunks()
         self.num_rows = _np(table.column("num_rows"), np.int64)
+        self.episode_index = _np(table.column("episode_index"), np.int64)
         self.fps = _np(table.column("fps"), np.float64)
         self.window_start = _np(table.column("window_start"), np.int64)
         self.window_stop = _np(table.column("window_stop"), np.int64)
         members, self.episode_members = _flat(table.column("members"))
         self.member_offset = _np(members.field("offset"), np.int64)
         self.member_size = _np(members.field("size"), np.int64)
+        self.member_names = members.field("name")
+        self.member_sha256 = members.field("sha256")
         cams, self.episode_cams = _flat(table.column("cameras"))
         self.cam_names = cams.field("name")
+        self.cam_codec = cams.field("codec")
+        self.cam_pix_fmt = cams.field("pix_fmt")
         self.cam_member = _np(cams.field("member"), np.int64)
         self.cam_num_frames = _np(cams.field("num_frames"), np.int64)
         self.cam_width = _np(cams.field("width"), np.int32)
         self.cam_height = _np(cams.field("height"), np.int32)
         # Indexes written before camera kinds existed hold RGB cameras only.
-        kinds = (
-            cams.field("kind").to_numpy(zero_copy_only=False)
-            if "kind" in [f.name for f in cams.type]
-            else np.full(len(cams), "rgb", dtype=object)
+        self.cam_kind = (
+            cams.field("kind") if "kind" in [f.name for f in cams.type] else pa.array(np.full(len(cams), "rgb"))
         )
-        self.cam_depth = kinds == "depth"  # bool per stream: decoded at full precision, uint16 [1, H, W]
+        # bool per stream: decoded at full precision, uint16 [1, H, W]
+        self.cam_depth = pc.equal(self.cam_kind, "depth").to_numpy(zero_copy_only=False)
         # Indexes written before the stream was recorded decode FFmpeg's best video stream (-1).
         self.cam_stream_index = (
             _np(cams.field("stream_index"), np.int64)
             if cams.type.get_field_index("stream_index") >= 0
             else np.full(len(cams), -1, np.int64)
         )
+        self.cam_time_base_num = _np(cams.field("time_base_num"), np.int64)
+        self.cam_time_base_den = _np(cams.field("time_base_den"), np.int64)
         with np.errstate(divide="ignore", invalid="ignore"):  # a zero denominator is rejected by check_index
-            self.cam_time_base = _np(cams.field("time_base_num"), np.float64) / _np(
-                cams.field("time_base_den"), np.float64
-            )
+            self.cam_time_base = self.cam_time_base_num.astype(np.float64) / self.cam_time_base_den
         # Byte range of each stream's video member, resolved once so a lookup is one array read.
         episode_of_stream = np.repeat(np.arange(self.num_rows.shape[0]), np.diff(self.episode_cams))
         # Clipped so that a damaged index still loads; shardwriter.validate.check_index rejects it.
-        member = np.clip(self.episode_members[episode_of_stream] + self.cam_member, 0, self.member_size.size)
+        self.stream_member = np.clip(
+            self.episode_members[episode_of_stream] + self.cam_member, 0, self.member_size.size
+        )
         self.cam_offset, self.cam_size = (
-            np.append(self.member_offset, 0)[member],
-            np.append(self.member_size, 0)[member],
+            np.append(self.member_offset, 0)[self.stream_member],
+            np.append(self.member_size, 0)[self.stream_member],
         )
         self.cam_first_frame = _np(cams.field("first_frame"), np.int64)
         self.cam_pts_start = _np(cams.field("pts_start"), np.int64)
@@ -168,34 +198,104 @@ class WindowIndex:
             self.segment_starts = np.zeros(0, dtype=np.int64)
             self.segment_offsets = np.zeros(self.num_rows.shape[0] + 1, dtype=np.int64)
 
+    # -- loading ---------------------------------------------------------------------------------
+
     @classmethod
     def load(cls, sources: list) -> WindowIndex:
-        """Load per-shard index files (paths or file objects); shard ``i`` is ``sources[i]``."""
+        """Load per-shard index files (paths or file objects); shard ``i`` is ``sources[i]``.
+        Unchecked: for files this process wrote (readers of outside data use ``read_shard_indexes``).
+        """
         tables = [pq.read_table(s) for s in sources]
         counts = np.array([t.num_rows for t in tables], dtype=np.int64)
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         return cls(table, np.repeat(np.arange(len(tables)), counts))
 
     @classmethod
-    def from_dataset_table(cls, table: pa.Table) -> WindowIndex:
-        """From the table of an ``index.arrow`` file (index columns plus ``shard``)."""
-        return cls(table.drop_columns(["shard"]), _np(table.column("shard"), np.int32))
+    def from_rows(cls, rows: list[dict]) -> WindowIndex:
+        """One shard's index from rows (dicts following ``INDEX_SCHEMA``, as ``encode_index`` takes)."""
+        return cls(pa.Table.from_pylist(_clean_rows(rows), schema=INDEX_SCHEMA), np.zeros(len(rows), dtype=np.int32))
 
     @classmethod
     def load_dataset(cls, root: str) -> WindowIndex:
         """Load a local dataset's index from its memory-mapped ``index.arrow`` (one file for all
         shards: milliseconds for tens of thousands of episodes, pages shared by forked workers),
-        or from the per-shard Parquet indexes the manifest lists when it is absent.
+        or from the per-shard Parquet indexes the manifest lists when it is absent. Unchecked.
         """
         path = os.path.join(root, DATASET_INDEX_NAME)
         if os.path.exists(path):
             table = feather.read_table(path, memory_map=True)
             check_index_version(table.schema, None, path)
-            return cls.from_dataset_table(table)
+            return cls._from_dataset_table(table)
         manifest_path = os.path.join(root, MANIFEST_NAME)
         with open(manifest_path, "rb") as f:
             shards = Manifest.load(f.read(), manifest_path).shards
         return cls.load([os.path.join(root, s.index) for s in shards])
+
+    @classmethod
+    def _from_dataset_table(cls, table: pa.Table) -> WindowIndex:
+        """From the table of an ``index.arrow`` file (index columns plus ``shard``)."""
+        return cls(table.drop_columns(["shard"]), _np(table.column("shard"), np.int32))
+
+    @classmethod
+    def read_dataset_index(cls, data, where: str, format_version: int | None) -> WindowIndex:
+        """The index in ``data`` (``index.arrow``'s bytes or buffer, an Arrow IPC file), after its
+        format version (``validate.check_index_version``, against the manifest's ``format_version``;
+        None: not compared) and schema (``validate.check_index_table``) are checked; values are
+        checked by ``validate.check_index``.
+
+        Raises:
+            FormatError: not an Arrow IPC file, another format version, or a column breaks the
+                format; names ``where``.
+        """
+        from .validate import FormatError, check_index_table
+
+        try:
+            table = pa.ipc.open_file(data).read_all()
+        except (pa.ArrowException, OSError) as exc:
+            raise FormatError(f"{where}: not an Arrow IPC file: {exc}") from None
+        check_index_version(table.schema, format_version, where)
+        check_index_table(table, where, shard_column=True)
+        return cls._from_dataset_table(table)
+
+    @classmethod
+    def read_shard_indexes(cls, files: Iterable[tuple[bytes, str]], format_version: int | None) -> WindowIndex:
+        """The index of per-shard index files (``(Parquet bytes, where)`` in shard order; an iterator
+        is consumed one file at a time, so a caller may check each file's digest as it yields it),
+        each file's format version (``validate.check_index_version``, against the manifest's
+        ``format_version``; None: not compared) and schema (``validate.check_index_table``) checked.
+
+        Raises:
+            FormatError: a file is not Parquet, states another format version, or a column breaks
+                the format; names its ``where``.
+        """
+        from .validate import FormatError, check_index_table
+
+        tables = []
+        for data, where in files:
+            try:
+                table = read_table_bytes(data)
+            except (pa.ArrowException, OSError) as exc:
+                raise FormatError(f"{where}: not a Parquet file: {exc}") from None
+            check_index_version(table.schema, format_version, where)
+            check_index_table(table, where, shard_column=False)
+            tables.append(table.replace_schema_metadata(None))
+        if not tables:
+            raise ValueError("no shard index files")
+        counts = [t.num_rows for t in tables]
+        return cls(pa.concat_tables(tables), np.repeat(np.arange(len(tables)), counts))
+
+    @classmethod
+    def concat_shards(cls, shards: list[WindowIndex]) -> WindowIndex:
+        """One index per shard, in shard order, as one index: the rows of ``shards[i]`` are shard ``i``."""
+        tables = [ix._table.replace_schema_metadata(None) for ix in shards]
+        return cls(pa.concat_tables(tables), np.repeat(np.arange(len(tables)), [t.num_rows for t in tables]))
+
+    def equals(self, other: WindowIndex) -> bool:
+        """Whether both hold the same rows (every column, schema metadata aside) in the same shards."""
+        mine, theirs = (ix._table.replace_schema_metadata(None) for ix in (self, other))
+        return np.array_equal(self.shard, other.shard) and mine.equals(theirs)
+
+    # -- episodes ----------------------------------------------------------------------------------
 
     @property
     def num_episodes(self) -> int:
@@ -204,23 +304,81 @@ class WindowIndex:
     def key(self, episode: int) -> str:
         return self.keys[episode].as_py()
 
+    def source(self, episode: int) -> str:
+        """Name of the source dataset the episode was converted from."""
+        return self._table.column("source")[episode].as_py()
+
+    def task(self, episode: int) -> str:
+        """The episode's instruction (its first task text; ``""`` when it has none)."""
+        return self._table.column("task")[episode].as_py()
+
+    def tasks(self) -> list[str]:
+        """Every episode's instruction (``task``), ``[num_episodes]``, in episode order."""
+        return self._table.column("task").to_pylist()
+
+    def episode_tasks(self, episode: int) -> list[str]:
+        """All task texts of the episode (the ``tasks`` column)."""
+        return self._table.column("tasks")[episode].as_py()
+
+    def row(self, episode: int) -> dict:
+        """The episode's index row as the format's dict (``INDEX_SCHEMA`` fields). O(row) Python
+        objects: for inspection and tests; readers use the arrays and lookups.
+        """
+        return self._table.slice(episode, 1).to_pylist()[0]
+
     def camera_names(self, episode: int) -> list[str]:
         a, b = self.episode_cams[episode], self.episode_cams[episode + 1]
         return self.cam_names.slice(int(a), int(b - a)).to_pylist()
 
-    def camera_streams(self, name: str) -> np.ndarray:
-        """int64 ``[num_episodes]``: the stream of camera ``name`` in every episode.
+    # -- members -----------------------------------------------------------------------------------
+
+    def members(self, episode: int) -> np.ndarray:
+        """int64 ``[m]``: flat member numbers of the episode, in tar order."""
+        return np.arange(self.episode_members[episode], self.episode_members[episode + 1], dtype=np.int64)
+
+    @functools.cached_property
+    def _data_members(self) -> np.ndarray:
+        is_data = pc.ends_with(self.member_names, "." + DATA_EXT).to_numpy(zero_copy_only=False)
+        hits = np.flatnonzero(is_data)
+        owner = np.searchsorted(self.episode_members, hits, side="right") - 1
+        out = np.full(self.num_episodes, -1, dtype=np.int64)
+        out[owner[::-1]] = hits[::-1]  # the first one of each episode (check_index allows exactly one)
+        return out
+
+    def data_member(self, episodes):
+        """Flat member number of each episode's table (its ``.parquet`` member: the one rule).
+
+        ``episodes``: int or int array. Returns int64 of the same shape (-1 for an episode without
+        one, which ``validate.check_index`` refuses).
+        """
+        return self._data_members[episodes]
+
+    def member_ranges(self, members) -> tuple[np.ndarray, np.ndarray]:
+        """Byte ranges ``[start, stop)`` in the shard of flat ``members`` (int array): two int64
+        arrays of its shape (the member's data, not its tar header).
+        """
+        members = np.asarray(members, dtype=np.int64)
+        return self.member_offset[members], self.member_offset[members] + self.member_size[members]
+
+    # -- camera streams ----------------------------------------------------------------------------
+
+    def camera_streams(self, name: str, episodes=None) -> np.ndarray:
+        """int64 ``[num_episodes]`` (or the shape of ``episodes``, an int array): the flat stream
+        number of camera ``name`` in every (or each given) episode.
 
         Raises:
-            KeyError: an episode has no such camera (naming the first one).
+            KeyError: an episode has no such camera (naming the first one, its number and key).
         """
-        names = self.cam_names.to_numpy(zero_copy_only=False)
-        hits = np.flatnonzero(names == name)
-        episode_of_stream = np.searchsorted(self.episode_cams, hits, side="right") - 1
+        hits = np.flatnonzero(pc.equal(self.cam_names, name).to_numpy(zero_copy_only=False))
         out = np.full(self.num_episodes, -1, dtype=np.int64)
-        out[episode_of_stream] = hits
-        if np.any(out < 0):
-            raise KeyError(f"episode {self.key(int(np.flatnonzero(out < 0)[0]))} has no camera {name!r}")
+        out[np.searchsorted(self.episode_cams, hits, side="right") - 1] = hits
+        if episodes is not None:
+            episodes = np.asarray(episodes, dtype=np.int64)
+            out = out[episodes]
+        missing = np.flatnonzero(np.ravel(out) < 0)
+        if missing.size:
+            e = int(missing[0] if episodes is None else np.ravel(episodes)[missing[0]])
+            raise KeyError(f"episode {e} ({self.key(e)}) has no camera {name!r}")
         return out
 
     def is_depth(self, name: str) -> bool:
@@ -232,12 +390,82 @@ class WindowIndex:
         """Flat camera-stream number of the episode's ``camera``-th camera (sorted by name)."""
         return int(self.episode_cams[episode] + camera)
 
-    def frames(self, stream: int, rows: np.ndarray) -> np.ndarray:
-        """Video frame numbers (int64) shown at the given table rows of a camera stream."""
-        start = self.r2f_offsets[stream]
-        if start == self.r2f_offsets[stream + 1]:  # regular: frame = first_frame + row
-            return self.cam_first_frame[stream] + rows
-        return self.row_to_frame[start + rows]
+    def time_base(self, stream: int) -> Fraction:
+        """Seconds per pts tick of a camera stream, exact."""
+        return Fraction(int(self.cam_time_base_num[stream]), int(self.cam_time_base_den[stream]))
+
+    def keyframes_of(self, stream: int) -> np.ndarray:
+        """int64 ``[k]``: the stream's keyframe numbers, ascending (frame 0 first)."""
+        return self.keyframes[self.key_offsets[stream] : self.key_offsets[stream + 1]]
+
+    def frames(self, streams, rows) -> np.ndarray:
+        """Video frame numbers (int64) shown at table ``rows`` of camera ``streams``.
+
+        ``streams``: an int, or an int array broadcast against ``rows`` (e.g. ``[N, 1]`` against
+        ``[N, K]``); ``rows``: int array. Returns int64 of the broadcast shape: ``first_frame + row``
+        for a regular stream, else ``row_to_frame[row]``.
+        """
+        if isinstance(streams, (int, np.integer)):  # one stream: the reader's per-window path
+            start = self.r2f_offsets[streams]
+            if start == self.r2f_offsets[streams + 1]:  # regular: frame = first_frame + row
+                return self.cam_first_frame[streams] + rows
+            return self.row_to_frame[start + rows]
+        streams, rows = np.broadcast_arrays(np.asarray(streams, np.int64), np.asarray(rows, np.int64))
+        start = self.r2f_offsets[streams]
+        irregular = start != self.r2f_offsets[streams + 1]
+        out = self.cam_first_frame[streams] + rows
+        if irregular.any():
+            out[irregular] = self.row_to_frame[start[irregular] + rows[irregular]]
+        return out
+
+    @functools.cached_property
+    def _keyframe_axis(self) -> tuple[np.ndarray, int]:
+        """Keyframes of all streams on one sorted axis, stream ``s`` shifted by ``s * span`` (span
+        above any frame number), so one ``searchsorted`` serves every stream.
+        """
+        span = int(max(self.cam_num_frames.max(initial=0), self.keyframes.max(initial=0))) + 1
+        stream_of_key = np.repeat(np.arange(self.key_offsets.size - 1, dtype=np.int64), np.diff(self.key_offsets))
+        return stream_of_key * span + self.keyframes, span
+
+    def keyframe_before(self, streams, frames):
+        """Last keyframe at or before each frame: where decoding has to start.
+
+        ``streams``: an int, or an int array broadcast against ``frames`` (int or int array).
+        Returns int64 of the broadcast shape (a numpy scalar for scalar arguments). A frame before
+        its stream's first keyframe (never written: frame 0 is a keyframe) counts from itself.
+        """
+        if isinstance(streams, (int, np.integer)):  # one stream: a slice of its keyframes
+            keys = self.keyframes[self.key_offsets[streams] : self.key_offsets[streams + 1]]
+            pos = np.searchsorted(keys, frames, side="right") - 1
+            if isinstance(frames, (int, np.integer)):
+                return keys[pos] if pos >= 0 else np.int64(frames)
+            return np.where(pos >= 0, keys[np.maximum(pos, 0)] if keys.size else 0, frames)
+        streams, frames = np.broadcast_arrays(np.asarray(streams, np.int64), np.asarray(frames, np.int64))
+        axis, span = self._keyframe_axis
+        pos = np.searchsorted(axis, streams * span + np.minimum(frames, span - 1), side="right") - 1
+        valid = pos >= self.key_offsets[streams]
+        return np.where(valid, self.keyframes[np.maximum(pos, 0)] if self.keyframes.size else 0, frames)
+
+    def decoded_frames(self, streams, frames) -> np.ndarray:
+        """Frames a sequential decoder decodes to return ``frames``: the decode cost, counted once
+        for the reader's telemetry and the balancer's cost model.
+
+        ``frames``: int64 ``[..., K]``, each row sorted ascending (duplicates cost nothing);
+        ``streams``: an int, or an int array of shape ``[...]`` (the stream of each row).
+        Returns int64 ``[...]`` (a numpy scalar for one row). The decoder starts at the keyframe
+        at or before the first frame and decodes up to it; for each next frame it decodes forward
+        from the previous one, or from a keyframe when one lies after the previous frame and at or
+        before the next (a seek, as torchcodec's ``get_frames_at`` does).
+        """
+        frames = np.asarray(frames, dtype=np.int64)
+        if frames.shape[-1] == 0:
+            return np.zeros(frames.shape[:-1], dtype=np.int64)
+        if not isinstance(streams, (int, np.integer)):
+            streams = np.asarray(streams, dtype=np.int64)[..., None]
+        key_before = np.asarray(self.keyframe_before(streams, frames), dtype=np.int64)
+        first = frames[..., 0] - key_before[..., 0] + 1
+        start = np.maximum(key_before[..., 1:], frames[..., :-1] + 1)
+        return first + np.sum(frames[..., 1:] - start + 1, axis=-1)
 
     def segment_edges(self, episode: int) -> np.ndarray:
         """int64 ``[k + 2]``: ``0``, the episode's ``segment_starts`` (k recording breaks), ``num_rows``;
@@ -285,12 +513,6 @@ class WindowIndex:
         flags[self.keyframes[self.key_offsets[stream] : self.key_offsets[stream + 1]]] = True
         return pts, duration, flags
 
-    def keyframe_before(self, stream: int, frame: int) -> int:
-        """Last keyframe at or before ``frame`` (where decoding has to start)."""
-        a, b = self.key_offsets[stream], self.key_offsets[stream + 1]
-        keys = self.keyframes[a:b]
-        return int(keys[np.searchsorted(keys, frame, side="right") - 1])
-
     def lookup(self, episode: int, rows: np.ndarray, camera: int = 0) -> CameraLookup:
         """Shard, byte range and frames of ``camera`` for the given rows of ``episode``."""
         s = self.stream(episode, camera)
@@ -300,7 +522,7 @@ class WindowIndex:
             offset=int(self.cam_offset[s]),
             size=int(self.cam_size[s]),
             frames=frames,
-            keyframe=self.keyframe_before(s, int(frames.min())),
+            keyframe=int(self.keyframe_before(s, int(frames.min()))),
         )
 
 

@@ -286,8 +286,7 @@ def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
     w.episode(_item_to_group(bad, index.episode_members, n), "members.offset/size", "lie outside the shard")
     if not n:
         return
-    members = pa.concat_arrays(index.table.column("members").chunks).flatten()
-    names = members.field("name")
+    names = index.member_names
     plain = pc.invert(
         pc.or_(pc.match_substring_regex(names, r"[/\\\x00]"), pc.is_in(names, value_set=pa.array(["", ".", ".."])))
     )
@@ -296,7 +295,7 @@ def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
         "members.name",
         "is not a plain file name",
     )
-    sha_ok = pc.match_substring_regex(members.field("sha256"), _SHA256_PATTERN).to_numpy(zero_copy_only=False)
+    sha_ok = pc.match_substring_regex(index.member_sha256, _SHA256_PATTERN).to_numpy(zero_copy_only=False)
     w.episode(_item_to_group(~sha_ok, index.episode_members, n), "members.sha256", "is not a sha256 hex digest")
     data = pc.ends_with(names, "." + fmt.DATA_EXT).to_numpy(zero_copy_only=False)
     w.episode(
@@ -328,10 +327,8 @@ def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) 
                 f"{w.where}: {found.get(name, 0)} episodes have camera {name}, the manifest's "
                 f"cameras.{name}.episodes says {episodes}"
             )
-    cams = pa.concat_arrays(index.table.column("cameras").chunks).flatten() if n else None
-    if n and "kind" in [f.name for f in cams.type]:
-        kinds = pc.is_in(cams.field("kind"), value_set=pa.array(fmt.CAMERA_KINDS)).to_numpy(zero_copy_only=False)
-        w.stream(~kinds, "kind", f"is not one of {fmt.CAMERA_KINDS}")
+    kinds = pc.is_in(index.cam_kind, value_set=pa.array(fmt.CAMERA_KINDS)).to_numpy(zero_copy_only=False)
+    w.stream(~kinds, "kind", f"is not one of {fmt.CAMERA_KINDS}")
     w.stream(index.cam_stream_index < -1, "stream_index", "is not a stream number", index.cam_stream_index)
     w.stream(
         (index.cam_width < 1)
@@ -428,13 +425,7 @@ def load_dataset_index(data, manifest: fmt.Manifest, where: str):
     from .index import WindowIndex
 
     check_digest(data, manifest.index.sha256, where, "index.sha256")
-    try:
-        table = pa.ipc.open_file(data).read_all()
-    except (pa.ArrowException, OSError) as exc:
-        raise FormatError(f"{where}: not an Arrow IPC file: {exc}") from None
-    check_index_version(table.schema, manifest.format_version, where)
-    check_index_table(table, where, shard_column=True)
-    index = WindowIndex.from_dataset_table(table)
+    index = WindowIndex.read_dataset_index(data, where, manifest.format_version)
     check_index(index, manifest.shards, manifest.camera_episodes(), where)
     return index
 
@@ -446,23 +437,19 @@ def load_shard_indexes(manifest: fmt.Manifest, read: Callable[[str], bytes], url
     Raises:
         FormatError: names the file and field.
     """
-    from .index import WindowIndex, read_table_bytes
+    from .index import WindowIndex
 
-    tables = []
-    for i, entry in enumerate(manifest.shards):
-        where = f"{url}/{entry.index}"
-        data = read(entry.index)
-        check_digest(data, entry.index_sha256, where, f"shards[{i}].index_sha256")
-        try:
-            table = read_table_bytes(data)
-        except (pa.ArrowException, OSError) as exc:
-            raise FormatError(f"{where}: not a Parquet file: {exc}") from None
-        check_index_version(table.schema, manifest.format_version, where)
-        check_index_table(table, where, shard_column=False)
-        tables.append(table.replace_schema_metadata(None))
-    if not tables:
+    if not manifest.shards:
         raise FormatError(f"{url}/{fmt.MANIFEST_NAME}: lists no shards")
-    index = WindowIndex(pa.concat_tables(tables), np.repeat(np.arange(len(tables)), [t.num_rows for t in tables]))
+
+    def checked():  # each file's digest is checked before it is parsed
+        for i, entry in enumerate(manifest.shards):
+            where = f"{url}/{entry.index}"
+            data = read(entry.index)
+            check_digest(data, entry.index_sha256, where, f"shards[{i}].index_sha256")
+            yield data, where
+
+    index = WindowIndex.read_shard_indexes(checked(), manifest.format_version)
     check_index(
         index, manifest.shards, manifest.camera_episodes(), f"{url}/*{fmt.INDEX_SUFFIX}"
     )  # DatasetSource.index_file names it alike

@@ -16,16 +16,14 @@ from __future__ import annotations
 import errno
 import hashlib
 import tarfile
-from fractions import Fraction
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import format as fmt
-from .index import WindowIndex, read_table_bytes
+from .index import WindowIndex
 from .storage import NotARegularFile, Storage
-from .validate import FormatError, check_index, check_index_table, check_index_version
+from .validate import FormatError, check_index
 from .video import check_frames
 
 
@@ -33,20 +31,22 @@ def _problem(shard: str, message: str, **where) -> dict:
     return {"shard": shard, **where, "message": message}
 
 
-def _check_video(data: bytes, cam: dict, tables: tuple, shard: str, key: str) -> list[dict]:
-    """``tables``: the stream's (pts, duration, keyframe flags), ``WindowIndex.frame_tables``; their
+def _check_video(data: bytes, index: WindowIndex, stream: int, shard: str, key: str) -> list[dict]:
+    """Decode a camera stream's video against its frame tables (``WindowIndex.frame_tables``); their
     bounds and the row-to-frame map were checked with the index (``validate.check_index``).
     """
-    problem = check_frames(data, *tables, Fraction(cam["time_base_num"], cam["time_base_den"]), cam.get("stream_index"))
+    tables = index.frame_tables(stream)
+    problem = check_frames(data, *tables, index.time_base(stream), int(index.cam_stream_index[stream]))
     if problem is None:
         return []
-    return [_problem(shard, f"the frame table disagrees with the video: {problem}", episode=key, camera=cam["name"])]
+    name = index.cam_names[stream].as_py()
+    return [_problem(shard, f"the frame table disagrees with the video: {problem}", episode=key, camera=name)]
 
 
 def _check_shard(
     storage: Storage, entry: fmt.ShardEntry, manifest: fmt.Manifest, decode: bool
-) -> tuple[list[dict], pa.Table | None]:
-    """Problems of one shard, and its index table when that is sound (else None)."""
+) -> tuple[list[dict], WindowIndex | None]:
+    """Problems of one shard, and its index when that is sound (else None)."""
     shard = entry.shard
     for name in (shard, entry.index):
         if not storage.exists(name):
@@ -61,25 +61,20 @@ def _check_shard(
     if hashlib.sha256(index_bytes).hexdigest() != entry.index_sha256:
         problems.append(_problem(shard, f"index {entry.index} sha256 differs from the manifest"))
     try:
-        table = read_table_bytes(index_bytes)
-        check_index_version(table.schema, manifest.format_version, storage.path(entry.index))
-        table = table.replace_schema_metadata(None)
-        check_index_table(table, storage.path(entry.index), shard_column=False)
-        index = WindowIndex(table, np.zeros(table.num_rows, dtype=np.int32))
+        index = WindowIndex.read_shard_indexes([(index_bytes, storage.path(entry.index))], manifest.format_version)
         cameras = dict.fromkeys(manifest.cameras)  # per-camera episode counts are dataset-wide: not checked here
         check_index(index, [entry], cameras, storage.path(entry.index))
     except (pa.ArrowException, FormatError) as exc:
         return [*problems, _problem(shard, f"index {entry.index} does not read: {exc}")], None
-    rows = table.to_pylist()
     try:
         with storage.open(shard) as f, tarfile.open(fileobj=f) as tar:
             members = {m.name: m for m in tar.getmembers()}
             order = [m.name for m in tar.getmembers()]
-            for episode, row in enumerate(rows):
-                problems += _check_episode(f, members, order, row, shard, index if decode else None, episode)
+            for episode in range(index.num_episodes):
+                problems += _check_episode(f, members, order, index, shard, episode, decode)
     except tarfile.TarError as exc:
         problems.append(_problem(shard, f"tar does not parse: {exc}"))
-    return problems, table
+    return problems, index
 
 
 def _sha256(f) -> str:
@@ -90,48 +85,49 @@ def _sha256(f) -> str:
 
 
 def _check_episode(
-    f, members: dict, order: list[str], row: dict, shard: str, index: WindowIndex | None, episode: int
+    f, members: dict, order: list[str], index: WindowIndex, shard: str, episode: int, decode: bool
 ) -> list[dict]:
-    """Problems of one episode (row ``episode`` of the shard's index); its videos are decoded when
-    ``index`` is given.
-    """
-    key, problems = row["key"], []
-    names = [m["name"] for m in row["members"]]
+    """Problems of one episode of the shard's index; its videos are decoded when ``decode``."""
+    key, problems = index.key(episode), []
+    numbers = index.members(episode)
+    names = index.member_names.take(numbers).to_pylist()
     if any(n not in members for n in names):
         return [_problem(shard, f"members missing from the tar: {[n for n in names if n not in members]}", episode=key)]
     first = order.index(names[0])
     if order[first : first + len(names)] != names:
         problems.append(_problem(shard, "episode members are not contiguous in index order", episode=key))
+    starts, stops = index.member_ranges(numbers)
+    shas = index.member_sha256.take(numbers).to_pylist()
     blobs = {}
-    for m in row["members"]:
-        info = members[m["name"]]
-        if (info.offset_data, info.size) != (m["offset"], m["size"]):
+    for m, name, start, stop, sha in zip(numbers.tolist(), names, starts.tolist(), stops.tolist(), shas, strict=True):
+        info = members[name]
+        if (info.offset_data, info.size) != (start, stop - start):
             problems.append(
                 _problem(
                     shard,
-                    f"member {m['name']} at ({info.offset_data}, {info.size}) in the tar, "
-                    f"index says ({m['offset']}, {m['size']})",
+                    f"member {name} at ({info.offset_data}, {info.size}) in the tar, index says ({start}, {stop - start})",
                     episode=key,
                 )
             )
             continue
-        f.seek(m["offset"])
-        blobs[m["name"]] = data = f.read(m["size"])
-        if hashlib.sha256(data).hexdigest() != m["sha256"]:
-            problems.append(_problem(shard, f"member {m['name']} sha256 differs from the index", episode=key))
-    data = next((blobs.get(m["name"]) for m in row["members"] if m["name"].endswith("." + fmt.DATA_EXT)), None)
+        f.seek(start)
+        blobs[m] = data = f.read(stop - start)
+        if hashlib.sha256(data).hexdigest() != sha:
+            problems.append(_problem(shard, f"member {name} sha256 differs from the index", episode=key))
+    data = blobs.get(int(index.data_member(episode)))
     if data is not None:
         try:
             rows = pq.read_metadata(pa.BufferReader(data)).num_rows
-            if rows != row["num_rows"]:
-                problems.append(_problem(shard, f"table holds {rows} rows, index says {row['num_rows']}", episode=key))
+            if rows != index.num_rows[episode]:
+                problems.append(
+                    _problem(shard, f"table holds {rows} rows, index says {index.num_rows[episode]}", episode=key)
+                )
         except pa.ArrowException as exc:
             problems.append(_problem(shard, f"table does not read: {exc}", episode=key))
-    if index is not None:
-        for c, cam in enumerate(row["cameras"]):
-            name = row["members"][cam["member"]]["name"]
-            if name in blobs:
-                problems += _check_video(blobs[name], cam, index.frame_tables(index.stream(episode, c)), shard, key)
+    if decode:
+        for s in range(index.episode_cams[episode], index.episode_cams[episode + 1]):
+            if int(index.stream_member[s]) in blobs:
+                problems += _check_video(blobs[int(index.stream_member[s])], index, s, shard, key)
     return problems
 
 
@@ -158,15 +154,15 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None) 
             "problems": [{"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {root} (conversion unfinished?)"}],
         }
     manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), f"{storage.url}/{fmt.MANIFEST_NAME}")
-    problems, tables = [], []
+    problems, indexes = [], []
     for entry in manifest.shards:
         try:
-            found, table = _check_shard(storage, entry, manifest, decode)
+            found, index = _check_shard(storage, entry, manifest, decode)
         except NotARegularFile as exc:
-            found, table = [_problem(entry.shard, str(exc))], None
+            found, index = [_problem(entry.shard, str(exc))], None
         problems += found
-        tables.append(table)
-    problems += _check_dataset_index(storage, manifest, tables)
+        indexes.append(index)
+    problems += _check_dataset_index(storage, manifest, indexes)
     return {
         "ok": not problems,
         "shards": len(manifest.shards),
@@ -175,9 +171,11 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None) 
     }
 
 
-def _check_dataset_index(storage: Storage, manifest: fmt.Manifest, shard_tables: list) -> list[dict]:
+def _check_dataset_index(
+    storage: Storage, manifest: fmt.Manifest, shard_indexes: list[WindowIndex | None]
+) -> list[dict]:
     """``index.arrow``: sha256 as in the manifest, the format's schema, values in bounds, and the
-    same rows as the per-shard indexes (``shard_tables``, None where a shard's index is unsound).
+    same rows as the per-shard indexes (``shard_indexes``, None where a shard's index is unsound).
     """
     name = manifest.index.file
     where = storage.path(name)
@@ -187,17 +185,11 @@ def _check_dataset_index(storage: Storage, manifest: fmt.Manifest, shard_tables:
         data = storage.read(name)
         if hashlib.sha256(data).hexdigest() != manifest.index.sha256:
             return [{"shard": None, "message": f"{name} sha256 differs from the manifest"}]
-        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-        check_index_version(table.schema, manifest.format_version, where)
-        check_index_table(table, where, shard_column=True)
-        check_index(WindowIndex.from_dataset_table(table), manifest.shards, manifest.camera_episodes(), where)
+        index = WindowIndex.read_dataset_index(pa.py_buffer(data), where, manifest.format_version)
+        check_index(index, manifest.shards, manifest.camera_episodes(), where)
     except (FormatError, pa.ArrowException, NotARegularFile) as exc:
         return [{"shard": None, "message": f"{name}: {exc}"}]
-    if all(t is not None for t in shard_tables) and shard_tables:
-        shards = pa.concat_tables(shard_tables)
-        expected_shard = np.repeat(np.arange(len(shard_tables), dtype=np.int32), [t.num_rows for t in shard_tables])
-        if not table.drop_columns(["shard"]).replace_schema_metadata(None).equals(shards) or not np.array_equal(
-            table.column("shard").to_numpy(), expected_shard
-        ):
-            return [{"shard": None, "message": f"{name} differs from the per-shard indexes"}]
+    sound = [ix for ix in shard_indexes if ix is not None]
+    if sound and len(sound) == len(shard_indexes) and not index.equals(WindowIndex.concat_shards(sound)):
+        return [{"shard": None, "message": f"{name} differs from the per-shard indexes"}]
     return []

@@ -20,20 +20,6 @@ import torch
 from epishard.shardwriter.video import frame_stream, open_decoder
 
 
-def decoded_frames(frames: np.ndarray, keyframes: np.ndarray) -> int:
-    """Frames a sequential decoder decodes to return the sorted unique ``frames``.
-
-    It starts at the keyframe at or before the first frame; for each next frame it decodes forward,
-    or jumps to a keyframe when one lies after the previous frame and at or before the next.
-    Used for telemetry (frames decoded per frame returned) and as a decode-cost estimate.
-    """
-    if frames.size == 0:
-        return 0
-    key_before = keyframes[np.searchsorted(keyframes, frames, side="right") - 1]
-    start = np.maximum(key_before[1:], frames[:-1] + 1)
-    return int(frames[0] - key_before[0] + 1 + np.sum(frames[1:] - start + 1))
-
-
 class DecodeError(RuntimeError):
     """A video member did not decode; the message names the episode key and camera."""
 

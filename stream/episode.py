@@ -14,7 +14,7 @@ import torch
 from epishard.shardwriter.index import WindowIndex, read_table_bytes
 from epishard.shardwriter.stats import numeric_matrix
 
-from .decode import DecodeError, decode, decode_depth, decoded_frames
+from .decode import DecodeError, decode, decode_depth
 from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
@@ -123,13 +123,9 @@ class LoadedEpisode:
         key, n = index.key(episode), int(index.num_rows[episode])
         names = index.camera_names(episode)
         streams = {cam: index.stream(episode, names.index(cam)) for cam in cam_offsets}
-        m0 = int(index.episode_members[episode])
-        video_members = {m0 + int(index.cam_member[s]) for s in streams.values()}
         fps = float(index.fps[episode])
         try:
-            columns = _columns(
-                read_table_bytes(next(b for m, b in blobs.items() if m not in video_members)), n, fps, spec, normalizers
-            )
+            columns = _columns(read_table_bytes(blobs[int(index.data_member(episode))]), n, fps, spec, normalizers)
         except (pa.ArrowException, KeyError, ValueError, TypeError) as exc:
             raise DecodeError(
                 f"episode {key}: its table does not read as the index describes: {type(exc).__name__}: {exc}"
@@ -146,8 +142,8 @@ class LoadedEpisode:
             unique = np.unique(index.frames(s, rows))
             t1 = time.perf_counter()
             pts, duration, keyflags = index.frame_tables(s)
-            keys = index.keyframes[index.key_offsets[s] : index.key_offsets[s + 1]]
-            where, data = f"episode {key} camera {cam}", blobs[m0 + int(index.cam_member[s])]
+            keys = index.keyframes_of(s)
+            where, data = f"episode {key} camera {cam}", blobs[int(index.stream_member[s])]
             if index.cam_depth[s]:
                 decoded = decode_depth(
                     data,
@@ -176,12 +172,12 @@ class LoadedEpisode:
                 postprocess_s=decoded.post_s,
                 decoder_opens=1,
                 decode_calls=decoded.calls,
-                frames_decoded=decoded_frames(unique, keys),
+                frames_decoded=int(index.decoded_frames(s, unique)),
                 frames_unique=unique.size,
             )
         info = EpisodeInfo(
-            task=index.table.column("task")[episode].as_py(),
-            episode_index=int(index.table.column("episode_index")[episode].as_py()),
+            task=index.task(episode),
+            episode_index=int(index.episode_index[episode]),
             key=key,
             fps=fps,
             streams=streams,

@@ -25,6 +25,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from epishard.shardwriter.errors import check_choice
 from epishard.shardwriter.storage import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, NotARegularFile
 
@@ -356,12 +358,8 @@ def episode_ranges(index, episode: int, cameras: list[int]) -> EpisodeRanges:
     """The data member and the given camera streams of ``episode``: their shard, byte ranges, sha256s
     and member numbers (in tar order).
     """
-    from epishard.shardwriter.format import DATA_EXT
-
-    m0 = int(index.episode_members[episode])
-    names = index.table.column("members")[episode].values.field("name").to_pylist()
-    shas = index.table.column("members")[episode].values.field("sha256").to_pylist()
-    data = m0 + next(i for i, n in enumerate(names) if n.endswith("." + DATA_EXT))
-    members = sorted({data, *(m0 + int(index.cam_member[s]) for s in cameras)})
-    ranges = [(int(index.member_offset[m]), int(index.member_offset[m] + index.member_size[m])) for m in members]
-    return EpisodeRanges(int(index.shard[episode]), ranges, [shas[m - m0] for m in members], members)
+    members = np.unique(np.append(index.stream_member[cameras], index.data_member(episode)))
+    start, stop = index.member_ranges(members)
+    shas = index.member_sha256.take(members).to_pylist()
+    ranges = list(zip(start.tolist(), stop.tolist(), strict=True))
+    return EpisodeRanges(int(index.shard[episode]), ranges, shas, members.tolist())

@@ -106,7 +106,7 @@ def write_manifest(root: str, data) -> None:
 def video_member(root: str, shard: int, episode_in_shard: int = 0) -> dict:
     """The index entry (name, offset, size, sha256) of a video member of a shard's episode."""
     index = WindowIndex.load_dataset(root)
-    rows = [r for r, s in zip(index.table.to_pylist(), index.shard.tolist(), strict=False) if s == shard]
+    rows = [index.row(e) for e in range(index.num_episodes) if index.shard[e] == shard]
     return next(m for m in rows[episode_in_shard]["members"] if m["name"].endswith(".mp4"))
 
 

@@ -149,7 +149,7 @@ def test_breaks_are_reported_and_indexed(broken):
     assert [(w.episode, w.row, w.camera) for w in report.warnings] == [(1, RESET, None), (1, JUMP, None)]
     assert "skips 10.0 frame periods" in report.warnings[1].message
     index = WindowIndex.load_dataset(out)
-    assert index.table.column("segment_starts").to_pylist() == [[], [RESET, JUMP], []]
+    assert [index.row(e)["segment_starts"] for e in range(index.num_episodes)] == [[], [RESET, JUMP], []]
     lo, hi = index.segment_bounds(1, np.arange(ROWS))
     want = np.concatenate([[(a, b)] * (b - a) for a, b in BREAK_SEGMENTS])
     assert lo.tolist() == want[:, 0].tolist() and hi.tolist() == want[:, 1].tolist()
@@ -208,7 +208,8 @@ def test_a_steady_other_rate_or_unit_is_not_a_break_but_a_pause_in_it_is(tmp_pat
         ("rec", 1, "timestamps_past_end"),
         ("rec", 2, "timestamps_past_end"),
     ]
-    assert WindowIndex.load_dataset(str(tmp_path)).table.column("segment_starts").to_pylist() == [[], [30], [], []]
+    index = WindowIndex.load_dataset(str(tmp_path))
+    assert [index.row(e)["segment_starts"] for e in range(index.num_episodes)] == [[], [30], [], []]
     # Every row still anchors a window, and shows its own frame.
     ds = WindowDataset(str(tmp_path), WindowSpec(cameras={CAM: (-1, 0)}, action_horizon=1), shuffle_windows=0)
     got = sorted(

@@ -43,7 +43,6 @@ import sys
 import time
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,7 +58,6 @@ from epishard.balance import (
     step_stats,
     stratified_order,
 )
-from epishard.shardwriter.format import INDEX_SCHEMA
 from epishard.shardwriter.index import WindowIndex
 from epishard.stream.plan import EpisodeTable, buffer_shuffle, global_plan, rng_for, worker_plan
 
@@ -197,7 +195,7 @@ def synthetic_index(meta: dict) -> WindowIndex:
                 "window_stop": n,
             }
         )
-    return WindowIndex(pa.Table.from_pylist(rows, schema=INDEX_SCHEMA), np.zeros(len(rows), dtype=np.int32))
+    return WindowIndex.from_rows(rows)
 
 
 def dataset_spec(meta: dict):

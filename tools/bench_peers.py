@@ -254,7 +254,6 @@ class _SpanDecoder:
         from torchcodec.decoders import VideoDecoder
 
         from epishard.shardwriter.stats import numeric_matrix
-        from epishard.stream.decode import decoded_frames
 
         ix, n = self.index, int(self.index.num_rows[episode])
         names = ix.camera_names(episode)
@@ -277,10 +276,9 @@ class _SpanDecoder:
             rows, pad = _clamped(anchor + offsets, n)
             sample[cam] = frames[torch.from_numpy(np.searchsorted(span, ix.frames(s, rows)))]
             sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
-            keys = ix.keyframes[ix.key_offsets[s] : ix.key_offsets[s + 1]]
             counters["decode_s"] += t1 - t0
             counters["postprocess_s"] += t2 - t1
-            counters["frames_decoded"] += decoded_frames(span, keys)
+            counters["frames_decoded"] += int(ix.decoded_frames(s, span))
             counters["frames_returned"] += offsets.size
             counters["frames_unique"] += span.size
             counters["decoder_opens"] += 1
@@ -364,9 +362,10 @@ class NaiveWindows(_SpanDecoder):
         anchor = int(i - self.start[episode])
         counters = dict.fromkeys(COUNTERS, 0.0)
         t = time.perf_counter()
-        m0, shard = int(ix.episode_members[episode]), int(ix.shard[episode])
+        shard = int(ix.shard[episode])
         names = ix.camera_names(episode)
-        table_bytes = self._read(shard, int(ix.member_offset[m0 + 1]), int(ix.member_size[m0 + 1]))
+        start, stop = ix.member_ranges(ix.data_member(episode))
+        table_bytes = self._read(shard, int(start), int(stop - start))
         videos = {}
         for cam in self.cameras:
             s = ix.stream(episode, names.index(cam))
@@ -936,12 +935,11 @@ def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | Non
 
 def expected_decoded_per_returned(shards: str) -> float:
     """LeRobot decodes, per sample and camera, from the keyframe before each requested frame run
-    (torchcodec batch API): the same count ``stream.decode.decoded_frames`` gives, averaged over
+    (torchcodec batch API): the same count ``WindowIndex.decoded_frames`` gives, averaged over
     every anchor (LeRobot samples anchors uniformly)."""
     import numpy as np
 
     from epishard.shardwriter import WindowIndex
-    from epishard.stream.decode import decoded_frames
 
     ix = WindowIndex.load_dataset(shards)
     decoded = returned = 0
@@ -949,10 +947,9 @@ def expected_decoded_per_returned(shards: str) -> float:
         n = int(ix.num_rows[e])
         for c in range(len(ix.camera_names(e))):
             s = ix.stream(e, c)
-            keys = ix.keyframes[ix.key_offsets[s] : ix.key_offsets[s + 1]]
             for a in range(n):
                 rows, _ = _clamped(a + np.arange(0, SPAN, STEP), n)
-                decoded += decoded_frames(np.unique(ix.frames(s, rows)), keys)
+                decoded += int(ix.decoded_frames(s, np.unique(ix.frames(s, rows))))
                 returned += FRAMES
     return decoded / max(returned, 1)
 

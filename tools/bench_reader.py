@@ -53,7 +53,7 @@ Real datasets come from ../shared/data (or ``$EPISHARD_SHARED_DATA``), converted
 with a line saying so. Before timing, one untimed pass checks that reader and baseline return
 identical tensors (and, on generated videos, the frame number drawn in every returned frame). The
 reader's own telemetry (frames decoded per sample, decoder opens, stage seconds) is reported from
-the timed rounds; the baseline's frames decoded are counted the same way (``decoded_frames``).
+the timed rounds; the baseline's frames decoded are counted the same way (``WindowIndex.decoded_frames``).
 
 Commands (from the repository root):
 
@@ -100,7 +100,7 @@ from epishard.shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME
 from epishard.shardwriter.index import dataset_index_bytes
 from epishard.shardwriter.video import frame_mappings
 from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
-from epishard.stream.decode import decode, decoded_frames
+from epishard.stream.decode import decode
 from epishard.stream.plan import worker_plan
 
 SIZE = (224, 224)
@@ -285,7 +285,6 @@ class Naive:
         for cam, offsets in self.cams.items():
             c = names.index(cam)
             s = ix.stream(episode, c)
-            keys = ix.keyframes[ix.key_offsets[s] : ix.key_offsets[s + 1]]
             if self.mode == "span":
                 lo, hi = int(offsets.min()), int(offsets.max())
                 look = ix.lookup(episode, anchor + np.arange(lo, hi + 1), c)
@@ -297,7 +296,7 @@ class Naive:
                 else:
                     batch = decoder.get_frames_at(f.tolist()).data
                 self.decoder_opens += 1
-                self.frames_decoded += decoded_frames(np.unique(f), keys)
+                self.frames_decoded += int(ix.decoded_frames(s, np.unique(f)))
                 out[cam] = resize(batch, SIZE)[torch.from_numpy(offsets - lo)]
             else:
                 look = ix.lookup(episode, anchor + offsets, c)
@@ -309,7 +308,7 @@ class Naive:
                     decoder = VideoDecoder(data, dimension_order="NCHW", num_ffmpeg_threads=1)
                     parts.append(resize(decoder.get_frames_at(f.tolist()).data, SIZE))
                     self.decoder_opens += 1
-                    self.frames_decoded += decoded_frames(np.unique(f), keys)
+                    self.frames_decoded += int(ix.decoded_frames(s, np.unique(f)))
                 out[cam] = torch.cat(parts)
         return out
 
@@ -329,7 +328,7 @@ def check(reader_samples, naive_samples, wins, cams, synthetic: bool, ds: Window
 
     ix = ds.sources[0].index
     for r, n, (e, a) in zip(reader_samples, naive_samples, wins, strict=False):
-        if int(r["episode_index"]) != int(ix.table.column("episode_index")[e].as_py()):
+        if int(r["episode_index"]) != int(ix.episode_index[e]):
             raise AssertionError(f"reader sample is episode {r['episode_index']}, plan says {e}")
         for cam, offsets in cams.items():
             if r[cam].shape != n[cam].shape or not torch.equal(r[cam], n[cam]):
@@ -663,7 +662,7 @@ def _videos_of(root: str, folder: str, first_camera_only: bool = False) -> list[
                     "path": path,
                     "tables": ix.frame_tables(s),
                     "n": int(ix.cam_num_frames[s]),
-                    "codec": ix.table.column("cameras")[e][c]["codec"].as_py(),
+                    "codec": ix.cam_codec[s].as_py(),
                     "size": f"{int(ix.cam_width[s])}x{int(ix.cam_height[s])}",
                 }
             )

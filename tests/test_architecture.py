@@ -1,0 +1,180 @@
+"""Architecture rules, checked on the source code (issue 15's acceptance: "grep proves it").
+
+Each rule is a function ``rule(path, tree) -> list[Violation]`` over one parsed module of the
+scanned packages, plus a test that runs it over every module (failing with ``file:line: why`` for
+each violation) and a test that it catches a known-bad snippet (so a rule that cannot fail is
+noticed). To add a rule: write its function, add it to the ``test_packages_follow`` parametrisation
+with its bad snippet in ``test_rule_catches_a_bad_snippet``.
+
+Scanned: every ``*.py`` file under ``shardwriter/``, ``stream/``, ``balance/``, ``epishard/`` and
+``tools/`` (not ``tests/``: tests forge damaged indexes on purpose).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("shardwriter", "stream", "balance", "epishard", "tools")
+INDEX_MODULE = Path("shardwriter/index.py")
+
+
+@dataclass(frozen=True)
+class Violation:
+    path: Path  # relative to the repository root
+    line: int
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.why}"
+
+
+def source_files() -> list[Path]:
+    """Every scanned module, relative to the repository root, sorted."""
+    return sorted(p.relative_to(ROOT) for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+@functools.cache
+def parse(path: Path) -> ast.Module:
+    return ast.parse((ROOT / path).read_text(), filename=str(path))
+
+
+def _last_name(node: ast.expr) -> str:
+    """The identifier an expression ends in: ``index`` for ``self.sources[0].index``, else ``""``."""
+    while isinstance(node, (ast.Subscript, ast.Call)):
+        node = node.value if isinstance(node, ast.Subscript) else node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+# --- rule 1: WindowIndex is the only view of the index ----------------------------------------------
+
+
+@functools.cache
+def window_index_private_names() -> frozenset[str]:
+    """Private attributes and methods of ``WindowIndex`` (``_table``, ``_from_dataset_table``, ...),
+    read from ``shardwriter/index.py``: methods defined in the class, attributes assigned on ``self``.
+    """
+    cls = next(n for n in parse(INDEX_MODULE).body if isinstance(n, ast.ClassDef) and n.name == "WindowIndex")
+    names = {f.name for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            names.add(node.attr)
+    return frozenset(n for n in names if n.startswith("_") and not n.startswith("__"))
+
+
+# Names taken for an index (a ``WindowIndex``, an index file or its bytes): ``index``, ``ix``, ``idx``,
+# ``index_file``, ``dataset_index``, ``shard_ix``, ... but not the format's ``*_index`` columns.
+INDEX_NAME = re.compile(r"^(index|ix|idx)(_\w+)?$|^\w+_(index|ix)$|\.index\.parquet$|^index\.arrow$")
+COLUMNS = {"episode_index", "frame_index", "task_index", "stream_index"}
+ARROW_IPC_READERS = {
+    ("ipc", "open_file"),
+    ("ipc", "open_stream"),
+    ("feather", "read_table"),
+    ("feather", "read_feather"),
+}
+PARQUET_READERS = {"read_table_bytes", "read_table", "ParquetFile", "read_schema", "read_metadata"}
+
+
+def _is_index_name(name: str) -> bool:
+    return bool(INDEX_NAME.search(name)) and name not in COLUMNS
+
+
+def _source_names(node: ast.expr) -> set[str]:
+    """Identifiers and string keys an expression reads from: ``{"storage", "read", "entry", "index"}``
+    for ``storage.read(entry["index"])``; computed subscripts (``blobs[member]``) are not followed.
+    """
+    if isinstance(node, ast.Name):
+        return {node.id}
+    if isinstance(node, ast.Attribute):
+        return {node.attr} | _source_names(node.value)
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+        return _source_names(node.value) | (
+            {key.value} if isinstance(key, ast.Constant) and isinstance(key.value, str) else set()
+        )
+    if isinstance(node, ast.Call):
+        return _source_names(node.func).union(*map(_source_names, node.args))
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    return set()
+
+
+def index_table_access(path: Path, tree: ast.Module) -> list[Violation]:
+    """Outside ``shardwriter/index.py``, nothing reaches the index's Arrow table:
+
+    - no private attribute or method of ``WindowIndex`` (``x._table``, ``x._from_dataset_table``, ...);
+    - no ``.table`` of an index (a receiver named ``index``, ``ix``, ``idx``, ``*_index``, ``*_ix``);
+    - no ``WindowIndex(...)`` call (its constructor takes the Arrow table);
+    - no Arrow IPC read (``pa.ipc.open_file``/``open_stream``, ``feather.read_table``/``read_feather``):
+      ``index.arrow`` is the format's only Arrow IPC file;
+    - no Parquet read (``read_table_bytes``, ``pq.read_table``, ``ParquetFile``, ``read_schema``,
+      ``read_metadata``) of something named as an index (``read_table_bytes(index_file)``,
+      ``pq.read_table(entry["index"])``).
+    """
+    if path == INDEX_MODULE:
+        return []
+    private = window_index_private_names()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            if node.attr in private:
+                out.append(Violation(path, node.lineno, f"private WindowIndex member .{node.attr}"))
+            elif node.attr == "table" and _is_index_name(_last_name(node.value)):
+                out.append(Violation(path, node.lineno, f"the index's Arrow table: {ast.unparse(node)}"))
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        owner = _last_name(func.value) if isinstance(func, ast.Attribute) else ""
+        if called == "WindowIndex":
+            out.append(Violation(path, node.lineno, "WindowIndex(table, ...) built from an Arrow table"))
+        elif (owner, called) in ARROW_IPC_READERS:
+            out.append(Violation(path, node.lineno, f"Arrow IPC read (index.arrow's format): {ast.unparse(func)}"))
+        elif called in PARQUET_READERS and node.args and any(map(_is_index_name, _source_names(node.args[0]))):
+            out.append(Violation(path, node.lineno, f"Parquet read of an index: {ast.unparse(node)[:80]}"))
+    return sorted(out, key=lambda v: v.line)
+
+
+# --- the tests -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", [index_table_access], ids=lambda r: r.__name__)
+def test_packages_follow(rule):
+    files = source_files()
+    assert INDEX_MODULE in files and len(files) > 40  # the scan sees the packages
+    found = [str(v) for path in files for v in rule(path, parse(path))]
+    assert not found, f"{rule.__name__}: {(rule.__doc__ or '').strip().splitlines()[0]}\n" + "\n".join(found)
+
+
+BAD_SNIPPETS = {
+    index_table_access: (
+        "import pyarrow as pa\n"
+        "task = index.table.column('task')\n"  # 2
+        "rows = source.index._table.to_pylist()\n"  # 3
+        "ix = WindowIndex(table, shards)\n"  # 4
+        "t = pa.ipc.open_file(data).read_all()\n"  # 5
+        "rows = read_table_bytes(index_file)\n"  # 6
+        "t = pq.read_table(storage.read(entry['index']))\n"  # 7
+        "ok = self.table.lo\n"  # not an index: EpisodeTable
+        "t = read_table_bytes(blobs[member])\n"  # an episode's table, not the index
+        "key = index.key(0)\n"
+        "t = pq.read_table(path, columns=['episode_index'])\n",
+        [2, 3, 4, 5, 6, 7],
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", list(BAD_SNIPPETS), ids=lambda r: r.__name__)
+def test_rule_catches_a_bad_snippet(rule):
+    source, lines = BAD_SNIPPETS[rule]
+    found = rule(Path("stream/bad.py"), ast.parse(source))
+    assert sorted(v.line for v in found) == lines, [str(v) for v in found]
+    assert all(str(v).startswith(f"stream/bad.py:{v.line}: ") for v in found)
