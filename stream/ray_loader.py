@@ -87,6 +87,7 @@ class ConsumerActor:
         self.worker, self.num_workers, self.batch_size = worker, num_workers, batch_size
         self.collate = collate_fn or default_collate
         self.samples = iter(())
+        self.first = True
 
     def start(self, dataset: WindowDataset) -> int:
         from torch.utils.data._utils import worker as torch_worker
@@ -96,6 +97,7 @@ class ConsumerActor:
             id=self.worker, num_workers=self.num_workers, seed=dataset.seed, dataset=dataset
         )
         self.samples = iter(dataset)
+        self.first = True
         return self.worker
 
     def next_batch(self):
@@ -104,7 +106,8 @@ class ConsumerActor:
         if not samples:
             return None
         batch = _to_numpy(self.collate(samples))
-        return batch, {"busy_s": time.perf_counter() - t, "samples": len(samples)}
+        first, self.first = self.first, False  # the first batch also plans and opens the first shards
+        return batch, {"busy_s": time.perf_counter() - t, "samples": len(samples), "first": first}
 
     def pid(self) -> int:
         import os
@@ -122,7 +125,6 @@ class _Consumer:
     received: int = 0  # samples the trainer has yielded from it in this iteration
     outstanding: list = field(default_factory=list)  # ObjectRefs of requested batches, in order
     done: bool = False
-    restarts: int = 0
 
 
 class RayWindowLoader:
@@ -183,15 +185,16 @@ class RayWindowLoader:
         options = {"num_cpus": 1, **(actor_options or {}), "max_restarts": max_restarts, "max_task_retries": 0}
         cls = ray.remote(ConsumerActor).options(**options)
         self._actors = [cls.remote(w, num_workers, batch_size) for w in range(num_workers)]
+        self._restarts = [0] * num_workers  # per actor, over the loader's life (Ray's max_restarts counts so)
         self._epoch = dataset.epoch
         self._skip = [0] * num_workers  # per consumer, samples of self._epoch yielded before this iteration
         self._rotation = 0  # the consumer whose batch comes first
         self._consumers: list[_Consumer] = []
         self._batches = 0
         self._running: object | None = None
-        self._stats = {"wait_s": [], "queue_depth": [], "transfer_s": [], "busy_s": [0.0] * num_workers}
-        self._stats["samples"] = [0] * num_workers
+        self._stats: dict = {}
         self._t_start: float | None = None
+        self.reset_telemetry()
         self._origin: tuple[list[int], int] = ([0] * num_workers, 0)  # (skip, rotation) this iteration began at
 
     def __len__(self) -> int:
@@ -225,17 +228,18 @@ class RayWindowLoader:
     def _restart(self, consumer: _Consumer, error: Exception) -> None:
         """Start a restarted actor at the consumer's first window not yet yielded."""
         ray = _import_ray()
-        consumer.restarts += 1
+        self._restarts[consumer.index] += 1
         self._stats["restarts"][consumer.index] += 1
         position = consumer.skip + consumer.received
         rank, world = self._world()
         if position >= self.dataset.windows_per_consumer(self._epoch, world, self.num_workers):
             consumer.done, consumer.outstanding = True, []  # it died after its last batch: nothing is lost
             return
-        if consumer.restarts > self.max_restarts:
+        if self._restarts[consumer.index] > self.max_restarts:
             raise RuntimeError(
                 f"RayWindowLoader: the actor of rank {rank} consumer {consumer.index} failed "
-                f"{consumer.restarts} times in epoch {self._epoch} ({position} samples of it yielded): {error}"
+                f"{self._restarts[consumer.index]} times (max_restarts={self.max_restarts}); in epoch "
+                f"{self._epoch} {position} samples of this consumer were yielded: {error}"
             ) from error
         consumed = [0] * self.num_workers
         consumed[consumer.index] = position
@@ -251,7 +255,7 @@ class RayWindowLoader:
                 time.sleep(0.2)
 
     def _next(self, consumer: _Consumer):
-        """The consumer's next batch (converted), or None when it has none left; restarts a dead actor."""
+        """The consumer's next batch (numpy arrays, as sent), or None when it has none left; restarts a dead actor."""
         ray = _import_ray()
         while True:
             ref = consumer.outstanding.pop(0)
@@ -268,8 +272,11 @@ class RayWindowLoader:
                 consumer.outstanding = []
                 return None
             batch, info = result
-            self._stats["busy_s"][consumer.index] += info["busy_s"]
-            self._stats["samples"][consumer.index] += info["samples"]
+            if info["first"]:
+                self._stats["first_batch_s"].append(info["busy_s"])
+            else:
+                self._stats["busy_s"][consumer.index] += info["busy_s"]
+                self._stats["samples"][consumer.index] += info["samples"]
             consumer.received += info["samples"]
             return batch
 
@@ -284,8 +291,6 @@ class RayWindowLoader:
         skip, rotation = self._origin
         consumers = [_Consumer(w, a, skip[w]) for w, a in enumerate(self._actors)]
         self._consumers = consumers
-        self._stats.setdefault("restarts", [0] * self.num_workers)
-        self._t_start = self._t_start or time.perf_counter()
         try:
             ds_ref = ray.put(self._actor_dataset(skip))
             for c in consumers:
@@ -299,6 +304,7 @@ class RayWindowLoader:
                     waiting = [r for x in order for r in x.outstanding]
                     depth = len(ray.wait(waiting, num_returns=len(waiting), timeout=0)[0])
                     batch = self._next(c)
+                    self._t_start = self._t_start or t
                     waited = time.perf_counter() - t
                     if batch is None:
                         continue
@@ -367,8 +373,11 @@ class RayWindowLoader:
     def telemetry(self) -> dict:
         """Per-batch wait in the trainer (seconds a ``next()`` waited for its batch: mean, p95),
         batches ready in the object store when a batch was asked for (queue depth: mean), seconds
-        per batch to turn it into tensors (transfer), and per actor: busy seconds, samples,
-        utilisation (busy / wall since the first iteration) and samples per busy second.
+        per batch to turn it into tensors (transfer), and per actor: seconds of each first batch of an
+        iteration (it also plans and opens the first shards), then busy seconds and samples of the
+        other batches, utilisation (busy / wall since the first batch asked for after a reset),
+        restarts, and samples per busy second (decode, post-process and collate; not counting the
+        object-store put of the result, which the actor's Ray worker does after the call).
         """
         s = self._stats
         wall = time.perf_counter() - self._t_start if self._t_start else 0.0
@@ -379,12 +388,20 @@ class RayWindowLoader:
             "wait_s_p95": float(np.percentile(wait, 95)) if wait.size else 0.0,
             "queue_depth_mean": float(np.mean(s["queue_depth"])) if s["queue_depth"] else 0.0,
             "transfer_s_per_batch": float(np.mean(s["transfer_s"])) if s["transfer_s"] else 0.0,
+            "actor_first_batch_s": list(s["first_batch_s"]),
             "actor_busy_s": list(s["busy_s"]),
             "actor_samples": list(s["samples"]),
-            "actor_restarts": list(s.get("restarts", [0] * self.num_workers)),
+            "actor_restarts": list(s["restarts"]),
             "actor_utilisation": [b / wall if wall else 0.0 for b in s["busy_s"]],
             "samples_per_busy_s": sum(s["samples"]) / sum(s["busy_s"]) if sum(s["busy_s"]) else 0.0,
         }
+
+    def reset_telemetry(self) -> None:
+        """Start the counters of ``telemetry()`` afresh (e.g. after a warm-up batch)."""
+        w = self.num_workers
+        self._stats = {"wait_s": [], "queue_depth": [], "transfer_s": [], "first_batch_s": [], "busy_s": [0.0] * w}
+        self._stats.update(samples=[0] * w, restarts=[0] * w)
+        self._t_start = None
 
     def actor_pids(self) -> list[int]:
         """Process id of each actor (consumer order), e.g. to watch or kill one."""

@@ -7,10 +7,11 @@ nodes of one CPU each, the head first, then a second node joins.
    tasks to spread) into a local folder: single-machine ``convert`` (1 process), then Ray with 1
    node and with 2 nodes. Seconds (median of ``--rounds``), episodes/s, frames/s, MB/s of source.
 2. Streaming the converted dataset (9 frames over 33, 224x224, 16-step action chunk, batch 8):
-   ``WindowLoader`` with 2 workers, ``RayWindowLoader`` with 1 and 2 actors: samples/s over
-   ``--batches`` batches after the first (start-up excluded), the trainer's wait per batch, the
-   per-batch transfer cost (object store to writable tensors) and the actors' samples per busy
-   second, from which the model ``samples/s(n actors) = min(n x r, B / t)`` is printed.
+   ``WindowLoader`` with 1 and 2 workers, ``RayWindowLoader`` with 1 and 2 actors: samples/s over
+   ``--batches`` batches after the first (start-up excluded), the trainer's wait per batch and the
+   actors' samples per busy second; the per-batch transfer cost ``t`` (a ready batch from an actor to
+   writable tensors in the trainer); and the model ``samples/s(n actors) = min(n x r, B / t)`` with
+   ``r`` one actor's samples/s end to end (the 1-actor run).
 
     python tools/bench_ray.py [--dataset DIR] [--rounds 1] [--batches 40] [--json]
 """
@@ -64,6 +65,8 @@ def bench_loader(make, batches: int) -> dict:
     loader = make()
     it = iter(loader)
     next(it)
+    if hasattr(loader, "reset_telemetry"):
+        loader.reset_telemetry()
     t = time.perf_counter()
     n = 0
     for _, batch in zip(range(batches), it, strict=False):
@@ -74,6 +77,36 @@ def bench_loader(make, batches: int) -> dict:
         out.update(loader.telemetry())
         loader.close()
     return out
+
+
+class _Replay:
+    """An actor that returns the same (numpy) batch on every call: transfer cost without decoding."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def next_batch(self):
+        return self.batch
+
+
+def bench_transfer(batch: dict, repeats: int = 30) -> dict:
+    """Trainer seconds per batch to receive a ready batch from an actor (``ray.get`` from the object
+    store) and make writable tensors of it, as ``RayWindowLoader`` does."""
+    import ray
+
+    from epishard.stream.ray_loader import _to_numpy, _to_torch
+
+    actor = ray.remote(_Replay).options(num_cpus=0).remote(_to_numpy(batch))
+    times = []
+    for _ in range(repeats):
+        ref = actor.next_batch.remote()
+        ray.wait([ref])  # ready: what remains is the transfer
+        t = time.perf_counter()
+        _to_torch(ray.get(ref))
+        times.append(time.perf_counter() - t)
+    ray.kill(actor)
+    nbytes = sum(v.numel() * v.element_size() for v in batch.values() if hasattr(v, "numel"))
+    return {"seconds_median": statistics.median(times), "batch_MB": nbytes / 1e6}
 
 
 def main() -> None:
@@ -104,19 +137,23 @@ def main() -> None:
             def dataset():
                 return WindowDataset(root, spec, seed=0, postprocess=PostProcess(size=(224, 224)))
 
-            results["stream_window_loader_2_workers"] = bench_loader(
-                lambda: WindowLoader(dataset(), batch_size=8, num_workers=2), args.batches
-            )
+            for n in (1, 2):
+                results[f"stream_window_loader_{n}_workers"] = bench_loader(
+                    lambda n=n: WindowLoader(dataset(), batch_size=8, num_workers=n), args.batches
+                )
+            results["transfer_per_batch"] = bench_transfer(next(iter(WindowLoader(dataset(), batch_size=8))))
             for n in (1, 2):
                 results[f"stream_ray_{n}_actors"] = bench_loader(
                     lambda n=n: RayWindowLoader(dataset(), batch_size=8, num_workers=n), args.batches
                 )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    one = results["stream_ray_1_actors"]
-    rate, transfer = one["samples_per_busy_s"], one["transfer_s_per_batch"]
+    # One actor's rate end to end (decode, collate, object-store put, Ray call), measured alone.
+    rate = results["stream_ray_1_actors"]["samples_per_s"]
+    transfer = results["transfer_per_batch"]["seconds_median"]
     results["model"] = {
         "per_actor_samples_per_s": rate,
+        "per_actor_samples_per_busy_s": results["stream_ray_1_actors"]["samples_per_busy_s"],
         "transfer_s_per_batch": transfer,
         "samples_per_s_by_actors": {
             n: min(n * rate, 8 / transfer if transfer else float("inf")) for n in (1, 2, 4, 8, 16, 32)
