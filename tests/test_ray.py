@@ -66,7 +66,10 @@ def _files(fs, url: str) -> dict[str, bytes]:
 
 
 def test_ray_conversion_to_s3_is_byte_identical(ray_s3, sources, local, capsys):
+    import ray
+
     options, fs, address = ray_s3
+    assert sum(node["Alive"] for node in ray.nodes()) == 2
     fs.mkdir("ray-out")
     argv = ["convert", *sources, "s3://ray-out/ds", "--max-episodes-per-shard", "2", "--quiet"]
     assert main([*argv, "--storage-options", json.dumps(options), "--ray", address]) == 0
