@@ -46,12 +46,31 @@ def loopback_namespace():
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
         try:
             subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-            yield
+            with _own_fsspec_loop():
+                yield
         finally:
             if libc.setns(home, CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), "setns back to the original network namespace failed")
     finally:
         os.close(home)
+
+
+@contextlib.contextmanager
+def _own_fsspec_loop():
+    """Give the block its own fsspec IO thread, started inside the namespace: fsspec runs async
+    filesystems (s3fs) on one IO thread per process, and one started earlier (by an earlier test)
+    would still connect from the old namespace, where the block's servers are not.
+    """
+    import fsspec.asyn as asyn
+
+    saved = asyn.loop[0], asyn.iothread[0]
+    asyn.loop[0] = asyn.iothread[0] = None
+    try:
+        yield
+    finally:
+        if asyn.loop[0] is not None:
+            asyn.loop[0].call_soon_threadsafe(asyn.loop[0].stop)
+        asyn.loop[0], asyn.iothread[0] = saved
 
 
 def _node_env() -> dict:
