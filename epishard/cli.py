@@ -59,7 +59,12 @@ def _cmd_convert(args) -> int:
         progress=not args.quiet,
         overwrite=args.overwrite,
     )
-    manifest = convert(args.sources, args.out, options, storage_options=args.storage_options)
+    runner = None
+    if args.ray is not None:  # Ray is imported only when asked for
+        from epishard.shardwriter.ray_convert import RayRunner
+
+        runner = RayRunner(args.ray or None)
+    manifest = convert(args.sources, args.out, options, storage_options=args.storage_options, runner=runner)
     t, report = manifest.totals, manifest.report
     print(f"wrote {t.shards} shards, {t.episodes} episodes, {t.rows} rows, {t.bytes / 1e6:.1f} MB to {args.out}")
     for source in manifest.sources:
@@ -174,6 +179,14 @@ def build_parser(selected: str | None = "stream") -> argparse.ArgumentParser:
         help="replace a finished conversion of other sources or options in OUT (refused without it)",
     )
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="write each shard as a task on a Ray cluster (ADDRESS, e.g. 10.0.0.1:6379; alone: RAY_ADDRESS "
+        "or this machine's cluster); sources and OUT must be reachable from every node",
+    )
     _storage_option(c)
     c.set_defaults(func=_cmd_convert)
 

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import signal
 import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Literal
@@ -346,6 +347,13 @@ def _remove_stale(storage: Storage, prefix: str, num_shards: int) -> None:
                 storage.remove(name)
 
 
+# How the shards still to write are written: ``(jobs, storage, options, total_episodes, done)`` where
+# ``jobs`` are ``(shard_id, episodes, plan_digest)``; it calls ``write_shard`` for each job and stores
+# the returned metadata in ``done[shard_id]``. ``_run`` uses this machine's processes;
+# ``shardwriter.ray_convert.RayRunner`` runs each job as a Ray task.
+Runner = Callable[[list[tuple], Storage, ConvertOptions, int, dict], None]
+
+
 def _run(jobs: list[tuple], storage: Storage, options: ConvertOptions, total_episodes: int, done: dict) -> None:
     from tqdm import tqdm
 
@@ -479,6 +487,7 @@ def convert(
     out: str,
     options: ConvertOptions = ConvertOptions(),
     storage_options: dict | None = None,
+    runner: Runner | None = None,
 ) -> fmt.Manifest:
     """Convert sources (LeRobot dataset paths or ``Source`` objects) into a sharded dataset at ``out``.
 
@@ -489,6 +498,8 @@ def convert(
     read through (range requests), never copied whole to disk. Shards stream straight to ``out``;
     each appears under its final name only when complete.
     Returns the manifest (``format.Manifest``; also written to ``out/manifest.json``, last).
+    ``runner``: how the shards are written (default: ``options.workers`` processes on this machine;
+    see ``Runner``); the plan, the shards' bytes, the index and the manifest do not depend on it.
 
     Raises:
         SourceError: a source cannot be read, no episode is left after filtering, or two episodes
@@ -534,7 +545,7 @@ def convert(
     # this run may rewrite.
     storage.remove(fmt.MANIFEST_NAME)
     _remove_stale(storage, options.prefix, len(shards))
-    _run(jobs, storage, options, len(episodes), done)
+    (runner or _run)(jobs, storage, options, len(episodes), done)
     metas = [done[i] for i in range(len(shards))]
     index_files = [storage.read(m["index"]) for m in metas]
     dataset_index = dataset_index_bytes(index_files)
