@@ -1,10 +1,11 @@
 """``BalancedWindowDataset``: the streaming reader with rank-local cost balancing (``balance.local``).
 
-A thin subclass of ``stream.WindowDataset``: after the reader's own plan for a consumer (its shards,
-its shuffle buffer), the consumer's yield order is permuted by ``local_order`` with the per-window
-costs of a ``CostFn``. Each rank still reads only its own shards; every batch count, exactly-once
-and resume guarantee of the reader holds, because the permutation is a pure function of the plan
-(see ``balance.local``). Every sample carries its predicted cost as ``__cost__`` (float64) so the
+A ``stream.WindowDataset`` with two declared plan stages (``stream.plan.worker_plan``): a cost per
+window (a ``CostFn``) and an order stage, ``BalancedOrder``, that permutes each consumer's yield
+order after the reader's own plan (its shards, its shuffle buffer) by ``local_order``. Each rank
+still reads only its own shards; every batch count, exactly-once and resume guarantee of the reader
+holds (elastic resume too), because the permutation is a pure function of the plan (see
+``balance.local``). Every sample carries its predicted cost as ``__cost__`` (float64) so the
 training loop can gather the step's costs for telemetry (``balance.telemetry.StepTelemetry``).
 
 Scope: ``local_order`` evens out cost variation *inside* each rank's stream (lengths varying within
@@ -12,22 +13,52 @@ a dataset). When datasets are mixed, the reader's plan deals every dataset to ev
 (``stream.plan``, per-stratum cut), and ``stratified_order`` then makes each step come from one
 dataset on every rank, cost-sorted inside it (tools/bench_balance.py, section (c), "reader").
 A substitute sample (an episode that failed to fetch) carries the planned window's ``__cost__``.
-
-It relies on ``WindowDataset.plan`` and ``WindowDataset._generate``; the intended long-term home of
-this step is ``stream.plan.worker_plan`` itself (one more pure stage after the shuffle buffer).
 """
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
 from epishard.stream.dataset import WindowDataset
-from epishard.stream.plan import WorkerPlan
+from epishard.stream.plan import World
 
 from .cost import CostFn, WindowCost
 from .local import local_order, stratified_order
+
+
+@dataclass(frozen=True)
+class BalancedOrder:
+    """The order stage (``stream.plan.OrderStage``) of cost balancing.
+
+    ``strata``: int64 ``[episodes]`` stratum (dataset) of each global episode, or ``None`` (one
+    stratum); ``num_strata``: how many. Without strata: ``local_order`` (cost-sorted blocks in
+    chunks of ``chunk_batches`` batches); with them: ``stratified_order`` (every step from one
+    stratum on all ranks). The schedule is drawn from ``(seed, epoch, worker)``, the same on every rank.
+    """
+
+    batch_size: int
+    chunk_batches: int
+    strata: np.ndarray | None = None
+    num_strata: int = 1
+
+    def __call__(
+        self, episode: np.ndarray, anchor: np.ndarray, cost: np.ndarray | None, world: World, seed: int, epoch: int
+    ) -> np.ndarray:
+        costs = np.zeros(episode.size) if cost is None else cost
+        if self.strata is None:
+            return local_order(costs, self.batch_size, self.chunk_batches, seed, epoch, world.worker)
+        return stratified_order(
+            self.strata[episode],
+            self.num_strata,
+            self.batch_size,
+            seed,
+            epoch,
+            world.worker,
+            costs,
+            self.chunk_batches,
+        )
 
 
 class BalancedWindowDataset(WindowDataset):
@@ -46,27 +77,4 @@ class BalancedWindowDataset(WindowDataset):
         self.batch_size = int(batch_size)
         self.chunk_batches = int(chunk_batches)
         self.cost = cost if cost is not None else WindowCost.from_dataset(self)
-
-    def plan(self, epoch: int, rank: int, world_size: int, num_workers: int, consumer: int) -> WorkerPlan:
-        plan = super().plan(epoch, rank, world_size, num_workers, consumer)
-        costs = self.cost(plan.episode, plan.anchor)
-        if self.table.stratum is None:
-            order = local_order(costs, self.batch_size, self.chunk_batches, self.seed, epoch, consumer)
-        else:  # mixed datasets, each dealt to every consumer evenly: every step from one dataset on all ranks
-            order = stratified_order(
-                self.table.stratum[plan.episode],
-                len(self.sources),
-                self.batch_size,
-                self.seed,
-                epoch,
-                consumer,
-                costs,
-                self.chunk_batches,
-            )
-        return dataclasses.replace(plan, episode=plan.episode[order], anchor=plan.anchor[order])
-
-    def _generate(self, plan: WorkerPlan, skip: int, telemetry):
-        costs = np.asarray(self.cost(plan.episode[skip:], plan.anchor[skip:]), dtype=np.float64)
-        for sample, cost in zip(super()._generate(plan, skip, telemetry), costs.tolist(), strict=False):
-            sample["__cost__"] = cost
-            yield sample
+        self.order = BalancedOrder(self.batch_size, self.chunk_batches, self.table.stratum, len(self.sources))

@@ -32,6 +32,7 @@ Epochs: each ``__iter__`` runs the next epoch of the object it is called on. Wit
 
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from dataclasses import dataclass
@@ -45,21 +46,35 @@ from .decode import DecodeError
 from .episode import LoadedEpisode, Normalizer
 from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
 from .memory import limit_worker_arenas, release_free_memory
-from .plan import EpisodeTable, WorkerPlan, anchor_counts, break_gaps, global_plan, worker_plan
+from .plan import (
+    CostStage,
+    EpisodeTable,
+    OrderStage,
+    Progress,
+    Stages,
+    World,
+    WorkerPlan,
+    anchor_counts,
+    episode_table,
+    level_plan,
+    worker_plan,
+)
 from .source import DatasetSource
 from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: + "history" (progress under earlier layouts of the epoch: elastic resume)
 
 
-def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
+def _distributed(rank: int | None, world_size: int | None) -> World:
+    """This process's rank and world size (``worker=0`` of 1): the arguments when given, else
+    ``torch.distributed`` when initialised, else rank 0 of 1."""
     if rank is not None and world_size is not None:
-        return rank, world_size
+        return World(rank, world_size)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return rank or 0, world_size or 1
+        return World(torch.distributed.get_rank(), torch.distributed.get_world_size())
+    return World(rank or 0, world_size or 1)
 
 
 def _camera_offsets(sources: list[DatasetSource], spec: WindowSpec) -> list[dict[str, np.ndarray]]:
@@ -126,11 +141,24 @@ def _check_camera_kinds(sources: list[DatasetSource], cam_offsets: list[dict]) -
             )
 
 
-@dataclass
-class _Resume:
+@dataclass(frozen=True)
+class Resume:
+    """Where a rank's run of an epoch starts (the loader's bookkeeping, from ``load_state_dict``).
+
+    ``history``: complete progress of earlier layouts of the epoch (elastic resume), oldest first;
+    the windows left after it are dealt to this layout. ``skip``: windows each consumer of this
+    rank (``worker`` order, empty: none) already took of its plan; worker ``w`` continues consumer
+    ``(w + rotation) % num_workers`` (the DataLoader's round-robin resumes at batch ``rotation``).
+    """
+
     epoch: int
-    skip: list[int]  # samples already consumed, per consumer of this rank (worker order)
-    rotation: int  # worker w continues the plan of consumer (w + rotation) % num_workers
+    history: tuple[Progress, ...] = ()
+    skip: tuple[int, ...] = ()
+    rotation: int = 0
+
+    @property
+    def fresh(self) -> bool:
+        return not self.history and not any(self.skip)
 
 
 class WindowDataset(IterableDataset):
@@ -155,6 +183,13 @@ class WindowDataset(IterableDataset):
         stratify: deal each dataset of a mix to the consumers on its own, so every worker of every
             rank reads all datasets in proportion at the same pace (default: True when mixing).
             Each worker then reads one shard per dataset side by side.
+        defer_float: leave frames uint8 in the workers even when ``postprocess`` has a float dtype
+            (a quarter of the bytes to move); the collate must convert them (``FloatCollate``).
+            ``WindowLoader`` sets this on its own copy and adds the collate.
+        cost / order: declared plan stages (``stream.plan.CostStage`` / ``OrderStage``): a predicted
+            cost per window, attached to every sample as ``__cost__`` (float), and a new yield order
+            per consumer; both pure functions of the plan, so every guarantee of the plan holds
+            (``balance.streaming.BalancedWindowDataset`` sets them).
     """
 
     def __init__(
@@ -174,6 +209,9 @@ class WindowDataset(IterableDataset):
         storage_options: dict | None = None,
         fetch: FetchPolicy | None = None,
         stratify: bool | None = None,
+        defer_float: bool = False,
+        cost: CostStage | None = None,
+        order: OrderStage | None = None,
     ):
         super().__init__()
         items = sources if isinstance(sources, list) else [sources]
@@ -201,93 +239,73 @@ class WindowDataset(IterableDataset):
         ]
         self.stratify = len(self.sources) > 1 if stratify is None else stratify
         self.table, self.episode_base = self._episode_table()
-        self.defer_float = False  # set by WindowLoader: frames stay uint8 until its collate converts them
+        self.defer_float = defer_float
+        self.cost, self.order = cost, order
         self.epoch = 0
-        self._resume: _Resume | None = None
+        self._resume: Resume | None = None  # taken by the next __iter__ (of a worker's copy too)
+        self._started = Resume(0)  # what the last __iter__ in this process started from
         self._consumed = 0
+        self._costs: np.ndarray | None = None
+
+    def with_options(self, *, defer_float: bool | None = None, num_workers: int | None = None) -> WindowDataset:
+        """A shallow copy with these options changed (the indexes and plan are shared, not rebuilt)."""
+        other = copy.copy(self)
+        if defer_float is not None:
+            other.defer_float = defer_float
+        if num_workers is not None:
+            other.num_workers = num_workers
+        return other
 
     # --- planning ---------------------------------------------------------------------------------
 
     def _episode_table(self) -> tuple[EpisodeTable, np.ndarray]:
-        parts, gaps, base, shard_base = [], [], [0], 0
-        for source, weight, offsets in zip(self.sources, self.weights, self.cam_offsets, strict=False):
-            ix = source.index
-            rows = self.spec.row_offsets(list(offsets))
-            if self.spec.boundary == "pad":
-                lo, hi = ix.window_start, ix.window_stop
-                gap = np.zeros((0, 3), dtype=np.int64)  # windows across a break are padded instead
-            else:
-                before, after = max(0, -int(rows.min())), max(0, int(rows.max()))
-                lo, hi = ix.window_start + before, ix.window_stop - after
-                # A recording break inside an episode is an episode boundary for windows.
-                owner = np.repeat(np.arange(ix.num_episodes, dtype=np.int64), np.diff(ix.segment_offsets))
-                gap = break_gaps(owner, ix.segment_starts, before, after)
-            gaps.append(gap + np.array([base[-1], 0, 0]))
-            # Bytes an episode holds while loaded: encoded members of the cameras read plus the
-            # frames its windows need, decoded and prepared (uint8; float conversion happens per
-            # window). Frames: all rows when every anchor is taken, else windows x offsets.
-            cost = np.zeros(ix.num_episodes, dtype=np.int64)
-            per = self.spec.per_episode
-            anchors = anchor_counts(lo, hi, self.spec.stride, gap)
-            windows = (
-                anchors
-                if per is None
-                else np.ceil(anchors * per)
-                if isinstance(per, (float, np.floating))
-                else np.minimum(anchors, per)
-            ) * weight
-            for cam, cam_offsets in offsets.items():
-                streams = _camera_streams(source, cam)
-                size = (
-                    np.array(self.post.size)
-                    if self.post.size
-                    else np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1)
-                )
-                frames = np.minimum(ix.num_rows, np.ceil(windows * len(cam_offsets)))
-                per_pixel = np.where(ix.cam_depth[streams], 2, 3)  # uint16 [1, H, W] or uint8 [3, H, W]
-                cost += ix.cam_size[streams] + (frames * per_pixel * np.prod(size, axis=-1)).astype(np.int64)
-            parts.append((ix.shard.astype(np.int64) + shard_base, lo, hi, np.full(ix.num_episodes, weight), cost))
-            shard_base += len(source.shards)
-            base.append(base[-1] + ix.num_episodes)
-        cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
-        stratum = np.repeat(np.arange(len(self.sources)), np.diff(base)) if self.stratify else None
-        gaps = np.concatenate(gaps)
-        return EpisodeTable(
-            shard=cat[0],
-            lo=cat[1].astype(np.int64),
-            hi=cat[2].astype(np.int64),
-            weight=cat[3],
-            cost_bytes=cat[4],
-            stratum=stratum,
-            gaps=gaps if gaps.shape[0] else None,
-        ), np.asarray(base)
+        """The planner's table of every dataset of the mix (``plan.episode_table`` each), and the
+        first global episode number of each dataset (int64 ``[datasets + 1]``)."""
+        parts = [
+            episode_table(self.spec, source.index, offsets, weight=weight, frame_size=self.post.size)
+            for source, weight, offsets in zip(self.sources, self.weights, self.cam_offsets, strict=True)
+        ]
+        table = EpisodeTable.concat(parts, [len(s.shards) for s in self.sources], self.stratify)
+        return table, np.cumsum([0, *[t.num_episodes for t in parts]])
 
-    def plan(self, epoch: int, rank: int, world_size: int, num_workers: int, consumer: int) -> WorkerPlan:
-        """This consumer's windows for ``epoch`` (global episode numbers), in yield order."""
+    def _stages(self) -> Stages:
+        return Stages(self.shuffle_windows, self.shuffle_bytes, self.cost, self.order)
+
+    def plan(self, epoch: int, world: World, history: tuple[Progress, ...] = ()) -> WorkerPlan:
+        """Consumer ``world.consumer``'s windows for ``epoch`` (global episode numbers), in yield
+        order; after ``history`` (earlier layouts' progress), its share of what is left."""
         return worker_plan(
             self.table,
             stride=self.spec.stride,
-            per_episode=self.spec.per_episode,
+            per_episode=self.spec.sampling,
             seed=self.seed,
             epoch=epoch,
-            world_size=world_size,
-            rank=rank,
-            num_workers=num_workers,
-            worker=consumer,
+            world=world,
             shuffle_windows=self.shuffle_windows,
             shuffle_bytes=self.shuffle_bytes,
+            cost=self.cost,
+            order=self.order,
+            history=history,
         )
 
-    def windows_per_consumer(self, epoch: int, world_size: int, num_workers: int) -> int:
-        """Windows each (rank, worker) yields in ``epoch``: the planner's count, without the shuffle."""
-        return global_plan(
-            self.table, self.spec.stride, self.spec.per_episode, self.seed, epoch, world_size * num_workers
+    def windows_per_consumer(
+        self, epoch: int, world_size: int, num_workers: int, history: tuple[Progress, ...] = ()
+    ) -> int:
+        """Windows each (rank, worker) yields in ``epoch`` (after ``history``): the planner's count."""
+        return level_plan(
+            self.table,
+            stride=self.spec.stride,
+            per_episode=self.spec.sampling,
+            seed=self.seed,
+            epoch=epoch,
+            consumers=world_size * num_workers,
+            stages=self._stages(),
+            history=history,
         ).per_consumer
 
     def samples_per_rank(self, num_workers: int | None = None, world_size: int | None = None, epoch: int = 0) -> int:
         """Samples every rank yields in ``epoch`` (the same on all ranks)."""
-        _, world = _distributed(self._rank, self._world_size)
-        world = world_size or world
+        world = world_size or _distributed(self._rank, self._world_size).world_size
         workers = max(num_workers if num_workers is not None else (self.num_workers or 0), 1)
         return self.windows_per_consumer(epoch, world, workers) * workers
 
@@ -305,29 +323,36 @@ class WindowDataset(IterableDataset):
         return d, episode - int(self.episode_base[d])
 
     def __iter__(self):
-        rank, world = _distributed(self._rank, self._world_size)
+        here = _distributed(self._rank, self._world_size)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:
             limit_worker_arenas()
-        epoch, skip, consumer = self.epoch, 0, worker
-        if self._resume is not None:
-            if self._resume.epoch == epoch:
-                consumer = (worker + self._resume.rotation) % workers
-                skip = self._resume.skip[consumer]
-            self._resume = None
+        epoch = self.epoch
+        start = self._resume if self._resume is not None and self._resume.epoch == epoch else Resume(epoch)
+        self._resume = None
+        if start.skip and len(start.skip) != workers:
+            raise ValueError(
+                f"the resume state was loaded for {len(start.skip)} workers but {workers} iterate: "
+                "pass the DataLoader's num_workers to load_state_dict (WindowLoader does)"
+            )
+        consumer = (worker + start.rotation) % workers
+        skip = start.skip[consumer] if start.skip else 0
         self.epoch += 1  # the next __iter__ of this object (a persistent worker's copy too) runs the next epoch
-        self._consumed = skip
+        self._started, self._consumed = start, skip
         telemetry = Telemetry(worker)
         t0 = time.perf_counter()
-        plan = self.plan(epoch, rank, world, workers, consumer)
+        world = here.with_worker(consumer, workers)
+        plan = self.plan(epoch, world, start.history)
+        self._costs = plan.cost
+        first = world.consumer == 0
         telemetry.add(
             plan_s=time.perf_counter() - t0,
-            windows_dropped=plan.dropped if consumer == 0 and rank == 0 else 0,
+            windows_dropped=plan.dropped if first else 0,
             episodes_without_windows=int(
                 np.sum(anchor_counts(self.table.lo, self.table.hi, self.spec.stride, self.table.gaps) == 0)
             )
-            if consumer == 0 and rank == 0
+            if first
             else 0,
         )
         return self._generate(plan, skip, telemetry)
@@ -407,6 +432,8 @@ class WindowDataset(IterableDataset):
         telemetry.add(samples=1, substitutes=int(sample["substitute"]))
         if self.telemetry:
             sample = dict(sample, __telemetry__=telemetry.tensor())
+        if self._costs is not None:  # the planned window's predicted cost (a substitute's too)
+            sample = dict(sample, __cost__=float(self._costs[self._consumed]))
         self._consumed += 1
         return sample
 
@@ -450,68 +477,125 @@ class WindowDataset(IterableDataset):
     # --- resume ----------------------------------------------------------------------------------
 
     def state_dict(
-        self, batches: int | None = None, batch_size: int | None = None, num_workers: int = 0, epoch: int | None = None
+        self,
+        batches: int | None = None,
+        batch_size: int | None = None,
+        num_workers: int = 0,
+        epoch: int | None = None,
+        start: Resume | None = None,
     ) -> dict:
         """Position of this rank in the current epoch, for ``load_state_dict``.
 
         Without arguments (iteration in this process, ``num_workers=0``): the samples yielded so far.
-        ``WindowLoader.state_dict`` passes ``batches`` consumed, ``batch_size``, ``num_workers`` and
-        the epoch it is in.
+        ``WindowLoader.state_dict`` passes the ``batches`` consumed since ``start`` (where its run
+        of the epoch began), ``batch_size``, ``num_workers`` and the epoch it is in. Consumer ``c``
+        of the rank took ``consumed[c]`` windows of its plan (the DataLoader's in-order round-robin
+        gives worker ``w`` batches ``w, w + K, ...``, so the counts follow from ``batches``).
         """
-        rank, world = _distributed(self._rank, self._world_size)
+        here = _distributed(self._rank, self._world_size)
         workers = max(num_workers, 1)
-        if epoch is None:  # iterated in this process: __iter__ already advanced self.epoch
-            epoch = self.epoch - 1 if self._consumed else self.epoch
-        if batches is None:
-            consumed = [self._consumed]
+        if batches is None:  # iterated in this process
+            start = self._started if self._consumed else Resume(self.epoch)
+            consumed, rotation = [self._consumed], 0
         else:
-            per = self.windows_per_consumer(epoch, world, workers)
-            consumed = [
-                min(-(-(batches - w) // workers) * batch_size, per) if batches > w else 0 for w in range(workers)
-            ]
+            epoch = self.epoch if epoch is None else epoch
+            start = start if start is not None and start.epoch == epoch else Resume(epoch)
+            per = self.windows_per_consumer(start.epoch, here.world_size, workers, start.history)
+            consumed = list(start.skip) or [0] * workers
+            for w in range(min(batches, workers)):
+                c = (w + start.rotation) % workers
+                consumed[c] = min(consumed[c] + -(-(batches - w) // workers) * int(batch_size or 1), per)
+            rotation = (start.rotation + batches) % workers
         return {
             "version": STATE_VERSION,
             "seed": self.seed,
-            "epoch": epoch,
-            "world_size": world,
+            "epoch": start.epoch,
+            "world_size": here.world_size,
             "num_workers": workers,
-            "rank": rank,
+            "rank": here.rank,
             "consumed": consumed,
-            "rotation": (batches or 0) % workers,
+            "rotation": rotation,
+            "history": [
+                {"world_size": p.world_size, "num_workers": p.num_workers, "consumed": list(p.consumed)}
+                for p in start.history
+            ],
         }
 
-    def load_state_dict(self, state: dict, num_workers: int = 0) -> None:
-        """Continue exactly where ``state`` was taken: the next sample (or batch) is the one the
-        uninterrupted run would have yielded next.
+    def load_state_dict(self, state: dict | list[dict], num_workers: int = 0) -> None:
+        """Continue exactly where ``state`` was taken.
+
+        ``state``: this rank's state (from the same layout: the next sample or batch is the one the
+        uninterrupted run would have yielded next), or the states of **every** rank of the run that
+        saved them, as a list (any layout: elastic resume). Under another layout (world size or
+        worker count) the windows of the epoch not consumed by any rank are dealt again to this
+        layout's consumers (``stream.plan.level_plan``): each is yielded once, every rank yields the
+        same number, and ``R mod (world_size x workers)`` of them (``R`` windows left) are left out
+        at random; the next epoch is this layout's own plan.
 
         Raises:
-            ValueError: ``state`` was saved under another world size, worker count or seed; such a
-                state cannot continue the same epoch plan (every rank's share would change).
+            ValueError: the states were saved with another seed, or disagree (epoch, layout), or
+                the layout changed and not every rank's state was given.
         """
-        rank, world = _distributed(self._rank, self._world_size)
+        here = _distributed(self._rank, self._world_size)
         workers = max(num_workers, 1)
-        for name, now in (("world_size", world), ("num_workers", workers), ("seed", self.seed), ("rank", rank)):
-            if state[name] != now:
-                raise ValueError(
-                    f"cannot resume: the state was saved with {name}={state[name]}, this run has "
-                    f"{name}={now}. Resume with the same settings, or start the next epoch fresh "
-                    f"with set_epoch({state['epoch'] + 1})."
-                )
-        per = self.windows_per_consumer(state["epoch"], world, workers)
-        if all(c >= per for c in state["consumed"]):
-            self.epoch, self._resume = state["epoch"] + 1, None  # the epoch was finished
+        states = [_upgrade(s) for s in (state if isinstance(state, (list, tuple)) else [state])]
+        if not states:
+            raise ValueError("cannot resume: no state given")
+        first = states[0]
+        if first["seed"] != self.seed:
+            raise ValueError(
+                f"cannot resume: the state was saved with seed={first['seed']}, this run has seed={self.seed}. "
+                f"Resume with the same seed, or start the next epoch fresh with set_epoch({first['epoch'] + 1})."
+            )
+        for s in states[1:]:
+            for key in ("seed", "epoch", "world_size", "num_workers", "history"):
+                if s[key] != first[key]:
+                    raise ValueError(f"cannot resume: the states disagree on {key} ({first[key]} vs {s[key]})")
+        epoch, old_world, old_workers = first["epoch"], first["world_size"], first["num_workers"]
+        history = tuple(Progress(h["world_size"], h["num_workers"], tuple(h["consumed"])) for h in first["history"])
+        mine = [s for s in states if s["rank"] == here.rank]
+        if (old_world, old_workers) == (here.world_size, workers) and mine:
+            start = Resume(epoch, history, tuple(mine[0]["consumed"]), mine[0]["rotation"])
+            consumed, per = start.skip, self.windows_per_consumer(epoch, old_world, old_workers, history)
         else:
-            self.epoch = state["epoch"]
-            self._resume = _Resume(state["epoch"], list(state["consumed"]), state["rotation"])
+            ranks = sorted(s["rank"] for s in states)
+            if ranks != list(range(old_world)):
+                raise ValueError(
+                    f"cannot resume: the state was saved with world_size={old_world}, num_workers={old_workers}; "
+                    f"this run has world_size={here.world_size}, num_workers={workers}. Resuming under another "
+                    f"layout needs the states of all {old_world} ranks (a list; got ranks {ranks}); or start the "
+                    f"next epoch fresh with set_epoch({epoch + 1})."
+                )
+            consumed = tuple(c for s in sorted(states, key=lambda s: s["rank"]) for c in s["consumed"])
+            progress = Progress(old_world, old_workers, consumed)
+            per = self.windows_per_consumer(epoch, old_world, old_workers, history)
+            start = Resume(epoch, (*history, progress), (0,) * workers, 0)
+        if all(c >= per for c in consumed):
+            self.epoch, self._resume = epoch + 1, None  # the epoch was finished
+        else:
+            self.epoch, self._resume = epoch, start
         self._consumed = 0
+
+
+def _upgrade(state: dict) -> dict:
+    """A state of any ``STATE_VERSION`` in the current form (version 1 had no ``history``)."""
+    if state.get("version", 1) > STATE_VERSION:
+        raise ValueError(f"cannot resume: state version {state['version']} is newer than this reader's {STATE_VERSION}")
+    return {"history": [], **state}
 
 
 class WindowLoader(DataLoader):
     """A ``DataLoader`` over a ``WindowDataset`` that tracks epochs and consumed batches, so that
-    ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch with any ``num_workers``.
+    ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch with any ``num_workers``, and
+    under another world size or worker count given every rank's state (elastic resume).
 
     Exactness relies on the DataLoader's in-order round-robin over workers (the default,
     ``in_order=True``) and on every worker of a rank holding the same number of windows.
+
+    The loader iterates its own shallow copy of ``dataset`` (``loader.dataset``; the argument is not
+    changed). ``defer_float`` (default: when the post-processing's dtype is a float and no
+    ``collate_fn`` is given): frames stay uint8 in the workers and become float while copied into
+    the batch (``FloatCollate``).
 
     Persistent workers keep their own copy of the dataset, which can only run the epoch after the
     one it ran last; when the next iteration must run anything else (after ``load_state_dict``, or
@@ -520,10 +604,12 @@ class WindowLoader(DataLoader):
     persistent workers) unless a state is loaded.
     """
 
-    def __init__(self, dataset: WindowDataset, batch_size: int = 1, **kw):
-        if dataset.post.dtype.is_floating_point and "collate_fn" not in kw and batch_size is not None:
-            # Frames stay uint8 through the workers and become float32 while copied into the batch.
-            dataset.defer_float = True
+    def __init__(self, dataset: WindowDataset, batch_size: int = 1, *, defer_float: bool | None = None, **kw):
+        floating = dataset.post.dtype.is_floating_point
+        if defer_float is None:
+            defer_float = floating and "collate_fn" not in kw and batch_size is not None
+        defer_float = bool(defer_float and floating)
+        if defer_float and "collate_fn" not in kw:
             # Depth cameras stay uint16 (``PostProcess.prepare_depth``): not converted, not scaled.
             rgb = {
                 c
@@ -532,10 +618,11 @@ class WindowLoader(DataLoader):
                 if not src.index.is_depth(c)
             }
             kw["collate_fn"] = FloatCollate(sorted(rgb), dataset.post.dtype, dataset.post.scale)
-        super().__init__(dataset, batch_size=batch_size, **kw)
-        dataset.num_workers = self.num_workers
-        self._epoch = dataset.epoch
+        view = dataset.with_options(defer_float=defer_float, num_workers=kw.get("num_workers", 0))
+        super().__init__(view, batch_size=batch_size, **kw)
+        self._epoch = view.epoch
         self._batches = 0
+        self._start = view._resume or Resume(view.epoch)  # where this loader's run of the epoch begins
         self._workers_next: int | None = None  # the epoch persistent workers run on their next iteration
         self._running: object | None = None  # token of the iteration in progress
 
@@ -545,6 +632,8 @@ class WindowLoader(DataLoader):
             self._iterator = None
         if self._iterator is None:
             self.dataset.set_epoch(self._epoch)
+        resume = self.dataset._resume
+        self._start = resume if resume is not None and resume.epoch == self._epoch else Resume(self._epoch)
         self._batches = 0
         self._running = token = object()
         try:
@@ -556,17 +645,21 @@ class WindowLoader(DataLoader):
                 yield batch
             self._epoch += 1
             self._batches = 0
+            self._start = Resume(self._epoch)
         finally:
             if self._running is token:
                 self._running = None
 
     def state_dict(self) -> dict:
-        state = self.dataset.state_dict(self._batches, self.batch_size, self.num_workers, epoch=self._epoch)
+        """This rank's position (see ``WindowDataset.state_dict``). To resume under another world
+        size or worker count, save every rank's state and load them all (a list)."""
+        start = self._start if self._start.epoch == self._epoch else Resume(self._epoch)
+        state = self.dataset.state_dict(self._batches, self.batch_size, self.num_workers, self._epoch, start)
         # At an epoch boundary nothing is consumed: such a state loads under any layout.
-        return {**state, "fresh": True} if self._batches == 0 else state
+        return {**state, "fresh": True} if self._batches == 0 and start.fresh else state
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` on the next iteration.
+    def load_state_dict(self, state: dict | list[dict]) -> None:
+        """Continue from ``state`` (this rank's, or a list of every rank's) on the next iteration.
 
         Raises:
             RuntimeError: an iteration over this loader is in progress (it would go on with its own
@@ -580,10 +673,12 @@ class WindowLoader(DataLoader):
                 "(or after it ended, or after deleting its iterator)."
             )
         self._batches = 0
-        if state.get("fresh"):
-            self._epoch = state["epoch"]
+        states = state if isinstance(state, (list, tuple)) else [state]
+        if states and all(s.get("fresh") for s in states):
+            self._epoch = states[0]["epoch"]
             self.dataset.set_epoch(self._epoch)
             self.dataset._resume = None
-            return
-        self.dataset.load_state_dict(state, self.num_workers)
-        self._epoch = self.dataset.epoch
+        else:
+            self.dataset.load_state_dict(state, self.num_workers)
+            self._epoch = self.dataset.epoch
+        self._start = self.dataset._resume or Resume(self._epoch)

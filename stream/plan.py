@@ -17,19 +17,135 @@ An epoch, step by step:
    batches and DDP never waits at the end of an epoch; every other window is yielded exactly once.
 4. Each consumer's windows are shuffled by a simulated bounded buffer (count and bytes), the way a
    streaming shuffle buffer mixes them, so the order is known before any I/O and resume is exact.
+5. Optional declared stages, pure functions of the consumer's windows: ``cost`` (a predicted cost
+   per window) and ``order`` (a permutation of the yield order, e.g. ``balance.streaming``'s
+   cost-balanced order).
+
+Elastic resume (``Progress``): a mid-epoch state records, per consumer of the layout that saved it,
+how many windows it took from the front of its yield order. The windows not yet taken, kept in plan
+order, are dealt again to the consumers of the new layout exactly as in step 3 (equal contiguous
+ranges, per stratum; the remainder ``R mod consumers`` left out at random by ``(seed, epoch)``),
+then steps 4-5 run per new consumer. Layouts can change again mid-epoch: each change adds a level.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from epishard.seeding import rng_for
 
+if TYPE_CHECKING:
+    from .spec import WindowSpec
+
 __all__ = ["rng_for"]  # re-exported: the planner's (and tests') name for the one seed convention
 
 _SALT_SHARDS, _SALT_ANCHORS, _SALT_DROP, _SALT_SHUFFLE = 1, 2, 3, 4
+
+
+@dataclass(frozen=True)
+class World:
+    """Where one consumer of the epoch plan sits (as MosaicML Streaming's ``World``).
+
+    ``rank`` of ``world_size`` processes, DataLoader ``worker`` of ``num_workers`` (a process that
+    reads without workers is ``worker=0, num_workers=1``). Its consumer id is
+    ``rank * num_workers + worker`` of ``world_size * num_workers``.
+
+    Raises:
+        ValueError: a count below 1, or rank or worker out of range.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self):
+        if not (0 <= self.rank < self.world_size and 0 <= self.worker < self.num_workers):
+            raise ValueError(f"rank {self.rank}/{self.world_size} worker {self.worker}/{self.num_workers} out of range")
+
+    @property
+    def consumer(self) -> int:
+        return self.rank * self.num_workers + self.worker
+
+    @property
+    def consumers(self) -> int:
+        return self.world_size * self.num_workers
+
+    @classmethod
+    def of_consumer(cls, consumer: int, world_size: int, num_workers: int) -> World:
+        """The ``World`` of consumer id ``consumer`` in a layout."""
+        return cls(consumer // num_workers, world_size, consumer % num_workers, num_workers)
+
+    def with_worker(self, worker: int, num_workers: int) -> World:
+        return dataclasses.replace(self, worker=worker, num_workers=num_workers)
+
+
+@dataclass(frozen=True)
+class PerEpisode:
+    """Windows an episode gives per epoch (before its dataset weight).
+
+    ``count``: that many anchors (at most all), drawn by ``(seed, epoch, episode)``;
+    ``fraction``: that share of its anchors, in (0, 1], rounded, at least 1 when it has any;
+    neither: every anchor. ``expected_windows`` is the one rule that turns this into numbers.
+
+    Raises:
+        ValueError: both given, a negative count, or a fraction outside (0, 1].
+    """
+
+    count: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self):
+        if self.count is not None and self.fraction is not None:
+            raise ValueError(f"per episode: give a count or a fraction, not both ({self.count}, {self.fraction})")
+        if self.count is not None and (not isinstance(self.count, (int, np.integer)) or self.count < 0):
+            raise ValueError(f"per-episode window count must be an int >= 0, not {self.count!r}")
+        if self.fraction is not None and not 0 < self.fraction <= 1:
+            raise ValueError(f"per-episode window fraction must be in (0, 1], not {self.fraction!r}")
+
+    @classmethod
+    def of(cls, value: PerEpisode | float | int | None) -> PerEpisode:
+        """``value`` as a ``PerEpisode``; the old ambiguous forms (an int: a count, a float: a
+        fraction) still work with a ``DeprecationWarning``."""
+        if value is None:
+            return cls()
+        if isinstance(value, PerEpisode):
+            return value
+        kind = "fraction" if isinstance(value, (float, np.floating)) else "count"
+        warnings.warn(
+            f"per_episode={value!r} is deprecated (1 meant one window, 1.0 all): use "
+            f"PerEpisode({kind}={value!r}) (WindowSpec(per_episode_{kind}=...))",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return cls(fraction=float(value)) if kind == "fraction" else cls(count=int(value))
+
+    @property
+    def all(self) -> bool:
+        return self.count is None and self.fraction is None
+
+
+def expected_windows(anchors: np.ndarray, per_episode: PerEpisode, weight: np.ndarray | float = 1.0) -> np.ndarray:
+    """Windows per episode per epoch (float64 ``[E]``, before stochastic rounding of the weight).
+
+    ``anchors``: int64 ``[E]`` anchors each episode has (``anchor_counts``); ``weight``: dataset
+    weight per episode. The planner draws ``floor`` or ``ceil`` of this (``select_anchors``) and the
+    shuffle buffer's byte estimate (``episode_table``) uses it: one rule for both.
+    """
+    n = np.asarray(anchors, dtype=np.float64)
+    if per_episode.fraction is not None:
+        want = np.where(n > 0, np.maximum(1.0, np.round(per_episode.fraction * n)), 0.0)
+    elif per_episode.count is not None:
+        want = np.minimum(n, float(per_episode.count))
+    else:
+        want = n
+    return want * np.asarray(weight, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -56,6 +172,92 @@ class EpisodeTable:
     @property
     def num_episodes(self) -> int:
         return int(self.shard.shape[0])
+
+    @classmethod
+    def concat(cls, tables: Sequence[EpisodeTable], shard_counts: Sequence[int], stratify: bool) -> EpisodeTable:
+        """The tables of a mix of datasets as one: episodes numbered in order (dataset ``d``'s
+        episode ``e`` becomes ``sum(episodes of datasets < d) + e``), shards likewise by
+        ``shard_counts``; with ``stratify`` each dataset is its own stratum."""
+        base = np.cumsum([0, *[t.num_episodes for t in tables]])
+        shard_base = np.cumsum([0, *shard_counts])
+        gaps = [
+            t.gaps + np.array([base[d], 0, 0]) for d, t in enumerate(tables) if t.gaps is not None and t.gaps.shape[0]
+        ]
+
+        def cat(name: str, dtype) -> np.ndarray:
+            parts = [np.asarray(getattr(t, name)) for t in tables]
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+
+        return cls(
+            shard=np.concatenate([t.shard + shard_base[d] for d, t in enumerate(tables)]).astype(np.int64)
+            if tables
+            else np.zeros(0, dtype=np.int64),
+            lo=cat("lo", np.int64),
+            hi=cat("hi", np.int64),
+            weight=cat("weight", np.float64),
+            cost_bytes=cat("cost_bytes", np.int64),
+            stratum=np.repeat(np.arange(len(tables)), np.diff(base)) if stratify else None,
+            gaps=np.concatenate(gaps) if gaps else None,
+        )
+
+
+def episode_table(
+    spec: WindowSpec,
+    index,
+    cameras: dict[str, np.ndarray],
+    *,
+    weight: float = 1.0,
+    frame_size: tuple[int, int] | None = None,
+    keep: np.ndarray | None = None,
+) -> EpisodeTable:
+    """The planner's ``EpisodeTable`` of one dataset for a window spec (pure: index arrays in, arrays out).
+
+    Args:
+        spec: the ``WindowSpec`` (its offsets, boundary mode, stride, windows per episode).
+        index: the dataset's ``shardwriter.index.WindowIndex``.
+        cameras: camera -> frame offsets the windows read (``WindowSpec.camera_offsets``).
+        weight: the dataset's mixing weight (windows per episode multiplier).
+        frame_size: ``(height, width)`` frames are resized to, or ``None`` (stored size), for the
+            bytes a loaded episode holds.
+        keep: optional bool ``[num_episodes]``: episodes left out get no windows (their anchor
+            range is emptied; episode numbers stay), e.g. a read-time episode selection.
+
+    Returns:
+        ``EpisodeTable`` with shard numbers local to the dataset. Anchors: ``boundary="inside"``:
+        rows whose every offset lies inside the episode and its recording segment (``gaps``);
+        ``"pad"``: every row. ``cost_bytes``: encoded members of the cameras read plus the frames
+        the expected windows (``expected_windows``) need, decoded (uint8 RGB, uint16 depth).
+    """
+    ix = index
+    rows = spec.row_offsets(list(cameras))
+    if spec.boundary == "pad":
+        lo, hi = ix.window_start.astype(np.int64), ix.window_stop.astype(np.int64)
+        gaps = np.zeros((0, 3), dtype=np.int64)  # windows across a break are padded instead
+    else:
+        before, after = max(0, -int(rows.min())), max(0, int(rows.max()))
+        lo, hi = (ix.window_start + before).astype(np.int64), (ix.window_stop - after).astype(np.int64)
+        # A recording break inside an episode is an episode boundary for windows.
+        owner = np.repeat(np.arange(ix.num_episodes, dtype=np.int64), np.diff(ix.segment_offsets))
+        gaps = break_gaps(owner, ix.segment_starts, before, after)
+    if keep is not None:
+        hi = np.where(np.asarray(keep, dtype=bool), hi, lo)
+        gaps = gaps[np.asarray(keep, dtype=bool)[gaps[:, 0]]] if gaps.shape[0] else gaps
+    windows = expected_windows(anchor_counts(lo, hi, spec.stride, gaps), spec.sampling, weight)
+    cost = np.zeros(ix.num_episodes, dtype=np.int64)
+    for cam, offsets in cameras.items():
+        streams = ix.camera_streams(cam)
+        size = np.array(frame_size) if frame_size else np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1)
+        frames = np.minimum(ix.num_rows, np.ceil(windows * len(offsets)))
+        per_pixel = np.where(ix.cam_depth[streams], 2, 3)  # uint16 [1, H, W] or uint8 [3, H, W]
+        cost += ix.cam_size[streams] + (frames * per_pixel * np.prod(size, axis=-1)).astype(np.int64)
+    return EpisodeTable(
+        shard=ix.shard.astype(np.int64),
+        lo=lo,
+        hi=hi,
+        weight=np.full(ix.num_episodes, float(weight)),
+        cost_bytes=cost,
+        gaps=gaps if gaps.shape[0] else None,
+    )
 
 
 def break_gaps(episodes: np.ndarray, starts: np.ndarray, before: int, after: int) -> np.ndarray:
@@ -120,28 +322,32 @@ def episode_order(table: EpisodeTable, seed: int, epoch: int) -> np.ndarray:
 
 
 def select_anchors(
-    lo: int, hi: int, stride: int, per_episode, weight: float, rng: np.random.Generator, gaps: np.ndarray | None = None
+    lo: int,
+    hi: int,
+    stride: int,
+    per_episode: PerEpisode | None,
+    weight: float,
+    rng: np.random.Generator,
+    gaps: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Anchors of one episode for one epoch, ascending (int64). See ``WindowSpec.per_episode``.
+    """Anchors of one episode for one epoch, ascending (int64). See ``PerEpisode``.
 
     ``weight`` scales the count (stochastic rounding); past all anchors they are drawn again.
     ``gaps``: int64 ``[k, 2]`` anchor ranges ``[lo, hi)``, sorted and disjoint, left out (windows
     across a recording break).
+
+    Raises:
+        ValueError: a negative weight (or a bad ``PerEpisode``).
     """
-    if weight < 0 or (per_episode is not None and per_episode < 0):
-        raise ValueError(f"per_episode ({per_episode}) and weight ({weight}) must not be negative")
+    per_episode = PerEpisode.of(per_episode)
+    if weight < 0:
+        raise ValueError(f"weight ({weight}) must not be negative")
     anchors = np.arange(lo, hi, stride, dtype=np.int64)
     if gaps is not None and len(gaps):
         anchors = anchors[~_in_ranges(gaps[:, 0], gaps[:, 1], anchors)]
     if anchors.size == 0:
         return anchors
-    if per_episode is None:
-        want = float(anchors.size)
-    elif isinstance(per_episode, (float, np.floating)):
-        want = max(1.0, round(per_episode * anchors.size))
-    else:
-        want = float(min(int(per_episode), anchors.size))
-    want *= weight
+    want = float(expected_windows(np.array([anchors.size]), per_episode, weight)[0])
     count = int(want) + int(rng.random() < want - int(want))
     if count == anchors.size and weight == 1.0:
         return anchors
@@ -167,7 +373,9 @@ class GlobalPlan:
         return slice(consumer * self.per_consumer, (consumer + 1) * self.per_consumer)
 
 
-def global_plan(table: EpisodeTable, stride: int, per_episode, seed: int, epoch: int, consumers: int) -> GlobalPlan:
+def global_plan(
+    table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int, consumers: int
+) -> GlobalPlan:
     """Every window of the epoch in read order, trimmed to a multiple of ``consumers``.
 
     With ``table.stratum``, each stratum's windows are cut into ``consumers`` equal contiguous
@@ -177,7 +385,19 @@ def global_plan(table: EpisodeTable, stride: int, per_episode, seed: int, epoch:
     when strata (datasets) differ in cost and live in separate shards.
     """
     order = episode_order(table, seed, epoch)
-    episode, anchor = _anchors(table, order, stride, per_episode, seed, epoch)
+    episode, anchor = _anchors(table, order, stride, PerEpisode.of(per_episode), seed, epoch)
+    return deal(table, episode, anchor, consumers, seed, epoch)
+
+
+def deal(
+    table: EpisodeTable, episode: np.ndarray, anchor: np.ndarray, consumers: int, seed: int, epoch: int, level: int = 0
+) -> GlobalPlan:
+    """Windows (in plan order) dealt to ``consumers`` in equal contiguous ranges, per stratum.
+
+    ``level`` 0 is the epoch's own plan; level ``k > 0`` deals what was left after the ``k``-th
+    layout change (elastic resume). Each stratum's remainder ``n mod consumers`` is left out, at
+    random by ``(seed, epoch, stratum, level)``.
+    """
     strata = np.zeros(episode.size, dtype=np.int64) if table.stratum is None else table.stratum[episode]
     cuts = []  # per stratum: (episode, anchor, windows per consumer)
     dropped = 0
@@ -186,10 +406,14 @@ def global_plan(table: EpisodeTable, stride: int, per_episode, seed: int, epoch:
         extra = int(e_k.size % consumers)
         if extra:
             keep = np.ones(e_k.size, dtype=bool)
-            keep[rng_for(seed, epoch, _SALT_DROP, int(k)).choice(e_k.size, size=extra, replace=False)] = False
+            salt = (int(k),) if level == 0 else (int(k), level)
+            keep[rng_for(seed, epoch, _SALT_DROP, *salt).choice(e_k.size, size=extra, replace=False)] = False
             e_k, a_k = e_k[keep], a_k[keep]
         cuts.append((e_k, a_k, e_k.size // consumers))
         dropped += extra
+    if not cuts:
+        empty = np.zeros(0, dtype=np.int64)
+        return GlobalPlan(episode=empty, anchor=empty, per_consumer=0, dropped=0)
     if len(cuts) == 1:
         e, a, n = cuts[0]
         return GlobalPlan(episode=e, anchor=a, per_consumer=n, dropped=dropped)
@@ -207,9 +431,9 @@ def global_plan(table: EpisodeTable, stride: int, per_episode, seed: int, epoch:
     )
 
 
-def _anchors(table: EpisodeTable, order: np.ndarray, stride: int, per_episode, seed: int, epoch: int):
+def _anchors(table: EpisodeTable, order: np.ndarray, stride: int, per_episode: PerEpisode, seed: int, epoch: int):
     """(episode, anchor) int64 arrays of every selected window, episodes in ``order``."""
-    if per_episode is None and np.all(table.weight[order] == 1.0):
+    if per_episode.all and np.all(table.weight[order] == 1.0):
         # Every anchor of every episode: vectorised, no per-episode random draws.
         counts = anchor_counts(table.lo[order], table.hi[order], stride)
         episode = np.repeat(order.astype(np.int64), counts)
@@ -307,53 +531,181 @@ def _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, load
     return produced + 1, loaded_bytes
 
 
+class CostStage(Protocol):
+    """Predicted cost of windows: float64 ``[n]`` for global episode numbers and anchors ``[n]``
+    (``balance.cost.CostFn``)."""
+
+    def __call__(self, episodes: np.ndarray, anchors: np.ndarray) -> np.ndarray: ...
+
+
+class OrderStage(Protocol):
+    """A consumer's new yield order: an int64 permutation ``[n]`` of its windows.
+
+    A pure function of the consumer's windows in planned yield order (``episode``, ``anchor``:
+    int64 ``[n]``), their costs (float64 ``[n]``, or ``None`` without a cost stage), the consumer's
+    ``World``, the seed and the epoch. Every guarantee of the plan holds for any permutation.
+    """
+
+    def __call__(
+        self, episode: np.ndarray, anchor: np.ndarray, cost: np.ndarray | None, world: World, seed: int, epoch: int
+    ) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class WorkerPlan:
-    """One consumer's epoch: its windows in yield order (int64 ``[n]`` each)."""
+    """One consumer's epoch: its windows in yield order (int64 ``[n]`` each).
+
+    ``cost``: float64 ``[n]`` predicted cost per window (with a cost stage), else ``None``.
+    """
 
     episode: np.ndarray
     anchor: np.ndarray
     read_order: np.ndarray  # int64 [episodes]: this consumer's episodes in arrival (read) order
     dropped: int
     total_windows: int
+    cost: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.episode.size)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far every consumer of one layout got through its windows of an epoch (a mid-epoch state).
+
+    ``world_size`` x ``num_workers``: the layout; ``consumed``: per consumer id
+    (``World.consumer``), the windows it took from the front of its yield order.
+
+    Raises:
+        ValueError: not one count per consumer, or a negative count.
+    """
+
+    world_size: int
+    num_workers: int
+    consumed: tuple[int, ...]
+
+    def __post_init__(self):
+        if len(self.consumed) != self.consumers or any(c < 0 for c in self.consumed):
+            raise ValueError(
+                f"progress of {self.world_size} ranks x {self.num_workers} workers needs {self.consumers} "
+                f"counts >= 0, got {list(self.consumed)}"
+            )
+
+    @property
+    def consumers(self) -> int:
+        return self.world_size * self.num_workers
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The per-consumer stages after the cut: the shuffle buffer's bounds (windows; bytes of loaded
+    episodes, ``buffer_shuffle``), then the optional ``cost`` and ``order`` stages."""
+
+    shuffle_windows: int = 0
+    shuffle_bytes: int = 0
+    cost: CostStage | None = None
+    order: OrderStage | None = None
+
+
+def level_plan(
+    table: EpisodeTable,
+    *,
+    stride: int,
+    per_episode: PerEpisode | None,
+    seed: int,
+    epoch: int,
+    consumers: int,
+    stages: Stages,
+    history: Sequence[Progress] = (),
+) -> GlobalPlan:
+    """The windows of ``epoch`` still to be yielded, dealt to ``consumers``, after the progress of
+    earlier layouts (``history``, oldest first; empty: the epoch's own plan, ``global_plan``).
+
+    Each level's consumed windows are the first ``consumed[c]`` of consumer ``c``'s yield order
+    (``worker_plan`` of that level); the rest keep their plan order and are dealt again (``deal``).
+
+    Raises:
+        ValueError: a level consumed more windows than its consumer had (the state belongs to
+            another dataset, spec or seed).
+    """
+    first = history[0].consumers if history else consumers
+    plan = global_plan(table, stride, per_episode, seed, epoch, first)
+    for level, progress in enumerate(history):
+        taken = np.zeros(plan.episode.size, dtype=bool)
+        for c, k in enumerate(progress.consumed):
+            if k > plan.per_consumer:
+                raise ValueError(
+                    f"cannot resume: consumer {c} of {progress.world_size}x{progress.num_workers} consumed {k} "
+                    f"windows of epoch {epoch} but its plan has {plan.per_consumer} (another dataset, spec or seed?)"
+                )
+            if k:
+                world = World.of_consumer(c, progress.world_size, progress.num_workers)
+                order, _ = _consumer_order(table, plan, world, level, seed, epoch, stages)
+                taken[c * plan.per_consumer + order[:k]] = True
+        nxt = history[level + 1].consumers if level + 1 < len(history) else consumers
+        plan = deal(table, plan.episode[~taken], plan.anchor[~taken], nxt, seed, epoch, level + 1)
+    return plan
+
+
+def _consumer_order(
+    table: EpisodeTable, plan: GlobalPlan, world: World, level: int, seed: int, epoch: int, stages: Stages
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Yield order of ``world.consumer``'s part of ``plan`` (positions within the part) and the
+    windows' costs in that order."""
+    part = plan.consumer_slice(world.consumer)
+    episode, anchor = plan.episode[part], plan.anchor[part]
+    salt = (world.consumer,) if level == 0 else (world.consumer, level)
+    order = buffer_shuffle(
+        episode, table.cost_bytes, stages.shuffle_windows, stages.shuffle_bytes, rng_for(seed, epoch, _SALT_SHUFFLE, *salt)
+    )
+    cost = None
+    if stages.cost is not None:
+        cost = np.asarray(stages.cost(episode[order], anchor[order]), dtype=np.float64)
+    if stages.order is not None:
+        again = np.asarray(stages.order(episode[order], anchor[order], cost, world, seed, epoch), dtype=np.int64)
+        order, cost = order[again], None if cost is None else cost[again]
+    return order, cost
 
 
 def worker_plan(
     table: EpisodeTable,
     *,
     stride: int,
-    per_episode,
+    per_episode: PerEpisode | None,
     seed: int,
     epoch: int,
-    world_size: int,
-    rank: int,
-    num_workers: int,
-    worker: int,
-    shuffle_windows: int,
-    shuffle_bytes: int,
+    world: World,
+    shuffle_windows: int = 0,
+    shuffle_bytes: int = 0,
+    cost: CostStage | None = None,
+    order: OrderStage | None = None,
+    history: Sequence[Progress] = (),
 ) -> WorkerPlan:
-    """The windows consumer ``rank * num_workers + worker`` yields this epoch, in yield order.
+    """The windows consumer ``world.consumer`` yields this epoch, in yield order.
 
-    Raises:
-        ValueError: rank or worker out of range.
+    ``history``: the progress of earlier layouts of this epoch (elastic resume, ``level_plan``):
+    the consumer then yields its share of the windows not yet consumed.
     """
-    if not (0 <= rank < world_size and 0 <= worker < num_workers):
-        raise ValueError(f"rank {rank}/{world_size} worker {worker}/{num_workers} out of range")
-    plan = global_plan(table, stride, per_episode, seed, epoch, world_size * num_workers)
-    part = plan.consumer_slice(rank * num_workers + worker)
-    episode, anchor = plan.episode[part], plan.anchor[part]
-    consumer = rank * num_workers + worker
-    order = buffer_shuffle(
-        episode, table.cost_bytes, shuffle_windows, shuffle_bytes, rng_for(seed, epoch, _SALT_SHUFFLE, consumer)
+    stages = Stages(shuffle_windows, shuffle_bytes, cost, order)
+    plan = level_plan(
+        table,
+        stride=stride,
+        per_episode=per_episode,
+        seed=seed,
+        epoch=epoch,
+        consumers=world.consumers,
+        stages=stages,
+        history=history,
     )
+    part = plan.consumer_slice(world.consumer)
+    episode, anchor = plan.episode[part], plan.anchor[part]
+    yield_order, costs = _consumer_order(table, plan, world, len(history), seed, epoch, stages)
     firsts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if episode.size else np.zeros(0, dtype=np.int64)
     return WorkerPlan(
-        episode=episode[order],
-        anchor=anchor[order],
+        episode=episode[yield_order],
+        anchor=anchor[yield_order],
         read_order=episode[firsts],
         dropped=plan.dropped,
         total_windows=int(plan.episode.size + plan.dropped),
+        cost=costs,
     )

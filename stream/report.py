@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
@@ -23,6 +24,30 @@ def _timed_collate(samples: list[dict]) -> dict:
     return batch
 
 
+def add_per_episode_arguments(p: argparse.ArgumentParser) -> None:
+    """``--per-episode-count N`` / ``--per-episode-fraction F`` (windows per episode per epoch), and
+    the deprecated ``--per-episode F`` (a count above 1, else a fraction)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--per-episode-count", type=int, metavar="N", help="windows per episode per epoch (at most all)")
+    group.add_argument(
+        "--per-episode-fraction", type=float, metavar="F", help="this share of each episode's windows, in (0, 1]"
+    )
+    group.add_argument("--per-episode", type=float, help=argparse.SUPPRESS)  # deprecated
+
+
+def per_episode_options(args: argparse.Namespace) -> dict:
+    """``WindowSpec`` keywords from ``add_per_episode_arguments``' options."""
+    old = args.per_episode
+    if old is not None:
+        kind = "count" if old > 1 else "fraction"
+        print(
+            f"epishard: --per-episode is deprecated (1 meant all windows, 2 two): use --per-episode-{kind}",
+            file=sys.stderr,
+        )
+        return {"per_episode_count": int(old)} if old > 1 else {"per_episode_fraction": old}
+    return {"per_episode_count": args.per_episode_count, "per_episode_fraction": args.per_episode_fraction}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", metavar="DATASET", help="converted dataset folder or URL")
     p.add_argument("--cameras", help="comma-separated camera names (default: all)")
@@ -32,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--action-horizon", type=int, default=16)
     p.add_argument("--boundary", choices=["inside", "pad"], default="inside")
     p.add_argument("--stride", type=int, default=1)
-    p.add_argument("--per-episode", type=float, help="windows per episode per epoch: a fraction (<=1) or a count")
+    add_per_episode_arguments(p)
     p.add_argument("--size", help="resize frames to HxW, e.g. 224x224")
     p.add_argument("--float", action="store_true", help="float32 frames in [0, 1] (LeRobot's output)")
     p.add_argument("--batch-size", type=int, default=8)
@@ -48,15 +73,13 @@ def build(args) -> WindowLoader:
     source = DatasetSource(args.dataset, getattr(args, "storage_options", None))
     cams = args.cameras.split(",") if args.cameras else source.cameras
     offsets = segment(0, args.span - 1, args.frames) if args.frames > 1 else (0,)
-    per = args.per_episode
-    per = int(per) if per is not None and per > 1 else per
     spec = WindowSpec(
         cameras={c: offsets for c in cams},
         state_offsets=tuple(range(1 - args.state_history, 1)),
         action_horizon=args.action_horizon,
         boundary=args.boundary,
         stride=args.stride,
-        per_episode=per,
+        **per_episode_options(args),
     )
     size = tuple(int(v) for v in args.size.lower().split("x")) if args.size else None
     post = PostProcess(size=size, dtype=torch.float32 if args.float else torch.uint8)

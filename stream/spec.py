@@ -7,9 +7,11 @@ multiples of 1/fps within a tolerance.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import numpy as np
+
+from .plan import PerEpisode
 
 
 def segment(start: int, stop: int, count: int) -> tuple[int, ...]:
@@ -66,8 +68,15 @@ class WindowSpec:
             break inside an episode (the index's ``segment_starts``: timestamps reset or jump) is
             an episode edge for both: no window crosses it.
         stride: anchors are taken every ``stride`` rows.
-        per_episode: windows per episode per epoch: ``None`` all anchors, a float in (0, 1] that
-            fraction (rounded, at least 1 when any anchor exists), an int that many (at most all).
+        per_episode_count: windows per episode per epoch: that many anchors (at most all).
+        per_episode_fraction: windows per episode per epoch: that share of its anchors, in (0, 1]
+            (rounded, at least 1 when any anchor exists). Neither: every anchor. See
+            ``stream.plan.PerEpisode`` and ``expected_windows``.
+        per_episode: deprecated (``1`` meant one window and ``1.0`` all of them): an int sets
+            ``per_episode_count``, a float ``per_episode_fraction``, with a ``DeprecationWarning``.
+
+    The anchors of an episode (``[lo, hi)`` per boundary mode) are computed in one place:
+    ``stream.plan.episode_table``.
     """
 
     cameras: dict[str, tuple[int, ...]] | None = None
@@ -77,18 +86,28 @@ class WindowSpec:
     action_key: str | None = "action"
     boundary: str = "inside"
     stride: int = 1
-    per_episode: float | int | None = None
+    per_episode_count: int | None = None
+    per_episode_fraction: float | None = None
     extra_columns: tuple[str, ...] = field(default=())
+    per_episode: InitVar[float | int | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, per_episode):
+        if per_episode is not None:
+            if self.per_episode_count is not None or self.per_episode_fraction is not None:
+                raise ValueError("give per_episode_count or per_episode_fraction, not the deprecated per_episode too")
+            old = PerEpisode.of(per_episode)  # warns
+            object.__setattr__(self, "per_episode_count", old.count)
+            object.__setattr__(self, "per_episode_fraction", old.fraction)
+        PerEpisode(self.per_episode_count, self.per_episode_fraction)  # raises ValueError when invalid
         if self.boundary not in ("inside", "pad"):
             raise ValueError(f"boundary must be 'inside' or 'pad', not {self.boundary!r}")
         if self.stride < 1 or self.action_horizon < 0:
             raise ValueError("stride must be >= 1 and action_horizon >= 0")
-        if isinstance(self.per_episode, (float, np.floating)) and not 0 < self.per_episode <= 1:
-            raise ValueError(f"per_episode fraction must be in (0, 1], not {self.per_episode}")
-        if isinstance(self.per_episode, (int, np.integer)) and self.per_episode < 0:
-            raise ValueError(f"per_episode count must be >= 0, not {self.per_episode}")
+
+    @property
+    def sampling(self) -> PerEpisode:
+        """Windows per episode per epoch, as the planner takes it."""
+        return PerEpisode(self.per_episode_count, self.per_episode_fraction)
 
     @classmethod
     def from_delta_timestamps(cls, delta_timestamps: dict[str, list[float]], fps: float, **kw) -> WindowSpec:
@@ -129,10 +148,3 @@ class WindowSpec:
         if self.action_key and self.action_horizon:
             parts.append(np.arange(self.action_horizon, dtype=np.int64))
         return np.unique(np.concatenate(parts)) if parts else np.zeros(1, dtype=np.int64)
-
-    def anchor_range(self, num_rows: int, available: list[str]) -> tuple[int, int]:
-        """Anchors ``[lo, hi)`` of an episode of ``num_rows`` rows (empty when hi <= lo)."""
-        if self.boundary == "pad":
-            return 0, num_rows
-        offsets = self.row_offsets(available)
-        return int(max(0, -offsets.min())), int(num_rows - max(0, offsets.max()))

@@ -31,7 +31,7 @@ from epishard.balance import (
     token_counts,
     window_features,
 )
-from epishard.stream.plan import EpisodeTable, buffer_shuffle, global_plan, rng_for, worker_plan
+from epishard.stream.plan import EpisodeTable, World, buffer_shuffle, global_plan, rng_for, worker_plan
 
 
 def decoded_by_walking(frames: np.ndarray, keyframes: np.ndarray) -> int:
@@ -268,7 +268,7 @@ def test_features_equal_the_readers_decode_counters_and_the_measured_hook(datase
     from epishard.stream import PostProcess, WindowDataset, WindowSpec
     from epishard.stream.telemetry import summarize
 
-    spec = WindowSpec(**SPEC_KW, per_episode=1)  # one window per episode: the reader decodes exactly its frames
+    spec = WindowSpec(**SPEC_KW, per_episode_count=1)  # one window per episode: the reader decodes exactly its frames
     ds = WindowDataset(dataset, spec, seed=4, telemetry=True, postprocess=PostProcess(size=(32, 48)))
     samples = list(ds)
     cost = WindowCost.from_dataset(ds)
@@ -352,10 +352,7 @@ def test_streaming_plan_with_local_order_keeps_guarantees_and_balances_steps():
                 per_episode=None,
                 seed=0,
                 epoch=0,
-                world_size=world,
-                rank=rank,
-                num_workers=workers,
-                worker=w,
+                world=World(rank, world, w, workers),
                 shuffle_windows=64,
                 shuffle_bytes=1 << 40,
             )
@@ -429,10 +426,7 @@ def test_stratified_streaming_plan_balances_datasets_that_live_in_separate_shard
                 per_episode=None,
                 seed=0,
                 epoch=0,
-                world_size=world,
-                rank=rank,
-                num_workers=workers,
-                worker=w,
+                world=World(rank, world, w, workers),
                 shuffle_windows=64,
                 shuffle_bytes=1 << 40,
             )

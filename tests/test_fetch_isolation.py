@@ -16,7 +16,7 @@ import torch
 from faultgen import CAMERA, SPEC, copy, flip_byte, loaded, video_member
 from videogen import decode_frame_number
 
-from epishard.stream import WindowDataset
+from epishard.stream import WindowDataset, World
 from epishard.stream.fetch import FetchError, FetchPolicy
 
 
@@ -26,7 +26,7 @@ def _key(s) -> tuple[int, int]:
 
 def _read_order_shards(root: str) -> list[int]:
     ds = WindowDataset(root, SPEC, seed=5)
-    plan = ds.plan(0, 0, 1, 1, 0)
+    plan = ds.plan(0, World())
     order = ds.table.shard[plan.read_order].tolist()
     return list(dict.fromkeys(order))
 

@@ -31,7 +31,7 @@ from epishard.shardwriter import (
     verify,
 )
 from epishard.shardwriter.format import Manifest
-from epishard.stream import WindowDataset, WindowSpec
+from epishard.stream import WindowDataset, WindowSpec, World
 
 FPS = 20
 CAM = "observation.images.front"
@@ -228,7 +228,7 @@ def _spec(boundary: str) -> WindowSpec:
 
 
 def _planned(ds: WindowDataset) -> set[tuple[int, int]]:
-    plan = ds.plan(0, 0, 1, 1, 0)
+    plan = ds.plan(0, World())
     return set(zip(plan.episode.tolist(), plan.anchor.tolist(), strict=False))
 
 

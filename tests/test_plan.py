@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ import pytest
 from epishard.stream import plan as P
 from epishard.stream.plan import (
     EpisodeTable,
+    PerEpisode,
+    World,
     buffer_shuffle,
     episode_order,
     global_plan,
@@ -97,13 +100,13 @@ DATASETS = {
 CASES = [
     ("uneven", 1, None, 64, 10**12),
     ("uneven", 5, None, 0, 0),
-    ("uneven", 2, 0.25, 16, 200_000),
-    ("uneven", 1, 3, 1000, 10**12),
+    ("uneven", 2, PerEpisode(fraction=0.25), 16, 200_000),
+    ("uneven", 1, PerEpisode(count=3), 1000, 10**12),
     ("single_shard", 1, None, 32, 10**12),
     ("few_shards", 1, None, 8, 10**12),
     ("one_episode", 1, None, 100, 10**12),
     ("weighted", 3, None, 64, 10**12),
-    ("weighted", 1, 2, 4, 10**12),
+    ("weighted", 1, PerEpisode(count=2), 4, 10**12),
 ]
 
 
@@ -150,10 +153,7 @@ def all_worker_plans(table, world, workers, *, stride, per_episode, seed, epoch,
                 per_episode=per_episode,
                 seed=seed,
                 epoch=epoch,
-                world_size=world,
-                rank=r,
-                num_workers=workers,
-                worker=w,
+                world=World(r, world, w, workers),
                 shuffle_windows=shuffle_windows,
                 shuffle_bytes=shuffle_bytes,
             )
@@ -203,7 +203,7 @@ def replay_buffer(window_episode, cost_bytes, order, capacity, capacity_bytes):
 
 
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-s{c[1]}-pe{c[2]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-s{c[1]}-pe{c[2] and (c[2].count or c[2].fraction)}")
 def test_exactly_once_and_equal_steps(case, grid):
     name, stride, per_episode, cap, cap_bytes = case
     table = DATASETS[name]
@@ -219,7 +219,7 @@ def test_exactly_once_and_equal_steps(case, grid):
             kept = pairs(plan.episode, plan.anchor)
             it = iter(chosen)
             assert all(p in it for p in kept), "global plan is not an ordered sub-sequence of the selection"
-            if per_episode is None and np.all(table.weight == 1.0):
+            if per_episode is None and np.all(table.weight == 1.0):  # (PerEpisode() would be the same)
                 # Every anchor lo, lo + stride, ... < hi exactly once, unless dropped.
                 full = all_anchors(table, stride)
                 assert sorted(chosen) == full
@@ -288,10 +288,7 @@ def test_more_consumers_than_windows_and_empty():
                     per_episode=None,
                     seed=0,
                     epoch=0,
-                    world_size=world,
-                    rank=r,
-                    num_workers=workers,
-                    worker=w,
+                    world=World(r, world, w, workers),
                     shuffle_windows=8,
                     shuffle_bytes=10**9,
                 )
@@ -306,10 +303,7 @@ def test_more_consumers_than_windows_and_empty():
             per_episode=None,
             seed=0,
             epoch=0,
-            world_size=2,
-            rank=1,
-            num_workers=2,
-            worker=1,
+            world=World(1, 2, 1, 2),
             shuffle_windows=8,
             shuffle_bytes=0,
         )
@@ -325,10 +319,7 @@ def test_worker_plan_range(rank, worker):
             per_episode=None,
             seed=0,
             epoch=0,
-            world_size=2,
-            rank=rank,
-            num_workers=3,
-            worker=worker,
+            world=World(rank, 2, worker, 3),
             shuffle_windows=8,
             shuffle_bytes=0,
         )
@@ -344,10 +335,7 @@ def _wp(table, seed, epoch, rank=1, worker=0):
         per_episode=None,
         seed=seed,
         epoch=epoch,
-        world_size=2,
-        rank=rank,
-        num_workers=2,
-        worker=worker,
+        world=World(rank, 2, worker, 2),
         shuffle_windows=64,
         shuffle_bytes=10**12,
     )
@@ -359,7 +347,8 @@ def test_determinism(name):
     a, b = _wp(table, 5, 3), _wp(table, 5, 3)
     for f in ("episode", "anchor", "read_order"):
         assert np.array_equal(getattr(a, f), getattr(b, f))
-    g1, g2 = global_plan(table, 1, 0.5, 5, 3, 4), global_plan(table, 1, 0.5, 5, 3, 4)
+    half = PerEpisode(fraction=0.5)
+    g1, g2 = global_plan(table, 1, half, 5, 3, 4), global_plan(table, 1, half, 5, 3, 4)
     assert np.array_equal(g1.episode, g2.episode) and np.array_equal(g1.anchor, g2.anchor)
     # a copy of the table (other arrays, same values) gives the same plan: no identity or global state
     copy = EpisodeTable(*(np.array(getattr(table, f)) for f in ("shard", "lo", "hi", "weight", "cost_bytes")))
@@ -594,18 +583,18 @@ def test_select_anchors_semantics(lo, hi, stride):
     assert a.dtype == np.int64 and a.tolist() == every.tolist()
     assert np.all((a >= lo) & (a < hi) & ((a - lo) % stride == 0))
     for frac in (0.01, 0.25, 0.5, 1.0):
-        a = select_anchors(lo, hi, stride, frac, 1.0, rng)
+        a = select_anchors(lo, hi, stride, PerEpisode(fraction=frac), 1.0, rng)
         assert a.size == max(1, round(frac * n)) and np.unique(a).size == a.size
         assert set(a.tolist()) <= set(every.tolist()) and np.all(np.diff(a) > 0)
     for k in (1, 3, 1000):
-        a = select_anchors(lo, hi, stride, k, 1.0, rng)
+        a = select_anchors(lo, hi, stride, PerEpisode(count=k), 1.0, rng)
         assert a.size == min(k, n) and np.unique(a).size == a.size and set(a.tolist()) <= set(every.tolist())
         assert np.all(np.diff(a) > 0)
     # weight 2 doubles the count: every anchor twice (None), or twice the picks
     a = select_anchors(lo, hi, stride, None, 2.0, rng)
     assert a.tolist() == np.repeat(every, 2).tolist()
-    assert select_anchors(lo, hi, stride, 1, 2.0, rng).size == 2
-    a = select_anchors(lo, hi, stride, 3, 2.0, rng)
+    assert select_anchors(lo, hi, stride, PerEpisode(count=1), 2.0, rng).size == 2
+    a = select_anchors(lo, hi, stride, PerEpisode(count=3), 2.0, rng)
     assert a.size == 2 * min(3, n) and np.all(np.diff(a) >= 0) and set(a.tolist()) <= set(every.tolist())
     assert np.bincount(a - lo).max() <= (2 if n >= 3 else math.ceil(6 / n))
     assert select_anchors(lo, hi, stride, None, 0.0, rng).size == 0
@@ -613,18 +602,18 @@ def test_select_anchors_semantics(lo, hi, stride):
 
 def test_select_anchors_numpy_scalars_and_empty():
     rng = np.random.default_rng(0)
-    assert select_anchors(0, 50, 1, np.int64(4), 1.0, rng).size == 4
-    assert select_anchors(0, 50, 1, np.float64(0.5), 1.0, rng).size == 25
+    assert select_anchors(0, 50, 1, PerEpisode(count=np.int64(4)), 1.0, rng).size == 4
+    assert select_anchors(0, 50, 1, PerEpisode(fraction=np.float64(0.5)), 1.0, rng).size == 25
     assert select_anchors(0, 50, 1, None, np.float64(1.0), rng).tolist() == list(range(50))
     for lo, hi in [(10, 10), (32, 9), (0, 0)]:
-        for pe in (None, 0.5, 3):
+        for pe in (None, PerEpisode(fraction=0.5), PerEpisode(count=3)):
             assert select_anchors(lo, hi, 1, pe, 2.0, rng).size == 0
 
 
 def test_select_anchors_rejects_negative_count():
     """per_episode is "an int that many (at most all)": a negative count must not yield windows."""
     try:
-        a = select_anchors(0, 10, 1, -1, 1.0, np.random.default_rng(0))
+        a = select_anchors(0, 10, 1, PerEpisode(count=-1), 1.0, np.random.default_rng(0))
     except ValueError:
         return
     assert a.size == 0, f"per_episode=-1 gave {a.size} windows: {a.tolist()}"
@@ -695,7 +684,7 @@ def test_from_delta_timestamps():
     )
     assert spec.cameras == {"observation.images.top": (-10, -5, 0), "observation.images.wrist": (0,)}
     assert spec.state_offsets == (-2, -1, 0) and spec.action_horizon == 16
-    assert spec.anchor_range(100, ["observation.images.top", "observation.images.wrist"]) == (10, 85)
+    assert anchor_range(spec, 100, ["observation.images.top", "observation.images.wrist"]) == (10, 85)
     # no camera keys: every camera at offset 0; no action key: no action rows; kwargs pass through
     spec = WindowSpec.from_delta_timestamps({"observation.state": [0.0]}, 30, stride=3, boundary="pad")
     assert spec.cameras is None and spec.action_horizon == 0 and spec.stride == 3 and spec.boundary == "pad"
@@ -713,13 +702,43 @@ def test_window_spec_validation():
         dict(boundary="clamp"),
         dict(stride=0),
         dict(action_horizon=-1),
-        dict(per_episode=0.0),
-        dict(per_episode=1.5),
+        dict(per_episode_fraction=0.0),
+        dict(per_episode_fraction=1.5),
+        dict(per_episode_count=-1),
+        dict(per_episode_count=2, per_episode_fraction=0.5),
     ]:
         with pytest.raises(ValueError):
             WindowSpec(**kw)
-    WindowSpec(per_episode=1.0)
-    WindowSpec(per_episode=5)
+    assert WindowSpec(per_episode_fraction=1.0).sampling == PerEpisode(fraction=1.0)
+    assert WindowSpec(per_episode_count=5).sampling == PerEpisode(count=5)
+
+
+def test_per_episode_old_forms_still_work_with_a_deprecation_warning():
+    """``per_episode=1`` meant one window and ``1.0`` all of them; both still mean that, with a warning."""
+    with pytest.warns(DeprecationWarning, match="per_episode_count"):
+        assert WindowSpec(per_episode=1).sampling == PerEpisode(count=1)
+    with pytest.warns(DeprecationWarning, match="fraction"):
+        assert WindowSpec(per_episode=1.0).sampling == PerEpisode(fraction=1.0)
+    for bad in (0.0, 1.5, -1):
+        with pytest.raises(ValueError), pytest.warns(DeprecationWarning):
+            WindowSpec(per_episode=bad)
+    with pytest.warns(DeprecationWarning):
+        assert select_anchors(0, 10, 1, 3, 1.0, np.random.default_rng(0)).size == 3
+    with pytest.raises(ValueError):
+        WindowSpec(per_episode_count=1, per_episode=2)
+
+
+def test_expected_windows_is_the_count_the_planner_draws():
+    """One rule for windows per episode: the planner draws floor or ceil of ``expected_windows``."""
+    anchors = np.array([0, 1, 3, 10, 101])
+    assert P.expected_windows(anchors, PerEpisode()).tolist() == [0, 1, 3, 10, 101]
+    assert P.expected_windows(anchors, PerEpisode(count=4)).tolist() == [0, 1, 3, 4, 4]
+    assert P.expected_windows(anchors, PerEpisode(fraction=0.25)).tolist() == [0, 1, 1, 2, 25]
+    assert P.expected_windows(anchors, PerEpisode(count=4), np.full(5, 1.5)).tolist() == [0, 1.5, 4.5, 6, 6]
+    for n in anchors.tolist():
+        for per in (PerEpisode(), PerEpisode(count=4), PerEpisode(fraction=0.25)):
+            got = select_anchors(0, n, 1, per, 1.0, np.random.default_rng(n)).size
+            assert got == P.expected_windows(np.array([n]), per)[0]
     with pytest.raises(KeyError):
         WindowSpec(cameras={"front": (0,)}).camera_offsets(["top"])
 
@@ -729,6 +748,27 @@ SPEC = WindowSpec(
     state_offsets=(-2, -1, 0),
     action_horizon=16,
 )
+
+
+def anchor_range(spec: WindowSpec, num_rows: int, cams: list[str]) -> tuple[int, int]:
+    """Anchors ``[lo, hi)`` of one episode of ``num_rows`` rows, from ``plan.episode_table`` (the one
+    place a spec becomes anchor ranges), on a one-episode index."""
+    index = SimpleNamespace(
+        num_episodes=1,
+        num_rows=np.array([num_rows]),
+        window_start=np.array([0]),
+        window_stop=np.array([num_rows]),
+        segment_offsets=np.zeros(2, dtype=np.int64),
+        segment_starts=np.zeros(0, dtype=np.int64),
+        shard=np.zeros(1, dtype=np.int32),
+        camera_streams=lambda cam: np.zeros(1, dtype=np.int64),
+        cam_height=np.array([8]),
+        cam_width=np.array([8]),
+        cam_depth=np.array([False]),
+        cam_size=np.array([100]),
+    )
+    table = P.episode_table(spec, index, spec.camera_offsets(cams))
+    return int(table.lo[0]), int(table.hi[0])
 
 
 def test_anchor_range_inside_and_pad():
@@ -758,20 +798,20 @@ def test_anchor_range_inside_and_pad():
         16,
         32,
     ]
-    assert SPEC.anchor_range(100, cams) == (32, 68)
-    assert SPEC.anchor_range(65, cams) == (32, 33)  # exactly one window
-    assert SPEC.anchor_range(64, cams) == (32, 32)  # hi <= lo: zero windows
-    lo, hi = SPEC.anchor_range(20, cams)
+    assert anchor_range(SPEC, 100, cams) == (32, 68)
+    assert anchor_range(SPEC, 65, cams) == (32, 33)  # exactly one window
+    assert anchor_range(SPEC, 64, cams) == (32, 32)  # hi <= lo: zero windows
+    lo, hi = anchor_range(SPEC, 20, cams)
     assert hi <= lo and select_anchors(lo, hi, 1, None, 1.0, np.random.default_rng(0)).size == 0
     # the action chunk decides the end when it reaches furthest
     spec = WindowSpec(cameras={"c": (0,)}, action_horizon=16)
-    assert spec.anchor_range(100, ["c"]) == (0, 85)
-    assert WindowSpec(cameras={"c": (5,)}, state_key=None, action_key=None).anchor_range(50, ["c"]) == (0, 45)
-    assert WindowSpec(cameras={"c": (-5,)}, state_key=None, action_key=None).anchor_range(50, ["c"]) == (5, 50)
-    assert WindowSpec().anchor_range(7, ["a", "b"]) == (0, 7)  # cameras None: offsets 0
+    assert anchor_range(spec, 100, ["c"]) == (0, 85)
+    assert anchor_range(WindowSpec(cameras={"c": (5,)}, state_key=None, action_key=None), 50, ["c"]) == (0, 45)
+    assert anchor_range(WindowSpec(cameras={"c": (-5,)}, state_key=None, action_key=None), 50, ["c"]) == (5, 50)
+    assert anchor_range(WindowSpec(), 7, ["a", "b"]) == (0, 7)  # cameras None: offsets 0
     pad = WindowSpec(cameras=SPEC.cameras, state_offsets=(-2, -1, 0), action_horizon=16, boundary="pad")
     for n in (0, 1, 20, 64, 100):
-        assert pad.anchor_range(n, cams) == (0, n)
+        assert anchor_range(pad, n, cams) == (0, n)
 
 
 @pytest.mark.parametrize(
@@ -787,7 +827,7 @@ def test_anchor_range_is_exactly_the_inside_anchors(spec):
     cams = ["top", "wrist", "c"]
     offs = spec.row_offsets(cams)
     for n in range(0, 90, 3):
-        lo, hi = spec.anchor_range(n, cams)
+        lo, hi = anchor_range(spec, n, cams)
         inside = [a for a in range(-50, n + 50) if np.all((a + offs >= 0) & (a + offs < n))]
         assert list(range(lo, hi)) == inside
 
@@ -823,10 +863,7 @@ def test_stratified_plan_deals_every_stratum_evenly_and_exactly_once(world, work
                 per_episode=None,
                 seed=5,
                 epoch=1,
-                world_size=world,
-                rank=rank,
-                num_workers=workers,
-                worker=worker,
+                world=World(rank, world, worker, workers),
                 shuffle_windows=0,
                 shuffle_bytes=0,
             )
@@ -870,10 +907,10 @@ def test_recording_breaks_remove_exactly_the_crossing_anchors(seed):
             cost_bytes=np.ones(n_ep, np.int64),
             gaps=gaps,
         )
-        for per_episode in (None, 1.0):  # vectorised path and per-episode draw path
+        for per_episode in (None, PerEpisode(fraction=1.0)):  # vectorised path and per-episode draw path
             plan = global_plan(table, stride, per_episode, 0, 0, 1)
             assert set(
                 zip(plan.episode.tolist(), plan.anchor.tolist(), strict=False)
             ) == want and plan.episode.size == len(want)
-        half = global_plan(table, stride, 0.5, 0, 0, 1)
+        half = global_plan(table, stride, PerEpisode(fraction=0.5), 0, 0, 1)
         assert set(zip(half.episode.tolist(), half.anchor.tolist(), strict=False)) <= want

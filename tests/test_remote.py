@@ -19,7 +19,7 @@ from epishard.stream.telemetry import summarize
 
 LENGTHS = [40, 25, 33, 47, 30]
 CAMS = ("observation.images.front", "observation.images.wrist")
-SPEC = WindowSpec(cameras={c: segment(0, 8, 3) for c in CAMS}, action_horizon=4, boundary="pad", per_episode=6)
+SPEC = WindowSpec(cameras={c: segment(0, 8, 3) for c in CAMS}, action_horizon=4, boundary="pad", per_episode_count=6)
 
 
 def _source() -> Source:
@@ -174,7 +174,7 @@ def test_a_shard_that_always_fails_is_skipped_or_raises(local):
 
 def test_ranged_mode_reads_only_the_cameras_asked_for(local):
 
-    one = WindowSpec(cameras={CAMS[0]: segment(0, 8, 3)}, action_horizon=4, boundary="pad", per_episode=6)
+    one = WindowSpec(cameras={CAMS[0]: segment(0, 8, 3)}, action_horizon=4, boundary="pad", per_episode_count=6)
     server, base = serve_http(local)
     try:
         totals = {}

@@ -118,7 +118,7 @@ def test_inside_mode_skips_short_episodes_and_counts_them(dataset):
 
 
 def test_only_returned_frames_are_decoded_and_postprocessed(dataset):
-    spec = WindowSpec(cameras={"observation.images.front": (0,)}, per_episode=2, boundary="pad")
+    spec = WindowSpec(cameras={"observation.images.front": (0,)}, per_episode_count=2, boundary="pad")
     calls = []
     post = PostProcess(size=(32, 32), hook=lambda x: calls.append(x.shape[0]) or x)
     ds = WindowDataset(dataset, spec, postprocess=post, telemetry=True)
@@ -170,20 +170,24 @@ def _keys_of(batch) -> list[tuple[int, int]]:
     return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=False))
 
 
-def test_resume_with_another_worker_count_is_refused(dataset):
+def test_resume_under_another_layout_without_every_rank_or_with_another_seed_is_refused(dataset):
+    """Another worker count or world size resumes (tests/test_elastic.py) only from every rank's
+    state; one rank's state of a 2-rank run, or another seed, is refused with a clear message."""
     spec = WindowSpec(cameras={"observation.images.front": (0,)}, boundary="pad")
-    first = WindowLoader(WindowDataset(dataset, spec), batch_size=2, num_workers=2)
+    first = WindowLoader(WindowDataset(dataset, spec, rank=1, world_size=2), batch_size=2, num_workers=2)
     it = iter(first)
     next(it)
     state = first.state_dict()
     del it
-    with pytest.raises(ValueError, match="num_workers=2.*num_workers=1"):
+    with pytest.raises(ValueError, match="world_size=2, num_workers=2.*world_size=1, num_workers=1.*got ranks \\[1\\]"):
         WindowLoader(WindowDataset(dataset, spec), batch_size=2, num_workers=0).load_state_dict(state)
+    with pytest.raises(ValueError, match="seed=0, this run has seed=5"):
+        WindowLoader(WindowDataset(dataset, spec, seed=5), batch_size=2, num_workers=0).load_state_dict(state)
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_workers_with_fork_spawn_and_persistent_workers(dataset, context):
-    spec = WindowSpec(cameras={"observation.images.wrist": (0, 4)}, boundary="pad", per_episode=3)
+    spec = WindowSpec(cameras={"observation.images.wrist": (0, 4)}, boundary="pad", per_episode_count=3)
     ds = WindowDataset(dataset, spec, seed=2)
     loader = WindowLoader(ds, batch_size=2, num_workers=2, multiprocessing_context=context, persistent_workers=True)
     epochs = [[k for b in loader for k in _keys_of(b)] for _ in range(2)]
@@ -217,7 +221,7 @@ def test_real_datasets_return_the_source_frames_of_their_rows(name, tmp_path):
     convert([str(root)], str(tmp_path), ConvertOptions(progress=False))
     source = {e.episode_index: e for e in read_lerobot(str(root)).episodes}
     cams = sorted(next(iter(source.values())).videos)
-    spec = WindowSpec(cameras={c: segment(0, 16, 5) for c in cams}, action_horizon=4, per_episode=2)
+    spec = WindowSpec(cameras={c: segment(0, 16, 5) for c in cams}, action_horizon=4, per_episode_count=2)
     for s in WindowDataset(str(tmp_path), spec, seed=0):
         episode = source[int(s["episode_index"])]
         table, _ = episode.load_table()
@@ -329,7 +333,7 @@ def test_memory_stays_flat_across_epochs(dataset):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_float_output_through_the_loader_equals_per_sample_conversion(dataset, workers):
     spec = WindowSpec(
-        cameras={"observation.images.front": (0, 4), "observation.images.left": (0,)}, boundary="pad", per_episode=3
+        cameras={"observation.images.front": (0, 4), "observation.images.left": (0,)}, boundary="pad", per_episode_count=3
     )
     post = PostProcess(size=(32, 32), dtype=torch.float32)
     loader = WindowLoader(WindowDataset(dataset, spec, seed=1, postprocess=post), batch_size=4, num_workers=workers)

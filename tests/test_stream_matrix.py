@@ -105,10 +105,10 @@ def _convert(out, videos: list[bytes], **opts) -> dict:
 # frames; offsets in descending order; two windows of one episode decoded in one call.
 PATTERNS = {
     "all-anchors": WindowSpec(cameras={CAM: (0,)}, boundary="pad"),
-    "one-window-per-episode": WindowSpec(cameras={CAM: (0, 3, 6, 9)}, per_episode=1, boundary="pad"),
-    "single-frame": WindowSpec(cameras={CAM: (0,)}, per_episode=1, boundary="pad"),
-    "descending": WindowSpec(cameras={CAM: (11, 5, 2, 1, 0)}, per_episode=3, boundary="pad"),
-    "two-windows-one-call": WindowSpec(cameras={CAM: (-4, 0, 4)}, per_episode=2, boundary="pad"),
+    "one-window-per-episode": WindowSpec(cameras={CAM: (0, 3, 6, 9)}, per_episode_count=1, boundary="pad"),
+    "single-frame": WindowSpec(cameras={CAM: (0,)}, per_episode_count=1, boundary="pad"),
+    "descending": WindowSpec(cameras={CAM: (11, 5, 2, 1, 0)}, per_episode_count=3, boundary="pad"),
+    "two-windows-one-call": WindowSpec(cameras={CAM: (-4, 0, 4)}, per_episode_count=2, boundary="pad"),
 }
 
 

@@ -59,7 +59,7 @@ from epishard.balance import (
     stratified_order,
 )
 from epishard.shardwriter.index import WindowIndex
-from epishard.stream.plan import EpisodeTable, buffer_shuffle, global_plan, rng_for, worker_plan
+from epishard.stream.plan import EpisodeTable, World, buffer_shuffle, global_plan, rng_for, worker_plan
 
 D_MODEL = 2048
 MIX = {
@@ -336,10 +336,7 @@ def streaming(mix: RealMix, model: str, world: int, batch: int, workers: int, ch
                 per_episode=None,
                 seed=seed,
                 epoch=0,
-                world_size=world,
-                rank=rank,
-                num_workers=workers,
-                worker=w,
+                world=World(rank, world, w, workers),
                 shuffle_windows=512,
                 shuffle_bytes=1 << 62,
             )
@@ -353,10 +350,7 @@ def streaming(mix: RealMix, model: str, world: int, batch: int, workers: int, ch
                 per_episode=None,
                 seed=seed,
                 epoch=0,
-                world_size=world,
-                rank=rank,
-                num_workers=workers,
-                worker=w,
+                world=World(rank, world, w, workers),
                 shuffle_windows=512,
                 shuffle_bytes=1 << 62,
             )

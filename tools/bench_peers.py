@@ -472,13 +472,13 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
     t0 = time.perf_counter()
     epoch_timed, extra = False, {}
     if system.kind == "epishard":
-        from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
+        from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, World, segment
         from epishard.stream.source import DatasetSource
 
         src = DatasetSource(root)
         episodes = src.index.num_episodes
         want = cfg["batches"] * bs
-        copies, per_episode = 1, None
+        copies, per_episode = 1, None  # windows per episode per epoch (a count), None: all
         if system.reuse == "epoch":
             per_episode = max(1, math.ceil(want / episodes))
         elif system.reuse == "pe4":
@@ -488,7 +488,7 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
             state_offsets=(0,),
             action_horizon=HORIZON,
             boundary="pad",
-            per_episode=per_episode,
+            per_episode_count=per_episode,
         )
         sources = [src] if copies == 1 else [DatasetSource(root) for _ in range(copies)]
         ds = WindowDataset(sources, spec, seed=seed, postprocess=PostProcess(dtype=dtype), telemetry=True)
@@ -503,10 +503,10 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
         if epoch_timed:
             # Warm up on the tail of epoch 0 (exact resume: only its last `warmup` batches are left), so
             # that nothing is in flight when the timed epoch 1 starts.
-            per_worker = len(ds.plan(0, 0, 1, workers, 0))
+            per_worker = len(ds.plan(0, World(0, 1, 0, workers)))
             total = workers * math.ceil(per_worker / bs)
             loader.load_state_dict(ds.state_dict(max(total - cfg["warmup"], 0), bs, workers, epoch=0))
-        extra = {"per_episode": per_episode, "dataset_copies": copies, "windows_per_epoch": len(ds)}
+        extra = {"per_episode": per_episode, "dataset_copies": copies, "windows_per_epoch": len(loader.dataset)}
     elif system.kind == "webdataset":
         import webdataset as wds
 

@@ -101,7 +101,7 @@ from epishard.shardwriter.index import dataset_index_bytes
 from epishard.shardwriter.video import frame_mappings
 from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
 from epishard.stream.decode import decode
-from epishard.stream.plan import worker_plan
+from epishard.stream.plan import PerEpisode, World, worker_plan
 
 SIZE = (224, 224)
 CAMS3 = ("observation.images.front", "observation.images.left", "observation.images.wrist")
@@ -233,7 +233,7 @@ def windows_for(ds: WindowDataset, samples: int) -> tuple[list[tuple[int, int]],
     the reader loads has all its windows yielded (a cut epoch would charge it decoded, unused frames)."""
     pieces, wins, epoch = [], [], 0
     while len(wins) < samples:
-        plan = ds.plan(epoch, 0, 1, 1, 0)
+        plan = ds.plan(epoch, World())
         if len(plan) == 0:
             raise RuntimeError("the window spec gives no windows on this dataset")
         pieces.append((epoch, len(plan)))
@@ -357,7 +357,7 @@ def bench_samples(
     note: str,
 ) -> None:
     kw = dict(
-        spec=WindowSpec(cameras=cams, action_horizon=ACTION_HORIZON, per_episode=PER_EPISODE),
+        spec=WindowSpec(cameras=cams, action_horizon=ACTION_HORIZON, per_episode_count=PER_EPISODE),
         postprocess=PostProcess(size=SIZE),
         shuffle_windows=0,
     )
@@ -509,9 +509,9 @@ def bench_plan(rounds: int, big: int) -> None:
             init[n] = time.perf_counter() - t
         cases = [  # label, episodes, per_episode, world, workers
             ("1 episode, all anchors", 1, None, 1, 1),
-            ("8 episodes, 1 window each", 8, 1, 1, 1),
-            (f"{big:,} episodes, 1 window each", big, 1, 1, 1),
-            (f"{big:,} episodes, 1 window each, consumer 0 of 8 ranks x 8 workers", big, 1, 8, 8),
+            ("8 episodes, 1 window each", 8, PerEpisode(count=1), 1, 1),
+            (f"{big:,} episodes, 1 window each", big, PerEpisode(count=1), 1, 1),
+            (f"{big:,} episodes, 1 window each, consumer 0 of 8 ranks x 8 workers", big, PerEpisode(count=1), 8, 8),
         ]
 
         def once(ds, ix, per, world, workers) -> tuple[float, float, float, float, int]:
@@ -522,10 +522,7 @@ def bench_plan(rounds: int, big: int) -> None:
                 per_episode=per,
                 seed=0,
                 epoch=0,
-                world_size=world,
-                rank=0,
-                num_workers=workers,
-                worker=0,
+                world=World(0, world, 0, workers),
                 shuffle_windows=ds.shuffle_windows,
                 shuffle_bytes=ds.shuffle_bytes,
             )
@@ -583,7 +580,7 @@ def bench_plan(rounds: int, big: int) -> None:
                     "bench": "3-plan",
                     "case": label,
                     "episodes": n,
-                    "per_episode": case[2],
+                    "per_episode": None if case[2] is None else case[2].count,
                     "world_size": case[3],
                     "num_workers": case[4],
                     "samples_per_epoch": epoch_samples,

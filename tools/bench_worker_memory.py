@@ -65,7 +65,7 @@ def main() -> int:
     roots = converted(sources, Path(args.work))
     # Every camera of every dataset (the datasets differ in cameras, sizes and state widths, so
     # batches stay lists of samples), frames resized to 128x128, a 16-step action chunk.
-    spec = WindowSpec(cameras=None, action_horizon=16, per_episode=args.per_episode)
+    spec = WindowSpec(cameras=None, action_horizon=16, per_episode_count=args.per_episode)
     mixed = WindowDataset([(r, 1.0) for r in roots], spec, seed=0, postprocess=PostProcess(size=(128, 128)))
     loader = WindowLoader(mixed, batch_size=8, num_workers=args.workers, persistent_workers=True, collate_fn=_samples)
     rows = []

@@ -16,8 +16,13 @@ An S3-compatible store (MinIO, Ceph, ...): ``--storage-options '{"endpoint_url":
 inherits from torchrun: ``AWS_ENDPOINT_URL=http://minio:9000`` (botocore), or any fsspec option as
 ``FSSPEC_S3_ENDPOINT_URL=...`` (``FSSPEC_<PROTOCOL>_<OPTION>``); credentials from ``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY`` or ``AWS_PROFILE``. Explicit options win over the environment.
-Resume: the same command with ``--resume`` (same number of processes and workers; another count
-is refused with a clear error, because every rank's share of the epoch would change).
+Resume: the same command with ``--resume``. Each rank saves its loader state
+(``loader.rank<R>.pt``); on resume every rank loads the states of **all** ranks of the run that
+saved them, so the number of processes (or ``--workers``) may change (elastic resume): the windows
+of the interrupted epoch that no rank consumed are dealt to the new ranks, each yielded once, the
+same number of steps on every rank, and the following epochs are the new layout's own plans:
+    torchrun --nproc-per-node 2 tools/train_example.py out/demo --checkpoint out/ckpt --stop-after 5
+    torchrun --nproc-per-node 3 tools/train_example.py out/demo --checkpoint out/ckpt --resume
 
 Balancing (``--balance``): the reader is ``balance.streaming.BalancedWindowDataset``; each rank
 reorders its own stream in chunks of ``--chunk-batches`` batches so that every step's batches have
@@ -32,8 +37,10 @@ inside each batch) and so gives the telemetry of the unbalanced run for comparis
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import re
 import sys
 import time
 
@@ -45,6 +52,7 @@ from torch import nn
 from epishard.balance.telemetry import StepTelemetry
 from epishard.shardwriter.storage import parse_storage_options
 from epishard.stream import DatasetSource, PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
+from epishard.stream.report import add_per_episode_arguments, per_episode_options
 
 
 class TinyPolicy(nn.Module):
@@ -93,7 +101,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--span", type=int, default=9)
     p.add_argument("--horizon", type=int, default=8)
     p.add_argument("--size", type=int, default=64, help="frames resized to size x size")
-    p.add_argument("--per-episode", type=float, default=None)
+    add_per_episode_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--checkpoint", help="folder for checkpoints (written every --save-every steps and at epoch ends)")
@@ -150,6 +158,20 @@ def save(folder: str, rank: int, model, optimizer, loader: WindowLoader, step: i
         dist.barrier()
 
 
+def loader_states(folder: str) -> list[dict]:
+    """Every rank's loader state of the last checkpoint in ``folder`` (``loader.rank<R>.pt``).
+
+    Files of ranks beyond the saving run's world size (left by an earlier, larger run) are ignored.
+    """
+    states = {}
+    for path in glob.glob(os.path.join(folder, "loader.rank*.pt")):
+        found = re.fullmatch(r"loader\.rank(\d+)\.pt", os.path.basename(path))
+        if found:
+            states[int(found.group(1))] = torch.load(path)
+    world = states[0]["world_size"] if 0 in states else len(states)
+    return [states[r] for r in sorted(states) if r < world]
+
+
 def gather_costs(costs: torch.Tensor, world: int) -> np.ndarray:
     """float64 ``[world, batch]``: this step's per-sample costs (``__cost__``) on every rank.
 
@@ -186,13 +208,12 @@ def main() -> int:
     rank, world, device = setup()
     source = DatasetSource(args.dataset, args.storage_options)
     cams = source.cameras
-    per = int(args.per_episode) if args.per_episode and args.per_episode > 1 else args.per_episode
     spec = WindowSpec(
         cameras={c: segment(0, args.span - 1, args.frames) for c in cams},
         state_offsets=(-1, 0),
         action_horizon=args.horizon,
         boundary="pad",
-        per_episode=per,
+        **per_episode_options(args),
     )
     kw = dict(
         seed=args.seed,
@@ -219,9 +240,9 @@ def main() -> int:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
-        try:
-            loader.load_state_dict(torch.load(os.path.join(args.checkpoint, f"loader.rank{rank}.pt")))
-        except ValueError as exc:  # another world size / worker count mid-epoch: refused, say why
+        try:  # every rank's state: the saving run may have had another number of processes or workers
+            loader.load_state_dict(loader_states(args.checkpoint))
+        except ValueError as exc:  # a rank's state missing, or another seed: refused, say why
             print(f"[rank {rank}] {exc}", file=sys.stderr, flush=True)
             return 1
     first_epoch = loader._epoch
