@@ -561,10 +561,10 @@ class WindowDataset(IterableDataset):
             ranks = sorted(s["rank"] for s in states)
             if ranks != list(range(old_world)):
                 raise ValueError(
-                    f"cannot resume: the state was saved with world_size={old_world}, num_workers={old_workers}; "
-                    f"this run has world_size={here.world_size}, num_workers={workers}. Resuming under another "
-                    f"layout needs the states of all {old_world} ranks (a list; got ranks {ranks}); or start the "
-                    f"next epoch fresh with set_epoch({epoch + 1})."
+                    f"cannot resume: the state was saved with world_size={old_world}, this run has "
+                    f"world_size={here.world_size} (num_workers {old_workers} then, {workers} now). Resuming under "
+                    f"another layout needs the states of all {old_world} ranks (a list; got ranks {ranks}); or "
+                    f"start the next epoch fresh with set_epoch({epoch + 1})."
                 )
             consumed = tuple(c for s in sorted(states, key=lambda s: s["rank"]) for c in s["consumed"])
             progress = Progress(old_world, old_workers, consumed)

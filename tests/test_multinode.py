@@ -1,7 +1,8 @@
 """Two "nodes" on loopback (two torchrun launches, --nnodes 2), two processes each, two DataLoader
 workers per process, running tools/train_example.py on a 3-shard dataset (8 consumers > 3 shards)
 with uneven episode lengths: exactly-once windows, equal steps per rank, new order per epoch, exact
-resume from a checkpoint, and a clear refusal when the process count changes."""
+resume from a checkpoint, a clear refusal when a rank's state is missing, and elastic resume of a
+2-process run with 3 processes."""
 
 from __future__ import annotations
 
@@ -179,7 +180,8 @@ def test_two_nodes_exactly_once_equal_steps_and_exact_resume(dataset, tmp_path):
     _torchrun(2, 2, [dataset, "--epochs", "2", "--checkpoint", ckpt, "--resume", "--dump-keys", part, *TRAIN])
     assert _keys(part, world) == keys
 
-    # Restarting with another number of processes is refused with a clear message.
+    # Another number of processes resumes only from every rank's state: one missing is refused clearly.
+    (tmp_path / "ckpt_mid" / "loader.rank3.pt").unlink()
     results = _torchrun(
         1,
         2,
@@ -188,3 +190,29 @@ def test_two_nodes_exactly_once_equal_steps_and_exact_resume(dataset, tmp_path):
     )
     assert results[0].returncode != 0
     assert "cannot resume: the state was saved with world_size=4, this run has world_size=2" in results[0].stdout
+    assert "needs the states of all 4 ranks (a list; got ranks [0, 1, 2])" in results[0].stdout
+
+
+def test_resume_with_another_process_count_yields_each_remaining_window_once(dataset, tmp_path):
+    """Elastic resume: train with 2 processes x 2 workers, stop mid-epoch (checkpoint at step 4),
+    resume with 3 processes without workers: consumed-before plus yielded-after is the epoch's plan
+    for 4 consumers, each window once, minus the (R mod 3) windows the resume leaves out; every new
+    rank the same number of steps; the next epoch is the plan for 3 consumers."""
+    ckpt, before, after = str(tmp_path / "ckpt"), str(tmp_path / "before"), str(tmp_path / "after")
+    common = [dataset, "--epochs", "2", "--checkpoint", ckpt, *TRAIN]
+    _torchrun(1, 2, [*common, "--save-every", "4", "--stop-after", "4", "--dump-keys", before])
+    _torchrun(1, 3, [*common, "--resume", "--dump-keys", after, "--workers", "0"])
+    consumed = [k for ks in _keys(before, 2).values() for k in ks]
+    assert len(consumed) == 2 * 4 * 2  # 2 ranks x 4 steps x batch 2, all in epoch 0
+    resumed = _keys(after, 3)
+    planned = _planned(dataset, 0, consumers=4)
+    seen = collections.Counter(tuple(k[2:]) for k in consumed)
+    seen.update(tuple(k[2:]) for ks in resumed.values() for k in ks if k[0] == 0)
+    assert max(seen.values()) == 1 and not seen - planned  # each window at most once, all planned
+    left_out = planned - seen
+    assert left_out.total() == (planned.total() - len(consumed)) % 3
+    for epoch in (0, 1):
+        steps = {r: len({k[1] for k in ks if k[0] == epoch}) for r, ks in resumed.items()}
+        assert len(set(steps.values())) == 1 and steps[0] > 0, steps
+    epoch1 = collections.Counter(tuple(k[2:]) for ks in resumed.values() for k in ks if k[0] == 1)
+    assert epoch1 == _planned(dataset, 1, consumers=3)

@@ -1,0 +1,252 @@
+"""Exact elastic resume: a mid-epoch state saved under (world W1, workers K1) resumed under (W2, K2).
+
+The rule under test (README, "Elastic resume"): every window of the epoch's plan is consumed before
+the save, or yielded exactly once after the resume by one of the new consumers, or is one of the
+``R mod (W2 x K2)`` windows (``R``: windows not yet consumed) left out at the resume; none twice;
+every new consumer yields the same number (so every new rank the same number of batches); the
+next epoch is the new layout's own plan.
+
+Pure tests first (``stream.plan``: no I/O), then the same through ``WindowLoader`` on a tiny
+generated dataset whose frames carry their frame number.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+from videogen import decode_frame_number, make_episode_table, make_video
+
+from epishard.balance.streaming import BalancedOrder
+from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+from epishard.stream import WindowDataset, WindowLoader, WindowSpec, World
+from epishard.stream.plan import EpisodeTable, PerEpisode, Progress, global_plan, level_plan, worker_plan
+
+# --- pure: stream.plan ---------------------------------------------------------------------------
+
+
+def _table(stratified: bool = False) -> EpisodeTable:
+    """3 shards (fewer than most layouts' consumers), 9 episodes of uneven length (one without windows)."""
+    rows = np.array([41, 7, 130, 18, 0, 66, 25, 93, 12])
+    shard = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    return EpisodeTable(
+        shard=shard,
+        lo=np.zeros(rows.size, dtype=np.int64),
+        hi=rows.astype(np.int64),
+        weight=np.ones(rows.size),
+        cost_bytes=rows * 100 + 5,
+        stratum=(shard == 2).astype(np.int64) if stratified else None,
+    )
+
+
+KW = dict(stride=1, per_episode=None, seed=3, epoch=1, shuffle_windows=16, shuffle_bytes=10**9)
+
+
+def _plans(table, world_size, workers, history=(), **stages):
+    """Every consumer's ``WorkerPlan`` of a layout (``workers=0``: a process without workers, one consumer)."""
+    k = max(workers, 1)
+    return [
+        worker_plan(table, **KW, world=World.of_consumer(c, world_size, k), history=history, **stages)
+        for c in range(world_size * k)
+    ]
+
+
+def _consumed_counts(plans, world_size, workers, batches, batch_size) -> tuple[int, ...]:
+    """What ``WindowLoader`` records after each rank consumed ``batches`` batches: the in-order
+    round-robin gives worker ``w`` batches ``w, w + K, ...``."""
+    k = max(workers, 1)
+    out = []
+    for c, plan in enumerate(plans):
+        w = c % k
+        taken = -(-(batches - w) // k) if batches > w else 0
+        out.append(min(taken * batch_size, len(plan)))
+    return tuple(out)
+
+
+def _keys(plan, n=None) -> list[tuple[int, int]]:
+    e, a = plan.episode[:n], plan.anchor[:n]
+    return list(zip(e.tolist(), a.tolist(), strict=True))
+
+
+def _check_exactly_once(table, old, new, batches, batch_size, **stages) -> int:
+    """Resume ``old`` (ranks, workers) after ``batches`` batches per rank under ``new``; assert the
+    rule; return how many windows the resume left out."""
+    before = _plans(table, *old, **stages)
+    progress = Progress(old[0], max(old[1], 1), _consumed_counts(before, *old, batches, batch_size))
+    after = _plans(table, *new, history=(progress,), **stages)
+    epoch = collections.Counter(_keys(global_plan(table, KW["stride"], None, KW["seed"], KW["epoch"], len(before))))
+    consumed = collections.Counter(k for p, n in zip(before, progress.consumed, strict=True) for k in _keys(p, n))
+    yielded = collections.Counter(k for p in after for k in _keys(p))
+    assert len({len(p) for p in after}) == 1  # every new consumer (so every new rank) yields as many
+    assert max(consumed.values(), default=1) == 1 and max(yielded.values(), default=1) == 1
+    assert not consumed & yielded  # nothing consumed is yielded again
+    left_out = epoch - consumed - yielded
+    assert consumed + yielded + left_out == epoch  # nothing outside the epoch's plan
+    consumers = new[0] * max(new[1], 1)
+    strata = np.zeros(table.num_episodes, dtype=np.int64) if table.stratum is None else table.stratum
+    remaining = np.bincount([strata[e] for e, _ in (epoch - consumed).elements()], minlength=strata.max() + 1)
+    # Each stratum (dataset of a mix) is dealt on its own: its remainder mod consumers is left out.
+    assert left_out.total() == after[0].dropped == int(np.sum(remaining % consumers))
+    return left_out.total()
+
+
+LAYOUTS = [  # (ranks, workers) before -> after
+    ((2, 2), (1, 2)),  # 2 -> 1 ranks
+    ((2, 2), (4, 2)),  # 2 -> 4 ranks
+    ((4, 2), (3, 2)),  # 4 -> 3 ranks
+    ((2, 2), (2, 0)),  # workers 2 -> 0
+    ((2, 0), (2, 2)),  # workers 0 -> 2
+    ((1, 0), (3, 3)),
+]
+
+
+@pytest.mark.parametrize("old,new", LAYOUTS, ids=lambda x: f"{x[0]}x{x[1]}")
+@pytest.mark.parametrize("batches", [0, 1, 5, 12])
+def test_resume_under_another_layout_yields_every_window_not_consumed_exactly_once(old, new, batches):
+    _check_exactly_once(_table(), old, new, batches, batch_size=4)
+
+
+@pytest.mark.parametrize("old,new", LAYOUTS, ids=lambda x: f"{x[0]}x{x[1]}")
+def test_union_of_consumed_and_resumed_is_the_whole_epoch_when_nothing_is_left_out(old, new):
+    """Where the windows left divide evenly among the new consumers, consumed-before plus
+    yielded-after is exactly the uninterrupted epoch's window set."""
+    cuts = ((b, size) for size in (1, 3) for b in range(1, 40))
+    evenly = next((cut for cut in cuts if _check_exactly_once(_table(), old, new, *cut) == 0), None)
+    assert evenly, "no cut point in this epoch divides evenly: the test would not test the whole set"
+
+
+def test_elastic_resume_with_strata_and_the_balanced_order_stage():
+    """Mixed datasets (strata) and a cost-ordering stage: the same rule, and the new plans still give
+    every consumer the same share of each stratum."""
+    table = _table(stratified=True)
+    stages = dict(cost=lambda e, a: (e * 7 + a % 5).astype(np.float64), order=BalancedOrder(4, 2, table.stratum, 2))
+    for old, new in [((2, 2), (3, 1)), ((1, 0), (2, 2))]:
+        for batches in (2, 7):
+            _check_exactly_once(table, old, new, batches, batch_size=4, **stages)
+    after = _plans(table, 3, 1, history=(Progress(2, 2, (3, 0, 8, 4)),), **stages)
+    shares = {tuple(np.bincount(table.stratum[p.episode], minlength=2)) for p in after}
+    assert len(shares) == 1
+    assert all(p.cost is not None and p.cost.tolist() == stages["cost"](p.episode, p.anchor).tolist() for p in after)
+
+
+def test_two_layout_changes_in_one_epoch():
+    """2x2 -> 3x1 -> 1x2: each change deals what is left again; still exactly once overall."""
+    table = _table()
+    first = _plans(table, 2, 2)
+    p1 = Progress(2, 2, _consumed_counts(first, 2, 2, batches=3, batch_size=4))
+    second = _plans(table, 3, 1, history=(p1,))
+    p2 = Progress(3, 1, tuple(min(5, len(p)) for p in second))
+    third = _plans(table, 1, 2, history=(p1, p2))
+    consumed = [k for p, n in zip(first, p1.consumed, strict=True) for k in _keys(p, n)]
+    consumed += [k for p, n in zip(second, p2.consumed, strict=True) for k in _keys(p, n)]
+    yielded = [k for p in third for k in _keys(p)]
+    every = consumed + yielded
+    assert len(set(every)) == len(every)
+    epoch = set(_keys(global_plan(table, 1, None, KW["seed"], KW["epoch"], 4)))
+    dropped = second[0].dropped + third[0].dropped
+    assert set(every) <= epoch and len(epoch) - len(every) == dropped < 3 + 2
+    assert len({len(p) for p in third}) == 1
+
+
+def test_remainder_is_a_pure_function_of_the_state_and_layout():
+    table = _table()
+    history = (Progress(2, 2, (9, 4, 0, 17)),)
+    a = level_plan(table, **_level_kw(), consumers=6, history=history)
+    b = level_plan(_table(), **_level_kw(), consumers=6, history=history)
+    assert np.array_equal(a.episode, b.episode) and np.array_equal(a.anchor, b.anchor)
+    same = level_plan(table, **_level_kw(), consumers=4)  # no history: the epoch's own plan
+    plain = global_plan(table, 1, None, KW["seed"], KW["epoch"], 4)
+    assert np.array_equal(same.episode, plain.episode) and same.dropped == plain.dropped
+    with pytest.raises(ValueError, match="consumed 999 windows"):
+        level_plan(table, **_level_kw(), consumers=6, history=(Progress(2, 2, (999, 0, 0, 0)),))
+    with pytest.raises(ValueError, match="needs 4 counts"):
+        Progress(2, 2, (1, 2, 3))
+
+
+def _level_kw() -> dict:
+    from epishard.stream.plan import Stages
+
+    return dict(
+        stride=1,
+        per_episode=PerEpisode(),
+        seed=KW["seed"],
+        epoch=KW["epoch"],
+        stages=Stages(KW["shuffle_windows"], KW["shuffle_bytes"]),
+    )
+
+
+# --- end to end: WindowLoader on a generated dataset ---------------------------------------------
+
+LENGTHS = [23, 9, 31, 15, 27, 12, 40]
+CAM = "observation.images.front"
+SPEC = WindowSpec(cameras={CAM: (0,)}, state_offsets=(0,), action_horizon=1, boundary="pad", stride=2)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("elastic")
+    episodes = [
+        Episode(
+            source="el",
+            episode_index=e,
+            table=make_episode_table(n, fps=20),
+            fps=20,
+            tasks=("t",),
+            videos={CAM: CameraVideo(make_video(None, n, height=32, width=32, gop=8, start_number=100 * e))},
+        )
+        for e, n in enumerate(LENGTHS)
+    ]
+    convert([Source(name="el", episodes=episodes, fps=20)], str(out), ConvertOptions(max_episodes_per_shard=3, progress=False))
+    return str(out)
+
+
+def _loader(dataset, rank, world, workers, batch_size=2):
+    ds = WindowDataset(dataset, SPEC, seed=4, rank=rank, world_size=world, shuffle_windows=8)
+    return WindowLoader(ds, batch_size=batch_size, num_workers=workers)
+
+
+def _batch_keys(batch) -> list[tuple[int, int]]:
+    keys = list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True))
+    for (e, f), frames in zip(keys, batch[CAM], strict=True):
+        assert decode_frame_number(frames[0]) == 100 * e + f  # the frame is the window's own
+    return keys
+
+
+@pytest.mark.parametrize("old,new", [((2, 2), (3, 0)), ((1, 0), (2, 2))], ids=lambda x: f"{x[0]}x{x[1]}")
+def test_window_loader_resumes_under_another_layout_exactly_once(dataset, old, new):
+    cut = 3
+    consumed, states = [], []
+    for rank in range(old[0]):
+        loader = _loader(dataset, rank, *old)
+        it = iter(loader)
+        consumed += [k for _ in range(cut) for k in _batch_keys(next(it))]
+        states.append(loader.state_dict())
+        del it
+    yielded, batches = [], []
+    for rank in range(new[0]):
+        loader = _loader(dataset, rank, *new)
+        loader.load_state_dict(states[::-1])  # any order
+        got = [_batch_keys(b) for b in loader]
+        batches.append(len(got))
+        yielded += [k for b in got for k in b]
+        next_epoch = [_batch_keys(b) for b in loader]
+        assert next_epoch == _planned_batches(loader.dataset, 1, rank, *new, batch_size=2)  # the new layout's plan
+    assert len(set(batches)) == 1  # every new rank the same number of batches
+    ds = WindowDataset(dataset, SPEC, seed=4)
+    epoch = collections.Counter(_keys(global_plan(ds.table, 2, None, 4, 0, old[0] * max(old[1], 1))))
+    got = collections.Counter(consumed) + collections.Counter(yielded)
+    assert max(got.values()) == 1 and not got - epoch
+    consumers = new[0] * max(new[1], 1)
+    assert (epoch - got).total() == (epoch.total() - len(consumed)) % consumers
+
+
+def _planned_batches(ds, epoch, rank, world, workers, batch_size) -> list[list[tuple[int, int]]]:
+    """The batches a rank's loader yields for a fresh ``epoch``: each worker's plan cut into batches,
+    taken round-robin over the workers (the DataLoader's in-order mode)."""
+    k = max(workers, 1)
+    per_worker = []
+    for w in range(k):
+        keys = _keys(ds.plan(epoch, World(rank, world, w, k)))
+        per_worker.append([keys[i : i + batch_size] for i in range(0, len(keys), batch_size)])
+    return [b for step in zip(*per_worker, strict=True) for b in step]
