@@ -52,8 +52,8 @@ from .plan import (
     OrderStage,
     Progress,
     Stages,
-    World,
     WorkerPlan,
+    World,
     anchor_counts,
     episode_table,
     level_plan,
@@ -69,7 +69,8 @@ STATE_VERSION = 2  # 2: + "history" (progress under earlier layouts of the epoch
 
 def _distributed(rank: int | None, world_size: int | None) -> World:
     """This process's rank and world size (``worker=0`` of 1): the arguments when given, else
-    ``torch.distributed`` when initialised, else rank 0 of 1."""
+    ``torch.distributed`` when initialised, else rank 0 of 1.
+    """
     if rank is not None and world_size is not None:
         return World(rank, world_size)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -260,7 +261,8 @@ class WindowDataset(IterableDataset):
 
     def _episode_table(self) -> tuple[EpisodeTable, np.ndarray]:
         """The planner's table of every dataset of the mix (``plan.episode_table`` each), and the
-        first global episode number of each dataset (int64 ``[datasets + 1]``)."""
+        first global episode number of each dataset (int64 ``[datasets + 1]``).
+        """
         parts = [
             episode_table(self.spec, source.index, offsets, weight=weight, frame_size=self.post.size)
             for source, weight, offsets in zip(self.sources, self.weights, self.cam_offsets, strict=True)
@@ -273,7 +275,8 @@ class WindowDataset(IterableDataset):
 
     def plan(self, epoch: int, world: World, history: tuple[Progress, ...] = ()) -> WorkerPlan:
         """Consumer ``world.consumer``'s windows for ``epoch`` (global episode numbers), in yield
-        order; after ``history`` (earlier layouts' progress), its share of what is left."""
+        order; after ``history`` (earlier layouts' progress), its share of what is left.
+        """
         return worker_plan(
             self.table,
             stride=self.spec.stride,
@@ -604,6 +607,8 @@ class WindowLoader(DataLoader):
     persistent workers) unless a state is loaded.
     """
 
+    dataset: WindowDataset  # its own copy of the dataset given
+
     def __init__(self, dataset: WindowDataset, batch_size: int = 1, *, defer_float: bool | None = None, **kw):
         floating = dataset.post.dtype.is_floating_point
         if defer_float is None:
@@ -652,7 +657,8 @@ class WindowLoader(DataLoader):
 
     def state_dict(self) -> dict:
         """This rank's position (see ``WindowDataset.state_dict``). To resume under another world
-        size or worker count, save every rank's state and load them all (a list)."""
+        size or worker count, save every rank's state and load them all (a list).
+        """
         start = self._start if self._start.epoch == self._epoch else Resume(self._epoch)
         state = self.dataset.state_dict(self._batches, self.batch_size, self.num_workers, self._epoch, start)
         # At an epoch boundary nothing is consumed: such a state loads under any layout.

@@ -112,7 +112,8 @@ class PerEpisode:
     @classmethod
     def of(cls, value: PerEpisode | float | int | None) -> PerEpisode:
         """``value`` as a ``PerEpisode``; the old ambiguous forms (an int: a count, a float: a
-        fraction) still work with a ``DeprecationWarning``."""
+        fraction) still work with a ``DeprecationWarning``.
+        """
         if value is None:
             return cls()
         if isinstance(value, PerEpisode):
@@ -177,7 +178,8 @@ class EpisodeTable:
     def concat(cls, tables: Sequence[EpisodeTable], shard_counts: Sequence[int], stratify: bool) -> EpisodeTable:
         """The tables of a mix of datasets as one: episodes numbered in order (dataset ``d``'s
         episode ``e`` becomes ``sum(episodes of datasets < d) + e``), shards likewise by
-        ``shard_counts``; with ``stratify`` each dataset is its own stratum."""
+        ``shard_counts``; with ``stratify`` each dataset is its own stratum.
+        """
         base = np.cumsum([0, *[t.num_episodes for t in tables]])
         shard_base = np.cumsum([0, *shard_counts])
         gaps = [
@@ -533,7 +535,8 @@ def _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, load
 
 class CostStage(Protocol):
     """Predicted cost of windows: float64 ``[n]`` for global episode numbers and anchors ``[n]``
-    (``balance.cost.CostFn``)."""
+    (``balance.cost.CostFn``).
+    """
 
     def __call__(self, episodes: np.ndarray, anchors: np.ndarray) -> np.ndarray: ...
 
@@ -599,7 +602,8 @@ class Progress:
 @dataclass(frozen=True)
 class Stages:
     """The per-consumer stages after the cut: the shuffle buffer's bounds (windows; bytes of loaded
-    episodes, ``buffer_shuffle``), then the optional ``cost`` and ``order`` stages."""
+    episodes, ``buffer_shuffle``), then the optional ``cost`` and ``order`` stages.
+    """
 
     shuffle_windows: int = 0
     shuffle_bytes: int = 0
@@ -651,12 +655,17 @@ def _consumer_order(
     table: EpisodeTable, plan: GlobalPlan, world: World, level: int, seed: int, epoch: int, stages: Stages
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Yield order of ``world.consumer``'s part of ``plan`` (positions within the part) and the
-    windows' costs in that order."""
+    windows' costs in that order.
+    """
     part = plan.consumer_slice(world.consumer)
     episode, anchor = plan.episode[part], plan.anchor[part]
     salt = (world.consumer,) if level == 0 else (world.consumer, level)
     order = buffer_shuffle(
-        episode, table.cost_bytes, stages.shuffle_windows, stages.shuffle_bytes, rng_for(seed, epoch, _SALT_SHUFFLE, *salt)
+        episode,
+        table.cost_bytes,
+        stages.shuffle_windows,
+        stages.shuffle_bytes,
+        rng_for(seed, epoch, _SALT_SHUFFLE, *salt),
     )
     cost = None
     if stages.cost is not None:

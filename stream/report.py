@@ -26,7 +26,8 @@ def _timed_collate(samples: list[dict]) -> dict:
 
 def add_per_episode_arguments(p: argparse.ArgumentParser) -> None:
     """``--per-episode-count N`` / ``--per-episode-fraction F`` (windows per episode per epoch), and
-    the deprecated ``--per-episode F`` (a count above 1, else a fraction)."""
+    the deprecated ``--per-episode F`` (a count above 1, else a fraction).
+    """
     group = p.add_mutually_exclusive_group()
     group.add_argument("--per-episode-count", type=int, metavar="N", help="windows per episode per epoch (at most all)")
     group.add_argument(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,3 +179,81 @@ def test_rule_catches_a_bad_snippet(rule):
     found = rule(Path("stream/bad.py"), ast.parse(source))
     assert sorted(v.line for v in found) == lines, [str(v) for v in found]
     assert all(str(v).startswith(f"stream/bad.py:{v.line}: ") for v in found)
+
+
+# --- rule 2: no subclass overrides a private method of another package's class ---------------------
+
+
+def _imported_names(tree: ast.Module, package: str) -> dict[str, str]:
+    """Local name -> dotted module path of what it names (``from x import Name`` and ``import x``)."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: inside this package
+                base = "epishard" if package == "epishard" else f"epishard.{package}"
+                module = base + (f".{module}" if module else "")
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:  # ``import a.b`` binds ``a``; ``import a.b as c`` binds ``c`` to ``a.b``
+                if alias.asname:
+                    names[alias.asname] = alias.name
+                else:
+                    names[alias.name.split(".")[0]] = alias.name.split(".")[0]
+    return names
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return inner and f"{inner}.{node.attr}"
+    return None
+
+
+def _resolve(path: str):
+    """The class a dotted path names (``epishard.stream.dataset.WindowDataset``), or None."""
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+def _package_of(module: str) -> str:
+    """``epishard.stream.dataset`` -> ``stream``; ``torch.utils.data`` -> ``torch``."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "epishard" and len(parts) > 1 else parts[0]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_no_subclass_overrides_a_private_method_of_another_package():
+    """A private method (``_name``) is its class's own business: a subclass in another package that
+    overrides one patches a stage in instead of using a declared hook (issue 15, item 3)."""
+    violations, checked = [], 0
+    for path in source_files():
+        package = path.parts[0]
+        tree = parse(path)
+        names = _imported_names(tree, package)
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            own = {
+                f.name for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(f.name)
+            }
+            for base_node in cls.bases:
+                dotted = _dotted(base_node)
+                if dotted is None or dotted.split(".")[0] not in names:
+                    continue  # a class of this module, or not a plain name
+                head, _, rest = dotted.partition(".")
+                base = _resolve(names[head] + (f".{rest}" if rest else ""))
+                if not isinstance(base, type) or _package_of(base.__module__) == package:
+                    continue
+                checked += 1
+                theirs = {n for k in base.__mro__ if k is not object for n in vars(k) if _private(n)}
+                violations += [f"{path}: {cls.name}.{n} overrides {base.__name__}.{n}" for n in own & theirs]
+    assert checked >= 3  # BalancedWindowDataset, WindowDataset(IterableDataset), WindowLoader(DataLoader) at least
+    assert not violations, "\n".join(violations)

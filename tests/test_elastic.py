@@ -197,7 +197,11 @@ def dataset(tmp_path_factory):
         )
         for e, n in enumerate(LENGTHS)
     ]
-    convert([Source(name="el", episodes=episodes, fps=20)], str(out), ConvertOptions(max_episodes_per_shard=3, progress=False))
+    convert(
+        [Source(name="el", episodes=episodes, fps=20)],
+        str(out),
+        ConvertOptions(max_episodes_per_shard=3, progress=False),
+    )
     return str(out)
 
 

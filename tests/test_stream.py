@@ -179,7 +179,9 @@ def test_resume_under_another_layout_without_every_rank_or_with_another_seed_is_
     next(it)
     state = first.state_dict()
     del it
-    with pytest.raises(ValueError, match="world_size=2, this run has world_size=1 .num_workers 2 then, 1 now.*got ranks \\[1\\]"):
+    with pytest.raises(
+        ValueError, match="world_size=2, this run has world_size=1 .num_workers 2 then, 1 now.*got ranks \\[1\\]"
+    ):
         WindowLoader(WindowDataset(dataset, spec), batch_size=2, num_workers=0).load_state_dict(state)
     with pytest.raises(ValueError, match="seed=0, this run has seed=5"):
         WindowLoader(WindowDataset(dataset, spec, seed=5), batch_size=2, num_workers=0).load_state_dict(state)
@@ -333,7 +335,9 @@ def test_memory_stays_flat_across_epochs(dataset):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_float_output_through_the_loader_equals_per_sample_conversion(dataset, workers):
     spec = WindowSpec(
-        cameras={"observation.images.front": (0, 4), "observation.images.left": (0,)}, boundary="pad", per_episode_count=3
+        cameras={"observation.images.front": (0, 4), "observation.images.left": (0,)},
+        boundary="pad",
+        per_episode_count=3,
     )
     post = PostProcess(size=(32, 32), dtype=torch.float32)
     loader = WindowLoader(WindowDataset(dataset, spec, seed=1, postprocess=post), batch_size=4, num_workers=workers)
