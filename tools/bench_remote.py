@@ -7,7 +7,7 @@ tests/remote_servers.FaultProxy. Rounds alternate between configurations (A B C 
 medians are reported with the ratio to local disk. Rates run from the first batch to the end of one
 epoch over the dataset listed six times (a longer epoch, so the steady state dominates).
 
-    python tools/bench_remote.py [--rounds 3] [--workers 2] [--per-episode F] [--json]
+    python tools/bench_remote.py [--rounds 3] [--workers 2] [--per-episode-fraction F] [--json]
 
 Data: the real 2-camera so101_bimanual_cloth from ../shared/data when present, else generated
 3-camera episodes (``--episodes``, ``--frames``).
@@ -65,7 +65,7 @@ def make_source(episodes: int, frames: int) -> Source:
 def rate(url: str, options: dict | None, policy: FetchPolicy, workers: int, cams, per_episode) -> dict:
     """Samples/s from the first batch to the end of one epoch over ``COPIES`` copies of the dataset
     (so the steady state dominates), and the reader's telemetry."""
-    spec = WindowSpec(cameras={c: segment(0, 32, 9) for c in cams}, action_horizon=16, per_episode=per_episode)
+    spec = WindowSpec(cameras={c: segment(0, 32, 9) for c in cams}, action_horizon=16, per_episode_fraction=per_episode)
     ds = WindowDataset(
         [url] * COPIES,
         spec,
@@ -112,7 +112,12 @@ def main() -> int:
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--frames", type=int, default=150)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--per-episode", type=float, default=None, help="windows per episode per epoch (default all)")
+    parser.add_argument(
+        "--per-episode-fraction",
+        type=float,
+        default=None,
+        help="share of each episode's windows per epoch (default all)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     try:
@@ -144,11 +149,11 @@ def main() -> int:
             via = {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}
             configs[f"s3 +{ms} ms/request, prefetch"] = ("s3://bench/ds", via, on)
             configs[f"s3 +{ms} ms/request, no prefetch"] = ("s3://bench/ds", via, off)
-        rate(local, None, on, args.workers, cams, args.per_episode)  # warm-up (page cache, imports), discarded
+        rate(local, None, on, args.workers, cams, args.per_episode_fraction)  # warm-up (page cache, imports), discarded
         runs: dict[str, list[dict]] = {name: [] for name in configs}
         for _ in range(args.rounds):
             for name, (url, options, policy) in configs.items():
-                runs[name].append(rate(url, options, policy, args.workers, cams, args.per_episode))
+                runs[name].append(rate(url, options, policy, args.workers, cams, args.per_episode_fraction))
         base = float(np.median([r["samples_per_s"] for r in runs["local disk"]]))
         for name, rs in runs.items():
             sps = float(np.median([r["samples_per_s"] for r in rs]))
@@ -166,7 +171,7 @@ def main() -> int:
                 f"{row['read_wait_s']:.2f} s over {row['samples']} samples)"
             )
         for mode in ("stream", "ranged"):
-            r = rate("s3://bench/ds", direct, FetchPolicy(mode=mode), args.workers, cams[:1], args.per_episode)
+            r = rate("s3://bench/ds", direct, FetchPolicy(mode=mode), args.workers, cams[:1], args.per_episode_fraction)
             row = {
                 "config": f"one camera of {len(cams)}, {mode} mode",
                 "bytes_read_per_sample": r["bytes_read_per_sample"],
