@@ -562,6 +562,8 @@ class WindowDataset(IterableDataset):
             consumed, per = start.skip, self.windows_per_consumer(epoch, old_world, old_workers, history)
         else:
             ranks = sorted(s["rank"] for s in states)
+            if (old_world, old_workers) == (here.world_size, workers) and ranks != list(range(old_world)):
+                raise ValueError(f"cannot resume: the states are of ranks {ranks}, not of this rank {here.rank}")
             if ranks != list(range(old_world)):
                 raise ValueError(
                     f"cannot resume: the state was saved with world_size={old_world}, this run has "

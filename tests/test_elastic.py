@@ -254,3 +254,30 @@ def _planned_batches(ds, epoch, rank, world, workers, batch_size) -> list[list[t
         keys = _keys(ds.plan(epoch, World(rank, world, w, k)))
         per_worker.append([keys[i : i + batch_size] for i in range(0, len(keys), batch_size)])
     return [b for step in zip(*per_worker, strict=True) for b in step]
+
+
+def test_resuming_twice_in_one_epoch_continues_exactly(dataset):
+    """A state taken after a resume counts the batches before the resume too: save, resume, save
+    again, resume: the batches are the uninterrupted run's."""
+    reference = [_batch_keys(b) for b in _loader(dataset, 0, 1, 2)]
+    first = _loader(dataset, 0, 1, 2)
+    it = iter(first)
+    got = [_batch_keys(next(it)) for _ in range(3)]
+    state = first.state_dict()
+    del it
+    second = _loader(dataset, 0, 1, 2)
+    second.load_state_dict(state)
+    it = iter(second)
+    got += [_batch_keys(next(it)) for _ in range(4)]
+    state = second.state_dict()
+    del it
+    third = _loader(dataset, 0, 1, 2)
+    third.load_state_dict(state)
+    got += [_batch_keys(b) for b in third]
+    assert got == reference
+
+
+def test_a_state_of_another_rank_of_the_same_layout_is_refused(dataset):
+    state = WindowDataset(dataset, SPEC, seed=4, rank=1, world_size=2).state_dict(1, 2, 0, epoch=0)
+    with pytest.raises(ValueError, match=r"the states are of ranks \[1\], not of this rank 0"):
+        WindowDataset(dataset, SPEC, seed=4, rank=0, world_size=2).load_state_dict(state)
