@@ -247,6 +247,7 @@ class WindowDataset(IterableDataset):
         self._started = Resume(0)  # what the last __iter__ in this process started from
         self._consumed = 0
         self._costs: np.ndarray | None = None
+        self._per_consumer: dict[tuple, int] = {}  # windows_per_consumer's last answer
 
     def with_options(self, *, defer_float: bool | None = None, num_workers: int | None = None) -> WindowDataset:
         """A shallow copy with these options changed (the indexes and plan are shared, not rebuilt)."""
@@ -294,14 +295,24 @@ class WindowDataset(IterableDataset):
     def windows_per_consumer(
         self, epoch: int, world_size: int, num_workers: int, history: tuple[Progress, ...] = ()
     ) -> int:
-        """Windows each (rank, worker) yields in ``epoch`` (after ``history``): the planner's count."""
+        """Windows each (rank, worker) yields in ``epoch`` (after ``history``): the planner's count.
+
+        Remembered per arguments (a resumed epoch's count replays the earlier layouts' yield orders,
+        and ``state_dict`` asks at every checkpoint).
+        """
+        key = (epoch, world_size, num_workers, history)
+        if key not in self._per_consumer:
+            self._per_consumer = {key: self._count(epoch, world_size * num_workers, history)}
+        return self._per_consumer[key]
+
+    def _count(self, epoch: int, consumers: int, history: tuple[Progress, ...]) -> int:
         return level_plan(
             self.table,
             stride=self.spec.stride,
             per_episode=self.spec.sampling,
             seed=self.seed,
             epoch=epoch,
-            consumers=world_size * num_workers,
+            consumers=consumers,
             stages=self._stages(),
             history=history,
         ).per_consumer
