@@ -136,10 +136,10 @@ def _cameras(
         bad = [f"{m!r} -> {k!r}" for m, k in keys.items() if m in mapping and k not in source.cameras]
         if bad:
             raise ValueError(f"{source.url}: camera_map maps {', '.join(bad)}; the dataset has {source.cameras}")
-        have = {m: k for m, k in keys.items() if k in source.cameras}
-        offsets.append({k: np.asarray(spec.cameras[m], dtype=np.int64) for m, k in have.items()})
-        names.append({k: m for m, k in have.items()})
-        lacking.append([m for m in spec.cameras if m not in have])
+        present = {m: k for m, k in keys.items() if k in source.cameras}
+        offsets.append({k: np.asarray(spec.cameras[m], dtype=np.int64) for m, k in present.items()})
+        names.append({k: m for m, k in present.items()})
+        lacking.append([m for m in spec.cameras if m not in present])
     nowhere = [m for m in spec.cameras if all(m in lack for lack in lacking)]
     if nowhere:
         raise KeyError(
