@@ -31,7 +31,8 @@ from .transform import PostProcess
 @dataclass(frozen=True)
 class PadCamera:
     """Padding returned for a camera a dataset lacks: ``shape`` ``(T, C, H, W)``; uint16 ``[T, 1, H, W]``
-    when ``depth``, else uint8 ``[T, 3, H, W]`` (then converted like real frames).
+    when ``depth``, else uint8 ``[T, 3, H, W]`` (then converted like real frames). The size is the
+    crop/resize output (``PostProcess.output_shape``); a ``hook`` that changes it is not foreseen.
     """
 
     shape: tuple[int, int, int, int]
@@ -105,6 +106,25 @@ def normalizers(manifest: dict, normalize: dict[str, str] | None, source: str) -
             raise KeyError(f"no statistics for column {column!r} (source {source!r}) in the manifest")
         out[column] = Normalizer.from_stats(stats, mode)
     return out
+
+
+def _check_fps(sources: list[DatasetSource], fps: float | None) -> None:
+    """Refuse datasets with episodes of another frame rate than the spec's offsets were made for.
+
+    Raises:
+        ValueError: naming the dataset, an episode and both rates.
+    """
+    if fps is None:
+        return
+    for source in sources:
+        other = np.flatnonzero(np.abs(source.index.fps - fps) > 1e-6 * fps)
+        if other.size:
+            e = int(other[0])
+            raise ValueError(
+                f"{source.url}: episode {source.index.key(e)} is {source.index.fps[e]:g} fps but the window spec's "
+                f"delta_timestamps were turned into rows at {fps:g} fps ({other.size} episodes differ): make a spec "
+                "per frame rate, or convert at one rate"
+            )
 
 
 def _cameras(
@@ -249,12 +269,13 @@ def mix_layout(
             those columns to that width, the others as with ``None``.
 
     Raises:
-        KeyError / ValueError: see ``_cameras``, ``_kinds_and_shapes``, ``_widths``; a lacking
+        KeyError / ValueError: see ``_check_fps``, ``_cameras``, ``_kinds_and_shapes``, ``_widths``; a lacking
             camera whose frames have several shapes across the mix (set ``PostProcess(size=...)``).
     """
     maps = camera_map if isinstance(camera_map, list) else [camera_map] * len(sources)
     if len(maps) != len(sources):
         raise ValueError(f"camera_map has {len(maps)} entries for {len(sources)} datasets")
+    _check_fps(sources, spec.fps)
     offsets, names, lacking = _cameras(sources, spec, [m or {} for m in maps])
     depth, shapes = _kinds_and_shapes(sources, names, post)
     pads = []

@@ -78,6 +78,9 @@ class WindowSpec:
         stride: anchors are taken every ``stride`` rows.
         per_episode: windows per episode per epoch: ``None`` all anchors, a float in (0, 1] that
             fraction (rounded, at least 1 when any anchor exists), an int that many (at most all).
+        fps: the frame rate the offsets were made for (``from_delta_timestamps`` sets it): a dataset
+            with episodes of another rate is refused, since its rows would be other times. None:
+            offsets are rows, at any rate.
         missing_cameras: what a mix does with a camera of ``cameras`` that a dataset lacks:
             ``"pad"`` returns zeros of the camera's shape and dtype with ``<camera>_is_pad`` all
             true; ``"refuse"`` refuses such a dataset when the ``WindowDataset`` is made. A camera
@@ -96,6 +99,7 @@ class WindowSpec:
     action_offsets: tuple[int, ...] | None = None
     column_offsets: dict[str, tuple[int, ...]] = field(default_factory=dict)
     missing_cameras: str = "pad"
+    fps: float | None = None
 
     def __post_init__(self):
         if self.action_offsets is not None:
@@ -162,7 +166,9 @@ class WindowSpec:
                 cams[key] = offsets
             else:
                 columns[key] = offsets
-        return cls(cameras=cams or None, state_offsets=state, action_offsets=actions, column_offsets=columns, **kw)
+        return cls(
+            cameras=cams or None, state_offsets=state, action_offsets=actions, column_offsets=columns, fps=fps, **kw
+        )
 
     def camera_offsets(self, available: list[str]) -> dict[str, np.ndarray]:
         """Camera -> int64 offsets for a dataset offering ``available`` cameras.

@@ -243,6 +243,11 @@ def test_any_delta_timestamps_past_actions_irregular_offsets_and_columns(mix):
     inside = WindowSpec.from_delta_timestamps({"action": [i / fps for i in range(-1, 4)]}, fps)
     anchors = {(int(s["episode_index"]), int(s["frame_index"])) for s in WindowDataset(mix[0], inside)}
     assert anchors == {(e, a) for e, n in enumerate(A_LENGTHS) for a in range(1, n - 3)}
+    at_30 = WindowSpec.from_delta_timestamps({"action": [0.0, 1 / 30]}, 30)
+    with pytest.raises(
+        ValueError, match=r"a: episode \S+ is 20 fps but the window spec's delta_timestamps .* at 30 fps"
+    ):
+        WindowDataset(mix[0], at_30)
     with pytest.raises(ValueError, match=r"'observation.state' \[1\] = 0.07s is not a multiple of 1/fps = 0.050000s"):
         WindowSpec.from_delta_timestamps({"observation.state": [0.0, 0.07]}, fps)
 
