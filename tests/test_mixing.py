@@ -14,7 +14,7 @@ from lerobotgen import write_v2
 from videogen import decode_frame_number, make_episode_table, make_video
 
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, WindowIndex, convert
-from epishard.stream import WindowDataset, WindowLoader, WindowSpec
+from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
 from epishard.stream.select import Selection, select_episodes, split_val
 
 FPS = 20
@@ -290,3 +290,38 @@ def test_select_episodes_from_the_index(mix):
     got = {(int(s["dataset"]), int(s["episode_index"])) for s in samples}
     assert got == {(0, 1), (1, 0), (1, 1), (1, 2)}
     assert len(samples) == A_LENGTHS[1] + B_LENGTHS[0] + B_LENGTHS[1] + B_LENGTHS[2]
+
+
+def test_float_frames_and_padding_through_the_loader(mix):
+    spec = WindowSpec(cameras={"front": (0,), "wrist": (0,)}, boundary="pad", per_episode=2)
+    post = PostProcess(size=(16, 16), dtype=torch.float32)
+    ds = WindowDataset([mix[0], mix[1]], spec, camera_map=CAMERA_MAP, postprocess=post)
+    batch = next(iter(WindowLoader(ds, batch_size=14)))  # all 14 windows (7 episodes x 2)
+    assert batch["front"].dtype == batch["wrist"].dtype == torch.float32
+    assert batch["wrist"].shape == batch["front"].shape == (14, 1, 3, 16, 16)
+    from_b = batch["dataset"] == 1
+    assert batch["wrist_is_pad"][from_b].all() and not batch["wrist"][from_b].any()
+    assert not batch["wrist_is_pad"][~from_b].any() and batch["wrist"][~from_b].amax() == 1.0
+
+
+def test_batch_by_dataset_resumes_exactly(mix):
+    spec = WindowSpec(cameras={"front": (0,)}, boundary="pad", stride=2)
+
+    def loader():
+        ds = WindowDataset([mix[0], mix[1]], spec, seed=4, camera_map=CAMERA_MAP, batch_by_dataset=True)
+        return WindowLoader(ds, batch_size=3)
+
+    def keys(batch):
+        return [
+            tuple(map(int, k)) for k in zip(batch["dataset"], batch["episode_index"], batch["frame_index"], strict=True)
+        ]
+
+    whole = [keys(b) for b in loader()]
+    first = loader()
+    it = iter(first)
+    head = [keys(next(it)) for _ in range(2)]
+    state = first.state_dict()
+    again = loader()
+    again.load_state_dict(state)
+    assert head + [keys(b) for b in again] == whole
+    assert all(len({k[0] for k in b}) == 1 for b in whole)
