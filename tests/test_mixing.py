@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from conftest import shared_dataset
 from lerobotgen import write_v2
 from videogen import decode_frame_number, make_episode_table, make_video
 
@@ -325,3 +326,32 @@ def test_batch_by_dataset_resumes_exactly(mix):
     again.load_state_dict(state)
     assert head + [keys(b) for b in again] == whole
     assert all(len({k[0] for k in b}) == 1 for b in whole)
+
+
+def test_real_cloth_and_g1_mix(tmp_path):
+    """Issue 13's case: SO-101 cloth (2 cameras, 12-dim state/action) with Unitree G1 (1 camera,
+    26-dim); every sample has the model's keys and shapes, values equal the source rows."""
+    from epishard.shardwriter import read_lerobot
+
+    roots = [shared_dataset("so101_bimanual_cloth_v30"), shared_dataset("unitree_g1_bottle_av1_v30")]
+    outs = [str(tmp_path / "cloth"), str(tmp_path / "g1")]
+    for root, out in zip(roots, outs, strict=True):
+        convert([str(root)], out, ConvertOptions(progress=False, episodes=frozenset({0})))
+    camera_map = [
+        {"front": "observation.images.cam0", "wrist": "observation.images.cam1"},
+        {"front": "observation.images.cam_high"},
+    ]
+    spec = WindowSpec(cameras={"front": (0, 4), "wrist": (0,)}, state_offsets=(0,), action_horizon=3, per_episode=4)
+    ds = WindowDataset(outs, spec, camera_map=camera_map, postprocess=PostProcess(size=(32, 32)))
+    tables = [next(e for e in read_lerobot(str(r)).episodes if e.episode_index == 0).load_table()[0] for r in roots]
+    samples = list(ds)
+    assert {int(s["dataset"]) for s in samples} == {0, 1} and len({frozenset(s) for s in samples}) == 1
+    for s in samples:
+        d, row = int(s["dataset"]), int(s["frame_index"])  # both tables' frame_index is the row
+        width = (12, 26)[d]
+        assert s["front"].shape == (2, 3, 32, 32) and s["wrist"].shape == (1, 3, 32, 32)
+        assert s["wrist_is_pad"].tolist() == [d == 1] and (d == 0 or not s["wrist"].any())
+        assert s["observation.state"].shape == (1, 26) and s["action"].shape == (3, 26)
+        assert s["action_dim_is_pad"].tolist() == [j >= width for j in range(26)]
+        want = np.asarray(tables[d].column("action").to_pylist()[row : row + 3], dtype=np.float32)
+        assert np.array_equal(s["action"][:, :width].numpy(), want) and not s["action"][:, width:].any()
