@@ -355,3 +355,15 @@ def test_real_cloth_and_g1_mix(tmp_path):
         assert s["action_dim_is_pad"].tolist() == [j >= width for j in range(26)]
         want = np.asarray(tables[d].column("action").to_pylist()[row : row + 3], dtype=np.float32)
         assert np.array_equal(s["action"][:, :width].numpy(), want) and not s["action"][:, width:].any()
+
+
+def test_cost_balanced_reader_over_a_mapped_mix(mix):
+    from epishard.balance.streaming import BalancedWindowDataset
+
+    spec = WindowSpec(cameras={"front": (0, 2), "wrist": (0,)}, boundary="pad", per_episode=2)
+    ds = BalancedWindowDataset([mix[0], mix[1]], spec, batch_size=2, camera_map=CAMERA_MAP)
+    samples = list(ds)
+    assert len(samples) == 14 and len({frozenset(s) for s in samples}) == 1
+    # Padding costs no decoding: a window of B (front only) costs less than one of A (front and wrist).
+    cost = {int(s["dataset"]): s["__cost__"] for s in samples}
+    assert cost[1] < cost[0]
