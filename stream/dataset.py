@@ -167,7 +167,12 @@ class WindowDataset(IterableDataset):
             {name: normalizers(s.manifest, normalize, name) for name in set(s.index.table.column("source").to_pylist())}
             for s in self.sources
         ]
-        self.selections = select if isinstance(select, list) else [select] * len(self.sources)
+        selections = select if isinstance(select, list) else [select] * len(self.sources)
+        if len(selections) != len(self.sources):
+            raise ValueError(f"select has {len(selections)} entries for {len(self.sources)} datasets")
+        # Bool [num_episodes] per dataset, from the index alone (kept as arrays: ``where`` callables
+        # need not pickle into DataLoader workers).
+        self.selected = [select_episodes(s.index, sel) for s, sel in zip(self.sources, selections, strict=True)]
         self.batch_by_dataset, self.batch_size = batch_by_dataset, batch_size
         self.stratify = (len(self.sources) > 1 if stratify is None else stratify) or batch_by_dataset
         self.table, self.episode_base = self._episode_table()
@@ -194,7 +199,7 @@ class WindowDataset(IterableDataset):
                 # A recording break inside an episode is an episode boundary for windows.
                 owner = np.repeat(np.arange(ix.num_episodes, dtype=np.int64), np.diff(ix.segment_offsets))
                 gap = break_gaps(owner, ix.segment_starts, before, after)
-            hi = np.where(select_episodes(ix, self.selections[d]), hi, lo)  # read-time selection
+            hi = np.where(self.selected[d], hi, lo)  # read-time selection: no anchors elsewhere
             gaps.append(gap + np.array([base[-1], 0, 0]))
             # Bytes an episode holds while loaded: encoded members of the cameras read plus the
             # frames its windows need, decoded and prepared (uint8; float conversion happens per
