@@ -87,9 +87,12 @@ def column_widths(manifest: dict, column: str) -> set[int]:
     """Widths (dimensions) of ``column`` in a dataset, from its manifest statistics (one per source
     when sources differ); empty when the manifest has no statistics for it.
     """
-    found = [manifest.get("stats", {}).get(column)]
-    found += [stats.get(column) for stats in manifest.get("stats_by_source", {}).values()]
-    return {len(s["mean"]) for s in found if s}
+    by_source = manifest.get("stats_by_source")
+    found = [manifest.get("stats"), *(by_source.values() if isinstance(by_source, dict) else [])]
+    entries = [f.get(column) for f in found if isinstance(f, dict)]
+    means = [e.get("mean") for e in entries if isinstance(e, dict)]
+    # Only well-formed entries count: the reader uses statistics only when asked to normalise.
+    return {len(m) for m in means if isinstance(m, list) and m}
 
 
 def normalizers(manifest: dict, normalize: dict[str, str] | None, source: str) -> dict[str, Normalizer]:
