@@ -68,7 +68,11 @@ class MixLayout:
         for key, (value, pad) in frames.items():
             sample[self.names[d][key]], sample[f"{self.names[d][key]}_is_pad"] = value, pad
         for name, pad in self.pads[d].items():
-            zeros = torch.zeros(pad.shape, dtype=torch.uint16 if pad.depth else torch.uint8)
+            # One zero broadcast to the shape (stride 0): no allocation per sample; collate copies it
+            # into the batch, and writing into it in place raises instead of changing other samples.
+            zeros = torch.zeros((1,) * len(pad.shape), dtype=torch.uint16 if pad.depth else torch.uint8).expand(
+                pad.shape
+            )
             sample[name] = finish(zeros) if finish is not None and not pad.depth else zeros
             sample[f"{name}_is_pad"] = torch.ones(pad.shape[0], dtype=torch.bool)
         for column, width in self.widths.items():
