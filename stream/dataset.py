@@ -46,6 +46,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from epishard.seeding import rng_for
+
 from .collate import FloatCollate
 from .decode import DecodeError
 from .episode import LoadedEpisode
@@ -53,7 +55,7 @@ from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
 from .memory import limit_worker_arenas, release_free_memory
 from .mix import camera_streams, mix_layout, normalizers
 from .mixplan import group_by_dataset, grouped_count, natural_windows, probability_factors
-from .plan import EpisodeTable, WorkerPlan, anchor_counts, break_gaps, global_plan, rng_for, worker_plan
+from .plan import EpisodeTable, WorkerPlan, anchor_counts, break_gaps, global_plan, worker_plan
 from .select import Selection, select_episodes
 from .source import DatasetSource
 from .spec import WindowSpec

@@ -17,10 +17,13 @@ byte is read, so a mix that cannot be batched is refused when the ``WindowDatase
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from epishard.shardwriter.format import Manifest
 
 from .episode import Normalizer
 from .source import DatasetSource
@@ -87,19 +90,18 @@ class MixLayout:
         return sample
 
 
-def column_widths(manifest: dict, column: str) -> set[int]:
+def column_widths(manifest: Manifest, column: str) -> set[int]:
     """Widths (dimensions) of ``column`` in a dataset, from its manifest statistics (one per source
     when sources differ); empty when the manifest has no statistics for it.
     """
-    by_source = manifest.get("stats_by_source")
-    found = [manifest.get("stats"), *(by_source.values() if isinstance(by_source, dict) else [])]
-    entries = [f.get(column) for f in found if isinstance(f, dict)]
-    means = [e.get("mean") for e in entries if isinstance(e, dict)]
+    found = [manifest.stats, *(manifest.stats_by_source or {}).values()]
+    entries = [f.get(column) for f in found if isinstance(f, Mapping)]
+    means = [e.get("mean") for e in entries if isinstance(e, Mapping)]
     # Only well-formed entries count: the reader uses statistics only when asked to normalise.
-    return {len(m) for m in means if isinstance(m, list) and m}
+    return {len(m) for m in means if isinstance(m, (list, tuple)) and m}
 
 
-def normalizers(manifest: dict, normalize: dict[str, str] | None, source: str) -> dict[str, Normalizer]:
+def normalizers(manifest: Manifest, normalize: dict[str, str] | None, source: str) -> dict[str, Normalizer]:
     """Column -> ``Normalizer`` for the episodes of ``source`` (a source of the dataset): the dataset's
     statistics, or the source's own for a column whose width differs between its sources.
 
@@ -108,7 +110,7 @@ def normalizers(manifest: dict, normalize: dict[str, str] | None, source: str) -
     """
     out = {}
     for column, mode in (normalize or {}).items():
-        stats = manifest["stats"].get(column) or manifest.get("stats_by_source", {}).get(source, {}).get(column)
+        stats = manifest.stats.get(column) or (manifest.stats_by_source or {}).get(source, {}).get(column)
         if stats is None:
             raise KeyError(f"no statistics for column {column!r} (source {source!r}) in the manifest")
         out[column] = Normalizer.from_stats(stats, mode)

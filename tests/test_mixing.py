@@ -125,7 +125,7 @@ def test_each_dataset_is_normalised_by_its_own_statistics_before_padding(mix):
     ds = WindowDataset([mix[0], mix[1]], spec, camera_map=CAMERA_MAP, normalize={"action": "mean_std"})
     for s in ds:
         d = int(s["dataset"])
-        stats = ds.sources[d].manifest["stats"]["action"]
+        stats = ds.sources[d].manifest.stats["action"]
         width = WIDTHS[d]["action"]
         rows = np.clip(int(s["frame_index"]) + np.arange(2), 0, _length(d, int(s["episode_index"])) - 1)
         raw = rows[:, None] + 0.5 + 0.01 * np.arange(width)[None, :]
