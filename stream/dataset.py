@@ -166,7 +166,7 @@ class WindowDataset(IterableDataset):
         self.layout = mix_layout(self.sources, spec, self.post, camera_map, pad_dims)
         self.cam_offsets = self.layout.offsets  # per dataset: its camera keys -> offsets
         self.normalizers = [  # per dataset, per source in it: column -> Normalizer
-            {name: normalizers(s.manifest, normalize, name) for name in set(s.index.table.column("source").to_pylist())}
+            {name: normalizers(s.manifest, normalize, name) for name in set(s.index.episode_column("source"))}
             for s in self.sources
         ]
         selections = select if isinstance(select, list) else [select] * len(self.sources)
@@ -437,7 +437,7 @@ class WindowDataset(IterableDataset):
         d, k, shas, members = slots[episode]
         blobs = dict(zip(members, fetchers[d].episode(k, shas), strict=False))
         _, local = self._locate(episode)
-        source = self.sources[d].index.table.column("source")[local].as_py()
+        source = self.sources[d].index.source(local)
         return LoadedEpisode.load(
             self.sources[d].index,
             local,

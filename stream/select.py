@@ -72,11 +72,11 @@ def column_values(index: WindowIndex, name: str, metadata: pa.Table | None = Non
     Raises:
         KeyError: neither the index nor ``metadata`` has the column (naming the columns there are).
     """
-    if name in index.table.column_names:
-        return index.table.column(name).to_pylist()
+    if name in index.episode_columns:
+        return index.episode_column(name)
     if metadata is not None and name in metadata.column_names:
-        sources = index.table.column("source").to_pylist()
-        episodes = index.table.column("episode_index").to_pylist()
+        sources = index.episode_column("source")
+        episodes = index.episode_column("episode_index")
         by_source = "source" in metadata.column_names
         meta_src = metadata.column("source").to_pylist() if by_source else [None] * metadata.num_rows
         lookup = dict(
@@ -87,7 +87,7 @@ def column_values(index: WindowIndex, name: str, metadata: pa.Table | None = Non
             )
         )
         return [lookup.get((s if by_source else None, e)) for s, e in zip(sources, episodes, strict=True)]
-    have = sorted(index.table.column_names) + (sorted(metadata.column_names) if metadata is not None else [])
+    have = sorted(index.episode_columns) + (sorted(metadata.column_names) if metadata is not None else [])
     raise KeyError(f"no per-episode column {name!r} in the index or metadata (columns: {have})")
 
 
