@@ -28,6 +28,7 @@ model's weights give them; the default model counts transformer sequence tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -287,10 +288,15 @@ class WindowCost:
 
     @classmethod
     def from_dataset(cls, dataset, model=None, *, tokenizer: Tokenizer | None = None) -> WindowCost:
-        """For a ``stream.WindowDataset``: its indexes, spec and post-processing."""
-        return cls(
-            [s.index for s in dataset.sources], dataset.spec, model, postprocess=dataset.post, tokenizer=tokenizer
-        )
+        """For a ``stream.WindowDataset``: its indexes, spec and post-processing. In a mix each dataset's
+        spec names the cameras it decodes, under its own keys (``camera_map``; a camera it lacks is
+        padding and costs nothing to decode).
+        """
+        specs = [
+            dataclasses.replace(dataset.spec, cameras={c: tuple(o.tolist()) for c, o in offsets.items()})
+            for offsets in dataset.cam_offsets
+        ]
+        return cls([s.index for s in dataset.sources], specs, model, postprocess=dataset.post, tokenizer=tokenizer)
 
     def features(self, episodes: np.ndarray, anchors: np.ndarray) -> WindowFeatures:
         """``WindowFeatures`` of the windows, in the given order."""

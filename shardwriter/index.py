@@ -320,6 +320,22 @@ class WindowIndex:
         """All task texts of the episode (the ``tasks`` column)."""
         return self._table.column("tasks")[episode].as_py()
 
+    @property
+    def episode_columns(self) -> list[str]:
+        """Names of the per-episode index columns (``INDEX_SCHEMA``, plus any a newer writer adds)."""
+        return list(self._table.column_names)
+
+    def episode_column(self, name: str) -> list:
+        """Every episode's value of index column ``name`` (Python objects, ``[num_episodes]``), for
+        read-time episode selection (``stream.select``).
+
+        Raises:
+            KeyError: no such column.
+        """
+        if name not in self._table.column_names:
+            raise KeyError(name)
+        return self._table.column(name).to_pylist()
+
     def row(self, episode: int) -> dict:
         """The episode's index row as the format's dict (``INDEX_SCHEMA`` fields). O(row) Python
         objects: for inspection and tests; readers use the arrays and lookups.

@@ -2,12 +2,14 @@
 
 Public API: ``WindowDataset`` (a torch ``IterableDataset``), ``WindowLoader`` (a ``DataLoader`` with
 exact resume), ``WindowSpec`` and ``segment`` (what a window is), ``PostProcess`` (per-frame
-post-processing), ``DatasetSource`` (an opened dataset), ``World`` (a consumer's rank and worker)
-and ``PerEpisode`` (windows per episode), and the pure planning functions in ``stream.plan``.
+post-processing), ``DatasetSource`` (an opened dataset), ``World`` (a consumer's rank and worker),
+``PerEpisode`` (windows per episode), ``Selection`` (read-time episode selection, ``stream.select``),
+and the pure planning functions in ``stream.plan`` and ``stream.mixplan``.
 """
 
 from .dataset import WindowDataset, WindowLoader
 from .plan import PerEpisode, World
+from .select import Selection
 from .source import DatasetSource
 from .spec import WindowSpec, segment
 from .transform import PostProcess
@@ -16,6 +18,7 @@ __all__ = [
     "DatasetSource",
     "PerEpisode",
     "PostProcess",
+    "Selection",
     "WindowDataset",
     "WindowLoader",
     "WindowSpec",

@@ -4,13 +4,18 @@ and ``WindowLoader``: a ``DataLoader`` that adds exact mid-epoch resume.
 Sample format (stable; ``default_collate`` batches it):
 
 =================================  =========================================================
-``<camera>`` (full name)           frames ``[T, C, H, W]``, uint8 RGB by default (``PostProcess``);
-                                   a depth camera: uint16 ``[T, 1, H, W]``, stored units, always
-``<camera>_is_pad``                bool ``[T]``: offset fell outside the episode (pad mode)
+``<camera>`` (the spec's name)     frames ``[T, C, H, W]``, uint8 RGB by default (``PostProcess``);
+                                   a depth camera: uint16 ``[T, 1, H, W]``, stored units, always;
+                                   zeros for a camera the sample's dataset lacks (``stream.mix``)
+``<camera>_is_pad``                bool ``[T]``: offset fell outside the episode (pad mode), or the
+                                   dataset lacks the camera (all true)
 ``observation.state``              float32 ``[T_s, D]`` (``spec.state_offsets`` rows)
 ``observation.state_is_pad``       bool ``[T_s]``
-``action``                         float32 ``[H, D]`` (rows anchor .. anchor+H-1)
+``action``                         float32 ``[H, D]`` (``spec.action_rows``: anchor .. anchor+H-1 by default)
 ``action_is_pad``                  bool ``[H]``
+``<column>``, ``<column>_is_pad``  float32 ``[T, D]``, bool ``[T]``: ``spec.column_offsets`` columns
+``<column>_dim_is_pad``            bool ``[D]``: padded dimensions, for columns padded to a common
+                                   width in a mix (``pad_dims``)
 ``task``                           str, the instruction
 ``episode_index``                  int, episode index in its source dataset
 ``frame_index``, ``timestamp``     int and float (seconds) of the anchor row
@@ -33,6 +38,7 @@ Epochs: each ``__iter__`` runs the next epoch of the object it is called on. Wit
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass
@@ -43,12 +49,15 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .collate import FloatCollate
 from .decode import DecodeError
-from .episode import LoadedEpisode, Normalizer
+from .episode import LoadedEpisode
 from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
 from .memory import limit_worker_arenas, release_free_memory
+from .mix import mix_layout, normalizers
+from .mixplan import BatchByDataset, grouped_count, probability_factors
 from .plan import (
     CostStage,
     EpisodeTable,
+    GroupStage,
     OrderStage,
     Progress,
     Stages,
@@ -56,9 +65,11 @@ from .plan import (
     World,
     anchor_counts,
     episode_table,
+    expected_windows,
     level_plan,
     worker_plan,
 )
+from .select import Selection, select_episodes
 from .source import DatasetSource
 from .spec import WindowSpec
 from .telemetry import Telemetry
@@ -76,70 +87,6 @@ def _distributed(rank: int | None, world_size: int | None) -> World:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return World(torch.distributed.get_rank(), torch.distributed.get_world_size())
     return World(rank or 0, world_size or 1)
-
-
-def _camera_offsets(sources: list[DatasetSource], spec: WindowSpec) -> list[dict[str, np.ndarray]]:
-    """Per dataset, camera -> frame offsets (``WindowSpec.camera_offsets``), checked across a mix:
-    every sample must carry the same keys or batches cannot be collated.
-
-    Raises:
-        KeyError: the spec names a camera a dataset lacks (the dataset is named).
-        ValueError: the spec takes every camera (``cameras=None``) of datasets whose cameras differ.
-    """
-    out = []
-    for source in sources:
-        try:
-            out.append(spec.camera_offsets(source.cameras))
-        except KeyError as exc:
-            raise KeyError(f"{source.url}: {exc.args[0]}") from None
-    if spec.cameras is None and len({tuple(s.cameras) for s in sources}) > 1:
-        have = "; ".join(f"{s.url} has {s.cameras}" for s in sources)
-        raise ValueError(
-            f"the window spec takes every camera (cameras=None) but the datasets' cameras differ ({have}): "
-            "name the cameras every dataset has in WindowSpec(cameras=...)"
-        )
-    return out
-
-
-def _camera_streams(source: DatasetSource, cam: str) -> np.ndarray:
-    """``source.index.camera_streams(cam)`` (int64 ``[num_episodes]``).
-
-    Raises:
-        KeyError: an episode has no such camera, naming the index file and the episode.
-    """
-    try:
-        return source.index.camera_streams(cam)
-    except KeyError as exc:
-        raise KeyError(f"{source.index_file}: {exc.args[0]}") from None
-
-
-def _check_camera_kinds(sources: list[DatasetSource], cam_offsets: list[dict]) -> None:
-    """Refuse a window camera that is depth (uint16 ``[T, 1, H, W]``) in some episodes and RGB
-    (uint8 ``[T, 3, H, W]``) in others, of one dataset or across a mix: its frames could not be
-    batched together (the writer reports such episodes as ``depth_not_grey``).
-
-    Raises:
-        ValueError: naming the camera and one episode (key and dataset) of each kind.
-        KeyError: an episode lacks the camera (``_camera_streams``).
-    """
-    for cam in sorted({c for offsets in cam_offsets for c in offsets}):
-        example: dict[bool, str] = {}
-        for source, offsets in zip(sources, cam_offsets, strict=False):
-            if cam not in offsets:
-                continue
-            ix = source.index
-            depth = ix.cam_depth[_camera_streams(source, cam)]
-            for kind in (True, False):
-                hits = np.flatnonzero(depth == kind)
-                if hits.size and kind not in example:
-                    example[kind] = f"episode {ix.key(int(hits[0]))} of {source.url}"
-        if len(example) == 2:
-            raise ValueError(
-                f"camera {cam!r} is a depth camera (uint16 [T, 1, H, W]) in {example[True]} but RGB "
-                f"(uint8 [T, 3, H, W]) in {example[False]}: its frames cannot be batched together. "
-                "Leave it out of the window spec, or convert the episodes of each kind apart "
-                "(--episodes) and do not mix them."
-            )
 
 
 @dataclass(frozen=True)
@@ -167,7 +114,7 @@ class WindowDataset(IterableDataset):
 
     Args:
         sources: a dataset URL or ``DatasetSource``, or a list of them, or of ``(url, weight)``
-            pairs to mix datasets (weight multiplies that dataset's windows per epoch).
+            pairs to mix datasets (see ``weights``).
         spec: the window (``WindowSpec``).
         seed: base seed; the plan is a pure function of (seed, epoch, world size, rank, workers).
         shuffle_windows / shuffle_bytes: bounds of each worker's shuffle buffer (windows; bytes of
@@ -191,6 +138,19 @@ class WindowDataset(IterableDataset):
             cost per window, attached to every sample as ``__cost__`` (float), and a new yield order
             per consumer; both pure functions of the plan, so every guarantee of the plan holds
             (``balance.streaming.BalancedWindowDataset`` sets them).
+        camera_map: model camera (a name in ``spec.cameras``) -> the dataset's camera key; one dict
+            for all datasets or a list with one per dataset (``stream.mix``).
+        pad_dims: padding of state/action/other columns to a common width with
+            ``<column>_dim_is_pad`` masks: None (when widths differ), True, False, or column -> width
+            (``stream.mix.mix_layout``).
+        select: which episodes to plan (``stream.select.Selection``): one for all datasets, or a
+            list with one per dataset (None: all). Read from the index only.
+        weights: ``"repeat"``: a weight multiplies that dataset's windows per epoch (1:1 gives the
+            natural sizes); ``"probability"``: weights are the datasets' shares of an epoch of
+            ``epoch_length`` windows (default: the 1:1 size) (``stream.mixplan``).
+        batch_by_dataset: every batch of ``batch_size`` samples comes from one dataset (implies
+            ``stratify``); ``WindowLoader`` passes its batch size. Each consumer drops, per
+            dataset, its count modulo the batch size (``stream.mixplan.group_by_dataset``).
     """
 
     def __init__(
@@ -213,8 +173,17 @@ class WindowDataset(IterableDataset):
         defer_float: bool = False,
         cost: CostStage | None = None,
         order: OrderStage | None = None,
+        camera_map: dict[str, str] | list[dict[str, str] | None] | None = None,
+        pad_dims: bool | dict[str, int] | None = None,
+        select: Selection | list[Selection | None] | None = None,
+        weights: str = "repeat",
+        epoch_length: int | None = None,
+        batch_by_dataset: bool = False,
+        batch_size: int | None = None,
     ):
         super().__init__()
+        if weights not in ("repeat", "probability"):
+            raise ValueError(f"weights must be 'repeat' or 'probability', not {weights!r}")
         items = sources if isinstance(sources, list) else [sources]
         pairs = [item if isinstance(item, tuple) else (item, 1.0) for item in items]
         self.fetch = fetch or FetchPolicy()
@@ -232,14 +201,23 @@ class WindowDataset(IterableDataset):
         self.num_workers = num_workers
         self.post = postprocess or PostProcess()
         self.telemetry = telemetry
-        self.cam_offsets = _camera_offsets(self.sources, spec)
-        _check_camera_kinds(self.sources, self.cam_offsets)
-        self.normalizers = [
-            {col: Normalizer.from_stats(s.manifest.stats[col], mode) for col, mode in (normalize or {}).items()}
+        self.layout = mix_layout(self.sources, spec, self.post, camera_map, pad_dims)
+        self.cam_offsets = self.layout.offsets  # per dataset: its camera keys -> offsets
+        self.normalizers = [  # per dataset, per source in it: column -> Normalizer
+            {name: normalizers(s.manifest, normalize, name) for name in set(s.index.episode_column("source"))}
             for s in self.sources
         ]
-        self.stratify = len(self.sources) > 1 if stratify is None else stratify
+        selections = select if isinstance(select, list) else [select] * len(self.sources)
+        if len(selections) != len(self.sources):
+            raise ValueError(f"select has {len(selections)} entries for {len(self.sources)} datasets")
+        # Bool [num_episodes] per dataset, from the index alone (kept as arrays: ``where`` callables
+        # need not pickle into DataLoader workers).
+        self.selected = [select_episodes(s.index, sel) for s, sel in zip(self.sources, selections, strict=True)]
+        self.batch_by_dataset, self.batch_size = batch_by_dataset, batch_size
+        self.stratify = (len(self.sources) > 1 if stratify is None else stratify) or batch_by_dataset
         self.table, self.episode_base = self._episode_table()
+        if weights == "probability":
+            self._probability_weights(epoch_length)
         self.defer_float = defer_float
         self.cost, self.order = cost, order
         self.epoch = 0
@@ -261,18 +239,44 @@ class WindowDataset(IterableDataset):
     # --- planning ---------------------------------------------------------------------------------
 
     def _episode_table(self) -> tuple[EpisodeTable, np.ndarray]:
-        """The planner's table of every dataset of the mix (``plan.episode_table`` each), and the
-        first global episode number of each dataset (int64 ``[datasets + 1]``).
+        """The planner's table of every dataset of the mix (``plan.episode_table`` each, its
+        read-time selection as ``keep``), and the first global episode number of each dataset
+        (int64 ``[datasets + 1]``).
         """
         parts = [
-            episode_table(self.spec, source.index, offsets, weight=weight, frame_size=self.post.size)
-            for source, weight, offsets in zip(self.sources, self.weights, self.cam_offsets, strict=True)
+            episode_table(self.spec, source.index, offsets, weight=weight, frame_size=self.post.size, keep=keep)
+            for source, weight, offsets, keep in zip(
+                self.sources, self.weights, self.cam_offsets, self.selected, strict=True
+            )
         ]
         table = EpisodeTable.concat(parts, [len(s.shards) for s in self.sources], self.stratify)
         return table, np.cumsum([0, *[t.num_episodes for t in parts]])
 
+    def _probability_weights(self, epoch_length: int | None) -> None:
+        """Replace the table's weights by the repeat factors of ``weights="probability"``."""
+        anchors = anchor_counts(self.table.lo, self.table.hi, self.spec.stride, self.table.gaps)
+        natural = np.add.reduceat(expected_windows(anchors, self.spec.sampling), self.episode_base[:-1])
+        factors = probability_factors(natural, self.weights, epoch_length, [s.url for s in self.sources])
+        self.weights = factors.tolist()
+        self.table = dataclasses.replace(self.table, weight=np.repeat(factors, np.diff(self.episode_base)))
+
+    def _dataset_of_episode(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self.sources)), np.diff(self.episode_base))
+
+    def _group(self) -> GroupStage | None:
+        """``batch_by_dataset``'s group stage (``stream.mixplan.BatchByDataset``), else None.
+
+        Raises:
+            ValueError: ``batch_by_dataset`` without a batch size.
+        """
+        if not self.batch_by_dataset:
+            return None
+        if not self.batch_size:
+            raise ValueError("batch_by_dataset needs the batch size: WindowDataset(..., batch_size=B) or WindowLoader")
+        return BatchByDataset(self._dataset_of_episode(), self.batch_size)
+
     def _stages(self) -> Stages:
-        return Stages(self.shuffle_windows, self.shuffle_bytes, self.cost, self.order)
+        return Stages(self.shuffle_windows, self.shuffle_bytes, self.cost, self.order, self._group())
 
     def plan(self, epoch: int, world: World, history: tuple[Progress, ...] = ()) -> WorkerPlan:
         """Consumer ``world.consumer``'s windows for ``epoch`` (global episode numbers), in yield
@@ -289,24 +293,26 @@ class WindowDataset(IterableDataset):
             shuffle_bytes=self.shuffle_bytes,
             cost=self.cost,
             order=self.order,
+            group=self._group(),
             history=history,
         )
 
     def windows_per_consumer(
         self, epoch: int, world_size: int, num_workers: int, history: tuple[Progress, ...] = ()
     ) -> int:
-        """Windows each (rank, worker) yields in ``epoch`` (after ``history``): the planner's count.
+        """Windows each (rank, worker) yields in ``epoch`` (after ``history``): the planner's count
+        (with ``batch_by_dataset``, per dataset rounded down to whole batches).
 
         Remembered per arguments (a resumed epoch's count replays the earlier layouts' yield orders,
         and ``state_dict`` asks at every checkpoint).
         """
-        key = (epoch, world_size, num_workers, history)
+        key = (epoch, world_size, num_workers, history, self.batch_size)
         if key not in self._per_consumer:
             self._per_consumer = {key: self._count(epoch, world_size * num_workers, history)}
         return self._per_consumer[key]
 
     def _count(self, epoch: int, consumers: int, history: tuple[Progress, ...]) -> int:
-        return level_plan(
+        plan = level_plan(
             self.table,
             stride=self.spec.stride,
             per_episode=self.spec.sampling,
@@ -315,7 +321,11 @@ class WindowDataset(IterableDataset):
             consumers=consumers,
             stages=self._stages(),
             history=history,
-        ).per_consumer
+        )
+        if not self.batch_by_dataset:
+            return plan.per_consumer
+        # Every consumer holds as many windows of each dataset (the deal is per stratum).
+        return grouped_count(plan.episode[plan.consumer_slice(0)], self._dataset_of_episode(), self.batch_size)
 
     def samples_per_rank(self, num_workers: int | None = None, world_size: int | None = None, epoch: int = 0) -> int:
         """Samples every rank yields in ``epoch`` (the same on all ranks)."""
@@ -385,6 +395,7 @@ class WindowDataset(IterableDataset):
         failed: set[int] = set()
         first_failure = None
         last, owed = None, 0
+        last_of: dict[int, dict] = {}  # the last sample of each dataset
         read_pos = 0
         try:
             for e, anchor in zip(episodes.tolist(), anchors.tolist(), strict=False):
@@ -402,22 +413,19 @@ class WindowDataset(IterableDataset):
                             failed.add(nxt)
                             first_failure = first_failure or (self._locate(nxt)[0], exc)
                 remaining[e] -= 1
+                d, _ = self._locate(e)
                 if e in failed:
-                    # Keep this rank's sample count: repeat the worker's previous sample, flagged.
+                    # Keep this rank's sample count: repeat the worker's previous sample (of the same
+                    # dataset when there is one: batch_by_dataset batches stay one dataset's), flagged.
                     if last is None:
                         owed += 1
                         continue
-                    sample = dict(last, substitute=True)
+                    sample = dict(last_of.get(d, last), substitute=True)
                 else:
                     t = time.perf_counter()
-                    d, _ = self._locate(e)
-                    sample = loaded[e].window(
-                        self.sources[d].index,
-                        anchor,
-                        self.spec,
-                        self.cam_offsets[d],
-                        finish=None if self.defer_float else self.post.finish,
-                    )
+                    finish = None if self.defer_float else self.post.finish
+                    sample = loaded[e].window(self.sources[d].index, anchor, self.spec, self.cam_offsets[d], finish)
+                    sample = self.layout.apply(sample, d, finish)
                     sample["dataset"], sample["substitute"] = d, False
                     if remaining[e] == 0:
                         del loaded[e]
@@ -429,6 +437,7 @@ class WindowDataset(IterableDataset):
                 for _ in range(owed):  # windows of failed episodes that came before any good sample
                     yield self._emit(dict(sample, substitute=True), telemetry)
                 owed, last = 0, sample
+                last_of[d] = sample
             if owed:
                 d, exc = first_failure
                 raise FetchError(
@@ -476,6 +485,7 @@ class WindowDataset(IterableDataset):
         d, k, shas, members = slots[episode]
         blobs = dict(zip(members, fetchers[d].episode(k, shas), strict=False))
         _, local = self._locate(episode)
+        source = self.sources[d].index.source(local)
         return LoadedEpisode.load(
             self.sources[d].index,
             local,
@@ -484,7 +494,7 @@ class WindowDataset(IterableDataset):
             self.cam_offsets[d],
             blobs,
             self.post,
-            self.normalizers[d],
+            self.normalizers[d][source],
             telemetry,
         )
 
@@ -629,14 +639,11 @@ class WindowLoader(DataLoader):
         defer_float = bool(defer_float and floating)
         if defer_float and "collate_fn" not in kw:
             # Depth cameras stay uint16 (``PostProcess.prepare_depth``): not converted, not scaled.
-            rgb = {
-                c
-                for src, o in zip(dataset.sources, dataset.cam_offsets, strict=False)
-                for c in o
-                if not src.index.is_depth(c)
-            }
+            rgb = {c for c, depth in dataset.layout.depth.items() if not depth}
             kw["collate_fn"] = FloatCollate(sorted(rgb), dataset.post.dtype, dataset.post.scale)
         view = dataset.with_options(defer_float=defer_float, num_workers=kw.get("num_workers", 0))
+        if view.batch_by_dataset and not view.batch_size:
+            view.batch_size = batch_size
         super().__init__(view, batch_size=batch_size, **kw)
         self._epoch = view.epoch
         self._batches = 0

@@ -56,7 +56,7 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
     if table.num_rows != n:
         raise ValueError(f"{table.num_rows} rows, the index says {n}")
     columns = {}
-    for name in {spec.state_key, spec.action_key, *spec.extra_columns} - {None}:
+    for name in {spec.state_key, spec.action_key, *spec.extra_columns, *spec.column_offsets} - {None}:
         matrix = numeric_matrix(table.column(name))
         if matrix is None:
             raise ValueError(f"column {name!r} is not numeric")
@@ -210,10 +210,13 @@ class LoadedEpisode:
             rows, pad = _clamped(anchor + np.asarray(spec.state_offsets), lo, hi)
             sample[spec.state_key] = torch.from_numpy(self.columns[spec.state_key][rows])
             sample[f"{spec.state_key}_is_pad"] = torch.from_numpy(pad)
+        windows = {name: np.asarray(offsets, dtype=np.int64) for name, offsets in spec.column_offsets.items()}
         if spec.action_key and spec.action_horizon:
-            rows, pad = _clamped(anchor + np.arange(spec.action_horizon), lo, hi)
-            sample[spec.action_key] = torch.from_numpy(self.columns[spec.action_key][rows])
-            sample[f"{spec.action_key}_is_pad"] = torch.from_numpy(pad)
+            windows[spec.action_key] = spec.action_rows
+        for name, offsets in windows.items():
+            rows, pad = _clamped(anchor + offsets, lo, hi)
+            sample[name] = torch.from_numpy(self.columns[name][rows])
+            sample[f"{name}_is_pad"] = torch.from_numpy(pad)
         for name in spec.extra_columns:
             sample[name] = torch.from_numpy(self.columns[name][anchor])
         sample["task"] = self.info.task

@@ -18,8 +18,9 @@ An epoch, step by step:
 4. Each consumer's windows are shuffled by a simulated bounded buffer (count and bytes), the way a
    streaming shuffle buffer mixes them, so the order is known before any I/O and resume is exact.
 5. Optional declared stages, pure functions of the consumer's windows: ``cost`` (a predicted cost
-   per window) and ``order`` (a permutation of the yield order, e.g. ``balance.streaming``'s
-   cost-balanced order).
+   per window), ``order`` (a permutation of the yield order, e.g. ``balance.streaming``'s
+   cost-balanced order) and ``group`` (the order in whole batches of one stratum, leaving out each
+   stratum's count modulo the batch size: ``stream.mixplan.BatchByDataset``).
 
 Elastic resume (``Progress``): a mid-epoch state records, per consumer of the layout that saved it,
 how many windows it took from the front of its yield order. The windows not yet taken, kept in plan
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["rng_for"]  # re-exported: the planner's (and tests') name for the one seed convention
 
 _SALT_SHARDS, _SALT_ANCHORS, _SALT_DROP, _SALT_SHUFFLE = 1, 2, 3, 4
+_SALT_GROUP = 31  # the group stage's rng (balance: 11-22)
 
 
 @dataclass(frozen=True)
@@ -554,6 +556,16 @@ class OrderStage(Protocol):
     ) -> np.ndarray: ...
 
 
+class GroupStage(Protocol):
+    """A consumer's windows kept and reordered, e.g. into whole batches of one dataset: int64
+    positions ``[m]`` (each at most once) into its windows in yield order (``episode``: int64
+    ``[n]``), drawn with ``rng``. ``m`` must depend only on the consumer's per-stratum window counts,
+    which the deal makes equal for every consumer, so every consumer keeps the same number.
+    """
+
+    def __call__(self, episode: np.ndarray, rng: np.random.Generator) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class WorkerPlan:
     """One consumer's epoch: its windows in yield order (int64 ``[n]`` each).
@@ -602,13 +614,14 @@ class Progress:
 @dataclass(frozen=True)
 class Stages:
     """The per-consumer stages after the cut: the shuffle buffer's bounds (windows; bytes of loaded
-    episodes, ``buffer_shuffle``), then the optional ``cost`` and ``order`` stages.
+    episodes, ``buffer_shuffle``), then the optional ``cost``, ``order`` and ``group`` stages.
     """
 
     shuffle_windows: int = 0
     shuffle_bytes: int = 0
     cost: CostStage | None = None
     order: OrderStage | None = None
+    group: GroupStage | None = None
 
 
 def level_plan(
@@ -626,7 +639,8 @@ def level_plan(
     earlier layouts (``history``, oldest first; empty: the epoch's own plan, ``global_plan``).
 
     Each level's consumed windows are the first ``consumed[c]`` of consumer ``c``'s yield order
-    (``worker_plan`` of that level); the rest keep their plan order and are dealt again (``deal``).
+    (``worker_plan`` of that level); the rest keep their plan order and are dealt again (``deal``),
+    those a group stage left out of that level's yield order included.
 
     Raises:
         ValueError: a level consumed more windows than its consumer had (the state belongs to
@@ -637,15 +651,16 @@ def level_plan(
     for level, progress in enumerate(history):
         taken = np.zeros(plan.episode.size, dtype=bool)
         for c, k in enumerate(progress.consumed):
-            if k > plan.per_consumer:
+            if not k:
+                continue
+            world = World.of_consumer(c, progress.world_size, progress.num_workers)
+            order, _ = _consumer_order(table, plan, world, level, seed, epoch, stages)
+            if k > order.size:
                 raise ValueError(
                     f"cannot resume: consumer {c} of {progress.world_size}x{progress.num_workers} consumed {k} "
-                    f"windows of epoch {epoch} but its plan has {plan.per_consumer} (another dataset, spec or seed?)"
+                    f"windows of epoch {epoch} but its plan has {order.size} (another dataset, spec or seed?)"
                 )
-            if k:
-                world = World.of_consumer(c, progress.world_size, progress.num_workers)
-                order, _ = _consumer_order(table, plan, world, level, seed, epoch, stages)
-                taken[c * plan.per_consumer + order[:k]] = True
+            taken[c * plan.per_consumer + order[:k]] = True
         nxt = history[level + 1].consumers if level + 1 < len(history) else consumers
         plan = deal(table, plan.episode[~taken], plan.anchor[~taken], nxt, seed, epoch, level + 1)
     return plan
@@ -673,6 +688,9 @@ def _consumer_order(
     if stages.order is not None:
         again = np.asarray(stages.order(episode[order], anchor[order], cost, world, seed, epoch), dtype=np.int64)
         order, cost = order[again], None if cost is None else cost[again]
+    if stages.group is not None:
+        kept = np.asarray(stages.group(episode[order], rng_for(seed, epoch, _SALT_GROUP, *salt)), dtype=np.int64)
+        order, cost = order[kept], None if cost is None else cost[kept]
     return order, cost
 
 
@@ -688,14 +706,16 @@ def worker_plan(
     shuffle_bytes: int = 0,
     cost: CostStage | None = None,
     order: OrderStage | None = None,
+    group: GroupStage | None = None,
     history: Sequence[Progress] = (),
 ) -> WorkerPlan:
     """The windows consumer ``world.consumer`` yields this epoch, in yield order.
 
     ``history``: the progress of earlier layouts of this epoch (elastic resume, ``level_plan``):
-    the consumer then yields its share of the windows not yet consumed.
+    the consumer then yields its share of the windows not yet consumed. ``dropped`` counts the
+    windows a group stage leaves out too (every consumer leaves out as many).
     """
-    stages = Stages(shuffle_windows, shuffle_bytes, cost, order)
+    stages = Stages(shuffle_windows, shuffle_bytes, cost, order, group)
     plan = level_plan(
         table,
         stride=stride,
@@ -714,7 +734,7 @@ def worker_plan(
         episode=episode[yield_order],
         anchor=anchor[yield_order],
         read_order=episode[firsts],
-        dropped=plan.dropped,
+        dropped=plan.dropped + (episode.size - yield_order.size) * world.consumers,
         total_windows=int(plan.episode.size + plan.dropped),
         cost=costs,
     )

@@ -34,18 +34,24 @@ def segment(start: int, stop: int, count: int) -> tuple[int, ...]:
     return tuple(range(start, stop + 1, step))
 
 
-def offsets_from_seconds(deltas: list[float], fps: float, tolerance: float = 1e-4) -> tuple[int, ...]:
-    """Turn LeRobot ``delta_timestamps`` (seconds) into frame offsets.
+def offsets_from_seconds(deltas: list[float], fps: float, tolerance: float = 1e-4, key: str = "") -> tuple[int, ...]:
+    """Turn LeRobot ``delta_timestamps`` (seconds) into frame offsets (rows), in the given order.
+
+    Any offsets are accepted: past, future, irregular, repeated. ``tolerance`` is LeRobot's
+    ``tolerance_s`` (default 1e-4 s, as there).
 
     Raises:
-        ValueError: a delta is not a multiple of 1/fps within ``tolerance`` seconds.
+        ValueError: a delta is not a multiple of 1/fps within ``tolerance`` seconds (naming ``key``,
+            the delta and its position).
     """
     out = []
-    for d in deltas:
+    for i, d in enumerate(deltas):
         frames = round(d * fps)
         if abs(frames / fps - d) > tolerance:
+            where = f"{key!r} " if key else ""
             raise ValueError(
-                f"delta_timestamp {d}s is not a multiple of 1/fps = {1 / fps:.6f}s (tolerance {tolerance}s)"
+                f"delta_timestamps {where}[{i}] = {d}s is not a multiple of 1/fps = {1 / fps:.6f}s "
+                f"(nearest {frames / fps:.6f}s; tolerance {tolerance}s)"
             )
         out.append(int(frames))
     return tuple(out)
@@ -61,6 +67,10 @@ class WindowSpec:
             every camera of the dataset with offsets ``(0,)``.
         state_offsets: rows of ``observation.state`` returned (history), e.g. ``(-2, -1, 0)``.
         action_horizon: rows of ``action`` returned: ``anchor + 0 .. anchor + horizon - 1``.
+        action_offsets: rows of ``action`` returned, any offsets (e.g. ``(-1, 0, 1, ..., 14)``);
+            when given, ``action_horizon`` becomes their count.
+        column_offsets: other numeric table columns returned as windows: column -> row offsets,
+            each ``float32 [T, D]`` with ``<column>_is_pad`` (``extra_columns`` give the anchor row only).
         state_key / action_key: table columns (``None`` to leave one out).
         boundary: ``"inside"``: only anchors whose every offset lies inside the episode (short
             episodes give zero windows and are counted); ``"pad"``: every anchor, out-of-range
@@ -74,6 +84,13 @@ class WindowSpec:
             ``stream.plan.PerEpisode`` and ``expected_windows``.
         per_episode: deprecated (``1`` meant one window and ``1.0`` all of them): an int sets
             ``per_episode_count``, a float ``per_episode_fraction``, with a ``DeprecationWarning``.
+        fps: the frame rate the offsets were made for (``from_delta_timestamps`` sets it): a dataset
+            with episodes of another rate is refused, since its rows would be other times. None:
+            offsets are rows, at any rate.
+        missing_cameras: what a mix does with a camera of ``cameras`` that a dataset lacks:
+            ``"pad"`` returns zeros of the camera's shape and dtype with ``<camera>_is_pad`` all
+            true; ``"refuse"`` refuses such a dataset when the ``WindowDataset`` is made. A camera
+            no dataset has is refused either way.
 
     The anchors of an episode (``[lo, hi)`` per boundary mode) are computed in one place:
     ``stream.plan.episode_table``.
@@ -89,6 +106,10 @@ class WindowSpec:
     per_episode_count: int | None = None
     per_episode_fraction: float | None = None
     extra_columns: tuple[str, ...] = field(default=())
+    action_offsets: tuple[int, ...] | None = None
+    column_offsets: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    missing_cameras: str = "pad"
+    fps: float | None = None
     per_episode: InitVar[float | int | None] = None
 
     def __post_init__(self, per_episode):
@@ -99,6 +120,16 @@ class WindowSpec:
             object.__setattr__(self, "per_episode_count", old.count)
             object.__setattr__(self, "per_episode_fraction", old.fraction)
         PerEpisode(self.per_episode_count, self.per_episode_fraction)  # raises ValueError when invalid
+        if self.action_offsets is not None:
+            object.__setattr__(self, "action_offsets", tuple(int(o) for o in self.action_offsets))
+            object.__setattr__(self, "action_horizon", len(self.action_offsets))
+        if self.missing_cameras not in ("pad", "refuse"):
+            raise ValueError(f"missing_cameras must be 'pad' or 'refuse', not {self.missing_cameras!r}")
+        taken = {self.state_key, self.action_key} - {None}
+        if taken & set(self.column_offsets):
+            raise ValueError(
+                f"column_offsets names {sorted(taken & set(self.column_offsets))}: use state/action offsets"
+            )
         if self.boundary not in ("inside", "pad"):
             raise ValueError(f"boundary must be 'inside' or 'pad', not {self.boundary!r}")
         if self.stride < 1 or self.action_horizon < 0:
@@ -109,23 +140,54 @@ class WindowSpec:
         """Windows per episode per epoch, as the planner takes it."""
         return PerEpisode(self.per_episode_count, self.per_episode_fraction)
 
+    @property
+    def action_rows(self) -> np.ndarray:
+        """int64 row offsets of the action window: ``action_offsets``, else ``0 .. action_horizon - 1``."""
+        if self.action_offsets is not None:
+            return np.asarray(self.action_offsets, dtype=np.int64)
+        return np.arange(self.action_horizon, dtype=np.int64)
+
     @classmethod
-    def from_delta_timestamps(cls, delta_timestamps: dict[str, list[float]], fps: float, **kw) -> WindowSpec:
-        """Build a spec from LeRobot ``delta_timestamps`` (keys: camera names, ``observation.state``,
-        ``action``); the action deltas must be 0, 1/fps, 2/fps, ... (an action chunk).
+    def from_delta_timestamps(
+        cls,
+        delta_timestamps: dict[str, list[float]],
+        fps: float,
+        *,
+        tolerance_s: float = 1e-4,
+        camera_keys: tuple[str, ...] | None = None,
+        **kw,
+    ) -> WindowSpec:
+        """Build a spec from LeRobot ``delta_timestamps``: key -> offsets in seconds, any offsets
+        (past, future, irregular) for every key, each turned into rows (``offsets_from_seconds``).
+
+        Keys: the state key (``observation.state``) and the action key (``action``); cameras: keys
+        in ``camera_keys``, or, when it is None, keys starting with ``observation.images.``
+        (LeRobot's camera keys); every other key is a numeric table column (``column_offsets``).
+        Offsets outside the episode are clamped and flagged in ``<key>_is_pad`` (``boundary="pad"``,
+        LeRobot's semantics), or keep the anchor away from the edges (``"inside"``).
+
+        Raises:
+            ValueError: an offset is not a multiple of 1/fps within ``tolerance_s`` seconds, naming
+                the key and the offset.
         """
-        cams, state, horizon = {}, (0,), 0
+        action_key, state_key = kw.get("action_key", "action"), kw.get("state_key", "observation.state")
+        cams: dict[str, tuple[int, ...]] = {}
+        columns: dict[str, tuple[int, ...]] = {}
+        state: tuple[int, ...] = (0,)
+        actions: tuple[int, ...] = ()
         for key, deltas in delta_timestamps.items():
-            offsets = offsets_from_seconds(deltas, fps)
-            if key == kw.get("action_key", "action"):
-                if offsets != tuple(range(len(offsets))):
-                    raise ValueError(f"action delta_timestamps must be 0, 1/fps, 2/fps, ...; got {deltas}")
-                horizon = len(offsets)
-            elif key == kw.get("state_key", "observation.state"):
+            offsets = offsets_from_seconds(list(deltas), fps, tolerance_s, key)
+            if key == action_key:
+                actions = offsets
+            elif key == state_key:
                 state = offsets
-            else:
+            elif key in camera_keys if camera_keys is not None else key.startswith("observation.images."):
                 cams[key] = offsets
-        return cls(cameras=cams or None, state_offsets=state, action_horizon=horizon, **kw)
+            else:
+                columns[key] = offsets
+        return cls(
+            cameras=cams or None, state_offsets=state, action_offsets=actions, column_offsets=columns, fps=fps, **kw
+        )
 
     def camera_offsets(self, available: list[str]) -> dict[str, np.ndarray]:
         """Camera -> int64 offsets for a dataset offering ``available`` cameras.
@@ -141,10 +203,17 @@ class WindowSpec:
         return {c: np.asarray(o, dtype=np.int64) for c, o in self.cameras.items()}
 
     def row_offsets(self, available: list[str]) -> np.ndarray:
-        """Every row offset the window touches (cameras, state, action), sorted and unique."""
-        parts = list(self.camera_offsets(available).values())
+        """Every row offset the window touches (cameras, state, action, columns), sorted and unique.
+
+        ``available``: the dataset's cameras, used when ``cameras`` is None; named cameras count
+        whether a dataset has them or not (in a mix, one may be padding), so every dataset of a mix
+        has the same window rows.
+        """
+        cams = self.cameras if self.cameras is not None else {c: (0,) for c in available}
+        parts = [np.asarray(o, dtype=np.int64) for o in cams.values() if len(o)]
         if self.state_key:
             parts.append(np.asarray(self.state_offsets, dtype=np.int64))
         if self.action_key and self.action_horizon:
-            parts.append(np.arange(self.action_horizon, dtype=np.int64))
+            parts.append(self.action_rows)
+        parts.extend(np.asarray(o, dtype=np.int64) for o in self.column_offsets.values() if len(o))
         return np.unique(np.concatenate(parts)) if parts else np.zeros(1, dtype=np.int64)

@@ -690,11 +690,21 @@ def test_from_delta_timestamps():
     assert spec.cameras is None and spec.action_horizon == 0 and spec.stride == 3 and spec.boundary == "pad"
     spec = WindowSpec.from_delta_timestamps({"actions": [0, 1 / 30, 2 / 30]}, 30, action_key="actions")
     assert spec.action_horizon == 3 and spec.action_key == "actions"
-    for bad in ([0.0, 0.2], [0.1, 0.2], [-0.1, 0.0], [0.0, 0.1, 0.1]):
-        with pytest.raises(ValueError):
-            WindowSpec.from_delta_timestamps({"action": bad}, fps)
-    with pytest.raises(ValueError):
+    # Any action offsets: past, irregular, repeated (Diffusion Policy's [-1/fps, 0, ..., 14/fps]).
+    for deltas, rows in (([0.0, 0.2], (0, 2)), ([-0.1, 0.0], (-1, 0)), ([0.0, 0.1, 0.1], (0, 1, 1))):
+        spec = WindowSpec.from_delta_timestamps({"action": deltas}, fps)
+        assert spec.action_offsets == rows and spec.action_horizon == len(rows)
+        assert spec.action_rows.tolist() == list(rows)
+    spec = WindowSpec.from_delta_timestamps({"action": [i / fps for i in range(-1, 15)]}, fps)
+    assert anchor_range(spec, 100, []) == (1, 86)
+    # Keys that are neither state, action nor a camera are numeric columns with their own offsets.
+    spec = WindowSpec.from_delta_timestamps({"effort": [-0.2, 0.0], "front": [0.0]}, fps, camera_keys=("front",))
+    assert spec.column_offsets == {"effort": (-2, 0)} and spec.cameras == {"front": (0,)}
+    with pytest.raises(ValueError, match=r"'cam' \[1\] = 0.033s is not a multiple of 1/fps"):
         WindowSpec.from_delta_timestamps({"cam": [0.0, 0.033]}, fps)  # not a multiple of 1/10 s
+    assert WindowSpec.from_delta_timestamps({"cam": [0.0, 0.033]}, fps, tolerance_s=0.05).column_offsets == {
+        "cam": (0, 0)
+    }
 
 
 def test_window_spec_validation():

@@ -299,8 +299,10 @@ def test_a_mix_whose_datasets_have_other_cameras_is_refused_naming_them(dataset,
         r"\['observation.images.front'\]\)",
     ):
         WindowDataset([dataset, other], WindowSpec(cameras=None))
+    # A named camera one dataset lacks: refused when the spec says so (else padded: tests/test_mixing.py).
+    refuse = WindowSpec(cameras={"observation.images.left": (0,)}, missing_cameras="refuse")
     with pytest.raises(KeyError, match=r"other: window spec names cameras \['observation.images.left'\]"):
-        WindowDataset([dataset, other], WindowSpec(cameras={"observation.images.left": (0,)}))
+        WindowDataset([dataset, other], refuse)
     # The cameras both have: batches mix the two datasets.
     ds = WindowDataset([dataset, other], WindowSpec(cameras={"observation.images.front": (0,)}), seed=0)
     batch = next(iter(WindowLoader(ds, batch_size=64)))

@@ -1,0 +1,301 @@
+"""Cross-embodiment mixing: every sample of a mix has the model's keys and shapes, whatever dataset
+(robot) it comes from.
+
+- Cameras: the window spec names the model's cameras (``front``, ``wrist``); each dataset maps its
+  own camera keys to them (``camera_map``; a camera not mapped is looked up under its own name). A
+  camera a dataset lacks is returned as zeros of the shape and dtype the other datasets give it,
+  with ``<camera>_is_pad`` all true (``WindowSpec.missing_cameras="pad"``), or the dataset is
+  refused (``"refuse"``).
+- State, action and other numeric columns: padded with zeros to a common width (the widest in the
+  mix, or a given one), with a per-dimension mask ``<column>_dim_is_pad`` (bool ``[D]``, true on
+  padded dimensions: ``observation.state_dim_is_pad``, ``action_dim_is_pad``). Each dataset's own
+  normalisation statistics are applied first (``normalizers``), so padded dimensions stay 0.
+
+Widths come from the manifests' statistics (``stats``, ``stats_by_source``): known before any
+byte is read, so a mix that cannot be batched is refused when the ``WindowDataset`` is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from epishard.shardwriter.format import Manifest
+
+from .episode import Normalizer
+from .source import DatasetSource
+from .spec import WindowSpec
+from .transform import PostProcess
+
+
+@dataclass(frozen=True)
+class PadCamera:
+    """Padding returned for a camera a dataset lacks: ``shape`` ``(T, C, H, W)``; uint16 ``[T, 1, H, W]``
+    when ``depth``, else uint8 ``[T, 3, H, W]`` (then converted like real frames). The size is the
+    crop/resize output (``PostProcess.output_shape``); a ``hook`` that changes it is not foreseen.
+    """
+
+    shape: tuple[int, int, int, int]
+    depth: bool
+
+
+@dataclass(frozen=True)
+class MixLayout:
+    """How samples of each dataset of a mix are made uniform (see the module docstring).
+
+    ``offsets[d]``: dataset ``d``'s camera key -> frame offsets (int64), the cameras it decodes;
+    ``names[d]``: dataset ``d``'s camera key -> the model's camera name; ``pads[d]``: model camera ->
+    ``PadCamera`` for the cameras ``d`` lacks; ``widths``: column -> width it is padded to (columns
+    given a ``<column>_dim_is_pad`` mask); ``depth``: model camera -> depth or RGB.
+    """
+
+    offsets: list[dict[str, np.ndarray]]
+    names: list[dict[str, str]]
+    pads: list[dict[str, PadCamera]]
+    widths: dict[str, int]
+    depth: dict[str, bool]
+
+    def apply(self, sample: dict, d: int, finish=None) -> dict:
+        """Dataset ``d``'s sample with the model's camera names, padding cameras and padded columns.
+
+        ``finish``: the conversion applied to RGB frames (``PostProcess.finish``), also applied to
+        padding so it matches; None leaves uint8 frames for a collate that converts them.
+
+        Raises:
+            ValueError: a column is wider than its target width (naming it and both widths).
+        """
+        frames = {key: (sample.pop(key), sample.pop(f"{key}_is_pad")) for key in self.names[d]}
+        for key, (value, pad) in frames.items():
+            sample[self.names[d][key]], sample[f"{self.names[d][key]}_is_pad"] = value, pad
+        for name, pad in self.pads[d].items():
+            # One zero broadcast to the shape (stride 0): no allocation per sample; collate copies it
+            # into the batch, and writing into it in place raises instead of changing other samples.
+            zeros = torch.zeros((1,) * len(pad.shape), dtype=torch.uint16 if pad.depth else torch.uint8).expand(
+                pad.shape
+            )
+            sample[name] = finish(zeros) if finish is not None and not pad.depth else zeros
+            sample[f"{name}_is_pad"] = torch.ones(pad.shape[0], dtype=torch.bool)
+        for column, width in self.widths.items():
+            value = sample[column]
+            have = value.shape[-1]
+            if have > width:
+                raise ValueError(f"column {column!r} has {have} dimensions, wider than the {width} it is padded to")
+            if have < width:
+                value = torch.nn.functional.pad(value, (0, width - have))
+            sample[column] = value
+            sample[f"{column}_dim_is_pad"] = torch.arange(width) >= have
+        return sample
+
+
+def column_widths(manifest: Manifest, column: str) -> set[int]:
+    """Widths (dimensions) of ``column`` in a dataset, from its manifest statistics (one per source
+    when sources differ); empty when the manifest has no statistics for it.
+    """
+    found = [manifest.stats, *(manifest.stats_by_source or {}).values()]
+    entries = [f.get(column) for f in found if isinstance(f, Mapping)]
+    means = [e.get("mean") for e in entries if isinstance(e, Mapping)]
+    # Only well-formed entries count: the reader uses statistics only when asked to normalise.
+    return {len(m) for m in means if isinstance(m, (list, tuple)) and m}
+
+
+def normalizers(manifest: Manifest, normalize: dict[str, str] | None, source: str) -> dict[str, Normalizer]:
+    """Column -> ``Normalizer`` for the episodes of ``source`` (a source of the dataset): the dataset's
+    statistics, or the source's own for a column whose width differs between its sources.
+
+    Raises:
+        KeyError: the manifest has no statistics for a column (naming it).
+    """
+    out = {}
+    for column, mode in (normalize or {}).items():
+        stats = manifest.stats.get(column) or (manifest.stats_by_source or {}).get(source, {}).get(column)
+        if stats is None:
+            raise KeyError(f"no statistics for column {column!r} (source {source!r}) in the manifest")
+        out[column] = Normalizer.from_stats(stats, mode)
+    return out
+
+
+def _check_fps(sources: list[DatasetSource], fps: float | None) -> None:
+    """Refuse datasets with episodes of another frame rate than the spec's offsets were made for.
+
+    Raises:
+        ValueError: naming the dataset, an episode and both rates.
+    """
+    if fps is None:
+        return
+    for source in sources:
+        other = np.flatnonzero(np.abs(source.index.fps - fps) > 1e-6 * fps)
+        if other.size:
+            e = int(other[0])
+            raise ValueError(
+                f"{source.url}: episode {source.index.key(e)} is {source.index.fps[e]:g} fps but the window spec's "
+                f"delta_timestamps were turned into rows at {fps:g} fps ({other.size} episodes differ): make a spec "
+                "per frame rate, or convert at one rate"
+            )
+
+
+def _cameras(
+    sources: list[DatasetSource], spec: WindowSpec, camera_map: list[dict[str, str]]
+) -> tuple[list[dict[str, np.ndarray]], list[dict[str, str]], list[list[str]]]:
+    """Per dataset: camera key -> offsets, camera key -> model name, and the model cameras it lacks.
+
+    Raises:
+        ValueError: ``cameras=None`` over datasets whose cameras differ; a camera is mapped to a key
+            the dataset lacks; a camera no dataset has; a lacking camera with ``missing_cameras="refuse"``.
+    """
+    if spec.cameras is None:
+        if len({tuple(s.cameras) for s in sources}) > 1:
+            have = "; ".join(f"{s.url} has {s.cameras}" for s in sources)
+            raise ValueError(
+                f"the window spec takes every camera (cameras=None) but the datasets' cameras differ ({have}): "
+                "name the model's cameras in WindowSpec(cameras=...) and map each dataset's keys to them (camera_map)"
+            )
+        return (
+            [{c: np.zeros(1, dtype=np.int64) for c in s.cameras} for s in sources],
+            [{c: c for c in s.cameras} for s in sources],
+            [[] for _ in sources],
+        )
+    offsets: list[dict[str, np.ndarray]] = []
+    names: list[dict[str, str]] = []
+    lacking: list[list[str]] = []
+    for source, mapping in zip(sources, camera_map, strict=True):
+        keys = {model: mapping.get(model, model) for model in spec.cameras}  # entries for other cameras are unused
+        bad = [f"{m!r} -> {k!r}" for m, k in keys.items() if m in mapping and k not in source.cameras]
+        if bad:
+            raise ValueError(f"{source.url}: camera_map maps {', '.join(bad)}; the dataset has {source.cameras}")
+        present = {m: k for m, k in keys.items() if k in source.cameras}
+        offsets.append({k: np.asarray(spec.cameras[m], dtype=np.int64) for m, k in present.items()})
+        names.append({k: m for m, k in present.items()})
+        lacking.append([m for m in spec.cameras if m not in present])
+    nowhere = [m for m in spec.cameras if all(m in lack for lack in lacking)]
+    if nowhere:
+        raise KeyError(
+            f"window spec names cameras {nowhere} that no dataset has: "
+            + "; ".join(f"{s.url} has {s.cameras}" for s in sources)
+        )
+    if spec.missing_cameras == "refuse":
+        for source, lack in zip(sources, lacking, strict=True):
+            if lack:
+                raise KeyError(
+                    f"{source.url}: window spec names cameras {lack}; the dataset has {source.cameras} "
+                    "(missing_cameras='refuse'; map its keys with camera_map, or pad with missing_cameras='pad')"
+                )
+    return offsets, names, lacking
+
+
+def camera_streams(source: DatasetSource, cam: str) -> np.ndarray:
+    """``source.index.camera_streams(cam)``; a KeyError names the index file and the episode."""
+    try:
+        return source.index.camera_streams(cam)
+    except KeyError as exc:
+        raise KeyError(f"{source.index_file}: {exc.args[0]}") from None
+
+
+def _kinds_and_shapes(
+    sources: list[DatasetSource], names: list[dict[str, str]], post: PostProcess
+) -> tuple[dict[str, bool], dict[str, set[tuple[int, int, int]]]]:
+    """Model camera -> depth or RGB, and -> the frame shapes ``(C, H, W)`` the reader returns for it.
+
+    Raises:
+        ValueError: a camera is depth (uint16 ``[T, 1, H, W]``) in some episodes and RGB (uint8
+            ``[T, 3, H, W]``) in others, of one dataset or across a mix (naming an episode of each).
+    """
+    depth: dict[str, bool] = {}
+    shapes: dict[str, set[tuple[int, int, int]]] = {}
+    example: dict[str, dict[bool, str]] = {}
+    for source, mapping in zip(sources, names, strict=True):
+        ix = source.index
+        for key, model in mapping.items():
+            streams = camera_streams(source, key)
+            for kind in (True, False):
+                hits = np.flatnonzero(ix.cam_depth[streams] == kind)
+                if hits.size:
+                    example.setdefault(model, {}).setdefault(kind, f"episode {ix.key(int(hits[0]))} of {source.url}")
+            sizes = np.unique(np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1), axis=0)
+            channels = 1 if ix.cam_depth[streams].any() else 3
+            shapes.setdefault(model, set()).update(post.output_shape(channels, int(h), int(w)) for h, w in sizes)
+    for model, kinds in example.items():
+        if len(kinds) == 2:
+            raise ValueError(
+                f"camera {model!r} is a depth camera (uint16 [T, 1, H, W]) in {kinds[True]} but RGB "
+                f"(uint8 [T, 3, H, W]) in {kinds[False]}: its frames cannot be batched together. "
+                "Leave it out of the window spec, or convert the episodes of each kind apart "
+                "(--episodes) and do not mix them."
+            )
+        depth[model] = True in kinds
+    return depth, shapes
+
+
+def _widths(sources: list[DatasetSource], spec: WindowSpec, pad_dims) -> dict[str, int]:
+    """Column -> width to pad to (see ``mix_layout``).
+
+    Raises:
+        ValueError: widths differ but ``pad_dims=False``; a dataset is wider than a given width.
+    """
+    columns = [c for c in (spec.state_key, spec.action_key if spec.action_horizon else None) if c]
+    columns += [*spec.column_offsets, *spec.extra_columns]
+    given = pad_dims if isinstance(pad_dims, dict) else {}
+    unknown = sorted(set(given) - set(columns))
+    if unknown:
+        raise ValueError(f"pad_dims names {unknown}, which the window spec does not return ({columns})")
+    out = {}
+    for column in columns:
+        per = [(s.url, column_widths(s.manifest, column)) for s in sources]
+        widest = max((max(w) for _, w in per if w), default=0)
+        if column in given:
+            over = [f"{url} has {sorted(w)}" for url, w in per if w and max(w) > given[column]]
+            if over:
+                raise ValueError(f"pad_dims[{column!r}] = {given[column]} is narrower than the data: {'; '.join(over)}")
+            out[column] = int(given[column])
+        elif widest and (pad_dims is True or (pad_dims is not False and len(set().union(*(w for _, w in per))) > 1)):
+            out[column] = widest
+        elif pad_dims is False and len(set().union(*(w for _, w in per))) > 1:
+            have = "; ".join(f"{url} has {sorted(w)}" for url, w in per)
+            raise ValueError(
+                f"column {column!r} differs in width across the mix ({have}) and pad_dims=False: its rows "
+                "cannot be batched together; pad them (pad_dims=None or True) with a per-dimension mask"
+            )
+    return out
+
+
+def mix_layout(
+    sources: list[DatasetSource],
+    spec: WindowSpec,
+    post: PostProcess,
+    camera_map: dict[str, str] | list[dict[str, str] | None] | None = None,
+    pad_dims: bool | dict[str, int] | None = None,
+) -> MixLayout:
+    """The ``MixLayout`` of a mix (one dataset is a mix of one).
+
+    Args:
+        camera_map: model camera -> the dataset's camera key; one dict for every dataset, or a list
+            with one per dataset (None: keys as named in the spec).
+        pad_dims: ``None``: columns whose width differs in the mix are padded to the widest, with
+            ``<column>_dim_is_pad``; ``True``: every returned numeric column, always (the same keys
+            whatever the mix); ``False``: never (a mix of widths is refused); a dict column -> width:
+            those columns to that width, the others as with ``None``.
+
+    Raises:
+        KeyError / ValueError: see ``_check_fps``, ``_cameras``, ``_kinds_and_shapes``, ``_widths``; a lacking
+            camera whose frames have several shapes across the mix (set ``PostProcess(size=...)``).
+    """
+    maps = camera_map if isinstance(camera_map, list) else [camera_map] * len(sources)
+    if len(maps) != len(sources):
+        raise ValueError(f"camera_map has {len(maps)} entries for {len(sources)} datasets")
+    _check_fps(sources, spec.fps)
+    offsets, names, lacking = _cameras(sources, spec, [m or {} for m in maps])
+    depth, shapes = _kinds_and_shapes(sources, names, post)
+    pads = []
+    for lack in lacking:
+        pad = {}
+        for model in lack:
+            if len(shapes[model]) > 1:
+                raise ValueError(
+                    f"camera {model!r} is padded in some datasets of the mix, but its frames have several "
+                    f"shapes {sorted(shapes[model])}: give PostProcess(size=(height, width))"
+                )
+            pad[model] = PadCamera((len(spec.cameras[model]), *next(iter(shapes[model]))), depth[model])  # type: ignore[index]
+        pads.append(pad)
+    return MixLayout(offsets, names, pads, _widths(sources, spec, pad_dims), depth)

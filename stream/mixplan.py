@@ -1,0 +1,92 @@
+"""Planning rules of a mix of datasets, as pure functions (no I/O): probability weights turned into
+the planner's repeat factors, and the per-dataset batch order of ``batch_by_dataset``.
+
+Weights: the planner multiplies each dataset's windows by its weight (a repeat factor: 1:1 gives the
+datasets' natural sizes). ``weights="probability"`` instead makes each dataset's share of an epoch
+its normalised weight ``p_k``: an epoch has ``L`` windows (the mix's natural size, every dataset at
+factor 1, unless ``epoch_length`` is given), dataset ``k`` contributes ``L * p_k`` of them in
+expectation; each episode's count is drawn with the planner's seeded stochastic rounding (seed,
+epoch, episode), so the per-epoch counts vary around ``L * p_k`` and repeat for the same seed.
+
+``batch_by_dataset``: every batch holds windows of one dataset (per-embodiment heads). The planner
+deals each dataset to every consumer on its own (``stratify``), so every consumer holds the same
+number of windows of each dataset; each consumer then drops the same number (that count modulo the
+batch size, chosen at random per epoch) and orders its windows in whole batches of one dataset,
+keeping the shuffled order inside each dataset. Every rank still yields the same number of
+samples and batches, and every window kept is yielded exactly once. It is the planner's declared
+``group`` stage (after the shuffle buffer and any order stage), so elastic resume replays it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def probability_factors(
+    natural: np.ndarray, weights: list[float], epoch_length: int | None = None, names: list[str] | None = None
+) -> np.ndarray:
+    """Repeat factor per dataset (float64 ``[K]``) that gives dataset ``k`` an expected
+    ``L * w_k / sum(w)`` windows per epoch; ``natural``: float64 ``[K]`` windows per dataset at
+    factor 1; ``L``: ``epoch_length``, else ``natural.sum()``.
+
+    Raises:
+        ValueError: the weights sum to 0, or a dataset with a positive weight has no windows.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.sum() <= 0:
+        raise ValueError(f"probability weights must not all be 0: {weights}")
+    empty = [(names or [str(k) for k in range(w.size)])[k] for k in np.flatnonzero((w > 0) & (natural <= 0))]
+    if empty:
+        raise ValueError(f"datasets {empty} have a positive probability but no windows (selection, spec)")
+    length = float(natural.sum() if epoch_length is None else epoch_length)
+    return np.where(w > 0, length * (w / w.sum()) / np.maximum(natural, 1e-300), 0.0)
+
+
+def grouped_count(episodes: np.ndarray, dataset_of_episode: np.ndarray, batch_size: int) -> int:
+    """Windows a consumer keeps under ``batch_by_dataset``: per dataset, its count rounded down to
+    whole batches. ``episodes``: int64 ``[n]`` episodes of the consumer's windows.
+    """
+    counts = np.bincount(dataset_of_episode[episodes], minlength=int(dataset_of_episode.max(initial=0)) + 1)
+    return int(np.sum(counts // batch_size * batch_size))
+
+
+@dataclass(frozen=True)
+class BatchByDataset:
+    """The planner's group stage (``stream.plan.GroupStage``) of ``batch_by_dataset``.
+
+    ``dataset_of_episode``: int64 ``[num_episodes]``, the dataset of each global episode number
+    (the planner's stratum); ``batch_size``: windows per batch.
+    """
+
+    dataset_of_episode: np.ndarray
+    batch_size: int
+
+    def __call__(self, episode: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return group_by_dataset(self.dataset_of_episode[episode], self.batch_size, rng)
+
+
+def group_by_dataset(dataset: np.ndarray, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions of windows kept, in an order of whole batches of ``batch_size`` windows of one
+    dataset each (int64 ``[m]``); ``dataset``: int64 ``[n]``, each window's dataset, in yield order.
+
+    Per dataset, ``count % batch_size`` windows are left out (chosen with ``rng``); the rest keep
+    their order within the dataset, and a batch is emitted as soon as a dataset has ``batch_size``
+    windows waiting (so an episode's windows are not held back much longer).
+    """
+    keep = np.ones(dataset.size, dtype=bool)
+    for k in np.unique(dataset):
+        mine = np.flatnonzero(dataset == k)
+        extra = mine.size % batch_size
+        if extra:
+            keep[rng.choice(mine, size=extra, replace=False)] = False
+    waiting: dict[int, list[int]] = {}
+    order: list[int] = []
+    for i in np.flatnonzero(keep).tolist():
+        bucket = waiting.setdefault(int(dataset[i]), [])
+        bucket.append(i)
+        if len(bucket) == batch_size:
+            order.extend(bucket)
+            bucket.clear()
+    return np.asarray(order, dtype=np.int64)
