@@ -21,6 +21,7 @@ from videogen import decode_frame_number, make_episode_table, make_video
 from epishard.balance.streaming import BalancedOrder
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import WindowDataset, WindowLoader, WindowSpec, World
+from epishard.stream.mixplan import BatchByDataset
 from epishard.stream.plan import EpisodeTable, PerEpisode, Progress, global_plan, level_plan, worker_plan
 
 # --- pure: stream.plan ---------------------------------------------------------------------------
@@ -128,6 +129,33 @@ def test_elastic_resume_with_strata_and_the_balanced_order_stage():
     shares = {tuple(np.bincount(table.stratum[p.episode], minlength=2)) for p in after}
     assert len(shares) == 1
     assert all(p.cost is not None and p.cost.tolist() == stages["cost"](p.episode, p.anchor).tolist() for p in after)
+
+
+def _whole_batches(plan, stratum, batch_size) -> bool:
+    datasets = stratum[plan.episode].reshape(-1, batch_size) if len(plan) else np.zeros((0, batch_size))
+    return len(plan) % batch_size == 0 and bool(np.all(datasets == datasets[:, :1]))
+
+
+@pytest.mark.parametrize("old,new", [((2, 2), (3, 1)), ((1, 0), (2, 2)), ((2, 1), (1, 3))])
+def test_elastic_resume_with_batch_by_dataset_keeps_batches_whole_and_exactly_once(old, new):
+    """batch_by_dataset is the plan's group stage: the old consumers' grouped yield orders are
+    replayed, what no consumer took (the windows the old grouping left out included) is dealt again
+    and grouped again; every batch stays one dataset's, every new consumer yields as many, none twice."""
+    table, size = _table(stratified=True), 3
+    group = BatchByDataset(table.stratum, size)
+    before = _plans(table, *old, group=group)
+    assert all(_whole_batches(p, table.stratum, size) for p in before)
+    progress = Progress(old[0], max(old[1], 1), _consumed_counts(before, *old, batches=3, batch_size=size))
+    after = _plans(table, *new, history=(progress,), group=group)
+    assert all(_whole_batches(p, table.stratum, size) for p in after) and len({len(p) for p in after}) == 1
+    assert len(after[0]) > 0
+    epoch = collections.Counter(_keys(global_plan(table, 1, None, KW["seed"], KW["epoch"], progress.consumers)))
+    consumed = collections.Counter(k for p, n in zip(before, progress.consumed, strict=True) for k in _keys(p, n))
+    yielded = collections.Counter(k for p in after for k in _keys(p))
+    assert max(consumed.values()) == 1 and max(yielded.values()) == 1 and not consumed & yielded
+    left_out = epoch - consumed - yielded
+    assert consumed + yielded + left_out == epoch
+    assert left_out.total() == after[0].dropped  # the deal's remainder plus the new grouping's
 
 
 def test_two_layout_changes_in_one_epoch():
