@@ -48,6 +48,7 @@ class BalancedWindowDataset(WindowDataset):
         self.cost = cost if cost is not None else WindowCost.from_dataset(self)
 
     def plan(self, epoch: int, rank: int, world_size: int, num_workers: int, consumer: int) -> WorkerPlan:
+        """``WindowDataset.plan`` with the consumer's windows reordered by cost (``local``/``stratified_order``)."""
         plan = super().plan(epoch, rank, world_size, num_workers, consumer)
         costs = self.cost(plan.episode, plan.anchor)
         if self.table.stratum is None:

@@ -97,7 +97,7 @@ def epoch_summary(stats: StepStats, *, samples: int | None = None, dropped: int 
     epoch's packed time ranks spend waiting, plus 1); ``step_time_padded`` / ``step_time_packed``
     (mean step times); ``padding`` (mean padding fraction); ``samples``/``dropped`` when given.
     """
-    out = {"steps": len(stats)}
+    out: dict[str, float] = {"steps": len(stats)}
     if len(stats):
         out.update(
             imbalance_mean=float(stats.imbalance.mean()),
