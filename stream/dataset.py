@@ -1,5 +1,7 @@
-"""``WindowDataset``: a torch ``IterableDataset`` of training windows streamed from epishard shards,
-and ``WindowLoader``: a ``DataLoader`` that adds exact mid-epoch resume.
+"""The torch datasets of training windows streamed from epishard shards.
+
+``WindowDataset``: a torch ``IterableDataset`` of training windows, and ``WindowLoader``: a
+``DataLoader`` that adds exact mid-epoch resume.
 
 Sample format (stable; ``default_collate`` batches it):
 
@@ -63,8 +65,9 @@ def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
 
 
 def _camera_offsets(sources: list[DatasetSource], spec: WindowSpec) -> list[dict[str, np.ndarray]]:
-    """Per dataset, camera -> frame offsets (``WindowSpec.camera_offsets``), checked across a mix:
-    every sample must carry the same keys or batches cannot be collated.
+    """Per dataset, camera -> frame offsets (``WindowSpec.camera_offsets``), checked across a mix.
+
+    Every sample must carry the same keys or batches cannot be collated.
 
     Raises:
         KeyError: the spec names a camera a dataset lacks (the dataset is named).
@@ -98,9 +101,11 @@ def _camera_streams(source: DatasetSource, cam: str) -> np.ndarray:
 
 
 def _check_camera_kinds(sources: list[DatasetSource], cam_offsets: list[dict]) -> None:
-    """Refuse a window camera that is depth (uint16 ``[T, 1, H, W]``) in some episodes and RGB
-    (uint8 ``[T, 3, H, W]``) in others, of one dataset or across a mix: its frames could not be
-    batched together (the writer reports such episodes as ``depth_not_grey``).
+    """Refuse a window camera that is depth in some episodes and RGB in others.
+
+    Depth is uint16 ``[T, 1, H, W]``, RGB uint8 ``[T, 3, H, W]``; in episodes of one dataset or
+    across a mix, such a camera's frames could not be batched together (the writer reports such
+    episodes as ``depth_not_grey``).
 
     Raises:
         ValueError: naming the camera and one episode (key and dataset) of each kind.
@@ -209,7 +214,7 @@ class WindowDataset(IterableDataset):
     # --- planning ---------------------------------------------------------------------------------
 
     def _episode_table(self) -> tuple[EpisodeTable, np.ndarray]:
-        parts, gaps, base, shard_base = [], [], [0], 0
+        parts, gap_parts, base, shard_base = [], [], [0], 0
         for source, weight, offsets in zip(self.sources, self.weights, self.cam_offsets, strict=False):
             ix = source.index
             rows = self.spec.row_offsets(list(offsets))
@@ -222,7 +227,7 @@ class WindowDataset(IterableDataset):
                 # A recording break inside an episode is an episode boundary for windows.
                 owner = np.repeat(np.arange(ix.num_episodes, dtype=np.int64), np.diff(ix.segment_offsets))
                 gap = break_gaps(owner, ix.segment_starts, before, after)
-            gaps.append(gap + np.array([base[-1], 0, 0]))
+            gap_parts.append(gap + np.array([base[-1], 0, 0]))
             # Bytes an episode holds while loaded: encoded members of the cameras read plus the
             # frames its windows need, decoded and prepared (uint8; float conversion happens per
             # window). Frames: all rows when every anchor is taken, else windows x offsets.
@@ -251,7 +256,7 @@ class WindowDataset(IterableDataset):
             base.append(base[-1] + ix.num_episodes)
         cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
         stratum = np.repeat(np.arange(len(self.sources)), np.diff(base)) if self.stratify else None
-        gaps = np.concatenate(gaps)
+        gaps = np.concatenate(gap_parts)
         return EpisodeTable(
             shard=cat[0],
             lo=cat[1].astype(np.int64),
@@ -335,7 +340,11 @@ class WindowDataset(IterableDataset):
     def _generate(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):
         episodes, anchors = plan.episode[skip:], plan.anchor[skip:]
         order = np.argsort(episodes, kind="stable")
-        bounds = np.flatnonzero(np.r_[True, episodes[order][1:] != episodes[order][:-1]]) if episodes.size else []
+        bounds = (
+            np.flatnonzero(np.r_[True, episodes[order][1:] != episodes[order][:-1]])
+            if episodes.size
+            else np.zeros(0, np.int64)
+        )
         pending = {
             int(episodes[order[b]]): np.sort(anchors[order[b:e]])
             for b, e in zip(list(bounds), [*list(bounds[1:]), episodes.size], strict=False)
@@ -344,7 +353,7 @@ class WindowDataset(IterableDataset):
         fetchers, slots = self._fetchers(plan, remaining, telemetry)
         loaded: dict[int, LoadedEpisode] = {}
         failed: set[int] = set()
-        first_failure = None
+        first_failure: tuple[int, Exception] | None = None
         last, owed = None, 0
         read_pos = 0
         try:
@@ -358,7 +367,7 @@ class WindowDataset(IterableDataset):
                         except (FetchError, DecodeError) as exc:  # the shard policy decides, for both
                             if self.fetch.on_shard_error == "raise":
                                 raise
-                            warnings.warn(f"epishard: skipping episode {self._key(nxt)}: {exc}")
+                            warnings.warn(f"epishard: skipping episode {self._key(nxt)}: {exc}", stacklevel=2)
                             telemetry.add(episodes_skipped=1)
                             failed.add(nxt)
                             first_failure = first_failure or (self._locate(nxt)[0], exc)
@@ -391,10 +400,11 @@ class WindowDataset(IterableDataset):
                     yield self._emit(dict(sample, substitute=True), telemetry)
                 owed, last = 0, sample
             if owed:
-                d, exc = first_failure
+                assert first_failure is not None  # samples are owed only after a failed episode
+                d, cause = first_failure
                 raise FetchError(
                     f"{self.sources[d].url}: every episode this worker read failed, so {owed} samples "
-                    f"cannot be filled; the first: {exc}",
+                    f"cannot be filled; the first: {cause}",
                     -1,
                 )
         finally:
@@ -465,6 +475,8 @@ class WindowDataset(IterableDataset):
         if batches is None:
             consumed = [self._consumed]
         else:
+            if batch_size is None:
+                raise ValueError("WindowDataset.state_dict: batches consumed need the batch_size")
             per = self.windows_per_consumer(epoch, world, workers)
             consumed = [
                 min(-(-(batches - w) // workers) * batch_size, per) if batches > w else 0 for w in range(workers)
@@ -481,8 +493,9 @@ class WindowDataset(IterableDataset):
         }
 
     def load_state_dict(self, state: dict, num_workers: int = 0) -> None:
-        """Continue exactly where ``state`` was taken: the next sample (or batch) is the one the
-        uninterrupted run would have yielded next.
+        """Continue exactly where ``state`` was taken.
+
+        The next sample (or batch) is the one the uninterrupted run would have yielded next.
 
         Raises:
             ValueError: ``state`` was saved under another world size, worker count or seed; such a
@@ -507,8 +520,9 @@ class WindowDataset(IterableDataset):
 
 
 class WindowLoader(DataLoader):
-    """A ``DataLoader`` over a ``WindowDataset`` that tracks epochs and consumed batches, so that
-    ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch with any ``num_workers``.
+    """A ``DataLoader`` over a ``WindowDataset`` that tracks epochs and consumed batches.
+
+    ``state_dict()`` / ``load_state_dict()`` then resume exactly mid-epoch with any ``num_workers``.
 
     Exactness relies on the DataLoader's in-order round-robin over workers (the default,
     ``in_order=True``) and on every worker of a rank holding the same number of windows.
@@ -519,6 +533,8 @@ class WindowLoader(DataLoader):
     epoch ``state_dict()`` reports. An unfinished epoch is run again from its start (as without
     persistent workers) unless a state is loaded.
     """
+
+    dataset: WindowDataset  # DataLoader's attribute, narrowed: the loader works on a WindowDataset
 
     def __init__(self, dataset: WindowDataset, batch_size: int = 1, **kw):
         if dataset.post.dtype.is_floating_point and "collate_fn" not in kw and batch_size is not None:
@@ -561,6 +577,7 @@ class WindowLoader(DataLoader):
                 self._running = None
 
     def state_dict(self) -> dict:
+        """The epoch and the batches this rank consumed in it, for ``load_state_dict``."""
         state = self.dataset.state_dict(self._batches, self.batch_size, self.num_workers, epoch=self._epoch)
         # At an epoch boundary nothing is consumed: such a state loads under any layout.
         return {**state, "fresh": True} if self._batches == 0 else state

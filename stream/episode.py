@@ -1,5 +1,7 @@
-"""One episode loaded for a consumer: its table columns, and every frame its windows need, decoded
-once per camera (merged decoding) and post-processed once; windows are then cut out of it.
+"""One episode loaded for a consumer; windows are cut out of it.
+
+It holds its table columns, and every frame its windows need, decoded once per camera (merged
+decoding) and post-processed once.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Normalizer:
 
     @classmethod
     def from_stats(cls, stats: dict, mode: str, eps: float = 1e-8) -> Normalizer:
+        """From a feature's manifest statistics: ``mode`` ``"mean_std"`` or ``"min_max"`` (to [-1, 1])."""
         if mode == "mean_std":
             return cls(np.asarray(stats["mean"], np.float32), np.maximum(np.asarray(stats["std"], np.float32), eps))
         if mode == "min_max":
@@ -40,12 +43,15 @@ class Normalizer:
         raise ValueError(f"normalisation mode must be 'mean_std' or 'min_max', not {mode!r}")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        """``x`` (float32 ``[..., D]``) normalised: ``(x - shift) / scale``."""
         return (x - self.shift) / self.scale
 
 
 def _clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:
-    """Rows clamped into the anchor's recording segment ``[lo, hi)`` (the episode unless its
-    timestamps reset or jump), and the pad flags of the rows that fell outside it.
+    """Rows clamped into the anchor's recording segment ``[lo, hi)``, and pad flags.
+
+    The segment is the episode unless its timestamps reset or jump; the pad flags mark the rows that
+    fell outside it.
     """
     pad = (rows < lo) | (rows >= hi)
     return np.clip(rows, lo, hi - 1), pad

@@ -22,7 +22,8 @@ def _glibc():
     if _libc is None:
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            libc.mallopt, libc.malloc_trim
+            for name in ("mallopt", "malloc_trim"):
+                getattr(libc, name)  # AttributeError when this C library lacks it
         except (OSError, AttributeError):
             libc = False
         else:

@@ -16,6 +16,16 @@ from .telemetry import summarize
 from .transform import PostProcess
 
 
+def _frame_size(text: str | None) -> tuple[int, int] | None:
+    """``--size HEIGHTxWIDTH`` (e.g. ``224x224``) -> ``(height, width)``; None keeps the stored size."""
+    if not text:
+        return None
+    parts = text.lower().split("x")
+    if len(parts) != 2:
+        raise ValueError(f"--size {text!r}: expected HEIGHTxWIDTH, e.g. 224x224")
+    return int(parts[0]), int(parts[1])
+
+
 def _timed_collate(samples: list[dict]) -> dict:
     t = time.perf_counter()
     batch = default_collate(samples)
@@ -24,6 +34,7 @@ def _timed_collate(samples: list[dict]) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``epishard stream`` options."""
     p.add_argument("dataset", metavar="DATASET", help="converted dataset folder or URL")
     p.add_argument("--cameras", help="comma-separated camera names (default: all)")
     p.add_argument("--frames", type=int, default=9, help="frames per camera per window (default 9)")
@@ -43,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build(args) -> WindowLoader:
+    """The loader ``epishard stream`` runs: spec, post-processing and workers from the options."""
     from .source import DatasetSource
 
     source = DatasetSource(args.dataset, getattr(args, "storage_options", None))
@@ -58,8 +70,7 @@ def build(args) -> WindowLoader:
         stride=args.stride,
         per_episode=per,
     )
-    size = tuple(int(v) for v in args.size.lower().split("x")) if args.size else None
-    post = PostProcess(size=size, dtype=torch.float32 if args.float else torch.uint8)
+    post = PostProcess(size=_frame_size(args.size), dtype=torch.float32 if args.float else torch.uint8)
     ds = WindowDataset(source, spec, seed=args.seed, postprocess=post, telemetry=True)
     return WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers, collate_fn=_timed_collate)
 
@@ -105,6 +116,7 @@ def run(args) -> dict:
 
 
 def render(r: dict) -> str:
+    """A ``run`` report as a few lines of text."""
     stages = r["worker_stage_s"]
     total = sum(stages.values()) or 1.0
     lines = [
@@ -123,6 +135,11 @@ def render(r: dict) -> str:
 
 
 def main(args) -> int:
+    """Run ``epishard stream``; print the report (``--json``: one JSON line); 0 on success.
+
+    Raises:
+        ValueError: no window of the dataset fits the request.
+    """
     report = run(args)
     if not report["batches"]:
         raise ValueError(f"{args.dataset}: no window fits the request (episodes shorter than --span/--action-horizon?)")
