@@ -95,6 +95,7 @@ class ConvertOptions:
             raise ValueError("ConvertOptions: " + "; ".join(p for p in problems if p))
 
     def prepare_options(self) -> PrepareOptions:
+        """The options of the per-episode preparation (``prepare``) among these."""
         return PrepareOptions(
             cameras=self.cameras, reencode=self.reencode, timestamps=self.timestamps, decode_check=self.decode_check
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import pyarrow as pa
 import pyarrow.parquet as pq

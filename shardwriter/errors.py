@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 # What to do about a bad input, in every option of writer and reader that decides it: stop with an
 # error ("raise"), leave the input out and count it ("skip"), or go on and report it ("warn").
@@ -85,7 +85,7 @@ class ConversionError(Exception):
 
     def with_context(self, **kw) -> ConversionError:
         """Return a copy with missing location fields filled in from ``kw``."""
-        fields = dict(
+        fields: dict[str, Any] = dict(
             kind=self.kind,
             dataset=self.dataset,
             episode=self.episode,
@@ -104,6 +104,7 @@ class ConversionError(Exception):
         return _rebuild, (self.detail, self.to_dict())
 
     def to_dict(self) -> dict:
+        """``kind``, the location fields and ``detail``, for the manifest's report (JSON-ready)."""
         return {
             "kind": self.kind,
             "dataset": self.dataset,

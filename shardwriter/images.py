@@ -49,6 +49,8 @@ def decode_image(data: bytes) -> tuple[np.ndarray, bool]:
     codec = _decoder(data)
     try:
         ctx = av.CodecContext.create(codec, "r")
+        if not isinstance(ctx, av.VideoCodecContext):
+            raise ValueError(f"{codec} is not an image decoder")
         frames = ctx.decode(av.Packet(data)) + ctx.decode(None)
     except av.error.FFmpegError as exc:
         raise ValueError(f"{codec} decoder failed: {exc}") from exc
@@ -81,7 +83,8 @@ def column_images(table: pa.Table, column: str) -> tuple[np.ndarray, list[dict]]
     cells = table.column(column).combine_chunks()
     if pa.types.is_struct(cells.type):
         cells = cells.field("bytes")
-    frames, alpha = [], False
+    frames: list[np.ndarray] = []
+    alpha = False
     for row, data in enumerate(cells.to_pylist()):
         if not data:
             raise ConversionError(

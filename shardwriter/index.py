@@ -299,9 +299,11 @@ class WindowIndex:
 
     @property
     def num_episodes(self) -> int:
+        """Episodes in the index (all shards)."""
         return int(self.num_rows.shape[0])
 
     def key(self, episode: int) -> str:
+        """Shard key of ``episode`` (its tar members' prefix, e.g. ``gr00t-e000003``)."""
         return self.keys[episode].as_py()
 
     def source(self, episode: int) -> str:
@@ -327,6 +329,7 @@ class WindowIndex:
         return self._table.slice(episode, 1).to_pylist()[0]
 
     def camera_names(self, episode: int) -> list[str]:
+        """Cameras stored for ``episode``, in stream order."""
         a, b = self.episode_cams[episode], self.episode_cams[episode + 1]
         return self.cam_names.slice(int(a), int(b - a)).to_pylist()
 

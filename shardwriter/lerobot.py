@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import errno
 import glob
+import itertools
 import json
 import math
 import os
@@ -409,9 +410,11 @@ def _read_v2(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
                 images=images,
             )
         )
-    declared = int(info.get("total_episodes", len(episodes)))
-    if declared != len(episodes):
-        notes.append(f"meta/info.json declares {declared} episodes; {len(episodes)} have data files and are converted")
+    declared_episodes = int(info.get("total_episodes", len(episodes)))
+    if declared_episodes != len(episodes):
+        notes.append(
+            f"meta/info.json declares {declared_episodes} episodes; {len(episodes)} have data files and are converted"
+        )
     return Source(
         name=name,
         episodes=episodes,
@@ -444,7 +447,7 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
             values = col.to_numpy()
             ranges: dict[int, tuple[int, int]] = {}
             change = [0] + [i for i in range(1, len(values)) if values[i] != values[i - 1]] + [len(values)]
-            for a, b in zip(change[:-1], change[1:], strict=False):
+            for a, b in itertools.pairwise(change):
                 ep = int(values[a])
                 if ep in ranges:
                     raise SourceError(f"{path}: rows of episode {ep} are not contiguous")
@@ -523,9 +526,11 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
         raise SourceError(
             f"{root}: none of the episodes in meta/episodes has its data file present (data_path {info['data_path']!r})"
         )
-    declared = int(info.get("total_episodes", len(episodes)))
-    if declared != len(episodes):
-        notes.append(f"meta/info.json declares {declared} episodes; {len(episodes)} have data files and are converted")
+    declared_episodes = int(info.get("total_episodes", len(episodes)))
+    if declared_episodes != len(episodes):
+        notes.append(
+            f"meta/info.json declares {declared_episodes} episodes; {len(episodes)} have data files and are converted"
+        )
     episodes.sort(key=lambda e: e.episode_index)
     return Source(
         name=name,
@@ -551,7 +556,8 @@ def _v3_episode_rows(tree: _Tree, paths: list[str]) -> list[dict]:
     ``chunk_index``, ``file_index`` (integers or null), ``from_timestamp``, ``to_timestamp`` (finite
     numbers or null); ``tasks`` is a list of strings. Raises SourceError naming file, row and column.
     """
-    rows, seen = [], {}
+    rows: list[dict] = []
+    seen: dict[int, str] = {}
     for path in paths:
         table = _read_parquet(tree, path)
         for prefix in {name.rsplit("/", 1)[0] for name in table.column_names if name.startswith("videos/")}:

@@ -224,6 +224,7 @@ class Storage:
         return self._handle.get()
 
     def path(self, name: str) -> str:
+        """Path of ``name`` in the folder, as the filesystem (``fs``, or ``os`` when local) takes it."""
         return f"{self._root}/{name}"
 
     def is_file(self) -> bool:
@@ -241,21 +242,29 @@ class Storage:
             raise PermissionError(errno.EACCES, f"access denied ({exc})", self.url) from exc
 
     def makedirs(self) -> None:
+        """Create the local folder (object stores have no folders to create)."""
         if self.local:
             os.makedirs(self._root, exist_ok=True)
 
     def exists(self, name: str) -> bool:
+        """Whether ``name`` exists in the folder."""
         if self.local:
             return os.path.exists(self.path(name))
         with self._named_denial():
             return self.fs.exists(self.path(name))
 
     def size(self, name: str) -> int:
+        """Size of ``name`` in bytes."""
         return os.path.getsize(self.path(name)) if self.local else int(self.fs.size(self.path(name)))
 
     def remove(self, name: str) -> None:
-        if self.exists(name):
-            self.fs.rm(self.path(name)) if not self.local else os.remove(self.path(name))
+        """Delete ``name`` if it exists."""
+        if not self.exists(name):
+            return
+        if self.local:
+            os.remove(self.path(name))
+        else:
+            self.fs.rm(self.path(name))
 
     def names(self) -> list[str]:
         """File names directly in the folder (fresh: an object store's listing cache is dropped); [] if
@@ -300,7 +309,7 @@ class Storage:
         if self.local:
             final = self.path(name)
             tmp = fmt.temp_path(final)
-            f = open(tmp, "wb")
+            f = open(tmp, "wb")  # noqa: SIM115 - closed below, errors suppressed: a full disk fails the flush again
             try:
                 yield f
                 f.flush()

@@ -66,7 +66,7 @@ MAX_DIMENSION = 1 << 16  # widest frame any codec the reader decodes can hold (A
 
 
 def plain_name(name, where: str) -> str:
-    """``name`` if it is a plain file name (no ``/`` or ``\\``, no NUL, not empty, ``.`` or ``..``),
+    r"""``name`` if it is a plain file name (no ``/`` or ``\\``, no NUL, not empty, ``.`` or ``..``),
     else ``FormatError`` naming ``where``.
     """
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0") or len(name) > 255:

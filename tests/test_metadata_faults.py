@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -43,7 +45,7 @@ def _opts(**kw) -> ConvertOptions:
 
 def _decoded_rows(out, index: WindowIndex, episode: int, camera: int = 0) -> list[int]:
     """Frame number shown by every row of ``episode``, decoded from the shard."""
-    shards = Manifest.load(open(f"{out}/manifest.json", "rb").read(), "manifest.json").shards
+    shards = Manifest.load(Path(f"{out}/manifest.json").read_bytes(), "manifest.json").shards
     look = index.lookup(episode, np.arange(int(index.num_rows[episode])), camera=camera)
     with open(f"{out}/{shards[look.shard].shard}", "rb") as f:
         f.seek(look.offset)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,7 +82,7 @@ def test_convert_verify_and_stream_through_s3(local, s3):
 
     fs = s3fs.S3FileSystem(**s3)
     for shard in manifest.shards:
-        assert fs.cat_file(f"epishard-test/ds/{shard.shard}") == open(f"{local}/{shard.shard}", "rb").read()
+        assert fs.cat_file(f"epishard-test/ds/{shard.shard}") == Path(f"{local}/{shard.shard}").read_bytes()
     expected = _samples(local)
     _same(
         _samples(url, workers=2, storage_options=s3),

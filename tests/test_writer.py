@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -59,7 +60,7 @@ def _source(episodes, name="synth") -> Source:
 
 
 def _files(out) -> dict[str, bytes]:
-    return {os.path.basename(p): open(p, "rb").read() for p in sorted(glob.glob(f"{out}/*"))}
+    return {os.path.basename(p): Path(p).read_bytes() for p in sorted(glob.glob(f"{out}/*"))}
 
 
 def _opts(**kw) -> ConvertOptions:
@@ -301,7 +302,7 @@ def test_rerun_after_failure_resumes_and_matches_a_clean_run(tmp_path):
         convert([_source(bad)], str(tmp_path / "out"), _opts())
     first = _files(tmp_path / "out")
     assert "shard-000000.tar" in first and "manifest.json" not in first
-    open(tmp_path / "out" / "shard-000002.tar.partial-99999", "wb").write(b"junk from a killed run")
+    Path(tmp_path / "out" / "shard-000002.tar.partial-99999").write_bytes(b"junk from a killed run")
     convert([_source(good)], str(tmp_path / "out"), _opts())
     convert([_source(good)], str(tmp_path / "clean"), _opts())
     assert _files(tmp_path / "out") == _files(tmp_path / "clean")

@@ -20,6 +20,7 @@ import resource
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -106,7 +107,7 @@ def build(folder: str, episodes: int) -> dict:
     with open(os.path.join(folder, MANIFEST_NAME), "w") as f:
         json.dump({"shards": [{"index": os.path.basename(p)} for p in paths]}, f)
     with open(os.path.join(folder, DATASET_INDEX_NAME), "wb") as f:
-        f.write(dataset_index_bytes([open(p, "rb").read() for p in paths]))
+        f.write(dataset_index_bytes([Path(p).read_bytes() for p in paths]))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     arrow_s, parquet_s = [], []
     for _ in range(3):

@@ -700,7 +700,7 @@ class Zygote:
     """The parent's handle on ``--zygote``: send a config, get the record (or the error)."""
 
     def __init__(self, env: dict):
-        self.log = tempfile.TemporaryFile()
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the zygote's stderr, kept while it runs
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--zygote"],
             stdin=subprocess.PIPE,
