@@ -127,6 +127,7 @@ class SourceError(Exception):
 
 
 class OutputFolderError(Exception):
-    """The output folder cannot be used: it holds files this writer did not create, is a file, or
-    belongs to a conversion with another shard prefix. Nothing in it was changed.
+    """The output folder cannot be used; nothing in it was changed.
+
+    It holds files this writer did not create, is a file, or belongs to a conversion with another shard prefix.
     """

@@ -112,8 +112,9 @@ def shard_name(prefix: str, shard_id: int) -> str:
 
 
 def is_writer_file(name: str, prefix: str) -> bool:
-    """Whether ``name`` (a file name in the output folder) is one the writer creates for shard
-    prefix ``prefix``: a shard, a shard index, ``index.arrow``, ``manifest.json``, the marker, or
+    """Whether ``name`` (a file name in the output folder) is one the writer creates for ``prefix``.
+
+    For shard prefix ``prefix``: a shard, a shard index, ``index.arrow``, ``manifest.json``, the marker, or
     one of these being written (``<name>.partial-<pid>``).
     """
     name = _PARTIAL.sub("", name)

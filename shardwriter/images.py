@@ -36,8 +36,10 @@ def _decoder(data: bytes) -> str:
 
 
 def decode_image(data: bytes) -> tuple[np.ndarray, bool]:
-    """Decode one image file to uint8 RGB ``[H, W, 3]``, or a 16-bit grey one (a depth map) to
-    uint16 ``[H, W]`` with its values exact; also return whether an alpha channel was dropped.
+    """Decode one image file to uint8 RGB ``[H, W, 3]`` or, 16-bit grey, uint16 ``[H, W]``.
+
+    A 16-bit grey image (a depth map) keeps its values exact; also returns whether an alpha
+    channel was dropped.
 
     8-bit grey and palette images expand to RGB exactly; JPEG's YCbCr converts with FFmpeg's
     rounding.
@@ -70,8 +72,9 @@ def _describe(image: np.ndarray) -> str:
 
 
 def column_images(table: pa.Table, column: str) -> tuple[np.ndarray, list[dict]]:
-    """Decode an image column (one image per row) to uint8 RGB ``[num_rows, H, W, 3]``, or, for
-    16-bit grey images, uint16 ``[num_rows, H, W]``.
+    """Decode an image column (one image per row) to uint8 RGB ``[num_rows, H, W, 3]``.
+
+    16-bit grey images become uint16 ``[num_rows, H, W]``.
 
     Accepts LeRobot's ``struct<bytes, path>`` cells and plain binary cells. Returns the frames and
     report entries (``image_alpha_dropped``, once per column).

@@ -56,8 +56,9 @@ def encode_index(rows: list[dict], shard_meta: dict) -> bytes:
 
 
 def read_table_bytes(data: bytes) -> pa.Table:
-    """A Parquet file held in memory (an index or an episode's data member), read in the calling
-    thread. ``pq.read_table`` would start Arrow's CPU and I/O thread pools, which then stay alive
+    """A Parquet file held in memory (an index or an episode's data member), read in the calling thread.
+
+    ``pq.read_table`` would start Arrow's CPU and I/O thread pools, which then stay alive
     until the process exits; pool threads alive during the C++ teardown at interpreter exit are a
     known cause of ``terminate called without an active exception`` aborts (apache/arrow#34314,
     #39862). These tables are small: threads gain nothing here.
@@ -102,8 +103,10 @@ def _np(array: pa.Array, dtype) -> np.ndarray:
 
 @dataclass
 class CameraLookup:
-    """Where one camera's frames for one window lie: shard number, byte range of the video member
-    in the shard, frame numbers (int64 ``[n]``) in that video, and the keyframe to start decoding at.
+    """Where one camera's frames for one window lie.
+
+    Shard number, byte range of the video member in the shard, frame numbers (int64 ``[n]``) in that
+    video, and the keyframe to start decoding at.
     """
 
     shard: int
@@ -471,15 +474,18 @@ class WindowIndex:
         return first + np.sum(frames[..., 1:] - start + 1, axis=-1)
 
     def segment_edges(self, episode: int) -> np.ndarray:
-        """int64 ``[k + 2]``: ``0``, the episode's ``segment_starts`` (k recording breaks), ``num_rows``;
-        segment ``i`` is rows ``[edges[i], edges[i + 1])``.
+        """int64 ``[k + 2]``: ``0``, the episode's ``segment_starts`` (k recording breaks), ``num_rows``.
+
+        Segment ``i`` is rows ``[edges[i], edges[i + 1])``.
         """
         starts = self.segment_starts[self.segment_offsets[episode] : self.segment_offsets[episode + 1]]
         return np.r_[0, starts, self.num_rows[episode]].astype(np.int64)
 
     def segment_bounds(self, episodes, rows) -> tuple[np.ndarray, np.ndarray]:
-        """Recording segment ``[lo, hi)`` holding each row: the whole episode ``[0, num_rows)``
-        unless its timestamps reset or jump (``segment_starts``), where a new segment begins.
+        """Recording segment ``[lo, hi)`` holding each row.
+
+        The whole episode ``[0, num_rows)`` unless its timestamps reset or jump
+        (``segment_starts``), where a new segment begins.
 
         ``episodes``, ``rows``: int arrays (or ints) broadcast together. Returns two int64 arrays
         of the broadcast shape. Windows anchored at a row stay inside that row's segment.

@@ -107,8 +107,9 @@ class _Tree:
 
 
 def _template_regex(template: str) -> re.Pattern:
-    """Turn a LeRobot path template (``data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet``)
-    into a regex with one named group per field.
+    """Turn a LeRobot path template into a regex with one named group per field.
+
+    E.g. ``data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet``.
     """
     out, pos = [], 0
     for m in re.finditer(r"\{(\w+)(?::[^}]*)?\}", template):
@@ -277,8 +278,9 @@ def _dropped_cameras(
 
 
 def _image_features(features: dict, wanted: tuple[str, ...] | None) -> tuple[tuple[str, ...], list[str]]:
-    """Image features (one PNG/JPEG per row inside the parquet) and the notes saying what becomes of
-    the ones converted (all, or those in ``wanted``: the others are not read).
+    """Image features (one PNG/JPEG per row inside the parquet) and notes on what becomes of them.
+
+    The ones converted (all, or those in ``wanted``: the others are not read).
     """
     names = tuple(name for name, spec in features.items() if spec.get("dtype") == "image")
     return names, [
@@ -291,8 +293,10 @@ def _image_features(features: dict, wanted: tuple[str, ...] | None) -> tuple[tup
 
 
 def _depth_cameras(features: dict) -> set[str]:
-    """Cameras declared depth maps (LeRobot's flag ``video.is_depth_map``, under the feature's
-    ``info``, or ``video_info`` as LeRobot v2.0 and many converted datasets, v2.1 and v3.0 too, write it).
+    """Cameras declared depth maps (LeRobot's flag ``video.is_depth_map``).
+
+    The flag is under the feature's ``info``, or ``video_info`` as LeRobot v2.0 and many converted
+    datasets, v2.1 and v3.0 too, write it.
     """
     return {
         name

@@ -99,8 +99,9 @@ SKIP_COLUMNS = {"index", "episode_index", "frame_index", "task_index", "timestam
 
 
 class DatasetStats:
-    """Statistics for every numeric column of the episode tables (bookkeeping columns excluded),
-    over the whole dataset and per source.
+    """Statistics for every numeric column of the episode tables, over the whole dataset and per source.
+
+    Bookkeeping columns are excluded.
 
     Sources may differ in a feature's width (robots with other state sizes): such a feature gets
     per-source statistics only, and ``mixed_widths`` names it.

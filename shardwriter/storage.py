@@ -40,8 +40,9 @@ READ_TIMEOUT_S = 30.0  # default seconds a request may wait for the next bytes o
 
 
 def with_timeouts(url: str, storage_options: dict, connect_s: float, read_s: float, attempts: int) -> dict:
-    """Fsspec options for ``url`` with connect and read timeouts (seconds) for S3 (botocore's
-    ``config_kwargs``) and HTTP(S) (an aiohttp ``ClientTimeout`` in ``client_kwargs``, no total
+    """Fsspec options for ``url`` with connect and read timeouts (seconds).
+
+    For S3 (botocore's ``config_kwargs``) and HTTP(S) (an aiohttp ``ClientTimeout`` in ``client_kwargs``, no total
     limit, so large reads still finish); what the options already set is kept.
 
     ``attempts``: tries per S3 request, botocore's standard retry mode (backoff with jitter).
@@ -115,8 +116,10 @@ def make_filesystem(
     connect_s: float = CONNECT_TIMEOUT_S,
     read_s: float = READ_TIMEOUT_S,
 ):
-    """(fsspec filesystem, root path) for ``url`` with timeouts: the ``connect_timeout``/``read_timeout``
-    storage options (epishard's own, in seconds) when given, else ``connect_s``/``read_s``.
+    """(fsspec filesystem, root path) for ``url`` with timeouts.
+
+    The ``connect_timeout``/``read_timeout`` storage options (epishard's own, in seconds) when
+    given, else ``connect_s``/``read_s``.
 
     ``attempts``: tries per S3 request (botocore); s3fs's own retry loops are turned off because
     they nest (5 x 5 x botocore's 5 tries by default: one stuck endpoint became minutes of silence).
@@ -203,8 +206,10 @@ _BUCKET_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs")
 
 
 class Storage:
-    """A dataset folder. ``url``: local path or fsspec URL; ``storage_options``: passed to fsspec, except
-    epishard's ``connect_timeout`` and ``read_timeout`` (seconds; see ``make_filesystem``).
+    """A dataset folder.
+
+    ``url``: local path or fsspec URL; ``storage_options``: passed to fsspec, except epishard's
+    ``connect_timeout`` and ``read_timeout`` (seconds; see ``make_filesystem``).
     """
 
     def __init__(self, url: str, storage_options: dict | None = None):
@@ -267,8 +272,9 @@ class Storage:
             self.fs.rm(self.path(name))
 
     def names(self) -> list[str]:
-        """File names directly in the folder (fresh: an object store's listing cache is dropped); [] if
-        the folder does not exist.
+        """File names directly in the folder; [] if the folder does not exist.
+
+        Fresh: an object store's listing cache is dropped.
 
         Raises:
             FileNotFoundError: the object store's bucket does not exist (``filename``: the URL).
@@ -303,8 +309,9 @@ class Storage:
 
     @contextlib.contextmanager
     def writer(self, name: str):
-        """A binary file to write ``name`` through; it appears under its name only if the block exits
-        without an exception.
+        """A binary file to write ``name`` through.
+
+        It appears under its name only if the block exits without an exception.
         """
         if self.local:
             final = self.path(name)

@@ -66,8 +66,9 @@ MAX_DIMENSION = 1 << 16  # widest frame any codec the reader decodes can hold (A
 
 
 def plain_name(name, where: str) -> str:
-    r"""``name`` if it is a plain file name (no ``/`` or ``\\``, no NUL, not empty, ``.`` or ``..``),
-    else ``FormatError`` naming ``where``.
+    r"""``name`` if it is a plain file name, else ``FormatError`` naming ``where``.
+
+    Plain: no ``/`` or ``\\``, no NUL, not empty, ``.`` or ``..``.
     """
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0") or len(name) > 255:
         raise FormatError(f"{where}: {name!r} is not a plain file name (no path separators, not '.' or '..')")
@@ -140,8 +141,9 @@ def check_manifest(manifest, where: str) -> None:
 
 
 def check_index_table(table: pa.Table, where: str, shard_column: bool) -> None:
-    """Check that an index table has the format's columns and types (plus an int32 ``shard`` column
-    for ``index.arrow``) and no nulls at any depth.
+    """Check that an index table has the format's columns and types and no nulls at any depth.
+
+    ``index.arrow`` has an int32 ``shard`` column besides.
 
     Raises:
         FormatError: names the first missing or mistyped column, or the column holding a null.

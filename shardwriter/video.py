@@ -1,5 +1,7 @@
-"""Video work done at write time: frame tables, the check that a decoder agrees with them, segment
-cuts by stream copy, optional re-encode.
+"""Video work done at write time.
+
+Frame tables, the check that a decoder agrees with them, segment cuts by stream copy, optional
+re-encode.
 
 Frame tables describe the frames a decoder **displays**: they are built from a full decode with
 PyAV (FFmpeg), so edit lists, discard flags, B-frame reordering, negative start pts, header frame
@@ -95,9 +97,11 @@ def _open(source: VideoSource):
 
 
 def frame_stream(container, stream_index: int | None = None) -> av.video.stream.VideoStream:
-    """The video stream that holds the frames: stream ``stream_index`` when given (an index records
-    it; None or -1: not recorded); else, attached pictures (cover art) skipped, FFmpeg's best video
-    stream (``av_find_best_stream``), else the first.
+    """The video stream that holds the frames.
+
+    Stream ``stream_index`` when given (an index records it; None or -1: not recorded); else,
+    attached pictures (cover art) skipped, FFmpeg's best video stream (``av_find_best_stream``),
+    else the first.
 
     Raises:
         ConversionError(kind="unreadable_video"): no video stream other than attached pictures.
@@ -410,9 +414,11 @@ def cut(source: VideoSource, info: VideoProbe, first: int, stop: int) -> tuple[b
 
 @dataclass(frozen=True)
 class ReencodeSpec:
-    """Re-encode settings: ``codec`` (an FFmpeg encoder name, e.g. ``libx264``, ``libsvtav1``,
-    ``mpeg4``), ``gop`` (keyframe interval in frames), ``size`` (``(height, width)`` or None to keep),
-    ``crf`` (quality for x264/SVT-AV1; None for the encoder's default).
+    """Re-encode settings.
+
+    ``codec`` (an FFmpeg encoder name, e.g. ``libx264``, ``libsvtav1``, ``mpeg4``), ``gop``
+    (keyframe interval in frames), ``size`` (``(height, width)`` or None to keep), ``crf`` (quality
+    for x264/SVT-AV1; None for the encoder's default).
     """
 
     codec: str = "libx264"
