@@ -3,6 +3,7 @@ it, and a fault-injecting TCP proxy (cut a response after N bytes, add latency p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -175,10 +176,8 @@ def _wait_closed(s: socket.socket):
 
 
 def _close(s: socket.socket):
-    try:
+    with contextlib.suppress(OSError):
         s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
     s.close()
 
 

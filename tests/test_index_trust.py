@@ -149,9 +149,9 @@ def test_verify_checks_what_the_reader_needs(intact, tmp_path):
     m = manifest(root)
     del m["cameras"]
     write_manifest(root, m)
-    with pytest.raises(FormatError, match="manifest.json: cameras: missing"):
+    with pytest.raises(FormatError, match=r"manifest\.json: cameras: missing"):
         verify(root)
-    with pytest.raises(FormatError, match="manifest.json: cameras: missing"):
+    with pytest.raises(FormatError, match=r"manifest\.json: cameras: missing"):
         WindowDataset(root, SPEC)
 
     root = copy(intact, str(tmp_path / "ds2"))  # index.arrow rewritten alone, its digest updated

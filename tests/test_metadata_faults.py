@@ -238,7 +238,10 @@ def test_inside_windows_never_cross_a_break(broken):
     out, _ = broken
     ds = WindowDataset(out, _spec("inside"), seed=0, shuffle_windows=0)
     # Window rows span anchor-4 .. anchor+4: anchors keep 4 rows from every segment edge.
-    inside = lambda a, b: list(range(a + 4, b - 4))
+
+    def inside(a: int, b: int) -> list[int]:
+        return list(range(a + 4, b - 4))
+
     want = {(e, a) for e in (0, 2) for a in inside(0, ROWS)}
     want |= {(1, a) for lo, hi in BREAK_SEGMENTS for a in inside(lo, hi)}
     assert _planned(ds) == want and len(ds) == len(want)

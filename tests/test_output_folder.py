@@ -218,7 +218,7 @@ def test_a_finished_dataset_of_another_plan_is_replaced_only_with_overwrite(sour
     first = convert([source], out, _opts())
     before = _snapshot(out)
     fewer = ConvertOptions(progress=False, max_episodes_per_shard=1, episodes=frozenset({0, 1}))
-    with pytest.raises(OutputFolderError, match="finished conversion of other sources or options.*--overwrite"):
+    with pytest.raises(OutputFolderError, match=r"finished conversion of other sources or options.*--overwrite"):
         convert([source], out, fewer)
     assert _snapshot(out) == before
     # The same plan again is a resume (nothing to write), not a replacement.

@@ -139,7 +139,7 @@ def test_http_with_and_without_range_support(local, honour_range, mode):
 
 @pytest.mark.parametrize("cuts", [1, 2])
 def test_cut_connections_are_retried_to_identical_bytes(local, cuts):
-    server, base = serve_http(local)
+    server, _ = serve_http(local)
     proxy = FaultProxy(server.server_address, cut_after=8_000, cuts=cuts)
     try:
         got = _samples(f"http://127.0.0.1:{proxy.port}", fetch=FetchPolicy(chunk_bytes=1 << 20, backoff_s=0.01))
@@ -152,7 +152,7 @@ def test_cut_connections_are_retried_to_identical_bytes(local, cuts):
 
 
 def test_a_shard_that_always_fails_is_skipped_or_raises(local):
-    server, base = serve_http(local)
+    server, _ = serve_http(local)
     proxy = FaultProxy(server.server_address, cut_after=8_000, cuts=-1, match=b"shard-000001.tar")
     url = f"http://127.0.0.1:{proxy.port}"
     try:

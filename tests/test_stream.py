@@ -86,7 +86,7 @@ def _keys(samples) -> list[tuple[int, int]]:
 
 def test_every_window_decodes_the_frames_of_its_rows(dataset):
     ds = WindowDataset(dataset, SPEC, seed=3, telemetry=True)
-    for epoch in range(2):
+    for _epoch in range(2):
         samples = list(ds)
         assert sorted(_keys(samples)) == sorted((e, a) for e, n in enumerate(LENGTHS) for a in range(n))
         for s in samples:
@@ -177,7 +177,7 @@ def test_resume_with_another_worker_count_is_refused(dataset):
     next(it)
     state = first.state_dict()
     del it
-    with pytest.raises(ValueError, match="num_workers=2.*num_workers=1"):
+    with pytest.raises(ValueError, match=r"num_workers=2.*num_workers=1"):
         WindowLoader(WindowDataset(dataset, spec), batch_size=2, num_workers=0).load_state_dict(state)
 
 

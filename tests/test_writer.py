@@ -287,7 +287,7 @@ def test_timestamp_disagreements_are_reported_by_default(tmp_path):
 
 def test_missing_camera_is_named(tmp_path):
     ep = _episode(0, video=_video40())
-    with pytest.raises(ConversionError, match="missing_camera.*camera=observation.images.side"):
+    with pytest.raises(ConversionError, match=r"missing_camera.*camera=observation\.images\.side"):
         convert([_source([ep])], str(tmp_path), _opts(cameras=("observation.images.front", "observation.images.side")))
 
 
@@ -381,7 +381,7 @@ def test_frame_tables_are_compact_when_regular_and_exact_when_not(tmp_path):
     assert cam["pts"] == [] and cam["duration"] == [] and cam["pts_step"] > 0
     assert cam["row_to_frame"] == gap
     index = WindowIndex.load([tmp_path / manifest.shards[0].index])
-    pts, duration, keys = index.frame_tables(0)
+    pts, _duration, keys = index.frame_tables(0)
     assert pts.tolist() == [cam["pts_start"] + i * cam["pts_step"] for i in range(41)]
     assert keys.nonzero()[0].tolist() == [0, 30]
     look = index.lookup(0, np.arange(40))
