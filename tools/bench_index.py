@@ -192,7 +192,8 @@ def main() -> int:
         else:
             print(
                 f"{r['episodes']:>7} episodes ({r['index_files']} shard indexes): load index.arrow "
-                f"{r['load_dataset_index_s'] * 1e3:7.1f} ms, load shard indexes {r['load_shard_indexes_s'] * 1e3:7.1f} ms, "
+                f"{r['load_dataset_index_s'] * 1e3:7.1f} ms, "
+                f"load shard indexes {r['load_shard_indexes_s'] * 1e3:7.1f} ms, "
                 f"lookup {r['lookup_us']:6.2f} us/sample (x{r['lookup_ratio_vs_first']:.2f}), "
                 f"peak RSS +{r['peak_rss_growth_mb']:.0f} MB"
             )
