@@ -123,7 +123,7 @@ class StepTelemetry:
     ``torch.distributed.all_gather`` of each rank's ``[batch_size]`` costs).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.steps: list[StepStats] = []
 
     def add(self, rank_costs: np.ndarray) -> dict:

@@ -107,7 +107,7 @@ class DatasetStats:
     per-source statistics only, and ``mixed_widths`` names it.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.by_source: dict[str, dict[str, FeatureStats]] = {}
 
     def add_table(self, table: pa.Table, source: str = "") -> None:

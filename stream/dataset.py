@@ -557,7 +557,9 @@ class WindowLoader(DataLoader):
 
     def __iter__(self):
         if self._iterator is not None and (self._workers_next != self._epoch or self.dataset._resume is not None):
-            self._iterator._shutdown_workers()  # their dataset copies cannot run this epoch
+            # Their dataset copies cannot run this epoch. Persistent workers mean torch's multiprocessing
+            # iterator, which has this method; the base iterator type mypy sees does not declare it.
+            self._iterator._shutdown_workers()  # type: ignore[attr-defined]
             self._iterator = None
         if self._iterator is None:
             self.dataset.set_epoch(self._epoch)
