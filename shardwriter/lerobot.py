@@ -154,16 +154,25 @@ def _read_jsonl(tree: _Tree, path: str, fields: dict[str, type]) -> list[dict]:
             raise SourceError(f"{path}: line {number}: must be a JSON object, got {line.strip()[:60]}")
         for name, kind in fields.items():
             value = row.get(name)
-            if (
-                kind is list
-                and value is not None
-                and not (isinstance(value, list) and all(isinstance(v, str) for v in value))
-            ):
+            if kind is list and value is not None and not _is_list_of_str(value):
                 raise SourceError(f"{path}: line {number}: {name} must be a list of strings, got {value!r:.60}")
             if kind is not list and (not isinstance(value, kind) or isinstance(value, bool)):
                 raise SourceError(f"{path}: line {number}: {name} must be a JSON {kind.__name__}, got {value!r:.60}")
         rows.append(row)
     return rows
+
+
+def _is_list_of_str(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _inside_folder(relative_path: str) -> bool:
+    """Whether a path from the metadata stays inside the dataset folder (relative, no ``..``)."""
+    return not os.path.isabs(relative_path) and ".." not in relative_path.split("/")
 
 
 def _is_template(template: str) -> bool:
@@ -199,7 +208,7 @@ def _check_info(info, path: str) -> None:
     for field in ("data_path", "video_path"):
         if isinstance(info.get(field), str) and not _is_template(info[field]):
             raise bad(field, "a path template with named fields like {episode_index:06d}", info[field])
-        if isinstance(info.get(field), str) and (os.path.isabs(info[field]) or ".." in info[field].split("/")):
+        if isinstance(info.get(field), str) and not _inside_folder(info[field]):
             raise bad(field, "a path inside the dataset folder (relative, no '..')", info[field])
     if info["codebase_version"].startswith("v2") and "{episode_index" not in info["data_path"]:
         raise bad("data_path", "a template with {episode_index}", info["data_path"])
@@ -579,10 +588,10 @@ def _v3_episode_rows(tree: _Tree, paths: list[str]) -> list[dict]:
                     continue
                 if name.endswith("_index") and not isinstance(value, int):
                     raise SourceError(f"{path}: row {i}: {name} must be an integer, got {value!r:.60}")
-                if name.endswith("_timestamp") and not (isinstance(value, (int, float)) and math.isfinite(value)):
+                if name.endswith("_timestamp") and not _is_finite_number(value):
                     raise SourceError(f"{path}: row {i}: {name} must be a finite number, got {value!r:.60}")
             tasks = row.get("tasks")
-            if tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks)):
+            if tasks is not None and not _is_list_of_str(tasks):
                 raise SourceError(f"{path}: row {i}: tasks must be a list of strings, got {tasks!r:.60}")
             if row["episode_index"] in seen:
                 raise SourceError(
