@@ -24,12 +24,12 @@ PACKAGES = ("shardwriter", "stream", "balance")
 
 
 def build_tree() -> str:
-    """Link ``epishard/``'s files and the three package folders into ``build/typecheck/epishard``."""
+    """Link ``epishard/``'s modules and subpackages and the three package folders into ``build/typecheck/epishard``."""
     shutil.rmtree(TREE, ignore_errors=True)
     top = os.path.join(TREE, "epishard")
     os.makedirs(top)
     for name in os.listdir(os.path.join(ROOT, "epishard")):
-        if name.endswith((".py", ".typed")):
+        if name.endswith((".py", ".typed")) or os.path.isfile(os.path.join(ROOT, "epishard", name, "__init__.py")):
             os.symlink(os.path.join(ROOT, "epishard", name), os.path.join(top, name))
     for package in PACKAGES:
         os.symlink(os.path.join(ROOT, package), os.path.join(top, package))
