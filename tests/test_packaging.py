@@ -91,7 +91,8 @@ def _record(site: str, dist: str) -> set[str]:
 
 
 def test_wheel_installs_beside_pypi_balance(tmp_path, request):
-    balance_wheel = _balance_wheel(str(request.config.cache.mkdir("pypi-balance")))
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    balance_wheel = _balance_wheel(str(cache.mkdir("pypi-balance") if cache else tmp_path))
     wheel = _build_wheel(tmp_path)
     python, site = _venv(tmp_path / "venv")
     pip = [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q"]
