@@ -1,5 +1,7 @@
-"""Errors raised by the writer, each naming where the problem is; the error-policy vocabulary
-shared by writer and reader, and the check of option values against their allowed values.
+"""Errors raised by the writer, each naming where the problem is, and the error-policy vocabulary.
+
+The vocabulary is shared by writer and reader, with the check of option values against their
+allowed values.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ DEPRECATED_POLICIES = {"fail": "raise"}
 def check_choice(
     owner: str, name: str, value: object, allowed: tuple[str, ...], deprecated: Mapping[str, str] = DEPRECATED_POLICIES
 ) -> str:
-    """``value`` if it is one of ``allowed``; the new spelling of a deprecated one (with a
-    ``DeprecationWarning``), e.g. ``"fail"`` -> ``"raise"``.
+    """``value`` if it is one of ``allowed``; the new spelling of a deprecated one.
+
+    A deprecated value warns (``DeprecationWarning``), e.g. ``"fail"`` -> ``"raise"``.
 
     Raises:
         ValueError: names ``owner``, ``name``, the value and the allowed values.
@@ -33,7 +36,7 @@ def check_choice(
         raise ValueError(
             f"{owner}: invalid {name} {value!r}; allowed values are " + ", ".join(repr(a) for a in allowed)
         )
-    return value  # type: ignore[return-value]
+    return value
 
 
 class ConversionError(Exception):

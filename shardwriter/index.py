@@ -67,8 +67,9 @@ def read_table_bytes(data: bytes) -> pa.Table:
 
 
 def dataset_index_bytes(index_files: list[bytes]) -> bytes:
-    """Concatenate per-shard index files (Parquet bytes, in shard order) into one uncompressed Arrow
-    IPC file with an int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``).
+    """Concatenate per-shard index files (Parquet bytes, in shard order) into one Arrow IPC file.
+
+    The file is uncompressed, with an int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``).
     Its schema metadata holds the format version (``format.VERSION_KEY``), as each shard index's does.
     """
     tables = [read_table_bytes(data).replace_schema_metadata(None) for data in index_files]

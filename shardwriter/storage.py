@@ -137,7 +137,8 @@ def make_filesystem(
 
 
 class FileSystemHandle:
-    """This process's fsspec filesystem for ``url``, made on first use and again after a fork:
+    """This process's fsspec filesystem for ``url``, made on first use and again after a fork.
+
     s3fs/aiohttp sessions do not survive a fork, so a handle pickles (to DataLoader workers, to
     writer processes) without its filesystem, and a forked child makes its own.
 

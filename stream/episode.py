@@ -7,7 +7,9 @@ decoding) and post-processed once.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +35,7 @@ class Normalizer:
     scale: np.ndarray
 
     @classmethod
-    def from_stats(cls, stats: dict, mode: str, eps: float = 1e-8) -> Normalizer:
+    def from_stats(cls, stats: Mapping[str, Any], mode: str, eps: float = 1e-8) -> Normalizer:
         """From a feature's manifest statistics: ``mode`` ``"mean_std"`` or ``"min_max"`` (to [-1, 1])."""
         if mode == "mean_std":
             return cls(np.asarray(stats["mean"], np.float32), np.maximum(np.asarray(stats["std"], np.float32), eps))
@@ -81,7 +83,9 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
 
 @dataclass(frozen=True)
 class EpisodeInfo:
-    """What every window of a loaded episode shares: its ``task`` text, source ``episode_index``,
+    """What every window of a loaded episode shares.
+
+    Its ``task`` text, source ``episode_index``,
     ``key``, ``fps``, the index stream of each window camera (``streams``: camera -> stream number)
     and its recording-segment edges (``segments``: int64 ``[S + 1]`` rows, ``WindowIndex.segment_edges``).
     """

@@ -354,7 +354,9 @@ def _slice(pieces: dict[tuple[int, int], bytes], start: int, stop: int, path: st
 
 @dataclass(frozen=True)
 class EpisodeRanges:
-    """Where an episode's members lie: its ``shard``, the byte ``ranges`` ``[(start, stop)]`` of the
+    """Where an episode's members lie.
+
+    Its ``shard``, the byte ``ranges`` ``[(start, stop)]`` of the
     members it needs in tar order, their hex ``sha256`` and their global member numbers (``members``).
     """
 
@@ -365,7 +367,9 @@ class EpisodeRanges:
 
 
 def episode_ranges(index, episode: int, cameras: list[int]) -> EpisodeRanges:
-    """The data member and the given camera streams of ``episode``: their shard, byte ranges, sha256s
+    """Where the data member and the given camera streams of ``episode`` lie.
+
+    Their shard, byte ranges, sha256s
     and member numbers (in tar order).
     """
     members = np.unique(np.append(index.stream_member[cameras], index.data_member(episode)))

@@ -72,8 +72,9 @@ class DatasetSource:
         self.cameras = sorted(self.manifest.cameras)
 
     def filesystem(self):
-        """This process's fsspec filesystem (``FileSystemHandle``: recreated after a fork), with the
-        policy's timeouts.
+        """This process's fsspec filesystem, with the policy's timeouts.
+
+        A ``FileSystemHandle``: recreated after a fork.
         """
         return self._handle.get()
 
