@@ -25,7 +25,7 @@ def describe(root: str, storage_options: dict | None = None) -> dict:
     cameras = {}
     for cam_name, camera in manifest.cameras.items():
         streams = np.flatnonzero(index.cam_names.to_numpy(zero_copy_only=False) == cam_name)
-        gaps = []
+        per_stream = []
         for s in streams:
             keys = index.keyframes_of(s)
             ends = np.append(keys[1:], index.cam_num_frames[s])

@@ -36,7 +36,6 @@ class _SpanDecoder:
         from torchcodec.decoders import VideoDecoder
 
         from epishard.shardwriter.stats import numeric_matrix
-        from epishard.stream.decode import decoded_frames
 
         ix, n = self.index, int(self.index.num_rows[episode])
         names = ix.camera_names(episode)
@@ -59,10 +58,9 @@ class _SpanDecoder:
             rows, pad = clamped(anchor + offsets, n)
             sample[cam] = frames[torch.from_numpy(np.searchsorted(span, ix.frames(s, rows)))]
             sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
-            keys = ix.keyframes[ix.key_offsets[s] : ix.key_offsets[s + 1]]
             counters["decode_s"] += t1 - t0
             counters["postprocess_s"] += t2 - t1
-            counters["frames_decoded"] += decoded_frames(span, keys)
+            counters["frames_decoded"] += int(ix.decoded_frames(s, span))
             counters["frames_returned"] += offsets.size
             counters["frames_unique"] += span.size
             counters["decoder_opens"] += 1
@@ -146,9 +144,10 @@ class NaiveWindows(_SpanDecoder):
         anchor = int(i - self.start[episode])
         counters = dict.fromkeys(COUNTERS, 0.0)
         t = time.perf_counter()
-        m0, shard = int(ix.episode_members[episode]), int(ix.shard[episode])
+        shard = int(ix.shard[episode])
         names = ix.camera_names(episode)
-        table_bytes = self._read(shard, int(ix.member_offset[m0 + 1]), int(ix.member_size[m0 + 1]))
+        start, stop = ix.member_ranges(ix.data_member(episode))
+        table_bytes = self._read(shard, int(start), int(stop - start))
         videos = {}
         for cam in self.cameras:
             s = ix.stream(episode, names.index(cam))

@@ -188,12 +188,11 @@ def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | Non
 
 def expected_decoded_per_returned(shards: str) -> float:
     """LeRobot decodes, per sample and camera, from the keyframe before each requested frame run
-    (torchcodec batch API): the same count ``stream.decode.decoded_frames`` gives, averaged over
+    (torchcodec batch API): the same count ``WindowIndex.decoded_frames`` gives, averaged over
     every anchor (LeRobot samples anchors uniformly)."""
     import numpy as np
 
     from epishard.shardwriter import WindowIndex
-    from epishard.stream.decode import decoded_frames
 
     ix = WindowIndex.load_dataset(shards)
     decoded = returned = 0
@@ -201,9 +200,8 @@ def expected_decoded_per_returned(shards: str) -> float:
         n = int(ix.num_rows[e])
         for c in range(len(ix.camera_names(e))):
             s = ix.stream(e, c)
-            keys = ix.keyframes[ix.key_offsets[s] : ix.key_offsets[s + 1]]
             for a in range(n):
                 rows, _ = clamped(a + np.arange(0, SPAN, STEP), n)
-                decoded += decoded_frames(np.unique(ix.frames(s, rows)), keys)
+                decoded += int(ix.decoded_frames(s, np.unique(ix.frames(s, rows))))
                 returned += FRAMES
     return decoded / max(returned, 1)
