@@ -4,8 +4,9 @@ network namespace of its own with only ``lo``; ``raycluster``).
 Conversion: a v2.1 and a v3.0 LeRobot source written to S3 (a moto server inside the namespace) by
 Ray tasks (``epishard convert --ray ADDRESS``) are byte-identical, file by file, to a local
 single-machine conversion, also when a worker process running a shard is killed mid-conversion.
-Loader: ``RayWindowLoader`` yields exactly ``WindowLoader``'s batches (frame pixels included) over 2 epochs, with a resume in the middle, and
-when an actor is killed mid-epoch.
+Loader: ``RayWindowLoader`` yields exactly ``WindowLoader``'s batches (frame pixels included) over
+2 epochs, with a resume in the middle, and when an actor is killed mid-epoch; a 1-worker state
+loaded into 2 actors (elastic resume) yields what ``WindowLoader`` yields after loading it.
 """
 
 from __future__ import annotations
