@@ -1,6 +1,7 @@
-"""``RayWindowLoader``: a rank's consumers run as Ray actors (on any node, CPU-only ones too) that
-decode, post-process and batch windows, and send uint8 batches to the trainer through Ray's object
-store.
+"""``RayWindowLoader``: a rank's DataLoader workers as Ray actors, batches through Ray's object store.
+
+The actors run on any node (CPU-only ones too); they decode, post-process and batch windows, and
+send uint8 batches to the trainer.
 
 The plan is ``WindowLoader``'s: a consumer is (rank, worker), with ``num_workers`` consumers per rank,
 and actor ``w`` is exactly the DataLoader worker ``w`` of consumer ``(rank, w)``: it iterates a copy
@@ -90,6 +91,7 @@ class ConsumerActor:
         self.first = True
 
     def start(self, dataset: WindowDataset) -> int:
+        """Iterate ``dataset`` (positioned for this consumer) as DataLoader worker ``worker``; returns ``worker``."""
         from torch.utils.data._utils import worker as torch_worker
 
         # The dataset reads its (worker, num_workers) from torch's worker info, as in a DataLoader.
@@ -101,6 +103,7 @@ class ConsumerActor:
         return self.worker
 
     def next_batch(self):
+        """``(batch, info)`` of the next ``batch_size`` samples, or ``None`` when none are left."""
         t = time.perf_counter()
         samples = list(itertools.islice(self.samples, self.batch_size))
         if not samples:
@@ -110,6 +113,7 @@ class ConsumerActor:
         return batch, {"busy_s": time.perf_counter() - t, "samples": len(samples), "first": first}
 
     def pid(self) -> int:
+        """This actor's process id."""
         import os
 
         return os.getpid()
@@ -128,8 +132,7 @@ class _Consumer:
 
 
 class RayWindowLoader:
-    """``WindowLoader``'s batches, made by Ray actors (possibly on other nodes) and sent through
-    Ray's object store.
+    """``WindowLoader``'s batches, made by Ray actors (possibly on other nodes), sent through Ray's object store.
 
     Args:
         dataset: the rank's ``WindowDataset`` (its rank and world size as in ``WindowLoader``:
@@ -217,8 +220,9 @@ class RayWindowLoader:
         return self.dataset.windows_per_consumer(start.epoch, self._world().world_size, self.num_workers, start.history)
 
     def _actor_dataset(self, consumed: list[int]) -> WindowDataset:
-        """A copy of the dataset, for actors: rank and world pinned (an actor has no process group),
-        positioned so that actor (worker) ``w`` continues consumer ``w`` after ``consumed[w]``
+        """A copy of the dataset, for actors: rank and world pinned (an actor has no process group).
+
+        Positioned so that actor (worker) ``w`` continues consumer ``w`` after ``consumed[w]``
         samples of this iteration's epoch, after the earlier layouts' progress (``history``).
         """
         here = self._world()
@@ -346,8 +350,9 @@ class RayWindowLoader:
         return loaded if loaded is not None and loaded.epoch == self._epoch else Resume(self._epoch)
 
     def _position(self) -> Resume:
-        """Where this rank stands: the epoch's history, samples each consumer has yielded, and the
-        consumer whose batch is next (a loaded state before its iteration; the running iteration's).
+        """Where this rank stands: history, samples yielded per consumer, the consumer whose batch is next.
+
+        A loaded state before its iteration; else the running (or last broken) iteration's position.
         """
         if not self._consumers:
             return self._loaded()
@@ -356,9 +361,10 @@ class RayWindowLoader:
         return Resume(self._began.epoch, self._began.history, consumed, rotation)
 
     def state_dict(self) -> dict:
-        """Position of this rank, as ``WindowLoader.state_dict()`` (the same dict, loadable by
-        either). To resume under another world size or worker count, save every rank's state and
-        load them all (a list).
+        """Position of this rank, as ``WindowLoader.state_dict()`` (the same dict, loadable by either).
+
+        To resume under another world size or worker count, save every rank's state and load them
+        all (a list).
         """
         position = self._position()
         state = self.dataset.state_dict(0, self.batch_size, self.num_workers, position.epoch, position)
@@ -366,8 +372,9 @@ class RayWindowLoader:
         return {**state, "fresh": True} if self._batches == 0 and position.fresh else state
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
-        """Continue from ``state`` (this rank's, or a list of every rank's) on the next iteration
-        (``WindowLoader.load_state_dict`` semantics, elastic resume included).
+        """Continue from ``state`` (this rank's, or a list of every rank's) on the next iteration.
+
+        ``WindowLoader.load_state_dict``'s semantics, elastic resume included.
 
         Raises:
             RuntimeError: an iteration over this loader is in progress.
@@ -391,7 +398,9 @@ class RayWindowLoader:
     # --- telemetry and lifetime -------------------------------------------------------------------
 
     def telemetry(self) -> dict:
-        """Per-batch wait in the trainer (seconds a ``next()`` waited for its batch: mean, p95),
+        """Counters of the trainer's waits and the actors' work since the last reset.
+
+        Per-batch wait in the trainer (seconds a ``next()`` waited for its batch: mean, p95),
         batches ready in the object store when a batch was asked for (queue depth: mean), seconds
         per batch to turn it into tensors (transfer), and per actor: seconds of each first batch of an
         iteration (it also plans and opens the first shards), then busy seconds and samples of the
