@@ -130,8 +130,10 @@ def _storage_option(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser(selected: str | None = "stream") -> argparse.ArgumentParser:
-    """The ``epishard`` parser; the ``stream`` command's arguments are added when ``selected`` (the
-    command given) is ``"stream"`` (they need torch).
+    """The ``epishard`` parser.
+
+    The ``stream`` command's arguments are added only when ``selected`` (the command given) is
+    ``"stream"`` (they need torch).
     """
     parser = argparse.ArgumentParser(prog="epishard", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
@@ -231,8 +233,10 @@ def _one_line(text: str) -> str:
 
 
 def error_line(exc: BaseException) -> tuple[str, bool]:
-    """``(message, expected)`` for an exception reaching the CLI: one line naming the thing and the
-    cause. ``expected`` is False for a fault the code did not anticipate (a bug to report).
+    """``(message, expected)`` for an exception reaching the CLI.
+
+    The message is one line naming the thing and the cause. ``expected`` is False for a fault the
+    code did not anticipate (a bug to report).
     """
     text = str(exc)
     if "Original Traceback (most recent call last)" in text:
@@ -256,7 +260,9 @@ def error_line(exc: BaseException) -> tuple[str, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI. Exit status: 0 done, 1 ``verify`` found damage, 2 an error (one line on stderr,
+    """Run the CLI; return the exit status.
+
+    Exit status: 0 done, 1 ``verify`` found damage, 2 an error (one line on stderr,
     ``epishard <command>: error: <thing>: <cause>``; the traceback too with ``--debug``), 130
     interrupted, 141 stdout closed early (a pipe into `head`).
     """

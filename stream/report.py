@@ -17,6 +17,16 @@ from .telemetry import summarize
 from .transform import PostProcess
 
 
+def _frame_size(text: str | None) -> tuple[int, int] | None:
+    """``--size HEIGHTxWIDTH`` (e.g. ``224x224``) -> ``(height, width)``; None keeps the stored size."""
+    if not text:
+        return None
+    parts = text.lower().split("x")
+    if len(parts) != 2:
+        raise ValueError(f"--size {text!r}: expected HEIGHTxWIDTH, e.g. 224x224")
+    return int(parts[0]), int(parts[1])
+
+
 def _timed_collate(samples: list[dict]) -> dict:
     t = time.perf_counter()
     batch = default_collate(samples)
@@ -50,6 +60,7 @@ def per_episode_options(args: argparse.Namespace) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``epishard stream`` options."""
     p.add_argument("dataset", metavar="DATASET", help="converted dataset folder or URL")
     p.add_argument("--cameras", help="comma-separated camera names (default: all)")
     p.add_argument("--frames", type=int, default=9, help="frames per camera per window (default 9)")
@@ -69,6 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build(args) -> WindowLoader:
+    """The loader ``epishard stream`` runs: spec, post-processing and workers from the options."""
     from .source import DatasetSource
 
     source = DatasetSource(args.dataset, getattr(args, "storage_options", None))
@@ -82,8 +94,7 @@ def build(args) -> WindowLoader:
         stride=args.stride,
         **per_episode_options(args),
     )
-    size = tuple(int(v) for v in args.size.lower().split("x")) if args.size else None
-    post = PostProcess(size=size, dtype=torch.float32 if args.float else torch.uint8)
+    post = PostProcess(size=_frame_size(args.size), dtype=torch.float32 if args.float else torch.uint8)
     ds = WindowDataset(source, spec, seed=args.seed, postprocess=post, telemetry=True)
     return WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers, collate_fn=_timed_collate)
 
@@ -129,6 +140,7 @@ def run(args) -> dict:
 
 
 def render(r: dict) -> str:
+    """A ``run`` report as a few lines of text."""
     stages = r["worker_stage_s"]
     total = sum(stages.values()) or 1.0
     lines = [
@@ -147,6 +159,11 @@ def render(r: dict) -> str:
 
 
 def main(args) -> int:
+    """Run ``epishard stream``; print the report (``--json``: one JSON line); 0 on success.
+
+    Raises:
+        ValueError: no window of the dataset fits the request.
+    """
     report = run(args)
     if not report["batches"]:
         raise ValueError(f"{args.dataset}: no window fits the request (episodes shorter than --span/--action-horizon?)")
