@@ -53,11 +53,10 @@ from .episode import LoadedEpisode
 from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
 from .memory import limit_worker_arenas, release_free_memory
 from .mix import mix_layout, normalizers
-from .mixplan import BatchByDataset, grouped_count, probability_factors
+from .mixplan import BatchByDataset, probability_factors
 from .plan import (
     CostStage,
     EpisodeTable,
-    GroupStage,
     OrderStage,
     Progress,
     Stages,
@@ -227,13 +226,20 @@ class WindowDataset(IterableDataset):
         self._costs: np.ndarray | None = None
         self._per_consumer: dict[tuple, int] = {}  # windows_per_consumer's last answer
 
-    def with_options(self, *, defer_float: bool | None = None, num_workers: int | None = None) -> WindowDataset:
-        """A shallow copy with these options changed (the indexes and plan are shared, not rebuilt)."""
+    def with_options(
+        self, *, defer_float: bool | None = None, num_workers: int | None = None, batch_size: int | None = None
+    ) -> WindowDataset:
+        """A shallow copy with these options changed (the indexes and plan are shared, not rebuilt).
+
+        ``batch_size``: the loader's, taken by ``batch_by_dataset`` when the dataset was given none.
+        """
         other = copy.copy(self)
         if defer_float is not None:
             other.defer_float = defer_float
         if num_workers is not None:
             other.num_workers = num_workers
+        if batch_size is not None and other.batch_by_dataset and not other.batch_size:
+            other.batch_size = batch_size
         return other
 
     # --- planning ---------------------------------------------------------------------------------
@@ -263,7 +269,7 @@ class WindowDataset(IterableDataset):
     def _dataset_of_episode(self) -> np.ndarray:
         return np.repeat(np.arange(len(self.sources)), np.diff(self.episode_base))
 
-    def _group(self) -> GroupStage | None:
+    def _group(self) -> BatchByDataset | None:
         """``batch_by_dataset``'s group stage (``stream.mixplan.BatchByDataset``), else None.
 
         Raises:
@@ -312,6 +318,7 @@ class WindowDataset(IterableDataset):
         return self._per_consumer[key]
 
     def _count(self, epoch: int, consumers: int, history: tuple[Progress, ...]) -> int:
+        stages = self._stages()
         plan = level_plan(
             self.table,
             stride=self.spec.stride,
@@ -319,13 +326,13 @@ class WindowDataset(IterableDataset):
             seed=self.seed,
             epoch=epoch,
             consumers=consumers,
-            stages=self._stages(),
+            stages=stages,
             history=history,
         )
-        if not self.batch_by_dataset:
+        if stages.group is None:
             return plan.per_consumer
         # Every consumer holds as many windows of each dataset (the deal is per stratum).
-        return grouped_count(plan.episode[plan.consumer_slice(0)], self._dataset_of_episode(), self.batch_size)
+        return stages.group.kept(plan.episode[plan.consumer_slice(0)])
 
     def samples_per_rank(self, num_workers: int | None = None, world_size: int | None = None, epoch: int = 0) -> int:
         """Samples every rank yields in ``epoch`` (the same on all ranks)."""
@@ -641,9 +648,9 @@ class WindowLoader(DataLoader):
             # Depth cameras stay uint16 (``PostProcess.prepare_depth``): not converted, not scaled.
             rgb = {c for c, depth in dataset.layout.depth.items() if not depth}
             kw["collate_fn"] = FloatCollate(sorted(rgb), dataset.post.dtype, dataset.post.scale)
-        view = dataset.with_options(defer_float=defer_float, num_workers=kw.get("num_workers", 0))
-        if view.batch_by_dataset and not view.batch_size:
-            view.batch_size = batch_size
+        view = dataset.with_options(
+            defer_float=defer_float, num_workers=kw.get("num_workers", 0), batch_size=batch_size
+        )
         super().__init__(view, batch_size=batch_size, **kw)
         self._epoch = view.epoch
         self._batches = 0

@@ -44,14 +44,6 @@ def probability_factors(
     return np.where(w > 0, length * (w / w.sum()) / np.maximum(natural, 1e-300), 0.0)
 
 
-def grouped_count(episodes: np.ndarray, dataset_of_episode: np.ndarray, batch_size: int) -> int:
-    """Windows a consumer keeps under ``batch_by_dataset``: per dataset, its count rounded down to
-    whole batches. ``episodes``: int64 ``[n]`` episodes of the consumer's windows.
-    """
-    counts = np.bincount(dataset_of_episode[episodes], minlength=int(dataset_of_episode.max(initial=0)) + 1)
-    return int(np.sum(counts // batch_size * batch_size))
-
-
 @dataclass(frozen=True)
 class BatchByDataset:
     """The planner's group stage (``stream.plan.GroupStage``) of ``batch_by_dataset``.
@@ -64,7 +56,17 @@ class BatchByDataset:
     batch_size: int
 
     def __call__(self, episode: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Positions kept, in whole batches (``group_by_dataset``) of the windows of ``episode``."""
         return group_by_dataset(self.dataset_of_episode[episode], self.batch_size, rng)
+
+    def kept(self, episode: np.ndarray) -> int:
+        """Windows a consumer keeps of the windows of ``episode`` (int64 ``[n]``): per dataset, its
+        count rounded down to whole batches.
+        """
+        counts = np.bincount(
+            self.dataset_of_episode[episode], minlength=int(self.dataset_of_episode.max(initial=0)) + 1
+        )
+        return int(np.sum(counts // self.batch_size * self.batch_size))
 
 
 def group_by_dataset(dataset: np.ndarray, batch_size: int, rng: np.random.Generator) -> np.ndarray:

@@ -178,17 +178,12 @@ class RayWindowLoader:
 
             ray.init(address=address, logging_level=logging.WARNING, configure_logging=False)
         floating = dataset.post.dtype.is_floating_point  # uint8 over the wire; converted here (FloatCollate's values)
-        self.dataset = dataset.with_options(defer_float=floating, num_workers=num_workers)
+        self.dataset = dataset.with_options(defer_float=floating, num_workers=num_workers, batch_size=batch_size)
         self.batch_size, self.num_workers = batch_size, num_workers
         self.prefetch, self.max_restarts = prefetch, max_restarts
         self.float_keys: list[str] = []
         if floating:
-            self.float_keys = sorted(
-                c
-                for src, offsets in zip(dataset.sources, dataset.cam_offsets, strict=False)
-                for c in offsets
-                if not src.index.is_depth(c)
-            )
+            self.float_keys = sorted(c for c, depth in dataset.layout.depth.items() if not depth)  # model cameras
         options = {"num_cpus": 1, **(actor_options or {}), "max_restarts": max_restarts, "max_task_retries": 0}
         cls = ray.remote(ConsumerActor).options(**options)
         self._actors = [cls.remote(w, num_workers, batch_size) for w in range(num_workers)]
