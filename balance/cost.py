@@ -293,7 +293,9 @@ class WindowCost:
 
     @classmethod
     def from_dataset(cls, dataset, model=None, *, tokenizer: Tokenizer | None = None) -> WindowCost:
-        """For a ``stream.WindowDataset``: its indexes, spec and post-processing. In a mix each dataset's
+        """For a ``stream.WindowDataset``: its indexes, spec and post-processing.
+
+        For a ``stream.WindowDataset``: its indexes, spec and post-processing. In a mix each dataset's
         spec names the cameras it decodes, under its own keys (``camera_map``; a camera it lacks is
         padding and costs nothing to decode).
         """

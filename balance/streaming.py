@@ -46,6 +46,7 @@ class BalancedOrder:
     def __call__(
         self, episode: np.ndarray, anchor: np.ndarray, cost: np.ndarray | None, world: World, seed: int, epoch: int
     ) -> np.ndarray:
+        """The balanced permutation of the consumer's windows (``stream.plan.OrderStage``)."""
         costs = np.zeros(episode.size) if cost is None else cost
         if self.strata is None:
             return local_order(costs, self.batch_size, self.chunk_batches, seed, epoch, world.worker)

@@ -1,5 +1,7 @@
-"""``WindowDataset``: a torch ``IterableDataset`` of training windows streamed from epishard shards,
-and ``WindowLoader``: a ``DataLoader`` that adds exact mid-epoch resume.
+"""``WindowDataset`` (training windows streamed from shards) and ``WindowLoader`` (exact resume).
+
+``WindowDataset`` is a torch ``IterableDataset``; ``WindowLoader`` a ``DataLoader`` that adds exact
+mid-epoch resume.
 
 Sample format (stable; ``default_collate`` batches it):
 
@@ -78,8 +80,9 @@ STATE_VERSION = 2  # 2: + "history" (progress under earlier layouts of the epoch
 
 
 def _distributed(rank: int | None, world_size: int | None) -> World:
-    """This process's rank and world size (``worker=0`` of 1): the arguments when given, else
-    ``torch.distributed`` when initialised, else rank 0 of 1.
+    """This process's rank and world size (``worker=0`` of 1).
+
+    The arguments when given, else ``torch.distributed`` when initialised, else rank 0 of 1.
     """
     if rank is not None and world_size is not None:
         return World(rank, world_size)
@@ -105,6 +108,7 @@ class Resume:
 
     @property
     def fresh(self) -> bool:
+        """Nothing of the epoch consumed yet."""
         return not self.history and not any(self.skip)
 
 
@@ -245,7 +249,9 @@ class WindowDataset(IterableDataset):
     # --- planning ---------------------------------------------------------------------------------
 
     def _episode_table(self) -> tuple[EpisodeTable, np.ndarray]:
-        """The planner's table of every dataset of the mix (``plan.episode_table`` each, its
+        """The planner's table of every dataset of the mix.
+
+        The planner's table of every dataset of the mix (``plan.episode_table`` each, its
         read-time selection as ``keep``), and the first global episode number of each dataset
         (int64 ``[datasets + 1]``).
         """
@@ -285,7 +291,9 @@ class WindowDataset(IterableDataset):
         return Stages(self.shuffle_windows, self.shuffle_bytes, self.cost, self.order, self._group())
 
     def plan(self, epoch: int, world: World, history: tuple[Progress, ...] = ()) -> WorkerPlan:
-        """Consumer ``world.consumer``'s windows for ``epoch`` (global episode numbers), in yield
+        """One consumer's windows for ``epoch``, in yield order.
+
+        Consumer ``world.consumer``'s windows for ``epoch`` (global episode numbers), in yield
         order; after ``history`` (earlier layouts' progress), its share of what is left.
         """
         return worker_plan(
@@ -306,7 +314,9 @@ class WindowDataset(IterableDataset):
     def windows_per_consumer(
         self, epoch: int, world_size: int, num_workers: int, history: tuple[Progress, ...] = ()
     ) -> int:
-        """Windows each (rank, worker) yields in ``epoch`` (after ``history``): the planner's count
+        """Windows each (rank, worker) yields in ``epoch``.
+
+        Windows each (rank, worker) yields in ``epoch`` (after ``history``): the planner's count
         (with ``batch_by_dataset``, per dataset rounded down to whole batches).
 
         Remembered per arguments (a resumed epoch's count replays the earlier layouts' yield orders,
@@ -318,7 +328,7 @@ class WindowDataset(IterableDataset):
         return self._per_consumer[key]
 
     def _count(self, epoch: int, consumers: int, history: tuple[Progress, ...]) -> int:
-        stages = self._stages()
+        stages, group = self._stages(), self._group()
         plan = level_plan(
             self.table,
             stride=self.spec.stride,
@@ -329,10 +339,10 @@ class WindowDataset(IterableDataset):
             stages=stages,
             history=history,
         )
-        if stages.group is None:
+        if group is None:
             return plan.per_consumer
         # Every consumer holds as many windows of each dataset (the deal is per stratum).
-        return stages.group.kept(plan.episode[plan.consumer_slice(0)])
+        return group.kept(plan.episode[plan.consumer_slice(0)])
 
     def samples_per_rank(self, num_workers: int | None = None, world_size: int | None = None, epoch: int = 0) -> int:
         """Samples every rank yields in ``epoch`` (the same on all ranks)."""
@@ -415,7 +425,7 @@ class WindowDataset(IterableDataset):
                         except (FetchError, DecodeError) as exc:  # the shard policy decides, for both
                             if self.fetch.on_shard_error == "raise":
                                 raise
-                            warnings.warn(f"epishard: skipping episode {self._key(nxt)}: {exc}")
+                            warnings.warn(f"epishard: skipping episode {self._key(nxt)}: {exc}", stacklevel=2)
                             telemetry.add(episodes_skipped=1)
                             failed.add(nxt)
                             first_failure = first_failure or (self._locate(nxt)[0], exc)
@@ -618,7 +628,9 @@ def _upgrade(state: dict) -> dict:
 
 
 class WindowLoader(DataLoader):
-    """A ``DataLoader`` over a ``WindowDataset`` that tracks epochs and consumed batches, so that
+    """A ``DataLoader`` over a ``WindowDataset`` with exact and elastic mid-epoch resume.
+
+    A ``DataLoader`` over a ``WindowDataset`` that tracks epochs and consumed batches, so that
     ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch with any ``num_workers``, and
     under another world size or worker count given every rank's state (elastic resume).
 
@@ -683,7 +695,9 @@ class WindowLoader(DataLoader):
                 self._running = None
 
     def state_dict(self) -> dict:
-        """This rank's position (see ``WindowDataset.state_dict``). To resume under another world
+        """This rank's position (see ``WindowDataset.state_dict``).
+
+        This rank's position (see ``WindowDataset.state_dict``). To resume under another world
         size or worker count, save every rank's state and load them all (a list).
         """
         start = self._start if self._start.epoch == self._epoch else Resume(self._epoch)

@@ -1,4 +1,6 @@
-"""Cross-embodiment mixing: every sample of a mix has the model's keys and shapes, whatever dataset
+"""Cross-embodiment mixing: every sample of a mix has the model's keys and shapes.
+
+Cross-embodiment mixing: every sample of a mix has the model's keys and shapes, whatever dataset
 (robot) it comes from.
 
 - Cameras: the window spec names the model's cameras (``front``, ``wrist``); each dataset maps its
@@ -33,7 +35,9 @@ from .transform import PostProcess
 
 @dataclass(frozen=True)
 class PadCamera:
-    """Padding returned for a camera a dataset lacks: ``shape`` ``(T, C, H, W)``; uint16 ``[T, 1, H, W]``
+    """Padding returned for a camera a dataset lacks.
+
+    Padding returned for a camera a dataset lacks: ``shape`` ``(T, C, H, W)``; uint16 ``[T, 1, H, W]``
     when ``depth``, else uint8 ``[T, 3, H, W]`` (then converted like real frames). The size is the
     crop/resize output (``PostProcess.output_shape``); a ``hook`` that changes it is not foreseen.
     """
@@ -91,7 +95,9 @@ class MixLayout:
 
 
 def column_widths(manifest: Manifest, column: str) -> set[int]:
-    """Widths (dimensions) of ``column`` in a dataset, from its manifest statistics (one per source
+    """Widths (dimensions) of ``column`` in a dataset, from its manifest statistics.
+
+    Widths (dimensions) of ``column`` in a dataset, from its manifest statistics (one per source
     when sources differ); empty when the manifest has no statistics for it.
     """
     found = [manifest.stats, *(manifest.stats_by_source or {}).values()]
@@ -102,7 +108,9 @@ def column_widths(manifest: Manifest, column: str) -> set[int]:
 
 
 def normalizers(manifest: Manifest, normalize: dict[str, str] | None, source: str) -> dict[str, Normalizer]:
-    """Column -> ``Normalizer`` for the episodes of ``source`` (a source of the dataset): the dataset's
+    """Column -> ``Normalizer`` for the episodes of one source of the dataset.
+
+    Column -> ``Normalizer`` for the episodes of ``source`` (a source of the dataset): the dataset's
     statistics, or the source's own for a column whose width differs between its sources.
 
     Raises:

@@ -1,4 +1,6 @@
-"""Planning rules of a mix of datasets, as pure functions (no I/O): probability weights turned into
+"""Planning rules of a mix of datasets, as pure functions (no I/O).
+
+Planning rules of a mix of datasets, as pure functions (no I/O): probability weights turned into
 the planner's repeat factors, and the per-dataset batch order of ``batch_by_dataset``.
 
 Weights: the planner multiplies each dataset's windows by its weight (a repeat factor: 1:1 gives the
@@ -27,7 +29,9 @@ import numpy as np
 def probability_factors(
     natural: np.ndarray, weights: list[float], epoch_length: int | None = None, names: list[str] | None = None
 ) -> np.ndarray:
-    """Repeat factor per dataset (float64 ``[K]``) that gives dataset ``k`` an expected
+    """Repeat factor per dataset of ``weights="probability"``.
+
+    Repeat factor per dataset (float64 ``[K]``) that gives dataset ``k`` an expected
     ``L * w_k / sum(w)`` windows per epoch; ``natural``: float64 ``[K]`` windows per dataset at
     factor 1; ``L``: ``epoch_length``, else ``natural.sum()``.
 
@@ -60,7 +64,9 @@ class BatchByDataset:
         return group_by_dataset(self.dataset_of_episode[episode], self.batch_size, rng)
 
     def kept(self, episode: np.ndarray) -> int:
-        """Windows a consumer keeps of the windows of ``episode`` (int64 ``[n]``): per dataset, its
+        """Windows a consumer keeps of its windows.
+
+        Windows a consumer keeps of the windows of ``episode`` (int64 ``[n]``): per dataset, its
         count rounded down to whole batches.
         """
         counts = np.bincount(
@@ -70,7 +76,9 @@ class BatchByDataset:
 
 
 def group_by_dataset(dataset: np.ndarray, batch_size: int, rng: np.random.Generator) -> np.ndarray:
-    """Positions of windows kept, in an order of whole batches of ``batch_size`` windows of one
+    """Positions of the windows kept, in whole batches of one dataset each.
+
+    Positions of windows kept, in an order of whole batches of ``batch_size`` windows of one
     dataset each (int64 ``[m]``); ``dataset``: int64 ``[n]``, each window's dataset, in yield order.
 
     Per dataset, ``count % batch_size`` windows are left out (chosen with ``rng``); the rest keep

@@ -113,7 +113,9 @@ class PerEpisode:
 
     @classmethod
     def of(cls, value: PerEpisode | float | int | None) -> PerEpisode:
-        """``value`` as a ``PerEpisode``; the old ambiguous forms (an int: a count, a float: a
+        """``value`` as a ``PerEpisode``.
+
+        ``value`` as a ``PerEpisode``; the old ambiguous forms (an int: a count, a float: a
         fraction) still work with a ``DeprecationWarning``.
         """
         if value is None:
@@ -179,7 +181,9 @@ class EpisodeTable:
 
     @classmethod
     def concat(cls, tables: Sequence[EpisodeTable], shard_counts: Sequence[int], stratify: bool) -> EpisodeTable:
-        """The tables of a mix of datasets as one: episodes numbered in order (dataset ``d``'s
+        """The tables of a mix of datasets as one.
+
+        The tables of a mix of datasets as one: episodes numbered in order (dataset ``d``'s
         episode ``e`` becomes ``sum(episodes of datasets < d) + e``), shards likewise by
         ``shard_counts``; with ``stratify`` each dataset is its own stratum.
         """
@@ -541,7 +545,9 @@ def _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, load
 
 
 class CostStage(Protocol):
-    """Predicted cost of windows: float64 ``[n]`` for global episode numbers and anchors ``[n]``
+    """Predicted cost of windows (a declared plan stage).
+
+    Predicted cost of windows: float64 ``[n]`` for global episode numbers and anchors ``[n]``
     (``balance.cost.CostFn``).
     """
 
@@ -562,7 +568,9 @@ class OrderStage(Protocol):
 
 
 class GroupStage(Protocol):
-    """A consumer's windows kept and reordered, e.g. into whole batches of one dataset: int64
+    """A consumer's windows kept and reordered (a declared plan stage).
+
+    A consumer's windows kept and reordered, e.g. into whole batches of one dataset: int64
     positions ``[m]`` (each at most once) into its windows in yield order (``episode``: int64
     ``[n]``), drawn with ``rng``. ``m`` must depend only on the consumer's per-stratum window counts,
     which the deal makes equal for every consumer, so every consumer keeps the same number.
@@ -618,7 +626,9 @@ class Progress:
 
 @dataclass(frozen=True)
 class Stages:
-    """The per-consumer stages after the cut: the shuffle buffer's bounds (windows; bytes of loaded
+    """The per-consumer stages after the cut.
+
+    The per-consumer stages after the cut: the shuffle buffer's bounds (windows; bytes of loaded
     episodes, ``buffer_shuffle``), then the optional ``cost``, ``order`` and ``group`` stages.
     """
 
@@ -640,7 +650,9 @@ def level_plan(
     stages: Stages,
     history: Sequence[Progress] = (),
 ) -> GlobalPlan:
-    """The windows of ``epoch`` still to be yielded, dealt to ``consumers``, after the progress of
+    """The windows of ``epoch`` still to be yielded, dealt to ``consumers``.
+
+    The windows of ``epoch`` still to be yielded, dealt to ``consumers``, after the progress of
     earlier layouts (``history``, oldest first; empty: the epoch's own plan, ``global_plan``).
 
     Each level's consumed windows are the first ``consumed[c]`` of consumer ``c``'s yield order
@@ -674,7 +686,9 @@ def level_plan(
 def _consumer_order(
     table: EpisodeTable, plan: GlobalPlan, world: World, level: int, seed: int, epoch: int, stages: Stages
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Yield order of ``world.consumer``'s part of ``plan`` (positions within the part) and the
+    """Yield order of one consumer's part of ``plan``, and its windows' costs.
+
+    Yield order of ``world.consumer``'s part of ``plan`` (positions within the part) and the
     windows' costs in that order.
     """
     part = plan.consumer_slice(world.consumer)

@@ -35,7 +35,9 @@ def _timed_collate(samples: list[dict]) -> dict:
 
 
 def add_per_episode_arguments(p: argparse.ArgumentParser) -> None:
-    """``--per-episode-count N`` / ``--per-episode-fraction F`` (windows per episode per epoch), and
+    """Windows-per-episode options of the ``stream`` command.
+
+    ``--per-episode-count N`` / ``--per-episode-fraction F`` (windows per episode per epoch), and
     the deprecated ``--per-episode F`` (a count above 1, else a fraction).
     """
     group = p.add_mutually_exclusive_group()

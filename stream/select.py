@@ -1,4 +1,6 @@
-"""Read-time episode selection: which episodes of a converted dataset an epoch plans, chosen from the
+"""Read-time episode selection, from the window index alone.
+
+Read-time episode selection: which episodes of a converted dataset an epoch plans, chosen from the
 window index alone (no shard byte is read) by pure functions, so the plan stays a pure function of
 its inputs (the selection is one of them).
 
@@ -12,7 +14,9 @@ then a seeded train/val split of the episodes that passed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import operator
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -92,7 +96,9 @@ def column_values(index: WindowIndex, name: str, metadata: pa.Table | None = Non
 
 
 def _matches(values: list, want) -> np.ndarray:
-    """Bool per value: ``want`` is a callable, a collection (any of), or a value; list values match
+    """Bool per value: whether it matches ``want``.
+
+    Bool per value: ``want`` is a callable, a collection (any of), or a value; list values match
     when any element does.
     """
     if callable(want):
@@ -101,14 +107,16 @@ def _matches(values: list, want) -> np.ndarray:
         pool = set(want)
         test = pool.__contains__
     else:
-        test = lambda x: x == want
+        test = functools.partial(operator.eq, want)
     return np.array(
         [any(bool(test(x)) for x in v) if isinstance(v, list) else bool(test(v)) for v in values], dtype=bool
     )
 
 
 def split_val(keys: list[str], fraction: float, seed: int) -> np.ndarray:
-    """Bool ``[n]``: the ``round(fraction * n)`` keys with the smallest blake2b hash of
+    """Bool ``[n]``: the seeded validation split of ``keys``.
+
+    Bool ``[n]``: the ``round(fraction * n)`` keys with the smallest blake2b hash of
     ``(seed, key)`` (ties by position) form the validation set.
     """
     digest = [int.from_bytes(hashlib.blake2b(f"{seed}:{k}".encode(), digest_size=8).digest(), "big") for k in keys]

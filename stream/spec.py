@@ -125,7 +125,7 @@ class WindowSpec:
             object.__setattr__(self, "action_horizon", len(self.action_offsets))
         if self.missing_cameras not in ("pad", "refuse"):
             raise ValueError(f"missing_cameras must be 'pad' or 'refuse', not {self.missing_cameras!r}")
-        taken = {self.state_key, self.action_key} - {None}
+        taken = {k for k in (self.state_key, self.action_key) if k is not None}
         if taken & set(self.column_offsets):
             raise ValueError(
                 f"column_offsets names {sorted(taken & set(self.column_offsets))}: use state/action offsets"
@@ -157,7 +157,9 @@ class WindowSpec:
         camera_keys: tuple[str, ...] | None = None,
         **kw,
     ) -> WindowSpec:
-        """Build a spec from LeRobot ``delta_timestamps``: key -> offsets in seconds, any offsets
+        """Build a spec from LeRobot ``delta_timestamps``.
+
+        Build a spec from LeRobot ``delta_timestamps``: key -> offsets in seconds, any offsets
         (past, future, irregular) for every key, each turned into rows (``offsets_from_seconds``).
 
         Keys: the state key (``observation.state``) and the action key (``action``); cameras: keys
