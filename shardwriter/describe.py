@@ -10,8 +10,9 @@ from .validate import load_shard_indexes
 
 
 def describe(root: str, storage_options: dict | None = None) -> dict:
-    """Summarise the dataset at ``root`` (a local folder or any fsspec URL; ``storage_options`` as
-    ``storage.Storage`` takes them) from its manifest and indexes (no tar is read).
+    """Summarise the dataset at ``root`` from its manifest and indexes (no tar is read).
+
+    ``root``: a local folder or any fsspec URL; ``storage_options`` as ``storage.Storage`` takes them.
 
     Raises:
         FileNotFoundError: no manifest; ``shardwriter.validate.FormatError``: the manifest or an

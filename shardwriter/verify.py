@@ -32,8 +32,9 @@ def _problem(shard: str, message: str, **where) -> dict:
 
 
 def _check_video(data: bytes, index: WindowIndex, stream: int, shard: str, key: str) -> list[dict]:
-    """Decode a camera stream's video against its frame tables (``WindowIndex.frame_tables``); their
-    bounds and the row-to-frame map were checked with the index (``validate.check_index``).
+    """Decode a camera stream's video against its frame tables (``WindowIndex.frame_tables``).
+
+    Their bounds and the row-to-frame map were checked with the index (``validate.check_index``).
     """
     tables = index.frame_tables(stream)
     problem = check_frames(data, *tables, index.time_base(stream), int(index.cam_stream_index[stream]))
@@ -133,9 +134,10 @@ def _check_episode(
 
 
 def verify(root: str, decode: bool = True, storage_options: dict | None = None) -> dict:
-    """Verify the dataset at ``root`` (local folder or fsspec URL; ``storage_options`` merged with
-    the environment, ``storage.resolve_storage_options``); return
-    ``{"ok": bool, "shards": n, "episodes": n, "problems": [...]}``.
+    """Verify the dataset at ``root``: ``{"ok": bool, "shards": n, "episodes": n, "problems": [...]}``.
+
+    ``root``: local folder or fsspec URL; ``storage_options`` merged with the environment
+    (``storage.resolve_storage_options``).
 
     Each problem names the shard, and where it applies the episode key and camera.
 
@@ -175,8 +177,10 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None) 
 def _check_dataset_index(
     storage: Storage, manifest: fmt.Manifest, shard_indexes: list[WindowIndex | None]
 ) -> list[dict]:
-    """``index.arrow``: sha256 as in the manifest, the format's schema, values in bounds, and the
-    same rows as the per-shard indexes (``shard_indexes``, None where a shard's index is unsound).
+    """Check ``index.arrow`` against the manifest and the per-shard indexes.
+
+    Its sha256 as in the manifest, the format's schema, values in bounds, and the same rows as the
+    per-shard indexes (``shard_indexes``, None where a shard's index is unsound).
     """
     name = manifest.index.file
     where = storage.path(name)
