@@ -112,9 +112,12 @@ def run(options: StreamRun, progress: bool = False) -> dict:
     steps_per_epoch = len(loader)
     todo = min(options.batches, steps_per_epoch) if options.batches else steps_per_epoch
     bar = tqdm(total=todo, unit="batch", desc="stream", disable=not progress, file=sys.stderr)
-    say = bar.write if progress else log.info
+
+    def say(text: str) -> None:  # above the bar on a terminal, else a log line (shown with -v)
+        return bar.write(f"epishard stream: {text}", file=sys.stderr) if progress else log.info(text)
+
     say(
-        f"epishard stream: {steps_per_epoch} steps per epoch ({len(loader.dataset)} windows, batch size "
+        f"{steps_per_epoch} steps per epoch ({len(loader.dataset)} windows, batch size "
         f"{options.batch_size}); running {todo}"
     )
     tel, distinct, collate_s, samples, first, waits, ratio, latest = [], [], 0.0, 0, None, [], [], {}
@@ -124,7 +127,7 @@ def run(options: StreamRun, progress: bool = False) -> dict:
         waits.append(now - last)
         if first is None:
             first = now - start
-            say(f"epishard stream: first batch after {first:.2f} s (setup {setup_s:.2f} s)")
+            say(f"first batch after {first:.2f} s (setup {setup_s:.2f} s)")
         tel.append(batch["__telemetry__"].numpy())
         ratio.append(_running_ratio(latest, tel[-1]))
         distinct.append(len(set(zip(batch["dataset"].tolist(), batch["episode_index"].tolist(), strict=False))))

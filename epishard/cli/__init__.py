@@ -34,7 +34,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "(default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        nothing = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if "(default" in text or nothing or not action.option_strings:
             return text
         return text + " (default: %(default)s)"
 
