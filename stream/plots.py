@@ -35,7 +35,7 @@ def plot_stream_report(report: dict, path: str) -> None:
     ratio.plot(x, steps["frames_decoded_per_returned"], color="tab:green")
     ratio.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
     ratio.set_xlabel("step")
-    ratio.set_title("frames decoded per frame returned (running)")
+    ratio.set_title("frames decoded / frame returned (running)")
     fig.suptitle(
         f"{report['dataset']}: {report['samples_per_s']:.1f} samples/s, {report['workers']} workers, "
         f"{report['steps_per_epoch']} steps per epoch"

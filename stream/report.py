@@ -55,6 +55,15 @@ class StreamRun:
     seed: int = 0
 
 
+def _size(text: str) -> tuple[int, int]:
+    """``(height, width)`` of ``"HxW"``; ValueError naming the option otherwise."""
+    height, x, width = text.lower().partition("x")
+    try:
+        return int(height), int(width)
+    except ValueError:
+        raise ValueError(f"--size: {text!r} is not a frame size like 224x224 (height x width)") from None
+
+
 def build(options: StreamRun) -> WindowLoader:
     """The ``WindowLoader`` (telemetry on, collate timed) that ``run`` iterates."""
     from .source import DatasetSource
@@ -72,7 +81,7 @@ def build(options: StreamRun) -> WindowLoader:
         stride=options.stride,
         per_episode=per,
     )
-    size = tuple(int(v) for v in options.size.lower().split("x")) if options.size else None
+    size = _size(options.size) if options.size else None
     post = PostProcess(size=size, dtype=torch.float32 if options.float else torch.uint8)
     ds = WindowDataset(source, spec, seed=options.seed, postprocess=post, telemetry=True)
     return WindowLoader(ds, batch_size=options.batch_size, num_workers=options.workers, collate_fn=_timed_collate)
@@ -109,18 +118,19 @@ def run(options: StreamRun, progress: bool = False) -> dict:
     t0 = time.perf_counter()
     loader = build(options)
     setup_s = time.perf_counter() - t0
-    steps_per_epoch = len(loader)
+    steps_per_epoch, windows = len(loader), len(loader.dataset)  # type: ignore[arg-type]  # a sized IterableDataset
     todo = min(options.batches, steps_per_epoch) if options.batches else steps_per_epoch
     bar = tqdm(total=todo, unit="batch", desc="stream", disable=not progress, file=sys.stderr)
 
     def say(text: str) -> None:  # above the bar on a terminal, else a log line (shown with -v)
-        return bar.write(f"epishard stream: {text}", file=sys.stderr) if progress else log.info(text)
+        if progress:
+            bar.write(f"epishard stream: {text}", file=sys.stderr)
+        else:
+            log.info(text)
 
-    say(
-        f"{steps_per_epoch} steps per epoch ({len(loader.dataset)} windows, batch size "
-        f"{options.batch_size}); running {todo}"
-    )
-    tel, distinct, collate_s, samples, first, waits, ratio, latest = [], [], 0.0, 0, None, [], [], {}
+    say(f"{steps_per_epoch} steps per epoch ({windows} windows, batch size {options.batch_size}); running {todo}")
+    tel, distinct, collate_s, samples, first, waits, ratio = [], [], 0.0, 0, None, [], []
+    latest: dict[int, np.ndarray] = {}
     start = last = time.perf_counter()
     for i, batch in enumerate(loader):
         now = time.perf_counter()
@@ -161,7 +171,7 @@ def run(options: StreamRun, progress: bool = False) -> dict:
         "decoder_opens_per_sample": t["decoder_opens_per_sample"],
         "bytes_read_per_sample": t["bytes_read_per_sample"],
         "distinct_episodes_per_batch": float(np.mean(distinct)) if distinct else 0.0,
-        "windows_per_rank_per_epoch": len(loader.dataset),
+        "windows_per_rank_per_epoch": windows,
         "episodes_without_windows": t["episodes_without_windows"],
         "workers": options.workers,
         "per_step": {"wait_s": waits, "frames_decoded_per_returned": ratio},

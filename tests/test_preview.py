@@ -20,7 +20,7 @@ from epishard.cli import main
 from epishard.shardwriter import ConvertOptions, convert
 
 pytest.importorskip("matplotlib")
-from epishard.stream.preview import preview  # noqa: E402
+from epishard.stream.preview import preview
 
 CAMERA = "observation.images.front"
 BROWSER = find_browser()
@@ -47,7 +47,14 @@ def _png_size(data: bytes) -> tuple[int, int]:
 def test_windows_show_the_frames_rows_and_pads_they_say(converted, tmp_path):
     result = preview(converted, str(tmp_path / "p.html"), windows=6, frames=4, span=10, action_horizon=5)
     # Round robin over the 3 episodes: 2 windows each.
-    assert sorted(w.key[-7:] for w in result.shown) == ["e000000", "e000000", "e000001", "e000001", "e000002", "e000002"]
+    assert sorted(w.key[-7:] for w in result.shown) == [
+        "e000000",
+        "e000000",
+        "e000001",
+        "e000001",
+        "e000002",
+        "e000002",
+    ]
     offsets = np.array([-9, -6, -3, 0])  # 4 frames spread over the 10 rows ending at the anchor
     for w in result.shown:
         episode = int(w.key[-6:])

@@ -42,22 +42,24 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def _common_options(parser: argparse.ArgumentParser, top: bool) -> None:
     """``-q``, ``-v``, ``--debug`` before the command and after it (the latter do not override the former)."""
-    default = {} if top else {"default": argparse.SUPPRESS}
+    flag_default: object = False if top else argparse.SUPPRESS
     parser.add_argument(
         "-q",
         "--quiet",
         action="store_true",
-        **default,
+        default=flag_default,
         help="no progress bars or status lines (drawn only on a terminal; warnings and errors still show)",
     )
     parser.add_argument(
         "-v",
         "--verbose",
         action="count",
-        **({"default": 0} if top else default),
+        default=0 if top else argparse.SUPPRESS,
         help="log what is being done on stderr (-vv: more detail)",
     )
-    parser.add_argument("--debug", action="store_true", **default, help="on an error, print the traceback too")
+    parser.add_argument(
+        "--debug", action="store_true", default=flag_default, help="on an error, print the traceback too"
+    )
 
 
 def storage_options(parser: argparse.ArgumentParser) -> None:
