@@ -144,3 +144,16 @@ def test_package_progress_bars(converted, capsys):
     run(StreamRun(converted, frames=2, span=3, action_horizon=2, batch_size=2, batches=2, workers=0), progress=True)
     err = capsys.readouterr().err
     assert "stream: 100%" in err and "13 steps per epoch" in err and "first batch after" in err
+
+
+def test_rank_cost_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    import numpy as np
+
+    from epishard.balance.plots import plot_rank_costs
+
+    costs = np.random.default_rng(0).uniform(1, 10, size=(20, 4, 2))
+    png = tmp_path / "ranks.png"
+    plot_rank_costs({"random": costs, "sorted": np.sort(costs, axis=1)}, str(png), "test")
+    header = png.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (1200, 640)
