@@ -23,9 +23,9 @@ def plot_rank_costs(layouts: dict[str, np.ndarray], path: str, title: str = "") 
     Raises:
         ImportError: matplotlib is not installed (``pip install epishard[plots]``).
     """
-    from matplotlib.figure import Figure
+    from epishard.stream.plots import figure
 
-    fig = Figure(figsize=(12, 3.2 * len(layouts)), layout="constrained")
+    fig = figure(figsize=(12, 3.2 * len(layouts)), layout="constrained")
     axes = fig.subplots(len(layouts), 2, squeeze=False, width_ratios=[3, 2])
     rank_costs = {name: np.asarray(c, dtype=np.float64).sum(axis=2) for name, c in layouts.items()}
     vmax = max(float(r.max()) for r in rank_costs.values()) or 1.0

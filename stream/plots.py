@@ -6,7 +6,22 @@ matplotlib is an optional dependency (the ``plots`` extra); it is imported when 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+
+def figure(**kw: Any) -> Any:
+    """A ``matplotlib.figure.Figure`` (Agg canvas; nothing global), ``kw`` passed on.
+
+    Raises:
+        ImportError: matplotlib is not installed, with the command that installs it.
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError("drawing needs matplotlib: pip install 'epishard[plots]' (or matplotlib)") from None
+    return Figure(**kw)
 
 
 def plot_stream_report(report: dict, path: str) -> None:
@@ -16,9 +31,7 @@ def plot_stream_report(report: dict, path: str) -> None:
     Raises:
         ImportError: matplotlib is not installed (``pip install epishard[plots]``).
     """
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(12, 3.6), layout="constrained")
+    fig = figure(figsize=(12, 3.6), layout="constrained")
     stages, waits, ratio = fig.subplots(1, 3)
     names = [k.removesuffix("_s") for k in report["worker_stage_s"]]
     seconds = list(report["worker_stage_s"].values())

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from .dataset import WindowDataset
 from .fetch import FetchPolicy
+from .plots import figure
 from .source import DatasetSource
 from .spec import WindowSpec
 
@@ -138,11 +139,9 @@ def _curves(ax, w: PreviewWindow, spec: WindowSpec) -> None:
 
 def _sheet(w: PreviewWindow, spec: WindowSpec, title: str) -> bytes:
     """One window as a PNG: a row of frames per camera, then the state/action curves."""
-    from matplotlib.figure import Figure
-
     cams = list(w.rows)
     cols = max(len(r) for r in w.rows.values())
-    fig = Figure(figsize=(1.9 * cols, 2.1 * len(cams) + 2.6), layout="constrained")
+    fig = figure(figsize=(1.9 * cols, 2.1 * len(cams) + 2.6), layout="constrained")
     grid = fig.add_gridspec(len(cams) + 1, cols, height_ratios=[2.1] * len(cams) + [2.6])
     for c, cam in enumerate(cams):
         pad = np.asarray(w.sample[f"{cam}_is_pad"], dtype=bool)
@@ -232,7 +231,7 @@ def preview(
         ValueError: no window to show (``episodes`` selects none, or ``windows < 1``).
         ImportError: matplotlib is not installed (``pip install epishard[plots]``).
     """
-    import matplotlib  # noqa: F401  (fail before reading anything when it is missing)
+    figure()  # fail before reading anything when matplotlib is missing
 
     if windows < 1 or frames < 1 or span < 1:
         raise ValueError(f"--windows, --frames and --span must be >= 1, got {windows}, {frames}, {span}")
@@ -256,6 +255,7 @@ def preview(
     picked = sorted(_read_windows(source, spec, episodes, windows, seed, progress), key=lambda w: (w.key, w.anchor))
     if not picked:
         raise ValueError(f"{dataset}: no window to show")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     stem = out[:-5] if out.endswith(".html") else out
     sheets_dir = sheets or f"{stem}_sheets"
     os.makedirs(sheets_dir, exist_ok=True)

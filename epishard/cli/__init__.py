@@ -35,7 +35,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         nothing = action.default is None or action.default is False or action.default == argparse.SUPPRESS
-        if "(default" in text or nothing or not action.option_strings:
+        if "(default" in text or nothing or not action.option_strings or action.nargs == 0:  # flags, counts
             return text
         return text + " (default: %(default)s)"
 
@@ -142,7 +142,7 @@ def error_line(exc: BaseException) -> tuple[str, bool]:
     if isinstance(exc, KeyError):  # ours carry a sentence; a bare missing key is a bug
         said = exc.args[0] if exc.args and isinstance(exc.args[0], str) and " " in exc.args[0] else None
         return (_one_line(said), True) if said else (f"KeyError: {text}", False)
-    if isinstance(exc, (OSError, ValueError)):  # our own checks and fsspec/s3fs raise these with a message
+    if isinstance(exc, (OSError, ValueError, ImportError)):  # our checks, fsspec/s3fs, an optional package
         return _one_line(text), True
     return _one_line(f"{type(exc).__name__}: {text}"), False
 

@@ -12,14 +12,14 @@ HELP = "an HTML page and PNG contact sheets of training windows: frames, pad mas
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", metavar="OUT", help="converted dataset folder or URL")
-    p.add_argument("--episodes", help="source episode indices to show, e.g. 0-9,12 (default: all)")
+    p.add_argument("--episodes", metavar="LIST", help="source episode indices to show, e.g. 0-9,12 (default: all)")
     p.add_argument("--windows", type=int, default=8, help="windows to show")
-    p.add_argument("--cameras", help="comma-separated camera names (default: all)")
+    p.add_argument("--cameras", metavar="NAMES", help="comma-separated camera names (default: all)")
     p.add_argument("--frames", type=int, default=6, help="frames per camera per window")
     p.add_argument("--span", type=int, default=30, help="rows the frames spread over, ending at the anchor")
     p.add_argument("--action-horizon", type=int, default=16, help="action rows drawn from the anchor on")
     p.add_argument("--seed", type=int, default=0, help="seed of the window choice")
-    p.add_argument("--out", default="preview.html", help="the HTML page to write (images inlined)")
+    p.add_argument("--out", default="preview.html", metavar="HTML", help="the HTML page to write (images inlined)")
     p.add_argument(
         "--sheets",
         metavar="DIR",
