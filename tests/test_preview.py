@@ -106,3 +106,14 @@ def test_preview_of_the_bundled_sample_in_headless_chromium(tmp_path):
     assert seen["problems"] == []
     assert seen["title"] == f"epishard preview: {out}"
     assert seen["images"] == [{"complete": True, "width": w, "height": h} for w, h in sizes]
+
+
+def test_cli_errors_are_one_line(converted, tmp_path, capsys):
+    page = str(tmp_path / "p.html")
+    assert main(["preview", converted, "--episodes", "7", "--out", page]) == 2
+    assert capsys.readouterr().err == (
+        f"epishard preview: error: {converted}: --episodes selects no episode of the dataset (3 episodes)\n"
+    )
+    assert main(["preview", converted, "--windows", "0", "--out", page]) == 2
+    assert capsys.readouterr().err.endswith("--windows, --frames and --span must be >= 1, got 0, 6, 30\n")
+    assert not os.path.exists(page)
