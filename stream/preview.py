@@ -240,7 +240,8 @@ def preview(
     chosen = [e for e in range(ix.num_episodes) if episodes is None or _source_episode(ix.key(e)) in episodes]
     if not chosen:
         raise ValueError(f"--episodes selects no episode of the dataset ({ix.num_episodes} episodes)")
-    features = source.manifest["features"]
+    # Columns with statistics are the numeric features (features may be absent in older manifests).
+    features = set(source.manifest.features or {}) | set(source.manifest.stats)
     # Evenly spread, rounded to rows (any span works; segment() would insist on an exact spread).
     offsets = tuple(int(o) for o in np.unique(np.round(np.linspace(-(span - 1), 0, frames))))
     spec = WindowSpec(
