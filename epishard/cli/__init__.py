@@ -19,6 +19,7 @@ import traceback
 import warnings
 
 from epishard._version import __version__
+from epishard.storage_options import parse_storage_options
 
 # name -> module; each has HELP, add_arguments(parser) and run(args) -> exit status.
 COMMANDS = ("convert", "inspect", "verify", "stream", "preview")
@@ -62,8 +63,6 @@ def _common_options(parser: argparse.ArgumentParser, top: bool) -> None:
 
 
 def _storage_options_json(text: str) -> dict:
-    from epishard.shardwriter.storage import parse_storage_options
-
     try:
         return parse_storage_options(text)
     except ValueError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
+import warnings
 
 from epishard.cli import show_progress, storage_options
 
@@ -55,9 +55,10 @@ def per_episode_options(args: argparse.Namespace) -> dict:
     old = args.per_episode
     if old is not None:
         kind = "count" if old > 1 else "fraction"
-        print(
-            f"epishard: --per-episode is deprecated (1 meant all windows, 2 two): use --per-episode-{kind}",
-            file=sys.stderr,
+        warnings.warn(
+            f"--per-episode is deprecated (1 meant all windows, 2 two): use --per-episode-{kind}",
+            FutureWarning,
+            stacklevel=2,
         )
         return {"per_episode_count": int(old)} if old > 1 else {"per_episode_fraction": old}
     return {"per_episode_count": args.per_episode_count, "per_episode_fraction": args.per_episode_fraction}
