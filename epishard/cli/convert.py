@@ -90,7 +90,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         const="",
         metavar="ADDRESS",
         help="write each shard as a task on a Ray cluster (ADDRESS, e.g. 10.0.0.1:6379; alone: RAY_ADDRESS "
-        "or this machine's cluster); sources and OUT must be reachable from every node",
+        "or this machine's cluster); sources and OUT must be reachable from every node (default: no Ray, "
+        "--workers processes here)",
     )
     storage_options(c)
 

@@ -43,9 +43,17 @@ def add_per_episode_arguments(p: argparse.ArgumentParser) -> None:
     every anchor), and the deprecated ``--per-episode F`` (a count above 1, else a fraction).
     """
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--per-episode-count", type=int, metavar="N", help="windows per episode per epoch (at most all)")
     group.add_argument(
-        "--per-episode-fraction", type=float, metavar="F", help="this share of each episode's windows, in (0, 1]"
+        "--per-episode-count",
+        type=int,
+        metavar="N",
+        help="windows per episode per epoch, at most all (default: every anchor)",
+    )
+    group.add_argument(
+        "--per-episode-fraction",
+        type=float,
+        metavar="F",
+        help="this share of each episode's windows, in (0, 1] (default: all)",
     )
     group.add_argument("--per-episode", type=float, help=argparse.SUPPRESS)  # deprecated
 
