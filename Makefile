@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 OUT     ?= out/demo
 SAMPLE  := sample/gr00t_robot_sim_picknplace
 
-.PHONY: setup demo test clean
+.PHONY: setup demo lint test clean
 
 $(BIN)/epishard: pyproject.toml requirements/machine.txt
 	@command -v ffmpeg >/dev/null || { \
@@ -30,8 +30,14 @@ demo: setup
 	$(BIN)/epishard preview $(OUT) --windows 4 --out $(OUT)/preview.html
 	$(BIN)/epishard stream $(OUT) --frames 9 --span 33 --action-horizon 16 --size 224x224 --batch-size 8 --batches 30 --workers 2
 
-test: setup
+# The quality gates: lint, formatting, types (the packages under their installed names).
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python tools/typecheck.py
+
+test: lint
 	$(BIN)/python -m pytest tests
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache build dist

@@ -129,8 +129,10 @@ def balanced_steps(costs: np.ndarray, world_size: int, batch_size: int, seed: in
 
 
 def random_steps(costs: np.ndarray, world_size: int, batch_size: int, seed: int, epoch: int = 0) -> np.ndarray:
-    """The baseline: kept samples (same remainder rule) in a random ``(seed, epoch)`` order, dealt in
-    order into ``[steps, world_size, batch_size]`` (what a shuffled ``DistributedSampler`` does).
+    """The baseline: kept samples in a random ``(seed, epoch)`` order, as a shuffled ``DistributedSampler``.
+
+    The same remainder rule as ``balanced_steps`` keeps the samples; they are dealt in order into
+    ``[steps, world_size, batch_size]``.
     """
     costs = _check(costs, world_size, batch_size)
     per_step = world_size * batch_size

@@ -47,7 +47,9 @@ class CostFn(Protocol):
     Returns float64 ``[N]``, finite and >= 0.
     """
 
-    def __call__(self, episodes: np.ndarray, anchors: np.ndarray) -> np.ndarray: ...
+    def __call__(self, episodes: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+        """float64 ``[N]`` costs of the windows ``(episodes[i], anchors[i])``."""
+        ...
 
 
 SampleCost = Callable[[dict], float]
@@ -113,8 +115,11 @@ class WindowFeatures:
     @classmethod
     def concat(cls, parts: list[WindowFeatures], order: np.ndarray | None = None) -> WindowFeatures:
         """Windows of several parts one after the other; ``order`` (int64 ``[N]``) then picks them."""
-        pick = (lambda a: a) if order is None else (lambda a: a[order])
-        cat = lambda name: pick(np.concatenate([getattr(p, name) for p in parts]))
+
+        def cat(name: str) -> np.ndarray:
+            joined = np.concatenate([getattr(p, name) for p in parts])
+            return joined if order is None else joined[order]
+
         return cls(
             frames=cat("frames"),
             decoded=cat("decoded"),
@@ -318,6 +323,7 @@ class WindowCost:
         return WindowFeatures.concat(parts, inverse)
 
     def __call__(self, episodes: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+        """float64 ``[N]``: the cost model applied to the windows' features (``features``)."""
         return np.asarray(self.model(self.features(episodes, anchors)), dtype=np.float64)
 
 
@@ -336,7 +342,10 @@ def sample_features(sample: dict, tokenizer: Tokenizer | None = None, action_key
             pixels += int(t) * int(h) * int(w)
     tokens = token_counts([str(sample.get("task", ""))], tokenizer)
     action = int(sample[action_key].shape[0]) if action_key in sample else 0
-    one = lambda v: np.array([v], dtype=np.int64)
+
+    def one(v: int) -> np.ndarray:
+        return np.array([v], dtype=np.int64)
+
     return WindowFeatures(
         frames=one(frames), decoded=one(frames), pixels=one(pixels), tokens=tokens, action=one(action)
     )
@@ -371,12 +380,14 @@ class MeasuredCosts:
         self.predicted = 0.0
 
     def record(self, episodes: np.ndarray, anchors: np.ndarray, costs: np.ndarray) -> None:
+        """Add measured ``costs`` (float64 ``[N]``) of the windows ``(episodes[i], anchors[i])``."""
         episodes = np.asarray(episodes, dtype=np.int64)
         np.add.at(self.total, episodes, np.asarray(costs, dtype=np.float64))
         np.add.at(self.count, episodes, 1)
         self.predicted += float(np.sum(self.fallback(episodes, np.asarray(anchors, dtype=np.int64))))
 
     def __call__(self, episodes: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+        """float64 ``[N]``: measured mean per episode where recorded, else the scaled prediction."""
         episodes = np.asarray(episodes, dtype=np.int64)
         predicted = np.asarray(self.fallback(episodes, anchors), dtype=np.float64)
         scale = self.total.sum() / self.predicted if self.predicted > 0 else 1.0

@@ -1,5 +1,6 @@
-"""Rank-local balancing for a streaming reader: reorder one consumer's planned windows so that the
-batches of a step have matching costs on every rank, without moving a window to another rank.
+"""Rank-local balancing for a streaming reader: reorder one consumer's planned windows.
+
+The batches of a step then have matching costs on every rank, without moving a window to another rank.
 
 Two pure functions, both permutations of a consumer's planned yield order:
 
@@ -107,8 +108,9 @@ def stratified_order(
     costs: np.ndarray | None = None,
     chunk_batches: int = 1,
 ) -> np.ndarray:
-    """Yield order of a consumer whose windows fall into cost strata (datasets, or cost buckets), so
-    that each of its batches comes from one stratum and every rank's step ``t`` from the same one.
+    """Yield order of a consumer whose windows fall into cost strata (datasets, or cost buckets).
+
+    Each of its batches comes from one stratum and every rank's step ``t`` from the same one.
 
     Args:
         strata: int64 ``[n]``: stratum of each window, in planned yield order (a stratum's windows

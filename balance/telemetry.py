@@ -97,7 +97,7 @@ def epoch_summary(stats: StepStats, *, samples: int | None = None, dropped: int 
     epoch's packed time ranks spend waiting, plus 1); ``step_time_padded`` / ``step_time_packed``
     (mean step times); ``padding`` (mean padding fraction); ``samples``/``dropped`` when given.
     """
-    out = {"steps": len(stats)}
+    out: dict[str, float] = {"steps": len(stats)}
     if len(stats):
         out.update(
             imbalance_mean=float(stats.imbalance.mean()),
@@ -123,7 +123,7 @@ class StepTelemetry:
     ``torch.distributed.all_gather`` of each rank's ``[batch_size]`` costs).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.steps: list[StepStats] = []
 
     def add(self, rank_costs: np.ndarray) -> dict:

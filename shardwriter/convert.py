@@ -98,6 +98,7 @@ class ConvertOptions:
             raise ValueError("ConvertOptions: " + "; ".join(p for p in problems if p))
 
     def prepare_options(self) -> PrepareOptions:
+        """The options of the per-episode preparation (``prepare``) among these."""
         return PrepareOptions(
             cameras=self.cameras, reencode=self.reencode, timestamps=self.timestamps, decode_check=self.decode_check
         )
@@ -186,8 +187,9 @@ _parent: int | None = None  # pid of the converting process, in its worker proce
 
 
 def _die_with_parent(parent: int) -> None:
-    """Worker initializer: the kernel SIGKILLs this worker when ``parent`` dies (Linux
-    ``PR_SET_PDEATHSIG``), so a killed conversion leaves no worker running and writing shards.
+    """Worker initializer: the kernel SIGKILLs this worker when ``parent`` dies.
+
+    Linux ``PR_SET_PDEATHSIG``, so a killed conversion leaves no worker running and writing shards.
     """
     global _parent
     _parent = parent
@@ -197,8 +199,9 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _check_parent() -> None:
-    """In a worker: exit if the converting process is gone (its children are re-parented). Called
-    before each publishing rename too, where ``PR_SET_PDEATHSIG`` is unavailable (not Linux).
+    """In a worker: exit if the converting process is gone (its children are re-parented).
+
+    Called before each publishing rename too, where ``PR_SET_PDEATHSIG`` is unavailable (not Linux).
     """
     if _parent is not None and os.getppid() != _parent:
         os._exit(1)  # an orphan: nobody reads its results; the rerun rewrites its shard
@@ -441,8 +444,9 @@ def _camera_entry(index: WindowIndex, stream: int, fps: float) -> dict:
 
 
 def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[bytes], sources: list[Source]) -> dict:
-    """Statistics, schema, cameras and tasks, computed from the written shards (``index_files``: each
-    shard's index, as read back once for the manifest).
+    """Statistics, schema, cameras and tasks, computed from the written shards.
+
+    ``index_files``: each shard's index, as read back once for the manifest.
     """
     stats = DatasetStats()
     features: dict = {}

@@ -40,12 +40,12 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
     cameras = {}
     for cam_name, camera in manifest.cameras.items():
         streams = np.flatnonzero(index.cam_names.to_numpy(zero_copy_only=False) == cam_name)
-        gaps = []
+        per_stream = []
         for s in streams:
             keys = index.keyframes_of(s)
             ends = np.append(keys[1:], index.cam_num_frames[s])
-            gaps.append(ends - keys)
-        gaps = np.concatenate(gaps) if gaps else np.zeros(1)
+            per_stream.append(ends - keys)
+        gaps = np.concatenate(per_stream) if per_stream else np.zeros(1)
         cameras[cam_name] = {
             **camera.to_json(),
             "frames": int(index.cam_num_frames[streams].sum()),

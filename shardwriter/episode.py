@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,7 +51,7 @@ class TableSlice:
     stop: int
 
 
-TableInput = pa.Table | FileInput | TableSlice
+TableInput: TypeAlias = pa.Table | FileInput | TableSlice
 """An episode's per-frame table: an in-memory ``pyarrow.Table``, the parquet file that
 holds exactly this episode (a path or ``RemoteFile``) (its bytes are copied unchanged), or a ``TableSlice``."""
 

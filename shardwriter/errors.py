@@ -1,12 +1,14 @@
-"""Errors raised by the writer, each naming where the problem is; the error-policy vocabulary
-shared by writer and reader, and the check of option values against their allowed values.
+"""Errors raised by the writer, each naming where the problem is, and the error-policy vocabulary.
+
+The vocabulary is shared by writer and reader, with the check of option values against their
+allowed values.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 # What to do about a bad input, in every option of writer and reader that decides it: stop with an
 # error ("raise"), leave the input out and count it ("skip"), or go on and report it ("warn").
@@ -19,8 +21,9 @@ DEPRECATED_POLICIES = {"fail": "raise"}
 def check_choice(
     owner: str, name: str, value: object, allowed: tuple[str, ...], deprecated: Mapping[str, str] = DEPRECATED_POLICIES
 ) -> str:
-    """``value`` if it is one of ``allowed``; the new spelling of a deprecated one (with a
-    ``DeprecationWarning``), e.g. ``"fail"`` -> ``"raise"``.
+    """``value`` if it is one of ``allowed``; the new spelling of a deprecated one.
+
+    A deprecated value warns (``DeprecationWarning``), e.g. ``"fail"`` -> ``"raise"``.
 
     Raises:
         ValueError: names ``owner``, ``name``, the value and the allowed values.
@@ -33,7 +36,7 @@ def check_choice(
         raise ValueError(
             f"{owner}: invalid {name} {value!r}; allowed values are " + ", ".join(repr(a) for a in allowed)
         )
-    return value  # type: ignore[return-value]
+    return value
 
 
 class ConversionError(Exception):
@@ -85,7 +88,7 @@ class ConversionError(Exception):
 
     def with_context(self, **kw) -> ConversionError:
         """Return a copy with missing location fields filled in from ``kw``."""
-        fields = dict(
+        fields: dict[str, Any] = dict(
             kind=self.kind,
             dataset=self.dataset,
             episode=self.episode,
@@ -104,6 +107,7 @@ class ConversionError(Exception):
         return _rebuild, (self.detail, self.to_dict())
 
     def to_dict(self) -> dict:
+        """``kind``, the location fields and ``detail``, for the manifest's report (JSON-ready)."""
         return {
             "kind": self.kind,
             "dataset": self.dataset,
@@ -126,6 +130,7 @@ class SourceError(Exception):
 
 
 class OutputFolderError(Exception):
-    """The output folder cannot be used: it holds files this writer did not create, is a file, or
-    belongs to a conversion with another shard prefix. Nothing in it was changed.
+    """The output folder cannot be used; nothing in it was changed.
+
+    It holds files this writer did not create, is a file, or belongs to a conversion with another shard prefix.
     """

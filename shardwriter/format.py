@@ -32,7 +32,8 @@ _PARTIAL = re.compile(r"\.partial-\d+$")  # a file being written: <final name>.p
 
 
 def temp_path(final_path: str) -> str:
-    """Temporary name a file is written under before it is renamed to ``final_path``:
+    """Temporary name a file is written under before it is renamed to ``final_path``.
+
     ``<final_path>.partial-<pid>`` (``is_partial`` recognises it; a rerun removes what a killed run left).
     """
     return f"{final_path}.partial-{os.getpid()}"
@@ -78,8 +79,10 @@ def camera_field(camera: str) -> str:
 
 
 def camera_fields(cameras: list[str]) -> dict[str, str]:
-    """Field name of each camera's video member (``cameras`` in sorted order): ``camera_field``, or
-    ``cam<i>`` (its position) when that collides with an earlier camera's or with ``json``/``parquet``.
+    """Field name of each camera's video member (``cameras`` in sorted order).
+
+    ``camera_field``, or ``cam<i>`` (its position) when that collides with an earlier camera's or
+    with ``json``/``parquet``.
     """
     fields: dict[str, str] = {}
     for i, cam in enumerate(cameras):
@@ -94,8 +97,9 @@ def member_name(key: str, field: str) -> str:
 
 
 def check_member_name(name: str) -> None:
-    """Raise ``ValueError`` when ``name`` is longer than ``MAX_MEMBER_NAME`` bytes (USTAR's limit:
-    the writer emits no PAX headers).
+    """Raise ``ValueError`` when ``name`` is longer than ``MAX_MEMBER_NAME`` bytes.
+
+    USTAR's limit: the writer emits no PAX headers.
     """
     if len(name.encode()) > MAX_MEMBER_NAME:
         raise ValueError(f"tar member name {name!r} is longer than {MAX_MEMBER_NAME} bytes")
@@ -112,8 +116,9 @@ def shard_name(prefix: str, shard_id: int) -> str:
 
 
 def is_writer_file(name: str, prefix: str) -> bool:
-    """Whether ``name`` (a file name in the output folder) is one the writer creates for shard
-    prefix ``prefix``: a shard, a shard index, ``index.arrow``, ``manifest.json``, the marker, or
+    """Whether ``name`` (a file name in the output folder) is one the writer creates for ``prefix``.
+
+    For shard prefix ``prefix``: a shard, a shard index, ``index.arrow``, ``manifest.json``, the marker, or
     one of these being written (``<name>.partial-<pid>``).
     """
     name = _PARTIAL.sub("", name)
@@ -210,14 +215,17 @@ INDEX_SCHEMA = pa.schema(
 
 
 class FormatError(ValueError):
-    """A manifest or index breaks the format; the message names the file and the field (and for an
-    index the row, episode key and camera).
+    """A manifest or index breaks the format.
+
+    The message names the file and the field (and for an index the row, episode key and camera).
     """
 
 
 def check_version(name: object, version: object, where: str) -> None:
-    """Refuse a dataset this reader cannot read: another ``format`` than ``"epishard"``, or a
-    ``format_version`` outside ``1 .. FORMAT_VERSION`` (a newer one comes from a newer epishard).
+    """Refuse a dataset this reader cannot read.
+
+    Another ``format`` than ``"epishard"``, or a ``format_version`` outside ``1 .. FORMAT_VERSION``
+    (a newer one comes from a newer epishard).
 
     Raises:
         FormatError: names ``where`` (the file) and both versions.
@@ -243,8 +251,9 @@ def field_path(where: str, key: str) -> str:
 
 
 def json_field(obj: Any, key: str, types, where: str, default: Any = _REQUIRED) -> Any:
-    """``obj[key]`` if it has one of ``types`` (a JSON bool is not an integer); ``default`` when the
-    key is absent and a default is given.
+    """``obj[key]`` if it has one of ``types`` (a JSON bool is not an integer).
+
+    ``default`` when the key is absent and a default is given.
 
     Raises:
         FormatError: "<where> <key>: missing" or "<where> <key> must be a JSON <type>, got ...".
@@ -296,8 +305,10 @@ def _to_json(value: Any) -> Any:
 
 
 class _Entry:
-    """JSON object of a frozen dataclass: every field, except ``optional`` ones that are None (absent
-    from the document they were read from, e.g. fields of an older format version).
+    """JSON object of a frozen dataclass.
+
+    Every field, except ``optional`` ones that are None (absent from the document they were read
+    from, e.g. fields of an older format version).
     """
 
     optional: tuple[str, ...] = ()
@@ -324,7 +335,9 @@ def policy_on_disk(value: str) -> str:
 
 @dataclass(frozen=True)
 class SourceEntry(_Entry):
-    """A converted source: ``name`` (unique in the dataset), ``path`` (None for a Python-API source),
+    """A converted source.
+
+    ``name`` (unique in the dataset), ``path`` (None for a Python-API source),
     ``format`` (e.g. ``lerobot-v2.1``), ``fps`` (frames per second or None), ``episodes`` converted,
     ``notes`` (facts found while reading it, e.g. cameras declared without files).
     """
@@ -338,6 +351,7 @@ class SourceEntry(_Entry):
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> SourceEntry:
+        """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         return cls(
             name=json_field(obj, "name", str, where),
             path=json_field(obj, "path", _OPT_STR, where, None),
@@ -350,7 +364,9 @@ class SourceEntry(_Entry):
 
 @dataclass(frozen=True)
 class ManifestOptions(_Entry):
-    """The conversion's options: shard ``prefix``; ``cameras`` kept (None: all; ``()``: none);
+    """The conversion's options.
+
+    Shard ``prefix``; ``cameras`` kept (None: all; ``()``: none);
     ``on_error`` and ``timestamps`` policies (``"raise"``/``"skip"``, ``"warn"``/``"raise"``; written
     as ``"fail"`` for ``"raise"``, the format's spelling); ``video``: ``"copy"`` or the re-encode spec.
     """
@@ -362,12 +378,14 @@ class ManifestOptions(_Entry):
     video: str
 
     def to_json(self) -> dict:
+        """Its JSON object in the manifest."""
         out = super().to_json()
         out["on_error"], out["timestamps"] = policy_on_disk(self.on_error), policy_on_disk(self.timestamps)
         return out
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> ManifestOptions:
+        """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         on_error, timestamps = json_field(obj, "on_error", str, where), json_field(obj, "timestamps", str, where)
         return cls(
             prefix=json_field(obj, "prefix", str, where),
@@ -380,7 +398,9 @@ class ManifestOptions(_Entry):
 
 @dataclass(frozen=True)
 class FeatureEntry(_Entry):
-    """A column or camera: ``dtype`` (Arrow value type, or ``"video"``), ``shape`` (list widths, None
+    """A column or camera.
+
+    ``dtype`` (Arrow value type, or ``"video"``), ``shape`` (list widths, None
     where they vary; ``[h, w, c]`` for a camera), ``names`` (as the source declares them, or None),
     ``kind`` (cameras only: ``rgb`` or ``depth``).
     """
@@ -393,6 +413,7 @@ class FeatureEntry(_Entry):
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> FeatureEntry:
+        """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         shape = json_field(obj, "shape", list, where)
         if not all(isinstance(n, _OPT_INT) and not isinstance(n, bool) for n in shape):
             raise FormatError(f"{field_path(where, 'shape')} must be a JSON array of integers or nulls")
@@ -406,7 +427,9 @@ class FeatureEntry(_Entry):
 
 @dataclass(frozen=True)
 class CameraEntry(_Entry):
-    """A camera: stream facts of its first episode as a reader returns them (``width``, ``height``
+    """A camera.
+
+    Stream facts of its first episode as a reader returns them (``width``, ``height``
     after rotation, ``codec``, ``fps``), ``episodes`` that have it, and (format version 2) its
     ``kind``, stored ``pix_fmt`` and ``bit_depth``, what a reader returns (``dtype``, ``channels``)
     and the ``conversion`` applied when that holds fewer bits than are stored (None: none).
@@ -428,6 +451,7 @@ class CameraEntry(_Entry):
     sizes: Mapping[str, int] | None = None
 
     def to_json(self) -> dict:
+        """Its JSON object in the manifest."""
         out = super().to_json()
         if self.kind is None:  # a version-1 entry: none of the version-2 fields
             out.pop("conversion")
@@ -435,6 +459,7 @@ class CameraEntry(_Entry):
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> CameraEntry:
+        """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         return cls(
             codec=json_field(obj, "codec", str, where),
             width=json_field(obj, "width", int, where),
@@ -460,12 +485,15 @@ class IndexFile(_Entry):
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> IndexFile:
+        """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         return cls(file=json_field(obj, "file", str, where), sha256=json_field(obj, "sha256", str, where))
 
 
 @dataclass(frozen=True)
 class ShardEntry(_Entry):
-    """One shard: file names of its tar (``shard``) and window index (``index``), ``episodes``,
+    """One shard.
+
+    File names of its tar (``shard``) and window index (``index``), ``episodes``,
     ``rows`` and camera ``frames`` it holds, the tar's ``size`` (bytes) and ``sha256``, the index's
     ``index_sha256``.
     """
@@ -481,6 +509,7 @@ class ShardEntry(_Entry):
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> ShardEntry:
+        """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         return cls(
             shard=json_field(obj, "shard", str, where),
             index=json_field(obj, "index", str, where),
@@ -495,7 +524,9 @@ class ShardEntry(_Entry):
 
 @dataclass(frozen=True)
 class Totals(_Entry):
-    """Dataset totals: ``shards``, ``episodes``, ``rows``, camera ``frames`` (rows x cameras), ``bytes``
+    """Dataset totals.
+
+    ``shards``, ``episodes``, ``rows``, camera ``frames`` (rows x cameras), ``bytes``
     of the tars, ``skipped`` episodes.
     """
 
@@ -508,12 +539,15 @@ class Totals(_Entry):
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> Totals:
+        """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         return cls(**{f.name: json_field(obj, f.name, int, where) for f in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True)
 class ReportEntry(_Entry):
-    """A skipped episode or a warning: ``kind`` (e.g. ``nan``, ``timestamps_offset``), ``message``,
+    """A skipped episode or a warning.
+
+    ``kind`` (e.g. ``nan``, ``timestamps_offset``), ``message``,
     and where (None where it does not apply): ``dataset``, ``episode``, ``camera``, ``row``, ``file``,
     and for a skipped episode the ``shard`` it would have been in.
     """
@@ -527,7 +561,7 @@ class ReportEntry(_Entry):
     file: str | None = None
     shard: str | None = None
 
-    def to_json(self, skipped: bool = True) -> dict:  # type: ignore[override]
+    def to_json(self, skipped: bool = True) -> dict:
         """Warnings name no file or shard unless they have one; skipped entries always list both."""
         out = super().to_json()
         for key in ("file", "shard"):
@@ -537,6 +571,7 @@ class ReportEntry(_Entry):
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> ReportEntry:
+        """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         return cls(
             kind=json_field(obj, "kind", str, where),
             message=json_field(obj, "message", str, where),
@@ -568,9 +603,11 @@ class Report(_Entry):
 
     @classmethod
     def of(cls, skipped: tuple[ReportEntry, ...], warnings: tuple[ReportEntry, ...]) -> Report:
+        """The report of these entries, with their counts per kind."""
         return cls(count_kinds(skipped), count_kinds(warnings), skipped, warnings)
 
     def to_json(self) -> dict:
+        """Its JSON object in the manifest."""
         return {
             "skipped_by_kind": dict(self.skipped_by_kind),
             "warnings_by_kind": dict(self.warnings_by_kind),
@@ -580,6 +617,7 @@ class Report(_Entry):
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> Report:
+        """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         lists = {
             key: tuple(
                 ReportEntry.from_json(e, f"{where}.{key}[{i}]")
@@ -655,8 +693,9 @@ class Manifest(_Entry):
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> Manifest:
-        """The typed manifest of a parsed document (``where``: ``"<file>:"``); types are checked
-        here, value ranges by ``Manifest.load``.
+        """The typed manifest of a parsed document (``where``: ``"<file>:"``).
+
+        Types are checked here, value ranges by ``Manifest.load``.
         """
         sub = field_path
         options = json_field(obj, "options", dict, where, None)

@@ -36,8 +36,10 @@ def _decoder(data: bytes) -> str:
 
 
 def decode_image(data: bytes) -> tuple[np.ndarray, bool]:
-    """Decode one image file to uint8 RGB ``[H, W, 3]``, or a 16-bit grey one (a depth map) to
-    uint16 ``[H, W]`` with its values exact; also return whether an alpha channel was dropped.
+    """Decode one image file to uint8 RGB ``[H, W, 3]`` or, 16-bit grey, uint16 ``[H, W]``.
+
+    A 16-bit grey image (a depth map) keeps its values exact; also returns whether an alpha
+    channel was dropped.
 
     8-bit grey and palette images expand to RGB exactly; JPEG's YCbCr converts with FFmpeg's
     rounding.
@@ -49,6 +51,8 @@ def decode_image(data: bytes) -> tuple[np.ndarray, bool]:
     codec = _decoder(data)
     try:
         ctx = av.CodecContext.create(codec, "r")
+        if not isinstance(ctx, av.VideoCodecContext):
+            raise ValueError(f"{codec} is not an image decoder")
         frames = ctx.decode(av.Packet(data)) + ctx.decode(None)
     except av.error.FFmpegError as exc:
         raise ValueError(f"{codec} decoder failed: {exc}") from exc
@@ -68,8 +72,9 @@ def _describe(image: np.ndarray) -> str:
 
 
 def column_images(table: pa.Table, column: str) -> tuple[np.ndarray, list[dict]]:
-    """Decode an image column (one image per row) to uint8 RGB ``[num_rows, H, W, 3]``, or, for
-    16-bit grey images, uint16 ``[num_rows, H, W]``.
+    """Decode an image column (one image per row) to uint8 RGB ``[num_rows, H, W, 3]``.
+
+    16-bit grey images become uint16 ``[num_rows, H, W]``.
 
     Accepts LeRobot's ``struct<bytes, path>`` cells and plain binary cells. Returns the frames and
     report entries (``image_alpha_dropped``, once per column).
@@ -81,7 +86,8 @@ def column_images(table: pa.Table, column: str) -> tuple[np.ndarray, list[dict]]
     cells = table.column(column).combine_chunks()
     if pa.types.is_struct(cells.type):
         cells = cells.field("bytes")
-    frames, alpha = [], False
+    frames: list[np.ndarray] = []
+    alpha = False
     for row, data in enumerate(cells.to_pylist()):
         if not data:
             raise ConversionError(

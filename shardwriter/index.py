@@ -56,8 +56,9 @@ def encode_index(rows: list[dict], shard_meta: dict) -> bytes:
 
 
 def read_table_bytes(data: bytes) -> pa.Table:
-    """A Parquet file held in memory (an index or an episode's data member), read in the calling
-    thread. ``pq.read_table`` would start Arrow's CPU and I/O thread pools, which then stay alive
+    """A Parquet file held in memory (an index or an episode's data member), read in the calling thread.
+
+    ``pq.read_table`` would start Arrow's CPU and I/O thread pools, which then stay alive
     until the process exits; pool threads alive during the C++ teardown at interpreter exit are a
     known cause of ``terminate called without an active exception`` aborts (apache/arrow#34314,
     #39862). These tables are small: threads gain nothing here.
@@ -66,8 +67,9 @@ def read_table_bytes(data: bytes) -> pa.Table:
 
 
 def dataset_index_bytes(index_files: list[bytes]) -> bytes:
-    """Concatenate per-shard index files (Parquet bytes, in shard order) into one uncompressed Arrow
-    IPC file with an int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``).
+    """Concatenate per-shard index files (Parquet bytes, in shard order) into one Arrow IPC file.
+
+    The file is uncompressed, with an int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``).
     Its schema metadata holds the format version (``format.VERSION_KEY``), as each shard index's does.
     """
     tables = [read_table_bytes(data).replace_schema_metadata(None) for data in index_files]
@@ -102,8 +104,10 @@ def _np(array: pa.Array, dtype) -> np.ndarray:
 
 @dataclass
 class CameraLookup:
-    """Where one camera's frames for one window lie: shard number, byte range of the video member
-    in the shard, frame numbers (int64 ``[n]``) in that video, and the keyframe to start decoding at.
+    """Where one camera's frames for one window lie.
+
+    Shard number, byte range of the video member in the shard, frame numbers (int64 ``[n]``) in that
+    video, and the keyframe to start decoding at.
     """
 
     shard: int
@@ -299,9 +303,11 @@ class WindowIndex:
 
     @property
     def num_episodes(self) -> int:
+        """Episodes in the index (all shards)."""
         return int(self.num_rows.shape[0])
 
     def key(self, episode: int) -> str:
+        """Shard key of ``episode`` (its tar members' prefix, e.g. ``gr00t-e000003``)."""
         return self.keys[episode].as_py()
 
     def source(self, episode: int) -> str:
@@ -327,6 +333,7 @@ class WindowIndex:
         return self._table.slice(episode, 1).to_pylist()[0]
 
     def camera_names(self, episode: int) -> list[str]:
+        """Cameras stored for ``episode``, in stream order."""
         a, b = self.episode_cams[episode], self.episode_cams[episode + 1]
         return self.cam_names.slice(int(a), int(b - a)).to_pylist()
 
@@ -468,15 +475,18 @@ class WindowIndex:
         return first + np.sum(frames[..., 1:] - start + 1, axis=-1)
 
     def segment_edges(self, episode: int) -> np.ndarray:
-        """int64 ``[k + 2]``: ``0``, the episode's ``segment_starts`` (k recording breaks), ``num_rows``;
-        segment ``i`` is rows ``[edges[i], edges[i + 1])``.
+        """int64 ``[k + 2]``: ``0``, the episode's ``segment_starts`` (k recording breaks), ``num_rows``.
+
+        Segment ``i`` is rows ``[edges[i], edges[i + 1])``.
         """
         starts = self.segment_starts[self.segment_offsets[episode] : self.segment_offsets[episode + 1]]
         return np.r_[0, starts, self.num_rows[episode]].astype(np.int64)
 
     def segment_bounds(self, episodes, rows) -> tuple[np.ndarray, np.ndarray]:
-        """Recording segment ``[lo, hi)`` holding each row: the whole episode ``[0, num_rows)``
-        unless its timestamps reset or jump (``segment_starts``), where a new segment begins.
+        """Recording segment ``[lo, hi)`` holding each row.
+
+        The whole episode ``[0, num_rows)`` unless its timestamps reset or jump
+        (``segment_starts``), where a new segment begins.
 
         ``episodes``, ``rows``: int arrays (or ints) broadcast together. Returns two int64 arrays
         of the broadcast shape. Windows anchored at a row stay inside that row's segment.

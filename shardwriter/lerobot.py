@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import errno
 import glob
+import itertools
 import json
 import math
 import os
@@ -106,8 +107,9 @@ class _Tree:
 
 
 def _template_regex(template: str) -> re.Pattern:
-    """Turn a LeRobot path template (``data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet``)
-    into a regex with one named group per field.
+    """Turn a LeRobot path template into a regex with one named group per field.
+
+    E.g. ``data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet``.
     """
     out, pos = [], 0
     for m in re.finditer(r"\{(\w+)(?::[^}]*)?\}", template):
@@ -152,16 +154,25 @@ def _read_jsonl(tree: _Tree, path: str, fields: dict[str, type]) -> list[dict]:
             raise SourceError(f"{path}: line {number}: must be a JSON object, got {line.strip()[:60]}")
         for name, kind in fields.items():
             value = row.get(name)
-            if (
-                kind is list
-                and value is not None
-                and not (isinstance(value, list) and all(isinstance(v, str) for v in value))
-            ):
+            if kind is list and value is not None and not _is_list_of_str(value):
                 raise SourceError(f"{path}: line {number}: {name} must be a list of strings, got {value!r:.60}")
             if kind is not list and (not isinstance(value, kind) or isinstance(value, bool)):
                 raise SourceError(f"{path}: line {number}: {name} must be a JSON {kind.__name__}, got {value!r:.60}")
         rows.append(row)
     return rows
+
+
+def _is_list_of_str(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _inside_folder(relative_path: str) -> bool:
+    """Whether a path from the metadata stays inside the dataset folder (relative, no ``..``)."""
+    return not os.path.isabs(relative_path) and ".." not in relative_path.split("/")
 
 
 def _is_template(template: str) -> bool:
@@ -197,7 +208,7 @@ def _check_info(info, path: str) -> None:
     for field in ("data_path", "video_path"):
         if isinstance(info.get(field), str) and not _is_template(info[field]):
             raise bad(field, "a path template with named fields like {episode_index:06d}", info[field])
-        if isinstance(info.get(field), str) and (os.path.isabs(info[field]) or ".." in info[field].split("/")):
+        if isinstance(info.get(field), str) and not _inside_folder(info[field]):
             raise bad(field, "a path inside the dataset folder (relative, no '..')", info[field])
     if info["codebase_version"].startswith("v2") and "{episode_index" not in info["data_path"]:
         raise bad("data_path", "a template with {episode_index}", info["data_path"])
@@ -276,8 +287,9 @@ def _dropped_cameras(
 
 
 def _image_features(features: dict, wanted: tuple[str, ...] | None) -> tuple[tuple[str, ...], list[str]]:
-    """Image features (one PNG/JPEG per row inside the parquet) and the notes saying what becomes of
-    the ones converted (all, or those in ``wanted``: the others are not read).
+    """Image features (one PNG/JPEG per row inside the parquet) and notes on what becomes of them.
+
+    The ones converted (all, or those in ``wanted``: the others are not read).
     """
     names = tuple(name for name, spec in features.items() if spec.get("dtype") == "image")
     return names, [
@@ -290,8 +302,10 @@ def _image_features(features: dict, wanted: tuple[str, ...] | None) -> tuple[tup
 
 
 def _depth_cameras(features: dict) -> set[str]:
-    """Cameras declared depth maps (LeRobot's flag ``video.is_depth_map``, under the feature's
-    ``info``, or ``video_info`` as LeRobot v2.0 and many converted datasets, v2.1 and v3.0 too, write it).
+    """Cameras declared depth maps (LeRobot's flag ``video.is_depth_map``).
+
+    The flag is under the feature's ``info``, or ``video_info`` as LeRobot v2.0 and many converted
+    datasets, v2.1 and v3.0 too, write it.
     """
     return {
         name
@@ -409,9 +423,11 @@ def _read_v2(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
                 images=images,
             )
         )
-    declared = int(info.get("total_episodes", len(episodes)))
-    if declared != len(episodes):
-        notes.append(f"meta/info.json declares {declared} episodes; {len(episodes)} have data files and are converted")
+    declared_episodes = int(info.get("total_episodes", len(episodes)))
+    if declared_episodes != len(episodes):
+        notes.append(
+            f"meta/info.json declares {declared_episodes} episodes; {len(episodes)} have data files and are converted"
+        )
     return Source(
         name=name,
         episodes=episodes,
@@ -444,7 +460,7 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
             values = col.to_numpy()
             ranges: dict[int, tuple[int, int]] = {}
             change = [0] + [i for i in range(1, len(values)) if values[i] != values[i - 1]] + [len(values)]
-            for a, b in zip(change[:-1], change[1:], strict=False):
+            for a, b in itertools.pairwise(change):
                 ep = int(values[a])
                 if ep in ranges:
                     raise SourceError(f"{path}: rows of episode {ep} are not contiguous")
@@ -523,9 +539,11 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
         raise SourceError(
             f"{root}: none of the episodes in meta/episodes has its data file present (data_path {info['data_path']!r})"
         )
-    declared = int(info.get("total_episodes", len(episodes)))
-    if declared != len(episodes):
-        notes.append(f"meta/info.json declares {declared} episodes; {len(episodes)} have data files and are converted")
+    declared_episodes = int(info.get("total_episodes", len(episodes)))
+    if declared_episodes != len(episodes):
+        notes.append(
+            f"meta/info.json declares {declared_episodes} episodes; {len(episodes)} have data files and are converted"
+        )
     episodes.sort(key=lambda e: e.episode_index)
     return Source(
         name=name,
@@ -551,7 +569,8 @@ def _v3_episode_rows(tree: _Tree, paths: list[str]) -> list[dict]:
     ``chunk_index``, ``file_index`` (integers or null), ``from_timestamp``, ``to_timestamp`` (finite
     numbers or null); ``tasks`` is a list of strings. Raises SourceError naming file, row and column.
     """
-    rows, seen = [], {}
+    rows: list[dict] = []
+    seen: dict[int, str] = {}
     for path in paths:
         table = _read_parquet(tree, path)
         for prefix in {name.rsplit("/", 1)[0] for name in table.column_names if name.startswith("videos/")}:
@@ -569,10 +588,10 @@ def _v3_episode_rows(tree: _Tree, paths: list[str]) -> list[dict]:
                     continue
                 if name.endswith("_index") and not isinstance(value, int):
                     raise SourceError(f"{path}: row {i}: {name} must be an integer, got {value!r:.60}")
-                if name.endswith("_timestamp") and not (isinstance(value, (int, float)) and math.isfinite(value)):
+                if name.endswith("_timestamp") and not _is_finite_number(value):
                     raise SourceError(f"{path}: row {i}: {name} must be a finite number, got {value!r:.60}")
             tasks = row.get("tasks")
-            if tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks)):
+            if tasks is not None and not _is_list_of_str(tasks):
                 raise SourceError(f"{path}: row {i}: tasks must be a list of strings, got {tasks!r:.60}")
             if row["episode_index"] in seen:
                 raise SourceError(

@@ -64,8 +64,9 @@ def _fail(kind: str, message: str, **where) -> ConversionError:
 
 
 def _local_frames(table: pa.Table) -> np.ndarray:
-    """Frame of each row within the episode's video (or segment): ``frame_index`` when present
-    (LeRobot's per-episode frame counter), else row position.
+    """Frame of each row within the episode's video (or segment).
+
+    ``frame_index`` when present (LeRobot's per-episode frame counter), else row position.
     """
     if "frame_index" not in table.column_names:
         return np.arange(table.num_rows, dtype=np.int64)
@@ -145,8 +146,9 @@ def discontinuities(table: pa.Table, fps: float) -> list[dict]:
 
 
 def _timestamp_report(t: np.ndarray, expected: np.ndarray, fps: float, frame_seconds: float) -> dict | None:
-    """Compare table timestamps (s, rows of one recording segment) with the video time each row's
-    frame is shown at (s).
+    """Compare table timestamps with the video time each row's frame is shown at.
+
+    Both in seconds; the rows of one recording segment.
 
     Returns None when they agree within a quarter frame, else a dict with ``kind`` one of
     ``timestamps_offset``, ``timestamps_rate``, ``timestamps_past_end``, the first row concerned
@@ -188,8 +190,9 @@ def _timestamp_report(t: np.ndarray, expected: np.ndarray, fps: float, frame_sec
 def _segment_end_report(
     info: VideoProbe, absolute: np.ndarray, segment: tuple[float, float], fps: float
 ) -> dict | None:
-    """Check a v3.0 ``to_timestamp`` against the frames the rows own (rows and ``from_timestamp``
-    decide them; ``to_timestamp`` only has to agree within one frame).
+    """Check a v3.0 ``to_timestamp`` against the frames the rows own.
+
+    The rows and ``from_timestamp`` decide them; ``to_timestamp`` only has to agree within one frame.
 
     Returns None when the last row's frame ends within a quarter frame of ``to_timestamp``, else a
     ``segment_end_mismatch`` report (e.g. an inclusive end: the last frame's time).
@@ -298,8 +301,10 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
 
 
 def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptions):
-    """Encode an image column as a video (``IMAGE_SPEC``, or the re-encode settings when given;
-    16-bit grey images, depth maps, always ``GREY_IMAGE_SPEC``: a depth camera with exact values).
+    """Encode an image column as a video.
+
+    With ``IMAGE_SPEC``, or the re-encode settings when given; 16-bit grey images, depth maps, always
+    with ``GREY_IMAGE_SPEC``: a depth camera with exact values.
 
     Returns (stored bytes, probe of them, row_to_frame, transform, report entries); frame ``r`` is
     row ``r``'s image, so there are no timestamps to check.
@@ -316,8 +321,9 @@ def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptio
 
 
 def camera_kind(declared_depth: bool, pix_fmt: str) -> str:
-    """``"depth"`` for a grey video declared a depth map or of more than 8 bits per sample (the RGB
-    path would squeeze it into 8 bits), else ``"rgb"``. See ``format.CAMERA_KINDS``.
+    """``"depth"`` for a grey video declared a depth map or of more than 8 bits per sample, else ``"rgb"``.
+
+    The RGB path would squeeze such a video into 8 bits. See ``format.CAMERA_KINDS``.
     """
     try:
         desc = av.VideoFormat(pix_fmt)

@@ -35,16 +35,23 @@ class FeatureStats:
     def __init__(self, max_rows_per_episode: int = 1000):
         self.max_rows = max_rows_per_episode
         self.count = 0
-        self.sum = self.sumsq = self.min = self.max = None
+        self.width: int | None = None  # set by the first rows added
+        # float64 [width] each once rows are added
+        self.sum, self.sumsq, self.min, self.max = np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
         self.samples: list[np.ndarray] = []
 
     def add(self, matrix: np.ndarray) -> None:
-        if self.sum is None:
-            dims = matrix.shape[1]
+        """Add an episode's rows: float64 ``[rows, width]`` (the width is fixed by the first call).
+
+        Raises:
+            ValueError: the width differs from the rows added before.
+        """
+        if self.width is None:
+            self.width = dims = matrix.shape[1]
             self.sum, self.sumsq = np.zeros(dims), np.zeros(dims)
             self.min, self.max = np.full(dims, np.inf), np.full(dims, -np.inf)
-        elif matrix.shape[1] != self.sum.shape[0]:
-            raise ValueError(f"feature width changed from {self.sum.shape[0]} to {matrix.shape[1]}")
+        elif matrix.shape[1] != self.width:
+            raise ValueError(f"feature width changed from {self.width} to {matrix.shape[1]}")
         self.count += matrix.shape[0]
         self.sum += matrix.sum(axis=0)
         self.sumsq += np.square(matrix).sum(axis=0)
@@ -56,7 +63,8 @@ class FeatureStats:
 
     def merge(self, other: FeatureStats) -> None:
         """Add another accumulator's rows (same width)."""
-        if self.sum is None:
+        if self.width is None:
+            self.width = other.width
             self.count, self.sum, self.sumsq = other.count, other.sum.copy(), other.sumsq.copy()
             self.min, self.max, self.samples = other.min.copy(), other.max.copy(), list(other.samples)
             return
@@ -68,6 +76,10 @@ class FeatureStats:
         self.samples += other.samples
 
     def result(self) -> dict:
+        """``count``, ``mean``, ``std``, ``min``, ``max``, ``q01``, ``q99`` (lists of width floats).
+
+        Quantiles come from at most ``max_rows_per_episode`` evenly spaced rows per episode.
+        """
         mean = self.sum / self.count
         var = np.maximum(self.sumsq / self.count - np.square(mean), 0.0)
         sample = np.concatenate(self.samples)
@@ -87,17 +99,19 @@ SKIP_COLUMNS = {"index", "episode_index", "frame_index", "task_index", "timestam
 
 
 class DatasetStats:
-    """Statistics for every numeric column of the episode tables (bookkeeping columns excluded),
-    over the whole dataset and per source.
+    """Statistics for every numeric column of the episode tables, over the whole dataset and per source.
+
+    Bookkeeping columns are excluded.
 
     Sources may differ in a feature's width (robots with other state sizes): such a feature gets
     per-source statistics only, and ``mixed_widths`` names it.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.by_source: dict[str, dict[str, FeatureStats]] = {}
 
     def add_table(self, table: pa.Table, source: str = "") -> None:
+        """Add an episode table's numeric columns (``numeric_matrix``) under ``source``."""
         features = self.by_source.setdefault(source, {})
         for name in table.column_names:
             if name in SKIP_COLUMNS:
@@ -108,6 +122,7 @@ class DatasetStats:
 
     @property
     def mixed_widths(self) -> list[str]:
+        """Features whose width differs between sources (sorted)."""
         widths: dict[str, set[int]] = {}
         for features in self.by_source.values():
             for name, acc in features.items():
@@ -125,4 +140,5 @@ class DatasetStats:
         return {name: acc.result() for name, acc in sorted(merged.items())}
 
     def result_by_source(self) -> dict:
+        """Source -> feature -> statistics (``FeatureStats.result``)."""
         return {source: {name: acc.result() for name, acc in sorted(f.items())} for source, f in self.by_source.items()}

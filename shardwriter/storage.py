@@ -42,8 +42,9 @@ READ_TIMEOUT_S = 30.0  # default seconds a request may wait for the next bytes o
 
 
 def with_timeouts(url: str, storage_options: dict, connect_s: float, read_s: float, attempts: int) -> dict:
-    """Fsspec options for ``url`` with connect and read timeouts (seconds) for S3 (botocore's
-    ``config_kwargs``) and HTTP(S) (an aiohttp ``ClientTimeout`` in ``client_kwargs``, no total
+    """Fsspec options for ``url`` with connect and read timeouts (seconds).
+
+    For S3 (botocore's ``config_kwargs``) and HTTP(S) (an aiohttp ``ClientTimeout`` in ``client_kwargs``, no total
     limit, so large reads still finish); what the options already set is kept.
 
     ``attempts``: tries per S3 request, botocore's standard retry mode (backoff with jitter).
@@ -100,8 +101,10 @@ def make_filesystem(
     connect_s: float = CONNECT_TIMEOUT_S,
     read_s: float = READ_TIMEOUT_S,
 ):
-    """(fsspec filesystem, root path) for ``url`` with timeouts: the ``connect_timeout``/``read_timeout``
-    storage options (epishard's own, in seconds) when given, else ``connect_s``/``read_s``.
+    """(fsspec filesystem, root path) for ``url`` with timeouts.
+
+    The ``connect_timeout``/``read_timeout`` storage options (epishard's own, in seconds) when
+    given, else ``connect_s``/``read_s``.
 
     ``attempts``: tries per S3 request (botocore); s3fs's own retry loops are turned off because
     they nest (5 x 5 x botocore's 5 tries by default: one stuck endpoint became minutes of silence).
@@ -119,7 +122,8 @@ def make_filesystem(
 
 
 class FileSystemHandle:
-    """This process's fsspec filesystem for ``url``, made on first use and again after a fork:
+    """This process's fsspec filesystem for ``url``, made on first use and again after a fork.
+
     s3fs/aiohttp sessions do not survive a fork, so a handle pickles (to DataLoader workers, to
     writer processes) without its filesystem, and a forked child makes its own.
 
@@ -188,8 +192,10 @@ _BUCKET_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs")
 
 
 class Storage:
-    """A dataset folder. ``url``: local path or fsspec URL; ``storage_options``: passed to fsspec, except
-    epishard's ``connect_timeout`` and ``read_timeout`` (seconds; see ``make_filesystem``).
+    """A dataset folder.
+
+    ``url``: local path or fsspec URL; ``storage_options``: passed to fsspec, except epishard's
+    ``connect_timeout`` and ``read_timeout`` (seconds; see ``make_filesystem``).
     """
 
     def __init__(self, url: str, storage_options: dict | None = None):
@@ -209,6 +215,7 @@ class Storage:
         return self._handle.get()
 
     def path(self, name: str) -> str:
+        """Path of ``name`` in the folder, as the filesystem (``fs``, or ``os`` when local) takes it."""
         return f"{self._root}/{name}"
 
     def is_file(self) -> bool:
@@ -226,25 +233,34 @@ class Storage:
             raise PermissionError(errno.EACCES, f"access denied ({exc})", self.url) from exc
 
     def makedirs(self) -> None:
+        """Create the local folder (object stores have no folders to create)."""
         if self.local:
             os.makedirs(self._root, exist_ok=True)
 
     def exists(self, name: str) -> bool:
+        """Whether ``name`` exists in the folder."""
         if self.local:
             return os.path.exists(self.path(name))
         with self._named_denial():
             return self.fs.exists(self.path(name))
 
     def size(self, name: str) -> int:
+        """Size of ``name`` in bytes."""
         return os.path.getsize(self.path(name)) if self.local else int(self.fs.size(self.path(name)))
 
     def remove(self, name: str) -> None:
-        if self.exists(name):
-            self.fs.rm(self.path(name)) if not self.local else os.remove(self.path(name))
+        """Delete ``name`` if it exists."""
+        if not self.exists(name):
+            return
+        if self.local:
+            os.remove(self.path(name))
+        else:
+            self.fs.rm(self.path(name))
 
     def names(self) -> list[str]:
-        """File names directly in the folder (fresh: an object store's listing cache is dropped); [] if
-        the folder does not exist.
+        """File names directly in the folder; [] if the folder does not exist.
+
+        Fresh: an object store's listing cache is dropped.
 
         Raises:
             FileNotFoundError: the object store's bucket does not exist (``filename``: the URL).
@@ -279,13 +295,14 @@ class Storage:
 
     @contextlib.contextmanager
     def writer(self, name: str):
-        """A binary file to write ``name`` through; it appears under its name only if the block exits
-        without an exception.
+        """A binary file to write ``name`` through.
+
+        It appears under its name only if the block exits without an exception.
         """
         if self.local:
             final = self.path(name)
             tmp = fmt.temp_path(final)
-            f = open(tmp, "wb")
+            f = open(tmp, "wb")  # noqa: SIM115 - closed below, errors suppressed: a full disk fails the flush again
             try:
                 yield f
                 f.flush()

@@ -67,11 +67,12 @@ class TarShardWriter:
 
     def __init__(self, fileobj):
         self._hash = _HashingFile(fileobj)
-        self._tar = tarfile.open(fileobj=self._hash, mode="w", format=tarfile.USTAR_FORMAT)
+        self._tar = tarfile.open(fileobj=self._hash, mode="w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115 - closed by close()
         self.sha256 = ""
         self.size = 0
 
     def add(self, name: str, data: bytes) -> tuple[int, int, str]:
+        """Append member ``name`` holding ``data``; returns ``(offset, size, sha256)`` (see the class)."""
         check_member_name(name)
         info = _member_info(name, len(data))
         offset = self._tar.offset + len(info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape"))

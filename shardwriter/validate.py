@@ -66,8 +66,9 @@ MAX_DIMENSION = 1 << 16  # widest frame any codec the reader decodes can hold (A
 
 
 def plain_name(name, where: str) -> str:
-    """``name`` if it is a plain file name (no ``/`` or ``\\``, no NUL, not empty, ``.`` or ``..``),
-    else ``FormatError`` naming ``where``.
+    r"""``name`` if it is a plain file name, else ``FormatError`` naming ``where``.
+
+    Plain: no ``/`` or ``\\``, no NUL, not empty, ``.`` or ``..``.
     """
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0") or len(name) > 255:
         raise FormatError(f"{where}: {name!r} is not a plain file name (no path separators, not '.' or '..')")
@@ -140,8 +141,9 @@ def check_manifest(manifest, where: str) -> None:
 
 
 def check_index_table(table: pa.Table, where: str, shard_column: bool) -> None:
-    """Check that an index table has the format's columns and types (plus an int32 ``shard`` column
-    for ``index.arrow``) and no nulls at any depth.
+    """Check that an index table has the format's columns and types and no nulls at any depth.
+
+    ``index.arrow`` has an int32 ``shard`` column besides.
 
     Raises:
         FormatError: names the first missing or mistyped column, or the column holding a null.
@@ -232,9 +234,10 @@ def _not_ascending(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 def check_index(index, shards: Sequence[fmt.ShardEntry], camera_episodes: Mapping[str, int | None], where: str) -> None:
-    """Bounds-check every value of a ``WindowIndex`` before use, against a checked manifest's
-    ``shards`` (sizes, episodes per shard) and cameras (``camera_episodes``: name -> episodes that
-    have it, or None where that is not checked).
+    """Bounds-check every value of a ``WindowIndex`` before use.
+
+    Against a checked manifest's ``shards`` (sizes, episodes per shard) and cameras
+    (``camera_episodes``: name -> episodes that have it, or None where that is not checked).
 
     Raises:
         FormatError: the first value out of range, naming ``where``, the row, episode and camera.
@@ -382,8 +385,9 @@ def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) 
 
 
 def check_index_version(schema: pa.Schema, manifest_version: int | None, where: str) -> None:
-    """Check the format version an index file's schema metadata states (``format.VERSION_KEY``)
-    against this reader and the manifest's (None: not compared). Indexes written before
+    """Check the format version an index file's schema metadata states (``format.VERSION_KEY``).
+
+    Against this reader and the manifest's (None: not compared). Indexes written before
     ``index.arrow`` kept it have none (the manifest's version applies).
 
     Raises:
@@ -401,7 +405,8 @@ def check_index_version(schema: pa.Schema, manifest_version: int | None, where: 
     fmt.check_version(fmt.FORMAT_NAME, version, where)
     if manifest_version is not None and version != manifest_version:
         raise FormatError(
-            f"{where}: format_version {version} in its schema metadata, the manifest's format_version is {manifest_version}"
+            f"{where}: format_version {version} in its schema metadata, "
+            f"the manifest's format_version is {manifest_version}"
         )
 
 
@@ -415,9 +420,10 @@ def check_digest(data, expected: str, where: str, field: str) -> None:
 
 
 def load_dataset_index(data, manifest: fmt.Manifest, where: str):
-    """The ``WindowIndex`` in ``data`` (``index.arrow``'s bytes or buffer: an Arrow IPC file) of a
-    checked manifest, after its sha256 (the manifest's ``index.sha256``), format version, schema and
-    values are checked.
+    """The ``WindowIndex`` in ``data``, after its sha256, version, schema and values are checked.
+
+    ``data``: ``index.arrow``'s bytes or buffer (an Arrow IPC file) of a checked manifest; the
+    sha256 is the manifest's ``index.sha256``.
 
     Raises:
         FormatError: names ``where`` (the file) and the field.
@@ -431,8 +437,9 @@ def load_dataset_index(data, manifest: fmt.Manifest, where: str):
 
 
 def load_shard_indexes(manifest: fmt.Manifest, read: Callable[[str], bytes], url: str):
-    """The ``WindowIndex`` of every per-shard index a checked manifest lists, each checked against
-    its ``index_sha256``, the schema and the value bounds. ``read(name)`` returns a file's bytes.
+    """The ``WindowIndex`` of every per-shard index a checked manifest lists, each checked.
+
+    Against its ``index_sha256``, the schema and the value bounds. ``read(name)`` returns a file's bytes.
 
     Raises:
         FormatError: names the file and field.

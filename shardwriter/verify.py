@@ -110,7 +110,8 @@ def _check_episode(
             problems.append(
                 _problem(
                     shard,
-                    f"member {name} at ({info.offset_data}, {info.size}) in the tar, index says ({start}, {stop - start})",
+                    f"member {name} at ({info.offset_data}, {info.size}) in the tar, "
+                    f"index says ({start}, {stop - start})",
                     episode=key,
                 )
             )

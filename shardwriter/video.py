@@ -1,5 +1,7 @@
-"""Video work done at write time: frame tables, the check that a decoder agrees with them, segment
-cuts by stream copy, optional re-encode.
+"""Video work done at write time.
+
+Frame tables, the check that a decoder agrees with them, segment cuts by stream copy, optional
+re-encode.
 
 Frame tables describe the frames a decoder **displays**: they are built from a full decode with
 PyAV (FFmpeg), so edit lists, discard flags, B-frame reordering, negative start pts, header frame
@@ -61,6 +63,7 @@ class VideoProbe:
 
     @property
     def num_frames(self) -> int:
+        """Frames the decoder displays (rows of the frame table)."""
         return int(self.pts.shape[0])
 
     def seconds(self, frames: np.ndarray) -> np.ndarray:
@@ -94,9 +97,11 @@ def _open(source: VideoSource):
 
 
 def frame_stream(container, stream_index: int | None = None) -> av.video.stream.VideoStream:
-    """The video stream that holds the frames: stream ``stream_index`` when given (an index records
-    it; None or -1: not recorded); else, attached pictures (cover art) skipped, FFmpeg's best video
-    stream (``av_find_best_stream``), else the first.
+    """The video stream that holds the frames.
+
+    Stream ``stream_index`` when given (an index records it; None or -1: not recorded); else,
+    attached pictures (cover art) skipped, FFmpeg's best video stream (``av_find_best_stream``),
+    else the first.
 
     Raises:
         ConversionError(kind="unreadable_video"): no video stream other than attached pictures.
@@ -113,7 +118,9 @@ def frame_stream(container, stream_index: int | None = None) -> av.video.stream.
 
 def _decode_all(stream, container) -> tuple[list, list, int]:
     """(packet rows (pts, key, duration) in decode order, frame rows (pts, duration), rotation)."""
-    packets, frames, rotation = [], [], 0
+    packets: list[tuple[int, bool, int]] = []
+    frames: list[tuple[int, int]] = []
+    rotation = 0
     for packet in container.demux(stream):
         if packet.size:
             pts = packet.pts if packet.pts is not None else packet.dts
@@ -124,7 +131,7 @@ def _decode_all(stream, container) -> tuple[list, list, int]:
             if pts is None:
                 raise ConversionError(f"decoded frame {len(frames)} has neither pts nor dts", kind="unreadable_video")
             if not frames:
-                rotation = int(round(frame.rotation or 0))
+                rotation = round(frame.rotation or 0)
             frames.append((pts, frame.duration or 0))
     return packets, frames, rotation
 
@@ -145,6 +152,8 @@ def probe(source: VideoSource) -> VideoProbe:
             stream.thread_type = "AUTO"  # frame threads: same frames, sooner
             ctx = stream.codec_context
             packets, frames, rotation = _decode_all(stream, container)
+            if stream.time_base is None:  # FFmpeg gives every stream one; PyAV types it optional
+                raise ConversionError("the frame stream has no time base", kind="unreadable_video")
             info = (
                 ctx.codec.canonical_name,
                 ctx.width,
@@ -405,9 +414,11 @@ def cut(source: VideoSource, info: VideoProbe, first: int, stop: int) -> tuple[b
 
 @dataclass(frozen=True)
 class ReencodeSpec:
-    """Re-encode settings: ``codec`` (an FFmpeg encoder name, e.g. ``libx264``, ``libsvtav1``,
-    ``mpeg4``), ``gop`` (keyframe interval in frames), ``size`` (``(height, width)`` or None to keep),
-    ``crf`` (quality for x264/SVT-AV1; None for the encoder's default).
+    """Re-encode settings.
+
+    ``codec`` (an FFmpeg encoder name, e.g. ``libx264``, ``libsvtav1``, ``mpeg4``), ``gop``
+    (keyframe interval in frames), ``size`` (``(height, width)`` or None to keep), ``crf`` (quality
+    for x264/SVT-AV1; None for the encoder's default).
     """
 
     codec: str = "libx264"
@@ -420,6 +431,7 @@ class ReencodeSpec:
             raise ValueError(f"re-encode gop must be at least 1 frame, not {self.gop}")
 
     def describe(self) -> str:
+        """The settings as one stable string (part of the conversion's plan digest)."""
         return "reencode:" + json.dumps(
             {"codec": self.codec, "gop": self.gop, "size": self.size, "crf": self.crf}, sort_keys=True
         )
@@ -552,6 +564,8 @@ def _encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
     try:
         with av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
             stream = dst.add_stream(spec.codec, rate=rate, options=options)
+            if not isinstance(stream, av.VideoStream):
+                raise ValueError(f"{spec.codec} is not a video encoder")
             stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
             stream.codec_context.thread_count = 1
             for image in images:

@@ -1,5 +1,6 @@
-"""An optional local disk cache of fetched shard byte ranges, bounded in bytes, least recently used
-out first.
+"""An optional local disk cache of fetched shard byte ranges, bounded in bytes.
+
+The least recently used ranges go out first.
 
 Entries are keyed by the shard's sha256 from the manifest plus the byte range, so a shard that
 changed (re-converted, hence a new manifest) is never served from an old entry; member checksums
@@ -9,6 +10,7 @@ go through a temporary file and a rename, and eviction tolerates files that vani
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -58,8 +60,6 @@ class RangeCache:
         for _, size, name in sorted(entries):
             if total <= self.max_bytes:
                 break
-            try:
+            with contextlib.suppress(FileNotFoundError):  # another worker evicted it first
                 os.remove(os.path.join(self.folder, name))
-            except FileNotFoundError:
-                pass
             total -= size

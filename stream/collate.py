@@ -1,5 +1,7 @@
-"""Batching: ``default_collate``, except that frames kept as uint8 by the reader become float32 in
-[0, 1] while they are copied into the batch (``PostProcess(dtype=torch.float32)`` deferred).
+"""Batching: ``default_collate``, with deferred float conversion of frames.
+
+Frames kept as uint8 by the reader become float32 in [0, 1] while they are copied into the batch
+(``PostProcess(dtype=torch.float32)`` deferred).
 
 Converting up front would write every decoded frame as float32 (4x the bytes) and copy it again per
 window; converting here writes float32 memory once, the batch itself (in shared memory inside a
@@ -24,6 +26,7 @@ class FloatCollate:
         self.keys, self.dtype, self.scale = list(keys), dtype, scale
 
     def __call__(self, samples: list[dict]) -> dict:
+        """``default_collate`` of ``samples``, the ``keys`` frames converted while copied in."""
         batch = default_collate([{k: v for k, v in s.items() if k not in self.keys} for s in samples])
         for key in self.keys:
             shape = (len(samples), *samples[0][key].shape)

@@ -26,7 +26,9 @@ class DecodeError(RuntimeError):
 
 @dataclass(frozen=True)
 class Decoded:
-    """What ``decode``/``decode_depth`` return: ``frames`` (``[N, C, h, w]`` after post-processing:
+    """What ``decode``/``decode_depth`` return.
+
+    ``frames`` (``[N, C, h, w]`` after post-processing:
     uint8 RGB, or uint16 ``C == 1`` depth), ``calls`` (decoder calls made: ``get_frames_at`` calls,
     or seeks for depth) and ``post_s`` (seconds spent in post-processing).
     """

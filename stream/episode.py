@@ -1,11 +1,15 @@
-"""One episode loaded for a consumer: its table columns, and every frame its windows need, decoded
-once per camera (merged decoding) and post-processed once; windows are then cut out of it.
+"""One episode loaded for a consumer; windows are cut out of it.
+
+It holds its table columns, and every frame its windows need, decoded once per camera (merged
+decoding) and post-processed once.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +35,8 @@ class Normalizer:
     scale: np.ndarray
 
     @classmethod
-    def from_stats(cls, stats: dict, mode: str, eps: float = 1e-8) -> Normalizer:
+    def from_stats(cls, stats: Mapping[str, Any], mode: str, eps: float = 1e-8) -> Normalizer:
+        """From a feature's manifest statistics: ``mode`` ``"mean_std"`` or ``"min_max"`` (to [-1, 1])."""
         if mode == "mean_std":
             return cls(np.asarray(stats["mean"], np.float32), np.maximum(np.asarray(stats["std"], np.float32), eps))
         if mode == "min_max":
@@ -40,12 +45,15 @@ class Normalizer:
         raise ValueError(f"normalisation mode must be 'mean_std' or 'min_max', not {mode!r}")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        """``x`` (float32 ``[..., D]``) normalised: ``(x - shift) / scale``."""
         return (x - self.shift) / self.scale
 
 
 def _clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:
-    """Rows clamped into the anchor's recording segment ``[lo, hi)`` (the episode unless its
-    timestamps reset or jump), and the pad flags of the rows that fell outside it.
+    """Rows clamped into the anchor's recording segment ``[lo, hi)``, and pad flags.
+
+    The segment is the episode unless its timestamps reset or jump; the pad flags mark the rows that
+    fell outside it.
     """
     pad = (rows < lo) | (rows >= hi)
     return np.clip(rows, lo, hi - 1), pad
@@ -75,7 +83,9 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
 
 @dataclass(frozen=True)
 class EpisodeInfo:
-    """What every window of a loaded episode shares: its ``task`` text, source ``episode_index``,
+    """What every window of a loaded episode shares.
+
+    Its ``task`` text, source ``episode_index``,
     ``key``, ``fps``, the index stream of each window camera (``streams``: camera -> stream number)
     and its recording-segment edges (``segments``: int64 ``[S + 1]`` rows, ``WindowIndex.segment_edges``).
     """

@@ -109,9 +109,11 @@ def retryable(exc: BaseException) -> bool:
 
 
 def wait_or_raise(policy: FetchPolicy, exc: Exception, attempt: int, where: str, shard: int) -> None:
-    """After a failed request (try ``attempt``, from 0): sleep ``backoff_s * 2**attempt`` seconds (at
-    most ``backoff_max_s``) before asking again, or raise ``FetchError`` naming ``where`` and the cause
-    when ``exc`` is not ``retryable`` or the policy's retries are used up.
+    """After a failed request (try ``attempt``, from 0): wait before asking again, or raise.
+
+    Sleeps ``backoff_s * 2**attempt`` seconds (at most ``backoff_max_s``), or raises ``FetchError``
+    naming ``where`` and the cause when ``exc`` is not ``retryable`` or the policy's retries are
+    used up.
     """
     if not retryable(exc) or attempt >= policy.retries:
         raise FetchError(f"{where}: {type(exc).__name__}: {exc} (after {attempt} retries)", shard) from exc
@@ -169,8 +171,9 @@ class Fetcher:
     # --- background fetching ----------------------------------------------------------------------
 
     def _fill(self) -> None:
-        """Submit requests ahead, up to ``prefetch_bytes`` in flight or unconsumed; never those of a
-        failed shard.
+        """Submit requests ahead, up to ``prefetch_bytes`` in flight or unconsumed.
+
+        Never those of a failed shard.
         """
         if self.policy.prefetch_bytes <= 0:
             return  # no prefetch: each range is requested when the worker asks for it
@@ -280,8 +283,9 @@ class Fetcher:
                 self._drop(i)
 
     def _release(self, k: int) -> None:
-        """Drop the requests episode ``k`` used, and every earlier one (skipped episodes), except a
-        last request the next episode shares; then fetch ahead again.
+        """Drop the requests episode ``k`` used, and every earlier one; then fetch ahead again.
+
+        Earlier ones belong to skipped episodes; a last request the next episode shares is kept.
         """
         first, stop = self._spans[k]
         hi = max(b for _, b in self.episodes[k][1])
@@ -298,17 +302,23 @@ class Fetcher:
         self._buffered -= b - a
 
     def close(self) -> None:
+        """Stop: queued requests are cancelled, those in flight finish and are discarded."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _spans(requests: list[tuple[int, int, int]], episodes) -> list[tuple[int, int]]:
-    """``[first, stop)`` request numbers holding each episode's bytes (requests and episodes are both
-    in read order; consecutive episodes may share one request).
+    """``[first, stop)`` request numbers holding each episode's bytes.
+
+    Requests and episodes are both in read order; consecutive episodes may share one request.
     """
     out, i = [], 0
     for shard, ranges in episodes:
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
-        inside = lambda j: requests[j][0] == shard and requests[j][1] < hi and requests[j][2] > lo
+
+        def inside(j: int, shard: int = shard, lo: int = lo, hi: int = hi) -> bool:
+            """Request ``j`` holds bytes of ``[lo, hi)`` in ``shard``."""
+            return requests[j][0] == shard and requests[j][1] < hi and requests[j][2] > lo
+
         first = next((j for j in range(i, len(requests)) if inside(j)), None)
         if first is None:  # not after the previous episode: search from the start
             first = next(j for j in range(len(requests)) if inside(j))
@@ -344,7 +354,9 @@ def _slice(pieces: dict[tuple[int, int], bytes], start: int, stop: int, path: st
 
 @dataclass(frozen=True)
 class EpisodeRanges:
-    """Where an episode's members lie: its ``shard``, the byte ``ranges`` ``[(start, stop)]`` of the
+    """Where an episode's members lie.
+
+    Its ``shard``, the byte ``ranges`` ``[(start, stop)]`` of the
     members it needs in tar order, their hex ``sha256`` and their global member numbers (``members``).
     """
 
@@ -355,7 +367,9 @@ class EpisodeRanges:
 
 
 def episode_ranges(index, episode: int, cameras: list[int]) -> EpisodeRanges:
-    """The data member and the given camera streams of ``episode``: their shard, byte ranges, sha256s
+    """Where the data member and the given camera streams of ``episode`` lie.
+
+    Their shard, byte ranges, sha256s
     and member numbers (in tar order).
     """
     members = np.unique(np.append(index.stream_member[cameras], index.data_member(episode)))

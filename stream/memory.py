@@ -12,22 +12,24 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from typing import Literal
 
 M_ARENA_MAX = -8  # <malloc.h>
-_libc = None
+_libc: ctypes.CDLL | Literal[False] | None = None  # None: not looked up yet; False: not glibc
 
 
-def _glibc():
+def _glibc() -> ctypes.CDLL | Literal[False]:
     global _libc
     if _libc is None:
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            libc.mallopt, libc.malloc_trim
+            for name in ("mallopt", "malloc_trim"):
+                getattr(libc, name)  # AttributeError when this C library lacks it
         except (OSError, AttributeError):
-            libc = False
+            _libc = False
         else:
             libc.mallopt(M_ARENA_MAX, 1)  # before this process starts its own threads: one arena
-        _libc = libc
+            _libc = libc
     return _libc
 
 

@@ -172,6 +172,7 @@ class EpisodeTable:
 
     @property
     def num_episodes(self) -> int:
+        """Episodes in the table (all datasets of a mix)."""
         return int(self.shard.shape[0])
 
     @classmethod
@@ -288,7 +289,7 @@ def _in_ranges(lo: np.ndarray, hi: np.ndarray, x: np.ndarray) -> np.ndarray:
     return (pos >= 0) & (x < hi[np.maximum(pos, 0)])
 
 
-def _in_gaps(gaps: np.ndarray, episode: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+def _in_gaps(gaps: np.ndarray | None, episode: np.ndarray, anchor: np.ndarray) -> np.ndarray:
     """Bool ``[n]``: anchor ``i`` of episode ``i`` lies in one of ``gaps`` (sorted, disjoint)."""
     if gaps is None or gaps.shape[0] == 0 or anchor.size == 0:
         return np.zeros(anchor.shape, dtype=bool)
@@ -297,8 +298,9 @@ def _in_gaps(gaps: np.ndarray, episode: np.ndarray, anchor: np.ndarray) -> np.nd
 
 
 def anchor_counts(lo: np.ndarray, hi: np.ndarray, stride: int, gaps: np.ndarray | None = None) -> np.ndarray:
-    """Anchors per episode (int64 ``[E]``): rows ``lo, lo + stride, ... < hi`` outside ``gaps``,
-    counted without listing them.
+    """Anchors per episode (int64 ``[E]``): rows ``lo, lo + stride, ... < hi`` outside ``gaps``.
+
+    Counted without listing them.
     """
     counts = np.maximum(-((lo - hi) // stride), 0).astype(np.int64)  # ceil((hi - lo) / stride)
     if gaps is not None and gaps.shape[0]:
@@ -372,6 +374,7 @@ class GlobalPlan:
     dropped: int
 
     def consumer_slice(self, consumer: int) -> slice:
+        """The windows of ``consumer`` (``rank * workers + worker``) in the plan's arrays."""
         return slice(consumer * self.per_consumer, (consumer + 1) * self.per_consumer)
 
 
@@ -464,8 +467,10 @@ def _anchors(table: EpisodeTable, order: np.ndarray, stride: int, per_episode: P
 
 
 def _interleave(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Merge per-stratum window runs, keeping each episode's windows together, ordered by how far
-    through its stratum's part the episode's middle window lies (a proportional interleave).
+    """Merge per-stratum window runs, keeping each episode's windows together.
+
+    Ordered by how far through its stratum's part the episode's middle window lies (a proportional
+    interleave).
     """
     runs = []  # (key, stratum, episode windows)
     for k, (e, a) in enumerate(pieces):

@@ -1,6 +1,7 @@
-"""``RayWindowLoader``: a rank's consumers run as Ray actors (on any node, CPU-only ones too) that
-decode, post-process and batch windows, and send uint8 batches to the trainer through Ray's object
-store.
+"""``RayWindowLoader``: a rank's DataLoader workers as Ray actors, batches through Ray's object store.
+
+The actors run on any node (CPU-only ones too); they decode, post-process and batch windows, and
+send uint8 batches to the trainer.
 
 The plan is ``WindowLoader``'s: a consumer is (rank, worker), with ``num_workers`` consumers per rank,
 and actor ``w`` is exactly the DataLoader worker ``w`` of consumer ``(rank, w)``: it iterates a copy
@@ -28,7 +29,6 @@ Take ``num_workers >= ceil(step_rate x batch_size / r)`` (plus one to absorb var
 
 from __future__ import annotations
 
-import copy
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -38,7 +38,8 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from .dataset import WindowDataset, _distributed
+from .dataset import Resume, WindowDataset, _distributed
+from .plan import World
 
 _ACTOR_ERRORS: tuple = ()  # ray.exceptions.RayActorError and friends, set on first use
 
@@ -90,6 +91,7 @@ class ConsumerActor:
         self.first = True
 
     def start(self, dataset: WindowDataset) -> int:
+        """Iterate ``dataset`` (positioned for this consumer) as DataLoader worker ``worker``; returns ``worker``."""
         from torch.utils.data._utils import worker as torch_worker
 
         # The dataset reads its (worker, num_workers) from torch's worker info, as in a DataLoader.
@@ -101,6 +103,7 @@ class ConsumerActor:
         return self.worker
 
     def next_batch(self):
+        """``(batch, info)`` of the next ``batch_size`` samples, or ``None`` when none are left."""
         t = time.perf_counter()
         samples = list(itertools.islice(self.samples, self.batch_size))
         if not samples:
@@ -110,6 +113,7 @@ class ConsumerActor:
         return batch, {"busy_s": time.perf_counter() - t, "samples": len(samples), "first": first}
 
     def pid(self) -> int:
+        """This actor's process id."""
         import os
 
         return os.getpid()
@@ -128,12 +132,13 @@ class _Consumer:
 
 
 class RayWindowLoader:
-    """``WindowLoader``'s batches, made by Ray actors (possibly on other nodes) and sent through
-    Ray's object store.
+    """``WindowLoader``'s batches, made by Ray actors (possibly on other nodes), sent through Ray's object store.
 
     Args:
         dataset: the rank's ``WindowDataset`` (its rank and world size as in ``WindowLoader``:
-            arguments, or ``torch.distributed`` in the trainer process).
+            arguments, or ``torch.distributed`` in the trainer process). The loader iterates its own
+            shallow copy (``loader.dataset``; the argument is not changed), positioned where the
+            dataset is (its epoch, and a state loaded into it).
         batch_size: samples per batch (the last batch of a consumer may be smaller, as in a DataLoader).
         num_workers: consumers (actors) of this rank, >= 1; the plan is ``WindowLoader``'s with this
             many workers.
@@ -147,7 +152,9 @@ class RayWindowLoader:
     Batches: ``default_collate`` of the samples (cameras uint8 ``[B, T, C, H, W]``, ...); with a
     float ``PostProcess`` frames travel as uint8 and become float32 in the trainer (as
     ``WindowLoader``'s collate does). ``state_dict()`` / ``load_state_dict()``: ``WindowLoader``'s
-    states, loadable by either. Raises ``ImportError`` without Ray.
+    states (``history`` included), loadable by either; ``load_state_dict`` also takes the list of
+    every rank's states of a run under another world size or worker count (elastic resume, as
+    ``WindowLoader``). Raises ``ImportError`` without Ray.
     """
 
     def __init__(
@@ -170,55 +177,60 @@ class RayWindowLoader:
             import logging
 
             ray.init(address=address, logging_level=logging.WARNING, configure_logging=False)
-        self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
+        floating = dataset.post.dtype.is_floating_point  # uint8 over the wire; converted here (FloatCollate's values)
+        self.dataset = dataset.with_options(defer_float=floating, num_workers=num_workers)
+        self.batch_size, self.num_workers = batch_size, num_workers
         self.prefetch, self.max_restarts = prefetch, max_restarts
         self.float_keys: list[str] = []
-        if dataset.post.dtype.is_floating_point:
-            dataset.defer_float = True  # uint8 over the wire; converted here (FloatCollate's values)
+        if floating:
             self.float_keys = sorted(
                 c
                 for src, offsets in zip(dataset.sources, dataset.cam_offsets, strict=False)
                 for c in offsets
                 if not src.index.is_depth(c)
             )
-        dataset.num_workers = num_workers
         options = {"num_cpus": 1, **(actor_options or {}), "max_restarts": max_restarts, "max_task_retries": 0}
         cls = ray.remote(ConsumerActor).options(**options)
         self._actors = [cls.remote(w, num_workers, batch_size) for w in range(num_workers)]
         self._restarts = [0] * num_workers  # per actor, over the loader's life (Ray's max_restarts counts so)
-        self._epoch = dataset.epoch
-        self._skip = [0] * num_workers  # per consumer, samples of self._epoch yielded before this iteration
-        self._rotation = 0  # the consumer whose batch comes first
+        self._epoch = self.dataset.epoch
+        # Where the next iteration begins (a loaded state; taken by it): skip per consumer, the
+        # consumer whose batch comes first (rotation), earlier layouts' progress (history).
+        self._next_start = self.dataset._resume
+        self.dataset._resume = None  # the actors' copies get the position explicitly
+        self._began = Resume(self._epoch)  # where the running (or last) iteration began
         self._consumers: list[_Consumer] = []
         self._batches = 0
         self._running: object | None = None
         self._stats: dict = {}
         self._t_start: float | None = None
         self.reset_telemetry()
-        self._origin: tuple[list[int], int] = ([0] * num_workers, 0)  # (skip, rotation) this iteration began at
 
     def __len__(self) -> int:
-        per = self.dataset.windows_per_consumer(self._epoch, self._world()[1], self.num_workers)
-        return -(-per // self.batch_size) * self.num_workers
+        """Batches of the next iteration's epoch under this layout (from its start)."""
+        return -(-self._per_consumer(Resume(self._epoch)) // self.batch_size) * self.num_workers
 
     # --- iteration -------------------------------------------------------------------------------
 
-    def _world(self) -> tuple[int, int]:
+    def _world(self) -> World:
         return _distributed(self.dataset._rank, self.dataset._world_size)
 
-    def _actor_dataset(self, consumed: list[int]) -> WindowDataset:
-        """A copy of the dataset, for actors: rank and world pinned (an actor has no process group),
-        positioned so that consumer ``w`` continues after ``consumed[w]`` samples of this epoch.
-        """
-        rank, world = self._world()
-        ds = copy.copy(self.dataset)
-        ds._rank, ds._world_size = rank, world
-        ds.load_state_dict({**self._state(consumed, rotation=0), "fresh": False}, self.num_workers)
-        return ds
+    def _per_consumer(self, start: Resume) -> int:
+        """Windows each consumer of this layout yields in ``start``'s epoch (after its history)."""
+        return self.dataset.windows_per_consumer(start.epoch, self._world().world_size, self.num_workers, start.history)
 
-    def _state(self, consumed: list[int], rotation: int) -> dict:
-        state = self.dataset.state_dict(0, self.batch_size, self.num_workers, epoch=self._epoch)
-        return {**state, "consumed": list(consumed), "rotation": rotation}
+    def _actor_dataset(self, consumed: list[int]) -> WindowDataset:
+        """A copy of the dataset, for actors: rank and world pinned (an actor has no process group).
+
+        Positioned so that actor (worker) ``w`` continues consumer ``w`` after ``consumed[w]``
+        samples of this iteration's epoch, after the earlier layouts' progress (``history``).
+        """
+        here = self._world()
+        ds = self.dataset.with_options()
+        ds._rank, ds._world_size = here.rank, here.world_size
+        ds.set_epoch(self._began.epoch)
+        ds._resume = Resume(self._began.epoch, self._began.history, tuple(consumed), 0)
+        return ds
 
     def _start(self, consumer: _Consumer, ds_ref) -> None:
         ray = _import_ray()
@@ -231,8 +243,8 @@ class RayWindowLoader:
         self._restarts[consumer.index] += 1
         self._stats["restarts"][consumer.index] += 1
         position = consumer.skip + consumer.received
-        rank, world = self._world()
-        if position >= self.dataset.windows_per_consumer(self._epoch, world, self.num_workers):
+        rank = self._world().rank
+        if position >= self._per_consumer(self._began):
             consumer.done, consumer.outstanding = True, []  # it died after its last batch: nothing is lost
             return
         if self._restarts[consumer.index] > self.max_restarts:
@@ -286,9 +298,8 @@ class RayWindowLoader:
         self._running = token = object()
         # A loaded position is used by this iteration only: a later one (after a break) runs the epoch
         # from its start, as WindowLoader does.
-        self._origin = (list(self._skip), self._rotation)
-        self._skip, self._rotation = [0] * self.num_workers, 0
-        skip, rotation = self._origin
+        self._began, self._next_start = self._loaded(), None
+        skip, rotation = list(self._began.skip) or [0] * self.num_workers, self._began.rotation
         consumers = [_Consumer(w, a, skip[w]) for w, a in enumerate(self._actors)]
         self._consumers = consumers
         try:
@@ -317,6 +328,7 @@ class RayWindowLoader:
                     yield batch
             self._epoch += 1
             self._batches, self._consumers = 0, []
+            self._began = Resume(self._epoch)
         finally:
             if self._running is token:
                 self._running = None
@@ -332,26 +344,42 @@ class RayWindowLoader:
 
     # --- resume ----------------------------------------------------------------------------------
 
-    def _consumed(self) -> tuple[list[int], int]:
-        """Samples of this epoch each consumer has yielded, and the consumer whose batch is next."""
+    def _loaded(self) -> Resume:
+        """Where the next iteration begins: a loaded state of its epoch, else the epoch's start."""
+        loaded = self._next_start
+        return loaded if loaded is not None and loaded.epoch == self._epoch else Resume(self._epoch)
+
+    def _position(self) -> Resume:
+        """Where this rank stands: history, samples yielded per consumer, the consumer whose batch is next.
+
+        A loaded state before its iteration; else the running (or last broken) iteration's position.
+        """
         if not self._consumers:
-            return list(self._skip), self._rotation
-        consumed = [c.skip + c.received for c in self._consumers]
-        return consumed, (self._origin[1] + self._batches) % self.num_workers
+            return self._loaded()
+        consumed = tuple(c.skip + c.received for c in self._consumers)
+        rotation = (self._began.rotation + self._batches) % self.num_workers
+        return Resume(self._began.epoch, self._began.history, consumed, rotation)
 
     def state_dict(self) -> dict:
-        """Position of this rank, as ``WindowLoader.state_dict()`` (the same dict, loadable by either)."""
-        consumed, rotation = self._consumed()
-        if self._batches == 0 and not any(consumed):
-            return {**self._state([0] * self.num_workers, 0), "fresh": True}
-        return self._state(consumed, rotation)
+        """Position of this rank, as ``WindowLoader.state_dict()`` (the same dict, loadable by either).
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` on the next iteration (``WindowLoader.load_state_dict`` semantics).
+        To resume under another world size or worker count, save every rank's state and load them
+        all (a list).
+        """
+        position = self._position()
+        state = self.dataset.state_dict(0, self.batch_size, self.num_workers, position.epoch, position)
+        # At an epoch boundary nothing is consumed: such a state loads under any layout (as WindowLoader's).
+        return {**state, "fresh": True} if self._batches == 0 and position.fresh else state
+
+    def load_state_dict(self, state: dict | list[dict]) -> None:
+        """Continue from ``state`` (this rank's, or a list of every rank's) on the next iteration.
+
+        ``WindowLoader.load_state_dict``'s semantics, elastic resume included.
 
         Raises:
             RuntimeError: an iteration over this loader is in progress.
-            ValueError: the state was saved under another world size, worker count or seed.
+            ValueError: see ``WindowDataset.load_state_dict`` (another seed; states that disagree;
+                another layout without every rank's state).
         """
         if self._running is not None:
             raise RuntimeError(
@@ -359,19 +387,20 @@ class RayWindowLoader:
                 "before the for loop (or after it ended, or after deleting its iterator)."
             )
         self._batches, self._consumers = 0, []
-        if state.get("fresh"):
-            self._epoch, self._skip, self._rotation = state["epoch"], [0] * self.num_workers, 0
+        states = state if isinstance(state, (list, tuple)) else [state]
+        if states and all(s.get("fresh") for s in states):
+            self._epoch, self._next_start = states[0]["epoch"], None
             return
-        self.dataset.load_state_dict(state, self.num_workers)  # checks world size, workers, seed
-        self._epoch = self.dataset.epoch
-        finished = self._epoch != state["epoch"]
-        self._skip = [0] * self.num_workers if finished else list(state["consumed"])
-        self._rotation = 0 if finished else state["rotation"]
+        self.dataset.load_state_dict(state, self.num_workers)  # checks seed, layout, ranks
+        self._epoch, self._next_start = self.dataset.epoch, self.dataset._resume
+        self.dataset._resume = None  # the actors' copies get the position explicitly
 
     # --- telemetry and lifetime -------------------------------------------------------------------
 
     def telemetry(self) -> dict:
-        """Per-batch wait in the trainer (seconds a ``next()`` waited for its batch: mean, p95),
+        """Counters of the trainer's waits and the actors' work since the last reset.
+
+        Per-batch wait in the trainer (seconds a ``next()`` waited for its batch: mean, p95),
         batches ready in the object store when a batch was asked for (queue depth: mean), seconds
         per batch to turn it into tensors (transfer), and per actor: seconds of each first batch of an
         iteration (it also plans and opens the first shards), then busy seconds and samples of the

@@ -72,20 +72,25 @@ class DatasetSource:
         self.cameras = sorted(self.manifest.cameras)
 
     def filesystem(self):
-        """This process's fsspec filesystem (``FileSystemHandle``: recreated after a fork), with the
-        policy's timeouts.
+        """This process's fsspec filesystem, with the policy's timeouts.
+
+        A ``FileSystemHandle``: recreated after a fork.
         """
         return self._handle.get()
 
     def path(self, name: str) -> str:
+        """Path of the dataset's file ``name`` in this process's filesystem."""
         return f"{self._root}/{name}"
 
     def shard_path(self, shard: int) -> str:
+        """Path of shard number ``shard`` (in the manifest's order)."""
         return self.path(self.shards[shard])
 
     def read_range(self, shard: int, start: int, stop: int) -> bytes:
-        """Bytes ``[start, stop)`` of a shard, one request (a remote server may answer with more:
-        the caller checks the length). A local shard must be a regular file.
+        """Bytes ``[start, stop)`` of a shard, one request.
+
+        A remote server may answer with more: the caller checks the length. A local shard must be a
+        regular file.
         """
         if self.local:
             with open_regular(self.shard_path(shard)) as f:
@@ -118,8 +123,10 @@ class DatasetSource:
     # --- the index, checked ----------------------------------------------------------------------
 
     def _load_index(self) -> WindowIndex:
-        """``index.arrow`` (memory-mapped when local: its pages are shared by forked workers) after
-        its sha256 and every value are checked; the per-shard indexes when it is absent.
+        """``index.arrow``, after its sha256 and every value are checked.
+
+        Memory-mapped when local (its pages are shared by forked workers); the per-shard indexes
+        when it is absent.
         """
         entry = self.manifest.index
         where = self.index_file = f"{self.url}/{entry.file}"

@@ -111,10 +111,14 @@ class WindowSpec:
 
     @classmethod
     def from_delta_timestamps(cls, delta_timestamps: dict[str, list[float]], fps: float, **kw) -> WindowSpec:
-        """Build a spec from LeRobot ``delta_timestamps`` (keys: camera names, ``observation.state``,
-        ``action``); the action deltas must be 0, 1/fps, 2/fps, ... (an action chunk).
+        """Build a spec from LeRobot ``delta_timestamps``.
+
+        Keys: camera names, ``observation.state``, ``action``; the action deltas must be 0, 1/fps,
+        2/fps, ... (an action chunk).
         """
-        cams, state, horizon = {}, (0,), 0
+        cams: dict[str, tuple[int, ...]] = {}
+        state: tuple[int, ...] = (0,)
+        horizon = 0
         for key, deltas in delta_timestamps.items():
             offsets = offsets_from_seconds(deltas, fps)
             if key == kw.get("action_key", "action"):

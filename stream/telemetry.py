@@ -49,6 +49,7 @@ class Telemetry:
         self._lock = threading.Lock()  # the fetcher's threads count too
 
     def add(self, **kw: float) -> None:
+        """Add to counters by name (``FIELDS``), e.g. ``add(decode_s=0.02, frames_decoded=9)``."""
         with self._lock:
             for name, value in kw.items():
                 self.values[name] += value

@@ -3,6 +3,7 @@ it, and a fault-injecting TCP proxy (cut a response after N bytes, add latency p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -30,7 +31,7 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         size = os.path.getsize(path)
         start = int(match.group(1))
         stop = min(int(match.group(2)) + 1 if match.group(2) else size, size)
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 - the server closes it after sending the range
         f.seek(start)
         self.send_response(206)
         self.send_header("Content-Type", "application/octet-stream")
@@ -175,10 +176,8 @@ def _wait_closed(s: socket.socket):
 
 
 def _close(s: socket.socket):
-    try:
+    with contextlib.suppress(OSError):
         s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
     s.close()
 
 

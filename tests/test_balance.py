@@ -5,6 +5,7 @@ application inside the streaming reader (exactly once, equal batches, exact resu
 from __future__ import annotations
 
 import collections
+import itertools
 
 import numpy as np
 import pytest
@@ -251,7 +252,7 @@ def test_decode_counts_equal_a_walking_decoder_for_every_window(index):
     episodes = np.repeat(np.arange(len(LENGTHS)), LENGTHS)
     anchors = np.concatenate([np.arange(n) for n in LENGTHS])
     f = window_features(index, spec, episodes, anchors)
-    for cam_pos, (cam, offsets) in enumerate(spec.cameras.items()):
+    for cam, offsets in spec.cameras.items():
         c = sorted(GOPS).index(cam)
         expected = []
         for e, a in zip(episodes.tolist(), anchors.tolist(), strict=False):
@@ -499,7 +500,7 @@ def test_balanced_reader_resumes_exactly(balanced_loader_factory, workers, cut):
     got += [_keys_of(b) for b in second] + [_keys_of(b) for b in second]
     assert got == full
     plain = [_keys_of(b) for b in balanced_loader_factory(workers=workers, balanced=False)]
-    assert sorted(sum(plain, [])) == sorted(sum(full[: len(plain)], []))  # same windows ...
+    assert sorted(itertools.chain(*plain)) == sorted(itertools.chain(*full[: len(plain)]))  # same windows ...
     assert plain != full[: len(plain)]  # ... in the balanced order
 
 

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from lerobotgen import edit_json, write_v2
@@ -98,8 +99,8 @@ def test_info_json_of_the_wrong_type(dataset, tmp_path, capsys, change, said):
 
 def test_truncated_info_json(dataset, tmp_path, capsys):
     src = _copy(dataset, tmp_path)
-    data = open(f"{src}/meta/info.json", "rb").read()
-    open(f"{src}/meta/info.json", "wb").write(data[: len(data) // 2])
+    data = Path(f"{src}/meta/info.json").read_bytes()
+    Path(f"{src}/meta/info.json").write_bytes(data[: len(data) // 2])
     assert cli(["convert", src, str(tmp_path / "out"), "--quiet"]) == 2
     assert _error(capsys, "convert").startswith(f"{src}/meta/info.json: not valid JSON (")
 
@@ -198,7 +199,7 @@ def test_disk_full_leaves_no_half_written_shard_and_a_rerun_resumes(dataset, con
     assert os.stat(out / "shard-000000.tar").st_mtime_ns == kept  # resumed, not rewritten
     names = sorted(n for n in os.listdir(converted))
     assert sorted(os.listdir(out)) == names
-    assert all(open(f"{out}/{n}", "rb").read() == open(f"{converted}/{n}", "rb").read() for n in names)
+    assert all(Path(f"{out}/{n}").read_bytes() == Path(f"{converted}/{n}").read_bytes() for n in names)
 
 
 # --- object store ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import tracemalloc
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,9 +133,9 @@ def test_per_shard_indexes_are_checked_when_used(intact, reference, tmp_path):
     os.remove(os.path.join(root, "index.arrow"))
     assert [s["frame_index"] for s in WindowDataset(root, SPEC, seed=5)] == [s["frame_index"] for s in reference]
     path = os.path.join(root, loaded(root).shards[2].index)
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(Path(path).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    open(path, "wb").write(bytes(data))
+    Path(path).write_bytes(bytes(data))
     with pytest.raises(
         FormatError,
         match=r"shard-000002.index.parquet: sha256 differs from the manifest's "
@@ -148,15 +149,15 @@ def test_verify_checks_what_the_reader_needs(intact, tmp_path):
     m = manifest(root)
     del m["cameras"]
     write_manifest(root, m)
-    with pytest.raises(FormatError, match="manifest.json: cameras: missing"):
+    with pytest.raises(FormatError, match=r"manifest\.json: cameras: missing"):
         verify(root)
-    with pytest.raises(FormatError, match="manifest.json: cameras: missing"):
+    with pytest.raises(FormatError, match=r"manifest\.json: cameras: missing"):
         WindowDataset(root, SPEC)
 
     root = copy(intact, str(tmp_path / "ds2"))  # index.arrow rewritten alone, its digest updated
     rewrite_index(root, _set(3, "task", "another task"))
     for entry in manifest(intact)["shards"]:  # the per-shard indexes and their digests as converted
-        open(os.path.join(root, entry["index"]), "wb").write(open(os.path.join(intact, entry["index"]), "rb").read())
+        Path(os.path.join(root, entry["index"])).write_bytes(Path(os.path.join(intact, entry["index"])).read_bytes())
     m = manifest(root)
     m["shards"] = manifest(intact)["shards"]
     write_manifest(root, m)

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -49,15 +50,15 @@ def _drop(key):
 
 def _truncate(fraction: float):
     def apply(path: str) -> None:
-        data = open(path, "rb").read()
-        open(path, "wb").write(data[: int(len(data) * fraction)])
+        data = Path(path).read_bytes()
+        Path(path).write_bytes(data[: int(len(data) * fraction)])
 
     return apply
 
 
 def _write(data: bytes):
     def apply(path: str) -> None:
-        open(path, "wb").write(data)
+        Path(path).write_bytes(data)
 
     return apply
 
@@ -107,7 +108,7 @@ def _info_mutations() -> dict[str, object]:
 
 def _jsonl_edit(change):
     def apply(path: str) -> None:
-        rows = [json.loads(line) for line in open(path) if line.strip()]
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         with open(path, "w") as f:
             f.write("".join(line + "\n" for line in change(rows)))
 

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -43,7 +45,7 @@ def _opts(**kw) -> ConvertOptions:
 
 def _decoded_rows(out, index: WindowIndex, episode: int, camera: int = 0) -> list[int]:
     """Frame number shown by every row of ``episode``, decoded from the shard."""
-    shards = Manifest.load(open(f"{out}/manifest.json", "rb").read(), "manifest.json").shards
+    shards = Manifest.load(Path(f"{out}/manifest.json").read_bytes(), "manifest.json").shards
     look = index.lookup(episode, np.arange(int(index.num_rows[episode])), camera=camera)
     with open(f"{out}/{shards[look.shard].shard}", "rb") as f:
         f.seek(look.offset)
@@ -236,7 +238,10 @@ def test_inside_windows_never_cross_a_break(broken):
     out, _ = broken
     ds = WindowDataset(out, _spec("inside"), seed=0, shuffle_windows=0)
     # Window rows span anchor-4 .. anchor+4: anchors keep 4 rows from every segment edge.
-    inside = lambda a, b: list(range(a + 4, b - 4))
+
+    def inside(a: int, b: int) -> list[int]:
+        return list(range(a + 4, b - 4))
+
     want = {(e, a) for e in (0, 2) for a in inside(0, ROWS)}
     want |= {(1, a) for lo, hi in BREAK_SEGMENTS for a in inside(lo, hi)}
     assert _planned(ds) == want and len(ds) == len(want)

@@ -14,6 +14,7 @@ import json
 import os
 import tracemalloc
 import warnings
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.feather as feather
@@ -191,7 +192,7 @@ def _mutate_index(root: str, how) -> None:
         rewrite_index(root, _edit_rows(how[1]))
         return
     if how[0] == "truncate":
-        data = open(path, "rb").read()
+        data = Path(path).read_bytes()
         cut = (
             how[1]
             if isinstance(how[1], int) and how[1] >= 0
@@ -200,7 +201,7 @@ def _mutate_index(root: str, how) -> None:
             else int(len(data) * how[1])
         )
         data = data[:cut]
-        open(path, "wb").write(data)
+        Path(path).write_bytes(data)
     else:
         table = feather.read_table(path)
         i = table.schema.get_field_index(how[1])
@@ -210,7 +211,7 @@ def _mutate_index(root: str, how) -> None:
         import hashlib
 
         m = manifest(root)
-        m["index"]["sha256"] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        m["index"]["sha256"] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
         write_manifest(root, m)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 from videogen import make_episode_table, make_video
@@ -58,7 +59,7 @@ def _snapshot(folder) -> dict[str, tuple[bytes, int]]:
     for dirpath, _, files in os.walk(folder):
         for name in files:
             path = os.path.join(dirpath, name)
-            out[os.path.relpath(path, folder)] = (open(path, "rb").read(), os.stat(path).st_mtime_ns)
+            out[os.path.relpath(path, folder)] = (Path(path).read_bytes(), os.stat(path).st_mtime_ns)
     return out
 
 
@@ -217,7 +218,7 @@ def test_a_finished_dataset_of_another_plan_is_replaced_only_with_overwrite(sour
     first = convert([source], out, _opts())
     before = _snapshot(out)
     fewer = ConvertOptions(progress=False, max_episodes_per_shard=1, episodes=frozenset({0, 1}))
-    with pytest.raises(OutputFolderError, match="finished conversion of other sources or options.*--overwrite"):
+    with pytest.raises(OutputFolderError, match=r"finished conversion of other sources or options.*--overwrite"):
         convert([source], out, fewer)
     assert _snapshot(out) == before
     # The same plan again is a resume (nothing to write), not a replacement.
@@ -242,4 +243,4 @@ def test_cli_refuses_to_replace_a_finished_dataset_without_overwrite(source, tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--overwrite" in err[0]
     assert cli(["convert", str(lerobot), out, "--quiet", "--overwrite"]) == 0
-    assert fmt.Manifest.load(open(os.path.join(out, "manifest.json"), "rb").read(), out).sources[0].name == "other"
+    assert fmt.Manifest.load(Path(os.path.join(out, "manifest.json")).read_bytes(), out).sources[0].name == "other"

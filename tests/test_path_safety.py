@@ -47,7 +47,7 @@ def test_manifest_names_must_be_plain(intact, tmp_path, field, name, monkeypatch
 
 
 def test_remote_manifest_names_are_checked_before_any_request(intact, tmp_path):
-    root = _with_name(intact, str(tmp_path / "ds"), "shard", "../../secret.tar")
+    _with_name(intact, str(tmp_path / "ds"), "shard", "../../secret.tar")
     (tmp_path / "secret.tar").write_bytes(b"outside")
     server, base = serve_http(str(tmp_path / "ds"))
     try:

@@ -8,6 +8,7 @@ orders) over grids of world sizes x workers, datasets, seeds and epochs.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 from types import SimpleNamespace
 
@@ -444,20 +445,18 @@ def test_many_shards_few_consumers(world, workers):
             order = [s for s in perm if s in present]
             assert runs(table.shard[plan.episode].tolist()) == order  # the plan reads shards in permuted order, once
             seen = []
-            for r, row in enumerate(
-                all_worker_plans(
-                    table,
-                    world,
-                    workers,
-                    stride=1,
-                    per_episode=None,
-                    seed=seed,
-                    epoch=epoch,
-                    shuffle_windows=32,
-                    shuffle_bytes=10**12,
-                )
+            for row in all_worker_plans(
+                table,
+                world,
+                workers,
+                stride=1,
+                per_episode=None,
+                seed=seed,
+                epoch=epoch,
+                shuffle_windows=32,
+                shuffle_bytes=10**12,
             ):
-                for w, wp in enumerate(row):
+                for wp in row:
                     _check_read_order(table, wp)
                     mine = runs(table.shard[wp.read_order].tolist())
                     i = order.index(mine[0])
@@ -550,7 +549,7 @@ def test_buffer_shuffle_mixing_grows_with_capacity():
         "distinct episodes per 8-window batch by capacity:",
         dict(zip(caps, [round(f, 2) for f in figures], strict=False)),
     )
-    for prev, cur in zip(figures, figures[1:], strict=False):
+    for prev, cur in itertools.pairwise(figures):
         assert cur >= prev - 0.05
     assert figures[0] < 1.3  # capacity 0: a batch spans one or two episodes
     assert figures[-1] > 6.5  # the whole epoch buffered: nearly 8 different episodes per batch
@@ -566,7 +565,7 @@ def test_buffer_shuffle_mixing_grows_with_capacity_bytes():
         "distinct episodes per 8-window batch by episodes' bytes held:",
         dict(zip(held, [round(f, 2) for f in figures], strict=False)),
     )
-    for prev, cur in zip(figures, figures[1:], strict=False):
+    for prev, cur in itertools.pairwise(figures):
         assert cur >= prev - 0.05
     assert figures[0] < 1.3 and figures[2] > 3.0 and figures[-1] > 6.5
 

@@ -2,10 +2,11 @@
 network namespace of its own with only ``lo``; ``raycluster``).
 
 Conversion: a v2.1 and a v3.0 LeRobot source written to S3 (a moto server inside the namespace) by
-Ray tasks (``epishard convert --ray ADDRESS``) are byte-identical, file by file, to a local single-machine conversion, also when a worker
-process running a shard is killed mid-conversion. Loader: ``RayWindowLoader`` yields exactly
-``WindowLoader``'s batches (frame pixels included) over 2 epochs, with a resume in the middle, and
-when an actor is killed mid-epoch.
+Ray tasks (``epishard convert --ray ADDRESS``) are byte-identical, file by file, to a local
+single-machine conversion, also when a worker process running a shard is killed mid-conversion.
+Loader: ``RayWindowLoader`` yields exactly ``WindowLoader``'s batches (frame pixels included) over
+2 epochs, with a resume in the middle, and when an actor is killed mid-epoch; a 1-worker state
+loaded into 2 actors (elastic resume) yields what ``WindowLoader`` yields after loading it.
 """
 
 from __future__ import annotations
@@ -161,3 +162,35 @@ def test_killed_actor_loses_no_window_and_duplicates_none(ray_loader, loader_ref
     _same(got, loader_reference[2])
     windows = [(int(e), int(f)) for b in got for e, f in zip(b["episode_index"], b["frame_index"], strict=True)]
     assert len(windows) == len(set(windows)) == sum(len(b["episode_index"]) for b in loader_reference[2])
+
+
+def test_ray_loader_resumes_a_state_of_another_worker_count(ray_loader, intact):
+    """Elastic resume: a ``WindowLoader`` state of 1 worker, loaded into 2 actors, yields what a
+    ``WindowLoader`` of 2 workers yields after loading it (and none of the windows taken before), and
+    a state taken mid-way (its ``history`` carried) resumes the rest."""
+    saved = WindowLoader(WindowDataset(intact, SPEC, seed=5), batch_size=3, num_workers=0)
+    before = []
+    for batch in saved:
+        before.append(batch)
+        if len(before) == 2:
+            break
+    state = saved.state_dict()
+    reference = WindowLoader(WindowDataset(intact, SPEC, seed=5), batch_size=3, num_workers=2)
+    reference.load_state_dict(state)
+    ray_loader.load_state_dict([state])
+    assert ray_loader.state_dict() == reference.state_dict()
+    want = list(reference)
+    got = []
+    for batch in ray_loader:
+        got.append(batch)
+        if len(got) == 1:
+            break
+    mid = ray_loader.state_dict()
+    assert mid["history"] == [{"world_size": 1, "num_workers": 1, "consumed": [6]}]
+    assert (mid["epoch"], mid["num_workers"], mid["consumed"], mid["rotation"]) == (0, 2, [3, 0], 1)
+    ray_loader.load_state_dict(mid)
+    got += list(ray_loader)
+    _same(got, want)
+    windows = {(int(e), int(f)) for b in got for e, f in zip(b["episode_index"], b["frame_index"], strict=True)}
+    taken = {(int(e), int(f)) for b in before for e, f in zip(b["episode_index"], b["frame_index"], strict=True)}
+    assert windows and not windows & taken

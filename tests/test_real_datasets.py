@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import io
 import json
+from pathlib import Path
 
 import av
 import numpy as np
@@ -99,7 +100,7 @@ def test_rows_and_video_bytes_round_trip(converted):
             video = episode.videos[cam["name"]]
             if video.segment is None:
                 assert cam["transform"] == "copy"
-                assert data == open(video.source, "rb").read()
+                assert data == Path(video.source).read_bytes()
                 continue
             assert cam["transform"] == "cut"
             cut_packets, src_packets = _packets(data), _packets(video.source)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,7 +82,7 @@ def test_convert_verify_and_stream_through_s3(local, s3):
 
     fs = s3fs.S3FileSystem(**s3)
     for shard in manifest.shards:
-        assert fs.cat_file(f"epishard-test/ds/{shard.shard}") == open(f"{local}/{shard.shard}", "rb").read()
+        assert fs.cat_file(f"epishard-test/ds/{shard.shard}") == Path(f"{local}/{shard.shard}").read_bytes()
     expected = _samples(local)
     _same(
         _samples(url, workers=2, storage_options=s3),
@@ -138,7 +139,7 @@ def test_http_with_and_without_range_support(local, honour_range, mode):
 
 @pytest.mark.parametrize("cuts", [1, 2])
 def test_cut_connections_are_retried_to_identical_bytes(local, cuts):
-    server, base = serve_http(local)
+    server, _ = serve_http(local)
     proxy = FaultProxy(server.server_address, cut_after=8_000, cuts=cuts)
     try:
         got = _samples(f"http://127.0.0.1:{proxy.port}", fetch=FetchPolicy(chunk_bytes=1 << 20, backoff_s=0.01))
@@ -151,7 +152,7 @@ def test_cut_connections_are_retried_to_identical_bytes(local, cuts):
 
 
 def test_a_shard_that_always_fails_is_skipped_or_raises(local):
-    server, base = serve_http(local)
+    server, _ = serve_http(local)
     proxy = FaultProxy(server.server_address, cut_after=8_000, cuts=-1, match=b"shard-000001.tar")
     url = f"http://127.0.0.1:{proxy.port}"
     try:

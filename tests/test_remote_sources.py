@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,11 +68,11 @@ def _same_output(out: str, reference: str, source_url: str, source_path: str) ->
     names = sorted(os.listdir(reference))
     assert sorted(os.listdir(out)) == names and "manifest.json" in names
     for name in names:
-        got = open(f"{out}/{name}", "rb").read()
+        got = Path(f"{out}/{name}").read_bytes()
         if name == "manifest.json":
             assert json.dumps(source_url).encode() in got
             got = got.replace(json.dumps(source_url).encode(), json.dumps(source_path).encode())
-        assert got == open(f"{reference}/{name}", "rb").read(), name
+        assert got == Path(f"{reference}/{name}").read_bytes(), name
 
 
 @pytest.mark.parametrize("version", ["v2", "v3"])

@@ -180,7 +180,7 @@ def test_resume_under_another_layout_without_every_rank_or_with_another_seed_is_
     state = first.state_dict()
     del it
     with pytest.raises(
-        ValueError, match="world_size=2, this run has world_size=1 .num_workers 2 then, 1 now.*got ranks \\[1\\]"
+        ValueError, match=r"world_size=2, this run has world_size=1 .num_workers 2 then, 1 now.*got ranks \[1\]"
     ):
         WindowLoader(WindowDataset(dataset, spec), batch_size=2, num_workers=0).load_state_dict(state)
     with pytest.raises(ValueError, match="seed=0, this run has seed=5"):

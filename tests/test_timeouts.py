@@ -51,7 +51,7 @@ def test_http_shard_that_stops_answering_is_substituted(intact, reference):
     proxy = FaultProxy(server.server_address, match=b"shard-000001.tar", stall=True)
     try:
         samples, messages = _stream(f"http://127.0.0.1:{proxy.port}", fetch=FetchPolicy(**SHORT))
-        with pytest.raises(FetchError, match="shard-000001.tar.*Timeout"):
+        with pytest.raises(FetchError, match=r"shard-000001\.tar.*Timeout"):
             _stream(f"http://127.0.0.1:{proxy.port}", fetch=FetchPolicy(**SHORT, on_shard_error="raise"))
     finally:
         proxy.close()
@@ -98,11 +98,11 @@ def test_s3_endpoint_that_never_answers_fails_convert_verify_and_reader(intact, 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     try:
-        with pytest.raises(Exception, match="[Tt]imeout"):
+        with pytest.raises(Exception, match=r"[Tt]imeout"):
             convert([source()], "s3://stuck/ds", ConvertOptions(progress=False), storage_options=options)
-        with pytest.raises(Exception, match="[Tt]imeout"):
+        with pytest.raises(Exception, match=r"[Tt]imeout"):
             verify("s3://stuck/ds", storage_options=options)
-        with pytest.raises(FetchError, match="manifest.json: .*Timeout"):
+        with pytest.raises(FetchError, match=r"manifest\.json: .*Timeout"):
             WindowDataset(
                 "s3://stuck/ds", SPEC, storage_options={"endpoint_url": silent.url}, fetch=FetchPolicy(**SHORT)
             )

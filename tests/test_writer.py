@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -59,7 +60,7 @@ def _source(episodes, name="synth") -> Source:
 
 
 def _files(out) -> dict[str, bytes]:
-    return {os.path.basename(p): open(p, "rb").read() for p in sorted(glob.glob(f"{out}/*"))}
+    return {os.path.basename(p): Path(p).read_bytes() for p in sorted(glob.glob(f"{out}/*"))}
 
 
 def _opts(**kw) -> ConvertOptions:
@@ -286,7 +287,7 @@ def test_timestamp_disagreements_are_reported_by_default(tmp_path):
 
 def test_missing_camera_is_named(tmp_path):
     ep = _episode(0, video=_video40())
-    with pytest.raises(ConversionError, match="missing_camera.*camera=observation.images.side"):
+    with pytest.raises(ConversionError, match=r"missing_camera.*camera=observation\.images\.side"):
         convert([_source([ep])], str(tmp_path), _opts(cameras=("observation.images.front", "observation.images.side")))
 
 
@@ -301,7 +302,7 @@ def test_rerun_after_failure_resumes_and_matches_a_clean_run(tmp_path):
         convert([_source(bad)], str(tmp_path / "out"), _opts())
     first = _files(tmp_path / "out")
     assert "shard-000000.tar" in first and "manifest.json" not in first
-    open(tmp_path / "out" / "shard-000002.tar.partial-99999", "wb").write(b"junk from a killed run")
+    Path(tmp_path / "out" / "shard-000002.tar.partial-99999").write_bytes(b"junk from a killed run")
     convert([_source(good)], str(tmp_path / "out"), _opts())
     convert([_source(good)], str(tmp_path / "clean"), _opts())
     assert _files(tmp_path / "out") == _files(tmp_path / "clean")
@@ -380,7 +381,7 @@ def test_frame_tables_are_compact_when_regular_and_exact_when_not(tmp_path):
     assert cam["pts"] == [] and cam["duration"] == [] and cam["pts_step"] > 0
     assert cam["row_to_frame"] == gap
     index = WindowIndex.load([tmp_path / manifest.shards[0].index])
-    pts, duration, keys = index.frame_tables(0)
+    pts, _duration, keys = index.frame_tables(0)
     assert pts.tolist() == [cam["pts_start"] + i * cam["pts_step"] for i in range(41)]
     assert keys.nonzero()[0].tolist() == [0, 30]
     look = index.lookup(0, np.arange(40))

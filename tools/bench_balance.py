@@ -472,8 +472,9 @@ def main(argv=None) -> int:
         for r in rows_a + rows_b:
             print(
                 f"{r['section']:3} {r['model']:8} {r['world']:5d} {r['batch']:5d} {r['steps']:5d} {r['step_model']:6} "
-                f"{r['random_step']:10.0f} {r['balanced_step']:10.0f} {r['speedup']:6.2f}x {r['imbalance_random']:12.3f} "
-                f"{r['imbalance_balanced']:12.3f} {r['padding_random']:7.3f} {r['padding_balanced']:7.3f} {r['plan_s']:6.2f}"
+                f"{r['random_step']:10.0f} {r['balanced_step']:10.0f} {r['speedup']:6.2f}x "
+                f"{r['imbalance_random']:12.3f} {r['imbalance_balanced']:12.3f} "
+                f"{r['padding_random']:7.3f} {r['padding_balanced']:7.3f} {r['plan_s']:6.2f}"
             )
         if described:
             print("\n(b) datasets:")

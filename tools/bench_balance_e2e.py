@@ -163,7 +163,7 @@ def toy_model(d: int, layers: int, heads: int):
             self.head = nn.Linear(d, ACTION_DIM)
 
         def forward(self, ids, pad, frames, state):
-            b, t, c, h, w = frames.shape
+            b, _, c, _, _ = frames.shape
             p = frames.float().div(255).unfold(3, PATCH, PATCH).unfold(4, PATCH, PATCH)  # b t c H W p p
             p = p.permute(0, 1, 3, 4, 2, 5, 6).reshape(b, -1, c * PATCH * PATCH)
             vision = self.patch(p)
@@ -410,7 +410,8 @@ def report(args, info: dict, results: list[dict]) -> None:
         emit(
             args,
             {"bench": "balance_e2e", "kind": "phase", **r},
-            f"| {r['epoch']} | {r['variant']} | {r['steps']} | {r['steps_per_s']:.3f} | {max(r['first_batch_s']):.1f} | "
+            f"| {r['epoch']} | {r['variant']} | {r['steps']} | {r['steps_per_s']:.3f} | "
+            f"{max(r['first_batch_s']):.1f} | "
             f"{' / '.join(f'{w:.1f}' for w in r['data_wait_s'])} | {r['imbalance_mean']:.3f} | "
             f"{r['step_time_padded']:.0f} | {r['step_time_packed']:.0f} | {100 * r['padding']:.1f}% |",
         )

@@ -20,6 +20,7 @@ import resource
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -106,7 +107,7 @@ def build(folder: str, episodes: int) -> dict:
     with open(os.path.join(folder, MANIFEST_NAME), "w") as f:
         json.dump({"shards": [{"index": os.path.basename(p)} for p in paths]}, f)
     with open(os.path.join(folder, DATASET_INDEX_NAME), "wb") as f:
-        f.write(dataset_index_bytes([open(p, "rb").read() for p in paths]))
+        f.write(dataset_index_bytes([Path(p).read_bytes() for p in paths]))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     arrow_s, parquet_s = [], []
     for _ in range(3):
@@ -191,7 +192,8 @@ def main() -> int:
         else:
             print(
                 f"{r['episodes']:>7} episodes ({r['index_files']} shard indexes): load index.arrow "
-                f"{r['load_dataset_index_s'] * 1e3:7.1f} ms, load shard indexes {r['load_shard_indexes_s'] * 1e3:7.1f} ms, "
+                f"{r['load_dataset_index_s'] * 1e3:7.1f} ms, "
+                f"load shard indexes {r['load_shard_indexes_s'] * 1e3:7.1f} ms, "
                 f"lookup {r['lookup_us']:6.2f} us/sample (x{r['lookup_ratio_vs_first']:.2f}), "
                 f"peak RSS +{r['peak_rss_growth_mb']:.0f} MB"
             )

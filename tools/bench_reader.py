@@ -43,10 +43,11 @@ samples per round and side (default 96), rounded up to whole epochs of 4 windows
    vs ``ffmpeg -threads 1 -i VIDEO -f rawvideo -pix_fmt rgb24 -y /dev/null`` (a subprocess) on the
    same video members: so101 (MPEG-4 224x224, 10 videos), unitree_g1_bottle_av1 (AV1 640x480, 4
    videos) and the generated H.264 256x256 (one camera of each of the 6 episodes; the
-   frame-numbered content is far simpler to decode than camera footage). fps per CPU second (user+sys; for ffmpeg from the
-   child's rusage), fps per wall second, and ffmpeg's per-process startup (the same command with
-   ``-frames:v 1``, timed in the same rounds) subtracted for a second fraction. Reported: reader fps / ffmpeg fps. For attribution only, a
-   third side fetches the same frames from the same decoder 32 at a time (no full-video tensor).
+   frame-numbered content is far simpler to decode than camera footage). fps per CPU second
+   (user+sys; for ffmpeg from the child's rusage), fps per wall second, and ffmpeg's per-process
+   startup (the same command with ``-frames:v 1``, timed in the same rounds) subtracted for a
+   second fraction. Reported: reader fps / ffmpeg fps. For attribution only, a third side fetches
+   the same frames from the same decoder 32 at a time (no full-video tensor).
 
 Real datasets come from ../shared/data (or ``$EPISHARD_SHARED_DATA``), converted with
 ``shardwriter.convert`` into a temporary folder at the start; when absent, their rows are skipped
@@ -394,7 +395,8 @@ def bench_samples(
     say(f"\n[{bench}] {name} (load average {os.getloadavg()[0]:.1f})")
     say(f"  {note}")
     say(
-        f"  {n} samples per round and side ({len(pieces)} epochs, {PER_EPISODE} windows/episode), {len(cams)} cameras x "
+        f"  {n} samples per round and side ({len(pieces)} epochs, {PER_EPISODE} windows/episode), "
+        f"{len(cams)} cameras x "
         f"{frames_returned // len(cams)} frames -> {SIZE[0]}x{SIZE[1]}; check: {verdict}"
     )
     say(
@@ -404,7 +406,8 @@ def bench_samples(
     for side in ("reader", "naive"):
         m = med(sps[side])
         say(
-            f"  {side:<8}{m:>11.1f}{1e3 / m:>11.2f}{med(cps[side]):>15.1f}{rows[side]['frames_decoded_per_sample']:>23.1f}"
+            f"  {side:<8}{m:>11.1f}{1e3 / m:>11.2f}{med(cps[side]):>15.1f}"
+            f"{rows[side]['frames_decoded_per_sample']:>23.1f}"
             f"{rows[side]['decoder_opens_per_sample']:>22.2f}   {', '.join(f'{x:.1f}' for x in sps[side])}"
         )
         emit(
@@ -573,7 +576,8 @@ def bench_plan(rounds: int, big: int) -> None:
             plan_ms = med([r["plan_cpu"] / r["samples"] for r in rs]) * epoch_samples * 1e3
             per_sample[label], per_sample_wall[label] = total, wall
             say(
-                f"  {label:<66}{epoch_samples:>8}{plan_us:>9.2f}{look_us:>9.2f}{total:>9.2f}{wall:>12.2f}{plan_ms:>15.1f}"
+                f"  {label:<66}{epoch_samples:>8}{plan_us:>9.2f}{look_us:>9.2f}{total:>9.2f}"
+                f"{wall:>12.2f}{plan_ms:>15.1f}"
             )
             emit(
                 {
@@ -593,7 +597,8 @@ def bench_plan(rounds: int, big: int) -> None:
             )
         for n in sizes:
             say(
-                f"  WindowDataset construction (index.arrow mmap + episode table), {n:,} episodes: {init[n] * 1e3:.1f} ms"
+                f"  WindowDataset construction (index.arrow mmap + episode table), {n:,} episodes: "
+                f"{init[n] * 1e3:.1f} ms"
             )
             emit({"bench": "3-plan", "metric": "dataset_init_ms", "episodes": n, "value": init[n] * 1e3})
         big_label, small_label, one_label = cases[2][0], cases[1][0], cases[0][0]
@@ -715,7 +720,7 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
                 log(f"warning: ffmpeg reported {dd} for {v['path']}")
         tensors = []
 
-        def reader():
+        def reader(videos=videos, tensors=tensors):  # this iteration's videos
             cpu, t = time.process_time(), time.perf_counter()
             for v in videos:
                 x = decode(v["data"], np.arange(v["n"]), v["tables"], where=v["path"]).frames
@@ -724,7 +729,7 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
                 del x
             return {"wall": time.perf_counter() - t, "cpu": time.process_time() - cpu}
 
-        def chunked():  # attribution only: the same decoder, frames fetched 32 at a time (small buffers)
+        def chunked(videos=videos):  # attribution only: the same decoder, frames fetched 32 at a time (small buffers)
             cpu, t = time.process_time(), time.perf_counter()
             for v in videos:
                 dec = VideoDecoder(
@@ -737,7 +742,7 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
                     dec.get_frames_at(list(range(i, min(i + 32, v["n"]))))
             return {"wall": time.perf_counter() - t, "cpu": time.process_time() - cpu}
 
-        def ffmpeg(extra=()):
+        def ffmpeg(extra=(), videos=videos):
             wall = cpu = 0.0
             for v in videos:
                 w, c, _ = _ffmpeg(v["path"], list(extra))

@@ -179,7 +179,8 @@ def main() -> int:
             print(
                 json.dumps(row)
                 if args.json
-                else f"one camera of {len(cams)}, {mode:<6} mode: {r['bytes_read_per_sample'] / 1e3:8.1f} kB read per sample"
+                else f"one camera of {len(cams)}, {mode:<6} mode: "
+                f"{r['bytes_read_per_sample'] / 1e3:8.1f} kB read per sample"
             )
     for proxy in proxies.values():
         proxy.close()

@@ -3,8 +3,10 @@
 A ``WindowLoader`` with ``persistent_workers=True`` runs ``--epochs`` epochs over a weighted mix of
 converted datasets (default: the repo's sample, 1 camera 256x256 H.264 with keyframes 250 frames apart, and
 ``../shared/data/so101_bimanual_cloth``, 2 cameras 224x224 MPEG-4; converted once into ``--work``),
-every camera at the anchor row, frames resized to 128x128, ``--per-episode`` windows per episode. After every epoch it reads each worker's RSS and PSS (``/proc/<pid>/smaps_rollup``;
-PSS counts pages still shared with the parent after fork in part). Reported: MB per worker per epoch, and each worker's last epoch over its first
+every camera at the anchor row, frames resized to 128x128, ``--per-episode`` windows per episode.
+After every epoch it reads each worker's RSS and PSS (``/proc/<pid>/smaps_rollup``; PSS counts
+pages still shared with the parent after fork in part). Reported: MB per worker per epoch, and each
+worker's last epoch over its first
 (the target: within 1.10). Machines are noisy; compare ratios within one run only.
 
     PYTHONPATH=$PWD python tools/bench_worker_memory.py --epochs 6

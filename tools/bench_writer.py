@@ -15,6 +15,7 @@ Default datasets: the bundled sample and every LeRobot dataset in ../shared/data
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -72,7 +73,7 @@ def bench(dataset: str, rounds: int, workers: int) -> dict:
     for _ in range(rounds):
         for name, run in systems.items():
             with tempfile.TemporaryDirectory() as out:
-                times[name].append(_timed(lambda: run(out)))
+                times[name].append(_timed(functools.partial(run, out)))
     result = {"dataset": os.path.basename(dataset), "source_mb": size / 1e6}
     copy = float(np.median(times["copy"]))
     for name, ts in times.items():
@@ -94,7 +95,8 @@ def main() -> int:
             print(json.dumps(r))
             continue
         parts = [
-            f"{name} {r[name]['median_s'] * 1e3:7.0f} ms {r[name]['mb_per_s']:7.1f} MB/s (x{r[name]['time_vs_copy']:.1f} copy time)"
+            f"{name} {r[name]['median_s'] * 1e3:7.0f} ms {r[name]['mb_per_s']:7.1f} MB/s "
+            f"(x{r[name]['time_vs_copy']:.1f} copy time)"
             for name in ("convert", "convert_no_decode_check", "copy", "copy_fsync")
         ]
         print(f"{r['dataset']:<32} {r['source_mb']:5.1f} MB | " + " | ".join(parts))

@@ -246,7 +246,9 @@ def main() -> int:
             print(f"[rank {rank}] {exc}", file=sys.stderr, flush=True)
             return 1
     first_epoch = loader._epoch
-    keys = open(f"{args.dump_keys}.rank{rank}.jsonl", "a" if args.resume else "w") if args.dump_keys else None
+    keys = None
+    if args.dump_keys:  # written through the whole run (flushed per step), closed at exit
+        keys = open(f"{args.dump_keys}.rank{rank}.jsonl", "a" if args.resume else "w")  # noqa: SIM115
     data_wait = compute = 0.0
     steps_run = 0
     telemetry = (StepTelemetry(), StepTelemetry()) if args.balance else None  # this epoch, the whole run
