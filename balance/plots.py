@@ -1,5 +1,7 @@
-"""PNG charts of per-rank cost per step (``tools/bench_balance.py --plot``), drawn with matplotlib's
-Agg backend through ``matplotlib.figure.Figure`` (no pyplot state, no display needed).
+"""PNG charts of per-rank cost per step (``tools/bench_balance.py --plot``).
+
+Drawn with matplotlib's Agg backend through ``matplotlib.figure.Figure`` (no pyplot state, no
+display needed).
 
 matplotlib is an optional dependency (the ``plots`` extra); it is imported when a chart is drawn.
 """
@@ -12,8 +14,10 @@ from .telemetry import step_stats
 
 
 def plot_rank_costs(layouts: dict[str, np.ndarray], path: str, title: str = "") -> None:
-    """Draw, for each named layout, the cost of every rank in every step (a heat map, steps x ranks)
-    and per step the max/mean rank cost and the padding fraction, into the PNG ``path``.
+    """Draw each named layout's per-rank cost per step into the PNG ``path``.
+
+    Per layout: the cost of every rank in every step (a heat map, steps x ranks), and per step the
+    max/mean rank cost and the padding fraction.
 
     Args:
         layouts: name -> float64 ``[steps, world_size, batch_size]`` slot costs (``step_costs``),

@@ -1,5 +1,7 @@
-"""Summaries of a converted dataset as data and as text: ``describe`` (``epishard inspect``: shards,
-episodes, cameras, codecs, GOPs), and the text the CLI prints after ``convert`` and ``verify``.
+"""Summaries of a converted dataset as data and as text.
+
+``describe`` (``epishard inspect``: shards, episodes, cameras, codecs, GOPs), and the text the CLI
+prints after ``convert`` and ``verify``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from .validate import load_shard_indexes
 
 
 def describe(root: str, storage_options: dict | None = None, progress: bool = False) -> dict:
-    """Summarise the dataset at ``root`` (a local folder or any fsspec URL; ``storage_options`` as
-    ``storage.Storage`` takes them) from its manifest and indexes (no tar is read).
+    """Summarise the dataset at ``root`` from its manifest and indexes (no tar is read).
+
+    ``root``: a local folder or any fsspec URL; ``storage_options`` as ``storage.Storage`` takes them.
 
     ``progress``: a progress bar on stderr over the per-shard indexes read (one file per shard).
 
@@ -106,8 +109,10 @@ def render(summary: dict) -> str:
 
 
 def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
-    """Text the CLI prints after ``convert``: notes, converted cameras, skips and warnings by kind,
-    then one summary line (shards, episodes, rows, MB, seconds).
+    """Text the CLI prints after ``convert``.
+
+    Notes, converted cameras, skips and warnings by kind, then one summary line (shards, episodes,
+    rows, MB, seconds).
     """
     lines = []
     for source in manifest.sources:
@@ -125,14 +130,17 @@ def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
         lines.append(f"  warning x{n} {kind}: e.g. episode {example.episode}{camera}: {example.message}")
     t = manifest.totals
     lines.append(
-        f"wrote {t.shards} shards, {t.episodes} episodes, {t.rows} rows, {t.bytes / 1e6:.1f} MB to {out} in {seconds:.1f} s"
+        f"wrote {t.shards} shards, {t.episodes} episodes, {t.rows} rows, {t.bytes / 1e6:.1f} MB to {out} "
+        f"in {seconds:.1f} s"
     )
     return "\n".join(lines)
 
 
 def render_verification(result: dict, root: str, seconds: float) -> str:
-    """Text the CLI prints after ``verify``: one line per problem (shard, episode, camera, message),
-    then one summary line ending in ``OK`` or the number of problems.
+    """Text the CLI prints after ``verify``.
+
+    One line per problem (shard, episode, camera, message), then one summary line ending in ``OK``
+    or the number of problems.
     """
     lines = []
     for p in result["problems"]:

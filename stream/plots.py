@@ -1,5 +1,7 @@
-"""PNG charts of the reader's telemetry (``epishard stream --plot``), drawn with matplotlib's Agg
-backend through ``matplotlib.figure.Figure`` (no pyplot state, no display needed).
+"""PNG charts of the reader's telemetry (``epishard stream --plot``).
+
+Drawn with matplotlib's Agg backend through ``matplotlib.figure.Figure`` (no pyplot state, no
+display needed).
 
 matplotlib is an optional dependency (the ``plots`` extra); it is imported when a chart is drawn.
 """
@@ -25,8 +27,10 @@ def figure(**kw: Any) -> Any:
 
 
 def plot_stream_report(report: dict, path: str) -> None:
-    """Draw ``stream.report.run``'s report into the PNG ``path``: worker seconds per stage, the
-    seconds the loop waited for each batch, and frames decoded per frame returned as the run went on.
+    """Draw ``stream.report.run``'s report into the PNG ``path``.
+
+    Worker seconds per stage, the seconds the loop waited for each batch, and frames decoded per
+    frame returned as the run went on.
 
     Raises:
         ImportError: matplotlib is not installed (``pip install epishard[plots]``).

@@ -1,5 +1,6 @@
-"""Look at a converted dataset: training windows drawn as PNG contact sheets and one self-contained
-HTML page (``epishard preview``).
+"""Look at a converted dataset (``epishard preview``).
+
+Training windows drawn as PNG contact sheets and one self-contained HTML page.
 
 Windows are read through the reader itself (``WindowDataset``, ``boundary="pad"``), so the page
 shows what training would get: per window, each camera's frames with their episode, row and frame
@@ -31,7 +32,9 @@ STATE, ACTION = "observation.state", "action"
 
 @dataclass(frozen=True)
 class PreviewWindow:
-    """One window drawn: the episode ``key``, the ``anchor`` row, the reader's ``sample``, and per
+    """One window drawn.
+
+    The episode ``key``, the ``anchor`` row, the reader's ``sample``, and per
     camera the rows shown (int64 ``[frames]``, clamped to the episode's recording segment) and the
     camera's frame numbers of those rows (int64 ``[frames]``, from the index's row-to-frame map).
     """
@@ -45,8 +48,10 @@ class PreviewWindow:
 
 @dataclass(frozen=True)
 class PreviewResult:
-    """What ``preview`` wrote: the page, the contact sheets (one PNG per window, in ``shown``'s
-    order) and their folder, and the windows drawn.
+    """What ``preview`` wrote.
+
+    The page, the contact sheets (one PNG per window, in ``shown``'s order) and their folder, and
+    the windows drawn.
     """
 
     html: str
@@ -56,10 +61,12 @@ class PreviewResult:
 
     @property
     def windows(self) -> int:
+        """Windows drawn."""
         return len(self.shown)
 
     @property
     def episodes(self) -> int:
+        """Episodes the windows drawn come from."""
         return len({w.key for w in self.shown})
 
 
@@ -71,8 +78,7 @@ def _source_episode(key: str) -> int:
 def _read_windows(
     source: DatasetSource, spec: WindowSpec, episodes: frozenset[int] | None, count: int, seed: int, progress: bool
 ) -> list[PreviewWindow]:
-    """``count`` windows of the epoch-0 plan of one consumer that fall in ``episodes``, taken round
-    robin over the episodes.
+    """``count`` windows of one consumer's epoch-0 plan in ``episodes``, round robin over episodes.
 
     The sample at position i of a single consumer's iteration is the plan's window i (episode,
     anchor), which gives each frame's row and frame number.

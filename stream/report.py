@@ -60,7 +60,7 @@ class StreamRun:
 
 def _size(text: str) -> tuple[int, int]:
     """``(height, width)`` of ``"HxW"``; ValueError naming the option otherwise."""
-    height, x, width = text.lower().partition("x")
+    height, _, width = text.lower().partition("x")
     try:
         return int(height), int(width)
     except ValueError:
@@ -95,8 +95,10 @@ _WORKER, _SAMPLES, _DECODED, _RETURNED = (
 
 
 def _running_ratio(latest: dict[int, np.ndarray], rows: np.ndarray) -> float:
-    """Frames decoded per frame returned so far, after a batch's ``__telemetry__`` rows (float64
-    ``[batch, len(FIELDS)]``); ``latest`` keeps each worker's newest counters (updated in place).
+    """Frames decoded per frame returned so far, after a batch's ``__telemetry__`` rows.
+
+    ``rows``: float64 ``[batch, len(FIELDS)]``; ``latest`` keeps each worker's newest counters
+    (updated in place).
     """
     for row in rows:
         w = int(row[_WORKER])

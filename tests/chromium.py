@@ -8,6 +8,7 @@ reads the images of the loaded page.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -94,10 +95,8 @@ class _Pipe:
         return json.loads(message)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError, TimeoutError, OSError):
             self.send("Browser.close", timeout=10)
-        except (RuntimeError, TimeoutError, OSError):
-            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

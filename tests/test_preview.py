@@ -39,6 +39,11 @@ def converted(tmp_path_factory) -> str:
     return out
 
 
+def _read(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _png_size(data: bytes) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     return struct.unpack(">II", data[16:24])
@@ -66,9 +71,10 @@ def test_windows_show_the_frames_rows_and_pads_they_say(converted, tmp_path):
         assert shown == [1000 * episode + int(f) for f in frames]
         assert w.sample["observation.state"].shape[0] == 10 and w.sample["action"].shape[0] == 5
     assert len(result.sheets) == 6 and result.sheets_dir == str(tmp_path / "p_sheets")
-    page = open(result.html, encoding="utf-8").read()
+    with open(result.html, encoding="utf-8") as f:
+        page = f.read()
     inlined = [base64.b64decode(b) for b in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
-    assert inlined == [open(p, "rb").read() for p in result.sheets]  # the page is self-contained
+    assert inlined == [_read(p) for p in result.sheets]  # the page is self-contained
     assert all(_png_size(png)[0] > 300 for png in inlined)
 
 
@@ -101,7 +107,7 @@ def test_preview_of_the_bundled_sample_in_headless_chromium(tmp_path):
     assert main(["preview", out, "--windows", "3", "--out", page, "-q"]) == 0
     sheets = sorted(os.listdir(tmp_path / "report_sheets"))
     assert sheets == ["window-000.png", "window-001.png", "window-002.png"]
-    sizes = [_png_size(open(tmp_path / "report_sheets" / s, "rb").read()) for s in sheets]
+    sizes = [_png_size(_read(tmp_path / "report_sheets" / s)) for s in sheets]
     seen = load_page(page, BROWSER)
     assert seen["problems"] == []
     assert seen["title"] == f"epishard preview: {out}"

@@ -29,7 +29,8 @@ CASES = {
 HEAVY = ("torch", "torchcodec", "pyarrow", "av", "numpy", "matplotlib", "fsspec")
 PROBE = (
     "import atexit, sys\n"
-    f"atexit.register(lambda: sys.stderr.write('HEAVY ' + ','.join(m for m in {HEAVY!r} if m in sys.modules) + '\\n'))\n"
+    f"atexit.register(lambda: sys.stderr.write('HEAVY ' + ','.join(m for m in {HEAVY!r} if m in sys.modules)"
+    " + '\\n'))\n"
     "from epishard.cli import main\nsys.exit(main())\n"
 )
 

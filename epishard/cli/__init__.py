@@ -28,8 +28,9 @@ log = logging.getLogger("epishard")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows every option's default, except where there is none to show (flags, ``None``) or the
-    help text already says it.
+    """Shows every option's default.
+
+    Except where there is none to show (flags, ``None``) or the help text already says it.
     """
 
     def _get_help_string(self, action: argparse.Action) -> str:
@@ -70,8 +71,9 @@ def _storage_options_json(text: str) -> dict:
 
 
 def storage_options(parser: argparse.ArgumentParser) -> None:
-    """``--storage-options JSON``: fsspec options for URLs (shared by every subcommand that opens data;
-    ``shardwriter.storage.resolve_storage_options`` merges them over the environment).
+    """``--storage-options JSON``: fsspec options for URLs, shared by every subcommand that opens data.
+
+    ``shardwriter.storage.resolve_storage_options`` merges them over the environment.
     """
     parser.add_argument(
         "--storage-options",
@@ -85,8 +87,9 @@ def storage_options(parser: argparse.ArgumentParser) -> None:
 
 
 def show_progress(args: argparse.Namespace) -> bool:
-    """Progress bars and live status lines: on a terminal, unless ``-q`` (a log file or a pipe gets
-    only the summary, warnings and errors; ``-v`` logs the status lines there).
+    """Whether to draw progress bars and live status lines: on a terminal, unless ``-q``.
+
+    A log file or a pipe gets only the summary, warnings and errors; ``-v`` logs the status lines there.
     """
     return not args.quiet and sys.stderr.isatty()
 
@@ -133,8 +136,9 @@ def _is_writer_error(exc: BaseException) -> bool:
 
 
 def error_line(exc: BaseException) -> tuple[str, bool]:
-    """``(message, expected)`` for an exception reaching the CLI: one line naming the thing and the
-    cause. ``expected`` is False for a fault the code did not anticipate (a bug to report).
+    """``(message, expected)`` for an exception reaching the CLI: one line naming the thing and the cause.
+
+    ``expected`` is False for a fault the code did not anticipate (a bug to report).
     """
     text = str(exc)
     if "Original Traceback (most recent call last)" in text:
@@ -184,9 +188,11 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI. Exit status: 0 done, 1 ``verify`` found damage, 2 an error (one line on stderr,
-    ``epishard <command>: error: <thing>: <cause>``; the traceback too with ``--debug``), 130
-    interrupted, 141 stdout closed early (a pipe into `head`).
+    """Run the CLI.
+
+    Exit status: 0 done, 1 ``verify`` found damage, 2 an error (one line on stderr, ``epishard
+    <command>: error: <thing>: <cause>``; the traceback too with ``--debug``), 130 interrupted, 141
+    stdout closed early (a pipe into `head`).
     """
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     _setup_logging(args)

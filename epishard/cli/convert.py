@@ -44,6 +44,7 @@ def _reencode(text: str):
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
+    """The ``epishard convert`` arguments."""
     c.add_argument(
         "sources",
         nargs="+",
@@ -97,6 +98,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``epishard convert``; return the exit status."""
     from epishard.shardwriter.convert import ConvertOptions, convert
     from epishard.shardwriter.describe import render_conversion
 

@@ -11,12 +11,14 @@ HELP = "shards, episodes, frames, cameras, codecs, keyframe intervals, sizes"
 
 
 def add_arguments(i: argparse.ArgumentParser) -> None:
+    """The ``epishard inspect`` arguments."""
     i.add_argument("root", metavar="OUT", help="converted dataset folder")
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
     storage_options(i)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``epishard inspect``; return the exit status."""
     from epishard.shardwriter.describe import describe, render
 
     summary = describe(args.root, args.storage_options, progress=show_progress(args))

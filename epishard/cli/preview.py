@@ -11,6 +11,7 @@ HELP = "an HTML page and PNG contact sheets of training windows: frames, pad mas
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``epishard preview`` arguments."""
     p.add_argument("dataset", metavar="OUT", help="converted dataset folder or URL")
     p.add_argument("--episodes", metavar="LIST", help="source episode indices to show, e.g. 0-9,12 (default: all)")
     p.add_argument("--windows", type=int, default=8, help="windows to show")
@@ -29,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``epishard preview``; return the exit status."""
     from epishard.stream.preview import preview
 
     result = preview(

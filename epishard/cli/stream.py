@@ -13,6 +13,7 @@ HELP = "stream training windows from a converted dataset; report throughput and 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``epishard stream`` arguments."""
     p.add_argument("dataset", metavar="DATASET", help="converted dataset folder or URL")
     p.add_argument("--cameras", help="comma-separated camera names (default: all)")
     p.add_argument("--frames", type=int, default=9, help="frames per camera per window")
@@ -39,8 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_per_episode_arguments(p: argparse.ArgumentParser) -> None:
-    """``--per-episode-count N`` / ``--per-episode-fraction F`` (windows per episode per epoch; default:
-    every anchor), and the deprecated ``--per-episode F`` (a count above 1, else a fraction).
+    """``--per-episode-count N`` / ``--per-episode-fraction F``: windows per episode per epoch.
+
+    Default: every anchor. The deprecated ``--per-episode F`` is a count above 1, else a fraction.
     """
     group = p.add_mutually_exclusive_group()
     group.add_argument(
@@ -73,6 +75,7 @@ def per_episode_options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``epishard stream``; return the exit status."""
     from epishard.stream.report import StreamRun, render
     from epishard.stream.report import run as stream
 

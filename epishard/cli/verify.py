@@ -12,6 +12,7 @@ HELP = "re-read every shard; check checksums, index offsets, decoding (exit 1 on
 
 
 def add_arguments(v: argparse.ArgumentParser) -> None:
+    """The ``epishard verify`` arguments."""
     v.add_argument("root", metavar="OUT", help="converted dataset folder or URL")
     v.add_argument("--json", action="store_true", help="print the result as JSON")
     v.add_argument(
@@ -21,6 +22,7 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``epishard verify``; return the exit status."""
     from epishard.shardwriter.describe import render_verification
     from epishard.shardwriter.verify import verify
 
