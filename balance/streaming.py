@@ -46,6 +46,12 @@ class BalancedOrder:
     def __call__(
         self, episode: np.ndarray, anchor: np.ndarray, cost: np.ndarray | None, world: World, seed: int, epoch: int
     ) -> np.ndarray:
+        """Yield order of one consumer's windows: an int64 permutation ``[n]`` (``OrderStage``).
+
+        ``episode``, ``anchor``: int64 ``[n]`` windows in planned yield order; ``cost``: float64 ``[n]``
+        predicted cost of each (``None``: all zero, so only the batch/stratum structure applies);
+        ``world``: the consumer (its ``worker`` salts the schedule); ``seed``, ``epoch``: as the plan's.
+        """
         costs = np.zeros(episode.size) if cost is None else cost
         if self.strata is None:
             return local_order(costs, self.batch_size, self.chunk_batches, seed, epoch, world.worker)

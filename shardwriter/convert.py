@@ -107,8 +107,9 @@ class ConvertOptions:
 def open_sources(
     inputs: list[Source | str], cameras: tuple[str, ...] | None = None, storage_options: dict | None = None
 ) -> list[Source]:
-    """Open LeRobot paths or URLs (``cameras``, ``storage_options``: see ``read_lerobot``) and give
-    every source a unique name (``name``, ``name_2``, ...).
+    """Open LeRobot paths or URLs and give every source a unique name (``name``, ``name_2``, ...).
+
+    ``cameras``, ``storage_options``: see ``read_lerobot``; items already a ``Source`` are kept as given.
     """
     sources, seen = [], set()
     for item in inputs:
@@ -143,9 +144,10 @@ def plan_shards(episodes: list[Episode], max_episodes: int, max_bytes: int) -> l
 
 
 def _fingerprint(episode: Episode, root: str = "") -> list:
-    """What identifies an episode's input: key, and per file its path relative to the source's
-    ``root`` (so a copy of a dataset elsewhere, a local folder or a bucket, plans the same shards)
-    and size; in-memory inputs by size or digest.
+    """What identifies an episode's input: its key and, per file, its relative path and size.
+
+    Paths are relative to the source's ``root`` (so a copy of a dataset elsewhere, a local folder or
+    a bucket, plans the same shards); in-memory inputs are identified by size or digest.
     """
 
     def name(file) -> str:
@@ -166,7 +168,8 @@ def _fingerprint(episode: Episode, root: str = "") -> list:
 
 
 def plan_digest(episodes: list[Episode], options: ConvertOptions, roots: dict[str, str] | None = None) -> str:
-    """sha256 of what determines a shard's content: format version, episodes, sources, options.
+    """sha256 (hex) of what determines a shard's content: format version, episodes, sources, options.
+
     ``roots``: source name -> its folder or URL (``Source.path``); files are named relative to it.
     """
     roots = roots or {}
@@ -415,8 +418,9 @@ def _feature_schema(source: Source, table: pa.Table) -> dict:
 
 
 def _camera_entry(index: WindowIndex, stream: int, fps: float) -> dict:
-    """Manifest ``cameras`` entry of a camera stream: stream facts, the camera kind and what the
-    reader returns, and the conversion the reader applies when it returns fewer bits than are stored.
+    """Manifest ``cameras`` entry of a camera stream: stream facts, camera kind and reader output.
+
+    The entry also names the conversion the reader applies when it returns fewer bits than are stored.
     """
     kind = index.cam_kind[stream].as_py()
     pix_fmt = index.cam_pix_fmt[stream].as_py()

@@ -30,6 +30,7 @@ def read_file(file: FileInput) -> bytes:
 
 
 def file_size(file: FileInput) -> int:
+    """The file's size in bytes (a ``RemoteFile`` asks its filesystem unless a listing gave it)."""
     return file.size() if isinstance(file, RemoteFile) else os.path.getsize(file)
 
 

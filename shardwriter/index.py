@@ -207,6 +207,7 @@ class WindowIndex:
     @classmethod
     def load(cls, sources: list) -> WindowIndex:
         """Load per-shard index files (paths or file objects); shard ``i`` is ``sources[i]``.
+
         Unchecked: for files this process wrote (readers of outside data use ``read_shard_indexes``).
         """
         tables = [pq.read_table(s) for s in sources]
@@ -221,9 +222,11 @@ class WindowIndex:
 
     @classmethod
     def load_dataset(cls, root: str) -> WindowIndex:
-        """Load a local dataset's index from its memory-mapped ``index.arrow`` (one file for all
-        shards: milliseconds for tens of thousands of episodes, pages shared by forked workers),
-        or from the per-shard Parquet indexes the manifest lists when it is absent. Unchecked.
+        """Load a local dataset's index from its memory-mapped ``index.arrow``, else per-shard Parquet.
+
+        ``index.arrow`` is one file for all shards: milliseconds for tens of thousands of episodes,
+        pages shared by forked workers. When it is absent, the per-shard Parquet indexes the manifest
+        lists are read. Unchecked.
         """
         path = os.path.join(root, DATASET_INDEX_NAME)
         if os.path.exists(path):
@@ -242,10 +245,11 @@ class WindowIndex:
 
     @classmethod
     def read_dataset_index(cls, data, where: str, format_version: int | None) -> WindowIndex:
-        """The index in ``data`` (``index.arrow``'s bytes or buffer, an Arrow IPC file), after its
-        format version (``validate.check_index_version``, against the manifest's ``format_version``;
-        None: not compared) and schema (``validate.check_index_table``) are checked; values are
-        checked by ``validate.check_index``.
+        """The index in ``data`` (``index.arrow``'s bytes or buffer, an Arrow IPC file), checked.
+
+        Its format version (``validate.check_index_version``, against the manifest's
+        ``format_version``; None: not compared) and schema (``validate.check_index_table``) are
+        checked here; values are checked by ``validate.check_index``.
 
         Raises:
             FormatError: not an Arrow IPC file, another format version, or a column breaks the
@@ -263,10 +267,12 @@ class WindowIndex:
 
     @classmethod
     def read_shard_indexes(cls, files: Iterable[tuple[bytes, str]], format_version: int | None) -> WindowIndex:
-        """The index of per-shard index files (``(Parquet bytes, where)`` in shard order; an iterator
-        is consumed one file at a time, so a caller may check each file's digest as it yields it),
-        each file's format version (``validate.check_index_version``, against the manifest's
-        ``format_version``; None: not compared) and schema (``validate.check_index_table``) checked.
+        """The index of per-shard index files (``(Parquet bytes, where)`` in shard order), checked.
+
+        An iterator is consumed one file at a time, so a caller may check each file's digest as it
+        yields it. Each file's format version (``validate.check_index_version``, against the
+        manifest's ``format_version``; None: not compared) and schema (``validate.check_index_table``)
+        are checked.
 
         Raises:
             FormatError: a file is not Parquet, states another format version, or a column breaks
@@ -327,8 +333,9 @@ class WindowIndex:
         return self._table.column("tasks")[episode].as_py()
 
     def row(self, episode: int) -> dict:
-        """The episode's index row as the format's dict (``INDEX_SCHEMA`` fields). O(row) Python
-        objects: for inspection and tests; readers use the arrays and lookups.
+        """The episode's index row as the format's dict (``INDEX_SCHEMA`` fields).
+
+        O(row) Python objects: for inspection and tests; readers use the arrays and lookups.
         """
         return self._table.slice(episode, 1).to_pylist()[0]
 
@@ -361,8 +368,9 @@ class WindowIndex:
         return self._data_members[episodes]
 
     def member_ranges(self, members) -> tuple[np.ndarray, np.ndarray]:
-        """Byte ranges ``[start, stop)`` in the shard of flat ``members`` (int array): two int64
-        arrays of its shape (the member's data, not its tar header).
+        """Byte ranges ``[start, stop)`` in the shard of flat ``members`` (int array).
+
+        Returns two int64 arrays of ``members``' shape: offsets of the member's data, not its tar header.
         """
         members = np.asarray(members, dtype=np.int64)
         return self.member_offset[members], self.member_offset[members] + self.member_size[members]
@@ -370,8 +378,9 @@ class WindowIndex:
     # -- camera streams ----------------------------------------------------------------------------
 
     def camera_streams(self, name: str, episodes=None) -> np.ndarray:
-        """int64 ``[num_episodes]`` (or the shape of ``episodes``, an int array): the flat stream
-        number of camera ``name`` in every (or each given) episode.
+        """The flat stream number of camera ``name`` in every (or each given) episode.
+
+        Returns int64 ``[num_episodes]``, or the shape of ``episodes`` (an int array) when given.
 
         Raises:
             KeyError: an episode has no such camera (naming the first one, its number and key).
@@ -427,8 +436,10 @@ class WindowIndex:
 
     @functools.cached_property
     def _keyframe_axis(self) -> tuple[np.ndarray, int]:
-        """Keyframes of all streams on one sorted axis, stream ``s`` shifted by ``s * span`` (span
-        above any frame number), so one ``searchsorted`` serves every stream.
+        """Keyframes of all streams on one sorted axis, so one ``searchsorted`` serves every stream.
+
+        Stream ``s`` is shifted by ``s * span`` (``span`` above any frame number); returns the int64
+        axis and ``span``.
         """
         span = int(max(self.cam_num_frames.max(initial=0), self.keyframes.max(initial=0))) + 1
         stream_of_key = np.repeat(np.arange(self.key_offsets.size - 1, dtype=np.int64), np.diff(self.key_offsets))
@@ -454,8 +465,9 @@ class WindowIndex:
         return np.where(valid, self.keyframes[np.maximum(pos, 0)] if self.keyframes.size else 0, frames)
 
     def decoded_frames(self, streams, frames) -> np.ndarray:
-        """Frames a sequential decoder decodes to return ``frames``: the decode cost, counted once
-        for the reader's telemetry and the balancer's cost model.
+        """Frames a sequential decoder decodes to return ``frames``: the decode cost.
+
+        Counted once here for the reader's telemetry and the balancer's cost model.
 
         ``frames``: int64 ``[..., K]``, each row sorted ascending (duplicates cost nothing);
         ``streams``: an int, or an int array of shape ``[...]`` (the stream of each row).

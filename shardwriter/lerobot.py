@@ -36,8 +36,9 @@ from .storage import FileSystemHandle, RemoteFile, is_local, local_path, protoco
 
 
 class _Tree:
-    """The files of a dataset folder, local or behind an fsspec URL, addressed by full path
-    (``root/<relative path>``, the form messages show).
+    """The files of a dataset folder, local or behind an fsspec URL, addressed by full path.
+
+    Full path: ``root/<relative path>``, the form messages show.
 
     A remote folder is listed once, recursively (one paginated listing on an object store, one
     request per folder over HTTP: the server must serve directory listings) and questions about it
@@ -133,8 +134,9 @@ def _format(template: str, fields: dict) -> str:
 
 
 def _read_jsonl(tree: _Tree, path: str, fields: dict[str, type]) -> list[dict]:
-    """Rows of a JSON-lines file (none if it is absent), each an object whose ``fields`` (name ->
-    type; ``list`` means a list of strings) have those types. Raises SourceError naming file and line.
+    """Rows of a JSON-lines file (none if it is absent), each an object with typed ``fields``.
+
+    ``fields``: name -> type (``list`` means a list of strings). Raises SourceError naming file and line.
     """
     if not tree.exists(path):
         return []
@@ -229,9 +231,10 @@ def _camera_names(features: dict) -> list[str]:
 
 
 def _look_alike(tree: _Tree, rel: str, taken: set[str]) -> str | None:
-    """A path under ``root`` that looks like the intended one where ``rel`` first goes missing
-    (``video/`` for ``videos/...``), or None. ``taken``: relative paths that are something else
-    (other cameras' folders).
+    """A path under ``root`` that looks like the intended one where ``rel`` first goes missing, or None.
+
+    E.g. ``video/`` for ``videos/...``. ``taken``: relative paths that are something else (other
+    cameras' folders).
     """
     here, root = "", tree.root
     for part in rel.split("/"):
@@ -564,10 +567,12 @@ def _read_parquet(tree: _Tree, path: str):
 
 
 def _v3_episode_rows(tree: _Tree, paths: list[str]) -> list[dict]:
-    """Rows of the v3.0 ``meta/episodes`` files, checked: ``episode_index`` (unique) and
-    ``data/*_index`` are integers; each camera's ``videos/<camera>/`` columns come as the set
-    ``chunk_index``, ``file_index`` (integers or null), ``from_timestamp``, ``to_timestamp`` (finite
-    numbers or null); ``tasks`` is a list of strings. Raises SourceError naming file, row and column.
+    """Rows of the v3.0 ``meta/episodes`` files, checked.
+
+    ``episode_index`` (unique) and ``data/*_index`` are integers; each camera's ``videos/<camera>/``
+    columns come as the set ``chunk_index``, ``file_index`` (integers or null), ``from_timestamp``,
+    ``to_timestamp`` (finite numbers or null); ``tasks`` is a list of strings. Raises SourceError
+    naming file, row and column.
     """
     rows: list[dict] = []
     seen: dict[int, str] = {}

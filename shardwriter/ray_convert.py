@@ -38,8 +38,9 @@ def import_ray():
 
 
 def connect(address: str | None) -> bool:
-    """Connect this process to the Ray cluster at ``address`` (``None``: ``RAY_ADDRESS`` or the cluster
-    running on this machine, else a new local one) unless it already is; True if this call connected.
+    """Connect this process to the Ray cluster at ``address`` unless it already is; True if this call connected.
+
+    ``None``: ``RAY_ADDRESS`` or the cluster running on this machine, else a new local one.
     """
     ray = import_ray()
     if ray.is_initialized():
@@ -67,6 +68,13 @@ class RayRunner:
     max_in_flight: int | None = None
 
     def __call__(self, jobs: list[tuple], storage: Storage, options: ConvertOptions, total: int, done: dict) -> None:
+        """Write ``jobs`` (``(shard_id, episodes, plan_digest)``) as Ray tasks of ``write_shard``.
+
+        Each result (the shard's metadata) goes to ``done[shard_id]``; ``total``: episodes of the
+        whole plan, for the progress bar (shards already in ``done`` count as progress). Disconnects
+        afterwards if this call connected. Raises the first task's own exception (e.g.
+        ``ConversionError``), after cancelling the tasks still pending so none publishes a shard.
+        """
         from tqdm import tqdm
 
         ray = import_ray()
@@ -102,8 +110,9 @@ class RayRunner:
 
 
 def _result(ray, ref):
-    """``ray.get(ref)``, raising a task's own exception (e.g. ``ConversionError`` naming the episode)
-    as the local conversion would, not Ray's wrapper.
+    """``ray.get(ref)``, raising a task's own exception as the local conversion would, not Ray's wrapper.
+
+    E.g. a ``ConversionError`` naming the episode.
     """
     try:
         return ray.get(ref)

@@ -1,5 +1,6 @@
-"""Where a dataset lives: a local folder or any fsspec URL (``s3://``, ``gs://``, ``http(s)://``,
-``hf://``, ``file://``), and the storage options every command and API takes.
+"""Where a dataset lives (a local folder or any fsspec URL) and the storage options every API takes.
+
+URLs: ``s3://``, ``gs://``, ``http(s)://``, ``hf://``, ``file://``; every command takes the options too.
 
 Storage options (``resolve_storage_options``, the one definition): the ``storage_options`` dict
 of an API (CLI: ``--storage-options JSON``, ``parse_storage_options``) over the fsspec
@@ -82,10 +83,11 @@ def local_path(url: str) -> str:
 
 
 def resolve_storage_options(url: str, storage_options: dict | None = None) -> dict:
-    """The options a filesystem for ``url`` is made with: the fsspec configuration for its
-    protocol, read now from ``FSSPEC_CONFIG_DIR`` files and ``FSSPEC_<PROTOCOL>[_<OPTION>]``
-    environment variables (values as fsspec parses them), updated by ``storage_options`` (explicit
-    options win). Client variables such as ``AWS_ENDPOINT_URL`` are read by the client itself (see
+    """The options a filesystem for ``url`` is made with (explicit ``storage_options`` win).
+
+    The fsspec configuration for its protocol, read now from ``FSSPEC_CONFIG_DIR`` files and
+    ``FSSPEC_<PROTOCOL>[_<OPTION>]`` environment variables (values as fsspec parses them), updated
+    by ``storage_options``. Client variables such as ``AWS_ENDPOINT_URL`` are read by the client itself (see
     the module docstring) and apply when no option sets the same thing.
     """
     conf: dict = {}
@@ -345,8 +347,9 @@ _source_handles: dict[tuple[str | None, str], FileSystemHandle] = {}  # (protoco
 
 
 def source_filesystem(url: str, storage_options: dict):
-    """This process's fsspec filesystem for source files at ``url``'s protocol with these options:
-    one ``FileSystemHandle`` per protocol and options, shared by every file (remade after a fork).
+    """This process's fsspec filesystem for source files at ``url``'s protocol with these options.
+
+    One ``FileSystemHandle`` per protocol and options, shared by every file (remade after a fork).
     """
     key = (protocol_of(url), json.dumps(storage_options, sort_keys=True, default=str))
     if key not in _source_handles:
@@ -356,9 +359,10 @@ def source_filesystem(url: str, storage_options: dict):
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """A source file behind an fsspec URL (a LeRobot dataset in S3, behind HTTP, on the Hub), read
-    through without a local copy: ``open`` gives a seekable file that holds at most
-    ``READ_BLOCK_BYTES`` read ahead (range requests), ``read`` the whole file.
+    """A source file behind an fsspec URL, read through without a local copy.
+
+    E.g. a LeRobot dataset in S3, behind HTTP, on the Hub. ``open`` gives a seekable file that
+    holds at most ``READ_BLOCK_BYTES`` read ahead (range requests), ``read`` the whole file.
 
     ``url``: the file's URL. ``known_size``: its size in bytes when a listing gave it (else asked
     on first use). ``storage_options``: as ``make_filesystem`` takes them. Picklable: each process
@@ -382,10 +386,12 @@ class RemoteFile:
         return fs.open(path, "rb", block_size=READ_BLOCK_BYTES)
 
     def read(self) -> bytes:
+        """The whole file's bytes (one request); raises what the filesystem raises (e.g. FileNotFoundError)."""
         fs, path = self._fs()
         return fs.cat_file(path)
 
     def size(self) -> int:
+        """The file's size in bytes: ``known_size``, else asked of the filesystem once (cached)."""
         return self.known_size if self.known_size is not None else _remote_size(self)
 
 

@@ -79,9 +79,11 @@ class VideoProbe:
 
 @contextlib.contextmanager
 def _readable(source: VideoSource):
-    """What FFmpeg (PyAV) and torchcodec open: a local path as it is, bytes as a ``BytesIO``, a
-    ``RemoteFile`` as a seekable file of range requests (at most ``storage.READ_BLOCK_BYTES``
-    read ahead: memory stays bounded whatever the file's size).
+    """Yield what FFmpeg (PyAV) and torchcodec open for ``source``.
+
+    A local path as it is, bytes as a ``BytesIO``, a ``RemoteFile`` as a seekable file of range
+    requests (at most ``storage.READ_BLOCK_BYTES`` read ahead: memory stays bounded whatever the
+    file's size).
     """
     if isinstance(source, str):
         yield source
@@ -222,9 +224,11 @@ def frame_mappings(pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray) 
 
 
 def open_decoder(data, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray, stream_index: int | None):
-    """The reader's decoder: torchcodec ``VideoDecoder`` on ``data`` with the frame tables as
-    ``custom_frame_mappings`` (no rescan), NCHW uint8 RGB output (8 bits whatever the source's
-    depth), one FFmpeg thread. ``data``: the encoded bytes, a local path or a seekable binary file.
+    """The reader's decoder: a torchcodec ``VideoDecoder`` on ``data`` using the index's frame tables.
+
+    The tables go in as ``custom_frame_mappings`` (no rescan); output is NCHW uint8 RGB (8 bits
+    whatever the source's depth); one FFmpeg thread. ``data``: the encoded bytes, a local path or a
+    seekable binary file.
 
     ``stream_index``: the stream the tables describe (None or -1: FFmpeg's best video stream, for
     indexes written before the index recorded it). Raises whatever torchcodec raises.
@@ -347,8 +351,9 @@ def _timed(packets):
 
 
 def _packets_from(src, source: VideoSource, info: VideoProbe, start: int):
-    """Yield ``(q, packet)``: the frame stream's packets in decode order with their index ``q`` in
-    ``info.packet_pts``, from packet ``start`` (a keyframe) or earlier.
+    """Yield ``(q, packet)``: the frame stream's packets in decode order from packet ``start`` or earlier.
+
+    ``q`` is the packet's index in ``info.packet_pts``; ``start`` is a keyframe.
 
     ``src`` (an open container of ``source``) is first seeked to that keyframe, so the packets of
     the episodes before it in a LeRobot v3.0 file are not read (remotely: not downloaded again for

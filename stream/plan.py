@@ -111,8 +111,10 @@ class PerEpisode:
 
     @classmethod
     def of(cls, value: PerEpisode | float | int | None) -> PerEpisode:
-        """``value`` as a ``PerEpisode``; the old ambiguous forms (an int: a count, a float: a
-        fraction) still work with a ``DeprecationWarning``.
+        """``value`` as a ``PerEpisode``.
+
+        The old ambiguous forms (an int: a count, a float: a fraction) still work with a
+        ``DeprecationWarning``.
         """
         if value is None:
             return cls()
@@ -177,9 +179,10 @@ class EpisodeTable:
 
     @classmethod
     def concat(cls, tables: Sequence[EpisodeTable], shard_counts: Sequence[int], stratify: bool) -> EpisodeTable:
-        """The tables of a mix of datasets as one: episodes numbered in order (dataset ``d``'s
-        episode ``e`` becomes ``sum(episodes of datasets < d) + e``), shards likewise by
-        ``shard_counts``; with ``stratify`` each dataset is its own stratum.
+        """The tables of a mix of datasets as one, episodes and shards numbered in order.
+
+        Dataset ``d``'s episode ``e`` becomes ``sum(episodes of datasets < d) + e``, shards likewise
+        by ``shard_counts``; with ``stratify`` each dataset is its own stratum.
         """
         base = np.cumsum([0, *[t.num_episodes for t in tables]])
         shard_base = np.cumsum([0, *shard_counts])
@@ -539,8 +542,9 @@ def _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, load
 
 
 class CostStage(Protocol):
-    """Predicted cost of windows: float64 ``[n]`` for global episode numbers and anchors ``[n]``
-    (``balance.cost.CostFn``).
+    """Predicted cost of windows: float64 ``[n]`` for global episode numbers and anchors ``[n]``.
+
+    Implemented by ``balance.cost.CostFn``.
     """
 
     def __call__(self, episodes: np.ndarray, anchors: np.ndarray) -> np.ndarray: ...
@@ -606,8 +610,9 @@ class Progress:
 
 @dataclass(frozen=True)
 class Stages:
-    """The per-consumer stages after the cut: the shuffle buffer's bounds (windows; bytes of loaded
-    episodes, ``buffer_shuffle``), then the optional ``cost`` and ``order`` stages.
+    """The per-consumer stages after the cut: shuffle buffer bounds, then optional ``cost`` and ``order``.
+
+    The shuffle buffer (``buffer_shuffle``) is bounded in windows and in bytes of loaded episodes.
     """
 
     shuffle_windows: int = 0
@@ -627,8 +632,9 @@ def level_plan(
     stages: Stages,
     history: Sequence[Progress] = (),
 ) -> GlobalPlan:
-    """The windows of ``epoch`` still to be yielded, dealt to ``consumers``, after the progress of
-    earlier layouts (``history``, oldest first; empty: the epoch's own plan, ``global_plan``).
+    """The windows of ``epoch`` still to be yielded, dealt to ``consumers``, after earlier layouts' progress.
+
+    ``history``: the earlier layouts, oldest first (empty: the epoch's own plan, ``global_plan``).
 
     Each level's consumed windows are the first ``consumed[c]`` of consumer ``c``'s yield order
     (``worker_plan`` of that level); the rest keep their plan order and are dealt again (``deal``).
@@ -659,8 +665,9 @@ def level_plan(
 def _consumer_order(
     table: EpisodeTable, plan: GlobalPlan, world: World, level: int, seed: int, epoch: int, stages: Stages
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Yield order of ``world.consumer``'s part of ``plan`` (positions within the part) and the
-    windows' costs in that order.
+    """Yield order of ``world.consumer``'s part of ``plan`` and the windows' costs in that order.
+
+    The order is int64 positions within the part; costs are float64 in that order, or None.
     """
     part = plan.consumer_slice(world.consumer)
     episode, anchor = plan.episode[part], plan.anchor[part]

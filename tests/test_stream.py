@@ -86,7 +86,7 @@ def _keys(samples) -> list[tuple[int, int]]:
 
 def test_every_window_decodes_the_frames_of_its_rows(dataset):
     ds = WindowDataset(dataset, SPEC, seed=3, telemetry=True)
-    for epoch in range(2):
+    for _epoch in range(2):
         samples = list(ds)
         assert sorted(_keys(samples)) == sorted((e, a) for e, n in enumerate(LENGTHS) for a in range(n))
         for s in samples:
