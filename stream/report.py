@@ -122,7 +122,7 @@ def run(options: StreamRun, progress: bool = False) -> dict:
     t0 = time.perf_counter()
     loader = build(options)
     setup_s = time.perf_counter() - t0
-    steps_per_epoch, windows = len(loader), len(loader.dataset)  # type: ignore[arg-type]  # a sized IterableDataset
+    steps_per_epoch, windows = len(loader), len(loader.dataset)
     todo = min(options.batches, steps_per_epoch) if options.batches else steps_per_epoch
     bar = tqdm(total=todo, unit="batch", desc="stream", disable=not progress, file=sys.stderr)
 
