@@ -27,18 +27,18 @@ COMMANDS = ("convert", "inspect", "verify", "stream", "preview")
 log = logging.getLogger("epishard")
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows every option's default.
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append ``(default: ...)`` to the help of every option that has a default to show.
 
-    Except where there is none to show (flags, ``None``) or the help text already says it.
+    Not for flags, counts, positionals or a ``None`` default, nor where the help already says it.
+    (Done on the actions, not by overriding ``ArgumentDefaultsHelpFormatter``'s private hook.)
     """
-
-    def _get_help_string(self, action: argparse.Action) -> str:
+    for action in parser._actions:
         text = action.help or ""
         nothing = action.default is None or action.default is False or action.default == argparse.SUPPRESS
-        if "(default" in text or nothing or not action.option_strings or action.nargs == 0:  # flags, counts
-            return text
-        return text + " (default: %(default)s)"
+        if "(default" in text or nothing or not action.option_strings or action.nargs == 0 or not text:
+            continue
+        action.help = text + " (default: %(default)s)"
 
 
 def _common_options(parser: argparse.ArgumentParser, top: bool) -> None:
@@ -99,16 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="epishard",
         description="Window-indexed WebDataset shards and a streaming window reader for robot-learning episodes.",
-        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"epishard {__version__}")
     _common_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f"epishard.cli.{name}")
-        command = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter)
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
         _common_options(command, top=False)
+        _show_defaults(command)
         command.set_defaults(func=module.run)
     return parser
 
