@@ -23,11 +23,11 @@ $(BIN)/epishard: pyproject.toml requirements/machine.txt
 setup: $(BIN)/epishard
 
 demo: setup
-	rm -rf $(OUT)
+	rm -rf $(OUT) $(OUT)-preview.html
 	$(BIN)/epishard convert $(SAMPLE) $(OUT) --max-episodes-per-shard 2 --workers 2
 	$(BIN)/epishard verify $(OUT)
 	$(BIN)/epishard inspect $(OUT)
-	$(BIN)/epishard preview $(OUT) --windows 4 --out $(OUT)/preview.html
+	$(BIN)/epishard preview $(OUT) --windows 4 --out $(OUT)-preview.html
 	$(BIN)/epishard stream $(OUT) --frames 9 --span 33 --action-horizon 16 --size 224x224 --batch-size 8 --batches 30 --workers 2
 
 # The quality gates: lint, formatting, types (the packages under their installed names).
