@@ -17,6 +17,7 @@ import ctypes
 import dataclasses
 import hashlib
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -39,6 +40,8 @@ from .stats import DatasetStats
 from .storage import Storage
 from .tarwriter import TarShardWriter
 from .video import ReencodeSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -368,6 +371,7 @@ def _run(jobs: list[tuple], storage: Storage, options: ConvertOptions, total_epi
     if options.workers <= 1 or len(jobs) <= 1:
         for shard_id, episodes, digest in jobs:
             done[shard_id] = write_shard(storage, shard_id, episodes, options, digest)
+            log.info("shard %d written: %d episodes", shard_id, len(episodes))
             bar.update(len(episodes))
     else:
         with ProcessPoolExecutor(
@@ -383,6 +387,7 @@ def _run(jobs: list[tuple], storage: Storage, options: ConvertOptions, total_epi
                 for future in as_completed(futures):
                     sid, n = futures[future]
                     done[sid] = future.result()
+                    log.info("shard %d written: %d episodes", sid, n)
                     bar.update(n)
             except BaseException:
                 for future in futures:

@@ -1,6 +1,12 @@
-"""Summaries of a converted dataset for ``epishard inspect``: shards, episodes, cameras, codecs, GOPs."""
+"""Summaries of a converted dataset as data and as text.
+
+``describe`` (``epishard inspect``: shards, episodes, cameras, codecs, GOPs), and the text the CLI
+prints after ``convert`` and ``verify``.
+"""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -9,10 +15,12 @@ from .storage import Storage
 from .validate import load_shard_indexes
 
 
-def describe(root: str, storage_options: dict | None = None) -> dict:
+def describe(root: str, storage_options: dict | None = None, progress: bool = False) -> dict:
     """Summarise the dataset at ``root`` from its manifest and indexes (no tar is read).
 
     ``root``: a local folder or any fsspec URL; ``storage_options`` as ``storage.Storage`` takes them.
+
+    ``progress``: a progress bar on stderr over the per-shard indexes read (one file per shard).
 
     Raises:
         FileNotFoundError: no manifest; ``shardwriter.validate.FormatError``: the manifest or an
@@ -22,7 +30,16 @@ def describe(root: str, storage_options: dict | None = None) -> dict:
     if not storage.exists(fmt.MANIFEST_NAME):
         raise FileNotFoundError(f"no {fmt.MANIFEST_NAME} in {root} (not a dataset, or the conversion is unfinished)")
     manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), storage.path(fmt.MANIFEST_NAME))
-    index = load_shard_indexes(manifest, storage.read, root)
+    from tqdm import tqdm
+
+    with tqdm(total=len(manifest.shards), unit="shard", desc="inspect", disable=not progress, file=sys.stderr) as bar:
+
+        def read_index(name: str) -> bytes:
+            data = storage.read(name)
+            bar.update(1)
+            return data
+
+        index = load_shard_indexes(manifest, read_index, root)
     cameras = {}
     for cam_name, camera in manifest.cameras.items():
         streams = np.flatnonzero(index.cam_names.to_numpy(zero_copy_only=False) == cam_name)
@@ -88,4 +105,49 @@ def render(summary: dict) -> str:
         lines.append(f"  skipped {n} episode(s): {kind}")
     for kind, n in summary["report"]["warnings_by_kind"].items():
         lines.append(f"  warning x{n}: {kind}")
+    return "\n".join(lines)
+
+
+def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
+    """Text the CLI prints after ``convert``.
+
+    Notes, converted cameras, skips and warnings by kind, then one summary line (shards, episodes,
+    rows, MB, seconds).
+    """
+    lines = []
+    for source in manifest.sources:
+        lines += [f"  note: {source.name}: {note}" for note in source.notes]
+    for name, cam in manifest.cameras.items():
+        if cam.conversion or cam.kind == "depth":
+            lines.append(
+                f"  camera {name}: " + (cam.conversion or f"depth, read as uint16 [T, 1, H, W] ({cam.pix_fmt})")
+            )
+    report = manifest.report
+    lines += [f"  skipped {n} episode(s): {kind}" for kind, n in report.skipped_by_kind.items()]
+    for kind, n in report.warnings_by_kind.items():
+        example = next(w for w in report.warnings if w.kind == kind)
+        camera = f" camera {example.camera}" if example.camera else ""
+        lines.append(f"  warning x{n} {kind}: e.g. episode {example.episode}{camera}: {example.message}")
+    t = manifest.totals
+    lines.append(
+        f"wrote {t.shards} shards, {t.episodes} episodes, {t.rows} rows, {t.bytes / 1e6:.1f} MB to {out} "
+        f"in {seconds:.1f} s"
+    )
+    return "\n".join(lines)
+
+
+def render_verification(result: dict, root: str, seconds: float) -> str:
+    """Text the CLI prints after ``verify``.
+
+    One line per problem (shard, episode, camera, message), then one summary line ending in ``OK``
+    or the number of problems.
+    """
+    lines = []
+    for p in result["problems"]:
+        where = " ".join(f"{k}={p[k]}" for k in ("shard", "episode", "camera") if p.get(k) is not None)
+        lines.append(f"  {where}: {p['message']}")
+    verdict = "OK" if result["ok"] else f"{len(result['problems'])} problem(s)"
+    lines.append(
+        f"{root}: {result['shards']} shards, {result['episodes']} episodes, checked in {seconds:.1f} s: {verdict}"
+    )
     return "\n".join(lines)

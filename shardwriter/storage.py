@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import fsspec
 import fsspec.config
 
+from epishard.storage_options import parse_storage_options  # noqa: F401  (re-exported for the APIs and tools)
+
 from . import format as fmt
 
 CONNECT_TIMEOUT_S = 10.0  # default seconds to open a connection to S3 or an HTTP server
@@ -63,23 +65,6 @@ def with_timeouts(url: str, storage_options: dict, connect_s: float, read_s: flo
         client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=connect_s, sock_read=read_s))
         options["client_kwargs"] = client
     return options
-
-
-def parse_storage_options(text: str) -> dict:
-    """``--storage-options`` JSON text as a dict (``type=`` of every command's option).
-
-    Raises:
-        ValueError: the text is not a JSON object (the message quotes it and shows an example).
-    """
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"--storage-options {text!r} is not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ValueError(
-            f'--storage-options {text!r} must be a JSON object, e.g. \'{{"endpoint_url": "http://127.0.0.1:9000"}}\''
-        )
-    return value
 
 
 def protocol_of(url: str) -> str | None:

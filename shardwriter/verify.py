@@ -15,16 +15,21 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
+import sys
 import tarfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
 from . import format as fmt
 from .index import WindowIndex
 from .storage import NotARegularFile, Storage
 from .validate import FormatError, check_index
 from .video import check_frames
+
+log = logging.getLogger(__name__)
 
 
 def _problem(shard: str, message: str, **where) -> dict:
@@ -133,13 +138,14 @@ def _check_episode(
     return problems
 
 
-def verify(root: str, decode: bool = True, storage_options: dict | None = None) -> dict:
+def verify(root: str, decode: bool = True, storage_options: dict | None = None, progress: bool = False) -> dict:
     """Verify the dataset at ``root``: ``{"ok": bool, "shards": n, "episodes": n, "problems": [...]}``.
 
     ``root``: local folder or fsspec URL; ``storage_options`` merged with the environment
     (``storage.resolve_storage_options``).
 
-    Each problem names the shard, and where it applies the episode key and camera.
+    Each problem names the shard, and where it applies the episode key and camera. ``progress``: a
+    progress bar on stderr over the shards.
 
     Raises:
         FileNotFoundError: no such folder or bucket. PermissionError: access denied.
@@ -158,11 +164,12 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None) 
         }
     manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), f"{storage.url}/{fmt.MANIFEST_NAME}")
     problems, indexes = [], []
-    for entry in manifest.shards:
+    for entry in tqdm(manifest.shards, unit="shard", desc="verify", disable=not progress, file=sys.stderr):
         try:
             found, index = _check_shard(storage, entry, manifest, decode)
         except NotARegularFile as exc:
             found, index = [_problem(entry.shard, str(exc))], None
+        log.info("%s: %s", entry.shard, f"{len(found)} problem(s)" if found else "ok")
         problems += found
         indexes.append(index)
     problems += _check_dataset_index(storage, manifest, indexes)

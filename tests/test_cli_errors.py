@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import os
 import shutil
@@ -290,12 +291,12 @@ def test_worker_error_names_dataset_shard_episode_and_camera(dataset, tmp_path, 
 
 
 def test_unexpected_fault_says_how_to_see_the_traceback(dataset, tmp_path, capsys, monkeypatch):
-    cli_module = sys.modules["epishard.cli"]
+    convert_module = importlib.import_module("epishard.shardwriter.convert")  # the CLI calls its `convert`
 
     def broken(*args, **kw):
         raise RuntimeError("something\nbroke")
 
-    monkeypatch.setattr(cli_module, "convert", broken)
+    monkeypatch.setattr(convert_module, "convert", broken)
     assert cli(["convert", dataset, str(tmp_path / "out"), "--quiet"]) == 2
     assert _error(capsys, "convert") == "RuntimeError: something broke (unexpected: run with --debug for the traceback)"
     assert cli(["--debug", "convert", dataset, str(tmp_path / "out"), "--quiet"]) == 2

@@ -202,7 +202,7 @@ def _run_all(commands: list[list[str]], extra: list[str], capsys) -> list[str]:
 def _check(outputs: list[str], out: str) -> None:
     convert_out, verify_out, inspect_out, stream_out = outputs
     assert "wrote 2 shards, 3 episodes, 36 rows" in convert_out
-    assert verify_out.startswith(f"{out}: 2 shards, 3 episodes: OK")
+    assert verify_out.startswith(f"{out}: 2 shards, 3 episodes, checked in ") and verify_out.endswith(": OK\n")
     summary = json.loads(inspect_out)
     assert summary["root"] == out and summary["totals"]["episodes"] == 3
     assert summary["sources"][0]["format"] == "lerobot-v2.1"

@@ -58,6 +58,7 @@ from epishard.balance import (
     step_stats,
     stratified_order,
 )
+from epishard.balance.telemetry import step_costs
 from epishard.shardwriter.index import WindowIndex
 from epishard.stream.plan import EpisodeTable, World, buffer_shuffle, global_plan, rng_for, worker_plan
 
@@ -387,6 +388,20 @@ def streaming(mix: RealMix, model: str, world: int, batch: int, workers: int, ch
     return row
 
 
+def plot_first_configuration(args, path: str) -> None:
+    """Per-rank cost per step, random against balanced, of (a)'s first world size and batch size."""
+    from epishard.balance.plots import plot_rank_costs
+
+    world, batch = args.worlds[0], args.batches[0]
+    costs = vlm_sft_costs(args.steps * world * batch, np.random.default_rng(args.seed))
+    layouts = {
+        "random": step_costs(random_steps(costs, world, batch, args.seed), costs),
+        "balanced": step_costs(balanced_steps(costs, world, batch, args.seed), costs),
+    }
+    plot_rank_costs(layouts, path, f"VLM SFT costs, world {world}, batch {batch}, {args.steps} steps")
+    print(f"plot: {path}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=200, help="global steps per configuration in (a) and (b)")
@@ -402,6 +417,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
+    ap.add_argument("--plot", metavar="PNG", help="draw per-rank cost per step of (a)'s first configuration")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     out = (lambda row: print(json.dumps(row), flush=True)) if args.json else None
@@ -417,6 +433,9 @@ def main(argv=None) -> int:
             }
             rows_a.append(r)
             out and out(r)
+
+    if args.plot:
+        plot_first_configuration(args, args.plot)
 
     rows_b, rows_c, described = [], [], []
     if all(os.path.exists(os.path.join(args.data, name, "meta", "info.json")) for name in MIX):

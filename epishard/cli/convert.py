@@ -1,0 +1,126 @@
+"""``epishard convert``: LeRobot datasets in, window-indexed tar shards out (``shardwriter.convert``)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from epishard.cli import show_progress, storage_options
+
+HELP = "convert LeRobot datasets (v2.0, v2.1, v3.0) into window-indexed tar shards"
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``512MiB``, ``1GiB``, ``100k``, ``4096``; ValueError naming the option otherwise."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    stem = text.strip().lower().rstrip("b").rstrip("i")
+    try:
+        return int(float(stem[:-1]) * units[stem[-1]]) if stem and stem[-1] in units else int(stem)
+    except ValueError:
+        raise ValueError(f"--max-shard-size: {text!r} is not a size in bytes like 512MiB or 1GiB") from None
+
+
+def parse_episodes(text: str) -> frozenset[int]:
+    """Episode indices of ``0-9,12``; ValueError naming the option otherwise."""
+    out: set[int] = set()
+    try:
+        for part in filter(None, text.split(",")):
+            a, _, b = part.partition("-")
+            out.update(range(int(a), int(b) + 1) if b else [int(a)])
+    except ValueError:
+        raise ValueError(f"--episodes: {text!r} is not a list of episode indices like 0-9,12") from None
+    return frozenset(out)
+
+
+def _reencode(text: str):
+    from epishard.shardwriter.video import ReencodeSpec
+
+    try:
+        return ReencodeSpec.parse(text)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"--reencode {text!r}: {exc} (expected e.g. codec=libx264,gop=10,size=224x224,crf=23)"
+        ) from None
+
+
+def add_arguments(c: argparse.ArgumentParser) -> None:
+    """The ``epishard convert`` arguments."""
+    c.add_argument(
+        "sources",
+        nargs="+",
+        metavar="SRC",
+        help="LeRobot dataset folders or URLs (s3://, http(s)://, hf://datasets/...)",
+    )
+    c.add_argument("out", metavar="OUT", help="output folder or URL")
+    c.add_argument("--prefix", default="shard", help="shard file prefix")
+    c.add_argument("--max-episodes-per-shard", type=int, default=64, help="episodes per shard at most")
+    c.add_argument("--max-shard-size", default="1GiB", help="bytes per shard at most, e.g. 512MiB")
+    c.add_argument("--episodes", help="source episode indices to keep, e.g. 0-9,12 (default: all)")
+    c.add_argument("--cameras", help="comma-separated camera names to keep (default: all)")
+    c.add_argument(
+        "--no-cameras",
+        action="store_true",
+        help="convert state and action only, no camera (needed when no declared camera has video files)",
+    )
+    c.add_argument(
+        "--reencode", help="re-encode videos, e.g. codec=libx264,gop=10,size=224x224,crf=23 (default: copy bit-exact)"
+    )
+    c.add_argument(
+        "--on-error",
+        choices=["raise", "skip", "fail"],
+        default="raise",
+        metavar="{raise,skip}",
+        help="bad episode: stop, or skip it and count it in the report ('fail': deprecated 'raise')",
+    )
+    c.add_argument(
+        "--timestamps",
+        choices=["warn", "raise", "fail"],
+        default="warn",
+        metavar="{warn,raise}",
+        help="timestamps that disagree with the video: report them, or stop ('fail': deprecated 'raise')",
+    )
+    c.add_argument("--workers", type=int, default=1, help="parallel processes")
+    c.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a finished conversion of other sources or options in OUT (refused without it)",
+    )
+    c.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="write each shard as a task on a Ray cluster (ADDRESS, e.g. 10.0.0.1:6379; alone: RAY_ADDRESS "
+        "or this machine's cluster); sources and OUT must be reachable from every node (default: no Ray, "
+        "--workers processes here)",
+    )
+    storage_options(c)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``epishard convert``; return the exit status."""
+    from epishard.shardwriter.convert import ConvertOptions, convert
+    from epishard.shardwriter.describe import render_conversion
+
+    options = ConvertOptions(
+        prefix=args.prefix,
+        max_episodes_per_shard=args.max_episodes_per_shard,
+        max_bytes_per_shard=parse_size(args.max_shard_size),
+        episodes=parse_episodes(args.episodes) if args.episodes else None,
+        cameras=() if args.no_cameras else tuple(args.cameras.split(",")) if args.cameras else None,
+        reencode=_reencode(args.reencode) if args.reencode else None,
+        on_error=args.on_error,
+        timestamps=args.timestamps,
+        workers=args.workers,
+        progress=show_progress(args),
+        overwrite=args.overwrite,
+    )
+    runner = None
+    if args.ray is not None:  # Ray is imported only when asked for
+        from epishard.shardwriter.ray_convert import RayRunner
+
+        runner = RayRunner(args.ray or None)
+    start = time.perf_counter()
+    manifest = convert(args.sources, args.out, options, storage_options=args.storage_options, runner=runner)
+    print(render_conversion(manifest, args.out, time.perf_counter() - start))
+    return 0

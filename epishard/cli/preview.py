@@ -1,0 +1,54 @@
+"""``epishard preview``: look at windows of a converted dataset in a browser (``stream.preview``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from epishard.cli import show_progress, storage_options
+from epishard.cli.convert import parse_episodes
+
+HELP = "an HTML page and PNG contact sheets of training windows: frames, pad masks, state/action curves"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``epishard preview`` arguments."""
+    p.add_argument("dataset", metavar="OUT", help="converted dataset folder or URL")
+    p.add_argument("--episodes", metavar="LIST", help="source episode indices to show, e.g. 0-9,12 (default: all)")
+    p.add_argument("--windows", type=int, default=8, help="windows to show")
+    p.add_argument("--cameras", metavar="NAMES", help="comma-separated camera names (default: all)")
+    p.add_argument("--frames", type=int, default=6, help="frames per camera per window")
+    p.add_argument("--span", type=int, default=30, help="rows the frames spread over, ending at the anchor")
+    p.add_argument("--action-horizon", type=int, default=16, help="action rows drawn from the anchor on")
+    p.add_argument("--seed", type=int, default=0, help="seed of the window choice")
+    p.add_argument("--out", default="preview.html", metavar="HTML", help="the HTML page to write (images inlined)")
+    p.add_argument(
+        "--sheets",
+        metavar="DIR",
+        help="folder for the PNG contact sheets, one per window (default: next to the page, <page>_sheets)",
+    )
+    storage_options(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``epishard preview``; return the exit status."""
+    from epishard.stream.preview import preview
+
+    result = preview(
+        args.dataset,
+        args.out,
+        episodes=parse_episodes(args.episodes) if args.episodes else None,
+        windows=args.windows,
+        cameras=args.cameras.split(",") if args.cameras else None,
+        frames=args.frames,
+        span=args.span,
+        action_horizon=args.action_horizon,
+        seed=args.seed,
+        sheets=args.sheets,
+        storage_options=args.storage_options,
+        progress=show_progress(args),
+    )
+    print(
+        f"{args.dataset}: {result.windows} windows of {result.episodes} episodes: {result.html} "
+        f"and {len(result.sheets)} contact sheets in {result.sheets_dir}"
+    )
+    return 0

@@ -1,0 +1,94 @@
+"""``epishard stream``: stream training windows and report throughput and stages (``stream.report``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import warnings
+
+from epishard.cli import show_progress, storage_options
+
+HELP = "stream training windows from a converted dataset; report throughput and stages"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``epishard stream`` arguments."""
+    p.add_argument("dataset", metavar="DATASET", help="converted dataset folder or URL")
+    p.add_argument("--cameras", help="comma-separated camera names (default: all)")
+    p.add_argument("--frames", type=int, default=9, help="frames per camera per window")
+    p.add_argument("--span", type=int, default=33, help="rows the frames spread over, from the anchor")
+    p.add_argument("--state-history", type=int, default=1, help="state rows, ending at the anchor")
+    p.add_argument("--action-horizon", type=int, default=16, help="action rows from the anchor (the action chunk)")
+    p.add_argument(
+        "--boundary",
+        choices=["inside", "pad"],
+        default="inside",
+        help="inside: only windows that fit in the episode; pad: every anchor, edge rows repeated and flagged",
+    )
+    p.add_argument("--stride", type=int, default=1, help="anchors every STRIDE rows")
+    add_per_episode_arguments(p)
+    p.add_argument("--size", help="resize frames to HxW, e.g. 224x224 (default: as stored)")
+    p.add_argument("--float", action="store_true", help="float32 frames in [0, 1] (LeRobot's output)")
+    p.add_argument("--batch-size", type=int, default=8, help="samples per batch")
+    p.add_argument("--batches", type=int, default=50, help="batches to run (0: one epoch)")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
+    p.add_argument("--seed", type=int, default=0, help="seed of the epoch plan")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    p.add_argument("--plot", metavar="FILE", help="draw the telemetry into this PNG (default: no plot)")
+    storage_options(p)
+
+
+def add_per_episode_arguments(p: argparse.ArgumentParser) -> None:
+    """``--per-episode-count N`` / ``--per-episode-fraction F``: windows per episode per epoch.
+
+    Default: every anchor. The deprecated ``--per-episode F`` is a count above 1, else a fraction.
+    """
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--per-episode-count",
+        type=int,
+        metavar="N",
+        help="windows per episode per epoch, at most all (default: every anchor)",
+    )
+    group.add_argument(
+        "--per-episode-fraction",
+        type=float,
+        metavar="F",
+        help="this share of each episode's windows, in (0, 1] (default: all)",
+    )
+    group.add_argument("--per-episode", type=float, help=argparse.SUPPRESS)  # deprecated
+
+
+def per_episode_options(args: argparse.Namespace) -> dict:
+    """``WindowSpec`` keywords from ``add_per_episode_arguments``' options."""
+    old = args.per_episode
+    if old is not None:
+        kind = "count" if old > 1 else "fraction"
+        warnings.warn(
+            f"--per-episode is deprecated (1 meant all windows, 2 two): use --per-episode-{kind}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return {"per_episode_count": int(old)} if old > 1 else {"per_episode_fraction": old}
+    return {"per_episode_count": args.per_episode_count, "per_episode_fraction": args.per_episode_fraction}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``epishard stream``; return the exit status."""
+    from epishard.stream.report import StreamRun, render
+    from epishard.stream.report import run as stream
+
+    per_episode = per_episode_options(args)
+    fields = (f.name for f in dataclasses.fields(StreamRun) if f.name not in per_episode)
+    options = StreamRun(**{name: getattr(args, name) for name in fields}, **per_episode)
+    report = stream(options, progress=show_progress(args))
+    if args.plot:
+        from epishard.stream.plots import plot_stream_report
+
+        plot_stream_report(report, args.plot)
+        if not args.json:
+            print(f"  telemetry plot: {args.plot}")
+    del report["per_step"]
+    print(json.dumps(report) if args.json else render(report))
+    return 0

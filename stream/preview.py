@@ -1,0 +1,287 @@
+"""Look at a converted dataset (``epishard preview``).
+
+Training windows drawn as PNG contact sheets and one self-contained HTML page.
+
+Windows are read through the reader itself (``WindowDataset``, ``boundary="pad"``), so the page
+shows what training would get: per window, each camera's frames with their episode, row and frame
+numbers and pad masks, and the state/action curves over the window. Drawn with matplotlib's Agg
+backend (``matplotlib.figure.Figure``, no pyplot state); matplotlib is the optional ``plots`` extra.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from .dataset import WindowDataset
+from .fetch import FetchPolicy
+from .plan import World
+from .plots import figure
+from .source import DatasetSource
+from .spec import WindowSpec
+
+STATE, ACTION = "observation.state", "action"
+
+
+@dataclass(frozen=True)
+class PreviewWindow:
+    """One window drawn.
+
+    The episode ``key``, the ``anchor`` row, the reader's ``sample``, and per
+    camera the rows shown (int64 ``[frames]``, clamped to the episode's recording segment) and the
+    camera's frame numbers of those rows (int64 ``[frames]``, from the index's row-to-frame map).
+    """
+
+    key: str
+    anchor: int
+    sample: dict
+    rows: dict[str, np.ndarray]
+    frames: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class PreviewResult:
+    """What ``preview`` wrote.
+
+    The page, the contact sheets (one PNG per window, in ``shown``'s order) and their folder, and
+    the windows drawn.
+    """
+
+    html: str
+    sheets: list[str]
+    sheets_dir: str
+    shown: list[PreviewWindow]
+
+    @property
+    def windows(self) -> int:
+        """Windows drawn."""
+        return len(self.shown)
+
+    @property
+    def episodes(self) -> int:
+        """Episodes the windows drawn come from."""
+        return len({w.key for w in self.shown})
+
+
+def _source_episode(key: str) -> int:
+    # Episode keys are `<source>-e<episode:06d>` (docs/FORMAT.md).
+    return int(key.rsplit("-e", 1)[1])
+
+
+def _read_windows(
+    source: DatasetSource, spec: WindowSpec, episodes: frozenset[int] | None, count: int, seed: int, progress: bool
+) -> list[PreviewWindow]:
+    """``count`` windows of one consumer's epoch-0 plan in ``episodes``, round robin over episodes.
+
+    The sample at position i of a single consumer's iteration is the plan's window i (episode,
+    anchor), which gives each frame's row and frame number.
+    """
+    ix = source.index
+    ds = WindowDataset(
+        source, spec, seed=seed, rank=0, world_size=1, shuffle_windows=0, fetch=FetchPolicy(on_shard_error="raise")
+    )
+    plan = ds.plan(0, World())
+    by_episode: dict[int, list[int]] = {}
+    for i, e in enumerate(plan.episode.tolist()):
+        if episodes is None or _source_episode(ix.key(e)) in episodes:
+            by_episode.setdefault(e, []).append(i)
+    # Round robin over the episodes (in plan order): every selected episode shows before any shows twice.
+    rounds = max((len(v) for v in by_episode.values()), default=0)
+    wanted = set([v[r] for r in range(rounds) for v in by_episode.values() if r < len(v)][:count])
+    out: list[PreviewWindow] = []
+    offsets = ds.cam_offsets[0]
+    with tqdm(total=len(wanted), unit="window", desc="preview", disable=not progress, file=sys.stderr) as bar:
+        for i, sample in enumerate(ds):
+            if len(out) == len(wanted):
+                break
+            if i not in wanted:
+                continue
+            e, anchor = int(plan.episode[i]), int(plan.anchor[i])
+            edges = ix.segment_edges(e)
+            k = int(np.searchsorted(edges, anchor, side="right")) - 1
+            names = ix.camera_names(e)
+            rows = {c: np.clip(anchor + o, edges[k], edges[k + 1] - 1) for c, o in offsets.items()}
+            frames = {c: ix.frames(ix.stream(e, names.index(c)), r) for c, r in rows.items()}
+            out.append(PreviewWindow(ix.key(e), anchor, sample, rows, frames))
+            bar.update(1)
+    return out
+
+
+def _image(frame) -> tuple[np.ndarray, dict]:
+    """HWC uint8 RGB, or HW with a colour map for a depth camera (uint16 ``[1, H, W]``)."""
+    array = frame.numpy()
+    if array.shape[0] == 1:
+        return array[0], {"cmap": "viridis"}
+    return np.moveaxis(array, 0, -1), {}
+
+
+def _curves(ax, w: PreviewWindow, spec: WindowSpec) -> None:
+    """State rows (solid) and the action chunk (dashed) against row numbers; padded rows shaded."""
+    drawn = False
+    for key, rows, style in (
+        (STATE, w.anchor + np.asarray(spec.state_offsets), "-"),
+        (ACTION, w.anchor + np.arange(spec.action_horizon), "--"),
+    ):
+        if key not in w.sample:
+            continue
+        values = np.asarray(w.sample[key], dtype=np.float64).reshape(len(rows), -1)
+        pad = np.asarray(w.sample[f"{key}_is_pad"], dtype=bool)
+        ax.plot(rows, values, style, linewidth=0.8)
+        ax.plot([], [], style, color="black", label=f"{key} ({values.shape[1]} dims)")
+        for row in rows[pad]:
+            ax.axvspan(row - 0.5, row + 0.5, color="grey", alpha=0.25, linewidth=0)
+        drawn = True
+    ax.axvline(w.anchor, color="red", linewidth=0.8)
+    ax.set_xlabel("row (red: anchor; grey: padded rows)")
+    if drawn:
+        ax.legend(loc="upper left", fontsize=7)
+
+
+def _sheet(w: PreviewWindow, spec: WindowSpec, title: str) -> bytes:
+    """One window as a PNG: a row of frames per camera, then the state/action curves."""
+    cams = list(w.rows)
+    cols = max(len(r) for r in w.rows.values())
+    fig = figure(figsize=(1.9 * cols, 2.1 * len(cams) + 2.6), layout="constrained")
+    grid = fig.add_gridspec(len(cams) + 1, cols, height_ratios=[2.1] * len(cams) + [2.6])
+    for c, cam in enumerate(cams):
+        pad = np.asarray(w.sample[f"{cam}_is_pad"], dtype=bool)
+        for j, (row, frame) in enumerate(zip(w.rows[cam].tolist(), w.frames[cam].tolist(), strict=True)):
+            ax = fig.add_subplot(grid[c, j])
+            image, style = _image(w.sample[cam][j])
+            ax.imshow(image, **style)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"row {row} frame {frame}" + (" PAD" if pad[j] else ""), fontsize=7)
+            if pad[j]:
+                for spine in ax.spines.values():
+                    spine.set_edgecolor("red")
+                    spine.set_linewidth(3)
+            if j == 0:
+                ax.set_ylabel(cam.removeprefix("observation.images."), fontsize=7)
+    _curves(fig.add_subplot(grid[len(cams), :]), w, spec)
+    fig.suptitle(title, fontsize=9)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80)
+    return buffer.getvalue()
+
+
+def _page(dataset: str, intro: str, sections: list[tuple[str, bytes]]) -> str:
+    body = "\n".join(
+        f'<section><h2>{html.escape(title)}</h2>\n<img alt="{html.escape(title)}" '
+        f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"></section>'
+        for title, png in sections
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<link rel="icon" href="data:,">
+<title>epishard preview: {html.escape(dataset)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 1.5em; }}
+h2 {{ font-size: 1em; margin-top: 2em; }}
+img {{ max-width: 100%; border: 1px solid #ccc; }}
+</style>
+</head>
+<body>
+<h1>epishard preview: {html.escape(dataset)}</h1>
+<p>{html.escape(intro)}</p>
+{body}
+</body>
+</html>
+"""
+
+
+def _write(path: str, data: bytes) -> None:
+    """Write ``path`` whole or not at all (a temporary name, then a rename)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def preview(
+    dataset: str,
+    out: str = "preview.html",
+    *,
+    episodes: frozenset[int] | None = None,
+    windows: int = 8,
+    cameras: list[str] | None = None,
+    frames: int = 6,
+    span: int = 30,
+    action_horizon: int = 16,
+    seed: int = 0,
+    sheets: str | None = None,
+    storage_options: dict | None = None,
+    progress: bool = False,
+) -> PreviewResult:
+    """Draw ``windows`` training windows of ``dataset`` (a converted dataset, folder or URL).
+
+    Each window: ``frames`` frames per camera spread evenly over the ``span`` rows ending at the
+    anchor (rounded to rows), the state over those rows and an ``action_horizon``-row
+    action chunk, with ``boundary="pad"``: rows past an episode's edge repeat its edge row and are
+    flagged (red frame, ``PAD``; grey bands on the curves). Windows are the seed's epoch-0 plan of
+    one consumer (``per_episode_count`` so that every selected episode contributes), restricted to the
+    source episode indices ``episodes``.
+
+    Writes one PNG contact sheet per window into ``sheets`` (default: ``<out without .html>_sheets``)
+    and the page ``out``, which inlines the same PNGs (base64) and needs no other file.
+
+    Raises:
+        ValueError: no window to show (``episodes`` selects none, or ``windows < 1``).
+        ImportError: matplotlib is not installed (``pip install epishard[plots]``).
+    """
+    figure()  # fail before reading anything when matplotlib is missing
+
+    if windows < 1 or frames < 1 or span < 1:
+        raise ValueError(f"--windows, --frames and --span must be >= 1, got {windows}, {frames}, {span}")
+    source = DatasetSource(dataset, storage_options)
+    ix = source.index
+    chosen = [e for e in range(ix.num_episodes) if episodes is None or _source_episode(ix.key(e)) in episodes]
+    if not chosen:
+        raise ValueError(f"--episodes selects no episode of the dataset ({ix.num_episodes} episodes)")
+    # Columns with statistics are the numeric features (features may be absent in older manifests).
+    features = set(source.manifest.features or {}) | set(source.manifest.stats)
+    # Evenly spread, rounded to rows (any span works; segment() would insist on an exact spread).
+    offsets = tuple(int(o) for o in np.unique(np.round(np.linspace(-(span - 1), 0, frames))))
+    spec = WindowSpec(
+        cameras={c: offsets for c in (cameras or source.cameras)},
+        state_offsets=tuple(range(-(span - 1), 1)),
+        action_horizon=action_horizon if ACTION in features else 0,
+        state_key=STATE if STATE in features else None,
+        action_key=ACTION if ACTION in features else None,
+        boundary="pad",
+        per_episode_count=-(-windows // len(chosen)),
+    )
+    picked = sorted(_read_windows(source, spec, episodes, windows, seed, progress), key=lambda w: (w.key, w.anchor))
+    if not picked:
+        raise ValueError(f"{dataset}: no window to show")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    stem = out[:-5] if out.endswith(".html") else out
+    sheets_dir = sheets or f"{stem}_sheets"
+    os.makedirs(sheets_dir, exist_ok=True)
+    sections, paths = [], []
+    for n, w in enumerate(picked):
+        title = (
+            f"window {n + 1}/{len(picked)}: episode {w.key} (episode_index {w.sample['episode_index']}), "
+            f"anchor row {w.anchor}, frame_index {w.sample['frame_index']}, task: {w.sample['task']}"
+        )
+        png = _sheet(w, spec, title)
+        paths.append(os.path.join(sheets_dir, f"window-{n:03d}.png"))
+        _write(paths[-1], png)
+        sections.append((title, png))
+    intro = (
+        f"{len(picked)} windows of {len({w.key for w in picked})} episodes; cameras "
+        f"{', '.join(spec.cameras or {})}; frames at offsets {list(offsets)} from the anchor; state over "
+        f"rows {-(span - 1)}..0, action over 0..{spec.action_horizon - 1}. Red frames and grey bands: padded "
+        "rows (past the episode's edge, repeating its edge row)."
+    )
+    _write(out, _page(dataset, intro, sections).encode("utf-8"))
+    return PreviewResult(out, paths, sheets_dir, picked)
