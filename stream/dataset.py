@@ -401,7 +401,11 @@ class WindowDataset(IterableDataset):
     def _generate(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):
         episodes, anchors = plan.episode[skip:], plan.anchor[skip:]
         order = np.argsort(episodes, kind="stable")
-        bounds = np.flatnonzero(np.r_[True, episodes[order][1:] != episodes[order][:-1]]) if episodes.size else []
+        bounds = (
+            np.flatnonzero(np.r_[True, episodes[order][1:] != episodes[order][:-1]])
+            if episodes.size
+            else np.zeros(0, dtype=np.int64)
+        )
         pending = {
             int(episodes[order[b]]): np.sort(anchors[order[b:e]])
             for b, e in zip(list(bounds), [*list(bounds[1:]), episodes.size], strict=False)
@@ -456,10 +460,11 @@ class WindowDataset(IterableDataset):
                 owed, last = 0, sample
                 last_of[d] = sample
             if owed:
-                d, exc = first_failure
+                assert first_failure is not None  # owed > 0 only after a failure
+                failed_dataset, first_error = first_failure
                 raise FetchError(
-                    f"{self.sources[d].url}: every episode this worker read failed, so {owed} samples "
-                    f"cannot be filled; the first: {exc}",
+                    f"{self.sources[failed_dataset].url}: every episode this worker read failed, so {owed} samples "
+                    f"cannot be filled; the first: {first_error}",
                     -1,
                 )
         finally:
@@ -672,7 +677,9 @@ class WindowLoader(DataLoader):
 
     def __iter__(self):
         if self._iterator is not None and (self._workers_next != self._epoch or self.dataset._resume is not None):
-            self._iterator._shutdown_workers()  # their dataset copies cannot run this epoch
+            # Their dataset copies cannot run this epoch. A private method of torch's multi-process
+            # iterator (the only way to stop persistent workers); typed on the subclass only.
+            self._iterator._shutdown_workers()  # type: ignore[attr-defined]
             self._iterator = None
         if self._iterator is None:
             self.dataset.set_epoch(self._epoch)
