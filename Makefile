@@ -23,7 +23,7 @@ $(BIN)/epishard: pyproject.toml requirements/machine.txt
 setup: $(BIN)/epishard
 
 demo: setup
-	rm -rf $(OUT) $(OUT)-preview.html
+	rm -rf $(OUT) $(OUT)-preview.html $(OUT)-preview_sheets
 	$(BIN)/epishard convert $(SAMPLE) $(OUT) --max-episodes-per-shard 2 --workers 2
 	$(BIN)/epishard verify $(OUT)
 	$(BIN)/epishard inspect $(OUT)
