@@ -426,6 +426,11 @@ def _read_v2(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
                 images=images,
             )
         )
+    return _source(name, root, info, fps, episodes, notes)
+
+
+def _source(name: str, root, info: dict, fps: float, episodes: list, notes: list[str]) -> Source:
+    """The ``Source`` of a LeRobot dataset (v2.x or v3.0), noting an episode count info.json gets wrong."""
     declared_episodes = int(info.get("total_episodes", len(episodes)))
     if declared_episodes != len(episodes):
         notes.append(
@@ -542,21 +547,8 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
         raise SourceError(
             f"{root}: none of the episodes in meta/episodes has its data file present (data_path {info['data_path']!r})"
         )
-    declared_episodes = int(info.get("total_episodes", len(episodes)))
-    if declared_episodes != len(episodes):
-        notes.append(
-            f"meta/info.json declares {declared_episodes} episodes; {len(episodes)} have data files and are converted"
-        )
     episodes.sort(key=lambda e: e.episode_index)
-    return Source(
-        name=name,
-        episodes=episodes,
-        fps=fps,
-        path=root,
-        format=f"lerobot-{info['codebase_version']}",
-        features=info.get("features", {}),
-        notes=notes,
-    )
+    return _source(name, root, info, fps, episodes, notes)
 
 
 def _read_parquet(tree: _Tree, path: str):
