@@ -1,12 +1,18 @@
 """Fetching shard bytes for one worker: background prefetch, verified ranged reads, retries.
 
-The reader knows, from its plan, every byte range it will need this epoch and in which order, so
-a small thread pool fetches ahead (bounded in bytes) while the worker decodes. Two modes:
+The reader knows, from its plan, every byte range it will need this epoch and in which order (the
+fetch order), so requests go out ahead of the worker while it decodes, bounded in bytes
+(``prefetch_bytes`` fetched and not yet consumed) and in number (a depth of requests in flight
+that grows, by Little's law, until it covers the measured latency; see ``Fetcher``). Two modes:
 
-- ``"stream"``: each shard's needed span (first to last needed byte, in tar order) is read front to
-  back in requests of ``chunk_bytes``; bytes between the members a worker needs are read too.
+- ``"stream"``: consecutive episodes of one shard in byte order are read front to back as one span
+  in requests of ``chunk_bytes``; bytes between the members a worker needs are read too. An
+  episode that does not continue such a run (a shuffled fetch order: episodes of many shards
+  interleaved) starts its own request at its first member, so no span is read twice.
 - ``"ranged"``: only the members each episode needs (its table and the requested cameras) are
-  fetched, by byte range; for global shuffling or reading one camera of many.
+  fetched, by byte range; ranges closer than ``coalesce_bytes`` (an episode's adjacent members,
+  the next episode of the same shard) share one request. For shuffled orders or reading one
+  camera of many.
 
 Every response is checked: its length must be the requested length (a server that ignores Range
 returns the whole object: then the requested bytes are cut out of it if it is complete, counted in
@@ -19,6 +25,7 @@ reader applies its shard policy.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,7 +53,14 @@ class FetchPolicy:
         chunk_bytes: largest single request, bytes (stream mode reads shards in such requests).
         prefetch_bytes: bytes fetched ahead of the worker and not yet consumed, at most; 0 turns
             prefetch off (each range is fetched when the worker needs it).
-        threads: concurrent requests per worker.
+        threads: requests in flight at the start (the depth then adapts, see ``Fetcher``).
+        max_in_flight: requests in flight at most, per worker and dataset (threads are made as
+            needed; an S3 client gets at least this many pooled connections). Set it to
+            ``threads`` for a fixed depth.
+        coalesce_bytes: ranged mode: a range that starts at most this many bytes after the previous
+            request of the same shard joins it (the tar headers between an episode's members, a
+            small member not asked for, the next episode of the shard), as long as the request stays
+            within ``chunk_bytes``. 8 KiB, Arrow's ``ReadRangeCache`` default hole size.
         retries: attempts after the first, per request; backoff ``backoff_s * 2**attempt`` capped at
             ``backoff_max_s`` seconds.
         on_shard_error: ``"skip"`` (default for training: the shard's windows are replaced by repeats
@@ -65,6 +79,8 @@ class FetchPolicy:
     chunk_bytes: int = 8 << 20
     prefetch_bytes: int = 256 << 20
     threads: int = 4
+    max_in_flight: int = 32
+    coalesce_bytes: int = 8 << 10
     retries: int = 5
     backoff_s: float = 0.05
     backoff_max_s: float = 2.0
@@ -78,6 +94,11 @@ class FetchPolicy:
     def __post_init__(self):
         check_choice("FetchPolicy", "mode", self.mode, ("stream", "ranged"), {})
         check_choice("FetchPolicy", "on_shard_error", self.on_shard_error, ("skip", "raise"), {})
+        if self.threads < 1 or self.max_in_flight < 1 or self.chunk_bytes < 1 or self.coalesce_bytes < 0:
+            raise ValueError(
+                f"FetchPolicy: threads ({self.threads}), max_in_flight ({self.max_in_flight}) and chunk_bytes "
+                f"({self.chunk_bytes}) must be >= 1, coalesce_bytes ({self.coalesce_bytes}) >= 0"
+            )
 
 
 class FetchError(IOError):
@@ -121,15 +142,26 @@ def wait_or_raise(policy: FetchPolicy, exc: Exception, attempt: int, where: str,
 
 
 class Fetcher:
-    """Fetches, ahead of use, the byte ranges of a worker's episodes in read order.
+    """Fetches, ahead of use, the byte ranges of a worker's episodes in fetch order.
 
     Args:
         source: the dataset.
-        episodes: ``[(shard, [(start, stop), ...])]`` per episode in read order: the byte ranges
-            (member data) the episode needs.
+        episodes: ``[(shard, [(start, stop), ...])]`` per episode in fetch order: the byte ranges
+            (member data) the episode needs. Any order of shards and episodes (a fully shuffled
+            one too), and the same episode may appear more than once (fetched again each time).
         policy: ``FetchPolicy``.
         telemetry: the worker's ``Telemetry``; this counts ``bytes_read``, ``requests``, ``retries``,
-            ``range_ignored``, ``cache_hits`` and ``read_s`` (time the worker waited for data) into it.
+            ``range_ignored``, ``cache_hits``, ``read_s`` (time the worker waited for data),
+            ``fetch_waits`` (episodes whose bytes were not all there when asked) and
+            ``fetch_depth`` (requests allowed in flight now) into it.
+
+    Requests (``plan_requests``) are sent in fetch order while both bounds hold: at most
+    ``policy.prefetch_bytes`` fetched (or in flight) and not yet consumed, and at most ``depth``
+    requests in flight. ``depth`` starts at ``policy.threads`` and, each time the worker has to
+    wait, rises to cover the latency by Little's law: ``ceil(1.5 * latency / compute) + 1``, where
+    ``latency`` is the measured seconds per request and ``compute`` the worker's measured seconds
+    between two requests it consumes (at least one more than before, at most
+    ``policy.max_in_flight``). A request larger than the budget is sent only when the worker asks.
     """
 
     def __init__(
@@ -141,55 +173,64 @@ class Fetcher:
     ):
         self.source, self.policy, self.telemetry = source, policy, telemetry
         self.episodes = episodes
-        self.requests = self._requests(episodes)  # [(shard, start, stop)] in fetch order
-        self._spans = _spans(self.requests, episodes)  # [(first, stop)] request numbers per episode
+        gap = None if policy.mode == "stream" else policy.coalesce_bytes
+        self.requests, self._uses = plan_requests(episodes, policy.chunk_bytes, gap)
+        self._users = np.bincount(
+            np.asarray([i for u in self._uses for i in u], dtype=np.int64), minlength=len(self.requests)
+        )
         self._futures: dict[int, Future] = {}
-        self._next = 0  # next request to submit
-        self._buffered = 0  # bytes submitted and not yet released
+        self._next = 0  # next request to consider sending
+        self._done = 0  # episodes before this one are consumed or skipped: their requests released
+        self._held = 0  # bytes of requests sent and not yet released
+        self._in_flight = 0
+        self._depth = max(1, min(policy.threads, policy.max_in_flight))
+        self._latency = 0.0  # seconds per request, moving average
+        self._compute = 0.0  # worker seconds between two consumed requests, moving average
+        self._returned: float | None = None  # when the last episode was handed to the worker
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=policy.threads, thread_name_prefix="epishard-fetch")
+        self._pool = ThreadPoolExecutor(max_workers=policy.max_in_flight + 1, thread_name_prefix="epishard-fetch")
+        self._closed = False
         self._failed: dict[int, FetchError] = {}
         self._cache = (
             RangeCache(policy.cache_dir, policy.cache_bytes) if policy.cache_dir and not source.local else None
         )
+        self.telemetry.add(fetch_depth=self._depth)
         self._fill()
-
-    def _requests(self, episodes) -> list[tuple[int, int, int]]:
-        chunk = self.policy.chunk_bytes
-        if self.policy.mode == "ranged":
-            ranges = [(shard, a, b) for shard, rs in episodes for a, b in _merge(rs)]
-        else:  # one span per run of consecutive episodes of a shard
-            ranges = []
-            for shard, rs in episodes:
-                a, b = min(r[0] for r in rs), max(r[1] for r in rs)
-                if ranges and ranges[-1][0] == shard and ranges[-1][2] <= a:
-                    ranges[-1] = (shard, ranges[-1][1], max(b, ranges[-1][2]))
-                else:
-                    ranges.append((shard, a, b))
-        return [(s, p, min(p + chunk, b)) for s, a, b in ranges for p in range(a, b, chunk)]
 
     # --- background fetching ----------------------------------------------------------------------
 
     def _fill(self) -> None:
-        """Submit requests ahead, up to ``prefetch_bytes`` in flight or unconsumed.
+        """Send requests ahead in fetch order while the byte budget and the depth allow.
 
-        Never those of a failed shard.
+        Never those of a failed shard or those no episode still needs.
         """
         if self.policy.prefetch_bytes <= 0:
             return  # no prefetch: each range is requested when the worker asks for it
         with self._lock:
-            while self._next < len(self.requests):
-                shard, a, b = self.requests[self._next]
-                if shard not in self._failed:
-                    if self._buffered and self._buffered + (b - a) > self.policy.prefetch_bytes:
+            while self._next < len(self.requests) and self._in_flight < self._depth and not self._closed:
+                i = self._next
+                shard, a, b = self.requests[i]
+                if shard not in self._failed and self._users[i] > 0 and i not in self._futures:
+                    if self._held + (b - a) > self.policy.prefetch_bytes:
                         break
-                    self._submit(self._next)
+                    self._submit(i)
                 self._next += 1
 
     def _submit(self, i: int) -> None:  # holding self._lock
-        shard, a, b = self.requests[i]
-        self._futures[i] = self._pool.submit(self._fetch, shard, a, b)
-        self._buffered += b - a
+        _, a, b = self.requests[i]
+        self._futures[i] = self._pool.submit(self._run, i)
+        self._held += b - a
+        self._in_flight += 1
+
+    def _run(self, i: int) -> bytes:
+        t = time.perf_counter()
+        try:
+            return self._fetch(*self.requests[i])
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._latency = _average(self._latency, time.perf_counter() - t)
+            self._fill()
 
     def _fetch(self, shard: int, start: int, stop: int) -> bytes:
         if self._cache is None:
@@ -236,32 +277,50 @@ class Fetcher:
 
     # --- consuming --------------------------------------------------------------------------------
 
-    def _take(self, i: int) -> bytes:
+    def _take(self, uses: list[int]) -> dict[tuple[int, int], bytes]:
+        """The bytes of requests ``uses`` (sent now if they were not), keyed by ``(start, stop)``."""
         with self._lock:
-            if i not in self._futures:  # not prefetched (prefetch off, or past the budget)
-                self._next = max(self._next, i + 1)
-                self._submit(i)
-            future = self._futures[i]
+            for i in uses:
+                if i not in self._futures:  # not prefetched (prefetch off, or past the budget)
+                    self._next = max(self._next, i + 1)
+                    self._submit(i)
+            futures = [self._futures[i] for i in uses]
+            waited = not all(f.done() for f in futures)
         t = time.perf_counter()
         try:
-            return future.result()
+            return {self.requests[i][1:]: f.result() for i, f in zip(uses, futures, strict=True)}
         finally:
-            self.telemetry.add(read_s=time.perf_counter() - t)
+            self.telemetry.add(read_s=time.perf_counter() - t, fetch_waits=int(waited))
+            if waited:
+                self._deepen()
+
+    def _deepen(self) -> None:
+        """The worker waited: allow enough requests in flight to cover the latency (Little's law)."""
+        with self._lock:
+            cover = math.ceil(1.5 * self._latency / max(self._compute, 1e-4)) + 1
+            depth = min(self.policy.max_in_flight, max(self._depth + 1, cover))
+            self.telemetry.add(fetch_depth=depth - self._depth)
+            self._depth = depth
+        self._fill()
 
     def episode(self, k: int, checksums: list[str] | None = None) -> list[bytes]:
-        """Bytes of each range of the ``k``-th episode (in read order), verified.
+        """Bytes of each range of the ``k``-th episode (in fetch order), verified.
 
-        Must be called with increasing ``k``. Raises ``FetchError`` if a request of its shard failed
-        or a member's sha256 differs from ``checksums``; the shard is then failed as a whole: its
-        queued and in-flight requests are dropped, so the next shard starts with the full prefetch
-        budget, and its later episodes raise the same error without a request.
+        Must be called with increasing ``k``; episodes passed over are skipped (their requests are
+        released). Raises ``FetchError`` if a request of its shard failed or a member's sha256
+        differs from ``checksums``; the shard is then failed as a whole: its queued and in-flight
+        requests are dropped, so the next shard starts with the full prefetch budget, and its later
+        episodes raise the same error without a request.
         """
+        now = time.perf_counter()
+        if self._returned is not None:
+            self._compute = _average(self._compute, (now - self._returned) / max(len(self._uses[k]), 1))
+        self._release(k)  # episodes passed over
         shard, ranges = self.episodes[k]
-        first, stop = self._spans[k]
         try:
             if shard in self._failed:
                 raise self._failed[shard]
-            pieces = {self.requests[i][1:]: self._take(i) for i in range(first, stop)}
+            pieces = self._take(self._uses[k])
             out = [_slice(pieces, a, b, self.source.shard_path(shard)) for a, b in ranges]
             if self.policy.verify and checksums is not None:
                 for (a, b), data, digest in zip(ranges, out, checksums, strict=False):
@@ -274,7 +333,8 @@ class Fetcher:
             self._fail(shard, exc)
             raise
         finally:
-            self._release(k)
+            self._release(k + 1)
+            self._returned = time.perf_counter()
 
     def _fail(self, shard: int, exc: FetchError) -> None:
         with self._lock:
@@ -282,62 +342,82 @@ class Fetcher:
             for i in [i for i in self._futures if self.requests[i][0] == shard]:
                 self._drop(i)
 
-    def _release(self, k: int) -> None:
-        """Drop the requests episode ``k`` used, and every earlier one; then fetch ahead again.
-
-        Earlier ones belong to skipped episodes; a last request the next episode shares is kept.
-        """
-        first, stop = self._spans[k]
-        hi = max(b for _, b in self.episodes[k][1])
+    def _release(self, stop: int) -> None:
+        """Release the requests of every episode before ``stop`` not released yet; then fetch ahead."""
         with self._lock:
-            self._next = max(self._next, first)
-            for i in [i for i in self._futures if i < stop and not (i == stop - 1 and self.requests[i][2] > hi)]:
-                self._drop(i)
+            for k in range(self._done, stop):
+                for i in self._uses[k]:
+                    self._users[i] -= 1
+                    if self._users[i] == 0 and i in self._futures:
+                        self._drop(i)
+            self._done = max(self._done, stop)
         self._fill()
 
     def _drop(self, i: int) -> None:  # holding self._lock
         future = self._futures.pop(i)
-        future.cancel()  # a request still queued is never sent; one in flight finishes and is discarded
+        if future.cancel():  # still queued: never sent; one in flight finishes and is discarded
+            self._in_flight -= 1
         _, a, b = self.requests[i]
-        self._buffered -= b - a
+        self._held -= b - a
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of requests sent (in flight or fetched) and not yet consumed."""
+        return self._held
+
+    @property
+    def depth(self) -> int:
+        """Requests allowed in flight now."""
+        return self._depth
 
     def close(self) -> None:
         """Stop: queued requests are cancelled, those in flight finish and are discarded."""
+        with self._lock:
+            self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _spans(requests: list[tuple[int, int, int]], episodes) -> list[tuple[int, int]]:
-    """``[first, stop)`` request numbers holding each episode's bytes.
+def _average(old: float, new: float) -> float:
+    """Exponential moving average (weight 0.2 on the new value; the first value taken as is)."""
+    return new if old == 0.0 else 0.8 * old + 0.2 * new
 
-    Requests and episodes are both in read order; consecutive episodes may share one request.
+
+def plan_requests(
+    episodes: list[tuple[int, list[tuple[int, int]]]], chunk_bytes: int, gap: int | None
+) -> tuple[list[tuple[int, int, int]], list[list[int]]]:
+    """The requests that fetch ``episodes`` (in their order), and which requests each episode uses.
+
+    Returns ``(requests, uses)``: ``requests`` ``[(shard, start, stop)]`` in fetch order, no
+    longer than ``chunk_bytes``; ``uses[k]``: increasing request numbers holding episode ``k``'s
+    ranges. A range joins the request before it when that request is of the same shard, starts at
+    or before the range and ends no more than ``gap`` bytes before it (``None``: any distance, the
+    stream mode: a shard's span read front to back), and the joined request stays within
+    ``chunk_bytes``: the members of an episode (adjacent in the tar, tar headers between) and the
+    next episode of the same shard in byte order become one request; a repeated or overlapping
+    range reuses it. Otherwise the range starts new requests (split into ``chunk_bytes`` pieces).
+    Like Arrow's ``ReadRangeCache`` (hole and range size limits).
     """
-    out, i = [], 0
+    requests: list[list[int]] = []
+    uses: list[list[int]] = []
     for shard, ranges in episodes:
-        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
-
-        def inside(j: int, shard: int = shard, lo: int = lo, hi: int = hi) -> bool:
-            """Request ``j`` holds bytes of ``[lo, hi)`` in ``shard``."""
-            return requests[j][0] == shard and requests[j][1] < hi and requests[j][2] > lo
-
-        first = next((j for j in range(i, len(requests)) if inside(j)), None)
-        if first is None:  # not after the previous episode: search from the start
-            first = next(j for j in range(len(requests)) if inside(j))
-        stop = first
-        while stop < len(requests) and inside(stop):
-            stop += 1
-        out.append((first, stop))
-        i = first
-    return out
-
-
-def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[list[int]] = []
-    for a, b in sorted(ranges):
-        if out and a <= out[-1][1] + 1024:  # tar headers between adjacent members: read through them
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
+        mine: list[int] = []
+        for a, b in sorted(ranges):
+            last = requests[-1] if requests else None
+            if (
+                last is not None
+                and last[0] == shard
+                and last[1] <= a
+                and (gap is None or a - last[2] <= gap)
+                and max(b, last[2]) - last[1] <= chunk_bytes
+            ):
+                last[2] = max(last[2], b)
+                mine.append(len(requests) - 1)
+                continue
+            for p in range(a, b, chunk_bytes):
+                requests.append([shard, p, min(p + chunk_bytes, b)])
+                mine.append(len(requests) - 1)
+        uses.append(sorted(set(mine)))
+    return [(s, a, b) for s, a, b in requests], uses
 
 
 def _slice(pieces: dict[tuple[int, int], bytes], start: int, stop: int, path: str) -> bytes:

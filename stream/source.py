@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from epishard.shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
 from epishard.shardwriter.index import WindowIndex
-from epishard.shardwriter.storage import FileSystemHandle, open_regular
+from epishard.shardwriter.storage import FileSystemHandle, open_regular, resolve_storage_options
 from epishard.shardwriter.validate import FormatError, load_dataset_index, load_shard_indexes
 
 from .fetch import FetchError, FetchPolicy, retryable, wait_or_raise
@@ -56,7 +56,7 @@ class DatasetSource:
         # The policy retries, so the client makes one attempt per request.
         self._handle = FileSystemHandle(
             self.url,
-            self.storage_options,
+            _pooled(self.url, self.storage_options, self.policy.max_in_flight),
             attempts=1,
             connect_s=self.policy.connect_timeout_s,
             read_s=self.policy.read_timeout_s,
@@ -142,3 +142,16 @@ class DatasetSource:
             self.index_file = f"{self.url}/*{INDEX_SUFFIX}"
             return load_shard_indexes(self.manifest, self._read, self.url)
         return load_dataset_index(data, self.manifest, where)
+
+
+def _pooled(url: str, storage_options: dict, connections: int) -> dict:
+    """S3 options with at least ``connections`` pooled connections (botocore keeps 10).
+
+    So the fetcher's requests in flight are not queued in the client; what the user set is kept.
+    """
+    if fsspec.core.split_protocol(url)[0] not in ("s3", "s3a"):
+        return storage_options
+    options = resolve_storage_options(url, storage_options)
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("max_pool_connections", max(10, connections))
+    return {**options, "config_kwargs": config}

@@ -30,6 +30,8 @@ FIELDS = (
     "requests",
     "range_ignored",
     "cache_hits",
+    "fetch_waits",
+    "fetch_depth",
 )
 
 
@@ -40,7 +42,8 @@ class Telemetry:
     post-process, assemble); frames decoded
     (decoder work estimated from the keyframe tables), unique frames requested, frames returned in
     samples; decoder opens and decode calls; samples; episodes loaded. The fetcher (``stream.fetch``)
-    counts into the same names: bytes read, requests, retries, ranges a server ignored, cache hits.
+    counts into the same names: bytes read, requests, retries, ranges a server ignored, cache hits,
+    episodes it could not deliver without waiting, and requests it allows in flight (summed over workers).
     """
 
     def __init__(self, worker: int = 0):

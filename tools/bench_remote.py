@@ -1,13 +1,22 @@
-"""Benchmark: streaming the same shards from local disk, from an S3 server, and from the S3 server
-behind a proxy that adds 20 ms and 100 ms per request, with and without prefetch; and bytes read
-per sample in ranged mode against stream mode when one camera is read.
+"""Benchmark: streaming the same shards from local disk and from an S3 server with 0, 20 and 100 ms
+added per request, side by side, in steady state; bytes read per sample and batch diversity.
 
-The S3 server is moto in server mode on loopback (as in the tests); the proxy is
-tests/remote_servers.FaultProxy. Rounds alternate between configurations (A B C ... A B C ...);
-medians are reported with the ratio to local disk. Rates run from the first batch to the end of one
-epoch over the dataset listed six times (a longer epoch, so the steady state dominates).
+The S3 server is moto in server mode on loopback (as in the tests); the latency is added by
+tests/remote_servers.FaultProxy in front of it (every request waits that long before it is
+forwarded). Each configuration runs one long epoch (the dataset listed ``--copies`` times): the
+first ``--warmup-s`` seconds after the first batch are discarded (worker start, first fetches,
+shuffle buffer filling), then the next ``--seconds`` seconds are timed and the run stops. Rounds
+alternate between configurations (A B C D, A B C D, ...); medians are reported with the ratio to
+local disk.
 
-    python tools/bench_remote.py [--rounds 3] [--workers 2] [--per-episode-fraction F] [--json]
+    python tools/bench_remote.py [--per-episode 4 | 0.25] [--seconds 10] [--warmup-s 4]
+        [--latency-ms 0,20,100] [--rounds 1] [--workers 2] [--mode stream|ranged] [--json]
+
+``--per-episode``: windows per episode per epoch: an integer is a count (``per_episode_count``), a
+number with a decimal point a share of its anchors (``per_episode_fraction``); default all.
+
+Diversity: distinct episodes per batch of 8, next to what i.i.d. uniform sampling over the epoch's
+windows would give (``sum_e 1 - (1 - p_e)**8``, ``p_e`` the episode's share of the windows).
 
 Data: the real 2-camera so101_bimanual_cloth from ../shared/data when present, else generated
 3-camera episodes (``--episodes``, ``--frames``).
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -35,10 +45,11 @@ from videogen import make_episode_table, make_video
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.source import DatasetSource
 from epishard.stream.telemetry import summarize
 
 CAMS = ("observation.images.front", "observation.images.left", "observation.images.wrist")
-COPIES = 6  # the dataset listed this many times in one WindowDataset: a longer epoch
+BATCH = 8
 
 
 def make_source(episodes: int, frames: int) -> Source:
@@ -62,35 +73,68 @@ def make_source(episodes: int, frames: int) -> Source:
     return Source(name="bench", episodes=eps, fps=30)
 
 
-def rate(url: str, options: dict | None, policy: FetchPolicy, workers: int, cams, per_episode) -> dict:
-    """Samples/s from the first batch to the end of one epoch over ``COPIES`` copies of the dataset
-    (so the steady state dominates), and the reader's telemetry."""
-    spec = WindowSpec(cameras={c: segment(0, 32, 9) for c in cams}, action_horizon=16, per_episode_fraction=per_episode)
+def per_episode(text: str) -> dict:
+    """``"4"`` -> a count of 4 windows per episode; ``"0.25"`` -> a quarter of its anchors; ``"all"``."""
+    if text == "all":
+        return {}
+    if "." in text or "e" in text.lower():
+        return {"per_episode_fraction": float(text)}
+    return {"per_episode_count": int(text)}
+
+
+def iid_distinct(ds: WindowDataset, sampling: dict) -> float:
+    """Expected distinct episodes in a batch of ``BATCH`` windows drawn i.i.d. from the epoch's windows."""
+    anchors = (ds.table.hi - ds.table.lo).astype(np.float64)
+    if "per_episode_count" in sampling:
+        windows = np.minimum(anchors, sampling["per_episode_count"])
+    else:
+        windows = anchors * sampling.get("per_episode_fraction", 1.0)
+    p = windows / windows.sum()
+    return float(np.sum(1.0 - (1.0 - p) ** BATCH))
+
+
+def rate(url: str, options: dict | None, policy: FetchPolicy, args, cams, sampling: dict) -> dict:
+    """Samples/s over ``args.seconds`` after ``args.warmup_s`` of warm-up, with telemetry and diversity."""
+    spec = WindowSpec(cameras={c: segment(0, 32, 9) for c in cams}, action_horizon=16, **sampling)
+    source = DatasetSource(url, options, policy)  # one manifest and index read, listed many times
     ds = WindowDataset(
-        [url] * COPIES,
+        [source] * args.copies,
         spec,
         seed=0,
         telemetry=True,
-        storage_options=options,
         fetch=policy,
         postprocess=PostProcess(size=(96, 96)),
         stratify=False,
     )
-    loader = DataLoader(ds, batch_size=8, num_workers=workers)
-    tel, n, t = [], 0, None
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=args.workers)
+    warm, timed, distinct = [], [], []
+    n, start, t0 = 0, None, time.perf_counter()
     for batch in loader:
-        tel.append(batch["__telemetry__"].numpy())
-        if t is None:
-            t = time.perf_counter()
-        else:
-            n += len(batch["frame_index"])
-    wall = time.perf_counter() - t
-    total = summarize(tel)
+        now = time.perf_counter()
+        if start is None and now - t0 >= args.warmup_s:
+            start = now
+        if start is None:
+            warm.append(batch["__telemetry__"].numpy())
+            continue
+        timed.append(batch["__telemetry__"].numpy())
+        distinct.append(len(set(zip(batch["dataset"].tolist(), batch["episode_index"].tolist(), strict=True))))
+        n += len(batch["frame_index"])
+        if now - start >= args.seconds:
+            break
+    else:
+        raise SystemExit(f"bench_remote: the epoch ended before {args.warmup_s}+{args.seconds} s: raise --copies")
+    wall = time.perf_counter() - start
+    before, after = summarize(warm), summarize(warm + timed)
+    samples = after["samples"] - before["samples"]
     return {
         "samples_per_s": n / wall,
         "samples": n,
-        "bytes_read_per_sample": total["bytes_read_per_sample"],
-        "read_wait_s": total["read_s"],
+        "seconds": wall,
+        "bytes_read_per_sample": (after["bytes_read"] - before["bytes_read"]) / max(samples, 1),
+        "requests_per_sample": (after["requests"] - before["requests"]) / max(samples, 1),
+        "read_wait_s": after["read_s"] - before["read_s"],
+        "distinct_per_batch": float(np.mean(distinct)),
+        "iid_distinct_per_batch": iid_distinct(ds, sampling),
     }
 
 
@@ -106,20 +150,27 @@ def real_or_generated(episodes: int, frames: int) -> tuple[list, list[str], str]
     return [make_source(episodes, frames)], list(CAMS), "generated (3 cameras, H.264 128x128, GOP 30)"
 
 
-def main() -> int:
+def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--per-episode", type=per_episode, default={}, help="windows per episode: 4 (count), 0.25 (share), all"
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="timed steady state per run")
+    parser.add_argument("--warmup-s", type=float, default=4.0, help="discarded seconds after the loader starts")
+    parser.add_argument("--latency-ms", default="0,20,100", help="added per S3 request, comma-separated")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--copies", type=int, default=60, help="the dataset listed this many times: one long epoch")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--frames", type=int, default=150)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument(
-        "--per-episode-fraction",
-        type=float,
-        default=None,
-        help="share of each episode's windows per epoch (default all)",
-    )
+    parser.add_argument("--mode", choices=("stream", "ranged"), default="stream")
+    parser.add_argument("--prefetch-mb", type=int, default=None, help="FetchPolicy.prefetch_bytes in MiB")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse()
     try:
         import s3fs
         from moto.server import ThreadedMotoServer
@@ -127,60 +178,48 @@ def main() -> int:
         print("bench_remote: needs moto[server] and s3fs (pip install 's3fs' 'moto[server]')")
         return 0
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     direct = {"endpoint_url": f"http://{host}:{port}"}
     s3fs.S3FileSystem(**direct).mkdir("bench")
     inputs, cams, what = real_or_generated(args.episodes, args.frames)
-    print(f"data: {what}; {args.workers} workers, batch 8, 9 frames over 33 per camera, rounds alternate")
-    proxies = {ms: FaultProxy((host, port), latency_s=ms / 1000) for ms in (20, 100)}
+    sampling = args.per_episode
+    print(
+        f"data: {what}; x{args.copies} copies; {args.workers} workers, batch {BATCH}, 9 frames over 33 per camera; "
+        f"{sampling or 'all windows'}; mode {args.mode}; warm-up {args.warmup_s} s, timed {args.seconds} s; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    latencies = [int(x) for x in args.latency_ms.split(",") if x.strip()]
+    proxies = {ms: FaultProxy((host, port), latency_s=ms / 1000) for ms in latencies}
+    kw = {"mode": args.mode} | ({"prefetch_bytes": args.prefetch_mb << 20} if args.prefetch_mb is not None else {})
+    policy = FetchPolicy(**kw)
     with tempfile.TemporaryDirectory() as local:
         opts = ConvertOptions(max_episodes_per_shard=2, progress=False)
         convert(inputs, local, opts)
         convert(inputs, "s3://bench/ds", opts, storage_options=direct)
-        on, off = FetchPolicy(), FetchPolicy(prefetch_bytes=0, threads=1)
-        configs = {
-            "local disk": (local, None, on),
-            "s3 direct, prefetch": ("s3://bench/ds", direct, on),
-            "s3 direct, no prefetch": ("s3://bench/ds", direct, off),
-        }
+        configs: dict[str, tuple] = {"local disk": (local, None)}
         for ms, proxy in proxies.items():
-            via = {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}
-            configs[f"s3 +{ms} ms/request, prefetch"] = ("s3://bench/ds", via, on)
-            configs[f"s3 +{ms} ms/request, no prefetch"] = ("s3://bench/ds", via, off)
-        rate(local, None, on, args.workers, cams, args.per_episode_fraction)  # warm-up (page cache, imports), discarded
+            configs[f"s3 +{ms} ms/request"] = ("s3://bench/ds", {"endpoint_url": f"http://127.0.0.1:{proxy.port}"})
         runs: dict[str, list[dict]] = {name: [] for name in configs}
         for _ in range(args.rounds):
-            for name, (url, options, policy) in configs.items():
-                runs[name].append(rate(url, options, policy, args.workers, cams, args.per_episode_fraction))
+            for name, (url, options) in configs.items():
+                runs[name].append(rate(url, options, policy, args, cams, sampling))
         base = float(np.median([r["samples_per_s"] for r in runs["local disk"]]))
         for name, rs in runs.items():
-            sps = float(np.median([r["samples_per_s"] for r in rs]))
-            row = {
-                "config": name,
-                "samples_per_s": sps,
-                "vs_local": sps / base,
-                "read_wait_s": float(np.median([r["read_wait_s"] for r in rs])),
-                "samples": rs[0]["samples"],
+            row = {"config": name, "load_average": os.getloadavg()[0]} | {
+                key: float(np.median([r[key] for r in rs])) for key in rs[0]
             }
+            row["vs_local"] = row["samples_per_s"] / base
             print(
                 json.dumps(row)
                 if args.json
-                else f"{name:<32} {sps:7.1f} samples/s  x{sps / base:.2f} of local  (worker wait for bytes "
-                f"{row['read_wait_s']:.2f} s over {row['samples']} samples)"
-            )
-        for mode in ("stream", "ranged"):
-            r = rate("s3://bench/ds", direct, FetchPolicy(mode=mode), args.workers, cams[:1], args.per_episode_fraction)
-            row = {
-                "config": f"one camera of {len(cams)}, {mode} mode",
-                "bytes_read_per_sample": r["bytes_read_per_sample"],
-            }
-            print(
-                json.dumps(row)
-                if args.json
-                else f"one camera of {len(cams)}, {mode:<6} mode: "
-                f"{r['bytes_read_per_sample'] / 1e3:8.1f} kB read per sample"
+                else f"{name:<22} {row['samples_per_s']:7.1f} samples/s  x{row['vs_local']:.2f} of local  "
+                f"{row['bytes_read_per_sample'] / 1e3:7.1f} kB and {row['requests_per_sample']:.2f} requests/sample  "
+                f"wait for bytes {row['read_wait_s']:.2f} s  distinct/batch {row['distinct_per_batch']:.2f} "
+                f"(i.i.d. {row['iid_distinct_per_batch']:.2f})  "
+                f"over {row['seconds']:.1f} s, {int(row['samples'])} samples"
             )
     for proxy in proxies.values():
         proxy.close()
