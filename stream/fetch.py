@@ -374,6 +374,8 @@ class Fetcher:
         """Stop: queued requests are cancelled, those in flight finish and are discarded."""
         with self._lock:
             self._closed = True
+            for i in list(self._futures):
+                self._drop(i)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -60,9 +60,50 @@ class IgnoreRangeHandler(RangeHandler):
     honour_range = False
 
 
-def serve_http(folder: str, honour_range: bool = True) -> tuple[http.server.ThreadingHTTPServer, str]:
-    """Start a threaded HTTP server for ``folder`` on 127.0.0.1; returns (server, base URL)."""
-    handler = RangeHandler if honour_range else IgnoreRangeHandler
+class Gauge:
+    """Requests a server is answering at once: ``now`` and the most seen (``peak``)."""
+
+    def __init__(self):
+        self.now = self.peak = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def request(self):
+        with self._lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.now -= 1
+
+
+class SlowRangeHandler(RangeHandler):
+    """``RangeHandler`` that waits ``latency_s`` before answering a ranged request, counted in ``gauge``."""
+
+    latency_s = 0.0
+    gauge: Gauge | None = None
+
+    def do_GET(self):
+        if "Range" not in self.headers or self.gauge is None:
+            return super().do_GET()
+        with self.gauge.request():
+            time.sleep(self.latency_s)
+            return super().do_GET()
+
+
+def serve_http(
+    folder: str, honour_range: bool = True, latency_s: float = 0.0, gauge: Gauge | None = None
+) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Start a threaded HTTP server for ``folder`` on 127.0.0.1; returns (server, base URL).
+
+    ``latency_s``/``gauge``: ranged requests wait that long before the answer and are counted in
+    ``gauge`` while answered (requests in flight as the server sees them).
+    """
+    handler: type[RangeHandler] = RangeHandler if honour_range else IgnoreRangeHandler
+    if gauge is not None:
+        handler = type("Slow", (SlowRangeHandler,), {"latency_s": latency_s, "gauge": gauge})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=folder))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
