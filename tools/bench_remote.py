@@ -10,7 +10,7 @@ alternate between configurations (A B C D, A B C D, ...); medians are reported w
 local disk.
 
     python tools/bench_remote.py [--per-episode 4 | 0.25] [--seconds 10] [--warmup-s 4]
-        [--latency-ms 0,20,100] [--rounds 1] [--workers 2] [--mode stream|ranged] [--json]
+        [--latency-ms 0,20,100] [--rounds 1] [--workers 2] [--mode stream|ranged] [--fixed-depth 4] [--json]
 
 ``--per-episode``: windows per episode per epoch: an integer is a count (``per_episode_count``), a
 number with a decimal point a share of its anchors (``per_episode_fraction``); default all.
@@ -127,6 +127,7 @@ def rate(url: str, options: dict | None, policy: FetchPolicy, args, cams, sampli
     before, after = summarize(warm), summarize(warm + timed)
     samples = after["samples"] - before["samples"]
     return {
+        "load_average": os.getloadavg()[0],
         "samples_per_s": n / wall,
         "samples": n,
         "seconds": wall,
@@ -156,7 +157,7 @@ def parse() -> argparse.Namespace:
         "--per-episode", type=per_episode, default={}, help="windows per episode: 4 (count), 0.25 (share), all"
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="timed steady state per run")
-    parser.add_argument("--warmup-s", type=float, default=4.0, help="discarded seconds after the loader starts")
+    parser.add_argument("--warmup-s", type=float, default=8.0, help="discarded seconds after the loader starts")
     parser.add_argument("--latency-ms", default="0,20,100", help="added per S3 request, comma-separated")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--copies", type=int, default=60, help="the dataset listed this many times: one long epoch")
@@ -165,6 +166,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--mode", choices=("stream", "ranged"), default="stream")
     parser.add_argument("--prefetch-mb", type=int, default=None, help="FetchPolicy.prefetch_bytes in MiB")
+    parser.add_argument(
+        "--fixed-depth",
+        type=int,
+        default=None,
+        help="also run each latency with this fixed depth (the old fetcher's 4)",
+    )
     parser.add_argument("--json", action="store_true")
     return parser.parse_args()
 
@@ -199,27 +206,31 @@ def main() -> int:
         opts = ConvertOptions(max_episodes_per_shard=2, progress=False)
         convert(inputs, local, opts)
         convert(inputs, "s3://bench/ds", opts, storage_options=direct)
-        configs: dict[str, tuple] = {"local disk": (local, None)}
+        configs: dict[str, tuple] = {"local disk": (local, None, policy)}
+        fixed = FetchPolicy(**kw, threads=args.fixed_depth or 1, max_in_flight=args.fixed_depth or 1)
         for ms, proxy in proxies.items():
-            configs[f"s3 +{ms} ms/request"] = ("s3://bench/ds", {"endpoint_url": f"http://127.0.0.1:{proxy.port}"})
+            via = {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}
+            configs[f"s3 +{ms} ms/request"] = ("s3://bench/ds", via, policy)
+            if args.fixed_depth:
+                configs[f"s3 +{ms} ms, depth {args.fixed_depth}"] = ("s3://bench/ds", via, fixed)
         runs: dict[str, list[dict]] = {name: [] for name in configs}
         for _ in range(args.rounds):
-            for name, (url, options) in configs.items():
-                runs[name].append(rate(url, options, policy, args, cams, sampling))
+            for name, (url, options, config_policy) in configs.items():
+                runs[name].append(rate(url, options, config_policy, args, cams, sampling))
+                r = runs[name][-1]
+                print(f"  ran {name}: {r['samples_per_s']:.1f} samples/s (load {r['load_average']:.0f})", flush=True)
         base = float(np.median([r["samples_per_s"] for r in runs["local disk"]]))
         for name, rs in runs.items():
-            row = {"config": name, "load_average": os.getloadavg()[0]} | {
-                key: float(np.median([r[key] for r in rs])) for key in rs[0]
-            }
+            row = {"config": name} | {key: float(np.median([r[key] for r in rs])) for key in rs[0]}
             row["vs_local"] = row["samples_per_s"] / base
             print(
                 json.dumps(row)
                 if args.json
-                else f"{name:<22} {row['samples_per_s']:7.1f} samples/s  x{row['vs_local']:.2f} of local  "
+                else f"{name:<24} {row['samples_per_s']:7.1f} samples/s  x{row['vs_local']:.2f} of local  "
                 f"{row['bytes_read_per_sample'] / 1e3:7.1f} kB and {row['requests_per_sample']:.2f} requests/sample  "
                 f"wait for bytes {row['read_wait_s']:.2f} s  distinct/batch {row['distinct_per_batch']:.2f} "
                 f"(i.i.d. {row['iid_distinct_per_batch']:.2f})  "
-                f"over {row['seconds']:.1f} s, {int(row['samples'])} samples"
+                f"over {row['seconds']:.1f} s, {int(row['samples'])} samples, load {row['load_average']:.0f}"
             )
     for proxy in proxies.values():
         proxy.close()
