@@ -44,7 +44,9 @@ def main() -> int:
     server.start()
     host, port = server.get_host_and_port()
     size = args.size_kb << 10
-    s3fs.S3FileSystem(endpoint_url=f"http://{host}:{port}").pipe("bench/blob", os.urandom(size * 64))
+    direct = s3fs.S3FileSystem(endpoint_url=f"http://{host}:{port}")
+    direct.mkdir("bench")
+    direct.pipe("bench/blob", os.urandom(size * 64))
     proxy = FaultProxy((host, port), latency_s=args.latency_ms / 1000)
     fs = s3fs.S3FileSystem(
         endpoint_url=f"http://127.0.0.1:{proxy.port}",

@@ -4,8 +4,8 @@ added per request, side by side, in steady state; bytes read per sample and batc
 The S3 server is moto in server mode on loopback (as in the tests); the latency is added by
 tests/remote_servers.FaultProxy in front of it (every request waits that long before it is
 forwarded). Each configuration runs one long epoch (the dataset listed ``--copies`` times): the
-first ``--warmup-s`` seconds after the first batch are discarded (worker start, first fetches,
-shuffle buffer filling), then the next ``--seconds`` seconds are timed and the run stops. Rounds
+time to the first batch (worker start, the shuffle buffers filling) and the next ``--warmup-s``
+seconds are discarded, then the next ``--seconds`` seconds are timed and the run stops. Rounds
 alternate between configurations (A B C D, A B C D, ...); medians are reported with the ratio to
 local disk.
 
@@ -101,6 +101,7 @@ def rate(url: str, options: dict | None, policy: FetchPolicy, args, cams, sampli
         [source] * args.copies,
         spec,
         seed=0,
+        shuffle_windows=args.shuffle_windows,
         telemetry=True,
         fetch=policy,
         postprocess=PostProcess(size=(96, 96)),
@@ -108,10 +109,11 @@ def rate(url: str, options: dict | None, policy: FetchPolicy, args, cams, sampli
     )
     loader = DataLoader(ds, batch_size=BATCH, num_workers=args.workers)
     warm, timed, distinct = [], [], []
-    n, start, t0 = 0, None, time.perf_counter()
+    n, start, first = 0, None, None
     for batch in loader:
         now = time.perf_counter()
-        if start is None and now - t0 >= args.warmup_s:
+        first = first or now  # the shuffle buffers are full: from here on, steady state after the warm-up
+        if start is None and now - first >= args.warmup_s:
             start = now
         if start is None:
             warm.append(batch["__telemetry__"].numpy())
@@ -157,9 +159,12 @@ def parse() -> argparse.Namespace:
         "--per-episode", type=per_episode, default={}, help="windows per episode: 4 (count), 0.25 (share), all"
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="timed steady state per run")
-    parser.add_argument("--warmup-s", type=float, default=8.0, help="discarded seconds after the loader starts")
+    parser.add_argument("--warmup-s", type=float, default=5.0, help="discarded seconds after the first batch")
     parser.add_argument("--latency-ms", default="0,20,100", help="added per S3 request, comma-separated")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--shuffle-windows", type=int, default=128, help="per worker; 128 (32 episodes at 4 each) gives ~0.9 of i.i.d."
+    )
     parser.add_argument("--copies", type=int, default=60, help="the dataset listed this many times: one long epoch")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--frames", type=int, default=150)
@@ -170,7 +175,7 @@ def parse() -> argparse.Namespace:
         "--fixed-depth",
         type=int,
         default=None,
-        help="also run each latency with this fixed depth (the old fetcher's 4)",
+        help="also run the largest latency with this fixed depth (the old fetcher's 4)",
     )
     parser.add_argument("--json", action="store_true")
     return parser.parse_args()
@@ -211,7 +216,7 @@ def main() -> int:
         for ms, proxy in proxies.items():
             via = {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}
             configs[f"s3 +{ms} ms/request"] = ("s3://bench/ds", via, policy)
-            if args.fixed_depth:
+            if args.fixed_depth and ms == max(proxies):
                 configs[f"s3 +{ms} ms, depth {args.fixed_depth}"] = ("s3://bench/ds", via, fixed)
         runs: dict[str, list[dict]] = {name: [] for name in configs}
         for _ in range(args.rounds):
