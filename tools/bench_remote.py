@@ -46,7 +46,7 @@ from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, c
 from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
 from epishard.stream.fetch import FetchPolicy
 from epishard.stream.source import DatasetSource
-from epishard.stream.telemetry import summarize
+from epishard.stream.telemetry import FIELDS
 
 CAMS = ("observation.images.front", "observation.images.left", "observation.images.wrist")
 BATCH = 8
@@ -63,7 +63,15 @@ def make_source(episodes: int, frames: int) -> Source:
             tasks=("t",),
             videos={
                 c: CameraVideo(
-                    make_video(None, frames, fps=30, height=128, width=128, gop=30, start_number=1000 * e + 300 * i)
+                    make_video(
+                        None,
+                        frames,
+                        fps=30,
+                        height=128,
+                        width=128,
+                        gop=30,
+                        start_number=(1000 * e + 300 * i) % (65536 - frames),
+                    )
                 )
                 for i, c in enumerate(CAMS)
             },
@@ -126,8 +134,12 @@ def rate(url: str, options: dict | None, policy: FetchPolicy, args, cams, sampli
     else:
         raise SystemExit(f"bench_remote: the epoch ended before {args.warmup_s}+{args.seconds} s: raise --copies")
     wall = time.perf_counter() - start
-    before, after = summarize(warm), summarize(warm + timed)
-    samples = after["samples"] - before["samples"]
+    # Counters are cumulative per worker: the timed region's are the last minus the first seen in it.
+    first_seen = {**_per_worker(timed, earliest=True), **_per_worker(warm)}
+    last = _per_worker(warm + timed)
+    after = {k: sum(last[w][k] - first_seen[w][k] for w in last) for k in FIELDS[1:]}
+    before = dict.fromkeys(FIELDS[1:], 0.0)
+    samples = after["samples"]
     return {
         "load_average": os.getloadavg()[0],
         "samples_per_s": n / wall,
@@ -141,10 +153,22 @@ def rate(url: str, options: dict | None, policy: FetchPolicy, args, cams, sampli
     }
 
 
-def real_or_generated(episodes: int, frames: int) -> tuple[list, list[str], str]:
+def _per_worker(rows: list, earliest: bool = False) -> dict[int, dict]:
+    """Each worker's latest (or ``earliest``) cumulative counters among ``rows``, by name."""
+    data = np.concatenate([np.atleast_2d(r) for r in rows]) if rows else np.zeros((0, len(FIELDS)))
+    out = {}
+    for w in np.unique(data[:, 0]):
+        mine = data[data[:, 0] == w]
+        pick = np.argmin if earliest else np.argmax
+        row = mine[pick(mine[:, FIELDS.index("samples")])]
+        out[int(w)] = dict(zip(FIELDS, row.tolist(), strict=True))
+    return out
+
+
+def real_or_generated(episodes: int, frames: int, generated: bool) -> tuple[list, list[str], str]:
     """The real 2-camera so101_bimanual_cloth from ../shared/data when present, else generated episodes."""
     real = REPO.parent / "shared" / "data" / "so101_bimanual_cloth"
-    if (real / "meta" / "info.json").exists():
+    if not generated and (real / "meta" / "info.json").exists():
         return (
             [str(real)],
             ["observation.images.cam0", "observation.images.cam1"],
@@ -166,6 +190,7 @@ def parse() -> argparse.Namespace:
         "--shuffle-windows", type=int, default=128, help="per worker; 128 (32 episodes at 4 each) gives ~0.9 of i.i.d."
     )
     parser.add_argument("--copies", type=int, default=60, help="the dataset listed this many times: one long epoch")
+    parser.add_argument("--generated", action="store_true", help="generated episodes even when the real data is there")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--frames", type=int, default=150)
     parser.add_argument("--workers", type=int, default=2)
@@ -196,7 +221,7 @@ def main() -> int:
     host, port = server.get_host_and_port()
     direct = {"endpoint_url": f"http://{host}:{port}"}
     s3fs.S3FileSystem(**direct).mkdir("bench")
-    inputs, cams, what = real_or_generated(args.episodes, args.frames)
+    inputs, cams, what = real_or_generated(args.episodes, args.frames, args.generated)
     sampling = args.per_episode
     print(
         f"data: {what}; x{args.copies} copies; {args.workers} workers, batch {BATCH}, 9 frames over 33 per camera; "
