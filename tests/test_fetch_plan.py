@@ -100,13 +100,14 @@ def test_a_shuffled_stream_order_reads_no_span_twice(intact):
 
 @pytest.mark.parametrize("compute_s", [0.0, 0.05])
 def test_requests_in_flight_grow_to_cover_the_latency(intact, compute_s):
-    """A server that answers each ranged request after 0.2 s; a worker that takes ``compute_s`` per
-    episode. Starting from one request in flight, the fetcher must reach about latency / compute
-    requests in flight (Little's law), counted by the server, within ``max_in_flight``."""
+    """A server that answers each ranged request after 0.4 s; a worker that takes ``compute_s`` per
+    episode. Starting from one request in flight, the fetcher must reach latency / compute requests
+    in flight (Little's law: 8), counted by the server, within ``max_in_flight``; at least half of
+    it, as a loaded machine adds its overhead to the measured compute time."""
     import time
 
     gauge = Gauge()
-    server, base = serve_http(intact, latency_s=0.2, gauge=gauge)
+    server, base = serve_http(intact, latency_s=0.4, gauge=gauge)
     try:
         source = DatasetSource(base)
         order = _shuffled(source.index.num_episodes, 5, 0)
@@ -121,7 +122,7 @@ def test_requests_in_flight_grow_to_cover_the_latency(intact, compute_s):
             fetcher.close()
     finally:
         server.shutdown()
-    needed = 8 if compute_s == 0 else int(0.2 / compute_s)  # at least latency / compute: 4
+    needed = 8 if compute_s == 0 else int(0.4 / compute_s) // 2
     assert needed <= gauge.peak <= 8
     assert needed <= fetcher.depth <= 8
 
