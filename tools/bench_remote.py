@@ -189,7 +189,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--shuffle-windows", type=int, default=128, help="per worker; 128 (32 episodes at 4 each) gives ~0.9 of i.i.d."
     )
-    parser.add_argument("--copies", type=int, default=60, help="the dataset listed this many times: one long epoch")
+    parser.add_argument(
+        "--copies", type=int, default=None, help="the dataset listed this many times (default: 60 real, 1 generated)"
+    )
     parser.add_argument("--generated", action="store_true", help="generated episodes even when the real data is there")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--frames", type=int, default=150)
@@ -203,7 +205,10 @@ def parse() -> argparse.Namespace:
         help="also run the largest latency with this fixed depth (the old fetcher's 4)",
     )
     parser.add_argument("--json", action="store_true")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.copies is None:
+        args.copies = 1 if args.generated else 60
+    return args
 
 
 def main() -> int:
