@@ -65,7 +65,8 @@ def tile(src: str | Path, out: str | Path, min_episodes: int) -> Path:
     (out / "data" / "chunk-000").mkdir(parents=True)
     os.symlink(src / "videos", out / "videos", target_is_directory=True)
     for name in ("tasks.parquet", "stats.json"):
-        shutil.copyfile(src / "meta" / name, out / "meta" / name)
+        if (src / "meta" / name).exists():
+            shutil.copyfile(src / "meta" / name, out / "meta" / name)
 
     def shifted(table: pa.Table, column: str, by: int) -> pa.Table:
         i = table.schema.get_field_index(column)
@@ -75,8 +76,10 @@ def tile(src: str | Path, out: str | Path, min_episodes: int) -> Path:
     data_parts, episode_parts = [], []
     for t in range(k):
         d = shifted(shifted(data, "episode_index", t * count), "index", t * rows)
-        e = shifted(shifted(episodes, "episode_index", t * count), "dataset_from_index", t * rows)
-        e = shifted(e, "dataset_to_index", t * rows)
+        e = shifted(episodes, "episode_index", t * count)
+        for column in ("dataset_from_index", "dataset_to_index"):  # LeRobot writes them; they may be absent
+            if column in e.column_names:
+                e = shifted(e, column, t * rows)
         for column in ("data/chunk_index", "data/file_index", "meta/episodes/chunk_index", "meta/episodes/file_index"):
             if column in e.column_names:  # every copy's rows are in the one data file and episodes file
                 i = e.schema.get_field_index(column)
