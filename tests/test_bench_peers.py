@@ -85,7 +85,8 @@ def test_bench_peers_quick_on_sample_without_peers(tmp_path, monkeypatch):
             r["distinct_episodes_per_batch"] / r["distinct_episodes_per_batch_iid"]
         )
     # the i.i.d. reference comes from each policy's windows per episode, never from the run's length
-    rows = np.array([416, 470, 337, 458, 415], dtype=float)  # the sample's 5 episodes
+    lines = (SAMPLE / "meta" / "episodes.jsonl").read_text().splitlines()
+    rows = np.array([json.loads(line)["length"] for line in lines], dtype=float)  # 416, 470, 470, 412, 328
     from epishard.stream import diversity
 
     every_anchor = diversity.iid(rows, 8).distinct
