@@ -191,6 +191,9 @@ def main(argv=None) -> int:
     )
     records: list[dict] = []
     failures: list[dict] = []
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{args.out}.partial").unlink(missing_ok=True)
     zygote = None if args.fresh_process else Zygote(run_env(args))
     try:
         prepare(datasets, Path(args.work), args.min_episodes)
@@ -208,6 +211,9 @@ def main(argv=None) -> int:
                         print(f"FAILED {d.name} {s.label} round {r + 1}: {str(exc)[-1500:]}", flush=True)
                         continue
                     records.append(rec)
+                    if args.out:  # kept as it goes: an interrupted run leaves its finished runs behind
+                        with open(f"{args.out}.partial", "a") as f:
+                            f.write(json.dumps(dict(rec, record="run_result")) + "\n")
                     log(
                         f"  {d.name} round {r + 1}/{args.rounds} {s.label:<22} {rec['samples_per_s']:8.1f} samples/s, "
                         f"diversity {rec['diversity_ratio']:.2f} of i.i.d. (load {rec['loadavg_1m']:.1f})"
@@ -263,6 +269,7 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             for rec in [meta] + [dict(r, record="run_result") for r in records] + rows + heads + failures:
                 f.write(json.dumps(rec) + "\n")
+        Path(f"{args.out}.partial").unlink(missing_ok=True)
         print(f"wrote {args.out}")
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
