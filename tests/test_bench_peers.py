@@ -39,7 +39,11 @@ def _cmd(tmp_path, *extra: str) -> list[str]:
         "--peers-dir",
         str(peers),
         "--timeout",
-        "200",
+        "300",
+        "--batch-size",
+        "4",
+        "--workers",
+        "1",
         *extra,
     ]
 
@@ -59,7 +63,7 @@ def test_bench_peers_quick_on_sample_without_peers(tmp_path, monkeypatch):
         "--epishard-opt",
         "no_such_option=3",
     )
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=str(REPO), env={**_base_env(), **env})
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=str(REPO), env={**_base_env(), **env})
     assert p.returncode == 0, p.stdout + p.stderr
     out = p.stdout
     if not (config.Path(config.LEROBOT["0.4.4"].venv) / "bin" / "python").exists():
@@ -75,12 +79,12 @@ def test_bench_peers_quick_on_sample_without_peers(tmp_path, monkeypatch):
     runs = {r["system"]: r for r in records if r["record"] == "run_result"}
     assert sorted(runs) == sorted(SYSTEMS[2:])
     for r in runs.values():
-        assert r["samples"] >= 16 and r["batches"] >= 2 and r["samples_per_s"] > 0 and r["rss_peak_mb"] > 0
+        assert r["samples"] >= 8 and r["batches"] >= 2 and r["samples_per_s"] > 0 and r["rss_peak_mb"] > 0
         assert r["worker_rss_peak_mb"] > 0
-        (shape,) = r["shapes"].values()  # one camera: [batch, 9 frames, 3, 256, 256, dtype]
-        assert shape[1:5] == [9, 3, 256, 256] and shape[5] == r["dtype"]
+        (shape,) = r["shapes"].values()  # one camera: [batch 4, 9 frames, 3, 256, 256, dtype]
+        assert shape == [4, 9, 3, 256, 256, r["dtype"]]
         assert r["dtype"] == ("uint8" if "u8" in r["system"] else "float32")
-        assert 1 <= r["distinct_episodes_per_batch"] <= 5 and r["diversity_batches"] == r["batches"]
+        assert 1 <= r["distinct_episodes_per_batch"] <= 4 and r["diversity_batches"] == r["batches"]
         assert r["diversity_ratio"] == pytest.approx(
             r["distinct_episodes_per_batch"] / r["distinct_episodes_per_batch_iid"]
         )
@@ -89,13 +93,13 @@ def test_bench_peers_quick_on_sample_without_peers(tmp_path, monkeypatch):
     rows = np.array([json.loads(line)["length"] for line in lines], dtype=float)  # 416, 470, 470, 412, 328
     from epishard.stream import diversity
 
-    every_anchor = diversity.iid(rows, 8).distinct
+    every_anchor = diversity.iid(rows, 4).distinct
     assert runs["naive"]["distinct_episodes_per_batch_iid"] == pytest.approx(every_anchor)
     assert runs["es-u8"]["distinct_episodes_per_batch_iid"] == pytest.approx(every_anchor)
     assert runs["es-u8-pe4"]["distinct_episodes_per_batch_iid"] == pytest.approx(
-        diversity.iid(np.full(5, 4.0), 8).distinct
+        diversity.iid(np.full(5, 4.0), 4).distinct
     )
-    assert runs["webdataset"]["distinct_episodes_per_batch_iid"] == pytest.approx(diversity.iid(np.ones(5), 8).distinct)
+    assert runs["webdataset"]["distinct_episodes_per_batch_iid"] == pytest.approx(diversity.iid(np.ones(5), 4).distinct)
     assert runs["es-u8"]["options"] == {"dataset": {"shuffle_windows": 64}, "spec": {}}
     assert {(h["dtype"]) for h in records if h["record"] == "headline"} == {"uint8", "float32"}
 
