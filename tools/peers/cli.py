@@ -19,7 +19,7 @@ from pathlib import Path
 from .charts import charts, require
 from .config import DEFAULT, FRAMES, HORIZON, LEROBOT, MIN_EPISODES, QUICK, SPAN, STEP, SYSTEMS, log, shared_dir
 from .measure import run_child
-from .runs import find_datasets, peer_status, prepare, run_env, run_system, setup_peers
+from .runs import Dataset, find_datasets, peer_status, prepare, run_env, run_system, setup_peers
 from .summary import LEGEND, headline, markdown, print_tables, summarize
 from .zygote import Zygote, zygote_main
 
@@ -136,6 +136,7 @@ def parse(argv=None):
         help="start a fresh interpreter per run (default: fork each run from a process that imported "
         "torch, torchcodec, ... once; its PSS is added to the run's)",
     )
+    p.add_argument("--render", metavar="JSONL", help="only redraw the tables and charts from this --out (or .partial)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -150,6 +151,75 @@ def parse(argv=None):
     return args
 
 
+def _meta(args, started, command, info, systems, ignored, datasets) -> dict:
+    return {
+        "record": "run",
+        "started": started,
+        "command": command,
+        "machine": info,
+        "window": {"frames": FRAMES, "span": SPAN, "offsets": list(range(0, SPAN, STEP)), "action_horizon": HORIZON},
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "warmup": args.warmup,
+        "seconds_timed": args.seconds,
+        "min_batches": args.min_batches,
+        "rounds": args.rounds,
+        "min_episodes": args.min_episodes,
+        "env": args.env,
+        "systems": [asdict(s) for s in systems],
+        "epishard_options_given": " ".join(args.epishard_opt),
+        "epishard_options": args.epishard_options,
+        "epishard_options_ignored": ignored,
+        "datasets": [
+            {k: getattr(d, k) for k in ("name", "main", "version", "original", "episodes", "tiles", "decode_limit")}
+            for d in datasets
+        ],
+    }
+
+
+def render(args, meta: dict, records: list[dict], failures: list[dict]) -> None:
+    """Print the tables and write the JSON lines, the markdown and the charts of ``records``."""
+    datasets = [Dataset(**d) for d in meta["datasets"]]
+    rows = summarize(records, datasets)
+    heads = headline(rows, datasets)
+    print_tables(rows, heads, datasets)
+    print("\n" + LEGEND)
+    loads = [r["loadavg_1m"] for r in records] or [os.getloadavg()[0]]
+    meta = {**meta, "load_min": min(loads), "load_max": max(loads)}
+    print(
+        f"\nnoise: 1-min load average during runs {min(loads):.1f}..{max(loads):.1f} on {meta['machine']['cpus']} "
+        f"CPUs; total {meta['seconds']:.0f} s"
+    )
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as f:
+            for rec in [meta] + [dict(r, record="run_result") for r in records] + rows + heads + failures:
+                f.write(json.dumps(rec) + "\n")
+        print(f"wrote {args.out}")
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(markdown(rows, heads, datasets, meta))
+        print(f"wrote {args.markdown}")
+    if args.charts:
+        title = (
+            f"{FRAMES} frames/{SPAN}-frame span, batch {meta['batch_size']}, {meta['workers']} workers; "
+            f"{meta['started'][:10]}, {meta['machine']['cpus']} CPUs"
+        )
+        for p in charts(rows, datasets, Path(args.charts), title):
+            print(f"chart {p}")
+
+
+def rerender(args) -> int:
+    """``--render FILE``: the tables, markdown and charts again from a JSON-lines file (a finished
+    run's ``--out``, or the ``.partial`` an interrupted run left), without running anything."""
+    lines = [json.loads(line) for line in Path(args.render).read_text().splitlines() if line.strip()]
+    meta = next(r for r in lines if r["record"] == "run")
+    records = [r for r in lines if r["record"] == "run_result"]
+    meta.setdefault("seconds", sum(r.get("wall_s", 0.0) for r in records))
+    render(args, meta, records, [r for r in lines if r["record"] == "failure"])
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     if args.zygote:
@@ -160,6 +230,8 @@ def main(argv=None) -> int:
         return 0
     if args.charts:
         require()  # before any run: a missing matplotlib must not surface after 15 minutes, nor be skipped
+    if args.render:
+        return rerender(args)
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     t_start = time.perf_counter()
     command = "python tools/bench_peers.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -191,12 +263,14 @@ def main(argv=None) -> int:
     )
     records: list[dict] = []
     failures: list[dict] = []
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(f"{args.out}.partial").unlink(missing_ok=True)
+    partial = Path(f"{args.out}.partial") if args.out else None
     zygote = None if args.fresh_process else Zygote(run_env(args))
     try:
         prepare(datasets, Path(args.work), args.min_episodes)
+        meta = _meta(args, started, command, info, systems, ignored, datasets)
+        if partial:  # kept as it goes: an interrupted run leaves its finished runs behind (--render it)
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(meta) + "\n")
         for d in datasets:
             plan = systems
             if not d.version.startswith("v3") and any(s.kind == "lerobot" for s in plan):
@@ -211,8 +285,8 @@ def main(argv=None) -> int:
                         print(f"FAILED {d.name} {s.label} round {r + 1}: {str(exc)[-1500:]}", flush=True)
                         continue
                     records.append(rec)
-                    if args.out:  # kept as it goes: an interrupted run leaves its finished runs behind
-                        with open(f"{args.out}.partial", "a") as f:
+                    if partial:
+                        with open(partial, "a") as f:
                             f.write(json.dumps(dict(rec, record="run_result")) + "\n")
                     log(
                         f"  {d.name} round {r + 1}/{args.rounds} {s.label:<22} {rec['samples_per_s']:8.1f} samples/s, "
@@ -221,67 +295,9 @@ def main(argv=None) -> int:
     finally:
         if zygote is not None:
             zygote.close()
-    rows = summarize(records, datasets)
-    heads = headline(rows, datasets)
-    print_tables(rows, heads, datasets)
-    print("\n" + LEGEND)
-    loads = [r["loadavg_1m"] for r in records] or [os.getloadavg()[0]]
-    total_s = time.perf_counter() - t_start
-    print(
-        f"\nnoise: 1-min load average during runs {min(loads):.1f}..{max(loads):.1f} on {info['cpus']} CPUs; "
-        f"total {total_s:.0f} s"
-    )
-    meta = {
-        "record": "run",
-        "started": started,
-        "command": command,
-        "seconds": total_s,
-        "machine": info,
-        "load_min": min(loads),
-        "load_max": max(loads),
-        "window": {"frames": FRAMES, "span": SPAN, "offsets": list(range(0, SPAN, STEP)), "action_horizon": HORIZON},
-        "batch_size": args.batch_size,
-        "workers": args.workers,
-        "warmup": args.warmup,
-        "seconds_timed": args.seconds,
-        "min_batches": args.min_batches,
-        "rounds": args.rounds,
-        "min_episodes": args.min_episodes,
-        "env": args.env,
-        "systems": [asdict(s) for s in systems],
-        "epishard_options_given": " ".join(args.epishard_opt),
-        "epishard_options": args.epishard_options,
-        "epishard_options_ignored": ignored,
-        "datasets": [
-            {
-                "name": d.name,
-                "lerobot": d.main,
-                "original": d.original,
-                "episodes": d.episodes,
-                "tiles": d.tiles,
-                "decode_limit": d.decode_limit,
-            }
-            for d in datasets
-        ],
-    }
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w") as f:
-            for rec in [meta] + [dict(r, record="run_result") for r in records] + rows + heads + failures:
-                f.write(json.dumps(rec) + "\n")
-        Path(f"{args.out}.partial").unlink(missing_ok=True)
-        print(f"wrote {args.out}")
-    if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(markdown(rows, heads, datasets, meta))
-        print(f"wrote {args.markdown}")
-    if args.charts:
-        title = (
-            f"{FRAMES} frames/{SPAN}-frame span, batch {args.batch_size}, {args.workers} workers; "
-            f"{started[:10]}, {info['cpus']} CPUs"
-        )
-        for p in charts(rows, datasets, Path(args.charts), title):
-            print(f"chart {p}")
+    render(args, {**meta, "seconds": time.perf_counter() - t_start}, records, failures)
+    if partial:
+        partial.unlink(missing_ok=True)
     if failures:
         print(f"{len(failures)} run(s) FAILED: " + ", ".join(f"{f['dataset']} {f['system']}" for f in failures))
     return 1 if failures else 0
