@@ -111,6 +111,15 @@ def test_bench_peers_quick_on_sample_without_peers(tmp_path, monkeypatch):
     )
     for name in ("peers_samples_per_s.png", "peers_diversity.png", "peers_epishard_stages.png"):
         assert (tmp_path / "charts" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "peers.jsonl.partial").exists()
+
+    # --render redraws the same tables from the JSON lines, running nothing
+    again = tmp_path / "again.md"
+    cmd = [sys.executable, str(REPO / "tools" / "bench_peers.py"), "--render", str(tmp_path / "peers.jsonl")]
+    cmd += ["--out", str(tmp_path / "again.jsonl"), "--markdown", str(again), "--charts", ""]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(REPO), env={**_base_env(), **env})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert again.read_text() == md
 
 
 def _base_env() -> dict:

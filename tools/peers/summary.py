@@ -166,7 +166,9 @@ COLUMNS = [
 
 
 def _headline_row(h: dict) -> list:
-    who = h["epishard"] or f"none matched (most diverse: {h['unmatched_best']})"
+    who = h["epishard"] or (
+        f"none matched (most diverse: {h['unmatched_best']})" if h["unmatched_best"] else "not measured"
+    )
     met = "-" if h["met"] is None else ("met" if h["met"] else "**not met**")
     return [
         h["dataset"],
