@@ -180,7 +180,7 @@ def _meta(args, started, command, info, systems, ignored, datasets) -> dict:
 def render(args, meta: dict, records: list[dict], failures: list[dict]) -> None:
     """Print the tables and write the JSON lines, the markdown and the charts of ``records``."""
     datasets = [Dataset(**d) for d in meta["datasets"]]
-    rows = summarize(records, datasets)
+    rows = summarize(records, datasets, meta["warmup"] * meta["batch_size"])
     heads = headline(rows, datasets)
     print_tables(rows, heads, datasets)
     print("\n" + LEGEND)
