@@ -320,7 +320,8 @@ request to the last timed batch (timed region >= 10 s after the warm-up; an epoc
 its start counted). Counting the warm-up charges work a reader banks before its first batch (a shuffle buffer of
 decoded windows) to the samples; "after warm-up" is the rate over the timed region alone, shown beside it.
 x decode limit: samples/s over the dataset's decode limit (ffmpeg -threads 1 decode-to-RGB frames per CPU
-second x cores / distinct frames a sample needs). Diversity: distinct episodes per batch measured over the timed batches / the exact expectation under i.i.d. uniform sampling
+second x cores / distinct frames a sample needs). Diversity: distinct episodes per batch measured over the
+timed batches / the exact expectation under i.i.d. uniform sampling
 of the windows the system's policy draws from (epishard: its plan's windows per episode; LeRobot and naive: every
 frame of every episode; webdataset: one window per episode met), and their ratio; P(pair shares episode): the
 probability that two samples of a batch come from one episode, measured / i.i.d. decoded/returned: frames
