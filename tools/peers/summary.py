@@ -201,7 +201,7 @@ def _headline_row(h: dict) -> list:
         fmt(h["lerobot044_samples_per_s"], ".1f"),
         fmt(h["vs_lerobot044"], ".2f"),
         fmt(h["decode_limit"], ".0f"),
-        fmt(h["decode_limit_fraction"], ".2f"),
+        fmt(h["decode_limit_fraction"], ".3f"),
         h["target"],
         met,
     ]
@@ -215,7 +215,7 @@ def _run_row(r: dict) -> list:
         f"{r['samples_per_s']:.1f}",
         fmt(r["samples_per_s_after_warmup"], ".1f"),
         fmt(r["warmup_s"], ".1f"),
-        fmt(r["decode_limit_fraction"], ".2f"),
+        fmt(r["decode_limit_fraction"], ".3f"),
         _diversity(r),
         _pair(r, "same_episode_pair_probability", ".3f"),
         _decoded(r),
