@@ -76,7 +76,11 @@ def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) 
         ax.set_title(n.replace("_v30", " (v3.0)"), fontsize=9)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("samples/s (square: uint8, circle: float32)")
-    axes[0][-1].legend(fontsize=7)
+    legend = {}
+    for ax in axes[0]:  # every system once, whichever panel it ran in
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    axes[0][-1].legend(list(legend.values()), list(legend), fontsize=7)
     fig.suptitle("throughput against batch diversity; matched diversity right of the dashed line (0.9)")
     fig.tight_layout()
     p = folder / "peers_diversity.png"
