@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import default_collate
 from tqdm import tqdm
 
+from . import diversity
 from .dataset import WindowDataset, WindowLoader
 from .spec import WindowSpec, segment
 from .telemetry import FIELDS, summarize
@@ -89,6 +90,22 @@ def build(options: StreamRun) -> WindowLoader:
     return WindowLoader(ds, batch_size=options.batch_size, num_workers=options.workers, collate_fn=_timed_collate)
 
 
+def iid_reference(ds: WindowDataset, batch_size: float) -> diversity.Diversity:
+    """What i.i.d. uniform sampling of ``ds``'s epoch windows gives (``stream.diversity.iid``).
+
+    Windows per episode come from the sampling policy (the planner's expected count per episode:
+    anchors, windows per episode, weights, selection), never from a run's length. An episode is
+    ``(dataset, episode_index)``, as samples name it, so episodes of two sources in one dataset
+    that share an index count as one on both sides of the comparison.
+    """
+    from .plan import anchor_counts, expected_windows
+
+    t = ds.table
+    windows = expected_windows(anchor_counts(t.lo, t.hi, ds.spec.stride, t.gaps), ds.spec.sampling, t.weight)
+    keys = [(d, int(e)) for d, source in enumerate(ds.sources) for e in source.index.episode_index]
+    return diversity.iid(diversity.merge_counts(keys, windows), batch_size)
+
+
 _WORKER, _SAMPLES, _DECODED, _RETURNED = (
     FIELDS.index(f) for f in ("worker", "samples", "frames_decoded", "frames_returned")
 )
@@ -133,7 +150,7 @@ def run(options: StreamRun, progress: bool = False) -> dict:
             log.info(text)
 
     say(f"{steps_per_epoch} steps per epoch ({windows} windows, batch size {options.batch_size}); running {todo}")
-    tel, distinct, collate_s, samples, first, waits, ratio = [], [], 0.0, 0, None, [], []
+    tel, episodes, collate_s, samples, first, waits, ratio = [], [], 0.0, 0, None, [], []
     latest: dict[int, np.ndarray] = {}
     start = last = time.perf_counter()
     for i, batch in enumerate(loader):
@@ -144,7 +161,7 @@ def run(options: StreamRun, progress: bool = False) -> dict:
             say(f"first batch after {first:.2f} s (setup {setup_s:.2f} s)")
         tel.append(batch["__telemetry__"].numpy())
         ratio.append(_running_ratio(latest, tel[-1]))
-        distinct.append(len(set(zip(batch["dataset"].tolist(), batch["episode_index"].tolist(), strict=False))))
+        episodes.append(list(zip(batch["dataset"].tolist(), batch["episode_index"].tolist(), strict=True)))
         collate_s += float(batch["__collate_s__"])
         samples += len(batch["episode_index"])
         bar.update(1)
@@ -158,6 +175,8 @@ def run(options: StreamRun, progress: bool = False) -> dict:
             f"{options.dataset}: no window fits the request (episodes shorter than --span/--action-horizon?)"
         )
     t = summarize(tel)
+    batch_diversity = diversity.measured(episodes)
+    reference = iid_reference(loader.dataset, batch_diversity.batch_size)
     stages = {k: t[k] for k in ("plan_s", "read_s", "decode_s", "postprocess_s", "assemble_s")}
     stages["collate_s"] = collate_s
     return {
@@ -174,7 +193,7 @@ def run(options: StreamRun, progress: bool = False) -> dict:
         "frames_decoded_per_returned": t["frames_decoded_per_returned"],
         "decoder_opens_per_sample": t["decoder_opens_per_sample"],
         "bytes_read_per_sample": t["bytes_read_per_sample"],
-        "distinct_episodes_per_batch": float(np.mean(distinct)) if distinct else 0.0,
+        **diversity.summary(batch_diversity, reference),
         "windows_per_rank_per_epoch": windows,
         "episodes_without_windows": t["episodes_without_windows"],
         "workers": options.workers,
@@ -191,8 +210,11 @@ def render(r: dict) -> str:
         + ", ".join(f"{k[:-2]} {v:.2f}s ({100 * v / total:.0f}%)" for k, v in stages.items()),
         f"  frames decoded per frame returned {r['frames_decoded_per_returned']:.2f}, decoder opens per sample "
         f"{r['decoder_opens_per_sample']:.3f}, bytes read per sample {r['bytes_read_per_sample'] / 1e3:.1f} kB",
-        f"  shuffle: {r['distinct_episodes_per_batch']:.2f} distinct episodes per batch; "
-        f"{int(r['episodes_without_windows'])} episodes shorter than the window",
+        f"  batch diversity: {r['distinct_episodes_per_batch']:.2f} distinct episodes per batch "
+        f"(i.i.d. sampling: {r['distinct_episodes_per_batch_iid']:.2f}; ratio {r['diversity_ratio']:.2f}), "
+        f"two samples share an episode with p={r['same_episode_pair_probability']:.3f} "
+        f"(i.i.d.: {r['same_episode_pair_probability_iid']:.3f})",
+        f"  {int(r['episodes_without_windows'])} episodes shorter than the window",
         f"  epoch: {r['steps_per_epoch']} steps, {r['windows_per_rank_per_epoch']} windows; {r['workers']} workers",
         f"{r['dataset']}: {r['samples']} samples in {r['batches']} batches, {r['wall_s']:.2f} s: "
         f"{r['samples_per_s']:.1f} samples/s, {r['frames_per_s']:.0f} frames/s, first batch after "

@@ -1,13 +1,15 @@
-"""Benchmark: epishard's reader side by side with the loaders users would pick instead, in one run.
+"""Benchmark: the honest table. epishard's reader beside LeRobot 0.4.4 / 0.6.1, webdataset and a naive
+loader, at matched batch diversity and the same output dtype, and against the decode limit.
 
-The code lives in ``tools/peers/`` (one job per module: ``config`` the window and the systems,
-``pipelines`` the peer loaders, ``measure`` one timed run, ``zygote`` the forking runner, ``runs``
-datasets and peers, ``summary`` tables and ratios, ``charts``, ``cli``); what it measures and how is
-in ``tools/peers/__init__.py``.
+The code lives in ``tools/peers/`` (one job per module: ``config`` the window, systems and targets,
+``tile`` the dataset tiler, ``decodelimit``, ``pipelines`` the webdataset/naive loaders,
+``lerobot_harness`` the LeRobot side, ``measure`` one timed run, ``zygote`` the forking runner,
+``runs`` datasets and peers, ``summary`` tables and headline, ``charts``, ``cli``); what it measures
+and how is in ``tools/peers/__init__.py``.
 
-    python tools/bench_peers.py                              # all v3.0 datasets in ../shared/data
-    python tools/bench_peers.py --setup-peers                # first build the LeRobot peer venv (~75 s)
-    python tools/bench_peers.py --source sample/gr00t_robot_sim_picknplace --batches 3 --rounds 1
+    python tools/bench_peers.py                  # every v3.0 dataset in ../shared/data, tiled to 200 episodes
+    python tools/bench_peers.py --setup-peers    # first build both LeRobot peer venvs (~4 min)
+    python tools/bench_peers.py --quick          # smoke run
 """
 
 from __future__ import annotations

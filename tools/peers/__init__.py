@@ -1,58 +1,57 @@
-"""Benchmark (``tools/bench_peers.py``): epishard's reader beside the loaders users would pick instead.
+"""Benchmark (``tools/bench_peers.py``): the honest table. epishard's reader beside the loaders users
+would pick instead, at the same batch diversity and output dtype, and against the decode limit.
+
+What makes it honest (issue 16, item 1):
+
+- **Batch diversity is a figure of every row**: distinct episodes per batch and the probability that two
+  samples of a batch share an episode, measured over the timed batches, next to their exact
+  expectation under i.i.d. uniform sampling of the windows the system's policy draws from
+  (``epishard.stream.diversity``), and the ratio. The headline compares epishard only where its
+  diversity is >= 0.9 of i.i.d. (LeRobot's shuffled sampler is i.i.d. by construction).
+- **Windows per episode come from the sampling policy**, never from the run length: ``all`` = every
+  anchor every epoch (LeRobot's population: every frame), ``pe4`` = 4 per episode per epoch.
+- **Timed regions of at least ``--seconds``** (10) and ``--min-batches`` (5), after ``--warmup`` (2)
+  batches; an epoch that ends inside the region is crossed and its start counted.
+- **Datasets tiled to >= 200 episodes** (``peers.tile``: copies of the episodes, the video files
+  shared by reference), so that a batch of 8 can hold 8 episodes; LeRobot reads the tiled v3.0
+  folder, epishard converts it (cached in ``--work`` across runs).
+- **Same output dtype**: a uint8 and a float32 headline. LeRobot 0.6.1 in both (``--uint8`` is its
+  ``return_uint8=True``, its training default), LeRobot 0.4.4 float32 (all it has).
+- **The decode limit** (``peers.decodelimit``): ffmpeg -threads 1 decode-to-RGB frames per CPU second
+  x cores / distinct frames a sample needs; each row's samples/s is also stated as a fraction of it.
 
 Same window for every system: per camera 9 frames over a 33-frame span (offsets 0, 4, ..., 32), the
 state at the anchor, a 16-step action chunk; windows at the episode's edges are clamped and flagged
 (LeRobot's ``delta_timestamps`` padding; epishard ``boundary="pad"``); batch 8, 2 DataLoader
-workers (persistent), shuffled, 2 warm-up batches, then timed batches. Systems:
+workers (persistent), shuffled. Systems (``config.SYSTEMS``):
 
-``lerobot``      LeRobotDataset (lerobot 0.4.4) on the v3.0 folder itself, through the harness
-                 ``../shared/peers/lerobot_windows.py`` run with the peer venv's python (float32 [0, 1]).
-``webdataset``   a plain webdataset pipeline over epishard's shards: ``WebDataset(tars, resampled)``
-                 -> ``shuffle(32)`` (episodes) -> per episode one random anchor; per camera a fresh
-                 torchcodec ``VideoDecoder`` on the member's bytes (default exact mode: it scans the
-                 file), decode the whole 33-frame span, convert every decoded frame to float32 [0, 1],
-                 keep 9. (Which frame a row shows comes from the index, a dict lookup; a tar-only user
-                 would seek by timestamp, at the same decode cost.)
-``naive``        epishard's naive mode over the same shards: a map-style dataset of every (episode,
-                 anchor), shuffled by the DataLoader; per sample read the table and video members by
-                 the index's byte offsets, a fresh decoder per camera, decode the span, float32 all, keep 9.
-``es-*``         epishard: ``WindowDataset`` + ``WindowLoader``, telemetry on, no resize.
-    ``es-f32`` / ``es-u8``   float32 [0, 1] (``PostProcess(dtype=torch.float32)``) / default uint8.
-                 ``per_episode = ceil(batches x batch / episodes)`` windows per episode per epoch, so one
-                 epoch is about the timed batches and its windows lie across the whole dataset, like
-                 LeRobot's shuffle over all frames; the timed region is one full epoch, so all
-                 decoding for the timed windows is in it (warm-up: the last 2 batches of epoch 0,
-                 reached by exact resume, so nothing is in flight when the timed epoch starts).
-    ``es-f32c``              float32 [0, 1] batches from a uint8 reader with this tool's own collate that
-                 converts while it copies into the shared-memory batch (the reader now does the same by
-                 itself under ``WindowLoader``: ``stream.collate.FloatCollate``; kept for comparison).
-    ``es-f32m`` (on request) uint8 through the DataLoader, converted in the main process into two
-                 reused float32 buffers (a batch is overwritten two batches later).
-    ``es-f32-pe4``           4 windows per episode per epoch: little reuse of decoded frames. The
-                 dataset is listed ``k`` times in one ``WindowDataset`` (as many episodes as a dataset
-                 ``k`` times larger) so an epoch again covers the timed batches; one full epoch timed.
-    ``es-f32-all``           every anchor every epoch: each frame is decoded once per epoch and reused
-                 by ~9 windows. An epoch is ~1400-2100 windows, longer than the run: the timed
-                 batches are inside epoch 0 after its first episodes were loaded (the loading shows
-                 in the time to first batch), so this is the in-epoch rate, an upper bound.
-    ``es-f32-v2``, ``es-u8-v2`` (the latter on request)   the same on shards converted from the v2.x original.
+``lerobot``, ``lerobot061``, ``lerobot061-u8``   LeRobotDataset 0.4.4 / 0.6.1 on the tiled v3.0 folder,
+                 through ``peers/lerobot_harness.py`` run with the release's own venv (built by
+                 ``../shared/peers/setup_lerobot_venv.sh`` / ``setup_lerobot061_venv.sh``; 0.6.1 is
+                 patched for Python 3.11 there: state it wherever a 0.6.1 figure is quoted).
+``webdataset``   ``WebDataset(tars, resampled)`` -> ``shuffle(32)`` (episodes) -> one random anchor per
+                 episode sample; per camera a fresh torchcodec decoder on the member's bytes,
+                 ``get_frames_at`` the window's distinct frames, only those converted (float32 or u8).
+``naive``        map-style over every (episode, anchor), shuffled by the DataLoader; per sample the
+                 members read by the index's byte offsets, decoded and converted as ``webdataset``.
+``es-*``         epishard ``WindowDataset`` + ``WindowLoader``, telemetry on, no resize; ``f32`` /
+                 ``u8`` output, ``all`` or ``pe4`` policy. ``--epishard-opt KEY=VALUE`` passes a
+                 ``WindowDataset`` keyword or ``WindowSpec`` field to every epishard system (feature-
+                 detected: keys this epishard lacks are printed and recorded as ignored).
 
-Reported per dataset and system: samples/s and returned frames/s (medians over rounds, min..max),
-frames decoded per frame returned (epishard telemetry; counted the same way for webdataset and naive;
-for LeRobot the expectation over uniform anchors from the keyframe tables), time to first batch (for
-LeRobot: its harness reports only the 2 warm-up batches), peak RSS and PSS of the main process plus
-its workers (the harness's schedule: RSS from ``statm`` every 50 ms, PSS from ``smaps_rollup`` every
-500 ms), bytes read per sample, distinct episodes per batch, worker seconds per stage. Every run is
-its own process (LeRobot's: the harness; ours: forked from a process that imported torch, torchcodec,
-... once, whose PSS is added; ``--fresh-process`` starts an interpreter per run instead). Systems
-alternate within a round (order reversed every other round) and the ratio epishard / peer is taken
-per round, then the median.
+Reported per run (one JSON line each in ``--out``), medians per (dataset, system): samples/s, output
+dtype, diversity (measured, i.i.d., ratio), frames decoded per frame returned (epishard telemetry;
+webdataset/naive counted alike; LeRobot: expected from the keyframe tables), time to first batch,
+peak RSS (all processes), the largest worker's peak RSS, PSS, bytes read per sample, worker seconds
+per stage. Every run is its own process (LeRobot's: the harness; ours: forked from a process that
+imported torch, torchcodec, ... once, whose PSS is added; ``--fresh-process`` for a fresh interpreter).
 
 Commands (repository root; peers that are not installed are skipped with a line saying how):
 
-    python tools/bench_peers.py                              # all v3.0 datasets in ../shared/data
-    python tools/bench_peers.py --setup-peers                # first build the LeRobot peer venv (~75 s)
-    python tools/bench_peers.py --batches 30 --rounds 5 --out /tmp/peers.jsonl --charts /tmp/charts
-    python tools/bench_peers.py --source sample/gr00t_robot_sim_picknplace --batches 3 --rounds 1
-    python tools/bench_peers.py --systems lerobot,es-f32,es-f32c,es-f32m --datasets unitree_g1_bottle_av1_v30
+    python tools/bench_peers.py                  # the honest table: ~15 min on 2 quiet cores (+ ~10 min
+                                                 # the first time: tiling and converting, kept in --work)
+    python tools/bench_peers.py --setup-peers    # first build both LeRobot peer venvs (~4 min)
+    python tools/bench_peers.py --quick          # smoke run (1 s per run; make test runs it on the sample)
+    python tools/bench_peers.py --epishard-opt shuffle_episodes=8 --out docs/bench/x.jsonl --markdown docs/bench/x.md
+    python tools/bench_peers.py --rounds 3 --systems lerobot061-u8,es-u8 --datasets unitree_g1_bottle_av1_v30
 """

@@ -1,4 +1,4 @@
-"""PNG charts of the summary (matplotlib; skipped with a line when it is absent)."""
+"""PNG charts of the summary (matplotlib, pinned in requirements/machine.txt; ``require`` fails loudly without it)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,24 @@ from .config import STAGES
 from .runs import Dataset
 
 
-def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) -> list[str]:
+def require() -> None:
+    """Raise SystemExit naming the fix when matplotlib cannot be imported (checked before any run)."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(
+            f"bench_peers: --charts needs matplotlib, which failed to import ({exc}); install the pinned "
+            "requirements (pip install -r requirements/machine.txt, or make setup) or pass --charts ''"
+        ) from None
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import numpy as np
-    except ImportError:
-        print("charts skipped: matplotlib is not installed (pip install matplotlib)")
-        return []
+
+def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     names = [d.name for d in datasets if any(r["dataset"] == d.name for r in rows)]
@@ -42,7 +50,7 @@ def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) 
             capsize=2,
             label=label,
             color=colors(j % 10),
-            hatch="//" if label == "lerobot" else None,
+            hatch="//" if label.startswith("LeRobot") else None,
         )
     ax.set_xticks(range(len(names)), [n.replace("_v30", "\n(v3.0)") for n in names])
     ax.set_yscale("log")
@@ -56,7 +64,31 @@ def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) 
     plt.close(fig)
     paths.append(str(p))
 
-    st = [r for r in rows if r["stage_s_per_sample"]]
+    fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names) + 1, 4.6), squeeze=False)
+    for ax, n in zip(axes[0], names, strict=True):
+        for j, label in enumerate(labels):
+            r = next((r for r in rows if r["dataset"] == n and r["label"] == label), None)
+            if r and r["diversity_ratio"] is not None:
+                marker = "s" if r["dtype"] == "uint8" else "o"
+                ax.scatter(r["diversity_ratio"], r["samples_per_s"], color=colors(j % 10), marker=marker, label=label)
+        ax.axvline(0.9, color="grey", linestyle="--", linewidth=1)
+        ax.set_xlabel("distinct episodes per batch / i.i.d.")
+        ax.set_title(n.replace("_v30", " (v3.0)"), fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("samples/s (square: uint8, circle: float32)")
+    legend = {}
+    for ax in axes[0]:  # every system once, whichever panel it ran in
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    axes[0][-1].legend(list(legend.values()), list(legend), fontsize=7)
+    fig.suptitle("throughput against batch diversity; matched diversity right of the dashed line (0.9)")
+    fig.tight_layout()
+    p = folder / "peers_diversity.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(str(p))
+
+    st = [r for r in rows if r.get("stage_s_per_sample")]
     if st:
         panels = [n for n in names if any(r["dataset"] == n for r in st)]
         fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1, 5), squeeze=False)

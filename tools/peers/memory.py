@@ -37,7 +37,8 @@ def _pss(pid: int) -> int:
 
 
 class MemSampler(threading.Thread):
-    """Peak over time of the summed RSS and PSS (kB) of this process and all its descendants.
+    """Peak over time of the summed RSS and PSS (kB) of this process and all its descendants, and
+    the peak RSS of the largest single descendant.
 
     The LeRobot harness's schedule: RSS (``statm``) every 50 ms, PSS (``smaps_rollup``, which walks
     the page tables and holds the memory map lock the workers' page faults need) every 10th sample.
@@ -49,12 +50,15 @@ class MemSampler(threading.Thread):
     def __init__(self, interval: float = 0.05, pss_every: int = 10, pss_extra: tuple[int, ...] = ()):
         super().__init__(daemon=True)
         self.interval, self.pss_every, self.rss_peak, self.pss_peak = interval, pss_every, 0, 0
+        self.worker_rss_peak = 0  # the largest single descendant (a DataLoader worker)
         self.pss_extra = pss_extra
         self._halt = threading.Event()
 
     def sample(self, with_pss: bool) -> None:
         pids = _descendants(os.getpid())
-        self.rss_peak = max(self.rss_peak, sum(_rss(p) for p in pids))
+        rss = [_rss(p) for p in pids]
+        self.rss_peak = max(self.rss_peak, sum(rss))
+        self.worker_rss_peak = max(self.worker_rss_peak, *rss[1:], 0)
         if with_pss:
             self.pss_peak = max(self.pss_peak, sum(_pss(p) for p in pids + list(self.pss_extra)))
 

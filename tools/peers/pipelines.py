@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 
 from .config import COUNTERS, HORIZON, SPAN, STEP
@@ -17,7 +16,8 @@ def clamped(rows, n: int):
 
 class _SpanDecoder:
     """What the webdataset and naive pipelines do per sample: per camera a fresh decoder on the
-    video's bytes, the whole span decoded, every decoded frame post-processed, 9 kept."""
+    video's bytes, ``get_frames_at`` for the window's distinct frames (decoded from the keyframe
+    before each; only those converted to RGB), only those frames converted to float32."""
 
     def __init__(self, root: str, dtype: str):
         self.root, self.dtype = root, dtype
@@ -41,28 +41,25 @@ class _SpanDecoder:
         names = ix.camera_names(episode)
         offsets = np.arange(0, SPAN, STEP)
         sample = {}
+        rows, pad = clamped(anchor + offsets, n)
         for cam in sorted(videos):
             s = ix.stream(episode, names.index(cam))
-            span_rows, _ = clamped(anchor + np.arange(SPAN), n)
-            span = np.unique(ix.frames(s, span_rows))
+            wanted = ix.frames(s, rows)
+            kept = np.unique(wanted)
             t0 = time.perf_counter()
             decoder = VideoDecoder(videos[cam], dimension_order="NCHW", num_ffmpeg_threads=1)
-            if span[-1] - span[0] + 1 == span.size:
-                frames = decoder.get_frames_in_range(int(span[0]), int(span[-1]) + 1).data
-            else:
-                frames = decoder.get_frames_at(span.tolist()).data
+            frames = decoder.get_frames_at(kept.tolist()).data  # decodes from each keyframe; RGB only for these
             t1 = time.perf_counter()
             if self.dtype == "float32":
-                frames = frames.to(torch.float32) / 255.0  # every decoded frame, as LeRobot's output
+                frames = frames.to(torch.float32) / 255.0  # only the frames kept, as LeRobot's output
             t2 = time.perf_counter()
-            rows, pad = clamped(anchor + offsets, n)
-            sample[cam] = frames[torch.from_numpy(np.searchsorted(span, ix.frames(s, rows)))]
+            sample[cam] = frames[torch.from_numpy(np.searchsorted(kept, wanted))]
             sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
             counters["decode_s"] += t1 - t0
             counters["postprocess_s"] += t2 - t1
-            counters["frames_decoded"] += int(ix.decoded_frames(s, span))
+            counters["frames_decoded"] += int(ix.decoded_frames(s, kept))
             counters["frames_returned"] += offsets.size
-            counters["frames_unique"] += span.size
+            counters["frames_unique"] += kept.size
             counters["decoder_opens"] += 1
         t3 = time.perf_counter()
         state = numeric_matrix(table.column("observation.state")).astype(np.float32)
@@ -181,28 +178,3 @@ class TimedCollate:
         batch = self.fn(samples)
         batch["__collate_s__"] = torch.tensor(time.perf_counter() - t, dtype=torch.float64)
         return batch
-
-
-def float_collate(samples: list[dict]) -> dict:
-    """``timed_collate`` for uint8 samples that returns frames as float32 in [0, 1]: each sample's
-    uint8 frames are converted while being copied into the batch (in shared memory inside a worker,
-    as ``default_collate`` does), so the only float32 memory written is the batch itself. The values
-    equal ``PostProcess(dtype=torch.float32)``'s (``x.to(float32) / 255``)."""
-    import torch
-    from torch.utils.data import default_collate, get_worker_info
-
-    t = time.perf_counter()
-    keys = [k for k, v in samples[0].items() if torch.is_tensor(v) and v.dtype == torch.uint8 and v.dim() == 4]
-    batch = default_collate([{k: v for k, v in s.items() if k not in keys} for s in samples])
-    for k in keys:
-        shape = (len(samples), *samples[0][k].shape)
-        elem = torch.empty(0, dtype=torch.float32)
-        if get_worker_info() is not None:
-            out = elem.new(elem._typed_storage()._new_shared(math.prod(shape), device=elem.device)).resize_(shape)
-        else:
-            out = torch.empty(shape, dtype=torch.float32)
-        for i, sample in enumerate(samples):
-            out[i].copy_(sample[k]).div_(255.0)
-        batch[k] = out
-    batch["__collate_s__"] = torch.tensor(time.perf_counter() - t, dtype=torch.float64)
-    return batch

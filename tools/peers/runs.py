@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ENTRY, FRAMES, HORIZON, REPO, SPAN, STEP, System, log
+from .config import ENTRY, FRAMES, HARNESS, HORIZON, LEROBOT, REPO, SPAN, STEP, Peer, System, log
 from .pipelines import clamped
 from .zygote import Zygote
 
@@ -18,10 +18,13 @@ from .zygote import Zygote
 @dataclass
 class Dataset:
     name: str
-    main: str  # LeRobot folder (v3.0 when found in the shared data)
+    main: str  # the LeRobot folder measured (the tiled copy when tiled)
     version: str
-    original: str | None = None  # its v2.x original, when there is one
-    shards: dict | None = None  # "main"/"v2" -> converted epishard folder
+    original: str  # the LeRobot folder it came from
+    episodes: int = 0  # episodes of the original (a tiled copy repeats them)
+    tiles: int = 1
+    shards: str | None = None  # the converted epishard folder
+    decode_limit: dict | None = None
 
 
 def lerobot_version(folder: Path) -> str:
@@ -34,12 +37,12 @@ def has_videos(folder: Path) -> bool:
 
 
 def find_datasets(args) -> list[Dataset]:
+    """The v3.0 datasets with videos in ``--data`` (or the ``--source`` folders)."""
     if args.source:
-        out = []
-        for s in args.source:
-            p = Path(s).resolve()
-            out.append(Dataset(p.name, str(p), lerobot_version(p)))
-        return out
+        return [
+            Dataset(Path(s).name, str(Path(s).resolve()), lerobot_version(Path(s)), str(Path(s).resolve()))
+            for s in args.source
+        ]
     data = Path(args.data)
     if not data.is_dir():
         print(f"no shared data at {data}: nothing to measure (give --source FOLDER or set EPISHARD_SHARED_DATA)")
@@ -53,51 +56,76 @@ def find_datasets(args) -> list[Dataset]:
         if not has_videos(p):
             print(f"skip {p.name}: a LeRobot v3.0 dataset without video files (nothing to decode)")
             continue
-        orig = data / p.name.removesuffix("_v30")
-        out.append(
-            Dataset(
-                p.name,
-                str(p),
-                lerobot_version(p),
-                str(orig) if orig != p and (orig / "meta" / "info.json").exists() else None,
-            )
-        )
+        out.append(Dataset(p.name, str(p), lerobot_version(p), str(p)))
     return out
 
 
-def convert_all(datasets: list[Dataset], work: Path) -> None:
-    from epishard.shardwriter import ConvertOptions, convert
+def _convert_options():
+    """Conversion options for the benchmark: 2 workers, no progress bar, the write-time decode check
+    off (tiles repeat the original's frames; the reader checks every frame's pts anyway), feature-
+    detected because the check's option may change."""
+    from dataclasses import fields
 
+    from epishard.shardwriter import ConvertOptions
+
+    names = {f.name for f in fields(ConvertOptions)}
+    kw = {"progress": False, "workers": 2, "overwrite": True}
+    if "decode_check" in names:
+        kw["decode_check"] = False
+    elif "check" in names:
+        kw["check"] = "off"
+    return ConvertOptions(**kw)
+
+
+def prepare(datasets: list[Dataset], work: Path, min_episodes: int) -> None:
+    """Tile each v3.0 dataset to ``min_episodes`` (kept in ``work`` across runs), convert it with
+    epishard (resumed: a finished conversion of the same plan is reused) and measure its decode limit."""
+    from epishard.shardwriter import convert
+
+    from .decodelimit import decode_limit
+    from .tile import tile, tiles_for
+
+    work.mkdir(parents=True, exist_ok=True)
     for d in datasets:
-        d.shards = {}
-        for key, src in (("main", d.main), ("v2", d.original)):
-            if src is None:
-                continue
-            out = work / f"{Path(src).name}"
+        d.episodes = _episode_count(d.original) if d.version.startswith("v3") else 0
+        if d.version.startswith("v3") and min_episodes > d.episodes:
+            d.tiles = tiles_for(d.episodes, min_episodes)
             t = time.perf_counter()
-            convert([src], str(out), ConvertOptions(progress=False))
-            d.shards[key] = str(out)
-            log(f"converted {Path(src).name} ({lerobot_version(Path(src))}) in {time.perf_counter() - t:.1f} s")
+            d.main = str(tile(d.original, work / f"{d.name}_x{d.tiles}", min_episodes))
+            log(f"{d.name}: tiled x{d.tiles} = {d.tiles * d.episodes} episodes ({time.perf_counter() - t:.1f} s)")
+        out = work / f"{Path(d.main).name}.epishard"
+        t = time.perf_counter()
+        convert([d.main], str(out), _convert_options())
+        d.shards = str(out)
+        log(f"{d.name}: converted (or reused) {out} in {time.perf_counter() - t:.1f} s")
+        if d.version.startswith("v3"):
+            d.decode_limit = decode_limit(d.original)
+            log(f"{d.name}: decode limit {d.decode_limit['samples_per_s']:.1f} samples/s")
 
 
-def peer_status(args) -> str | None:
-    """None when the LeRobot peer can run, else the reason."""
-    harness = Path(args.peers_dir) / "lerobot_windows.py"
-    if not harness.exists():
-        return f"no harness at {harness} (it lives in ../shared/peers)"
-    if not Path(args.peer_venv, "bin", "python").exists() or not Path(args.peer_env).exists():
+def _episode_count(folder: str) -> int:
+    """Episodes of a v3.0 folder: rows of its ``meta/episodes`` tables (``info.json`` may disagree)."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(p).num_rows for p in sorted((Path(folder) / "meta" / "episodes").rglob("*.parquet")))
+
+
+def peer_status(args, peer: Peer) -> str | None:
+    """None when this LeRobot peer can run, else the reason and how to set it up."""
+    if not Path(peer.venv, "bin", "python").exists() or not Path(peer.env).exists():
+        script = Path(args.peers_dir) / peer.setup
         return (
-            f"peer venv {args.peer_venv} not found: "
-            f"build it with `bash {Path(args.peers_dir) / 'setup_lerobot_venv.sh'}` "
-            f"(~75 s, offline CPU venv) or run this command with --setup-peers"
+            f"LeRobot {peer.version} peer venv {peer.venv} not found: build it with `bash {script}` "
+            f"or run this command with --setup-peers"
         )
     return None
 
 
 def setup_peers(args) -> None:
-    script = Path(args.peers_dir) / "setup_lerobot_venv.sh"
-    print(f"building the LeRobot peer venv: bash {script} {args.peer_venv}", flush=True)
-    subprocess.run(["bash", str(script), args.peer_venv], check=True)
+    for peer in LEROBOT.values():
+        script = Path(args.peers_dir) / peer.setup
+        print(f"building the LeRobot {peer.version} peer venv: bash {script} {peer.venv}", flush=True)
+        subprocess.run(["bash", str(script), peer.venv], check=True)
 
 
 def run_env(args) -> dict:
@@ -107,44 +135,41 @@ def run_env(args) -> dict:
     return env
 
 
-def run_lerobot(args, d: Dataset, seed: int) -> dict:
-    harness = Path(args.peers_dir) / "lerobot_windows.py"
+def run_lerobot(args, d: Dataset, system: System, seed: int) -> dict:
+    """One LeRobot run through ``lerobot_harness.py`` in the release's venv."""
+    import numpy as np
+
+    from epishard.shardwriter import WindowIndex
+    from epishard.stream import diversity
+
+    peer = LEROBOT[system.lerobot]
     cmd = (
-        f"source {args.peer_env} && exec {args.peer_venv}/bin/python {harness} {d.main} --workers {args.workers} "
-        f"--batches {args.batches} --warmup {args.warmup} --batch-size {args.batch_size} --window {FRAMES} "
-        f"--stride {STEP} --action-horizon {HORIZON} --seed {seed}"
+        f". {peer.env} && exec {peer.venv}/bin/python {HARNESS} {d.main} --workers {args.workers} "
+        f"--batch-size {args.batch_size} --warmup {args.warmup} --seconds {args.seconds} "
+        f"--min-batches {args.min_batches} --window {FRAMES} --stride {STEP} --action-horizon {HORIZON} "
+        f"--seed {seed}" + (" --uint8" if system.dtype == "uint8" else "")
     )
     p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=args.timeout, env=run_env(args))
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if p.returncode or not lines:
-        raise RuntimeError(f"LeRobot harness failed (exit {p.returncode}): {p.stderr[-2000:]}")
+        raise RuntimeError(f"LeRobot {peer.version} harness failed (exit {p.returncode}): {p.stderr[-2000:]}")
     r = json.loads(lines[-1])
-    fps_s = r["samples_per_s"]
+    rows = WindowIndex.load_dataset(d.shards).num_rows  # LeRobot samples every frame: every row an anchor
+    ref = diversity.iid(np.asarray(rows, dtype=np.float64), args.batch_size)
+    ids = r.pop("episode_ids")
     return {
-        "system": "lerobot",
-        "label": "lerobot",
+        "system": system.id,
+        "label": system.label,
         "kind": "lerobot",
-        "dtype": "float32",
-        "reuse": "",
+        "policy": "all",
         "root": d.main,
-        "samples": r["batches"] * r["batch_size"],
-        "batches": r["batches"],
-        "seconds": r["seconds"],
-        "samples_per_s": fps_s,
-        "frames_per_s": r["frames_per_s"],
-        "frames_decoded_per_returned": None,
+        "frames_decoded_per_returned": expected_decoded_per_returned(d.shards, d.episodes or None),
+        "frames_decoded_per_returned_is_expected": True,
         "time_to_first_batch_s": None,
-        "warmup_s": r["warmup_s"],
-        "build_s": r["build_s"],
-        "timed": f"{r['batches']} batches",
-        "rss_peak_mb": r["rss_peak_mb"],
-        "pss_peak_mb": r["pss_peak_mb"],
-        "bytes_read_per_sample": None,
         "worker_stage_s": None,
-        "distinct_episodes_per_batch": None,
-        "shapes": r.get("shapes"),
-        "peer": r.get("peer"),
-        "decoder": r.get("decoder"),
+        "bytes_read_per_sample": None,
+        **r,
+        **diversity.summary(diversity.measured(ids), ref),
     }
 
 
@@ -152,15 +177,17 @@ def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | Non
     t = time.perf_counter()
     cfg = {
         "system": system.id,
-        "root": d.shards[system.source],
+        "root": d.shards,
         "batch_size": args.batch_size,
         "workers": args.workers,
-        "batches": args.batches,
+        "seconds": args.seconds,
+        "min_batches": args.min_batches,
         "warmup": args.warmup,
         "seed": seed,
+        "options": args.epishard_options if system.kind == "epishard" else None,
     }
     if system.kind == "lerobot":
-        rec = run_lerobot(args, d, seed)
+        rec = run_lerobot(args, d, system, seed)
     elif zygote is not None:
         rec = zygote.run(cfg, args.timeout)
     else:
@@ -178,7 +205,9 @@ def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | Non
         rec = json.loads(lines[-1])
     rec.update(
         dataset=d.name,
-        source_format=d.version if system.source == "main" else lerobot_version(Path(d.original)),
+        source_format=d.version,
+        episodes=d.episodes * d.tiles if d.episodes else None,
+        tiles=d.tiles,
         seed=seed,
         loadavg_1m=os.getloadavg()[0],
         wall_s=time.perf_counter() - t,
@@ -186,17 +215,18 @@ def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | Non
     return rec
 
 
-def expected_decoded_per_returned(shards: str) -> float:
+def expected_decoded_per_returned(shards: str, episodes: int | None = None) -> float:
     """LeRobot decodes, per sample and camera, from the keyframe before each requested frame run
     (torchcodec batch API): the same count ``WindowIndex.decoded_frames`` gives, averaged over
-    every anchor (LeRobot samples anchors uniformly)."""
+    every anchor (LeRobot samples anchors uniformly). ``episodes``: only the first ones (a tiled
+    dataset repeats them)."""
     import numpy as np
 
     from epishard.shardwriter import WindowIndex
 
     ix = WindowIndex.load_dataset(shards)
     decoded = returned = 0
-    for e in range(ix.num_episodes):
+    for e in range(min(episodes or ix.num_episodes, ix.num_episodes)):
         n = int(ix.num_rows[e])
         for c in range(len(ix.camera_names(e))):
             s = ix.stream(e, c)
