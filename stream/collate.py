@@ -1,19 +1,36 @@
-"""Batching: ``default_collate``, with deferred float conversion of frames.
+"""Batching: ``default_collate``, with deferred float conversion of frames, optionally into reused buffers.
 
 Frames kept as uint8 by the reader become float32 in [0, 1] while they are copied into the batch
 (``PostProcess(dtype=torch.float32)`` deferred).
 
 Converting up front would write every decoded frame as float32 (4x the bytes) and copy it again per
 window; converting here writes float32 memory once, the batch itself (in shared memory inside a
-DataLoader worker, as ``default_collate`` does). The values equal ``x.to(float32) / 255``.
+DataLoader worker, as ``default_collate`` does). The values equal ``x.to(float32).mul_(1 / 255)``
+(``PostProcess``'s arithmetic, bit for bit).
+
+``BufferedCollate`` writes the same batch into a ring of reused, pre-faulted buffers
+(``stream.buffers``: ``WindowLoader(..., reuse_buffers=k)``). ``to_device`` is the other way out of the
+page-fault tax: keep frames uint8 through the loader (a quarter of the bytes) and convert on the
+device.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch.utils.data import default_collate, get_worker_info
+
+from .buffers import BatchBuffers, Field
+
+
+def _convert_into(out: torch.Tensor, samples: list[dict], key: str, scale: bool) -> None:
+    """``out[i] = samples[i][key]`` converted to ``out``'s dtype, divided by 255 when ``scale``."""
+    for i, sample in enumerate(samples):
+        out[i].copy_(sample[key])
+    if scale:
+        out.mul_(1.0 / 255.0)
 
 
 class FloatCollate:
@@ -35,9 +52,84 @@ class FloatCollate:
                 out = elem.new(elem._typed_storage()._new_shared(math.prod(shape), device=elem.device)).resize_(shape)
             else:
                 out = torch.empty(shape, dtype=self.dtype)
-            for i, sample in enumerate(samples):
-                out[i].copy_(sample[key])
-            if self.scale:
-                out.mul_(1.0 / 255.0)
+            _convert_into(out, samples, key, self.scale)
             batch[key] = out
         return batch
+
+
+class BufferedCollate:
+    """``FloatCollate``'s batch (or ``default_collate``'s, with no ``keys``) written into reused buffers.
+
+    Every tensor field of the samples goes into the next slot of a ``BatchBuffers`` ring of
+    ``slots`` (``torch.stack`` into the slot, as ``default_collate`` stacks into fresh memory); the
+    ``keys`` frames are converted to ``dtype`` (and divided by 255 when ``scale``) on the way in;
+    other fields (str, int, float) go through ``default_collate``. The values are identical to
+    ``FloatCollate``'s. A batch returned here is overwritten when its slot comes round again
+    (``stream.buffers``: the lifetime).
+    """
+
+    def __init__(self, keys: list[str], dtype: torch.dtype = torch.float32, scale: bool = True, *, slots: int):
+        self.keys, self.dtype, self.scale = set(keys), dtype, scale
+        self.buffers = BatchBuffers(slots)
+
+    def __call__(self, samples: list[dict]) -> dict:
+        """The batch of ``samples``, its tensors views of the next slot."""
+        first = samples[0]
+        tensors = [k for k, v in first.items() if isinstance(v, torch.Tensor)]
+        fields = tuple(
+            Field(k, self.dtype if k in self.keys else first[k].dtype, tuple(first[k].shape)) for k in tensors
+        )
+        out = self.buffers.take(fields, len(samples))
+        batch = default_collate([{k: v for k, v in s.items() if k not in out} for s in samples])
+        for key in tensors:  # in the samples' order, as default_collate
+            if key in self.keys:
+                _convert_into(out[key], samples, key, self.scale)
+            else:
+                torch.stack([s[key] for s in samples], out=out[key])
+            batch[key] = out[key]
+        return {k: batch[k] for k in first}
+
+
+def to_device(
+    batch: Mapping,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+    *,
+    scale: bool = True,
+    non_blocking: bool = True,
+) -> dict:
+    """Move a batch of uint8 frames to ``device`` and make them float there, in one fused op.
+
+    For training on an accelerator with frames kept uint8 through the loader (``PostProcess()``'s
+    default dtype): every tensor is moved with ``.to(device, non_blocking=non_blocking)`` (frames
+    move as a quarter of a float32 batch's bytes, and no worker writes float32 pages);
+    every uint8 tensor (RGB frames ``[B, T, 3, H, W]``; masks are bool, depth uint16, so untouched)
+    then becomes ``dtype`` in [0, 1] by one multiply on the device that reads uint8 and writes
+    ``dtype``. Values are identical to ``PostProcess(dtype=dtype)`` and ``FloatCollate``
+    (``x.to(dtype).mul_(1 / 255)``): the factor is applied in float32 (float64 for float64), as
+    torch computes that in-place multiply. With ``scale=False`` frames are only cast. Nested dicts
+    (``__telemetry__`` stays a tensor) are handled; other values (``task`` strings) are kept as they are.
+
+    ``non_blocking`` copies overlap compute only from pinned memory (``pin_memory=True`` on the loader);
+    from pageable memory they are synchronous, and correct either way.
+
+    Raises:
+        ValueError: ``dtype`` is not a floating dtype.
+    """
+    if not dtype.is_floating_point:
+        raise ValueError(f"to_device: dtype must be a floating dtype, got {dtype}")
+    # The factor as a 0-dim tensor fixes the arithmetic's dtype (a Python float would follow
+    # torch.get_default_dtype()): float32 for float32/float16/bfloat16, as ``mul_`` computes them.
+    factor = torch.tensor(1.0 / 255.0 if scale else 1.0, dtype=torch.promote_types(dtype, torch.float32))
+    out: dict = {}
+    for key, value in batch.items():
+        if isinstance(value, Mapping):
+            out[key] = to_device(value, device, dtype, scale=scale, non_blocking=non_blocking)
+        elif isinstance(value, torch.Tensor):
+            moved = value.to(device, non_blocking=non_blocking)
+            if moved.dtype == torch.uint8:
+                moved = torch.mul(moved, factor, out=torch.empty(moved.shape, dtype=dtype, device=moved.device))
+            out[key] = moved
+        else:
+            out[key] = value
+    return out
