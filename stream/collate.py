@@ -90,6 +90,25 @@ class BufferedCollate:
         return {k: batch[k] for k in first}
 
 
+def float_frames(
+    frames: torch.Tensor, out: torch.Tensor, *, scale: bool = True, fused: bool | None = None
+) -> torch.Tensor:
+    """Write uint8 ``frames`` into the float tensor ``out`` (same shape and device) in [0, 1]; returns ``out``.
+
+    Values are identical to ``PostProcess(dtype=out.dtype)`` and ``FloatCollate``
+    (``x.to(dtype).mul_(1 / 255)``; only cast with ``scale=False``). ``fused`` (default: on any device
+    but the CPU) is one multiply that reads uint8 and writes ``out``'s dtype, the factor a 0-dim tensor
+    in float32 (float64 for float64): the dtype torch computes that in-place multiply in, whatever
+    ``torch.get_default_dtype()`` is. On the CPU it is a copy then an in-place multiply: CPU kernels would
+    first cast the uint8 input into a full-size float temporary (a fresh allocation per batch).
+    """
+    if fused if fused is not None else frames.device.type != "cpu":
+        factor = torch.tensor(1.0 / 255.0 if scale else 1.0, dtype=torch.promote_types(out.dtype, torch.float32))
+        return torch.mul(frames, factor, out=out)
+    out.copy_(frames)
+    return out.mul_(1.0 / 255.0) if scale else out
+
+
 def to_device(
     batch: Mapping,
     device: torch.device | str,
@@ -98,17 +117,17 @@ def to_device(
     scale: bool = True,
     non_blocking: bool = True,
 ) -> dict:
-    """Move a batch of uint8 frames to ``device`` and make them float there, in one fused op.
+    """Move a batch of uint8 frames to ``device`` and make them float there (``float_frames``).
 
     For training on an accelerator with frames kept uint8 through the loader (``PostProcess()``'s
-    default dtype): every tensor is moved with ``.to(device, non_blocking=non_blocking)`` (frames
-    move as a quarter of a float32 batch's bytes, and no worker writes float32 pages);
-    every uint8 tensor (RGB frames ``[B, T, 3, H, W]``; masks are bool, depth uint16, so untouched)
-    then becomes ``dtype`` in [0, 1] by one multiply on the device that reads uint8 and writes
-    ``dtype``. Values are identical to ``PostProcess(dtype=dtype)`` and ``FloatCollate``
-    (``x.to(dtype).mul_(1 / 255)``): the factor is applied in float32 (float64 for float64), as
-    torch computes that in-place multiply. With ``scale=False`` frames are only cast. Nested dicts
-    (``__telemetry__`` stays a tensor) are handled; other values (``task`` strings) are kept as they are.
+    default dtype): frames move as a quarter of a float32 batch's bytes and no worker writes float32
+    pages. Every tensor is moved with ``.to(device, non_blocking=non_blocking)``; every uint8 tensor
+    (RGB frames ``[B, T, 3, H, W]``; masks are bool and depth uint16, so they are untouched) then
+    becomes ``dtype`` in [0, 1] on the device, by one fused multiply there: values identical to
+    ``PostProcess(dtype=dtype)`` and ``FloatCollate``. With ``scale=False`` frames are only cast.
+    Nested dicts are handled; other values (``task`` strings) are kept as they are. A tensor already
+    on ``device`` with its dtype is returned as it is, not copied (``Tensor.to``): with
+    ``reuse_buffers`` and ``device="cpu"`` it still lives in the loader's buffer.
 
     ``non_blocking`` copies overlap compute only from pinned memory (``pin_memory=True`` on the loader);
     from pageable memory they are synchronous, and correct either way.
@@ -118,9 +137,6 @@ def to_device(
     """
     if not dtype.is_floating_point:
         raise ValueError(f"to_device: dtype must be a floating dtype, got {dtype}")
-    # The factor as a 0-dim tensor fixes the arithmetic's dtype (a Python float would follow
-    # torch.get_default_dtype()): float32 for float32/float16/bfloat16, as ``mul_`` computes them.
-    factor = torch.tensor(1.0 / 255.0 if scale else 1.0, dtype=torch.promote_types(dtype, torch.float32))
     out: dict = {}
     for key, value in batch.items():
         if isinstance(value, Mapping):
@@ -128,7 +144,7 @@ def to_device(
         elif isinstance(value, torch.Tensor):
             moved = value.to(device, non_blocking=non_blocking)
             if moved.dtype == torch.uint8:
-                moved = torch.mul(moved, factor, out=torch.empty(moved.shape, dtype=dtype, device=moved.device))
+                moved = float_frames(moved, torch.empty(moved.shape, dtype=dtype, device=moved.device), scale=scale)
             out[key] = moved
         else:
             out[key] = value

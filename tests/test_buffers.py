@@ -15,7 +15,7 @@ from videogen import decode_frame_number, make_episode_table, make_video
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
 from epishard.stream.buffers import BatchBuffers, Field, ring_slots
-from epishard.stream.collate import BufferedCollate, FloatCollate, to_device
+from epishard.stream.collate import BufferedCollate, FloatCollate, float_frames, to_device
 
 FPS = 10
 LENGTHS = [14, 9, 17, 12]
@@ -170,3 +170,18 @@ def test_to_device_equals_float_collate(dataset, dtype):
         _assert_equal(moved, f)  # frames: the same floats; masks, state, action, strings: as they were
     with pytest.raises(ValueError, match="floating dtype"):
         to_device(uint8[0], "cpu", torch.int32)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_float_frames_fused_and_unfused_equal_postprocess_for_every_byte(dtype, fused):
+    frames = torch.arange(256, dtype=torch.uint8).reshape(4, 64)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the result must not depend on it
+    try:
+        for scale in (True, False):
+            expected = PostProcess(dtype=dtype, scale=scale).finish(frames.clone())
+            got = float_frames(frames, torch.empty(frames.shape, dtype=dtype), scale=scale, fused=fused)
+            assert torch.equal(got, expected)
+    finally:
+        torch.set_default_dtype(old)
