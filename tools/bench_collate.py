@@ -7,13 +7,23 @@ alternating (A B C A B C ...), every timed region at least ``--seconds`` (10) lo
               worker (``default_collate``'s way); the main process maps it.
   f32 reused  ``BufferedCollate`` + ``HeldBatches`` (``WindowLoader(..., reuse_buffers=k)``): the
               worker writes into a ring of pre-faulted shared buffers, the main process keeps them mapped.
+  f32 reused, unheld  (part 1 only) the same rings, but the main process drops each batch before
+              the next arrives and keeps no reference: torch's ``shared_cache`` then maps the slot again
+              every time (what ``HeldBatches`` avoids).
   u8+device   frames stay uint8 through the loader (``default_collate``, a quarter of the bytes); the
               conversion is ``to_device``'s fused multiply (uint8 in, float32 out).
+  u8 reused+device  both: uint8 batches in reused buffers, converted as u8+device.
 
 The consumer stands in for the host-to-device copy, with this CPU as the device: it writes the batch's
 frames as float32 into a destination allocated once (a device's caching allocator reuses its memory):
 a copy for f32, ``float_frames`` (``to_device``'s conversion) for u8, so u8+device pays its conversion
 here, on the CPU; on an accelerator it is one fused elementwise kernel there (not measured: no GPU here).
+
+Part 0, where the cost is, one process: a float32 batch (8 samples of ``[9, 3, H, W]``) converted from
+uint8 into fresh private memory (malloc: an mmap per batch at these sizes), fresh shared memory (as a
+worker's collate does) and memory allocated and touched once; wall ms of the allocation and of the
+conversion, minor page faults per batch (``getrusage``), the systems alternating, each at least
+``--seconds`` in all.
 
 Part 1, collate alone: a synthetic dataset yields the same pre-made uint8 frames (no decoding), 9
 frames ``[9, 3, H, W]`` per sample at the unitree (480x640) and gr00t (256x256) sizes, batch 8,
@@ -25,7 +35,7 @@ Part 2, end to end: ``WindowLoader`` (2 persistent workers, batch 8, every ancho
 33-frame span, 16-step action chunk) over the bundled sample (gr00t, 256x256) and, when present,
 ``../shared/data/unitree_g1_bottle_av1_v30`` (AV1 640x480), each converted once under ``--work``.
 
-Command: ``python tools/bench_collate.py [--seconds 10] [--rounds 2] [--k 2] [--part 1|2|both]``.
+Command: ``python tools/bench_collate.py [--seconds 10] [--rounds 2] [--k 2] [--part 0|1|2|all]``.
 """
 
 from __future__ import annotations
@@ -47,7 +57,9 @@ from epishard.stream.collate import BufferedCollate, FloatCollate, float_frames
 REPO = Path(__file__).resolve().parents[1]
 CAM = "observation.images.cam"
 FRAMES, BATCH, WORKERS = 9, 8, 2
-SYSTEMS = ("f32 fresh", "f32 reused", "u8+device")
+SYSTEMS = ("f32 fresh", "f32 reused", "u8+device", "u8 reused+device")
+SIZES = (("unitree 480x640", (480, 640)), ("gr00t 256x256", (256, 256)))
+UNHELD = "f32 reused, unheld"  # part 1 only: the main process does not keep the slots mapped
 
 
 def _usage() -> tuple[float, int]:
@@ -91,7 +103,7 @@ class Measured:
 def _collate(system: str, k: int, keys: list[str]):
     if system == "f32 fresh":
         return FloatCollate(keys)
-    if system == "f32 reused":
+    if system in ("f32 reused", UNHELD, "u8 reused+device"):
         return BufferedCollate(keys, slots=ring_slots(k, WORKERS, None))
     return default_collate
 
@@ -139,17 +151,53 @@ def _drain(batches, keys: list[str], seconds: float, warmup: int, held: HeldBatc
             }
 
 
+def _makers(shape: tuple[int, ...], touched: torch.Tensor) -> dict:
+    return {
+        "fresh private memory": lambda: torch.empty(shape),
+        "fresh shared memory": lambda: torch.empty(0).new(torch.UntypedStorage._new_shared(touched.nbytes)).view(shape),
+        "memory touched once": lambda: touched,
+    }
+
+
+def part0(args) -> None:
+    print("\npart 0: one process, a float32 batch converted from uint8 frames into ...")
+    for name, (h, w) in SIZES:
+        frames = [torch.randint(0, 256, (FRAMES, 3, h, w), dtype=torch.uint8) for _ in range(BATCH)]
+        shape = (BATCH, FRAMES, 3, h, w)
+        touched = torch.zeros(shape)
+        makers = _makers(shape, touched)
+        times: dict[str, list] = {m: [] for m in makers}
+        while min(sum(a + c for a, c, _ in t) for t in times.values()) < args.seconds:
+            for m, make in makers.items():
+                t0, (_, f0) = time.perf_counter(), _usage()
+                out = make()
+                t1 = time.perf_counter()
+                for i, f in enumerate(frames):
+                    out[i].copy_(f)
+                out.mul_(1.0 / 255.0)
+                times[m].append((t1 - t0, time.perf_counter() - t1, _usage()[1] - f0))
+                del out
+        for m, t in times.items():
+            alloc, fill, faults = (statistics.median(x[j] for x in t) for j in range(3))
+            print(
+                f"  {name:16s} {m:22s} alloc {alloc * 1e3:6.1f} ms, convert {fill * 1e3:7.1f} ms = "
+                f"{touched.nbytes / (alloc + fill) / 1e9:5.2f} GB/s, {faults:6.0f} minor faults "
+                f"({touched.nbytes // 4096} pages; median of {len(t)}, load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+
+
 def part1(args) -> list[dict]:
     rows = []
-    for name, (h, w) in (("unitree 480x640", (480, 640)), ("gr00t 256x256", (256, 256))):
+    for name, (h, w) in SIZES:
         for rnd in range(args.rounds):
-            for system in SYSTEMS:
-                collate = Measured(_collate(system, args.k, [CAM] if system != "u8+device" else []))
+            for system in (*SYSTEMS, UNHELD):
+                collate = Measured(_collate(system, args.k, [] if system.startswith("u8") else [CAM]))
                 loader = DataLoader(
                     Frames(h, w), batch_size=BATCH, num_workers=WORKERS, persistent_workers=True, collate_fn=collate
                 )
                 slots = ring_slots(args.k, WORKERS, None)
-                held = HeldBatches(slots * WORKERS, args.k) if system == "f32 reused" else None
+                held = HeldBatches(slots * WORKERS, args.k) if system in ("f32 reused", "u8 reused+device") else None
                 r = _drain(loader, [CAM], args.seconds, slots * WORKERS + 4, held)
                 del loader
                 r.update(part=1, dataset=name, system=system, round=rnd, load=os.getloadavg()[0])
@@ -184,14 +232,14 @@ def part2(args) -> list[dict]:
         spec = WindowSpec(cameras={c: segment(0, 32, FRAMES) for c in cams}, action_horizon=16, boundary="pad")
         for rnd in range(args.rounds):
             for system in SYSTEMS:
-                dtype = torch.uint8 if system == "u8+device" else torch.float32
+                dtype = torch.uint8 if system.startswith("u8") else torch.float32
                 ds = WindowDataset(root, spec, seed=rnd, postprocess=PostProcess(dtype=dtype))
                 loader = WindowLoader(
                     ds,
                     batch_size=BATCH,
                     num_workers=WORKERS,
                     persistent_workers=True,
-                    reuse_buffers=args.k if system == "f32 reused" else 0,
+                    reuse_buffers=args.k if "reused" in system else 0,
                 )
                 loader.collate_fn = Measured(loader.collate_fn)  # before the workers start
                 r = _drain(_epochs(loader), cams, args.seconds, ring_slots(args.k, WORKERS, None) * WORKERS + 4, None)
@@ -210,7 +258,7 @@ def _epochs(loader):
 
 def _say(r: dict) -> None:
     print(
-        f"  {r['dataset']:32s} {r['system']:10s} round {r['round']}: {r['samples_s']:7.1f} samples/s "
+        f"  {r['dataset']:32s} {r['system']:18s} round {r['round']}: {r['samples_s']:7.1f} samples/s "
         f"{r['gb_s']:5.2f} GB/s {1e3 / r['samples_s']:6.1f} ms/sample | worker collate {r['collate_ms']:6.1f} ms "
         f"{r['collate_faults']:7.0f} faults/batch | main {r['main_cpu_ms']:6.1f} cpu ms {r['main_faults']:7.0f} "
         f"faults/batch ({r['batches']} batches in {r['seconds']:.1f} s, load {r['load']:.1f})",
@@ -225,7 +273,7 @@ def _table(rows: list[dict]) -> None:
         names = dict.fromkeys(r["dataset"] for r in rows if r["part"] == part)
         for name in names:
             base = None
-            for system in SYSTEMS:
+            for system in (*SYSTEMS, UNHELD):
                 mine = [r for r in rows if r["part"] == part and r["dataset"] == name and r["system"] == system]
                 if not mine:
                     continue
@@ -244,7 +292,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per system and round")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, systems alternating in each")
     parser.add_argument("--k", type=int, default=2, help="reuse_buffers: batches a batch stays valid for")
-    parser.add_argument("--part", choices=("1", "2", "both"), default="both")
+    parser.add_argument("--part", choices=("0", "1", "2", "all"), default="all")
     parser.add_argument("--work", default="/tmp/epishard-bench-collate", help="where part 2 converts its datasets")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -255,9 +303,11 @@ def main() -> int:
         flush=True,
     )
     rows = []
-    if args.part in ("1", "both"):
+    if args.part in ("0", "all"):
+        part0(args)
+    if args.part in ("1", "all"):
         rows += part1(args)
-    if args.part in ("2", "both"):
+    if args.part in ("2", "all"):
         rows += part2(args)
     _table(rows)
     return 0
