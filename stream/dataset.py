@@ -49,7 +49,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .collate import FloatCollate
+from .buffers import HeldBatches, ring_slots
+from .collate import BufferedCollate, FloatCollate
 from .decode import DecodeError
 from .episode import LoadedEpisode
 from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
@@ -647,6 +648,16 @@ class WindowLoader(DataLoader):
     ``collate_fn`` is given): frames stay uint8 in the workers and become float while copied into
     the batch (``FloatCollate``).
 
+    ``reuse_buffers=k`` (default 0: off): batches are written into a few reused, pre-faulted buffers
+    per worker instead of fresh shared memory (``stream.buffers``; no page faults per batch; the same
+    values). A batch then stays valid only until ``k`` more batches are drawn: ``.clone()`` what you
+    keep longer (a batch still referenced when its buffer comes round again is warned about once).
+    Memory: ``ceil(k / num_workers) + prefetch_factor`` batches per worker, held for the workers'
+    life (use ``persistent_workers=True``). With ``pin_memory=True`` and an accelerator the pin
+    thread copies each batch into pinned memory, whose lifetime is torch's; without an accelerator
+    ``pin_memory`` does nothing (torch warns). Raises ``ValueError`` with a ``collate_fn`` of yours or
+    ``batch_size=None``.
+
     Persistent workers keep their own copy of the dataset, which can only run the epoch after the
     one it ran last; when the next iteration must run anything else (after ``load_state_dict``, or
     after an epoch left unfinished) the workers are restarted, so every iteration runs exactly the
@@ -656,15 +667,35 @@ class WindowLoader(DataLoader):
 
     dataset: WindowDataset  # its own copy of the dataset given
 
-    def __init__(self, dataset: WindowDataset, batch_size: int = 1, *, defer_float: bool | None = None, **kw):
+    def __init__(
+        self,
+        dataset: WindowDataset,
+        batch_size: int = 1,
+        *,
+        defer_float: bool | None = None,
+        reuse_buffers: int = 0,
+        **kw,
+    ):
         floating = dataset.post.dtype.is_floating_point
         if defer_float is None:
             defer_float = floating and "collate_fn" not in kw and batch_size is not None
         defer_float = bool(defer_float and floating)
-        if defer_float and "collate_fn" not in kw:
-            # Depth cameras stay uint16 (``PostProcess.prepare_depth``): not converted, not scaled.
-            rgb = {c for c, depth in dataset.layout.depth.items() if not depth}
-            kw["collate_fn"] = FloatCollate(sorted(rgb), dataset.post.dtype, dataset.post.scale)
+        # Depth cameras stay uint16 (``PostProcess.prepare_depth``): not converted, not scaled.
+        rgb = sorted(c for c, depth in dataset.layout.depth.items() if not depth) if defer_float else []
+        self._held: HeldBatches | None = None
+        if reuse_buffers:
+            if reuse_buffers < 0 or "collate_fn" in kw or batch_size is None:
+                raise ValueError(
+                    f"WindowLoader: reuse_buffers={reuse_buffers} needs an int >= 0, a batch_size and "
+                    "epishard's own collate (no collate_fn)"
+                )
+            workers = kw.get("num_workers", 0)
+            slots = ring_slots(reuse_buffers, workers, kw.get("prefetch_factor"))
+            kw["collate_fn"] = BufferedCollate(rgb, dataset.post.dtype, dataset.post.scale, slots=slots)
+            if not (kw.get("pin_memory") and torch.accelerator.is_available()):  # else batches are pinned copies
+                self._held = HeldBatches(slots * max(workers, 1), reuse_buffers)
+        elif defer_float and "collate_fn" not in kw:
+            kw["collate_fn"] = FloatCollate(rgb, dataset.post.dtype, dataset.post.scale)
         view = dataset.with_options(
             defer_float=defer_float, num_workers=kw.get("num_workers", 0), batch_size=batch_size
         )
@@ -692,6 +723,8 @@ class WindowLoader(DataLoader):
             self.dataset._resume = None  # taken by the workers' copies (or by this process's iteration)
             self._workers_next = self._epoch + 1
             for batch in batches:
+                if self._held is not None:
+                    self._held.received(batch)
                 self._batches += 1
                 yield batch
             self._epoch += 1

@@ -1,0 +1,175 @@
+"""Reused, pre-faulted batch buffers: ``WindowLoader(..., reuse_buffers=k)`` (opt-in).
+
+Why: ``default_collate`` (and ``FloatCollate``) write every batch of a DataLoader worker into *fresh*
+shared memory. The kernel zero-fills each new 4 KiB page on its first write (one minor page fault per
+page in the worker) and the main process maps the new file and faults its pages in again when it reads
+them; then both unmap and the pages are freed. On this machine that caps float32 batches at about
+1.1 GB/s against ~3 GB/s for the same conversion into memory already faulted in
+(docs/bench/buffers.md). DALI and FFCV avoid it the same way: a few batch buffers allocated once and
+written again and again.
+
+How: each process that collates (every DataLoader worker, or the main process with
+``num_workers=0``) keeps a ring of ``slots`` batch buffers, each one block of memory holding every
+tensor field of a batch (64-byte aligned views), shared memory in a worker, zeroed once when allocated
+so that its pages are faulted in before the first batch. Batch ``n`` of a process is written into
+slot ``n mod slots``. torch's multiprocessing reductions send a slot's storage by file descriptor
+each time; the main process finds it in ``torch.multiprocessing.reductions.shared_cache`` (keyed by
+the file's inode) and maps nothing new *while a reference to that storage is alive*, which
+``HeldBatches`` keeps.
+
+Lifetime (the contract): a batch stays valid until ``k`` more batches are drawn from the loader; after
+that its tensors may hold the values of a later batch (the worker writes into the same memory, no
+copy, no error). Keep a batch, or any view of it, longer only as a ``.clone()`` (or after moving it to
+a device). ``WindowLoader`` sizes the rings for this: ``ceil(k / num_workers) + prefetch_factor``
+slots per worker (a worker writes its batch ``m + prefetch_factor`` once the batch ``m`` is drawn),
+``k`` with ``num_workers=0``. ``HeldBatches`` warns once when a batch's tensors are still referenced
+as its slot comes round again; a view or a shorter overstay goes unnoticed.
+
+Memory: each worker holds ``slots`` batches for its life (as much as today's in-flight batches, but
+kept); use ``persistent_workers=True``, else every epoch's new workers allocate and fault in their
+rings again.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import warnings
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import get_worker_info
+
+ALIGN = 64  # bytes: every field starts on a cache line
+
+
+@dataclass(frozen=True)
+class Field:
+    """One tensor field of a batch: its key, dtype and per-sample shape."""
+
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass
+class _Slot:
+    """One batch buffer: ``capacity`` samples of every field, views into one block of memory."""
+
+    fields: tuple[Field, ...]
+    capacity: int
+    tensors: dict[str, torch.Tensor]
+
+    @classmethod
+    def allocate(cls, fields: tuple[Field, ...], capacity: int, shared: bool) -> _Slot:
+        offsets, end = [], 0
+        for f in fields:
+            end = -(-end // ALIGN) * ALIGN
+            offsets.append(end)
+            end += capacity * math.prod(f.shape) * f.dtype.itemsize
+        nbytes = max(end, 1)
+        # ``_new_shared`` is what ``default_collate`` uses in a worker (a file descriptor, unlinked).
+        storage = torch.UntypedStorage._new_shared(nbytes) if shared else torch.UntypedStorage(nbytes)
+        block = torch.empty(0, dtype=torch.uint8).set_(storage)
+        block.zero_()  # touch every page once, here, so that no batch pays the page faults
+        tensors = {
+            f.key: block[off : off + capacity * math.prod(f.shape) * f.dtype.itemsize]
+            .view(f.dtype)
+            .view(capacity, *f.shape)
+            for f, off in zip(fields, offsets, strict=True)
+        }
+        return cls(fields, capacity, tensors)
+
+
+class BatchBuffers:
+    """A ring of ``slots`` reused batch buffers, per process (each DataLoader worker has its own).
+
+    ``take(fields, n)`` returns the next slot's tensors, ``[n, *field.shape]`` per field (views of one
+    block of shared memory in a DataLoader worker, of private memory in the main process). A slot is
+    allocated (and faulted in) the first time it is taken, and again only when the fields change
+    (another frame size) or more than its capacity is asked for; ``allocations`` counts them.
+    A pickled copy (a spawned worker) and a forked one start with no slots: two processes never
+    share a ring.
+
+    Raises:
+        ValueError: ``slots`` < 1.
+    """
+
+    def __init__(self, slots: int):
+        if slots < 1:
+            raise ValueError(f"BatchBuffers: slots must be >= 1, got {slots}")
+        self.slots = slots
+        self.allocations = 0
+        self._ring: list[_Slot | None] = []
+        self._next = 0
+        self._pid: int | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ring": [], "_next": 0, "_pid": None}
+
+    def take(self, fields: tuple[Field, ...], n: int) -> dict[str, torch.Tensor]:
+        """The next slot's views for a batch of ``n`` samples of ``fields``."""
+        if self._pid != os.getpid():  # a new process (fork copies the parent's ring): its own ring
+            self._ring, self._next, self._pid = [None] * self.slots, 0, os.getpid()
+        i = self._next
+        self._next = (i + 1) % self.slots
+        slot = self._ring[i]
+        if slot is None or slot.fields != fields or slot.capacity < n:
+            slot = self._ring[i] = _Slot.allocate(fields, n, shared=get_worker_info() is not None)
+            self.allocations += 1
+        return {key: t[:n] for key, t in slot.tensors.items()}
+
+
+class HeldBatches:
+    """The main process's side: keeps the last ``n`` received slots mapped and checks the lifetime.
+
+    ``received(batch)`` after each batch is drawn (numbered from 0 over the loader's life). Holding a
+    slot's storage keeps it in torch's ``shared_cache``, so the next batch in that slot is not mapped
+    (and faulted in) again.
+    When a slot comes round while tensors of the batch it held before are still referenced, warns once
+    (``RuntimeWarning``) naming both batch numbers: those tensors now hold the newer batch.
+    """
+
+    def __init__(self, n: int, k: int):
+        self.n, self.k = n, k
+        self._held: collections.OrderedDict[int, tuple[torch.UntypedStorage, int, list]] = collections.OrderedDict()
+        self._warned = False
+        self._number = -1
+
+    def received(self, batch: dict) -> None:
+        """Record ``batch`` as drawn."""
+        self._number += 1
+        number = self._number
+        tensors = [v for v in batch.values() if isinstance(v, torch.Tensor)]
+        if not tensors:
+            return
+        storage = max(tensors, key=lambda t: t.untyped_storage().nbytes()).untyped_storage()
+        ptr = storage.data_ptr()
+        mine = [t for t in tensors if t.untyped_storage().data_ptr() == ptr]
+        before = self._held.pop(ptr, None)
+        if before is not None and not self._warned and any(r() is not None for r in before[2]):
+            self._warned = True
+            warnings.warn(
+                f"WindowLoader(reuse_buffers={self.k}): batch {before[1]} is still referenced when batch "
+                f"{number} reuses its buffer, so its tensors now hold batch {number}'s values. A batch "
+                f"stays valid until {self.k} more batches are drawn: .clone() what you keep longer.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self._held[ptr] = (storage, number, [weakref.ref(t) for t in mine])
+        while len(self._held) > self.n:
+            self._held.popitem(last=False)
+
+
+def ring_slots(k: int, num_workers: int, prefetch_factor: int | None) -> int:
+    """Slots per collating process so that a batch stays valid until ``k`` more batches are drawn.
+
+    A worker is asked for its batch ``m + prefetch_factor`` when its batch ``m`` is drawn, and the
+    DataLoader draws from its workers in turn: ``ceil(k / num_workers) + prefetch_factor`` slots;
+    ``k`` without workers (the batch is collated when drawn).
+    """
+    if num_workers == 0:
+        return k
+    return -(-k // num_workers) + (2 if prefetch_factor is None else prefetch_factor)

@@ -1,0 +1,187 @@
+"""Reused batch buffers (``WindowLoader(..., reuse_buffers=k)``, ``stream.buffers``) and the device-side
+float conversion (``stream.collate.to_device``), on a generated dataset whose frames carry
+(episode, frame) in their pixels."""
+
+from __future__ import annotations
+
+import pickle
+import time
+import warnings
+
+import pytest
+import torch
+from videogen import decode_frame_number, make_episode_table, make_video
+
+from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
+from epishard.stream.buffers import BatchBuffers, Field, ring_slots
+from epishard.stream.collate import BufferedCollate, FloatCollate, float_frames, to_device
+
+FPS = 10
+LENGTHS = [14, 9, 17, 12]
+CAMS = ("observation.images.front", "observation.images.wrist")
+SPEC = WindowSpec(cameras={c: (0, 3) for c in CAMS}, action_horizon=3, boundary="pad")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("buffers")
+    episodes = [
+        Episode(
+            source="gen",
+            episode_index=e,
+            table=make_episode_table(n, fps=FPS),
+            videos={c: CameraVideo(make_video(None, n, fps=FPS, gop=5, start_number=1000 * e)) for c in CAMS},
+            fps=FPS,
+            tasks=(f"task {e}",),
+        )
+        for e, n in enumerate(LENGTHS)
+    ]
+    convert([Source(name="gen", episodes=episodes, fps=FPS)], str(out), ConvertOptions(progress=False))
+    return str(out)
+
+
+def _loader(dataset, dtype=torch.float32, **kw) -> WindowLoader:
+    post = PostProcess(size=(32, 32), dtype=dtype)
+    return WindowLoader(WindowDataset(dataset, SPEC, seed=3, postprocess=post), batch_size=5, **kw)
+
+
+def _clone(batch: dict) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _assert_equal(got: dict, expected: dict) -> None:
+    assert sorted(got) == sorted(expected)
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+        else:
+            assert got[key] == value, key
+
+
+def _assert_frames(batch: dict, scale: float) -> None:
+    """Every frame shows its (episode, row): ``1000 x episode + clamped anchor + offset``."""
+    for i, (e, a) in enumerate(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True)):
+        for cam in CAMS:
+            frames = (batch[cam][i] * scale).round().to(torch.uint8)
+            assert [decode_frame_number(f) for f in frames] == [1000 * e + min(a + o, LENGTHS[e] - 1) for o in (0, 3)]
+
+
+@pytest.mark.parametrize(
+    "dtype,workers,context",
+    [(torch.float32, 2, "fork"), (torch.float32, 0, None), (torch.uint8, 2, "fork"), (torch.bfloat16, 2, "fork")],
+)
+def test_reused_buffers_give_todays_batches_and_reuse_their_memory(dataset, dtype, workers, context):
+    kw = {"num_workers": workers, "persistent_workers": workers > 0, "multiprocessing_context": context}
+    today = _loader(dataset, dtype, **kw)
+    expected = [_clone(b) for _ in range(2) for b in today]  # two epochs: FloatCollate / default_collate
+    loader = _loader(dataset, dtype, reuse_buffers=2, **kw)
+    got, storages = [], set()
+    for _ in range(2):
+        for batch in loader:
+            storages.add(batch[CAMS[0]].untyped_storage().data_ptr())
+            got.append(_clone(batch))
+    assert len(got) == len(expected) > 2 * ring_slots(2, workers, None) * max(workers, 1)
+    for g, e in zip(got, expected, strict=True):
+        _assert_equal(g, e)
+        _assert_frames(g, 255.0 if dtype.is_floating_point else 1.0)
+    # Every batch sits in one of the rings' slots, received without a new mapping each time.
+    assert len(storages) == ring_slots(2, workers, None) * max(workers, 1)
+
+
+@pytest.mark.parametrize("k,workers", [(1, 2), (3, 2), (2, 0)])
+def test_a_batch_stays_valid_until_k_more_are_drawn_then_is_overwritten_and_warned(dataset, k, workers):
+    loader = _loader(dataset, reuse_buffers=k, num_workers=workers)
+    kept = []  # (batch as drawn, its copy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in loader:
+            kept.append((batch, _clone(batch)))
+            time.sleep(0.02)  # let the workers run ahead and fill their prefetch
+            for drawn, copy in kept[-k:]:  # this batch and the k - 1 before it: intact
+                _assert_equal(drawn, copy)
+    # Kept past their lifetime, early batches now show later ones (the contract is real), and it was said.
+    assert any(not torch.equal(drawn[CAMS[0]], copy[CAMS[0]]) for drawn, copy in kept[:-k])
+    messages = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    assert len(messages) == 1 and f"reuse_buffers={k}): batch 0 is still referenced" in messages[0]
+
+
+def test_resume_with_reused_buffers_continues_exactly(dataset):
+    def keys(batch):
+        return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True))
+
+    reference = _loader(dataset, num_workers=2)
+    full = [keys(b) for b in reference] + [keys(b) for b in reference]
+    first = _loader(dataset, reuse_buffers=1, num_workers=2)
+    it = iter(first)
+    got = [keys(next(it)) for _ in range(2)]
+    state = first.state_dict()
+    del it
+    second = _loader(dataset, reuse_buffers=1, num_workers=2)
+    second.load_state_dict(state)
+    got += [keys(b) for b in second] + [keys(b) for b in second]
+    assert got == full
+
+
+def test_pin_memory_without_an_accelerator_is_torchs_documented_no_op(dataset):
+    if torch.accelerator.is_available():
+        pytest.skip("an accelerator is present: pin_memory pins")
+    expected = [_clone(b) for b in _loader(dataset, num_workers=2)]
+    with pytest.warns(UserWarning, match="no accelerator is found"):
+        got = [_clone(b) for b in _loader(dataset, reuse_buffers=2, num_workers=2, pin_memory=True)]
+    for g, e in zip(got, expected, strict=True):
+        _assert_equal(g, e)
+
+
+def test_reuse_buffers_refuses_what_it_cannot_honour(dataset):
+    with pytest.raises(ValueError, match=r"reuse_buffers=2 needs .*\(no collate_fn\)"):
+        _loader(dataset, reuse_buffers=2, collate_fn=FloatCollate(list(CAMS)))
+    with pytest.raises(ValueError, match="reuse_buffers=-1 needs an int >= 0"):
+        _loader(dataset, reuse_buffers=-1)
+    with pytest.raises(ValueError, match="slots must be >= 1"):
+        BatchBuffers(0)
+
+
+def test_slots_follow_changing_shapes_and_short_batches_and_are_not_pickled():
+    collate = BufferedCollate(["x"], slots=2)
+
+    def samples(n, size, base):
+        return [{"x": torch.full((2, size), base + i, dtype=torch.uint8), "i": base + i, "s": str(i)} for i in range(n)]
+
+    for n, size, base in [(3, 4, 0), (3, 4, 10), (2, 4, 20), (3, 6, 30), (3, 4, 40)]:
+        batch = collate(samples(n, size, base))
+        expected = FloatCollate(["x"])(samples(n, size, base))
+        _assert_equal(batch, expected)
+    # slot 0: allocated, reused for the short batch and for the last; slot 1: allocated, again for 6 wide
+    assert collate.buffers.allocations == 3
+    copy = pickle.loads(pickle.dumps(collate))
+    assert copy.buffers._ring == [] and copy.buffers.allocations == 3
+    out = copy.buffers.take((Field("x", torch.float32, (2, 4)),), 3)
+    assert out["x"].shape == (3, 2, 4) and copy.buffers.allocations == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_to_device_equals_float_collate(dataset, dtype):
+    uint8 = [b for b in _loader(dataset, torch.uint8)]
+    floats = [b for b in _loader(dataset, dtype)]
+    assert uint8[0][CAMS[0]].dtype == torch.uint8 and floats[0][CAMS[0]].dtype == dtype
+    for u, f in zip(uint8, floats, strict=True):
+        moved = to_device(u, "cpu", dtype)
+        _assert_equal(moved, f)  # frames: the same floats; masks, state, action, strings: as they were
+    with pytest.raises(ValueError, match="floating dtype"):
+        to_device(uint8[0], "cpu", torch.int32)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_float_frames_fused_and_unfused_equal_postprocess_for_every_byte(dtype, fused):
+    frames = torch.arange(256, dtype=torch.uint8).reshape(4, 64)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the result must not depend on it
+    try:
+        for scale in (True, False):
+            expected = PostProcess(dtype=dtype, scale=scale).finish(frames.clone())
+            got = float_frames(frames, torch.empty(frames.shape, dtype=dtype), scale=scale, fused=fused)
+            assert torch.equal(got, expected)
+    finally:
+        torch.set_default_dtype(old)
