@@ -170,7 +170,7 @@ class EpisodeTable:
     lo: np.ndarray
     hi: np.ndarray
     weight: np.ndarray
-    cost_bytes: np.ndarray
+    cost_bytes: np.ndarray | None = None
     stratum: np.ndarray | None = None
     gaps: np.ndarray | None = None
 
@@ -203,7 +203,7 @@ class EpisodeTable:
             lo=cat("lo", np.int64),
             hi=cat("hi", np.int64),
             weight=cat("weight", np.float64),
-            cost_bytes=cat("cost_bytes", np.int64),
+            cost_bytes=None if any(t.cost_bytes is None for t in tables) else cat("cost_bytes", np.int64),
             stratum=np.repeat(np.arange(len(tables)), np.diff(base)) if stratify else None,
             gaps=np.concatenate(gaps) if gaps else None,
         )
@@ -330,6 +330,153 @@ def episode_order(table: EpisodeTable, seed: int, epoch: int) -> np.ndarray:
     return np.lexsort((np.arange(table.num_episodes), rank_of_shard[table.shard]))
 
 
+def _key(seed: int, epoch: int, salt: int) -> np.uint64:
+    """A 64-bit key of ``(seed, epoch, salt)`` for the counter-based draws (``_uniform``)."""
+    return np.uint64(rng_for(seed, epoch, salt).integers(0, 1 << 63))
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (Steele, Lea & Flood 2014): a bijective 64-bit mix, uint64 in and out."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _uniform(key: np.uint64, *lanes: np.ndarray) -> np.ndarray:
+    """Float64 in [0, 1), one per element: a counter-based hash of ``(key, *lanes)`` (int arrays, one shape).
+
+    Counter-based (as Philox or JAX's threefry keys): element ``i`` depends only on the key and
+    ``lanes[..][i]``, so any consumer draws the numbers of its own episodes alone and gets the same
+    values as a draw over all episodes.
+    """
+    h = np.full(np.shape(lanes[0]), key, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for lane in lanes:
+            h = _mix(h ^ _mix(np.asarray(lane).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def window_counts(table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int):
+    """Windows each episode gives in ``epoch`` (int64 ``[E]``, by episode number).
+
+    ``floor`` or ``ceil`` of ``expected_windows`` (stochastic rounding, by a counter-based draw of
+    ``(seed, epoch, episode)``); every anchor exactly when that is the expectation. O(E), vectorised.
+
+    Raises:
+        ValueError: a negative weight.
+    """
+    per_episode = PerEpisode.of(per_episode)
+    n = anchor_counts(table.lo, table.hi, stride, table.gaps)
+    weight = np.asarray(table.weight, dtype=np.float64)
+    if np.any(weight < 0):
+        raise ValueError(f"weights must not be negative (episode {int(np.argmax(weight < 0))})")
+    if per_episode.all and np.all(weight == 1.0):
+        return n
+    want = expected_windows(n, per_episode, weight)
+    base = np.floor(want)
+    up = _uniform(_key(seed, epoch, _SALT_ANCHORS), np.arange(n.size)) < want - base
+    return np.where(n > 0, base + up, 0).astype(np.int64)
+
+
+def _distinct(n: np.ndarray, k: np.ndarray, episode: np.ndarray, key: np.uint64):
+    """``k[i]`` distinct values of ``[0, n[i])`` per entry ``i`` (``k <= n``), uniformly at random.
+
+    Returns (owner, value): int64 arrays, ``owner`` ascending, values ascending within an owner.
+    Draws are counter-based on ``(key, episode[i], slot, round)``; duplicates within an entry are
+    drawn again (the next round) until none is left, and entries wanting more than half their
+    values draw the ones they leave out instead, so the work is O(sum k) and every entry's values
+    depend on its own episode only.
+    """
+    flip = 2 * k > n
+    m = np.where(flip, n - k, k)
+    owner = np.repeat(np.arange(n.size), m)
+    slot = np.arange(owner.size) - np.repeat(np.cumsum(m) - m, m)
+    value = np.zeros(owner.size, dtype=np.int64)
+    todo = np.arange(owner.size)
+    rnd = 0
+    while todo.size:
+        u = _uniform(key, episode[owner[todo]], slot[todo], np.full(todo.size, rnd))
+        value[todo] = (u * n[owner[todo]]).astype(np.int64)
+        order = np.lexsort((slot, value, owner))
+        dup = np.r_[False, (owner[order][1:] == owner[order][:-1]) & (value[order][1:] == value[order][:-1])]
+        todo, rnd = np.sort(order[dup]), rnd + 1
+    order = np.lexsort((value, owner))
+    owner, value = owner[order], value[order]
+    if not flip.any():
+        return owner, value
+    # Entries that drew the values they leave out: every other value of [0, n).
+    keep = ~flip[owner]
+    f = np.flatnonzero(flip)
+    all_owner = np.repeat(f, n[f])
+    all_value = np.arange(all_owner.size) - np.repeat(np.cumsum(n[f]) - n[f], n[f])
+    span = int(n.max()) + 1
+    out = ~np.isin(all_owner * span + all_value, owner[~keep] * span + value[~keep])
+    owner = np.r_[owner[keep], all_owner[out]]
+    value = np.r_[value[keep], all_value[out]]
+    order = np.lexsort((value, owner))
+    return owner[order], value[order]
+
+
+def _nth_anchors(table: EpisodeTable, episode: np.ndarray, index: np.ndarray, stride: int) -> np.ndarray:
+    """The ``index``-th anchor (0-based, outside ``table.gaps``) of each ``episode`` (int64 ``[n]``)."""
+    anchor = table.lo[episode] + index * stride
+    if table.gaps is None or not table.gaps.shape[0] or not episode.size:
+        return anchor
+    gapped = np.flatnonzero(np.isin(episode, table.gaps[:, 0]))
+    if gapped.size:  # enumerate the few episodes with recording breaks, their gaps left out
+        eps = np.unique(episode[gapped])
+        raw = anchor_counts(table.lo[eps], table.hi[eps], stride)
+        owner = np.repeat(eps, raw)
+        cand = np.repeat(table.lo[eps], raw) + (np.arange(owner.size) - np.repeat(np.cumsum(raw) - raw, raw)) * stride
+        ok = ~_in_gaps(table.gaps, owner, cand)
+        owner, cand = owner[ok], cand[ok]
+        first = np.searchsorted(owner, eps)
+        anchor[gapped] = cand[first[np.searchsorted(eps, episode[gapped])] + index[gapped]]
+    return anchor
+
+
+def episode_windows(
+    table: EpisodeTable,
+    episodes: np.ndarray,
+    counts: np.ndarray,
+    stride: int,
+    seed: int,
+    epoch: int,
+    first: np.ndarray | None = None,
+    stop: np.ndarray | None = None,
+    anchors: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The windows of ``episodes`` (int64 ``[K]``, in this order), each's anchors ascending.
+
+    ``counts``: int64 ``[K]`` windows each gives (``window_counts``). Episode ``e`` with ``n``
+    anchors and count ``c = q * n + r`` takes every anchor ``q`` times and ``r`` distinct ones at
+    random (``_distinct``, by ``(seed, epoch, e)``), sorted. ``first``/``stop``: optional int64
+    ``[K]``, only the windows ``[first, stop)`` of each episode's sorted list. ``anchors``: optional
+    int64 ``[K]``, their anchor counts (``anchor_counts``) when known. Returns (episode,
+    anchor): int64 ``[n]``. O(windows of these episodes), whatever the table's size.
+    """
+    episodes = np.asarray(episodes, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    if anchors is None:
+        anchors = anchor_counts(table.lo, table.hi, stride, table.gaps)[episodes]
+    n = np.asarray(anchors, dtype=np.int64)
+    full, rest = np.divmod(counts, np.maximum(n, 1))
+    owner = np.repeat(np.arange(episodes.size), full * n)
+    index = np.arange(owner.size) - np.repeat(np.cumsum(full * n) - full * n, full * n)
+    index //= np.repeat(np.maximum(full, 1), full * n)  # q copies of each anchor: 0, 0, 1, 1, ...
+    if rest.any():
+        r_owner, r_index = _distinct(n, rest, episodes, _key(seed, epoch, _SALT_ANCHORS + 100))
+        owner, index = np.r_[owner, r_owner], np.r_[index, r_index]
+        order = np.lexsort((index, owner))
+        owner, index = owner[order], index[order]
+    if first is not None and stop is not None:
+        rank = np.arange(owner.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        keep = (rank >= first[owner]) & (rank < stop[owner])
+        owner, index = owner[keep], index[keep]
+    episode = episodes[owner]
+    return episode, _nth_anchors(table, episode, index, stride)
+
+
 def select_anchors(
     lo: int,
     hi: int,
@@ -339,11 +486,11 @@ def select_anchors(
     rng: np.random.Generator,
     gaps: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Anchors of one episode for one epoch, ascending (int64). See ``PerEpisode``.
+    """Anchors of one episode for one epoch, ascending (int64): the plan's rule on one episode.
 
-    ``weight`` scales the count (stochastic rounding); past all anchors they are drawn again.
-    ``gaps``: int64 ``[k, 2]`` anchor ranges ``[lo, hi)``, sorted and disjoint, left out (windows
-    across a recording break).
+    ``window_counts`` and ``episode_windows`` on a one-episode table, keyed by a number drawn from
+    ``rng``. ``weight`` scales the count (stochastic rounding); past all anchors they are drawn
+    again. ``gaps``: int64 ``[k, 2]`` anchor ranges ``[lo, hi)``, sorted and disjoint, left out.
 
     Raises:
         ValueError: a negative weight (or a bad ``PerEpisode``).
@@ -351,26 +498,25 @@ def select_anchors(
     per_episode = PerEpisode.of(per_episode)
     if weight < 0:
         raise ValueError(f"weight ({weight}) must not be negative")
-    anchors = np.arange(lo, hi, stride, dtype=np.int64)
-    if gaps is not None and len(gaps):
-        anchors = anchors[~_in_ranges(gaps[:, 0], gaps[:, 1], anchors)]
-    if anchors.size == 0:
-        return anchors
-    want = float(expected_windows(np.array([anchors.size]), per_episode, weight)[0])
-    count = int(want) + int(rng.random() < want - int(want))
-    if count == anchors.size and weight == 1.0:
-        return anchors
-    full, rest = divmod(count, anchors.size)
-    picks = [anchors] * full + [rng.choice(anchors, size=rest, replace=False)]
-    return np.sort(np.concatenate(picks))
+    g = None if gaps is None or not len(gaps) else np.c_[np.zeros(len(gaps), np.int64), np.asarray(gaps, np.int64)]
+    one = EpisodeTable(
+        shard=np.zeros(1, np.int64),
+        lo=np.array([lo], np.int64),
+        hi=np.array([hi], np.int64),
+        weight=np.array([float(weight)]),
+        gaps=g,
+    )
+    seed = int(rng.integers(0, 1 << 63))
+    counts = window_counts(one, stride, per_episode, seed, 0)
+    return episode_windows(one, np.zeros(1, np.int64), counts, stride, seed, 0)[1]
 
 
 @dataclass(frozen=True)
 class GlobalPlan:
     """All windows of an epoch in read order, and how they are dealt to consumers.
 
-    ``episode``/``anchor``: int64 ``[W]``; ``per_consumer``: windows each consumer yields;
-    ``dropped``: windows left out so that every consumer yields the same number.
+    ``episode``/``anchor``: int32 ``[W]`` (int64 past 2**31); ``per_consumer``: windows each
+    consumer yields; ``dropped``: windows left out so that every consumer yields the same number.
     """
 
     episode: np.ndarray
@@ -383,6 +529,85 @@ class GlobalPlan:
         return slice(consumer * self.per_consumer, (consumer + 1) * self.per_consumer)
 
 
+def _compact(x: np.ndarray) -> np.ndarray:
+    """``x`` as int32 when every value fits (halves a global plan's memory), else int64."""
+    return x.astype(np.int32) if x.size == 0 or (x.min() >= -(1 << 31) and x.max() < 1 << 31) else x
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """One stratum's windows of an epoch, in read order, as counts (nothing listed).
+
+    ``episodes``/``counts``/``anchors``: int64 ``[K]`` its episodes with windows in read order,
+    their window counts and anchor counts; ``ends``: cumulative counts; ``drops``: sorted positions
+    (into the stratum's window list) left out; ``per_consumer``: windows each consumer takes.
+    """
+
+    stratum: int
+    episodes: np.ndarray
+    counts: np.ndarray
+    anchors: np.ndarray
+    ends: np.ndarray
+    drops: np.ndarray
+    per_consumer: int
+
+    def consumer_range(self, consumer: int) -> tuple[int, int]:
+        """Positions ``[g0, g1)`` of the stratum's window list spanned by ``consumer``'s windows."""
+        m = self.per_consumer
+        if m == 0:
+            return 0, 0
+        adj = self.drops - np.arange(self.drops.size)  # kept window j sits at position j + #(adj <= j)
+        first, last = consumer * m, (consumer + 1) * m - 1
+        return first + int(np.searchsorted(adj, first, side="right")), last + int(
+            np.searchsorted(adj, last, side="right")
+        ) + 1
+
+
+def _cuts(
+    table: EpisodeTable,
+    counts: np.ndarray,
+    anchors: np.ndarray,
+    order: np.ndarray,
+    consumers: int,
+    seed: int,
+    epoch: int,
+) -> list[_Cut]:
+    """Per stratum, its ``_Cut`` (episodes in ``order``): ``deal``'s cut of the listed windows, from counts."""
+    strata = np.zeros(table.num_episodes, dtype=np.int64) if table.stratum is None else table.stratum
+    live = order[counts[order] > 0]
+    cuts = []
+    for k in np.unique(strata[live]):
+        eps = live[strata[live] == k]
+        ends = np.cumsum(counts[eps])
+        total = int(ends[-1])
+        extra = total % consumers
+        drops = np.zeros(0, dtype=np.int64)
+        if extra:
+            drops = np.sort(rng_for(seed, epoch, _SALT_DROP, int(k)).choice(total, size=extra, replace=False))
+        cuts.append(_Cut(int(k), eps, counts[eps], anchors[eps], ends, drops.astype(np.int64), total // consumers))
+    return cuts
+
+
+def _cut_windows(table: EpisodeTable, cut: _Cut, consumer: int, stride: int, seed: int, epoch: int):
+    """``consumer``'s windows of one stratum (episode, anchor int64), listing only those."""
+    g0, g1 = cut.consumer_range(consumer)
+    if g1 <= g0:
+        return _empty_pair()
+    a, b = int(np.searchsorted(cut.ends, g0, side="right")), int(np.searchsorted(cut.ends, g1 - 1, side="right")) + 1
+    starts = cut.ends[a:b] - cut.counts[a:b]
+    first = np.maximum(g0 - starts, 0)
+    stop = np.minimum(g1 - starts, cut.counts[a:b])
+    episode, anchor = episode_windows(
+        table, cut.episodes[a:b], cut.counts[a:b], stride, seed, epoch, first, stop, cut.anchors[a:b]
+    )
+    inside = cut.drops[(cut.drops >= g0) & (cut.drops < g1)] - g0
+    if inside.size:
+        keep = np.ones(episode.size, dtype=bool)
+        keep[inside] = False
+        episode, anchor = episode[keep], anchor[keep]
+    return episode, anchor
+
+
 def global_plan(
     table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int, consumers: int
 ) -> GlobalPlan:
@@ -392,11 +617,70 @@ def global_plan(
     ranges on their own (its remainder dropped at random), and each consumer's ranges are
     interleaved in proportion, episode by episode: every consumer then reads every stratum in the
     same proportion at the same pace, which is what step-wise cost balancing across ranks needs
-    when strata (datasets) differ in cost and live in separate shards.
+    when strata (datasets) differ in cost and live in separate shards. ``consumer_plan`` lists one
+    consumer's part alone, identical to its slice of this plan.
     """
+    cuts = _epoch_cuts(table, stride, per_episode, seed, epoch, consumers)
+    parts = [_consumer_part(table, cuts, c, stride, seed, epoch) for c in range(consumers)]
+    return GlobalPlan(
+        episode=_compact(np.concatenate([e for e, _ in parts])),
+        anchor=_compact(np.concatenate([a for _, a in parts])),
+        per_consumer=sum(c.per_consumer for c in cuts),
+        dropped=sum(c.drops.size for c in cuts),
+    )
+
+
+def consumer_plan(
+    table: EpisodeTable,
+    stride: int,
+    per_episode: PerEpisode | None,
+    seed: int,
+    epoch: int,
+    consumers: int,
+    consumer: int,
+) -> GlobalPlan:
+    """Consumer ``consumer``'s part of ``global_plan`` alone, in read order (int64 arrays).
+
+    O(E) array work over the table (read order, counts, cut points) plus O(its windows): no other
+    consumer's window is listed, so a worker's planning stays flat in memory at any dataset size.
+    ``per_consumer`` and ``dropped`` are the global plan's.
+    """
+    cuts = _epoch_cuts(table, stride, per_episode, seed, epoch, consumers)
+    episode, anchor = _consumer_part(table, cuts, consumer, stride, seed, epoch)
+    return GlobalPlan(episode, anchor, sum(c.per_consumer for c in cuts), sum(c.drops.size for c in cuts))
+
+
+def plan_shape(
+    table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int, consumers: int
+) -> tuple[np.ndarray, int]:
+    """Windows each consumer holds of each stratum (int64 ``[strata]``) and the windows dropped, from counts alone.
+
+    The same on every consumer (the deal is per stratum); O(E), nothing listed.
+    """
+    cuts = _epoch_cuts(table, stride, per_episode, seed, epoch, consumers)
+    strata = 1 if table.stratum is None else int(table.stratum.max(initial=0)) + 1
+    per = np.zeros(strata, dtype=np.int64)
+    for cut in cuts:
+        per[cut.stratum] = cut.per_consumer
+    return per, sum(c.drops.size for c in cuts)
+
+
+def _epoch_cuts(table, stride, per_episode, seed, epoch, consumers) -> list[_Cut]:
     order = episode_order(table, seed, epoch)
-    episode, anchor = _anchors(table, order, stride, PerEpisode.of(per_episode), seed, epoch)
-    return deal(table, episode, anchor, consumers, seed, epoch)
+    counts = window_counts(table, stride, per_episode, seed, epoch)
+    anchors = anchor_counts(table.lo, table.hi, stride, table.gaps)
+    return _cuts(table, counts, anchors, order, consumers, seed, epoch)
+
+
+def _consumer_part(table, cuts, consumer, stride, seed, epoch) -> tuple[np.ndarray, np.ndarray]:
+    pieces = [_cut_windows(table, cut, consumer, stride, seed, epoch) for cut in cuts]
+    if len(pieces) == 1:
+        return pieces[0]
+    return _interleave(pieces) if pieces else _empty_pair()
+
+
+def _empty_pair() -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
 
 def deal(
@@ -404,9 +688,9 @@ def deal(
 ) -> GlobalPlan:
     """Windows (in plan order) dealt to ``consumers`` in equal contiguous ranges, per stratum.
 
-    ``level`` 0 is the epoch's own plan; level ``k > 0`` deals what was left after the ``k``-th
-    layout change (elastic resume). Each stratum's remainder ``n mod consumers`` is left out, at
-    random by ``(seed, epoch, stratum, level)``.
+    ``level`` 0 is the epoch's own plan (``global_plan`` deals it from counts, the same way);
+    level ``k > 0`` deals what was left after the ``k``-th layout change (elastic resume). Each
+    stratum's remainder ``n mod consumers`` is left out, at random by ``(seed, epoch, stratum, level)``.
     """
     strata = np.zeros(episode.size, dtype=np.int64) if table.stratum is None else table.stratum[episode]
     cuts = []  # per stratum: (episode, anchor, windows per consumer)
@@ -422,15 +706,14 @@ def deal(
         cuts.append((e_k, a_k, e_k.size // consumers))
         dropped += extra
     if not cuts:
-        empty = np.zeros(0, dtype=np.int64)
+        empty = np.zeros(0, dtype=np.int32)
         return GlobalPlan(episode=empty, anchor=empty, per_consumer=0, dropped=0)
     if len(cuts) == 1:
         e, a, n = cuts[0]
         return GlobalPlan(episode=e, anchor=a, per_consumer=n, dropped=dropped)
     parts_e, parts_a = [], []
     for c in range(consumers):
-        pieces = [(e[c * n : (c + 1) * n], a[c * n : (c + 1) * n]) for e, a, n in cuts]
-        e_c, a_c = _interleave(pieces)
+        e_c, a_c = _interleave([(e[c * n : (c + 1) * n], a[c * n : (c + 1) * n]) for e, a, n in cuts])
         parts_e.append(e_c)
         parts_a.append(a_c)
     return GlobalPlan(
@@ -441,60 +724,70 @@ def deal(
     )
 
 
-def _anchors(table: EpisodeTable, order: np.ndarray, stride: int, per_episode: PerEpisode, seed: int, epoch: int):
-    """(episode, anchor) int64 arrays of every selected window, episodes in ``order``."""
-    if per_episode.all and np.all(table.weight[order] == 1.0):
-        # Every anchor of every episode: vectorised, no per-episode random draws.
-        counts = anchor_counts(table.lo[order], table.hi[order], stride)
-        episode = np.repeat(order.astype(np.int64), counts)
-        first = np.repeat(np.cumsum(counts) - counts, counts)
-        anchor = (np.repeat(table.lo[order], counts) + (np.arange(episode.size) - first) * stride).astype(np.int64)
-        keep = ~_in_gaps(table.gaps, episode, anchor)
-        return episode[keep], anchor[keep]
-    gaps = table.gaps if table.gaps is not None else np.zeros((0, 3), dtype=np.int64)
-    gap_first = np.searchsorted(gaps[:, 0], np.arange(table.num_episodes + 1))
-    episodes, anchors = [], []
-    for e in order:
-        a = select_anchors(
-            int(table.lo[e]),
-            int(table.hi[e]),
-            stride,
-            per_episode,
-            float(table.weight[e]),
-            rng_for(seed, epoch, _SALT_ANCHORS, int(e)),
-            gaps[gap_first[e] : gap_first[e + 1], 1:],
-        )
-        episodes.append(np.full(a.size, e, dtype=np.int64))
-        anchors.append(a)
-    if not episodes:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(episodes), np.concatenate(anchors)
-
-
-def _interleave(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Merge per-stratum window runs, keeping each episode's windows together.
+def _interleave(pieces: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Merge per-stratum window runs, keeping each episode's windows together (vectorised).
 
     Ordered by how far through its stratum's part the episode's middle window lies (a proportional
-    interleave).
+    interleave), ties by stratum.
     """
-    runs = []  # (key, stratum, episode windows)
-    for k, (e, a) in enumerate(pieces):
-        if e.size == 0:
-            continue
-        starts = np.flatnonzero(np.r_[True, e[1:] != e[:-1]])
-        ends = np.r_[starts[1:], e.size]
-        for s, t in zip(starts.tolist(), ends.tolist(), strict=False):
-            runs.append(((s + t) / 2 / e.size, k, e[s:t], a[s:t]))
-    runs.sort(key=lambda r: (r[0], r[1]))
-    if not runs:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate([r[2] for r in runs]), np.concatenate([r[3] for r in runs])
+    keys, strata, starts, lengths, bases = [], [], [], [], []
+    base = 0
+    for k, (e, _) in enumerate(pieces):
+        if e.size:
+            s = np.flatnonzero(np.r_[True, e[1:] != e[:-1]])
+            t = np.r_[s[1:], e.size]
+            keys.append((s + t) / 2 / e.size)
+            strata.append(np.full(s.size, k))
+            starts.append(s + base)
+            lengths.append(t - s)
+        bases.append(base)
+        base += e.size
+    if not keys:
+        return _empty_pair()
+    key, stratum, start, length = (np.concatenate(x) for x in (keys, strata, starts, lengths))
+    run = np.lexsort((stratum, key))
+    length = length[run]
+    pos = np.repeat(start[run], length) + np.arange(length.sum()) - np.repeat(np.cumsum(length) - length, length)
+    episode = np.concatenate([e for e, _ in pieces])[pos]
+    anchor = np.concatenate([a for _, a in pieces])[pos]
+    return episode.astype(np.int64), anchor.astype(np.int64)
+
+
+def pool_shuffle(window_episode: np.ndarray, pool_episodes: int | None, rng: np.random.Generator) -> np.ndarray:
+    """A consumer's yield order: its windows permuted within pools of ``pool_episodes`` episodes.
+
+    Args:
+        window_episode: int ``[n]`` episode of each window in read (plan) order; an episode's
+            windows are contiguous.
+        pool_episodes: episodes per pool: consecutive runs of that many episodes in read order
+            form a pool, and the windows of a pool come out in a uniformly random order (sorted by
+            a random key) before any window of the next pool. ``None``: one pool, the whole
+            consumer; ``0``: no shuffle (read order).
+        rng: the draw (``(seed, epoch, consumer, level)`` in the plan).
+
+    Returns:
+        int64 ``[n]``: window positions in yield order (a permutation). O(n log n), no Python loop.
+    """
+    n = int(window_episode.size)
+    if pool_episodes == 0 or n == 0:
+        return np.arange(n, dtype=np.int64)
+    keys = rng.random(n)
+    if pool_episodes is None:
+        return np.argsort(keys, kind="stable").astype(np.int64)
+    if pool_episodes < 0:
+        raise ValueError(f"shuffle_episodes must be None or an int >= 0, not {pool_episodes}")
+    run = np.cumsum(np.r_[0, window_episode[1:] != window_episode[:-1]])
+    return np.lexsort((keys, run // pool_episodes)).astype(np.int64)
 
 
 def buffer_shuffle(
     window_episode: np.ndarray, cost_bytes: np.ndarray, capacity: int, capacity_bytes: int, rng: np.random.Generator
 ) -> np.ndarray:
     """Yield order of windows that arrive episode by episode through a bounded shuffle buffer.
+
+    A model of a streaming shuffle buffer (webdataset's ``shuffle(bufsize)``), which the reader
+    used before the plan-level shuffle (``pool_shuffle``); kept for the benchmarks that compare
+    with such a buffer (``balance``'s). Not used by the plan.
 
     Args:
         window_episode: int64 ``[n]`` episode of each window, in arrival (read) order; an episode's
@@ -541,6 +834,36 @@ def _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, load
         del remaining[e]
         loaded_bytes -= int(cost_bytes[e])
     return produced + 1, loaded_bytes
+
+
+def expected_distinct(windows: np.ndarray, batch_size: int) -> float:
+    """Expected distinct episodes in a batch of ``batch_size`` windows drawn from one pool without replacement.
+
+    ``windows``: int ``[P]`` windows each episode of the pool holds (``N`` in all). Episode ``i``
+    is missed by the batch with probability ``C(N - m_i, B) / C(N, B)`` (hypergeometric), so the
+    expectation is ``sum_i 1 - prod_{j<B} (N - m_i - j) / (N - j)``. A batch of a pool of ``P``
+    episodes holds at least ``P * (1 - (1 - 1/P) ** B)`` (the bound as windows per episode grow),
+    which is what i.i.d. sampling with replacement over ``P`` equal episodes gives.
+    """
+    m = np.asarray(windows, dtype=np.float64)
+    total = float(m.sum())
+    b = int(min(batch_size, total))
+    if b <= 0:
+        return 0.0
+    j = np.arange(b, dtype=np.float64)
+    ratio = np.clip((total - m[:, None] - j) / (total - j), 0.0, None)
+    return float(np.sum(1.0 - np.prod(ratio, axis=1)))
+
+
+def default_shuffle_episodes(batch_size: int | None) -> int:
+    """The default pool (``shuffle_episodes``): ``8 x batch_size`` episodes, 512 when it is unknown.
+
+    With ``P = 8 B`` a batch holds at least ``P (1 - (1 - 1/P)^B) >= 0.94 B`` distinct episodes in
+    expectation (``expected_distinct``'s bound; ``8 (1 - e^(-1/8)) = 0.9400`` as ``B`` grows), and
+    i.i.d. uniform sampling gives at most ``B``: so at least 0.94 of i.i.d. diversity. 512 gives
+    that for batches up to 64.
+    """
+    return 8 * int(batch_size) if batch_size else 512
 
 
 class CostStage(Protocol):
@@ -624,13 +947,13 @@ class Progress:
 
 @dataclass(frozen=True)
 class Stages:
-    """The per-consumer stages after the cut: shuffle buffer bounds, then optional ``cost``, ``order``, ``group``.
+    """The per-consumer stages after the cut: the pool shuffle, then optional ``cost``, ``order``, ``group``.
 
-    The shuffle buffer (``buffer_shuffle``) is bounded in windows and in bytes of loaded episodes.
+    ``shuffle_episodes``: pool size of ``pool_shuffle`` (episodes whose windows are interleaved at
+    a time; ``None``: all of the consumer's; ``0``: read order).
     """
 
-    shuffle_windows: int = 0
-    shuffle_bytes: int = 0
+    shuffle_episodes: int | None = None
     cost: CostStage | None = None
     order: OrderStage | None = None
     group: GroupStage | None = None
@@ -653,7 +976,8 @@ def level_plan(
 
     Each level's consumed windows are the first ``consumed[c]`` of consumer ``c``'s yield order
     (``worker_plan`` of that level); the rest keep their plan order and are dealt again (``deal``),
-    those a group stage left out of that level's yield order included.
+    those a group stage left out of that level's yield order included. Every step is vectorised:
+    the replay costs a few array passes over the epoch's windows, not a loop per window.
 
     Raises:
         ValueError: a level consumed more windows than its consumer had (the state belongs to
@@ -667,7 +991,8 @@ def level_plan(
             if not k:
                 continue
             world = World.of_consumer(c, progress.world_size, progress.num_workers)
-            order, _ = _consumer_order(table, plan, world, level, seed, epoch, stages)
+            part = plan.consumer_slice(c)
+            order, _ = _yield_order(plan.episode[part], plan.anchor[part], world, level, seed, epoch, stages)
             if k > order.size:
                 raise ValueError(
                     f"cannot resume: consumer {c} of {progress.world_size}x{progress.num_workers} consumed {k} "
@@ -679,23 +1004,15 @@ def level_plan(
     return plan
 
 
-def _consumer_order(
-    table: EpisodeTable, plan: GlobalPlan, world: World, level: int, seed: int, epoch: int, stages: Stages
+def _yield_order(
+    episode: np.ndarray, anchor: np.ndarray, world: World, level: int, seed: int, epoch: int, stages: Stages
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Yield order of ``world.consumer``'s part of ``plan`` and the windows' costs in that order.
+    """Yield order of ``world.consumer``'s windows (``episode``, ``anchor`` in plan order) and their costs.
 
-    The order is int64 positions within the part; costs are float64 in that order, or None.
+    The order is int64 positions into the windows; costs are float64 in that order, or None.
     """
-    part = plan.consumer_slice(world.consumer)
-    episode, anchor = plan.episode[part], plan.anchor[part]
     salt = (world.consumer,) if level == 0 else (world.consumer, level)
-    order = buffer_shuffle(
-        episode,
-        table.cost_bytes,
-        stages.shuffle_windows,
-        stages.shuffle_bytes,
-        rng_for(seed, epoch, _SALT_SHUFFLE, *salt),
-    )
+    order = pool_shuffle(episode, stages.shuffle_episodes, rng_for(seed, epoch, _SALT_SHUFFLE, *salt))
     cost = None
     if stages.cost is not None:
         cost = np.asarray(stages.cost(episode[order], anchor[order]), dtype=np.float64)
@@ -708,6 +1025,19 @@ def _consumer_order(
     return order, cost
 
 
+def _old_shuffle_options(shuffle_episodes: int | None, shuffle_windows: int | None, shuffle_bytes: int | None):
+    """``shuffle_episodes`` after the deprecated buffer bounds: ``shuffle_windows=0`` still means read order."""
+    if shuffle_windows is None and shuffle_bytes is None:
+        return shuffle_episodes
+    warnings.warn(
+        "shuffle_windows / shuffle_bytes bounded a buffer of decoded episodes, which the plan-level shuffle "
+        "replaced: use shuffle_episodes (episodes whose windows are interleaved at a time; 0: read order)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return 0 if shuffle_windows == 0 else shuffle_episodes
+
+
 def worker_plan(
     table: EpisodeTable,
     *,
@@ -716,39 +1046,48 @@ def worker_plan(
     seed: int,
     epoch: int,
     world: World,
-    shuffle_windows: int = 0,
-    shuffle_bytes: int = 0,
+    shuffle_episodes: int | None = None,
     cost: CostStage | None = None,
     order: OrderStage | None = None,
     group: GroupStage | None = None,
     history: Sequence[Progress] = (),
+    shuffle_windows: int | None = None,
+    shuffle_bytes: int | None = None,
 ) -> WorkerPlan:
     """The windows consumer ``world.consumer`` yields this epoch, in yield order.
 
-    ``history``: the progress of earlier layouts of this epoch (elastic resume, ``level_plan``):
-    the consumer then yields its share of the windows not yet consumed. ``dropped`` counts the
-    windows a group stage leaves out too (every consumer leaves out as many).
+    ``shuffle_episodes``: the pool of ``pool_shuffle`` (``None``: the whole consumer; ``0``: read
+    order). ``history``: the progress of earlier layouts of this epoch (elastic resume,
+    ``level_plan``): the consumer then yields its share of the windows not yet consumed.
+    ``dropped`` counts the windows a group stage leaves out too (every consumer leaves out as many).
+    Without history the consumer lists only its own windows (``consumer_plan``).
+    ``shuffle_windows`` / ``shuffle_bytes``: deprecated (``shuffle_windows=0``: read order).
     """
-    stages = Stages(shuffle_windows, shuffle_bytes, cost, order, group)
-    plan = level_plan(
-        table,
-        stride=stride,
-        per_episode=per_episode,
-        seed=seed,
-        epoch=epoch,
-        consumers=world.consumers,
-        stages=stages,
-        history=history,
-    )
-    part = plan.consumer_slice(world.consumer)
-    episode, anchor = plan.episode[part], plan.anchor[part]
-    yield_order, costs = _consumer_order(table, plan, world, len(history), seed, epoch, stages)
+    pool = _old_shuffle_options(shuffle_episodes, shuffle_windows, shuffle_bytes)
+    stages = Stages(pool, cost, order, group)
+    if history:
+        plan = level_plan(
+            table,
+            stride=stride,
+            per_episode=per_episode,
+            seed=seed,
+            epoch=epoch,
+            consumers=world.consumers,
+            stages=stages,
+            history=history,
+        )
+        part = plan.consumer_slice(world.consumer)
+        episode, anchor = plan.episode[part].astype(np.int64), plan.anchor[part].astype(np.int64)
+    else:
+        plan = consumer_plan(table, stride, per_episode, seed, epoch, world.consumers, world.consumer)
+        episode, anchor = plan.episode, plan.anchor
+    yield_order, costs = _yield_order(episode, anchor, world, len(history), seed, epoch, stages)
     firsts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if episode.size else np.zeros(0, dtype=np.int64)
     return WorkerPlan(
         episode=episode[yield_order],
         anchor=anchor[yield_order],
         read_order=episode[firsts],
         dropped=plan.dropped + (episode.size - yield_order.size) * world.consumers,
-        total_windows=int(plan.episode.size + plan.dropped),
+        total_windows=int(plan.per_consumer * world.consumers + plan.dropped),
         cost=costs,
     )

@@ -23,7 +23,6 @@ from epishard.stream.plan import (
     buffer_shuffle,
     episode_order,
     global_plan,
-    rng_for,
     select_anchors,
     shard_order,
     worker_plan,
@@ -97,17 +96,17 @@ DATASETS = {
     "weighted": _weighted(),
 }
 
-# (dataset, stride, per_episode, shuffle_windows, shuffle_bytes)
+# (dataset, stride, per_episode, shuffle_episodes)
 CASES = [
-    ("uneven", 1, None, 64, 10**12),
-    ("uneven", 5, None, 0, 0),
-    ("uneven", 2, PerEpisode(fraction=0.25), 16, 200_000),
-    ("uneven", 1, PerEpisode(count=3), 1000, 10**12),
-    ("single_shard", 1, None, 32, 10**12),
-    ("few_shards", 1, None, 8, 10**12),
-    ("one_episode", 1, None, 100, 10**12),
-    ("weighted", 3, None, 64, 10**12),
-    ("weighted", 1, PerEpisode(count=2), 4, 10**12),
+    ("uneven", 1, None, 4),
+    ("uneven", 5, None, 0),
+    ("uneven", 2, PerEpisode(fraction=0.25), 2),
+    ("uneven", 1, PerEpisode(count=3), None),
+    ("single_shard", 1, None, 3),
+    ("few_shards", 1, None, 1),
+    ("one_episode", 1, None, None),
+    ("weighted", 3, None, 8),
+    ("weighted", 1, PerEpisode(count=2), 1),
 ]
 
 
@@ -117,19 +116,11 @@ def all_anchors(table: EpisodeTable, stride: int) -> list[tuple[int, int]]:
 
 
 def selected(table: EpisodeTable, stride: int, per_episode, seed: int, epoch: int) -> list[tuple[int, int]]:
-    """The windows the planner selects before the remainder is dropped, in read order."""
-    out = []
-    for e in episode_order(table, seed, epoch):
-        a = select_anchors(
-            int(table.lo[e]),
-            int(table.hi[e]),
-            stride,
-            per_episode,
-            float(table.weight[e]),
-            rng_for(seed, epoch, P._SALT_ANCHORS, int(e)),
-        )
-        out += [(int(e), int(x)) for x in a]
-    return out
+    """The windows the planner selects before the remainder is dropped, in read order (every episode's
+    windows listed, ``episode_windows`` on the whole read order)."""
+    order = episode_order(table, seed, epoch)
+    counts = P.window_counts(table, stride, per_episode, seed, epoch)
+    return pairs(*P.episode_windows(table, order, counts[order], stride, seed, epoch))
 
 
 def pairs(episode: np.ndarray, anchor: np.ndarray) -> list[tuple[int, int]]:
@@ -145,7 +136,7 @@ def runs(seq) -> list:
     return out
 
 
-def all_worker_plans(table, world, workers, *, stride, per_episode, seed, epoch, shuffle_windows, shuffle_bytes):
+def all_worker_plans(table, world, workers, *, stride, per_episode, seed, epoch, shuffle_episodes):
     return [
         [
             worker_plan(
@@ -155,8 +146,7 @@ def all_worker_plans(table, world, workers, *, stride, per_episode, seed, epoch,
                 seed=seed,
                 epoch=epoch,
                 world=World(r, world, w, workers),
-                shuffle_windows=shuffle_windows,
-                shuffle_bytes=shuffle_bytes,
+                shuffle_episodes=shuffle_episodes,
             )
             for w in range(workers)
         ]
@@ -206,7 +196,7 @@ def replay_buffer(window_episode, cost_bytes, order, capacity, capacity_bytes):
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-s{c[1]}-pe{c[2] and (c[2].count or c[2].fraction)}")
 def test_exactly_once_and_equal_steps(case, grid):
-    name, stride, per_episode, cap, cap_bytes = case
+    name, stride, per_episode, pool = case
     table = DATASETS[name]
     world, workers = grid
     consumers = world * workers
@@ -235,8 +225,7 @@ def test_exactly_once_and_equal_steps(case, grid):
                 per_episode=per_episode,
                 seed=seed,
                 epoch=epoch,
-                shuffle_windows=cap,
-                shuffle_bytes=cap_bytes,
+                shuffle_episodes=pool,
             )
             union = []
             for r in range(world):
@@ -290,8 +279,7 @@ def test_more_consumers_than_windows_and_empty():
                     seed=0,
                     epoch=0,
                     world=World(r, world, w, workers),
-                    shuffle_windows=8,
-                    shuffle_bytes=10**9,
+                    shuffle_episodes=4,
                 )
                 assert len(wp) == plan.per_consumer and wp.total_windows == 5
     # all episodes shorter than the window, and an empty table
@@ -305,8 +293,7 @@ def test_more_consumers_than_windows_and_empty():
             seed=0,
             epoch=0,
             world=World(1, 2, 1, 2),
-            shuffle_windows=8,
-            shuffle_bytes=0,
+            shuffle_episodes=4,
         )
         assert len(wp) == 0 and wp.read_order.size == 0
 
@@ -321,8 +308,7 @@ def test_worker_plan_range(rank, worker):
             seed=0,
             epoch=0,
             world=World(rank, 2, worker, 3),
-            shuffle_windows=8,
-            shuffle_bytes=0,
+            shuffle_episodes=4,
         )
 
 
@@ -337,8 +323,7 @@ def _wp(table, seed, epoch, rank=1, worker=0):
         seed=seed,
         epoch=epoch,
         world=World(rank, 2, worker, 2),
-        shuffle_windows=64,
-        shuffle_bytes=10**12,
+        shuffle_episodes=4,
     )
 
 
@@ -411,8 +396,7 @@ def test_shard_runs_per_consumer(name, grid):
                 per_episode=None,
                 seed=seed,
                 epoch=epoch,
-                shuffle_windows=16,
-                shuffle_bytes=10**12,
+                shuffle_episodes=4,
             ):
                 for wp in row:
                     _check_read_order(table, wp)
@@ -453,8 +437,7 @@ def test_many_shards_few_consumers(world, workers):
                 per_episode=None,
                 seed=seed,
                 epoch=epoch,
-                shuffle_windows=32,
-                shuffle_bytes=10**12,
+                shuffle_episodes=4,
             ):
                 for wp in row:
                     _check_read_order(table, wp)
@@ -873,8 +856,7 @@ def test_stratified_plan_deals_every_stratum_evenly_and_exactly_once(world, work
                 seed=5,
                 epoch=1,
                 world=World(rank, world, worker, workers),
-                shuffle_windows=0,
-                shuffle_bytes=0,
+                shuffle_episodes=0,
             )
             counts = [int(np.sum(stratum[wp.episode] == k)) for k in (0, 1)]
             assert counts == [t // consumers for t in per_stratum]  # every consumer: the same share of each
