@@ -44,6 +44,7 @@ import dataclasses
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -66,9 +67,11 @@ from .plan import (
     WorkerPlan,
     World,
     anchor_counts,
+    default_shuffle_episodes,
     episode_table,
     expected_windows,
     level_plan,
+    plan_shape,
     worker_plan,
 )
 from .select import Selection, select_episodes
@@ -77,7 +80,31 @@ from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
 
-STATE_VERSION = 2  # 2: + "history" (progress under earlier layouts of the epoch: elastic resume)
+# 2: + "history" (progress under earlier layouts of the epoch: elastic resume). 3: + "shuffle_episodes";
+# the plan changed (plan-level pool shuffle, counter-based anchor draws), so a mid-epoch state of an
+# earlier version cannot continue exactly and is refused (a state at an epoch boundary still loads).
+STATE_VERSION = 3
+
+
+def _shuffle_option(
+    shuffle_episodes: int | Literal["auto"] | None, shuffle_windows: int | None, shuffle_bytes: int | None
+) -> int | Literal["auto"] | None:
+    """``shuffle_episodes`` checked, after the deprecated buffer bounds (``shuffle_windows=0``: read order).
+
+    Raises:
+        ValueError: not ``"auto"``, ``None`` or an int >= 0.
+    """
+    if not (shuffle_episodes in ("auto", None) or (isinstance(shuffle_episodes, int) and shuffle_episodes >= 0)):
+        raise ValueError(f"shuffle_episodes must be 'auto', None or an int >= 0, not {shuffle_episodes!r}")
+    if shuffle_windows is None and shuffle_bytes is None:
+        return shuffle_episodes
+    warnings.warn(
+        "WindowDataset(shuffle_windows=, shuffle_bytes=) bounded a buffer of decoded episodes, which the plan-level "
+        "shuffle replaced: use shuffle_episodes (episodes whose windows are interleaved at a time; 0: read order)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return 0 if shuffle_windows == 0 else shuffle_episodes
 
 
 def _distributed(rank: int | None, world_size: int | None) -> World:
@@ -121,9 +148,17 @@ class WindowDataset(IterableDataset):
             pairs to mix datasets (see ``weights``).
         spec: the window (``WindowSpec``).
         seed: base seed; the plan is a pure function of (seed, epoch, world size, rank, workers).
-        shuffle_windows / shuffle_bytes: bounds of each worker's shuffle buffer (windows; bytes of
-            loaded episodes: encoded members plus decoded frames). ``shuffle_windows=0`` keeps the
-            read order.
+        shuffle_episodes: the shuffle's one knob (``stream.plan.pool_shuffle``): how many episodes'
+            windows are interleaved at a time in each consumer's yield order (consecutive pools of
+            that many episodes in read order, windows permuted within a pool). Small: an episode's
+            windows close together in time (one decode serves several) but fewer distinct episodes
+            per batch; large: diversity near i.i.d. ``None``: the whole consumer's windows (the most
+            diverse); ``0``: read order, no shuffle. ``"auto"`` (default): ``8 x batch_size``
+            episodes (``WindowLoader`` passes its batch size; 512 when unknown), at least 0.94 of
+            the distinct episodes per batch of i.i.d. sampling (``stream.plan.default_shuffle_episodes``).
+        shuffle_windows / shuffle_bytes: deprecated (the bounds of the old buffer of decoded
+            episodes; a ``DeprecationWarning``): ``shuffle_windows=0`` still means read order, other
+            values are ignored (the look-ahead reader bounds its own memory).
         rank / world_size: override ``torch.distributed``.
         num_workers: DataLoader workers, needed only for ``len()`` before iteration.
         postprocess: per-frame ``PostProcess`` (resize, crop, dtype, hook).
@@ -163,8 +198,9 @@ class WindowDataset(IterableDataset):
         spec: WindowSpec,
         *,
         seed: int = 0,
-        shuffle_windows: int = 512,
-        shuffle_bytes: int = 1 << 30,
+        shuffle_episodes: int | Literal["auto"] | None = "auto",
+        shuffle_windows: int | None = None,
+        shuffle_bytes: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         num_workers: int | None = None,
@@ -199,8 +235,7 @@ class WindowDataset(IterableDataset):
             raise ValueError(f"dataset weights must not be negative: {self.weights}")
         self.spec = spec
         self.seed = seed
-        self.shuffle_windows = shuffle_windows
-        self.shuffle_bytes = shuffle_bytes
+        self.shuffle_episodes = _shuffle_option(shuffle_episodes, shuffle_windows, shuffle_bytes)
         self._rank, self._world_size = rank, world_size
         self.num_workers = num_workers
         self.post = postprocess or PostProcess()
@@ -243,7 +278,7 @@ class WindowDataset(IterableDataset):
             other.defer_float = defer_float
         if num_workers is not None:
             other.num_workers = num_workers
-        if batch_size is not None and other.batch_by_dataset and not other.batch_size:
+        if batch_size is not None and not other.batch_size:  # batch_by_dataset's and the shuffle pool's
             other.batch_size = batch_size
         return other
 
@@ -288,8 +323,14 @@ class WindowDataset(IterableDataset):
             raise ValueError("batch_by_dataset needs the batch size: WindowDataset(..., batch_size=B) or WindowLoader")
         return BatchByDataset(self._dataset_of_episode(), self.batch_size)
 
+    def pool_episodes(self) -> int | None:
+        """The shuffle pool in effect (``shuffle_episodes`` with ``"auto"`` resolved by the batch size)."""
+        if self.shuffle_episodes == "auto":
+            return default_shuffle_episodes(self.batch_size)
+        return self.shuffle_episodes
+
     def _stages(self) -> Stages:
-        return Stages(self.shuffle_windows, self.shuffle_bytes, self.cost, self.order, self._group())
+        return Stages(self.pool_episodes(), self.cost, self.order, self._group())
 
     def plan(self, epoch: int, world: World, history: tuple[Progress, ...] = ()) -> WorkerPlan:
         """One consumer's windows for ``epoch``, in yield order.
@@ -304,8 +345,7 @@ class WindowDataset(IterableDataset):
             seed=self.seed,
             epoch=epoch,
             world=world,
-            shuffle_windows=self.shuffle_windows,
-            shuffle_bytes=self.shuffle_bytes,
+            shuffle_episodes=self.pool_episodes(),
             cost=self.cost,
             order=self.order,
             group=self._group(),
@@ -330,6 +370,9 @@ class WindowDataset(IterableDataset):
 
     def _count(self, epoch: int, consumers: int, history: tuple[Progress, ...]) -> int:
         stages, group = self._stages(), self._group()
+        if not history:  # from counts alone: O(episodes), no window listed
+            per, _ = plan_shape(self.table, self.spec.stride, self.spec.sampling, self.seed, epoch, consumers)
+            return int(per.sum()) if group is None else int(np.sum(per // group.batch_size * group.batch_size))
         plan = level_plan(
             self.table,
             stride=self.spec.stride,
@@ -556,6 +599,7 @@ class WindowDataset(IterableDataset):
         return {
             "version": STATE_VERSION,
             "seed": self.seed,
+            "shuffle_episodes": self.pool_episodes(),
             "epoch": start.epoch,
             "world_size": here.world_size,
             "num_workers": workers,
@@ -594,6 +638,7 @@ class WindowDataset(IterableDataset):
                 f"cannot resume: the state was saved with seed={first['seed']}, this run has seed={self.seed}. "
                 f"Resume with the same seed, or start the next epoch fresh with set_epoch({first['epoch'] + 1})."
             )
+        _check_plan(first, self.pool_episodes())
         for s in states[1:]:
             for key in ("seed", "epoch", "world_size", "num_workers", "history"):
                 if s[key] != first[key]:
@@ -624,6 +669,27 @@ class WindowDataset(IterableDataset):
         else:
             self.epoch, self._resume = epoch, start
         self._consumed = 0
+
+
+def _check_plan(state: dict, pool: int | None) -> None:
+    """Refuse a mid-epoch state whose epoch plan differs from this reader's (planner or shuffle pool).
+
+    Raises:
+        ValueError: the state is of a version before the plan-level shuffle, or its shuffle pool
+            (``shuffle_episodes``, resolved) differs.
+    """
+    consumed = any(state["consumed"]) or state["history"]
+    if state.get("version", 1) < 3 and consumed:
+        raise ValueError(
+            f"cannot resume: the state (version {state.get('version', 1)}) was saved mid-epoch by a reader whose plan "
+            f"(shuffle buffer, anchor draws) this version no longer makes; start the next epoch fresh with "
+            f"set_epoch({state['epoch'] + 1})"
+        )
+    if "shuffle_episodes" in state and state["shuffle_episodes"] != pool and consumed:
+        raise ValueError(
+            f"cannot resume: the state was saved with shuffle_episodes={state['shuffle_episodes']}, this run plans "
+            f"with {pool} (the default follows the batch size): pass shuffle_episodes={state['shuffle_episodes']}"
+        )
 
 
 def _upgrade(state: dict) -> dict:

@@ -85,7 +85,7 @@ def _read_windows(
     """
     ix = source.index
     ds = WindowDataset(
-        source, spec, seed=seed, rank=0, world_size=1, shuffle_windows=0, fetch=FetchPolicy(on_shard_error="raise")
+        source, spec, seed=seed, rank=0, world_size=1, shuffle_episodes=0, fetch=FetchPolicy(on_shard_error="raise")
     )
     plan = ds.plan(0, World())
     by_episode: dict[int, list[int]] = {}

@@ -41,7 +41,7 @@ def _table(stratified: bool = False) -> EpisodeTable:
     )
 
 
-KW = dict(stride=1, per_episode=None, seed=3, epoch=1, shuffle_windows=16, shuffle_bytes=10**9)
+KW = dict(stride=1, per_episode=None, seed=3, epoch=1, shuffle_episodes=2)
 
 
 def _plans(table, world_size, workers, history=(), **stages):
@@ -200,7 +200,7 @@ def _level_kw() -> dict:
         per_episode=PerEpisode(),
         seed=KW["seed"],
         epoch=KW["epoch"],
-        stages=Stages(KW["shuffle_windows"], KW["shuffle_bytes"]),
+        stages=Stages(KW["shuffle_episodes"]),
     )
 
 
@@ -234,7 +234,7 @@ def dataset(tmp_path_factory):
 
 
 def _loader(dataset, rank, world, workers, batch_size=2):
-    ds = WindowDataset(dataset, SPEC, seed=4, rank=rank, world_size=world, shuffle_windows=8)
+    ds = WindowDataset(dataset, SPEC, seed=4, rank=rank, world_size=world, shuffle_episodes=2)
     return WindowLoader(ds, batch_size=batch_size, num_workers=workers)
 
 
