@@ -292,7 +292,7 @@ class WindowDataset(IterableDataset):
         (int64 ``[datasets + 1]``).
         """
         parts = [
-            episode_table(self.spec, source.index, offsets, weight=weight, frame_size=self.post.size, keep=keep)
+            episode_table(self.spec, source.index, offsets, weight=weight, keep=keep)
             for source, weight, offsets, keep in zip(
                 self.sources, self.weights, self.cam_offsets, self.selected, strict=True
             )

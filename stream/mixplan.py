@@ -91,12 +91,16 @@ def group_by_dataset(dataset: np.ndarray, batch_size: int, rng: np.random.Genera
         extra = mine.size % batch_size
         if extra:
             keep[rng.choice(mine, size=extra, replace=False)] = False
-    waiting: dict[int, list[int]] = {}
-    order: list[int] = []
-    for i in np.flatnonzero(keep).tolist():
-        bucket = waiting.setdefault(int(dataset[i]), [])
-        bucket.append(i)
-        if len(bucket) == batch_size:
-            order.extend(bucket)
-            bucket.clear()
-    return np.asarray(order, dtype=np.int64)
+    kept = np.flatnonzero(keep)
+    if kept.size == 0:
+        return kept.astype(np.int64)
+    # Vectorised "emit a batch as soon as a dataset has batch_size windows waiting": each window's
+    # batch is emitted at its last window's position; order by that, then by arrival.
+    by_dataset = np.argsort(dataset[kept], kind="stable")
+    group = dataset[kept][by_dataset]
+    start = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    rank = np.arange(kept.size) - np.repeat(start, np.diff(np.r_[start, kept.size]))
+    last = by_dataset[np.arange(kept.size) - rank + rank // batch_size * batch_size + batch_size - 1]
+    emit = np.empty(kept.size, dtype=np.int64)
+    emit[by_dataset] = last
+    return kept[np.lexsort((np.arange(kept.size), emit))].astype(np.int64)

@@ -8,25 +8,40 @@ An epoch, step by step:
 
 1. Shards are permuted by ``(seed, epoch)``; episodes keep their tar order inside a shard, so each
    worker reads its shards sequentially.
-2. Each episode contributes anchors (``stride``, boundary mode, windows per episode, dataset
-   weight), drawn by ``(seed, epoch, episode)``.
-3. The global window list is cut into ``world_size * num_workers`` contiguous, equal ranges, one per
-   consumer ``rank * num_workers + worker``. When there are fewer shards than consumers this splits
-   shards by episode ranges (and long episodes by anchor ranges). The remainder ``W mod consumers``
-   is dropped, chosen at random per epoch, so every rank yields the same number of samples and
-   batches and DDP never waits at the end of an epoch; every other window is yielded exactly once.
-4. Each consumer's windows are shuffled by a simulated bounded buffer (count and bytes), the way a
-   streaming shuffle buffer mixes them, so the order is known before any I/O and resume is exact.
+2. Each episode's window count is ``floor`` or ``ceil`` of ``expected_windows`` (``stride``,
+   boundary mode, windows per episode, dataset weight): ``window_counts``, O(E) array work, the
+   rounding drawn by a counter-based hash of ``(seed, epoch, episode)``.
+3. The epoch's window list (episodes in read order, each one's anchors ascending) is cut into
+   ``world_size * num_workers`` contiguous, equal ranges, one per consumer
+   ``rank * num_workers + worker``, from the counts alone (``consumer_plan``): a consumer lists only
+   its own windows, drawing its episodes' anchors (``episode_windows``: ``r`` distinct anchors of
+   an episode by counter-based draws of ``(seed, epoch, episode)``), so its cost is O(E) array
+   passes plus O(its windows), flat in memory at any dataset size, and no rank or worker needs
+   another's plan. When there are fewer shards than consumers this splits shards by episode ranges
+   (and long episodes by anchor ranges). The remainder ``W mod consumers`` is dropped, chosen at
+   random per epoch, so every rank yields the same number of samples and batches and DDP never
+   waits at the end of an epoch; every other window is yielded exactly once.
+4. Each consumer's windows are shuffled at plan level (``pool_shuffle``, index only): consecutive
+   pools of ``shuffle_episodes`` episodes in read order, the windows of a pool in a random order
+   (an argsort of random keys, by ``(seed, epoch, consumer, level)``). Small pools keep an
+   episode's windows close together in time (one decode serves several); large pools give
+   diversity near i.i.d. (``expected_distinct``; ``default_shuffle_episodes``: ``8 x batch_size``).
 5. Optional declared stages, pure functions of the consumer's windows: ``cost`` (a predicted cost
    per window), ``order`` (a permutation of the yield order, e.g. ``balance.streaming``'s
    cost-balanced order) and ``group`` (the order in whole batches of one stratum, leaving out each
    stratum's count modulo the batch size: ``stream.mixplan.BatchByDataset``).
+
+Plan changes: the plan of a given ``(seed, epoch, layout)`` changes only with the reader's
+``STATE_VERSION`` (``stream.dataset``); version 3 (the pool shuffle and counter-based draws)
+replaced the simulated buffer of decoded episodes and the per-episode generators of version 2.
 
 Elastic resume (``Progress``): a mid-epoch state records, per consumer of the layout that saved it,
 how many windows it took from the front of its yield order. The windows not yet taken, kept in plan
 order, are dealt again to the consumers of the new layout exactly as in step 3 (equal contiguous
 ranges, per stratum; the remainder ``R mod consumers`` left out at random by ``(seed, epoch)``),
 then steps 4-5 run per new consumer. Layouts can change again mid-epoch: each change adds a level.
+The replay lists the epoch's windows (int32 where they fit) and every old consumer's yield order,
+all vectorised.
 """
 
 from __future__ import annotations
@@ -158,8 +173,9 @@ class EpisodeTable:
     """The planner's view of the episodes of one or more datasets (int64 arrays ``[num_episodes]``).
 
     ``shard``: global shard number; ``lo``/``hi``: anchor range ``[lo, hi)`` for the window spec;
-    ``weight``: window-count multiplier (dataset mixing weight); ``cost_bytes``: bytes an episode
-    holds in a shuffle buffer while loaded; ``stratum``: optional stratum per episode (e.g. its
+    ``weight``: window-count multiplier (dataset mixing weight); ``cost_bytes``: optional, bytes an
+    episode holds while loaded (the plan does not use it since the buffer shuffle went; kept for
+    ``buffer_shuffle``'s models); ``stratum``: optional stratum per episode (e.g. its
     dataset), constant within a shard: each stratum is then dealt to consumers on its own.
     ``gaps``: optional int64 ``[G, 3]`` rows ``(episode, lo, hi)``, sorted and disjoint
     (``break_gaps``): anchors in ``[lo, hi)`` of that episode are left out, because their window
@@ -215,7 +231,6 @@ def episode_table(
     cameras: dict[str, np.ndarray],
     *,
     weight: float = 1.0,
-    frame_size: tuple[int, int] | None = None,
     keep: np.ndarray | None = None,
 ) -> EpisodeTable:
     """The planner's ``EpisodeTable`` of one dataset for a window spec (pure: index arrays in, arrays out).
@@ -225,16 +240,14 @@ def episode_table(
         index: the dataset's ``shardwriter.index.WindowIndex``.
         cameras: camera -> frame offsets the windows read (``WindowSpec.camera_offsets``).
         weight: the dataset's mixing weight (windows per episode multiplier).
-        frame_size: ``(height, width)`` frames are resized to, or ``None`` (stored size), for the
-            bytes a loaded episode holds.
         keep: optional bool ``[num_episodes]``: episodes left out get no windows (their anchor
             range is emptied; episode numbers stay), e.g. a read-time episode selection.
 
     Returns:
         ``EpisodeTable`` with shard numbers local to the dataset. Anchors: ``boundary="inside"``:
         rows whose every offset lies inside the episode and its recording segment (``gaps``);
-        ``"pad"``: every row. ``cost_bytes``: encoded members of the cameras read plus the frames
-        the expected windows (``expected_windows``) need, decoded (uint8 RGB, uint16 depth).
+        ``"pad"``: every row. No ``cost_bytes``: the plan-level shuffle needs no estimate of a
+        loaded episode's bytes (the look-ahead reader bounds its own cache).
     """
     ix = index
     rows = spec.row_offsets(list(cameras))
@@ -250,20 +263,11 @@ def episode_table(
     if keep is not None:
         hi = np.where(np.asarray(keep, dtype=bool), hi, lo)
         gaps = gaps[np.asarray(keep, dtype=bool)[gaps[:, 0]]] if gaps.shape[0] else gaps
-    windows = expected_windows(anchor_counts(lo, hi, spec.stride, gaps), spec.sampling, weight)
-    cost = np.zeros(ix.num_episodes, dtype=np.int64)
-    for cam, offsets in cameras.items():
-        streams = ix.camera_streams(cam)
-        size = np.array(frame_size) if frame_size else np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1)
-        frames = np.minimum(ix.num_rows, np.ceil(windows * len(offsets)))
-        per_pixel = np.where(ix.cam_depth[streams], 2, 3)  # uint16 [1, H, W] or uint8 [3, H, W]
-        cost += ix.cam_size[streams] + (frames * per_pixel * np.prod(size, axis=-1)).astype(np.int64)
     return EpisodeTable(
         shard=ix.shard.astype(np.int64),
         lo=lo,
         hi=hi,
         weight=np.full(ix.num_episodes, float(weight)),
-        cost_bytes=cost,
         gaps=gaps if gaps.shape[0] else None,
     )
 
