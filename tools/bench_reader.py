@@ -10,7 +10,7 @@ samples per round and side (default 96), rounded up to whole epochs of 4 windows
 1. FastWAM-style sample: 3 cameras, a 33-frame span of which 9 frames are used (offsets 0, 4, ...,
    32: ``segment(0, 32, 9)``), frames post-processed to 224x224 uint8, 16-step action chunk,
    4 windows per episode per epoch.
-   A  ``WindowDataset(..., postprocess=PostProcess(size=(224, 224)), shuffle_windows=0)`` iterated
+   A  ``WindowDataset(..., postprocess=PostProcess(size=(224, 224)), shuffle_episodes=0)`` iterated
       in this process (``num_workers=0``): one byte-range read, one decoder and one
       ``get_frames_at`` per (episode, camera) for all its windows, post-processing of used frames.
    B  naive, over exactly the same (episode, anchor) list (``ds.plan(epoch, 0, 1, 1, 0)``): per
@@ -31,7 +31,7 @@ samples per round and side (default 96), rounded up to whole epochs of 4 windows
 3. Per-sample planning and index cost, a handful of episodes vs 27,500: synthetic window indexes
    (``tools/bench_index.py``'s ``write_indexes``: 3 cameras, 300 rows, keyframe every 30, 64
    episodes per shard) opened as a real ``WindowDataset`` (FastWAM spec; reader defaults
-   ``shuffle_windows=512``, ``shuffle_bytes=1 GiB``); per round ``worker_plan`` (one consumer of
+   ``shuffle_episodes="auto"``); per round ``worker_plan`` (one consumer of
    one) plus, for every planned sample, ``WindowIndex.lookup`` of its 9 rows on each of the 3
    cameras; cost per planned sample. Rows: 1 episode with all its anchors, 8 episodes with 1
    window each, 27,500 episodes with 1 window each (samples per epoch = episodes), and for
@@ -360,7 +360,7 @@ def bench_samples(
     kw = dict(
         spec=WindowSpec(cameras=cams, action_horizon=ACTION_HORIZON, per_episode_count=PER_EPISODE),
         postprocess=PostProcess(size=SIZE),
-        shuffle_windows=0,
+        shuffle_episodes=0,
     )
     # telemetry=True only attaches the worker's counters (kept anyway) to each sample: ~10 us/sample.
     ds = WindowDataset(root, telemetry=True, **kw)
@@ -526,8 +526,7 @@ def bench_plan(rounds: int, big: int) -> None:
                 seed=0,
                 epoch=0,
                 world=World(0, world, 0, workers),
-                shuffle_windows=ds.shuffle_windows,
-                shuffle_bytes=ds.shuffle_bytes,
+                shuffle_episodes=ds.pool_episodes(),
             )
             t1, c1 = time.perf_counter(), time.process_time()
             for e, a in zip(plan.episode.tolist(), plan.anchor.tolist(), strict=False):
@@ -559,7 +558,7 @@ def bench_plan(rounds: int, big: int) -> None:
         res = alternate(rounds, {c[0]: (lambda c=c: run(c)) for c in cases})
         say(
             f"\n[3-plan] planning + index lookups per sample (synthetic indexes, 3 cameras x 300 rows, FastWAM spec, "
-            f"shuffle_windows={datasets[1].shuffle_windows}; {rounds} rounds alternating, medians; load average "
+            f"shuffle_episodes={datasets[1].pool_episodes()}; {rounds} rounds alternating, medians; load average "
             f"{os.getloadavg()[0]:.1f})"
         )
         say("  per planned sample, microseconds of CPU (wall in the last column but one)")
