@@ -331,7 +331,8 @@ def episode_order(table: EpisodeTable, seed: int, epoch: int) -> np.ndarray:
     num_shards = int(table.shard.max()) + 1 if table.num_episodes else 0
     rank_of_shard = np.empty(num_shards, dtype=np.int64)
     rank_of_shard[shard_order(num_shards, seed, epoch)] = np.arange(num_shards)
-    return np.lexsort((np.arange(table.num_episodes), rank_of_shard[table.shard]))
+    # A stable sort by shard rank keeps tar order inside a shard (timsort: fast on the runs of a table in shard order).
+    return np.argsort(rank_of_shard[table.shard], kind="stable").astype(np.int64)
 
 
 def _key(seed: int, epoch: int, salt: int) -> np.uint64:
@@ -378,6 +379,8 @@ def window_counts(table: EpisodeTable, stride: int, per_episode: PerEpisode | No
         return n
     want = expected_windows(n, per_episode, weight)
     base = np.floor(want)
+    if np.array_equal(base, want):  # whole counts (no weight): nothing to round
+        return base.astype(np.int64)
     up = _uniform(_key(seed, epoch, _SALT_ANCHORS), np.arange(n.size)) < want - base
     return np.where(n > 0, base + up, 0).astype(np.int64)
 
@@ -395,16 +398,24 @@ def _distinct(n: np.ndarray, k: np.ndarray, episode: np.ndarray, key: np.uint64)
     m = np.where(flip, n - k, k)
     owner = np.repeat(np.arange(n.size), m)
     slot = np.arange(owner.size) - np.repeat(np.cumsum(m) - m, m)
-    value = np.zeros(owner.size, dtype=np.int64)
-    todo = np.arange(owner.size)
-    rnd = 0
-    while todo.size:
-        u = _uniform(key, episode[owner[todo]], slot[todo], np.full(todo.size, rnd))
-        value[todo] = (u * n[owner[todo]]).astype(np.int64)
-        order = np.lexsort((slot, value, owner))
-        dup = np.r_[False, (owner[order][1:] == owner[order][:-1]) & (value[order][1:] == value[order][:-1])]
-        todo, rnd = np.sort(order[dup]), rnd + 1
-    order = np.lexsort((value, owner))
+    span = int(n.max(initial=0)) + 1  # (owner, value) as one sortable int64 key
+    value = (_uniform(key, episode[owner], slot, np.zeros(owner.size, np.int64)) * n[owner]).astype(np.int64)
+    check, rnd = np.arange(owner.size), 0
+    while check.size:
+        # Stable: of equal values within an entry the later slot is drawn again (next round);
+        # only entries with a redraw are checked again.
+        o = np.argsort(owner[check] * span + value[check], kind="stable")
+        k = owner[check[o]] * span + value[check[o]]
+        redo = check[o[1:][k[1:] == k[:-1]]]
+        if not redo.size:
+            break
+        rnd += 1
+        u = _uniform(key, episode[owner[redo]], slot[redo], np.full(redo.size, rnd))
+        value[redo] = (u * n[owner[redo]]).astype(np.int64)
+        again = np.zeros(n.size, dtype=bool)
+        again[owner[redo]] = True
+        check = np.flatnonzero(again[owner])
+    order = np.argsort(owner * span + value, kind="stable")
     owner, value = owner[order], value[order]
     if not flip.any():
         return owner, value
@@ -413,11 +424,10 @@ def _distinct(n: np.ndarray, k: np.ndarray, episode: np.ndarray, key: np.uint64)
     f = np.flatnonzero(flip)
     all_owner = np.repeat(f, n[f])
     all_value = np.arange(all_owner.size) - np.repeat(np.cumsum(n[f]) - n[f], n[f])
-    span = int(n.max()) + 1
     out = ~np.isin(all_owner * span + all_value, owner[~keep] * span + value[~keep])
     owner = np.r_[owner[keep], all_owner[out]]
     value = np.r_[value[keep], all_value[out]]
-    order = np.lexsort((value, owner))
+    order = np.argsort(owner * span + value, kind="stable")
     return owner[order], value[order]
 
 
@@ -471,7 +481,7 @@ def episode_windows(
     if rest.any():
         r_owner, r_index = _distinct(n, rest, episodes, _key(seed, epoch, _SALT_ANCHORS + 100))
         owner, index = np.r_[owner, r_owner], np.r_[index, r_index]
-        order = np.lexsort((index, owner))
+        order = np.argsort(owner * (int(n.max()) + 1) + index, kind="stable")
         owner, index = owner[order], index[order]
     if first is not None and stop is not None:
         rank = np.arange(owner.size) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -577,11 +587,16 @@ def _cuts(
     epoch: int,
 ) -> list[_Cut]:
     """Per stratum, its ``_Cut`` (episodes in ``order``): ``deal``'s cut of the listed windows, from counts."""
-    strata = np.zeros(table.num_episodes, dtype=np.int64) if table.stratum is None else table.stratum
     live = order[counts[order] > 0]
+    groups = (
+        [(0, live)]
+        if table.stratum is None
+        else [(k, live[table.stratum[live] == k]) for k in np.unique(table.stratum[live])]
+    )
     cuts = []
-    for k in np.unique(strata[live]):
-        eps = live[strata[live] == k]
+    for k, eps in groups:
+        if not eps.size:
+            continue
         ends = np.cumsum(counts[eps])
         total = int(ends[-1])
         extra = total % consumers
