@@ -103,4 +103,4 @@ def group_by_dataset(dataset: np.ndarray, batch_size: int, rng: np.random.Genera
     last = by_dataset[np.arange(kept.size) - rank + rank // batch_size * batch_size + batch_size - 1]
     emit = np.empty(kept.size, dtype=np.int64)
     emit[by_dataset] = last
-    return kept[np.lexsort((np.arange(kept.size), emit))].astype(np.int64)
+    return kept[np.argsort(emit, kind="stable")].astype(np.int64)  # stable: arrival order within a batch
