@@ -309,3 +309,31 @@ def test_a_state_of_another_rank_of_the_same_layout_is_refused(dataset):
     state = WindowDataset(dataset, SPEC, seed=4, rank=1, world_size=2).state_dict(1, 2, 0, epoch=0)
     with pytest.raises(ValueError, match=r"the states are of ranks \[1\], not of this rank 0"):
         WindowDataset(dataset, SPEC, seed=4, rank=0, world_size=2).load_state_dict(state)
+
+
+def test_the_shuffle_pool_follows_the_batch_size_and_a_state_records_it(dataset):
+    """``shuffle_episodes="auto"`` is 8 x the loader's batch size; a mid-epoch state carries the pool and
+    is refused by a run that would plan with another pool, or when saved by a version before the
+    plan-level shuffle (another plan); at an epoch boundary either loads."""
+    ds = WindowDataset(dataset, SPEC, seed=4)
+    assert ds.pool_episodes() == 512  # no batch size known
+    loader = WindowLoader(ds, batch_size=2)
+    assert loader.dataset.pool_episodes() == 16 and ds.pool_episodes() == 512  # the loader's copy
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    assert state["shuffle_episodes"] == 16 and state["version"] == 3
+    with pytest.raises(ValueError, match="shuffle_episodes=16"):
+        WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=3).load_state_dict(state)
+    same = WindowLoader(WindowDataset(dataset, SPEC, seed=4, shuffle_episodes=16), batch_size=3)
+    same.load_state_dict(state)  # the same pool given explicitly: the same plan
+    old = {k: v for k, v in state.items() if k != "shuffle_episodes"} | {"version": 2}
+    with pytest.raises(ValueError, match=r"set_epoch\(1\)"):
+        WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=2).load_state_dict(old)
+    fresh = WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=2)
+    fresh.load_state_dict({**old, "consumed": [0]})  # nothing consumed: any plan continues exactly
+    with pytest.warns(DeprecationWarning, match="shuffle_episodes"):
+        assert WindowDataset(dataset, SPEC, seed=4, shuffle_windows=0).pool_episodes() == 0
+    with pytest.raises(ValueError, match="shuffle_episodes must be"):
+        WindowDataset(dataset, SPEC, seed=4, shuffle_episodes=-3)

@@ -34,6 +34,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -188,7 +189,7 @@ def first_batch(args) -> None:
     import pyarrow as pa
     import pyarrow.feather as feather
 
-    from epishard.shardwriter.format import DATASET_INDEX_NAME
+    from epishard.shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME, Manifest
     from epishard.shardwriter.index import WindowIndex
     from epishard.shardwriter.validate import check_index
     from epishard.stream import WindowDataset, WindowLoader, WindowSpec
@@ -203,34 +204,41 @@ def first_batch(args) -> None:
         f"load average {os.getloadavg()[0]:.1f}; {args.first_batch}: {src.num_rows} episodes tiled to "
         f"{tiled.num_rows} ({os.path.getsize(path) / 1e6:.0f} MB index.arrow)"
     )
-    steps = {}
+    steps: dict[str, float] = {}
+
+    def done(name: str, t: float) -> None:
+        steps[name] = time.perf_counter() - t
+        print(f"  {name:66} {steps[name]:7.3f} s", flush=True)
+
     t = time.perf_counter()
     with open(path, "rb") as f:
         data = f.read()
     hashlib.sha256(data).hexdigest()
-    steps["read + sha256"] = time.perf_counter() - t
+    done("read + sha256", t)
     t = time.perf_counter()
     ix = WindowIndex.read_dataset_index(pa.py_buffer(data), path, None)
-    steps["Arrow read + schema check + WindowIndex"] = time.perf_counter() - t
+    done("Arrow read + schema check + WindowIndex", t)
+    with open(os.path.join(args.first_batch, MANIFEST_NAME), "rb") as f:
+        manifest = Manifest.load(f.read(), args.first_batch)
+    counts = np.bincount(ix.shard, minlength=len(manifest.shards))  # the tiled index's episodes per shard
+    shards = [dataclasses.replace(s, episodes=int(c)) for s, c in zip(manifest.shards, counts, strict=True)]
     t = time.perf_counter()
-    check_index(ix, path)
-    steps["value check (check_index)"] = time.perf_counter() - t
+    check_index(ix, shards, dict.fromkeys(manifest.camera_episodes()), path)
+    done("value check (check_index)", t)
     spec = WindowSpec(cameras=None, action_horizon=16, per_episode_count=args.per_episode)
     cams = {c: (0,) for c in ix.camera_names(0)}
     t = time.perf_counter()
     table = episode_table(spec, ix, cams)
-    steps["episode_table"] = time.perf_counter() - t
+    done("episode_table", t)
     ranks, workers = (int(x) for x in args.layout.split("x"))
     t = time.perf_counter()
     worker_plan(table, stride=1, per_episode=spec.sampling, seed=0, epoch=0, world=World(0, ranks, 0, workers))
-    steps["one worker's plan"] = time.perf_counter() - t
+    done("one worker's plan", t)
     ds = WindowDataset(args.first_batch, spec, seed=0)
     loader = WindowLoader(ds, batch_size=8, num_workers=2)
     t = time.perf_counter()
     next(iter(loader))
-    steps["real first batch of the small dataset (iter -> batch, 2 workers)"] = time.perf_counter() - t
-    for k, v in steps.items():
-        print(f"  {k:66} {v:7.3f} s")
+    done("real first batch of the small dataset (iter -> batch, 2 workers)", t)
     print(f"  {'sum (estimated first batch at ' + str(args.tile) + ' episodes)':66} {sum(steps.values()):7.3f} s")
 
 
