@@ -105,7 +105,7 @@ def child(args) -> dict:
     small = dict(kw, per_episode=None)
     P.worker_plan(_table(P, 3), world=P.World(), **small)  # warm-up: first-call costs are not planning
     base = _rss_mb()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     windows = 0
     if args.case in ("worker", "all"):
         windows = len(P.worker_plan(table, world=P.World(0, ranks, workers // 2, workers), **kw))
@@ -121,11 +121,11 @@ def child(args) -> dict:
         old, new = (8, 8), (12, 4)
         g = P.global_plan(table, 1, per, 0, 0, old[0] * old[1])
         progress = P.Progress(*old, tuple([g.per_consumer // 2] * (old[0] * old[1])))
-        base, t0 = _rss_mb(), time.perf_counter()
+        base, t0, c0 = _rss_mb(), time.perf_counter(), time.process_time()
         windows = len(P.worker_plan(table, world=P.World(5, new[0], 1, new[1]), history=(progress,), **kw))
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"time_s": elapsed, "peak_mb": max(peak - base, 0.0), "windows": windows}
+    return {"time_s": elapsed, "cpu_s": cpu, "peak_mb": max(peak - base, 0.0), "windows": windows}
 
 
 def kw_level(kw: dict) -> dict:
@@ -150,7 +150,8 @@ def main_bench(args) -> None:
     rows = []
     print(f"load average {os.getloadavg()[0]:.1f}; layout {args.layout}; per_episode_count {args.per_episode}")
     header = (
-        f"{'case':8} {'episodes':>9} {'windows':>10} | {'before s':>9} {'MB':>7} | {'after s':>9} {'MB':>7} | ratio"
+        f"{'case':8} {'episodes':>9} {'windows':>10} | {'before s':>9} {'CPU s':>8} {'MB':>7} | "
+        f"{'after s':>9} {'CPU s':>8} {'MB':>7} | CPU ratio"
     )
     print(header)
     cases = [("worker", s) for s in sizes] + [("rank", s) for s in sizes] + [("count", s) for s in sizes]
@@ -168,15 +169,17 @@ def main_bench(args) -> None:
         if case == "rank" and res["after"] is not None:
             w = next((r for r in rows if r["case"] == "worker" and r["episodes"] == size), None)
             if w and w["before"]:
-                res["before"] = {**w["before"], "time_s": w["before"]["time_s"] * workers, "derived": True}
+                before = w["before"]
+                res["before"] = {**before, "time_s": before["time_s"] * workers, "cpu_s": before["cpu_s"] * workers}
+                res["before"]["derived"] = True
         b, a = res["before"], res["after"]
         rows.append({"case": case, "episodes": size, "before": b, "after": a, "load": os.getloadavg()[0]})
         win = (a or b or {}).get("windows", 0)
-        bs = f"{b['time_s']:9.3f} {b['peak_mb']:7.0f}" if b else f"{'-':>9} {'-':>7}"
+        bs = f"{b['time_s']:9.3f} {b['cpu_s']:8.3f} {b['peak_mb']:7.0f}" if b else f"{'-':>9} {'-':>8} {'-':>7}"
         if b and b.get("derived"):
-            bs = f"{b['time_s']:8.2f}* {'':>7}"
-        as_ = f"{a['time_s']:9.3f} {a['peak_mb']:7.0f}" if a else f"{'-':>9} {'-':>7}"
-        ratio = f"{b['time_s'] / a['time_s']:.0f}x" if a and b and a["time_s"] > 0 else ""
+            bs = f"{b['time_s']:8.2f}* {b['cpu_s']:7.2f}* {'':>7}"
+        as_ = f"{a['time_s']:9.3f} {a['cpu_s']:8.3f} {a['peak_mb']:7.0f}" if a else f"{'-':>9} {'-':>8} {'-':>7}"
+        ratio = f"{b['cpu_s'] / a['cpu_s']:.0f}x" if a and b and a["cpu_s"] > 0 else ""
         print(f"{case:8} {size:9d} {win:10d} | {bs} | {as_} | {ratio}   (load {os.getloadavg()[0]:.1f})", flush=True)
     print("* before, rank = workers x the measured worker figure (every worker planned the whole epoch)")
     if args.json:
