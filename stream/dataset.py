@@ -61,6 +61,7 @@ from .mixplan import BatchByDataset, probability_factors
 from .plan import (
     CostStage,
     EpisodeTable,
+    EpochCuts,
     OrderStage,
     Progress,
     Stages,
@@ -69,6 +70,7 @@ from .plan import (
     anchor_counts,
     default_shuffle_episodes,
     episode_table,
+    epoch_cuts,
     expected_windows,
     level_plan,
     plan_shape,
@@ -265,6 +267,7 @@ class WindowDataset(IterableDataset):
         self._consumed = 0
         self._costs: np.ndarray | None = None
         self._per_consumer: dict[tuple, int] = {}  # windows_per_consumer's last answer
+        self._shared: EpochCuts | None = None  # set_epoch's shared plan part, inherited by forked workers
 
     def with_options(
         self, *, defer_float: bool | None = None, num_workers: int | None = None, batch_size: int | None = None
@@ -350,6 +353,7 @@ class WindowDataset(IterableDataset):
             order=self.order,
             group=self._group(),
             history=history,
+            shared=self._shared,
         )
 
     def windows_per_consumer(
@@ -398,8 +402,18 @@ class WindowDataset(IterableDataset):
         return self.samples_per_rank(epoch=self.epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        """Run ``epoch`` on the next ``__iter__`` (call before each epoch with non-persistent workers)."""
+        """Run ``epoch`` on the next ``__iter__`` (call before each epoch with non-persistent workers).
+
+        When the worker count is known (``WindowLoader`` sets it), the epoch's shared plan part
+        (``stream.plan.epoch_cuts``, O(episodes)) is computed here, once per rank, before the
+        DataLoader forks: each worker then plans only its own windows.
+        """
         self.epoch = epoch
+        self._shared = None
+        if self.num_workers is not None:
+            world = _distributed(self._rank, self._world_size)
+            consumers = world.world_size * max(self.num_workers, 1)
+            self._shared = epoch_cuts(self.table, self.spec.stride, self.spec.sampling, self.seed, epoch, consumers)
 
     # --- iteration -------------------------------------------------------------------------------
 

@@ -649,6 +649,28 @@ def global_plan(
     )
 
 
+@dataclass(frozen=True)
+class EpochCuts:
+    """The shared, O(E) part of an epoch's plan for one layout: where every consumer's windows start.
+
+    What ``consumer_plan`` computes before listing a consumer's windows (read order, window counts,
+    per-stratum cut and drops), for ``(stride, per_episode, seed, epoch, consumers)``. Computed once
+    per rank (``WindowDataset.set_epoch``, before the DataLoader forks its workers), it spares each
+    worker that pass: its plan is then O(its windows).
+    """
+
+    key: tuple
+    cuts: tuple[_Cut, ...]
+
+
+def epoch_cuts(
+    table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int, consumers: int
+) -> EpochCuts:
+    """``EpochCuts`` of an epoch and layout (a pure function; O(E) array passes)."""
+    key = (stride, PerEpisode.of(per_episode), seed, epoch, consumers)
+    return EpochCuts(key, tuple(_epoch_cuts(table, stride, per_episode, seed, epoch, consumers)))
+
+
 def consumer_plan(
     table: EpisodeTable,
     stride: int,
@@ -657,14 +679,19 @@ def consumer_plan(
     epoch: int,
     consumers: int,
     consumer: int,
+    shared: EpochCuts | None = None,
 ) -> GlobalPlan:
     """Consumer ``consumer``'s part of ``global_plan`` alone, in read order (int64 arrays).
 
     O(E) array work over the table (read order, counts, cut points) plus O(its windows): no other
     consumer's window is listed, so a worker's planning stays flat in memory at any dataset size.
-    ``per_consumer`` and ``dropped`` are the global plan's.
+    ``shared``: that O(E) part computed beforehand (``epoch_cuts``), used when it is of these
+    arguments. ``per_consumer`` and ``dropped`` are the global plan's.
     """
-    cuts = _epoch_cuts(table, stride, per_episode, seed, epoch, consumers)
+    if shared is not None and shared.key == (stride, PerEpisode.of(per_episode), seed, epoch, consumers):
+        cuts = list(shared.cuts)
+    else:
+        cuts = _epoch_cuts(table, stride, per_episode, seed, epoch, consumers)
     episode, anchor = _consumer_part(table, cuts, consumer, stride, seed, epoch)
     return GlobalPlan(episode, anchor, sum(c.per_consumer for c in cuts), sum(c.drops.size for c in cuts))
 
@@ -1071,6 +1098,7 @@ def worker_plan(
     order: OrderStage | None = None,
     group: GroupStage | None = None,
     history: Sequence[Progress] = (),
+    shared: EpochCuts | None = None,
     shuffle_windows: int | None = None,
     shuffle_bytes: int | None = None,
 ) -> WorkerPlan:
@@ -1080,7 +1108,8 @@ def worker_plan(
     order). ``history``: the progress of earlier layouts of this epoch (elastic resume,
     ``level_plan``): the consumer then yields its share of the windows not yet consumed.
     ``dropped`` counts the windows a group stage leaves out too (every consumer leaves out as many).
-    Without history the consumer lists only its own windows (``consumer_plan``).
+    Without history the consumer lists only its own windows (``consumer_plan``, with ``shared``
+    when given: ``epoch_cuts`` computed once per rank).
     ``shuffle_windows`` / ``shuffle_bytes``: deprecated (``shuffle_windows=0``: read order).
     """
     pool = _old_shuffle_options(shuffle_episodes, shuffle_windows, shuffle_bytes)
@@ -1099,7 +1128,7 @@ def worker_plan(
         part = plan.consumer_slice(world.consumer)
         episode, anchor = plan.episode[part].astype(np.int64), plan.anchor[part].astype(np.int64)
     else:
-        plan = consumer_plan(table, stride, per_episode, seed, epoch, world.consumers, world.consumer)
+        plan = consumer_plan(table, stride, per_episode, seed, epoch, world.consumers, world.consumer, shared)
         episode, anchor = plan.episode, plan.anchor
     yield_order, costs = _yield_order(episode, anchor, world, len(history), seed, epoch, stages)
     firsts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if episode.size else np.zeros(0, dtype=np.int64)

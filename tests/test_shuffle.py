@@ -163,3 +163,18 @@ def test_anchor_draws_are_counter_based_per_episode():
             assert got.size == min(4, n) and np.unique(got).size == got.size
     other = P.episode_windows(table, every, counts, 1, 5, 3)[1]
     assert not np.array_equal(other, a_all)  # another epoch, other anchors
+
+
+def test_a_shared_epoch_cut_gives_the_same_plan_and_a_mismatched_one_is_ignored():
+    """``epoch_cuts`` computed once per rank (before the DataLoader forks) spares each worker the O(E) pass;
+    the plan is the same with it, and one of another epoch or layout is not used."""
+    table = _table(n=120, shards=12, seed=5, stratified=True)
+    per = PerEpisode(count=3)
+    shared = P.epoch_cuts(table, 1, per, 4, 2, 6)
+    for c in range(6):
+        world = World.of_consumer(c, 3, 2)
+        kw = dict(stride=1, per_episode=per, seed=4, epoch=2, world=world, shuffle_episodes=5)
+        a, b = worker_plan(table, **kw), worker_plan(table, **kw, shared=shared)
+        assert np.array_equal(a.episode, b.episode) and np.array_equal(a.anchor, b.anchor)
+        other = worker_plan(table, **{**kw, "epoch": 3}, shared=shared)  # another epoch: recomputed
+        assert np.array_equal(other.episode, worker_plan(table, **{**kw, "epoch": 3}).episode)

@@ -20,7 +20,8 @@ Cases, for each size and implementation:
 
 ``--first-batch DATASET``: the index side of the first batch at 1M episodes, measured honestly
 without 1M episodes of video: the dataset's ``index.arrow`` rows are tiled to ``--tile`` episodes
-(every row pointing at the dataset's real shards), and the steps a rank runs before its first
+(each shard's rows repeated through the format's writer, ``encode_index`` and
+``dataset_index_bytes``: every row points at its real shard), and the steps a rank runs before its first
 sample are timed one by one (sha256 of the index file, Arrow read and schema check, value check,
 ``WindowIndex``, ``episode_table``, one worker's plan); then the real first batch of the (small)
 dataset itself is timed from ``iter()``. The sum estimates the first batch at that size.
@@ -190,22 +191,30 @@ def main_bench(args) -> None:
 def first_batch(args) -> None:
     """The index side of the first batch at ``--tile`` episodes, then the real first batch."""
     import pyarrow as pa
-    import pyarrow.feather as feather
 
     from epishard.shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME, Manifest
-    from epishard.shardwriter.index import WindowIndex
+    from epishard.shardwriter.index import WindowIndex, dataset_index_bytes, encode_index
     from epishard.shardwriter.validate import check_index
     from epishard.stream import WindowDataset, WindowLoader, WindowSpec
     from epishard.stream.plan import World, episode_table, worker_plan
 
-    src = feather.read_table(os.path.join(args.first_batch, DATASET_INDEX_NAME))
-    reps = -(-args.tile // src.num_rows)
-    tiled = pa.concat_tables([src] * reps).slice(0, args.tile)
+    real = WindowIndex.load_dataset(args.first_batch)
+    with open(os.path.join(args.first_batch, MANIFEST_NAME), "rb") as f:
+        manifest = Manifest.load(f.read(), args.first_batch)
+    reps = -(-args.tile // real.num_episodes)
+    # Each shard's index rows repeated (through the format's own writer: one large table per shard),
+    # so every tiled episode points at its real shard's members.
+    files = []
+    for shard, entry in enumerate(manifest.shards):
+        rows = [real.row(e) for e in np.flatnonzero(real.shard == shard).tolist()] * reps
+        files.append(encode_index(rows, {"shard": entry.shard}))
+    data = dataset_index_bytes(files)
     path = os.path.join(tempfile.mkdtemp(), DATASET_INDEX_NAME)
-    feather.write_feather(tiled.replace_schema_metadata(src.schema.metadata), path)
+    with open(path, "wb") as f:
+        f.write(data)
     print(
-        f"load average {os.getloadavg()[0]:.1f}; {args.first_batch}: {src.num_rows} episodes tiled to "
-        f"{tiled.num_rows} ({os.path.getsize(path) / 1e6:.0f} MB index.arrow)"
+        f"load average {os.getloadavg()[0]:.1f}; {args.first_batch}: {real.num_episodes} episodes tiled to "
+        f"{real.num_episodes * reps} ({len(data) / 1e6:.0f} MB index.arrow)"
     )
     steps: dict[str, float] = {}
 
@@ -221,8 +230,6 @@ def first_batch(args) -> None:
     t = time.perf_counter()
     ix = WindowIndex.read_dataset_index(pa.py_buffer(data), path, None)
     done("Arrow read + schema check + WindowIndex", t)
-    with open(os.path.join(args.first_batch, MANIFEST_NAME), "rb") as f:
-        manifest = Manifest.load(f.read(), args.first_batch)
     counts = np.bincount(ix.shard, minlength=len(manifest.shards))  # the tiled index's episodes per shard
     shards = [dataclasses.replace(s, episodes=int(c)) for s, c in zip(manifest.shards, counts, strict=True)]
     t = time.perf_counter()
