@@ -10,8 +10,10 @@ Cases, for each size and implementation:
 - ``worker``: one DataLoader worker's epoch plan (``worker_plan``), windows per episode from the
   sampling policy (``--per-episode N``, the typical case), the pool shuffle after.
 - ``rank``: every worker of rank 0 planned one after another in one process: the CPU a rank spends
-  planning an epoch. Before, each worker planned the whole global plan, so the before figure is
-  ``workers x worker`` (measured once per worker would take minutes at 1M); it is labelled so.
+  planning an epoch (after: with the shared O(E) part, ``epoch_cuts``, computed once first, as
+  ``WindowDataset.set_epoch`` does before the DataLoader forks). Before, each worker planned the
+  whole global plan, so the before figure is ``workers x worker`` (measured once per worker would
+  take minutes at 1M); it is labelled so.
 - ``count``: ``windows_per_consumer`` (``len()``, every ``state_dict``): the count of windows per
   consumer. Before: a full ``level_plan``; after: ``plan_shape`` (counts only).
 - ``all``: ``worker`` with every anchor of every episode (``per_episode`` None).
@@ -111,6 +113,8 @@ def child(args) -> dict:
     if args.case in ("worker", "all"):
         windows = len(P.worker_plan(table, world=P.World(0, ranks, workers // 2, workers), **kw))
     elif args.case == "rank":
+        if args.impl == "after":  # as WindowDataset.set_epoch: the shared O(E) part once per rank
+            kw["shared"] = P.epoch_cuts(table, 1, per, 0, 0, ranks * workers)
         windows = sum(len(P.worker_plan(table, world=P.World(0, ranks, w, workers), **kw)) for w in range(workers))
     elif args.case == "count":
         if args.impl == "before":
@@ -155,10 +159,10 @@ def main_bench(args) -> None:
         f"{'after s':>9} {'CPU s':>8} {'MB':>7} | CPU ratio"
     )
     print(header)
-    cases = [("worker", s) for s in sizes] + [("rank", s) for s in sizes] + [("count", s) for s in sizes]
-    cases += [("all", s) for s in sizes]
-    elastic_episodes = max(1, args.elastic_windows // args.per_episode)
-    cases.append(("elastic", elastic_episodes))
+    wanted = args.cases.split(",")
+    cases = [(c, s) for c in ("worker", "rank", "count", "all") if c in wanted for s in sizes]
+    if "elastic" in wanted:
+        cases.append(("elastic", max(1, args.elastic_windows // args.per_episode)))
     for case, size in cases:
         res = {}
         for impl in ("before", "after"):
@@ -262,6 +266,7 @@ def main() -> None:
     ap.add_argument("--old-max-episodes", type=int, default=1_000_000, help="largest size run with 'before'")
     ap.add_argument("--old-all-max", type=int, default=100_000, help="largest all-anchor size run with 'before'")
     ap.add_argument("--elastic-windows", type=int, default=230_000)
+    ap.add_argument("--cases", default="worker,rank,count,all,elastic")
     ap.add_argument("--json", default=None)
     ap.add_argument("--first-batch", default=None, metavar="DATASET")
     ap.add_argument("--tile", type=int, default=1_000_000)
