@@ -326,10 +326,13 @@ class WindowDataset(IterableDataset):
             raise ValueError("batch_by_dataset needs the batch size: WindowDataset(..., batch_size=B) or WindowLoader")
         return BatchByDataset(self._dataset_of_episode(), self.batch_size)
 
-    def pool_episodes(self) -> int | None:
-        """The shuffle pool in effect (``shuffle_episodes`` with ``"auto"`` resolved by the batch size)."""
+    def pool_episodes(self, batch_size: int | None = None) -> int | None:
+        """The shuffle pool in effect (``shuffle_episodes`` with ``"auto"`` resolved by the batch size).
+
+        ``batch_size``: the loader's, when this dataset was given none (``state_dict`` for a loader).
+        """
         if self.shuffle_episodes == "auto":
-            return default_shuffle_episodes(self.batch_size)
+            return default_shuffle_episodes(self.batch_size or batch_size)
         return self.shuffle_episodes
 
     def _stages(self) -> Stages:
@@ -613,7 +616,7 @@ class WindowDataset(IterableDataset):
         return {
             "version": STATE_VERSION,
             "seed": self.seed,
-            "shuffle_episodes": self.pool_episodes(),
+            "shuffle_episodes": self.pool_episodes(None if batches is None else batch_size),
             "epoch": start.epoch,
             "world_size": here.world_size,
             "num_workers": workers,
@@ -652,6 +655,8 @@ class WindowDataset(IterableDataset):
                 f"cannot resume: the state was saved with seed={first['seed']}, this run has seed={self.seed}. "
                 f"Resume with the same seed, or start the next epoch fresh with set_epoch({first['epoch'] + 1})."
             )
+        if self.shuffle_episodes == "auto" and not self.batch_size and "shuffle_episodes" in first:
+            self.shuffle_episodes = first["shuffle_episodes"]  # no batch size here: the saving run's pool
         _check_plan(first, self.pool_episodes())
         for s in states[1:]:
             for key in ("seed", "epoch", "world_size", "num_workers", "history"):
