@@ -74,7 +74,9 @@ def test_depth_round_trips_exactly_beside_rgb(codec, pix_fmt, top, tmp_path):
 
     # Batches with float RGB and a resize: depth stays uint16, resized by nearest neighbour only.
     post = PostProcess(dtype=torch.float32, size=(16, 24))
-    loader = WindowLoader(WindowDataset(str(tmp_path / "out"), spec, shuffle_episodes=0, postprocess=post), batch_size=4)
+    loader = WindowLoader(
+        WindowDataset(str(tmp_path / "out"), spec, shuffle_episodes=0, postprocess=post), batch_size=4
+    )
     batch = next(iter(loader))
     pick_y, pick_x = (np.arange(16) * 2 + 1), np.floor((np.arange(24) + 0.5) * 32 / 24).astype(int)
     assert batch[DEPTH].dtype == torch.uint16 and tuple(batch[DEPTH].shape) == (4, 3, 1, 16, 24)
