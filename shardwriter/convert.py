@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -56,7 +57,10 @@ class ConvertOptions:
     ``"raise"`` stops at the first bad episode, ``"skip"`` leaves it out and counts it in the report.
     ``timestamps``: ``"warn"`` (report) or ``"raise"`` (stop) on timestamp/video disagreements
     (``errors.ErrorPolicy`` is the vocabulary; the earlier ``"fail"`` is a deprecated alias of
-    ``"raise"``). ``workers``: processes.
+    ``"raise"``). ``check``: how each stored video's frame table is vouched for
+    (``format.CHECK_LEVELS``; see ``prepare.PrepareOptions``): ``"fast"`` (default), ``"full"`` or
+    ``"off"``; the manifest's report counts the videos checked at each level. ``decode_check``:
+    deprecated; ``False`` means ``check="off"``, ``True`` ``check="full"``. ``workers``: processes.
     ``overwrite``: replace a finished conversion of another plan in the output folder (without it,
     that is refused; a rerun of the same plan, or of an unfinished conversion, never needs it).
     Raises ``ValueError`` for a prefix that is not a plain file-name stem (``format.PREFIX_RE``: no
@@ -72,7 +76,8 @@ class ConvertOptions:
     reencode: ReencodeSpec | None = None
     on_error: Literal["raise", "skip"] = "raise"
     timestamps: Literal["warn", "raise"] = "warn"
-    decode_check: bool = True
+    check: Literal["full", "fast", "off"] = "fast"
+    decode_check: bool | None = None
     workers: int = 1
     progress: bool = True
     overwrite: bool = False
@@ -84,6 +89,14 @@ class ConvertOptions:
         object.__setattr__(
             self, "timestamps", check_choice("ConvertOptions", "timestamps", self.timestamps, ("warn", "raise"))
         )
+        object.__setattr__(self, "check", check_choice("ConvertOptions", "check", self.check, fmt.CHECK_LEVELS))
+        if self.decode_check is not None:
+            level = "full" if self.decode_check else "off"
+            warnings.warn(
+                f"ConvertOptions: decode_check is deprecated, use check={level!r}", DeprecationWarning, stacklevel=3
+            )
+            object.__setattr__(self, "check", level)
+            object.__setattr__(self, "decode_check", None)
         problems = [
             f"prefix must be a plain file-name stem ({fmt.PREFIX_RE.pattern}), got {self.prefix!r}"
             if not fmt.PREFIX_RE.fullmatch(self.prefix)
@@ -100,7 +113,7 @@ class ConvertOptions:
     def prepare_options(self) -> PrepareOptions:
         """The options of the per-episode preparation (``prepare``) among these."""
         return PrepareOptions(
-            cameras=self.cameras, reencode=self.reencode, timestamps=self.timestamps, decode_check=self.decode_check
+            cameras=self.cameras, reencode=self.reencode, timestamps=self.timestamps, check=self.check
         )
 
 
@@ -219,7 +232,8 @@ def _pool_context():
 def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], options: ConvertOptions, digest: str) -> dict:
     """Write one shard and its index atomically; return the shard metadata stored in the index."""
     name = fmt.shard_name(options.prefix, shard_id)
-    rows, skipped, warnings = [], [], []
+    rows, skipped, notes = [], [], []
+    checks: dict[str, int] = {}
     prep = options.prepare_options()
     with storage.writer(name) as f:
         tar = TarShardWriter(f)
@@ -245,7 +259,9 @@ def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], option
                 offset, size, sha = tar.add(member_name, data)
                 members.append({"name": member_name, "offset": offset, "size": size, "sha256": sha})
             rows.append({**ready.row, "members": members})
-            warnings.extend(ready.warnings)
+            notes.extend(ready.warnings)
+            for level, n in ready.checks.items():
+                checks[level] = checks.get(level, 0) + n
         tar.close()
         _check_parent()  # leaving this block publishes the tar
     meta = {
@@ -258,7 +274,8 @@ def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], option
         "rows": sum(r["num_rows"] for r in rows),
         "frames": sum(r["num_rows"] * len(r["cameras"]) for r in rows),
         "skipped": skipped,
-        "warnings": warnings,
+        "warnings": notes,
+        "checks": checks,
     }
     _check_parent()
     storage.write(meta["index"], encode_index(rows, meta))
@@ -457,9 +474,11 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
     cameras: dict = {}
     tasks: dict[str, int] = {}
     per_source: dict[str, int] = {}
+    videos_per_shard: list[int] = []
     by_name = {s.name: s for s in sources}
     for meta, index_file in zip(shard_metas, index_files, strict=False):
         index = WindowIndex.read_shard_indexes([(index_file, storage.path(meta["index"]))], fmt.FORMAT_VERSION)
+        videos_per_shard.append(int(index.episode_cams[index.num_episodes]) if index.num_episodes else 0)
         for e in range(index.num_episodes):
             source = index.source(e)
             per_source[source] = per_source.get(source, 0) + 1
@@ -492,6 +511,7 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
         "stats_by_source": stats.result_by_source(),
         "stats_mixed_widths": stats.mixed_widths,
         "episodes_per_source": per_source,
+        "videos_per_shard": videos_per_shard,
     }
 
 
@@ -565,7 +585,12 @@ def convert(
     storage.write(fmt.DATASET_INDEX_NAME, dataset_index)
     summary = _summarise(storage, metas, index_files, sources)
     skipped = tuple(fmt.ReportEntry(**s) for m in metas for s in m["skipped"])
-    warnings = tuple(fmt.ReportEntry(**w) for m in metas for w in m["warnings"])
+    flagged = tuple(fmt.ReportEntry(**w) for m in metas for w in m["warnings"])
+    checks: dict[str, int] = {}
+    for m, videos in zip(metas, summary["videos_per_shard"], strict=True):
+        # A shard kept from a run before check levels: its tables were checked as "full" checks now.
+        for level, n in m.get("checks", {"full": videos}).items():
+            checks[level] = checks.get(level, 0) + n
     fps_values = sorted({s.fps for s in sources})
     manifest = fmt.Manifest(
         format=fmt.FORMAT_NAME,
@@ -612,7 +637,7 @@ def convert(
             )
             for m, data in zip(metas, index_files, strict=False)
         ),
-        report=fmt.Report.of(skipped, warnings),
+        report=fmt.Report.of(skipped, flagged, checks),
     )
     storage.write(fmt.MANIFEST_NAME, manifest.dump())
     return manifest

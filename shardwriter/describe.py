@@ -111,7 +111,7 @@ def render(summary: dict) -> str:
 def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
     """Text the CLI prints after ``convert``.
 
-    Notes, converted cameras, skips and warnings by kind, then one summary line (shards, episodes,
+    Notes, converted cameras, skips and warnings by kind, the videos per check level, then one summary line (shards, episodes,
     rows, MB, seconds).
     """
     lines = []
@@ -128,6 +128,8 @@ def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
         example = next(w for w in report.warnings if w.kind == kind)
         camera = f" camera {example.camera}" if example.camera else ""
         lines.append(f"  warning x{n} {kind}: e.g. episode {example.episode}{camera}: {example.message}")
+    if report.checks is not None:
+        lines.append("  frame tables checked: " + ", ".join(f"{level} x{n}" for level, n in report.checks.items()))
     t = manifest.totals
     lines.append(
         f"wrote {t.shards} shards, {t.episodes} episodes, {t.rows} rows, {t.bytes / 1e6:.1f} MB to {out} "

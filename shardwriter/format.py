@@ -142,6 +142,13 @@ def index_name(prefix: str, shard_id: int) -> str:
 # more than 8 bits) decoded at full precision to uint16 [1, H, W] in the stored units, never scaled.
 CAMERA_KINDS = ("rgb", "depth")
 
+# How the writer vouched for each stored video's frame table (``ConvertOptions.check``), strongest
+# first: "full" decodes every frame three times (table by decode, then in order and after seeks
+# through the reader's decoder), "fast" reads the table from the container and decodes keyframes and
+# the last group of pictures through the reader's decoder, "off" reads it from the container only.
+# The manifest's report counts the videos checked at each (``Report.checks``).
+CHECK_LEVELS = ("full", "fast", "off")
+
 
 def camera_output(kind: str) -> tuple[str, int]:
     """(numpy dtype name, channels) of the frames the reader returns for a camera of ``kind``."""
@@ -594,26 +601,40 @@ def count_kinds(entries: tuple[ReportEntry, ...]) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Report(_Entry):
-    """What the writer dropped or flagged: ``skipped`` episodes and ``warnings``, and their counts per kind."""
+    """What the writer dropped or flagged: ``skipped`` episodes and ``warnings``, and their counts per kind.
+
+    ``checks``: check level (``CHECK_LEVELS``) -> number of stored videos (episode x camera) whose
+    frame table was vouched for at that level; None in manifests written before check levels (every
+    table then was checked as ``full`` is now, unless the Python API turned the check off).
+    """
 
     skipped_by_kind: Mapping[str, int]
     warnings_by_kind: Mapping[str, int]
     skipped: tuple[ReportEntry, ...] = ()
     warnings: tuple[ReportEntry, ...] = ()
+    checks: Mapping[str, int] | None = None
 
     @classmethod
-    def of(cls, skipped: tuple[ReportEntry, ...], warnings: tuple[ReportEntry, ...]) -> Report:
-        """The report of these entries, with their counts per kind."""
-        return cls(count_kinds(skipped), count_kinds(warnings), skipped, warnings)
+    def of(
+        cls,
+        skipped: tuple[ReportEntry, ...],
+        warnings: tuple[ReportEntry, ...],
+        checks: Mapping[str, int] | None = None,
+    ) -> Report:
+        """The report of these entries, with their counts per kind (``checks``: see the class)."""
+        return cls(count_kinds(skipped), count_kinds(warnings), skipped, warnings, checks)
 
     def to_json(self) -> dict:
-        """Its JSON object in the manifest."""
-        return {
+        """Its JSON object in the manifest (``checks`` only where recorded)."""
+        out = {
             "skipped_by_kind": dict(self.skipped_by_kind),
             "warnings_by_kind": dict(self.warnings_by_kind),
             "skipped": [e.to_json(skipped=True) for e in self.skipped],
             "warnings": [e.to_json(skipped=False) for e in self.warnings],
         }
+        if self.checks is not None:
+            out["checks"] = {level: int(self.checks[level]) for level in CHECK_LEVELS if level in self.checks}
+        return out
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> Report:
@@ -625,10 +646,15 @@ class Report(_Entry):
             )
             for key in ("skipped", "warnings")
         }
+        checks = json_field(obj, "checks", dict, where, None)
+        unknown = [level for level in checks or {} if level not in CHECK_LEVELS]
+        if unknown:
+            raise FormatError(f"{where}.checks: unknown check level {unknown[0]!r} (known: {', '.join(CHECK_LEVELS)})")
         return cls(
             skipped_by_kind=json_field(obj, "skipped_by_kind", dict, where),
             warnings_by_kind=json_field(obj, "warnings_by_kind", dict, where),
             **lists,
+            checks=checks,
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,7 +27,21 @@ from .episode import Episode, read_file
 from .errors import ConversionError
 from .images import GREY_IMAGE_SPEC, IMAGE_SPEC, column_images
 from .storage import RemoteFile
-from .video import ReencodeSpec, VideoProbe, check_frames, cut, encode, frame_at_time, probe, reencode, resize
+from .video import (
+    ReencodeSpec,
+    VideoProbe,
+    check_frames,
+    check_frames_fast,
+    cut,
+    encode,
+    frame_at_time,
+    probe,
+    reencode,
+    resize,
+    scan,
+)
+
+log = logging.getLogger(__name__)
 
 CHECKED_PREFIXES = ("observation.state", "action")
 
@@ -38,15 +53,19 @@ class PrepareOptions:
     ``cameras``: camera names to keep (None: all). ``reencode``: re-encode settings or None for a
     bit-exact copy / stream-copy cut. ``timestamps``: ``"warn"`` records timestamp disagreements in
     the report (frames are mapped by frame_index, so they cannot shift frames); ``"raise"`` treats
-    them as errors. ``decode_check``: per camera, decode every frame of the stored video the way the
-    reader does and stop (``frame_mismatch``) where the frame table disagrees with it (see
-    ``video.check_frames``; two full decodes per camera). Turning it off trusts the table unchecked.
+    them as errors. ``check``: how each stored video's frame table is made and vouched for
+    (``format.CHECK_LEVELS``): ``"full"`` builds it by decoding every frame (``video.probe``) and
+    decodes every frame twice more the way the reader does (``video.check_frames``); ``"fast"``
+    builds it from the container (``video.scan``) and decodes keyframes and the last group of
+    pictures the way the reader does (``video.check_frames_fast``), and where they disagree does
+    what ``"full"`` does for that video; ``"off"`` trusts the scan. A table the decoder disagrees
+    with stops the episode (``frame_mismatch``).
     """
 
     cameras: tuple[str, ...] | None = None
     reencode: ReencodeSpec | None = None
     timestamps: Literal["warn", "raise"] = "warn"
-    decode_check: bool = True
+    check: Literal["full", "fast", "off"] = "fast"
 
 
 @dataclass
@@ -57,6 +76,7 @@ class PreparedEpisode:
     members: list[tuple[str, bytes]]
     row: dict
     warnings: list[dict] = field(default_factory=list)
+    checks: dict[str, int] = field(default_factory=dict)  # check level -> videos checked at it
 
 
 def _fail(kind: str, message: str, **where) -> ConversionError:
@@ -230,31 +250,39 @@ def _segment_end_report(
     }
 
 
-def _probe_shared(path: str | RemoteFile) -> VideoProbe:
-    # Consecutive episodes of a LeRobot v3.0 dataset are segments of one video file: decode it once.
+def _probe_shared(path: str | RemoteFile, decode: bool) -> VideoProbe:
+    # Consecutive episodes of a LeRobot v3.0 dataset are segments of one video file: probe it once.
     # Keyed by size and mtime too, so a file rewritten in place is probed again, never served stale
     # (a remote file: by its URL and the size its listing gave, fixed for the conversion).
     if isinstance(path, RemoteFile):
-        return _probe_cached(path, path.size(), 0)
+        return _probe_cached(path, path.size(), 0, decode)
     st = os.stat(path)
-    return _probe_cached(path, st.st_size, st.st_mtime_ns)
+    return _probe_cached(path, st.st_size, st.st_mtime_ns, decode)
 
 
 @functools.lru_cache(maxsize=8)
-def _probe_cached(path: str | RemoteFile, size: int, mtime_ns: int) -> VideoProbe:
-    return probe(path)
+def _probe_cached(path: str | RemoteFile, size: int, mtime_ns: int, decode: bool) -> VideoProbe:
+    return probe(path) if decode else scan(path)
 
 
-def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, table: pa.Table, first_break: int):
+def _table_of(data, decode: bool) -> VideoProbe:
+    """The frame table of ``data``: by decoding (``probe``) or from the container (``scan``)."""
+    return probe(data) if decode else scan(data)
+
+
+def _prepare_camera(
+    video, local: np.ndarray, fps: float, opts: PrepareOptions, table: pa.Table, first_break: int, decode: bool
+):
     """Return (stored bytes, probe of stored bytes, row_to_frame, transform, timestamp reports).
 
     ``first_break``: the row where the table's second recording segment starts (``num_rows`` if none).
+    ``decode``: frame tables by a full decode (``probe``) or from the container (``scan``).
     """
     source = video.source
     if video.segment is None and not isinstance(source, (bytes, bytearray)):
         source = read_file(source)  # copied whole: read once, probe and store these bytes
     # A segment's file (v3.0: many episodes) is probed and cut where it is, never read whole.
-    info = _probe_shared(source) if isinstance(source, (str, RemoteFile)) else probe(source)
+    info = _probe_shared(source, decode) if isinstance(source, (str, RemoteFile)) else _table_of(source, decode)
     base, seg_start = 0, 0.0
     if video.segment is not None:
         seg_start = video.segment[0]
@@ -282,9 +310,9 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
         reports.append(_timestamp_report(t, info.seconds(absolute[:first_break]) - zero, fps, 1.0 / fps))
     if opts.reencode is not None and camera_kind(video.depth, info.pix_fmt) == "rgb":
         data = reencode(source, info, absolute, fps, opts.reencode)
-        stored, row_to_frame, transform = probe(data), np.arange(absolute.size), opts.reencode.describe()
+        stored, row_to_frame, transform = _table_of(data, decode), np.arange(absolute.size), opts.reencode.describe()
     elif video.segment is not None:
-        data, stored, shown = cut(source, info, int(absolute[0]), int(absolute[-1]) + 1)
+        data, stored, shown = cut(source, info, int(absolute[0]), int(absolute[-1]) + 1, decode)
         frame_in_cut = {int(f): i for i, f in enumerate(shown) if f >= 0}
         lost = [r for r, f in enumerate(absolute.tolist()) if f not in frame_in_cut]
         if lost:
@@ -300,7 +328,7 @@ def _prepare_camera(video, local: np.ndarray, fps: float, opts: PrepareOptions, 
     return data, stored, row_to_frame.astype(np.int32), transform, [r for r in reports if r is not None]
 
 
-def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptions):
+def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptions, decode: bool):
     """Encode an image column as a video.
 
     With ``IMAGE_SPEC``, or the re-encode settings when given; 16-bit grey images, depth maps, always
@@ -317,7 +345,40 @@ def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptio
         spec = opts.reencode or IMAGE_SPEC
         data = encode(resize(images, spec.size), fps, spec)
     transform = "images:" + spec.describe().partition(":")[2]
-    return data, probe(data), np.arange(table.num_rows, dtype=np.int32), transform, notes
+    return data, _table_of(data, decode), np.arange(table.num_rows, dtype=np.int32), transform, notes
+
+
+def _checked_camera(
+    video, table: pa.Table, cam: str, local: np.ndarray, fps: float, opts: PrepareOptions, first_break: int, level: str
+):
+    """One camera prepared and its frame table vouched for at check ``level``.
+
+    Returns (stored bytes, probe, row_to_frame, transform, notes, reports, the level it was checked
+    at). At ``fast``, a table the few decodes disagree with is rebuilt and checked as at ``full``
+    (the container did not tell the displayed frames; the decode does), so the level may come back
+    ``full``.
+
+    Raises:
+        ConversionError(kind="frame_mismatch"): the table disagrees with the reader's decoder.
+    """
+    decode = level == "full"
+    if video is None:
+        data, stored, row_to_frame, transform, notes = _prepare_images(table, cam, fps, opts, decode)
+        reports: list[dict] = []
+    else:
+        data, stored, row_to_frame, transform, reports = _prepare_camera(
+            video, local, fps, opts, table, first_break, decode
+        )
+        notes = []
+    if level != "off":
+        check = check_frames if decode else check_frames_fast
+        problem = check(data, stored.pts, stored.duration, stored.keyflags(), stored.time_base, stored.stream_index)
+        if problem is not None and level == "fast":
+            log.info("camera %s: the fast frame check disagrees (%s); checking it in full", cam, problem)
+            return _checked_camera(video, table, cam, local, fps, opts, first_break, "full")
+        if problem is not None:
+            raise _fail("frame_mismatch", f"the frame table disagrees with the decoder: {problem}")
+    return data, stored, row_to_frame, transform, notes, reports, level
 
 
 def camera_kind(declared_depth: bool, pix_fmt: str) -> str:
@@ -429,24 +490,15 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     fields = fmt.camera_fields(cameras)
     members: list[tuple[str, bytes]] = []
     cam_rows = []
+    checks: dict[str, int] = {}
     for cam in cameras:
         video = episode.videos.get(cam)  # None: an image column
         path = str(video.source) if video is not None and isinstance(video.source, (str, RemoteFile)) else None
-        notes: list[dict] = []
         try:
-            if video is None:
-                data, stored, row_to_frame, transform, notes = _prepare_images(table, cam, episode.fps, opts)
-                reports = []
-            else:
-                data, stored, row_to_frame, transform, reports = _prepare_camera(
-                    video, local, episode.fps, opts, table, first_break
-                )
-            if opts.decode_check:
-                problem = check_frames(
-                    data, stored.pts, stored.duration, stored.keyflags(), stored.time_base, stored.stream_index
-                )
-                if problem is not None:
-                    raise _fail("frame_mismatch", f"the frame table disagrees with the decoder: {problem}")
+            data, stored, row_to_frame, transform, notes, reports, level = _checked_camera(
+                video, table, cam, local, episode.fps, opts, first_break, opts.check
+            )
+            checks[level] = checks.get(level, 0) + 1
         except ConversionError as exc:
             raise exc.with_context(camera=cam, path=path, **where) from None
         declared_depth = video is not None and video.depth
@@ -514,4 +566,4 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         "window_stop": table.num_rows,
         "segment_starts": [b["row"] for b in breaks],
     }
-    return PreparedEpisode(key=key, members=head + members, row=row, warnings=warnings)
+    return PreparedEpisode(key=key, members=head + members, row=row, warnings=warnings, checks=checks)

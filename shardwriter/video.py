@@ -9,6 +9,10 @@ counts that lie and truncated tails are all resolved by FFmpeg itself, not by a 
 container. Frame ``i`` is the ``i``-th frame the decoder outputs (ascending pts). Because PyAV and
 torchcodec may link different FFmpeg versions, ``check_frames`` then decodes every frame the way the
 reader does (torchcodec with the table as ``custom_frame_mappings``) and compares.
+
+That is the ``full`` check level (``CHECK_LEVELS``). ``fast`` builds the same table from the container
+alone (``scan``: the packets FFmpeg's demuxer does not flag as discarded, i.e. outside the edit list,
+in pts order) and vouches for it with a few decodes (``check_frames_fast``); ``off`` trusts the scan.
 """
 
 from __future__ import annotations
@@ -138,7 +142,7 @@ def _decode_all(stream, container) -> tuple[list, list, int]:
     return packets, frames, rotation
 
 
-def probe(source: VideoSource) -> VideoProbe:
+def _decoded_probe(source: VideoSource) -> VideoProbe:
     """Decode every frame of the file's frame stream (see ``frame_stream``) and return its tables.
 
     Costs one full decode (no colour conversion). Durations: the frame's, else its packet's, else
@@ -211,6 +215,90 @@ def probe(source: VideoSource) -> VideoProbe:
     )
 
 
+def probe(source: VideoSource, decode: bool = True) -> VideoProbe:
+    """The frame table of ``source``'s frame stream: by a full decode (``decode=True``), else by ``scan``.
+
+    Raises ``ConversionError(kind="unreadable_video")`` as ``_decoded_probe`` and ``scan`` do.
+    """
+    return _decoded_probe(source) if decode else scan(source)
+
+
+def scan(source: VideoSource) -> VideoProbe:
+    """The frame table from the container alone: demux every packet, decode only the first frame.
+
+    The displayed frames are the packets FFmpeg's demuxer does not flag as discarded (MP4/MOV edit
+    lists, Matroska's discard padding mark hidden ones that way), in pts order: the table ``probe``
+    builds by decoding, for every input of the test suite and of ``../shared``, at a fraction of the
+    cost (no frame but the first is decoded). The first frame gives the rotation and must carry the
+    smallest displayed pts. Where the container does not fit that model (a packet without pts or
+    flagged corrupt, two displayed packets with one pts, a first frame elsewhere, no frame at all),
+    this falls back to ``probe``'s full decode, which also raises its errors. The model is
+    vouched for by ``check_frames_fast`` (level ``fast``) or ``check_frames`` (``full``).
+    """
+    try:
+        with _open(source) as container:
+            stream = frame_stream(container)
+            ctx = stream.codec_context
+            rows: list[tuple[int, bool, int, bool]] = []
+            first_pts, rotation = None, 0
+            for packet in container.demux(stream):
+                if not packet.size:
+                    continue
+                pts = packet.pts if packet.pts is not None else packet.dts
+                if pts is None or packet.is_corrupt:
+                    return _decoded_probe(source)
+                rows.append((pts, packet.is_keyframe, packet.duration or 0, packet.is_discard))
+                if first_pts is None:  # decode until the first frame comes out (B-frames delay it)
+                    for frame in packet.decode():
+                        first_pts, rotation = (
+                            frame.pts if frame.pts is not None else frame.dts,
+                            round(frame.rotation or 0),
+                        )
+                        break
+            if first_pts is None and rows:
+                for frame in ctx.decode(None):
+                    first_pts, rotation = frame.pts if frame.pts is not None else frame.dts, round(frame.rotation or 0)
+                    break
+            if stream.time_base is None:
+                raise ConversionError("the frame stream has no time base", kind="unreadable_video")
+            info = (ctx.codec.canonical_name, ctx.width, ctx.height, ctx.format.name if ctx.format else "")
+            time_base, index = stream.time_base, stream.index
+            fps = float(stream.average_rate) if stream.average_rate else 0.0
+    except ConversionError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError):
+        return _decoded_probe(source)  # raises the decode's own error, or finds what the scan could not
+    table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+    packet_pts, packet_key, packet_duration, discard = (table[:, c] for c in range(4))
+    order = np.argsort(packet_pts[discard == 0], kind="stable")
+    pts = packet_pts[discard == 0][order]
+    if not pts.size or first_pts != pts[0] or np.any(np.diff(pts) <= 0):
+        return _decoded_probe(source)
+    gaps = np.diff(pts)
+    duration = packet_duration[discard == 0][order]
+    duration = np.where(duration > 0, duration, np.append(gaps, gaps[-1] if gaps.size else 1))
+    keyflags = np.isin(pts, packet_pts[packet_key == 1])
+    keyflags[0] = True
+    codec, width, height, pix_fmt = info
+    if rotation % 180:
+        width, height = height, width
+    return VideoProbe(
+        codec=codec,
+        width=int(width),
+        height=int(height),
+        pix_fmt=pix_fmt,
+        time_base=Fraction(time_base.numerator, time_base.denominator),
+        pts=pts,
+        duration=duration,
+        keyframes=np.flatnonzero(keyflags).astype(np.int32),
+        packet_pts=packet_pts,
+        packet_key=packet_key.astype(bool),
+        average_fps=fps,
+        stream_index=int(index),
+        rotation=rotation % 360,
+    )
+
+
 def frame_mappings(pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray) -> str:
     """Torchcodec ``custom_frame_mappings`` JSON (ffprobe's ``-show_frames`` shape) for one stream.
 
@@ -246,6 +334,9 @@ def open_decoder(data, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarr
 
 
 CHECK_BATCH = 32  # frames per get_frames_at call in check_frames: bounds its memory
+# Keyframes check_frames_fast seeks to at most: each seek flushes the decoder, which costs more than
+# decoding a group of two frames on AV1 (unitree_g1: a keyframe every 2 frames).
+FAST_CHECK_SEEKS = 16
 
 
 def _decode_range(decoder, start: int, stop: int, time_base: Fraction) -> tuple[np.ndarray, list[int]]:
@@ -303,6 +394,48 @@ def check_frames(
                     return f"frame {i}: decodes to other pixels {where} than decoding in order from the start"
     except Exception as exc:  # torchcodec raises RuntimeError/IndexError/ValueError by case
         return f"decoding {where} failed: {exc}"
+    return None
+
+
+def check_frames_fast(
+    data: bytes,
+    pts: np.ndarray,
+    duration: np.ndarray,
+    keyframe: np.ndarray,
+    time_base: Fraction,
+    stream_index: int | None,
+) -> str | None:
+    """Vouch for a frame table with a few decodes through the reader's decoder (``open_decoder``).
+
+    Decodes each keyframe after a seek to it (the reader starts every decode there; at most
+    ``FAST_CHECK_SEEKS`` of them, evenly spread, the first and last always) and every frame of the
+    last group of pictures (the tail: a truncated or longer stream shows there), and compares
+    their pts with the table. Costs one decode per keyframe plus the last group, not two full
+    decodes. What it does not see, ``check_frames`` does: a frame inside an earlier group that the
+    table and the decoder disagree on (the reader's pts check then refuses it when read, never a
+    silent wrong frame), and pixels that differ between in-order and seeking decodes.
+
+    Returns:
+        None when they agree, else a message naming the first disagreeing frame.
+    """
+    n = int(pts.size)
+    keys = np.flatnonzero(keyframe)
+    if keys.size > FAST_CHECK_SEEKS:  # evenly spread, first and last kept: a seek costs a decoder flush
+        keys = keys[np.unique(np.linspace(0, keys.size - 1, FAST_CHECK_SEEKS).round().astype(np.int64))]
+    wanted = np.union1d(keys, np.arange(int(keys[-1]) if keys.size else 0, n))
+    try:
+        decoder = open_decoder(data, pts, duration, keyframe, stream_index)
+        ticks = []
+        for a in range(0, wanted.size, CHECK_BATCH):
+            batch = decoder.get_frames_at(wanted[a : a + CHECK_BATCH].tolist())
+            ticks.append(np.rint(batch.pts_seconds.double().numpy() / float(time_base)).astype(np.int64))
+    except Exception as exc:  # torchcodec raises RuntimeError/IndexError/ValueError by case
+        return f"decoding keyframes and the last group of pictures failed: {exc}"
+    got = np.concatenate(ticks)
+    bad = np.flatnonzero(got != pts[wanted])
+    if bad.size:
+        i = int(wanted[bad[0]])
+        return f"frame {i}: table pts {pts[i]}, the decoder returns pts {got[bad[0]]} ({n} frames in the table)"
     return None
 
 
@@ -376,15 +509,17 @@ def _packets_from(src, source: VideoSource, info: VideoProbe, start: int):
         yield from enumerate(_timed(fresh.demux(fresh.streams[info.stream_index])))
 
 
-def cut(source: VideoSource, info: VideoProbe, first: int, stop: int) -> tuple[bytes, VideoProbe, np.ndarray]:
+def cut(
+    source: VideoSource, info: VideoProbe, first: int, stop: int, decode: bool = True
+) -> tuple[bytes, VideoProbe, np.ndarray]:
     """Stream-copy the frames ``[first, stop)`` of a video into a new MP4, without re-encoding.
 
     The cut starts at the last keyframe packet at or before frame ``first`` (possibly one an edit
     list hides) and takes whole groups of pictures in decode order until every frame up to
     ``stop - 1`` is present, so every kept frame decodes exactly as in the source. Leading pictures
     (pts before the start keyframe) are dropped; timestamps are shifted so the cut starts at pts 0.
-    The cut is then probed like any video, and its displayed frames are matched to the source's by
-    pts.
+    The cut is then probed like any video (``probe(..., decode)``), and its displayed frames are
+    matched to the source's by pts.
 
     Returns:
         (mp4 bytes, probe of the cut, source) where ``source`` is int64 ``[frames of the cut]``:
@@ -407,7 +542,7 @@ def cut(source: VideoSource, info: VideoProbe, first: int, stop: int) -> tuple[b
             packet.stream = out_stream
             dst.mux(packet)
     data = out.getvalue()
-    stored = probe(data)
+    stored = probe(data, decode)
     scale = stored.time_base / info.time_base
     frame_of_pts = {int(p): i for i, p in enumerate(info.pts)}
     source_frames = [

@@ -79,6 +79,14 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         metavar="{warn,raise}",
         help="timestamps that disagree with the video: report them, or stop ('fail': deprecated 'raise')",
     )
+    c.add_argument(
+        "--check",
+        choices=["full", "fast", "off"],
+        default="fast",
+        help="how each video's frame table is vouched for: fast = read from the container, keyframes and the "
+        "last group of pictures decoded as the reader does (a disagreement: checked in full); full = every "
+        "frame decoded three times; off = read from the container, nothing decoded (README, 'Check levels')",
+    )
     c.add_argument("--workers", type=int, default=1, help="parallel processes")
     c.add_argument(
         "--overwrite",
@@ -111,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         reencode=_reencode(args.reencode) if args.reencode else None,
         on_error=args.on_error,
         timestamps=args.timestamps,
+        check=args.check,
         workers=args.workers,
         progress=show_progress(args),
         overwrite=args.overwrite,
