@@ -207,21 +207,26 @@ def _packet_table(source) -> VideoProbe:
     )
 
 
-def test_a_table_that_disagrees_with_the_decoder_is_never_written(tmp_path, monkeypatch):
-    """The write-time check decodes every frame: a packet-based table of a cut with hidden frames
-    stops the conversion (naming dataset, episode and camera), or is skipped and counted; a shard
-    written without the check is flagged by ``verify``."""
+@pytest.mark.parametrize("check", ["full", "fast"])
+def test_a_table_that_disagrees_with_the_decoder_is_never_written(tmp_path, monkeypatch, check):
+    """The write-time check decodes what vouches for the table: a packet-based table of a cut with
+    hidden frames stops the conversion (naming dataset, episode and camera), or is skipped and
+    counted, at ``full`` and at ``fast`` (whose few decodes disagree, so the video is checked in full);
+    a shard written with ``check="off"`` is flagged by ``verify``."""
     data, first = cut_by_stream_copy(make_video(None, 60, fps=FPS, gop=30), 14)
     monkeypatch.setattr(prepare_module, "probe", _packet_table)
+    monkeypatch.setattr(prepare_module, "scan", _packet_table)
     good = make_video(None, 20, fps=FPS, gop=10)
     videos = [(good, list(range(20))), (data, list(range(first, 60)))]
     with pytest.raises(ConversionError) as info:
-        _convert(tmp_path / "stop", videos)
+        _convert(tmp_path / "stop", videos, check=check)
     assert info.value.kind == "frame_mismatch" and (info.value.dataset, info.value.episode) == ("matrix", 1)
     assert info.value.camera == CAM and "frame" in str(info.value)
-    manifest = _convert(tmp_path / "skip", videos, on_error="skip")
+    manifest = _convert(tmp_path / "skip", videos, on_error="skip", check=check)
     assert manifest.report.skipped_by_kind == {"frame_mismatch": 1} and manifest.totals.episodes == 1
-    _convert(tmp_path / "unchecked", videos, decode_check=False)
+    assert manifest.report.checks == {check: 1}
+    unchecked = _convert(tmp_path / "unchecked", videos, check="off")
+    assert unchecked.report.checks == {"off": 2}
     problems = verify(str(tmp_path / "unchecked"))["problems"]
     assert len(problems) == 1 and problems[0]["camera"] == CAM and problems[0]["episode"].endswith("e000001")
     assert "disagrees" in problems[0]["message"]
