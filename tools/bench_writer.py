@@ -1,105 +1,185 @@
-"""Benchmark: writer throughput (no re-encode) against copying the same source files, in one run.
+"""Benchmark: conversion throughput per check level and worker count, this tree against a baseline, in one run.
 
-For each dataset, alternating rounds (A B C D A B C D ...) of:
-  A  ``epishard convert`` with default settings (validation + the full frame check),
-  B  the same without the decode check (``decode_check=False``),
-  C  ``shutil.copytree`` of the dataset folder (what a plain copy to local disk costs),
-  D  the same copy with every file fsync'd (the durability the writer gives its shards).
-Reports the median seconds and MB/s (source bytes / time) of each and the ratios to the copy.
+The data: by default the synthetic set, ``--episodes`` (2,000) LeRobot v2.1 episodes of 2 cameras,
+each ``--frames`` (40) frames of ``--size`` (64x64) H.264 with B-frames and a keyframe every 10
+frames at 20 fps (``tests/videogen.make_video``, 8 distinct videos spread over the episodes; the
+parquet tables of ``tests/videogen.make_episode_table``), written once into ``--data`` (kept
+there for the next run). Or LeRobot dataset folders given as arguments.
 
-    python tools/bench_writer.py [DATASET ...] [--rounds 3] [--workers 1] [--json]
+Each configuration (tree x ``--check`` x ``--workers``) runs ``shardwriter.convert`` in a fresh
+process (``PYTHONPATH`` = that tree), rounds interleaved (A B C ... A B C ...), and reports per
+run the wall time, episodes/s, episodes/s per worker, source MB/s, and CPU time per episode (the
+process and its worker processes, user + system), with the load average before and after (the
+one-time torch/torchcodec import is done before the clock starts). The
+baseline is ``git archive --baseline`` (default ``main``) unpacked into a temporary folder; a tree
+without check levels runs ``full`` as ``decode_check=True`` and ``off`` as ``decode_check=False``
+(and skips ``fast``). ``tar cf`` of the same files into the same kind of folder is the reference.
 
-Default datasets: the bundled sample and every LeRobot dataset in ../shared/data that exists.
+    python tools/bench_writer.py [DATASET ...] [--episodes 2000] [--check full fast off] [--workers 1 2]
+        [--baseline main] [--rounds 1] [--data /tmp/epishard-bench-writer] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
-import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
-from epishard.shardwriter import ConvertOptions, convert
-
 REPO = Path(__file__).resolve().parents[1]
+CAMERAS = ("observation.images.a", "observation.images.b")
+
+# Runs in the child process: convert, then print wall and CPU seconds (its own and its workers').
+RUNNER = """
+import json, resource, sys, tempfile, time
+from epishard.shardwriter import ConvertOptions, convert
+import torchcodec.decoders  # loaded once per process whatever the episodes: not timed (fork shares it)
+src, out, check, workers, levels = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
+level = {"check": check} if levels else {"decode_check": check != "off"}
+def cpu():
+    return sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+c, t = cpu(), time.perf_counter()
+m = convert([src], out, ConvertOptions(progress=False, workers=workers, **level))
+print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": cpu() - c, "episodes": m.totals.episodes,
+                  "checks": dict(m.report.checks or {}) if hasattr(m.report, "checks") else None}))
+"""
 
 
-def default_datasets() -> list[str]:
-    found = [str(REPO / "sample" / "gr00t_robot_sim_picknplace")]
-    shared = REPO.parent / "shared" / "data"
-    for name in sorted(os.listdir(shared)) if shared.exists() else []:
-        if (shared / name / "meta" / "info.json").exists() and (shared / name / "videos").exists():
-            found.append(str(shared / name))
-    return found
+def make_synthetic(root: str, episodes: int, frames: int, size: int) -> str:
+    """Write the synthetic set (see the module docstring) into ``root`` unless it is there; return ``root``."""
+    done = os.path.join(root, ".complete")
+    if os.path.exists(done):
+        return root
+    sys.path.insert(0, str(REPO / "tests"))
+    import numpy as np
+    import pyarrow as pa
+    from lerobotgen import write_v2_files
+    from videogen import make_episode_table, make_video
+
+    videos = [
+        make_video(None, frames, fps=20, height=size, width=size, gop=10, start_number=frames * k) for k in range(8)
+    ]
+    tables = []
+    for e in range(episodes):
+        table = make_episode_table(frames)
+        column = table.column_names.index("episode_index")
+        tables.append(table.set_column(column, "episode_index", pa.array(np.full(frames, e, np.int64))))
+    files = {cam: [videos[(e + 3 * c) % len(videos)] for e in range(episodes)] for c, cam in enumerate(CAMERAS)}
+    write_v2_files(root, tables, videos=files)
+    Path(done).touch()
+    return root
 
 
 def _bytes(folder: str) -> int:
-    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file() and p.name != ".complete")
 
 
-def _copy_durable(src: str, dst: str) -> None:
-    """copytree, then fsync every file: what the writer guarantees (data on disk before rename)."""
-    shutil.copytree(src, dst)
-    for path in Path(dst).rglob("*"):
-        if path.is_file():
-            with open(path, "rb+") as f:
-                os.fsync(f.fileno())
+def baseline_tree(ref: str, into: str) -> str:
+    """``git archive ref`` of this repository unpacked into ``into``; returns it."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "x", "-C", into], input=archive, check=True)
+    return into
 
 
-def _timed(fn) -> float:
+def has_levels(tree: str) -> bool:
+    return "CHECK_LEVELS" in Path(tree, "shardwriter", "format.py").read_text()
+
+
+def run_convert(tree: str, src: str, check: str, workers: int, scratch: str) -> dict:
+    out = tempfile.mkdtemp(dir=scratch)
+    env = {**os.environ, "PYTHONPATH": tree}
+    load = os.getloadavg()[0]
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, src, out, check, str(workers), "1" if has_levels(tree) else "0"],
+        env=env,
+        cwd=tree,  # `python -c` puts the working folder first on sys.path: make it the tree measured
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    subprocess.run(["rm", "-rf", out], check=True)
+    if proc.returncode:
+        raise RuntimeError(f"convert in {tree} failed:\n{proc.stderr[-3000:]}")
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "load_before": load, "load_after": os.getloadavg()[0]}
+
+
+def run_tar(src: str, scratch: str) -> dict:
+    out = os.path.join(tempfile.mkdtemp(dir=scratch), "all.tar")
+    load = os.getloadavg()[0]
+    before = os.times()
     t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
-def bench(dataset: str, rounds: int, workers: int) -> dict:
-    size = _bytes(dataset)
-    systems = {
-        "convert": lambda out: convert([dataset], out, ConvertOptions(progress=False, workers=workers)),
-        "convert_no_decode_check": lambda out: convert(
-            [dataset], out, ConvertOptions(progress=False, workers=workers, decode_check=False)
-        ),
-        "copy": lambda out: shutil.copytree(dataset, os.path.join(out, "copy")),
-        "copy_fsync": lambda out: _copy_durable(dataset, os.path.join(out, "copy")),
-    }
-    times: dict[str, list[float]] = {name: [] for name in systems}
-    for _ in range(rounds):
-        for name, run in systems.items():
-            with tempfile.TemporaryDirectory() as out:
-                times[name].append(_timed(functools.partial(run, out)))
-    result = {"dataset": os.path.basename(dataset), "source_mb": size / 1e6}
-    copy = float(np.median(times["copy"]))
-    for name, ts in times.items():
-        med = float(np.median(ts))
-        result[name] = {"median_s": med, "mb_per_s": size / 1e6 / med, "time_vs_copy": med / copy}
-    return result
+    subprocess.run(["tar", "cf", out, "-C", src, "."], check=True)
+    wall = time.perf_counter() - t
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    subprocess.run(["rm", "-rf", os.path.dirname(out)], check=True)
+    return {"wall_s": wall, "cpu_s": cpu, "episodes": None, "load_before": load, "load_after": os.getloadavg()[0]}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("datasets", nargs="*")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("datasets", nargs="*", help="LeRobot dataset folders (default: the synthetic set)")
+    parser.add_argument("--episodes", type=int, default=2000)
+    parser.add_argument("--frames", type=int, default=40)
+    parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "epishard-bench-writer"))
+    parser.add_argument("--check", nargs="+", default=["full", "fast", "off"], choices=["full", "fast", "off"])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--baseline", default="main", help="git ref to compare with ('' for none)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="one JSON line per run")
     args = parser.parse_args()
-    for dataset in args.datasets or default_datasets():
-        r = bench(dataset, args.rounds, args.workers)
-        if args.json:
-            print(json.dumps(r))
-            continue
-        parts = [
-            f"{name} {r[name]['median_s'] * 1e3:7.0f} ms {r[name]['mb_per_s']:7.1f} MB/s "
-            f"(x{r[name]['time_vs_copy']:.1f} copy time)"
-            for name in ("convert", "convert_no_decode_check", "copy", "copy_fsync")
-        ]
-        print(f"{r['dataset']:<32} {r['source_mb']:5.1f} MB | " + " | ".join(parts))
+    datasets = args.datasets or [
+        make_synthetic(
+            f"{args.data}/synthetic-{args.episodes}x{args.frames}x{args.size}", args.episodes, args.frames, args.size
+        )
+    ]
+    with tempfile.TemporaryDirectory(prefix="bench-writer-") as scratch:
+        trees = {"this": str(REPO)}
+        if args.baseline:
+            trees[args.baseline] = baseline_tree(args.baseline, tempfile.mkdtemp(dir=scratch))
+        for src in datasets:
+            size = _bytes(src)
+            print(f"# {src}: {size / 1e6:.1f} MB; load average {os.getloadavg()}; cpus {os.cpu_count()}", flush=True)
+            configs = [
+                (name, check, workers)
+                for check in args.check
+                for workers in args.workers
+                for name, tree in trees.items()
+                if check != "fast" or has_levels(tree)
+            ]
+            for r in range(args.rounds):
+                tar = run_tar(src, scratch)
+                print(
+                    f"round {r} {'tar cf':<22} {tar['wall_s']:8.2f} s {size / 1e6 / tar['wall_s']:8.1f} MB/s "
+                    f"cpu {tar['cpu_s']:.2f} s | load {tar['load_before']:.1f} -> {tar['load_after']:.1f}",
+                    flush=True,
+                )
+                for name, check, workers in configs:
+                    res = run_convert(trees[name], src, check, workers, scratch)
+                    eps = res["episodes"] / res["wall_s"]
+                    row = {"round": r, "tree": name, "check": check, "workers": workers, "source_mb": size / 1e6, **res}
+                    row |= {
+                        "episodes_per_s": eps,
+                        "episodes_per_s_per_worker": eps / workers,
+                        "mb_per_s": size / 1e6 / res["wall_s"],
+                        "cpu_ms_per_episode": res["cpu_s"] / res["episodes"] * 1e3,
+                    }
+                    if args.json:
+                        print(json.dumps(row), flush=True)
+                        continue
+                    print(
+                        f"round {r} {name:<6} {check:<4} workers {workers} {res['wall_s']:8.2f} s "
+                        f"{eps:7.1f} ep/s {eps / workers:7.1f} ep/s/worker {row['mb_per_s']:6.1f} MB/s "
+                        f"cpu {row['cpu_ms_per_episode']:6.2f} ms/ep | load {res['load_before']:.1f} -> "
+                        f"{res['load_after']:.1f} | checks {res['checks']}",
+                        flush=True,
+                    )
     return 0
 
 
