@@ -120,7 +120,8 @@ class Episode:
             whole = _read_shared_table(self.table.path)
             return whole.slice(self.table.start, self.table.stop - self.table.start), None
         raw = read_file(self.table)
-        return pq.read_table(pa.BufferReader(raw)), raw
+        # One episode's rows: read in this thread (Arrow's pools cost more than they save here).
+        return pq.ParquetFile(pa.BufferReader(raw)).read(use_threads=False), raw
 
     def estimated_bytes(self) -> int:
         """Rough shard bytes of this episode, used only to plan shard sizes."""

@@ -239,6 +239,7 @@ def scan(source: VideoSource) -> VideoProbe:
         with _open(source) as container:
             stream = frame_stream(container)
             ctx = stream.codec_context
+            ctx.thread_count = 1  # one frame is decoded: a thread pool would cost more than the frame
             rows: list[tuple[int, bool, int, bool]] = []
             first_pts, rotation = None, 0
             for packet in container.demux(stream):
