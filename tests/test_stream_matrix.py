@@ -20,7 +20,7 @@ from videogen import cut_by_stream_copy, decode_frame_number, make_episode_table
 from epishard.shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, Source, convert, verify
 from epishard.shardwriter import prepare as prepare_module
 from epishard.shardwriter.describe import describe
-from epishard.shardwriter.video import VideoProbe, probe
+from epishard.shardwriter.video import VideoProbe, probe, scan
 from epishard.stream import WindowDataset, WindowSpec
 
 FPS = 20
@@ -127,9 +127,23 @@ def test_every_access_pattern_returns_the_displayed_frame_of_each_row(name, tmp_
     data, shown = _video(name)
     manifest = _convert(tmp_path, [(data, shown)])
     assert manifest.totals.rows == len(shown)
+    assert manifest.report.checks == {"fast": 1}  # the default level vouched for it without a full check
     result = verify(str(tmp_path))
     assert result["ok"], result["problems"]
     _check_patterns(str(tmp_path), {0: shown})
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_container_tells_the_table_a_full_decode_builds(name):
+    """``scan`` (container packets outside the edit list, in pts order, one frame decoded) gives
+    ``probe``'s table (every frame decoded) on every kind of video of the matrix."""
+    data, shown = _video(name)
+    told, decoded = scan(data), probe(data)
+    for name_ in ("pts", "duration", "keyframes", "packet_pts", "packet_key"):
+        assert np.array_equal(getattr(told, name_), getattr(decoded, name_)), name_
+    facts = ("codec", "width", "height", "pix_fmt", "time_base", "stream_index", "rotation", "average_fps")
+    assert [getattr(told, f) for f in facts] == [getattr(decoded, f) for f in facts]
+    assert told.num_frames == len(shown)
 
 
 V30_FILES = {
