@@ -111,8 +111,8 @@ def render(summary: dict) -> str:
 def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
     """Text the CLI prints after ``convert``.
 
-    Notes, converted cameras, skips and warnings by kind, the videos per check level, then one summary line (shards, episodes,
-    rows, MB, seconds).
+    Notes, converted cameras, skips and warnings by kind, the videos per check level, then one
+    summary line (shards, episodes, rows, MB, seconds).
     """
     lines = []
     for source in manifest.sources:

@@ -31,10 +31,10 @@ from .video import (
     ReencodeSpec,
     VideoProbe,
     check_frames,
-    check_frames_fast,
     cut,
     encode,
     frame_at_time,
+    frame_table,
     probe,
     reencode,
     resize,
@@ -56,9 +56,9 @@ class PrepareOptions:
     them as errors. ``check``: how each stored video's frame table is made and vouched for
     (``format.CHECK_LEVELS``): ``"full"`` builds it by decoding every frame (``video.probe``) and
     decodes every frame twice more the way the reader does (``video.check_frames``); ``"fast"``
-    builds it from the container (``video.scan``) and decodes keyframes and the last group of
-    pictures the way the reader does (``video.check_frames_fast``), and where they disagree does
-    what ``"full"`` does for that video; ``"off"`` trusts the scan. A table the decoder disagrees
+    builds it from the container and decodes keyframes alone and the last group of pictures in the
+    same pass (``video.scan`` with ``vouch``), and where they disagree does what ``"full"`` does for
+    that video; ``"off"`` trusts the container (``video.scan``). A table the decoder disagrees
     with stops the episode (``frame_mismatch``).
     """
 
@@ -265,24 +265,22 @@ def _probe_cached(path: str | RemoteFile, size: int, mtime_ns: int, decode: bool
     return probe(path) if decode else scan(path)
 
 
-def _table_of(data, decode: bool) -> VideoProbe:
-    """The frame table of ``data``: by decoding (``probe``) or from the container (``scan``)."""
-    return probe(data) if decode else scan(data)
-
-
 def _prepare_camera(
-    video, local: np.ndarray, fps: float, opts: PrepareOptions, table: pa.Table, first_break: int, decode: bool
+    video, local: np.ndarray, fps: float, opts: PrepareOptions, table: pa.Table, first_break: int, level: str
 ):
     """Return (stored bytes, probe of stored bytes, row_to_frame, transform, timestamp reports).
 
     ``first_break``: the row where the table's second recording segment starts (``num_rows`` if none).
-    ``decode``: frame tables by a full decode (``probe``) or from the container (``scan``).
+    ``level``: the check level the stored video's frame table is made for (``video.frame_table``).
     """
     source = video.source
     if video.segment is None and not isinstance(source, (bytes, bytearray)):
         source = read_file(source)  # copied whole: read once, probe and store these bytes
     # A segment's file (v3.0: many episodes) is probed and cut where it is, never read whole.
-    info = _probe_shared(source, decode) if isinstance(source, (str, RemoteFile)) else _table_of(source, decode)
+    if isinstance(source, (str, RemoteFile)):
+        info = _probe_shared(source, level == "full")  # a file cut below: the cut is what gets checked
+    else:
+        info = frame_table(source, level)
     base, seg_start = 0, 0.0
     if video.segment is not None:
         seg_start = video.segment[0]
@@ -310,9 +308,9 @@ def _prepare_camera(
         reports.append(_timestamp_report(t, info.seconds(absolute[:first_break]) - zero, fps, 1.0 / fps))
     if opts.reencode is not None and camera_kind(video.depth, info.pix_fmt) == "rgb":
         data = reencode(source, info, absolute, fps, opts.reencode)
-        stored, row_to_frame, transform = _table_of(data, decode), np.arange(absolute.size), opts.reencode.describe()
+        stored, row_to_frame, transform = frame_table(data, level), np.arange(absolute.size), opts.reencode.describe()
     elif video.segment is not None:
-        data, stored, shown = cut(source, info, int(absolute[0]), int(absolute[-1]) + 1, decode)
+        data, stored, shown = cut(source, info, int(absolute[0]), int(absolute[-1]) + 1, level)
         frame_in_cut = {int(f): i for i, f in enumerate(shown) if f >= 0}
         lost = [r for r, f in enumerate(absolute.tolist()) if f not in frame_in_cut]
         if lost:
@@ -328,7 +326,7 @@ def _prepare_camera(
     return data, stored, row_to_frame.astype(np.int32), transform, [r for r in reports if r is not None]
 
 
-def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptions, decode: bool):
+def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptions, level: str):
     """Encode an image column as a video.
 
     With ``IMAGE_SPEC``, or the re-encode settings when given; 16-bit grey images, depth maps, always
@@ -345,7 +343,7 @@ def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptio
         spec = opts.reencode or IMAGE_SPEC
         data = encode(resize(images, spec.size), fps, spec)
     transform = "images:" + spec.describe().partition(":")[2]
-    return data, _table_of(data, decode), np.arange(table.num_rows, dtype=np.int32), transform, notes
+    return data, frame_table(data, level), np.arange(table.num_rows, dtype=np.int32), transform, notes
 
 
 def _checked_camera(
@@ -361,18 +359,20 @@ def _checked_camera(
     Raises:
         ConversionError(kind="frame_mismatch"): the table disagrees with the reader's decoder.
     """
-    decode = level == "full"
     if video is None:
-        data, stored, row_to_frame, transform, notes = _prepare_images(table, cam, fps, opts, decode)
+        data, stored, row_to_frame, transform, notes = _prepare_images(table, cam, fps, opts, level)
         reports: list[dict] = []
     else:
         data, stored, row_to_frame, transform, reports = _prepare_camera(
-            video, local, fps, opts, table, first_break, decode
+            video, local, fps, opts, table, first_break, level
         )
         notes = []
     if level != "off":
-        check = check_frames if decode else check_frames_fast
-        problem = check(data, stored.pts, stored.duration, stored.keyflags(), stored.time_base, stored.stream_index)
+        problem = stored.disagreement
+        if level == "full":
+            problem = check_frames(
+                data, stored.pts, stored.duration, stored.keyflags(), stored.time_base, stored.stream_index
+            )
         if problem is not None and level == "fast":
             log.info("camera %s: the fast frame check disagrees (%s); checking it in full", cam, problem)
             return _checked_camera(video, table, cam, local, fps, opts, first_break, "full")

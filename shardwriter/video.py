@@ -10,9 +10,9 @@ container. Frame ``i`` is the ``i``-th frame the decoder outputs (ascending pts)
 torchcodec may link different FFmpeg versions, ``check_frames`` then decodes every frame the way the
 reader does (torchcodec with the table as ``custom_frame_mappings``) and compares.
 
-That is the ``full`` check level (``CHECK_LEVELS``). ``fast`` builds the same table from the container
-alone (``scan``: the packets FFmpeg's demuxer does not flag as discarded, i.e. outside the edit list,
-in pts order) and vouches for it with a few decodes (``check_frames_fast``); ``off`` trusts the scan.
+That is the ``full`` check level (``format.CHECK_LEVELS``). ``fast`` builds the same table from the
+container (``scan``: the packets FFmpeg's demuxer does not flag as discarded, i.e. outside the edit
+list, in pts order) and vouches for it with a few decodes in the same pass; ``off`` trusts the scan.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class VideoProbe:
     average_fps: float
     stream_index: int = 0
     rotation: int = 0
+    disagreement: str | None = None  # scan(vouch=True): what its decodes found against the table
 
     @property
     def num_frames(self) -> int:
@@ -223,24 +224,44 @@ def probe(source: VideoSource, decode: bool = True) -> VideoProbe:
     return _decoded_probe(source) if decode else scan(source)
 
 
-def scan(source: VideoSource) -> VideoProbe:
-    """The frame table from the container alone: demux every packet, decode only the first frame.
+def frame_table(source: VideoSource, level: str) -> VideoProbe:
+    """The frame table of a video to store, made as check ``level`` (``format.CHECK_LEVELS``) says.
+
+    ``full``: ``probe`` (every frame decoded); ``fast``: ``scan(vouch=True)``; ``off``: ``scan``.
+    """
+    return _decoded_probe(source) if level == "full" else scan(source, vouch=level == "fast")
+
+
+# Keyframes scan(vouch=True) decodes at most, evenly spread (first and last kept).
+FAST_CHECK_KEYFRAMES = 16
+
+
+def scan(source: VideoSource, vouch: bool = False) -> VideoProbe:
+    """The frame table from the container: demux every packet, decode only what vouches for it.
 
     The displayed frames are the packets FFmpeg's demuxer does not flag as discarded (MP4/MOV edit
-    lists, Matroska's discard padding mark hidden ones that way), in pts order: the table ``probe``
-    builds by decoding, for every input of the test suite and of ``../shared``, at a fraction of the
-    cost (no frame but the first is decoded). The first frame gives the rotation and must carry the
-    smallest displayed pts. Where the container does not fit that model (a packet without pts or
-    flagged corrupt, two displayed packets with one pts, a first frame elsewhere, no frame at all),
-    this falls back to ``probe``'s full decode, which also raises its errors. The model is
-    vouched for by ``check_frames_fast`` (level ``fast``) or ``check_frames`` (``full``).
+    lists mark hidden ones that way), in pts order: the table ``probe`` builds by decoding every
+    frame, for every video kind of the test suite and every file of ``../shared``, at a fraction of
+    the cost. The first frame is decoded (it gives the rotation and must carry the smallest shown
+    pts). Where the container does not fit that model (a packet without pts or flagged corrupt, two
+    shown packets with one pts, a first frame elsewhere, no frame at all, a demuxer error), this
+    falls back to ``probe``'s full decode, which also raises its errors.
+
+    ``vouch`` (check level ``fast``): also decode, in the same pass, each keyframe packet alone (at
+    most ``FAST_CHECK_KEYFRAMES``, evenly spread) and the last group of pictures from its keyframe
+    packet; each keyframe must decode to its own pts and the last group to exactly the table's last
+    frames (a truncated, longer or reordered tail shows there). What they find is returned in
+    ``disagreement`` (None: they agree). They decode with PyAV's FFmpeg, not the reader's
+    torchcodec: ``check_frames`` (level ``full``) checks through the reader's decoder.
     """
     try:
         with _open(source) as container:
             stream = frame_stream(container)
             ctx = stream.codec_context
-            ctx.thread_count = 1  # one frame is decoded: a thread pool would cost more than the frame
+            ctx.thread_count = 1  # a few frames are decoded: a thread pool would cost more than they do
             rows: list[tuple[int, bool, int, bool]] = []
+            keys: list = []  # keyframe packets (vouch)
+            tail: list = []  # packets from the last keyframe packet on (vouch)
             first_pts, rotation = None, 0
             for packet in container.demux(stream):
                 if not packet.size:
@@ -249,19 +270,26 @@ def scan(source: VideoSource) -> VideoProbe:
                 if pts is None or packet.is_corrupt:
                     return _decoded_probe(source)
                 rows.append((pts, packet.is_keyframe, packet.duration or 0, packet.is_discard))
+                if vouch:
+                    if packet.is_keyframe:
+                        keys.append(packet)
+                        tail = []
+                    tail.append(packet)
                 if first_pts is None:  # decode until the first frame comes out (B-frames delay it)
                     for frame in packet.decode():
-                        first_pts, rotation = (
-                            frame.pts if frame.pts is not None else frame.dts,
-                            round(frame.rotation or 0),
-                        )
+                        first_pts, rotation = _frame_pts(frame), round(frame.rotation or 0)
                         break
             if first_pts is None and rows:
                 for frame in ctx.decode(None):
-                    first_pts, rotation = frame.pts if frame.pts is not None else frame.dts, round(frame.rotation or 0)
+                    first_pts, rotation = _frame_pts(frame), round(frame.rotation or 0)
                     break
             if stream.time_base is None:
                 raise ConversionError("the frame stream has no time base", kind="unreadable_video")
+            model = _packet_model(np.asarray(rows, dtype=np.int64).reshape(-1, 4), first_pts)
+            if model is None:
+                return _decoded_probe(source)
+            pts, duration, keyflags, packet_pts, packet_key = model
+            disagreement = _vouch(ctx, keys, tail, pts) if vouch else None
             info = (ctx.codec.canonical_name, ctx.width, ctx.height, ctx.format.name if ctx.format else "")
             time_base, index = stream.time_base, stream.index
             fps = float(stream.average_rate) if stream.average_rate else 0.0
@@ -269,17 +297,6 @@ def scan(source: VideoSource) -> VideoProbe:
         raise
     except (av.error.FFmpegError, OSError, ValueError):
         return _decoded_probe(source)  # raises the decode's own error, or finds what the scan could not
-    table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
-    packet_pts, packet_key, packet_duration, discard = (table[:, c] for c in range(4))
-    order = np.argsort(packet_pts[discard == 0], kind="stable")
-    pts = packet_pts[discard == 0][order]
-    if not pts.size or first_pts != pts[0] or np.any(np.diff(pts) <= 0):
-        return _decoded_probe(source)
-    gaps = np.diff(pts)
-    duration = packet_duration[discard == 0][order]
-    duration = np.where(duration > 0, duration, np.append(gaps, gaps[-1] if gaps.size else 1))
-    keyflags = np.isin(pts, packet_pts[packet_key == 1])
-    keyflags[0] = True
     codec, width, height, pix_fmt = info
     if rotation % 180:
         width, height = height, width
@@ -293,11 +310,71 @@ def scan(source: VideoSource) -> VideoProbe:
         duration=duration,
         keyframes=np.flatnonzero(keyflags).astype(np.int32),
         packet_pts=packet_pts,
-        packet_key=packet_key.astype(bool),
+        packet_key=packet_key,
         average_fps=fps,
         stream_index=int(index),
         rotation=rotation % 360,
+        disagreement=disagreement,
     )
+
+
+def _frame_pts(frame) -> int | None:
+    return frame.pts if frame.pts is not None else frame.dts
+
+
+def _packet_model(rows: np.ndarray, first_pts: int | None):
+    """The table ``scan`` reads from packet ``rows``, or None where they do not make one.
+
+    ``rows``: int64 ``[packets, 4]`` (pts, key, duration, discard) in decode order. Returns
+    (pts, duration, keyflags, packet_pts, packet_key).
+    """
+    packet_pts, packet_key, packet_duration, discard = (rows[:, c] for c in range(4))
+    shown = discard == 0
+    order = np.argsort(packet_pts[shown], kind="stable")
+    pts = packet_pts[shown][order]
+    if not pts.size or first_pts != pts[0] or np.any(np.diff(pts) <= 0):
+        return None
+    gaps = np.diff(pts)
+    duration = packet_duration[shown][order]
+    duration = np.where(duration > 0, duration, np.append(gaps, gaps[-1] if gaps.size else 1))
+    keyflags = np.isin(pts, packet_pts[packet_key == 1])
+    keyflags[0] = True
+    return pts, duration, keyflags, packet_pts, packet_key.astype(bool)
+
+
+def _decode_alone(ctx, packets: list) -> list[int]:
+    """Pts of the frames ``packets`` decode to from a flushed decoder, drained at the end."""
+    ctx.flush_buffers()
+    out = [_frame_pts(f) for p in packets for f in ctx.decode(p)]
+    out += [_frame_pts(f) for f in ctx.decode(None)]
+    ctx.flush_buffers()
+    return [p for p in out if p is not None]
+
+
+def _vouch(ctx, keys: list, tail: list, pts: np.ndarray) -> str | None:
+    """What decoding keyframe packets alone and the last group of pictures finds against ``pts`` (see ``scan``)."""
+    shown = [k for k in keys if not k.is_discard]
+    if len(shown) > FAST_CHECK_KEYFRAMES:
+        shown = [shown[int(i)] for i in np.unique(np.linspace(0, len(shown) - 1, FAST_CHECK_KEYFRAMES).round())]
+    for packet in shown:
+        key_pts = packet.pts if packet.pts is not None else packet.dts
+        got = _decode_alone(ctx, [packet])
+        if got != [key_pts]:
+            frame = int(np.searchsorted(pts, key_pts))
+            return f"keyframe {frame} (pts {key_pts}) decodes alone to pts {got}"
+    if not tail:
+        return None
+    start = tail[0].pts if tail[0].pts is not None else tail[0].dts
+    got = np.sort(np.asarray([p for p in _decode_alone(ctx, tail) if p >= start], dtype=np.int64))
+    want = pts[pts >= start]
+    if not np.array_equal(got, want):
+        first = int(np.searchsorted(pts, start))
+        return (
+            f"the last group of pictures (from frame {first}, pts {start}) decodes to {got.size} frames "
+            f"(pts {got[:3].tolist()}..{got[-1:].tolist()}); the table lists {want.size} "
+            f"(pts {want[:3].tolist()}..{want[-1:].tolist()}, {pts.size} frames in all)"
+        )
+    return None
 
 
 def frame_mappings(pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray) -> str:
@@ -335,9 +412,6 @@ def open_decoder(data, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarr
 
 
 CHECK_BATCH = 32  # frames per get_frames_at call in check_frames: bounds its memory
-# Keyframes check_frames_fast seeks to at most: each seek flushes the decoder, which costs more than
-# decoding a group of two frames on AV1 (unitree_g1: a keyframe every 2 frames).
-FAST_CHECK_SEEKS = 16
 
 
 def _decode_range(decoder, start: int, stop: int, time_base: Fraction) -> tuple[np.ndarray, list[int]]:
@@ -395,48 +469,6 @@ def check_frames(
                     return f"frame {i}: decodes to other pixels {where} than decoding in order from the start"
     except Exception as exc:  # torchcodec raises RuntimeError/IndexError/ValueError by case
         return f"decoding {where} failed: {exc}"
-    return None
-
-
-def check_frames_fast(
-    data: bytes,
-    pts: np.ndarray,
-    duration: np.ndarray,
-    keyframe: np.ndarray,
-    time_base: Fraction,
-    stream_index: int | None,
-) -> str | None:
-    """Vouch for a frame table with a few decodes through the reader's decoder (``open_decoder``).
-
-    Decodes each keyframe after a seek to it (the reader starts every decode there; at most
-    ``FAST_CHECK_SEEKS`` of them, evenly spread, the first and last always) and every frame of the
-    last group of pictures (the tail: a truncated or longer stream shows there), and compares
-    their pts with the table. Costs one decode per keyframe plus the last group, not two full
-    decodes. What it does not see, ``check_frames`` does: a frame inside an earlier group that the
-    table and the decoder disagree on (the reader's pts check then refuses it when read, never a
-    silent wrong frame), and pixels that differ between in-order and seeking decodes.
-
-    Returns:
-        None when they agree, else a message naming the first disagreeing frame.
-    """
-    n = int(pts.size)
-    keys = np.flatnonzero(keyframe)
-    if keys.size > FAST_CHECK_SEEKS:  # evenly spread, first and last kept: a seek costs a decoder flush
-        keys = keys[np.unique(np.linspace(0, keys.size - 1, FAST_CHECK_SEEKS).round().astype(np.int64))]
-    wanted = np.union1d(keys, np.arange(int(keys[-1]) if keys.size else 0, n))
-    try:
-        decoder = open_decoder(data, pts, duration, keyframe, stream_index)
-        ticks = []
-        for a in range(0, wanted.size, CHECK_BATCH):
-            batch = decoder.get_frames_at(wanted[a : a + CHECK_BATCH].tolist())
-            ticks.append(np.rint(batch.pts_seconds.double().numpy() / float(time_base)).astype(np.int64))
-    except Exception as exc:  # torchcodec raises RuntimeError/IndexError/ValueError by case
-        return f"decoding keyframes and the last group of pictures failed: {exc}"
-    got = np.concatenate(ticks)
-    bad = np.flatnonzero(got != pts[wanted])
-    if bad.size:
-        i = int(wanted[bad[0]])
-        return f"frame {i}: table pts {pts[i]}, the decoder returns pts {got[bad[0]]} ({n} frames in the table)"
     return None
 
 
@@ -511,7 +543,7 @@ def _packets_from(src, source: VideoSource, info: VideoProbe, start: int):
 
 
 def cut(
-    source: VideoSource, info: VideoProbe, first: int, stop: int, decode: bool = True
+    source: VideoSource, info: VideoProbe, first: int, stop: int, level: str = "full"
 ) -> tuple[bytes, VideoProbe, np.ndarray]:
     """Stream-copy the frames ``[first, stop)`` of a video into a new MP4, without re-encoding.
 
@@ -519,8 +551,8 @@ def cut(
     list hides) and takes whole groups of pictures in decode order until every frame up to
     ``stop - 1`` is present, so every kept frame decodes exactly as in the source. Leading pictures
     (pts before the start keyframe) are dropped; timestamps are shifted so the cut starts at pts 0.
-    The cut is then probed like any video (``probe(..., decode)``), and its displayed frames are
-    matched to the source's by pts.
+    The cut's frame table is made like any stored video's (``frame_table(..., level)``), and its
+    displayed frames are matched to the source's by pts.
 
     Returns:
         (mp4 bytes, probe of the cut, source) where ``source`` is int64 ``[frames of the cut]``:
@@ -543,7 +575,7 @@ def cut(
             packet.stream = out_stream
             dst.mux(packet)
     data = out.getvalue()
-    stored = probe(data, decode)
+    stored = frame_table(data, level)
     scale = stored.time_base / info.time_base
     frame_of_pts = {int(p): i for i, p in enumerate(info.pts)}
     source_frames = [
