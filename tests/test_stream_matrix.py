@@ -9,6 +9,7 @@ hides are not displayed; Matroska/WebM cuts show every copied frame.
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from fractions import Fraction
 
 import av
@@ -18,7 +19,7 @@ import pytest
 from videogen import cut_by_stream_copy, decode_frame_number, make_episode_table, make_video
 
 from epishard.shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, Source, convert, verify
-from epishard.shardwriter import prepare as prepare_module
+from epishard.shardwriter import video as video_module
 from epishard.shardwriter.describe import describe
 from epishard.shardwriter.video import VideoProbe, probe, scan
 from epishard.stream import WindowDataset, WindowSpec
@@ -36,6 +37,7 @@ def _encoder(name: str) -> bool:
         return False
 
 
+DECODED_PROBE = video_module._decoded_probe  # before a test replaces it
 ENCODERS = {"h264": "libx264", "hevc": "libx265", "av1": "libsvtav1", "mpeg4": "mpeg4", "vp9": "libvpx-vp9"}
 VFR = [0, 3, 5, 6, 10, 11, 12, 20, 21, 22, 23, 24, 30, 31, 32, 40, 41, 42, 43, 44, 50, 57, 58, 60]
 
@@ -202,7 +204,7 @@ def test_hidden_frames_of_a_mid_gop_cut_are_not_frames(tmp_path):
 
 def _packet_table(source) -> VideoProbe:
     """What the writer used to index: frame i = the packet with the i-th smallest pts."""
-    info = probe(source)
+    info = DECODED_PROBE(source)
     pts = np.sort(info.packet_pts)
     keys = np.flatnonzero(np.isin(pts, info.packet_pts[info.packet_key])).astype(np.int32)
     return VideoProbe(
@@ -225,11 +227,17 @@ def _packet_table(source) -> VideoProbe:
 def test_a_table_that_disagrees_with_the_decoder_is_never_written(tmp_path, monkeypatch, check):
     """The write-time check decodes what vouches for the table: a packet-based table of a cut with
     hidden frames stops the conversion (naming dataset, episode and camera), or is skipped and
-    counted, at ``full`` and at ``fast`` (whose few decodes disagree, so the video is checked in full);
-    a shard written with ``check="off"`` is flagged by ``verify``."""
+    counted, at ``full`` and at ``fast`` (whose decodes disagree, so the video is redone as at
+    ``full``); a shard written with ``check="off"`` is flagged by ``verify``."""
     data, first = cut_by_stream_copy(make_video(None, 60, fps=FPS, gop=30), 14)
-    monkeypatch.setattr(prepare_module, "probe", _packet_table)
-    monkeypatch.setattr(prepare_module, "scan", _packet_table)
+
+    def told(source, vouch=False):  # the packet table; at fast, its decodes see where it is wrong
+        table = _packet_table(source)
+        wrong = vouch and table.num_frames != DECODED_PROBE(source).num_frames
+        return replace(table, disagreement="the first decoded frame is not frame 0" if wrong else None)
+
+    monkeypatch.setattr(video_module, "_decoded_probe", _packet_table)
+    monkeypatch.setattr(video_module, "scan", told)
     good = make_video(None, 20, fps=FPS, gop=10)
     videos = [(good, list(range(20))), (data, list(range(first, 60)))]
     with pytest.raises(ConversionError) as info:
@@ -238,7 +246,7 @@ def test_a_table_that_disagrees_with_the_decoder_is_never_written(tmp_path, monk
     assert info.value.camera == CAM and "frame" in str(info.value)
     manifest = _convert(tmp_path / "skip", videos, on_error="skip", check=check)
     assert manifest.report.skipped_by_kind == {"frame_mismatch": 1} and manifest.totals.episodes == 1
-    assert manifest.report.checks == {check: 1}
+    assert manifest.report.checks == {check: 1}  # the good episode's video
     unchecked = _convert(tmp_path / "unchecked", videos, check="off")
     assert unchecked.report.checks == {"off": 2}
     problems = verify(str(tmp_path / "unchecked"))["problems"]
