@@ -365,13 +365,13 @@ def _vouch(ctx, keys: list, tail: list, pts: np.ndarray) -> str | None:
     if not tail:
         return None
     start = tail[0].pts if tail[0].pts is not None else tail[0].dts
-    got = np.sort(np.asarray([p for p in _decode_alone(ctx, tail) if p >= start], dtype=np.int64))
+    shown_pts = np.sort(np.asarray([p for p in _decode_alone(ctx, tail) if p >= start], dtype=np.int64))
     want = pts[pts >= start]
-    if not np.array_equal(got, want):
+    if not np.array_equal(shown_pts, want):
         first = int(np.searchsorted(pts, start))
         return (
-            f"the last group of pictures (from frame {first}, pts {start}) decodes to {got.size} frames "
-            f"(pts {got[:3].tolist()}..{got[-1:].tolist()}); the table lists {want.size} "
+            f"the last group of pictures (from frame {first}, pts {start}) decodes to {shown_pts.size} frames "
+            f"(pts {shown_pts[:3].tolist()}..{shown_pts[-1:].tolist()}); the table lists {want.size} "
             f"(pts {want[:3].tolist()}..{want[-1:].tolist()}, {pts.size} frames in all)"
         )
     return None
