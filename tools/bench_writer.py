@@ -132,6 +132,12 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--baseline", default="main", help="git ref to compare with ('' for none)")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="TREE:CHECK:WORKERS",
+        help="run only these configurations, e.g. main:full:1 this:fast:1 this:fast:2 (default: every one)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line per run")
     args = parser.parse_args()
     datasets = args.datasets or [
@@ -151,7 +157,7 @@ def main() -> int:
                 for check in args.check
                 for workers in args.workers
                 for name, tree in trees.items()
-                if check != "fast" or has_levels(tree)
+                if (check != "fast" or has_levels(tree)) and (not args.only or f"{name}:{check}:{workers}" in args.only)
             ]
             for r in range(args.rounds):
                 tar = run_tar(src, scratch)
