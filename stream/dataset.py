@@ -597,13 +597,12 @@ class WindowDataset(IterableDataset):
         d, local = self._locate(e)
         ix = self.sources[d].index
         if load.fetch is None:
-            blobs = encoded.blobs[e]
+            blobs, decoders = encoded.blobs[e], encoded.decoders[e]
             telemetry.add(encoded_cache_hits=1)
         else:
             dd, k, shas, members = slots[load.fetch]
-            blobs = dict(zip(members, fetchers[dd].episode(k, shas), strict=True))
+            blobs, decoders = dict(zip(members, fetchers[dd].episode(k, shas), strict=True)), {}
             telemetry.add(episodes_loaded=1)
-        encoded.put(e, blobs) if load.keep else encoded.drop((e,))
         if load.columns:
             normalizers = self.normalizers[d][ix.source(local)]
             columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.spec, normalizers)
@@ -612,8 +611,14 @@ class WindowDataset(IterableDataset):
         for call in load.decodes:
             s = call.stream - base
             where = f"episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
-            frames = decode_camera(ix, s, call.frames, blobs[int(ix.stream_member[s])], self.post, where, telemetry)
+            data = blobs[int(ix.stream_member[s])]
+            frames, kept = decode_camera(ix, s, call.frames, data, self.post, where, telemetry, decoders.get(s))
+            decoders[s] = kept
             store.put_frames(call.stream, call.frames, frames)
+        if load.keep:
+            encoded.put(e, blobs, decoders)
+        else:
+            encoded.drop((e,))
 
     # --- resume ----------------------------------------------------------------------------------
 
@@ -744,20 +749,26 @@ def _frame_size(post: PostProcess, index, streams: np.ndarray) -> np.ndarray:
 
 
 class _Encoded:
-    """Encoded member bytes the schedule keeps for episodes decoded again (``Load.keep``)."""
+    """Encoded member bytes the schedule keeps for episodes decoded again (``Load.keep``).
+
+    With them, each camera's open decoder and the last frame it returned (``decode_camera``'s
+    ``kept``): the next call on that camera decodes on from there when it can.
+    """
 
     def __init__(self):
         self.blobs: dict[int, dict[int, bytes]] = {}
+        self.decoders: dict[int, dict] = {}
         self.nbytes = 0
 
-    def put(self, episode: int, blobs: dict[int, bytes]) -> None:
+    def put(self, episode: int, blobs: dict[int, bytes], decoders: dict) -> None:
         if episode not in self.blobs:
-            self.blobs[episode] = blobs
             self.nbytes += sum(len(b) for b in blobs.values())
+        self.blobs[episode], self.decoders[episode] = blobs, decoders
 
     def drop(self, episodes) -> None:
         for e in episodes:
             blobs = self.blobs.pop(e, None)
+            self.decoders.pop(e, None)
             self.nbytes -= 0 if blobs is None else sum(len(b) for b in blobs.values())
 
 

@@ -158,13 +158,17 @@ def decode_camera(
     post: PostProcess,
     where: str,
     telemetry: Telemetry,
-) -> torch.Tensor:
+    kept: tuple[object, int] | None = None,
+) -> tuple[torch.Tensor, tuple[object, int] | None]:
     """Decode ``frames`` (sorted unique int64) of camera ``stream`` from its member bytes, post-processed.
 
     One decoder and one ``get_frames_at`` call (``stream.decode``; PyAV for depth). Returns uint8
     ``[U, 3, h, w]`` (uint16 ``[U, 1, h, w]`` for a depth camera) after ``post.prepare``
-    (``prepare_depth``). Counts decode time, post-processing time, opens, calls, frames decoded
-    (``WindowIndex.decoded_frames``) and frames requested into ``telemetry``.
+    (``prepare_depth``), and ``(decoder, last frame returned)`` to pass as ``kept`` to the next call
+    on the same camera (None for depth): frames after the last one and before the next keyframe
+    are then decoded on, not from the keyframe again. Counts decode time, post-processing time,
+    opens, calls, frames decoded (``WindowIndex.decoded_frames``, from the kept position where the
+    decoder goes on from it) and frames requested into ``telemetry``.
 
     Raises:
         DecodeError: naming ``where`` (episode key and camera).
@@ -191,16 +195,23 @@ def decode_camera(
             post=post.prepare,
             height=int(index.cam_height[stream]),
             width=int(index.cam_width[stream]),
+            decoder=None if kept is None else kept[0],
+        )
+    work = int(index.decoded_frames(stream, frames))
+    if kept is not None and kept[1] < frames[0]:  # decoded on from the kept position (torchcodec seeks
+        # only when a keyframe lies after it and at or before the next frame): cost counted from there
+        work = int(index.decoded_frames(stream, np.r_[kept[1], frames])) - int(
+            index.decoded_frames(stream, np.array([kept[1]]))
         )
     telemetry.add(
         decode_s=time.perf_counter() - t1 - decoded.post_s,
         postprocess_s=decoded.post_s,
-        decoder_opens=1,
+        decoder_opens=int(kept is None),
         decode_calls=decoded.calls,
-        frames_decoded=int(index.decoded_frames(stream, frames)),
+        frames_decoded=work,
         frames_unique=frames.size,
     )
-    return decoded.frames
+    return decoded.frames, None if decoded.decoder is None else (decoded.decoder, int(frames[-1]))
 
 
 def window_sample(

@@ -193,7 +193,7 @@ def test_chunks_grow_from_first_to_horizon_and_shrink_to_fit():
         encoded_bytes=np.array([1]),
     )
     spans = [(s.start, s.stop) for s in schedule(demand, Lookahead(horizon=16, first=2, cache_bytes=10**6)).steps]
-    assert [b - a for a, b in spans] == [2, 4, 8, 16, 16, 16, 16, 16, 6]
+    assert [b - a for a, b in spans] == [2, 8, 16, 16, 16, 16, 16, 10]
     # 10 windows' frames (100 bytes) plus the columns (5) fit in 105 bytes: chunks are cut to 10.
     spans = [(s.start, s.stop) for s in schedule(demand, Lookahead(horizon=64, first=64, cache_bytes=105)).steps]
     assert {b - a for a, b in spans[:-1]} == {10}
