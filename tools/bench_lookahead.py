@@ -2,8 +2,8 @@
 
 Sides, each in its own Python process (so peak RSS is the side's own), one consumer iterating
 in-process (``num_workers=0``, torch at 1 thread, as a DataLoader worker), one epoch (or
-``--samples``; ``--per-episode`` windows per episode), the demo's window (9 frames over a 33-frame span, 16-step action chunk, 224x224
-unless ``--size 0``):
+``--samples``; ``--per-episode`` windows per episode), the demo's window (9 frames over a 33-frame
+span, 16-step action chunk, 224x224 unless ``--size 0``):
 
 - ``before``: the reader at ``--baseline`` (a git commit; default: the commit before look-ahead),
   extracted with ``git archive``: it loads whole episodes in read order and holds each until its
