@@ -569,7 +569,7 @@ class WindowDataset(IterableDataset):
         frame_index and timestamp.
         """
         names = {self.spec.state_key, self.spec.action_key, *self.spec.extra_columns, *self.spec.column_offsets}
-        widths = [max(column_widths(self.sources[d].manifest, c), default=64) for c in names - {None}]
+        widths = [max(column_widths(self.sources[d].manifest, c), default=64) for c in names if c is not None]
         return 16 + 4 * sum(widths)
 
     def _fetchers(self, fetches: list[int], telemetry: Telemetry):

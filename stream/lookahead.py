@@ -227,8 +227,8 @@ def schedule(demand: Demand, policy: Lookahead) -> Schedule:
         for k, u in zip(need[~done].tolist(), nxt[~done].tolist(), strict=True):
             next_use[k] = u
             heapq.heappush(heap, (-u, k))
-    loads = [_loads(demand, a, b, miss) for a, b, miss in steps_work]
-    loads, fetches = _encoded(demand, loads, policy.encoded_bytes)
+    work = [_loads(demand, a, b, miss) for a, b, miss in steps_work]
+    loads, fetches = _encoded(demand, work, policy.encoded_bytes)
     steps = [
         Step(a, b, ev, ld, rel, h, hit, int(np.count_nonzero(miss >= 0)))
         for (a, b, miss), ev, ld, rel, h, hit in zip(steps_work, evicts, loads, releases, held_trace, hits, strict=True)
@@ -302,7 +302,9 @@ def _encoded(demand: Demand, chunks: list[list], budget: int) -> tuple[list[tupl
     held: dict[int, int] = {}
     next_use: dict[int, int] = {}
     heap: list[tuple[int, int]] = []
-    held_bytes, fetches, out, i = 0, [], [], 0
+    fetches: list[int] = []
+    out: list[tuple[Load, ...]] = []
+    held_bytes, i = 0, 0
     for loads in chunks:
         built = []
         for e, columns, decodes in loads:
