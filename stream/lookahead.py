@@ -2,7 +2,7 @@
 
 The plan gives a consumer's windows in yield order before any I/O, so the reader knows every frame
 it will return and exactly when each is needed again. ``schedule`` walks that order in chunks (the
-horizon: ``Lookahead.first`` windows, then four times as many each chunk up to ``Lookahead.horizon``,
+horizon: ``Lookahead.first`` windows, then ``Lookahead.horizon`` windows each chunk,
 each chunk shortened so its frames fit the cache) and, for each (episode, camera) a chunk touches,
 makes ONE decode call for the union of the chunk's frames of it that are not cached (merged
 decoding, as ``stream.decode`` does per episode).
@@ -44,7 +44,7 @@ class Lookahead:
     Args:
         horizon: windows per chunk at most: each (episode, camera) gets one decode call per chunk
             for the frames of all the chunk's windows (larger: more merging, more bytes held).
-        first: windows of the first chunk (then x4 each chunk up to ``horizon``), so the first
+        first: windows of the first chunk (every later one: ``horizon``), so the first
             batch waits only for its own frames; the batch size when the dataset knows it
             (``WindowLoader``'s, or ``batch_size=``) and this is left at its default.
         cache_bytes: decoded frames (after post-processing, uint8; uint16 depth) and table
@@ -237,10 +237,12 @@ def schedule(demand: Demand, policy: Lookahead) -> Schedule:
 
 
 def _chunks(demand: Demand, policy: Lookahead) -> list[tuple[int, int]]:
-    """Windows ``[start, stop)`` of each chunk: ``first``, then x4 up to ``horizon``, each shortened to fit.
+    """Windows ``[start, stop)`` of each chunk: ``first``, then ``horizon`` each, each shortened to fit.
 
-    Growing chunks start the first batch after its own frames only, and soon merge decode calls
-    over many windows (fewer seeks back to a keyframe when an episode's windows come in any order).
+    The first batch waits for its own frames only; every later chunk merges the decode calls of as
+    many windows as the horizon and the cache allow (each further chunk on an episode's camera can
+    cost a seek back to a keyframe when its windows come in any order, so chunks do not grow
+    gradually: measured in docs/bench/lookahead.md).
     """
     n = demand.episode.size
     out, a, size = [], 0, policy.first
@@ -260,7 +262,7 @@ def _chunks(demand: Demand, policy: Lookahead) -> list[tuple[int, int]]:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
         out.append((a, lo))
-        a, size = lo, min(size * 4, policy.horizon)
+        a, size = lo, policy.horizon
     return out
 
 
