@@ -280,7 +280,7 @@ def _next_uses(needs: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _loads(demand: Demand, start: int, stop: int, miss: np.ndarray) -> list[tuple[int, bool, tuple[Decode, ...]]]:
-    """(episode, columns missing, decode calls) of a chunk's misses, episodes in order of first window."""
+    """(episode, columns missing, decode calls) of a chunk's misses, in episode order."""
     frames = miss[miss >= 0]
     streams = key_stream(frames)
     bounds = np.flatnonzero(np.r_[True, streams[1:] != streams[:-1]]).tolist() if frames.size else []
@@ -289,9 +289,10 @@ def _loads(demand: Demand, start: int, stop: int, miss: np.ndarray) -> list[tupl
         s = int(streams[lo])
         by_episode.setdefault(int(demand.stream_episode[s]), []).append(Decode(s, key_frame(frames[lo:hi])))
     columns = set((-1 - miss[miss < 0]).tolist())
-    episodes, first = np.unique(demand.episode[start:stop], return_index=True)
     out = []
-    for e in episodes[np.argsort(first)].tolist():
+    # Loads run before any window of the chunk: in episode order, which is shard and tar order, so
+    # a stream-mode fetcher reads neighbouring episodes of a shard in one request.
+    for e in np.unique(demand.episode[start:stop]).tolist():
         if e in columns or e in by_episode:
             out.append((e, e in columns, tuple(by_episode.get(e, ()))))
     return out
