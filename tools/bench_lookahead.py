@@ -156,7 +156,8 @@ def main() -> int:
             results[name].append(run_side(tree, cfg))
             print(f"round {r} {name}: {json.dumps(results[name][-1])}", flush=True)
     load = os.getloadavg()[0]
-    print(f"\n{args.root}: {args.samples} samples per side, {args.rounds} rounds, medians; load average {load:.1f}")
+    what = f"{args.samples} samples" if args.samples < 10**9 else "one epoch"
+    print(f"\n{args.root}: {what} per side, {args.rounds} rounds, medians; load average {load:.1f}")
     cols = ["samples_per_s", "first_s", "frames_decoded_per_returned", "decode_calls_per_sample", "rss_mb"]
     cols += ["cache_peak_mb", "hit_rate"]
     print("| side | " + " | ".join(cols) + " |")
