@@ -195,38 +195,37 @@ def schedule(demand: Demand, policy: Lookahead) -> Schedule:
     needs = [demand.need(a, b) for a, b in spans]
     nexts = _next_uses(needs)
     steps_work, held_trace, evicts, releases, hits = [], [], [], [], []
-    held: dict[int, int] = {}
-    next_use: dict[int, int] = {}
-    heap: list[tuple[int, int]] = []
-    held_bytes = 0
-    for t, ((a, b), need, nxt) in enumerate(zip(spans, needs, nexts, strict=True)):
-        cached = np.fromiter((k in held for k in need.tolist()), dtype=bool, count=need.size)
+    # The cache, as arrays sorted by key: key, bytes, next chunk that needs it.
+    keys, sizes, nexts_held = (np.zeros(0, dtype=np.int64) for _ in range(3))
+    for (a, b), need, nxt in zip(spans, needs, nexts, strict=True):
+        cached = np.isin(need, keys, assume_unique=True)
         miss = need[~cached]
         miss_sizes = demand.sizes(miss)
-        want = held_bytes + int(miss_sizes.sum())
-        evicted = []
-        while want > policy.cache_bytes:
-            negative, k = heapq.heappop(heap)
-            if k not in held or next_use[k] != -negative:
-                continue  # stale entry
-            if -negative <= t:
+        over = int(sizes.sum() + miss_sizes.sum()) - policy.cache_bytes
+        evicted = np.zeros(0, dtype=np.int64)
+        if over > 0:  # furthest next use first (ties: smaller key first), never what this chunk needs
+            other = np.flatnonzero(~np.isin(keys, need, assume_unique=True))
+            order = other[np.lexsort((keys[other], -nexts_held[other]))]
+            count = int(np.searchsorted(np.cumsum(sizes[order]), over)) + 1
+            if count > order.size:
                 raise AssertionError("internal: the look-ahead cache would evict an item its chunk needs")
-            want -= held.pop(k)
-            evicted.append(k)
-        held_bytes = want
-        held.update(zip(miss.tolist(), miss_sizes.tolist(), strict=True))
-        held_trace.append(held_bytes)
-        evicts.append(np.asarray(evicted, dtype=np.int64))
+            gone = np.zeros(keys.size, dtype=bool)
+            gone[order[:count]] = True
+            evicted = keys[gone]
+            keys, sizes, nexts_held = keys[~gone], sizes[~gone], nexts_held[~gone]
+        held_trace.append(int(sizes.sum() + miss_sizes.sum()))
+        evicts.append(evicted)
         hits.append(int(np.count_nonzero(cached & (need >= 0))))
         steps_work.append((a, b, miss))
+        # After the chunk: its items carry their next use; those with none are released.
         done = nxt == NEVER
-        release = need[done]
-        for k in release.tolist():
-            held_bytes -= held.pop(k)
-        releases.append(release)
-        for k, u in zip(need[~done].tolist(), nxt[~done].tolist(), strict=True):
-            next_use[k] = u
-            heapq.heappush(heap, (-u, k))
+        releases.append(need[done])
+        rest = ~np.isin(keys, need, assume_unique=True)
+        keys = np.concatenate([keys[rest], need[~done]])
+        sizes = np.concatenate([sizes[rest], demand.sizes(need[~done])])
+        nexts_held = np.concatenate([nexts_held[rest], nxt[~done]])
+        order = np.argsort(keys, kind="stable")
+        keys, sizes, nexts_held = keys[order], sizes[order], nexts_held[order]
     work = [_loads(demand, a, b, miss) for a, b, miss in steps_work]
     loads, fetches = _encoded(demand, work, policy.encoded_bytes)
     steps = [
@@ -246,24 +245,33 @@ def _chunks(demand: Demand, policy: Lookahead) -> list[tuple[int, int]]:
     """
     n = demand.episode.size
     out, a, size = [], 0, policy.first
-
-    def fits(b: int) -> bool:
-        return int(demand.sizes(demand.need(a, b)).sum()) <= policy.cache_bytes
-
     while a < n:
-        if not fits(a + 1):
+        b = min(n, a + size)
+        fits = _fitting(demand, a, b, policy.cache_bytes)
+        if fits == 0:
             need = int(demand.sizes(demand.need(a, a + 1)).sum())
             raise ValueError(
                 f"look-ahead: window {a} (episode {int(demand.episode[a])}) needs {need} bytes of decoded frames "
                 f"and columns, more than Lookahead.cache_bytes = {policy.cache_bytes}: raise cache_bytes"
             )
-        lo, hi = a + 1, min(n, a + size)
-        while lo < hi:  # the longest prefix that fits (bytes grow with the prefix)
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-        out.append((a, lo))
-        a, size = lo, policy.horizon
+        out.append((a, a + fits))
+        a, size = a + fits, policy.horizon
     return out
+
+
+def _fitting(demand: Demand, start: int, stop: int, budget: int) -> int:
+    """How many windows from ``start`` (at most ``stop - start``) need at most ``budget`` bytes together.
+
+    Each item counts once, at the first window that needs it; the bytes grow with the prefix.
+    """
+    m, width = stop - start, demand.keys.shape[1]
+    flat = demand.keys[start:stop].ravel()
+    valid = flat >= 0
+    items = np.concatenate([flat[valid], columns_key(demand.episode[start:stop])])
+    window = np.concatenate([np.repeat(np.arange(m), width)[valid], np.arange(m)])
+    unique, first = np.unique(items, return_index=True)
+    cumulative = np.cumsum(np.bincount(window[first], weights=demand.sizes(unique), minlength=m))
+    return int(np.searchsorted(cumulative, budget, side="right"))
 
 
 def _next_uses(needs: list[np.ndarray]) -> list[np.ndarray]:
