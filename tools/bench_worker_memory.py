@@ -45,13 +45,15 @@ SOURCES = [REPO / "sample" / "gr00t_robot_sim_picknplace", REPO.parent / "shared
 
 
 def memory_mb(pid: int) -> dict:
-    """RSS and PSS (MB) of a process."""
+    """RSS, PSS and peak RSS (MB) of a process."""
     fields = {}
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
             parts = line.split()
             if parts[0] in ("Rss:", "Pss:"):
                 fields[parts[0][:-1].lower()] = int(parts[1]) / 1024
+    with open(f"/proc/{pid}/status") as f:  # the peak RSS so far (VmHWM): what a budget must bound
+        fields["peak"] = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
     return fields
 
 
@@ -110,7 +112,10 @@ def main() -> int:
             json.dumps(rows[-1])
             if args.json
             else f"epoch {epoch}: {samples} samples in {rows[-1]['s']} s; "
-            + "; ".join(f"w{i} RSS {m['rss']:.0f} MB PSS {m['pss']:.0f} MB" for i, m in enumerate(rows[-1]["workers"])),
+            + "; ".join(
+                f"w{i} RSS {m['rss']:.0f} MB PSS {m['pss']:.0f} MB peak {m['peak']:.0f} MB"
+                for i, m in enumerate(rows[-1]["workers"])
+            ),
             flush=True,
         )
     for i in range(args.workers):
