@@ -4,7 +4,8 @@ Public API: ``WindowDataset`` (a torch ``IterableDataset``), ``WindowLoader`` (a
 exact resume), ``WindowSpec`` and ``segment`` (what a window is), ``PostProcess`` (per-frame
 post-processing), ``DatasetSource`` (an opened dataset), ``World`` (a consumer's rank and worker),
 ``PerEpisode`` (windows per episode), ``Selection`` (read-time episode selection, ``stream.select``),
-``Lookahead`` (look-ahead decoding: horizon and byte budgets, ``stream.lookahead``), and the pure planning functions in ``stream.plan`` and ``stream.mixplan``.
+``Lookahead`` (look-ahead decoding: horizon and byte budgets, ``stream.lookahead``), and the pure
+planning functions in ``stream.plan`` and ``stream.mixplan``.
 """
 
 from .dataset import WindowDataset, WindowLoader
