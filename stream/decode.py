@@ -17,6 +17,10 @@ import av
 import numpy as np
 import torch
 
+# Imported here, not at the first decode: DataLoader workers forked after this inherit it, where each
+# would otherwise pay its 2-5 s import (it loads torch._dynamo) before its first batch.
+import torchcodec.decoders  # noqa: F401
+
 from epishard.shardwriter.video import frame_stream, open_decoder
 
 
