@@ -23,7 +23,8 @@ An epoch, step by step:
    waits at the end of an epoch; every other window is yielded exactly once.
 4. Each consumer's windows are shuffled at plan level (``pool_shuffle``, index only): consecutive
    pools of ``shuffle_episodes`` episodes in read order, the windows of a pool in a random order
-   (one stable argsort of (pool, random key), by ``(seed, epoch, consumer, level)``). Small pools keep an
+   (one stable argsort of (pool, random key), by ``(seed, epoch, consumer, level)``), each episode's
+   windows filling its random slots in time order (decoded forward, once). Small pools keep an
    episode's windows close together in time (one decode serves several); large pools give
    diversity near i.i.d. (``expected_distinct``; ``default_shuffle_episodes``: ``8 x batch_size``).
 5. Optional declared stages, pure functions of the consumer's windows: ``cost`` (a predicted cost
@@ -812,19 +813,34 @@ def pool_shuffle(window_episode: np.ndarray, pool_episodes: int | None, rng: np.
             ``None``: one pool, the whole consumer; ``0``: no shuffle (read order).
         rng: the draw (``(seed, epoch, consumer, level)`` in the plan).
 
+    Which slots of the yield order belong to which episode is uniformly random within a pool (so
+    batch diversity is that of the random permutation: ``expected_distinct``); an episode's windows
+    then fill its slots in time order (read order: ascending anchors). Each episode is thus read
+    forward through the pool, so its frames are decoded once, by a decoder that only moves
+    forward, and kept only while windows close in time still need them (``stream.lookahead``),
+    where a random order inside the episode would seek back to a keyframe for most windows.
+
     Returns:
         int64 ``[n]``: window positions in yield order (a permutation). O(n log n), no Python loop.
     """
     n = int(window_episode.size)
     if pool_episodes == 0 or n == 0:
         return np.arange(n, dtype=np.int64)
-    if pool_episodes is None:
-        return np.argsort(rng.integers(0, 1 << 62, n), kind="stable").astype(np.int64)
-    if pool_episodes < 0:
+    if pool_episodes is not None and pool_episodes < 0:
         raise ValueError(f"shuffle_episodes must be None or an int >= 0, not {pool_episodes}")
     run = np.cumsum(np.r_[0, window_episode[1:] != window_episode[:-1]])
-    # One int64 key (pool, random 32 bits), one stable sort: numpy's lexsort is far slower on millions.
-    return np.argsort(((run // pool_episodes) << 32) | rng.integers(0, 1 << 32, n), kind="stable").astype(np.int64)
+    if pool_episodes is None:
+        order = np.argsort(rng.integers(0, 1 << 62, n), kind="stable")
+    else:
+        # One int64 key (pool, random 32 bits), one stable sort: numpy's lexsort is far slower on millions.
+        order = np.argsort(((run // pool_episodes) << 32) | rng.integers(0, 1 << 32, n), kind="stable")
+    # The episodes' slots stay; each episode's windows fill its slots in read (time) order. ``slots``:
+    # yield slots grouped by episode run, ascending in each; runs are contiguous in read order, so
+    # the k-th of them gets read position k.
+    slots = np.argsort(run[order], kind="stable")
+    timed = np.empty(n, dtype=np.int64)
+    timed[slots] = np.arange(n, dtype=np.int64)
+    return timed
 
 
 def buffer_shuffle(

@@ -40,11 +40,25 @@ def test_pool_shuffle_is_a_permutation_that_respects_pools(pool):
             assert not np.array_equal(out, np.arange(episode.size))
 
 
-def test_pool_shuffle_of_one_episode_pools_keeps_episodes_in_read_order():
+def test_pool_shuffle_of_one_episode_pools_is_read_order():
     episode, _ = _windows(np.random.default_rng(9), 30)
     out = pool_shuffle(episode, 1, np.random.default_rng(0))
-    assert np.array_equal(episode[out], episode)  # episodes in read order, each one's windows permuted
-    assert not np.array_equal(out, np.arange(episode.size))
+    assert np.array_equal(out, np.arange(episode.size))  # one episode per pool: its windows in time order
+
+
+@pytest.mark.parametrize("pool", [2, 5, None])
+def test_pool_shuffle_yields_each_episodes_windows_in_time_order_in_random_slots(pool):
+    """Each episode's windows come out in read (time) order; which slots are whose is random."""
+    episode, sizes = _windows(np.random.default_rng(4), 20)
+    run = np.repeat(np.arange(sizes.size), sizes)
+    slot_sets = set()
+    for k in range(4):
+        out = pool_shuffle(episode, pool, rng_for(7, k))
+        for r in range(sizes.size):
+            mine = out[run[out] == r]  # this episode's read positions, in yield order
+            assert np.all(np.diff(mine) > 0)
+        slot_sets.add(tuple(run[out]))  # the episode sequence of the yield order
+    assert len(slot_sets) == 4  # the episodes' slots differ with the draw
 
 
 def test_pool_shuffle_rejects_a_negative_pool_and_takes_empty_input():
