@@ -1,4 +1,6 @@
-"""``BalancedWindowDataset``: the streaming reader with rank-local cost balancing (``balance.local``).
+"""``BalancedWindowDataset``: the streaming reader with cost balancing across ranks, local or global.
+
+``scope="local"`` (default) is described first; ``scope="global"`` below.
 
 A ``stream.WindowDataset`` with two declared plan stages (``stream.plan.worker_plan``): a cost per
 window (a ``CostFn``) and an order stage, ``BalancedOrder``, that permutes each consumer's yield
@@ -13,6 +15,19 @@ a dataset). When datasets are mixed, the reader's plan deals every dataset to ev
 (``stream.plan``, per-stratum cut), and ``stratified_order`` then makes each step come from one
 dataset on every rank, cost-sorted inside it (tools/bench_balance.py, section (c), "reader").
 A substitute sample (an episode that failed to fetch) carries the planned window's ``__cost__``.
+
+``scope="global"``: a deal stage (``balance.globaldeal.GlobalDeal``) replaces the plan's cut of the
+windows into consumers: every step's windows are dealt to ranks by cost from the global window
+list, and each consumer fetches the members of the episodes it is dealt, whichever shard they sit
+in, with ranged reads (``FetchPolicy(mode="ranged")`` unless a ``fetch`` policy is given). The
+windows kept are the plain plan's; exactly-once, equal steps, exact and elastic resume hold.
+
+Why ``"local"`` stays the default: a global deal spreads an episode's windows over many consumers,
+so each episode is fetched and decoded by several workers instead of one (more bytes read and more
+frames decoded per sample, docs/bench/globalbal.md), and the reader holds an episode loaded from
+its first to its last window in a consumer, which the deal scatters over a chunk. Choose
+``"global"`` when ranks' costs differ beyond what reordering inside a rank evens out (costs that
+vary by episode, one rank holding the expensive ones) and storage serves ranged reads well.
 """
 
 from __future__ import annotations
@@ -22,9 +37,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from epishard.stream.dataset import WindowDataset
+from epishard.stream.fetch import FetchPolicy
 from epishard.stream.plan import World
 
 from .cost import CostFn, WindowCost
+from .globaldeal import GlobalDeal
 from .local import local_order, stratified_order
 
 
@@ -72,15 +89,48 @@ class BalancedWindowDataset(WindowDataset):
 
     Args (besides ``WindowDataset``'s):
         batch_size: the per-rank DataLoader batch size (must equal the loader's).
-        chunk_batches: reordering horizon in batches per worker (memory: at most this many
-            batches of windows more are held loaded); larger balances better.
+        chunk_batches: balancing horizon. ``"local"``: batches per worker (memory: at most this
+            many batches of windows more are held loaded); ``"global"``: global steps per chunk
+            of the global list, None for the whole epoch (``balance.globaldeal``). Larger
+            balances better.
         cost: a ``CostFn`` on global episode numbers and anchors; default
             ``WindowCost.from_dataset(self)`` (sequence tokens, see ``balance.cost.CostModel``).
+        scope: ``"local"`` (each rank reorders the windows of its own shards) or ``"global"``
+            (every step dealt to ranks from the global window list; ranged reads by default).
+
+    Raises:
+        ValueError: an unknown ``scope``; ``"global"`` with ``batch_by_dataset`` (the deal fixes
+            every batch) or with ``chunk_batches=None`` under ``"local"``.
     """
 
-    def __init__(self, sources, spec, *, batch_size: int, chunk_batches: int = 16, cost: CostFn | None = None, **kw):
+    def __init__(
+        self,
+        sources,
+        spec,
+        *,
+        batch_size: int,
+        chunk_batches: int | None = 16,
+        cost: CostFn | None = None,
+        scope: str = "local",
+        **kw,
+    ):
+        if scope not in ("local", "global"):
+            raise ValueError(f"BalancedWindowDataset: scope must be 'local' or 'global', not {scope!r}")
+        if scope == "global":
+            if kw.get("batch_by_dataset"):
+                raise ValueError(
+                    "BalancedWindowDataset: scope='global' deals every batch by cost; batch_by_dataset "
+                    "would regroup them by dataset (use scope='local')"
+                )
+            kw.setdefault("fetch", FetchPolicy(mode="ranged"))
+        elif chunk_batches is None:
+            raise ValueError("BalancedWindowDataset: scope='local' needs chunk_batches >= 1")
         super().__init__(sources, spec, **kw)
+        self.scope = scope
         self.batch_size = int(batch_size)
-        self.chunk_batches = int(chunk_batches)
+        self.chunk_batches = None if chunk_batches is None else int(chunk_batches)
         self.cost = cost if cost is not None else WindowCost.from_dataset(self)
-        self.order = BalancedOrder(self.batch_size, self.chunk_batches, self.table.stratum, len(self.sources))
+        if scope == "global":
+            self.deal = GlobalDeal(self.cost, self.batch_size, self.chunk_batches)
+        else:
+            self.order = BalancedOrder(self.batch_size, int(chunk_batches), self.table.stratum, len(self.sources))

@@ -58,6 +58,7 @@ from .mix import mix_layout, normalizers
 from .mixplan import BatchByDataset, probability_factors
 from .plan import (
     CostStage,
+    DealStage,
     EpisodeTable,
     OrderStage,
     Progress,
@@ -141,6 +142,8 @@ class WindowDataset(IterableDataset):
             cost per window, attached to every sample as ``__cost__`` (float), and a new yield order
             per consumer; both pure functions of the plan, so every guarantee of the plan holds
             (``balance.streaming.BalancedWindowDataset`` sets them).
+        deal: a declared deal stage (``stream.plan.DealStage``) used instead of the plan's cut of
+            the windows into consumers (``balance.globaldeal.GlobalDeal``: global cost balancing).
         camera_map: model camera (a name in ``spec.cameras``) -> the dataset's camera key; one dict
             for all datasets or a list with one per dataset (``stream.mix``).
         pad_dims: padding of state/action/other columns to a common width with
@@ -183,6 +186,7 @@ class WindowDataset(IterableDataset):
         epoch_length: int | None = None,
         batch_by_dataset: bool = False,
         batch_size: int | None = None,
+        deal: DealStage | None = None,
     ):
         super().__init__()
         if weights not in ("repeat", "probability"):
@@ -222,7 +226,7 @@ class WindowDataset(IterableDataset):
         if weights == "probability":
             self._probability_weights(epoch_length)
         self.defer_float = defer_float
-        self.cost, self.order = cost, order
+        self.cost, self.order, self.deal = cost, order, deal
         self.epoch = 0
         self._resume: Resume | None = None  # taken by the next __iter__ (of a worker's copy too)
         self._started = Resume(0)  # what the last __iter__ in this process started from
@@ -288,7 +292,7 @@ class WindowDataset(IterableDataset):
         return BatchByDataset(self._dataset_of_episode(), self.batch_size)
 
     def _stages(self) -> Stages:
-        return Stages(self.shuffle_windows, self.shuffle_bytes, self.cost, self.order, self._group())
+        return Stages(self.shuffle_windows, self.shuffle_bytes, self.cost, self.order, self._group(), self.deal)
 
     def plan(self, epoch: int, world: World, history: tuple[Progress, ...] = ()) -> WorkerPlan:
         """One consumer's windows for ``epoch``, in yield order.
@@ -309,6 +313,7 @@ class WindowDataset(IterableDataset):
             order=self.order,
             group=self._group(),
             history=history,
+            deal=self.deal,
         )
 
     def windows_per_consumer(
@@ -324,10 +329,10 @@ class WindowDataset(IterableDataset):
         """
         key = (epoch, world_size, num_workers, history, self.batch_size)
         if key not in self._per_consumer:
-            self._per_consumer = {key: self._count(epoch, world_size * num_workers, history)}
+            self._per_consumer = {key: self._count(epoch, world_size * num_workers, history, num_workers)}
         return self._per_consumer[key]
 
-    def _count(self, epoch: int, consumers: int, history: tuple[Progress, ...]) -> int:
+    def _count(self, epoch: int, consumers: int, history: tuple[Progress, ...], num_workers: int = 1) -> int:
         stages, group = self._stages(), self._group()
         plan = level_plan(
             self.table,
@@ -338,6 +343,7 @@ class WindowDataset(IterableDataset):
             consumers=consumers,
             stages=stages,
             history=history,
+            num_workers=num_workers,
         )
         if group is None:
             return plan.per_consumer

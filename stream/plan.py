@@ -21,6 +21,9 @@ An epoch, step by step:
    per window), ``order`` (a permutation of the yield order, e.g. ``balance.streaming``'s
    cost-balanced order) and ``group`` (the order in whole batches of one stratum, leaving out each
    stratum's count modulo the batch size: ``stream.mixplan.BatchByDataset``).
+6. An optional ``deal`` stage replaces step 3 (``DealStage``, e.g. ``balance.globaldeal``: every
+   step's windows dealt to ranks by cost from the global list); it may fix each consumer's yield
+   order itself (``keeps_order``: step 4 and the order and group stages are then skipped).
 
 Elastic resume (``Progress``): a mid-epoch state records, per consumer of the layout that saved it,
 how many windows it took from the front of its yield order. The windows not yet taken, kept in plan
@@ -577,6 +580,33 @@ class GroupStage(Protocol):
     def __call__(self, episode: np.ndarray, rng: np.random.Generator) -> np.ndarray: ...
 
 
+class DealStage(Protocol):
+    """Windows dealt to the consumers of a layout, in place of ``deal`` (a declared plan stage).
+
+    Called with the windows to deal in plan order (``episode``, ``anchor``: int64 ``[n]``), the
+    layout (``world_size`` ranks x ``num_workers`` workers, consumer ``rank * num_workers + worker``),
+    the seed, the epoch and the level (0: the epoch's own plan, ``k``: after the ``k``-th layout
+    change); returns a ``GlobalPlan`` whose consumer parts hold equal counts. A pure function of its
+    arguments, like ``deal`` (e.g. ``balance.globaldeal.GlobalDeal``: each step's windows dealt to
+    ranks by cost). ``keeps_order``: consumers yield their part in the order given (no shuffle
+    buffer, order or group stage after it), for a deal that already decided every step.
+    """
+
+    keeps_order: bool
+
+    def __call__(
+        self,
+        table: EpisodeTable,
+        episode: np.ndarray,
+        anchor: np.ndarray,
+        world_size: int,
+        num_workers: int,
+        seed: int,
+        epoch: int,
+        level: int,
+    ) -> GlobalPlan: ...
+
+
 @dataclass(frozen=True)
 class WorkerPlan:
     """One consumer's epoch: its windows in yield order (int64 ``[n]`` each).
@@ -627,6 +657,8 @@ class Stages:
     """The per-consumer stages after the cut: shuffle buffer bounds, then optional ``cost``, ``order``, ``group``.
 
     The shuffle buffer (``buffer_shuffle``) is bounded in windows and in bytes of loaded episodes.
+    ``deal``: an optional ``DealStage`` used instead of ``deal`` (the cut itself); when it
+    ``keeps_order``, the shuffle buffer, ``order`` and ``group`` do not apply (``group`` is refused).
     """
 
     shuffle_windows: int = 0
@@ -634,6 +666,7 @@ class Stages:
     cost: CostStage | None = None
     order: OrderStage | None = None
     group: GroupStage | None = None
+    deal: DealStage | None = None
 
 
 def level_plan(
@@ -646,10 +679,13 @@ def level_plan(
     consumers: int,
     stages: Stages,
     history: Sequence[Progress] = (),
+    num_workers: int | None = None,
 ) -> GlobalPlan:
     """The windows of ``epoch`` still to be yielded, dealt to ``consumers``, after earlier layouts' progress.
 
     ``history``: the earlier layouts, oldest first (empty: the epoch's own plan, ``global_plan``).
+    ``num_workers``: workers per rank of this layout (``consumers`` = ranks x workers); needed only
+    by a ``stages.deal``, which deals every level in place of ``deal``.
 
     Each level's consumed windows are the first ``consumed[c]`` of consumer ``c``'s yield order
     (``worker_plan`` of that level); the rest keep their plan order and are dealt again (``deal``),
@@ -657,10 +693,19 @@ def level_plan(
 
     Raises:
         ValueError: a level consumed more windows than its consumer had (the state belongs to
-            another dataset, spec or seed).
+            another dataset, spec or seed); a ``stages.deal`` without ``num_workers``.
     """
-    first = history[0].consumers if history else consumers
-    plan = global_plan(table, stride, per_episode, seed, epoch, first)
+    if stages.deal is not None and num_workers is None:
+        raise ValueError("level_plan: a deal stage needs the layout's num_workers")
+    layouts = [(p.world_size, p.num_workers) for p in history] + [(consumers // (num_workers or 1), num_workers or 1)]
+
+    def dealt(episode: np.ndarray, anchor: np.ndarray, level: int) -> GlobalPlan:
+        if stages.deal is None:
+            return deal(table, episode, anchor, layouts[level][0] * layouts[level][1], seed, epoch, level)
+        return stages.deal(table, episode, anchor, *layouts[level], seed, epoch, level)
+
+    order = episode_order(table, seed, epoch)
+    plan = dealt(*_anchors(table, order, stride, PerEpisode.of(per_episode), seed, epoch), 0)
     for level, progress in enumerate(history):
         taken = np.zeros(plan.episode.size, dtype=bool)
         for c, k in enumerate(progress.consumed):
@@ -674,8 +719,7 @@ def level_plan(
                     f"windows of epoch {epoch} but its plan has {order.size} (another dataset, spec or seed?)"
                 )
             taken[c * plan.per_consumer + order[:k]] = True
-        nxt = history[level + 1].consumers if level + 1 < len(history) else consumers
-        plan = deal(table, plan.episode[~taken], plan.anchor[~taken], nxt, seed, epoch, level + 1)
+        plan = dealt(plan.episode[~taken], plan.anchor[~taken], level + 1)
     return plan
 
 
@@ -688,6 +732,11 @@ def _consumer_order(
     """
     part = plan.consumer_slice(world.consumer)
     episode, anchor = plan.episode[part], plan.anchor[part]
+    if stages.deal is not None and stages.deal.keeps_order:
+        if stages.group is not None:
+            raise ValueError("a deal stage that keeps its order cannot be followed by a group stage")
+        kept = np.arange(episode.size, dtype=np.int64)
+        return kept, None if stages.cost is None else np.asarray(stages.cost(episode, anchor), dtype=np.float64)
     salt = (world.consumer,) if level == 0 else (world.consumer, level)
     order = buffer_shuffle(
         episode,
@@ -722,14 +771,16 @@ def worker_plan(
     order: OrderStage | None = None,
     group: GroupStage | None = None,
     history: Sequence[Progress] = (),
+    deal: DealStage | None = None,
 ) -> WorkerPlan:
     """The windows consumer ``world.consumer`` yields this epoch, in yield order.
 
     ``history``: the progress of earlier layouts of this epoch (elastic resume, ``level_plan``):
     the consumer then yields its share of the windows not yet consumed. ``dropped`` counts the
-    windows a group stage leaves out too (every consumer leaves out as many).
+    windows a group stage leaves out too (every consumer leaves out as many). ``deal``: a
+    ``DealStage`` used instead of ``deal`` at every level (``Stages``).
     """
-    stages = Stages(shuffle_windows, shuffle_bytes, cost, order, group)
+    stages = Stages(shuffle_windows, shuffle_bytes, cost, order, group, deal)
     plan = level_plan(
         table,
         stride=stride,
@@ -739,11 +790,13 @@ def worker_plan(
         consumers=world.consumers,
         stages=stages,
         history=history,
+        num_workers=world.num_workers,
     )
     part = plan.consumer_slice(world.consumer)
     episode, anchor = plan.episode[part], plan.anchor[part]
     yield_order, costs = _consumer_order(table, plan, world, len(history), seed, epoch, stages)
-    firsts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if episode.size else np.zeros(0, dtype=np.int64)
+    # Each episode once, where it first appears (a deal stage may spread an episode's windows).
+    firsts = np.sort(np.unique(episode, return_index=True)[1])
     return WorkerPlan(
         episode=episode[yield_order],
         anchor=anchor[yield_order],
