@@ -135,3 +135,48 @@ class BalancedWindowDataset(WindowDataset):
             self.deal = GlobalDeal(self.cost, self.batch_size, self.chunk_batches)
         else:
             self.order = BalancedOrder(self.batch_size, self.chunk_batches, self.table.stratum, len(self.sources))
+
+    def with_options(
+        self, *, defer_float: bool | None = None, num_workers: int | None = None, batch_size: int | None = None
+    ) -> WindowDataset:
+        """``WindowDataset.with_options``, checking the loader's batch size under ``scope="global"``.
+
+        The deal fixes each rank's batch of every step, so another batch size is refused.
+
+        Raises:
+            ValueError: ``scope="global"`` and ``batch_size`` differs from the dataset's.
+        """
+        if self.scope == "global" and batch_size is not None and batch_size != self.batch_size:
+            raise ValueError(
+                f"BalancedWindowDataset(scope='global', batch_size={self.batch_size}) dealt its steps for batches of "
+                f"{self.batch_size}; the loader's batch_size is {batch_size}"
+            )
+        return super().with_options(defer_float=defer_float, num_workers=num_workers, batch_size=batch_size)
+
+    def _balancing(self) -> dict:
+        return {"scope": self.scope, "batch_size": self.batch_size, "chunk_batches": self.chunk_batches}
+
+    def state_dict(self, *args, **kw) -> dict:
+        """``WindowDataset.state_dict`` plus how the plan was balanced (``"balance"``: scope, batch size, chunk)."""
+        return {**super().state_dict(*args, **kw), "balance": self._balancing()}
+
+    def load_state_dict(self, state: dict | list[dict], num_workers: int = 0) -> None:
+        """``WindowDataset.load_state_dict``, after checking that the states were balanced the same way.
+
+        A mid-epoch state counts windows of the plan it was saved under, so it resumes exactly only
+        under the same balancing. States without ``"balance"`` (saved before it was recorded) are
+        taken as local-scope ones.
+
+        Raises:
+            ValueError: a state balanced another way (scope, batch size or chunk), naming both.
+        """
+        for s in state if isinstance(state, (list, tuple)) else [state]:
+            saved = s.get("balance", {"scope": "local"})
+            mine = self._balancing()
+            if any(saved.get(k, mine[k]) != mine[k] for k in mine):
+                raise ValueError(
+                    f"cannot resume: the state was saved with balancing {saved}, this dataset has {mine}; resume with "
+                    f"the same BalancedWindowDataset options, or start the next epoch fresh with "
+                    f"set_epoch({s['epoch'] + 1})"
+                )
+        super().load_state_dict(state, num_workers)

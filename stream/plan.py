@@ -592,7 +592,8 @@ class DealStage(Protocol):
     buffer, order or group stage after it), for a deal that already decided every step.
     """
 
-    keeps_order: bool
+    @property
+    def keeps_order(self) -> bool: ...
 
     def __call__(
         self,
@@ -698,14 +699,13 @@ def level_plan(
     if stages.deal is not None and num_workers is None:
         raise ValueError("level_plan: a deal stage needs the layout's num_workers")
     layouts = [(p.world_size, p.num_workers) for p in history] + [(consumers // (num_workers or 1), num_workers or 1)]
-
-    def dealt(episode: np.ndarray, anchor: np.ndarray, level: int) -> GlobalPlan:
-        if stages.deal is None:
-            return deal(table, episode, anchor, layouts[level][0] * layouts[level][1], seed, epoch, level)
-        return stages.deal(table, episode, anchor, *layouts[level], seed, epoch, level)
-
-    order = episode_order(table, seed, epoch)
-    plan = dealt(*_anchors(table, order, stride, PerEpisode.of(per_episode), seed, epoch), 0)
+    first = history[0].consumers if history else consumers
+    if stages.deal is None:
+        plan = global_plan(table, stride, per_episode, seed, epoch, first)
+    else:
+        order = episode_order(table, seed, epoch)
+        episode, anchor = _anchors(table, order, stride, PerEpisode.of(per_episode), seed, epoch)
+        plan = stages.deal(table, episode, anchor, *layouts[0], seed, epoch, 0)
     for level, progress in enumerate(history):
         taken = np.zeros(plan.episode.size, dtype=bool)
         for c, k in enumerate(progress.consumed):
@@ -719,7 +719,12 @@ def level_plan(
                     f"windows of epoch {epoch} but its plan has {order.size} (another dataset, spec or seed?)"
                 )
             taken[c * plan.per_consumer + order[:k]] = True
-        plan = dealt(plan.episode[~taken], plan.anchor[~taken], level + 1)
+        rest = plan.episode[~taken], plan.anchor[~taken]
+        if stages.deal is None:
+            nxt = history[level + 1].consumers if level + 1 < len(history) else consumers
+            plan = deal(table, *rest, nxt, seed, epoch, level + 1)
+        else:
+            plan = stages.deal(table, *rest, *layouts[level + 1], seed, epoch, level + 1)
     return plan
 
 

@@ -339,3 +339,16 @@ def test_scope_options_are_checked(dataset):
     assert ds.fetch.mode == "ranged" and ds.deal is not None and ds.order is None
     local = BalancedWindowDataset(dataset, SPEC, batch_size=2)
     assert local.fetch.mode == "stream" and local.deal is None and local.order is not None
+
+
+def test_a_state_balanced_another_way_is_refused_and_the_loader_batch_size_is_checked(dataset):
+    loader = _loader(dataset, 0, 1, 0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    assert state["balance"] == {"scope": "global", "batch_size": BATCH, "chunk_batches": 4}
+    with pytest.raises(ValueError, match="saved with balancing"):
+        _loader(dataset, 0, 1, 0, scope="local").load_state_dict(state)
+    with pytest.raises(ValueError, match="the loader's batch_size is 2"):
+        WindowLoader(BalancedWindowDataset(dataset, SPEC, batch_size=BATCH, scope="global"), batch_size=2)

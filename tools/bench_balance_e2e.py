@@ -45,17 +45,17 @@ recomputed from the decoded batch.
 Telemetry per step (rank 0, ``balance.telemetry``): every rank's batch costs gathered with
 ``all_gather``; max/mean rank cost (packed), the padded step cost (slowest rank's
 ``batch * max cost``, the model's step time in cost units) and the padding fraction (share of the
-padded compute that is padding). The summary also gives the ratio the telemetry predicts (padded
-step cost, plain / balanced), the ratio predicted if batches were packed (only rank imbalance left),
-and the per-step time that does not scale with cost, solved from the two medians (step time =
-overhead + k * padded step cost): all-reduce, optimizer, Python, DataLoader workers sharing the cores.
+padded compute that is padding). The summary gives, per variant, the speed-up over plain (medians
+and per round), the ratio the telemetry predicts (padded step cost, plain / variant), bytes read
+and requests per sample, frames decoded per frame returned and distinct episodes per batch (batch
+diversity: what cost-sorting trades for speed when cost depends on the episode).
 
-    python tools/bench_balance_e2e.py                  # generate data, run torchrun, print a table (~2-3 min)
+    python tools/bench_balance_e2e.py                  # generate data, run torchrun, print a table (~3-5 min)
     python tools/bench_balance_e2e.py --json           # JSON lines instead
     python tools/bench_balance_e2e.py --rounds 3 --chunk-batches 8 --data /tmp/bal_e2e
     python tools/bench_balance_e2e.py --variants plain,global --global-chunk 0   # 0: the whole epoch
 
-(``/tmp/venv/bin/python tools/bench_balance_e2e.py`` on the project's standard machine, 2 cores.)
+(``.venv/bin/python tools/bench_balance_e2e.py`` on the project's standard machine, 2 cores.)
 """
 
 from __future__ import annotations
