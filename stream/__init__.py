@@ -4,10 +4,12 @@ Public API: ``WindowDataset`` (a torch ``IterableDataset``), ``WindowLoader`` (a
 exact resume), ``WindowSpec`` and ``segment`` (what a window is), ``PostProcess`` (per-frame
 post-processing), ``DatasetSource`` (an opened dataset), ``World`` (a consumer's rank and worker),
 ``PerEpisode`` (windows per episode), ``Selection`` (read-time episode selection, ``stream.select``),
-and the pure planning functions in ``stream.plan`` and ``stream.mixplan``.
+``Lookahead`` (look-ahead decoding: horizon and byte budgets, ``stream.lookahead``), and the pure
+planning functions in ``stream.plan`` and ``stream.mixplan``.
 """
 
 from .dataset import WindowDataset, WindowLoader
+from .lookahead import Lookahead
 from .plan import PerEpisode, World
 from .select import Selection
 from .source import DatasetSource
@@ -16,6 +18,7 @@ from .transform import PostProcess
 
 __all__ = [
     "DatasetSource",
+    "Lookahead",
     "PerEpisode",
     "PostProcess",
     "Selection",

@@ -53,10 +53,11 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from .buffers import HeldBatches, ring_slots
 from .collate import BufferedCollate, FloatCollate
 from .decode import DecodeError
-from .episode import LoadedEpisode
+from .episode import EpisodeInfo, columns_nbytes, decode_camera, read_columns, window_rows, window_sample
 from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
+from .lookahead import Demand, Load, Lookahead, Store, frame_key, schedule
 from .memory import limit_worker_arenas, release_free_memory
-from .mix import mix_layout, normalizers
+from .mix import column_widths, mix_layout, normalizers
 from .mixplan import BatchByDataset, probability_factors
 from .plan import (
     CostStage,
@@ -195,6 +196,9 @@ class WindowDataset(IterableDataset):
         batch_by_dataset: every batch of ``batch_size`` samples comes from one dataset (implies
             ``stratify``); ``WindowLoader`` passes its batch size. Each consumer drops, per
             dataset, its count modulo the batch size (``stream.mixplan.group_by_dataset``).
+        lookahead: look-ahead decoding (``stream.lookahead.Lookahead``): chunk sizes (horizon,
+            first chunk: the batch size when known) and the byte budgets of the decoded-frame cache
+            and the kept encoded members; together they bound a worker's memory.
     """
 
     def __init__(
@@ -226,6 +230,7 @@ class WindowDataset(IterableDataset):
         batch_by_dataset: bool = False,
         batch_size: int | None = None,
         deal: DealStage | None = None,
+        lookahead: Lookahead | None = None,
     ):
         super().__init__()
         if weights not in ("repeat", "probability"):
@@ -272,6 +277,8 @@ class WindowDataset(IterableDataset):
         self._costs: np.ndarray | None = None
         self._per_consumer: dict[tuple, int] = {}  # windows_per_consumer's last answer
         self._shared: EpochCuts | None = None  # set_epoch's shared plan part, inherited by forked workers
+        self.lookahead = lookahead or Lookahead()
+        self._first_chunk = batch_size  # the first look-ahead chunk: one batch (WindowLoader's by default)
 
     def with_options(
         self, *, defer_float: bool | None = None, num_workers: int | None = None, batch_size: int | None = None
@@ -287,6 +294,8 @@ class WindowDataset(IterableDataset):
             other.num_workers = num_workers
         if batch_size is not None and not other.batch_size:  # batch_by_dataset's and the shuffle pool's
             other.batch_size = batch_size
+        if batch_size is not None:
+            other._first_chunk = batch_size
         return other
 
     # --- planning ---------------------------------------------------------------------------------
@@ -466,66 +475,65 @@ class WindowDataset(IterableDataset):
         return self._generate(plan, skip, telemetry)
 
     def _generate(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):
+        """Follow the look-ahead schedule of the plan's windows after the first ``skip`` (``stream.lookahead``).
+
+        Per chunk: evict, fetch or reuse each episode's members, read its columns, one decode call
+        per (episode, camera) for the chunk's uncached frames; then yield the chunk's windows from
+        the cache and release what no later chunk needs.
+        """
         episodes, anchors = plan.episode[skip:], plan.anchor[skip:]
-        order = np.argsort(episodes, kind="stable")
-        bounds = (
-            np.flatnonzero(np.r_[True, episodes[order][1:] != episodes[order][:-1]])
-            if episodes.size
-            else np.zeros(0, dtype=np.int64)
-        )
-        pending = {
-            int(episodes[order[b]]): np.sort(anchors[order[b:e]])
-            for b, e in zip(list(bounds), [*list(bounds[1:]), episodes.size], strict=False)
-        }
-        remaining = {e: a.size for e, a in pending.items()}
-        fetchers, slots = self._fetchers(plan, remaining, telemetry)
-        loaded: dict[int, LoadedEpisode] = {}
+        t0 = time.perf_counter()
+        demand = self._demand(episodes, anchors)
+        policy = self.lookahead
+        if self._first_chunk and policy.first == Lookahead.first:  # the loader's batch: first batch first
+            policy = dataclasses.replace(policy, first=self._first_chunk)
+        steps = schedule(demand, policy)
+        fetchers, slots = self._fetchers(steps.fetches, telemetry)
+        telemetry.add(schedule_s=time.perf_counter() - t0)
+        store, encoded = Store(), _Encoded()
         failed: set[int] = set()
         first_failure = None
         last, owed = None, 0
         last_of: dict[int, dict] = {}  # the last sample of each dataset
-        read_pos = 0
         try:
-            for e, anchor in zip(episodes.tolist(), anchors.tolist(), strict=False):
-                while e not in loaded and e not in failed:
-                    nxt = int(plan.read_order[read_pos])
-                    read_pos += 1
-                    if remaining.get(nxt):
-                        try:
-                            loaded[nxt] = self._load(nxt, pending[nxt], fetchers, slots, telemetry)
-                        except (FetchError, DecodeError) as exc:  # the shard policy decides, for both
-                            if self.fetch.on_shard_error == "raise":
-                                raise
-                            warnings.warn(f"epishard: skipping episode {self._key(nxt)}: {exc}", stacklevel=2)
-                            telemetry.add(episodes_skipped=1)
-                            failed.add(nxt)
-                            first_failure = first_failure or (self._locate(nxt)[0], exc)
-                remaining[e] -= 1
-                d, _ = self._locate(e)
-                if e in failed:
-                    # Keep this rank's sample count: repeat the worker's previous sample (of the same
-                    # dataset when there is one: batch_by_dataset batches stay one dataset's), flagged.
-                    if last is None:
-                        owed += 1
+            for step in steps.steps:
+                store.drop(step.evict)
+                for load in step.loads:
+                    encoded.drop(load.drop_encoded)
+                    if load.episode in failed:
                         continue
-                    sample = dict(last_of.get(d, last), substitute=True)
-                else:
-                    t = time.perf_counter()
-                    finish = None if self.defer_float else self.post.finish
-                    sample = loaded[e].window(self.sources[d].index, anchor, self.spec, self.cam_offsets[d], finish)
-                    sample = self.layout.apply(sample, d, finish)
-                    sample["dataset"], sample["substitute"] = d, False
-                    if remaining[e] == 0:
-                        del loaded[e]
-                    telemetry.add(
-                        assemble_s=time.perf_counter() - t,
-                        frames_returned=sum(len(o) for o in self.cam_offsets[d].values()),
-                    )
-                yield self._emit(sample, telemetry)
-                for _ in range(owed):  # windows of failed episodes that came before any good sample
-                    yield self._emit(dict(sample, substitute=True), telemetry)
-                owed, last = 0, sample
-                last_of[d] = sample
+                    try:
+                        self._load(load, fetchers, slots, encoded, store, telemetry)
+                    except (FetchError, DecodeError) as exc:  # the shard policy decides, for both
+                        if self.fetch.on_shard_error == "raise":
+                            raise
+                        warnings.warn(f"epishard: skipping episode {self._key(load.episode)}: {exc}", stacklevel=2)
+                        telemetry.add(episodes_skipped=1)
+                        failed.add(load.episode)
+                        first_failure = first_failure or (self._locate(load.episode)[0], exc)
+                        encoded.drop((load.episode,))
+                telemetry.add(
+                    frame_cache_hits=step.hits, frame_cache_misses=step.misses, frame_cache_evictions=step.evict.size
+                )
+                telemetry.peak(cache_bytes_peak=store.nbytes, encoded_bytes_peak=encoded.nbytes)
+                for i in range(step.start, step.stop):
+                    e = int(episodes[i])
+                    d, _ = self._locate(e)
+                    if e in failed:
+                        # Keep this rank's sample count: repeat the worker's previous sample (of the same
+                        # dataset when there is one: batch_by_dataset batches stay one dataset's), flagged.
+                        if last is None:
+                            owed += 1
+                            continue
+                        sample = dict(last_of.get(d, last), substitute=True)
+                    else:
+                        sample = self._window(e, int(anchors[i]), demand.keys[i], store, telemetry)
+                    yield self._emit(sample, telemetry)
+                    for _ in range(owed):  # windows of failed episodes that came before any good sample
+                        yield self._emit(dict(sample, substitute=True), telemetry)
+                    owed, last = 0, sample
+                    last_of[d] = sample
+                store.drop(step.release)
             if owed:
                 assert first_failure is not None  # owed > 0 only after a failure
                 failed_dataset, first_error = first_failure
@@ -540,6 +548,30 @@ class WindowDataset(IterableDataset):
             if get_worker_info() is not None:
                 release_free_memory()  # a persistent worker idles until the next epoch
 
+    def _window(self, episode: int, anchor: int, keys: np.ndarray, store: Store, telemetry: Telemetry) -> dict:
+        """The sample of one window, from the store (``keys``: its frame keys, ``Demand.keys`` row)."""
+        t = time.perf_counter()
+        d, _ = self._locate(episode)
+        columns, info, _ = store.columns[episode]
+        frames, col = {}, 0
+        for cam, offsets in self.cam_offsets[d].items():
+            frames[cam] = store.stack(keys[col : col + len(offsets)]) if len(offsets) else self._no_frames(d, info, cam)
+            col += len(offsets)
+        finish = None if self.defer_float else self.post.finish
+        index = self.sources[d].index
+        sample = window_sample(index, info, columns, anchor, self.spec, self.cam_offsets[d], frames, finish)
+        sample = self.layout.apply(sample, d, finish)
+        sample["dataset"], sample["substitute"] = d, False
+        telemetry.add(assemble_s=time.perf_counter() - t, frames_returned=col)
+        return sample
+
+    def _no_frames(self, d: int, info, cam: str) -> torch.Tensor:
+        """A camera read at no offsets: ``[0, C, h, w]`` of its prepared dtype."""
+        s = info.streams[cam]
+        size = _frame_size(self.post, self.sources[d].index, np.array([s]))
+        depth = bool(self.sources[d].index.cam_depth[s])
+        return torch.empty((0, 1 if depth else 3, *size[0]), dtype=torch.uint16 if depth else torch.uint8)
+
     def _emit(self, sample: dict, telemetry: Telemetry) -> dict:
         telemetry.add(samples=1, substitutes=int(sample["substitute"]))
         if self.telemetry:
@@ -553,39 +585,107 @@ class WindowDataset(IterableDataset):
         d, local = self._locate(episode)
         return self.sources[d].index.key(local)
 
-    def _fetchers(self, plan: WorkerPlan, remaining: dict, telemetry: Telemetry):
-        """One ``Fetcher`` per dataset, over the episodes this worker still needs, in read order."""
-        lists: list[list] = [[] for _ in self.sources]
-        slots: dict[int, tuple] = {}
-        for e in plan.read_order.tolist():
-            if not remaining.get(e):
+    def _demand(self, episodes: np.ndarray, anchors: np.ndarray) -> Demand:
+        """What the windows (global ``episodes``, ``anchors``: int64 ``[n]``) need: ``stream.lookahead.Demand``.
+
+        Frame keys per window and camera as ``LoadedEpisode`` used to compute them: rows clamped
+        into the anchor's recording segment, then the index's row-to-frame map; item sizes from the
+        index (post-processed frame size, encoded members) and the manifest (column widths).
+        """
+        n, total = episodes.size, int(self.episode_base[-1])
+        width = max((sum(len(o) for o in offsets.values()) for offsets in self.cam_offsets), default=0)
+        keys = np.full((n, width), -1, dtype=np.int64)
+        stream_base = np.cumsum([0, *[s.index.cam_depth.size for s in self.sources]])
+        stream_episode = np.full(int(stream_base[-1]), -1, dtype=np.int64)
+        frame_bytes = np.zeros(int(stream_base[-1]), dtype=np.int64)
+        columns_bytes = np.zeros(total, dtype=np.int64)
+        encoded_bytes = np.zeros(total, dtype=np.int64)
+        dataset = np.searchsorted(self.episode_base, episodes, side="right") - 1
+        for d, source in enumerate(self.sources):
+            here = np.flatnonzero(dataset == d)
+            if not here.size:
                 continue
-            d, local = self._locate(e)
-            ix = self.sources[d].index
-            names = ix.camera_names(local)
-            streams = [ix.stream(local, names.index(c)) for c in self.cam_offsets[d]]
-            where = episode_ranges(ix, local, streams)
-            slots[e] = (d, len(lists[d]), where.sha256, where.members)
-            lists[d].append((where.shard, where.ranges))
-        fetchers = [Fetcher(src, lst, self.fetch, telemetry) for src, lst in zip(self.sources, lists, strict=False)]
+            ix, base = source.index, int(self.episode_base[d])
+            local = episodes[here] - base
+            unique = np.unique(local)
+            members = [ix.data_member(unique)]
+            col = 0
+            for cam, offsets in self.cam_offsets[d].items():
+                streams = ix.camera_streams(cam, unique)
+                stream_episode[streams + stream_base[d]] = unique + base
+                size = _frame_size(self.post, ix, streams)
+                frame_bytes[streams + stream_base[d]] = np.where(ix.cam_depth[streams], 2, 3) * size[:, 0] * size[:, 1]
+                members.append(ix.stream_member[streams])
+                if len(offsets):
+                    per_window = streams[np.searchsorted(unique, local)]
+                    rows = window_rows(ix, local, anchors[here], offsets)
+                    frames = ix.frames(per_window[:, None], rows)
+                    keys[here, col : col + len(offsets)] = frame_key(per_window[:, None] + stream_base[d], frames)
+                col += len(offsets)
+            stacked = np.sort(np.stack(members, axis=1), axis=1)
+            first = np.ones(stacked.shape, dtype=bool)
+            first[:, 1:] = stacked[:, 1:] != stacked[:, :-1]
+            encoded_bytes[unique + base] = np.sum(np.where(first, ix.member_size[stacked], 0), axis=1)
+            columns_bytes[unique + base] = ix.num_rows[unique] * self._row_bytes(d)
+        return Demand(episodes, keys, stream_episode, frame_bytes, columns_bytes, encoded_bytes)
+
+    def _row_bytes(self, d: int) -> int:
+        """Bytes per table row of ``read_columns`` in dataset ``d``.
+
+        float32 widths from the manifest (64 when it has no statistics for a column), plus
+        frame_index and timestamp.
+        """
+        names = {self.spec.state_key, self.spec.action_key, *self.spec.extra_columns, *self.spec.column_offsets}
+        widths = [max(column_widths(self.sources[d].manifest, c), default=64) for c in names if c is not None]
+        return 16 + 4 * sum(widths)
+
+    def _fetchers(self, fetches: list[int], telemetry: Telemetry):
+        """One ``Fetcher`` per dataset over the schedule's fetches (global episodes, repeats allowed).
+
+        Returns the fetchers and, per fetch, ``(dataset, position in its fetcher, sha256s, members)``.
+        """
+        lists: list[list] = [[] for _ in self.sources]
+        slots: list[tuple] = []
+        where: dict[int, tuple] = {}
+        for e in fetches:
+            if e not in where:
+                d, local = self._locate(e)
+                ix = self.sources[d].index
+                where[e] = (d, episode_ranges(ix, local, _streams(ix, local, self.cam_offsets[d])))
+            d, ranges = where[e]
+            slots.append((d, len(lists[d]), ranges.sha256, ranges.members))
+            lists[d].append((ranges.shard, ranges.ranges))
+        fetchers = [Fetcher(src, lst, self.fetch, telemetry) for src, lst in zip(self.sources, lists, strict=True)]
         return fetchers, slots
 
-    def _load(self, episode: int, anchors: np.ndarray, fetchers, slots, telemetry: Telemetry) -> LoadedEpisode:
-        d, k, shas, members = slots[episode]
-        blobs = dict(zip(members, fetchers[d].episode(k, shas), strict=False))
-        _, local = self._locate(episode)
-        source = self.sources[d].index.source(local)
-        return LoadedEpisode.load(
-            self.sources[d].index,
-            local,
-            anchors,
-            self.spec,
-            self.cam_offsets[d],
-            blobs,
-            self.post,
-            self.normalizers[d][source],
-            telemetry,
-        )
+    def _load(self, load: Load, fetchers, slots, encoded: _Encoded, store: Store, telemetry: Telemetry) -> None:
+        """One episode's work of a step: its members (fetched, or kept), its columns, its decode calls."""
+        e = load.episode
+        d, local = self._locate(e)
+        ix = self.sources[d].index
+        if load.fetch is None:
+            blobs, decoders = encoded.blobs[e], encoded.decoders[e]
+            telemetry.add(encoded_cache_hits=1)
+        else:
+            dd, k, shas, members = slots[load.fetch]
+            blobs, decoders = dict(zip(members, fetchers[dd].episode(k, shas), strict=True)), {}
+            telemetry.add(episodes_loaded=1)
+        if load.columns:
+            normalizers = self.normalizers[d][ix.source(local)]
+            columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.spec, normalizers)
+            store.put_columns(e, columns, EpisodeInfo.of(ix, local, self.cam_offsets[d]), columns_nbytes(columns))
+        base = int(np.sum([s.index.cam_depth.size for s in self.sources[:d]]))
+        for call in load.decodes:
+            s = call.stream - base
+            where = f"episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
+            data = blobs[int(ix.stream_member[s])]
+            frames, kept = decode_camera(ix, s, call.frames, data, self.post, where, telemetry, decoders.get(s))
+            decoders[s] = kept
+            store.put_frames(call.stream, call.frames, frames)
+        if load.keep:
+            encoded.put(e, blobs, decoders)
+        else:
+            encoded.drop((e,))
 
     # --- resume ----------------------------------------------------------------------------------
 
@@ -722,6 +822,46 @@ def _upgrade(state: dict) -> dict:
     if state.get("version", 1) > STATE_VERSION:
         raise ValueError(f"cannot resume: state version {state['version']} is newer than this reader's {STATE_VERSION}")
     return {"history": [], **state}
+
+
+def _streams(index, episode: int, cameras) -> list[int]:
+    """Index stream numbers of the window cameras (names the episode stores) of ``episode``."""
+    names = index.camera_names(episode)
+    return [index.stream(episode, names.index(c)) for c in cameras]
+
+
+def _frame_size(post: PostProcess, index, streams: np.ndarray) -> np.ndarray:
+    """``(h, w)`` (int64 ``[len(streams), 2]``) of the streams' frames after ``post.prepare`` (hook aside)."""
+    size = np.stack([index.cam_height[streams], index.cam_width[streams]], axis=1).astype(np.int64)
+    if post.crop is not None:
+        size[:] = post.crop[2:]
+    if post.size is not None:
+        size[:] = post.size
+    return size
+
+
+class _Encoded:
+    """Encoded member bytes the schedule keeps for episodes decoded again (``Load.keep``).
+
+    With them, each camera's open decoder and the last frame it returned (``decode_camera``'s
+    ``kept``): the next call on that camera decodes on from there when it can.
+    """
+
+    def __init__(self):
+        self.blobs: dict[int, dict[int, bytes]] = {}
+        self.decoders: dict[int, dict] = {}
+        self.nbytes = 0
+
+    def put(self, episode: int, blobs: dict[int, bytes], decoders: dict) -> None:
+        if episode not in self.blobs:
+            self.nbytes += sum(len(b) for b in blobs.values())
+        self.blobs[episode], self.decoders[episode] = blobs, decoders
+
+    def drop(self, episodes) -> None:
+        for e in episodes:
+            blobs = self.blobs.pop(e, None)
+            self.decoders.pop(e, None)
+            self.nbytes -= 0 if blobs is None else sum(len(b) for b in blobs.values())
 
 
 class WindowLoader(DataLoader):

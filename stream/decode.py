@@ -17,6 +17,10 @@ import av
 import numpy as np
 import torch
 
+# Imported here, not at the first decode: DataLoader workers forked after this inherit it, where each
+# would otherwise pay its 2-5 s import (it loads torch._dynamo) before its first batch.
+import torchcodec.decoders  # noqa: F401
+
 from epishard.shardwriter.video import frame_stream, open_decoder
 
 
@@ -30,12 +34,16 @@ class Decoded:
 
     ``frames`` (``[N, C, h, w]`` after post-processing:
     uint8 RGB, or uint16 ``C == 1`` depth), ``calls`` (decoder calls made: ``get_frames_at`` calls,
-    or seeks for depth) and ``post_s`` (seconds spent in post-processing).
+    or seeks for depth), ``post_s`` (seconds spent in post-processing) and the torchcodec
+    ``decoder`` used (None for depth), which a caller may keep and pass again: asked next for
+    later frames of the same keyframe group, it decodes on from where it stopped instead of
+    seeking back to the keyframe.
     """
 
     frames: torch.Tensor
     calls: int
     post_s: float
+    decoder: object = None
 
 
 def decode(
@@ -50,6 +58,7 @@ def decode(
     max_bytes: int = 256 << 20,
     height: int = 0,
     width: int = 0,
+    decoder=None,
 ) -> Decoded:
     """Decode ``frames`` (sorted unique int64 frame numbers) of one video with one decoder.
 
@@ -60,7 +69,8 @@ def decode(
     One ``get_frames_at`` call takes them all, unless the decoded RGB frames (``height x width x 3``
     bytes each) would exceed ``max_bytes``: then consecutive calls of at most that many bytes on the
     same decoder, each post-processed before the next, bound the memory of long high-resolution
-    episodes. ``post`` (a ``PostProcess``) runs on the decoded frames only.
+    episodes. ``post`` (a ``PostProcess``) runs on the decoded frames only. ``decoder``: one this
+    function returned before for the same ``data`` and ``tables`` (None: open one).
 
     Returns:
         ``Decoded``: frames ``[len(frames), C, h, w]`` after ``post``, ``get_frames_at`` calls made,
@@ -74,7 +84,7 @@ def decode(
     per_call = max(1, max_bytes // max(3 * height * width, 1)) if height and width else frames.size
     parts, post_s = [], 0.0
     try:
-        decoder = open_decoder(data, *tables, stream_index)
+        decoder = decoder if decoder is not None else open_decoder(data, *tables, stream_index)
         for start in range(0, frames.size, per_call):
             wanted = frames[start : start + per_call]
             out = decoder.get_frames_at(wanted.tolist())
@@ -95,7 +105,7 @@ def decode(
     except Exception as exc:  # torchcodec raises RuntimeError/ValueError/IndexError by case
         raise DecodeError(f"{where}: decoding frames {frames[:8].tolist()}... failed: {exc}") from exc
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return Decoded(out, len(parts), post_s)
+    return Decoded(out, len(parts), post_s, decoder)
 
 
 def decode_depth(

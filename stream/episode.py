@@ -1,7 +1,10 @@
-"""One episode loaded for a consumer; windows are cut out of it.
+"""An episode's parts for the reader: its table columns, its decoded frames, and windows cut from them.
 
-It holds its table columns, and every frame its windows need, decoded once per camera (merged
-decoding) and post-processed once.
+``stream.lookahead`` schedules which frames are decoded when (one call per (episode, camera) per
+chunk of windows) and ``stream.dataset`` keeps them in its cache; this module reads a table into
+columns (``read_columns``), decodes one camera's frames (``decode_camera``) and assembles a sample
+(``window_sample``) with the window semantics of the format: rows clamped into the anchor's
+recording segment, ``_is_pad`` flags for the rows clamped.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class Normalizer:
         return (x - self.shift) / self.scale
 
 
-def _clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:
+def clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:
     """Rows clamped into the anchor's recording segment ``[lo, hi)``, and pad flags.
 
     The segment is the episode unless its timestamps reset or jump; the pad flags mark the rows that
@@ -81,13 +84,38 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
     return columns
 
 
+def read_columns(
+    index: WindowIndex, episode: int, data: bytes, spec: WindowSpec, normalizers: dict[str, Normalizer]
+) -> dict[str, np.ndarray]:
+    """The columns windows need from the episode's table member ``data`` (``num_rows`` rows each).
+
+    State, action and other numeric columns as float32 ``[n, D]`` (normalised by ``normalizers``),
+    ``frame_index`` int64 ``[n]``, ``timestamp`` float64 ``[n]`` seconds.
+
+    Raises:
+        DecodeError: the table does not read as the index describes (naming the episode key).
+    """
+    n, fps = int(index.num_rows[episode]), float(index.fps[episode])
+    try:
+        return _columns(read_table_bytes(data), n, fps, spec, normalizers)
+    except (pa.ArrowException, KeyError, ValueError, TypeError) as exc:
+        raise DecodeError(
+            f"episode {index.key(episode)}: its table does not read as the index describes: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def columns_nbytes(columns: dict[str, np.ndarray]) -> int:
+    """Bytes the arrays of ``read_columns`` hold."""
+    return sum(int(a.nbytes) for a in columns.values())
+
+
 @dataclass(frozen=True)
 class EpisodeInfo:
-    """What every window of a loaded episode shares.
+    """What every window of an episode shares.
 
-    Its ``task`` text, source ``episode_index``,
-    ``key``, ``fps``, the index stream of each window camera (``streams``: camera -> stream number)
-    and its recording-segment edges (``segments``: int64 ``[S + 1]`` rows, ``WindowIndex.segment_edges``).
+    Its ``task`` text, source ``episode_index``, ``key``, ``fps``, the index stream of each window
+    camera (``streams``: camera -> stream number) and its recording-segment edges (``segments``:
+    int64 ``[S + 1]`` rows, ``WindowIndex.segment_edges``).
     """
 
     task: str
@@ -97,140 +125,136 @@ class EpisodeInfo:
     streams: dict[str, int]
     segments: np.ndarray
 
-
-@dataclass
-class LoadedEpisode:
-    """An episode's columns and decoded frames, enough to cut all of the given windows.
-
-    Built by ``load`` from the member bytes the fetcher delivered: one decoder and one
-    ``get_frames_at`` call per camera for the sorted union of frames of all windows (split only
-    past 256 MiB of decoded frames), and post-processing of exactly those frames.
-    ``frames[cam]``: prepared uint8 ``[U, 3, H, W]`` (uint16 ``[U, 1, H, W]`` for a depth camera);
-    ``positions[cam]``: the U frame numbers.
-    """
-
-    episode: int
-    num_rows: int
-    columns: dict
-    frames: dict
-    positions: dict
-    info: EpisodeInfo
-
     @classmethod
-    def load(
-        cls,
-        index: WindowIndex,
-        episode: int,
-        anchors: np.ndarray,
-        spec: WindowSpec,
-        cam_offsets: dict[str, np.ndarray],
-        blobs: dict[int, bytes],
-        post: PostProcess,
-        normalizers: dict[str, Normalizer],
-        telemetry: Telemetry,
-    ) -> LoadedEpisode:
-        """``blobs``: member number -> bytes, for the data member and the cameras' video members."""
-        key, n = index.key(episode), int(index.num_rows[episode])
+    def of(cls, index: WindowIndex, episode: int, cameras) -> EpisodeInfo:
+        """The info of ``episode`` for the window cameras ``cameras`` (names the episode stores)."""
         names = index.camera_names(episode)
-        streams = {cam: index.stream(episode, names.index(cam)) for cam in cam_offsets}
-        fps = float(index.fps[episode])
-        try:
-            columns = _columns(read_table_bytes(blobs[int(index.data_member(episode))]), n, fps, spec, normalizers)
-        except (pa.ArrowException, KeyError, ValueError, TypeError) as exc:
-            raise DecodeError(
-                f"episode {key}: its table does not read as the index describes: {type(exc).__name__}: {exc}"
-            ) from exc
-
-        frames, positions = {}, {}
-        edges = index.segment_edges(episode)  # recording segments: windows stay inside their anchor's
-        k = np.searchsorted(edges, anchors, side="right") - 1
-        seg_lo, seg_hi = edges[k], edges[k + 1]
-        for cam, offsets in cam_offsets.items():
-            s = streams[cam]
-            rows, _ = _clamped(anchors[:, None] + offsets[None, :], seg_lo[:, None], seg_hi[:, None])
-            rows = rows.ravel()
-            unique = np.unique(index.frames(s, rows))
-            t1 = time.perf_counter()
-            pts, duration, keyflags = index.frame_tables(s)
-            keys = index.keyframes_of(s)
-            where, data = f"episode {key} camera {cam}", blobs[int(index.stream_member[s])]
-            if index.cam_depth[s]:
-                decoded = decode_depth(
-                    data,
-                    unique,
-                    pts,
-                    keys,
-                    where=where,
-                    stream_index=int(index.cam_stream_index[s]),
-                    post=post.prepare_depth,
-                )
-            else:
-                decoded = decode(
-                    data,
-                    unique,
-                    (pts, duration, keyflags),
-                    where=where,
-                    stream_index=int(index.cam_stream_index[s]),
-                    time_base=float(index.cam_time_base[s]),
-                    post=post.prepare,
-                    height=int(index.cam_height[s]),
-                    width=int(index.cam_width[s]),
-                )
-            frames[cam], positions[cam] = decoded.frames, unique
-            telemetry.add(
-                decode_s=time.perf_counter() - t1 - decoded.post_s,
-                postprocess_s=decoded.post_s,
-                decoder_opens=1,
-                decode_calls=decoded.calls,
-                frames_decoded=int(index.decoded_frames(s, unique)),
-                frames_unique=unique.size,
-            )
-        info = EpisodeInfo(
+        return cls(
             task=index.task(episode),
             episode_index=int(index.episode_index[episode]),
-            key=key,
-            fps=fps,
-            streams=streams,
-            segments=edges,
+            key=index.key(episode),
+            fps=float(index.fps[episode]),
+            streams={cam: index.stream(episode, names.index(cam)) for cam in cameras},
+            segments=index.segment_edges(episode),
         )
-        telemetry.add(episodes_loaded=1)
-        return cls(episode, n, columns, frames, positions, info)
 
-    def window(
-        self, index: WindowIndex, anchor: int, spec: WindowSpec, cam_offsets: dict[str, np.ndarray], finish=None
-    ) -> dict:
-        """The sample of the window anchored at row ``anchor`` (see ``WindowDataset`` for keys).
 
-        ``finish``: applied to each camera's frames (``PostProcess.finish``); None leaves them as
-        stored (uint8, for a collate that converts them).
-        """
-        edges = self.info.segments
-        k = int(np.searchsorted(edges, anchor, side="right")) - 1
-        lo, hi = int(edges[k]), int(edges[k + 1])
-        sample: dict = {}
-        for cam, offsets in cam_offsets.items():
-            rows, pad = _clamped(anchor + offsets, lo, hi)
-            frames = index.frames(self.info.streams[cam], rows)
-            picked = np.searchsorted(self.positions[cam], frames)
-            frames = self.frames[cam].index_select(0, torch.from_numpy(picked))  # 50x faster than x[idx] for uint8
-            depth = index.cam_depth[self.info.streams[cam]]  # depth stays uint16: never scaled as an image
-            sample[cam] = finish(frames) if finish is not None and not depth else frames
-            sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
-        if spec.state_key:
-            rows, pad = _clamped(anchor + np.asarray(spec.state_offsets), lo, hi)
-            sample[spec.state_key] = torch.from_numpy(self.columns[spec.state_key][rows])
-            sample[f"{spec.state_key}_is_pad"] = torch.from_numpy(pad)
-        windows = {name: np.asarray(offsets, dtype=np.int64) for name, offsets in spec.column_offsets.items()}
-        if spec.action_key and spec.action_horizon:
-            windows[spec.action_key] = spec.action_rows
-        for name, offsets in windows.items():
-            rows, pad = _clamped(anchor + offsets, lo, hi)
-            sample[name] = torch.from_numpy(self.columns[name][rows])
-            sample[f"{name}_is_pad"] = torch.from_numpy(pad)
-        for name in spec.extra_columns:
-            sample[name] = torch.from_numpy(self.columns[name][anchor])
-        sample["task"] = self.info.task
-        sample["episode_index"] = self.info.episode_index
-        sample["frame_index"] = int(self.columns["frame_index"][anchor])
-        sample["timestamp"] = float(self.columns["timestamp"][anchor])
-        return sample
+def window_rows(index: WindowIndex, episodes: np.ndarray, anchors: np.ndarray, offsets) -> np.ndarray:
+    """Rows (int64 ``[n, T]``) windows at ``anchors`` of ``episodes`` read at ``offsets``.
+
+    Clamped into each anchor's recording segment (``WindowIndex.segment_bounds``), as
+    ``window_sample`` does: the frames a window camera returns are ``index.frames(stream, rows)``.
+    """
+    lo, hi = index.segment_bounds(episodes, anchors)
+    rows, _ = clamped(anchors[:, None] + np.asarray(offsets, dtype=np.int64)[None, :], lo[:, None], hi[:, None])
+    return rows
+
+
+def decode_camera(
+    index: WindowIndex,
+    stream: int,
+    frames: np.ndarray,
+    data: bytes,
+    post: PostProcess,
+    where: str,
+    telemetry: Telemetry,
+    kept: tuple[object, int] | None = None,
+) -> tuple[torch.Tensor, tuple[object, int] | None]:
+    """Decode ``frames`` (sorted unique int64) of camera ``stream`` from its member bytes, post-processed.
+
+    One decoder and one ``get_frames_at`` call (``stream.decode``; PyAV for depth). Returns uint8
+    ``[U, 3, h, w]`` (uint16 ``[U, 1, h, w]`` for a depth camera) after ``post.prepare``
+    (``prepare_depth``), and ``(decoder, last frame returned)`` to pass as ``kept`` to the next call
+    on the same camera (None for depth): frames after the last one and before the next keyframe
+    are then decoded on, not from the keyframe again. Counts decode time, post-processing time,
+    opens, calls, frames decoded (``WindowIndex.decoded_frames``, from the kept position where the
+    decoder goes on from it) and frames requested into ``telemetry``.
+
+    Raises:
+        DecodeError: naming ``where`` (episode key and camera).
+    """
+    t1 = time.perf_counter()
+    if index.cam_depth[stream]:
+        decoded = decode_depth(
+            data,
+            frames,
+            index.frame_tables(stream)[0],
+            index.keyframes_of(stream),
+            where=where,
+            stream_index=int(index.cam_stream_index[stream]),
+            post=post.prepare_depth,
+        )
+    else:
+        decoded = decode(
+            data,
+            frames,
+            index.frame_tables(stream),
+            where=where,
+            stream_index=int(index.cam_stream_index[stream]),
+            time_base=float(index.cam_time_base[stream]),
+            post=post.prepare,
+            height=int(index.cam_height[stream]),
+            width=int(index.cam_width[stream]),
+            decoder=None if kept is None else kept[0],
+        )
+    work = int(index.decoded_frames(stream, frames))
+    if kept is not None and kept[1] < frames[0]:  # decoded on from the kept position (torchcodec seeks
+        # only when a keyframe lies after it and at or before the next frame): cost counted from there
+        work = int(index.decoded_frames(stream, np.r_[kept[1], frames])) - int(
+            index.decoded_frames(stream, np.array([kept[1]]))
+        )
+    telemetry.add(
+        decode_s=time.perf_counter() - t1 - decoded.post_s,
+        postprocess_s=decoded.post_s,
+        decoder_opens=int(kept is None),
+        decode_calls=decoded.calls,
+        frames_decoded=work,
+        frames_unique=frames.size,
+    )
+    return decoded.frames, None if decoded.decoder is None else (decoded.decoder, int(frames[-1]))
+
+
+def window_sample(
+    index: WindowIndex,
+    info: EpisodeInfo,
+    columns: dict[str, np.ndarray],
+    anchor: int,
+    spec: WindowSpec,
+    cam_offsets: dict[str, np.ndarray],
+    frames: dict[str, torch.Tensor],
+    finish=None,
+) -> dict:
+    """The sample of the window anchored at row ``anchor`` (see ``WindowDataset`` for keys).
+
+    ``frames``: camera -> its frames at the window's rows (``[T, C, h, w]``, prepared), as
+    ``window_rows`` and ``index.frames`` give them. ``finish``: applied to each RGB camera's frames
+    (``PostProcess.finish``); None leaves them as stored (uint8, for a collate that converts them).
+    Depth stays uint16: never scaled as an image.
+    """
+    edges = info.segments
+    k = int(np.searchsorted(edges, anchor, side="right")) - 1
+    lo, hi = int(edges[k]), int(edges[k + 1])
+    sample: dict = {}
+    for cam, offsets in cam_offsets.items():
+        _, pad = clamped(anchor + offsets, lo, hi)
+        depth = index.cam_depth[info.streams[cam]]
+        sample[cam] = finish(frames[cam]) if finish is not None and not depth else frames[cam]
+        sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
+    if spec.state_key:
+        rows, pad = clamped(anchor + np.asarray(spec.state_offsets), lo, hi)
+        sample[spec.state_key] = torch.from_numpy(columns[spec.state_key][rows])
+        sample[f"{spec.state_key}_is_pad"] = torch.from_numpy(pad)
+    windows = {name: np.asarray(offsets, dtype=np.int64) for name, offsets in spec.column_offsets.items()}
+    if spec.action_key and spec.action_horizon:
+        windows[spec.action_key] = spec.action_rows
+    for name, offsets in windows.items():
+        rows, pad = clamped(anchor + offsets, lo, hi)
+        sample[name] = torch.from_numpy(columns[name][rows])
+        sample[f"{name}_is_pad"] = torch.from_numpy(pad)
+    for name in spec.extra_columns:
+        sample[name] = torch.from_numpy(columns[name][anchor])
+    sample["task"] = info.task
+    sample["episode_index"] = info.episode_index
+    sample["frame_index"] = int(columns["frame_index"][anchor])
+    sample["timestamp"] = float(columns["timestamp"][anchor])
+    return sample

@@ -6,6 +6,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -14,6 +15,7 @@ from tqdm import tqdm
 
 from . import diversity
 from .dataset import WindowDataset, WindowLoader
+from .lookahead import Lookahead
 from .spec import WindowSpec, segment
 from .telemetry import FIELDS, summarize
 from .transform import PostProcess
@@ -36,7 +38,9 @@ class StreamRun:
     (``segment(0, span - 1, frames)``), ``state_history`` state rows ending at the anchor, an
     ``action_horizon``-row action chunk; ``per_episode_count`` / ``per_episode_fraction``: windows
     per episode per epoch (``WindowSpec``'s); ``size``: ``"HxW"`` to resize frames; ``float``: float32 frames
-    in [0, 1]. ``batches``: batches to run (0: one epoch). ``storage_options``: fsspec options
+    in [0, 1]. ``batches``: batches to run (0: one epoch). ``shuffle_episodes``: the plan's pool
+    (``WindowDataset``'s); ``horizon``, ``cache_mb``: the look-ahead (``stream.lookahead.Lookahead``'s
+    ``horizon`` windows, ``cache_bytes`` in MiB). ``storage_options``: fsspec options
     for a URL (``shardwriter.storage.resolve_storage_options``).
     """
 
@@ -56,6 +60,9 @@ class StreamRun:
     batches: int = 50
     workers: int = 2
     seed: int = 0
+    shuffle_episodes: int | Literal["auto"] | None = "auto"
+    horizon: int = 2048
+    cache_mb: int = 768
     storage_options: dict | None = None
 
 
@@ -86,7 +93,16 @@ def build(options: StreamRun) -> WindowLoader:
     )
     size = _size(options.size) if options.size else None
     post = PostProcess(size=size, dtype=torch.float32 if options.float else torch.uint8)
-    ds = WindowDataset(source, spec, seed=options.seed, postprocess=post, telemetry=True)
+    lookahead = Lookahead(horizon=options.horizon, cache_bytes=options.cache_mb << 20)
+    ds = WindowDataset(
+        source,
+        spec,
+        seed=options.seed,
+        postprocess=post,
+        telemetry=True,
+        shuffle_episodes=options.shuffle_episodes,
+        lookahead=lookahead,
+    )
     return WindowLoader(ds, batch_size=options.batch_size, num_workers=options.workers, collate_fn=_timed_collate)
 
 

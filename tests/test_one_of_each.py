@@ -18,6 +18,7 @@ from epishard.balance import local_order, random_steps
 from epishard.seeding import rng_for
 from epishard.shardwriter.storage import FileSystemHandle, Storage
 from epishard.stream import DatasetSource, WindowDataset
+from epishard.stream.lookahead import Lookahead
 from epishard.stream.plan import shard_order
 from epishard.stream.telemetry import FIELDS, summarize
 
@@ -82,7 +83,8 @@ def test_writer_and_reader_share_the_one_handle(intact):
 def test_the_fetcher_counts_into_the_telemetry_names(intact):
     from faultgen import SPEC
 
-    samples = list(WindowDataset(intact, SPEC, seed=5, telemetry=True))
+    # One look-ahead chunk for the epoch: each episode fetched once, in shard order.
+    samples = list(WindowDataset(intact, SPEC, seed=5, telemetry=True, lookahead=Lookahead(first=4096)))
     totals = summarize([s["__telemetry__"] for s in samples])
     assert {"bytes_read", "requests", "retries", "range_ignored", "cache_hits", "read_s"} <= set(FIELDS)
     # Stream mode: one request per shard (under chunk_bytes), covering the members every episode needs.

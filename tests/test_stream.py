@@ -15,6 +15,7 @@ from videogen import decode_frame_number, make_episode_table, make_video
 
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
+from epishard.stream.lookahead import Lookahead
 from epishard.stream.telemetry import summarize
 
 FPS = 20
@@ -85,7 +86,9 @@ def _keys(samples) -> list[tuple[int, int]]:
 
 
 def test_every_window_decodes_the_frames_of_its_rows(dataset):
-    ds = WindowDataset(dataset, SPEC, seed=3, telemetry=True)
+    # One look-ahead chunk holds the whole epoch (318 windows), so merged decoding is one call per
+    # (episode, camera); tests/test_lookahead.py covers smaller horizons.
+    ds = WindowDataset(dataset, SPEC, seed=3, telemetry=True, lookahead=Lookahead(first=512, horizon=512))
     for _epoch in range(2):
         samples = list(ds)
         assert sorted(_keys(samples)) == sorted((e, a) for e, n in enumerate(LENGTHS) for a in range(n))

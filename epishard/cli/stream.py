@@ -34,9 +34,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", type=int, default=50, help="batches to run (0: one epoch)")
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     p.add_argument("--seed", type=int, default=0, help="seed of the epoch plan")
+    p.add_argument(
+        "--shuffle-episodes",
+        type=_pool,
+        default="auto",
+        metavar="N|auto|all",
+        help="episodes whose windows are shuffled together in each worker's order: fewer decode each "
+        "episode's frames for more windows at once (reuse), more give batches of more episodes (diversity); "
+        "auto: 8 x batch size, all: the worker's whole share, 0: read order",
+    )
+    p.add_argument(
+        "--horizon", type=int, default=2048, help="look-ahead: windows per decode chunk (one call per episode camera)"
+    )
+    p.add_argument("--cache-mb", type=int, default=768, help="look-ahead: decoded frames kept per worker, MiB")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
     p.add_argument("--plot", metavar="FILE", help="draw the telemetry into this PNG (default: no plot)")
     storage_options(p)
+
+
+def _pool(text: str) -> int | str | None:
+    """``--shuffle-episodes``: an int >= 0, ``auto`` or ``all`` (None: the whole share)."""
+    if text in ("auto", "all"):
+        return None if text == "all" else text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of episodes, 'auto' or 'all'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} episodes: must be >= 0")
+    return value
 
 
 def add_per_episode_arguments(p: argparse.ArgumentParser) -> None:

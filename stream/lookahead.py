@@ -1,0 +1,399 @@
+"""Look-ahead decoding: fetches, decodes and evictions scheduled from the known yield order.
+
+The plan gives a consumer's windows in yield order before any I/O, so the reader knows every frame
+it will return and exactly when each is needed again. ``schedule`` walks that order in chunks (the
+horizon: ``Lookahead.first`` windows, then ``Lookahead.horizon`` windows each chunk,
+each chunk shortened so its frames fit the cache) and, for each (episode, camera) a chunk touches,
+makes ONE decode call for the union of the chunk's frames of it that are not cached (merged
+decoding, as ``stream.decode`` does per episode).
+
+Two caches, each bounded in bytes, with Belady's furthest-next-use eviction (optimal for items of
+one size, the standard rule for items of several; here the next use is exact, not predicted):
+
+- decoded items: post-processed frames (``frame_key(stream, frame)``) and each episode's table
+  columns (``columns_key(episode)``). A chunk's items must all be held while its windows are
+  assembled; the items of other chunks are evicted furthest-next-use first when the chunk needs
+  room, and an item with no later use is released as soon as its chunk is done.
+- encoded member bytes of an episode (its table and window cameras' videos), kept so an episode
+  decoded again soon is not fetched again; one whose next use is further than every kept one is
+  not kept (Belady's bypass) and is fetched again when next needed, so the fetch list, repeats
+  included, is known up front.
+
+``schedule`` is pure: arrays in, a ``Schedule`` out, no I/O (the approach of ``stream.plan``); property-tested in
+``tests/test_lookahead.py``. ``stream.dataset.WindowDataset`` executes it, holding the decoded
+items in a ``Store``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+NEVER = np.iinfo(np.int64).max  # next use of an item no later chunk needs
+_FRAME_BITS = 32
+
+
+@dataclass(frozen=True)
+class Lookahead:
+    """How far the reader looks ahead and how much it keeps (``WindowDataset(lookahead=...)``).
+
+    Args:
+        horizon: windows per chunk at most: each (episode, camera) gets one decode call per chunk
+            for the frames of all the chunk's windows (larger: more merging, more bytes held).
+        first: windows of the first chunk (every later one: ``horizon``), so the first
+            batch waits only for its own frames; the batch size when the dataset knows it
+            (``WindowLoader``'s, or ``batch_size=``) and this is left at its default.
+        cache_bytes: decoded frames (after post-processing, uint8; uint16 depth) and table
+            columns held at most, bytes. A chunk is shortened until its frames fit; one window
+            alone larger than this is an error.
+        encoded_bytes: encoded member bytes kept for episodes decoded again later, at most.
+
+    The bytes a worker holds are at most ``cache_bytes + encoded_bytes`` plus what is in flight:
+    one episode's members being decoded, the fetcher's ``FetchPolicy.prefetch_bytes`` and one
+    decode call's RGB frames (``stream.decode``: at most 256 MiB before post-processing).
+
+    Raises:
+        ValueError: a count below 1 or a negative byte budget.
+    """
+
+    horizon: int = 2048
+    first: int = 8
+    cache_bytes: int = 768 << 20
+    encoded_bytes: int = 128 << 20
+
+    def __post_init__(self):
+        if self.horizon < 1 or self.first < 1:
+            raise ValueError(f"Lookahead: horizon and first must be >= 1, not {self.horizon} and {self.first}")
+        if self.cache_bytes < 0 or self.encoded_bytes < 0:
+            raise ValueError(f"Lookahead: byte budgets must be >= 0, not {self.cache_bytes}, {self.encoded_bytes}")
+
+
+def frame_key(stream, frame):
+    """Cache key (int64, >= 0) of decoded ``frame`` of global camera ``stream``; arrays broadcast."""
+    return (np.asarray(stream, dtype=np.int64) << _FRAME_BITS) | np.asarray(frame, dtype=np.int64)
+
+
+def key_stream(key):
+    """The camera stream of frame keys (int64 arrays)."""
+    return np.asarray(key, dtype=np.int64) >> _FRAME_BITS
+
+
+def key_frame(key):
+    """The frame number of frame keys (int64 arrays)."""
+    return np.asarray(key, dtype=np.int64) & ((1 << _FRAME_BITS) - 1)
+
+
+def columns_key(episode):
+    """Cache key (int64, < 0) of an episode's table columns."""
+    return -1 - np.asarray(episode, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What each window of a consumer's yield order needs (the schedule's input).
+
+    ``episode``: int64 ``[n]`` (any episode numbering, e.g. global); ``keys``: int64 ``[n, K]``
+    ``frame_key``s of the frames each window returns (-1: none, e.g. a camera its dataset lacks);
+    ``stream_episode``: int64 per global stream, its episode; ``frame_bytes``: int64 per global
+    stream, bytes of one decoded, post-processed frame; ``columns_bytes`` / ``encoded_bytes``:
+    int64 per episode, bytes of its table columns and of its encoded members.
+    """
+
+    episode: np.ndarray
+    keys: np.ndarray
+    stream_episode: np.ndarray
+    frame_bytes: np.ndarray
+    columns_bytes: np.ndarray
+    encoded_bytes: np.ndarray
+
+    def need(self, start: int, stop: int) -> np.ndarray:
+        """Sorted unique keys windows ``[start, stop)`` need: their episodes' columns (< 0), then frames."""
+        frames = self.keys[start:stop].ravel()
+        return np.unique(np.concatenate([frames[frames >= 0], columns_key(self.episode[start:stop])]))
+
+    def sizes(self, keys: np.ndarray) -> np.ndarray:
+        """Bytes of each key's item (int64, the shape of ``keys``)."""
+        keys = np.asarray(keys, dtype=np.int64)
+        frames = keys >= 0
+        out = np.empty(keys.shape, dtype=np.int64)
+        out[frames] = self.frame_bytes[key_stream(keys[frames])]
+        out[~frames] = self.columns_bytes[-1 - keys[~frames]]
+        return out
+
+
+@dataclass(frozen=True)
+class Decode:
+    """One decode call: ``frames`` (sorted unique int64) of global camera ``stream``."""
+
+    stream: int
+    frames: np.ndarray
+
+
+@dataclass(frozen=True)
+class Load:
+    """One episode's work in a chunk, in this order.
+
+    ``drop_encoded``: episodes whose kept encoded bytes go first (room for this one);
+    ``fetch``: position in ``Schedule.fetches`` of this episode's members, or None: they are
+    kept from an earlier load; then its ``columns`` are read (when True) and its ``decodes`` run;
+    ``keep``: its encoded bytes are kept afterwards (else dropped).
+    """
+
+    episode: int
+    fetch: int | None
+    columns: bool
+    decodes: tuple[Decode, ...]
+    keep: bool
+    drop_encoded: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Step:
+    """One chunk: windows ``[start, stop)`` of the yield order.
+
+    First the ``evict`` keys leave the cache (forced by the budget, furthest next use first), then
+    the ``loads`` run (their items enter the cache: ``held`` bytes after them, the most held in the
+    step), then the windows are assembled from the cache, then the ``release`` keys (no later use)
+    leave it.
+    """
+
+    start: int
+    stop: int
+    evict: np.ndarray
+    loads: tuple[Load, ...]
+    release: np.ndarray
+    held: int
+    hits: int  # frames of the chunk found in the cache
+    misses: int  # frames of the chunk decoded for it
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """``steps`` in order; ``fetches``: episodes in fetch order (repeats: fetched again)."""
+
+    steps: list[Step]
+    fetches: list[int]
+
+    @property
+    def peak_bytes(self) -> int:
+        """Decoded items held at most, bytes."""
+        return max((s.held for s in self.steps), default=0)
+
+
+def schedule(demand: Demand, policy: Lookahead) -> Schedule:
+    """The look-ahead schedule of a consumer's windows (see the module docstring).
+
+    Raises:
+        ValueError: one window's frames and columns alone exceed ``policy.cache_bytes`` (naming
+            the window's position, its episode and the bytes).
+    """
+    spans = _chunks(demand, policy)
+    needs = [demand.need(a, b) for a, b in spans]
+    nexts = _next_uses(needs)
+    steps_work, held_trace, evicts, releases, hits = [], [], [], [], []
+    # The cache, as arrays sorted by key: key, bytes, next chunk that needs it.
+    keys, sizes, nexts_held = (np.zeros(0, dtype=np.int64) for _ in range(3))
+    for (a, b), need, nxt in zip(spans, needs, nexts, strict=True):
+        cached = np.isin(need, keys, assume_unique=True)
+        miss = need[~cached]
+        miss_sizes = demand.sizes(miss)
+        over = int(sizes.sum() + miss_sizes.sum()) - policy.cache_bytes
+        evicted = np.zeros(0, dtype=np.int64)
+        if over > 0:  # furthest next use first (ties: smaller key first), never what this chunk needs
+            other = np.flatnonzero(~np.isin(keys, need, assume_unique=True))
+            order = other[np.lexsort((keys[other], -nexts_held[other]))]
+            count = int(np.searchsorted(np.cumsum(sizes[order]), over)) + 1
+            if count > order.size:
+                raise AssertionError("internal: the look-ahead cache would evict an item its chunk needs")
+            gone = np.zeros(keys.size, dtype=bool)
+            gone[order[:count]] = True
+            evicted = keys[gone]
+            keys, sizes, nexts_held = keys[~gone], sizes[~gone], nexts_held[~gone]
+        held_trace.append(int(sizes.sum() + miss_sizes.sum()))
+        evicts.append(evicted)
+        hits.append(int(np.count_nonzero(cached & (need >= 0))))
+        steps_work.append((a, b, miss))
+        # After the chunk: its items carry their next use; those with none are released.
+        done = nxt == NEVER
+        releases.append(need[done])
+        rest = ~np.isin(keys, need, assume_unique=True)
+        keys = np.concatenate([keys[rest], need[~done]])
+        sizes = np.concatenate([sizes[rest], demand.sizes(need[~done])])
+        nexts_held = np.concatenate([nexts_held[rest], nxt[~done]])
+        order = np.argsort(keys, kind="stable")
+        keys, sizes, nexts_held = keys[order], sizes[order], nexts_held[order]
+    work = [_loads(demand, a, b, miss) for a, b, miss in steps_work]
+    loads, fetches = _encoded(demand, work, policy.encoded_bytes)
+    steps = [
+        Step(a, b, ev, ld, rel, h, hit, int(np.count_nonzero(miss >= 0)))
+        for (a, b, miss), ev, ld, rel, h, hit in zip(steps_work, evicts, loads, releases, held_trace, hits, strict=True)
+    ]
+    return Schedule(steps, fetches)
+
+
+def _chunks(demand: Demand, policy: Lookahead) -> list[tuple[int, int]]:
+    """Windows ``[start, stop)`` of each chunk: ``first``, then ``horizon`` each, each shortened to fit.
+
+    The first batch waits for its own frames only; every later chunk merges the decode calls of as
+    many windows as the horizon and the cache allow (each further chunk on an episode's camera can
+    cost a seek back to a keyframe when its windows come in any order, so chunks do not grow
+    gradually: measured in docs/bench/lookahead.md).
+    """
+    n = demand.episode.size
+    out, a, size = [], 0, policy.first
+    while a < n:
+        b = min(n, a + size)
+        fits = _fitting(demand, a, b, policy.cache_bytes)
+        if fits == 0:
+            need = int(demand.sizes(demand.need(a, a + 1)).sum())
+            raise ValueError(
+                f"look-ahead: window {a} (episode {int(demand.episode[a])}) needs {need} bytes of decoded frames "
+                f"and columns, more than Lookahead.cache_bytes = {policy.cache_bytes}: raise cache_bytes"
+            )
+        out.append((a, a + fits))
+        a, size = a + fits, policy.horizon
+    return out
+
+
+def _fitting(demand: Demand, start: int, stop: int, budget: int) -> int:
+    """How many windows from ``start`` (at most ``stop - start``) need at most ``budget`` bytes together.
+
+    Each item counts once, at the first window that needs it; the bytes grow with the prefix.
+    """
+    m, width = stop - start, demand.keys.shape[1]
+    flat = demand.keys[start:stop].ravel()
+    valid = flat >= 0
+    items = np.concatenate([flat[valid], columns_key(demand.episode[start:stop])])
+    window = np.concatenate([np.repeat(np.arange(m), width)[valid], np.arange(m)])
+    unique, first = np.unique(items, return_index=True)
+    cumulative = np.cumsum(np.bincount(window[first], weights=demand.sizes(unique), minlength=m))
+    return int(np.searchsorted(cumulative, budget, side="right"))
+
+
+def _next_uses(needs: list[np.ndarray]) -> list[np.ndarray]:
+    """For each chunk's keys, the next chunk that needs the same key (``NEVER``: none)."""
+    if not needs:
+        return []
+    keys = np.concatenate(needs)
+    chunk = np.repeat(np.arange(len(needs), dtype=np.int64), [k.size for k in needs])
+    order = np.lexsort((chunk, keys))
+    following = np.full(keys.size, NEVER, dtype=np.int64)
+    same = keys[order][1:] == keys[order][:-1]
+    following[order[:-1][same]] = chunk[order][1:][same]
+    return np.split(following, np.cumsum([k.size for k in needs])[:-1])
+
+
+def _loads(demand: Demand, start: int, stop: int, miss: np.ndarray) -> list[tuple[int, bool, tuple[Decode, ...]]]:
+    """(episode, columns missing, decode calls) of a chunk's misses, in episode order."""
+    frames = miss[miss >= 0]
+    streams = key_stream(frames)
+    bounds = np.flatnonzero(np.r_[True, streams[1:] != streams[:-1]]).tolist() if frames.size else []
+    by_episode: dict[int, list[Decode]] = {}
+    for lo, hi in zip(bounds, [*bounds[1:], frames.size], strict=False):
+        s = int(streams[lo])
+        by_episode.setdefault(int(demand.stream_episode[s]), []).append(Decode(s, key_frame(frames[lo:hi])))
+    columns = set((-1 - miss[miss < 0]).tolist())
+    out = []
+    # Loads run before any window of the chunk: in episode order, which is shard and tar order, so
+    # a stream-mode fetcher reads neighbouring episodes of a shard in one request.
+    for e in np.unique(demand.episode[start:stop]).tolist():
+        if e in columns or e in by_episode:
+            out.append((e, e in columns, tuple(by_episode.get(e, ()))))
+    return out
+
+
+def _encoded(demand: Demand, chunks: list[list], budget: int) -> tuple[list[tuple[Load, ...]], list[int]]:
+    """Fetch or reuse each load's encoded bytes: Belady over the sequence of loads, with bypass."""
+    events = [e for loads in chunks for e, _, _ in loads]
+    nxt = _next_event(events)
+    held: dict[int, int] = {}
+    next_use: dict[int, int] = {}
+    heap: list[tuple[int, int]] = []
+    fetches: list[int] = []
+    out: list[tuple[Load, ...]] = []
+    held_bytes, i = 0, 0
+    for loads in chunks:
+        built = []
+        for e, columns, decodes in loads:
+            u, size = int(nxt[i]), int(demand.encoded_bytes[e])
+            fetch = None
+            if e not in held:
+                fetch = len(fetches)
+                fetches.append(e)
+            drop: list[int] = []
+            keep = u != NEVER and size <= budget
+            if keep and e not in held:
+                while held_bytes + size > budget:
+                    negative, k = heapq.heappop(heap)
+                    if k not in held or next_use[k] != -negative:
+                        continue
+                    if -negative < u:  # every kept one is needed sooner: bypass this one
+                        heapq.heappush(heap, (negative, k))
+                        keep = False
+                        break
+                    held_bytes -= held.pop(k)
+                    drop.append(k)
+            if keep:
+                if e not in held:
+                    held[e] = size
+                    held_bytes += size
+                next_use[e] = u
+                heapq.heappush(heap, (-u, e))
+            elif e in held:
+                held_bytes -= held.pop(e)
+            built.append(Load(e, fetch, columns, decodes, keep, tuple(drop)))
+            i += 1
+        out.append(tuple(built))
+    return out, fetches
+
+
+def _next_event(events: list[int]) -> np.ndarray:
+    """For each event, the position of the next event of the same episode (``NEVER``: none)."""
+    out = np.full(len(events), NEVER, dtype=np.int64)
+    last: dict[int, int] = {}
+    for i in range(len(events) - 1, -1, -1):
+        out[i] = last.get(events[i], NEVER)
+        last[events[i]] = i
+    return out
+
+
+class Store:
+    """The executor's side of the decoded-item cache: what ``Schedule`` steps put in and take out.
+
+    Frames are kept one tensor per frame (copied out of their decode call's batch, so evicting one
+    frees its bytes); columns with the episode's ``EpisodeInfo``. ``nbytes``: bytes held now.
+    """
+
+    def __init__(self):
+        self.frames: dict[int, torch.Tensor] = {}
+        self.columns: dict[int, tuple[dict, Any, int]] = {}
+        self.nbytes = 0
+
+    def put_frames(self, stream: int, frames: np.ndarray, decoded: torch.Tensor) -> None:
+        """``decoded``: ``[len(frames), C, h, w]``, frame ``frames[i]`` of global ``stream`` at ``i``."""
+        for k, frame in zip(frame_key(stream, frames).tolist(), decoded.unbind(0), strict=True):
+            self.frames[k] = frame = frame.clone()
+            self.nbytes += frame.nbytes
+
+    def put_columns(self, episode: int, columns: dict, info, nbytes: int) -> None:
+        """An episode's ``read_columns`` and ``EpisodeInfo``, ``nbytes`` as the schedule counts them."""
+        self.columns[episode] = (columns, info, nbytes)
+        self.nbytes += nbytes
+
+    def drop(self, keys: np.ndarray) -> None:
+        """Remove items by key (frames and columns; absent ones, e.g. of a failed episode, are skipped)."""
+        for k in keys.tolist():
+            if k >= 0:
+                frame = self.frames.pop(k, None)
+                self.nbytes -= 0 if frame is None else frame.nbytes
+            else:
+                item = self.columns.pop(-1 - k, None)
+                self.nbytes -= 0 if item is None else item[2]
+
+    def stack(self, keys: np.ndarray) -> torch.Tensor:
+        """Frames of ``keys`` (int64 ``[T]``, T >= 1), stacked ``[T, C, h, w]``."""
+        return torch.stack([self.frames[k] for k in keys.tolist()])
