@@ -7,6 +7,9 @@
 - ``balance.local``: ``local_order`` and ``stratified_order``, the same idea applied rank-locally
   inside a streaming reader (each rank keeps its own shards); ``balance.streaming`` wires
   ``local_order`` into ``stream.WindowDataset`` (imports torch; not imported here).
+- ``balance.globaldeal``: ``global_steps`` and the ``GlobalDeal`` plan stage, every step's windows
+  dealt to ranks by cost from the global window list (``BalancedWindowDataset(scope="global")``;
+  imports ``stream.plan``, hence torch: not imported here).
 - ``balance.telemetry``: per-step max/mean rank cost, padded and packed step time, padding
   fraction; per-epoch summaries.
 """

@@ -15,7 +15,7 @@ Two pure functions, both permutations of a consumer's planned yield order:
 ``local_order`` in detail:
 
 The streaming reader (``stream.plan``) gives each consumer ``(rank, worker)`` a fixed list of
-windows from its own shards, in a yield order simulated from its shuffle buffer; every consumer of
+windows from its own shards, in a yield order shuffled at plan level (its pool shuffle); every consumer of
 a given worker id yields the same number of windows, and the DataLoader builds rank ``r``'s
 ``t``-th batch from worker ``t mod workers``'s ``(t // workers)``-th block of ``batch_size``
 windows. ``local_order`` permutes that yield order *within chunks* of ``chunk_batches * batch_size``

@@ -61,6 +61,7 @@ from .mix import column_widths, mix_layout, normalizers
 from .mixplan import BatchByDataset, probability_factors
 from .plan import (
     CostStage,
+    DealStage,
     EpisodeTable,
     EpochCuts,
     OrderStage,
@@ -180,6 +181,8 @@ class WindowDataset(IterableDataset):
             cost per window, attached to every sample as ``__cost__`` (float), and a new yield order
             per consumer; both pure functions of the plan, so every guarantee of the plan holds
             (``balance.streaming.BalancedWindowDataset`` sets them).
+        deal: a declared deal stage (``stream.plan.DealStage``) used instead of the plan's cut of
+            the windows into consumers (``balance.globaldeal.GlobalDeal``: global cost balancing).
         camera_map: model camera (a name in ``spec.cameras``) -> the dataset's camera key; one dict
             for all datasets or a list with one per dataset (``stream.mix``).
         pad_dims: padding of state/action/other columns to a common width with
@@ -226,6 +229,7 @@ class WindowDataset(IterableDataset):
         epoch_length: int | None = None,
         batch_by_dataset: bool = False,
         batch_size: int | None = None,
+        deal: DealStage | None = None,
         lookahead: Lookahead | None = None,
     ):
         super().__init__()
@@ -265,7 +269,7 @@ class WindowDataset(IterableDataset):
         if weights == "probability":
             self._probability_weights(epoch_length)
         self.defer_float = defer_float
-        self.cost, self.order = cost, order
+        self.cost, self.order, self.deal = cost, order, deal
         self.epoch = 0
         self._resume: Resume | None = None  # taken by the next __iter__ (of a worker's copy too)
         self._started = Resume(0)  # what the last __iter__ in this process started from
@@ -345,7 +349,7 @@ class WindowDataset(IterableDataset):
         return self.shuffle_episodes
 
     def _stages(self) -> Stages:
-        return Stages(self.pool_episodes(), self.cost, self.order, self._group())
+        return Stages(self.pool_episodes(), self.cost, self.order, self._group(), self.deal)
 
     def plan(self, epoch: int, world: World, history: tuple[Progress, ...] = ()) -> WorkerPlan:
         """One consumer's windows for ``epoch``, in yield order.
@@ -366,6 +370,7 @@ class WindowDataset(IterableDataset):
             group=self._group(),
             history=history,
             shared=self._shared,
+            deal=self.deal,
         )
 
     def windows_per_consumer(
@@ -381,12 +386,12 @@ class WindowDataset(IterableDataset):
         """
         key = (epoch, world_size, num_workers, history, self.batch_size)
         if key not in self._per_consumer:
-            self._per_consumer = {key: self._count(epoch, world_size * num_workers, history)}
+            self._per_consumer = {key: self._count(epoch, world_size * num_workers, history, num_workers)}
         return self._per_consumer[key]
 
-    def _count(self, epoch: int, consumers: int, history: tuple[Progress, ...]) -> int:
+    def _count(self, epoch: int, consumers: int, history: tuple[Progress, ...], num_workers: int = 1) -> int:
         stages, group = self._stages(), self._group()
-        if not history:  # from counts alone: O(episodes), no window listed
+        if not history and self.deal is None:  # from counts alone: O(episodes), no window listed
             per, _ = plan_shape(self.table, self.spec.stride, self.spec.sampling, self.seed, epoch, consumers)
             return int(per.sum()) if group is None else int(np.sum(per // group.batch_size * group.batch_size))
         plan = level_plan(
@@ -398,6 +403,7 @@ class WindowDataset(IterableDataset):
             consumers=consumers,
             stages=stages,
             history=history,
+            num_workers=num_workers,
         )
         if group is None:
             return plan.per_consumer
@@ -422,7 +428,7 @@ class WindowDataset(IterableDataset):
         """
         self.epoch = epoch
         self._shared = None
-        if self.num_workers is not None:
+        if self.num_workers is not None and self.deal is None:  # a deal stage plans from the whole list
             world = _distributed(self._rank, self._world_size)
             consumers = world.world_size * max(self.num_workers, 1)
             self._shared = epoch_cuts(self.table, self.spec.stride, self.spec.sampling, self.seed, epoch, consumers)

@@ -31,6 +31,11 @@ An epoch, step by step:
    per window), ``order`` (a permutation of the yield order, e.g. ``balance.streaming``'s
    cost-balanced order) and ``group`` (the order in whole batches of one stratum, leaving out each
    stratum's count modulo the batch size: ``stream.mixplan.BatchByDataset``).
+6. An optional ``deal`` stage replaces step 3 (``DealStage``, e.g. ``balance.globaldeal``: every
+   step's windows dealt to ranks by cost from the global list); it may fix each consumer's yield
+   order itself (``keeps_order``: step 4 and the order and group stages are then skipped). It deals
+   the epoch's whole window list (``epoch_windows``), so every consumer lists every window then
+   (``level_plan``), not only its own (``consumer_plan``).
 
 Plan changes: the plan of a given ``(seed, epoch, layout)`` changes only with the reader's
 ``STATE_VERSION`` (``stream.dataset``); version 3 (the pool shuffle and counter-based draws)
@@ -697,6 +702,19 @@ def consumer_plan(
     return GlobalPlan(episode, anchor, sum(c.per_consumer for c in cuts), sum(c.drops.size for c in cuts))
 
 
+def epoch_windows(
+    table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every window of the epoch in read order, nothing left out: (episode, anchor) int64 ``[W]``.
+
+    The list a ``DealStage`` deals (episodes in ``episode_order``, each one's anchors ascending, as
+    ``episode_windows`` draws them); O(W).
+    """
+    order = episode_order(table, seed, epoch)
+    counts = window_counts(table, stride, per_episode, seed, epoch)
+    return episode_windows(table, order, counts[order], stride, seed, epoch)
+
+
 def plan_shape(
     table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int, consumers: int
 ) -> tuple[np.ndarray, int]:
@@ -963,6 +981,34 @@ class GroupStage(Protocol):
     def __call__(self, episode: np.ndarray, rng: np.random.Generator) -> np.ndarray: ...
 
 
+class DealStage(Protocol):
+    """Windows dealt to the consumers of a layout, in place of ``deal`` (a declared plan stage).
+
+    Called with the windows to deal in plan order (``episode``, ``anchor``: int64 ``[n]``), the
+    layout (``world_size`` ranks x ``num_workers`` workers, consumer ``rank * num_workers + worker``),
+    the seed, the epoch and the level (0: the epoch's own plan, ``k``: after the ``k``-th layout
+    change); returns a ``GlobalPlan`` whose consumer parts hold equal counts. A pure function of its
+    arguments, like ``deal`` (e.g. ``balance.globaldeal.GlobalDeal``: each step's windows dealt to
+    ranks by cost). ``keeps_order``: consumers yield their part in the order given (no pool
+    shuffle, order or group stage after it), for a deal that already decided every step.
+    """
+
+    @property
+    def keeps_order(self) -> bool: ...
+
+    def __call__(
+        self,
+        table: EpisodeTable,
+        episode: np.ndarray,
+        anchor: np.ndarray,
+        world_size: int,
+        num_workers: int,
+        seed: int,
+        epoch: int,
+        level: int,
+    ) -> GlobalPlan: ...
+
+
 @dataclass(frozen=True)
 class WorkerPlan:
     """One consumer's epoch: its windows in yield order (int64 ``[n]`` each).
@@ -1014,12 +1060,15 @@ class Stages:
 
     ``shuffle_episodes``: pool size of ``pool_shuffle`` (episodes whose windows are interleaved at
     a time; ``None``: all of the consumer's; ``0``: read order).
+    ``deal``: an optional ``DealStage`` used instead of ``deal`` (the cut itself); when it
+    ``keeps_order``, the pool shuffle, ``order`` and ``group`` do not apply (``group`` is refused).
     """
 
     shuffle_episodes: int | None = None
     cost: CostStage | None = None
     order: OrderStage | None = None
     group: GroupStage | None = None
+    deal: DealStage | None = None
 
 
 def level_plan(
@@ -1032,10 +1081,13 @@ def level_plan(
     consumers: int,
     stages: Stages,
     history: Sequence[Progress] = (),
+    num_workers: int | None = None,
 ) -> GlobalPlan:
     """The windows of ``epoch`` still to be yielded, dealt to ``consumers``, after earlier layouts' progress.
 
     ``history``: the earlier layouts, oldest first (empty: the epoch's own plan, ``global_plan``).
+    ``num_workers``: workers per rank of this layout (``consumers`` = ranks x workers); needed only
+    by a ``stages.deal``, which deals every level in place of ``deal``.
 
     Each level's consumed windows are the first ``consumed[c]`` of consumer ``c``'s yield order
     (``worker_plan`` of that level); the rest keep their plan order and are dealt again (``deal``),
@@ -1044,10 +1096,16 @@ def level_plan(
 
     Raises:
         ValueError: a level consumed more windows than its consumer had (the state belongs to
-            another dataset, spec or seed).
+            another dataset, spec or seed); a ``stages.deal`` without ``num_workers``.
     """
+    if stages.deal is not None and num_workers is None:
+        raise ValueError("level_plan: a deal stage needs the layout's num_workers")
+    layouts = [(p.world_size, p.num_workers) for p in history] + [(consumers // (num_workers or 1), num_workers or 1)]
     first = history[0].consumers if history else consumers
-    plan = global_plan(table, stride, per_episode, seed, epoch, first)
+    if stages.deal is None:
+        plan = global_plan(table, stride, per_episode, seed, epoch, first)
+    else:
+        plan = stages.deal(table, *epoch_windows(table, stride, per_episode, seed, epoch), *layouts[0], seed, epoch, 0)
     for level, progress in enumerate(history):
         taken = np.zeros(plan.episode.size, dtype=bool)
         for c, k in enumerate(progress.consumed):
@@ -1062,8 +1120,12 @@ def level_plan(
                     f"windows of epoch {epoch} but its plan has {order.size} (another dataset, spec or seed?)"
                 )
             taken[c * plan.per_consumer + order[:k]] = True
-        nxt = history[level + 1].consumers if level + 1 < len(history) else consumers
-        plan = deal(table, plan.episode[~taken], plan.anchor[~taken], nxt, seed, epoch, level + 1)
+        rest = plan.episode[~taken], plan.anchor[~taken]
+        if stages.deal is None:
+            nxt = history[level + 1].consumers if level + 1 < len(history) else consumers
+            plan = deal(table, *rest, nxt, seed, epoch, level + 1)
+        else:
+            plan = stages.deal(table, *rest, *layouts[level + 1], seed, epoch, level + 1)
     return plan
 
 
@@ -1074,6 +1136,11 @@ def _yield_order(
 
     The order is int64 positions into the windows; costs are float64 in that order, or None.
     """
+    if stages.deal is not None and stages.deal.keeps_order:
+        if stages.group is not None:
+            raise ValueError("a deal stage that keeps its order cannot be followed by a group stage")
+        kept = np.arange(episode.size, dtype=np.int64)
+        return kept, None if stages.cost is None else np.asarray(stages.cost(episode, anchor), dtype=np.float64)
     salt = (world.consumer,) if level == 0 else (world.consumer, level)
     order = pool_shuffle(episode, stages.shuffle_episodes, rng_for(seed, epoch, _SALT_SHUFFLE, *salt))
     cost = None
@@ -1117,6 +1184,7 @@ def worker_plan(
     shared: EpochCuts | None = None,
     shuffle_windows: int | None = None,
     shuffle_bytes: int | None = None,
+    deal: DealStage | None = None,
 ) -> WorkerPlan:
     """The windows consumer ``world.consumer`` yields this epoch, in yield order.
 
@@ -1124,13 +1192,15 @@ def worker_plan(
     order). ``history``: the progress of earlier layouts of this epoch (elastic resume,
     ``level_plan``): the consumer then yields its share of the windows not yet consumed.
     ``dropped`` counts the windows a group stage leaves out too (every consumer leaves out as many).
-    Without history the consumer lists only its own windows (``consumer_plan``, with ``shared``
-    when given: ``epoch_cuts`` computed once per rank).
+    Without history and without ``deal`` the consumer lists only its own windows (``consumer_plan``,
+    with ``shared`` when given: ``epoch_cuts`` computed once per rank). ``deal``: a ``DealStage``
+    used instead of ``deal`` at every level (``Stages``); it sees the epoch's whole window list, so
+    the plan then always goes through ``level_plan``.
     ``shuffle_windows`` / ``shuffle_bytes``: deprecated (``shuffle_windows=0``: read order).
     """
     pool = _old_shuffle_options(shuffle_episodes, shuffle_windows, shuffle_bytes)
-    stages = Stages(pool, cost, order, group)
-    if history:
+    stages = Stages(pool, cost, order, group, deal)
+    if history or deal is not None:
         plan = level_plan(
             table,
             stride=stride,
@@ -1140,6 +1210,7 @@ def worker_plan(
             consumers=world.consumers,
             stages=stages,
             history=history,
+            num_workers=world.num_workers,
         )
         part = plan.consumer_slice(world.consumer)
         episode, anchor = plan.episode[part].astype(np.int64), plan.anchor[part].astype(np.int64)
@@ -1147,7 +1218,10 @@ def worker_plan(
         plan = consumer_plan(table, stride, per_episode, seed, epoch, world.consumers, world.consumer, shared)
         episode, anchor = plan.episode, plan.anchor
     yield_order, costs = _yield_order(episode, anchor, world, len(history), seed, epoch, stages)
-    firsts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if episode.size else np.zeros(0, dtype=np.int64)
+    if deal is None:  # plan order keeps an episode's windows together
+        firsts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if episode.size else episode
+    else:  # each episode once, where it first appears (a deal stage may spread an episode's windows)
+        firsts = np.sort(np.unique(episode, return_index=True)[1])
     return WorkerPlan(
         episode=episode[yield_order],
         anchor=anchor[yield_order],

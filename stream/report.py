@@ -6,6 +6,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -59,7 +60,7 @@ class StreamRun:
     batches: int = 50
     workers: int = 2
     seed: int = 0
-    shuffle_episodes: int | str | None = "auto"
+    shuffle_episodes: int | Literal["auto"] | None = "auto"
     horizon: int = 2048
     cache_mb: int = 768
     storage_options: dict | None = None

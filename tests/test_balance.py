@@ -32,7 +32,7 @@ from epishard.balance import (
     token_counts,
     window_features,
 )
-from epishard.stream.plan import EpisodeTable, World, buffer_shuffle, global_plan, rng_for, worker_plan
+from epishard.stream.plan import EpisodeTable, World, global_plan, pool_shuffle, rng_for, worker_plan
 
 
 def decoded_by_walking(frames: np.ndarray, keyframes: np.ndarray) -> int:
@@ -354,8 +354,7 @@ def test_streaming_plan_with_local_order_keeps_guarantees_and_balances_steps():
                 seed=0,
                 epoch=0,
                 world=World(rank, world, w, workers),
-                shuffle_windows=64,
-                shuffle_bytes=1 << 40,
+                shuffle_episodes=8,
             )
             costs = episode_cost[p.episode] * (1 + 0.2 * (p.anchor % 7))  # and some per-window variation
             order = local_order(costs, batch, chunk_batches, seed=0, epoch=0, worker=w)
@@ -415,7 +414,7 @@ def test_stratified_streaming_plan_balances_datasets_that_live_in_separate_shard
         plan = global_plan(sub, 3, None, 0, 0, consumers)
         for c in range(consumers):
             e = plan.episode[plan.consumer_slice(c)]
-            o = buffer_shuffle(e, sub.cost_bytes, 64, 1 << 40, rng_for(0, 0, 4, c, k))
+            o = pool_shuffle(e, 8, rng_for(0, 0, 4, c, k))
             parts[c].append((pick[e[o]], plan.anchor[plan.consumer_slice(c)][o]))
     plain, stratified, seen = [], [], collections.Counter()
     for rank in range(world):
@@ -428,8 +427,7 @@ def test_stratified_streaming_plan_balances_datasets_that_live_in_separate_shard
                 seed=0,
                 epoch=0,
                 world=World(rank, world, w, workers),
-                shuffle_windows=64,
-                shuffle_bytes=1 << 40,
+                shuffle_episodes=8,
             )
             per_plain.append(stratum_cost[strata[p.episode]])
             e, a = (np.concatenate(x) for x in zip(*parts[rank * workers + w], strict=False))

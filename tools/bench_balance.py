@@ -60,7 +60,15 @@ from epishard.balance import (
 )
 from epishard.balance.telemetry import step_costs
 from epishard.shardwriter.index import WindowIndex
-from epishard.stream.plan import EpisodeTable, World, buffer_shuffle, global_plan, rng_for, worker_plan
+from epishard.stream.plan import (
+    EpisodeTable,
+    World,
+    default_shuffle_episodes,
+    global_plan,
+    pool_shuffle,
+    rng_for,
+    worker_plan,
+)
 
 D_MODEL = 2048
 MIX = {
@@ -296,10 +304,10 @@ def compare(costs: np.ndarray, world: int, batch: int, seed: int, padded: bool) 
     }
 
 
-def _stratified_plans(table: EpisodeTable, strata: np.ndarray, consumers: int, seed: int) -> list[tuple]:
+def _stratified_plans(table: EpisodeTable, strata: np.ndarray, consumers: int, seed: int, pool: int) -> list[tuple]:
     """Per consumer (episode, anchor, stratum) in planned order, each stratum cut into equal ranges.
 
-    The reader's plan (``global_plan`` + per-consumer ``buffer_shuffle``) applied to every stratum's
+    The reader's plan (``global_plan`` + per-consumer ``pool_shuffle`` of ``pool`` episodes) applied to every stratum's
     episodes separately, so every consumer holds the same number of windows of each stratum."""
     parts = [[] for _ in range(consumers)]
     for k in np.unique(strata).tolist():
@@ -314,7 +322,7 @@ def _stratified_plans(table: EpisodeTable, strata: np.ndarray, consumers: int, s
         plan = global_plan(sub, 1, None, seed, 0, consumers)
         for c in range(consumers):
             e, a = plan.episode[plan.consumer_slice(c)], plan.anchor[plan.consumer_slice(c)]
-            o = buffer_shuffle(e, sub.cost_bytes, 512, 1 << 62, rng_for(seed, 0, 4, c, k))
+            o = pool_shuffle(e, pool, rng_for(seed, 0, 4, c, k))
             parts[c].append((pick[e[o]], a[o], np.full(e.size, k)))
     return [tuple(np.concatenate(x) for x in zip(*p, strict=False)) for p in parts]
 
@@ -324,7 +332,8 @@ def streaming(mix: RealMix, model: str, world: int, batch: int, workers: int, ch
     table = mix.episode_table()
     strata = (np.searchsorted(mix.base, np.arange(table.num_episodes), side="right") - 1).astype(np.int64)
     cost, key = mix.cost[model], ("step_time_padded" if model == "compute" else "step_time_packed")
-    strat_plans = _stratified_plans(table, strata, world * workers, seed)
+    pool = default_shuffle_episodes(batch)  # the reader's default pool ("auto")
+    strat_plans = _stratified_plans(table, strata, world * workers, seed, pool)
     layouts = {"plain": [], "local": [], "stratified": [], "reader": []}
     table_s = dataclasses.replace(table, stratum=strata)  # what WindowDataset does when mixing datasets
     windows = []
@@ -338,8 +347,7 @@ def streaming(mix: RealMix, model: str, world: int, batch: int, workers: int, ch
                 seed=seed,
                 epoch=0,
                 world=World(rank, world, w, workers),
-                shuffle_windows=512,
-                shuffle_bytes=1 << 62,
+                shuffle_episodes=pool,
             )
             c = cost(p.episode, p.anchor)
             per["plain"].append(c)
@@ -352,8 +360,7 @@ def streaming(mix: RealMix, model: str, world: int, batch: int, workers: int, ch
                 seed=seed,
                 epoch=0,
                 world=World(rank, world, w, workers),
-                shuffle_windows=512,
-                shuffle_bytes=1 << 62,
+                shuffle_episodes=pool,
             )
             cq = cost(q.episode, q.anchor)
             kq = strata[q.episode]

@@ -1,19 +1,24 @@
-"""Benchmark (end to end): DDP training steps per second with and without cost balancing, in one run.
+"""Benchmark (end to end): DDP training steps per second without, with local and with global cost balancing.
 
 ``torchrun`` (gloo backend, 2 processes on this machine) trains a toy VLA-like transformer fed by the
-real streaming reader (``stream.WindowLoader``, 1 DataLoader worker per process), alternating
-without and with balancing round by round (plain, balanced, plain, balanced, ...); steps per second
-are medians over rounds, and only their ratio counts (machines are noisy).
+real streaming reader (``stream.WindowLoader``, 1 DataLoader worker per process), alternating the
+variants round by round (plain, local, global, plain, local, global, ...); steps per second are
+medians over rounds, and only their ratios count (machines are noisy).
 
-- plain: ``stream.WindowDataset``, the reader's own order (its shuffle buffer).
-- balanced: ``balance.streaming.BalancedWindowDataset`` with ``chunk_batches`` (default 16) and
-  ``cost = WindowCost.from_dataset(ds, CostModel.transformer(d_model))``: each rank sorts chunks of
-  its own stream by cost into blocks of similar cost and every rank puts its blocks in the same
-  shared order, so step t carries the k-th heaviest block of the chunk on every rank. Nothing moves
-  between ranks: each rank still reads only its own shards.
+- plain: ``stream.WindowDataset``, the reader's own order (its pool shuffle).
+- local: ``balance.streaming.BalancedWindowDataset`` (``scope="local"``) with ``chunk_batches``
+  (default 16) and ``cost = WindowCost.from_dataset(ds, CostModel.transformer(d_model))``: each rank
+  sorts chunks of its own stream by cost into blocks of similar cost and every rank puts its blocks
+  in the same shared order, so step t carries the k-th heaviest block of the chunk on every rank.
+  Nothing moves between ranks: each rank still reads only its own shards (``FetchPolicy`` stream mode).
+- global: ``BalancedWindowDataset(scope="global", chunk_batches=--global-chunk)``: every step's
+  windows are dealt to ranks by cost from the global window list (``balance.globaldeal``), and each
+  rank fetches the members it is dealt with ranged reads, whichever shard they sit in.
 
-Round r runs epoch r of the plan for both variants, so the two process exactly the same windows per
-rank, only batched differently.
+Round r runs epoch r of the plan for every variant: the same windows are processed (the global deal
+keeps the plain plan's windows), only dealt and batched differently. Per variant the bench also
+reports bytes read per sample and frames decoded per frame returned (the reader's telemetry, all
+ranks), and the batch diversity (distinct episodes per batch).
 
 Data (generated here, written with ``shardwriter.convert``; ``--data DIR`` keeps it): ``--episodes``
 (24) episodes of 40-100 frames at 20 fps, one camera, H.264 56x56 (``tests/videogen.make_video``,
@@ -40,16 +45,17 @@ recomputed from the decoded batch.
 Telemetry per step (rank 0, ``balance.telemetry``): every rank's batch costs gathered with
 ``all_gather``; max/mean rank cost (packed), the padded step cost (slowest rank's
 ``batch * max cost``, the model's step time in cost units) and the padding fraction (share of the
-padded compute that is padding). The summary also gives the ratio the telemetry predicts (padded
-step cost, plain / balanced), the ratio predicted if batches were packed (only rank imbalance left),
-and the per-step time that does not scale with cost, solved from the two medians (step time =
-overhead + k * padded step cost): all-reduce, optimizer, Python, DataLoader workers sharing the cores.
+padded compute that is padding). The summary gives, per variant, the speed-up over plain (medians
+and per round), the ratio the telemetry predicts (padded step cost, plain / variant), bytes read
+and requests per sample, frames decoded per frame returned and distinct episodes per batch (batch
+diversity: what cost-sorting trades for speed when cost depends on the episode).
 
-    python tools/bench_balance_e2e.py                  # generate data, run torchrun, print a table (~2-3 min)
+    python tools/bench_balance_e2e.py                  # generate data, run torchrun, print a table (~3-5 min)
     python tools/bench_balance_e2e.py --json           # JSON lines instead
     python tools/bench_balance_e2e.py --rounds 3 --chunk-batches 8 --data /tmp/bal_e2e
+    python tools/bench_balance_e2e.py --variants plain,global --global-chunk 0   # 0: the whole epoch
 
-(``/tmp/venv/bin/python tools/bench_balance_e2e.py`` on the project's standard machine, 2 cores.)
+(``.venv/bin/python tools/bench_balance_e2e.py`` on the project's standard machine, 2 cores.)
 """
 
 from __future__ import annotations
@@ -215,6 +221,7 @@ def worker(args) -> int:
     from epishard.balance import CostModel, WindowCost
     from epishard.balance.streaming import BalancedWindowDataset
     from epishard.stream import DatasetSource, WindowDataset, WindowLoader, WindowSpec
+    from epishard.stream.telemetry import summarize as telemetry_totals
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -231,16 +238,26 @@ def worker(args) -> int:
     vision = len(FRAME_OFFSETS) * (SIZE // PATCH) ** 2
 
     def run(variant: str, epoch: int) -> dict:
-        kw = dict(seed=args.seed, normalize={"action": "mean_std", "observation.state": "mean_std"})
-        if variant == "balanced":
+        kw = dict(seed=args.seed, normalize={"action": "mean_std", "observation.state": "mean_std"}, telemetry=True)
+        if variant == "local":
             ds = BalancedWindowDataset(
                 args.dataset, spec, batch_size=args.batch_size, chunk_batches=args.chunk_batches, cost=cost_fn, **kw
+            )
+        elif variant == "global":
+            ds = BalancedWindowDataset(
+                args.dataset,
+                spec,
+                batch_size=args.batch_size,
+                chunk_batches=args.global_chunk or 1 << 30,  # 0: one chunk, the whole epoch
+                cost=cost_fn,
+                scope="global",
+                **kw,
             )
         else:
             ds = WindowDataset(args.dataset, spec, **kw)
         ds.set_epoch(epoch)
         loader = WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
-        costs_seen, mismatch, wait, steps = [], 0.0, 0.0, 0
+        costs_seen, mismatch, wait, steps, tele, distinct = [], 0.0, 0.0, 0, [], []
         start = time.perf_counter()
         it = iter(loader)
         batch = next(it)
@@ -253,6 +270,8 @@ def worker(args) -> int:
             cost = length + cost_model.quadratic * length**2  # == CostModel.transformer(d) on the features
             if "__cost__" in batch:
                 mismatch = max(mismatch, float(np.max(np.abs(batch["__cost__"].numpy() - cost) / cost)))
+            tele.append(batch["__telemetry__"])
+            distinct.append(len(set(batch["episode_index"].tolist())))
             pred = model(ids, pad, batch[CAMERA], batch["observation.state"])
             loss = ((pred - batch["action"]) ** 2).mean()
             optimizer.zero_grad(set_to_none=True)
@@ -270,6 +289,15 @@ def worker(args) -> int:
         del it, loader
         waits = [torch.zeros(2) for _ in range(world)]
         dist.all_gather(waits, torch.tensor([wait, first]))
+        totals = telemetry_totals(tele)
+        mine = torch.tensor(
+            [totals[k] for k in ("bytes_read", "samples", "frames_decoded", "frames_returned", "requests")]
+            + [float(np.sum(distinct)), float(len(distinct))],
+            dtype=torch.float64,
+        )
+        counts = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(counts, mine)
+        read, samples, decoded, returned, requests, distinct_sum, batches = torch.stack(counts).sum(0).tolist()
         return {
             "variant": variant,
             "epoch": epoch,
@@ -280,11 +308,15 @@ def worker(args) -> int:
             "data_wait_s": [float(w[0]) for w in waits],
             "first_batch_s": [float(w[1]) for w in waits],
             "cost_mismatch": mismatch,
+            "bytes_per_sample": read / samples,
+            "requests_per_sample": requests / samples,
+            "decoded_per_returned": decoded / returned,
+            "distinct_episodes_per_batch": distinct_sum / batches,
             **summarize(costs_seen),
         }
 
     for r in range(args.rounds):
-        for variant in ("plain", "balanced"):
+        for variant in args.variants.split(","):
             out = run(variant, r)
             if rank == 0:
                 print("BENCH " + json.dumps(out), flush=True)
@@ -378,7 +410,21 @@ def driver(args) -> int:
     return 0
 
 
+METRICS = (
+    "steps_per_s",
+    "imbalance_mean",
+    "step_time_padded",
+    "step_time_packed",
+    "padding",
+    "bytes_per_sample",
+    "requests_per_sample",
+    "decoded_per_returned",
+    "distinct_episodes_per_batch",
+)
+
+
 def report(args, info: dict, results: list[dict]) -> None:
+    variants = args.variants.split(",")
     emit(
         args,
         {
@@ -388,24 +434,29 @@ def report(args, info: dict, results: list[dict]) -> None:
             "workers": args.workers,
             "batch_size": args.batch_size,
             "chunk_batches": args.chunk_batches,
+            "global_chunk": args.global_chunk,
+            "variants": variants,
             "d_model": args.d_model,
             "layers": args.layers,
             "stride": args.stride,
             "rounds": args.rounds,
             "episodes": info["episodes"],
             "tokens": info["tokens"],
+            "load_average": os.getloadavg(),
         },
     )
     if not args.json:
         print(
             f"\nDDP on {args.nproc} processes (gloo), {args.workers} DataLoader worker each, batch {args.batch_size} "
-            f"per rank, chunk_batches {args.chunk_batches}, toy transformer d={args.d_model} x {args.layers} layers\n"
+            f"per rank, local chunk_batches {args.chunk_batches}, global chunk {args.global_chunk or 'epoch'} steps, "
+            f"toy transformer d={args.d_model} x {args.layers} layers, load average {os.getloadavg()[0]:.1f}\n"
         )
         print(
             "| round | variant | steps | steps/s | first batch s | data wait s (per rank) | max/mean rank cost "
-            "| padded step cost | packed step cost | padding |"
+            "| padded step cost | packed step cost | padding | bytes read/sample | frames decoded/returned "
+            "| episodes/batch |"
         )
-        print("|---:|---|---:|---:|---:|---|---:|---:|---:|---:|")
+        print("|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         emit(
             args,
@@ -413,51 +464,39 @@ def report(args, info: dict, results: list[dict]) -> None:
             f"| {r['epoch']} | {r['variant']} | {r['steps']} | {r['steps_per_s']:.3f} | "
             f"{max(r['first_batch_s']):.1f} | "
             f"{' / '.join(f'{w:.1f}' for w in r['data_wait_s'])} | {r['imbalance_mean']:.3f} | "
-            f"{r['step_time_padded']:.0f} | {r['step_time_packed']:.0f} | {100 * r['padding']:.1f}% |",
+            f"{r['step_time_padded']:.0f} | {r['step_time_packed']:.0f} | {100 * r['padding']:.1f}% | "
+            f"{r['bytes_per_sample']:.0f} | {r['decoded_per_returned']:.2f} | {r['distinct_episodes_per_batch']:.2f} |",
         )
-    by = {v: [r for r in results if r["variant"] == v] for v in ("plain", "balanced")}
-    med = {
-        v: {
-            k: statistics.median(r[k] for r in rs)
-            for k in ("steps_per_s", "imbalance_mean", "step_time_padded", "step_time_packed", "padding")
-        }
-        for v, rs in by.items()
-    }
-    ratio = med["balanced"]["steps_per_s"] / med["plain"]["steps_per_s"]
-    predicted = med["plain"]["step_time_padded"] / med["balanced"]["step_time_padded"]
-    per_round = [b["steps_per_s"] / p["steps_per_s"] for p, b in zip(by["plain"], by["balanced"], strict=False)]
-    mismatch = max(r["cost_mismatch"] for r in by["balanced"])
-    packed = med["plain"]["step_time_packed"] / med["balanced"]["step_time_packed"]
-    # Step time = overhead + k * padded step cost, solved from the two medians: the per-step time that
-    # does not scale with cost (gradient all-reduce, optimizer, Python, loader contention).
-    tp, tb = 1 / med["plain"]["steps_per_s"], 1 / med["balanced"]["steps_per_s"]
-    cp, cb = med["plain"]["step_time_padded"], med["balanced"]["step_time_padded"]
-    overhead = (tb * cp - tp * cb) / (cp - cb) if cp != cb else float("nan")
+    by = {v: [r for r in results if r["variant"] == v] for v in variants}
+    med = {v: {k: statistics.median(r[k] for r in rs) for k in METRICS} for v, rs in by.items()}
+    summary: dict = {"bench": "balance_e2e", "kind": "summary", **med}
+    lines = []
+    if not args.json:
+        print(
+            "\n| variant | steps/s (median) | speed-up over plain (per round) | predicted (padded cost) "
+            "| max/mean rank cost | padding | bytes read/sample | requests/sample | frames decoded/returned "
+            "| episodes/batch |"
+        )
+        print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for v in variants:
+        m = med[v]
+        ratio = m["steps_per_s"] / med["plain"]["steps_per_s"] if "plain" in med else float("nan")
+        rounds = [x["steps_per_s"] / p["steps_per_s"] for p, x in zip(by.get("plain", []), by[v], strict=False)]
+        predicted = med["plain"]["step_time_padded"] / m["step_time_padded"] if "plain" in med else float("nan")
+        summary[f"ratio_{v}"], summary[f"ratio_per_round_{v}"], summary[f"predicted_{v}"] = ratio, rounds, predicted
+        lines.append(
+            f"| {v} | {m['steps_per_s']:.3f} | **{ratio:.2f}x** ({', '.join(f'{x:.2f}' for x in rounds)}) | "
+            f"{predicted:.2f}x | {m['imbalance_mean']:.3f} | {100 * m['padding']:.1f}% | {m['bytes_per_sample']:.0f} | "
+            f"{m['requests_per_sample']:.3f} | {m['decoded_per_returned']:.2f} | "
+            f"{m['distinct_episodes_per_batch']:.2f} |"
+        )
+    summary["cost_mismatch"] = max((r["cost_mismatch"] for r in results if r["variant"] != "plain"), default=0.0)
     emit(
         args,
-        {
-            "bench": "balance_e2e",
-            "kind": "summary",
-            "plain": med["plain"],
-            "balanced": med["balanced"],
-            "ratio": ratio,
-            "ratio_per_round": per_round,
-            "predicted_ratio": predicted,
-            "predicted_ratio_packed": packed,
-            "overhead_s": overhead,
-            "step_s": {"plain": tp, "balanced": tb},
-            "cost_mismatch": mismatch,
-        },
-        f"\nmedians: plain {med['plain']['steps_per_s']:.3f} steps/s (max/mean {med['plain']['imbalance_mean']:.3f}, "
-        f"padding {100 * med['plain']['padding']:.1f}%), balanced {med['balanced']['steps_per_s']:.3f} steps/s "
-        f"(max/mean {med['balanced']['imbalance_mean']:.3f}, padding {100 * med['balanced']['padding']:.1f}%)\n"
-        f"ratio balanced / plain: {ratio:.2f}x (per round: {', '.join(f'{x:.2f}' for x in per_round)}); "
-        f"predicted from padded step cost: {predicted:.2f}x; if batches were packed (no padding) the "
-        f"prediction would be {packed:.2f}x (rank imbalance only)\n"
-        f"step time {1000 * tp:.0f} ms plain, {1000 * tb:.0f} ms balanced; implied per-step time not "
-        f"proportional to cost: {1000 * overhead:.0f} ms\n"
-        f"__cost__ (from the index, before decoding) vs cost from the decoded batch: max relative difference "
-        f"{mismatch:.1e}",
+        summary,
+        "\n".join(lines)
+        + f"\n__cost__ (from the index, before decoding) vs cost from the decoded batch: max relative difference "
+        f"{summary['cost_mismatch']:.1e}",
     )
 
 
@@ -468,7 +507,11 @@ def main() -> int:
     p.add_argument("--episodes", type=int, default=24)
     p.add_argument("--per-shard", type=int, default=3, help="episodes per shard")
     p.add_argument("--nproc", type=int, default=2, help="torchrun processes")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of (plain, balanced); round r runs epoch r")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of the variants; round r runs epoch r")
+    p.add_argument("--variants", default="plain,local,global", help="comma-separated: plain, local, global")
+    p.add_argument(
+        "--global-chunk", type=int, default=64, help="global scope: steps per balancing chunk (0: the whole epoch)"
+    )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--chunk-batches", type=int, default=16)
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per process")
@@ -483,7 +526,18 @@ def main() -> int:
         return worker(args)
     args.passthrough = [
         f"--{k.replace('_', '-')}={getattr(args, k)}"
-        for k in ("rounds", "batch_size", "chunk_batches", "workers", "stride", "d_model", "layers", "seed")
+        for k in (
+            "rounds",
+            "variants",
+            "global_chunk",
+            "batch_size",
+            "chunk_batches",
+            "workers",
+            "stride",
+            "d_model",
+            "layers",
+            "seed",
+        )
     ]
     return driver(args)
 

@@ -32,6 +32,8 @@ are gathered from all ranks (one small ``all_gather``) into ``balance.telemetry.
 rank 0 prints a summary per epoch and for the run (max/mean rank cost, padded and packed step cost,
 padding fraction). ``--balance --chunk-batches 1`` keeps the plain reader's batches (it only sorts
 inside each batch) and so gives the telemetry of the unbalanced run for comparison.
+``--balance --balance-scope global`` deals every step's windows to ranks by cost from the global
+window list instead (``balance.globaldeal``; each rank reads the episodes it is dealt with ranged reads).
 """
 
 from __future__ import annotations
@@ -122,8 +124,16 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--chunk-batches",
         type=int,
-        default=16,
-        help="with --balance: reordering horizon in batches per worker (1: the plain reader's batches)",
+        default=None,
+        help="with --balance: balancing horizon (local: batches per worker, default 16, 1: the plain reader's "
+        "batches; global: steps per chunk, default 64)",
+    )
+    p.add_argument(
+        "--balance-scope",
+        choices=("local", "global"),
+        default="local",
+        help="with --balance: local (each rank reorders its own shards' windows) or global (every step dealt to "
+        "ranks by cost from the global window list; ranged reads)",
     )
     return p.parse_args()
 
@@ -223,7 +233,9 @@ def main() -> int:
     if args.balance:
         from epishard.balance.streaming import BalancedWindowDataset
 
-        ds = BalancedWindowDataset(source, spec, batch_size=args.batch_size, chunk_batches=args.chunk_batches, **kw)
+        ds = BalancedWindowDataset(
+            source, spec, batch_size=args.batch_size, chunk_batches=args.chunk_batches, scope=args.balance_scope, **kw
+        )
     else:
         ds = WindowDataset(source, spec, **kw)
     loader = WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers, persistent_workers=args.workers > 0)
