@@ -43,7 +43,10 @@ class Lookahead:
 
     Args:
         horizon: windows per chunk at most: each (episode, camera) gets one decode call per chunk
-            for the frames of all the chunk's windows (larger: more merging, more bytes held).
+            for the frames of all the chunk's windows (larger: more merging, more bytes held, and a
+            longer pause: a chunk is decoded before its first window is yielded). Default 256 (32
+            batches of 8): the plan yields each episode's windows in time order, so a decoder kept
+            between chunks goes on forward and a short chunk loses little merging.
         first: windows of the first chunk (every later one: ``horizon``), so the first
             batch waits only for its own frames; the batch size when the dataset knows it
             (``WindowLoader``'s, or ``batch_size=``) and this is left at its default.
@@ -60,7 +63,7 @@ class Lookahead:
         ValueError: a count below 1 or a negative byte budget.
     """
 
-    horizon: int = 2048
+    horizon: int = 256
     first: int = 8
     cache_bytes: int = 768 << 20
     encoded_bytes: int = 128 << 20

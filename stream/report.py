@@ -61,7 +61,7 @@ class StreamRun:
     workers: int = 2
     seed: int = 0
     shuffle_episodes: int | Literal["auto"] | None = "auto"
-    horizon: int = 2048
+    horizon: int = 256
     cache_mb: int = 768
     storage_options: dict | None = None
 

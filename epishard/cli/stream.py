@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "auto: 8 x batch size, all: the worker's whole share, 0: read order",
     )
     p.add_argument(
-        "--horizon", type=int, default=2048, help="look-ahead: windows per decode chunk (one call per episode camera)"
+        "--horizon", type=int, default=256, help="look-ahead: windows per decode chunk (one call per episode camera)"
     )
     p.add_argument("--cache-mb", type=int, default=768, help="look-ahead: decoded frames kept per worker, MiB")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
