@@ -480,7 +480,7 @@ def load_dataset_index(data, manifest: fmt.Manifest, where: str, hashed: bool = 
     """
     from .index import WindowIndex
 
-    if not hashed:
+    if not hashed:  # before parsing: Arrow's IPC reader can crash (SIGSEGV) on a damaged file
         check_digest(data, manifest.index.sha256, where, "index.sha256")
     index = WindowIndex.read_dataset_index(data, where, manifest.format_version)
     check_index(index, manifest.shards, manifest.camera_episodes(), where)
