@@ -79,16 +79,17 @@ def dataset_index_bytes(index_files: list[bytes]) -> bytes:
     return dataset_table_bytes(table)
 
 
-def dataset_table_bytes(table: pa.Table) -> bytes:
+def dataset_table_bytes(table: pa.Table, batch_rows: int | None = None) -> bytes:
     """An ``index.arrow`` file of ``table`` (index columns plus ``shard``), the format's version stated.
 
-    One record batch: a reader maps every column of the file as one array, without copying
-    (``WindowIndex.read_dataset_index``); Arrow's default of 64K-row batches made every reader
-    concatenate the nested columns, about 1 s per million episodes.
+    One record batch (``batch_rows`` None; a number: at most that many rows per batch, for
+    benchmarks of older files): a reader maps every column of the file as one array, without
+    copying (``WindowIndex.read_dataset_index``); Arrow's default of 64K-row batches made every
+    reader concatenate the nested columns, about 1 s per million episodes.
     """
     table = table.combine_chunks().replace_schema_metadata({VERSION_KEY: INDEX_SCHEMA.metadata[VERSION_KEY]})
     sink = pa.BufferOutputStream()
-    feather.write_feather(table, sink, compression="uncompressed", chunksize=max(table.num_rows, 1))
+    feather.write_feather(table, sink, compression="uncompressed", chunksize=batch_rows or max(table.num_rows, 1))
     return sink.getvalue().to_pybytes()
 
 
@@ -316,6 +317,16 @@ class WindowIndex:
         """One index per shard, in shard order, as one index: the rows of ``shards[i]`` are shard ``i``."""
         tables = [ix._table.replace_schema_metadata(None) for ix in shards]
         return cls(pa.concat_tables(tables), np.repeat(np.arange(len(tables)), [t.num_rows for t in tables]))
+
+    def take(self, episodes) -> WindowIndex:
+        """The index of ``episodes`` (int array: any order, repeats allowed), each keeping its shard."""
+        episodes = np.asarray(episodes, dtype=np.int64)
+        return WindowIndex(self._table.take(pa.array(episodes)), self.shard[episodes])
+
+    def dataset_bytes(self, batch_rows: int | None = None) -> bytes:
+        """This index as an ``index.arrow`` file (``dataset_table_bytes``; ``batch_rows`` as there)."""
+        table = self._table.replace_schema_metadata(None).append_column("shard", pa.array(self.shard))
+        return dataset_table_bytes(table, batch_rows)
 
     def equals(self, other: WindowIndex) -> bool:
         """Whether both hold the same rows (every column, schema metadata aside) in the same shards."""

@@ -50,21 +50,18 @@ def tile(dataset: str, episodes: int, out: str, batch_rows: int | None) -> str:
     ``batch_rows``: rows per record batch of ``index.arrow`` (None: one batch, as the writer writes
     it now; 65536: Arrow's default, as it was written before).
     """
-    import pyarrow as pa
-    import pyarrow.feather as feather
+    from epishard.shardwriter.index import WindowIndex
 
     if os.path.exists(os.path.join(out, "manifest.json")):
         return out
     os.makedirs(out, exist_ok=True)
-    table = feather.read_table(os.path.join(dataset, "index.arrow"))
+    index = WindowIndex.load_dataset(dataset)
     with open(os.path.join(dataset, "manifest.json")) as f:
         manifest = json.load(f)
-    shard = table.column("shard").to_numpy()
-    reps = -(-episodes // table.num_rows)
-    rows = np.concatenate([np.tile(np.flatnonzero(shard == s), reps) for s in range(len(manifest["shards"]))])
-    tiled = table.take(pa.array(rows)).combine_chunks()
-    path = os.path.join(out, "index.arrow")
-    feather.write_feather(tiled, path, compression="uncompressed", chunksize=batch_rows or tiled.num_rows)
+    reps = -(-episodes // index.num_episodes)
+    rows = [np.tile(np.flatnonzero(index.shard == s), reps) for s in range(len(manifest["shards"]))]
+    with open(os.path.join(out, "index.arrow"), "wb") as f:
+        f.write(index.take(np.concatenate(rows)).dataset_bytes(batch_rows))
     with open(os.path.join(out, "index.arrow"), "rb") as f:
         manifest["index"]["sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
     for entry in manifest["shards"]:
