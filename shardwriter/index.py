@@ -76,9 +76,20 @@ def dataset_index_bytes(index_files: list[bytes]) -> bytes:
     table = pa.concat_tables(tables)
     shard = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])
     table = table.append_column("shard", pa.array(shard))
-    table = table.replace_schema_metadata({VERSION_KEY: INDEX_SCHEMA.metadata[VERSION_KEY]})  # checked by readers
+    return dataset_table_bytes(table)
+
+
+def dataset_table_bytes(table: pa.Table, batch_rows: int | None = None) -> bytes:
+    """An ``index.arrow`` file of ``table`` (index columns plus ``shard``), the format's version stated.
+
+    One record batch (``batch_rows`` None; a number: at most that many rows per batch, for
+    benchmarks of older files): a reader maps every column of the file as one array, without
+    copying (``WindowIndex.read_dataset_index``); Arrow's default of 64K-row batches made every
+    reader concatenate the nested columns, about 1 s per million episodes.
+    """
+    table = table.combine_chunks().replace_schema_metadata({VERSION_KEY: INDEX_SCHEMA.metadata[VERSION_KEY]})
     sink = pa.BufferOutputStream()
-    feather.write_feather(table, sink, compression="uncompressed")
+    feather.write_feather(table, sink, compression="uncompressed", chunksize=batch_rows or max(table.num_rows, 1))
     return sink.getvalue().to_pybytes()
 
 
@@ -90,9 +101,16 @@ def read_shard_meta(source) -> dict:
     return json.loads(meta[SHARD_META_KEY])
 
 
-def _flat(list_array: pa.Array) -> tuple[pa.Array, np.ndarray]:
+def _one(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column as one array: its only chunk as it is (no copy: ``index.arrow`` has one), else concatenated."""
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
+
+
+def _flat(list_array: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     """(values, int64 offsets) of a list array, offsets rebased to start at 0."""
-    list_array = list_array.combine_chunks() if isinstance(list_array, pa.ChunkedArray) else list_array
+    list_array = _one(list_array)
     offsets = list_array.offsets.to_numpy().astype(np.int64)
     values = list_array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     return values, offsets - offsets[0]
@@ -139,7 +157,7 @@ class WindowIndex:
     def __init__(self, table: pa.Table, shard_of_row: np.ndarray):
         self._table = table
         self.shard = shard_of_row.astype(np.int32)
-        self.keys = table.column("key").combine_chunks()
+        self.keys = _one(table.column("key"))
         self.num_rows = _np(table.column("num_rows"), np.int64)
         self.episode_index = _np(table.column("episode_index"), np.int64)
         self.fps = _np(table.column("fps"), np.float64)
@@ -299,6 +317,16 @@ class WindowIndex:
         """One index per shard, in shard order, as one index: the rows of ``shards[i]`` are shard ``i``."""
         tables = [ix._table.replace_schema_metadata(None) for ix in shards]
         return cls(pa.concat_tables(tables), np.repeat(np.arange(len(tables)), [t.num_rows for t in tables]))
+
+    def take(self, episodes) -> WindowIndex:
+        """The index of ``episodes`` (int array: any order, repeats allowed), each keeping its shard."""
+        episodes = np.asarray(episodes, dtype=np.int64)
+        return WindowIndex(self._table.take(pa.array(episodes)), self.shard[episodes])
+
+    def dataset_bytes(self, batch_rows: int | None = None) -> bytes:
+        """This index as an ``index.arrow`` file (``dataset_table_bytes``; ``batch_rows`` as there)."""
+        table = self._table.replace_schema_metadata(None).append_column("shard", pa.array(self.shard))
+        return dataset_table_bytes(table, batch_rows)
 
     def equals(self, other: WindowIndex) -> bool:
         """Whether both hold the same rows (every column, schema metadata aside) in the same shards."""

@@ -39,7 +39,7 @@ from .format import json_field as _get
 __all__ = ["FormatError", "check_index", "check_index_table", "check_manifest", "plain_name"]
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_SHA256_PATTERN = "^[0-9a-f]{64}$"
+_BLOCK = 1 << 18  # bytes scanned per step by _holds: its temporaries stay in the CPU cache
 _OPTIONAL_COLUMNS = {"segment_starts"}  # absent from indexes written before recording segments were kept
 # Camera fields of format version 1; fields added since (kind, stream_index, rotation, ...) are
 # absent from older indexes and the index loader takes their defaults.
@@ -233,6 +233,60 @@ def _not_ascending(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return bad
 
 
+def _utf8(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 offsets ``[n + 1]`` from 0, uint8 bytes) of a string array: views of its Arrow buffers."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if not pa.types.is_string(array.type):
+        array = array.cast(pa.string())
+    offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4).astype(np.int64)
+    raw = array.buffers()[2]
+    data = (
+        np.frombuffer(raw, np.uint8, int(offsets[-1] - offsets[0]), int(offsets[0])) if raw else np.zeros(0, np.uint8)
+    )
+    return offsets - offsets[0], data
+
+
+def _lengths(array: pa.Array) -> np.ndarray:
+    """int64 ``[n]``: bytes of each string."""
+    return np.diff(_utf8(array)[0])
+
+
+def _holds(array: pa.Array, bad: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Bool ``[n]``: the string holding the first byte for which ``bad`` (uint8 array -> bool array) is true.
+
+    Literal byte tests over the string data, a block at a time, instead of a regular expression
+    per string (docs/bench/indexload.md); the first bad string is the one an error names.
+    """
+    offsets, data = _utf8(array)
+    out = np.zeros(len(array), dtype=bool)
+    for start in range(0, data.size, _BLOCK):
+        hits = bad(data[start : start + _BLOCK])
+        if hits.any():
+            out[np.searchsorted(offsets, start + int(np.argmax(hits)), side="right") - 1] = True
+            break
+    return out
+
+
+def _path_byte(block: np.ndarray) -> np.ndarray:
+    r"""``/``, ``\\`` or NUL (never part of a multi-byte UTF-8 character)."""
+    return (block == ord("/")) | (block == ord("\\")) | (block == 0)
+
+
+def _not_lower_hex(block: np.ndarray) -> np.ndarray:
+    """Not ``0-9`` or ``a-f`` (uint8 arithmetic wraps, so one comparison tests each range)."""
+    return ((block - np.uint8(ord("0"))) > 9) & ((block - np.uint8(ord("a"))) > 5)
+
+
+def _short_in(array: pa.Array, values: tuple[str, ...]) -> np.ndarray:
+    """Bool ``[n]``: strings equal to one of ``values`` (only strings as short as the longest are compared)."""
+    out = np.zeros(len(array), dtype=bool)
+    short = np.flatnonzero(_lengths(array) <= max(len(v.encode()) for v in values))
+    if short.size:
+        out[short] = pc.is_in(array.take(pa.array(short)), value_set=pa.array(values)).to_numpy(zero_copy_only=False)
+    return out
+
+
 def check_index(index, shards: Sequence[fmt.ShardEntry], camera_episodes: Mapping[str, int | None], where: str) -> None:
     """Bounds-check every value of a ``WindowIndex`` before use.
 
@@ -290,16 +344,11 @@ def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
     if not n:
         return
     names = index.member_names
-    plain = pc.invert(
-        pc.or_(pc.match_substring_regex(names, r"[/\\\x00]"), pc.is_in(names, value_set=pa.array(["", ".", ".."])))
-    )
-    w.episode(
-        _item_to_group(~plain.to_numpy(zero_copy_only=False), index.episode_members, n),
-        "members.name",
-        "is not a plain file name",
-    )
-    sha_ok = pc.match_substring_regex(index.member_sha256, _SHA256_PATTERN).to_numpy(zero_copy_only=False)
-    w.episode(_item_to_group(~sha_ok, index.episode_members, n), "members.sha256", "is not a sha256 hex digest")
+    bad_name = _holds(names, _path_byte) | _short_in(names, ("", ".", ".."))
+    w.episode(_item_to_group(bad_name, index.episode_members, n), "members.name", "is not a plain file name")
+    sha = index.member_sha256
+    bad_sha = (_lengths(sha) != 64) | _holds(sha, _not_lower_hex)
+    w.episode(_item_to_group(bad_sha, index.episode_members, n), "members.sha256", "is not a sha256 hex digest")
     data = pc.ends_with(names, "." + fmt.DATA_EXT).to_numpy(zero_copy_only=False)
     w.episode(
         np.add.reduceat(data, index.episode_members[:-1]) != 1,
@@ -419,18 +468,20 @@ def check_digest(data, expected: str, where: str, field: str) -> None:
         )
 
 
-def load_dataset_index(data, manifest: fmt.Manifest, where: str):
+def load_dataset_index(data, manifest: fmt.Manifest, where: str, hashed: bool = False):
     """The ``WindowIndex`` in ``data``, after its sha256, version, schema and values are checked.
 
     ``data``: ``index.arrow``'s bytes or buffer (an Arrow IPC file) of a checked manifest; the
-    sha256 is the manifest's ``index.sha256``.
+    sha256 is the manifest's ``index.sha256``. ``hashed``: the caller knows these bytes have that
+    sha256 (a stamp of ``shardwriter.verified``), so it is not computed again; the rest is checked.
 
     Raises:
         FormatError: names ``where`` (the file) and the field.
     """
     from .index import WindowIndex
 
-    check_digest(data, manifest.index.sha256, where, "index.sha256")
+    if not hashed:  # before parsing: Arrow's IPC reader can crash (SIGSEGV) on a damaged file
+        check_digest(data, manifest.index.sha256, where, "index.sha256")
     index = WindowIndex.read_dataset_index(data, where, manifest.format_version)
     check_index(index, manifest.shards, manifest.camera_episodes(), where)
     return index

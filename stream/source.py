@@ -4,9 +4,10 @@ On open, the manifest is loaded by ``shardwriter.format.Manifest.load``: its for
 (a newer version is refused), then field by field (``shardwriter.validate.check_manifest``: plain
 file names, sizes, sha256 digests, cameras) before any name in it is opened; the dataset index
 (``index.arrow``, or the per-shard indexes when it is absent) is hashed against the manifest's
-sha256, its schema checked, and every value bounds-checked (``check_index``) before anything is
-allocated or indexed by it. Local files are opened only if they are regular files; remote requests
-have connect and read timeouts (``FetchPolicy``) and are retried by the reader's policy.
+sha256 (a local one once per node: ``shardwriter.verified``), its schema checked, and every value
+bounds-checked (``check_index``) before anything is allocated or indexed by it. Local files are
+opened only if they are regular files; remote requests have connect and read timeouts
+(``FetchPolicy``) and are retried by the reader's policy.
 
 File handles and filesystem clients are created lazily in the process that uses them, never
 before a fork: a ``DatasetSource`` pickles to its URL, options, manifest and index only.
@@ -24,6 +25,7 @@ from epishard.shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
 from epishard.shardwriter.index import WindowIndex
 from epishard.shardwriter.storage import FileSystemHandle, open_regular, resolve_storage_options
 from epishard.shardwriter.validate import FormatError, load_dataset_index, load_shard_indexes
+from epishard.shardwriter.verified import is_verified, record_verified
 
 from .fetch import FetchError, FetchPolicy, retryable, wait_or_raise
 
@@ -130,10 +132,12 @@ class DatasetSource:
         """
         entry = self.manifest.index
         where = self.index_file = f"{self.url}/{entry.file}"
+        path, st = self.path(entry.file), None
         try:
             if self.local:
-                with open_regular(self.path(entry.file)) as f:
-                    if os.fstat(f.fileno()).st_size == 0:
+                with open_regular(path) as f:
+                    st = os.fstat(f.fileno())
+                    if st.st_size == 0:
                         raise FormatError(f"{where}: empty file")
                     data = pa.py_buffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
             else:
@@ -141,7 +145,12 @@ class DatasetSource:
         except FileNotFoundError:
             self.index_file = f"{self.url}/*{INDEX_SUFFIX}"
             return load_shard_indexes(self.manifest, self._read, self.url)
-        return load_dataset_index(data, self.manifest, where)
+        # A local file another process of this node already hashed is not hashed again (its stamp).
+        hashed = st is not None and is_verified(path, st, entry.sha256)
+        index = load_dataset_index(data, self.manifest, where, hashed=hashed)
+        if st is not None and not hashed:
+            record_verified(path, st, entry.sha256)
+        return index
 
 
 def _pooled(url: str, storage_options: dict, connections: int) -> dict:

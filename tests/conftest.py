@@ -15,6 +15,12 @@ SHARED_DATA = Path(os.environ.get("EPISHARD_SHARED_DATA", REPO.parent / "shared"
 SAMPLE = REPO / "sample" / "gr00t_robot_sim_picknplace"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _verification_cache(tmp_path_factory):
+    """Stamps of hashed index files (``shardwriter.verified``) go to the session's temporary folder, not ~/.cache."""
+    os.environ["EPISHARD_CACHE"] = str(tmp_path_factory.mktemp("epishard-cache"))
+
+
 def shared_dataset(name: str) -> Path:
     """Path of a dataset in ../shared/data; skips the test when it is absent (a user's fresh clone)."""
     path = SHARED_DATA / name
