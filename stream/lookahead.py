@@ -264,7 +264,7 @@ class Scheduler:
         self._keys, self._sizes, self._nexts = keys[order], sizes[order], nexts[order]
         columns = need < 0
         episode_next = dict(zip((-1 - need[columns]).tolist(), nxt[columns].tolist(), strict=True))
-        loads = self._encoded(_loads(demand, a, b, miss), episode_next)
+        loads = self._encoded(_loads(demand, miss), episode_next)
         hits = int(np.count_nonzero(cached & (need >= 0)))
         return Step(a, b, evicted, loads, need[done], held, hits, int(np.count_nonzero(miss >= 0)))
 
@@ -365,23 +365,29 @@ def _next_windows(demand: Demand) -> np.ndarray:
     return out
 
 
-def _loads(demand: Demand, start: int, stop: int, miss: np.ndarray) -> list[tuple[int, bool, tuple[Decode, ...]]]:
-    """(episode, columns missing, decode calls) of a chunk's misses, in episode order."""
+def _loads(demand: Demand, miss: np.ndarray) -> list[tuple[int, bool, tuple[Decode, ...]]]:
+    """(episode, columns missing, decode calls) of a chunk's misses (sorted keys), in episode order.
+
+    Loads run before any window of the chunk: in episode order, which is shard and tar order, so a
+    stream-mode fetcher reads neighbouring episodes of a shard in one request.
+    """
     frames = miss[miss >= 0]
-    streams = key_stream(frames)
-    bounds = np.flatnonzero(np.r_[True, streams[1:] != streams[:-1]]).tolist() if frames.size else []
-    by_episode: dict[int, list[Decode]] = {}
-    for lo, hi in zip(bounds, [*bounds[1:], frames.size], strict=False):
-        s = int(streams[lo])
-        by_episode.setdefault(int(demand.stream_episode[s]), []).append(Decode(s, key_frame(frames[lo:hi])))
-    columns = set((-1 - miss[miss < 0]).tolist())
-    out = []
-    # Loads run before any window of the chunk: in episode order, which is shard and tar order, so
-    # a stream-mode fetcher reads neighbouring episodes of a shard in one request.
-    for e in np.unique(demand.episode[start:stop]).tolist():
-        if e in columns or e in by_episode:
-            out.append((e, e in columns, tuple(by_episode.get(e, ()))))
-    return out
+    streams, numbers = key_stream(frames), key_frame(frames)
+    bounds = np.flatnonzero(np.r_[True, streams[1:] != streams[:-1]]) if frames.size else np.zeros(0, np.int64)
+    ends = [*bounds[1:].tolist(), frames.size] if frames.size else []
+    calls = [Decode(s, numbers[a:b]) for s, a, b in zip(streams[bounds].tolist(), bounds.tolist(), ends, strict=True)]
+    call_episode = demand.stream_episode[streams[bounds]]
+    columns = -1 - miss[miss < 0]
+    episodes = np.union1d(call_episode, columns)
+    order = np.argsort(call_episode, kind="stable")  # each episode's calls, in stream order
+    lo = np.searchsorted(call_episode[order], episodes, side="left").tolist()
+    hi = np.searchsorted(call_episode[order], episodes, side="right").tolist()
+    with_columns = np.isin(episodes, columns).tolist()
+    order = order.tolist()
+    return [
+        (e, c, tuple(calls[j] for j in order[x:y]))
+        for e, c, x, y in zip(episodes.tolist(), with_columns, lo, hi, strict=True)
+    ]
 
 
 class Store:
