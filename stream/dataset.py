@@ -488,7 +488,8 @@ class WindowDataset(IterableDataset):
         if self._first_chunk and policy.first == Lookahead.first:  # the loader's batch: first batch first
             policy = dataclasses.replace(policy, first=self._first_chunk)
         steps = Scheduler(demand, policy)
-        fetchers, slots = self._fetchers(telemetry), []
+        fetchers = self._fetchers(telemetry)
+        slots: list[tuple] = []  # per fetch so far: (dataset, position in its fetcher, sha256s, members)
 
         def advance() -> Step | None:
             """The next step, its fetches handed to the fetchers (a step ahead, so they go out early)."""

@@ -230,9 +230,9 @@ class Scheduler:
             raise StopIteration
         b = a + _fitting(demand, a, min(demand.episode.size, a + self._size), policy.cache_bytes)
         if b == a:
-            need = int(demand.sizes(demand.need(a, a + 1)).sum())
+            alone = int(demand.sizes(demand.need(a, a + 1)).sum())
             raise ValueError(
-                f"look-ahead: window {a} (episode {int(demand.episode[a])}) needs {need} bytes of decoded frames "
+                f"look-ahead: window {a} (episode {int(demand.episode[a])}) needs {alone} bytes of decoded frames "
                 f"and columns, more than Lookahead.cache_bytes = {policy.cache_bytes}: raise cache_bytes"
             )
         self._start, self._size = b, policy.horizon
