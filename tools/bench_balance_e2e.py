@@ -61,6 +61,7 @@ diversity: what cost-sorting trades for speed when cost depends on the episode).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -320,6 +321,11 @@ def worker(args) -> int:
             out = run(variant, r)
             if rank == 0:
                 print("BENCH " + json.dumps(out), flush=True)
+    # Free DDP's Reducer while the group is still registered, then destroy the group: a group whose
+    # last reference goes with the Reducer is destroyed with the GIL held and can deadlock against
+    # gloo's threads at exit (pytorch/pytorch#56297; see tools/train_example.py).
+    model = optimizer = None  # the cells run() shares: their last references
+    gc.collect()
     dist.destroy_process_group()
     return 0
 

@@ -39,6 +39,7 @@ window list instead (``balance.globaldeal``; each rank reads the episodes it is 
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import json
 import os
@@ -216,6 +217,14 @@ def report_balance(s: dict, label: str, world: int) -> None:
 def main() -> int:
     args = parse()
     rank, world, device = setup()
+    try:
+        return train(args, rank, world, device)
+    finally:
+        leave_process_group()
+
+
+def train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> int:
+    """The training loop; returns the exit status. Its model (DDP's Reducer) is freed on return."""
     source = DatasetSource(args.dataset, args.storage_options)
     cams = source.cameras
     spec = WindowSpec(
@@ -319,9 +328,21 @@ def main() -> int:
             )
         if telemetry is not None:
             report_balance(telemetry[1].summary(reset=False), "run", world)
+    return 0
+
+
+def leave_process_group() -> None:
+    """Destroy the process group after the model that used it is gone (call once ``train`` returned).
+
+    DDP's Reducer holds the process group; if the group's last reference were dropped from the
+    Reducer's destructor (at interpreter exit), ``~ProcessGroupGloo`` would join gloo's threads with
+    the GIL held while one of them needs the GIL to free a finished collective's tensors
+    (pytorch/pytorch#56297): the process hung after its last step, on one rank in a few runs. Here
+    the Reducer is already freed, and ``destroy_process_group`` releases the GIL.
+    """
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":
