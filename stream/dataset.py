@@ -55,7 +55,7 @@ from .collate import BufferedCollate, FloatCollate
 from .decode import DecodeError
 from .episode import EpisodeInfo, columns_nbytes, decode_camera, read_columns, window_rows, window_sample
 from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
-from .lookahead import Demand, Load, Lookahead, Store, frame_key, schedule
+from .lookahead import Demand, Load, Lookahead, Scheduler, Step, Store, frame_key
 from .memory import limit_worker_arenas, release_free_memory
 from .mix import column_widths, mix_layout, normalizers
 from .mixplan import BatchByDataset, probability_factors
@@ -487,8 +487,18 @@ class WindowDataset(IterableDataset):
         policy = self.lookahead
         if self._first_chunk and policy.first == Lookahead.first:  # the loader's batch: first batch first
             policy = dataclasses.replace(policy, first=self._first_chunk)
-        steps = schedule(demand, policy)
-        fetchers, slots = self._fetchers(steps.fetches, telemetry)
+        steps = Scheduler(demand, policy)
+        fetchers = self._fetchers(telemetry)
+        slots: list[tuple] = []  # per fetch so far: (dataset, position in its fetcher, sha256s, members)
+
+        def advance() -> Step | None:
+            """The next step, its fetches handed to the fetchers (a step ahead, so they go out early)."""
+            t = time.perf_counter()
+            step = next(steps, None)
+            self._fetch_more(steps.fetches[len(slots) :], fetchers, slots)
+            telemetry.add(schedule_s=time.perf_counter() - t)
+            return step
+
         telemetry.add(schedule_s=time.perf_counter() - t0)
         store, encoded = Store(), _Encoded()
         failed: set[int] = set()
@@ -496,7 +506,9 @@ class WindowDataset(IterableDataset):
         last, owed = None, 0
         last_of: dict[int, dict] = {}  # the last sample of each dataset
         try:
-            for step in steps.steps:
+            upcoming, first = advance(), True
+            while upcoming is not None:
+                step = upcoming
                 store.drop(step.evict)
                 for load in step.loads:
                     encoded.drop(load.drop_encoded)
@@ -516,6 +528,8 @@ class WindowDataset(IterableDataset):
                     frame_cache_hits=step.hits, frame_cache_misses=step.misses, frame_cache_evictions=step.evict.size
                 )
                 telemetry.peak(cache_bytes_peak=store.nbytes, encoded_bytes_peak=encoded.nbytes)
+                if not first:  # the first batch goes out before anything is planned for the second chunk
+                    upcoming = advance()
                 for i in range(step.start, step.stop):
                     e = int(episodes[i])
                     d, _ = self._locate(e)
@@ -533,6 +547,8 @@ class WindowDataset(IterableDataset):
                         yield self._emit(dict(sample, substitute=True), telemetry)
                     owed, last = 0, sample
                     last_of[d] = sample
+                if first:
+                    upcoming, first = advance(), False
                 store.drop(step.release)
             if owed:
                 assert first_failure is not None  # owed > 0 only after a failure
@@ -639,24 +655,25 @@ class WindowDataset(IterableDataset):
         widths = [max(column_widths(self.sources[d].manifest, c), default=64) for c in names if c is not None]
         return 16 + 4 * sum(widths)
 
-    def _fetchers(self, fetches: list[int], telemetry: Telemetry):
-        """One ``Fetcher`` per dataset over the schedule's fetches (global episodes, repeats allowed).
+    def _fetchers(self, telemetry: Telemetry) -> list[Fetcher]:
+        """One ``Fetcher`` per dataset, over nothing yet (``_fetch_more`` feeds them)."""
+        return [Fetcher(src, [], self.fetch, telemetry) for src in self.sources]
 
-        Returns the fetchers and, per fetch, ``(dataset, position in its fetcher, sha256s, members)``.
+    def _fetch_more(self, fetches: list[int], fetchers: list[Fetcher], slots: list[tuple]) -> None:
+        """Append the schedule's next ``fetches`` (global episodes, repeats allowed) to the fetchers.
+
+        Appends to ``slots``, per fetch, ``(dataset, position in its fetcher, sha256s, members)``.
         """
         lists: list[list] = [[] for _ in self.sources]
-        slots: list[tuple] = []
-        where: dict[int, tuple] = {}
         for e in fetches:
-            if e not in where:
-                d, local = self._locate(e)
-                ix = self.sources[d].index
-                where[e] = (d, episode_ranges(ix, local, _streams(ix, local, self.cam_offsets[d])))
-            d, ranges = where[e]
-            slots.append((d, len(lists[d]), ranges.sha256, ranges.members))
+            d, local = self._locate(e)
+            ix = self.sources[d].index
+            ranges = episode_ranges(ix, local, _streams(ix, local, self.cam_offsets[d]))
+            slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members))
             lists[d].append((ranges.shard, ranges.ranges))
-        fetchers = [Fetcher(src, lst, self.fetch, telemetry) for src, lst in zip(self.sources, lists, strict=True)]
-        return fetchers, slots
+        for fetcher, more in zip(fetchers, lists, strict=True):
+            if more:
+                fetcher.extend(more)
 
     def _load(self, load: Load, fetchers, slots, encoded: _Encoded, store: Store, telemetry: Telemetry) -> None:
         """One episode's work of a step: its members (fetched, or kept), its columns, its decode calls."""

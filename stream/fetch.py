@@ -148,7 +148,8 @@ class Fetcher:
         source: the dataset.
         episodes: ``[(shard, [(start, stop), ...])]`` per episode in fetch order: the byte ranges
             (member data) the episode needs. Any order of shards and episodes (a fully shuffled
-            one too), and the same episode may appear more than once (fetched again each time).
+            one too), and the same episode may appear more than once (fetched again each time);
+            more can be appended with ``extend``.
         policy: ``FetchPolicy``.
         telemetry: the worker's ``Telemetry``; this counts ``bytes_read``, ``requests``, ``retries``,
             ``range_ignored``, ``cache_hits``, ``read_s`` (time the worker waited for data),
@@ -172,12 +173,10 @@ class Fetcher:
         telemetry: Telemetry,
     ):
         self.source, self.policy, self.telemetry = source, policy, telemetry
-        self.episodes = episodes
-        gap = None if policy.mode == "stream" else policy.coalesce_bytes
-        self.requests, self._uses = plan_requests(episodes, policy.chunk_bytes, gap)
-        self._users = np.bincount(
-            np.asarray([i for u in self._uses for i in u], dtype=np.int64), minlength=len(self.requests)
-        )
+        self.episodes: list[tuple[int, list[tuple[int, int]]]] = []
+        self.requests: list[tuple[int, int, int]] = []
+        self._uses: list[list[int]] = []
+        self._users = np.zeros(0, dtype=np.int64)
         self._futures: dict[int, Future] = {}
         self._next = 0  # next request to consider sending
         self._done = 0  # episodes before this one are consumed or skipped: their requests released
@@ -195,6 +194,24 @@ class Fetcher:
             RangeCache(policy.cache_dir, policy.cache_bytes) if policy.cache_dir and not source.local else None
         )
         self.telemetry.add(fetch_depth=self._depth)
+        self.extend(episodes)
+
+    def extend(self, episodes: list[tuple[int, list[tuple[int, int]]]]) -> None:
+        """Append ``episodes`` (as the constructor's, in fetch order) to the fetch list; fetch ahead.
+
+        For a reader whose schedule is computed as it goes. The new episodes' requests are planned
+        among themselves (``plan_requests``): a range never joins a request planned before, which
+        may already be in flight.
+        """
+        gap = None if self.policy.mode == "stream" else self.policy.coalesce_bytes
+        requests, uses = plan_requests(episodes, self.policy.chunk_bytes, gap)
+        with self._lock:
+            base = len(self.requests)
+            users = np.bincount(np.asarray([i for u in uses for i in u], dtype=np.int64), minlength=len(requests))
+            self.episodes.extend(episodes)
+            self.requests.extend(requests)
+            self._uses.extend([[base + i for i in u] for u in uses])
+            self._users = np.concatenate([self._users, users])
         self._fill()
 
     # --- background fetching ----------------------------------------------------------------------

@@ -187,20 +187,57 @@ class Schedule:
         return max((s.held for s in self.steps), default=0)
 
 
-def schedule(demand: Demand, policy: Lookahead) -> Schedule:
-    """The look-ahead schedule of a consumer's windows (see the module docstring).
+class Scheduler:
+    """The look-ahead schedule, computed one chunk at a time as the executor advances (an iterator of ``Step``).
 
-    Raises:
+    ``next()`` gives the next chunk's ``Step``; ``fetches`` grows by the episodes that step fetches
+    (their positions are its loads' ``fetch``). The work per step is the step's own (its chunk's keys
+    against the cache), so the first step costs the first chunk, not the epoch.
+
+    Next use, computed once, vectorised: each occurrence of an item (a window's frame key or its
+    episode's columns) gets the window of the item's next occurrence (one stable sort of the yield
+    order's keys, ``O(n K log(n K))`` for ``n`` windows of ``K`` frames: ~0.1 s per million keys).
+    Belady then compares next uses by window, not chunk (the same order, finer; exact over the whole
+    order, so no horizon is cut short). The encoded cache takes as an episode's next use the next
+    window of that episode (a load only if some of its items are not cached then: a kept episode
+    with no load is kept on, with its next use moved past that chunk).
+
+    Raises (from ``next``):
         ValueError: one window's frames and columns alone exceed ``policy.cache_bytes`` (naming
             the window's position, its episode and the bytes).
     """
-    spans = _chunks(demand, policy)
-    needs = [demand.need(a, b) for a, b in spans]
-    nexts = _next_uses(needs)
-    steps_work, held_trace, evicts, releases, hits = [], [], [], [], []
-    # The cache, as arrays sorted by key: key, bytes, next chunk that needs it.
-    keys, sizes, nexts_held = (np.zeros(0, dtype=np.int64) for _ in range(3))
-    for (a, b), need, nxt in zip(spans, needs, nexts, strict=True):
+
+    def __init__(self, demand: Demand, policy: Lookahead):
+        self.demand, self.policy = demand, policy
+        self.fetches: list[int] = []
+        self._next_window = _next_windows(demand)
+        self._start, self._size = 0, policy.first
+        # The decoded-item cache, as arrays sorted by key: key, bytes, next window that needs it.
+        self._keys, self._sizes, self._nexts = (np.zeros(0, dtype=np.int64) for _ in range(3))
+        # The encoded cache: episode -> bytes, episode -> next use, a lazy max-heap of (-next use, episode).
+        self._held: dict[int, int] = {}
+        self._next_use: dict[int, int] = {}
+        self._heap: list[tuple[int, int]] = []
+        self._held_bytes = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Step:
+        demand, policy = self.demand, self.policy
+        a = self._start
+        if a >= demand.episode.size:
+            raise StopIteration
+        b = a + _fitting(demand, a, min(demand.episode.size, a + self._size), policy.cache_bytes)
+        if b == a:
+            alone = int(demand.sizes(demand.need(a, a + 1)).sum())
+            raise ValueError(
+                f"look-ahead: window {a} (episode {int(demand.episode[a])}) needs {alone} bytes of decoded frames "
+                f"and columns, more than Lookahead.cache_bytes = {policy.cache_bytes}: raise cache_bytes"
+            )
+        self._start, self._size = b, policy.horizon
+        need, nxt = self._need(a, b)
+        keys, sizes, nexts = self._keys, self._sizes, self._nexts
         cached = np.isin(need, keys, assume_unique=True)
         miss = need[~cached]
         miss_sizes = demand.sizes(miss)
@@ -208,58 +245,89 @@ def schedule(demand: Demand, policy: Lookahead) -> Schedule:
         evicted = np.zeros(0, dtype=np.int64)
         if over > 0:  # furthest next use first (ties: smaller key first), never what this chunk needs
             other = np.flatnonzero(~np.isin(keys, need, assume_unique=True))
-            order = other[np.lexsort((keys[other], -nexts_held[other]))]
+            order = other[np.lexsort((keys[other], -nexts[other]))]
             count = int(np.searchsorted(np.cumsum(sizes[order]), over)) + 1
             if count > order.size:
                 raise AssertionError("internal: the look-ahead cache would evict an item its chunk needs")
             gone = np.zeros(keys.size, dtype=bool)
             gone[order[:count]] = True
             evicted = keys[gone]
-            keys, sizes, nexts_held = keys[~gone], sizes[~gone], nexts_held[~gone]
-        held_trace.append(int(sizes.sum() + miss_sizes.sum()))
-        evicts.append(evicted)
-        hits.append(int(np.count_nonzero(cached & (need >= 0))))
-        steps_work.append((a, b, miss))
+            keys, sizes, nexts = keys[~gone], sizes[~gone], nexts[~gone]
+        held = int(sizes.sum() + miss_sizes.sum())
         # After the chunk: its items carry their next use; those with none are released.
         done = nxt == NEVER
-        releases.append(need[done])
         rest = ~np.isin(keys, need, assume_unique=True)
         keys = np.concatenate([keys[rest], need[~done]])
         sizes = np.concatenate([sizes[rest], demand.sizes(need[~done])])
-        nexts_held = np.concatenate([nexts_held[rest], nxt[~done]])
+        nexts = np.concatenate([nexts[rest], nxt[~done]])
         order = np.argsort(keys, kind="stable")
-        keys, sizes, nexts_held = keys[order], sizes[order], nexts_held[order]
-    work = [_loads(demand, a, b, miss) for a, b, miss in steps_work]
-    loads, fetches = _encoded(demand, work, policy.encoded_bytes)
-    steps = [
-        Step(a, b, ev, ld, rel, h, hit, int(np.count_nonzero(miss >= 0)))
-        for (a, b, miss), ev, ld, rel, h, hit in zip(steps_work, evicts, loads, releases, held_trace, hits, strict=True)
-    ]
-    return Schedule(steps, fetches)
+        self._keys, self._sizes, self._nexts = keys[order], sizes[order], nexts[order]
+        columns = need < 0
+        episode_next = dict(zip((-1 - need[columns]).tolist(), nxt[columns].tolist(), strict=True))
+        loads = self._encoded(_loads(demand, miss), episode_next)
+        hits = int(np.count_nonzero(cached & (need >= 0)))
+        return Step(a, b, evicted, loads, need[done], held, hits, int(np.count_nonzero(miss >= 0)))
+
+    def _need(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted unique keys windows ``[a, b)`` need (as ``Demand.need``), and each one's next window after ``b``."""
+        width, n = self.demand.keys.shape[1], self.demand.episode.size
+        frames = self.demand.keys[a:b].ravel()
+        valid = frames >= 0
+        items = np.concatenate([frames[valid], columns_key(self.demand.episode[a:b])])
+        after = np.concatenate(
+            [self._next_window[a * width : b * width][valid], self._next_window[n * width + a : n * width + b]]
+        )
+        need, inverse = np.unique(items, return_inverse=True)
+        nxt = np.full(need.size, -1, dtype=np.int64)
+        np.maximum.at(nxt, inverse, after)  # the last occurrence in the chunk points past it
+        return need, nxt
+
+    def _encoded(self, work: list, episode_next: dict[int, int]) -> tuple[Load, ...]:
+        """Fetch or reuse each load's encoded bytes: Belady over episodes' next windows, with bypass."""
+        budget, held, next_use, heap = self.policy.encoded_bytes, self._held, self._next_use, self._heap
+        for e in held.keys() & episode_next.keys():  # used by this chunk: next needed after it
+            next_use[e] = episode_next[e]
+            heapq.heappush(heap, (-episode_next[e], e))
+        built = []
+        for e, columns, decodes in work:
+            u, size = episode_next[e], int(self.demand.encoded_bytes[e])
+            fetch = None
+            if e not in held:
+                fetch = len(self.fetches)
+                self.fetches.append(e)
+            drop: list[int] = []
+            keep = u != NEVER and size <= budget
+            if keep and e not in held:
+                while self._held_bytes + size > budget:
+                    negative, k = heapq.heappop(heap)
+                    if k not in held or next_use[k] != -negative:
+                        continue
+                    if -negative < u:  # every kept one is needed sooner: bypass this one
+                        heapq.heappush(heap, (negative, k))
+                        keep = False
+                        break
+                    self._held_bytes -= held.pop(k)
+                    drop.append(k)
+            if keep:
+                if e not in held:
+                    held[e] = size
+                    self._held_bytes += size
+                next_use[e] = u
+                heapq.heappush(heap, (-u, e))
+            elif e in held:
+                self._held_bytes -= held.pop(e)
+            built.append(Load(e, fetch, columns, decodes, keep, tuple(drop)))
+        return tuple(built)
 
 
-def _chunks(demand: Demand, policy: Lookahead) -> list[tuple[int, int]]:
-    """Windows ``[start, stop)`` of each chunk: ``first``, then ``horizon`` each, each shortened to fit.
+def schedule(demand: Demand, policy: Lookahead) -> Schedule:
+    """The whole look-ahead schedule of a consumer's windows at once (``Scheduler``'s steps, listed).
 
-    The first batch waits for its own frames only; every later chunk merges the decode calls of as
-    many windows as the horizon and the cache allow (each further chunk on an episode's camera can
-    cost a seek back to a keyframe when its windows come in any order, so chunks do not grow
-    gradually: measured in docs/bench/lookahead.md).
+    Raises:
+        ValueError: as ``Scheduler``.
     """
-    n = demand.episode.size
-    out, a, size = [], 0, policy.first
-    while a < n:
-        b = min(n, a + size)
-        fits = _fitting(demand, a, b, policy.cache_bytes)
-        if fits == 0:
-            need = int(demand.sizes(demand.need(a, a + 1)).sum())
-            raise ValueError(
-                f"look-ahead: window {a} (episode {int(demand.episode[a])}) needs {need} bytes of decoded frames "
-                f"and columns, more than Lookahead.cache_bytes = {policy.cache_bytes}: raise cache_bytes"
-            )
-        out.append((a, a + fits))
-        a, size = a + fits, policy.horizon
-    return out
+    steps = Scheduler(demand, policy)
+    return Schedule(list(steps), steps.fetches)
 
 
 def _fitting(demand: Demand, start: int, stop: int, budget: int) -> int:
@@ -277,91 +345,49 @@ def _fitting(demand: Demand, start: int, stop: int, budget: int) -> int:
     return int(np.searchsorted(cumulative, budget, side="right"))
 
 
-def _next_uses(needs: list[np.ndarray]) -> list[np.ndarray]:
-    """For each chunk's keys, the next chunk that needs the same key (``NEVER``: none)."""
-    if not needs:
-        return []
-    keys = np.concatenate(needs)
-    chunk = np.repeat(np.arange(len(needs), dtype=np.int64), [k.size for k in needs])
-    order = np.lexsort((chunk, keys))
-    following = np.full(keys.size, NEVER, dtype=np.int64)
-    same = keys[order][1:] == keys[order][:-1]
-    following[order[:-1][same]] = chunk[order][1:][same]
-    return np.split(following, np.cumsum([k.size for k in needs])[:-1])
+def _next_windows(demand: Demand) -> np.ndarray:
+    """Per item occurrence, the window of the item's next occurrence (``NEVER``: none; int64).
+
+    Occurrences are laid out as ``demand.keys.ravel()`` (frame ``j`` of window ``i`` at ``i * K + j``;
+    a -1 key gets ``NEVER``) followed by each window's columns (window ``i`` at ``n * K + i``).
+    """
+    n, width = demand.keys.shape
+    items = np.concatenate([demand.keys.ravel(), columns_key(demand.episode)])
+    window = np.concatenate([np.repeat(np.arange(n, dtype=np.int64), width), np.arange(n, dtype=np.int64)])
+    valid = np.concatenate([demand.keys.ravel() >= 0, np.ones(n, dtype=bool)])
+    where = np.flatnonzero(valid)
+    # Frames (>= 0) and columns (< 0) never share a key, and each part is in window order: a stable
+    # sort by key puts each key's occurrences in window order.
+    order = where[np.argsort(items[where], kind="stable")]
+    same = items[order[1:]] == items[order[:-1]]
+    out = np.full(items.size, NEVER, dtype=np.int64)
+    out[order[:-1][same]] = window[order[1:][same]]
+    return out
 
 
-def _loads(demand: Demand, start: int, stop: int, miss: np.ndarray) -> list[tuple[int, bool, tuple[Decode, ...]]]:
-    """(episode, columns missing, decode calls) of a chunk's misses, in episode order."""
+def _loads(demand: Demand, miss: np.ndarray) -> list[tuple[int, bool, tuple[Decode, ...]]]:
+    """(episode, columns missing, decode calls) of a chunk's misses (sorted keys), in episode order.
+
+    Loads run before any window of the chunk: in episode order, which is shard and tar order, so a
+    stream-mode fetcher reads neighbouring episodes of a shard in one request.
+    """
     frames = miss[miss >= 0]
-    streams = key_stream(frames)
-    bounds = np.flatnonzero(np.r_[True, streams[1:] != streams[:-1]]).tolist() if frames.size else []
-    by_episode: dict[int, list[Decode]] = {}
-    for lo, hi in zip(bounds, [*bounds[1:], frames.size], strict=False):
-        s = int(streams[lo])
-        by_episode.setdefault(int(demand.stream_episode[s]), []).append(Decode(s, key_frame(frames[lo:hi])))
-    columns = set((-1 - miss[miss < 0]).tolist())
-    out = []
-    # Loads run before any window of the chunk: in episode order, which is shard and tar order, so
-    # a stream-mode fetcher reads neighbouring episodes of a shard in one request.
-    for e in np.unique(demand.episode[start:stop]).tolist():
-        if e in columns or e in by_episode:
-            out.append((e, e in columns, tuple(by_episode.get(e, ()))))
-    return out
-
-
-def _encoded(demand: Demand, chunks: list[list], budget: int) -> tuple[list[tuple[Load, ...]], list[int]]:
-    """Fetch or reuse each load's encoded bytes: Belady over the sequence of loads, with bypass."""
-    events = [e for loads in chunks for e, _, _ in loads]
-    nxt = _next_event(events)
-    held: dict[int, int] = {}
-    next_use: dict[int, int] = {}
-    heap: list[tuple[int, int]] = []
-    fetches: list[int] = []
-    out: list[tuple[Load, ...]] = []
-    held_bytes, i = 0, 0
-    for loads in chunks:
-        built = []
-        for e, columns, decodes in loads:
-            u, size = int(nxt[i]), int(demand.encoded_bytes[e])
-            fetch = None
-            if e not in held:
-                fetch = len(fetches)
-                fetches.append(e)
-            drop: list[int] = []
-            keep = u != NEVER and size <= budget
-            if keep and e not in held:
-                while held_bytes + size > budget:
-                    negative, k = heapq.heappop(heap)
-                    if k not in held or next_use[k] != -negative:
-                        continue
-                    if -negative < u:  # every kept one is needed sooner: bypass this one
-                        heapq.heappush(heap, (negative, k))
-                        keep = False
-                        break
-                    held_bytes -= held.pop(k)
-                    drop.append(k)
-            if keep:
-                if e not in held:
-                    held[e] = size
-                    held_bytes += size
-                next_use[e] = u
-                heapq.heappush(heap, (-u, e))
-            elif e in held:
-                held_bytes -= held.pop(e)
-            built.append(Load(e, fetch, columns, decodes, keep, tuple(drop)))
-            i += 1
-        out.append(tuple(built))
-    return out, fetches
-
-
-def _next_event(events: list[int]) -> np.ndarray:
-    """For each event, the position of the next event of the same episode (``NEVER``: none)."""
-    out = np.full(len(events), NEVER, dtype=np.int64)
-    last: dict[int, int] = {}
-    for i in range(len(events) - 1, -1, -1):
-        out[i] = last.get(events[i], NEVER)
-        last[events[i]] = i
-    return out
+    streams, numbers = key_stream(frames), key_frame(frames)
+    bounds = np.flatnonzero(np.r_[True, streams[1:] != streams[:-1]]) if frames.size else np.zeros(0, np.int64)
+    ends = [*bounds[1:].tolist(), frames.size] if frames.size else []
+    calls = [Decode(s, numbers[a:b]) for s, a, b in zip(streams[bounds].tolist(), bounds.tolist(), ends, strict=True)]
+    call_episode = demand.stream_episode[streams[bounds]]
+    columns = -1 - miss[miss < 0]
+    episodes = np.union1d(call_episode, columns)
+    order = np.argsort(call_episode, kind="stable")  # each episode's calls, in stream order
+    lo = np.searchsorted(call_episode[order], episodes, side="left").tolist()
+    hi = np.searchsorted(call_episode[order], episodes, side="right").tolist()
+    with_columns = np.isin(episodes, columns).tolist()
+    order = order.tolist()
+    return [
+        (e, c, tuple(calls[j] for j in order[x:y]))
+        for e, c, x, y in zip(episodes.tolist(), with_columns, lo, hi, strict=True)
+    ]
 
 
 class Store:
