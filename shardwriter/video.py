@@ -157,26 +157,16 @@ def _decoded_probe(source: VideoSource) -> VideoProbe:
         with _open(source) as container:
             stream = frame_stream(container)
             stream.thread_type = "AUTO"  # frame threads: same frames, sooner
-            ctx = stream.codec_context
             packets, frames, rotation = _decode_all(stream, container)
-            if stream.time_base is None:  # FFmpeg gives every stream one; PyAV types it optional
-                raise ConversionError("the frame stream has no time base", kind="unreadable_video")
-            info = (
-                ctx.codec.canonical_name,
-                ctx.width,
-                ctx.height,
-                ctx.format.name if ctx.format else "",
-                stream.time_base,
-                stream.index,
-            )
-            fps = float(stream.average_rate) if stream.average_rate else 0.0
+            fields = _stream_fields(stream)
     except ConversionError:
         raise
     except (av.error.FFmpegError, OSError, ValueError) as exc:
         raise ConversionError(f"cannot demux or decode video: {exc}", kind="unreadable_video") from exc
     if not frames:
         raise ConversionError(
-            f"video stream {info[5]} holds no frames ({len(packets)} packets, none displayed)", kind="unreadable_video"
+            f"video stream {fields['stream_index']} holds no frames ({len(packets)} packets, none displayed)",
+            kind="unreadable_video",
         )
     pts = np.asarray([f[0] for f in frames], dtype=np.int64)
     bad = np.flatnonzero(np.diff(pts) <= 0)
@@ -196,23 +186,8 @@ def _decoded_probe(source: VideoSource) -> VideoProbe:
     duration = np.where(duration > 0, duration, fill)
     keyflags = np.asarray([by_pts.get(int(p), (False, 0))[0] for p in pts], dtype=bool)
     keyflags[0] = True
-    codec, width, height, pix_fmt, time_base, index = info
-    if rotation % 180:
-        width, height = height, width
-    return VideoProbe(
-        codec=codec,
-        width=int(width),
-        height=int(height),
-        pix_fmt=pix_fmt,
-        time_base=Fraction(time_base.numerator, time_base.denominator),
-        pts=pts,
-        duration=duration,
-        keyframes=np.flatnonzero(keyflags).astype(np.int32),
-        packet_pts=packet_pts,
-        packet_key=packet_key,
-        average_fps=fps,
-        stream_index=int(index),
-        rotation=rotation % 360,
+    return _video_probe(
+        fields, rotation, keyflags, pts=pts, duration=duration, packet_pts=packet_pts, packet_key=packet_key
     )
 
 
@@ -283,38 +258,56 @@ def scan(source: VideoSource, vouch: bool = False) -> VideoProbe:
                 for frame in ctx.decode(None):
                     first_pts, rotation = _frame_pts(frame), round(frame.rotation or 0)
                     break
-            if stream.time_base is None:
-                raise ConversionError("the frame stream has no time base", kind="unreadable_video")
+            fields = _stream_fields(stream)
             model = _packet_model(np.asarray(rows, dtype=np.int64).reshape(-1, 4), first_pts)
             if model is None:
                 return _decoded_probe(source)
             pts, duration, keyflags, packet_pts, packet_key = model
             disagreement = _vouch(ctx, keys, tail, pts) if vouch else None
-            info = (ctx.codec.canonical_name, ctx.width, ctx.height, ctx.format.name if ctx.format else "")
-            time_base, index = stream.time_base, stream.index
-            fps = float(stream.average_rate) if stream.average_rate else 0.0
     except ConversionError:
         raise
     except (av.error.FFmpegError, OSError, ValueError):
         return _decoded_probe(source)  # raises the decode's own error, or finds what the scan could not
-    codec, width, height, pix_fmt = info
+    tables = dict(pts=pts, duration=duration, packet_pts=packet_pts, packet_key=packet_key)
+    return _video_probe(fields, rotation, keyflags, disagreement=disagreement, **tables)
+
+
+def _stream_fields(stream) -> dict:
+    """The ``VideoProbe`` fields read from the open frame ``stream`` (PyAV), tables aside.
+
+    Codec, stored size, pixel format, time base, average frame rate (frames per second; 0.0 when
+    the container gives none) and stream index.
+
+    Raises ``ConversionError(kind="unreadable_video")``: the stream has no time base (FFmpeg gives
+    every stream one; PyAV types it optional).
+    """
+    ctx = stream.codec_context
+    if stream.time_base is None:
+        raise ConversionError("the frame stream has no time base", kind="unreadable_video")
+    return dict(
+        codec=ctx.codec.canonical_name,
+        width=int(ctx.width),
+        height=int(ctx.height),
+        pix_fmt=ctx.format.name if ctx.format else "",
+        time_base=Fraction(stream.time_base.numerator, stream.time_base.denominator),
+        average_fps=float(stream.average_rate) if stream.average_rate else 0.0,
+        stream_index=int(stream.index),
+    )
+
+
+def _video_probe(fields: dict, rotation: int, keyflags: np.ndarray, **tables) -> VideoProbe:
+    """The ``VideoProbe`` of a stream's ``fields`` (``_stream_fields``) and frame ``tables``.
+
+    ``rotation``: degrees counter-clockwise of the first frame's display matrix; a quarter turn swaps
+    the stored width and height (the reader returns frames upright). ``keyflags``: bool
+    ``[num_frames]``, True where decoding can start.
+    """
+    width, height = fields["width"], fields["height"]
     if rotation % 180:
         width, height = height, width
+    keyframes = np.flatnonzero(keyflags).astype(np.int32)
     return VideoProbe(
-        codec=codec,
-        width=int(width),
-        height=int(height),
-        pix_fmt=pix_fmt,
-        time_base=Fraction(time_base.numerator, time_base.denominator),
-        pts=pts,
-        duration=duration,
-        keyframes=np.flatnonzero(keyflags).astype(np.int32),
-        packet_pts=packet_pts,
-        packet_key=packet_key,
-        average_fps=fps,
-        stream_index=int(index),
-        rotation=rotation % 360,
-        disagreement=disagreement,
+        **{**fields, "width": width, "height": height}, keyframes=keyframes, rotation=rotation % 360, **tables
     )
 
 

@@ -43,6 +43,20 @@ def _reencode(text: str):
         ) from None
 
 
+def _policy(c: argparse.ArgumentParser, flag: str, choices: tuple[str, str], help: str) -> None:
+    """Add ``flag``, what to do with bad input: one of ``choices``, the first the default.
+
+    ``fail``, the deprecated name of ``raise``, is still accepted (``ConvertOptions`` warns).
+    """
+    c.add_argument(
+        flag,
+        choices=[*choices, "fail"],
+        default=choices[0],
+        metavar="{" + ",".join(choices) + "}",
+        help=f"{help} ('fail': deprecated 'raise')",
+    )
+
+
 def add_arguments(c: argparse.ArgumentParser) -> None:
     """The ``epishard convert`` arguments."""
     c.add_argument(
@@ -65,20 +79,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--reencode", help="re-encode videos, e.g. codec=libx264,gop=10,size=224x224,crf=23 (default: copy bit-exact)"
     )
-    c.add_argument(
-        "--on-error",
-        choices=["raise", "skip", "fail"],
-        default="raise",
-        metavar="{raise,skip}",
-        help="bad episode: stop, or skip it and count it in the report ('fail': deprecated 'raise')",
-    )
-    c.add_argument(
-        "--timestamps",
-        choices=["warn", "raise", "fail"],
-        default="warn",
-        metavar="{warn,raise}",
-        help="timestamps that disagree with the video: report them, or stop ('fail': deprecated 'raise')",
-    )
+    _policy(c, "--on-error", ("raise", "skip"), "bad episode: stop, or skip it and count it in the report")
+    _policy(c, "--timestamps", ("warn", "raise"), "timestamps that disagree with the video: report them, or stop")
     c.add_argument(
         "--check",
         choices=["full", "fast", "off"],

@@ -4,7 +4,8 @@ Derived from ``../shared/peers/lerobot_windows.py`` / ``lerobot061_windows.py`` 
 ``delta_timestamps``, DataLoader and memory sampling), with what the honest table needs: a timed
 region of at least ``--seconds`` (after ``--warmup`` batches), the episode of every sample of every
 timed batch (batch diversity), the output dtype, and the peak RSS of the largest single worker.
-Imports only LeRobot, torch and psutil (never epishard). Prints one JSON line.
+Imports only LeRobot, torch and ``memory.py`` beside it (the standard library's; never epishard), so
+memory is sampled as epishard's runs sample it. Prints one JSON line.
 
     . /tmp/peer/lerobot061-env.sh && python tools/peers/lerobot_harness.py ROOT [--uint8] [--seconds 10]
 """
@@ -15,59 +16,11 @@ import argparse
 import inspect
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
-import psutil
 import torch
-
-
-class MemSampler(threading.Thread):
-    """Peak summed RSS / PSS of this process and its descendants (RSS every 50 ms, PSS every 10th),
-    and the peak RSS of the largest single descendant (a DataLoader worker)."""
-
-    def __init__(self, interval: float = 0.05, pss_every: int = 10):
-        super().__init__(daemon=True)
-        self.interval, self.pss_every = interval, pss_every
-        self.rss_peak = self.pss_peak = self.worker_rss_peak = 0
-        self._halt = threading.Event()
-        self.proc = psutil.Process()
-
-    def sample(self, with_pss: bool) -> None:
-        rss = pss = 0
-        try:
-            children = self.proc.children(recursive=True)
-        except psutil.Error:
-            children = []
-        for p in [self.proc, *children]:
-            try:
-                if with_pss:
-                    m = p.memory_full_info()
-                    rss, pss = rss + m.rss, pss + m.pss
-                    one = m.rss
-                else:
-                    one = p.memory_info().rss
-                    rss += one
-            except psutil.Error:
-                continue
-            if p is not self.proc:
-                self.worker_rss_peak = max(self.worker_rss_peak, one)
-        self.rss_peak = max(self.rss_peak, rss)
-        if with_pss:
-            self.pss_peak = max(self.pss_peak, pss)
-
-    def run(self) -> None:
-        i = 0
-        while not self._halt.is_set():
-            self.sample(i % self.pss_every == 0)
-            i += 1
-            self._halt.wait(self.interval)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
-        self.sample(True)
+from memory import MemSampler  # tools/peers/memory.py: this script's folder is sys.path[0]
 
 
 def main() -> None:
@@ -149,9 +102,9 @@ def main() -> None:
                 "episode_ids": episodes,
                 "dtype": str(b[cams[0]].dtype).replace("torch.", ""),
                 "shapes": {c: [*b[c].shape] for c in cams},
-                "rss_peak_mb": mem.rss_peak / 2**20,
-                "pss_peak_mb": mem.pss_peak / 2**20,
-                "worker_rss_peak_mb": mem.worker_rss_peak / 2**20,
+                "rss_peak_mb": mem.rss_peak / 1024,  # MemSampler's peaks are in kB
+                "pss_peak_mb": mem.pss_peak / 1024,
+                "worker_rss_peak_mb": mem.worker_rss_peak / 1024,
                 "warmup_s": warmup_s,
                 "build_s": build_s,
                 "num_frames": len(ds),
