@@ -20,6 +20,13 @@ def require() -> None:
 
 
 def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) -> list[str]:
+    """Write the summary's PNG charts into ``folder``; return their paths.
+
+    ``rows``: the summary's rows (one per dataset and system). Charts: samples/s per dataset and
+    system (median of rounds, min..max bars, log scale); samples/s against batch diversity (distinct
+    episodes per batch over the i.i.d. expectation, ``stream.diversity``); epishard's worker time per
+    stage and sample (ms, from its telemetry), when rows carry it.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,11 +65,7 @@ def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) 
     ax.set_title(title)
     ax.legend(fontsize=8, ncol=3)
     ax.grid(axis="y", alpha=0.3, which="both")
-    fig.tight_layout()
-    p = folder / "peers_samples_per_s.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    paths.append(str(p))
+    paths.append(_save(fig, folder / "peers_samples_per_s.png"))
 
     fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names) + 1, 4.6), squeeze=False)
     for ax, n in zip(axes[0], names, strict=True):
@@ -82,11 +85,7 @@ def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) 
             legend.setdefault(label, handle)
     axes[0][-1].legend(list(legend.values()), list(legend), fontsize=7)
     fig.suptitle("throughput against batch diversity; matched diversity right of the dashed line (0.9)")
-    fig.tight_layout()
-    p = folder / "peers_diversity.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    paths.append(str(p))
+    paths.append(_save(fig, folder / "peers_diversity.png"))
 
     st = [r for r in rows if r.get("stage_s_per_sample")]
     if st:
@@ -111,9 +110,15 @@ def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) 
         axes[0][0].set_ylabel("worker ms per sample (median of rounds)")
         axes[0][-1].legend(fontsize=8)
         fig.suptitle("worker time per stage and sample: epishard telemetry; webdataset and naive timed the same way")
-        fig.tight_layout()
-        p = folder / "peers_epishard_stages.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(str(p))
+        paths.append(_save(fig, folder / "peers_epishard_stages.png"))
     return paths
+
+
+def _save(fig, path: Path) -> str:
+    """Lay ``fig`` out, write it to ``path`` as a PNG (110 dpi), free it; return the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
