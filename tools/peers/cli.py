@@ -25,6 +25,7 @@ from .zygote import Zygote, zygote_main
 
 
 def machine() -> dict:
+    """The run header: CPU count and model, memory (GiB), host, Python / torch / torchcodec versions."""
     import torch
     import torchcodec
 
@@ -74,6 +75,7 @@ def epishard_options(pairs: list[str]) -> tuple[dict, list[str]]:
 
 
 def parse(argv=None):
+    """The ``tools/bench_peers.py`` arguments (``argparse.Namespace``); exits on bad ones (argparse)."""
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -221,6 +223,7 @@ def rerender(args) -> int:
 
 
 def main(argv=None) -> int:
+    """``tools/bench_peers.py``: run (or ``--render``) the comparison; the exit status."""
     args = parse(argv)
     if args.zygote:
         zygote_main()

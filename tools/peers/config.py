@@ -30,10 +30,12 @@ MIN_EPISODES = 200  # datasets are tiled to at least this many episodes
 
 
 def log(msg: str) -> None:
+    """A progress line on stderr (stdout carries the tables)."""
     print(msg, file=sys.stderr, flush=True)
 
 
 def shared_dir() -> Path:
+    """The ../shared folder (``EPISHARD_SHARED_DATA``'s parent when set): data and peers' setup scripts."""
     return Path(os.environ.get("EPISHARD_SHARED_DATA", REPO.parent / "shared" / "data")).parent
 
 
@@ -70,6 +72,7 @@ class System:
 
     @property
     def label(self) -> str:
+        """The system's name in tables and charts, e.g. "LeRobot 0.6.1 u8", "epishard f32"."""
         dt = "u8" if self.dtype == "uint8" else "f32"
         if self.kind == "lerobot":
             return f"LeRobot {self.lerobot} {dt}"

@@ -24,6 +24,7 @@ from memory import MemSampler  # tools/peers/memory.py: this script's folder is 
 
 
 def main() -> None:
+    """Time LeRobotDataset on ``root``'s windows and print one JSON line (rates in samples/s, memory in MB)."""
     assert os.environ.get("HF_HUB_OFFLINE") == "1", "source the peer's env file first (HF_HUB_OFFLINE=1)"
     import lerobot
     from lerobot.datasets.lerobot_dataset import LeRobotDataset, LeRobotDatasetMetadata

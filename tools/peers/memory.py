@@ -55,6 +55,7 @@ class MemSampler(threading.Thread):
         self._halt = threading.Event()
 
     def sample(self, with_pss: bool) -> None:
+        """Read every process's RSS now (and PSS with ``with_pss``: the slow read) and update the peaks."""
         pids = _descendants(os.getpid())
         rss = [_rss(p) for p in pids]
         self.rss_peak = max(self.rss_peak, sum(rss))
@@ -63,6 +64,7 @@ class MemSampler(threading.Thread):
             self.pss_peak = max(self.pss_peak, sum(_pss(p) for p in pids + list(self.pss_extra)))
 
     def run(self) -> None:
+        """Sample every ``interval`` seconds (PSS every ``pss_every``-th) until ``stop``."""
         i = 0
         while not self._halt.is_set():
             self.sample(i % self.pss_every == 0)
@@ -70,6 +72,7 @@ class MemSampler(threading.Thread):
             self._halt.wait(self.interval)
 
     def stop(self) -> None:
+        """End the sampling thread, then take a last sample with PSS (the peaks are final after it)."""
         self._halt.set()
         self.join()
         self.sample(True)

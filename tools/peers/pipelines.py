@@ -9,6 +9,7 @@ from .config import COUNTERS, HORIZON, SPAN, STEP
 
 
 def clamped(rows, n: int):
+    """``rows`` (int64 array) clamped into an episode of ``n`` rows, and bool pad flags (as LeRobot's ``_is_pad``)."""
     import numpy as np
 
     return np.clip(rows, 0, n - 1), (rows < 0) | (rows >= n)
@@ -156,6 +157,7 @@ class NaiveWindows(_SpanDecoder):
 
 
 def timed_collate(samples: list[dict]) -> dict:
+    """``default_collate`` with its time added as ``__collate_s__`` (float64 seconds)."""
     import torch
     from torch.utils.data import default_collate
 

@@ -17,6 +17,8 @@ from .zygote import Zygote
 
 @dataclass
 class Dataset:
+    """One dataset of the comparison: the LeRobot folder measured, where it came from, its epishard copy."""
+
     name: str
     main: str  # the LeRobot folder measured (the tiled copy when tiled)
     version: str
@@ -28,11 +30,16 @@ class Dataset:
 
 
 def lerobot_version(folder: Path) -> str:
+    """The LeRobot dataset's ``codebase_version`` (``meta/info.json``; "?" when absent), e.g. "v3.0".
+
+    Raises OSError / ValueError: no readable ``meta/info.json``.
+    """
     with open(folder / "meta" / "info.json") as f:
         return json.load(f).get("codebase_version", "?")
 
 
 def has_videos(folder: Path) -> bool:
+    """Whether the LeRobot dataset stores any camera as mp4 files under ``videos/``."""
     return (folder / "videos").is_dir() and any((folder / "videos").rglob("*.mp4"))
 
 
@@ -122,6 +129,10 @@ def peer_status(args, peer: Peer) -> str | None:
 
 
 def setup_peers(args) -> None:
+    """Build every LeRobot peer's venv with its setup script from ``--peers-dir`` (../shared/peers).
+
+    Raises ``subprocess.CalledProcessError``: a setup script failed.
+    """
     for peer in LEROBOT.values():
         script = Path(args.peers_dir) / peer.setup
         print(f"building the LeRobot {peer.version} peer venv: bash {script} {peer.venv}", flush=True)
@@ -174,6 +185,12 @@ def run_lerobot(args, d: Dataset, system: System, seed: int) -> dict:
 
 
 def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | None) -> dict:
+    """One timed run of ``system`` on ``d``: LeRobot through its harness, the others in a child process
+    forked from ``zygote`` or started fresh (``measure.run_child``). Returns the run's record with the
+    dataset, seed, 1-minute load average and the run's wall seconds (``wall_s``) added.
+
+    Raises ``RuntimeError`` (a fresh child failed) or ``subprocess.TimeoutExpired`` (``--timeout`` seconds).
+    """
     t = time.perf_counter()
     cfg = {
         "system": system.id,

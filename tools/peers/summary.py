@@ -24,6 +24,7 @@ FIELDS = (
 
 
 def med(values):
+    """Median (float) of ``values`` with the Nones left out; None when nothing is left."""
     import numpy as np
 
     values = [v for v in values if v is not None]
@@ -129,6 +130,7 @@ def headline(rows: list[dict], datasets: list[Dataset]) -> list[dict]:
 
 
 def fmt(v, spec: str, none: str = "-") -> str:
+    """``v`` formatted with ``spec`` (``format``), or ``none`` for a missing figure."""
     return none if v is None else format(v, spec)
 
 
@@ -284,6 +286,7 @@ def markdown(rows: list[dict], heads: list[dict], datasets: list[Dataset], meta:
 
 
 def print_tables(rows: list[dict], heads: list[dict], datasets: list[Dataset]) -> None:
+    """Print ``summarize``'s rows as a plain-text table per dataset, then ``headline``'s heads."""
     widths = (22, 8, 10, 10, 7, 25, 8, 8, 8, 8)
     names = ("system", "dtype", "samples/s", "after wu", "xlimit", "eps/batch/iid (ratio)", "dec/ret", "RSS MB")
     names += ("wkr MB", "timed s")

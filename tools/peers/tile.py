@@ -69,6 +69,7 @@ def tile(src: str | Path, out: str | Path, min_episodes: int) -> Path:
             shutil.copyfile(src / "meta" / name, out / "meta" / name)
 
     def shifted(table: pa.Table, column: str, by: int) -> pa.Table:
+        """``table`` with integer ``column`` plus ``by`` (a tile's episode and frame indices)."""
         i = table.schema.get_field_index(column)
         col = table.column(i)
         return table.set_column(i, table.field(i), pc.add(col, pa.scalar(by, col.type)))
