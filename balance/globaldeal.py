@@ -175,7 +175,13 @@ class GlobalDeal:
         epoch: int,
         level: int,
     ) -> GlobalPlan:
-        """The windows (in plan order) dealt to the layout's consumers: a ``GlobalPlan`` in yield order."""
+        """The windows (in plan order) dealt to the layout's consumers: a ``GlobalPlan`` in yield order.
+
+        ``episode``, ``anchor``: int64 ``[N]`` (global episode numbers, anchor rows) in plan order. The
+        plan's own ``deal`` first leaves out its remainder (``N`` a multiple of the consumers, no
+        strata: the deal is global); ``cost`` prices the kept windows (float64); ``global_steps``
+        deals them (its errors: ``ValueError``).
+        """
         consumers = world_size * num_workers
         kept = deal(dataclasses.replace(table, stratum=None), episode, anchor, consumers, seed, epoch, level)
         costs = np.asarray(self.cost(kept.episode, kept.anchor), dtype=np.float64)

@@ -30,7 +30,10 @@ OFF = "off"
 
 
 def cache_dir() -> str | None:
-    """The folder of stamps, or None when ``EPISHARD_CACHE=off``."""
+    """The folder of stamps, or None when ``EPISHARD_CACHE=off``.
+
+    ``$EPISHARD_CACHE/verified``; default ``~/.cache/epishard/verified``.
+    """
     root = os.environ.get("EPISHARD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "epishard")
     return None if root == OFF else os.path.join(root, "verified")
 
@@ -54,7 +57,11 @@ def _stamp(key: bytes, folder: str) -> str:
 
 
 def is_verified(path: str, st: os.stat_result, sha256: str) -> bool:
-    """Whether a stamp says the file at ``path`` (``st``: its ``os.fstat``) was found to hash to ``sha256``."""
+    """Whether a stamp says the file at ``path`` (``st``: its ``os.fstat``) was found to hash to ``sha256``.
+
+    ``sha256``: hex digest. Every key must match: real path, size (bytes), mtime (ns), inode, device,
+    digest (module docstring). Never raises: stamps off or an unreadable stamp is False (hash the file).
+    """
     folder = cache_dir()
     if folder is None:
         return False
@@ -70,6 +77,8 @@ def record_verified(path: str, st: os.stat_result, sha256: str) -> None:
     """Stamp the file at ``path`` (``st``: its ``os.fstat`` taken before it was hashed) as hashing to ``sha256``.
 
     Written atomically (a temporary file renamed), so a concurrent reader sees a whole stamp or none.
+    No stamp when the file's keys changed while it was hashed (``st`` against a fresh ``os.stat``).
+    Never raises ``OSError``: a stamp that cannot be written is left out (the next process hashes).
     """
     folder = cache_dir()
     if folder is None:

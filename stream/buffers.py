@@ -47,7 +47,7 @@ ALIGN = 64  # bytes: every field starts on a cache line
 
 @dataclass(frozen=True)
 class Field:
-    """One tensor field of a batch: its key, dtype and per-sample shape."""
+    """One tensor field of a batch: its key, dtype and per-sample shape (elements, no batch dimension)."""
 
     key: str
     dtype: torch.dtype
@@ -64,6 +64,11 @@ class _Slot:
 
     @classmethod
     def allocate(cls, fields: tuple[Field, ...], capacity: int, shared: bool) -> _Slot:
+        """A slot of ``capacity`` samples of every field, in one block of memory.
+
+        Each field starts on an ``ALIGN``-byte boundary; every page is written once here. ``shared``:
+        torch shared memory (a worker's, sent to the main process by file descriptor).
+        """
         offsets, end = [], 0
         for f in fields:
             end = -(-end // ALIGN) * ALIGN
@@ -110,7 +115,13 @@ class BatchBuffers:
         return {**self.__dict__, "_ring": [], "_next": 0, "_pid": None}
 
     def take(self, fields: tuple[Field, ...], n: int) -> dict[str, torch.Tensor]:
-        """The next slot's views for a batch of ``n`` samples of ``fields``."""
+        """The next slot's views for a batch of ``n`` samples of ``fields``.
+
+        Key -> ``[n, *field.shape]`` of ``field.dtype``, holding the slot's last batch (the collate
+        overwrites them).
+
+        Reallocates the slot (``allocations`` + 1) when its fields differ or it holds fewer than ``n``.
+        """
         if self._pid != os.getpid():  # a new process (fork copies the parent's ring): its own ring
             self._ring, self._next, self._pid = [None] * self.slots, 0, os.getpid()
         i = self._next
@@ -130,6 +141,9 @@ class HeldBatches:
     (and faulted in) again.
     When a slot comes round while tensors of the batch it held before are still referenced, warns once
     (``RuntimeWarning``) naming both batch numbers: those tensors now hold the newer batch.
+
+    ``n``: slots held (``ring_slots`` x workers); ``k``: the loader's ``reuse_buffers`` (batches a batch
+    stays valid for), named in the warning.
     """
 
     def __init__(self, n: int, k: int):
@@ -139,7 +153,10 @@ class HeldBatches:
         self._number = -1
 
     def received(self, batch: dict) -> None:
-        """Record ``batch`` as drawn."""
+        """Record ``batch`` (key -> tensor; other values ignored) as drawn.
+
+        Its slot is the storage of its largest tensor. Warns (``RuntimeWarning``, once) as the class says.
+        """
         self._number += 1
         number = self._number
         tensors = [v for v in batch.values() if isinstance(v, torch.Tensor)]
@@ -168,7 +185,8 @@ def ring_slots(k: int, num_workers: int, prefetch_factor: int | None) -> int:
 
     A worker is asked for its batch ``m + prefetch_factor`` when its batch ``m`` is drawn, and the
     DataLoader draws from its workers in turn: ``ceil(k / num_workers) + prefetch_factor`` slots;
-    ``k`` without workers (the batch is collated when drawn).
+    ``k`` without workers (the batch is collated when drawn). ``prefetch_factor`` None: torch's
+    default, 2.
     """
     if num_workers == 0:
         return k

@@ -114,7 +114,10 @@ def iid(windows_per_episode: Sequence[float] | np.ndarray, batch_size: float) ->
 
 
 def ratio(measured_: Diversity, reference: Diversity) -> float:
-    """Measured distinct episodes per batch over the i.i.d. expectation (1.0: as diverse as i.i.d.)."""
+    """Measured distinct episodes per batch over the i.i.d. expectation (1.0: as diverse as i.i.d.).
+
+    ``reference``: ``iid``'s (its ``distinct`` > 0 for any batch size > 0, so the ratio is finite).
+    """
     return measured_.distinct / reference.distinct
 
 
@@ -132,7 +135,11 @@ def merge_counts(keys: Sequence[Hashable], windows: Sequence[float] | np.ndarray
 
 
 def summary(measured_: Diversity, reference: Diversity) -> dict:
-    """JSON-ready figures: measured and i.i.d. distinct episodes and share probability, and the ratio."""
+    """JSON-ready figures: measured and i.i.d. distinct episodes and share probability, and the ratio.
+
+    Floats (distinct episodes per batch, same-episode pair probability, ``ratio``); ``diversity_batches``:
+    the batches measured (int).
+    """
     return {
         "distinct_episodes_per_batch": measured_.distinct,
         "distinct_episodes_per_batch_iid": reference.distinct,
