@@ -8,7 +8,8 @@ makes ONE decode call for the union of the chunk's frames of it that are not cac
 decoding, as ``stream.decode`` does per episode).
 
 Two caches, each bounded in bytes, with Belady's furthest-next-use eviction (optimal for items of
-one size, the standard rule for items of several; here the next use is exact, not predicted):
+one size, the standard rule for items of several; here the next use is exact, not predicted; L. A.
+Belady, "A study of replacement algorithms for a virtual-storage computer", IBM Systems Journal 5(2), 1966):
 
 - decoded items: post-processed frames (``frame_key(stream, frame)``) and each episode's table
   columns (``columns_key(episode)``). A chunk's items must all be held while its windows are
@@ -176,7 +177,7 @@ class Step:
 
 @dataclass(frozen=True)
 class Schedule:
-    """``steps`` in order; ``fetches``: episodes in fetch order (repeats: fetched again)."""
+    """``steps`` in order; ``fetches``: episodes (``Demand.episode``'s numbers) in fetch order (repeats: again)."""
 
     steps: list[Step]
     fetches: list[int]
@@ -424,5 +425,8 @@ class Store:
                 self.nbytes -= 0 if item is None else item[2]
 
     def stack(self, keys: np.ndarray) -> torch.Tensor:
-        """Frames of ``keys`` (int64 ``[T]``, T >= 1), stacked ``[T, C, h, w]``."""
+        """Frames of ``keys`` (int64 ``[T]``, T >= 1), stacked ``[T, C, h, w]`` in their stored dtype.
+
+        Raises ``KeyError``: a key not held (the schedule's bug, never the data's).
+        """
         return torch.stack([self.frames[k] for k in keys.tolist()])
