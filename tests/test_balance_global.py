@@ -13,12 +13,11 @@ import collections
 
 import numpy as np
 import pytest
-from videogen import decode_frame_number, make_episode_table, make_video
+from videogen import convert_numbered, decode_frame_number
 
 from epishard.balance import CostModel, WindowCost, epoch_summary, rank_steps, step_stats
 from epishard.balance.globaldeal import GlobalDeal, global_steps
 from epishard.balance.streaming import BalancedOrder, BalancedWindowDataset
-from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import WindowLoader, WindowSpec, World
 from epishard.stream.dataset import STATE_VERSION
 from epishard.stream.mixplan import BatchByDataset
@@ -218,24 +217,10 @@ BATCH = 3
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("balance_global")
-    episodes = [
-        Episode(
-            source="bg",
-            episode_index=e,
-            table=make_episode_table(n, fps=20),
-            fps=20,
-            tasks=(TASKS[e],),
-            videos={CAM: CameraVideo(make_video(None, n, height=32, width=32, gop=4, start_number=100 * e))},
-        )
-        for e, n in enumerate(LENGTHS)
-    ]
-    convert(
-        [Source(name="bg", episodes=episodes, fps=20)],
-        str(out),
-        ConvertOptions(max_episodes_per_shard=2, progress=False),
+    cameras = {CAM: dict(height=32, width=32, gop=4)}
+    return convert_numbered(
+        tmp_path_factory.mktemp("balance_global"), LENGTHS, cameras, per_shard=2, tasks=TASKS, name="bg"
     )
-    return str(out)
 
 
 def _loader(dataset, rank, world, workers, scope="global"):

@@ -10,9 +10,8 @@ import warnings
 
 import pytest
 import torch
-from videogen import decode_frame_number, make_episode_table, make_video
+from videogen import convert_numbered, decode_frame_number
 
-from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
 from epishard.stream.buffers import BatchBuffers, Field, ring_slots
 from epishard.stream.collate import BufferedCollate, FloatCollate, float_frames, to_device
@@ -25,20 +24,9 @@ SPEC = WindowSpec(cameras={c: (0, 3) for c in CAMS}, action_horizon=3, boundary=
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("buffers")
-    episodes = [
-        Episode(
-            source="gen",
-            episode_index=e,
-            table=make_episode_table(n, fps=FPS),
-            videos={c: CameraVideo(make_video(None, n, fps=FPS, gop=5, start_number=1000 * e)) for c in CAMS},
-            fps=FPS,
-            tasks=(f"task {e}",),
-        )
-        for e, n in enumerate(LENGTHS)
-    ]
-    convert([Source(name="gen", episodes=episodes, fps=FPS)], str(out), ConvertOptions(progress=False))
-    return str(out)
+    return convert_numbered(
+        tmp_path_factory.mktemp("buffers"), LENGTHS, {c: dict(gop=5) for c in CAMS}, fps=FPS, step=1000
+    )
 
 
 def _loader(dataset, dtype=torch.float32, **kw) -> WindowLoader:

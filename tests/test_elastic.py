@@ -16,10 +16,9 @@ import collections
 
 import numpy as np
 import pytest
-from videogen import decode_frame_number, make_episode_table, make_video
+from videogen import convert_numbered, decode_frame_number
 
 from epishard.balance.streaming import BalancedOrder
-from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import WindowDataset, WindowLoader, WindowSpec, World
 from epishard.stream.mixplan import BatchByDataset
 from epishard.stream.plan import EpisodeTable, PerEpisode, Progress, global_plan, level_plan, worker_plan
@@ -213,24 +212,9 @@ SPEC = WindowSpec(cameras={CAM: (0,)}, state_offsets=(0,), action_horizon=1, bou
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("elastic")
-    episodes = [
-        Episode(
-            source="el",
-            episode_index=e,
-            table=make_episode_table(n, fps=20),
-            fps=20,
-            tasks=("t",),
-            videos={CAM: CameraVideo(make_video(None, n, height=32, width=32, gop=8, start_number=100 * e))},
-        )
-        for e, n in enumerate(LENGTHS)
-    ]
-    convert(
-        [Source(name="el", episodes=episodes, fps=20)],
-        str(out),
-        ConvertOptions(max_episodes_per_shard=3, progress=False),
-    )
-    return str(out)
+    cameras = {CAM: dict(height=32, width=32, gop=8)}
+    tasks = ["t"] * len(LENGTHS)
+    return convert_numbered(tmp_path_factory.mktemp("elastic"), LENGTHS, cameras, per_shard=3, tasks=tasks, name="el")
 
 
 def _loader(dataset, rank, world, workers, batch_size=2):

@@ -337,3 +337,45 @@ def _encode_grey(values: np.ndarray, codec: str, pix_fmt: str, fps: int, gop: in
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     return buf.getvalue()
+
+
+def convert_numbered(
+    out: str | PathLike,
+    lengths: list[int],
+    cameras: dict[str, dict],
+    *,
+    fps: int = 20,
+    step: int = 100,
+    per_shard: int = 64,
+    tasks: list[str] | None = None,
+    name: str = "gen",
+) -> str:
+    """Convert generated episodes into an epishard dataset at ``out``; return ``out`` as a string.
+
+    Episode ``e`` has ``lengths[e]`` rows (``make_episode_table``) and, on every camera of ``cameras``
+    (name -> ``make_video`` keyword arguments, e.g. ``dict(gop=4, height=32, width=32)``), frame ``i``
+    shows ``step * e + i``. ``tasks``: one task text per episode (default ``"task {e}"``);
+    ``per_shard``: episodes per shard at most; ``name``: the source's name.
+    """
+    from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+
+    episodes = [
+        Episode(
+            source=name,
+            episode_index=e,
+            table=make_episode_table(n, fps=fps),
+            videos={
+                cam: CameraVideo(make_video(None, n, fps=fps, start_number=step * e, **kw))
+                for cam, kw in cameras.items()
+            },
+            fps=fps,
+            tasks=(tasks[e] if tasks else f"task {e}",),
+        )
+        for e, n in enumerate(lengths)
+    ]
+    convert(
+        [Source(name=name, episodes=episodes, fps=fps)],
+        str(out),
+        ConvertOptions(max_episodes_per_shard=per_shard, progress=False),
+    )
+    return str(out)
