@@ -73,6 +73,10 @@ class FetchPolicy:
         connect_timeout_s / read_timeout_s: seconds to open a connection to S3 or an HTTP server,
             and to wait for the next bytes of a response; a request past either fails and is
             retried like a reset (storage options ``connect_timeout`` / ``read_timeout`` override).
+
+    Raises:
+        ValueError: an unknown ``mode`` or ``on_shard_error``; ``threads``, ``max_in_flight`` or
+            ``chunk_bytes`` below 1; ``coalesce_bytes`` below 0.
     """
 
     mode: Literal["stream", "ranged"] = "stream"
@@ -468,8 +472,9 @@ class EpisodeRanges:
 def episode_ranges(index, episode: int, cameras: list[int]) -> EpisodeRanges:
     """Where the data member and the given camera streams of ``episode`` lie.
 
-    Their shard, byte ranges, sha256s
-    and member numbers (in tar order).
+    ``index``: the dataset's ``WindowIndex``; ``cameras``: global stream numbers (the index's camera
+    streams of this episode). Their shard, byte ranges (``[start, stop)`` offsets in the shard's
+    tar), sha256s and member numbers (in tar order).
     """
     members = np.unique(np.append(index.stream_member[cameras], index.data_member(episode)))
     start, stop = index.member_ranges(members)
