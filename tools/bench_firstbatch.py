@@ -49,7 +49,7 @@ def child(dataset: str, world_size: int, workers: int, per_episode_count: int | 
     from epishard.stream.source import DatasetSource
     from epishard.stream.telemetry import summarize
 
-    t1 = time.perf_counter()
+    t1, cpu = time.perf_counter(), time.process_time()
     source = DatasetSource(dataset)
     t2 = time.perf_counter()
     spec = WindowSpec(
@@ -76,6 +76,7 @@ def child(dataset: str, world_size: int, workers: int, per_episode_count: int | 
         **parts,
         "other_s": t4 - t3 - sum(parts.values()),
         "total_s": t4 - t1,
+        "cpu_s": time.process_time() - cpu,  # this process's (the workers' own are not in it)
         "episodes": source.index.num_episodes,
         "windows_per_worker": windows,
         "samples": int(batch["episode_index"].numel()),
