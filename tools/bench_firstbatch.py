@@ -92,6 +92,23 @@ def _tile(dataset: str, episodes: int, out: str) -> str:
     return module.tile(dataset, episodes, os.path.join(out, f"tiled{episodes}-1batch"), None)
 
 
+def _tree(ref: str, out: str) -> str:
+    """``ref`` extracted (``git archive``) under ``out``."""
+    tree = tempfile.mkdtemp(prefix="tree_", dir=out)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
+
+
+def _run(tree: str, tiled: str, world: int, workers: int, count: str, cache: str) -> dict:
+    """One child process of ``tree``'s code (its own ``tools/bench_firstbatch.py``, else this one)."""
+    script = Path(tree) / "tools" / "bench_firstbatch.py"
+    env = dict(os.environ, PYTHONPATH=tree, EPISHARD_CACHE=cache)
+    cmd = [sys.executable, str(script if script.exists() else __file__), "--child", tiled, str(world), str(workers)]
+    got = subprocess.run([*cmd, count], env=env, check=True, capture_output=True, text=True, cwd=tree)
+    return json.loads(got.stdout.splitlines()[-1])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", nargs="?", help="a converted dataset (e.g. out/demo), tiled to --episodes")
@@ -100,6 +117,9 @@ def main() -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="DataLoader workers (0: none)")
     p.add_argument("--per-episode-count", type=int, default=None, help="windows per episode (default: every anchor)")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument(
+        "--ref", nargs="*", default=[], help="git commits to run beside this tree (git archive), interleaved"
+    )
     p.add_argument("--out", default=None, help="folder for the tiled dataset, kept (default: a temporary one)")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -112,30 +132,31 @@ def main() -> int:
     tiled = _tile(args.dataset, args.episodes, out)
     print(f"tiled dataset {tiled} ({time.perf_counter() - t:.1f} s)")
     count = "all" if args.per_episode_count is None else str(args.per_episode_count)
+    trees = {"this": str(REPO), **{ref: _tree(ref, out) for ref in args.ref}}
     print(
-        f"{'round':>5} {'world':>5} {'workers':>7} {'cache':>5} {'windows/worker':>14} | {'total s':>7} = "
+        f"{'tree':>8} {'round':>5} {'world':>5} {'workers':>7} {'cache':>5} {'windows/worker':>14} | {'total s':>7} = "
         f"{'index':>6} + {'dataset':>7} + {'first batch':>11} ({'plan':>5} {'sched':>5} {'read':>5} {'decode':>6} "
-        f"{'other':>5}) | load"
+        f"{'other':>5}) | {'cpu s':>5} | load"
     )
-    cache = ""
+    caches: dict[str, str] = {}  # per tree, the verification cache of its last cold run (its stamp)
     for r in range(args.rounds):
         for world in args.world_size:
             for workers in args.workers:
                 for cold in (True, False):
-                    cache = tempfile.mkdtemp(dir=out) if cold else cache
-                    env = dict(os.environ, PYTHONPATH=str(REPO), EPISHARD_CACHE=cache)
-                    cmd = [sys.executable, __file__, "--child", tiled, str(world), str(workers), count]
-                    load = os.getloadavg()[0]
-                    got = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
-                    g = json.loads(got.stdout.splitlines()[-1])
-                    print(
-                        f"{r:>5} {world:>5} {workers:>7} {'cold' if cold else 'warm':>5} "
-                        f"{g['windows_per_worker']:>14} | "
-                        f"{g['total_s']:>7.2f} = {g['index_s']:>6.2f} + {g['dataset_s']:>7.2f} + "
-                        f"{g['first_batch_s']:>11.2f} ({g['plan_s']:>5.2f} {g['schedule_s']:>5.2f} {g['read_s']:>5.2f} "
-                        f"{g['decode_s']:>6.2f} {g['other_s']:>5.2f}) | {load:.1f}",
-                        flush=True,
-                    )
+                    for name, tree in trees.items():
+                        if cold:
+                            caches[name] = tempfile.mkdtemp(dir=out)
+                        cache = caches[name]
+                        load = os.getloadavg()[0]
+                        g = _run(tree, tiled, world, workers, count, cache)
+                        print(
+                            f"{name[:8]:>8} {r:>5} {world:>5} {workers:>7} {'cold' if cold else 'warm':>5} "
+                            f"{g['windows_per_worker']:>14} | {g['total_s']:>7.2f} = {g['index_s']:>6.2f} + "
+                            f"{g['dataset_s']:>7.2f} + {g['first_batch_s']:>11.2f} ({g['plan_s']:>5.2f} "
+                            f"{g['schedule_s']:>5.2f} {g['read_s']:>5.2f} {g['decode_s']:>6.2f} "
+                            f"{g['other_s']:>5.2f}) | {g.get('cpu_s', float('nan')):>5.2f} | {load:.1f}",
+                            flush=True,
+                        )
     return 0
 
 
