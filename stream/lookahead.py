@@ -8,7 +8,8 @@ makes ONE decode call for the union of the chunk's frames of it that are not cac
 decoding, as ``stream.decode`` does per episode).
 
 Two caches, each bounded in bytes, with Belady's furthest-next-use eviction (optimal for items of
-one size, the standard rule for items of several; here the next use is exact, not predicted):
+one size, the standard rule for items of several; here the next use is exact, not predicted, within
+``REACH`` windows: see ``Scheduler``):
 
 - decoded items: post-processed frames (``frame_key(stream, frame)``) and each episode's table
   columns (``columns_key(episode)``). A chunk's items must all be held while its windows are
