@@ -483,7 +483,7 @@ class WindowDataset(IterableDataset):
         """
         episodes, anchors = plan.episode[skip:], plan.anchor[skip:]
         t0 = time.perf_counter()
-        demand = self._demand(episodes, anchors)
+        demand = _Demands(self, episodes, anchors)
         policy = self.lookahead
         if self._first_chunk and policy.first == Lookahead.first:  # the loader's batch: first batch first
             policy = dataclasses.replace(policy, first=self._first_chunk)
@@ -541,7 +541,7 @@ class WindowDataset(IterableDataset):
                             continue
                         sample = dict(last_of.get(d, last), substitute=True)
                     else:
-                        sample = self._window(e, int(anchors[i]), demand.keys[i], store, telemetry)
+                        sample = self._window(e, int(anchors[i]), step.keys[i - step.start], store, telemetry)
                     yield self._emit(sample, telemetry)
                     for _ in range(owed):  # windows of failed episodes that came before any good sample
                         yield self._emit(dict(sample, substitute=True), telemetry)
@@ -601,21 +601,21 @@ class WindowDataset(IterableDataset):
         d, local = self._locate(episode)
         return self.sources[d].index.key(local)
 
-    def _demand(self, episodes: np.ndarray, anchors: np.ndarray) -> Demand:
+    def _demand(self, episodes: np.ndarray, anchors: np.ndarray, sizes: Demand) -> Demand:
         """What the windows (global ``episodes``, ``anchors``: int64 ``[n]``) need: ``stream.lookahead.Demand``.
 
         Frame keys per window and camera as ``LoadedEpisode`` used to compute them: rows clamped
         into the anchor's recording segment, then the index's row-to-frame map; item sizes from the
-        index (post-processed frame size, encoded members) and the manifest (column widths).
+        index (post-processed frame size, encoded members) and the manifest (column widths), written
+        into ``sizes``' per-stream and per-episode arrays (for these windows' episodes; the
+        returned ``Demand`` shares them).
         """
-        n, total = episodes.size, int(self.episode_base[-1])
+        n = episodes.size
         width = max((sum(len(o) for o in offsets.values()) for offsets in self.cam_offsets), default=0)
         keys = np.full((n, width), -1, dtype=np.int64)
         stream_base = np.cumsum([0, *[s.index.cam_depth.size for s in self.sources]])
-        stream_episode = np.full(int(stream_base[-1]), -1, dtype=np.int64)
-        frame_bytes = np.zeros(int(stream_base[-1]), dtype=np.int64)
-        columns_bytes = np.zeros(total, dtype=np.int64)
-        encoded_bytes = np.zeros(total, dtype=np.int64)
+        stream_episode, frame_bytes = sizes.stream_episode, sizes.frame_bytes
+        columns_bytes, encoded_bytes = sizes.columns_bytes, sizes.encoded_bytes
         dataset = np.searchsorted(self.episode_base, episodes, side="right") - 1
         for d, source in enumerate(self.sources):
             here = np.flatnonzero(dataset == d)
@@ -855,6 +855,34 @@ def _frame_size(post: PostProcess, index, streams: np.ndarray) -> np.ndarray:
     if post.size is not None:
         size[:] = post.size
     return size
+
+
+class _Demands:
+    """A consumer's ``Demand`` (``stream.lookahead.Demands``), computed a part at a time as the ``Scheduler`` asks.
+
+    The per-stream and per-episode arrays are allocated once (zeros, for every stream and episode
+    of the mix) and filled for each part's episodes, so a part costs its own windows.
+    """
+
+    def __init__(self, ds: WindowDataset, episodes: np.ndarray, anchors: np.ndarray):
+        self.ds, self.episodes, self.anchors = ds, episodes, anchors
+        streams, total = sum(s.index.cam_depth.size for s in ds.sources), int(ds.episode_base[-1])
+        width = max((sum(len(o) for o in offsets.values()) for offsets in ds.cam_offsets), default=0)
+        self.sizes = Demand(
+            episode=np.zeros(0, dtype=np.int64),
+            keys=np.zeros((0, width), dtype=np.int64),
+            stream_episode=np.full(streams, -1, dtype=np.int64),
+            frame_bytes=np.zeros(streams, dtype=np.int64),
+            columns_bytes=np.zeros(total, dtype=np.int64),
+            encoded_bytes=np.zeros(total, dtype=np.int64),
+        )
+
+    @property
+    def count(self) -> int:
+        return int(self.episodes.size)
+
+    def part(self, start: int, stop: int) -> Demand:
+        return self.ds._demand(self.episodes[start:stop], self.anchors[start:stop], self.sizes)
 
 
 class _Encoded:

@@ -8,8 +8,9 @@ makes ONE decode call for the union of the chunk's frames of it that are not cac
 decoding, as ``stream.decode`` does per episode).
 
 Two caches, each bounded in bytes, with Belady's furthest-next-use eviction (optimal for items of
-one size, the standard rule for items of several; here the next use is exact, not predicted; L. A.
-Belady, "A study of replacement algorithms for a virtual-storage computer", IBM Systems Journal 5(2), 1966):
+one size, the standard rule for items of several; here the next use is exact, not predicted, within
+``REACH`` windows: see ``Scheduler``; L. A. Belady, "A study of replacement algorithms for a
+virtual-storage computer", IBM Systems Journal 5(2), 1966):
 
 - decoded items: post-processed frames (``frame_key(stream, frame)``) and each episode's table
   columns (``columns_key(episode)``). A chunk's items must all be held while its windows are
@@ -27,14 +28,16 @@ items in a ``Store``.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 NEVER = np.iinfo(np.int64).max  # next use of an item no later chunk needs
+REACH = 8192  # windows past a chunk whose needs the scheduler looks at (``Scheduler``)
 _FRAME_BITS = 32
 
 
@@ -114,6 +117,15 @@ class Demand:
     columns_bytes: np.ndarray
     encoded_bytes: np.ndarray
 
+    @property
+    def count(self) -> int:
+        """Windows in the yield order."""
+        return int(self.episode.size)
+
+    def part(self, start: int, stop: int) -> Demand:
+        """Windows ``[start, stop)`` (their rows; the per-stream and per-episode arrays shared)."""
+        return dataclasses.replace(self, episode=self.episode[start:stop], keys=self.keys[start:stop])
+
     def need(self, start: int, stop: int) -> np.ndarray:
         """Sorted unique keys windows ``[start, stop)`` need: their episodes' columns (< 0), then frames."""
         frames = self.keys[start:stop].ravel()
@@ -127,6 +139,23 @@ class Demand:
         out[frames] = self.frame_bytes[key_stream(keys[frames])]
         out[~frames] = self.columns_bytes[-1 - keys[~frames]]
         return out
+
+
+class Demands(Protocol):
+    """A consumer's ``Demand`` given a part at a time (``Demand`` itself, or one computed on request).
+
+    ``count``: windows in the yield order; ``part(start, stop)``: the ``Demand`` of windows
+    ``[start, stop)``, whose per-stream and per-episode arrays hold at least those windows' entries.
+    """
+
+    @property
+    def count(self) -> int:
+        """Windows in the yield order."""
+        ...
+
+    def part(self, start: int, stop: int) -> Demand:
+        """The ``Demand`` of windows ``[start, stop)``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -173,6 +202,7 @@ class Step:
     held: int
     hits: int  # frames of the chunk found in the cache
     misses: int  # frames of the chunk decoded for it
+    keys: np.ndarray  # int64 [stop - start, K]: the frame keys of the chunk's windows (``Demand.keys`` rows)
 
 
 @dataclass(frozen=True)
@@ -192,27 +222,36 @@ class Scheduler:
     """The look-ahead schedule, computed one chunk at a time as the executor advances (an iterator of ``Step``).
 
     ``next()`` gives the next chunk's ``Step``; ``fetches`` grows by the episodes that step fetches
-    (their positions are its loads' ``fetch``). The work per step is the step's own (its chunk's keys
-    against the cache), so the first step costs the first chunk, not the epoch.
+    (their positions are its loads' ``fetch``). The work per step is the step's own: its chunk's
+    keys against the cache, and the next uses of the windows up to ``reach`` past it. Nothing is
+    computed over the whole yield order, so the first step costs the first chunk and ``reach``
+    windows, not the epoch (which may hold millions of windows).
 
-    Next use, computed once, vectorised: each occurrence of an item (a window's frame key or its
-    episode's columns) gets the window of the item's next occurrence (one stable sort of the yield
-    order's keys, ``O(n K log(n K))`` for ``n`` windows of ``K`` frames: ~0.1 s per million keys).
-    Belady then compares next uses by window, not chunk (the same order, finer; exact over the whole
-    order, so no horizon is cut short). The encoded cache takes as an episode's next use the next
-    window of that episode (a load only if some of its items are not cached then: a kept episode
-    with no load is kept on, with its next use moved past that chunk).
+    Next use, vectorised per part of the order: the ``demand`` of windows ``[a, a + horizon + 2
+    reach)`` is asked for (``Demands.part``) when a chunk starting at ``a`` would look past the part
+    in hand; each occurrence of an item (a window's frame key or its episode's columns) gets the
+    window of its next occurrence in the part (one stable sort of the part's keys, ``O(m K log(m
+    K))`` for ``m`` windows of ``K`` frames). So every next use within ``reach`` windows after a
+    chunk is known exactly; an item needed next further on counts as needed never: it is released
+    after its chunk and decoded again when needed (with the default budgets a frame kept that long
+    would have been evicted first anyway). Belady compares next uses by window, not chunk (the
+    same order, finer). The encoded cache takes as an episode's next use the next window of that
+    episode (a load only if some of its items are not cached then: a kept episode with no load is
+    kept on, with its next use moved past that chunk).
 
     Raises (from ``next``):
         ValueError: one window's frames and columns alone exceed ``policy.cache_bytes`` (naming
             the window's position, its episode and the bytes).
     """
 
-    def __init__(self, demand: Demand, policy: Lookahead):
-        self.demand, self.policy = demand, policy
+    def __init__(self, demand: Demands, policy: Lookahead, reach: int = REACH):
+        if reach < 1:
+            raise ValueError(f"Scheduler: reach must be >= 1 window, not {reach}")
+        self.demand, self.policy, self.reach = demand, policy, reach
         self.fetches: list[int] = []
-        self._next_window = _next_windows(demand)
         self._start, self._size = 0, policy.first
+        # The part of the order in hand: its first window, its Demand, each occurrence's next window.
+        self._base, self._part, self._next_window = 0, demand.part(0, 0), np.zeros(0, dtype=np.int64)
         # The decoded-item cache, as arrays sorted by key: key, bytes, next window that needs it.
         self._keys, self._sizes, self._nexts = (np.zeros(0, dtype=np.int64) for _ in range(3))
         # The encoded cache: episode -> bytes, episode -> next use, a lazy max-heap of (-next use, episode).
@@ -225,23 +264,26 @@ class Scheduler:
         return self
 
     def __next__(self) -> Step:
-        demand, policy = self.demand, self.policy
+        policy, n = self.policy, self.demand.count
         a = self._start
-        if a >= demand.episode.size:
+        if a >= n:
             raise StopIteration
-        b = a + _fitting(demand, a, min(demand.episode.size, a + self._size), policy.cache_bytes)
+        stop = min(n, a + self._size)
+        self._cover(a, min(n, stop + self.reach))
+        part, base = self._part, self._base
+        b = a + _fitting(part, a - base, stop - base, policy.cache_bytes)
         if b == a:
-            alone = int(demand.sizes(demand.need(a, a + 1)).sum())
+            alone = int(part.sizes(part.need(a - base, a - base + 1)).sum())
             raise ValueError(
-                f"look-ahead: window {a} (episode {int(demand.episode[a])}) needs {alone} bytes of decoded frames "
-                f"and columns, more than Lookahead.cache_bytes = {policy.cache_bytes}: raise cache_bytes"
+                f"look-ahead: window {a} (episode {int(part.episode[a - base])}) needs {alone} bytes of decoded "
+                f"frames and columns, more than Lookahead.cache_bytes = {policy.cache_bytes}: raise cache_bytes"
             )
         self._start, self._size = b, policy.horizon
         need, nxt = self._need(a, b)
         keys, sizes, nexts = self._keys, self._sizes, self._nexts
         cached = np.isin(need, keys, assume_unique=True)
         miss = need[~cached]
-        miss_sizes = demand.sizes(miss)
+        miss_sizes = part.sizes(miss)
         over = int(sizes.sum() + miss_sizes.sum()) - policy.cache_bytes
         evicted = np.zeros(0, dtype=np.int64)
         if over > 0:  # furthest next use first (ties: smaller key first), never what this chunk needs
@@ -259,24 +301,36 @@ class Scheduler:
         done = nxt == NEVER
         rest = ~np.isin(keys, need, assume_unique=True)
         keys = np.concatenate([keys[rest], need[~done]])
-        sizes = np.concatenate([sizes[rest], demand.sizes(need[~done])])
+        sizes = np.concatenate([sizes[rest], part.sizes(need[~done])])
         nexts = np.concatenate([nexts[rest], nxt[~done]])
         order = np.argsort(keys, kind="stable")
         self._keys, self._sizes, self._nexts = keys[order], sizes[order], nexts[order]
         columns = need < 0
         episode_next = dict(zip((-1 - need[columns]).tolist(), nxt[columns].tolist(), strict=True))
-        loads = self._encoded(_loads(demand, miss), episode_next)
+        loads = self._encoded(_loads(part, miss), episode_next)
         hits = int(np.count_nonzero(cached & (need >= 0)))
-        return Step(a, b, evicted, loads, need[done], held, hits, int(np.count_nonzero(miss >= 0)))
+        misses = int(np.count_nonzero(miss >= 0))
+        return Step(a, b, evicted, loads, need[done], held, hits, misses, part.keys[a - base : b - base])
+
+    def _cover(self, a: int, want: int) -> None:
+        """Have the part in hand hold windows ``[a, want)``: else ask for ``[a, a + horizon + 2 reach)``."""
+        if self._base <= a and want <= self._base + self._part.count:
+            return
+        stop = min(self.demand.count, max(want, a + self.policy.horizon + 2 * self.reach))
+        self._base, self._part = a, self.demand.part(a, stop)
+        self._next_window = _next_windows(self._part)
+        known = self._next_window != NEVER
+        self._next_window[known] += a
 
     def _need(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Sorted unique keys windows ``[a, b)`` need (as ``Demand.need``), and each one's next window after ``b``."""
-        width, n = self.demand.keys.shape[1], self.demand.episode.size
-        frames = self.demand.keys[a:b].ravel()
+        part, base = self._part, self._base
+        width, m, a, b = part.keys.shape[1], part.count, a - base, b - base
+        frames = part.keys[a:b].ravel()
         valid = frames >= 0
-        items = np.concatenate([frames[valid], columns_key(self.demand.episode[a:b])])
+        items = np.concatenate([frames[valid], columns_key(part.episode[a:b])])
         after = np.concatenate(
-            [self._next_window[a * width : b * width][valid], self._next_window[n * width + a : n * width + b]]
+            [self._next_window[a * width : b * width][valid], self._next_window[m * width + a : m * width + b]]
         )
         need, inverse = np.unique(items, return_inverse=True)
         nxt = np.full(need.size, -1, dtype=np.int64)
@@ -291,7 +345,7 @@ class Scheduler:
             heapq.heappush(heap, (-episode_next[e], e))
         built = []
         for e, columns, decodes in work:
-            u, size = episode_next[e], int(self.demand.encoded_bytes[e])
+            u, size = episode_next[e], int(self._part.encoded_bytes[e])
             fetch = None
             if e not in held:
                 fetch = len(self.fetches)
@@ -321,13 +375,13 @@ class Scheduler:
         return tuple(built)
 
 
-def schedule(demand: Demand, policy: Lookahead) -> Schedule:
+def schedule(demand: Demand, policy: Lookahead, reach: int = REACH) -> Schedule:
     """The whole look-ahead schedule of a consumer's windows at once (``Scheduler``'s steps, listed).
 
     Raises:
         ValueError: as ``Scheduler``.
     """
-    steps = Scheduler(demand, policy)
+    steps = Scheduler(demand, policy, reach)
     return Schedule(list(steps), steps.fetches)
 
 

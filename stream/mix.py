@@ -221,9 +221,12 @@ def _kinds_and_shapes(
                 hits = np.flatnonzero(ix.cam_depth[streams] == kind)
                 if hits.size:
                     example.setdefault(model, {}).setdefault(kind, f"episode {ix.key(int(hits[0]))} of {source.url}")
-            sizes = np.unique(np.stack([ix.cam_height[streams], ix.cam_width[streams]], 1), axis=0)
+            # One int64 per (height, width): a 1-D unique (np.unique(axis=0) took 4 s at 1M episodes).
+            sizes = np.unique((ix.cam_height[streams].astype(np.int64) << 32) | ix.cam_width[streams].astype(np.int64))
             channels = 1 if ix.cam_depth[streams].any() else 3
-            shapes.setdefault(model, set()).update(post.output_shape(channels, int(h), int(w)) for h, w in sizes)
+            shapes.setdefault(model, set()).update(
+                post.output_shape(channels, int(hw >> 32), int(hw & 0xFFFFFFFF)) for hw in sizes.tolist()
+            )
     for model, kinds in example.items():
         if len(kinds) == 2:
             raise ValueError(

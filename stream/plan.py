@@ -819,6 +819,22 @@ def _interleave(pieces: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.nda
     return episode.astype(np.int64), anchor.astype(np.int64)
 
 
+def stable_argsort(key: np.ndarray) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` (int64 ``[n]``), computed by the faster unstable sort.
+
+    numpy's default sort (introsort, or SIMD sort) is ~1.8x faster than its stable merge sort on
+    millions of int64 keys; equal keys then come in any order, so each run of equal keys gets its
+    positions put back in ascending order (random keys have few ties: a small sort).
+    """
+    order = np.argsort(key)
+    tie = key[order[1:]] == key[order[:-1]]
+    if tie.any():
+        where = np.flatnonzero(np.r_[tie, False] | np.r_[False, tie])
+        group = np.cumsum(~np.r_[False, tie][where])
+        order[where] = order[where][np.lexsort((order[where], group))]
+    return order
+
+
 def pool_shuffle(window_episode: np.ndarray, pool_episodes: int | None, rng: np.random.Generator) -> np.ndarray:
     """A consumer's yield order: its windows permuted within pools of ``pool_episodes`` episodes.
 
@@ -848,14 +864,16 @@ def pool_shuffle(window_episode: np.ndarray, pool_episodes: int | None, rng: np.
         raise ValueError(f"shuffle_episodes must be None or an int >= 0, not {pool_episodes}")
     run = np.cumsum(np.r_[0, window_episode[1:] != window_episode[:-1]])
     if pool_episodes is None:
-        order = np.argsort(rng.integers(0, 1 << 62, n), kind="stable")
+        order = stable_argsort(rng.integers(0, 1 << 62, n))
     else:
-        # One int64 key (pool, random 32 bits), one stable sort: numpy's lexsort is far slower on millions.
-        order = np.argsort(((run // pool_episodes) << 32) | rng.integers(0, 1 << 32, n), kind="stable")
+        # One int64 key (pool, random 32 bits), one sort: numpy's lexsort is far slower on millions.
+        order = stable_argsort(((run // pool_episodes) << 32) | rng.integers(0, 1 << 32, n))
     # The episodes' slots stay; each episode's windows fill its slots in read (time) order. ``slots``:
     # yield slots grouped by episode run, ascending in each; runs are contiguous in read order, so
-    # the k-th of them gets read position k.
-    slots = np.argsort(run[order], kind="stable")
+    # the k-th of them gets read position k. Below 65536 runs, uint16 run numbers: numpy sorts them
+    # stably by radix (linear), 2.4x faster than int64's merge sort at 6M windows.
+    ran = run[order]
+    slots = np.argsort(ran.astype(np.uint16) if run[-1] < 1 << 16 else ran, kind="stable")
     timed = np.empty(n, dtype=np.int64)
     timed[slots] = np.arange(n, dtype=np.int64)
     return timed

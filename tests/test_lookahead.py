@@ -17,8 +17,11 @@ from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, c
 from epishard.stream import WindowDataset, WindowSpec, segment
 from epishard.stream.lookahead import (
     NEVER,
+    REACH,
     Demand,
     Lookahead,
+    Scheduler,
+    Store,
     columns_key,
     frame_key,
     key_frame,
@@ -66,14 +69,17 @@ def random_policy(rng: np.random.Generator, demand: Demand) -> Lookahead:
     )
 
 
-def replay(demand: Demand, policy: Lookahead) -> dict:
+def replay(demand: Demand, policy: Lookahead, reach: int = REACH) -> dict:
     """Run the schedule against a model of both caches, checking every property on the way.
 
     The model's frame cache holds, for each key, the (stream, frame) its decode call produced: a
     window reading it gets exactly what was decoded for that key, so a wrong decode list, a missing
-    or evicted frame shows as a wrong or missing frame.
+    or evicted frame shows as a wrong or missing frame. With a ``reach`` shorter than the order,
+    next uses past it are unknown to the scheduler: Belady's order and "released means never needed
+    again" are checked only when the reach covers the whole order.
     """
-    sched = schedule(demand, policy)
+    sched = schedule(demand, policy, reach)
+    exact = reach >= demand.episode.size
     n = demand.episode.size
     needs = {}
     cache: dict[int, tuple] = {}  # key -> what the model decoded for it
@@ -89,7 +95,8 @@ def replay(demand: Demand, policy: Lookahead) -> dict:
         need = demand.need(step.start, step.stop)
         needs[t] = need
         assert not np.isin(step.evict, need).any(), "an item the chunk needs was evicted"
-        if step.evict.size:  # Belady: nothing kept (and not needed now) is needed later than an evicted item
+        assert np.array_equal(step.keys, demand.keys[step.start : step.stop]), "the chunk's windows' frame keys"
+        if step.evict.size and exact:  # Belady: nothing kept (and not needed now) is needed later than an evicted item
             later = _next_use(demand, sched, t)
             kept = [k for k in cache if k not in set(step.evict.tolist()) and k not in set(need.tolist())]
             assert min(later(k) for k in step.evict.tolist()) >= max((later(k) for k in kept), default=-1)
@@ -144,7 +151,7 @@ def replay(demand: Demand, policy: Lookahead) -> dict:
         for k in step.release.tolist():
             del cache[k]
     assert position == n, "every window exactly once"
-    for t in needs:  # released items are needed by no later chunk
+    for t in needs if exact else ():  # released items are needed by no later chunk
         later = np.concatenate([needs[u] for u in needs if u > t] or [np.zeros(0, np.int64)])
         assert not np.isin(sched.steps[t].release, later).any()
     return counts
@@ -164,6 +171,15 @@ def test_schedule_properties_on_random_plans(seed):
     rng = np.random.default_rng(seed)
     demand = random_demand(rng)
     replay(demand, random_policy(rng, demand))
+
+
+def test_a_short_reach_keeps_every_window_frame_and_budget():
+    """Next uses known only ``reach`` windows ahead: the schedule still yields every window in order,
+    every frame it reads is the one decoded for it, and both caches stay within budget (``replay``)."""
+    for seed in range(30):
+        rng = np.random.default_rng(2000 + seed)
+        demand = random_demand(rng)
+        replay(demand, random_policy(rng, demand), reach=int(rng.integers(1, 12)))
 
 
 def test_a_larger_budget_never_decodes_more():
@@ -362,3 +378,46 @@ def test_worker_plan_interface_is_all_the_reader_needs(small):
     reversed_plan = WorkerPlan(p.episode[::-1].copy(), p.anchor[::-1].copy(), p.read_order, p.dropped, p.total_windows)
     samples = list(ds._generate(reversed_plan, 0, Telemetry()))
     assert [check(s) for s in samples] == list(zip(p.episode[::-1].tolist(), p.anchor[::-1].tolist(), strict=True))
+
+
+class BudgetStore(Store):
+    """``Store`` that checks, at every frame and columns put, the bytes held against the budget."""
+
+    budget = 0
+    peak = 0
+
+    def _check(self):
+        BudgetStore.peak = max(BudgetStore.peak, self.nbytes)
+        assert self.nbytes <= BudgetStore.budget, f"the decoded-item cache holds {self.nbytes} > {self.budget} bytes"
+
+    def put_frames(self, stream, frames, decoded):
+        super().put_frames(stream, frames, decoded)
+        self._check()
+
+    def put_columns(self, episode, columns, info, nbytes):
+        super().put_columns(episode, columns, info, nbytes)
+        self._check()
+
+
+def test_random_plans_yield_their_windows_in_order_with_the_right_frames_within_budget(small, monkeypatch):
+    """Seeded random plans through the reader: random subsets of the epoch's windows in random order,
+    random chunk sizes, budgets from one window's worth up, and a random reach. Each case yields
+    exactly the plan's windows in its order, every frame is the one its pixels say (frame number),
+    and the decoded-item cache never holds more than its budget at any put."""
+    ds = WindowDataset(small, SPEC, seed=0)
+    full = ds.plan(0, dataset_module.World())
+    monkeypatch.setattr(dataset_module, "Store", BudgetStore)
+    rng = np.random.default_rng(16)
+    tiny = 0
+    for _ in range(8):
+        pick = rng.permutation(len(full))[: int(rng.integers(1, 40))]
+        plan = WorkerPlan(full.episode[pick], full.anchor[pick], full.read_order, 0, pick.size)
+        budget = (5 + int(rng.integers(0, 40))) * FRAME_BYTES + 2 * 40 * 64  # one window: 5 frames, columns
+        ds.lookahead = Lookahead(int(rng.integers(1, 20)), int(rng.integers(1, 9)), budget, int(rng.integers(0, 2e4)))
+        reach = int(rng.integers(1, 30))
+        monkeypatch.setattr(dataset_module, "Scheduler", lambda d, p, r=reach: Scheduler(d, p, r))
+        BudgetStore.budget, BudgetStore.peak = budget, 0
+        samples = list(ds._generate(plan, 0, Telemetry()))
+        assert [check(s) for s in samples] == list(zip(plan.episode.tolist(), plan.anchor.tolist(), strict=True))
+        tiny += BudgetStore.peak > budget // 2
+    assert tiny, "some case must fill its budget (else the bound shows nothing)"

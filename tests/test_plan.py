@@ -905,3 +905,15 @@ def test_recording_breaks_remove_exactly_the_crossing_anchors(seed):
             ) == want and plan.episode.size == len(want)
         half = global_plan(table, stride, PerEpisode(fraction=0.5), 0, 0, 1)
         assert set(zip(half.episode.tolist(), half.anchor.tolist(), strict=False)) <= want
+
+
+def test_stable_argsort_is_numpys_stable_argsort_on_keys_with_many_ties():
+    from epishard.stream.plan import stable_argsort
+
+    rng = np.random.default_rng(3)
+    ties = 0
+    for _ in range(300):
+        keys = rng.integers(0, int(rng.integers(1, 50)), int(rng.integers(0, 300)))
+        assert np.array_equal(stable_argsort(keys), np.argsort(keys, kind="stable"))
+        ties += keys.size > np.unique(keys).size
+    assert ties > 200
