@@ -57,7 +57,7 @@ from .episode import EpisodeInfo, columns_nbytes, decode_camera, read_columns, w
 from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
 from .lookahead import Demand, Load, Lookahead, Scheduler, Step, Store, frame_key
 from .memory import limit_worker_arenas, release_free_memory
-from .mix import column_widths, mix_layout, normalizers
+from .mix import camera_streams, column_widths, mix_layout, normalizers
 from .mixplan import BatchByDataset, probability_factors
 from .plan import (
     CostStage,
@@ -70,7 +70,7 @@ from .plan import (
     WorkerPlan,
     World,
     anchor_counts,
-    default_shuffle_episodes,
+    budget_shuffle_episodes,
     episode_table,
     epoch_cuts,
     expected_windows,
@@ -278,6 +278,7 @@ class WindowDataset(IterableDataset):
         self._per_consumer: dict[tuple, int] = {}  # windows_per_consumer's last answer
         self._shared: EpochCuts | None = None  # set_epoch's shared plan part, inherited by forked workers
         self.lookahead = lookahead or Lookahead()
+        self._live_bytes: int | None = None  # _episode_bytes, once computed
         self._first_chunk = batch_size  # the first look-ahead chunk: one batch (WindowLoader's by default)
 
     def with_options(
@@ -345,8 +346,33 @@ class WindowDataset(IterableDataset):
         ``batch_size``: the loader's, when this dataset was given none (``state_dict`` for a loader).
         """
         if self.shuffle_episodes == "auto":
-            return default_shuffle_episodes(self.batch_size or batch_size)
+            return budget_shuffle_episodes(
+                self.batch_size or batch_size, self._episode_bytes(), self.lookahead.cache_bytes
+            )
         return self.shuffle_episodes
+
+    def _episode_bytes(self) -> int:
+        """Decoded bytes one episode keeps live while its windows are yielded, the largest of the mix.
+
+        Per camera, the frames of a window's span (rows from its first offset to its last: with
+        consecutive anchors each of them is returned by some window) times the post-processed frame
+        size (the camera's largest). Bounds the default pool (``stream.plan.budget_shuffle_episodes``).
+        """
+        if self._live_bytes is not None:
+            return self._live_bytes
+        most = 0
+        for d, source in enumerate(self.sources):
+            ix, total = source.index, 0
+            for cam, offsets in self.cam_offsets[d].items():
+                if not len(offsets):
+                    continue
+                streams = camera_streams(source, cam)
+                size = _frame_size(self.post, ix, streams)
+                frame = int(np.max(np.where(ix.cam_depth[streams], 2, 3) * size[:, 0] * size[:, 1], initial=0))
+                total += (int(np.max(offsets)) - int(np.min(offsets)) + 1) * frame
+            most = max(most, total)
+        self._live_bytes = most
+        return most
 
     def _stages(self) -> Stages:
         return Stages(self.pool_episodes(), self.cost, self.order, self._group(), self.deal)
@@ -696,7 +722,9 @@ class WindowDataset(IterableDataset):
             s = call.stream - base
             where = f"episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
             data = blobs[int(ix.stream_member[s])]
-            frames, kept = decode_camera(ix, s, call.frames, data, self.post, where, telemetry, decoders.get(s))
+            frames, kept = decode_camera(
+                ix, s, call.frames, data, self.post, where, telemetry, decoders.get(s), self.lookahead.decode_bytes
+            )
             decoders[s] = kept
             store.put_frames(call.stream, call.frames, frames)
         if load.keep:

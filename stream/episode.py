@@ -159,6 +159,7 @@ def decode_camera(
     where: str,
     telemetry: Telemetry,
     kept: tuple[object, int] | None = None,
+    max_bytes: int = 256 << 20,
 ) -> tuple[torch.Tensor, tuple[object, int] | None]:
     """Decode ``frames`` (sorted unique int64) of camera ``stream`` from its member bytes, post-processed.
 
@@ -166,9 +167,11 @@ def decode_camera(
     ``[U, 3, h, w]`` (uint16 ``[U, 1, h, w]`` for a depth camera) after ``post.prepare``
     (``prepare_depth``), and ``(decoder, last frame returned)`` to pass as ``kept`` to the next call
     on the same camera (None for depth): frames after the last one and before the next keyframe
-    are then decoded on, not from the keyframe again. Counts decode time, post-processing time,
-    opens, calls, frames decoded (``WindowIndex.decoded_frames``, from the kept position where the
-    decoder goes on from it) and frames requested into ``telemetry``.
+    are then decoded on, not from the keyframe again. ``max_bytes``: RGB bytes per ``get_frames_at``
+    call at most (``stream.decode.decode``; the look-ahead reader's ``Lookahead.decode_bytes``).
+    Counts decode time, post-processing time, opens, calls, frames decoded
+    (``WindowIndex.decoded_frames``, from the kept position where the decoder goes on from it) and
+    frames requested into ``telemetry``.
 
     Raises:
         DecodeError: naming ``where`` (episode key and camera).
@@ -196,6 +199,7 @@ def decode_camera(
             height=int(index.cam_height[stream]),
             width=int(index.cam_width[stream]),
             decoder=None if kept is None else kept[0],
+            max_bytes=max_bytes,
         )
     work = int(index.decoded_frames(stream, frames))
     if kept is not None and kept[1] < frames[0]:  # decoded on from the kept position (torchcodec seeks

@@ -41,6 +41,35 @@ REACH = 8192  # windows past a chunk whose needs the scheduler looks at (``Sched
 _FRAME_BITS = 32
 
 
+WORKER_BYTES = 1_500_000_000  # issue 16: a worker's default budget at 640x480, bytes (1.5 GB)
+INTERPRETER_BYTES = 512 << 20  # a forked DataLoader worker before it reads: Python, torch, torchcodec, index
+
+
+@dataclass(frozen=True)
+class WorkerBudget:
+    """The bytes a DataLoader worker holds at most, by part (``Lookahead.budget``); ``total`` is their sum.
+
+    ``interpreter``: an allowance, not a bound: the worker's RSS before it reads anything (Python,
+    torch, torchcodec, the index; ~0.45-0.5 GB measured in the benchmark's forked workers);
+    ``frame_cache``: decoded, post-processed frames and table columns (``Lookahead.cache_bytes``,
+    held by the schedule); ``encoded``: kept encoded members (``Lookahead.encoded_bytes``);
+    ``prefetch``: fetched, not yet consumed (``FetchPolicy.prefetch_bytes``); ``decode_call``: one
+    decode call's RGB frames and their post-processed copy (``2 x Lookahead.decode_bytes``). Open
+    decoders are not bounded here: one per camera of each kept episode, their buffers inside FFmpeg.
+    """
+
+    interpreter: int
+    frame_cache: int
+    encoded: int
+    prefetch: int
+    decode_call: int
+
+    @property
+    def total(self) -> int:
+        """The budget, bytes: the parts' sum."""
+        return self.interpreter + self.frame_cache + self.encoded + self.prefetch + self.decode_call
+
+
 @dataclass(frozen=True)
 class Lookahead:
     """How far the reader looks ahead and how much it keeps (``WindowDataset(lookahead=...)``).
@@ -56,12 +85,13 @@ class Lookahead:
             (``WindowLoader``'s, or ``batch_size=``) and this is left at its default.
         cache_bytes: decoded frames (after post-processing, uint8; uint16 depth) and table
             columns held at most, bytes. A chunk is shortened until its frames fit; one window
-            alone larger than this is an error.
+            alone larger than this is an error. The default shuffle pool (``shuffle_episodes="auto"``)
+            is sized so its episodes' frames fit in it (``stream.plan.budget_shuffle_episodes``).
         encoded_bytes: encoded member bytes kept for episodes decoded again later, at most.
+        decode_bytes: RGB bytes one decode call returns at most before post-processing (a longer
+            call is split into consecutive calls on the same decoder: ``stream.decode.decode``).
 
-    The bytes a worker holds are at most ``cache_bytes + encoded_bytes`` plus what is in flight:
-    one episode's members being decoded, the fetcher's ``FetchPolicy.prefetch_bytes`` and one
-    decode call's RGB frames (``stream.decode``: at most 256 MiB before post-processing).
+    The defaults keep a worker within ``WORKER_BYTES`` (1.5 GB): ``budget`` states the parts.
 
     Raises:
         ValueError: a count below 1 or a negative byte budget.
@@ -69,14 +99,24 @@ class Lookahead:
 
     horizon: int = 256
     first: int = 8
-    cache_bytes: int = 768 << 20
+    cache_bytes: int = 384 << 20
     encoded_bytes: int = 128 << 20
+    decode_bytes: int = 64 << 20
 
     def __post_init__(self):
         if self.horizon < 1 or self.first < 1:
             raise ValueError(f"Lookahead: horizon and first must be >= 1, not {self.horizon} and {self.first}")
-        if self.cache_bytes < 0 or self.encoded_bytes < 0:
-            raise ValueError(f"Lookahead: byte budgets must be >= 0, not {self.cache_bytes}, {self.encoded_bytes}")
+        if self.cache_bytes < 0 or self.encoded_bytes < 0 or self.decode_bytes < 1:
+            raise ValueError(
+                f"Lookahead: byte budgets must be >= 0 (decode_bytes >= 1), not {self.cache_bytes}, "
+                f"{self.encoded_bytes}, {self.decode_bytes}"
+            )
+
+    def budget(self, prefetch_bytes: int, interpreter_bytes: int = INTERPRETER_BYTES) -> WorkerBudget:
+        """The bytes a worker holds at most with this policy and a fetcher of ``prefetch_bytes``, by part."""
+        return WorkerBudget(
+            interpreter_bytes, self.cache_bytes, self.encoded_bytes, prefetch_bytes, 2 * self.decode_bytes
+        )
 
 
 def frame_key(stream, frame):
