@@ -157,9 +157,13 @@ class WindowDataset(IterableDataset):
             that many episodes in read order, windows permuted within a pool). Small: an episode's
             windows close together in time (one decode serves several) but fewer distinct episodes
             per batch; large: diversity near i.i.d. ``None``: the whole consumer's windows (the most
-            diverse); ``0``: read order, no shuffle. ``"auto"`` (default): ``8 x batch_size``
-            episodes (``WindowLoader`` passes its batch size; 512 when unknown), at least 0.94 of
-            the distinct episodes per batch of i.i.d. sampling (``stream.plan.default_shuffle_episodes``).
+            diverse); ``0``: read order, no shuffle. ``"auto"`` (default): as many episodes as the
+            look-ahead frame cache holds the frames of (``lookahead.cache_bytes``), at most ``8 x
+            batch_size`` (at least 0.94 of the distinct episodes per batch of i.i.d. sampling; 512
+            when the batch size is unknown; ``WindowLoader`` passes its own) and never so few that
+            less than 0.92 of a batch is distinct (``stream.plan.budget_shuffle_episodes``; 42 episodes for
+            batches of 8: 2 cameras of 640x480 frames do not fit, so frames are evicted and decoded
+            again rather than diversity given up).
         shuffle_windows / shuffle_bytes: deprecated (the bounds of the old buffer of decoded
             episodes; a ``DeprecationWarning``): ``shuffle_windows=0`` still means read order, other
             values are ignored (the look-ahead reader bounds its own memory).
@@ -278,7 +282,7 @@ class WindowDataset(IterableDataset):
         self._per_consumer: dict[tuple, int] = {}  # windows_per_consumer's last answer
         self._shared: EpochCuts | None = None  # set_epoch's shared plan part, inherited by forked workers
         self.lookahead = lookahead or Lookahead()
-        self._live_bytes: int | None = None  # _episode_bytes, once computed
+        self._live_bytes: tuple[int, int] | None = None  # _episode_bytes, once computed
         self._first_chunk = batch_size  # the first look-ahead chunk: one batch (WindowLoader's by default)
 
     def with_options(
@@ -346,23 +350,24 @@ class WindowDataset(IterableDataset):
         ``batch_size``: the loader's, when this dataset was given none (``state_dict`` for a loader).
         """
         if self.shuffle_episodes == "auto":
-            return budget_shuffle_episodes(
-                self.batch_size or batch_size, self._episode_bytes(), self.lookahead.cache_bytes
-            )
+            live, per_window = self._episode_bytes()
+            chunk = self.lookahead.horizon * per_window
+            return budget_shuffle_episodes(self.batch_size or batch_size, live, self.lookahead.cache_bytes, chunk)
         return self.shuffle_episodes
 
-    def _episode_bytes(self) -> int:
-        """Decoded bytes one episode keeps live while its windows are yielded, the largest of the mix.
+    def _episode_bytes(self) -> tuple[int, int]:
+        """Decoded bytes one episode keeps live while its windows are yielded, and one frame of each camera.
 
         Per camera, the frames of a window's span (rows from its first offset to its last: with
         consecutive anchors each of them is returned by some window) times the post-processed frame
-        size (the camera's largest). Bounds the default pool (``stream.plan.budget_shuffle_episodes``).
+        size (the camera's largest); the largest of the mix. Bounds the default pool
+        (``stream.plan.budget_shuffle_episodes``).
         """
         if self._live_bytes is not None:
             return self._live_bytes
-        most = 0
+        most = (0, 0)
         for d, source in enumerate(self.sources):
-            ix, total = source.index, 0
+            ix, total, frames = source.index, 0, 0
             for cam, offsets in self.cam_offsets[d].items():
                 if not len(offsets):
                     continue
@@ -370,7 +375,8 @@ class WindowDataset(IterableDataset):
                 size = _frame_size(self.post, ix, streams)
                 frame = int(np.max(np.where(ix.cam_depth[streams], 2, 3) * size[:, 0] * size[:, 1], initial=0))
                 total += (int(np.max(offsets)) - int(np.min(offsets)) + 1) * frame
-            most = max(most, total)
+                frames += frame
+            most = max(most, (total, frames))
         self._live_bytes = most
         return most
 

@@ -42,7 +42,7 @@ _FRAME_BITS = 32
 
 
 WORKER_BYTES = 1_500_000_000  # issue 16: a worker's default budget at 640x480, bytes (1.5 GB)
-INTERPRETER_BYTES = 512 << 20  # a forked DataLoader worker before it reads: Python, torch, torchcodec, index
+INTERPRETER_BYTES = 448 << 20  # a forked DataLoader worker before it reads: Python, torch, torchcodec, index
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ class WorkerBudget:
     """The bytes a DataLoader worker holds at most, by part (``Lookahead.budget``); ``total`` is their sum.
 
     ``interpreter``: an allowance, not a bound: the worker's RSS before it reads anything (Python,
-    torch, torchcodec, the index; ~0.45-0.5 GB measured in the benchmark's forked workers);
+    torch, torchcodec, the index; a forked worker measured 0.26 GB before it read, more once
+    torch's and FFmpeg's code pages are touched; LeRobot 0.6.1's workers peak at 0.40-0.58 GB);
     ``frame_cache``: decoded, post-processed frames and table columns (``Lookahead.cache_bytes``,
     held by the schedule); ``encoded``: kept encoded members (``Lookahead.encoded_bytes``);
     ``prefetch``: fetched, not yet consumed (``FetchPolicy.prefetch_bytes``); ``decode_call``: one
@@ -99,9 +100,9 @@ class Lookahead:
 
     horizon: int = 256
     first: int = 8
-    cache_bytes: int = 384 << 20
+    cache_bytes: int = 480 << 20
     encoded_bytes: int = 128 << 20
-    decode_bytes: int = 64 << 20
+    decode_bytes: int = 32 << 20
 
     def __post_init__(self):
         if self.horizon < 1 or self.first < 1:

@@ -968,14 +968,16 @@ def default_shuffle_episodes(batch_size: int | None) -> int:
 DIVERSITY_FLOOR = 0.92  # the smallest default pool keeps this share of a batch distinct (i.i.d. gives <= 1)
 
 
-def budget_shuffle_episodes(batch_size: int | None, episode_bytes: int, cache_bytes: int) -> int:
+def budget_shuffle_episodes(batch_size: int | None, episode_bytes: int, cache_bytes: int, chunk_bytes: int = 0) -> int:
     """The default pool (``shuffle_episodes="auto"``) sized from the look-ahead frame cache.
 
     ``episode_bytes``: decoded bytes one episode keeps live while its windows are yielded (its
     cameras' post-processed frames over a window's span: ``WindowDataset`` estimates it);
-    ``cache_bytes``: ``Lookahead.cache_bytes``. The pool's episodes are read side by side, so their
-    frames must fit the cache together, else frames are evicted before their neighbours' windows
-    reuse them and decoded again. Returns the most episodes that fit, at most
+    ``cache_bytes``: ``Lookahead.cache_bytes``; ``chunk_bytes``: what a look-ahead chunk adds on
+    top while it is assembled (its windows' new frames, one per camera each). The pool's episodes
+    are read side by side, so their frames must fit the cache together, else frames are evicted
+    before their neighbours' windows reuse them and decoded again. Returns the most episodes that fit
+    in ``cache_bytes - chunk_bytes``, at most
     ``default_shuffle_episodes(batch_size)`` and at least the smallest pool whose batches hold
     ``DIVERSITY_FLOOR`` (0.92) of ``batch_size`` distinct episodes in expectation
     (``P (1 - (1 - 1/P)^B)``, ``expected_distinct``'s bound; 42 for ``B = 8``): diversity is never
@@ -986,7 +988,7 @@ def budget_shuffle_episodes(batch_size: int | None, episode_bytes: int, cache_by
         return ceiling
     b = int(batch_size)
     floor = next(p for p in range(b, ceiling + 1) if p * (1 - (1 - 1 / p) ** b) >= DIVERSITY_FLOOR * b)
-    return int(min(ceiling, max(floor, cache_bytes // episode_bytes)))
+    return int(min(ceiling, max(floor, (cache_bytes - chunk_bytes) // episode_bytes)))
 
 
 class CostStage(Protocol):

@@ -15,9 +15,11 @@ from videogen import decode_frame_number, make_episode_table, make_video
 import epishard.stream.dataset as dataset_module
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import WindowDataset, WindowSpec, segment
+from epishard.stream.fetch import FetchPolicy
 from epishard.stream.lookahead import (
     NEVER,
     REACH,
+    WORKER_BYTES,
     Demand,
     Lookahead,
     Scheduler,
@@ -421,3 +423,51 @@ def test_random_plans_yield_their_windows_in_order_with_the_right_frames_within_
         assert [check(s) for s in samples] == list(zip(plan.episode.tolist(), plan.anchor.tolist(), strict=True))
         tiny += BudgetStore.peak > budget // 2
     assert tiny, "some case must fill its budget (else the bound shows nothing)"
+
+
+# --- the worker's memory budget ---------------------------------------------------------------------
+
+
+def test_the_default_budget_states_its_parts_and_stays_within_1_5_gb():
+    policy = Lookahead()
+    prefetch = FetchPolicy().prefetch_bytes
+    budget = policy.budget(prefetch)
+    assert (budget.frame_cache, budget.encoded, budget.prefetch, budget.decode_call) == (
+        policy.cache_bytes,
+        policy.encoded_bytes,
+        prefetch,
+        2 * policy.decode_bytes,
+    )
+    assert budget.total == sum(dataclasses.astuple(budget)) <= WORKER_BYTES == 1_500_000_000
+
+
+def distinct_frames(samples: list[dict]) -> int:
+    """(episode, camera, frame) triples the samples return."""
+    return len(
+        {
+            (int(s["episode_index"]), cam, int(r))
+            for s in samples
+            for cam, o in SPEC.cameras.items()
+            for r in np.clip(int(s["frame_index"]) + np.asarray(o), 0, LENGTHS[int(s["episode_index"])] - 1)
+        }
+    )
+
+
+def test_the_auto_pool_fits_the_frame_cache_so_each_frame_is_decoded_once(small):
+    # A window's span: 9 front + 5 wrist frames. Room for 2 episodes' spans and their columns: the
+    # default pool (batch 1: at most 8 episodes, at least 1) becomes 2, the cache never exceeds its
+    # budget and no frame is decoded twice; the whole consumer as one pool, with the same cache,
+    # decodes frames again. Decode calls split at 2 frames' RGB bytes return the same frames.
+    live, chunk = 14 * FRAME_BYTES, 4 * 2 * FRAME_BYTES  # a chunk of 4 windows: a new frame per camera each
+    la = Lookahead(horizon=4, first=1, cache_bytes=2 * live + chunk + 2 * 40 * 64, decode_bytes=2 * FRAME_BYTES)
+    ds = WindowDataset(small, SPEC, seed=4, telemetry=True, lookahead=la, batch_size=1)
+    assert ds._episode_bytes() == (live, 2 * FRAME_BYTES) and ds.pool_episodes() == 2
+    samples = list(ds)
+    assert sorted(check(s) for s in samples) == ALL
+    t = summarize([samples[-1]["__telemetry__"]])
+    assert t["cache_bytes_peak"] <= la.cache_bytes
+    assert t["frames_unique"] == distinct_frames(samples), "a frame was decoded twice"
+    assert t["decode_calls"] > t["decoder_opens"], "no decode call was split at decode_bytes"
+    whole = list(WindowDataset(small, SPEC, seed=4, telemetry=True, lookahead=la, shuffle_episodes=None))
+    assert sorted(check(s) for s in whole) == ALL
+    assert summarize([whole[-1]["__telemetry__"]])["frames_unique"] > distinct_frames(whole)

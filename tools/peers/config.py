@@ -61,7 +61,9 @@ class System:
 
     ``kind``: ``lerobot``, ``webdataset``, ``naive`` or ``epishard``; ``dtype``: the frames' output
     dtype; ``policy``: windows per episode per epoch (``"all"``: every anchor, as LeRobot's sampler
-    over every frame; ``"pe4"``: 4 per episode, a fresh draw each epoch); ``lerobot``: the release.
+    over every frame; ``"pe4"``: 4 per episode, a fresh draw each epoch); ``lerobot``: the release;
+    ``reuse_buffers``: epishard's opt-in reused batch buffers (``WindowLoader(reuse_buffers=k)``: a
+    batch stays valid until ``k`` more are drawn; the benchmark drops each batch at once).
     """
 
     id: str
@@ -69,6 +71,7 @@ class System:
     dtype: str = "float32"
     policy: str = "all"
     lerobot: str = ""
+    reuse_buffers: int = 0
 
     @property
     def label(self) -> str:
@@ -77,7 +80,8 @@ class System:
         if self.kind == "lerobot":
             return f"LeRobot {self.lerobot} {dt}"
         if self.kind == "epishard":
-            return f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}")
+            reuse = f" reuse{self.reuse_buffers}" if self.reuse_buffers else ""
+            return f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}") + reuse
         return f"{self.kind} {dt}"
 
     @property
@@ -100,9 +104,12 @@ SYSTEMS = {
         System("es-u8", "epishard", dtype="uint8"),
         System("es-f32-pe4", "epishard", policy="pe4"),
         System("es-u8-pe4", "epishard", dtype="uint8", policy="pe4"),
+        System("es-f32-reuse", "epishard", reuse_buffers=2),
+        System("es-u8-reuse", "epishard", dtype="uint8", reuse_buffers=2),
     )
 }
 PEERS = ("lerobot061", "lerobot061-u8", "lerobot", "webdataset", "webdataset-u8", "naive", "naive-u8")
-ON_REQUEST = ("webdataset-u8", "naive-u8")  # the float32 runs tell the same story (they convert only 9 frames)
+# The float32 runs tell the same story (webdataset, naive convert only 9 frames); reused buffers are opt-in.
+ON_REQUEST = ("webdataset-u8", "naive-u8", "es-f32-reuse", "es-u8-reuse")
 DEFAULT = [k for k in SYSTEMS if k not in ON_REQUEST]
 QUICK = ["lerobot061-u8", "webdataset", "naive", "es-f32", "es-u8", "es-u8-pe4"]

@@ -79,7 +79,8 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
         from epishard.stream.report import iid_reference
 
         ds = epishard_dataset(cfg, system)
-        loader = WindowLoader(ds, batch_size=bs, num_workers=workers, persistent_workers=workers > 0)
+        reuse = {"reuse_buffers": system.reuse_buffers} if system.reuse_buffers else {}
+        loader = WindowLoader(ds, batch_size=bs, num_workers=workers, persistent_workers=workers > 0, **reuse)
         loader.collate_fn = TimedCollate(loader.collate_fn)
         reference = iid_reference(loader.dataset, bs)
         extra = {"windows_per_epoch": len(loader.dataset), "options": cfg.get("options")}
