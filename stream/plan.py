@@ -841,9 +841,12 @@ def pool_shuffle(window_episode: np.ndarray, pool_episodes: int | None, rng: np.
     Args:
         window_episode: int ``[n]`` episode of each window in read (plan) order; an episode's
             windows are contiguous.
-        pool_episodes: episodes per pool: consecutive runs of that many episodes in read order
-            form a pool, and the windows of a pool come out in a uniformly random order (sorted by
-            a random 32-bit key; equal keys keep read order) before any window of the next pool.
+        pool_episodes: episodes per pool at most: the consumer's ``R`` episodes, in read order,
+            are cut into ``k = ceil(R / pool_episodes)`` consecutive pools of equal size (``R // k``
+            or one more; episode ``r`` in pool ``r * k // R``), so no short last pool lowers the
+            diversity of the epoch's last batches; the windows of a pool come out in a uniformly
+            random order (sorted by a random 32-bit key; equal keys keep read order) before any
+            window of the next pool.
             ``None``: one pool, the whole consumer; ``0``: no shuffle (read order).
         rng: the draw (``(seed, epoch, consumer, level)`` in the plan).
 
@@ -867,7 +870,9 @@ def pool_shuffle(window_episode: np.ndarray, pool_episodes: int | None, rng: np.
         order = stable_argsort(rng.integers(0, 1 << 62, n))
     else:
         # One int64 key (pool, random 32 bits), one sort: numpy's lexsort is far slower on millions.
-        order = stable_argsort(((run // pool_episodes) << 32) | rng.integers(0, 1 << 32, n))
+        runs = int(run[-1]) + 1
+        pools = -(-runs // pool_episodes)
+        order = stable_argsort(((run * pools // runs) << 32) | rng.integers(0, 1 << 32, n))
     # The episodes' slots stay; each episode's windows fill its slots in read (time) order. ``slots``:
     # yield slots grouped by episode run, ascending in each; runs are contiguous in read order, so
     # the k-th of them gets read position k. Below 65536 runs, uint16 run numbers: numpy sorts them

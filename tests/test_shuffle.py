@@ -33,9 +33,12 @@ def test_pool_shuffle_is_a_permutation_that_respects_pools(pool):
         if pool == 0:
             assert np.array_equal(out, np.arange(episode.size))  # read order
         elif pool is not None:
-            pools = run[out] // pool
+            k = -(-sizes.size // pool)  # pools of equal size (to one episode), at most ``pool`` each
+            pools = run[out] * k // sizes.size
             assert np.all(np.diff(pools) >= 0)  # every window of a pool before any of the next
             assert np.all(np.diff(pools) <= 1)
+            members = np.bincount(np.arange(sizes.size) * k // sizes.size)  # episodes per pool
+            assert members.max() <= pool and members.max() - members.min() <= 1 and members.size == k
         if pool not in (0, 1):
             assert not np.array_equal(out, np.arange(episode.size))
 
