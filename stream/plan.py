@@ -22,11 +22,11 @@ An epoch, step by step:
    random per epoch, so every rank yields the same number of samples and batches and DDP never
    waits at the end of an epoch; every other window is yielded exactly once.
 4. Each consumer's windows are shuffled at plan level (``pool_shuffle``, index only): consecutive
-   pools of ``shuffle_episodes`` episodes in read order, the windows of a pool in a random order
+   pools of at most ``shuffle_episodes`` episodes in read order (equal sizes), the windows of a pool in a random order
    (one stable argsort of (pool, random key), by ``(seed, epoch, consumer, level)``), each episode's
    windows filling its random slots in time order (decoded forward, once). Small pools keep an
    episode's windows close together in time (one decode serves several); large pools give
-   diversity near i.i.d. (``expected_distinct``; ``default_shuffle_episodes``: ``8 x batch_size``).
+   diversity near i.i.d. (``expected_distinct``; ``budget_shuffle_episodes``: at most ``8 x batch_size``).
 5. Optional declared stages, pure functions of the consumer's windows: ``cost`` (a predicted cost
    per window), ``order`` (a permutation of the yield order, e.g. ``balance.streaming``'s
    cost-balanced order) and ``group`` (the order in whole batches of one stratum, leaving out each

@@ -62,7 +62,7 @@ class StreamRun:
     seed: int = 0
     shuffle_episodes: int | Literal["auto"] | None = "auto"
     horizon: int = 256
-    cache_mb: int = 768
+    cache_mb: int = Lookahead.cache_bytes >> 20
     storage_options: dict | None = None
 
 

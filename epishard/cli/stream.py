@@ -46,7 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--horizon", type=int, default=256, help="look-ahead: windows per decode chunk (one call per episode camera)"
     )
-    p.add_argument("--cache-mb", type=int, default=768, help="look-ahead: decoded frames kept per worker, MiB")
+    p.add_argument(
+        "--cache-mb",
+        type=int,
+        default=480,
+        help="look-ahead: decoded frames kept per worker, MiB (Lookahead.cache_bytes)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
     p.add_argument("--plot", metavar="FILE", help="draw the telemetry into this PNG (default: no plot)")
     storage_options(p)
