@@ -11,7 +11,12 @@ by pool, weighted by windows, against the whole dataset's i.i.d. figure), the fr
 decoder's work, which also counts frames from each keyframe) and episodes fetched per window, over
 the first ``--windows`` windows. Exact counts: the machine's load does not change them.
 
+With ``--run SAMPLES`` it also iterates real ``WindowLoader``s (``--workers`` workers, native size,
+uint8 and float32, ``old`` and ``auto`` interleaved, one after another in this process) and reports
+the largest worker's peak RSS, the caches' peaks and the decoder's work per frame returned.
+
     PYTHONPATH=$PWD python tools/bench_budget.py /tmp/epishard_bench_peers/*.epishard
+    PYTHONPATH=$PWD python tools/bench_budget.py /tmp/epishard_bench_peers/unitree*.epishard --run 400
 """
 
 from __future__ import annotations
@@ -62,13 +67,71 @@ def measure(root: str, setting: str, args) -> dict:
     }
 
 
+def run(root: str, setting: str, dtype: str, args) -> dict:
+    """Peak worker RSS of a real ``WindowLoader`` (``--workers`` workers) over ``--samples`` samples, this process."""
+    import os
+    import sys
+    import time
+
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from peers.memory import MemSampler
+
+    from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
+    from epishard.stream.lookahead import Lookahead
+    from epishard.stream.source import DatasetSource
+    from epishard.stream.telemetry import summarize
+
+    src = DatasetSource(root)
+    spec = WindowSpec(
+        cameras={c: segment(0, 32, 9) for c in src.cameras}, state_offsets=(0,), action_horizon=16, boundary="pad"
+    )
+    old = {"shuffle_episodes": 64, "lookahead": Lookahead(cache_bytes=768 << 20, decode_bytes=256 << 20)}
+    post = PostProcess(dtype=torch.uint8 if dtype == "u8" else torch.float32)
+    ds = WindowDataset(src, spec, seed=0, postprocess=post, telemetry=True, **(old if setting == "old" else {}))
+    loader = WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers, persistent_workers=True)
+    mem = MemSampler()
+    mem.start()
+    t, samples, rows = time.perf_counter(), 0, []
+    for batch in loader:
+        samples += len(batch["episode_index"])
+        rows.extend(batch["__telemetry__"].numpy())
+        del batch
+        if samples >= args.samples:
+            break
+    seconds = time.perf_counter() - t
+    mem.stop()
+    tel = summarize(rows)
+    return {
+        "dataset": root.rstrip("/").split("/")[-1],
+        "setting": f"{setting} {dtype}",
+        "pool": loader.dataset.pool_episodes(),
+        "samples": samples,
+        "seconds": seconds,
+        "worker_rss_peak_mb": mem.worker_rss_peak / 1024,
+        "cache_peak_mib": tel["cache_bytes_peak"] / 2**20,
+        "encoded_peak_mib": tel["encoded_bytes_peak"] / 2**20,
+        "decoded_per_returned": tel["frames_decoded"] / max(tel["frames_returned"], 1),
+        "load": os.getloadavg()[0],
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("roots", nargs="+", help="converted epishard datasets")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--windows", type=int, default=4000, help="windows of the consumer's yield order scheduled")
+    p.add_argument(
+        "--run",
+        type=int,
+        default=0,
+        metavar="SAMPLES",
+        help="also run real loaders (old/auto x uint8/float32, interleaved) for SAMPLES samples each: peak worker RSS",
+    )
     args = p.parse_args()
+    args.samples = args.run
     cols = "dataset setting pool diversity cache_mib peak_mib decoded_per_returned fetches_per_window budget_gb"
     print("| " + " | ".join(cols.split()) + " |")
     print("|" + " --- |" * len(cols.split()))
@@ -79,6 +142,18 @@ def main() -> None:
                 "| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols.split()) + " |",
                 flush=True,
             )
+
+    if args.run:
+        cols = "dataset setting pool samples seconds worker_rss_peak_mb cache_peak_mib encoded_peak_mib"
+        cols += " decoded_per_returned load"
+        print("\n| " + " | ".join(cols.split()) + " |")
+        print("|" + " --- |" * len(cols.split()))
+        for root in args.roots:
+            for dtype in ("u8", "f32"):
+                for setting in ("old", "auto"):
+                    r = run(root, setting, dtype, args)
+                    cells = [f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols.split()]
+                    print("| " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
