@@ -22,7 +22,7 @@ An epoch, step by step:
    random per epoch, so every rank yields the same number of samples and batches and DDP never
    waits at the end of an epoch; every other window is yielded exactly once.
 4. Each consumer's windows are shuffled at plan level (``pool_shuffle``, index only): consecutive
-   pools of at most ``shuffle_episodes`` episodes in read order (equal sizes), the windows of a pool in a random order
+   pools of about ``shuffle_episodes`` episodes in read order (equal sizes), the windows of a pool in a random order
    (one stable argsort of (pool, random key), by ``(seed, epoch, consumer, level)``), each episode's
    windows filling its random slots in time order (decoded forward, once). Small pools keep an
    episode's windows close together in time (one decode serves several); large pools give
@@ -841,9 +841,10 @@ def pool_shuffle(window_episode: np.ndarray, pool_episodes: int | None, rng: np.
     Args:
         window_episode: int ``[n]`` episode of each window in read (plan) order; an episode's
             windows are contiguous.
-        pool_episodes: episodes per pool at most: the consumer's ``R`` episodes, in read order,
-            are cut into ``k = ceil(R / pool_episodes)`` consecutive pools of equal size (``R // k``
-            or one more; episode ``r`` in pool ``r * k // R``), so no short last pool lowers the
+        pool_episodes: episodes per pool, about: the consumer's ``R`` episodes, in read order,
+            are cut into ``k = max(1, round(R / pool_episodes))`` consecutive pools of equal size
+            (``R // k`` or one more; episode ``r`` in pool ``r * k // R``; so between 0.75x and 1.5x
+            ``pool_episodes`` when ``R >= pool_episodes``), so no short last pool lowers the
             diversity of the epoch's last batches; the windows of a pool come out in a uniformly
             random order (sorted by a random 32-bit key; equal keys keep read order) before any
             window of the next pool.
@@ -871,7 +872,7 @@ def pool_shuffle(window_episode: np.ndarray, pool_episodes: int | None, rng: np.
     else:
         # One int64 key (pool, random 32 bits), one sort: numpy's lexsort is far slower on millions.
         runs = int(run[-1]) + 1
-        pools = -(-runs // pool_episodes)
+        pools = max(1, (2 * runs + pool_episodes) // (2 * pool_episodes))  # round(runs / pool), halves up
         order = stable_argsort(((run * pools // runs) << 32) | rng.integers(0, 1 << 32, n))
     # The episodes' slots stay; each episode's windows fill its slots in read (time) order. ``slots``:
     # yield slots grouped by episode run, ascending in each; runs are contiguous in read order, so

@@ -51,7 +51,7 @@ def measure(root: str, setting: str, args) -> dict:
     returned = int((demand.keys >= 0).sum())
     # Expected diversity of the pool: the consumer's windows per episode, pool by pool in read order.
     _, counts = np.unique(plan.episode, return_counts=True)
-    pools = np.array_split(counts, -(-counts.size // pool))  # pool_shuffle's equal pools, in read order
+    pools = np.array_split(counts, max(1, (2 * counts.size + pool) // (2 * pool)))  # pool_shuffle's pools
     distinct = np.average([expected_distinct(c, args.batch_size) for c in pools], weights=[c.sum() for c in pools])
     iid_distinct = iid_reference(ds, args.batch_size).distinct
     return {
