@@ -100,8 +100,8 @@ class Lookahead:
 
     horizon: int = 256
     first: int = 8
-    cache_bytes: int = 480 << 20
-    encoded_bytes: int = 128 << 20
+    cache_bytes: int = 548 << 20
+    encoded_bytes: int = 96 << 20
     decode_bytes: int = 32 << 20
 
     def __post_init__(self):

@@ -25,12 +25,16 @@ import argparse
 
 import numpy as np
 
+from epishard.stream.lookahead import Lookahead
+
+OLD = Lookahead(cache_bytes=768 << 20, encoded_bytes=128 << 20, decode_bytes=256 << 20)  # before the budget
+
 
 def measure(root: str, setting: str, args) -> dict:
     from epishard.stream import WindowDataset, WindowSpec, segment
     from epishard.stream.dataset import _distributed
     from epishard.stream.fetch import FetchPolicy
-    from epishard.stream.lookahead import Lookahead, Scheduler
+    from epishard.stream.lookahead import Scheduler
     from epishard.stream.plan import expected_distinct
     from epishard.stream.report import iid_reference
     from epishard.stream.source import DatasetSource
@@ -39,7 +43,7 @@ def measure(root: str, setting: str, args) -> dict:
     spec = WindowSpec(
         cameras={c: segment(0, 32, 9) for c in src.cameras}, state_offsets=(0,), action_horizon=16, boundary="pad"
     )
-    kw = {"shuffle_episodes": 64, "lookahead": Lookahead(cache_bytes=768 << 20)} if setting == "old" else {}
+    kw = {"shuffle_episodes": 64, "lookahead": OLD} if setting == "old" else {}
     ds = WindowDataset(src, spec, seed=0, batch_size=args.batch_size, num_workers=args.workers, **kw)
     pool = ds.pool_episodes()
     plan = ds.plan(0, _distributed(0, 1).with_worker(0, args.workers))
@@ -79,7 +83,6 @@ def run(root: str, setting: str, dtype: str, args) -> dict:
     from peers.memory import MemSampler
 
     from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
-    from epishard.stream.lookahead import Lookahead
     from epishard.stream.source import DatasetSource
     from epishard.stream.telemetry import summarize
 
@@ -87,7 +90,7 @@ def run(root: str, setting: str, dtype: str, args) -> dict:
     spec = WindowSpec(
         cameras={c: segment(0, 32, 9) for c in src.cameras}, state_offsets=(0,), action_horizon=16, boundary="pad"
     )
-    old = {"shuffle_episodes": 64, "lookahead": Lookahead(cache_bytes=768 << 20, decode_bytes=256 << 20)}
+    old = {"shuffle_episodes": 64, "lookahead": OLD}
     post = PostProcess(dtype=torch.uint8 if dtype == "u8" else torch.float32)
     ds = WindowDataset(src, spec, seed=0, postprocess=post, telemetry=True, **(old if setting == "old" else {}))
     loader = WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers, persistent_workers=True)

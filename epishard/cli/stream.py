@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-mb",
         type=int,
-        default=480,
+        default=548,
         help="look-ahead: decoded frames kept per worker, MiB (Lookahead.cache_bytes)",
     )
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
