@@ -87,7 +87,8 @@ from .transform import PostProcess
 # 2: + "history" (progress under earlier layouts of the epoch: elastic resume). 3: + "shuffle_episodes";
 # the plan changed (plan-level pool shuffle, counter-based anchor draws), so a mid-epoch state of an
 # earlier version cannot continue exactly and is refused (a state at an epoch boundary still loads).
-STATE_VERSION = 3
+# 4: the plan changed again (a consumer's episodes cut into pools of equal size: ``pool_shuffle``).
+STATE_VERSION = 4
 
 
 def _shuffle_option(
@@ -851,20 +852,21 @@ def _check_plan(state: dict, pool: int | None) -> None:
     """Refuse a mid-epoch state whose epoch plan differs from this reader's (planner or shuffle pool).
 
     Raises:
-        ValueError: the state is of a version before the plan-level shuffle, or its shuffle pool
+        ValueError: the state is of a version before the plan-level shuffle's equal pools, or its shuffle pool
             (``shuffle_episodes``, resolved) differs.
     """
     consumed = any(state["consumed"]) or state["history"]
-    if state.get("version", 1) < 3 and consumed:
+    if state.get("version", 1) < 4 and consumed:
         raise ValueError(
             f"cannot resume: the state (version {state.get('version', 1)}) was saved mid-epoch by a reader whose plan "
-            f"(shuffle buffer, anchor draws) this version no longer makes; start the next epoch fresh with "
+            f"(shuffle buffer, anchor draws, pool cuts) this version no longer makes; start the next epoch fresh with "
             f"set_epoch({state['epoch'] + 1})"
         )
     if "shuffle_episodes" in state and state["shuffle_episodes"] != pool and consumed:
         raise ValueError(
             f"cannot resume: the state was saved with shuffle_episodes={state['shuffle_episodes']}, this run plans "
-            f"with {pool} (the default follows the batch size): pass shuffle_episodes={state['shuffle_episodes']}"
+            f"with {pool} (the default follows the batch size and the frame cache): "
+            f"pass shuffle_episodes={state['shuffle_episodes']}"
         )
 
 
