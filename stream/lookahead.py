@@ -55,8 +55,11 @@ class WorkerBudget:
     ``frame_cache``: decoded, post-processed frames and table columns (``Lookahead.cache_bytes``,
     held by the schedule); ``encoded``: kept encoded members (``Lookahead.encoded_bytes``);
     ``prefetch``: fetched, not yet consumed (``FetchPolicy.prefetch_bytes``); ``decode_call``: one
-    decode call's RGB frames and their post-processed copy (``2 x Lookahead.decode_bytes``). Open
-    decoders are not bounded here: one per camera of each kept episode, their buffers inside FFmpeg.
+    decode call's RGB frames and their post-processed copy (``2 x Lookahead.decode_bytes``);
+    ``batches``: collated batches the worker holds before the loader takes them (the DataLoader's
+    ``prefetch_factor`` x a batch's bytes: uint8 8 x 9 frames of 640x480 are 66 MB, float32 265 MB;
+    0 when not given). Open decoders are not bounded here: one per camera of each kept episode,
+    their buffers inside FFmpeg.
     """
 
     interpreter: int
@@ -64,11 +67,12 @@ class WorkerBudget:
     encoded: int
     prefetch: int
     decode_call: int
+    batches: int = 0
 
     @property
     def total(self) -> int:
         """The budget, bytes: the parts' sum."""
-        return self.interpreter + self.frame_cache + self.encoded + self.prefetch + self.decode_call
+        return self.interpreter + self.frame_cache + self.encoded + self.prefetch + self.decode_call + self.batches
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,8 @@ class Lookahead:
         decode_bytes: RGB bytes one decode call returns at most before post-processing (a longer
             call is split into consecutive calls on the same decoder: ``stream.decode.decode``).
 
-    The defaults keep a worker within ``WORKER_BYTES`` (1.5 GB): ``budget`` states the parts.
+    The defaults keep a worker's reading within ``WORKER_BYTES`` (1.5 GB; 1.48 GB with the default
+    prefetch): ``budget`` states the parts, the collated batches on top.
 
     Raises:
         ValueError: a count below 1 or a negative byte budget.
@@ -113,10 +118,16 @@ class Lookahead:
                 f"{self.encoded_bytes}, {self.decode_bytes}"
             )
 
-    def budget(self, prefetch_bytes: int, interpreter_bytes: int = INTERPRETER_BYTES) -> WorkerBudget:
-        """The bytes a worker holds at most with this policy and a fetcher of ``prefetch_bytes``, by part."""
+    def budget(
+        self, prefetch_bytes: int, batch_bytes: int = 0, interpreter_bytes: int = INTERPRETER_BYTES
+    ) -> WorkerBudget:
+        """The bytes a worker holds at most with this policy, by part (``WorkerBudget``).
+
+        ``prefetch_bytes``: the fetcher's (``FetchPolicy.prefetch_bytes``); ``batch_bytes``: the
+        collated batches the worker holds at once (``prefetch_factor`` x one batch's bytes).
+        """
         return WorkerBudget(
-            interpreter_bytes, self.cache_bytes, self.encoded_bytes, prefetch_bytes, 2 * self.decode_bytes
+            interpreter_bytes, self.cache_bytes, self.encoded_bytes, prefetch_bytes, 2 * self.decode_bytes, batch_bytes
         )
 
 

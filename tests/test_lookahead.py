@@ -439,6 +439,7 @@ def test_the_default_budget_states_its_parts_and_stays_within_1_5_gb():
         2 * policy.decode_bytes,
     )
     assert budget.total == sum(dataclasses.astuple(budget)) <= WORKER_BYTES == 1_500_000_000
+    assert policy.budget(prefetch, batch_bytes=7).total == budget.total + 7
 
 
 def distinct_frames(samples: list[dict]) -> int:
