@@ -192,29 +192,32 @@ def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server:
     rows_warm, rows_timed, distinct = [], [], []
     seen_warm: set[int] = set()
     seen_timed: set[int] = set()
-    n, start, first, last, end, gaps = 0, None, None, None, None, [0.0]
-    for batch in loader:
+    n, first, start, last, end, gaps = 0, None, None, 0.0, 0.0, []
+    for i, batch in enumerate(loader):
         now = time.perf_counter()
-        gap, last = (now - last if last is not None else 0.0), now
         first = first or now
-        # A long gap ends a look-ahead chunk's decoding: the timed region runs from the first batch of
-        # a burst to the first batch of a later one (whole cycles), or plainly when no gap shows up.
-        burst = gap >= args.cycle_gap_s
         episodes = batch["episode_index"].tolist()
-        if start is None and now - first >= args.warmup_s and (burst or now - first >= args.warmup_s + args.seconds):
-            start, s0, load0 = now, server.stats(), os.getloadavg()[0]
-        if start is None:
+        if args.warm_batches is None and now - first >= args.warmup_s:  # the first run sets the counts
+            args.warm_batches = i + 1
+        if args.warm_batches is None or i < args.warm_batches:
             rows_warm.append(batch["__telemetry__"].numpy())
             seen_warm.update(episodes)
+            if i == (args.warm_batches or 0) - 1:  # the timed region starts as the last warm-up batch arrives
+                start, s0, load0 = now, server.stats(), os.getloadavg()[0]
+            last = now
             continue
-        if now - start >= args.seconds and (burst or now - start >= 2 * args.seconds):
-            end = now  # this batch opens the next cycle: not counted
-            break
-        gaps.append(gap if now > start else 0.0)
+        gaps.append(now - last)
+        last = now
         rows_timed.append(batch["__telemetry__"].numpy())
         seen_timed.update(e for e in episodes if e not in seen_warm)
         distinct.append(len(set(episodes)))
         n += len(episodes)
+        done = i + 1 - args.warm_batches
+        if args.timed_batches is None and now - start >= args.seconds:
+            args.timed_batches = done
+        if done == args.timed_batches:
+            end = now
+            break
     else:
         raise SystemExit("bench_remote: the epoch ended before the timed region did: more --copies or --episodes")
     wall = end - start
@@ -317,9 +320,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--warmup-s", type=float, default=5.0, help="discarded seconds after the first batch")
     parser.add_argument("--latency-ms", default="0,20,100", help="added per S3 request, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument(
-        "--cycle-gap-s", type=float, default=1.0, help="a pause between batches this long ends a look-ahead chunk"
-    )
+    parser.add_argument("--warm-batches", type=int, default=None, help="default: the first run's batches in --warmup-s")
+    parser.add_argument("--timed-batches", type=int, default=None, help="default: the first run's batches in --seconds")
     parser.add_argument("--copies", type=int, default=150, help="real data: the 5 episodes converted this many times")
     parser.add_argument("--generated", action="store_true", help="generated episodes even when the real data is there")
     parser.add_argument("--episodes", type=int, default=400)
@@ -381,12 +383,15 @@ def main() -> int:
         f"load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
+    print("timed region: the same batches in every run (the plan is seeded): the first run sets them", flush=True)
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for r in range(args.rounds):
         names = list(configs) if r % 2 == 0 else list(reversed(configs))
         for name in names:
             url, options, config_policy, ms = configs[name]
             runs[name].append(run(url, options, config_policy, args, cams, server, ms))
+            if r == 0 and name == names[0]:
+                print(f"warm-up: batches 0-{args.warm_batches - 1}; timed: the next {args.timed_batches}", flush=True)
         for name in configs:
             res = runs[name][-1] | {
                 "vs_local": runs[name][-1]["samples_per_s"] / runs["local disk"][-1]["samples_per_s"]
