@@ -58,6 +58,7 @@ from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, c
 from epishard.shardwriter.lerobot import read_lerobot
 from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.lookahead import Lookahead
 from epishard.stream.source import DatasetSource
 from epishard.stream.telemetry import FIELDS
 
@@ -192,17 +193,14 @@ def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server:
     rows_warm, rows_timed, distinct = [], [], []
     seen_warm: set[int] = set()
     seen_timed: set[int] = set()
-    n, first, start, last, end, gaps = 0, None, None, 0.0, 0.0, []
+    n, start, last, end, gaps = 0, 0.0, 0.0, 0.0, []
     for i, batch in enumerate(loader):
         now = time.perf_counter()
-        first = first or now
         episodes = batch["episode_index"].tolist()
-        if args.warm_batches is None and now - first >= args.warmup_s:  # the first run sets the counts
-            args.warm_batches = i + 1
-        if args.warm_batches is None or i < args.warm_batches:
+        if i < args.warm_batches:
             rows_warm.append(batch["__telemetry__"].numpy())
             seen_warm.update(episodes)
-            if i == (args.warm_batches or 0) - 1:  # the timed region starts as the last warm-up batch arrives
+            if i == args.warm_batches - 1:  # the timed region starts as the last warm-up batch arrives
                 start, s0, load0 = now, server.stats(), os.getloadavg()[0]
             last = now
             continue
@@ -213,8 +211,8 @@ def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server:
         distinct.append(len(set(episodes)))
         n += len(episodes)
         done = i + 1 - args.warm_batches
-        if args.timed_batches is None and now - start >= args.seconds:
-            args.timed_batches = done
+        if args.timed_batches is None and now - start >= args.seconds and done % args.cycle == 0:
+            args.timed_batches = done  # the first run's: whole look-ahead chunks of every worker
         if done == args.timed_batches:
             end = now
             break
@@ -317,11 +315,14 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--seconds", type=float, default=30.0, help="timed steady state per run (>= 10; several look-ahead chunks)"
     )
-    parser.add_argument("--warmup-s", type=float, default=5.0, help="discarded seconds after the first batch")
     parser.add_argument("--latency-ms", default="0,20,100", help="added per S3 request, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--warm-batches", type=int, default=None, help="default: the first run's batches in --warmup-s")
-    parser.add_argument("--timed-batches", type=int, default=None, help="default: the first run's batches in --seconds")
+    parser.add_argument(
+        "--warm-batches", type=int, default=None, help="default: the first chunk and one full chunk of every worker"
+    )
+    parser.add_argument(
+        "--timed-batches", type=int, default=None, help="default: whole chunks, >= --seconds in the first run"
+    )
     parser.add_argument("--copies", type=int, default=150, help="real data: the 5 episodes converted this many times")
     parser.add_argument("--generated", action="store_true", help="generated episodes even when the real data is there")
     parser.add_argument("--episodes", type=int, default=400)
@@ -352,6 +353,10 @@ def line(name: str, r: dict) -> str:
 
 def main() -> int:
     args = parse()
+    horizon = Lookahead().horizon
+    args.cycle = args.workers * horizon // BATCH  # batches of one look-ahead chunk of every worker
+    if args.warm_batches is None:
+        args.warm_batches = args.workers * (BATCH + horizon) // BATCH
     try:
         import moto.server  # noqa: F401
         import s3fs  # noqa: F401
@@ -379,7 +384,7 @@ def main() -> int:
     print(
         f"data: {what}; {args.workers} workers, batch {BATCH}, 9 frames over 33 per camera, 96x96; "
         f"{args.per_episode}; fetch {policy.mode}, prefetch {policy.prefetch_bytes >> 20} MiB per worker; "
-        f"warm-up {args.warmup_s} s after the first batch, timed {args.seconds} s; cores {os.cpu_count()}; "
+        f"look-ahead chunks of {horizon} windows; cores {os.cpu_count()}; "
         f"load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
@@ -391,7 +396,11 @@ def main() -> int:
             url, options, config_policy, ms = configs[name]
             runs[name].append(run(url, options, config_policy, args, cams, server, ms))
             if r == 0 and name == names[0]:
-                print(f"warm-up: batches 0-{args.warm_batches - 1}; timed: the next {args.timed_batches}", flush=True)
+                print(
+                    f"warm-up: batches 0-{args.warm_batches - 1} (the first chunk and one of {horizon} windows per "
+                    f"worker); timed: the next {args.timed_batches} batches (whole chunks)",
+                    flush=True,
+                )
         for name in configs:
             res = runs[name][-1] | {
                 "vs_local": runs[name][-1]["samples_per_s"] / runs["local disk"][-1]["samples_per_s"]
