@@ -1,15 +1,15 @@
 """Benchmark: local disk against S3 with latency added per request, same settings, steady state.
 
-    python tools/bench_remote.py [--copies 40 | --generated --episodes 400 --frames 150] [--per-episode 4]
-        [--latency-ms 0,20,100] [--rounds 2] [--warmup-s 5] [--seconds 12] [--workers 2]
+    python tools/bench_remote.py [--copies 150 | --generated --episodes 400 --frames 150] [--per-episode 4]
+        [--latency-ms 0,20,100] [--rounds 2] [--seconds 30] [--workers 2]
         [--mode stream|ranged] [--prefetch-mb N] [--fixed-depth 4] [--keep DIR] [--json]
 
 What it does:
 - One dataset: the real so101_bimanual_cloth (2 cameras, MPEG-4 224x224, ~2.8 MB per episode) from
-  ../shared/data converted ``--copies`` times into ONE dataset (5 episodes each: the default 150
-  copies make 750 episodes, 2.1 GB), or ``--generated`` episodes (3 cameras, H.264 128x128; their
-  videos are tiny, so they test decoding more than fetching). Converted once to a local folder
-  (reused with ``--keep DIR``) and uploaded to an S3 server.
+  ../shared/data converted ``--copies`` times into ONE dataset (copy ``c`` of episode ``i`` is
+  episode ``1000 c + i``; the default 150 copies make 750 episodes, 2.1 GB), or ``--generated``
+  episodes (3 cameras, H.264 128x128; their videos are tiny, so they test decoding more than
+  fetching). Converted once to a local folder (reused with ``--keep DIR``) and uploaded to S3.
 - The S3 server is moto in server mode on loopback, in its own process with one latency proxy
   per ``--latency-ms`` value (``tests/remote_servers.FaultProxy``: each request waits that long
   before it is forwarded). The server's CPU seconds and the bytes it sends are read from that
@@ -17,14 +17,18 @@ What it does:
 - Every configuration reads the same dataset with the same sampling (``--per-episode`` windows
   per episode, the default shuffle pool for batches of 8: diversity >= 0.94 of i.i.d.), the same
   decoding and post-processing, ``--workers`` DataLoader workers. Rounds interleave the sides
-  (local, S3 +20, S3 +100, ...; the next round in reverse order).
-- Per run: the first batch and the next ``--warmup-s`` seconds are discarded; the timed region
-  is the next ``--seconds`` seconds. Inside it: samples/s, bytes the workers read (and the
-  server sent), the episodes first seen in it and the bytes they hold (the run is in steady
-  state when the timed region reads new bytes, more than the workers' prefetch budgets:
-  ``steady`` in the output), seconds the workers waited for bytes (``read_s``) and episodes
-  they had to wait for (``fetch_waits``), requests in flight allowed (``depth``), distinct
-  episodes per batch against i.i.d. sampling, the load average.
+  (local, S3 +0, +20, +100, ...; the next round in reverse order).
+- Timed region: the same batches in every run (the plan is seeded, so every run does the same
+  work in it). The look-ahead reader decodes a chunk of ``Lookahead.horizon`` windows and then
+  yields them in a burst, so the region is whole chunks: the warm-up is the first chunk and one
+  full chunk of every worker; the timed region the next batches, whole chunks of every worker,
+  as many as the first run needs to last ``--seconds``. Inside it: samples/s, bytes the workers
+  read (and the server sent), the episodes first seen in it and the bytes they hold (the run is
+  in steady state when the timed region reads new bytes, more than the workers' prefetch
+  budgets: ``steady``), seconds the workers waited for bytes (``read_s``, and its share of the
+  workers' time) and episodes they had to wait for (``fetch_waits``), requests in flight allowed
+  (``depth``), decode seconds, the server's CPU seconds, distinct episodes per batch against
+  i.i.d. sampling, the load average at its start and end.
 - Result per configuration: the median samples/s, and the median over rounds of the ratio to
   the local run of the same round (the figure the goal is stated in).
 
@@ -63,7 +67,7 @@ from epishard.stream.source import DatasetSource
 from epishard.stream.telemetry import FIELDS
 
 CAMS = ("observation.images.front", "observation.images.left", "observation.images.wrist")
-REAL = REPO.parent / "shared" / "data" / "so101_bimanual_cloth"
+REAL = Path(os.environ.get("EPISHARD_SHARED_DATA", REPO.parent / "shared" / "data")) / "so101_bimanual_cloth"
 REAL_CAMS = ("observation.images.cam0", "observation.images.cam1")
 BATCH = 8
 COUNTERS = (
@@ -194,14 +198,16 @@ def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server:
     seen_warm: set[int] = set()
     seen_timed: set[int] = set()
     n, start, last, end, gaps = 0, 0.0, 0.0, 0.0, []
-    for i, batch in enumerate(loader):
+    batches = iter(loader)
+    workers = [w.pid for w in getattr(batches, "_workers", [])]
+    for i, batch in enumerate(batches):
         now = time.perf_counter()
         episodes = batch["episode_index"].tolist()
         if i < args.warm_batches:
             rows_warm.append(batch["__telemetry__"].numpy())
             seen_warm.update(episodes)
             if i == args.warm_batches - 1:  # the timed region starts as the last warm-up batch arrives
-                start, s0, load0 = now, server.stats(), os.getloadavg()[0]
+                start, s0, load0, cpu0 = now, server.stats(), os.getloadavg()[0], _cpu_s(workers)
             last = now
             continue
         gaps.append(now - last)
@@ -214,7 +220,7 @@ def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server:
         if args.timed_batches is None and now - start >= args.seconds and done % args.cycle == 0:
             args.timed_batches = done  # the first run's: whole look-ahead chunks of every worker
         if done == args.timed_batches:
-            end = now
+            end, cpu1 = now, _cpu_s(workers)
             break
     else:
         raise SystemExit("bench_remote: the epoch ended before the timed region did: more --copies or --episodes")
@@ -237,6 +243,8 @@ def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server:
         "mb_read": read / 1e6,
         "mb_server": (s1["bytes_out"][proxy_ms] - s0["bytes_out"][proxy_ms]) / 1e6 if proxy_ms is not None else 0.0,
         "server_cpu_s": s1["cpu_s"] - s0["cpu_s"],
+        "worker_cpu_ms_per_sample": 1e3 * (cpu1 - cpu0) / max(n, 1),
+        "server_cpu_ms_per_sample": 1e3 * (s1["cpu_s"] - s0["cpu_s"]) / max(n, 1),
         "new_episodes": len(seen_timed),
         "mb_new_episodes": new_bytes / 1e6,
         "steady": bool(read > budget and read >= 0.5 * new_bytes),
@@ -253,6 +261,18 @@ def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server:
         "distinct_per_batch": float(np.mean(distinct)),
         "iid_distinct_per_batch": iid_distinct(ds, args.per_episode),
     }
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` have used (Linux ``/proc``; 0 elsewhere)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _per_worker(rows: list, earliest: bool = False) -> dict[int, dict]:
@@ -345,7 +365,8 @@ def line(name: str, r: dict) -> str:
         f"{r['kb_per_request']:.0f} kB/request | waited {r['read_s']:.2f} s ({100 * r['wait_share']:.1f}%), "
         f"fetch_waits {r['fetch_waits']:.0f}/{r['episodes_loaded']:.0f}, depth {r['depth']:.0f}, "
         f"longest gap between batches {r['max_gap_s']:.1f} s | "
-        f"decode {r['decode_s']:.1f} s, server CPU {r['server_cpu_s']:.1f} s | distinct/batch "
+        f"decode {r['decode_s']:.1f} s, CPU per sample: workers {r['worker_cpu_ms_per_sample']:.0f} ms, "
+        f"server {r['server_cpu_ms_per_sample']:.1f} ms | distinct/batch "
         f"{r['distinct_per_batch']:.2f} (i.i.d. {r['iid_distinct_per_batch']:.2f}) | load {r['load_start']:.1f}"
         f"-{r['load_end']:.1f}"
     )
