@@ -24,8 +24,8 @@ What it does:
   full chunk of every worker; the timed region the next batches, whole chunks of every worker,
   as many as the first run needs to last ``--seconds``. Inside it: samples/s, bytes the workers
   read (and the server sent), the episodes first seen in it and the bytes they hold (the run is
-  in steady state when the timed region reads new bytes, more than the workers' prefetch
-  budgets: ``steady``), seconds the workers waited for bytes (``read_s``, and its share of the
+  in steady state when it read at least 0.8 of the bytes of the episodes first seen in it:
+  ``steady``), seconds the workers waited for bytes (``read_s``, and its share of the
   workers' time) and episodes they had to wait for (``fetch_waits``), requests in flight allowed
   (``depth``), decode seconds, the server's CPU seconds, distinct episodes per batch against
   i.i.d. sampling, the load average at its start and end.
@@ -233,7 +233,6 @@ def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server:
     mean_episode = sum(s.size for s in source.manifest.shards) / max(len(source.index.shard), 1)
     new_bytes = len(seen_timed) * mean_episode
     read = timed["bytes_read"]
-    budget = policy.prefetch_bytes * args.workers
     return {
         "samples_per_s": n / wall,
         "samples": n,
@@ -247,7 +246,8 @@ def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server:
         "server_cpu_ms_per_sample": 1e3 * (s1["cpu_s"] - s0["cpu_s"]) / max(n, 1),
         "new_episodes": len(seen_timed),
         "mb_new_episodes": new_bytes / 1e6,
-        "steady": bool(read > budget and read >= 0.5 * new_bytes),
+        # The timed region fetched what it consumed: its new episodes' bytes were read in it, not before.
+        "steady": bool(seen_timed) and read >= 0.8 * new_bytes,
         "kb_per_sample": read / 1e3 / max(timed["samples"], 1),
         "kb_per_request": read / 1e3 / max(timed["requests"], 1),
         "requests": timed["requests"],
