@@ -542,6 +542,8 @@ class WindowDataset(IterableDataset):
             upcoming, first = advance(), True
             while upcoming is not None:
                 step = upcoming
+                if not first:  # the next chunk's fetches go out now, while this chunk's loads decode
+                    upcoming = advance()
                 store.drop(step.evict)
                 for load in step.loads:
                     encoded.drop(load.drop_encoded)
@@ -561,8 +563,6 @@ class WindowDataset(IterableDataset):
                     frame_cache_hits=step.hits, frame_cache_misses=step.misses, frame_cache_evictions=step.evict.size
                 )
                 telemetry.peak(cache_bytes_peak=store.nbytes, encoded_bytes_peak=encoded.nbytes)
-                if not first:  # the first batch goes out before anything is planned for the second chunk
-                    upcoming = advance()
                 for i in range(step.start, step.stop):
                     e = int(episodes[i])
                     d, _ = self._locate(e)

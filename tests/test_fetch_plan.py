@@ -6,13 +6,17 @@ requests in flight grow to cover it (counted at the server)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
 import pytest
+from faultgen import SPEC
 from remote_servers import Gauge, serve_http
 
+from epishard.stream import WindowDataset
 from epishard.stream.fetch import Fetcher, FetchPolicy, episode_ranges, plan_requests
+from epishard.stream.lookahead import Lookahead
 from epishard.stream.source import DatasetSource
 from epishard.stream.telemetry import Telemetry
 
@@ -142,3 +146,29 @@ def test_a_fixed_depth_stays_fixed(intact):
     finally:
         server.shutdown()
     assert gauge.peak == 2 and fetcher.depth == 2
+
+
+def test_the_next_chunk_is_fetched_while_this_chunk_loads(intact, monkeypatch):
+    """The reader hands a look-ahead chunk's fetches to the fetcher before the previous chunk's loads
+    run, so they are prefetched during that chunk's decoding (not only while its windows are yielded)."""
+    added: list[int] = []  # per fetch position: the number of the extend call that appended it
+    seen: dict[int, int] = {}  # per fetch position: extend calls made when the reader consumed it
+    extend, episode = Fetcher.extend, Fetcher.episode
+
+    def recording_extend(self, episodes):
+        added.extend([len(set(added)) + 1] * len(episodes))
+        extend(self, episodes)
+
+    def recording_episode(self, k, checksums=None):
+        seen[k] = len(set(added))
+        return episode(self, k, checksums)
+
+    monkeypatch.setattr(Fetcher, "extend", recording_extend)
+    monkeypatch.setattr(Fetcher, "episode", recording_episode)
+    spec = dataclasses.replace(SPEC, per_episode_count=1)
+    ds = WindowDataset(intact, spec, seed=1, shuffle_episodes=0, lookahead=Lookahead(horizon=1, first=1))
+    samples = list(ds)
+    assert len(samples) == 6 and len(added) == 6 and sorted(seen) == list(range(6))
+    # Chunk 1 (the first batch) goes out alone; from chunk 2 on, each chunk's loads start after the
+    # next chunk's fetches were handed over (the last chunk has none after it).
+    assert [seen[k] - added[k] for k in range(6)] == [0, 1, 1, 1, 1, 0]
