@@ -139,6 +139,17 @@ def open_sources(
     return sources
 
 
+def _index_ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (sorted, unique); ``"none"`` when empty."""
+    runs: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs) or "none"
+
+
 def plan_shards(episodes: list[Episode], max_episodes: int, max_bytes: int) -> list[list[Episode]]:
     """Pack episodes, in order, into shards of at most ``max_episodes`` and about ``max_bytes``."""
     shards: list[list[Episode]] = []
@@ -551,7 +562,10 @@ def convert(
         e for s in sources for e in s.episodes if options.episodes is None or e.episode_index in options.episodes
     ]
     if not episodes:
-        raise SourceError("no episodes to convert (check the sources and --episodes)")
+        if options.episodes is not None:
+            have = ", ".join(f"{s.name}: {_index_ranges([e.episode_index for e in s.episodes])}" for s in sources)
+            raise SourceError(f"no episodes to convert: none of --episodes is in the sources (episode indices {have})")
+        raise SourceError("no episodes to convert (the sources list none)")
     keys: dict[str, Episode] = {}
     for e in episodes:
         key = e.key or fmt.episode_key(e.source, e.episode_index)

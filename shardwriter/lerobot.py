@@ -230,6 +230,21 @@ def _camera_names(features: dict) -> list[str]:
     return [name for name, spec in features.items() if spec.get("dtype") == "video"]
 
 
+def _check_wanted(features: dict, wanted: tuple[str, ...] | None, root: str) -> None:
+    """Refuse camera names (``--cameras``) that the dataset does not declare, listing the ones it has.
+
+    Raises:
+        SourceError: some of ``wanted`` are neither video nor image features of ``meta/info.json``.
+    """
+    have = [name for name, spec in features.items() if spec.get("dtype") in ("video", "image")]
+    unknown = [c for c in wanted or () if c not in have]
+    if unknown:
+        raise SourceError(
+            f"{root}: camera {', '.join(unknown)} is not in this dataset (--cameras takes full feature "
+            f"names); its cameras: {', '.join(have) or 'none'}"
+        )
+
+
 def _look_alike(tree: _Tree, rel: str, taken: set[str]) -> str | None:
     """A path under ``root`` that looks like the intended one where ``rel`` first goes missing, or None.
 
@@ -352,6 +367,7 @@ def read_lerobot(
     except ValueError as exc:  # also bytes that are not UTF-8
         raise SourceError(f"{info_path}: not valid JSON ({exc})") from None
     _check_info(info, info_path)
+    _check_wanted(info.get("features", {}), cameras, root)
     version = str(info.get("codebase_version", ""))
     name = name or os.path.basename(root.rstrip("/"))
     if version.startswith("v2"):

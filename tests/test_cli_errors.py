@@ -147,11 +147,26 @@ def test_output_path_that_is_a_file(dataset, tmp_path, capsys):
         (["--reencode", "gop=x"], "--reencode 'gop=x': invalid literal for int() with base 10: 'x'"),
         (["--prefix", "../evil"], "ConvertOptions: prefix must be a plain file-name stem"),
         (["--max-episodes-per-shard", "0"], "ConvertOptions: max_episodes_per_shard must be >= 1, got 0"),
+        (["--episodes", "3-1"], "--episodes: range '3-1' runs backwards (write 1-3)"),
+        (
+            ["--episodes", "5,7-9"],
+            "no episodes to convert: none of --episodes is in the sources (episode indices toy: 0-2)",
+        ),
     ],
 )
 def test_bad_options(dataset, tmp_path, capsys, option, said):
     assert cli(["convert", dataset, str(tmp_path / "out"), "--quiet", *option]) == 2
     assert _error(capsys, "convert").startswith(said)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["observation.images.back", "front"])
+def test_unknown_camera_is_named_with_the_dataset_cameras_and_nothing_is_written(dataset, tmp_path, capsys, name):
+    assert cli(["convert", dataset, str(tmp_path / "out"), "--quiet", "--cameras", name]) == 2
+    said = _error(capsys, "convert")
+    assert said == (
+        f"{dataset}: camera {name} is not in this dataset (--cameras takes full feature names); its cameras: {CAMERA}"
+    )
     assert os.listdir(tmp_path) == []
 
 

@@ -26,8 +26,12 @@ def parse_episodes(text: str) -> frozenset[int]:
     try:
         for part in filter(None, text.split(",")):
             a, _, b = part.partition("-")
+            if b and int(b) < int(a):
+                raise ValueError(f"--episodes: range {part!r} runs backwards (write {b}-{a})")
             out.update(range(int(a), int(b) + 1) if b else [int(a)])
-    except ValueError:
+    except ValueError as exc:
+        if "runs backwards" in str(exc):
+            raise
         raise ValueError(f"--episodes: {text!r} is not a list of episode indices like 0-9,12") from None
     return frozenset(out)
 

@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N|auto|all",
         help="episodes whose windows are shuffled together in each worker's order: fewer decode each "
         "episode's frames for more windows at once (reuse), more give batches of more episodes (diversity); "
-        "auto: 8 x batch size, all: the worker's whole share, 0: read order",
+        "auto: the most episodes whose frames fit the frame cache, at most 8 x batch size and at least "
+        "the pool that keeps 0.92 of a batch distinct; all: the worker's whole share; 0: read order",
     )
     p.add_argument(
         "--horizon", type=int, default=256, help="look-ahead: windows per decode chunk (one call per episode camera)"
