@@ -21,18 +21,17 @@ def parse_size(text: str) -> int:
 
 
 def parse_episodes(text: str) -> frozenset[int]:
-    """Episode indices of ``0-9,12``; ValueError naming the option otherwise."""
+    """Episode indices of ``0-9,12``; ValueError naming the option otherwise (a backwards range too)."""
     out: set[int] = set()
-    try:
-        for part in filter(None, text.split(",")):
-            a, _, b = part.partition("-")
-            if b and int(b) < int(a):
-                raise ValueError(f"--episodes: range {part!r} runs backwards (write {b}-{a})")
-            out.update(range(int(a), int(b) + 1) if b else [int(a)])
-    except ValueError as exc:
-        if "runs backwards" in str(exc):
-            raise
-        raise ValueError(f"--episodes: {text!r} is not a list of episode indices like 0-9,12") from None
+    for part in filter(None, text.split(",")):
+        a, _, b = part.partition("-")
+        try:
+            lo, hi = int(a), int(b or a)
+        except ValueError:
+            raise ValueError(f"--episodes: {text!r} is not a list of episode indices like 0-9,12") from None
+        if hi < lo:
+            raise ValueError(f"--episodes: range {part!r} runs backwards (write {hi}-{lo})")
+        out.update(range(lo, hi + 1))
     return frozenset(out)
 
 
