@@ -190,6 +190,15 @@ CAMERA_TYPE = pa.struct(
         ("row_to_frame", pa.list_(pa.int32())),  # [num_rows] or []
         ("transform", pa.string()),  # "copy" | "cut" | "reencode:<json>" | "images:<json>": what the writer did
         ("kind", pa.string()),  # CAMERA_KINDS: how the reader decodes it
+        # Packet table (docs/FORMAT.md "Packet tables"): the frame stream's packets in file (decode)
+        # order, so a reader fetches only the groups of pictures a window needs. `packet_size` empty:
+        # no table (the reader fetches the whole member). Absent in older indexes: no table.
+        ("packet_start", pa.int64()),  # offset in the member of packet 0 when `packet_offset` is empty
+        ("packet_offset", pa.list_(pa.int64())),  # [packets] offsets in the member, or [] when contiguous
+        ("packet_size", pa.list_(pa.int32())),  # [packets] bytes
+        ("packet_frame", pa.list_(pa.int32())),  # [packets] frame shown (-1: none), or [] when packet i shows frame i
+        ("packet_crc32", pa.list_(pa.uint32())),  # [packets] CRC-32 of each packet's bytes
+        ("extradata", pa.binary()),  # the stream's codec configuration (avcC, av1C, ...), b"" if none
     ]
 )
 

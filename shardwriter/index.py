@@ -120,6 +120,30 @@ def _np(array: pa.Array, dtype) -> np.ndarray:
     return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
+@dataclass(frozen=True)
+class PacketTable:
+    """One camera stream's packets in file (decode) order (``WindowIndex.packets``).
+
+    ``offset``, ``size``: int64 ``[P]`` byte offset in the video member and length of each packet;
+    ``frame``: int64 ``[P]`` the frame (presentation order) each packet shows, -1 for none;
+    ``crc32``: uint32 ``[P]`` of each packet's bytes; ``extradata``: the decoder configuration.
+    """
+
+    offset: np.ndarray
+    size: np.ndarray
+    frame: np.ndarray
+    crc32: np.ndarray
+    extradata: bytes
+
+    @functools.cached_property
+    def frame_packet(self) -> np.ndarray:
+        """int64 ``[num_frames]``: the packet that shows each frame."""
+        shown = np.flatnonzero(self.frame >= 0)
+        out = np.full(int(self.frame.max(initial=-1)) + 1, -1, dtype=np.int64)
+        out[self.frame[shown]] = shown
+        return out
+
+
 @dataclass
 class CameraLookup:
     """Where one camera's frames for one window lie.
@@ -213,12 +237,70 @@ class WindowIndex:
         self.keyframes = _np(keys, np.int64)
         r2f, self.r2f_offsets = _flat(cams.field("row_to_frame"))
         self.row_to_frame = _np(r2f, np.int64)
+        self._packet_arrays(cams)
         if "segment_starts" in table.column_names:
             starts, self.segment_offsets = _flat(table.column("segment_starts"))
             self.segment_starts = _np(starts, np.int64)
         else:  # an index written before recording segments were recorded
             self.segment_starts = np.zeros(0, dtype=np.int64)
             self.segment_offsets = np.zeros(self.num_rows.shape[0] + 1, dtype=np.int64)
+
+    def _packet_arrays(self, cams: pa.StructArray) -> None:
+        """The packet tables (``format.CAMERA_TYPE``'s ``packet_*`` fields), flat with per-stream offsets.
+
+        An index written before packet tables existed has none: every stream then has 0 packets.
+        """
+        n = len(cams)
+        if cams.type.get_field_index("packet_size") < 0:
+            empty = np.zeros(n + 1, dtype=np.int64)
+            self.packet_start = np.zeros(n, dtype=np.int64)
+            self.packet_size, self.psize_offsets = np.zeros(0, dtype=np.int64), empty
+            self.packet_offset, self.poffset_offsets = np.zeros(0, dtype=np.int64), empty
+            self.packet_frame, self.pframe_offsets = np.zeros(0, dtype=np.int64), empty
+            self.packet_crc32, self.pcrc_offsets = np.zeros(0, dtype=np.uint32), empty
+            self.cam_extradata = pa.array([b""] * n, pa.binary())
+            return
+        self.packet_start = _np(cams.field("packet_start"), np.int64)
+        values, self.psize_offsets = _flat(cams.field("packet_size"))
+        self.packet_size = _np(values, np.int64)
+        values, self.poffset_offsets = _flat(cams.field("packet_offset"))
+        self.packet_offset = _np(values, np.int64)
+        values, self.pframe_offsets = _flat(cams.field("packet_frame"))
+        self.packet_frame = _np(values, np.int64)
+        values, self.pcrc_offsets = _flat(cams.field("packet_crc32"))
+        self.packet_crc32 = _np(values, np.uint32)
+        self.cam_extradata = cams.field("extradata")
+
+    def has_packets(self, streams) -> np.ndarray:
+        """Whether each stream (an int or int array) has a packet table, so its GOPs can be fetched alone (bool)."""
+        streams = np.asarray(streams, dtype=np.int64)
+        return self.psize_offsets[streams + 1] > self.psize_offsets[streams]
+
+    def packets(self, stream: int) -> PacketTable:
+        """The packet table of a camera stream (``format.CAMERA_TYPE`` ``packet_*``), expanded.
+
+        Raises:
+            KeyError: the stream has none (``has_packets``).
+        """
+        a, b = int(self.psize_offsets[stream]), int(self.psize_offsets[stream + 1])
+        if b == a:
+            raise KeyError(
+                f"camera stream {stream} of episode {self.key(self.stream_episode(stream))} has no packet table"
+            )
+        size = self.packet_size[a:b]
+        x, y = int(self.poffset_offsets[stream]), int(self.poffset_offsets[stream + 1])
+        if y > x:
+            offset = self.packet_offset[x:y]
+        else:
+            offset = int(self.packet_start[stream]) + np.concatenate([[0], np.cumsum(size[:-1])]).astype(np.int64)
+        x, y = int(self.pframe_offsets[stream]), int(self.pframe_offsets[stream + 1])
+        frame = self.packet_frame[x:y] if y > x else np.arange(b - a, dtype=np.int64)
+        x, y = int(self.pcrc_offsets[stream]), int(self.pcrc_offsets[stream + 1])
+        return PacketTable(offset, size, frame, self.packet_crc32[x:y], self.cam_extradata[stream].as_py())
+
+    def stream_episode(self, stream: int) -> int:
+        """The episode a flat camera-stream number belongs to."""
+        return int(np.searchsorted(self.episode_cams, stream, side="right") - 1)
 
     # -- loading ---------------------------------------------------------------------------------
 

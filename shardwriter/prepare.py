@@ -28,6 +28,7 @@ from .errors import ConversionError
 from .images import GREY_IMAGE_SPEC, IMAGE_SPEC, column_images
 from .storage import RemoteFile
 from .video import (
+    NO_PACKETS,
     ReencodeSpec,
     VideoProbe,
     check_frames,
@@ -35,6 +36,7 @@ from .video import (
     encode,
     frame_at_time,
     frame_table,
+    packet_table,
     probe,
     reencode,
     resize,
@@ -416,6 +418,16 @@ def _kind_notes(declared_depth: bool, kind: str, pix_fmt: str, opts: PrepareOpti
     return []
 
 
+def _packets(data: bytes, stored: VideoProbe, kind: str) -> dict:
+    """The camera's packet table fields (``video.packet_table``): RGB cameras only (depth reads the member)."""
+    if kind != "rgb":
+        return NO_PACKETS
+    fields, why = packet_table(data, stored.stream_index, stored.pts, stored.rotation)
+    if why is not None:
+        log.debug("no packet table (%s): the reader fetches this video whole", why)
+    return fields
+
+
 def compact_tables(stored: VideoProbe, row_to_frame: np.ndarray) -> dict:
     """Index fields for the pts, duration and row-to-frame tables; lists left empty when regular."""
     pts, duration = stored.pts, stored.duration
@@ -526,6 +538,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
                 "keyframes": stored.keyframes,
                 "transform": transform,
                 "kind": kind,
+                **_packets(data, stored, kind),
             }
         )
         members.append((fmt.member_name(key, f"{fields[cam]}.{fmt.VIDEO_EXT}"), data))

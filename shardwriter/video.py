@@ -745,3 +745,85 @@ def _encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
             f"encoder {spec.codec} ({pix_fmt}, {width}x{height}, {n} frames) failed: {exc}", kind="encode_failed"
         ) from exc
     return out.getvalue()
+
+
+# Camera fields of an index entry without a packet table: the reader then fetches the whole member.
+NO_PACKETS = {
+    "packet_start": 0,
+    "packet_offset": [],
+    "packet_size": [],
+    "packet_frame": [],
+    "packet_crc32": [],
+    "extradata": b"",
+}
+
+
+_BLOCK_HEADER_BYTES = 64  # how far past a packet's reported position its payload may start (Matroska blocks)
+
+
+def packet_table(data: bytes, stream_index: int, pts: np.ndarray, rotation: int) -> tuple[dict, str | None]:
+    """The packet table of a stored video: where each packet of the frame stream lies in ``data``.
+
+    One entry per packet of stream ``stream_index``, in file (decode) order: its byte offset in
+    ``data``, its size, the frame it displays (``pts`` is the stored frame table, int64
+    ``[num_frames]`` in presentation order; -1 for a packet no frame comes from, e.g. one an edit list
+    hides) and the CRC-32 of its bytes; plus the stream's codec ``extradata`` (the decoder
+    configuration: ``avcC``, ``av1C``, ...). With it a reader fetches only the packets of the groups
+    of pictures a window needs and feeds them to a decoder it keeps open (``stream.packets``),
+    instead of fetching the member and opening its container.
+
+    Returns the index fields (``NO_PACKETS``' keys; ``packet_offset`` and ``packet_frame`` left empty
+    when regular: offsets contiguous from ``packet_start``, packet ``i`` showing frame ``i``) and None,
+    or ``NO_PACKETS`` and the reason a table cannot be made: the container does not store each
+    packet's bytes contiguously at its position (MPEG-TS, some Matroska), packets out of file order,
+    a packet without pts, packets and displayed frames not one to one, a rotated stream (the reader
+    then decodes through torchcodec, which applies the rotation).
+    """
+    if rotation:
+        return NO_PACKETS, "rotated stream"
+    offsets, sizes, shown, crcs = [], [], [], []
+    try:
+        with av.open(io.BytesIO(data), "r") as container:
+            stream = frame_stream(container, stream_index)
+            extradata = bytes(stream.codec_context.extradata or b"")
+            for packet in container.demux(stream):
+                if not packet.size:
+                    continue
+                pos, size = packet.pos, packet.size
+                payload = bytes(packet)
+                if pos is not None and pos >= 0 and data[pos : pos + size] != payload:
+                    # Matroska/WebM give the block's position: the payload follows its few header bytes.
+                    pos = data.find(payload, pos, pos + size + _BLOCK_HEADER_BYTES)
+                if pos is None or pos < 0:
+                    return NO_PACKETS, f"packet {len(sizes)}'s bytes are not stored at its position"
+                if offsets and pos < offsets[-1] + sizes[-1]:
+                    return NO_PACKETS, f"packet {len(sizes)} lies before the end of the one before it"
+                p = packet.pts if packet.pts is not None else packet.dts
+                if p is None:
+                    return NO_PACKETS, f"packet {len(sizes)} has no pts"
+                offsets.append(pos)
+                sizes.append(size)
+                crcs.append(zlib.crc32(payload))
+                shown.append(-1 if packet.is_discard else int(p))
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        return NO_PACKETS, f"demuxing failed: {exc}"
+    packet_pts = np.asarray(shown, dtype=np.int64)
+    visible = packet_pts >= 0
+    frame = np.full(packet_pts.size, -1, dtype=np.int64)
+    pos = np.searchsorted(pts, packet_pts[visible])
+    found = (pos < pts.size) & (pts[np.minimum(pos, pts.size - 1)] == packet_pts[visible])
+    frame[np.flatnonzero(visible)[found]] = pos[found]
+    counts = np.bincount(frame[frame >= 0], minlength=pts.size)
+    if counts.size != pts.size or np.any(counts != 1):
+        return NO_PACKETS, "packets and displayed frames are not one to one"
+    offsets_np, sizes_np = np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
+    contiguous = bool(np.all(offsets_np[1:] == offsets_np[:-1] + sizes_np[:-1]))
+    in_order = bool(np.array_equal(frame, np.arange(frame.size)))
+    return {
+        "packet_start": int(offsets_np[0]) if offsets_np.size else 0,
+        "packet_offset": [] if contiguous else offsets_np,
+        "packet_size": sizes_np.astype(np.int32),
+        "packet_frame": [] if in_order else frame.astype(np.int32),
+        "packet_crc32": np.asarray(crcs, dtype=np.uint32),
+        "extradata": extradata,
+    }, None

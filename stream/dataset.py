@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import time
 import warnings
 from dataclasses import dataclass
@@ -53,12 +54,21 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from .buffers import HeldBatches, ring_slots
 from .collate import BufferedCollate, FloatCollate
 from .decode import DecodeError
-from .episode import EpisodeInfo, columns_nbytes, decode_camera, read_columns, window_rows, window_sample
+from .episode import (
+    EpisodeInfo,
+    columns_nbytes,
+    decode_camera,
+    decode_camera_packets,
+    read_columns,
+    window_rows,
+    window_sample,
+)
 from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
-from .lookahead import Demand, Load, Lookahead, Scheduler, Step, Store, frame_key
+from .lookahead import Decode, Demand, Load, Lookahead, Scheduler, Step, Store, frame_key
 from .memory import limit_worker_arenas, release_free_memory
 from .mix import camera_streams, column_widths, mix_layout, normalizers
 from .mixplan import BatchByDataset, probability_factors
+from .packets import plan_runs, run_ranges
 from .plan import (
     CostStage,
     DealStage,
@@ -528,7 +538,7 @@ class WindowDataset(IterableDataset):
             """The next step, its fetches handed to the fetchers (a step ahead, so they go out early)."""
             t = time.perf_counter()
             step = next(steps, None)
-            self._fetch_more(steps.fetches[len(slots) :], fetchers, slots)
+            self._fetch_more(steps.fetches[len(slots) :], steps.fetch_work[len(slots) :], fetchers, slots)
             telemetry.add(schedule_s=time.perf_counter() - t)
             return step
 
@@ -659,8 +669,10 @@ class WindowDataset(IterableDataset):
             unique = np.unique(local)
             members = [ix.data_member(unique)]
             col = 0
+            packed = np.full(unique.size, self.fetch.packets)
             for cam, offsets in self.cam_offsets[d].items():
                 streams = ix.camera_streams(cam, unique)
+                packed &= ix.has_packets(streams) & ~ix.cam_depth[streams]
                 stream_episode[streams + stream_base[d]] = unique + base
                 size = _frame_size(self.post, ix, streams)
                 frame_bytes[streams + stream_base[d]] = np.where(ix.cam_depth[streams], 2, 3) * size[:, 0] * size[:, 1]
@@ -675,6 +687,9 @@ class WindowDataset(IterableDataset):
             first = np.ones(stacked.shape, dtype=bool)
             first[:, 1:] = stacked[:, 1:] != stacked[:, :-1]
             encoded_bytes[unique + base] = np.sum(np.where(first, ix.member_size[stacked], 0), axis=1)
+            # An episode read by its packets (``stream.packets``) fetches, for each load, the groups of
+            # pictures that load decodes: its bytes are never kept for another load.
+            encoded_bytes[unique[packed] + base] = _NEVER_KEPT
             columns_bytes[unique + base] = ix.num_rows[unique] * self._row_bytes(d)
         return Demand(episodes, keys, stream_episode, frame_bytes, columns_bytes, encoded_bytes)
 
@@ -690,19 +705,55 @@ class WindowDataset(IterableDataset):
 
     def _fetchers(self, telemetry: Telemetry) -> list[Fetcher]:
         """One ``Fetcher`` per dataset, over nothing yet (``_fetch_more`` feeds them)."""
-        return [Fetcher(src, [], self.fetch, telemetry) for src in self.sources]
+        return [
+            Fetcher(
+                src,
+                [],
+                self.fetch,
+                telemetry,
+                sparse=self.fetch.packets and bool(src.index.has_packets(np.arange(src.index.cam_depth.size)).any()),
+            )
+            for src in self.sources
+        ]
 
-    def _fetch_more(self, fetches: list[int], fetchers: list[Fetcher], slots: list[tuple]) -> None:
+    def _fetch_more(
+        self,
+        fetches: list[int],
+        work: list[tuple[bool, tuple[Decode, ...]]],
+        fetchers: list[Fetcher],
+        slots: list[tuple],
+    ) -> None:
         """Append the schedule's next ``fetches`` (global episodes, repeats allowed) to the fetchers.
 
-        Appends to ``slots``, per fetch, ``(dataset, position in its fetcher, sha256s, members)``.
+        ``work``: per fetch, its load's (columns read, decode calls) (``Scheduler.fetch_work``).
+        Appends to ``slots``, per fetch, ``(dataset, position in its fetcher, sha256s, members,
+        runs)``: ``runs`` None when the episode's members are fetched whole, else, per global stream
+        decoded, ``(runs, starts)`` (``stream.packets``): only the data member (when its columns are
+        read) and the byte ranges of those runs are fetched, in that order after the members.
         """
         lists: list[list] = [[] for _ in self.sources]
-        for e in fetches:
+        for e, (columns, decodes) in zip(fetches, work, strict=True):
             d, local = self._locate(e)
             ix = self.sources[d].index
-            ranges = episode_ranges(ix, local, _streams(ix, local, self.cam_offsets[d]))
-            slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members))
+            streams = _streams(ix, local, self.cam_offsets[d])
+            runs: dict[int, tuple] | None = None
+            if self.fetch.packets and bool(np.all(ix.has_packets(streams) & ~ix.cam_depth[streams])):
+                ranges = episode_ranges(ix, local, [], columns)
+                runs, extra = {}, []
+                base = self._stream_base[d]
+                for call in decodes:
+                    s_local = call.stream - base
+                    table = ix.packets(s_local)
+                    planned = plan_runs(table.frame_packet, ix.keyframes_of(s_local), call.frames)
+                    within = run_ranges(table.offset, table.size, planned)
+                    member = int(ix.cam_offset[s_local])
+                    runs[call.stream] = (planned, [a for a, _ in within])
+                    extra += [(member + a, member + b) for a, b in within]
+                slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, runs))
+                lists[d].append((ranges.shard, ranges.ranges + extra))
+                continue
+            ranges = episode_ranges(ix, local, streams)
+            slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, None))
             lists[d].append((ranges.shard, ranges.ranges))
         for fetcher, more in zip(fetchers, lists, strict=True):
             if more:
@@ -717,9 +768,13 @@ class WindowDataset(IterableDataset):
             blobs, decoders = encoded.blobs[e], encoded.decoders[e]
             telemetry.add(encoded_cache_hits=1)
         else:
-            dd, k, shas, members = slots[load.fetch]
-            blobs, decoders = dict(zip(members, fetchers[dd].episode(k, shas), strict=True)), {}
+            dd, k, shas, members, runs = slots[load.fetch]
+            fetched = fetchers[dd].episode(k, shas)
+            blobs, decoders = dict(zip(members, fetched[: len(members)], strict=True)), {}
             telemetry.add(episodes_loaded=1)
+            if runs is not None:
+                self._load_packets(load, ix, local, blobs, runs, fetched[len(members) :], store, telemetry)
+                return
         if load.columns:
             normalizers = self.normalizers[d][ix.source(local)]
             columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.spec, normalizers)
@@ -738,6 +793,33 @@ class WindowDataset(IterableDataset):
             encoded.put(e, blobs, decoders)
         else:
             encoded.drop((e,))
+
+    def _load_packets(
+        self, load: Load, ix, local: int, blobs: dict, runs: dict, pieces: list[bytes], store: Store, telemetry
+    ) -> None:
+        """A load read by packets: its columns from the data member, each decode call from its runs' bytes."""
+        e = load.episode
+        d, _ = self._locate(e)
+        if load.columns:
+            normalizers = self.normalizers[d][ix.source(local)]
+            columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.spec, normalizers)
+            store.put_columns(e, columns, EpisodeInfo.of(ix, local, self.cam_offsets[d]), columns_nbytes(columns))
+        base, at = self._stream_base[d], 0
+        for call in load.decodes:
+            s = call.stream - base
+            planned, starts = runs[call.stream]
+            where = f"episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
+            mine = pieces[at : at + len(planned)]
+            at += len(planned)
+            frames = decode_camera_packets(
+                ix, s, planned, starts, mine, self.post, where, telemetry, self.lookahead.decode_bytes
+            )
+            store.put_frames(call.stream, call.frames, frames)
+
+    @functools.cached_property
+    def _stream_base(self) -> list[int]:
+        """Per dataset, the global number of its first camera stream (streams of a mix are numbered on)."""
+        return np.cumsum([0, *[s.index.cam_depth.size for s in self.sources]]).tolist()
 
     # --- resume ----------------------------------------------------------------------------------
 
@@ -891,6 +973,9 @@ def _frame_size(post: PostProcess, index, streams: np.ndarray) -> np.ndarray:
     if post.size is not None:
         size[:] = post.size
     return size
+
+
+_NEVER_KEPT = np.iinfo(np.int64).max // 4  # encoded size of an episode read by packets: above any budget
 
 
 class _Demands:

@@ -22,6 +22,7 @@ from epishard.shardwriter.index import WindowIndex, read_table_bytes
 from epishard.shardwriter.stats import numeric_matrix
 
 from .decode import DecodeError, decode, decode_depth
+from .packets import Run, decode_runs, run_bytes
 from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
@@ -216,6 +217,60 @@ def decode_camera(
         frames_unique=frames.size,
     )
     return decoded.frames, None if decoded.decoder is None else (decoded.decoder, int(frames[-1]))
+
+
+def decode_camera_packets(
+    index: WindowIndex,
+    stream: int,
+    runs: list[Run],
+    starts: list[int],
+    pieces: list[bytes],
+    post: PostProcess,
+    where: str,
+    telemetry: Telemetry,
+    max_bytes: int = 256 << 20,
+) -> torch.Tensor:
+    """Decode the ``runs`` (``stream.packets.plan_runs``) of camera ``stream`` from their fetched bytes.
+
+    ``pieces[i]``: the bytes of run ``i``'s range, which starts at byte ``starts[i]`` of the video
+    member (``stream.packets.run_ranges``). Returns uint8 ``[U, 3, h, w]`` after ``post.prepare``,
+    the runs' frames in order. Counts as ``decode_camera`` does; a decoder is opened only when the
+    worker's pool has none for the stream's codec, extradata and size.
+
+    Raises:
+        DecodeError: naming ``where`` (episode key and camera).
+    """
+    t1 = time.perf_counter()
+    table = index.packets(stream)
+    decoded, opened = decode_runs(
+        pieces,
+        starts,
+        runs,
+        table.offset,
+        table.size,
+        table.crc32,
+        table.frame,
+        index.frame_tables(stream)[0],
+        codec=index.cam_codec[stream].as_py(),
+        extradata=table.extradata,
+        width=int(index.cam_width[stream]),
+        height=int(index.cam_height[stream]),
+        where=where,
+        post=post.prepare,
+        max_bytes=max_bytes,
+    )
+    frames = np.concatenate([r.frames for r in runs])
+    work = sum(int(index.decoded_frames(stream, r.frames)) for r in runs)
+    telemetry.add(
+        decode_s=time.perf_counter() - t1 - decoded.post_s,
+        postprocess_s=decoded.post_s,
+        decoder_opens=int(opened),
+        decode_calls=decoded.calls,
+        frames_decoded=work,
+        frames_unique=frames.size,
+        bytes_needed=run_bytes(table.size, runs),
+    )
+    return decoded.frames
 
 
 def window_sample(

@@ -70,6 +70,10 @@ class FetchPolicy:
         cache_dir / cache_bytes: keep fetched ranges in a local folder of at most ``cache_bytes``
             (``stream.cache.RangeCache``; keyed by the shard's sha256, so never stale). Local
             datasets are never cached.
+        packets: where the index has packet tables (``WindowIndex.has_packets``), fetch only the
+            packets of the groups of pictures each decode needs and feed them to a kept decoder
+            (``stream.packets``); ranges of such a dataset are then coalesced as in ranged mode
+            (gaps up to ``coalesce_bytes``) whatever ``mode`` says. False: fetch members whole.
         connect_timeout_s / read_timeout_s: seconds to open a connection to S3 or an HTTP server,
             and to wait for the next bytes of a response; a request past either fails and is
             retried like a reset (storage options ``connect_timeout`` / ``read_timeout`` override).
@@ -92,6 +96,7 @@ class FetchPolicy:
     verify: bool = True
     cache_dir: str | None = None
     cache_bytes: int = 10 << 30
+    packets: bool = True
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     read_timeout_s: float = READ_TIMEOUT_S
 
@@ -155,6 +160,8 @@ class Fetcher:
             one too), and the same episode may appear more than once (fetched again each time);
             more can be appended with ``extend``.
         policy: ``FetchPolicy``.
+        sparse: the ranges are packets of groups of pictures, not members: coalesce them only
+            across gaps of at most ``policy.coalesce_bytes`` (as ranged mode), in either mode.
         telemetry: the worker's ``Telemetry``; this counts ``bytes_read``, ``requests``, ``retries``,
             ``range_ignored``, ``cache_hits``, ``read_s`` (time the worker waited for data),
             ``fetch_waits`` (episodes whose bytes were not all there when asked) and
@@ -175,8 +182,10 @@ class Fetcher:
         episodes: list[tuple[int, list[tuple[int, int]]]],
         policy: FetchPolicy,
         telemetry: Telemetry,
+        sparse: bool = False,
     ):
         self.source, self.policy, self.telemetry = source, policy, telemetry
+        self.sparse = sparse
         self.episodes: list[tuple[int, list[tuple[int, int]]]] = []
         self.requests: list[tuple[int, int, int]] = []
         self._uses: list[list[int]] = []
@@ -207,7 +216,7 @@ class Fetcher:
         among themselves (``plan_requests``): a range never joins a request planned before, which
         may already be in flight.
         """
-        gap = None if self.policy.mode == "stream" else self.policy.coalesce_bytes
+        gap = None if self.policy.mode == "stream" and not self.sparse else self.policy.coalesce_bytes
         requests, uses = plan_requests(episodes, self.policy.chunk_bytes, gap)
         with self._lock:
             base = len(self.requests)
@@ -469,14 +478,15 @@ class EpisodeRanges:
     members: list[int]
 
 
-def episode_ranges(index, episode: int, cameras: list[int]) -> EpisodeRanges:
-    """Where the data member and the given camera streams of ``episode`` lie.
+def episode_ranges(index, episode: int, cameras: list[int], data: bool = True) -> EpisodeRanges:
+    """Where the data member (unless ``data`` is False) and the given camera streams of ``episode`` lie.
 
     ``index``: the dataset's ``WindowIndex``; ``cameras``: global stream numbers (the index's camera
     streams of this episode). Their shard, byte ranges (``[start, stop)`` offsets in the shard's
     tar), sha256s and member numbers (in tar order).
     """
-    members = np.unique(np.append(index.stream_member[cameras], index.data_member(episode)))
+    members = index.stream_member[np.asarray(cameras, dtype=np.int64)]
+    members = np.unique(np.append(members, index.data_member(episode)) if data else members)
     start, stop = index.member_ranges(members)
     shas = index.member_sha256.take(members).to_pylist()
     ranges = list(zip(start.tolist(), stop.tolist(), strict=True))

@@ -301,6 +301,9 @@ class Scheduler:
             raise ValueError(f"Scheduler: reach must be >= 1 window, not {reach}")
         self.demand, self.policy, self.reach = demand, policy, reach
         self.fetches: list[int] = []
+        # Per fetch, what its load does: (columns read, decode calls); a reader that fetches only
+        # the packets a load decodes (``stream.packets``) sizes the fetch from it.
+        self.fetch_work: list[tuple[bool, tuple[Decode, ...]]] = []
         self._start, self._size = 0, policy.first
         # The part of the order in hand: its first window, its Demand, each occurrence's next window.
         self._base, self._part, self._next_window = 0, demand.part(0, 0), np.zeros(0, dtype=np.int64)
@@ -402,6 +405,7 @@ class Scheduler:
             if e not in held:
                 fetch = len(self.fetches)
                 self.fetches.append(e)
+                self.fetch_work.append((columns, decodes))
             drop: list[int] = []
             keep = u != NEVER and size <= budget
             if keep and e not in held:

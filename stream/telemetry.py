@@ -39,6 +39,7 @@ FIELDS = (
     "encoded_cache_hits",
     "cache_bytes_peak",
     "encoded_bytes_peak",
+    "bytes_needed",
 )
 PEAKS = frozenset({"cache_bytes_peak", "encoded_bytes_peak"})  # maxima, not sums (``Telemetry.peak``)
 
@@ -56,6 +57,8 @@ class Telemetry:
     ``peak``). The fetcher (``stream.fetch``)
     counts into the same names: bytes read, requests, retries, ranges a server ignored, cache hits,
     episodes it could not deliver without waiting, and requests it allows in flight (summed over workers).
+    ``bytes_needed``: encoded bytes of the packets the decode calls of cameras with a packet table
+    needed (``stream.packets.run_bytes``: their groups of pictures), the floor for ``bytes_read``.
     """
 
     def __init__(self, worker: int = 0):

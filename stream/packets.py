@@ -1,0 +1,248 @@
+"""Packet-level reading: fetch only the groups of pictures a decode call needs, feed a kept decoder.
+
+The index's packet table (``WindowIndex.packets``; docs/FORMAT.md "Packet tables") gives, per
+camera stream, every packet's byte offset, size, CRC-32 and the frame it shows, plus the codec's
+extradata. For a decode call (sorted frame numbers of one stream) ``plan_runs`` finds the *runs*:
+a run starts at the keyframe at or before its first frame and goes on, without a seek, through
+every following wanted frame that no keyframe separates from the one before (torchcodec's
+``get_frames_at`` decodes the same frames); its packets are, in decode order, those from the
+keyframe's packet up to the last packet any frame shown between the keyframe and the run's last
+frame comes from. Each run is one contiguous byte range of the member (the packet table keeps
+file order), so the reader fetches those ranges, not the member (``run_ranges``).
+
+``decode_runs`` cuts the packets out of the fetched bytes, checks each one's CRC-32, and feeds
+them (pts from the index's frame table) to a PyAV decoder kept open per (codec, extradata, size)
+for the worker's life (``DecoderPool``): no container is opened and no decoder is created per
+episode. After a run's last packet the decoder is drained and flushed, so every frame the run
+shows comes out and nothing carries into the next run. A frame is returned only when it comes
+out with the pts of a wanted frame, exactly once; a wanted frame that does not is an error. RGB
+conversion is swscale's bilinear conversion through one kept ``VideoReformatter`` per decoder, the
+conversion torchcodec's CPU path makes (the tests compare both pixel for pixel).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import av
+import numpy as np
+import torch
+from av.video.reformatter import VideoReformatter
+
+from .decode import Decoded, DecodeError
+
+# FFmpeg decoders to open for a codec, best first: FFmpeg's own AV1 decoder needs a hardware
+# accelerator, so AV1 goes to libdav1d (what FFmpeg itself picks for an AV1 stream) or libaom.
+PREFERRED_DECODERS = {"av1": ("libdav1d", "libaom-av1", "av1")}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One uninterrupted decode: ``frames`` (sorted int64) from packets ``[first, stop)`` (decode order)."""
+
+    frames: np.ndarray
+    first: int
+    stop: int
+
+
+def plan_runs(frame_packet: np.ndarray, keyframes: np.ndarray, frames: np.ndarray) -> list[Run]:
+    """The runs that decode ``frames`` (sorted unique int64 frame numbers) of one stream.
+
+    ``frame_packet``: int64 ``[num_frames]``, the packet each frame comes from (``PacketTable``);
+    ``keyframes``: int64 ascending frame numbers (the index's, frame 0 included). A new run starts
+    where a keyframe lies after the previous wanted frame and at or before the next (a seek); it
+    starts at that keyframe's packet, or at packet 0 for frame 0 (which may follow hidden packets
+    the decoder needs first). It ends after the last packet that any frame shown from its
+    keyframe to its last frame comes from; it also starts early enough to hold each of those
+    frames' packets (a stream whose decode order is not its display order inside a group).
+    """
+    if not frames.size:
+        return []
+    key = keyframes[np.searchsorted(keyframes, frames, side="right") - 1]
+    starts = np.flatnonzero(np.r_[True, key[1:] > frames[:-1]])
+    ends = np.r_[starts[1:], frames.size]
+    key_packets = frame_packet[keyframes]
+    runs = []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        k, last = int(key[a]), int(frames[b - 1])
+        shown = frame_packet[k : last + 1]
+        first = 0 if k == 0 else int(frame_packet[k])
+        low = int(shown.min())
+        if low < first:  # a frame of the run decoded before its keyframe: start at a keyframe before it
+            earlier = key_packets[key_packets <= low]
+            first = int(earlier.max()) if earlier.size else 0
+        runs.append(Run(frames[a:b], first, int(shown.max()) + 1))
+    return runs
+
+
+def run_ranges(offset: np.ndarray, size: np.ndarray, runs: list[Run]) -> list[tuple[int, int]]:
+    """Byte ranges ``[start, stop)`` in the member of each run's packets (one contiguous range per run)."""
+    return [(int(offset[r.first]), int(offset[r.stop - 1] + size[r.stop - 1])) for r in runs]
+
+
+def run_bytes(size: np.ndarray, runs: list[Run]) -> int:
+    """Encoded bytes of the runs' packets: what a decode call needs, the measure for bytes read."""
+    return int(sum(int(size[r.first : r.stop].sum()) for r in runs))
+
+
+class _Decoder:
+    """A kept PyAV decoder and its RGB converter."""
+
+    def __init__(self, codec: str, extradata: bytes, width: int, height: int):
+        last: Exception | None = None
+        for name in PREFERRED_DECODERS.get(codec, (codec,)):
+            try:
+                ctx = av.CodecContext.create(name, "r")
+                if extradata:
+                    ctx.extradata = extradata
+                ctx.width, ctx.height = width, height
+                ctx.thread_count = 1
+                ctx.open()
+                break
+            except (av.error.FFmpegError, ValueError) as exc:  # this build lacks that decoder
+                last = exc
+        else:
+            raise DecodeError(f"no FFmpeg decoder for codec {codec!r} opens: {last}")
+        self.ctx, self.reformatter = ctx, VideoReformatter()
+
+
+class DecoderPool:
+    """Decoders kept open for a worker's life, one per (codec, extradata, width, height).
+
+    Episodes recorded with one encoder setting share the key, so a worker opens one decoder per
+    camera kind, not one per episode. At most ``size`` are kept (least recently used out first).
+    A pool belongs to one process: a forked worker that finds its parent's pool starts its own.
+    """
+
+    def __init__(self, size: int = 8):
+        self.size, self._pid = size, os.getpid()
+        self._decoders: OrderedDict[tuple, _Decoder] = OrderedDict()
+        self.opens = 0
+
+    def get(self, codec: str, extradata: bytes, width: int, height: int) -> tuple[_Decoder, bool]:
+        """The kept decoder for this key (opened when missing) and whether it was opened now."""
+        if os.getpid() != self._pid:  # forked: FFmpeg state is not shared across processes
+            self._decoders, self._pid = OrderedDict(), os.getpid()
+        key = (codec, extradata, width, height)
+        decoder = self._decoders.get(key)
+        if decoder is not None:
+            self._decoders.move_to_end(key)
+            return decoder, False
+        decoder = _Decoder(codec, extradata, width, height)
+        self.opens += 1
+        self._decoders[key] = decoder
+        while len(self._decoders) > self.size:
+            self._decoders.popitem(last=False)
+        return decoder, True
+
+    def discard(self, codec: str, extradata: bytes, width: int, height: int) -> None:
+        """Forget a decoder (after an error its state is not trusted)."""
+        self._decoders.pop((codec, extradata, width, height), None)
+
+
+POOL = DecoderPool()
+
+
+def decode_runs(
+    pieces: list[bytes],
+    starts: list[int],
+    runs: list[Run],
+    offset: np.ndarray,
+    size: np.ndarray,
+    crc32: np.ndarray,
+    frame: np.ndarray,
+    pts: np.ndarray,
+    *,
+    codec: str,
+    extradata: bytes,
+    width: int,
+    height: int,
+    where: str,
+    post=None,
+    max_bytes: int = 256 << 20,
+    pool: DecoderPool = POOL,
+) -> tuple[Decoded, bool]:
+    """Decode the ``runs`` of one stream from their fetched bytes: uint8 RGB ``[N, 3, H, W]`` after ``post``.
+
+    ``pieces[i]``: the bytes of run ``i``'s range, which starts at byte ``starts[i]`` of the member;
+    ``offset``, ``size``, ``crc32``, ``frame``: the stream's packet table (``PacketTable``);
+    ``pts``: int64 ``[num_frames]``, the frame table's pts (the packets are given them, and each
+    decoded frame is identified by its own). Frames come out in the runs' order, which is the
+    sorted order of the frames asked for. At most ``max_bytes`` of RGB frames are held before
+    ``post`` runs on them (consecutive parts, as ``stream.decode.decode`` splits its calls).
+
+    Returns ``(Decoded, opened)``: ``opened`` tells whether a decoder was opened for this call.
+
+    Raises:
+        DecodeError: a packet's CRC-32 differs from the index's, the decoder fails, or a wanted
+            frame does not come out exactly once with its pts; ``where`` (episode key and camera)
+            is in the message.
+    """
+    decoder, opened = pool.get(codec, extradata, width, height)
+    ctx, reformat = decoder.ctx, decoder.reformatter.reformat
+    per_call = max(1, max_bytes // max(3 * height * width, 1))
+    parts, post_s, out, filled = [], 0.0, None, 0
+
+    def flush_part() -> None:
+        nonlocal post_s, out, filled
+        if out is None or not filled:
+            return
+        batch = torch.from_numpy(out[:filled]).permute(0, 3, 1, 2)
+        t = time.perf_counter()
+        parts.append(post(batch) if post is not None else batch.contiguous())
+        post_s += time.perf_counter() - t
+        out, filled = None, 0
+
+    try:
+        for run, data, start in zip(runs, pieces, starts, strict=True):
+            if out is not None and filled + run.frames.size > out.shape[0]:
+                flush_part()  # bounded memory: at most max_bytes of RGB frames before post-processing
+            if out is None:
+                out = np.empty((max(per_call, run.frames.size), height, width, 3), dtype=np.uint8)
+            slot = {int(pts[f]): filled + i for i, f in enumerate(run.frames.tolist())}
+            got = np.zeros(run.frames.size, dtype=bool)
+            base, buf = filled, out
+
+            def take(frames, slot=slot, got=got, base=base, buf=buf) -> None:
+                for f in frames:
+                    i = slot.get(f.pts)
+                    if i is None:
+                        continue  # a frame the run decodes on the way (lead-in, hidden, or between)
+                    if got[i - base]:
+                        raise DecodeError(f"{where}: the decoder returned pts {f.pts} twice")
+                    got[i - base] = True
+                    buf[i] = reformat(f, format="rgb24").to_ndarray()
+
+            for p in range(run.first, run.stop):
+                a = int(offset[p]) - start
+                payload = data[a : a + int(size[p])]
+                if zlib.crc32(payload) != int(crc32[p]):
+                    raise DecodeError(f"{where}: packet {p} does not match the index's CRC-32: its bytes are damaged")
+                packet = av.Packet(payload)
+                if frame[p] >= 0:
+                    packet.pts = int(pts[frame[p]])
+                take(ctx.decode(packet))
+            take(ctx.decode(None))
+            ctx.flush_buffers()
+            if not got.all():
+                f = int(run.frames[np.flatnonzero(~got)[0]])
+                raise DecodeError(
+                    f"{where}: frame {f} (pts {int(pts[f])}) did not come out of packets {run.first}-{run.stop - 1}"
+                )
+            filled += run.frames.size
+        flush_part()
+    except DecodeError:
+        pool.discard(codec, extradata, width, height)
+        raise
+    except Exception as exc:  # PyAV raises FFmpegError/ValueError by case
+        pool.discard(codec, extradata, width, height)
+        frames = np.concatenate([r.frames for r in runs])
+        raise DecodeError(f"{where}: decoding frames {frames[:8].tolist()}... failed: {exc}") from exc
+    if not parts:
+        return Decoded(torch.empty((0, 3, height, width), dtype=torch.uint8), 0, 0.0), opened
+    batch = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return Decoded(batch, len(runs), post_s), opened
