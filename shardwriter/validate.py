@@ -431,6 +431,56 @@ def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) 
         "+ num_rows runs outside the video's frames",
         first,
     )
+    _check_packets(index, frames, w)
+
+
+def _check_packets(index, frames: np.ndarray, w: _Where) -> None:
+    """Packet tables (docs/FORMAT.md "Packet tables"): lengths, bytes inside the member, frames one to one."""
+    packets = np.diff(index.psize_offsets)
+    for name, offsets in (("packet_offset", index.poffset_offsets), ("packet_frame", index.pframe_offsets)):
+        lengths = np.diff(offsets)
+        w.stream((lengths != 0) & (lengths != packets), name, "does not list one value per packet", lengths)
+    crcs = np.diff(index.pcrc_offsets)
+    w.stream(crcs != packets, "packet_crc32", "does not list one value per packet", crcs)
+    has = packets > 0
+    w.stream(has & (packets < frames), "packet_size", "lists fewer packets than num_frames", packets)
+    if not has.any():
+        return
+    w.stream(_item_to_group(index.packet_size < 1, index.psize_offsets, frames.size), "packet_size", "is not positive")
+    size_sum = np.add.reduceat(np.append(index.packet_size, 0), index.psize_offsets[:-1]) * has
+    contiguous = np.diff(index.poffset_offsets) == 0
+    w.stream(
+        has & contiguous & ((index.packet_start < 0) | (index.packet_start + size_sum > index.cam_size)),
+        "packet_start/packet_size",
+        "run past the video member",
+    )
+    per = _per_item(packets, index.cam_size)
+    explicit = np.diff(index.poffset_offsets) > 0
+    if explicit.any():
+        sizes = index.packet_size[np.repeat(explicit, packets)]
+        end = index.packet_offset + sizes
+        bad = (index.packet_offset < 0) | (end > per[np.repeat(explicit, packets)])
+        bad |= _not_ascending(index.packet_offset, index.poffset_offsets)
+        w.stream(
+            _item_to_group(bad, index.poffset_offsets, frames.size),
+            "packet_offset",
+            "lies outside the video member or is not after the packet before it",
+        )
+    explicit_frames = np.diff(index.pframe_offsets) > 0
+    if explicit_frames.any():
+        limit = _per_item(np.diff(index.pframe_offsets), frames)
+        bad = (index.packet_frame < -1) | (index.packet_frame >= limit)
+        w.stream(
+            _item_to_group(bad, index.pframe_offsets, frames.size), "packet_frame", "holds frames outside the video"
+        )
+        stream_of = np.repeat(np.arange(packets.size), np.diff(index.pframe_offsets))
+        shown = index.packet_frame >= 0
+        counts = np.bincount(stream_of[shown], minlength=packets.size)
+        w.stream(explicit_frames & (counts != frames), "packet_frame", "does not show each frame once", counts)
+        pairs = np.unique(stream_of[shown] * (int(frames.max(initial=0)) + 1) + index.packet_frame[shown])
+        distinct = np.bincount(pairs // (int(frames.max(initial=0)) + 1), minlength=packets.size)
+        w.stream(explicit_frames & (distinct != frames), "packet_frame", "does not show each frame once", distinct)
+    w.stream(has & ~explicit_frames & (packets != frames), "packet_size", "lists a packet per frame but not num_frames")
 
 
 def check_index_version(schema: pa.Schema, manifest_version: int | None, where: str) -> None:

@@ -22,8 +22,8 @@ from videogen import cut_by_stream_copy, decode_frame_number, make_episode_table
 from epishard.shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, Source, convert, verify
 from epishard.shardwriter import video as video_module
 from epishard.shardwriter.describe import describe
-from epishard.shardwriter.video import VideoProbe, probe, scan
 from epishard.shardwriter.index import WindowIndex
+from epishard.shardwriter.video import VideoProbe, probe, scan
 from epishard.stream import WindowDataset, WindowSpec
 from epishard.stream.fetch import FetchPolicy
 
@@ -153,7 +153,9 @@ def test_every_access_pattern_returns_the_displayed_frame_of_each_row(name, tmp_
     result = verify(str(tmp_path))
     assert result["ok"], result["problems"]
     index = WindowIndex.load_dataset(str(tmp_path))
-    assert bool(index.has_packets(0)) == (name in WITH_PACKETS), "packet table written" if name in WITH_PACKETS else name
+    assert bool(index.has_packets(0)) == (name in WITH_PACKETS), (
+        "packet table written" if name in WITH_PACKETS else name
+    )
     _check_patterns(str(tmp_path), {0: shown})
 
 
