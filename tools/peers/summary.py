@@ -186,6 +186,28 @@ COLUMNS = [
 ]
 
 
+LIMIT_COLUMNS = [
+    "dataset",
+    "cores",
+    "camera",
+    "distinct frames/sample",
+    "ffmpeg frames per CPU s",
+    "limit samples/s",
+    "GOP frames/sample",
+    "GOP-aware limit samples/s",
+    "cost-weighted GOP frames/sample",
+    "cost-weighted limit samples/s",
+]
+LIMIT_LEGEND = """\
+limit: ffmpeg -threads 1 decode-to-RGB frames per CPU second x cores / distinct frames a sample needs (the headline's
+"decode limit"). GOP-aware limit: the same rate x cores / the frames a sample must decode counting the GOP lead-in (per
+window frame, from the keyframe at or before it; on from the previous window frame when no keyframe lies between; the
+video's keyframe table, every anchor), every frame costing the file's mean. Cost-weighted: those frames each weighted by
+its measured decode cost per packet kind (keyframe / other, PyAV one thread) plus RGB24, in units of the file's mean
+frame (AV1 GOP 2: a ~19 kB keyframe packet costs ~10x the ~31-byte inter frame after it). Limits are per dataset (all
+cameras together)."""
+
+
 def _headline_row(h: dict) -> list:
     who = h["epishard"] or (
         f"none matched (most diverse: {h['unmatched_best']})" if h["unmatched_best"] else "not measured"
@@ -255,8 +277,8 @@ def markdown(rows: list[dict], heads: list[dict], datasets: list[Dataset], meta:
         "",
         "## Decode limit per dataset",
         "",
-        _row(["dataset", "cores", "camera", "distinct frames/sample", "ffmpeg frames per CPU s", "limit samples/s"]),
-        _row(["---"] * 6),
+        _row(LIMIT_COLUMNS),
+        _row(["---"] * len(LIMIT_COLUMNS)),
     ]
     for d in datasets:
         for cam, c in (d.decode_limit or {}).get("cameras", {}).items():
@@ -271,9 +293,15 @@ def markdown(rows: list[dict], heads: list[dict], datasets: list[Dataset], meta:
                         f"{c['distinct_frames_per_sample']:.2f}",
                         f"{rate:.0f}",
                         f"{limit:.1f}",
+                        # GOP-aware columns: absent (-) in records written before they were measured
+                        fmt(c.get("gop_frames_per_sample"), ".2f"),
+                        fmt(d.decode_limit.get("samples_per_s_gop"), ".1f"),
+                        fmt(c.get("gop_weighted_frames_per_sample"), ".2f"),
+                        fmt(d.decode_limit.get("samples_per_s_gop_weighted"), ".1f"),
                     ]
                 )
             )
+    out += ["", LIMIT_LEGEND]
     out += ["", "## Every run (medians over rounds)", ""]
     for d in datasets:
         drows = [r for r in rows if r["dataset"] == d.name]
