@@ -781,7 +781,10 @@ def packet_table(data: bytes, stream_index: int, pts: np.ndarray, rotation: int)
     """
     if rotation:
         return NO_PACKETS, "rotated stream"
-    offsets, sizes, shown, crcs = [], [], [], []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    shown: list[int] = []
+    crcs: list[int] = []
     try:
         with av.open(io.BytesIO(data), "r") as container:
             stream = frame_stream(container, stream_index)

@@ -68,7 +68,7 @@ from .lookahead import Decode, Demand, Load, Lookahead, Scheduler, Step, Store, 
 from .memory import limit_worker_arenas, release_free_memory
 from .mix import camera_streams, column_widths, mix_layout, normalizers
 from .mixplan import BatchByDataset, probability_factors
-from .packets import plan_runs, run_ranges
+from .packets import plan_runs, readable, run_ranges
 from .plan import (
     CostStage,
     DealStage,
@@ -672,7 +672,7 @@ class WindowDataset(IterableDataset):
             packed = np.full(unique.size, self.fetch.packets)
             for cam, offsets in self.cam_offsets[d].items():
                 streams = ix.camera_streams(cam, unique)
-                packed &= ix.has_packets(streams) & ~ix.cam_depth[streams]
+                packed &= readable(ix, streams)
                 stream_episode[streams + stream_base[d]] = unique + base
                 size = _frame_size(self.post, ix, streams)
                 frame_bytes[streams + stream_base[d]] = np.where(ix.cam_depth[streams], 2, 3) * size[:, 0] * size[:, 1]
@@ -711,7 +711,7 @@ class WindowDataset(IterableDataset):
                 [],
                 self.fetch,
                 telemetry,
-                sparse=self.fetch.packets and bool(src.index.has_packets(np.arange(src.index.cam_depth.size)).any()),
+                sparse=self.fetch.packets and bool(readable(src.index, np.arange(src.index.cam_depth.size)).any()),
             )
             for src in self.sources
         ]
@@ -737,7 +737,7 @@ class WindowDataset(IterableDataset):
             ix = self.sources[d].index
             streams = _streams(ix, local, self.cam_offsets[d])
             runs: dict[int, tuple] | None = None
-            if self.fetch.packets and bool(np.all(ix.has_packets(streams) & ~ix.cam_depth[streams])):
+            if self.fetch.packets and bool(np.all(readable(ix, streams))):
                 ranges = episode_ranges(ix, local, [], columns)
                 runs, extra = {}, []
                 base = self._stream_base[d]

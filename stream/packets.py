@@ -22,14 +22,17 @@ conversion torchcodec's CPU path makes (the tests compare both pixel for pixel).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import av
 import numpy as np
+import pyarrow as pa
 import torch
 from av.video.reformatter import VideoReformatter
 
@@ -38,6 +41,28 @@ from .decode import Decoded, DecodeError
 # FFmpeg decoders to open for a codec, best first: FFmpeg's own AV1 decoder needs a hardware
 # accelerator, so AV1 goes to libdav1d (what FFmpeg itself picks for an AV1 stream) or libaom.
 PREFERRED_DECODERS = {"av1": ("libdav1d", "libaom-av1", "av1")}
+
+
+@functools.lru_cache(maxsize=64)
+def _eight_bit(pix_fmt: str) -> bool:
+    try:
+        return all(c.bits == 8 for c in av.VideoFormat(pix_fmt).components)
+    except ValueError:  # a format this FFmpeg does not know
+        return False
+
+
+def readable(index, streams) -> np.ndarray:
+    """Whether each camera stream (int array) is read by its packets: bool, same shape.
+
+    It has a packet table (``WindowIndex.has_packets``), is an RGB camera, and stores 8-bit
+    samples: swscale's conversion of those to RGB through PyAV is torchcodec's, pixel for pixel
+    (tests/test_stream_matrix.py, tests/test_packets.py); of more bits it is not (up to 131 levels
+    apart on torchcodec's 10-bit H.264 sample), so such streams are decoded by torchcodec.
+    """
+    streams = np.asarray(streams, dtype=np.int64)
+    fmts = index.cam_pix_fmt.take(pa.array(streams.ravel())).to_pylist()
+    eight = np.fromiter((_eight_bit(f) for f in fmts), dtype=bool, count=streams.size).reshape(streams.shape)
+    return index.has_packets(streams) & ~index.cam_depth[streams] & eight
 
 
 @dataclass(frozen=True)
@@ -96,7 +121,7 @@ class _Decoder:
         last: Exception | None = None
         for name in PREFERRED_DECODERS.get(codec, (codec,)):
             try:
-                ctx = av.CodecContext.create(name, "r")
+                ctx: Any = av.CodecContext.create(name, "r")  # a VideoCodecContext; PyAV types it as the base
                 if extradata:
                     ctx.extradata = extradata
                 ctx.width, ctx.height = width, height
@@ -121,11 +146,15 @@ class DecoderPool:
     def __init__(self, size: int = 8):
         self.size, self._pid = size, os.getpid()
         self._decoders: OrderedDict[tuple, _Decoder] = OrderedDict()
+        self._inherited: list[OrderedDict] = []
         self.opens = 0
 
     def get(self, codec: str, extradata: bytes, width: int, height: int) -> tuple[_Decoder, bool]:
         """The kept decoder for this key (opened when missing) and whether it was opened now."""
-        if os.getpid() != self._pid:  # forked: FFmpeg state is not shared across processes
+        if os.getpid() != self._pid:  # forked: the parent's decoders are its own
+            # Never freed here: freeing FFmpeg objects whose threads live only in the parent waits
+            # for them forever (swscale's slice threads, a decoder's frame threads).
+            self._inherited.append(self._decoders)
             self._decoders, self._pid = OrderedDict(), os.getpid()
         key = (codec, extradata, width, height)
         decoder = self._decoders.get(key)
@@ -185,7 +214,8 @@ def decode_runs(
     decoder, opened = pool.get(codec, extradata, width, height)
     ctx, reformat = decoder.ctx, decoder.reformatter.reformat
     per_call = max(1, max_bytes // max(3 * height * width, 1))
-    parts, post_s, out, filled = [], 0.0, None, 0
+    parts: list[torch.Tensor] = []
+    post_s, out, filled = 0.0, None, 0
 
     def flush_part() -> None:
         nonlocal post_s, out, filled
@@ -215,7 +245,7 @@ def decode_runs(
                     if got[i - base]:
                         raise DecodeError(f"{where}: the decoder returned pts {f.pts} twice")
                     got[i - base] = True
-                    buf[i] = reformat(f, format="rgb24").to_ndarray()
+                    buf[i] = reformat(f, format="rgb24", threads=1).to_ndarray()
 
             for p in range(run.first, run.stop):
                 a = int(offset[p]) - start

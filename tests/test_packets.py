@@ -3,6 +3,8 @@ bytes are fetched, damaged packets are refused, and one decoder serves every epi
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -69,7 +71,7 @@ def test_runs_cover_every_packet_each_frame_depends_on(seed):
             needed = frame_packet[key : f + 1]
             assert run.first <= min(int(frame_packet[key]), int(needed.min())), (f, key)
             assert run.stop > int(needed.max()), (f, key)
-    for a, b in zip(runs, runs[1:], strict=False):  # a new run only where a keyframe separates frames
+    for a, b in itertools.pairwise(runs):  # a new run only where a keyframe separates frames
         key = int(keys[np.searchsorted(keys, b.frames[0], side="right") - 1])
         assert key > a.frames[-1]
 
@@ -116,7 +118,7 @@ def test_only_the_needed_groups_of_pictures_are_read_and_one_decoder_serves_all_
     assert t["decoder_opens"] == 1  # one encoder setting: one decoder for the worker's life
     tables = int(index.member_size[index.data_member(np.arange(4))].sum())
     # The groups of pictures the decodes needed and each episode's table, not the videos.
-    assert 0 < t["bytes_needed"] and t["bytes_read"] == t["bytes_needed"] + tables
+    assert t["bytes_needed"] > 0 and t["bytes_read"] == t["bytes_needed"] + tables
     assert t["bytes_needed"] < 0.5 * video_bytes
     whole = summarize(
         [

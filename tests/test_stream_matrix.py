@@ -71,7 +71,7 @@ CASES = {
     "h264-audio-mp4": (dict(gop=8, audio=True), None),
     "vp9-audio-webm": (dict(codec="vp9", gop=8, container="webm", audio=True), None),
     "h264-odd-size-444-mp4": (dict(gop=8, height=47, width=63, pix_fmt="yuv444p"), None),
-    "hevc-10bit-mp4": (dict(codec="hevc", gop=8, pix_fmt="yuv420p10le"), None),
+    "hevc-10bit-mp4": (dict(codec="hevc", gop=8, pix_fmt="yuv420p10le"), None),  # decoded by torchcodec
     # LeRobot's default recording: SVT-AV1 with a keyframe every 2 frames (each other packet a few
     # bytes: shows a frame decoded before); a longer GOP has SVT-AV1's hidden (alt-ref) frames.
     "av1-gop2-mp4": (dict(codec="av1", gop=2), None),
