@@ -808,7 +808,8 @@ class WindowDataset(IterableDataset):
         for call in load.decodes:
             s = call.stream - base
             planned, starts = runs[call.stream]
-            where = f"episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
+            shard = self.sources[d].shard_path(int(ix.shard[local]))
+            where = f"{shard}: episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
             mine = pieces[at : at + len(planned)]
             at += len(planned)
             frames = decode_camera_packets(

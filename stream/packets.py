@@ -204,7 +204,8 @@ def decode_runs(
     sorted order of the frames asked for. At most ``max_bytes`` of RGB frames are held before
     ``post`` runs on them (consecutive parts, as ``stream.decode.decode`` splits its calls).
 
-    Returns ``(Decoded, opened)``: ``opened`` tells whether a decoder was opened for this call.
+    Returns ``(Decoded, opened)``: ``Decoded.calls`` is the parts post-processed (1 unless
+    ``max_bytes`` split it); ``opened`` tells whether a decoder was opened for this call.
 
     Raises:
         DecodeError: a packet's CRC-32 differs from the index's, the decoder fails, or a wanted
@@ -228,11 +229,12 @@ def decode_runs(
         out, filled = None, 0
 
     try:
-        for run, data, start in zip(runs, pieces, starts, strict=True):
+        for k, (run, data, start) in enumerate(zip(runs, pieces, starts, strict=True)):
             if out is not None and filled + run.frames.size > out.shape[0]:
                 flush_part()  # bounded memory: at most max_bytes of RGB frames before post-processing
-            if out is None:
-                out = np.empty((max(per_call, run.frames.size), height, width, 3), dtype=np.uint8)
+            if out is None:  # room for the frames left, at most max_bytes (a longer run: the run)
+                left = sum(r.frames.size for r in runs[k:])
+                out = np.empty((max(min(per_call, left), run.frames.size), height, width, 3), dtype=np.uint8)
             slot = {int(pts[f]): filled + i for i, f in enumerate(run.frames.tolist())}
             got = np.zeros(run.frames.size, dtype=bool)
             base, buf = filled, out
@@ -245,14 +247,21 @@ def decode_runs(
                     if got[i - base]:
                         raise DecodeError(f"{where}: the decoder returned pts {f.pts} twice")
                     got[i - base] = True
-                    buf[i] = reformat(f, format="rgb24", threads=1).to_ndarray()
+                    rgb = reformat(f, format="rgb24", threads=1)
+                    # Copied while ``rgb`` is held: PyAV's array views the frame's buffer, which is
+                    # freed (and reused by the next conversion) once the frame object goes.
+                    buf[i] = rgb.to_ndarray()
+                    del rgb
 
             for p in range(run.first, run.stop):
                 a = int(offset[p]) - start
                 payload = data[a : a + int(size[p])]
                 if zlib.crc32(payload) != int(crc32[p]):
                     raise DecodeError(f"{where}: packet {p} does not match the index's CRC-32: its bytes are damaged")
-                packet = av.Packet(payload)
+                # A packet of its own (FFmpeg's av_new_packet: zeroed input padding after the data, which
+                # bitstream readers may read into), not a view of Python bytes followed by other memory.
+                packet = av.Packet(len(payload))
+                memoryview(packet)[:] = payload
                 if frame[p] >= 0:
                     packet.pts = int(pts[frame[p]])
                 take(ctx.decode(packet))
@@ -275,4 +284,4 @@ def decode_runs(
     if not parts:
         return Decoded(torch.empty((0, 3, height, width), dtype=torch.uint8), 0, 0.0), opened
     batch = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return Decoded(batch, len(runs), post_s), opened
+    return Decoded(batch, len(parts), post_s), opened

@@ -18,6 +18,7 @@ from faultgen import CAMERA, SPEC, copy, flip_byte, loaded, video_member
 from videogen import decode_frame_number
 
 from epishard.stream import WindowDataset, World
+from epishard.stream.decode import DecodeError
 from epishard.stream.fetch import FetchError, FetchPolicy
 
 
@@ -50,7 +51,8 @@ def damaged(intact, tmp_path_factory):
 @pytest.mark.parametrize("mode", ["stream", "ranged"])
 def test_damaged_shard_costs_only_its_windows(intact, keyed_reference, damaged, position, prefetch, chunk, mode):
     root, shard = damaged[position]
-    policy = FetchPolicy(mode=mode, chunk_bytes=chunk, prefetch_bytes=prefetch)
+    # Members whole, each checked by its sha256 (tests/test_packets.py: packets, each by its CRC-32).
+    policy = FetchPolicy(mode=mode, chunk_bytes=chunk, prefetch_bytes=prefetch, packets=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         samples = list(WindowDataset(root, SPEC, seed=5, fetch=policy))
@@ -80,4 +82,7 @@ def test_strict_policy_names_the_damaged_shard(damaged):
     root, shard = damaged[1]
     name = loaded(root).shards[shard].shard
     with pytest.raises(FetchError, match=name):
+        list(WindowDataset(root, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="raise", packets=False)))
+    # Read by packets, the damaged packet is found by its CRC-32; the error names the shard too.
+    with pytest.raises(DecodeError, match=f"{name}.*CRC-32"):
         list(WindowDataset(root, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="raise")))

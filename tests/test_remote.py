@@ -179,9 +179,12 @@ def test_ranged_mode_reads_only_the_cameras_asked_for(local):
     server, base = serve_http(local)
     try:
         totals = {}
-        for mode in ("stream", "ranged"):
+        for mode in ("stream", "ranged", "packets"):
             # Holes up to a tar header's size only: these test videos are smaller than the default 8 KiB.
-            policy = FetchPolicy(mode=mode, coalesce_bytes=1024)
+            # Members whole, except "packets": only the groups of pictures decoded (stream.packets).
+            policy = FetchPolicy(
+                mode="ranged" if mode == "packets" else mode, coalesce_bytes=1024, packets=mode == "packets"
+            )
             samples = list(WindowDataset(base, one, seed=4, telemetry=True, fetch=policy))
             totals[mode] = summarize([s["__telemetry__"] for s in samples])["bytes_read"]
     finally:
@@ -199,6 +202,7 @@ def test_ranged_mode_reads_only_the_cameras_asked_for(local):
         wanted += front["offset"] + front["size"] - table["offset"]
     assert totals["ranged"] == wanted  # exactly the table and the one camera, not the wrist camera
     assert totals["stream"] > wanted
+    assert totals["packets"] < wanted  # the tables and some of the one camera's packets
 
 
 def test_local_cache_serves_repeat_epochs_and_never_stale_data(local, tmp_path):
