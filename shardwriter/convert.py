@@ -205,6 +205,7 @@ def plan_digest(episodes: list[Episode], options: ConvertOptions, roots: dict[st
         "on_error": fmt.policy_on_disk(options.on_error),  # the format's spelling: digests of earlier runs hold
         "timestamps": fmt.policy_on_disk(options.timestamps),
         "index_columns": fmt.INDEX_SCHEMA.names,  # an index of another layout is rewritten, not reused
+        "camera_fields": [f.name for f in fmt.CAMERA_TYPE],  # so is one without packet tables
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -513,10 +513,15 @@ class Store:
         self.columns: dict[int, tuple[dict, Any, int]] = {}
         self.nbytes = 0
 
-    def put_frames(self, stream: int, frames: np.ndarray, decoded: torch.Tensor) -> None:
-        """``decoded``: ``[len(frames), C, h, w]``, frame ``frames[i]`` of global ``stream`` at ``i``."""
-        for k, frame in zip(frame_key(stream, frames).tolist(), decoded.unbind(0), strict=True):
-            self.frames[k] = frame = frame.clone()
+    def put_frames(self, stream: int, frames: np.ndarray, decoded: torch.Tensor | list[torch.Tensor]) -> None:
+        """``decoded``: ``[len(frames), C, h, w]``, frame ``frames[i]`` of global ``stream`` at ``i``.
+
+        Or a list of standalone frames (``stream.packets.decode_runs`` without post-processing):
+        kept as they are; a batch's frames are copied out of it.
+        """
+        items = decoded if isinstance(decoded, list) else [f.clone() for f in decoded.unbind(0)]
+        for k, frame in zip(frame_key(stream, frames).tolist(), items, strict=True):
+            self.frames[k] = frame
             self.nbytes += frame.nbytes
 
     def put_columns(self, episode: int, columns: dict, info, nbytes: int) -> None:

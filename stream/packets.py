@@ -36,7 +36,7 @@ import pyarrow as pa
 import torch
 from av.video.reformatter import VideoReformatter
 
-from .decode import Decoded, DecodeError
+from .decode import DecodeError
 
 # FFmpeg decoders to open for a codec, best first: FFmpeg's own AV1 decoder needs a hardware
 # accelerator, so AV1 goes to libdav1d (what FFmpeg itself picks for an AV1 stream) or libaom.
@@ -51,18 +51,43 @@ def _eight_bit(pix_fmt: str) -> bool:
         return False
 
 
+# Mean keyframe interval (frames) up to which a stream is read by its packets. Past it a window's
+# runs reach far back to their keyframe anyway (most of the member), and the whole-member path keeps
+# its decoder between look-ahead chunks, decoding on instead of from the keyframe again (an H.264
+# stream with keyframes 250 apart decodes 1.6x the frames by packets).
+PACKET_GOP_FRAMES = 32
+
+
 def readable(index, streams) -> np.ndarray:
     """Whether each camera stream (int array) is read by its packets: bool, same shape.
 
-    It has a packet table (``WindowIndex.has_packets``), is an RGB camera, and stores 8-bit
-    samples: swscale's conversion of those to RGB through PyAV is torchcodec's, pixel for pixel
-    (tests/test_stream_matrix.py, tests/test_packets.py); of more bits it is not (up to 131 levels
-    apart on torchcodec's 10-bit H.264 sample), so such streams are decoded by torchcodec.
+    It has a packet table (``WindowIndex.has_packets``), is an RGB camera, stores 8-bit samples,
+    and has keyframes at most ``PACKET_GOP_FRAMES`` apart on average. swscale's conversion of 8-bit
+    samples to RGB through PyAV is torchcodec's, pixel for pixel (tests/test_stream_matrix.py,
+    tests/test_packets.py); of more bits it is not (up to 131 levels apart on torchcodec's 10-bit
+    H.264 sample), so such streams are decoded by torchcodec, as are the others.
     """
     streams = np.asarray(streams, dtype=np.int64)
     fmts = index.cam_pix_fmt.take(pa.array(streams.ravel())).to_pylist()
     eight = np.fromiter((_eight_bit(f) for f in fmts), dtype=bool, count=streams.size).reshape(streams.shape)
-    return index.has_packets(streams) & ~index.cam_depth[streams] & eight
+    keys = np.diff(index.key_offsets)[streams]
+    short = index.cam_num_frames[streams] <= PACKET_GOP_FRAMES * np.maximum(keys, 1)
+    return index.has_packets(streams) & ~index.cam_depth[streams] & eight & short
+
+
+@dataclass(frozen=True)
+class PacketFrames:
+    """What ``decode_runs`` returns.
+
+    ``frames``: uint8 ``[N, 3, h, w]`` after ``post``, or, with no ``post``, a list of N standalone
+    contiguous ``[3, H, W]`` tensors (each frame copied once, from the converter's buffer into its own
+    tensor, which a cache keeps without another copy); ``calls``: parts post-processed (1 unless
+    ``max_bytes`` split them); ``post_s``: seconds in ``post``.
+    """
+
+    frames: torch.Tensor | list[torch.Tensor]
+    calls: int
+    post_s: float
 
 
 @dataclass(frozen=True)
@@ -193,9 +218,9 @@ def decode_runs(
     where: str,
     post=None,
     max_bytes: int = 256 << 20,
-    pool: DecoderPool = POOL,
-) -> tuple[Decoded, bool]:
-    """Decode the ``runs`` of one stream from their fetched bytes: uint8 RGB ``[N, 3, H, W]`` after ``post``.
+    pool: DecoderPool | None = None,
+) -> tuple[PacketFrames, bool]:
+    """Decode the ``runs`` of one stream from their fetched bytes: uint8 RGB frames after ``post`` (``PacketFrames``).
 
     ``pieces[i]``: the bytes of run ``i``'s range, which starts at byte ``starts[i]`` of the member;
     ``offset``, ``size``, ``crc32``, ``frame``: the stream's packet table (``PacketTable``);
@@ -204,23 +229,26 @@ def decode_runs(
     sorted order of the frames asked for. At most ``max_bytes`` of RGB frames are held before
     ``post`` runs on them (consecutive parts, as ``stream.decode.decode`` splits its calls).
 
-    Returns ``(Decoded, opened)``: ``Decoded.calls`` is the parts post-processed (1 unless
-    ``max_bytes`` split it); ``opened`` tells whether a decoder was opened for this call.
+    Returns ``(PacketFrames, opened)``: ``opened`` tells whether a decoder was opened for this call.
 
     Raises:
         DecodeError: a packet's CRC-32 differs from the index's, the decoder fails, or a wanted
             frame does not come out exactly once with its pts; ``where`` (episode key and camera)
             is in the message.
     """
+    pool = POOL if pool is None else pool  # the worker's (``DecoderPool``)
     decoder, opened = pool.get(codec, extradata, width, height)
     ctx, reformat = decoder.ctx, decoder.reformatter.reformat
     per_call = max(1, max_bytes // max(3 * height * width, 1))
+    direct = post is None
+    total = sum(r.frames.size for r in runs)
+    single: list = [None] * total  # direct: one tensor per frame, in order
     parts: list[torch.Tensor] = []
-    post_s, out, filled = 0.0, None, 0
+    post_s, out, filled, done = 0.0, None, 0, 0
 
     def flush_part() -> None:
         nonlocal post_s, out, filled
-        if out is None or not filled:
+        if out is None or not filled:  # (direct: never filled)
             return
         batch = torch.from_numpy(out[:filled]).permute(0, 3, 1, 2)
         t = time.perf_counter()
@@ -232,12 +260,16 @@ def decode_runs(
         for k, (run, data, start) in enumerate(zip(runs, pieces, starts, strict=True)):
             if out is not None and filled + run.frames.size > out.shape[0]:
                 flush_part()  # bounded memory: at most max_bytes of RGB frames before post-processing
-            if out is None:  # room for the frames left, at most max_bytes (a longer run: the run)
+            if out is None and not direct:  # room for the frames left, at most max_bytes (a longer run: the run)
                 left = sum(r.frames.size for r in runs[k:])
                 out = np.empty((max(min(per_call, left), run.frames.size), height, width, 3), dtype=np.uint8)
-            slot = {int(pts[f]): filled + i for i, f in enumerate(run.frames.tolist())}
+            slot = (
+                {int(pts[f]): done + i for i, f in enumerate(run.frames.tolist())}
+                if direct
+                else {int(pts[f]): filled + i for i, f in enumerate(run.frames.tolist())}
+            )
             got = np.zeros(run.frames.size, dtype=bool)
-            base, buf = filled, out
+            base, buf = (done if direct else filled), out
 
             def take(frames, slot=slot, got=got, base=base, buf=buf) -> None:
                 for f in frames:
@@ -250,7 +282,11 @@ def decode_runs(
                     rgb = reformat(f, format="rgb24", threads=1)
                     # Copied while ``rgb`` is held: PyAV's array views the frame's buffer, which is
                     # freed (and reused by the next conversion) once the frame object goes.
-                    buf[i] = rgb.to_ndarray()
+                    if direct:  # one copy, HWC to the frame's own CHW tensor
+                        single[i] = frame_out = torch.empty((3, height, width), dtype=torch.uint8)
+                        frame_out.copy_(torch.from_numpy(rgb.to_ndarray()).permute(2, 0, 1))
+                    else:
+                        buf[i] = rgb.to_ndarray()
                     del rgb
 
             for p in range(run.first, run.stop):
@@ -273,6 +309,7 @@ def decode_runs(
                     f"{where}: frame {f} (pts {int(pts[f])}) did not come out of packets {run.first}-{run.stop - 1}"
                 )
             filled += run.frames.size
+            done += run.frames.size
         flush_part()
     except DecodeError:
         pool.discard(codec, extradata, width, height)
@@ -281,7 +318,9 @@ def decode_runs(
         pool.discard(codec, extradata, width, height)
         frames = np.concatenate([r.frames for r in runs])
         raise DecodeError(f"{where}: decoding frames {frames[:8].tolist()}... failed: {exc}") from exc
+    if direct:
+        return PacketFrames(single, 1, 0.0), opened
     if not parts:
-        return Decoded(torch.empty((0, 3, height, width), dtype=torch.uint8), 0, 0.0), opened
+        return PacketFrames(torch.empty((0, 3, height, width), dtype=torch.uint8), 0, 0.0), opened
     batch = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return Decoded(batch, len(parts), post_s), opened
+    return PacketFrames(batch, len(parts), post_s), opened

@@ -33,6 +33,11 @@ class PostProcess:
         """``frames``: uint8 ``[N, C, H, W]`` -> ``[N, C, h, w]`` of ``dtype``."""
         return self.finish(self.prepare(frames))
 
+    @property
+    def prepares_nothing(self) -> bool:
+        """True when ``prepare`` only makes frames contiguous (no crop, resize or hook)."""
+        return self.crop is None and self.size is None and self.hook is None
+
     def prepare(self, frames: torch.Tensor) -> torch.Tensor:
         """Crop, resize and hook: uint8 ``[N, C, H, W]`` -> uint8 ``[N, C, h, w]`` (contiguous).
 

@@ -12,7 +12,7 @@ from videogen import decode_frame_number, make_episode_table, make_video
 
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.shardwriter.index import WindowIndex
-from epishard.stream import WindowDataset, WindowSpec
+from epishard.stream import WindowDataset, WindowSpec, packets
 from epishard.stream.fetch import FetchPolicy
 from epishard.stream.packets import plan_runs, run_bytes
 from epishard.stream.telemetry import summarize
@@ -104,7 +104,8 @@ def _dataset(tmp_path, episodes: int = 3, frames: int = 90, gop: int = 2, codec:
 SPEC = WindowSpec(cameras={CAM: (0, 4, 8, 12)}, per_episode_count=2, boundary="pad")
 
 
-def test_only_the_needed_groups_of_pictures_are_read_and_one_decoder_serves_all_episodes(tmp_path):
+def test_only_the_needed_groups_of_pictures_are_read_and_one_decoder_serves_all_episodes(tmp_path, monkeypatch):
+    monkeypatch.setattr(packets, "POOL", packets.DecoderPool())  # none kept from earlier tests
     root = _dataset(tmp_path, episodes=4, frames=120)
     index = WindowIndex.load_dataset(root)
     assert index.has_packets(np.arange(4)).all()

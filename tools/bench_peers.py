@@ -1,4 +1,4 @@
-"""Benchmark: the honest table. epishard's reader beside LeRobot 0.4.4 / 0.6.1, webdataset and a naive
+"""Benchmark: the honest table. epishard's reader beside LeRobot 0.4.4 / 0.6.1, Ray Data, webdataset and a naive
 loader, at matched batch diversity and the same output dtype, and against the decode limit.
 
 The code lives in ``tools/peers/`` (one job per module: ``config`` the window, systems and targets,

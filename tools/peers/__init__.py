@@ -29,6 +29,14 @@ workers (persistent), shuffled. Systems (``config.SYSTEMS``):
                  through ``peers/lerobot_harness.py`` run with the release's own venv (built by
                  ``../shared/peers/setup_lerobot_venv.sh`` / ``setup_lerobot061_venv.sh``; 0.6.1 is
                  patched for Python 3.11 there: state it wherever a 0.6.1 figure is quoted).
+``raydata-u8``, ``raydata``   Ray Data 2.60's own LeRobot reader, ``ray.data.read_lerobot(root,
+                 delta_timestamps=...)`` (the same windows: it applies LeRobot's clamp-and-pad rule),
+                 one read task per episode on a local 2-CPU Ray, ``iter_torch_batches`` with a
+                 32-row local shuffle buffer (Ray has no sampler over anchors: batches hold few
+                 episodes, which the diversity columns show); u8 in Ray's (N, T, H, W, C) layout, f32
+                 converted in the read tasks (``peers/raydata.py``; it needs ``lerobot`` >= 0.5
+                 beside Ray, so it runs with the 0.6.1 peer's python and this venv's Ray; ``raydata``
+                 (f32) on request).
 ``webdataset``   ``WebDataset(tars, resampled)`` -> ``shuffle(32)`` (episodes) -> one random anchor per
                  episode sample; per camera a fresh torchcodec decoder on the member's bytes,
                  ``get_frames_at`` the window's distinct frames, only those converted (float32 or u8).

@@ -19,7 +19,7 @@ from pathlib import Path
 from .charts import charts, require
 from .config import DEFAULT, FRAMES, HORIZON, LEROBOT, MIN_EPISODES, QUICK, SPAN, STEP, SYSTEMS, log, shared_dir
 from .measure import run_child
-from .runs import Dataset, find_datasets, peer_status, prepare, run_env, run_system, setup_peers
+from .runs import Dataset, find_datasets, peer_status, prepare, ray_status, run_env, run_system, setup_peers
 from .summary import LEGEND, headline, markdown, print_tables, summarize
 from .zygote import Zygote, zygote_main
 
@@ -252,6 +252,11 @@ def main(argv=None) -> int:
         if missing and any(s.lerobot == version for s in systems):
             print(f"skip LeRobot {version} peer: {missing}")
             systems = [s for s in systems if s.lerobot != version]
+    if any(s.kind == "raydata" for s in systems):
+        missing = ray_status(args)
+        if missing:
+            print(f"skip Ray Data peer: {missing}")
+            systems = [s for s in systems if s.kind != "raydata"]
     info = machine()
     print(
         f"{started}; {info['cpus']} CPUs ({info['cpu']}), {info['memory_gib']} GiB; torch {info['torch']}, "
@@ -276,9 +281,10 @@ def main(argv=None) -> int:
             partial.write_text(json.dumps(meta) + "\n")
         for d in datasets:
             plan = systems
-            if not d.version.startswith("v3") and any(s.kind == "lerobot" for s in plan):
+            v3_only = ("lerobot", "raydata")  # LeRobot's harness and Ray Data's read_lerobot
+            if not d.version.startswith("v3") and any(s.kind in v3_only for s in plan):
                 print(f"{d.name}: the LeRobot harness reads v3.0 folders only ({d.version}): peers skipped")
-                plan = [s for s in plan if s.kind != "lerobot"]
+                plan = [s for s in plan if s.kind not in v3_only]
             for r in range(args.rounds):
                 for s in plan if r % 2 == 0 else plan[::-1]:
                     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = REPO / "tools" / "bench_peers.py"  # the command; runs re-enter it with --zygote or --child
 HARNESS = Path(__file__).resolve().parent / "lerobot_harness.py"  # runs inside a LeRobot peer venv
+RAY_HARNESS = Path(__file__).resolve().parent / "raydata.py"  # Ray Data, run with the LeRobot 0.6.1 peer's python
 SPAN, FRAMES, STEP, HORIZON = 33, 9, 4, 16
 STAGES = ("read_s", "decode_s", "postprocess_s", "assemble_s", "collate_s")
 COUNTERS = (
@@ -59,9 +60,10 @@ LEROBOT = {
 class System:
     """One loader configuration.
 
-    ``kind``: ``lerobot``, ``webdataset``, ``naive`` or ``epishard``; ``dtype``: the frames' output
-    dtype; ``policy``: windows per episode per epoch (``"all"``: every anchor, as LeRobot's sampler
-    over every frame; ``"pe4"``: 4 per episode, a fresh draw each epoch); ``lerobot``: the release;
+    ``kind``: ``lerobot``, ``raydata``, ``webdataset``, ``naive`` or ``epishard``; ``dtype``: the frames'
+    output dtype; ``policy``: windows per episode per epoch (``"all"``: every anchor, as LeRobot's sampler
+    over every frame; ``"pe4"``: 4 per episode, a fresh draw each epoch); ``lerobot``: the release
+    (``raydata``: the LeRobot peer venv whose ``lerobot`` Ray's ``read_lerobot`` imports);
     ``reuse_buffers``: epishard's opt-in reused batch buffers (``WindowLoader(reuse_buffers=k)``: a
     batch stays valid until ``k`` more are drawn; the benchmark drops each batch at once).
     """
@@ -79,6 +81,8 @@ class System:
         dt = "u8" if self.dtype == "uint8" else "f32"
         if self.kind == "lerobot":
             return f"LeRobot {self.lerobot} {dt}"
+        if self.kind == "raydata":
+            return f"Ray Data 2.60 {dt}"
         if self.kind == "epishard":
             reuse = f" reuse{self.reuse_buffers}" if self.reuse_buffers else ""
             return f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}") + reuse
@@ -96,6 +100,8 @@ SYSTEMS = {
         System("lerobot", "lerobot", lerobot="0.4.4"),
         System("lerobot061", "lerobot", lerobot="0.6.1"),
         System("lerobot061-u8", "lerobot", dtype="uint8", lerobot="0.6.1"),
+        System("raydata", "raydata", lerobot="0.6.1"),
+        System("raydata-u8", "raydata", dtype="uint8", lerobot="0.6.1"),
         System("webdataset", "webdataset"),
         System("webdataset-u8", "webdataset", dtype="uint8"),
         System("naive", "naive"),
@@ -108,8 +114,19 @@ SYSTEMS = {
         System("es-u8-reuse", "epishard", dtype="uint8", reuse_buffers=2),
     )
 }
-PEERS = ("lerobot061", "lerobot061-u8", "lerobot", "webdataset", "webdataset-u8", "naive", "naive-u8")
-# The float32 runs tell the same story (webdataset, naive convert only 9 frames); reused buffers are opt-in.
-ON_REQUEST = ("webdataset-u8", "naive-u8", "es-f32-reuse", "es-u8-reuse")
+PEERS = (
+    "lerobot061",
+    "lerobot061-u8",
+    "lerobot",
+    "raydata-u8",
+    "raydata",
+    "webdataset",
+    "webdataset-u8",
+    "naive",
+    "naive-u8",
+)
+# The float32 runs tell the same story (webdataset, naive convert only 9 frames; Ray Data reads uint8
+# and converts after); reused buffers are opt-in.
+ON_REQUEST = ("webdataset-u8", "naive-u8", "raydata", "es-f32-reuse", "es-u8-reuse")
 DEFAULT = [k for k in SYSTEMS if k not in ON_REQUEST]
 QUICK = ["lerobot061-u8", "webdataset", "naive", "es-f32", "es-u8", "es-u8-pe4"]

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ENTRY, FRAMES, HARNESS, HORIZON, LEROBOT, REPO, SPAN, STEP, Peer, System, log
+from .config import ENTRY, FRAMES, HARNESS, HORIZON, LEROBOT, RAY_HARNESS, REPO, SPAN, STEP, Peer, System, log
 from .pipelines import clamped
 from .zygote import Zygote
 
@@ -128,6 +128,22 @@ def peer_status(args, peer: Peer) -> str | None:
     return None
 
 
+def ray_status(args) -> str | None:
+    """None when the Ray Data peer can run (Ray 2.60 in this venv, the LeRobot 0.6.1 peer venv for
+    the ``lerobot`` that ``read_lerobot`` imports), else the reason."""
+    import importlib.metadata as md
+
+    from .raydata import RAY_VERSION
+
+    try:
+        version = md.version("ray")
+    except md.PackageNotFoundError:
+        return f"Ray is not installed in this venv ({sys.prefix}): pip install -r requirements/machine.txt"
+    if version != RAY_VERSION:
+        return f"this venv has ray {version}; the Ray Data peer is pinned to {RAY_VERSION}"
+    return peer_status(args, LEROBOT["0.6.1"])
+
+
 def setup_peers(args) -> None:
     """Build every LeRobot peer's venv with its setup script from ``--peers-dir`` (../shared/peers).
 
@@ -184,8 +200,89 @@ def run_lerobot(args, d: Dataset, system: System, seed: int) -> dict:
     }
 
 
+RAY_SHUTDOWN_RACE = "The core worker has already been shutdown"
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the process group ``pgid`` (a harness started with ``start_new_session``), if any is left."""
+    import contextlib
+    import signal
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def run_raydata(args, d: Dataset, system: System, seed: int) -> dict:
+    """One Ray Data run through ``raydata.py`` (the LeRobot 0.6.1 peer's python, Ray 2.60 from this
+    venv linked into an overlay on ``PYTHONPATH``: ``raydata.overlay``).
+
+    Raises ``RuntimeError``: the harness failed (``read_lerobot`` could not read the dataset, or gave
+    windows of another shape: its error text is in the message).
+    """
+    import numpy as np
+
+    from epishard.shardwriter import WindowIndex
+    from epishard.stream import diversity
+
+    from .raydata import overlay
+
+    peer = LEROBOT[system.lerobot]
+    sites = sorted(Path(peer.venv).glob("lib/python3*/site-packages"))
+    if not sites:
+        raise RuntimeError(f"Ray Data peer: no site-packages under {peer.venv}")
+    folder = overlay(Path(args.work) / "ray-overlay", sites[0])
+    cmd = (
+        f". {peer.env} && PYTHONPATH={folder} exec {peer.venv}/bin/python {RAY_HARNESS} {d.main} "
+        f"--workers {args.workers} --batch-size {args.batch_size} --warmup {args.warmup} "
+        f"--seconds {args.seconds} --min-batches {args.min_batches} --window {FRAMES} --stride {STEP} "
+        f"--action-horizon {HORIZON} --seed {seed}" + (" --uint8" if system.dtype == "uint8" else "")
+    )
+    # its own process group: whatever Ray leaves behind (its agents outlive a raylet that died in a
+    # shutdown race) is killed with it
+    proc = subprocess.Popen(
+        ["bash", "-c", cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=run_env(args),
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        proc.communicate()
+        raise
+    finally:
+        _kill_group(proc.pid)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    # Ray 2.60 may end a finished driver with exit 1 after its record is out ("The core worker has
+    # already been shutdown ... The process will exit": a Ray Data thread racing ray.shutdown())
+    raced = RAY_SHUTDOWN_RACE in stderr
+    if not lines or (proc.returncode and not raced):
+        raise RuntimeError(f"Ray Data harness failed (exit {proc.returncode}): {stderr[-2000:]}")
+    r = json.loads(lines[-1])
+    r["harness_exit"] = proc.returncode
+    rows = WindowIndex.load_dataset(d.shards).num_rows  # every frame is an anchor (one row per frame)
+    ref = diversity.iid(np.asarray(rows, dtype=np.float64), args.batch_size)
+    ids = r.pop("episode_ids")
+    return {
+        "system": system.id,
+        "label": system.label,
+        "kind": "raydata",
+        "policy": "all",
+        "root": d.main,
+        "frames_decoded_per_returned": None,  # inside lerobot's decode called by Ray's read tasks: not counted
+        "frames_decoded_per_returned_is_expected": False,
+        "worker_stage_s": None,
+        "bytes_read_per_sample": None,
+        **r,
+        **diversity.summary(diversity.measured(ids), ref),
+    }
+
+
 def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | None) -> dict:
-    """One timed run of ``system`` on ``d``: LeRobot through its harness, the others in a child process
+    """One timed run of ``system`` on ``d``: LeRobot and Ray Data through their harnesses, the others in a child process
     forked from ``zygote`` or started fresh (``measure.run_child``). Returns the run's record with the
     dataset, seed, 1-minute load average and the run's wall seconds (``wall_s``) added.
 
@@ -205,6 +302,8 @@ def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | Non
     }
     if system.kind == "lerobot":
         rec = run_lerobot(args, d, system, seed)
+    elif system.kind == "raydata":
+        rec = run_raydata(args, d, system, seed)
     elif zygote is not None:
         rec = zygote.run(cfg, args.timeout)
     else:
