@@ -1,0 +1,143 @@
+"""Benchmark: where one reader's time goes, and the bytes it reads, for both read paths.
+
+Runs a ``WindowLoader`` with no DataLoader workers (every stage in this process, so the reader's
+own telemetry times it) over a converted dataset, with the peer benchmark's window (9 frames over a
+33-row span per camera, state at the anchor, a 16-step action chunk, padded edges, batches of 8),
+once reading cameras by their packet tables (``FetchPolicy(packets=True)``, the default) and once
+fetching video members whole and decoding them with torchcodec (``packets=False``), alternating
+``--rounds`` times. Prints, per path: samples/s after ``--warmup`` batches, seconds per sample in
+each stage (decode, post-processing, assembling, collation, waiting for bytes), frames decoded
+per frame returned, decoder opens per sample, bytes read per sample and the encoded bytes of the
+groups of pictures the decodes needed (``bytes_needed``; packet path only), and their ratio.
+
+    python tools/bench_stages.py /tmp/epishard_bench_peers/unitree_g1_bottle_av1_v30_x50.epishard
+    python tools/bench_stages.py DATASET --batches 60 --rounds 2 --dtype float32 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+FRAMES, SPAN, HORIZON, BATCH = 9, 33, 16, 8
+
+
+class TimedCollate:
+    """The loader's collate, timed (seconds summed in ``seconds``)."""
+
+    def __init__(self, inner):
+        self.inner, self.seconds = inner, 0.0
+
+    def __call__(self, samples):
+        t = time.perf_counter()
+        try:
+            return self.inner(samples)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+
+def run(root: str, packets: bool, batches: int, warmup: int, dtype: str, seed: int) -> dict:
+    """One timed pass: the figures above for one read path."""
+    import torch
+
+    from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
+    from epishard.stream.fetch import FetchPolicy
+    from epishard.stream.source import DatasetSource
+    from epishard.stream.telemetry import summarize
+
+    src = DatasetSource(root)
+    spec = WindowSpec(
+        cameras={c: segment(0, SPAN - 1, FRAMES) for c in src.cameras},
+        state_offsets=(0,),
+        action_horizon=HORIZON,
+        boundary="pad",
+    )
+    post = PostProcess(dtype=torch.float32 if dtype == "float32" else torch.uint8)
+    ds = WindowDataset(src, spec, seed=seed, telemetry=True, postprocess=post, fetch=FetchPolicy(packets=packets))
+    loader = WindowLoader(ds, batch_size=BATCH, num_workers=0)
+    timed = TimedCollate(loader.collate_fn)
+    loader.collate_fn = timed
+    rows, t0, collate0 = [], None, 0.0
+    for i, batch in enumerate(loader):
+        if i == warmup:
+            t0, collate0 = time.perf_counter(), timed.seconds
+            first = summarize([batch["__telemetry__"]])
+        if i >= warmup:
+            rows.append(batch["__telemetry__"])
+        if i + 1 >= warmup + batches:
+            break
+    elapsed = time.perf_counter() - t0
+    last = summarize(rows[-1:])
+    n = last["samples"] - first["samples"]
+
+    def per(key: str) -> float:
+        return (last[key] - first[key]) / n
+
+    out = {
+        "path": "packets" if packets else "whole members (torchcodec)",
+        "samples_per_s": n / elapsed,
+        "decode_ms": 1e3 * per("decode_s"),
+        "postprocess_ms": 1e3 * per("postprocess_s"),
+        "assemble_ms": 1e3 * per("assemble_s"),
+        "collate_ms": 1e3 * (timed.seconds - collate0) / n,
+        "read_ms": 1e3 * per("read_s"),
+        "decoded_per_returned": (last["frames_decoded"] - first["frames_decoded"])
+        / max(last["frames_returned"] - first["frames_returned"], 1),
+        "decoder_opens_per_sample": per("decoder_opens"),
+        "bytes_read_per_sample": per("bytes_read"),
+        "bytes_needed_per_sample": per("bytes_needed"),
+    }
+    out["read_over_needed"] = out["bytes_read_per_sample"] / out["bytes_needed_per_sample"] if packets else None
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", help="a converted dataset (folder or URL)")
+    p.add_argument("--batches", type=int, default=40, help="timed batches per pass")
+    p.add_argument("--warmup", type=int, default=4, help="batches before the timed ones")
+    p.add_argument("--rounds", type=int, default=1, help="passes per path, alternating")
+    p.add_argument("--dtype", choices=("uint8", "float32"), default="uint8")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="one JSON line per pass")
+    args = p.parse_args()
+    results = []
+    for r in range(args.rounds):
+        for packets in (True, False) if r % 2 == 0 else (False, True):
+            res = run(args.dataset, packets, args.batches, args.warmup, args.dtype, args.seed + r)
+            results.append(res)
+            if args.json:
+                print(json.dumps(res), flush=True)
+    cols = [
+        ("samples/s", "samples_per_s", "{:.1f}"),
+        ("decode ms", "decode_ms", "{:.2f}"),
+        ("post ms", "postprocess_ms", "{:.2f}"),
+        ("assemble ms", "assemble_ms", "{:.2f}"),
+        ("collate ms", "collate_ms", "{:.2f}"),
+        ("wait ms", "read_ms", "{:.2f}"),
+        ("dec/ret", "decoded_per_returned", "{:.2f}"),
+        ("opens/sample", "decoder_opens_per_sample", "{:.3f}"),
+        ("kB read/sample", "bytes_read_per_sample", "{:.0f}"),
+        ("kB GOPs/sample", "bytes_needed_per_sample", "{:.0f}"),
+    ]
+    print(f"{args.dataset} ({args.dtype}, {args.batches} batches of {BATCH} after {args.warmup}, no workers)")
+    print("| path | " + " | ".join(c[0] for c in cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for res in results:
+        cells = []
+        for _, key, f in cols:
+            v = res[key] / 1e3 if key.startswith("bytes") else res[key]
+            cells.append(f.format(v))
+        print(f"| {res['path']} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
