@@ -9,6 +9,7 @@ fetching video members whole and decoding them with torchcodec (``packets=False`
 each stage (decode, post-processing, assembling, collation, waiting for bytes), frames decoded
 per frame returned, decoder opens per sample, bytes read per sample and the encoded bytes of the
 groups of pictures the decodes needed (``bytes_needed``; packet path only), and their ratio.
+torch runs on one thread, as in a DataLoader worker.
 
     python tools/bench_stages.py /tmp/epishard_bench_peers/unitree_g1_bottle_av1_v30_x50.epishard
     python tools/bench_stages.py DATASET --batches 60 --rounds 2 --dtype float32 --json
@@ -108,6 +109,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="one JSON line per pass")
     args = p.parse_args()
+    import torch
+
+    torch.set_num_threads(1)  # as in a DataLoader worker (torch sets 1 thread there)
     results = []
     for r in range(args.rounds):
         for packets in (True, False) if r % 2 == 0 else (False, True):

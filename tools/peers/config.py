@@ -65,7 +65,9 @@ class System:
     over every frame; ``"pe4"``: 4 per episode, a fresh draw each epoch); ``lerobot``: the release
     (``raydata``: the LeRobot peer venv whose ``lerobot`` Ray's ``read_lerobot`` imports);
     ``reuse_buffers``: epishard's opt-in reused batch buffers (``WindowLoader(reuse_buffers=k)``: a
-    batch stays valid until ``k`` more are drawn; the benchmark drops each batch at once).
+    batch stays valid until ``k`` more are drawn; the benchmark drops each batch at once);
+    ``packets``: epishard reads cameras by their packet tables (the default), else members whole
+    through torchcodec (``FetchPolicy(packets=False)``).
     """
 
     id: str
@@ -74,6 +76,7 @@ class System:
     policy: str = "all"
     lerobot: str = ""
     reuse_buffers: int = 0
+    packets: bool = True
 
     @property
     def label(self) -> str:
@@ -85,7 +88,8 @@ class System:
             return f"Ray Data 2.60 {dt}"
         if self.kind == "epishard":
             reuse = f" reuse{self.reuse_buffers}" if self.reuse_buffers else ""
-            return f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}") + reuse
+            whole = "" if self.packets else " whole"
+            return f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}") + reuse + whole
         return f"{self.kind} {dt}"
 
     @property
@@ -112,6 +116,8 @@ SYSTEMS = {
         System("es-u8-pe4", "epishard", dtype="uint8", policy="pe4"),
         System("es-f32-reuse", "epishard", reuse_buffers=2),
         System("es-u8-reuse", "epishard", dtype="uint8", reuse_buffers=2),
+        System("es-f32-whole", "epishard", packets=False),
+        System("es-u8-whole", "epishard", dtype="uint8", packets=False),
     )
 }
 PEERS = (
@@ -127,6 +133,6 @@ PEERS = (
 )
 # The float32 runs tell the same story (webdataset, naive convert only 9 frames; Ray Data reads uint8
 # and converts after); reused buffers are opt-in.
-ON_REQUEST = ("webdataset-u8", "naive-u8", "raydata", "es-f32-reuse", "es-u8-reuse")
+ON_REQUEST = ("webdataset-u8", "naive-u8", "raydata", "es-f32-reuse", "es-u8-reuse", "es-f32-whole", "es-u8-whole")
 DEFAULT = [k for k in SYSTEMS if k not in ON_REQUEST]
 QUICK = ["lerobot061-u8", "webdataset", "naive", "es-f32", "es-u8", "es-u8-pe4"]

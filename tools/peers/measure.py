@@ -58,8 +58,13 @@ def epishard_dataset(cfg: dict, system):
         **opts.get("spec", {}),
     )
     dtype = torch.float32 if system.dtype == "float32" else torch.uint8
+    dataset_opts = dict(opts.get("dataset", {}))
+    if not system.packets:
+        from epishard.stream.fetch import FetchPolicy
+
+        dataset_opts["fetch"] = FetchPolicy(packets=False)
     return WindowDataset(
-        src, spec, seed=cfg["seed"], postprocess=PostProcess(dtype=dtype), telemetry=True, **opts.get("dataset", {})
+        src, spec, seed=cfg["seed"], postprocess=PostProcess(dtype=dtype), telemetry=True, **dataset_opts
     )
 
 
@@ -178,6 +183,7 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
             w[k] for k in ("frames_decoded", "frames_returned", "bytes_read", "decoder_opens")
         )
         per, post = max(w["samples"], 1), t["frames_unique"] / max(t["samples"], 1)
+        extra["bytes_needed_per_sample"] = w.get("bytes_needed", 0.0) / per
     else:
         c = dict(zip(COUNTERS, counters.tolist(), strict=True))
         stages = {k: c[k] for k in STAGES[:-1]}

@@ -182,6 +182,7 @@ COLUMNS = [
     "worker RSS MB",
     "PSS MB",
     "kB read/sample",
+    "kB GOPs/sample",
     "timed s",
 ]
 
@@ -248,6 +249,7 @@ def _run_row(r: dict) -> list:
         fmt(r["worker_rss_peak_mb"], ".0f"),
         fmt(r["pss_peak_mb"], ".0f"),
         fmt(kb, ".0f"),
+        fmt(r.get("bytes_needed_per_sample") and r["bytes_needed_per_sample"] / 1e3, ".0f"),
         fmt(r["seconds"], ".1f"),
     ]
 
@@ -358,5 +360,8 @@ frame of every episode; webdataset: one window per episode met), and their ratio
 probability that two samples of a batch come from one episode, measured / i.i.d. decoded/returned: frames
 decoded per frame returned (epishard: telemetry; webdataset, naive: counted alike; ~: LeRobot, expected from the
 keyframe tables over uniform anchors). RSS (all): peak summed RSS of the main process and its workers; worker
-RSS: the largest single worker's peak; PSS: peak summed PSS. Systems: `all` = every anchor every epoch (LeRobot's
-population), `pe4` = 4 windows per episode per epoch (little reuse of decoded frames)."""
+RSS: the largest single worker's peak; PSS: peak summed PSS. kB read/sample: bytes the reader fetched per sample
+(epishard's telemetry); kB GOPs/sample: the encoded bytes of the groups of pictures its decodes needed (cameras
+read by packet tables; the floor for what is read). Systems: `all` = every anchor every epoch (LeRobot's
+population), `pe4` = 4 windows per episode per epoch (little reuse of decoded frames), `whole`: epishard with
+video members fetched whole and decoded by torchcodec (`FetchPolicy(packets=False)`)."""
