@@ -2,7 +2,7 @@
 
 The plan gives a consumer's windows in yield order before any I/O, so the reader knows every frame
 it will return and exactly when each is needed again. ``schedule`` walks that order in chunks (the
-horizon: ``Lookahead.first`` windows, then ``Lookahead.horizon`` windows each chunk,
+horizon: ``Lookahead.first`` windows, then twice as many each chunk up to ``Lookahead.horizon``,
 each chunk shortened so its frames fit the cache) and, for each (episode, camera) a chunk touches,
 makes ONE decode call for the union of the chunk's frames of it that are not cached (merged
 decoding, as ``stream.decode`` does per episode).
@@ -85,8 +85,9 @@ class Lookahead:
             longer pause: a chunk is decoded before its first window is yielded). Default 256 (32
             batches of 8): the plan yields each episode's windows in time order, so a decoder kept
             between chunks goes on forward and a short chunk loses little merging.
-        first: windows of the first chunk (every later one: ``horizon``), so the first
-            batch waits only for its own frames; the batch size when the dataset knows it
+        first: windows of the first chunk (each later one twice the one before, up to ``horizon``),
+            so the first batch waits only for its own frames and the next few soon after (a
+            worker starts streaming without decoding a whole horizon first); the batch size when the dataset knows it
             (``WindowLoader``'s, or ``batch_size=``) and this is left at its default.
         cache_bytes: decoded frames (after post-processing, uint8; uint16 depth) and table
             columns held at most, bytes. A chunk is shortened until its frames fit; one window
@@ -333,7 +334,9 @@ class Scheduler:
                 f"look-ahead: window {a} (episode {int(part.episode[a - base])}) needs {alone} bytes of decoded "
                 f"frames and columns, more than Lookahead.cache_bytes = {policy.cache_bytes}: raise cache_bytes"
             )
-        self._start, self._size = b, policy.horizon
+        # Chunks grow from the first one (the first batch) to the horizon, doubling: the reader starts
+        # streaming after one batch's decoding, not a horizon's, and merges fully once under way.
+        self._start, self._size = b, min(policy.horizon, 2 * self._size)
         need, nxt = self._need(a, b)
         keys, sizes, nexts = self._keys, self._sizes, self._nexts
         cached = np.isin(need, keys, assume_unique=True)

@@ -200,7 +200,7 @@ def test_a_larger_budget_never_decodes_more():
     assert worse > 0, "some small budget must force frames to be decoded again (else the test shows nothing)"
 
 
-def test_chunks_are_first_then_horizon_and_shrink_to_fit():
+def test_chunks_grow_from_first_to_horizon_and_shrink_to_fit():
     n = 100
     demand = Demand(
         episode=np.zeros(n, dtype=np.int64),
@@ -211,7 +211,7 @@ def test_chunks_are_first_then_horizon_and_shrink_to_fit():
         encoded_bytes=np.array([1]),
     )
     spans = [(s.start, s.stop) for s in schedule(demand, Lookahead(horizon=16, first=2, cache_bytes=10**6)).steps]
-    assert [b - a for a, b in spans] == [2, 16, 16, 16, 16, 16, 16, 2]
+    assert [b - a for a, b in spans] == [2, 4, 8, 16, 16, 16, 16, 16, 6]  # doubling up to the horizon
     # 10 windows' frames (100 bytes) plus the columns (5) fit in 105 bytes: chunks are cut to 10.
     spans = [(s.start, s.stop) for s in schedule(demand, Lookahead(horizon=64, first=64, cache_bytes=105)).steps]
     assert {b - a for a, b in spans[:-1]} == {10}

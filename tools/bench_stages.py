@@ -44,8 +44,10 @@ class TimedCollate:
             self.seconds += time.perf_counter() - t
 
 
-def run(root: str, packets: bool, batches: int, warmup: int, dtype: str, seed: int) -> dict:
-    """One timed pass: the figures above for one read path."""
+def run(
+    root: str, packets: bool, batches: int, warmup: int, dtype: str, seed: int, size: tuple[int, int] | None = None
+) -> dict:
+    """One timed pass: the figures above for one read path (``size``: resize frames to it)."""
     import torch
 
     from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
@@ -60,7 +62,7 @@ def run(root: str, packets: bool, batches: int, warmup: int, dtype: str, seed: i
         action_horizon=HORIZON,
         boundary="pad",
     )
-    post = PostProcess(dtype=torch.float32 if dtype == "float32" else torch.uint8)
+    post = PostProcess(dtype=torch.float32 if dtype == "float32" else torch.uint8, size=size)
     ds = WindowDataset(src, spec, seed=seed, telemetry=True, postprocess=post, fetch=FetchPolicy(packets=packets))
     loader = WindowLoader(ds, batch_size=BATCH, num_workers=0)
     timed = TimedCollate(loader.collate_fn)
