@@ -13,6 +13,7 @@ torch runs on one thread, as in a DataLoader worker.
 
     python tools/bench_stages.py /tmp/epishard_bench_peers/unitree_g1_bottle_av1_v30_x50.epishard
     python tools/bench_stages.py DATASET --batches 60 --rounds 2 --dtype float32 --json
+    python tools/bench_stages.py DATASET --loader-workers 2 --batches 96   # the loader alone, 2 workers
 """
 
 from __future__ import annotations
@@ -101,6 +102,38 @@ def run(
     return out
 
 
+def throughput(root: str, workers: int, batches: int, warmup: int, seed: int) -> dict:
+    """The loader alone with DataLoader ``workers``: first batch, warm-up, samples/s after it and sustained."""
+    from epishard.stream import WindowDataset, WindowLoader, WindowSpec, segment
+    from epishard.stream.source import DatasetSource
+
+    src = DatasetSource(root)
+    spec = WindowSpec(
+        cameras={c: segment(0, SPAN - 1, FRAMES) for c in src.cameras},
+        state_offsets=(0,),
+        action_horizon=HORIZON,
+        boundary="pad",
+    )
+    loader = WindowLoader(WindowDataset(src, spec, seed=seed), batch_size=BATCH, num_workers=workers)
+    t0 = time.perf_counter()
+    first = warm = 0.0
+    for i, _ in enumerate(loader):
+        if i == 0:
+            first = time.perf_counter() - t0
+        if i == warmup:
+            warm = time.perf_counter() - t0
+        if i + 1 >= warmup + batches:
+            break
+    total = time.perf_counter() - t0
+    return {
+        "workers": workers,
+        "first_batch_s": first,
+        "warmup_s": warm,
+        "samples_per_s_after_warmup": batches * BATCH / (total - warm),
+        "samples_per_s_sustained": (warmup + batches) * BATCH / total,
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", help="a converted dataset (folder or URL)")
@@ -110,7 +143,14 @@ def main() -> int:
     p.add_argument("--dtype", choices=("uint8", "float32"), default="uint8")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="one JSON line per pass")
+    p.add_argument(
+        "--loader-workers", type=int, default=0, help="instead: the default loader with this many DataLoader workers"
+    )
     args = p.parse_args()
+    if args.loader_workers:
+        res = throughput(args.dataset, args.loader_workers, args.batches, args.warmup, args.seed)
+        print(json.dumps(res))
+        return 0
     import torch
 
     torch.set_num_threads(1)  # as in a DataLoader worker (torch sets 1 thread there)
