@@ -45,16 +45,10 @@ class TimedCollate:
             self.seconds += time.perf_counter() - t
 
 
-def run(
-    root: str, packets: bool, batches: int, warmup: int, dtype: str, seed: int, size: tuple[int, int] | None = None
-) -> dict:
-    """One timed pass: the figures above for one read path (``size``: resize frames to it)."""
-    import torch
-
-    from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
-    from epishard.stream.fetch import FetchPolicy
+def _source_and_spec(root: str):
+    """The dataset and the benchmark's window over every camera of it."""
+    from epishard.stream import WindowSpec, segment
     from epishard.stream.source import DatasetSource
-    from epishard.stream.telemetry import summarize
 
     src = DatasetSource(root)
     spec = WindowSpec(
@@ -63,6 +57,20 @@ def run(
         action_horizon=HORIZON,
         boundary="pad",
     )
+    return src, spec
+
+
+def run(
+    root: str, packets: bool, batches: int, warmup: int, dtype: str, seed: int, size: tuple[int, int] | None = None
+) -> dict:
+    """One timed pass: the figures above for one read path (``size``: resize frames to it)."""
+    import torch
+
+    from epishard.stream import PostProcess, WindowDataset, WindowLoader
+    from epishard.stream.fetch import FetchPolicy
+    from epishard.stream.telemetry import summarize
+
+    src, spec = _source_and_spec(root)
     post = PostProcess(dtype=torch.float32 if dtype == "float32" else torch.uint8, size=size)
     ds = WindowDataset(src, spec, seed=seed, telemetry=True, postprocess=post, fetch=FetchPolicy(packets=packets))
     loader = WindowLoader(ds, batch_size=BATCH, num_workers=0)
@@ -104,16 +112,9 @@ def run(
 
 def throughput(root: str, workers: int, batches: int, warmup: int, seed: int) -> dict:
     """The loader alone with DataLoader ``workers``: first batch, warm-up, samples/s after it and sustained."""
-    from epishard.stream import WindowDataset, WindowLoader, WindowSpec, segment
-    from epishard.stream.source import DatasetSource
+    from epishard.stream import WindowDataset, WindowLoader
 
-    src = DatasetSource(root)
-    spec = WindowSpec(
-        cameras={c: segment(0, SPAN - 1, FRAMES) for c in src.cameras},
-        state_offsets=(0,),
-        action_horizon=HORIZON,
-        boundary="pad",
-    )
+    src, spec = _source_and_spec(root)
     loader = WindowLoader(WindowDataset(src, spec, seed=seed), batch_size=BATCH, num_workers=workers)
     t0 = time.perf_counter()
     first = warm = 0.0
