@@ -813,7 +813,7 @@ class WindowDataset(IterableDataset):
             mine = pieces[at : at + len(planned)]
             at += len(planned)
             frames = decode_camera_packets(
-                ix, s, planned, starts, mine, self.post, where, telemetry, self.lookahead.decode_bytes
+                ix, s, planned, starts, mine, self.post, where, telemetry, self.lookahead.decode_bytes, store.alloc
             )
             store.put_frames(call.stream, call.frames, frames)
 

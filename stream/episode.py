@@ -229,13 +229,15 @@ def decode_camera_packets(
     where: str,
     telemetry: Telemetry,
     max_bytes: int = 256 << 20,
+    alloc=None,
 ) -> torch.Tensor | list[torch.Tensor]:
     """Decode the ``runs`` (``stream.packets.plan_runs``) of camera ``stream`` from their fetched bytes.
 
     ``pieces[i]``: the bytes of run ``i``'s range, which starts at byte ``starts[i]`` of the video
     member (``stream.packets.run_ranges``). Returns uint8 ``[U, 3, h, w]`` after ``post.prepare``,
     the runs' frames in order; when ``post`` prepares nothing, a list of ``U`` standalone
-    ``[3, H, W]`` frames instead (``Store.put_frames`` keeps them without a copy). Counts as
+    ``[3, H, W]`` frames instead, written into ``alloc(shape)`` (``Store.alloc``; default new
+    tensors), which ``Store.put_frames`` keeps without a copy. Counts as
     ``decode_camera`` does; a decoder is opened only when the
     worker's pool has none for the stream's codec, extradata and size.
 
@@ -260,6 +262,7 @@ def decode_camera_packets(
         where=where,
         post=None if post.prepares_nothing else post.prepare,
         max_bytes=max_bytes,
+        alloc=alloc,
     )
     frames = np.concatenate([r.frames for r in runs])
     work = sum(int(index.decoded_frames(stream, r.frames)) for r in runs)

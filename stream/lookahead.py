@@ -515,6 +515,15 @@ class Store:
         self.frames: dict[int, torch.Tensor] = {}
         self.columns: dict[int, tuple[dict, Any, int]] = {}
         self.nbytes = 0
+        # Frames dropped from the cache, kept to be written again (``alloc``): a new frame then
+        # reuses one of its shape instead of a fresh allocation (no page faults, no heap
+        # fragmentation). At most the cache's own size, since only cached frames come back.
+        self._free: dict[tuple, list[torch.Tensor]] = {}
+
+    def alloc(self, shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        """An uninitialised contiguous frame tensor of ``shape``: a dropped frame's, else a new one."""
+        free = self._free.get((shape, dtype))
+        return free.pop() if free else torch.empty(shape, dtype=dtype)
 
     def put_frames(self, stream: int, frames: np.ndarray, decoded: torch.Tensor | list[torch.Tensor]) -> None:
         """``decoded``: ``[len(frames), C, h, w]``, frame ``frames[i]`` of global ``stream`` at ``i``.
@@ -537,7 +546,10 @@ class Store:
         for k in keys.tolist():
             if k >= 0:
                 frame = self.frames.pop(k, None)
-                self.nbytes -= 0 if frame is None else frame.nbytes
+                if frame is not None:
+                    self.nbytes -= frame.nbytes
+                    if frame.is_contiguous():
+                        self._free.setdefault((tuple(frame.shape), frame.dtype), []).append(frame)
             else:
                 item = self.columns.pop(-1 - k, None)
                 self.nbytes -= 0 if item is None else item[2]

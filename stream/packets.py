@@ -219,6 +219,7 @@ def decode_runs(
     post=None,
     max_bytes: int = 256 << 20,
     pool: DecoderPool | None = None,
+    alloc=None,
 ) -> tuple[PacketFrames, bool]:
     """Decode the ``runs`` of one stream from their fetched bytes: uint8 RGB frames after ``post`` (``PacketFrames``).
 
@@ -228,6 +229,8 @@ def decode_runs(
     decoded frame is identified by its own). Frames come out in the runs' order, which is the
     sorted order of the frames asked for. At most ``max_bytes`` of RGB frames are held before
     ``post`` runs on them (consecutive parts, as ``stream.decode.decode`` splits its calls).
+    ``alloc(shape)``: where a frame without ``post`` is written (``Store.alloc``: reused tensors;
+    default: new ones).
 
     Returns ``(PacketFrames, opened)``: ``opened`` tells whether a decoder was opened for this call.
 
@@ -237,6 +240,11 @@ def decode_runs(
             is in the message.
     """
     pool = POOL if pool is None else pool  # the worker's (``DecoderPool``)
+    if alloc is None:
+
+        def alloc(shape):
+            return torch.empty(shape, dtype=torch.uint8)
+
     decoder, opened = pool.get(codec, extradata, width, height)
     ctx, reformat = decoder.ctx, decoder.reformatter.reformat
     per_call = max(1, max_bytes // max(3 * height * width, 1))
@@ -283,7 +291,7 @@ def decode_runs(
                     # Copied while ``rgb`` is held: PyAV's array views the frame's buffer, which is
                     # freed (and reused by the next conversion) once the frame object goes.
                     if direct:  # one copy, HWC to the frame's own CHW tensor
-                        single[i] = frame_out = torch.empty((3, height, width), dtype=torch.uint8)
+                        single[i] = frame_out = alloc((3, height, width))
                         frame_out.copy_(torch.from_numpy(rgb.to_ndarray()).permute(2, 0, 1))
                     else:
                         buf[i] = rgb.to_ndarray()
