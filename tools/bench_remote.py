@@ -67,8 +67,8 @@ from epishard.stream.source import DatasetSource
 from epishard.stream.telemetry import FIELDS
 
 CAMS = ("observation.images.front", "observation.images.left", "observation.images.wrist")
-REAL = Path(os.environ.get("EPISHARD_SHARED_DATA", REPO.parent / "shared" / "data")) / "so101_bimanual_cloth"
-REAL_CAMS = ("observation.images.cam0", "observation.images.cam1")
+SHARED = Path(os.environ.get("EPISHARD_SHARED_DATA", REPO.parent / "shared" / "data"))
+REAL = SHARED / "so101_bimanual_cloth"  # --real chooses another dataset of ../shared/data
 BATCH = 8
 COUNTERS = (
     "samples",
@@ -294,10 +294,12 @@ def prepare(args, server: Server) -> tuple[str, list[str], str]:
     """Convert the dataset to a local folder (or reuse ``--keep``'s), upload it; (local path, cameras, what)."""
     import s3fs
 
-    if args.generated or not (REAL / "meta" / "info.json").exists():
+    real = SHARED / args.real
+    if args.generated or not (real / "meta" / "info.json").exists():
         what, cams = f"generated: {args.episodes} episodes x {args.frames} frames, 3 cameras, H.264 128x128", CAMS
     else:
-        what, cams = f"so101_bimanual_cloth x{args.copies} (real, 2 cameras, MPEG-4 224x224)", REAL_CAMS
+        names = tuple(sorted(read_lerobot(str(real)).episodes[0].videos))
+        what, cams = f"{args.real} x{args.copies} (real, {len(names)} cameras)", names
     local = os.path.join(args.keep, "local")
     stamp = os.path.join(args.keep, "what.txt")
     if not (os.path.exists(stamp) and Path(stamp).read_text() == what):
@@ -316,9 +318,10 @@ def tiled(args) -> Source:
 
     Copy ``c`` of episode ``i`` becomes episode ``1000 c + i``, so batches tell the copies apart.
     """
-    if args.generated or not (REAL / "meta" / "info.json").exists():
+    real = SHARED / args.real
+    if args.generated or not (real / "meta" / "info.json").exists():
         return make_source(args.episodes, args.frames)
-    src = read_lerobot(str(REAL))
+    src = read_lerobot(str(real))
     episodes = [
         dataclasses.replace(e, episode_index=1000 * c + e.episode_index)
         for c in range(args.copies)
@@ -343,7 +346,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--timed-batches", type=int, default=None, help="default: whole chunks, >= --seconds in the first run"
     )
-    parser.add_argument("--copies", type=int, default=150, help="real data: the 5 episodes converted this many times")
+    parser.add_argument("--copies", type=int, default=150, help="real data: its episodes converted this many times")
+    parser.add_argument(
+        "--real",
+        default=REAL.name,
+        help="the dataset of ../shared/data to tile (e.g. unitree_g1_bottle_av1: AV1 GOP 2)",
+    )
     parser.add_argument("--generated", action="store_true", help="generated episodes even when the real data is there")
     parser.add_argument("--episodes", type=int, default=400)
     parser.add_argument("--frames", type=int, default=150)
