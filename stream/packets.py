@@ -240,95 +240,92 @@ def decode_runs(
             is in the message.
     """
     pool = POOL if pool is None else pool  # the worker's (``DecoderPool``)
-    if alloc is None:
-
-        def alloc(shape):
-            return torch.empty(shape, dtype=torch.uint8)
-
     decoder, opened = pool.get(codec, extradata, width, height)
-    ctx, reformat = decoder.ctx, decoder.reformatter.reformat
-    per_call = max(1, max_bytes // max(3 * height * width, 1))
-    direct = post is None
+    table = (offset, size, crc32, frame, pts)
+    frames = _decoded(decoder, runs, pieces, starts, table, where)
     total = sum(r.frames.size for r in runs)
-    single: list = [None] * total  # direct: one tensor per frame, in order
-    parts: list[torch.Tensor] = []
-    post_s, out, filled, done = 0.0, None, 0, 0
-
-    def flush_part() -> None:
-        nonlocal post_s, out, filled
-        if out is None or not filled:  # (direct: never filled)
-            return
-        batch = torch.from_numpy(out[:filled]).permute(0, 3, 1, 2)
-        t = time.perf_counter()
-        parts.append(post(batch) if post is not None else batch.contiguous())
-        post_s += time.perf_counter() - t
-        out, filled = None, 0
-
     try:
-        for k, (run, data, start) in enumerate(zip(runs, pieces, starts, strict=True)):
-            if out is not None and filled + run.frames.size > out.shape[0]:
-                flush_part()  # bounded memory: at most max_bytes of RGB frames before post-processing
-            if out is None and not direct:  # room for the frames left, at most max_bytes (a longer run: the run)
-                left = sum(r.frames.size for r in runs[k:])
-                out = np.empty((max(min(per_call, left), run.frames.size), height, width, 3), dtype=np.uint8)
-            slot = (
-                {int(pts[f]): done + i for i, f in enumerate(run.frames.tolist())}
-                if direct
-                else {int(pts[f]): filled + i for i, f in enumerate(run.frames.tolist())}
-            )
-            got = np.zeros(run.frames.size, dtype=bool)
-            base, buf = (done if direct else filled), out
-
-            def take(frames, slot=slot, got=got, base=base, buf=buf) -> None:
-                for f in frames:
-                    i = slot.get(f.pts)
-                    if i is None:
-                        continue  # a frame the run decodes on the way (lead-in, hidden, or between)
-                    if got[i - base]:
-                        raise DecodeError(f"{where}: the decoder returned pts {f.pts} twice")
-                    got[i - base] = True
-                    rgb = reformat(f, format="rgb24", threads=1)
-                    # Copied while ``rgb`` is held: PyAV's array views the frame's buffer, which is
-                    # freed (and reused by the next conversion) once the frame object goes.
-                    if direct:  # one copy, HWC to the frame's own CHW tensor
-                        single[i] = frame_out = alloc((3, height, width))
-                        frame_out.copy_(torch.from_numpy(rgb.to_ndarray()).permute(2, 0, 1))
-                    else:
-                        buf[i] = rgb.to_ndarray()
-                    del rgb
-
-            for p in range(run.first, run.stop):
-                a = int(offset[p]) - start
-                payload = data[a : a + int(size[p])]
-                if zlib.crc32(payload) != int(crc32[p]):
-                    raise DecodeError(f"{where}: packet {p} does not match the index's CRC-32: its bytes are damaged")
-                # A packet of its own (FFmpeg's av_new_packet: zeroed input padding after the data, which
-                # bitstream readers may read into), not a view of Python bytes followed by other memory.
-                packet = av.Packet(len(payload))
-                memoryview(packet)[:] = payload
-                if frame[p] >= 0:
-                    packet.pts = int(pts[frame[p]])
-                take(ctx.decode(packet))
-            take(ctx.decode(None))
-            ctx.flush_buffers()
-            if not got.all():
-                f = int(run.frames[np.flatnonzero(~got)[0]])
-                raise DecodeError(
-                    f"{where}: frame {f} (pts {int(pts[f])}) did not come out of packets {run.first}-{run.stop - 1}"
+        if post is None:  # each frame copied once, HWC to its own CHW tensor
+            single: list[torch.Tensor] = []
+            for rgb in frames:
+                out = (
+                    alloc((3, height, width))
+                    if alloc is not None
+                    else torch.empty((3, height, width), dtype=torch.uint8)
                 )
-            filled += run.frames.size
-            done += run.frames.size
-        flush_part()
+                single.append(out.copy_(torch.from_numpy(rgb).permute(2, 0, 1)))
+            return PacketFrames(single, 1, 0.0), opened
+        # Consecutive parts of at most max_bytes of RGB frames, each post-processed before the next.
+        per_call = max(1, max_bytes // max(3 * height * width, 1))
+        parts: list[torch.Tensor] = []
+        post_s, buf, filled = 0.0, None, 0
+        for i, rgb in enumerate(frames):
+            if buf is None:
+                buf, filled = np.empty((min(per_call, total - i), height, width, 3), dtype=np.uint8), 0
+            buf[filled] = rgb
+            filled += 1
+            if filled == buf.shape[0]:
+                t = time.perf_counter()
+                parts.append(post(torch.from_numpy(buf).permute(0, 3, 1, 2)))
+                post_s += time.perf_counter() - t
+                buf = None
     except DecodeError:
         pool.discard(codec, extradata, width, height)
         raise
     except Exception as exc:  # PyAV raises FFmpegError/ValueError by case
         pool.discard(codec, extradata, width, height)
-        frames = np.concatenate([r.frames for r in runs])
-        raise DecodeError(f"{where}: decoding frames {frames[:8].tolist()}... failed: {exc}") from exc
-    if direct:
-        return PacketFrames(single, 1, 0.0), opened
+        asked = np.concatenate([r.frames for r in runs]) if runs else np.zeros(0, np.int64)
+        raise DecodeError(f"{where}: decoding frames {asked[:8].tolist()}... failed: {exc}") from exc
     if not parts:
         return PacketFrames(torch.empty((0, 3, height, width), dtype=torch.uint8), 0, 0.0), opened
     batch = parts[0] if len(parts) == 1 else torch.cat(parts)
     return PacketFrames(batch, len(parts), post_s), opened
+
+
+def _decoded(decoder: _Decoder, runs: list[Run], pieces: list[bytes], starts: list[int], table: tuple, where: str):
+    """The wanted frames of ``runs``, in order, each as a uint8 HWC RGB array valid until the next one.
+
+    ``table``: (offset, size, crc32, frame, pts) as ``decode_runs`` takes them. Per run: every packet
+    checked by CRC-32 and fed in its own zero-padded FFmpeg buffer (``av_new_packet``: bitstream
+    readers may read into the padding, which must not be other memory), then the decoder drained
+    and flushed. A decoder emits frames in presentation order, so the wanted ones must come out in
+    the order asked, each once.
+
+    Raises:
+        DecodeError: a damaged packet, a wanted frame out of order or twice, or one that never came out.
+    """
+    offset, size, crc32, frame, pts = table
+    ctx, reformat = decoder.ctx, decoder.reformatter.reformat
+    for run, data, start in zip(runs, pieces, starts, strict=True):
+        wanted = {int(pts[f]): i for i, f in enumerate(run.frames.tolist())}
+        done = 0
+        for p in range(run.first, run.stop + 1):  # the last step drains the decoder
+            if p == run.stop:
+                packet = None
+            else:
+                a = int(offset[p]) - start
+                payload = data[a : a + int(size[p])]
+                if zlib.crc32(payload) != int(crc32[p]):
+                    raise DecodeError(f"{where}: packet {p} does not match the index's CRC-32: its bytes are damaged")
+                packet = av.Packet(len(payload))
+                memoryview(packet)[:] = payload
+                if frame[p] >= 0:
+                    packet.pts = int(pts[frame[p]])
+            for f in ctx.decode(packet):
+                i = wanted.get(f.pts)
+                if i is None:
+                    continue  # a frame the run decodes on the way (lead-in, hidden, or between)
+                if i != done:
+                    raise DecodeError(f"{where}: the decoder returned pts {f.pts} out of order or twice")
+                done += 1
+                # Held while the caller copies: PyAV's array views this frame's buffer, freed (and
+                # reused by the next conversion) once the frame object goes.
+                rgb = reformat(f, format="rgb24", threads=1)
+                yield rgb.to_ndarray()
+                del rgb
+        ctx.flush_buffers()
+        if done < run.frames.size:
+            f = int(run.frames[done])
+            raise DecodeError(
+                f"{where}: frame {f} (pts {int(pts[f])}) did not come out of packets {run.first}-{run.stop - 1}"
+            )
