@@ -766,20 +766,22 @@ class WindowDataset(IterableDataset):
         ix = self.sources[d].index
         if load.fetch is None:
             blobs, decoders = encoded.blobs[e], encoded.decoders[e]
+            runs, pieces = None, []  # a kept episode is one read by members (packet reads are never kept)
             telemetry.add(encoded_cache_hits=1)
         else:
             dd, k, shas, members, runs = slots[load.fetch]
             fetched = fetchers[dd].episode(k, shas)
             blobs, decoders = dict(zip(members, fetched[: len(members)], strict=True)), {}
+            pieces = fetched[len(members) :]
             telemetry.add(episodes_loaded=1)
-            if runs is not None:
-                self._load_packets(load, ix, local, blobs, runs, fetched[len(members) :], store, telemetry)
-                return
         if load.columns:
             normalizers = self.normalizers[d][ix.source(local)]
             columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.spec, normalizers)
             store.put_columns(e, columns, EpisodeInfo.of(ix, local, self.cam_offsets[d]), columns_nbytes(columns))
-        base = int(np.sum([s.index.cam_depth.size for s in self.sources[:d]]))
+        if runs is not None:
+            self._load_packets(load, ix, local, runs, pieces, store, telemetry)
+            return
+        base = self._stream_base[d]
         for call in load.decodes:
             s = call.stream - base
             where = f"episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
@@ -795,15 +797,10 @@ class WindowDataset(IterableDataset):
             encoded.drop((e,))
 
     def _load_packets(
-        self, load: Load, ix, local: int, blobs: dict, runs: dict, pieces: list[bytes], store: Store, telemetry
+        self, load: Load, ix, local: int, runs: dict, pieces: list[bytes], store: Store, telemetry
     ) -> None:
-        """A load read by packets: its columns from the data member, each decode call from its runs' bytes."""
-        e = load.episode
-        d, _ = self._locate(e)
-        if load.columns:
-            normalizers = self.normalizers[d][ix.source(local)]
-            columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.spec, normalizers)
-            store.put_columns(e, columns, EpisodeInfo.of(ix, local, self.cam_offsets[d]), columns_nbytes(columns))
+        """The decode calls of a load read by packets, each from its runs' bytes (``pieces``, in call order)."""
+        d, _ = self._locate(load.episode)
         base, at = self._stream_base[d], 0
         for call in load.decodes:
             s = call.stream - base
