@@ -93,6 +93,7 @@ from .source import DatasetSource
 from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
+from .usercode import from_user_code
 
 # 2: + "history" (progress under earlier layouts of the epoch: elastic resume). 3: + "shuffle_episodes";
 # the plan changed (plan-level pool shuffle, counter-based anchor draws), so a mid-epoch state of an
@@ -336,7 +337,7 @@ class WindowDataset(IterableDataset):
         """Replace the table's weights by the repeat factors of ``weights="probability"``."""
         anchors = anchor_counts(self.table.lo, self.table.hi, self.spec.stride, self.table.gaps)
         natural = np.add.reduceat(expected_windows(anchors, self.spec.sampling), self.episode_base[:-1])
-        factors = probability_factors(natural, self.weights, epoch_length, [s.url for s in self.sources])
+        factors = probability_factors(natural, self.weights, epoch_length, [s.shown for s in self.sources])
         self.weights = factors.tolist()
         self.table = dataclasses.replace(self.table, weight=np.repeat(factors, np.diff(self.episode_base)))
 
@@ -562,7 +563,8 @@ class WindowDataset(IterableDataset):
                     try:
                         self._load(load, fetchers, slots, encoded, store, telemetry)
                     except (FetchError, DecodeError) as exc:  # the shard policy decides, for both
-                        if self.fetch.on_shard_error == "raise":
+                        # (data faults only: an exception of the user's hook is never skipped)
+                        if self.fetch.on_shard_error == "raise" or from_user_code(exc):
                             raise
                         warnings.warn(f"epishard: skipping episode {self._key(load.episode)}: {exc}", stacklevel=2)
                         telemetry.add(episodes_skipped=1)
@@ -597,7 +599,7 @@ class WindowDataset(IterableDataset):
                 assert first_failure is not None  # owed > 0 only after a failure
                 failed_dataset, first_error = first_failure
                 raise FetchError(
-                    f"{self.sources[failed_dataset].url}: every episode this worker read failed, so {owed} samples "
+                    f"{self.sources[failed_dataset].shown}: every episode this worker read failed, so {owed} samples "
                     f"cannot be filled; the first: {first_error}",
                     -1,
                 )

@@ -23,6 +23,8 @@ import torchcodec.decoders  # noqa: F401
 
 from epishard.shardwriter.video import frame_stream, open_decoder
 
+from .usercode import from_user_code
+
 
 class DecodeError(RuntimeError):
     """A video member did not decode; the message names the episode key and camera."""
@@ -103,6 +105,8 @@ def decode(
     except DecodeError:
         raise
     except Exception as exc:  # torchcodec raises RuntimeError/ValueError/IndexError by case
+        if from_user_code(exc):  # the post-processing hook's: the caller's, not a damaged video
+            raise
         raise DecodeError(f"{where}: decoding frames {frames[:8].tolist()}... failed: {exc}") from exc
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
     return Decoded(out, len(parts), post_s, decoder)

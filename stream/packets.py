@@ -37,6 +37,7 @@ import torch
 from av.video.reformatter import VideoReformatter
 
 from .decode import DecodeError
+from .usercode import from_user_code
 
 # FFmpeg decoders to open for a codec, best first: FFmpeg's own AV1 decoder needs a hardware
 # accelerator, so AV1 goes to libdav1d (what FFmpeg itself picks for an AV1 stream) or libaom.
@@ -274,6 +275,8 @@ def decode_runs(
         raise
     except Exception as exc:  # PyAV raises FFmpegError/ValueError by case
         pool.discard(codec, extradata, width, height)
+        if from_user_code(exc):  # the post-processing hook's: the caller's, not a damaged video
+            raise
         asked = np.concatenate([r.frames for r in runs]) if runs else np.zeros(0, np.int64)
         raise DecodeError(f"{where}: decoding frames {asked[:8].tolist()}... failed: {exc}") from exc
     if not parts:

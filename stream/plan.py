@@ -62,6 +62,8 @@ import numpy as np
 
 from epishard.seeding import rng_for
 
+from .usercode import UserCodeError, call_user, describe
+
 if TYPE_CHECKING:
     from .spec import WindowSpec
 
@@ -1155,7 +1157,9 @@ def level_plan(
     if stages.deal is None:
         plan = global_plan(table, stride, per_episode, seed, epoch, first)
     else:
-        plan = stages.deal(table, *epoch_windows(table, stride, per_episode, seed, epoch), *layouts[0], seed, epoch, 0)
+        windows = epoch_windows(table, stride, per_episode, seed, epoch)
+        what = f"the deal stage {describe(stages.deal)}"
+        plan = call_user(what, stages.deal, table, *windows, *layouts[0], seed, epoch, 0)
     for level, progress in enumerate(history):
         taken = np.zeros(plan.episode.size, dtype=bool)
         for c, k in enumerate(progress.consumed):
@@ -1175,7 +1179,8 @@ def level_plan(
             nxt = history[level + 1].consumers if level + 1 < len(history) else consumers
             plan = deal(table, *rest, nxt, seed, epoch, level + 1)
         else:
-            plan = stages.deal(table, *rest, *layouts[level + 1], seed, epoch, level + 1)
+            what = f"the deal stage {describe(stages.deal)}"
+            plan = call_user(what, stages.deal, table, *rest, *layouts[level + 1], seed, epoch, level + 1)
     return plan
 
 
@@ -1190,19 +1195,72 @@ def _yield_order(
         if stages.group is not None:
             raise ValueError("a deal stage that keeps its order cannot be followed by a group stage")
         kept = np.arange(episode.size, dtype=np.int64)
-        return kept, None if stages.cost is None else np.asarray(stages.cost(episode, anchor), dtype=np.float64)
+        return kept, None if stages.cost is None else _stage_costs(stages.cost, episode, anchor)
     salt = (world.consumer,) if level == 0 else (world.consumer, level)
     order = pool_shuffle(episode, stages.shuffle_episodes, rng_for(seed, epoch, _SALT_SHUFFLE, *salt))
     cost = None
     if stages.cost is not None:
-        cost = np.asarray(stages.cost(episode[order], anchor[order]), dtype=np.float64)
+        cost = _stage_costs(stages.cost, episode[order], anchor[order])
     if stages.order is not None:
-        again = np.asarray(stages.order(episode[order], anchor[order], cost, world, seed, epoch), dtype=np.int64)
+        what = f"the order stage {describe(stages.order)}"
+        again = call_user(what, stages.order, episode[order], anchor[order], cost, world, seed, epoch)
+        again = _permutation(again, order.size, what)
         order, cost = order[again], None if cost is None else cost[again]
     if stages.group is not None:
         kept = np.asarray(stages.group(episode[order], rng_for(seed, epoch, _SALT_GROUP, *salt)), dtype=np.int64)
         order, cost = order[kept], None if cost is None else cost[kept]
     return order, cost
+
+
+def _stage_costs(stage: CostStage, episode: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+    """The cost stage's float64 ``[n]`` costs of the windows, its exception marked as the user's (``stream.usercode``).
+
+    Raises:
+        UserCodeError: the stage returned another shape than ``[n]``, or values that are not finite numbers.
+    """
+    what = f"the cost stage {describe(stage)}"
+    raw = call_user(what, stage, episode, anchor)
+    try:
+        cost = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise UserCodeError(f"{what} returned {type(raw).__name__}, not costs [{episode.size}]: {exc}", what) from exc
+    if cost.shape != episode.shape:
+        raise UserCodeError(f"{what} returned costs of shape {list(cost.shape)} for {episode.size} windows", what)
+    bad = np.flatnonzero(~np.isfinite(cost))
+    if bad.size:
+        raise UserCodeError(
+            f"{what} returned {bad.size} costs that are not finite, the first {cost[bad[0]]} for window {int(bad[0])} "
+            f"(episode {int(episode[bad[0]])}, anchor {int(anchor[bad[0]])})",
+            what,
+        )
+    return cost
+
+
+def _permutation(raw: object, n: int, what: str) -> np.ndarray:
+    """``raw`` (an order stage's answer) as int64 ``[n]`` if it is a permutation of ``0 .. n-1``.
+
+    Raises:
+        UserCodeError: anything else (windows would be lost or yielded twice).
+    """
+    order = np.asarray(raw)
+    if order.shape != (n,) or not (np.issubdtype(order.dtype, np.integer) or n == 0):
+        raise UserCodeError(
+            f"{what} returned {order.dtype} {list(order.shape)}; it must return a permutation of the {n} window "
+            "positions (int [n])",
+            what,
+        )
+    order = order.astype(np.int64)
+    seen = np.zeros(n, dtype=np.int64)
+    inside = (order >= 0) & (order < n)
+    np.add.at(seen, order[inside], 1)
+    if not inside.all() or (seen != 1).any():
+        missing = int(np.sum(seen == 0))
+        raise UserCodeError(
+            f"{what} returned no permutation of the {n} window positions: {int(np.sum(~inside))} out of range, "
+            f"{int(np.sum(seen > 1))} repeated, {missing} missing (windows would be lost or yielded twice)",
+            what,
+        )
+    return order
 
 
 def _old_shuffle_options(shuffle_episodes: int | None, shuffle_windows: int | None, shuffle_bytes: int | None):

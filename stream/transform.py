@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .usercode import UserCodeError, call_user, describe
+
 
 @dataclass(frozen=True)
 class PostProcess:
@@ -18,7 +20,10 @@ class PostProcess:
         dtype: ``torch.uint8`` (default, values 0..255) or a float dtype.
         scale: with a float dtype, divide by 255 so values lie in [0, 1] (LeRobot's convention).
         hook: ``f(frames) -> frames`` on a uint8 ``[N, C, H, W]`` tensor, before the dtype
-            conversion; runs once per decoded frame, never per window.
+            conversion; runs once per decoded frame, never per window. It must return uint8
+            ``[N, C, h, w]`` (the same frames and channels; ``UserCodeError`` otherwise). An exception
+            it raises is the caller's, never a damaged episode: it reaches the caller with its own
+            type and traceback (through a DataLoader worker too), whatever ``on_shard_error`` says.
 
     Depth cameras go through ``prepare_depth`` only (crop, nearest resize): no hook, no dtype change.
     """
@@ -55,8 +60,28 @@ class PostProcess:
                 frames.contiguous(memory_format=torch.channels_last), size=self.size, mode="bilinear", antialias=True
             )
         if self.hook is not None:
-            frames = self.hook(frames)
+            frames = self._run_hook(frames)
         return frames.contiguous()
+
+    def _run_hook(self, frames: torch.Tensor) -> torch.Tensor:
+        """``hook(frames)``, its exception marked as the user's (``stream.usercode``) and its output checked.
+
+        Raises:
+            Exception: whatever the hook raises, unchanged (with a note naming the hook).
+            UserCodeError: the hook returned no tensor, another dtype than uint8, or another number
+                of frames or channels (``[N, C, h, w]`` of the frames given).
+        """
+        what = f"PostProcess.hook {describe(self.hook)}"
+        out = call_user(what, self.hook, frames)
+        shaped = isinstance(out, torch.Tensor) and out.dim() == 4 and out.shape[:2] == frames.shape[:2]
+        if not shaped or out.dtype != torch.uint8:
+            got = f"{out.dtype} {list(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise UserCodeError(
+                f"{what} returned {got}; it must return uint8 [N, C, h, w] with the N={frames.shape[0]} frames and "
+                f"C={frames.shape[1]} channels it was given ({list(frames.shape)})",
+                what,
+            )
+        return out
 
     def prepare_depth(self, frames: torch.Tensor) -> torch.Tensor:
         """Crop and resize of depth frames: uint16 ``[N, 1, H, W]`` -> uint16 ``[N, 1, h, w]``.
