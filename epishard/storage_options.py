@@ -13,14 +13,27 @@ def parse_storage_options(text: str) -> dict:
     """``--storage-options`` JSON text as a dict (``type=`` of every command's option).
 
     Raises:
-        ValueError: the text is not a JSON object (the message quotes it and shows an example).
+        ValueError: the text is not a JSON object. The message names the option, where the JSON
+            breaks (line, column) or what it holds instead, and an example, never the text itself:
+            the options carry secrets (``key``, ``secret``, ``token``).
     """
     try:
         value = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"--storage-options {text!r} is not valid JSON ({exc})") from None
+    except json.JSONDecodeError as exc:  # exc.msg and the position only: str(exc) is safe, exc.doc is not
+        raise ValueError(
+            f"--storage-options is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}; "
+            f"the value is not shown: it may hold secrets){_EXAMPLE}"
+        ) from None
+    except ValueError:  # e.g. a lone surrogate
+        raise ValueError(
+            f"--storage-options is not valid JSON (the value is not shown: it may hold secrets){_EXAMPLE}"
+        ) from None
     if not isinstance(value, dict):
         raise ValueError(
-            f'--storage-options {text!r} must be a JSON object, e.g. \'{{"endpoint_url": "http://127.0.0.1:9000"}}\''
+            f"--storage-options must be a JSON object, not a JSON {_KINDS.get(type(value), 'value')}{_EXAMPLE}"
         )
     return value
+
+
+_EXAMPLE = '; e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\''
+_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}

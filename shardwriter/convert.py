@@ -31,6 +31,8 @@ from typing import Literal
 import av
 import pyarrow as pa
 
+from epishard.redact import redact, redact_optional
+
 from . import format as fmt
 from .episode import Episode, Source, TableSlice, file_size
 from .errors import ConversionError, OutputFolderError, SourceError, check_choice
@@ -241,6 +243,11 @@ def _pool_context():
     return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
+def _redacted_entry(entry: dict) -> dict:
+    """A report entry (a warning of ``prepare``) with its text fields redacted (``epishard.redact``)."""
+    return {k: redact(v) if isinstance(v, str) and k in ("message", "file", "dataset") else v for k, v in entry.items()}
+
+
 def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], options: ConvertOptions, digest: str) -> dict:
     """Write one shard and its index atomically; return the shard metadata stored in the index."""
     name = fmt.shard_name(options.prefix, shard_id)
@@ -271,7 +278,7 @@ def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], option
                 offset, size, sha = tar.add(member_name, data)
                 members.append({"name": member_name, "offset": offset, "size": size, "sha256": sha})
             rows.append({**ready.row, "members": members})
-            notes.extend(ready.warnings)
+            notes.extend([_redacted_entry(w) for w in ready.warnings])  # the index meta is published
             for level, n in ready.checks.items():
                 checks[level] = checks.get(level, 0) + n
         tar.close()
@@ -614,11 +621,11 @@ def convert(
         sources=tuple(
             fmt.SourceEntry(
                 name=s.name,
-                path=s.path,
+                path=redact_optional(s.path),  # the manifest is published: no credentials
                 format=s.format,
                 fps=s.fps,
                 episodes=summary["episodes_per_source"].get(s.name, 0),
-                notes=tuple(s.notes),
+                notes=tuple(redact(n) for n in s.notes),
             )
             for s in sources
         ),

@@ -10,6 +10,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
+from epishard.redact import redact, redact_optional
+
 # What to do about a bad input, in every option of writer and reader that decides it: stop with an
 # error ("raise"), leave the input out and count it ("skip"), or go on and report it ("warn").
 ErrorPolicy = Literal["raise", "skip", "warn"]
@@ -47,6 +49,9 @@ class ConversionError(Exception):
     ``row`` (table row within the episode or None), ``shard`` (the shard being written, or None),
     ``kind`` (a short machine-readable tag such as ``"nan"``, ``"frames_past_end"``,
     ``"unreadable_video"``; the report counts skips by it).
+
+    The message, ``dataset`` and ``path`` are redacted (``epishard.redact``): a URL's credentials
+    never reach the text, the manifest's report or a log.
     """
 
     def __init__(
@@ -62,13 +67,13 @@ class ConversionError(Exception):
         shard: str | None = None,
     ) -> None:
         self.kind = kind
-        self.dataset = dataset
+        self.dataset = redact_optional(dataset)
         self.episode = episode
         self.camera = camera
         self.row = row
-        self.path = path
+        self.path = redact_optional(path)
         self.shard = shard
-        self.detail = message
+        self.detail = redact(message)
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -125,12 +130,22 @@ def _rebuild(message: str, fields: dict) -> ConversionError:
     return ConversionError(message, **fields)
 
 
-class SourceError(Exception):
-    """A source dataset as a whole is unusable (no meta/info.json, no episodes found, ...)."""
+class _Redacted(Exception):
+    """An exception whose text arguments are redacted (``epishard.redact``) when it is made."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
-class OutputFolderError(Exception):
-    """The output folder cannot be used; nothing in it was changed.
+class SourceError(_Redacted):
+    """A source dataset as a whole is unusable (no meta/info.json, no episodes found, ...).
+
+    Its message names the source by path or URL, credentials redacted.
+    """
+
+
+class OutputFolderError(_Redacted):
+    """The output folder cannot be used; nothing in it was changed (the message: credentials redacted).
 
     It holds files this writer did not create, is a file, or belongs to a conversion with another shard prefix.
     """

@@ -30,6 +30,8 @@ import string
 
 import pyarrow.parquet as pq
 
+from epishard.redact import redact
+
 from .episode import CameraVideo, Episode, FileInput, Source, TableSlice
 from .errors import SourceError
 from .storage import FileSystemHandle, RemoteFile, is_local, local_path, protocol_of
@@ -369,7 +371,8 @@ def read_lerobot(
     _check_info(info, info_path)
     _check_wanted(info.get("features", {}), cameras, root)
     version = str(info.get("codebase_version", ""))
-    name = name or os.path.basename(root.rstrip("/"))
+    # The name goes into episode keys, the index and the manifest: never a URL's credentials.
+    name = name or os.path.basename(redact(root).rstrip("/"))
     if version.startswith("v2"):
         return _read_v2(tree, name, info, cameras)
     if version.startswith("v3"):

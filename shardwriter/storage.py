@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import fsspec
 import fsspec.config
 
+from epishard.redact import remember
 from epishard.storage_options import parse_storage_options  # noqa: F401  (re-exported for the APIs and tools)
 
 from . import format as fmt
@@ -89,11 +90,16 @@ def resolve_storage_options(url: str, storage_options: dict | None = None) -> di
     ``FSSPEC_<PROTOCOL>[_<OPTION>]`` environment variables (values as fsspec parses them), updated
     by ``storage_options``. Client variables such as ``AWS_ENDPOINT_URL`` are read by the client itself (see
     the module docstring) and apply when no option sets the same thing.
+
+    The secrets of ``url`` and of the options are remembered for ``epishard.redact.redact``, so
+    that nothing this process writes or prints shows them.
     """
     conf: dict = {}
     fsspec.config.set_conf_files(fsspec.config.conf_dir, conf)
     fsspec.config.set_conf_env(conf)
-    return {**conf.get(protocol_of(url) or "file", {}), **(storage_options or {})}
+    options = {**conf.get(protocol_of(url) or "file", {}), **(storage_options or {})}
+    remember(url, options)
+    return options
 
 
 def make_filesystem(
@@ -371,7 +377,7 @@ class RemoteFile:
 
     url: str
     known_size: int | None = None
-    storage_options: dict = field(default_factory=dict, compare=False)
+    storage_options: dict = field(default_factory=dict, compare=False, repr=False)  # secrets: never shown
 
     def __str__(self) -> str:
         return self.url

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from epishard.redact import redact
 from epishard.shardwriter.errors import check_choice
 from epishard.shardwriter.storage import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, NotARegularFile
 
@@ -114,7 +115,7 @@ class FetchError(IOError):
     """A shard's bytes could not be fetched or verified; names the shard, the range and the cause."""
 
     def __init__(self, message: str, shard: int):
-        super().__init__(message)
+        super().__init__(redact(message))  # it names URLs: never their credentials
         self.shard = shard
 
 

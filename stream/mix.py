@@ -138,7 +138,7 @@ def _check_fps(sources: list[DatasetSource], fps: float | None) -> None:
         if other.size:
             e = int(other[0])
             raise ValueError(
-                f"{source.url}: episode {source.index.key(e)} is {source.index.fps[e]:g} fps but the window spec's "
+                f"{source.shown}: episode {source.index.key(e)} is {source.index.fps[e]:g} fps but the window spec's "
                 f"delta_timestamps were turned into rows at {fps:g} fps ({other.size} episodes differ): make a spec "
                 "per frame rate, or convert at one rate"
             )
@@ -155,7 +155,7 @@ def _cameras(
     """
     if spec.cameras is None:
         if len({tuple(s.cameras) for s in sources}) > 1:
-            have = "; ".join(f"{s.url} has {s.cameras}" for s in sources)
+            have = "; ".join(f"{s.shown} has {s.cameras}" for s in sources)
             raise ValueError(
                 f"the window spec takes every camera (cameras=None) but the datasets' cameras differ ({have}): "
                 "name the model's cameras in WindowSpec(cameras=...) and map each dataset's keys to them (camera_map)"
@@ -172,7 +172,7 @@ def _cameras(
         keys = {model: mapping.get(model, model) for model in spec.cameras}  # entries for other cameras are unused
         bad = [f"{m!r} -> {k!r}" for m, k in keys.items() if m in mapping and k not in source.cameras]
         if bad:
-            raise ValueError(f"{source.url}: camera_map maps {', '.join(bad)}; the dataset has {source.cameras}")
+            raise ValueError(f"{source.shown}: camera_map maps {', '.join(bad)}; the dataset has {source.cameras}")
         present = {m: k for m, k in keys.items() if k in source.cameras}
         offsets.append({k: np.asarray(spec.cameras[m], dtype=np.int64) for m, k in present.items()})
         names.append({k: m for m, k in present.items()})
@@ -181,13 +181,13 @@ def _cameras(
     if nowhere:
         raise KeyError(
             f"window spec names cameras {nowhere} that no dataset has: "
-            + "; ".join(f"{s.url} has {s.cameras}" for s in sources)
+            + "; ".join(f"{s.shown} has {s.cameras}" for s in sources)
         )
     if spec.missing_cameras == "refuse":
         for source, lack in zip(sources, lacking, strict=True):
             if lack:
                 raise KeyError(
-                    f"{source.url}: window spec names cameras {lack}; the dataset has {source.cameras} "
+                    f"{source.shown}: window spec names cameras {lack}; the dataset has {source.cameras} "
                     "(missing_cameras='refuse'; map its keys with camera_map, or pad with missing_cameras='pad')"
                 )
     return offsets, names, lacking
@@ -220,7 +220,7 @@ def _kinds_and_shapes(
             for kind in (True, False):
                 hits = np.flatnonzero(ix.cam_depth[streams] == kind)
                 if hits.size:
-                    example.setdefault(model, {}).setdefault(kind, f"episode {ix.key(int(hits[0]))} of {source.url}")
+                    example.setdefault(model, {}).setdefault(kind, f"episode {ix.key(int(hits[0]))} of {source.shown}")
             # One int64 per (height, width): a 1-D unique (np.unique(axis=0) took 4 s at 1M episodes).
             sizes = np.unique((ix.cam_height[streams].astype(np.int64) << 32) | ix.cam_width[streams].astype(np.int64))
             channels = 1 if ix.cam_depth[streams].any() else 3
@@ -253,7 +253,7 @@ def _widths(sources: list[DatasetSource], spec: WindowSpec, pad_dims) -> dict[st
         raise ValueError(f"pad_dims names {unknown}, which the window spec does not return ({columns})")
     out = {}
     for column in columns:
-        per = [(s.url, column_widths(s.manifest, column)) for s in sources]
+        per = [(s.shown, column_widths(s.manifest, column)) for s in sources]
         widest = max((max(w) for _, w in per if w), default=0)
         if column in given:
             over = [f"{url} has {sorted(w)}" for url, w in per if w and max(w) > given[column]]

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+from epishard.redact import redact
+
 from .dataset import WindowDataset
 from .fetch import FetchPolicy
 from .plan import World
@@ -262,7 +264,7 @@ def preview(
     )
     picked = sorted(_read_windows(source, spec, episodes, windows, seed, progress), key=lambda w: (w.key, w.anchor))
     if not picked:
-        raise ValueError(f"{dataset}: no window to show")
+        raise ValueError(f"{redact(dataset)}: no window to show")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     stem = out[:-5] if out.endswith(".html") else out
     sheets_dir = sheets or f"{stem}_sheets"
@@ -283,5 +285,5 @@ def preview(
         f"rows {-(span - 1)}..0, action over 0..{spec.action_horizon - 1}. Red frames and grey bands: padded "
         "rows (past the episode's edge, repeating its edge row)."
     )
-    _write(out, _page(dataset, intro, sections).encode("utf-8"))
+    _write(out, _page(redact(dataset), intro, sections).encode("utf-8"))  # the page names no credentials
     return PreviewResult(out, paths, sheets_dir, picked)

@@ -13,6 +13,8 @@ import torch
 from torch.utils.data import default_collate
 from tqdm import tqdm
 
+from epishard.redact import redact
+
 from . import diversity
 from .dataset import WindowDataset, WindowLoader
 from .lookahead import Lookahead
@@ -147,7 +149,8 @@ def run(options: StreamRun, progress: bool = False) -> dict:
     ``progress``: a progress bar and two status lines on stderr (steps per epoch before the first
     batch; the time to the first batch when it arrives). ``report["per_step"]`` holds per-step
     series for plots: ``wait_s`` (seconds the loop waited for each batch) and
-    ``frames_decoded_per_returned`` (running value after each batch).
+    ``frames_decoded_per_returned`` (running value after each batch). ``report["dataset"]``: the
+    dataset's URL with its credentials redacted (``epishard.redact``).
 
     Raises:
         ValueError: no window fits the request.
@@ -188,7 +191,7 @@ def run(options: StreamRun, progress: bool = False) -> dict:
     wall = time.perf_counter() - start
     if not tel:
         raise ValueError(
-            f"{options.dataset}: no window fits the request (episodes shorter than --span/--action-horizon?)"
+            f"{redact(options.dataset)}: no window fits the request (episodes shorter than --span/--action-horizon?)"
         )
     t = summarize(tel)
     batch_diversity = diversity.measured(episodes)
@@ -196,7 +199,7 @@ def run(options: StreamRun, progress: bool = False) -> dict:
     stages = {k: t[k] for k in ("plan_s", "read_s", "decode_s", "postprocess_s", "assemble_s")}
     stages["collate_s"] = collate_s
     return {
-        "dataset": options.dataset,
+        "dataset": redact(options.dataset),  # shown and plotted: no credentials
         "batches": len(tel),
         "samples": samples,
         "wall_s": wall,

@@ -21,6 +21,7 @@ import os
 import fsspec
 import pyarrow as pa
 
+from epishard.redact import redact
 from epishard.shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
 from epishard.shardwriter.index import WindowIndex
 from epishard.shardwriter.storage import FileSystemHandle, open_regular, resolve_storage_options
@@ -51,6 +52,7 @@ class DatasetSource:
 
     def __init__(self, url: str, storage_options: dict | None = None, fetch: FetchPolicy | None = None):
         self.url = url.rstrip("/")
+        self.shown = redact(self.url)  # the URL as messages name it: credentials redacted
         self.storage_options = dict(storage_options or {})
         self.policy = fetch or FetchPolicy()
         protocol = fsspec.core.split_protocol(self.url)[0]
@@ -67,8 +69,8 @@ class DatasetSource:
         try:
             data = self._read(MANIFEST_NAME)
         except FileNotFoundError:
-            raise FileNotFoundError(f"{self.url}: no {MANIFEST_NAME} (is the conversion finished?)") from None
-        self.manifest = Manifest.load(data, f"{self.url}/{MANIFEST_NAME}")
+            raise FileNotFoundError(f"{self.shown}: no {MANIFEST_NAME} (is the conversion finished?)") from None
+        self.manifest = Manifest.load(data, f"{self.shown}/{MANIFEST_NAME}")
         self.index = self._load_index()
         self.shards = [s.shard for s in self.manifest.shards]
         self.cameras = sorted(self.manifest.cameras)
@@ -131,7 +133,7 @@ class DatasetSource:
         when it is absent.
         """
         entry = self.manifest.index
-        where = self.index_file = f"{self.url}/{entry.file}"
+        where = self.index_file = f"{self.shown}/{entry.file}"
         path, st = self.path(entry.file), None
         try:
             if self.local:
@@ -143,8 +145,8 @@ class DatasetSource:
             else:
                 data = pa.py_buffer(self._read(entry.file))
         except FileNotFoundError:
-            self.index_file = f"{self.url}/*{INDEX_SUFFIX}"
-            return load_shard_indexes(self.manifest, self._read, self.url)
+            self.index_file = f"{self.shown}/*{INDEX_SUFFIX}"
+            return load_shard_indexes(self.manifest, self._read, self.shown)
         # A local file another process of this node already hashed is not hashed again (its stamp).
         hashed = st is not None and is_verified(path, st, entry.sha256)
         index = load_dataset_index(data, self.manifest, where, hashed=hashed)

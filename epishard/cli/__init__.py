@@ -19,6 +19,7 @@ import traceback
 import warnings
 
 from epishard._version import __version__
+from epishard.redact import redact, remember
 from epishard.storage_options import parse_storage_options
 
 # name -> module; each has HELP, add_arguments(parser) and run(args) -> exit status.
@@ -161,6 +162,13 @@ def error_line(exc: BaseException) -> tuple[str, bool]:
     return _one_line(f"{type(exc).__name__}: {text}"), False
 
 
+class _RedactingFormatter(logging.Formatter):
+    """Log lines with credentials redacted (``epishard.redact``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
 class _LogHandler(logging.StreamHandler):
     """Writes log lines above a running progress bar (through tqdm) instead of through it."""
 
@@ -179,7 +187,7 @@ def _setup_logging(args: argparse.Namespace) -> None:
     """``-v``: INFO of the epishard loggers on stderr; ``-vv``: DEBUG; otherwise warnings only."""
     level = logging.WARNING if not args.verbose else logging.INFO if args.verbose == 1 else logging.DEBUG
     handler = _LogHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"epishard {args.command}: %(message)s"))
+    handler.setFormatter(_RedactingFormatter(f"epishard {args.command}: %(message)s"))
     for handler_before in list(log.handlers):
         log.removeHandler(handler_before)
     log.addHandler(handler)
@@ -187,18 +195,36 @@ def _setup_logging(args: argparse.Namespace) -> None:
     log.propagate = False
 
 
+def _remember_secrets(args: argparse.Namespace) -> None:
+    """Let ``redact`` mask the credentials of every URL and storage option on the command line.
+
+    Everything the CLI prints (results, log lines, warnings, errors, tracebacks) goes through
+    ``redact``; remembering them here covers a client's error that quotes a secret outside a URL.
+    """
+    urls = list(getattr(args, "sources", None) or ())
+    urls += [getattr(args, name, None) for name in ("out", "root", "dataset")]
+    for url in urls:
+        if isinstance(url, str):
+            remember(url)
+    remember(options=getattr(args, "storage_options", None))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI.
 
     Exit status: 0 done, 1 ``verify`` found damage, 2 an error (one line on stderr, ``epishard
     <command>: error: <thing>: <cause>``; the traceback too with ``--debug``), 130 interrupted, 141
-    stdout closed early (a pipe into `head`).
+    stdout closed early (a pipe into `head`). Credentials of URLs and storage options are redacted
+    from everything it prints (``epishard.redact``).
     """
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    _remember_secrets(args)
     _setup_logging(args)
     shown = warnings.formatwarning
-    if not args.debug:  # notices (a skipped shard, ...) as one line each, without the source line
-        warnings.formatwarning = lambda message, *_, **__: (
+    if args.debug:
+        warnings.formatwarning = lambda *a, **k: redact(shown(*a, **k))
+    else:  # notices (a skipped shard, ...) as one line each, without the source line
+        warnings.formatwarning = lambda message, *_, **__: redact(
             f"epishard {args.command}: warning: {_one_line(str(message).removeprefix('epishard: '))}\n"
         )
     try:
@@ -212,11 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # every failure a user can meet: one line, the traceback on request
         _close_progress_bars()
         if args.debug:
-            traceback.print_exc()
+            print(redact(traceback.format_exc()), end="", file=sys.stderr)
         message, expected = error_line(exc)
+        message = redact(message)
         dataset = getattr(args, "root", None) or getattr(args, "dataset", None)  # inspect, verify, stream, preview
-        if dataset and dataset not in message:
-            message = f"{dataset}: {message}"
+        if dataset and redact(dataset) not in message:
+            message = f"{redact(dataset)}: {message}"
         hint = "" if expected or args.debug else " (unexpected: run with --debug for the traceback)"
         print(f"epishard {args.command}: error: {message}{hint}", file=sys.stderr)
         return 2

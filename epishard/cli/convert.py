@@ -6,6 +6,7 @@ import argparse
 import time
 
 from epishard.cli import show_progress, storage_options
+from epishard.redact import redact
 
 HELP = "convert LeRobot datasets (v2.0, v2.1, v3.0) into window-indexed tar shards"
 
@@ -136,5 +137,5 @@ def run(args: argparse.Namespace) -> int:
         runner = RayRunner(args.ray or None)
     start = time.perf_counter()
     manifest = convert(args.sources, args.out, options, storage_options=args.storage_options, runner=runner)
-    print(render_conversion(manifest, args.out, time.perf_counter() - start))
+    print(redact(render_conversion(manifest, args.out, time.perf_counter() - start)))
     return 0

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from epishard.cli import show_progress, storage_options
+from epishard.redact import redact
 
 HELP = "shards, episodes, frames, cameras, codecs, keyframe intervals, sizes"
 
@@ -22,5 +23,5 @@ def run(args: argparse.Namespace) -> int:
     from epishard.shardwriter.describe import describe, render
 
     summary = describe(args.root, args.storage_options, progress=show_progress(args))
-    print(json.dumps(summary, indent=1) if args.json else render(summary))
+    print(redact(json.dumps(summary, indent=1) if args.json else render(summary)))
     return 0

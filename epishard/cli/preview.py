@@ -6,6 +6,7 @@ import argparse
 
 from epishard.cli import show_progress, storage_options
 from epishard.cli.convert import parse_episodes
+from epishard.redact import redact
 
 HELP = "an HTML page and PNG contact sheets of training windows: frames, pad masks, state/action curves"
 
@@ -48,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
         progress=show_progress(args),
     )
     print(
-        f"{args.dataset}: {result.windows} windows of {result.episodes} episodes: {result.html} "
-        f"and {len(result.sheets)} contact sheets in {result.sheets_dir}"
+        redact(
+            f"{args.dataset}: {result.windows} windows of {result.episodes} episodes: {result.html} "
+            f"and {len(result.sheets)} contact sheets in {result.sheets_dir}"
+        )
     )
     return 0

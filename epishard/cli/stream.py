@@ -8,6 +8,7 @@ import json
 import warnings
 
 from epishard.cli import show_progress, storage_options
+from epishard.redact import redact
 
 HELP = "stream training windows from a converted dataset; report throughput and stages"
 
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
         plot_stream_report(report, args.plot)
         if not args.json:
-            print(f"  telemetry plot: {args.plot}")
+            print(redact(f"  telemetry plot: {args.plot}"))
     del report["per_step"]
-    print(json.dumps(report) if args.json else render(report))
+    print(redact(json.dumps(report) if args.json else render(report)))
     return 0

@@ -7,6 +7,7 @@ import json
 import time
 
 from epishard.cli import show_progress, storage_options
+from epishard.redact import redact
 
 HELP = "re-read every shard; check checksums, index offsets, decoding (exit 1 on damage)"
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         args.root, decode=not args.no_decode, storage_options=args.storage_options, progress=show_progress(args)
     )
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(redact(json.dumps(result, indent=1)))
     else:
-        print(render_verification(result, args.root, time.perf_counter() - start))
+        print(redact(render_verification(result, args.root, time.perf_counter() - start)))
     return 0 if result["ok"] else 1

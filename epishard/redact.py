@@ -1,0 +1,145 @@
+"""Credentials out of everything epishard writes or prints (the one redaction helper).
+
+Secrets ride along with the places data lives: URL userinfo (``s3://KEY:SECRET@bucket/...``,
+``https://user:password@host/...``), query strings (``?X-Amz-Signature=...``, ``?token=``,
+``?sig=``, ``access_token``: presigned and SAS URLs) and storage options (``key``, ``secret``,
+``token``, ``password``, ``client_kwargs={"aws_secret_access_key": ...}``, ``headers``). The
+manifest, the index, log lines, warnings, error messages, progress and status lines, reports,
+telemetry plots and preview pages pass what they show through ``redact``:
+
+- the userinfo of a URL becomes ``***`` (``https://***@host/path``);
+- the value of a query parameter whose name looks secret becomes ``***`` (``?X-Amz-Signature=***``);
+- a value this process was given as a secret (``remember``: storage options under secret-looking
+  names, a URL's password) becomes ``***`` wherever it appears, e.g. inside a client's exception.
+
+Only what is shown is redacted: the URLs and options that open files keep their credentials.
+Imports only ``re`` and ``urllib.parse``, so the command line uses it before loading the writer.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import urllib.parse
+from collections.abc import Iterable, Mapping
+
+MASK = "***"
+MIN_SECRET_CHARS = 6  # a remembered value shorter than this is not searched for in free text
+
+# Names of options and query parameters whose values are secrets (case-insensitive substrings):
+# key, secret, token, password/passwd/pwd, signature/sig, credential, auth(orization), session, cookie.
+_SECRET_NAME = re.compile(r"(?i)(key|secret|token|pass|pwd|sig|credential|auth|session|cookie|private)")
+# A URL as it appears in text: scheme:// and everything up to whitespace, a quote or a bracket.
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*")
+# ?name=value or &name=value (also ';'), the name looking secret.
+_QUERY = re.compile(r"(?P<name>[?&;][^=&#\s'\"<>?;]*=)(?P<value>[^&#\s'\"<>;]*)")
+
+_known: set[str] = set()
+_lock = threading.Lock()
+
+
+def _userinfo_end(rest: str) -> int:
+    """Where the userinfo of a URL's part after ``scheme://`` ends (its ``@``), or -1 for none.
+
+    As URL parsers do: the last ``@`` before the first ``/``, ``?`` or ``#``. Also a raw
+    ``user:pass/word@host`` (an unescaped secret holding ``/``, as AWS secret keys do): a ``:``
+    not followed by a port number, then an ``@`` further on.
+    """
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority = rest[:cut]
+    if "@" in authority:
+        return authority.rindex("@")
+    if "@" in rest[cut:] and ":" in authority and not authority.rsplit(":", 1)[1].isdigit():
+        return rest.index("@", cut)
+    return -1
+
+
+def _userinfo(match: re.Match) -> str:
+    url = match.group(0)
+    start = url.index("://") + 3
+    end = _userinfo_end(url[start:])
+    return url if end < 0 else f"{url[:start]}{MASK}{url[start + end :]}"
+
+
+def _query(match: re.Match) -> str:
+    name = match.group("name")
+    if not _SECRET_NAME.search(name[1:-1]) or not match.group("value"):
+        return match.group(0)
+    return f"{name}{MASK}"
+
+
+def redact(text: object) -> str:
+    """``text`` (any object, as ``str``) with credentials replaced by ``***``.
+
+    URL userinfo, the values of secret-looking query parameters and every value ``remember`` was
+    given; the rest of the text is kept character for character. ``None`` stays ``"None"``.
+    """
+    out = str(text)
+    if "@" in out:
+        out = _URL.sub(_userinfo, out)
+    if "=" in out:
+        out = _QUERY.sub(_query, out)
+    with _lock:
+        known = sorted(_known, key=len, reverse=True)
+    for secret in known:
+        if secret in out:
+            out = out.replace(secret, MASK)
+    return out
+
+
+def redact_optional(text: str | None) -> str | None:
+    """``redact(text)``, or None for None (for optional fields such as a manifest's ``path``)."""
+    return None if text is None else redact(text)
+
+
+def is_secret_name(name: object) -> bool:
+    """Whether an option or parameter name looks like it holds a secret (``key``, ``secret``, ``token``...)."""
+    return isinstance(name, str) and _SECRET_NAME.search(name) is not None
+
+
+def _secret_values(options: object, secret: bool = False) -> Iterable[str]:
+    if isinstance(options, Mapping):
+        for name, value in options.items():
+            yield from _secret_values(value, secret or is_secret_name(name))
+    elif isinstance(options, (list, tuple)):
+        for value in options:
+            yield from _secret_values(value, secret)
+    elif isinstance(options, str) and secret:
+        yield options
+        if " " in options:  # "Bearer <token>", "Basic <base64>": the part after the scheme alone too
+            yield options.split(" ", 1)[1]
+
+
+def redact_options(options: Mapping | None) -> dict:
+    """A copy of storage options with every secret-looking value (nested too) replaced by ``***``."""
+
+    def clean(value: object, secret: bool) -> object:
+        if isinstance(value, Mapping):
+            return {k: clean(v, secret or is_secret_name(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(clean(v, secret) for v in value)
+        return MASK if secret and value is not None else value
+
+    return {k: clean(v, is_secret_name(k)) for k, v in (options or {}).items()}
+
+
+def remember(url: str | None = None, options: Mapping | None = None) -> None:
+    """Remember the secrets of ``url`` and ``options`` for ``redact``, in this process from now on.
+
+    ``url``: its userinfo's password, raw and percent-decoded; ``options``: string values under
+    secret-looking names, at any depth. ``redact`` then masks them in any text, e.g. a client's
+    exception quoting a header.
+
+    Values shorter than ``MIN_SECRET_CHARS`` are not searched for (they would mask ordinary words);
+    a URL's userinfo is masked whatever its length.
+    """
+    found = list(_secret_values(options or {}))
+    if url and "@" in url:
+        for match in _URL.finditer(url):
+            rest = match.group(0)[match.group(0).index("://") + 3 :]
+            info = rest[: max(_userinfo_end(rest), 0)]
+            if ":" in info:
+                password = info.split(":", 1)[1]
+                found += [password, urllib.parse.unquote(password)]
+    with _lock:
+        _known.update(s for s in found if len(s) >= MIN_SECRET_CHARS)
