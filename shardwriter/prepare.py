@@ -14,7 +14,7 @@ import io
 import json
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import av
@@ -29,6 +29,7 @@ from .images import GREY_IMAGE_SPEC, IMAGE_SPEC, column_images
 from .storage import RemoteFile
 from .video import (
     NO_PACKETS,
+    DisplayOrderError,
     ReencodeSpec,
     VideoProbe,
     check_frames,
@@ -40,6 +41,8 @@ from .video import (
     probe,
     reencode,
     resize,
+    restamp,
+    restamp_reason,
     scan,
 )
 
@@ -351,6 +354,86 @@ def _prepare_images(table: pa.Table, column: str, fps: float, opts: PrepareOptio
 def _checked_camera(
     video, table: pa.Table, cam: str, local: np.ndarray, fps: float, opts: PrepareOptions, first_break: int, level: str
 ):
+    """One camera prepared and its frame table vouched for at check ``level`` (``_checked_level``).
+
+    A video that is the whole file and whose container stores no presentation timestamp on every
+    packet (``video.restamp_reason``: AVI, MPEG-TS, FLV, ...), or whose decoder shows its frames in
+    another order than their pts (``video.DisplayOrderError``: decode-order timestamps), is first
+    stream-copied into an MP4 timed in the order the decoder shows it (``video.restamp``; transform
+    ``remux`` unless re-encoded): frame ``k`` stays the ``k``-th frame the source displays, and the
+    reader's decoder, whatever its FFmpeg version, numbers the frames as the table does.
+
+    Raises:
+        ConversionError(kind="frame_mismatch"): the table disagrees with the reader's decoder.
+        ConversionError(kind="unreadable_video"): the video does not decode, or needs a copy that
+            cannot be made (its packets and displayed frames are not one to one).
+    """
+    remuxed = False
+    if video is not None:
+        if video.segment is None and not isinstance(video.source, (bytes, bytearray)):
+            video = replace(video, source=read_file(video.source))  # copied whole: read once
+        reason = _restamp_reason_shared(video.source)
+        if reason is not None:
+            log.info("camera %s: %s; stored as an MP4 copy timed as its decoder shows it", cam, reason)
+            video, remuxed = replace(video, source=_restamped(video.source, reason, fps)), True
+    try:
+        out = _checked_level(video, table, cam, local, fps, opts, first_break, level)
+    except DisplayOrderError as exc:
+        if remuxed or video is None:
+            raise
+        log.info("camera %s: %s; stored as an MP4 copy timed as its decoder shows it", cam, exc.detail)
+        video, remuxed = replace(video, source=_restamped(video.source, exc.detail, fps)), True
+        out = _checked_level(video, table, cam, local, fps, opts, first_break, level)
+    data, stored, row_to_frame, transform, notes, reports, checked = out
+    if remuxed and transform == "copy":
+        transform = "remux"
+    return data, stored, row_to_frame, transform, notes, reports, checked
+
+
+def _restamped(source, reason: str, fps: float) -> bytes:
+    """``video.restamp(source, fps)``; its error also says why the copy was needed (``reason``).
+
+    A file shared by segments (LeRobot v3.0) is copied once for all its episodes.
+    """
+    try:
+        if isinstance(source, (str, RemoteFile)):
+            return _restamped_cached(source, *_file_key(source), fps)
+        return restamp(source, fps)
+    except ConversionError as exc:
+        raise _fail(exc.kind, f"{reason}, and no copy timed as its decoder shows it can be made: {exc.detail}") from exc
+
+
+def _file_key(path: str | RemoteFile) -> tuple[int, int]:
+    """(size, mtime in ns) of a file: a cache keyed by them never serves a file rewritten in place.
+
+    A remote file: the size its listing gave (fixed for the conversion) and 0.
+    """
+    if isinstance(path, RemoteFile):
+        return path.size(), 0
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=2)
+def _restamped_cached(path: str | RemoteFile, size: int, mtime_ns: int, fps: float) -> bytes:
+    return restamp(path, fps)
+
+
+def _restamp_reason_shared(source) -> str | None:
+    """``video.restamp_reason(source)``, asked once per file shared by segments (LeRobot v3.0)."""
+    if isinstance(source, (str, RemoteFile)):
+        return _restamp_reason_cached(source, *_file_key(source))
+    return restamp_reason(source)
+
+
+@functools.lru_cache(maxsize=64)
+def _restamp_reason_cached(path: str | RemoteFile, size: int, mtime_ns: int) -> str | None:
+    return restamp_reason(path)
+
+
+def _checked_level(
+    video, table: pa.Table, cam: str, local: np.ndarray, fps: float, opts: PrepareOptions, first_break: int, level: str
+):
     """One camera prepared and its frame table vouched for at check ``level``.
 
     Returns (stored bytes, probe, row_to_frame, transform, notes, reports, the level it was checked
@@ -377,7 +460,7 @@ def _checked_camera(
             )
         if problem is not None and level == "fast":
             log.info("camera %s: the fast frame check disagrees (%s); checking it in full", cam, problem)
-            return _checked_camera(video, table, cam, local, fps, opts, first_break, "full")
+            return _checked_level(video, table, cam, local, fps, opts, first_break, "full")
         if problem is not None:
             raise _fail("frame_mismatch", f"the frame table disagrees with the decoder: {problem}")
     return data, stored, row_to_frame, transform, notes, reports, level

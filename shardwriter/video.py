@@ -24,7 +24,7 @@ import multiprocessing
 import zlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import av
@@ -143,6 +143,14 @@ def _decode_all(stream, container) -> tuple[list, list, int]:
     return packets, frames, rotation
 
 
+class DisplayOrderError(ConversionError):
+    """The decoder shows a file's frames in another order than their pts.
+
+    The container's timestamps are decode-order ones (a muxer fed packets without pts), not
+    presentation times; ``restamp`` makes a copy timed in the order the decoder shows the frames.
+    """
+
+
 def _decoded_probe(source: VideoSource) -> VideoProbe:
     """Decode every frame of the file's frame stream (see ``frame_stream``) and return its tables.
 
@@ -172,7 +180,7 @@ def _decoded_probe(source: VideoSource) -> VideoProbe:
     bad = np.flatnonzero(np.diff(pts) <= 0)
     if bad.size:
         i = int(bad[0]) + 1
-        raise ConversionError(
+        raise DisplayOrderError(
             f"decoded frame {i} has pts {pts[i]} after pts {pts[i - 1]} (pts must increase)", kind="unreadable_video"
         )
     packet_pts = np.asarray([p[0] for p in packets], dtype=np.int64)
@@ -207,6 +215,113 @@ def frame_table(source: VideoSource, level: str) -> VideoProbe:
     return _decoded_probe(source) if level == "full" else scan(source, vouch=level == "fast")
 
 
+# FFmpeg demuxer names (``container.format.name`` lists them comma-separated) of the containers
+# that store a presentation timestamp on every packet and seek by an index of them: ISO-BMFF
+# (MP4/MOV) and Matroska/WebM. A video in any other container is stored as a ``restamp`` copy.
+TIMESTAMPED_FORMATS = frozenset({"mov", "mp4", "m4a", "3gp", "3g2", "mj2", "matroska", "webm"})
+
+
+def restamp_reason(source: VideoSource) -> str | None:
+    """Why ``source`` is stored as a ``restamp`` copy rather than as it is, or None (it is not).
+
+    Its container is not one of ``TIMESTAMPED_FORMATS``: AVI stores no presentation timestamps
+    (FFmpeg infers them, differently from version to version, so the reader's decoder may number
+    the frames otherwise than the writer's), MPEG-TS, MPEG-PS and FLV store them per packet only
+    optionally and seek by scanning for them, which lands on another keyframe than the table's
+    when B-frames put a keyframe's pts after its dts. A file that does not open gives None: making
+    its frame table reports what is wrong.
+    """
+    try:
+        with _open(source) as container:
+            names = str(container.format.name)
+    except (av.error.FFmpegError, OSError, ValueError):
+        return None
+    if TIMESTAMPED_FORMATS.intersection(names.split(",")):
+        return None
+    return f"its container ({names}) does not store a presentation timestamp on every packet"
+
+
+# AVFMT_NOTIMESTAMPS: the demuxer's format stores no timestamps at all (raw elementary streams).
+_NO_TIMESTAMPS_FLAG = 0x0080
+
+
+def restamp(source: VideoSource, fps: float | None = None) -> bytes:
+    """Stream-copy the frame stream (``frame_stream``) into an MP4 timed in the order the decoder shows it.
+
+    Every packet is copied as it is, in decode order (nothing is re-encoded); one full decode with
+    PyAV says which packet each displayed frame comes from (FFmpeg's ``copy_opaque``). The ``k``-th
+    displayed frame gets the ``k``-th smallest timestamp of the stream's timeline: its packets' pts
+    (else dts) as FFmpeg's demuxer gives them; in AVI, which stores only the decode timeline, their
+    dts; in a raw stream without any timestamps, ``k`` periods of ``fps`` (frames per second). For a
+    container without presentation timestamps or with decode-order ones (a muxer fed packets
+    without pts), these are the times a player shows. A packet's dts is the ``q``-th smallest
+    timestamp for the ``q``-th packet, less the shift that puts no dts after its pts. The copy
+    stores a pts on every packet, so its frame table is read from it like any MP4's, and every
+    FFmpeg version decodes it to the same numbered frames: frame ``k`` of the copy is the ``k``-th
+    frame the source displays. Only the frame stream is copied.
+
+    Raises:
+        ConversionError(kind="unreadable_video"): the file does not demux or decode, a packet has
+            neither pts nor dts (and no ``fps`` times a raw stream), two packets have one timestamp,
+            or packets and displayed frames are not one to one (a packet that shows no frame, or
+            several: no timestamps can say that).
+    """
+    packets: list = []
+    order: list = []  # the packet each displayed frame comes from, in display order
+    try:
+        with _open(source) as src:
+            stream = frame_stream(src)
+            ctx = stream.codec_context
+            ctx.copy_opaque = True
+            for packet in src.demux(stream):
+                if packet.size:
+                    packet.opaque = len(packets)
+                    packets.append(packet)
+                order += [frame.opaque for frame in packet.decode()]
+            time_base = stream.time_base
+            if "avi" in str(src.format.name).split(","):
+                times = [p.dts for p in packets]
+            else:
+                times = [p.pts if p.pts is not None else p.dts for p in packets]
+            if int(src.format.flags) & _NO_TIMESTAMPS_FLAG and fps:
+                times, time_base = list(range(len(packets))), 1 / Fraction(fps).limit_denominator(1001000)
+            if any(t is None for t in times):
+                q = times.index(None)
+                raise ConversionError(f"packet {q} has neither pts nor dts", kind="unreadable_video")
+            times.sort()
+            same = [q for q in range(1, len(times)) if times[q] == times[q - 1]]
+            if same:
+                raise ConversionError(
+                    f"packets of the frame stream share timestamp {times[same[0]]}: the display times "
+                    "cannot be told apart",
+                    kind="unreadable_video",
+                )
+            if sorted(o for o in order if o is not None) != list(range(len(packets))) or None in order:
+                raise ConversionError(
+                    f"{len(packets)} packets decode to {len(order)} displayed frames, not one frame each: "
+                    "the frames cannot be given timestamps",
+                    kind="unreadable_video",
+                )
+            pts = [0] * len(packets)
+            for k, q in enumerate(order):
+                pts[q] = times[k]
+            shift = max(0, *(times[q] - pts[q] for q in range(len(packets))))
+            out = io.BytesIO()
+            with av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
+                out_stream = dst.add_stream_from_template(stream, opaque=True)
+                out_stream.time_base = time_base
+                for q, packet in enumerate(packets):
+                    packet.pts, packet.dts = pts[q], times[q] - shift
+                    packet.time_base = time_base
+                    packet.stream = out_stream
+                    dst.mux(packet)
+    except ConversionError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        raise ConversionError(f"cannot demux, decode or copy the video: {exc}", kind="unreadable_video") from exc
+    return out.getvalue()
+
+
 # Keyframes scan(vouch=True) decodes at most, evenly spread (first and last kept).
 FAST_CHECK_KEYFRAMES = 16
 
@@ -220,12 +335,14 @@ def scan(source: VideoSource, vouch: bool = False) -> VideoProbe:
     the cost. The first frame is decoded (it gives the rotation and must carry the smallest shown
     pts). Where the container does not fit that model (a packet without pts or flagged corrupt, two
     shown packets with one pts, a first frame elsewhere, no frame at all, a demuxer error), this
-    falls back to ``probe``'s full decode, which also raises its errors.
+    falls back to ``probe``'s full decode, which also raises its errors; with ``vouch`` that table's
+    ``disagreement`` then names the misfit, so level ``fast`` checks it as ``full`` does.
 
     ``vouch`` (check level ``fast``): also decode, in the same pass, each keyframe packet alone (at
     most ``FAST_CHECK_KEYFRAMES``, evenly spread) and the last group of pictures from its keyframe
     packet; each keyframe must decode to its own pts and the last group to exactly the table's last
-    frames (a truncated, longer or reordered tail shows there). What they find is returned in
+    frames, in pts order (a truncated, longer or reordered tail shows there, and timestamps in
+    decode order rather than presentation order). What they find is returned in
     ``disagreement`` (None: they agree). They decode with PyAV's FFmpeg, not the reader's
     torchcodec: ``check_frames`` (level ``full``) checks through the reader's decoder.
     """
@@ -243,7 +360,8 @@ def scan(source: VideoSource, vouch: bool = False) -> VideoProbe:
                     continue
                 pts = packet.pts if packet.pts is not None else packet.dts
                 if pts is None or packet.is_corrupt:
-                    return _decoded_probe(source)
+                    what = "has neither pts nor dts" if pts is None else "is flagged corrupt"
+                    return _decoded_fallback(source, vouch, f"packet {len(rows)} {what}")
                 rows.append((pts, packet.is_keyframe, packet.duration or 0, packet.is_discard))
                 if vouch:
                     if packet.is_keyframe:
@@ -261,15 +379,26 @@ def scan(source: VideoSource, vouch: bool = False) -> VideoProbe:
             fields = _stream_fields(stream)
             model = _packet_model(np.asarray(rows, dtype=np.int64).reshape(-1, 4), first_pts)
             if model is None:
-                return _decoded_probe(source)
+                return _decoded_fallback(source, vouch, "the packets' pts do not tell the displayed frames")
             pts, duration, keyflags, packet_pts, packet_key = model
             disagreement = _vouch(ctx, keys, tail, pts) if vouch else None
     except ConversionError:
         raise
-    except (av.error.FFmpegError, OSError, ValueError):
-        return _decoded_probe(source)  # raises the decode's own error, or finds what the scan could not
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        # raises the decode's own error, or finds what the scan could not
+        return _decoded_fallback(source, vouch, f"demuxing failed: {exc}")
     tables = dict(pts=pts, duration=duration, packet_pts=packet_pts, packet_key=packet_key)
     return _video_probe(fields, rotation, keyflags, disagreement=disagreement, **tables)
+
+
+def _decoded_fallback(source: VideoSource, vouch: bool, reason: str) -> VideoProbe:
+    """``scan``'s table where the container does not tell it (``reason``): ``probe``'s full decode.
+
+    With ``vouch`` its ``disagreement`` says so: that table comes from PyAV's decode, which no
+    decode of the reader's vouched for, so check level ``fast`` checks it as ``full`` does.
+    """
+    info = _decoded_probe(source)
+    return replace(info, disagreement=f"the container does not tell the frames ({reason})") if vouch else info
 
 
 def _stream_fields(stream) -> dict:
@@ -358,7 +487,15 @@ def _vouch(ctx, keys: list, tail: list, pts: np.ndarray) -> str | None:
     if not tail:
         return None
     start = tail[0].pts if tail[0].pts is not None else tail[0].dts
-    shown_pts = np.sort(np.asarray([p for p in _decode_alone(ctx, tail) if p >= start], dtype=np.int64))
+    out = np.asarray([p for p in _decode_alone(ctx, tail) if p >= start], dtype=np.int64)
+    back = np.flatnonzero(np.diff(out) <= 0)
+    if back.size:  # a decoder shows frames in presentation order: these pts are not presentation times
+        i = int(back[0]) + 1
+        return (
+            f"the last group of pictures (from pts {start}) decodes to a frame of pts {out[i]} after one of "
+            f"pts {out[i - 1]}: the container's timestamps are not in the order the decoder shows the frames"
+        )
+    shown_pts = np.sort(out)
     want = pts[pts >= start]
     if not np.array_equal(shown_pts, want):
         first = int(np.searchsorted(pts, start))

@@ -17,13 +17,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from videogen import cut_by_stream_copy, decode_frame_number, make_episode_table, make_video
+from videogen import cut_by_stream_copy, decode_frame_number, decode_order_timestamps, make_episode_table, make_video
 
 from epishard.shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, Source, convert, verify
 from epishard.shardwriter import video as video_module
 from epishard.shardwriter.describe import describe
 from epishard.shardwriter.index import WindowIndex
-from epishard.shardwriter.video import VideoProbe, probe, scan
+from epishard.shardwriter.video import VideoProbe, probe, restamp, scan
 from epishard.stream import WindowDataset, WindowSpec
 from epishard.stream.fetch import FetchPolicy
 
@@ -77,7 +77,21 @@ CASES = {
     "av1-gop2-mp4": (dict(codec="av1", gop=2), None),
     "av1-gop2-mkv": (dict(codec="av1", gop=2, container="mkv"), None),
     "av1-gop16-hidden-mp4": (dict(codec="av1", gop=16), None),
+    # Containers without a stored pts on every packet (AVI: none; FFmpeg infers them, version by
+    # version otherwise) or that seek by scanning (MPEG-TS, FLV), and decode-order timestamps in a
+    # Matroska file (a muxer fed packets without pts): stored as an MP4 copy timed in display order.
+    "h264-bframes-avi": (dict(gop=8, container="avi", height=32, width=32), None),
+    "h264-avi": (dict(gop=8, bframes=False, container="avi", height=32, width=32), None),
+    "mpeg4-avi": (dict(codec="mpeg4", gop=6, container="avi", height=32, width=32), None),
+    "h264-bframes-ts": (dict(gop=8, container="ts", height=32, width=32), None),
+    "mpeg4-ts": (dict(codec="mpeg4", gop=6, container="ts", height=32, width=32), None),
+    "h264-bframes-flv": (dict(gop=8, container="flv", height=32, width=32), None),
+    "h264-decode-order-pts-mkv": (dict(gop=8, container="mkv", height=32, width=32, decode_order_pts=True), None),
 }
+
+# The cases stored as a ``restamp`` copy (transform "remux").
+RESTAMPED = {name for name, (kwargs, _) in CASES.items() if kwargs.get("container") in ("avi", "ts", "flv")}
+RESTAMPED.add("h264-decode-order-pts-mkv")
 
 
 # The cases whose video gets a packet table (read by its GOPs' packets); the others are fetched
@@ -88,10 +102,14 @@ WITH_PACKETS = {name for name in CASES if "rotated" not in name}
 def _video(name: str) -> tuple[bytes, list[int]]:
     """(file bytes, frame number each displayed frame shows)."""
     kwargs, cut_at = CASES[name]
+    kwargs = dict(kwargs)
+    decode_order = kwargs.pop("decode_order_pts", False)
     codec = kwargs.get("codec", "h264")
     if not _encoder(ENCODERS[codec]):
         pytest.skip(f"FFmpeg in PyAV has no {ENCODERS[codec]} encoder")
     data = make_video(None, N, fps=FPS, start_number=100, **kwargs)
+    if decode_order:
+        data = decode_order_timestamps(data, kwargs["container"])
     if cut_at is None or cut_at < 0:
         hidden = 0 if cut_at is None else -cut_at
         return data, list(range(100 + hidden, 100 + N))
@@ -156,14 +174,19 @@ def test_every_access_pattern_returns_the_displayed_frame_of_each_row(name, tmp_
     assert bool(index.has_packets(0)) == (name in WITH_PACKETS), (
         "packet table written" if name in WITH_PACKETS else name
     )
+    cam = pq.read_table(tmp_path / manifest.shards[0].index).to_pylist()[0]["cameras"][0]
+    assert cam["transform"] == ("remux" if name in RESTAMPED else "copy")
     _check_patterns(str(tmp_path), {0: shown})
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_container_tells_the_table_a_full_decode_builds(name):
     """``scan`` (container packets outside the edit list, in pts order, one frame decoded) gives
-    ``probe``'s table (every frame decoded) on every kind of video of the matrix."""
+    ``probe``'s table (every frame decoded) on every kind of video of the matrix, as stored (a
+    ``restamp`` copy where the source's container does not time the frames as displayed)."""
     data, shown = _video(name)
+    if name in RESTAMPED:
+        data = restamp(data)
     told, decoded = scan(data), probe(data)
     for name_ in ("pts", "duration", "keyframes", "packet_pts", "packet_key"):
         assert np.array_equal(getattr(told, name_), getattr(decoded, name_)), name_

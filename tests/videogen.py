@@ -99,7 +99,9 @@ def _stream_options(codec: str, gop: int, bframes: bool, open_gop: bool) -> tupl
     raise ValueError(f"unknown codec {codec!r} (expected 'h264', 'hevc', 'av1', 'mpeg4' or 'vp9')")
 
 
-CONTAINERS = {"mp4": "mp4", "mkv": "matroska", "webm": "webm"}
+# Container name -> FFmpeg muxer. AVI stores no presentation timestamps (FFmpeg infers them on
+# reading); MPEG-TS and FLV store them per packet.
+CONTAINERS = {"mp4": "mp4", "mkv": "matroska", "webm": "webm", "avi": "avi", "ts": "mpegts", "flv": "flv"}
 
 
 def _boxes(data: bytes, start: int, end: int) -> list[tuple[bytes, int, int]]:
@@ -150,7 +152,8 @@ def make_video(
     hevc and mpeg4 keyframes are at exactly the multiples of ``gop``. ``bframes``: allow B-frames
     (h264/hevc: up to 2 consecutive; vp9: hidden alt-ref frames; av1 uses its own hierarchical
     mini-GOP regardless and mpeg4 never uses B-frames). ``open_gop``: h264/hevc open GOPs.
-    ``container``: ``"mp4"``, ``"mkv"`` or ``"webm"``. ``pix_fmt``: e.g. ``yuv420p``, ``yuv444p`` (odd
+    ``container``: ``"mp4"``, ``"mkv"``, ``"webm"``, ``"avi"``, ``"ts"`` (MPEG-TS) or ``"flv"`` (h264
+    only). ``pix_fmt``: e.g. ``yuv420p``, ``yuv444p`` (odd
     sizes), ``yuv420p10le`` (10-bit). ``pts``: pts of each frame in ``time_base`` (default
     ``1/fps``; frame ``i`` at pts ``i``), for variable frame rates and start offsets.
     ``rotation``: display-matrix rotation in degrees (90 or 270: frames are stored turned, so a
@@ -228,6 +231,28 @@ def cut_by_stream_copy(data: bytes, start: int, container: str = "mp4") -> tuple
             packet.stream = target
             dst.mux(packet)
     return out.getvalue(), shown
+
+
+def decode_order_timestamps(data: bytes, container: str = "mkv") -> bytes:
+    """Remux ``data``'s first video stream into ``container`` with each packet's pts set to its dts.
+
+    As a muxer writes packets that carry no pts (read from AVI and written with no ``-fflags
+    +genpts``): packet ``q`` in decode order gets timestamp ``q`` frame periods (the smallest pts
+    step of the source), so with B-frames the timestamps are in decode order, not display order.
+    Returns the file bytes.
+    """
+    out = BytesIO()
+    with av.open(BytesIO(data)) as src, av.open(out, "w", format=CONTAINERS[container]) as dst:
+        stream = src.streams.video[0]
+        target = dst.add_stream_from_template(stream)
+        packets = [p for p in src.demux(stream) if p.size]
+        times = sorted(int(p.pts) for p in packets)
+        step = min(np.diff(times))
+        for q, packet in enumerate(packets):
+            packet.pts = packet.dts = q * int(step)
+            packet.stream = target
+            dst.mux(packet)
+    return out.getvalue()
 
 
 def make_episode_table(
