@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 
+from epishard.redact import redact
+
 from . import format as fmt
 from .storage import Storage
 from .validate import load_shard_indexes
@@ -28,7 +30,9 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
     """
     storage = Storage(root, storage_options)
     if not storage.exists(fmt.MANIFEST_NAME):
-        raise FileNotFoundError(f"no {fmt.MANIFEST_NAME} in {root} (not a dataset, or the conversion is unfinished)")
+        raise FileNotFoundError(
+            f"no {fmt.MANIFEST_NAME} in {redact(root)} (not a dataset, or the conversion is unfinished)"
+        )
     manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), storage.path(fmt.MANIFEST_NAME))
     from tqdm import tqdm
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from epishard.redact import redact
+
 FORMAT_NAME = "epishard"
 FORMAT_VERSION = 2  # 2: camera `kind` (depth cameras), `images:` transform
 VERSION_KEY = b"epishard.format_version"  # Arrow schema metadata of every index file: the version it follows
@@ -233,8 +235,12 @@ INDEX_SCHEMA = pa.schema(
 class FormatError(ValueError):
     """A manifest or index breaks the format.
 
-    The message names the file and the field (and for an index the row, episode key and camera).
+    The message names the file and the field (and for an index the row, episode key and camera);
+    a URL in it has its credentials redacted (``epishard.redact``).
     """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 def check_version(name: object, version: object, where: str) -> None:

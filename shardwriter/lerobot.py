@@ -64,7 +64,7 @@ class _Tree:
             if exc.filename is not None:
                 raise
             what = "access denied" if isinstance(exc, PermissionError) else "cannot be listed"
-            raise type(exc)(exc.errno or errno.EIO, f"{what} ({exc})", self.root) from exc
+            raise type(exc)(exc.errno or errno.EIO, redact(f"{what} ({exc})"), redact(self.root)) from exc
         for path, entry in listing.items():
             rel = path[len(self._base) :].strip("/")
             if entry.get("type", "file") == "file" and not any(p.startswith(".") for p in rel.split("/")):

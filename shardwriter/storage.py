@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import fsspec
 import fsspec.config
 
-from epishard.redact import remember
+from epishard.redact import redact, remember
 from epishard.storage_options import parse_storage_options  # noqa: F401  (re-exported for the APIs and tools)
 
 from . import format as fmt
@@ -238,7 +238,7 @@ class Storage:
         try:
             yield
         except PermissionError as exc:  # s3fs: "Access Denied" or "Forbidden", naming nothing
-            raise PermissionError(errno.EACCES, f"access denied ({exc})", self.url) from exc
+            raise PermissionError(errno.EACCES, redact(f"access denied ({exc})"), redact(self.url)) from exc
 
     def makedirs(self) -> None:
         """Create the local folder (object stores have no folders to create)."""
@@ -283,7 +283,7 @@ class Storage:
         except FileNotFoundError:
             bucket = self._root.split("/")[0]
             if fsspec.core.split_protocol(self.url)[0] in _BUCKET_STORES and not self.fs.exists(bucket):
-                raise FileNotFoundError(errno.ENOENT, f"bucket {bucket!r} does not exist", self.url) from None
+                raise FileNotFoundError(errno.ENOENT, f"bucket {bucket!r} does not exist", redact(self.url)) from None
             return []
         finally:
             # Worker processes write here too: a cached listing would hide their files from this one.

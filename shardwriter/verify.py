@@ -23,6 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from epishard.redact import redact
+
 from . import format as fmt
 from .index import WindowIndex
 from .storage import NotARegularFile, Storage
@@ -155,12 +157,14 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
     storage = Storage(root, storage_options)
     if not storage.exists(fmt.MANIFEST_NAME):
         if not storage.names():  # raises for a missing bucket or denied access
-            raise FileNotFoundError(errno.ENOENT, "no such dataset folder (or it is empty)", root)
+            raise FileNotFoundError(errno.ENOENT, "no such dataset folder (or it is empty)", redact(root))
         return {
             "ok": False,
             "shards": 0,
             "episodes": 0,
-            "problems": [{"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {root} (conversion unfinished?)"}],
+            "problems": [
+                {"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {redact(root)} (conversion unfinished?)"}
+            ],
         }
     manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), f"{storage.url}/{fmt.MANIFEST_NAME}")
     problems, indexes = [], []

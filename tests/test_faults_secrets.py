@@ -351,3 +351,31 @@ def test_python_api_logs_warnings_and_errors_name_no_secret(base, server, tmp_pa
     _clean(raised.value, missing.value, *(w.message for w in caught), *ours)
     assert "shard 0 written: 1 episodes" in ours
     _clean_folder(out)
+
+
+def test_python_api_errors_of_describe_verify_and_a_broken_manifest_name_no_secret(base, server):
+    """A missing dataset and a manifest that breaks the format, behind a URL with a password: the
+    errors name the place (``http://***@...``), never the password."""
+    from epishard.shardwriter import verify
+    from epishard.shardwriter.describe import describe
+    from epishard.shardwriter.format import FormatError
+    from epishard.stream import DatasetSource
+
+    url, shown = _with_canary(server), _masked(server)
+    with pytest.raises(FileNotFoundError) as described:
+        describe(f"{url}/nothing")
+    assert (
+        str(described.value) == f"no manifest.json in {shown}/nothing (not a dataset, or the conversion is unfinished)"
+    )
+    with pytest.raises(FileNotFoundError) as verified:
+        verify(f"{url}/nothing")
+    assert verified.value.filename == f"{shown}/nothing"
+    os.makedirs(f"{base}/broken", exist_ok=True)
+    Path(f"{base}/broken/manifest.json").write_text('{"format": "epishard"}')
+    errors = []
+    for open_it in (DatasetSource, describe, verify):
+        with pytest.raises(FormatError) as broken:
+            open_it(f"{url}/broken")
+        assert str(broken.value).startswith(f"{shown}/broken/manifest.json: "), (open_it, broken.value)
+        errors.append(broken.value)
+    _clean(described.value, verified.value, verified.value.filename, *errors)
