@@ -39,6 +39,7 @@ import numpy as np
 from epishard.stream.dataset import WindowDataset
 from epishard.stream.fetch import FetchPolicy
 from epishard.stream.plan import World
+from epishard.stream.statecheck import StateTypeError, states_of
 
 from .cost import CostFn, WindowCost
 from .globaldeal import GlobalDeal
@@ -168,11 +169,17 @@ class BalancedWindowDataset(WindowDataset):
         taken as local-scope ones.
 
         Raises:
-            ValueError: a state balanced another way (scope, batch size or chunk), naming both.
+            ValueError: a state balanced another way (scope, batch size or chunk), naming both;
+                a state that is no dict, or whose ``balance`` is none (``StateTypeError``).
         """
-        for s in state if isinstance(state, (list, tuple)) else [state]:
+        for i, s in enumerate(states_of(state)):
             saved = s.get("balance", {"scope": "local"})
             mine = self._balancing()
+            if not isinstance(saved, dict):
+                raise StateTypeError(
+                    f"load_state_dict: state [{i}] field 'balance' is {saved!r}; must be a dict (scope, batch_size, "
+                    "chunk_batches)"
+                )
             if any(saved.get(k, mine[k]) != mine[k] for k in mine):
                 raise ValueError(
                     f"cannot resume: the state was saved with balancing {saved}, this dataset has {mine}; resume with "

@@ -39,6 +39,7 @@ Epochs: each ``__iter__`` runs the next epoch of the object it is called on. Wit
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import functools
@@ -91,6 +92,7 @@ from .plan import (
 from .select import Selection, select_episodes
 from .source import DatasetSource
 from .spec import WindowSpec
+from .statecheck import StateError, check_fields, states_of
 from .telemetry import Telemetry
 from .transform import PostProcess
 from .usercode import from_user_code
@@ -881,36 +883,42 @@ class WindowDataset(IterableDataset):
         at random; the next epoch is this layout's own plan.
 
         Raises:
+            StateError (a ``ValueError``; ``StateTypeError`` also a ``TypeError``): a field of a state
+                is missing, of the wrong type, or out of range for this plan (``checked_states``).
             ValueError: the states were saved with another seed, or disagree (epoch, layout), or
                 the layout changed and not every rank's state was given.
         """
         here = _distributed(self._rank, self._world_size)
         workers = max(num_workers, 1)
-        states = [_upgrade(s) for s in (state if isinstance(state, (list, tuple)) else [state])]
-        if not states:
-            raise ValueError("cannot resume: no state given")
+        states = [_upgrade(s) for s in self.checked_states(state)]
         first = states[0]
-        if first["seed"] != self.seed:
-            raise ValueError(
-                f"cannot resume: the state was saved with seed={first['seed']}, this run has seed={self.seed}. "
-                f"Resume with the same seed, or start the next epoch fresh with set_epoch({first['epoch'] + 1})."
-            )
+        if all(s.get("fresh") for s in states):  # an epoch boundary: loads under any layout
+            self.set_epoch(first["epoch"])
+            self._resume, self._consumed = None, 0
+            return
         if self.shuffle_episodes == "auto" and not self.batch_size and "shuffle_episodes" in first:
             self.shuffle_episodes = first["shuffle_episodes"]  # no batch size here: the saving run's pool
         _check_plan(first, self.pool_episodes())
-        for s in states[1:]:
-            for key in ("seed", "epoch", "world_size", "num_workers", "history"):
-                if s[key] != first[key]:
-                    raise ValueError(f"cannot resume: the states disagree on {key} ({first[key]} vs {s[key]})")
         epoch, old_world, old_workers = first["epoch"], first["world_size"], first["num_workers"]
         history = tuple(Progress(h["world_size"], h["num_workers"], tuple(h["consumed"])) for h in first["history"])
         mine = [s for s in states if s["rank"] == here.rank]
-        if (old_world, old_workers) == (here.world_size, workers) and mine:
-            start = Resume(epoch, history, tuple(mine[0]["consumed"]), mine[0]["rotation"])
+        same = (old_world, old_workers) == (here.world_size, workers)
+        if not same and len(states) != old_world:  # before any list of old_world entries is made
+            ranks = sorted(s["rank"] for s in states)
+            raise StateError(
+                f"cannot resume: the state was saved with world_size={old_world}, this run has "
+                f"world_size={here.world_size} (num_workers {old_workers} then, {workers} now). Resuming under "
+                f"another layout needs the states of all {old_world} ranks (a list; got ranks "
+                f"{ranks[:16]}{'...' if len(ranks) > 16 else ''}); or start the next epoch fresh with "
+                f"set_epoch({epoch + 1})."
+            )
+        self._check_counts(states, epoch, history)
+        if same and mine:
+            start = Resume(epoch, history, tuple(mine[0]["consumed"]), mine[0].get("rotation", 0))
             consumed, per = start.skip, self.windows_per_consumer(epoch, old_world, old_workers, history)
         else:
             ranks = sorted(s["rank"] for s in states)
-            if (old_world, old_workers) == (here.world_size, workers) and ranks != list(range(old_world)):
+            if same and ranks != list(range(old_world)):
                 raise ValueError(f"cannot resume: the states are of ranks {ranks}, not of this rank {here.rank}")
             if ranks != list(range(old_world)):
                 raise ValueError(
@@ -928,6 +936,65 @@ class WindowDataset(IterableDataset):
         else:
             self.epoch, self._resume = epoch, start
         self._consumed = 0
+
+    def checked_states(self, state: object) -> list[dict]:
+        """The states given to ``load_state_dict``, every field checked (``stream.statecheck``) and their agreement.
+
+        Types and ranges of every field (version, seed, epoch, world size and rank, worker count,
+        consumed counts, rotation, shuffle pool, history), then: the seed is this reader's, the
+        states of a list agree on seed, epoch, layout and history, and each rank's state comes once.
+        The consumed counts are checked against the plan by ``load_state_dict`` (``_check_counts``).
+        ``WindowLoader`` and ``RayWindowLoader`` call this before they take a state at an epoch boundary.
+
+        Raises:
+            StateError / StateTypeError: naming the field (and the state of the list).
+            ValueError: another seed.
+        """
+        states = states_of(state)
+        for i, s in enumerate(states):
+            check_fields(s, STATE_VERSION, f"state [{i}] " if len(states) > 1 else "")
+        first = states[0]
+        if "seed" in first and first["seed"] != self.seed:
+            raise StateError(
+                f"cannot resume: the state was saved with seed={first['seed']}, this run has seed={self.seed}. "
+                f"Resume with the same seed, or start the next epoch fresh with set_epoch({first['epoch'] + 1})."
+            )
+        for s in states[1:]:
+            for key in ("seed", "epoch", "world_size", "num_workers", "history"):
+                if s.get(key) != first.get(key):
+                    raise StateError(f"cannot resume: the states disagree on {key} ({first.get(key)} vs {s.get(key)})")
+        ranks = [s.get("rank", 0) for s in states]
+        if len(set(ranks)) != len(ranks):
+            twice = min(r for r, n in collections.Counter(ranks).items() if n > 1)
+            raise StateError(f"load_state_dict: field 'rank' is {twice} in more than one state; give each rank's once")
+        return states
+
+    def _check_counts(self, states: list[dict], epoch: int, history: tuple[Progress, ...]) -> None:
+        """Every consumed count of ``states`` (and of their ``history``) within its consumer's windows in this plan.
+
+        Raises:
+            StateError: a count above the windows its consumer has in ``epoch`` under its layout.
+        """
+        for k, level in enumerate(history):
+            per = self.windows_per_consumer(epoch, level.world_size, level.num_workers, history[:k])
+            for c, n in enumerate(level.consumed):
+                if n > per:
+                    raise StateError(
+                        f"load_state_dict: field 'history[{k}].consumed[{c}]' is {n}; must be 0..{per} (windows per "
+                        f"consumer in epoch {epoch} of this plan under {level.world_size} ranks x "
+                        f"{level.num_workers} workers)"
+                    )
+        first = states[0]
+        per = self.windows_per_consumer(epoch, first["world_size"], first["num_workers"], history)
+        for i, s in enumerate(states):
+            at = f"state [{i}] " if len(states) > 1 else ""
+            for c, n in enumerate(s["consumed"]):
+                if n > per:
+                    raise StateError(
+                        f"load_state_dict: {at}field 'consumed[{c}]' is {n}; must be 0..{per} (windows per consumer "
+                        f"in epoch {epoch} of this plan under {first['world_size']} ranks x {first['num_workers']} "
+                        "workers)"
+                    )
 
 
 def _check_plan(state: dict, pool: int | None) -> None:
@@ -1148,7 +1215,8 @@ class WindowLoader(DataLoader):
         Raises:
             RuntimeError: an iteration over this loader is in progress (it would go on with its own
                 epoch); load before the ``for`` loop, or after it ended or was dropped.
-            ValueError: see ``WindowDataset.load_state_dict``.
+            ValueError (``StateError``; ``StateTypeError`` is also a ``TypeError``): see
+                ``WindowDataset.load_state_dict``.
         """
         if self._running is not None:
             raise RuntimeError(
@@ -1156,9 +1224,9 @@ class WindowLoader(DataLoader):
                 "iteration would go on with its own epoch. Load the state before the for loop "
                 "(or after it ended, or after deleting its iterator)."
             )
+        states = self.dataset.checked_states(state)  # every field, before anything is taken from it
         self._batches = 0
-        states = state if isinstance(state, (list, tuple)) else [state]
-        if states and all(s.get("fresh") for s in states):
+        if all(s.get("fresh") for s in states):
             self._epoch = states[0]["epoch"]
             self.dataset.set_epoch(self._epoch)
             self.dataset._resume = None

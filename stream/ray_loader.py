@@ -373,17 +373,18 @@ class RayWindowLoader:
 
         Raises:
             RuntimeError: an iteration over this loader is in progress.
-            ValueError: see ``WindowDataset.load_state_dict`` (another seed; states that disagree;
-                another layout without every rank's state).
+            ValueError: see ``WindowDataset.load_state_dict`` (a field missing, of the wrong type or out
+                of range: ``StateError``, naming it; another seed; states that disagree; another layout
+                without every rank's state).
         """
         if self._running is not None:
             raise RuntimeError(
                 "RayWindowLoader.load_state_dict during an iteration over the loader: load the state "
                 "before the for loop (or after it ended, or after deleting its iterator)."
             )
+        states = self.dataset.checked_states(state)  # every field, before anything is taken from it
         self._batches, self._consumers = 0, []
-        states = state if isinstance(state, (list, tuple)) else [state]
-        if states and all(s.get("fresh") for s in states):
+        if all(s.get("fresh") for s in states):
             self._epoch, self._next_start = states[0]["epoch"], None
             return
         self.dataset.load_state_dict(state, self.num_workers)  # checks seed, layout, ranks

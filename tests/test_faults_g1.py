@@ -22,6 +22,7 @@ from videogen import decode_frame_number
 
 from epishard.stream import PostProcess, WindowDataset, WindowLoader
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.statecheck import StateError, StateTypeError
 from epishard.stream.usercode import UserCodeError
 
 # --- 1. the user's exceptions -------------------------------------------------------------------
@@ -141,3 +142,182 @@ def test_a_damaged_video_keeps_its_policy_with_a_hook(intact, tmp_path):
         samples = list(WindowDataset(root, SPEC, seed=5, postprocess=post, fetch=_skip_policy(False)))
     assert len(samples) == 6 * 20 and any(s["substitute"] for s in samples) and calls
     assert _caught_skips(caught) and not any(s["episode_index"] == 0 and not s["substitute"] for s in samples)
+
+
+# --- 2. a hostile loader state ------------------------------------------------------------------
+
+
+def _saved(intact, workers: int = 0, batches: int = 3) -> dict:
+    """The state of a 1-rank loader (batches of 2) after ``batches`` batches of epoch 0."""
+    loader = WindowLoader(WindowDataset(intact, SPEC, seed=5), batch_size=2, num_workers=workers)
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    state = loader.state_dict()
+    del it
+    return state
+
+
+@pytest.fixture(scope="module")
+def saved(intact) -> dict:
+    return _saved(intact)
+
+
+def _batch_keys(batch) -> list[tuple[int, int]]:
+    return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True))
+
+
+def _fresh_loader(intact, **kw) -> WindowLoader:
+    return WindowLoader(WindowDataset(intact, SPEC, seed=5, **kw), batch_size=2)
+
+
+# (edit of the saved state, error class, message): each refused naming the field, before any window is read
+HOSTILE = {
+    "negative-consumed": (
+        {"consumed": [-5]},
+        StateError,
+        r"field 'consumed\[0\]' is -5; must be >= 0",
+    ),
+    "consumed-past-the-plan": (
+        {"consumed": [121]},
+        StateError,
+        r"field 'consumed\[0\]' is 121; must be 0\.\.120 \(windows per consumer in epoch 0 of this plan under 1 ranks",
+    ),
+    "huge-world-size": (
+        {"world_size": 10**9},
+        StateError,
+        r"needs the states of all 1000000000 ranks \(a list; got ranks \[0\]\)",
+    ),
+    "world-size-a-string": ({"world_size": "2"}, StateTypeError, r"field 'world_size' is '2' \(str\); must be an int"),
+    "world-size-zero": ({"world_size": 0}, StateError, r"field 'world_size' is 0; must be >= 1"),
+    "rank-out-of-the-world": ({"rank": 1}, StateError, r"field 'rank' is 1; must be 0\.\.0 \(ranks of world_size=1\)"),
+    "consumed-not-a-list": (
+        {"consumed": "abc"},
+        StateTypeError,
+        r"field 'consumed' is 'abc'; must be a list of 1 ints",
+    ),
+    "consumed-too-long": ({"consumed": [1, 2]}, StateError, r"field 'consumed' has 2 entries; must have 1"),
+    "consumed-a-float": ({"consumed": [2.5]}, StateTypeError, r"field 'consumed\[0\]' is 2\.5 \(float\)"),
+    "negative-epoch": ({"epoch": -1}, StateError, r"field 'epoch' is -1; must be 0\.\."),
+    "epoch-a-float": ({"epoch": 0.5}, StateTypeError, r"field 'epoch' is 0\.5 \(float\); must be an int"),
+    "version-from-the-future": ({"version": 99}, StateError, r"field 'version' is 99; must be 1\.\.\d"),
+    "version-a-string": ({"version": "4"}, StateTypeError, r"field 'version' is '4' \(str\)"),
+    "seed-a-string": ({"seed": "5"}, StateTypeError, r"field 'seed' is '5' \(str\)"),
+    "rotation-past-the-workers": ({"rotation": 3}, StateError, r"field 'rotation' is 3; must be 0\.\.0"),
+    "no-workers": ({"num_workers": 0, "consumed": []}, StateError, r"field 'num_workers' is 0; must be >= 1"),
+    "negative-pool": ({"shuffle_episodes": -2}, StateError, r"field 'shuffle_episodes' is -2; must be >= 0"),
+    "fresh-a-string": ({"fresh": "yes"}, StateTypeError, r"field 'fresh' is 'yes'; must be True or False"),
+    "fresh-but-consumed": ({"fresh": True}, StateError, r"field 'fresh' is True \(an epoch boundary\) but"),
+    "history-not-a-list": ({"history": 7}, StateTypeError, r"field 'history' is 7; must be a list"),
+    "history-item-no-dict": ({"history": [3]}, StateTypeError, r"field 'history\[0\]' is 3; must be a dict"),
+    "history-huge-layout": (
+        {"history": [{"world_size": 10**9, "num_workers": 1, "consumed": [0]}]},
+        StateError,
+        r"history\[0\] field 'consumed' has 1 entries; must have 1000000000",
+    ),
+    "history-past-the-plan": (
+        {"history": [{"world_size": 2, "num_workers": 1, "consumed": [61, 0]}]},
+        StateError,
+        r"field 'history\[0\]\.consumed\[0\]' is 61; must be 0\.\.60 \(windows per consumer in epoch 0",
+    ),
+    "missing-consumed": (None, StateTypeError, r"field 'consumed' is missing"),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(HOSTILE))
+def test_a_hostile_state_is_refused_naming_the_field(intact, saved, attack):
+    edit, error, message = HOSTILE[attack]
+    state = {k: v for k, v in saved.items() if k != "consumed"} if edit is None else {**saved, **edit}
+    loader = _fresh_loader(intact)
+    with pytest.raises(error, match=message):
+        loader.load_state_dict(state)
+    assert isinstance(error("x"), ValueError)
+    if error is StateTypeError:
+        assert isinstance(error("x"), TypeError)
+    # The loader is untouched: it runs epoch 0 from its start.
+    assert loader.state_dict()["epoch"] == 0 and loader.dataset._resume is None
+
+
+@pytest.mark.parametrize(
+    "state,message",
+    [
+        (None, r"the state is NoneType; must be a dict"),
+        ("state.pt", r"the state is str; must be a dict"),
+        ([], r"no state given \(an empty list\)"),
+        ([{"epoch": 0, "fresh": True}, 3], r"state \[1\] of the list is int; must be a dict"),
+    ],
+    ids=["none", "a-path", "empty-list", "list-with-an-int"],
+)
+def test_a_state_that_is_no_dict_is_refused(intact, state, message):
+    with pytest.raises((StateError, StateTypeError), match=message):
+        _fresh_loader(intact).load_state_dict(state)
+
+
+def test_the_same_rank_twice_in_a_list_is_refused(intact, saved):
+    with pytest.raises(StateError, match=r"field 'rank' is 0 in more than one state"):
+        _fresh_loader(intact).load_state_dict([saved, dict(saved)])
+
+
+def test_a_list_with_one_hostile_state_names_it(intact):
+    states = []
+    for rank in range(2):
+        loader = WindowLoader(WindowDataset(intact, SPEC, seed=5, rank=rank, world_size=2), batch_size=2)
+        it = iter(loader)
+        next(it)
+        states.append(loader.state_dict())
+        del it
+    states[1] = {**states[1], "consumed": [-1]}
+    with pytest.raises(StateError, match=r"state \[1\] field 'consumed\[0\]' is -1"):
+        _fresh_loader(intact).load_state_dict(states)
+    states[1] = {**states[1], "consumed": [10**6]}
+    with pytest.raises(StateError, match=r"state \[1\] field 'consumed\[0\]' is 1000000; must be 0\.\.60"):
+        _fresh_loader(intact).load_state_dict(states)
+
+
+def test_a_valid_state_and_a_minimal_fresh_state_still_load(intact, saved, reference):
+    loader = _fresh_loader(intact)
+    loader.load_state_dict(saved)
+    rest = [k for b in loader for k in _batch_keys(b)]
+    whole = [k for b in _fresh_loader(intact) for k in _batch_keys(b)]
+    assert rest == whole[6:]  # 3 batches of 2 taken before the save
+    fresh = _fresh_loader(intact)
+    fresh.load_state_dict({"epoch": 2, "fresh": True})
+    assert fresh.state_dict()["epoch"] == 2
+    with pytest.raises(StateError, match=r"field 'epoch' is -3"):
+        fresh.load_state_dict({"epoch": -3, "fresh": True})
+
+
+def test_window_dataset_load_state_dict_checks_the_same_fields(intact, saved):
+    ds = WindowDataset(intact, SPEC, seed=5)
+    with pytest.raises(StateError, match=r"field 'consumed\[0\]' is -5"):
+        ds.load_state_dict({**saved, "consumed": [-5]})
+    with pytest.raises(StateTypeError, match=r"field 'num_workers' is None"):
+        ds.load_state_dict({**saved, "num_workers": None})
+
+
+def test_the_ray_loader_checks_the_state_before_anything(intact, saved):
+    """``RayWindowLoader.load_state_dict`` without a Ray cluster: the check comes before any actor is asked."""
+    from epishard.stream.ray_loader import RayWindowLoader
+
+    loader = object.__new__(RayWindowLoader)  # its __init__ starts Ray; load_state_dict needs only these
+    loader._running, loader.num_workers = None, 1
+    loader.dataset = WindowDataset(intact, SPEC, seed=5).with_options(num_workers=1, batch_size=2)
+    loader._epoch, loader._next_start, loader._batches, loader._consumers = 0, None, 0, []
+    with pytest.raises(StateError, match=r"field 'epoch' is -1"):
+        loader.load_state_dict({"epoch": -1, "fresh": True})
+    with pytest.raises(StateError, match=r"field 'consumed\[0\]' is -5"):
+        loader.load_state_dict({**saved, "consumed": [-5]})
+    with pytest.raises(StateTypeError, match=r"the state is list\[int\]|state \[0\] of the list is int"):
+        loader.load_state_dict([1, 2])
+    loader.load_state_dict(saved)
+    assert loader._next_start is not None and loader._next_start.skip == (6,)
+
+
+def test_the_balanced_dataset_checks_its_balance_field(intact, saved):
+    from epishard.balance.streaming import BalancedWindowDataset
+
+    ds = BalancedWindowDataset(intact, SPEC, seed=5, batch_size=2)
+    with pytest.raises(StateTypeError, match=r"field 'balance' is 'local'; must be a dict"):
+        ds.load_state_dict({**saved, "balance": "local"})
+    with pytest.raises(StateTypeError, match=r"the state is int"):
+        ds.load_state_dict(5)
