@@ -317,10 +317,12 @@ def _complete(storage: Storage, shard_id: int, options: ConvertOptions, digest: 
 def _claim_output(storage: Storage, prefix: str) -> None:
     """Make sure the output folder is this writer's before anything in it is removed or replaced.
 
-    A new or empty folder is claimed by writing the marker (``format.CONVERT_MARKER``) first. A
-    non-empty one is used only if it holds the marker, for the same shard prefix, and nothing but
-    files the writer creates (``format.is_writer_file``): an earlier or interrupted conversion,
-    which this one resumes or replaces.
+    A new or empty folder is claimed by writing the marker (``format.CONVERT_MARKER``) first; so is
+    one that holds nothing but the marker's temporary file (``<marker>.partial-<pid>``: a run killed
+    while it wrote the marker), which is removed. Any other non-empty one is used only if it holds
+    the marker, for the same shard prefix, and nothing but files the writer creates
+    (``format.is_writer_file``): an earlier or interrupted conversion, which this one resumes or
+    replaces.
 
     Raises:
         OutputFolderError: the path is a file, or the folder holds anything else; nothing was changed.
@@ -329,6 +331,11 @@ def _claim_output(storage: Storage, prefix: str) -> None:
     if storage.is_file():
         raise OutputFolderError(f"{storage.url}: is a file; the output must be a new or empty folder")
     names = storage.names()
+    if names and all(_is_partial_marker(n) for n in names):
+        # A run killed while it wrote the marker into the new folder: the folder is still new.
+        for name in names:
+            storage.remove(name)
+        names = []
     if not names:
         storage.makedirs()
         storage.write(fmt.CONVERT_MARKER, json.dumps({"writer": "epishard convert", "prefix": prefix}).encode())
@@ -353,6 +360,11 @@ def _claim_output(storage: Storage, prefix: str) -> None:
             f"{storage.url}: holds files epishard convert did not write ({_some(foreign)}); "
             "nothing was changed: move them out or convert into a new or empty folder"
         )
+
+
+def _is_partial_marker(name: str) -> bool:
+    """Whether ``name`` is the marker's temporary file (``format.temp_path``), left by a run killed as it wrote it."""
+    return fmt.is_partial(name) and name.rsplit(".partial-", 1)[0] == fmt.CONVERT_MARKER
 
 
 def _refuse_other_finished(storage: Storage, dataset_digest: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import functools
 import glob
 import itertools
 import json
@@ -28,6 +29,9 @@ import os
 import re
 import string
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from epishard.redact import redact
@@ -84,9 +88,13 @@ class _Tree:
         return sorted({p[len(path) + 1 :].split("/")[0] for p in self.sizes if p.startswith(path + "/")})
 
     def find(self, folder: str, suffix: str) -> list[str]:
-        """Full paths of the files under ``folder`` (recursively) whose names end with ``suffix``."""
+        """Full paths of the files under ``folder`` (recursively) whose names end with ``suffix``.
+
+        ``folder`` is a path, never a pattern: ``[``, ``]``, ``*``, ``?`` in it are its own characters.
+        """
         if self.local:
-            return sorted(glob.glob(os.path.join(folder, "**", "*" + suffix), recursive=True))
+            pattern = os.path.join(glob.escape(folder), "**", "*" + glob.escape(suffix))
+            return sorted(glob.glob(pattern, recursive=True))
         return sorted(p for p in self.sizes if p.startswith(folder + "/") and p.endswith(suffix))
 
     def read(self, path: str) -> bytes:
@@ -124,8 +132,13 @@ def _template_regex(template: str) -> re.Pattern:
     return re.compile("^" + "".join(out) + "$")
 
 
+@functools.lru_cache(maxsize=64)
+def _template_fields(template: str) -> frozenset[str]:
+    return frozenset(m.group(1) for m in re.finditer(r"\{(\w+)", template))
+
+
 def _format(template: str, fields: dict) -> str:
-    names = {m.group(1) for m in re.finditer(r"\{(\w+)", template)}
+    names = _template_fields(template)
     missing = names - fields.keys()
     if missing:
         raise SourceError(f"meta/info.json: path template {template!r} uses unknown fields {sorted(missing)}")
@@ -268,12 +281,18 @@ def _look_alike(tree: _Tree, rel: str, taken: set[str]) -> str | None:
 
 
 def _dropped_cameras(
-    tree: _Tree, declared: list[str], expected: dict[str, str], present: set[str], wanted: tuple[str, ...] | None
+    tree: _Tree,
+    declared: list[str],
+    expected: dict[str, str],
+    present: set[str],
+    wanted: tuple[str, ...] | None,
+    looked: dict[str, list[str]] | None = None,
 ) -> list[str]:
     """Notes for declared cameras without any file; refuse when none would be left.
 
     ``expected``: camera -> the path (absolute) its first episode's video was looked for at
-    (empty when ``wanted == ()``: videos are not looked for).
+    (empty when ``wanted == ()``: videos are not looked for). ``looked``: camera -> every path
+    (absolute) looked for, of the episodes whose data file is there; the refusal names them.
 
     Raises:
         SourceError: every declared camera lacks files and ``wanted`` is not ``()`` (state/action only).
@@ -286,7 +305,7 @@ def _dropped_cameras(
         for parts in [os.path.relpath(expected[c], root).split("/")]
         for i in range(1, len(parts) + 1)
     }
-    notes = []
+    notes, refusal = [], []
     for cam in (c for c in expected if c not in present):
         rel = os.path.relpath(expected[cam], root)
         alike = _look_alike(tree, rel, taken)
@@ -294,16 +313,25 @@ def _dropped_cameras(
             f"camera {cam} is declared in meta/info.json but has no video files (expected e.g. {rel}, "
             f"from video_path)" + (f"; {alike}/ exists and looks like the intended folder" if alike else "")
         )
+        paths = sorted(set((looked or {}).get(cam, [])))
+        refusal.append(notes[-1] + (f"; looked for {_files(paths, root)}" if paths else ""))
     if expected and not present:
         raise SourceError(
             f"{root}: no declared camera has video files, so no camera would be converted: "
-            + "; ".join(notes)
+            + "; ".join(refusal)
             + ". To convert state and action only, pass --no-cameras "
             "(ConvertOptions(cameras=()))."
         )
     if wanted == () and declared:
         notes.append(f"cameras {', '.join(declared)} not converted: state and action only, as asked")
     return notes
+
+
+def _files(paths: list[str], root: str, most: int = 4) -> str:
+    """``paths`` (absolute, under ``root``) for a message: the first ``most`` relative, then how many more."""
+    rel = [os.path.relpath(p, root) for p in paths]
+    some = ", ".join(rel[:most]) + (f" and {len(rel) - most} more" if len(rel) > most else "")
+    return f"{len(rel)} file{'s' if len(rel) != 1 else ''}: {some}"
 
 
 def _image_features(features: dict, wanted: tuple[str, ...] | None) -> tuple[tuple[str, ...], list[str]]:
@@ -399,28 +427,32 @@ def _read_v2(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
     data_re = _template_regex(info["data_path"])
     video_template = info.get("video_path") or ""
     found: dict[int, tuple[str, dict]] = {}
-    for path in tree.find(root, ".parquet"):
+    parquets = tree.find(root, ".parquet")
+    for path in parquets:
         m = data_re.match(path[len(root) + 1 :])
         if m:
             fields = {k: int(v) for k, v in m.groupdict().items()}
             found[fields["episode_index"]] = (path, fields)
     if not found:
-        raise SourceError(f"{root}: no data file matches data_path {info['data_path']!r}")
+        seen = f"its .parquet files, none of them a match: {_files(parquets, root)}" if parquets else "no .parquet file"
+        raise SourceError(f"{root}: no data file matches data_path {info['data_path']!r} (the folder holds {seen})")
     per_episode_tasks, task_text = _v2_tasks(tree)
     declared = _camera_names(info.get("features", {}))
     depth = _depth_cameras(info.get("features", {}))
     video_of: dict[str, dict[int, str]] = {}
     expected: dict[str, str] = {}
+    looked: dict[str, list[str]] = {}
     for cam in declared if wanted != () else []:
         paths = {}
         for ep, (_, fields) in found.items():
             path = os.path.join(root, _format(video_template, {**fields, "video_key": cam}))
             expected.setdefault(cam, path)
+            looked.setdefault(cam, []).append(path)
             if tree.exists(path):
                 paths[ep] = path
         video_of[cam] = paths
     cameras = [cam for cam in expected if video_of[cam]]
-    notes = _dropped_cameras(tree, declared, expected, set(cameras), wanted)
+    notes = _dropped_cameras(tree, declared, expected, set(cameras), wanted, looked)
     images, image_notes = _image_features(info.get("features", {}), wanted)
     notes += image_notes
     episodes = []
@@ -484,9 +516,11 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
         # Episode row ranges from the file's own episode_index column, not from global indices.
         if path not in data_ranges:
             col = tree.parquet(path, columns=["episode_index"]).column("episode_index")
+            if col.null_count or not pa.types.is_integer(col.type):
+                raise SourceError(f"{path}: episode_index must hold integers without nulls, has {col.type}")
             values = col.to_numpy()
             ranges: dict[int, tuple[int, int]] = {}
-            change = [0] + [i for i in range(1, len(values)) if values[i] != values[i - 1]] + [len(values)]
+            change = [0, *(np.flatnonzero(values[1:] != values[:-1]) + 1).tolist(), len(values)]
             for a, b in itertools.pairwise(change):
                 ep = int(values[a])
                 if ep in ranges:
@@ -495,16 +529,50 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
             data_ranges[path] = ranges
         return data_ranges[path]
 
+    # Many episodes share a file: each path is filled in and looked up once.
+    exists = functools.cache(tree.exists)
+    filled: dict = {}
+    data_uses_episode = "episode_index" in _template_fields(info["data_path"])
+    data_of: list[str] = []  # per row: its data file
+    for row in rows:
+        ep = int(row["episode_index"])
+        data_key = (row["data/chunk_index"], row["data/file_index"], ep if data_uses_episode else None)
+        if data_key not in filled:
+            filled[data_key] = os.path.join(
+                root,
+                _format(
+                    info["data_path"],
+                    {
+                        "chunk_index": row["data/chunk_index"],
+                        "file_index": row["data/file_index"],
+                        "episode_chunk": row["data/chunk_index"],
+                        "episode_index": ep,
+                    },
+                ),
+            )
+        data_of.append(filled[data_key])
+    if not any(exists(path) for path in data_of):
+        raise SourceError(
+            f"{root}: none of the episodes in meta/episodes has its data file present (data_path "
+            f"{info['data_path']!r}; looked for {_files(sorted(set(data_of)), root)})"
+        )
+    # Videos are looked for only for the episodes whose data file is there (a subset copy keeps
+    # the full dataset's meta/episodes): those are the files a message names.
     file_seconds: dict[str, float] = {}
     files_of: dict[str, list[str]] = {cam: [] for cam in cameras}
-    for row in rows:
+    video_of: list[dict[str, str]] = []  # per row: camera -> its video file
+    video_filled: dict = {}
+    for row, data_path in zip(rows, data_of, strict=True):
+        video_of.append({})
+        if not exists(data_path):
+            continue
         for cam in cameras:
             key = f"videos/{cam}/to_timestamp"
             if key in row and row[key] is not None:
-                path = _video_path(root, info, cam, row)
+                path = video_of[-1][cam] = _video_path(root, info, cam, row, video_filled)
                 file_seconds[path] = max(file_seconds.get(path, 0.0), float(row[key]))
                 files_of[cam].append(path)
-    present = {cam for cam in cameras if any(tree.exists(p) for p in files_of[cam])}
+    present = {cam for cam in cameras if any(exists(p) for p in files_of[cam])}
     # A camera meta/episodes gives no file for: the template, its chunk and file fields unfilled.
     expected = {
         cam: files_of[cam][0]
@@ -512,23 +580,11 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
         else os.path.join(root, (info.get("video_path") or "").replace("{video_key}", cam))
         for cam in cameras
     }
-    notes = _dropped_cameras(tree, declared, expected, present, wanted) + image_notes
+    notes = _dropped_cameras(tree, declared, expected, present, wanted, files_of) + image_notes
     episodes = []
-    for row in rows:
+    for row, data_path, videos_of_row in zip(rows, data_of, video_of, strict=True):
         ep = int(row["episode_index"])
-        data_path = os.path.join(
-            root,
-            _format(
-                info["data_path"],
-                {
-                    "chunk_index": row["data/chunk_index"],
-                    "file_index": row["data/file_index"],
-                    "episode_chunk": row["data/chunk_index"],
-                    "episode_index": ep,
-                },
-            ),
-        )
-        if not tree.exists(data_path):
+        if not exists(data_path):
             continue
         if ep not in ranges_in(data_path):
             notes.append(
@@ -540,8 +596,8 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
         for cam in cameras:
             if cam not in present:
                 continue
-            path = _video_path(root, info, cam, row)
-            if tree.exists(path):
+            path = videos_of_row.get(cam) or _video_path(root, info, cam, row)
+            if exists(path):
                 seg = (float(row[f"videos/{cam}/from_timestamp"]), float(row[f"videos/{cam}/to_timestamp"]))
                 videos[cam] = CameraVideo(
                     tree.file(path), segment=seg, file_seconds=file_seconds.get(path), depth=cam in depth
@@ -564,7 +620,8 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
         )
     if not episodes:
         raise SourceError(
-            f"{root}: none of the episodes in meta/episodes has its data file present (data_path {info['data_path']!r})"
+            f"{root}: none of the episodes in meta/episodes has rows in its data file (data_path "
+            f"{info['data_path']!r}; read {_files(sorted({p for p in data_of if exists(p)}), root)})"
         )
     episodes.sort(key=lambda e: e.episode_index)
     return _source(name, root, info, fps, episodes, notes)
@@ -595,20 +652,12 @@ def _v3_episode_rows(tree: _Tree, paths: list[str]) -> list[dict]:
             ):
                 if column not in table.column_names:
                     raise SourceError(f"{path}: column {column} is missing")
+        # Only the columns read below become Python values (not the per-episode stats columns).
+        table = table.select([n for n in table.column_names if n in _V3_ROW_COLUMNS or n.startswith("videos/")])
+        checked = _v3_columns_valid(table)  # True: the row checks would find nothing
         for i, row in enumerate(table.to_pylist()):
-            for name in ("episode_index", "data/chunk_index", "data/file_index"):
-                if not isinstance(row.get(name), int):
-                    raise SourceError(f"{path}: row {i}: {name} must be an integer, got {row.get(name)!r:.60}")
-            for name, value in row.items():
-                if not name.startswith("videos/") or value is None:
-                    continue
-                if name.endswith("_index") and not isinstance(value, int):
-                    raise SourceError(f"{path}: row {i}: {name} must be an integer, got {value!r:.60}")
-                if name.endswith("_timestamp") and not _is_finite_number(value):
-                    raise SourceError(f"{path}: row {i}: {name} must be a finite number, got {value!r:.60}")
-            tasks = row.get("tasks")
-            if tasks is not None and not _is_list_of_str(tasks):
-                raise SourceError(f"{path}: row {i}: tasks must be a list of strings, got {tasks!r:.60}")
+            if not checked:
+                _check_v3_row(path, i, row)
             if row["episode_index"] in seen:
                 raise SourceError(
                     f"{path}: row {i}: episode_index {row['episode_index']} is listed twice "
@@ -617,6 +666,58 @@ def _v3_episode_rows(tree: _Tree, paths: list[str]) -> list[dict]:
             seen[row["episode_index"]] = path
             rows.append(row)
     return rows
+
+
+_V3_ROW_COLUMNS = ("episode_index", "data/chunk_index", "data/file_index", "tasks")
+
+
+def _check_v3_row(path: str, i: int, row: dict) -> None:
+    """Refuse row ``i`` of a ``meta/episodes`` file whose values have a wrong type (see ``_v3_episode_rows``)."""
+    for name in ("episode_index", "data/chunk_index", "data/file_index"):
+        if not isinstance(row.get(name), int):
+            raise SourceError(f"{path}: row {i}: {name} must be an integer, got {row.get(name)!r:.60}")
+    for name, value in row.items():
+        if not name.startswith("videos/") or value is None:
+            continue
+        if name.endswith("_index") and not isinstance(value, int):
+            raise SourceError(f"{path}: row {i}: {name} must be an integer, got {value!r:.60}")
+        if name.endswith("_timestamp") and not _is_finite_number(value):
+            raise SourceError(f"{path}: row {i}: {name} must be a finite number, got {value!r:.60}")
+    tasks = row.get("tasks")
+    if tasks is not None and not _is_list_of_str(tasks):
+        raise SourceError(f"{path}: row {i}: tasks must be a list of strings, got {tasks!r:.60}")
+
+
+def _v3_columns_valid(table: pa.Table) -> bool:
+    """Whether ``_check_v3_row`` would pass every row of ``table``, decided per column (Arrow types and kernels).
+
+    False where a column's type alone does not decide it: the row checks then run and name the row.
+    """
+    names = set(table.column_names)
+    if not {"episode_index", "data/chunk_index", "data/file_index"} <= names:
+        return False
+    for name in table.column_names:
+        column = table.column(name)
+        kind = column.type
+        if name in ("episode_index", "data/chunk_index", "data/file_index"):
+            if not pa.types.is_integer(kind) or column.null_count:
+                return False
+        elif name == "tasks":
+            if pa.types.is_null(kind):
+                continue
+            if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_string(kind.value_type):
+                return False
+            if pc.list_flatten(column).null_count:
+                return False
+        elif name.endswith("_index"):  # videos/<camera>/chunk_index, file_index: integers or null
+            if not (pa.types.is_integer(kind) or pa.types.is_null(kind)):
+                return False
+        elif name.endswith("_timestamp"):  # finite numbers or null
+            if pa.types.is_integer(kind) or pa.types.is_null(kind):
+                continue
+            if not pa.types.is_floating(kind) or pc.all(pc.is_finite(column)).as_py() is False:
+                return False
+    return True
 
 
 def _v3_tasks(tree: _Tree, path: str) -> dict[int, str]:
@@ -633,9 +734,16 @@ def _v3_tasks(tree: _Tree, path: str) -> dict[int, str]:
     return dict(zip(index, map(str, t.column(text_col).to_pylist()), strict=False))
 
 
-def _video_path(root: str, info: dict, cam: str, row: dict) -> str:
+def _video_path(root: str, info: dict, cam: str, row: dict, cache: dict | None = None) -> str:
+    """The video file of ``cam`` for a v3.0 ``meta/episodes`` row (``cache``: filled paths by fields used)."""
     chunk = row.get(f"videos/{cam}/chunk_index")
     file = row.get(f"videos/{cam}/file_index")
+    if cache is not None:
+        uses_episode = "episode_index" in _template_fields(info.get("video_path") or "")
+        key = (cam, chunk, file, row["episode_index"] if uses_episode else None)
+        if key not in cache:
+            cache[key] = _video_path(root, info, cam, row)
+        return cache[key]
     return os.path.join(
         root,
         _format(

@@ -257,13 +257,17 @@ class Storage:
         return os.path.getsize(self.path(name)) if self.local else int(self.fs.size(self.path(name)))
 
     def remove(self, name: str) -> None:
-        """Delete ``name`` if it exists."""
+        """Delete ``name`` if it exists.
+
+        That one file: the path is never a pattern (``fs.rm`` would expand ``[``, ``*``, ``?`` in
+        the folder's name and delete the files of other folders that the pattern matches).
+        """
         if not self.exists(name):
             return
         if self.local:
             os.remove(self.path(name))
         else:
-            self.fs.rm(self.path(name))
+            self.fs.rm_file(self.path(name))
 
     def names(self) -> list[str]:
         """File names directly in the folder; [] if the folder does not exist.

@@ -17,6 +17,16 @@ without check levels runs ``full`` as ``decode_check=True`` and ``off`` as ``dec
 
     python tools/bench_writer.py [DATASET ...] [--episodes 2000] [--check full fast off] [--workers 1 2]
         [--baseline main] [--rounds 1] [--data /tmp/epishard-bench-writer] [--json]
+
+``--per-file 200 1000 3000 10000``: instead, the cost of an episode against the size of the file
+that holds it. For each count, a LeRobot v3.0 dataset whose one data file and one video file hold
+that many episodes (``--per-file-frames``, 2, frames each, 32x32 H.264, ``tests/lerobotgen.write_v3``,
+kept in ``--data``) has its first ``--convert`` (200) episodes converted (``--episodes`` of the
+CLI), one worker, at the first ``--check`` level (default ``fast``); per tree it reports CPU ms per converted
+episode (the whole ``convert`` call, opening the source included), the CPU ms of opening the source
+(``read_lerobot``) alone, and whether the shards and indexes are byte-identical to the first tree's.
+
+    python tools/bench_writer.py --per-file 200 1000 3000 10000 [--convert 200] [--baseline main]
 """
 
 from __future__ import annotations
@@ -48,6 +58,80 @@ m = convert([src], out, ConvertOptions(progress=False, workers=workers, **level)
 print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": cpu() - c, "episodes": m.totals.episodes,
                   "checks": dict(m.report.checks or {}) if hasattr(m.report, "checks") else None}))
 """
+
+
+# Runs in the child process for --per-file: open the source, then convert its first N episodes.
+RUNNER_PER_FILE = """
+import hashlib, json, os, resource, sys
+from epishard.shardwriter import ConvertOptions, convert
+from epishard.shardwriter.lerobot import read_lerobot
+import torchcodec.decoders  # loaded once per process whatever the episodes: not timed
+src, out, n, check = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+read_lerobot(src)  # warm: imports and the first read of the files
+c = cpu()
+read_lerobot(src)
+read_s = cpu() - c
+c = cpu()
+m = convert([src], out, ConvertOptions(progress=False, episodes=frozenset(range(n)), check=check))
+convert_s = cpu() - c
+digest = hashlib.sha256()
+for name in sorted(os.listdir(out)):
+    if name.endswith((".tar", ".index.parquet")):
+        with open(os.path.join(out, name), "rb") as f:
+            digest.update(name.encode() + f.read())
+print(json.dumps({"cpu_s": convert_s, "read_s": read_s, "episodes": m.totals.episodes, "sha256": digest.hexdigest()}))
+"""
+
+
+def make_one_file_v3(root: str, episodes: int, frames: int) -> str:
+    """A LeRobot v3.0 dataset whose one data file and one video file hold ``episodes`` episodes (kept in ``root``)."""
+    done = os.path.join(root, ".complete")
+    if os.path.exists(done):
+        return root
+    sys.path.insert(0, str(REPO / "tests"))
+    from lerobotgen import write_v3
+
+    write_v3(root, [frames] * episodes, "observation.images.front", per_file=episodes)
+    Path(done).touch()
+    return root
+
+
+def per_file(args, trees: dict[str, str], scratch: str) -> None:
+    """The ``--per-file`` report (see the module docstring): one line per file size and tree."""
+    check = args.check[0]
+    print(f"# {args.convert} episodes converted per file, check {check}; cpus {os.cpu_count()}", flush=True)
+    for count in args.per_file:
+        src = make_one_file_v3(f"{args.data}/v3-one-file-{count}x{args.per_file_frames}", count, args.per_file_frames)
+        first = None
+        for name, tree in trees.items():
+            out = tempfile.mkdtemp(dir=scratch)
+            proc = subprocess.run(
+                [sys.executable, "-c", RUNNER_PER_FILE, src, out, str(args.convert), check],
+                env={**os.environ, "PYTHONPATH": tree},
+                cwd=tree,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            subprocess.run(["rm", "-rf", out], check=True)
+            if proc.returncode:
+                raise RuntimeError(f"convert in {tree} failed:\n{proc.stderr[-3000:]}")
+            res = json.loads(proc.stdout.strip().splitlines()[-1])
+            first = first or res["sha256"]
+            row = {"episodes_per_file": count, "tree": name, **res}
+            row["cpu_ms_per_episode"] = res["cpu_s"] / res["episodes"] * 1e3
+            if args.json:
+                print(json.dumps(row), flush=True)
+                continue
+            print(
+                f"{count:>7} episodes/file {name:<6} {row['cpu_ms_per_episode']:7.2f} ms CPU/episode "
+                f"({res['episodes']} converted) | read_lerobot {res['read_s'] * 1e3:7.1f} ms | "
+                f"bytes {'same' if res['sha256'] == first else 'DIFFER'} ({res['sha256'][:12]})",
+                flush=True,
+            )
 
 
 def make_synthetic(root: str, episodes: int, frames: int, size: int) -> str:
@@ -128,7 +212,7 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=40)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "epishard-bench-writer"))
-    parser.add_argument("--check", nargs="+", default=["full", "fast", "off"], choices=["full", "fast", "off"])
+    parser.add_argument("--check", nargs="+", choices=["full", "fast", "off"], help="default: full fast off")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--baseline", default="main", help="git ref to compare with ('' for none)")
     parser.add_argument("--rounds", type=int, default=1)
@@ -139,7 +223,21 @@ def main() -> int:
         help="run only these configurations, e.g. main:full:1 this:fast:1 this:fast:2 (default: every one)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON line per run")
+    parser.add_argument(
+        "--per-file", type=int, nargs="+", metavar="N", help="cost per episode against episodes per v3.0 file"
+    )
+    parser.add_argument("--per-file-frames", type=int, default=2, help="--per-file: frames per episode")
+    parser.add_argument("--convert", type=int, default=200, help="--per-file: episodes converted per file")
     args = parser.parse_args()
+    args.check = args.check or (None if args.per_file else ["full", "fast", "off"])
+    if args.per_file:
+        args.check = args.check or ["fast"]
+        with tempfile.TemporaryDirectory(prefix="bench-writer-") as scratch:
+            trees = {"this": str(REPO)}
+            if args.baseline:
+                trees[args.baseline] = baseline_tree(args.baseline, tempfile.mkdtemp(dir=scratch))
+            per_file(args, trees, scratch)
+        return 0
     datasets = args.datasets or [
         make_synthetic(
             f"{args.data}/synthetic-{args.episodes}x{args.frames}x{args.size}", args.episodes, args.frames, args.size
