@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -65,7 +65,7 @@ class StreamRun:
     shuffle_episodes: int | Literal["auto"] | None = "auto"
     horizon: int = 256
     cache_mb: int = Lookahead.cache_bytes >> 20
-    storage_options: dict | None = None
+    storage_options: dict | None = field(default=None, repr=False)  # secrets: never shown
 
 
 def _size(text: str) -> tuple[int, int]:

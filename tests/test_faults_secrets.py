@@ -32,6 +32,7 @@ from epishard.cli import main as cli
 from epishard.redact import MASK, redact, redact_options, remember
 from epishard.shardwriter import ConversionError, ConvertOptions, SourceError, convert, read_lerobot
 from epishard.shardwriter.storage import RemoteFile, parse_storage_options
+from epishard.stream.report import StreamRun
 
 CANARY = "CANARY-s3cr3t-7f3a"
 CAMERA = "observation.images.front"
@@ -146,6 +147,7 @@ def test_remembered_secrets_are_masked_anywhere_and_options_copied_masked():
         "client_kwargs": {"headers": {"Authorization": MASK}, "region_name": "eu-west-1"},
     }
     assert CANARY not in repr(RemoteFile("s3://b/k", 1, {"secret": CANARY}))
+    assert CANARY not in repr(StreamRun("s3://b/ds", storage_options={"secret": CANARY}))
 
 
 # --- --storage-options that does not parse ------------------------------------------------------------
