@@ -18,6 +18,8 @@ import pyarrow as pa
 
 from epishard.redact import redact
 
+from .untrusted import loads
+
 FORMAT_NAME = "epishard"
 FORMAT_VERSION = 2  # 2: camera `kind` (depth cameras), `images:` transform
 VERSION_KEY = b"epishard.format_version"  # Arrow schema metadata of every index file: the version it follows
@@ -716,15 +718,13 @@ class Manifest(_Entry):
         sha256 digests), then the typed fields. Nothing the manifest names is opened here.
 
         Raises:
-            FormatError: not JSON, another format, a newer version, or a field that breaks the
-                format; the message names ``where`` and the field.
+            FormatError: not JSON, larger than ``untrusted.MAX_JSON_BYTES`` or nested deeper than
+                ``untrusted.MAX_JSON_DEPTH``, another format, a newer version, or a field that
+                breaks the format; the message names ``where`` and the field.
         """
         from .validate import check_manifest  # validate reads this module's names: imported on use
 
-        try:
-            obj = json.loads(data)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, absurd nesting
-            raise FormatError(f"{where}: not valid JSON ({exc})") from None
+        obj = loads(data, where, FormatError)  # bounded size and nesting (shardwriter.untrusted)
         if not isinstance(obj, dict):
             raise FormatError(f"{where}: the document must be a JSON object, got {obj!r:.60}")
         at = f"{where}:"  # fields follow: "<file>: shards[1].size"

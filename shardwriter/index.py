@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
-from .format import DATA_EXT, DATASET_INDEX_NAME, INDEX_SCHEMA, MANIFEST_NAME, VERSION_KEY, Manifest
+from .format import DATA_EXT, DATASET_INDEX_NAME, INDEX_SCHEMA, MANIFEST_NAME, VERSION_KEY, FormatError, Manifest
+from .untrusted import loads, read_local
 from .validate import check_index_version
 
 SHARD_META_KEY = b"epishard.shard"
@@ -98,7 +99,7 @@ def read_shard_meta(source) -> dict:
     meta = pq.read_schema(source).metadata or {}
     if SHARD_META_KEY not in meta:
         raise ValueError(f"{source}: not an epishard index (no {SHARD_META_KEY.decode()} metadata)")
-    return json.loads(meta[SHARD_META_KEY])
+    return loads(meta[SHARD_META_KEY], f"{source}: schema metadata {SHARD_META_KEY.decode()}")
 
 
 def _one(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -334,8 +335,7 @@ class WindowIndex:
             check_index_version(table.schema, None, path)
             return cls._from_dataset_table(table)
         manifest_path = os.path.join(root, MANIFEST_NAME)
-        with open(manifest_path, "rb") as f:
-            shards = Manifest.load(f.read(), manifest_path).shards
+        shards = Manifest.load(read_local(manifest_path, manifest_path, FormatError), manifest_path).shards
         return cls.load([os.path.join(root, s.index) for s in shards])
 
     @classmethod

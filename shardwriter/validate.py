@@ -14,8 +14,9 @@ open a file, size an allocation or index an array until it has been checked here
 - ``check_index_table``: the index's Arrow schema is the format's, without nulls;
 - ``check_index``: every index value is in bounds against the manifest (shard sizes, episode
   counts) and the rest of the row (member byte ranges, frame counts, keyframes, row-to-frame maps),
-  with at most one frame per byte of its video member, so no frame table is larger than the bytes
-  it describes.
+  with members that follow one another without sharing a byte, at most one frame per byte of its
+  video member and at most one row per byte of its table member, so no frame table or window plan
+  is larger than the bytes it describes.
 
 Each check raises ``FormatError`` naming the file, the field and, for the index, the row, episode
 key and camera. The checks are vectorised (milliseconds for tens of thousands of episodes).
@@ -35,6 +36,7 @@ from . import format as fmt
 from .format import FormatError
 from .format import field_path as _join
 from .format import json_field as _get
+from .untrusted import printable
 
 __all__ = ["FormatError", "check_index", "check_index_table", "check_manifest", "plain_name"]
 
@@ -63,6 +65,7 @@ _CAMERA_FIELDS_V1 = {
     "transform",
 }
 MAX_DIMENSION = 1 << 16  # widest frame any codec the reader decodes can hold (AV1: 65536)
+TAR_HEADER_BYTES = 512  # a USTAR header block: between one member's data and the next's
 
 
 def plain_name(name, where: str) -> str:
@@ -198,7 +201,8 @@ class _Where:
         if bad.size:
             e = int(bad[0])
             value = "" if values is None else f" {values[e]}"
-            raise FormatError(f"{self.where}: row {e} (episode {self.index.key(e)}): {field}{value} {message}")
+            key = printable(self.index.key(e))  # names from the file: no raw control characters
+            raise FormatError(f"{self.where}: row {e} (episode {key}): {field}{value} {message}")
 
     def stream(self, streams: np.ndarray, field: str, message: str, values=None) -> None:
         bad = np.flatnonzero(streams)
@@ -207,8 +211,8 @@ class _Where:
             e = int(np.searchsorted(self.index.episode_cams, s, side="right") - 1)
             value = "" if values is None else f" {values[s]}"
             raise FormatError(
-                f"{self.where}: row {e} (episode {self.index.key(e)}), camera "
-                f"{self.index.cam_names[s].as_py()}: {field}{value} {message}"
+                f"{self.where}: row {e} (episode {printable(self.index.key(e))}), camera "
+                f"{printable(self.index.cam_names[s].as_py())}: {field}{value} {message}"
             )
 
 
@@ -343,6 +347,18 @@ def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
     w.episode(_item_to_group(bad, index.episode_members, n), "members.offset/size", "lie outside the shard")
     if not n:
         return
+    # Members follow one another in the tar, each after its predecessor's data and its own
+    # 512-byte header: no two share a byte, so the sizes of a shard's members (and all that is
+    # bounded by them: frames, packets, rows) add up to at most the shard's size.
+    owner = _per_item(member_counts, index.shard)
+    same = owner[1:] == owner[:-1]
+    overlap = np.zeros(index.member_offset.size, dtype=bool)
+    overlap[:-1] = same & (end[:-1] + TAR_HEADER_BYTES > index.member_offset[1:])
+    w.episode(
+        _item_to_group(overlap, index.episode_members, n),
+        "members.offset/size",
+        "run into the next member of the shard (members follow one another in the tar)",
+    )
     names = index.member_names
     bad_name = _holds(names, _path_byte) | _short_in(names, ("", ".", ".."))
     w.episode(_item_to_group(bad_name, index.episode_members, n), "members.name", "is not a plain file name")
@@ -354,6 +370,13 @@ def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
         np.add.reduceat(data, index.episode_members[:-1]) != 1,
         "members",
         f"do not hold exactly one .{fmt.DATA_EXT} table",
+    )
+    table_bytes = index.member_size[index.data_member(np.arange(n))]
+    w.episode(
+        index.num_rows > table_bytes,
+        "num_rows",
+        f"is more than the bytes of its .{fmt.DATA_EXT} table member (a row needs at least one)",
+        index.num_rows,
     )
     video = pc.ends_with(names, "." + fmt.VIDEO_EXT).to_numpy(zero_copy_only=False)
     episode_of_stream = np.repeat(np.arange(n), np.diff(index.episode_cams))
@@ -562,3 +585,26 @@ def load_shard_indexes(manifest: fmt.Manifest, read: Callable[[str], bytes], url
         index, manifest.shards, manifest.camera_episodes(), f"{url}/*{fmt.INDEX_SUFFIX}"
     )  # DatasetSource.index_file names it alike
     return index
+
+
+def shard_size_mismatches(shards: Sequence[fmt.ShardEntry], sizes: Mapping[str, int], url: str) -> dict[int, str]:
+    """Shards whose file holds another number of bytes than the manifest's ``size`` says.
+
+    ``check_index`` bounds every index value by the manifest's shard sizes (a member inside its
+    shard, a frame per byte of its video member, a row per byte of its table); this holds those
+    sizes against the files themselves, so a forged manifest and index (digests recomputed) cannot
+    claim bytes that are not there. ``sizes``: shard file name -> bytes on storage (shards missing
+    from it are not checked: their reads fail instead). ``url`` names the dataset folder.
+
+    Returns:
+        shard number -> the reason, naming the file, both sizes and the field.
+    """
+    out = {}
+    for i, entry in enumerate(shards):
+        size = sizes.get(entry.shard)
+        if size is not None and size != entry.size:
+            out[i] = (
+                f"{url}/{entry.shard}: {size} bytes, the manifest's shards[{i}].size says {entry.size} "
+                "(replaced, truncated or forged after conversion; `epishard verify` names what differs)"
+            )
+    return out

@@ -8,7 +8,8 @@ lies exactly where the index says (data offset and size) and has the indexed sha
 members are contiguous; its table has the indexed number of rows; and per episode and camera
 (unless ``decode=False``), every frame of the video decodes through the reader's decoder with the
 pts and pixels its frame table promises (``video.check_frames``: in order, and after a seek to each
-keyframe).
+keyframe). Last, the manifest's counts (rows and camera frames per shard, the totals) against
+what the indexes hold.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import sys
 import tarfile
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
@@ -28,6 +30,7 @@ from epishard.redact import redact
 from . import format as fmt
 from .index import WindowIndex
 from .storage import NotARegularFile, Storage
+from .untrusted import check_size, container_frames
 from .validate import FormatError, check_index
 from .video import check_frames
 
@@ -41,13 +44,20 @@ def _problem(shard: str, message: str, **where) -> dict:
 def _check_video(data: bytes, index: WindowIndex, stream: int, shard: str, key: str) -> list[dict]:
     """Decode a camera stream's video against its frame tables (``WindowIndex.frame_tables``).
 
-    Their bounds and the row-to-frame map were checked with the index (``validate.check_index``).
+    Their bounds and the row-to-frame map were checked with the index (``validate.check_index``);
+    the frame count is held against the container's (``untrusted.container_frames``) before a
+    table of that many frames is built.
     """
+    name = index.cam_names[stream].as_py()
+    claimed = int(index.cam_num_frames[stream])
+    stated = container_frames(data, int(index.cam_stream_index[stream]))
+    if stated is not None and claimed > stated:
+        message = f"the index's num_frames {claimed} is more than the {stated} frames the video's container lists"
+        return [_problem(shard, message, episode=key, camera=name)]
     tables = index.frame_tables(stream)
     problem = check_frames(data, *tables, index.time_base(stream), int(index.cam_stream_index[stream]))
     if problem is None:
         return []
-    name = index.cam_names[stream].as_py()
     return [_problem(shard, f"the frame table disagrees with the video: {problem}", episode=key, camera=name)]
 
 
@@ -166,7 +176,9 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
                 {"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {redact(root)} (conversion unfinished?)"}
             ],
         }
-    manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), f"{storage.url}/{fmt.MANIFEST_NAME}")
+    where = f"{storage.url}/{fmt.MANIFEST_NAME}"
+    check_size(storage.size(fmt.MANIFEST_NAME), where, FormatError)  # before a byte of it is read
+    manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), where)
     problems, indexes = [], []
     for entry in tqdm(manifest.shards, unit="shard", desc="verify", disable=not progress, file=sys.stderr):
         try:
@@ -176,6 +188,7 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
         log.info("%s: %s", entry.shard, f"{len(found)} problem(s)" if found else "ok")
         problems += found
         indexes.append(index)
+    problems += _check_counts(manifest, indexes)
     problems += _check_dataset_index(storage, manifest, indexes)
     return {
         "ok": not problems,
@@ -183,6 +196,42 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
         "episodes": manifest.totals.episodes,
         "problems": problems,
     }
+
+
+def _check_counts(manifest: fmt.Manifest, shard_indexes: list[WindowIndex | None]) -> list[dict]:
+    """The manifest's counts against what the shards hold.
+
+    Per shard (where its index is sound): ``rows`` (the episodes' table rows) and ``frames``
+    (rows x cameras, as the writer counts them); then ``totals``: shards, episodes, rows, frames
+    and bytes as the shard entries add up, ``skipped`` as the report lists.
+    """
+    problems = []
+    for i, (entry, index) in enumerate(zip(manifest.shards, shard_indexes, strict=True)):
+        if index is None:
+            continue
+        rows = int(index.num_rows.sum())
+        frames = int((index.num_rows * np.diff(index.episode_cams)).sum())
+        for field, held in (("rows", rows), ("frames", frames)):
+            said = getattr(entry, field)
+            if said != held:
+                problems.append(
+                    _problem(entry.shard, f"manifest shards[{i}].{field} is {said}, the index holds {held}")
+                )
+    shards = manifest.shards
+    sums = {
+        "shards": len(shards),
+        "episodes": sum(s.episodes for s in shards),
+        "rows": sum(s.rows for s in shards),
+        "frames": sum(s.frames for s in shards),
+        "bytes": sum(s.size for s in shards),
+        "skipped": len(manifest.report.skipped),
+    }
+    for field, held in sums.items():
+        said = getattr(manifest.totals, field)
+        if said != held:
+            what = "the report lists" if field == "skipped" else "the shards add up to"
+            problems.append({"shard": None, "message": f"manifest totals.{field} is {said}, {what} {held}"})
+    return problems
 
 
 def _check_dataset_index(

@@ -20,6 +20,7 @@ import torch
 
 from epishard.shardwriter.index import WindowIndex, read_table_bytes
 from epishard.shardwriter.stats import numeric_matrix
+from epishard.shardwriter.untrusted import container_frames
 
 from .decode import DecodeError, decode, decode_depth
 from .packets import Run, decode_runs, run_bytes
@@ -175,9 +176,18 @@ def decode_camera(
     frames requested into ``telemetry``.
 
     Raises:
-        DecodeError: naming ``where`` (episode key and camera).
+        DecodeError: naming ``where`` (episode key and camera); also when the index claims more
+            frames than the video's container lists (``untrusted.container_frames``), before a
+            frame table of that size is built.
     """
     t1 = time.perf_counter()
+    if kept is None:  # a decoder is opened on these bytes: hold the index's frame count against them
+        stated = container_frames(data, int(index.cam_stream_index[stream]))
+        if stated is not None and index.cam_num_frames[stream] > stated:
+            raise DecodeError(
+                f"{where}: the index's num_frames {int(index.cam_num_frames[stream])} is more than the "
+                f"{stated} frames its video's container lists (index forged or for another video)"
+            )
     if index.cam_depth[stream]:
         decoded = decode_depth(
             data,
