@@ -16,7 +16,8 @@ object-store object is uploaded to its final key, which the store makes visible 
 upload completes (an S3 multipart upload that is aborted leaves nothing). The filesystem client is
 created lazily in each process (s3fs/aiohttp sessions do not survive a fork).
 
-Nothing waits forever: S3 and HTTP clients get connect and read timeouts (``with_timeouts``), and
+Nothing waits forever: S3 and HTTP clients get connect and read timeouts (``with_timeouts``), a
+failing S3 call is retried for a time budget, not forever (``shardwriter.retry``), and
 only regular local files are opened (``open_regular``: a FIFO or device in a dataset folder is an
 error, not a read that blocks or never ends).
 """
@@ -38,6 +39,7 @@ from epishard.redact import redact, remember
 from epishard.storage_options import parse_storage_options  # noqa: F401  (re-exported for the APIs and tools)
 
 from . import format as fmt
+from .retry import RETRY_BUDGET_S, S3RetryBudget
 
 CONNECT_TIMEOUT_S = 10.0  # default seconds to open a connection to S3 or an HTTP server
 READ_TIMEOUT_S = 30.0  # default seconds a request may wait for the next bytes of a response
@@ -108,24 +110,45 @@ def make_filesystem(
     attempts: int = 3,
     connect_s: float = CONNECT_TIMEOUT_S,
     read_s: float = READ_TIMEOUT_S,
+    retry_budget_s: float = RETRY_BUDGET_S,
 ):
-    """(fsspec filesystem, root path) for ``url`` with timeouts.
+    """(fsspec filesystem, root path) for ``url`` with timeouts and, on S3, a retry budget.
 
-    The ``connect_timeout``/``read_timeout`` storage options (epishard's own, in seconds) when
-    given, else ``connect_s``/``read_s``.
+    The ``connect_timeout``/``read_timeout``/``retry_budget`` storage options (epishard's own, in
+    seconds) when given, else ``connect_s``/``read_s``/``retry_budget_s``.
 
-    ``attempts``: tries per S3 request (botocore); s3fs's own retry loops are turned off because
-    they nest (5 x 5 x botocore's 5 tries by default: one stuck endpoint became minutes of silence).
-    The filesystem is this caller's own (not fsspec's shared instance for the same options).
-    ``storage_options`` are merged with the environment first (``resolve_storage_options``).
+    S3: each call that is throttled (429, 503 ``SlowDown``), fails with a 5xx or gets no answer
+    (reset, refused, timed out) is retried with full-jitter backoff, honouring ``Retry-After``,
+    for ``retry_budget_s`` seconds from when it was first sent (``shardwriter.retry``), then fails
+    with ``RetryBudgetExceeded`` naming the URL, status and time spent. A budget of 0, or a
+    ``retries`` entry of the options' ``config_kwargs`` (botocore's own setting, then kept), gives
+    botocore's standard retry mode with ``attempts`` tries instead. s3fs's own retry loops are
+    turned off because they nest (5 x 5 x botocore's 5 tries by default: one stuck endpoint became
+    minutes of silence). The filesystem is this caller's own (not fsspec's shared instance for the
+    same options). ``storage_options`` are merged with the environment first
+    (``resolve_storage_options``).
+
+    Raises:
+        ValueError: a timeout or the budget is not a number >= 0.
     """
     options = resolve_storage_options(url, storage_options)
     connect = float(options.pop("connect_timeout", connect_s))
     read = float(options.pop("read_timeout", read_s))
-    options = with_timeouts(url, options, connect, read, attempts)
+    budget = float(options.pop("retry_budget", retry_budget_s))
+    if not budget >= 0:  # NaN too
+        raise ValueError(f"{url}: storage option retry_budget ({budget}) must be a number of seconds >= 0")
+    own = "retries" in (options.get("config_kwargs") or {})
+    budgeted = budget > 0 and not own and protocol_of(url) in ("s3", "s3a")
+    options = with_timeouts(url, options, connect, read, 1 if budgeted else attempts)
     fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
     if hasattr(fs, "retries") and hasattr(fs, "set_session"):  # s3fs
         fs.retries = 1
+        if budgeted:  # the handlers go on the session its clients are made from, kept when they are remade
+            import aiobotocore.session
+
+            session = aiobotocore.session.AioSession(**fs.kwargs)
+            S3RetryBudget(budget).install(session)
+            fs.session, fs._session_is_owned = session, False
     return fs, root
 
 
@@ -135,7 +158,7 @@ class FileSystemHandle:
     s3fs/aiohttp sessions do not survive a fork, so a handle pickles (to DataLoader workers, to
     writer processes) without its filesystem, and a forked child makes its own.
 
-    ``storage_options``, ``attempts``, ``connect_s``, ``read_s``: as ``make_filesystem``.
+    ``storage_options``, ``attempts``, ``connect_s``, ``read_s``, ``retry_budget_s``: as ``make_filesystem``.
     """
 
     def __init__(
@@ -145,9 +168,11 @@ class FileSystemHandle:
         attempts: int = 3,
         connect_s: float = CONNECT_TIMEOUT_S,
         read_s: float = READ_TIMEOUT_S,
+        retry_budget_s: float = RETRY_BUDGET_S,
     ):
         self.url, self.storage_options = url, dict(storage_options)
         self.attempts, self.connect_s, self.read_s = attempts, connect_s, read_s
+        self.retry_budget_s = retry_budget_s
         self._fs = None
         self._pid: int | None = None
         self._root: str | None = None
@@ -159,7 +184,7 @@ class FileSystemHandle:
         """The filesystem of this process."""
         if self._fs is None or self._pid != os.getpid():
             self._fs, self._root = make_filesystem(
-                self.url, self.storage_options, self.attempts, self.connect_s, self.read_s
+                self.url, self.storage_options, self.attempts, self.connect_s, self.read_s, self.retry_budget_s
             )
             self._pid = os.getpid()
         return self._fs
@@ -199,11 +224,24 @@ def open_regular(path: str):
 _BUCKET_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs")
 
 
+def missing_bucket(fs, url: str, root: str) -> str | None:
+    """The bucket of ``url`` if it is on an object store and that bucket does not exist, else None.
+
+    ``fs``: the URL's filesystem; ``root``: the URL's path in it (``bucket/prefix``). For the message
+    after a FileNotFoundError: "bucket 'x' does not exist", not "no manifest.json".
+    """
+    bucket = root.split("/")[0]
+    if protocol_of(url) not in _BUCKET_STORES or not bucket:
+        return None
+    fs.invalidate_cache(bucket)
+    return None if fs.exists(bucket) else bucket
+
+
 class Storage:
     """A dataset folder.
 
     ``url``: local path or fsspec URL; ``storage_options``: passed to fsspec, except epishard's
-    ``connect_timeout`` and ``read_timeout`` (seconds; see ``make_filesystem``).
+    ``connect_timeout``, ``read_timeout`` and ``retry_budget`` (seconds; see ``make_filesystem``).
     """
 
     def __init__(self, url: str, storage_options: dict | None = None):
@@ -285,8 +323,8 @@ class Storage:
             with self._named_denial():
                 return sorted(os.path.basename(p.rstrip("/")) for p in self.fs.ls(self._root, detail=False))
         except FileNotFoundError:
-            bucket = self._root.split("/")[0]
-            if fsspec.core.split_protocol(self.url)[0] in _BUCKET_STORES and not self.fs.exists(bucket):
+            bucket = missing_bucket(self.fs, self.url, self._root)
+            if bucket is not None:
                 raise FileNotFoundError(errno.ENOENT, f"bucket {bucket!r} does not exist", redact(self.url)) from None
             return []
         finally:

@@ -17,9 +17,11 @@ that grows, by Little's law, until it covers the measured latency; see ``Fetcher
 Every response is checked: its length must be the requested length (a server that ignores Range
 returns the whole object: then the requested bytes are cut out of it if it is complete, counted in
 ``range_ignored``, else a ``FetchError`` is raised), and every member's sha256 is compared with the
-index. A reset, timeout or 5xx is retried with bounded exponential backoff; a retry asks again from
-the first byte not yet received. When retries run out the shard fails (``FetchError``) and the
-reader applies its shard policy.
+index. A reset, timeout, throttling answer (429, 503 ``SlowDown``) or 5xx is retried with
+full-jitter backoff, honouring ``Retry-After``, for the policy's time budget (``retry_budget_s``,
+counted from the request's last progress; ``shardwriter.retry``); a retry asks again from the first
+byte not yet received. When the budget runs out the shard fails (``FetchError`` naming the URL,
+status and time spent) and the reader applies its shard policy.
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ import numpy as np
 
 from epishard.redact import redact
 from epishard.shardwriter.errors import check_choice
+from epishard.shardwriter.retry import (
+    BACKOFF_MAX_S,
+    BACKOFF_S,
+    RETRY_BUDGET_S,
+    RetryBudgetExceeded,
+    describe_failure,
+    http_status_of,
+    next_delay,
+    retry_after_s,
+)
 from epishard.shardwriter.storage import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, NotARegularFile
 
 from .cache import RangeCache
@@ -62,8 +74,15 @@ class FetchPolicy:
             request of the same shard joins it (the tar headers between an episode's members, a
             small member not asked for, the next episode of the shard), as long as the request stays
             within ``chunk_bytes``. 8 KiB, Arrow's ``ReadRangeCache`` default hole size.
-        retries: attempts after the first, per request; backoff ``backoff_s * 2**attempt`` capped at
-            ``backoff_max_s`` seconds.
+        retry_budget_s: seconds a failing request keeps being retried, counted from when it was sent
+            or last received bytes (default 60). Retried: connection errors, connect and read
+            timeouts, HTTP 429, 500, 502, 503 (S3 ``SlowDown``), 504; each retry waits a full-jitter
+            backoff (uniform in ``[0, min(backoff_max_s, backoff_s * 2**attempt)]`` seconds) or the
+            server's ``Retry-After`` (seconds or an HTTP date) when longer; a ``Retry-After`` past the
+            budget, or a request still failing when it is spent, fails the shard. A request that
+            gets no answer costs at most ``connect_timeout_s + read_timeout_s + retry_budget_s``.
+            The storage option ``retry_budget`` (seconds) overrides it.
+        retries: also a limit on the number of retries per request; None (default): the budget alone.
         on_shard_error: ``"skip"`` (default for training: the shard's windows are replaced by repeats
             of the worker's other samples, flagged ``substitute``, so every rank keeps its batch count)
             or ``"raise"`` (strict).
@@ -81,7 +100,8 @@ class FetchPolicy:
 
     Raises:
         ValueError: an unknown ``mode`` or ``on_shard_error``; ``threads``, ``max_in_flight`` or
-            ``chunk_bytes`` below 1; ``coalesce_bytes`` below 0.
+            ``chunk_bytes`` below 1; ``coalesce_bytes`` below 0; ``retry_budget_s``, ``retries``,
+            ``backoff_s`` or ``backoff_max_s`` below 0.
     """
 
     mode: Literal["stream", "ranged"] = "stream"
@@ -90,9 +110,10 @@ class FetchPolicy:
     threads: int = 4
     max_in_flight: int = 32
     coalesce_bytes: int = 8 << 10
-    retries: int = 5
-    backoff_s: float = 0.05
-    backoff_max_s: float = 2.0
+    retries: int | None = None
+    backoff_s: float = BACKOFF_S
+    backoff_max_s: float = BACKOFF_MAX_S
+    retry_budget_s: float = RETRY_BUDGET_S
     on_shard_error: Literal["skip", "raise"] = "skip"
     verify: bool = True
     cache_dir: str | None = None
@@ -109,6 +130,16 @@ class FetchPolicy:
                 f"FetchPolicy: threads ({self.threads}), max_in_flight ({self.max_in_flight}) and chunk_bytes "
                 f"({self.chunk_bytes}) must be >= 1, coalesce_bytes ({self.coalesce_bytes}) >= 0"
             )
+        if not (
+            self.retry_budget_s >= 0
+            and self.backoff_s >= 0
+            and self.backoff_max_s >= 0
+            and (self.retries is None or self.retries >= 0)
+        ):
+            raise ValueError(
+                f"FetchPolicy: retry_budget_s ({self.retry_budget_s}), backoff_s ({self.backoff_s}), "
+                f"backoff_max_s ({self.backoff_max_s}) and retries ({self.retries}) must be >= 0"
+            )
 
 
 class FetchError(IOError):
@@ -124,7 +155,7 @@ _RETRYABLE = (OSError, TimeoutError, ConnectionError)
 
 def retryable(exc: BaseException) -> bool:
     """Whether a failed request may succeed when asked again (resets, timeouts, 5xx, 408, 429)."""
-    if isinstance(exc, FileNotFoundError | PermissionError | NotARegularFile | IsADirectoryError):
+    if isinstance(exc, FileNotFoundError | PermissionError | NotARegularFile | IsADirectoryError | RetryBudgetExceeded):
         return False
     try:  # aiohttp is there whenever an HTTP or S3 filesystem is in use
         import aiohttp
@@ -139,16 +170,47 @@ def retryable(exc: BaseException) -> bool:
     return isinstance(exc, _RETRYABLE) or "Timeout" in name or "ServerError" in name or "EndpointConnection" in name
 
 
-def wait_or_raise(policy: FetchPolicy, exc: Exception, attempt: int, where: str, shard: int) -> None:
+def wait_or_raise(
+    policy: FetchPolicy,
+    exc: Exception,
+    attempt: int,
+    where: str,
+    shard: int,
+    started: float,
+    budget_s: float | None = None,
+) -> None:
     """After a failed request (try ``attempt``, from 0): wait before asking again, or raise.
 
-    Sleeps ``backoff_s * 2**attempt`` seconds (at most ``backoff_max_s``), or raises ``FetchError``
-    naming ``where`` and the cause when ``exc`` is not ``retryable`` or the policy's retries are
-    used up.
+    ``started``: ``time.monotonic()`` when the request was sent (or last received bytes);
+    ``budget_s``: seconds it may keep failing (default ``policy.retry_budget_s``). Sleeps the
+    policy's full-jitter backoff, or the server's ``Retry-After`` when longer
+    (``shardwriter.retry.next_delay``).
+
+    Raises:
+        FetchError: ``exc`` is not ``retryable``, the budget (or ``policy.retries``) is spent, or the
+            server's ``Retry-After`` is past the budget; it names ``where``, the HTTP status or the
+            exception, the retries and the seconds spent.
     """
-    if not retryable(exc) or attempt >= policy.retries:
-        raise FetchError(f"{where}: {type(exc).__name__}: {exc} (after {attempt} retries)", shard) from exc
-    time.sleep(min(policy.backoff_s * 2**attempt, policy.backoff_max_s))
+    budget = policy.retry_budget_s if budget_s is None else budget_s
+    status, code, headers = http_status_of(exc)
+    retry_after = retry_after_s(headers.get("retry-after"))
+    delay = None
+    if retryable(exc) and (policy.retries is None or attempt < policy.retries):
+        delay = next_delay(started, attempt, budget, retry_after, policy.backoff_s, policy.backoff_max_s)
+    if delay is None:
+        elapsed = time.monotonic() - started
+        what = f"{type(exc).__name__}: {exc}"
+        if status is not None:
+            what = f"{describe_failure(status, code, None)}: {what}"
+        why = f"retry budget {budget:g} s"
+        if retry_after is not None:
+            why += f"; Retry-After {headers['retry-after']}"
+        if policy.retries is not None and attempt >= policy.retries:
+            why = f"the policy's {policy.retries} retries"
+        if not retryable(exc):
+            why = "not retryable"
+        raise FetchError(f"{where}: {what} (after {attempt} retries in {elapsed:.1f} s: {why})", shard) from exc
+    time.sleep(delay)
 
 
 class Fetcher:
@@ -279,6 +341,8 @@ class Fetcher:
         path = self.source.shard_path(shard)
         size = self.source.manifest.shards[shard].size
         parts, pos, attempt = [], start, 0
+        started = time.monotonic()  # the budget counts from the request, then from its last progress
+        budget = getattr(self.source, "retry_budget_s", self.policy.retry_budget_s)
         while pos < stop:
             try:
                 data = self.source.read_range(shard, pos, stop)
@@ -297,12 +361,13 @@ class Fetcher:
             except FetchError:
                 raise
             except Exception as exc:  # classified below: retried or turned into a FetchError
-                wait_or_raise(self.policy, exc, attempt, f"{path}: bytes {pos}-{stop}", shard)
+                wait_or_raise(self.policy, exc, attempt, f"{path}: bytes {pos}-{stop}", shard, started, budget)
                 self.telemetry.add(retries=1)
                 attempt += 1
                 continue
             parts.append(data)
             pos += len(data)
+            started = time.monotonic()
             self.telemetry.add(bytes_read=len(data))
         return b"".join(parts)
 

@@ -15,8 +15,10 @@ before a fork: a ``DatasetSource`` pickles to its URL, options, manifest and ind
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import time
 
 import fsspec
 import pyarrow as pa
@@ -24,7 +26,7 @@ import pyarrow as pa
 from epishard.redact import redact
 from epishard.shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
 from epishard.shardwriter.index import WindowIndex
-from epishard.shardwriter.storage import FileSystemHandle, open_regular, resolve_storage_options
+from epishard.shardwriter.storage import FileSystemHandle, missing_bucket, open_regular, resolve_storage_options
 from epishard.shardwriter.validate import FormatError, load_dataset_index, load_shard_indexes
 from epishard.shardwriter.verified import is_verified, record_verified
 
@@ -38,16 +40,18 @@ class DatasetSource:
         url: the dataset folder (local path, ``file://``, ``s3://``, ``https://``, ...).
         storage_options: fsspec options (endpoint, credentials, ...), merged over the environment's
             (``shardwriter.storage.resolve_storage_options``); ``connect_timeout`` /
-            ``read_timeout`` (seconds) override ``fetch``'s.
+            ``read_timeout`` / ``retry_budget`` (seconds) override ``fetch``'s.
         fetch: the ``FetchPolicy`` whose timeouts and retries apply to reading the manifest and
             index here and to the shard reads of ``read_range``.
 
     Raises:
-        FileNotFoundError: no ``manifest.json`` at ``url`` (conversion unfinished or wrong path).
+        FileNotFoundError: no ``manifest.json`` at ``url`` (conversion unfinished or wrong path), or
+            the URL's bucket does not exist (the message names it; ``filename``: the URL).
+        ValueError: the storage option ``retry_budget`` is not a number >= 0.
         FormatError (a ``ValueError``): the manifest or index breaks the format, or the index's
             sha256 differs from the manifest's; the message names the file and the field.
         FetchError (an ``IOError``): the manifest or index could not be read (timeouts, errors)
-            after the policy's retries.
+            within the policy's retry budget.
     """
 
     def __init__(self, url: str, storage_options: dict | None = None, fetch: FetchPolicy | None = None):
@@ -57,10 +61,15 @@ class DatasetSource:
         self.policy = fetch or FetchPolicy()
         protocol = fsspec.core.split_protocol(self.url)[0]
         self.local = protocol in (None, "file", "local")
-        # The policy retries, so the client makes one attempt per request.
+        # The policy retries (for the storage option retry_budget, else its own budget), so the client
+        # makes one attempt per request and has no budget of its own.
+        budget = resolve_storage_options(self.url, self.storage_options).get("retry_budget")
+        self.retry_budget_s = self.policy.retry_budget_s if budget is None else float(budget)
+        if not self.retry_budget_s >= 0:
+            raise ValueError(f"{self.shown}: storage option retry_budget ({budget}) must be a number of seconds >= 0")
         self._handle = FileSystemHandle(
             self.url,
-            _pooled(self.url, self.storage_options, self.policy.max_in_flight),
+            {**_pooled(self.url, self.storage_options, self.policy.max_in_flight), "retry_budget": 0},
             attempts=1,
             connect_s=self.policy.connect_timeout_s,
             read_s=self.policy.read_timeout_s,
@@ -69,6 +78,9 @@ class DatasetSource:
         try:
             data = self._read(MANIFEST_NAME)
         except FileNotFoundError:
+            bucket = None if self.local else missing_bucket(self.filesystem(), self.url, self._root)
+            if bucket is not None:
+                raise FileNotFoundError(errno.ENOENT, f"bucket {bucket!r} does not exist", self.shown) from None
             raise FileNotFoundError(f"{self.shown}: no {MANIFEST_NAME} (is the conversion finished?)") from None
         self.manifest = Manifest.load(data, f"{self.shown}/{MANIFEST_NAME}")
         self.index = self._load_index()
@@ -114,14 +126,14 @@ class DatasetSource:
         if self.local:
             with open_regular(self.path(name)) as f:
                 return f.read()
-        attempt = 0
+        attempt, started = 0, time.monotonic()
         while True:
             try:
                 return self.filesystem().cat_file(self.path(name))
             except Exception as exc:  # classified like shard reads: retried, or the error named
                 if not retryable(exc):
                     raise  # FileNotFoundError stays itself: a missing index.arrow means per-shard indexes
-                wait_or_raise(self.policy, exc, attempt, self.path(name), -1)
+                wait_or_raise(self.policy, exc, attempt, self.path(name), -1, started, self.retry_budget_s)
                 attempt += 1
 
     # --- the index, checked ----------------------------------------------------------------------

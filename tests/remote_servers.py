@@ -371,3 +371,168 @@ def serve_fake_hub(folder: str) -> tuple[http.server.ThreadingHTTPServer, str]:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+S3_SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+class ThrottleProxy:
+    """HTTP reverse proxy on 127.0.0.1 in front of ``upstream`` (``http://host:port``: a moto S3 server
+    or ``serve_http``) that injects time-bound faults, as a store under load does.
+
+    ``burst(seconds, status=503, retry_after=None, match=b"")``: for ``seconds`` from now, every request
+    whose request line contains ``match`` is answered ``status`` (S3's ``SlowDown`` error document;
+    ``retry_after``: a ``Retry-After`` header value, seconds or an HTTP date) instead of being forwarded.
+    ``burst_count(n, ...)``: the same for the next ``n`` matching requests. ``outage(seconds)``: every
+    connection and request is reset (RST) for ``seconds``. Otherwise requests are forwarded and the
+    upstream's answer returned. ``refuse(seconds)``: nothing listens for ``seconds`` (connection
+    refused), then the proxy serves again on its port. ``log``: ``(monotonic time, method, path,
+    status sent or "reset")`` per request; ``url``: the proxy's base URL.
+    """
+
+    def __init__(self, upstream: str):
+        import http.client
+
+        host, port = urllib.parse.urlsplit(upstream).netloc.split(":")
+        self.log: list[tuple[float, str, str, int | str]] = []
+        self._faults: list[dict] = []
+        self._outage_until = 0.0
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def finish(self):
+                with contextlib.suppress(OSError):
+                    super().finish()
+
+            def handle_one_request(self):
+                if time.monotonic() < proxy._outage_until:
+                    proxy._record("-", "-", "reset")
+                    _reset(self.connection)
+                    self.close_connection = True
+                    return
+                super().handle_one_request()
+
+            def _body(self) -> bytes:
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    out = b""
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                        out += self.rfile.read(size)
+                        self.rfile.readline()
+                        if size == 0:
+                            return out
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _forward(self):
+                body = self._body()
+                fault = proxy._fault(self.requestline.encode())
+                if fault is not None:
+                    proxy._record(self.command, self.path, fault["status"])
+                    self.send_response(fault["status"])
+                    if fault["retry_after"] is not None:
+                        self.send_header("Retry-After", str(fault["retry_after"]))
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(S3_SLOW_DOWN)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(S3_SLOW_DOWN)
+                    return
+                headers = {
+                    k: v for k, v in self.headers.items() if k.lower() not in ("transfer-encoding", "connection")
+                }
+                if body or self.command in ("PUT", "POST"):
+                    headers["Content-Length"] = str(len(body))
+                conn = http.client.HTTPConnection(host, int(port), timeout=60)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    answer = conn.getresponse()
+                    data = answer.read()
+                finally:
+                    conn.close()
+                proxy._record(self.command, self.path, answer.status)
+                self.send_response(answer.status)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server"):
+                        self.send_header(k, v)
+                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+        self._handler = Handler
+        self._serve(0)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _serve(self, port: int) -> None:
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def _record(self, method: str, path: str, status: int | str) -> None:
+        with self._lock:
+            self.log.append((time.monotonic(), method, path, status))
+
+    def _fault(self, line: bytes) -> dict | None:
+        now = time.monotonic()
+        with self._lock:
+            for fault in self._faults:
+                if fault["match"] in line and now < fault["until"] and fault["count"] != 0:
+                    fault["count"] -= 1
+                    return fault
+        return None
+
+    def burst(self, seconds: float, status: int = 503, retry_after: str | float | None = None, match: bytes = b""):
+        """Answer matching requests ``status`` for ``seconds`` from now (see the class docstring)."""
+        with self._lock:
+            self._faults.append(dict(until=time.monotonic() + seconds, count=-1, status=status,
+                                     retry_after=retry_after, match=match))  # fmt: skip
+
+    def burst_count(self, n: int, status: int = 503, retry_after: str | float | None = None, match: bytes = b""):
+        """Answer the next ``n`` matching requests ``status``."""
+        with self._lock:
+            self._faults.append(dict(until=float("inf"), count=n, status=status, retry_after=retry_after, match=match))
+
+    def outage(self, seconds: float) -> None:
+        """Reset every connection and request for ``seconds`` from now."""
+        self._outage_until = time.monotonic() + seconds
+
+    def refuse(self, seconds: float) -> None:
+        """Stop listening for ``seconds`` (new connections are refused, open ones reset), then serve again
+        on the same port."""
+        self._outage_until = time.monotonic() + seconds
+        self.server.shutdown()
+        self.server.server_close()
+        timer = threading.Timer(seconds, self._serve, args=(self.port,))
+        timer.daemon = True
+        timer.start()
+
+    def answered(self, status: int | str) -> int:
+        """How many requests were answered ``status`` (an int, or ``"reset"``)."""
+        with self._lock:
+            return sum(1 for *_, s in self.log if s == status)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _reset(s: socket.socket) -> None:
+    """Close ``s`` with an RST (SO_LINGER 0): the peer sees ECONNRESET, as from a store that went away."""
+    import struct
+
+    with contextlib.suppress(OSError):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()

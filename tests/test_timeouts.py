@@ -67,7 +67,7 @@ def test_http_endpoint_that_never_answers_fails_with_a_timeout():
             WindowDataset(silent.url, SPEC, fetch=FetchPolicy(**SHORT))
     finally:
         silent.close()
-    assert silent.connections == 2
+    assert silent.connections in (2, 4)  # the read and its one retry, after a size probe's HEAD and GET if one is made
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_s3_shard_that_stops_answering_is_substituted(intact, reference, s3):
 
 def test_s3_endpoint_that_never_answers_fails_convert_verify_and_reader(intact, capsys):
     silent = SilentServer()
-    options = {"endpoint_url": silent.url, "connect_timeout": 0.3, "read_timeout": 0.3}
+    options = {"endpoint_url": silent.url, "connect_timeout": 0.3, "read_timeout": 0.3, "retry_budget": 0.3}
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     try:
