@@ -29,7 +29,7 @@ from .images import GREY_IMAGE_SPEC, IMAGE_SPEC, column_images
 from .storage import RemoteFile
 from .video import (
     NO_PACKETS,
-    DisplayOrderError,
+    FrameTimingError,
     ReencodeSpec,
     VideoProbe,
     check_frames,
@@ -286,6 +286,9 @@ def _prepare_camera(
         info = _probe_shared(source, level == "full")  # a file cut below: the cut is what gets checked
     else:
         info = frame_table(source, level)
+    untimed = restamp_reason(info)
+    if untimed is not None:
+        raise _Untimed(untimed, kind="unreadable_video")
     base, seg_start = 0, 0.0
     if video.segment is not None:
         seg_start = video.segment[0]
@@ -356,12 +359,14 @@ def _checked_camera(
 ):
     """One camera prepared and its frame table vouched for at check ``level`` (``_checked_level``).
 
-    A video that is the whole file and whose container stores no presentation timestamp on every
-    packet (``video.restamp_reason``: AVI, MPEG-TS, FLV, ...), or whose decoder shows its frames in
-    another order than their pts (``video.DisplayOrderError``: decode-order timestamps), is first
-    stream-copied into an MP4 timed in the order the decoder shows it (``video.restamp``; transform
-    ``remux`` unless re-encoded): frame ``k`` stays the ``k``-th frame the source displays, and the
-    reader's decoder, whatever its FFmpeg version, numbers the frames as the table does.
+    A video whose container stores no presentation timestamp on every packet
+    (``video.restamp_reason``: AVI, MPEG-TS, FLV, raw streams, ...), or whose decoded frames do not
+    carry their presentation times (``video.FrameTimingError``: no timestamps, or decode-order
+    ones), is stored as a stream copy into an MP4 timed in the order the decoder shows it
+    (``video.restamp``; transform ``remux``, or ``cut`` for a segment, unless re-encoded): frame
+    ``k`` stays the ``k``-th frame the source displays, and the reader's decoder, whatever its FFmpeg
+    version, numbers the frames as the table does. A file shared by segments (LeRobot v3.0) is
+    copied once for all its episodes.
 
     Raises:
         ConversionError(kind="frame_mismatch"): the table disagrees with the reader's decoder.
@@ -369,17 +374,12 @@ def _checked_camera(
             cannot be made (its packets and displayed frames are not one to one).
     """
     remuxed = False
-    if video is not None:
-        if video.segment is None and not isinstance(video.source, (bytes, bytearray)):
-            video = replace(video, source=read_file(video.source))  # copied whole: read once
-        reason = _restamp_reason_shared(video.source)
-        if reason is not None:
-            log.info("camera %s: %s; stored as an MP4 copy timed as its decoder shows it", cam, reason)
-            video, remuxed = replace(video, source=_restamped(video.source, reason, fps)), True
+    if video is not None and video.segment is None and not isinstance(video.source, (bytes, bytearray)):
+        video = replace(video, source=read_file(video.source))  # copied whole: read once
     try:
         out = _checked_level(video, table, cam, local, fps, opts, first_break, level)
-    except DisplayOrderError as exc:
-        if remuxed or video is None:
+    except (FrameTimingError, _Untimed) as exc:
+        if video is None:
             raise
         log.info("camera %s: %s; stored as an MP4 copy timed as its decoder shows it", cam, exc.detail)
         video, remuxed = replace(video, source=_restamped(video.source, exc.detail, fps)), True
@@ -388,6 +388,10 @@ def _checked_camera(
     if remuxed and transform == "copy":
         transform = "remux"
     return data, stored, row_to_frame, transform, notes, reports, checked
+
+
+class _Untimed(ConversionError):
+    """``_prepare_camera``'s signal: the source's container does not time its frames (``video.restamp_reason``)."""
 
 
 def _restamped(source, reason: str, fps: float) -> bytes:
@@ -417,18 +421,6 @@ def _file_key(path: str | RemoteFile) -> tuple[int, int]:
 @functools.lru_cache(maxsize=2)
 def _restamped_cached(path: str | RemoteFile, size: int, mtime_ns: int, fps: float) -> bytes:
     return restamp(path, fps)
-
-
-def _restamp_reason_shared(source) -> str | None:
-    """``video.restamp_reason(source)``, asked once per file shared by segments (LeRobot v3.0)."""
-    if isinstance(source, (str, RemoteFile)):
-        return _restamp_reason_cached(source, *_file_key(source))
-    return restamp_reason(source)
-
-
-@functools.lru_cache(maxsize=64)
-def _restamp_reason_cached(path: str | RemoteFile, size: int, mtime_ns: int) -> str | None:
-    return restamp_reason(path)
 
 
 def _checked_level(

@@ -48,7 +48,8 @@ class VideoProbe:
     int64 pts and bool keyframe flag of every packet, in file (decode) order, hidden ones included.
     ``width``, ``height``: size of the frames a decoder returns, after the stream's rotation
     (``rotation``, degrees counter-clockwise, from its display matrix). ``stream_index``: the
-    container stream holding the frames.
+    container stream holding the frames. ``container``: the names of the FFmpeg demuxer that read
+    the file (e.g. ``mov,mp4,m4a,3gp,3g2,mj2``).
     """
 
     codec: str
@@ -65,6 +66,7 @@ class VideoProbe:
     stream_index: int = 0
     rotation: int = 0
     disagreement: str | None = None  # scan(vouch=True): what its decodes found against the table
+    container: str = ""  # FFmpeg's demuxer name(s), comma-separated (``restamp_reason``)
 
     @property
     def num_frames(self) -> int:
@@ -136,18 +138,19 @@ def _decode_all(stream, container) -> tuple[list, list, int]:
         for frame in packet.decode():
             pts = frame.pts if frame.pts is not None else frame.dts
             if pts is None:
-                raise ConversionError(f"decoded frame {len(frames)} has neither pts nor dts", kind="unreadable_video")
+                raise FrameTimingError(f"decoded frame {len(frames)} has neither pts nor dts", kind="unreadable_video")
             if not frames:
                 rotation = round(frame.rotation or 0)
             frames.append((pts, frame.duration or 0))
     return packets, frames, rotation
 
 
-class DisplayOrderError(ConversionError):
-    """The decoder shows a file's frames in another order than their pts.
+class FrameTimingError(ConversionError):
+    """The decoded frames do not carry their presentation times.
 
-    The container's timestamps are decode-order ones (a muxer fed packets without pts), not
-    presentation times; ``restamp`` makes a copy timed in the order the decoder shows the frames.
+    A frame without pts or dts (a raw stream), or frames shown in another order than their pts
+    (decode-order timestamps: a muxer fed packets without pts). ``restamp`` makes a copy timed in
+    the order the decoder shows the frames.
     """
 
 
@@ -180,7 +183,7 @@ def _decoded_probe(source: VideoSource) -> VideoProbe:
     bad = np.flatnonzero(np.diff(pts) <= 0)
     if bad.size:
         i = int(bad[0]) + 1
-        raise DisplayOrderError(
+        raise FrameTimingError(
             f"decoded frame {i} has pts {pts[i]} after pts {pts[i - 1]} (pts must increase)", kind="unreadable_video"
         )
     packet_pts = np.asarray([p[0] for p in packets], dtype=np.int64)
@@ -221,24 +224,19 @@ def frame_table(source: VideoSource, level: str) -> VideoProbe:
 TIMESTAMPED_FORMATS = frozenset({"mov", "mp4", "m4a", "3gp", "3g2", "mj2", "matroska", "webm"})
 
 
-def restamp_reason(source: VideoSource) -> str | None:
-    """Why ``source`` is stored as a ``restamp`` copy rather than as it is, or None (it is not).
+def restamp_reason(info: VideoProbe) -> str | None:
+    """Why the video ``info`` describes is stored as a ``restamp`` copy rather than as it is, or None.
 
-    Its container is not one of ``TIMESTAMPED_FORMATS``: AVI stores no presentation timestamps
-    (FFmpeg infers them, differently from version to version, so the reader's decoder may number
-    the frames otherwise than the writer's), MPEG-TS, MPEG-PS and FLV store them per packet only
-    optionally and seek by scanning for them, which lands on another keyframe than the table's
-    when B-frames put a keyframe's pts after its dts. A file that does not open gives None: making
-    its frame table reports what is wrong.
+    Its container (``info.container``) is not one of ``TIMESTAMPED_FORMATS``: AVI stores no
+    presentation timestamps (FFmpeg infers them, differently from version to version, so the
+    reader's decoder may number the frames otherwise than the writer's), a raw stream none at all,
+    MPEG-TS, MPEG-PS and FLV store them per packet only optionally and seek by scanning for them,
+    which lands on another keyframe than the table's when B-frames put a keyframe's pts after its
+    dts.
     """
-    try:
-        with _open(source) as container:
-            names = str(container.format.name)
-    except (av.error.FFmpegError, OSError, ValueError):
+    if TIMESTAMPED_FORMATS.intersection(info.container.split(",")):
         return None
-    if TIMESTAMPED_FORMATS.intersection(names.split(",")):
-        return None
-    return f"its container ({names}) does not store a presentation timestamp on every packet"
+    return f"its container ({info.container}) does not store a presentation timestamp on every packet"
 
 
 # AVFMT_NOTIMESTAMPS: the demuxer's format stores no timestamps at all (raw elementary streams).
@@ -421,6 +419,7 @@ def _stream_fields(stream) -> dict:
         time_base=Fraction(stream.time_base.numerator, stream.time_base.denominator),
         average_fps=float(stream.average_rate) if stream.average_rate else 0.0,
         stream_index=int(stream.index),
+        container=str(stream.container.format.name),
     )
 
 
