@@ -14,6 +14,7 @@ from epishard.redact import redact
 
 from . import format as fmt
 from .storage import Storage
+from .untrusted import check_size, printable
 from .validate import load_shard_indexes
 
 
@@ -34,7 +35,9 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
         raise FileNotFoundError(
             f"no {fmt.MANIFEST_NAME} in {redact(root)} (not a dataset, or the conversion is unfinished)"
         )
-    manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), storage.path(fmt.MANIFEST_NAME))
+    where = storage.path(fmt.MANIFEST_NAME)
+    check_size(storage.size(fmt.MANIFEST_NAME), where, fmt.FormatError)  # before a byte of it is read
+    manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), where)
     from tqdm import tqdm
 
     with tqdm(total=len(manifest.shards), unit="shard", desc="inspect", disable=not progress, file=sys.stderr) as bar:
@@ -80,8 +83,23 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
     }
 
 
+def _shown(value):
+    """``value`` (a summary or problem: dicts, lists, strings) with every string ``untrusted.printable``.
+
+    Names and messages come from the manifest and indexes: shown escaped, never as raw control characters.
+    """
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {_shown(k): _shown(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_shown(v) for v in value]
+    return value
+
+
 def render(summary: dict) -> str:
-    """Human-readable text of ``describe``'s result."""
+    """Human-readable text of ``describe``'s result; control characters in its strings escaped (``_shown``)."""
+    summary = _shown(summary)
     t = summary["totals"]
     lines = [
         f"{summary['root']}: epishard format v{summary['format_version']}",
@@ -135,6 +153,7 @@ def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
         lines.append(f"  warning x{n} {kind}: e.g. episode {example.episode}{camera}: {example.message}")
     if report.checks is not None:
         lines.append("  frame tables checked: " + ", ".join(f"{level} x{n}" for level, n in report.checks.items()))
+    lines = [printable(line) for line in lines]  # names and messages come from the sources
     t = manifest.totals
     lines.append(
         f"wrote {t.shards} shards, {t.episodes} episodes, {t.rows} rows, {t.bytes / 1e6:.1f} MB to {out} "
@@ -146,11 +165,11 @@ def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
 def render_verification(result: dict, root: str, seconds: float) -> str:
     """Text the CLI prints after ``verify``.
 
-    One line per problem (shard, episode, camera, message), then one summary line ending in ``OK``
-    or the number of problems.
+    One line per problem (shard, episode, camera, message; control characters escaped), then one
+    summary line ending in ``OK`` or the number of problems.
     """
     lines = []
-    for p in result["problems"]:
+    for p in _shown(result["problems"]):  # names and messages quote the manifest and indexes
         where = " ".join(f"{k}={p[k]}" for k in ("shard", "episode", "camera") if p.get(k) is not None)
         lines.append(f"  {where}: {p['message']}")
     verdict = "OK" if result["ok"] else f"{len(result['problems'])} problem(s)"
