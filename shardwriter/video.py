@@ -21,7 +21,9 @@ import contextlib
 import io
 import json
 import multiprocessing
+import os
 import zlib
+from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
@@ -66,7 +68,7 @@ class VideoProbe:
     stream_index: int = 0
     rotation: int = 0
     disagreement: str | None = None  # scan(vouch=True): what its decodes found against the table
-    container: str = ""  # FFmpeg's demuxer name(s), comma-separated (``restamp_reason``)
+    container: str = ""  # FFmpeg's demuxer name(s), comma-separated; "": not recorded (``restamp_reason``)
 
     @property
     def num_frames(self) -> int:
@@ -103,6 +105,53 @@ def _readable(source: VideoSource):
 def _open(source: VideoSource):
     with _readable(source) as readable, av.open(readable, "r") as container:
         yield container
+
+
+KEPT_OPEN = 2  # source files whose containers a process keeps open between cuts
+_kept: OrderedDict[tuple, tuple[contextlib.ExitStack, av.container.InputContainer]] = OrderedDict()
+_kept_pid: list[int] = [os.getpid()]
+_kept_inherited: list[OrderedDict] = []  # a forked process's copy of its parent's: never closed there
+
+
+@contextlib.contextmanager
+def _kept_open(source: VideoSource):
+    """``_open``, but the container of a file (a path or ``RemoteFile``) stays open for the next cut.
+
+    Episodes of a LeRobot v3.0 file are cut one after the other from the same file: opening it
+    parses its whole index (MP4: every sample's entry; remotely: range requests for it), so
+    opening it per episode made an episode's cost grow with the file. The ``KEPT_OPEN`` most
+    recent files stay open, per process, keyed by path, size and modification time (a file
+    rewritten in place is opened anew); a container whose use raised is closed, not kept.
+    """
+    if isinstance(source, (bytes, bytearray)):
+        with _open(source) as container:
+            yield container
+        return
+    if _kept_pid[0] != os.getpid():  # forked: the parent's containers are its own
+        _kept_inherited.append(OrderedDict(_kept))
+        _kept.clear()
+        _kept_pid[0] = os.getpid()
+    if isinstance(source, RemoteFile):
+        key: tuple = ("remote", source.url, source.known_size)
+    else:
+        st = os.stat(source)
+        key = ("local", source, st.st_size, st.st_mtime_ns)
+    entry = _kept.pop(key, None)
+    if entry is None:
+        stack = contextlib.ExitStack()
+        try:
+            entry = (stack, stack.enter_context(_open(source)))
+        except BaseException:
+            stack.close()
+            raise
+    try:
+        yield entry[1]
+    except BaseException:
+        entry[0].close()
+        raise
+    _kept[key] = entry
+    while len(_kept) > KEPT_OPEN:
+        _kept.popitem(last=False)[1][0].close()
 
 
 def frame_stream(container, stream_index: int | None = None) -> av.video.stream.VideoStream:
@@ -234,8 +283,8 @@ def restamp_reason(info: VideoProbe) -> str | None:
     which lands on another keyframe than the table's when B-frames put a keyframe's pts after its
     dts.
     """
-    if TIMESTAMPED_FORMATS.intersection(info.container.split(",")):
-        return None
+    if not info.container or TIMESTAMPED_FORMATS.intersection(info.container.split(",")):
+        return None  # "": a probe that does not record its container
     return f"its container ({info.container}) does not store a presentation timestamp on every packet"
 
 
@@ -375,11 +424,12 @@ def scan(source: VideoSource, vouch: bool = False) -> VideoProbe:
                     first_pts, rotation = _frame_pts(frame), round(frame.rotation or 0)
                     break
             fields = _stream_fields(stream)
-            model = _packet_model(np.asarray(rows, dtype=np.int64).reshape(-1, 4), first_pts)
+            table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+            model = _packet_model(table, first_pts)
             if model is None:
                 return _decoded_fallback(source, vouch, "the packets' pts do not tell the displayed frames")
             pts, duration, keyflags, packet_pts, packet_key = model
-            disagreement = _vouch(ctx, keys, tail, pts) if vouch else None
+            disagreement = (_vouch(ctx, keys, tail, pts) or _decode_order_hint(ctx, table)) if vouch else None
     except ConversionError:
         raise
     except (av.error.FFmpegError, OSError, ValueError) as exc:
@@ -461,6 +511,24 @@ def _packet_model(rows: np.ndarray, first_pts: int | None):
     keyflags = np.isin(pts, packet_pts[packet_key == 1])
     keyflags[0] = True
     return pts, duration, keyflags, packet_pts, packet_key.astype(bool)
+
+
+def _decode_order_hint(ctx, rows: np.ndarray) -> str | None:
+    """Why the packets' pts may be decode-order timestamps, or None.
+
+    The codec reorders frames (``has_b_frames``: the stream's headers declare a reorder delay, as
+    with B-frames) yet the shown packets' pts (``rows`` as in ``_packet_model``) increase in decode
+    order. Files that truly reorder have a packet whose pts is below an earlier one's (every
+    B-frame); a muxer fed packets without pts writes such increasing ones, and the few decodes of
+    ``_vouch`` miss that where no group they decode reorders (a last group of one keyframe).
+    """
+    shown = rows[rows[:, 3] == 0, 0]
+    if not ctx.has_b_frames or shown.size < 2 or np.any(np.diff(shown) <= 0):
+        return None
+    return (
+        "the codec reorders frames (B-frames) but the packets' pts increase in decode order: "
+        "they may be decode-order timestamps"
+    )
 
 
 def _decode_alone(ctx, packets: list) -> list[int]:
@@ -689,7 +757,7 @@ def cut(
     """
     keep, offset = _cut_packets(info, first, stop)
     out = io.BytesIO()
-    with _open(source) as src, av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
+    with _kept_open(source) as src, av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
         in_stream = src.streams[info.stream_index]
         out_stream = dst.add_stream_from_template(in_stream, opaque=True)
         kept = np.flatnonzero(keep)

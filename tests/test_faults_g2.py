@@ -150,6 +150,23 @@ def test_decode_order_timestamps_are_retimed_in_display_order(tmp_path, containe
     _assert_rows_show(tmp_path, {0: list(range(700, 724))})
 
 
+def test_decode_order_timestamps_are_seen_when_no_decoded_group_reorders(tmp_path):
+    """25 frames, a keyframe every 8: the last group is one keyframe, so the fast check's decodes
+    (keyframes alone, the last group) see nothing out of order. Before, the default check accepted
+    the decode-order table and the reader failed the episode; the codec's declared reorder delay
+    with pts that never go back gives it away."""
+    data = decode_order_timestamps(make_video(None, 25, fps=FPS, gop=8, start_number=800, **SMALL), "mkv")
+    told = video_module.scan(data, vouch=True)
+    assert told.disagreement == (
+        "the codec reorders frames (B-frames) but the packets' pts increase in decode order: "
+        "they may be decode-order timestamps"
+    )
+    manifest = _convert(tmp_path, [(data, range(25))])
+    assert manifest.totals.episodes == 1 and _transforms(tmp_path, manifest) == ["remux"]
+    assert verify(str(tmp_path))["ok"]
+    _assert_rows_show(tmp_path, {0: list(range(800, 825))})
+
+
 def test_a_lerobot_dataset_of_avi_videos_converts_by_the_cli_with_the_default_check(tmp_path, capsys):
     """A v2.1 dataset whose video files hold AVI (FFmpeg reads the content, not the name)."""
     videos = [
