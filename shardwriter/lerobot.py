@@ -34,8 +34,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from epishard.redact import redact
+from epishard.redact import redact, scrubbed
 
+from . import untrusted
 from .episode import CameraVideo, Episode, FileInput, Source, TableSlice
 from .errors import SourceError
 from .storage import FileSystemHandle, RemoteFile, is_local, local_path, protocol_of
@@ -103,6 +104,19 @@ class _Tree:
                 return f.read()
         return self._remote(path).read()
 
+    def read_metadata(self, path: str) -> bytes:
+        """A JSON metadata file's bytes, refused unread when larger than ``untrusted.MAX_JSON_BYTES``.
+
+        The size comes from the file system (locally) or the listing (remotely; a listing that
+        states none: after the read). Raises SourceError naming the file.
+        """
+        if self.local:
+            return untrusted.read_local(path, path, SourceError)
+        untrusted.check_size(self.sizes.get(path), path, SourceError)
+        data = self._remote(path).read()
+        untrusted.check_size(len(data), path, SourceError)
+        return data
+
     def file(self, path: str) -> FileInput:
         """What an episode refers to the file by: the local path, or a ``RemoteFile``."""
         return path if self.local else self._remote(path)
@@ -157,16 +171,13 @@ def _read_jsonl(tree: _Tree, path: str, fields: dict[str, type]) -> list[dict]:
         return []
     rows = []
     try:
-        lines = tree.read(path).decode("utf-8").splitlines()
+        lines = tree.read_metadata(path).decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
         raise SourceError(f"{path}: not UTF-8 text ({exc})") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise SourceError(f"{path}: line {number}: not valid JSON ({exc})") from None
+        row = untrusted.loads(line, f"{path}: line {number}", SourceError)  # bounded nesting
         if not isinstance(row, dict):
             raise SourceError(f"{path}: line {number}: must be a JSON object, got {line.strip()[:60]}")
         for name, kind in fields.items():
@@ -363,6 +374,7 @@ def _depth_cameras(features: dict) -> set[str]:
     }
 
 
+@scrubbed  # its exceptions and their chains name no credentials
 def read_lerobot(
     root: str, name: str | None = None, cameras: tuple[str, ...] | None = None, storage_options: dict | None = None
 ) -> Source:
@@ -382,7 +394,8 @@ def read_lerobot(
     Raises:
         SourceError: no ``meta/info.json``, one that is not valid JSON or has fields of the wrong
             type or value (``_check_info``), an unknown ``codebase_version``, malformed
-            episodes/tasks metadata, no episode files, or no declared camera has video files
+            episodes/tasks metadata, a JSON file larger than ``untrusted.MAX_JSON_BYTES`` or nested
+            deeper than ``untrusted.MAX_JSON_DEPTH``, no episode files, or no declared camera has video files
             (naming the expected path) unless ``cameras == ()``. Messages name the file and field.
     """
     tree = _Tree(root, storage_options)
@@ -392,10 +405,7 @@ def read_lerobot(
         http = protocol_of(root) in ("http", "https")
         listed = " (the server listed no files: are directory listings on?)" if http and not tree.sizes else ""
         raise SourceError(f"{root}: no meta/info.json; is this a LeRobot dataset root?{listed}")
-    try:
-        info = json.loads(tree.read(info_path))
-    except ValueError as exc:  # also bytes that are not UTF-8
-        raise SourceError(f"{info_path}: not valid JSON ({exc})") from None
+    info = untrusted.loads(tree.read_metadata(info_path), info_path, SourceError)  # bounded size and nesting
     _check_info(info, info_path)
     _check_wanted(info.get("features", {}), cameras, root)
     version = str(info.get("codebase_version", ""))

@@ -18,16 +18,25 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import stat
 import time
+import warnings
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 
-from epishard.redact import redact
+from epishard.redact import redact, scrubbed
 from epishard.shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
 from epishard.shardwriter.index import WindowIndex
 from epishard.shardwriter.storage import FileSystemHandle, missing_bucket, open_regular, resolve_storage_options
-from epishard.shardwriter.validate import FormatError, load_dataset_index, load_shard_indexes
+from epishard.shardwriter.untrusted import check_size
+from epishard.shardwriter.validate import (
+    FormatError,
+    load_dataset_index,
+    load_shard_indexes,
+    shard_size_mismatches,
+)
 from epishard.shardwriter.verified import is_verified, record_verified
 
 from .fetch import FetchError, FetchPolicy, retryable, wait_or_raise
@@ -48,12 +57,19 @@ class DatasetSource:
         FileNotFoundError: no ``manifest.json`` at ``url`` (conversion unfinished or wrong path), or
             the URL's bucket does not exist (the message names it; ``filename``: the URL).
         ValueError: the storage option ``retry_budget`` is not a number >= 0.
-        FormatError (a ``ValueError``): the manifest or index breaks the format, or the index's
-            sha256 differs from the manifest's; the message names the file and the field.
+        FormatError (a ``ValueError``): the manifest or index breaks the format, the manifest is
+            larger than ``shardwriter.untrusted.MAX_JSON_BYTES``, the index's sha256 differs from
+            the manifest's, or a shard file has another size than the manifest says (under
+            ``on_shard_error="raise"``, else only when every shard has); the message names the
+            file and the field.
         FetchError (an ``IOError``): the manifest or index could not be read (timeouts, errors)
             within the policy's retry budget.
+
+    ``skipped_shards``: shard number -> reason, for the shards left out under ``on_shard_error="skip"``
+    because their file's size is not the manifest's (each also warned about).
     """
 
+    @scrubbed  # its exceptions and their chains name no credentials
     def __init__(self, url: str, storage_options: dict | None = None, fetch: FetchPolicy | None = None):
         self.url = url.rstrip("/")
         self.shown = redact(self.url)  # the URL as messages name it: credentials redacted
@@ -76,6 +92,7 @@ class DatasetSource:
         )
         self._root = os.path.abspath(fsspec.core.strip_protocol(self.url)) if self.local else self._handle.root
         try:
+            self._refuse_oversized(MANIFEST_NAME)
             data = self._read(MANIFEST_NAME)
         except FileNotFoundError:
             bucket = None if self.local else missing_bucket(self.filesystem(), self.url, self._root)
@@ -84,6 +101,7 @@ class DatasetSource:
             raise FileNotFoundError(f"{self.shown}: no {MANIFEST_NAME} (is the conversion finished?)") from None
         self.manifest = Manifest.load(data, f"{self.shown}/{MANIFEST_NAME}")
         self.index = self._load_index()
+        self.skipped_shards = self._check_shard_files()
         self.shards = [s.shard for s in self.manifest.shards]
         self.cameras = sorted(self.manifest.cameras)
 
@@ -120,6 +138,62 @@ class DatasetSource:
                 )
             return data
         return self.filesystem().cat_file(self.shard_path(shard), start=start, end=stop)
+
+    def _refuse_oversized(self, name: str) -> None:
+        """``FormatError`` when the storage states more bytes for metadata file ``name`` than ``MAX_JSON_BYTES``.
+
+        Asked before it is read. A remote size that cannot be asked is left to the read (and ``Manifest.load``).
+        """
+        try:
+            size = os.stat(self.path(name)).st_size if self.local else self.filesystem().size(self.path(name))
+        except FileNotFoundError as exc:
+            if exc.__cause__ is not None and retryable(exc.__cause__):
+                return  # fsspec's HTTP info calls any failure (a 503, a timeout) "not found": the read retries
+            raise
+        except Exception:  # the read that follows reports (and retries) what is wrong
+            return
+        check_size(size, f"{self.shown}/{name}", FormatError)
+
+    def _check_shard_files(self) -> dict[int, str]:
+        """Hold the manifest's shard sizes, which bound every index value, against the shard files.
+
+        Local shards are stat'ed; a remote folder is listed once where it can be (a folder that
+        cannot be listed, or a file listed without a size, is checked per response by the fetcher
+        instead). A shard of another size than the manifest says (replaced, truncated, or forged
+        with its index) is refused: ``FormatError`` under ``on_shard_error="raise"`` or when every
+        shard is; under ``"skip"`` a warning per shard, and its episodes are left out of the index.
+        A missing shard is left to the reads (the shard policy). Returns shard number -> reason.
+        """
+        if self.local:
+            sizes = {}
+            for s in self.manifest.shards:
+                try:
+                    st = os.stat(self.path(s.shard))
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):  # a directory or FIFO is refused by the reads
+                    sizes[s.shard] = st.st_size
+        else:
+            try:
+                listing = self.filesystem().ls(self._root, detail=True)
+            except Exception:  # no listing (an HTTP server without one, no list permission)
+                listing = []
+            sizes = {
+                str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e["size"])
+                for e in listing
+                if e.get("type", "file") == "file" and e.get("size") is not None
+            }
+        bad = shard_size_mismatches(self.manifest.shards, sizes, self.shown)
+        if bad and self.policy.on_shard_error == "raise":
+            raise FormatError(next(iter(bad.values())))
+        if bad and len(bad) == len(self.manifest.shards):
+            raise FormatError(f"{self.shown}: every shard failed its size check; the first: {next(iter(bad.values()))}")
+        for i, reason in bad.items():
+            n = self.manifest.shards[i].episodes
+            warnings.warn(f"epishard: skipping shard {i} ({n} episodes): {reason}", stacklevel=3)
+        if bad:
+            self.index = self.index.take(np.flatnonzero(~np.isin(self.index.shard, list(bad))))
+        return bad
 
     def _read(self, name: str) -> bytes:
         """A whole metadata file, with the policy's retries for remote reads."""

@@ -1,0 +1,474 @@
+"""Hostile input that would kill the process: index values that size allocations, JSON bombs,
+terminal escapes (issue 23, group 4).
+
+The index forgeries are consistent (``faultgen.rewrite_index`` recomputes every digest, the
+manifest's sizes and counts are edited to match), so only bounds taken from what the bytes can
+hold catch them. They run in one child process under a 3 GiB address-space limit
+(``RLIMIT_AS``): a regression fails fast with a ``MemoryError`` there instead of eating the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from faultgen import CAMERA, SPEC, copy, manifest, rewrite_index, write_manifest
+from lerobotgen import write_v2
+
+from epishard.cli import main
+from epishard.shardwriter import verify
+from epishard.shardwriter.errors import SourceError
+from epishard.shardwriter.lerobot import read_lerobot
+from epishard.shardwriter.untrusted import MAX_JSON_BYTES, loads, printable
+from epishard.shardwriter.validate import FormatError
+from epishard.stream import WindowDataset
+from epishard.stream.decode import DecodeError
+from epishard.stream.fetch import FetchPolicy
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+BIG = 1 << 31
+LIMIT = 3 << 30  # the child's address space: a 16 GiB table from a forged count cannot be allocated
+PACKETS = ("packet_size", "packet_frame", "packet_crc32", "packet_offset")
+DEEP = 10**6
+
+
+def _mp4(row: dict) -> dict:
+    return next(m for m in row["members"] if m["name"].endswith(".mp4"))
+
+
+def _member(row: dict, ext: str) -> dict:
+    return next(m for m in row["members"] if m["name"].endswith(ext))
+
+
+def _no_packets(camera: dict) -> None:
+    for key in PACKETS:
+        camera[key] = []
+
+
+def _consistent_manifest(root: str, shard: int, size: int) -> None:
+    """The manifest's shard size (and totals) set as a forger who also edits the manifest would."""
+    m = manifest(root)
+    m["totals"]["bytes"] += size - m["shards"][shard]["size"]
+    m["shards"][shard]["size"] = size
+    write_manifest(root, m)
+
+
+def _past_the_end(root: str) -> None:
+    """Episode 3 (last of shard 1): its video claims 2 GiB and 2^31 - 1 frames; the shard 2 GiB more."""
+
+    def edit(rows):
+        cam = rows[3]["cameras"][0]
+        _mp4(rows[3])["size"] = BIG
+        cam["num_frames"] = BIG - 1
+        _no_packets(cam)
+
+    rewrite_index(root, edit)
+    _consistent_manifest(root, 1, 20480 + BIG)
+
+
+def _rows_past_the_end(root: str) -> None:
+    """Episode 1 (last of shard 0): 2^31 - 1 rows, a 2 GiB table and a 2 GiB video after it."""
+
+    def edit(rows):
+        row, cam = rows[1], rows[1]["cameras"][0]
+        table, video = _member(row, ".parquet"), _mp4(row)
+        table["size"] = BIG
+        video["offset"] = table["offset"] + BIG + 512
+        video["size"] = BIG
+        row["num_rows"] = row["window_stop"] = BIG - 1
+        cam["num_frames"] = BIG - 1
+        _no_packets(cam)
+
+    rewrite_index(root, edit)
+    m = manifest(root)
+    m["shards"][0]["rows"] += BIG - 1 - 20
+    m["shards"][0]["frames"] += BIG - 1 - 20
+    m["totals"]["rows"] += BIG - 1 - 20
+    m["totals"]["frames"] += BIG - 1 - 20
+    write_manifest(root, m)
+    video = _mp4(_rows(root)[1])
+    _consistent_manifest(root, 0, video["offset"] + video["size"] + 1024)
+
+
+def _overlapping(root: str) -> None:
+    """Episode 2 (first of shard 1): its video claims 2 GiB, over the next episode's members."""
+
+    def edit(rows):
+        _mp4(rows[2])["size"] = BIG
+        rows[2]["cameras"][0]["num_frames"] = BIG - 1
+        _no_packets(rows[2]["cameras"][0])
+
+    rewrite_index(root, edit)
+    _consistent_manifest(root, 1, 20480 + BIG)
+
+
+def _rows_over_table(root: str) -> None:
+    """Episode 3: 2^31 - 1 rows and frames; its (last) video member claims 2 GiB, the shard with it."""
+
+    def edit(rows):
+        row, cam = rows[3], rows[3]["cameras"][0]
+        _mp4(row)["size"] = BIG
+        row["num_rows"] = row["window_stop"] = BIG - 1
+        cam["num_frames"] = BIG - 1
+        _no_packets(cam)
+
+    rewrite_index(root, edit)
+    _consistent_manifest(root, 1, 20480 + BIG)
+
+
+def _huge_manifest(root: str) -> None:
+    """A manifest whose last value is a 2 GiB string (a sparse file: no disk is used)."""
+    path = os.path.join(root, "manifest.json")
+    text = Path(path).read_text().rstrip()
+    assert text.endswith("}")
+    with open(path, "w") as f:
+        f.write(text[:-1] + ', "padding": "')
+        f.truncate(BIG)
+        f.seek(BIG)
+        f.write('"}')
+
+
+def _rows(root: str) -> list[dict]:
+    import pyarrow.feather as feather
+
+    return feather.read_table(os.path.join(root, "index.arrow")).to_pylist()
+
+
+FORGERIES = {
+    "past_the_end": _past_the_end,
+    "rows_past_the_end": _rows_past_the_end,
+    "overlapping": _overlapping,
+    "rows_over_table": _rows_over_table,
+    "huge_manifest": _huge_manifest,
+}
+
+_CHILD = r"""
+import hashlib, json, resource, sys, warnings
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from faultgen import CAMERA, SPEC
+from epishard.cli import main
+from epishard.shardwriter import verify
+from epishard.shardwriter.describe import describe
+from epishard.stream import WindowDataset
+from epishard.stream.fetch import FetchPolicy
+
+def run(step):
+    try:
+        return step()
+    except BaseException as exc:  # MemoryError, RuntimeError("can't start new thread"), ...
+        return {"error": f"{type(exc).__name__}: {exc}"[:600]}
+
+options = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
+
+def read(root, policy):
+    def step():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ds = WindowDataset(root, SPEC, seed=5, storage_options=options, fetch=FetchPolicy(on_shard_error=policy))
+            samples = [
+                [int(s["episode_index"]), int(s["frame_index"]), bool(s["substitute"]),
+                 hashlib.sha256(s[CAMERA].numpy().tobytes()).hexdigest()]
+                for s in ds
+            ]
+        return {"samples": samples, "warnings": [str(w.message) for w in caught]}
+    return run(step)
+
+STREAM = ["--workers", "0", "--batches", "2", "--batch-size", "2", "--frames", "2", "--span", "5",
+          "--action-horizon", "2", "--boundary", "pad", "--quiet"]
+if options:
+    STREAM += ["--storage-options", json.dumps(options)]
+out = {}
+for case, root in json.loads(sys.argv[1]).items():
+    out[case] = {
+        "skip": read(root, "skip"),
+        "raise": read(root, "raise"),
+        "verify": run(lambda: verify(root, decode=False, storage_options=options)),
+        "describe": run(lambda: {"episodes": describe(root, options)["totals"]["episodes"]}),
+        "stream": run(lambda: {"code": main(["stream", root, *STREAM])}),
+    }
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _in_child(roots: dict[str, str], options: dict | None = None) -> dict[str, dict]:
+    """Run ``_CHILD`` on ``roots`` (case -> dataset URL) under the memory limit; its results per case."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, REPO])}
+    argv = [sys.executable, "-c", _CHILD, json.dumps(roots), str(LIMIT)] + ([json.dumps(options)] if options else [])
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+@pytest.fixture(scope="module")
+def forged(intact, tmp_path_factory) -> dict[str, tuple[str, dict]]:
+    """Each forgery's folder and what the reader, ``verify``, ``inspect`` and ``stream`` did with it
+    in the memory-limited child."""
+    base = tmp_path_factory.mktemp("forged")
+    roots = {}
+    for name, forge in FORGERIES.items():
+        roots[name] = copy(intact, str(base / name))
+        forge(roots[name])
+    results = _in_child(roots)
+    return {name: (roots[name], results[name]) for name in FORGERIES}
+
+
+def _hash(sample) -> str:
+    return hashlib.sha256(sample[CAMERA].numpy().tobytes()).hexdigest()
+
+
+def _expected(keyed_reference, episodes) -> set[tuple]:
+    return {(e, f, False, _hash(s)) for (e, f), s in keyed_reference.items() if e in episodes}
+
+
+def test_a_video_claiming_bytes_past_the_shard_file_drops_its_shard_or_raises(forged, keyed_reference):
+    root, got = forged["past_the_end"]
+    reason = (
+        f"{root}/shard-000001.tar: 20480 bytes, the manifest's shards[1].size says {20480 + BIG} "
+        "(replaced, truncated or forged after conversion"
+    )
+    skip = got["skip"]
+    assert "samples" in skip, skip
+    assert {tuple(s) for s in skip["samples"]} == _expected(keyed_reference, {0, 1, 4, 5})
+    assert len(skip["samples"]) == 80
+    assert [w for w in skip["warnings"] if w.startswith("epishard: skipping shard 1 (2 episodes): " + reason)]
+    assert got["raise"]["error"].startswith("FormatError: " + reason)
+    messages = [p["message"] for p in got["verify"]["problems"]]
+    assert f"size 20480 != manifest {20480 + BIG}" in messages
+    assert f"member g-e000003.front.mp4 at (13824, 2197) in the tar, index says (13824, {BIG})" in messages
+    assert got["verify"]["ok"] is False
+    assert got["stream"] == {"code": 0}
+
+
+def test_two_billion_rows_backed_by_nothing_drop_their_shard(forged, keyed_reference):
+    root, got = forged["rows_past_the_end"]
+    size = manifest(root)["shards"][0]["size"]
+    reason = f"{root}/shard-000000.tar: 20480 bytes, the manifest's shards[0].size says {size} "
+    assert "samples" in got["skip"], got["skip"]
+    assert {tuple(s) for s in got["skip"]["samples"]} == _expected(keyed_reference, {2, 3, 4, 5})
+    assert [w for w in got["skip"]["warnings"] if "skipping shard 0 (2 episodes): " + reason in w]
+    assert got["raise"]["error"].startswith("FormatError: " + reason)
+    assert f"size 20480 != manifest {size}" in [p["message"] for p in got["verify"]["problems"]]
+    assert got["stream"] == {"code": 0}
+
+
+def test_a_forged_shard_in_a_bucket_is_dropped_by_its_listed_size(forged, keyed_reference, moto_s3):
+    """Remote: the folder's listing states each shard's size, so the same forgery is caught over S3."""
+    options, fs = moto_s3
+    fs.mkdir("g4-forged")
+    fs.put(forged["rows_past_the_end"][0] + "/", "g4-forged/ds/", recursive=True)
+    url = "s3://g4-forged/ds"
+    got = _in_child({"s3": url}, options)["s3"]
+    size = manifest(forged["rows_past_the_end"][0])["shards"][0]["size"]
+    reason = f"{url}/shard-000000.tar: 20480 bytes, the manifest's shards[0].size says {size} "
+    assert "samples" in got["skip"], got["skip"]
+    assert {tuple(s) for s in got["skip"]["samples"]} == _expected(keyed_reference, {2, 3, 4, 5})
+    assert [w for w in got["skip"]["warnings"] if "skipping shard 0 (2 episodes): " + reason in w]
+    assert got["raise"]["error"].startswith("FormatError: " + reason)
+    assert got["stream"] == {"code": 0}
+
+
+def test_a_member_running_into_the_next_is_refused_naming_its_episode(forged):
+    root, got = forged["overlapping"]
+    message = (
+        f"FormatError: {root}/index.arrow: row 2 (episode g-e000002): members.offset/size run into the next "
+        "member of the shard (members follow one another in the tar)"
+    )
+    assert got["skip"]["error"] == message and got["raise"]["error"] == message
+    assert any("members.offset/size run into the next member" in p["message"] for p in got["verify"]["problems"])
+    assert "members.offset/size run into the next member" in got["describe"]["error"]
+
+
+def test_more_rows_than_bytes_of_the_table_member_are_refused(forged):
+    root, got = forged["rows_over_table"]
+    message = (
+        f"FormatError: {root}/index.arrow: row 3 (episode g-e000003): num_rows 2147483647 is more than the "
+        "bytes of its .parquet table member (a row needs at least one)"
+    )
+    assert got["skip"]["error"] == message and got["raise"]["error"] == message
+    assert any("num_rows 2147483647 is more than the bytes" in p["message"] for p in got["verify"]["problems"])
+
+
+def test_a_two_gib_manifest_is_refused_unread(forged):
+    _, got = forged["huge_manifest"]
+    said = f"manifest.json: {BIG + 2} bytes, more than the {MAX_JSON_BYTES} bytes a metadata file may have"
+    for step in ("skip", "raise", "verify", "describe"):
+        assert got[step]["error"].startswith("FormatError: ") and said in got[step]["error"], (step, got[step])
+    assert got["stream"] == {"code": 2}
+
+
+# --- frame counts a member can hold but its video does not have -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def claimed(intact, tmp_path_factory) -> str:
+    """Episode 2 claims as many frames as its video member has bytes (within every byte bound), no packet table."""
+    root = copy(intact, str(tmp_path_factory.mktemp("claimed") / "ds"))
+
+    def edit(rows):
+        cam = rows[2]["cameras"][0]
+        cam["num_frames"] = _mp4(rows[2])["size"]
+        _no_packets(cam)
+
+    rewrite_index(root, edit)
+    return root
+
+
+def test_more_frames_than_the_container_lists_skip_the_episode(claimed, keyed_reference):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples = list(WindowDataset(claimed, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="skip")))
+    real = {(int(s["episode_index"]), int(s["frame_index"])): s for s in samples if not s["substitute"]}
+    assert len(samples) == len(keyed_reference)
+    assert set(real) == {k for k in keyed_reference if k[0] != 2}
+    assert all(_hash(s) == _hash(keyed_reference[k]) for k, s in real.items())
+    said = f"camera {CAMERA}: the index's num_frames 2175 is more than the 20 frames its video's container lists"
+    assert [w for w in caught if "skipping episode g-e000002" in str(w.message) and said in str(w.message)]
+    with pytest.raises(DecodeError, match=f"episode g-e000002 {said}"):
+        list(WindowDataset(claimed, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="raise")))
+
+
+def test_verify_holds_num_frames_against_the_container(claimed):
+    result = verify(claimed)
+    assert result["ok"] is False
+    assert {
+        "shard": "shard-000001.tar",
+        "episode": "g-e000002",
+        "camera": CAMERA,
+        "message": "the index's num_frames 2175 is more than the 20 frames the video's container lists",
+    } in result["problems"]
+
+
+def test_verify_checks_the_manifest_counts(intact, tmp_path):
+    root = copy(intact, str(tmp_path / "ds"))
+    m = manifest(root)
+    m["shards"][0]["frames"] = 1 << 40
+    m["shards"][1]["rows"] = 7
+    m["totals"]["frames"] = 1 << 40
+    write_manifest(root, m)
+    result = verify(root, decode=False)
+    assert result["ok"] is False
+    assert [p["message"] for p in result["problems"]] == [
+        f"manifest shards[0].frames is {1 << 40}, the index holds 40",
+        "manifest shards[1].rows is 7, the index holds 40",
+        "manifest totals.rows is 120, the shards add up to 87",
+        f"manifest totals.frames is {1 << 40}, the shards add up to {(1 << 40) + 80}",
+    ]
+
+
+# --- JSON bombs -------------------------------------------------------------------------------------
+
+
+def test_bounded_json_nesting_and_size():
+    assert loads("[" * 64 + "]" * 64, "x.json") == loads("[" * 64 + "]" * 64, "y.json")
+    for text in ("[" * 65 + "]" * 65, '{"a":' * DEEP + "1" + "}" * DEEP, "[" * DEEP):
+        with pytest.raises(FormatError, match=r"^x.json: arrays and objects nested deeper than 64 levels: refused$"):
+            loads(text, "x.json", FormatError)
+    with pytest.raises(ValueError, match=r"^x.json: not valid JSON \("):
+        loads(b"\xff{}", "x.json")
+    with pytest.raises(ValueError, match=r"^x.json: 11 bytes, more than the 10 bytes a metadata file may have"):
+        loads(b'"123456789"', "x.json", max_bytes=10)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("lerobot") / "toy")
+    write_v2(root, [6, 5], [CAMERA], fps=10)
+    return root
+
+
+def _deep_line() -> str:
+    return '{"episode_index": 1, "tasks": ' + "[" * DEEP + "]" * DEEP + "}"
+
+
+def test_a_deep_info_json_is_one_line_naming_the_file(source, tmp_path, capsys):
+    src = copy(source, str(tmp_path / "src"))
+    Path(src, "meta", "info.json").write_text('{"fps": ' + "[" * DEEP + "]" * DEEP + "}")
+    assert main(["convert", src, str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"epishard convert: error: {src}/meta/info.json: arrays and objects nested deeper than 64 levels: refused"
+    )
+    assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+@pytest.mark.parametrize("name", ["episodes.jsonl", "tasks.jsonl"])
+def test_a_deep_jsonl_line_names_the_file_and_line(source, tmp_path, name):
+    src = copy(source, str(tmp_path / "src"))
+    path = Path(src, "meta", name)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], _deep_line(), *lines[2:]]) + "\n")
+    with pytest.raises(SourceError) as err:
+        read_lerobot(src)
+    assert str(err.value) == f"{path}: line 2: arrays and objects nested deeper than 64 levels: refused"
+
+
+def test_an_oversized_info_json_is_refused_unread(source, tmp_path):
+    src = copy(source, str(tmp_path / "src"))
+    path = Path(src, "meta", "info.json")
+    with open(path, "r+b") as f:  # sparse: the size the file system states is what is refused
+        f.truncate(MAX_JSON_BYTES + 1)
+    with pytest.raises(SourceError) as err:
+        read_lerobot(src)
+    assert str(err.value) == (
+        f"{path}: {MAX_JSON_BYTES + 1} bytes, more than the {MAX_JSON_BYTES} bytes a metadata file may have "
+        "(shardwriter.untrusted.MAX_JSON_BYTES): refused unread"
+    )
+
+
+# --- terminal escapes -------------------------------------------------------------------------------
+
+ESCAPES = "\x1b]0;owned\x07\x1b[2J\r\u202e"
+SHOWN = "\\x1b]0;owned\\x07\\x1b[2J\\r\\u202e"
+
+
+def test_printable_escapes_control_characters_only():
+    assert printable("café ✓ " + ESCAPES + "\n") == "café ✓ " + SHOWN + "\\n"
+
+
+def test_inspect_and_verify_print_no_raw_escapes(intact, tmp_path, capsys):
+    root = copy(intact, str(tmp_path / "ds"))
+    m = manifest(root)
+    m["sources"][0]["name"] = "g" + ESCAPES
+    m["shards"][2]["shard"] = "shard" + ESCAPES + ".tar"
+    write_manifest(root, m)
+    assert main(["inspect", root]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out and "\u202e" not in out
+    assert f"  source g{SHOWN} (python, 20 fps): 6 episodes" in out.splitlines()
+    assert f"  shard{SHOWN}.tar: 2 episodes, 40 rows, 0.0 MB" in out.splitlines()
+    assert main(["verify", root, "--no-decode"]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and f"missing file {root}/shard{SHOWN}.tar" in out
+
+
+def test_index_errors_escape_the_names_they_quote(intact, tmp_path):
+    root = copy(intact, str(tmp_path / "ds"))
+
+    def edit(rows):
+        rows[2]["key"] = "g-e000002" + ESCAPES
+        rows[2]["cameras"][0]["width"] = 0
+
+    rewrite_index(root, edit)
+    with pytest.raises(FormatError) as err:
+        WindowDataset(root, SPEC)
+    assert f"row 2 (episode g-e000002{SHOWN}), camera {CAMERA}: width/height are not in [1, 65536]" in str(err.value)
+    assert "\x1b" not in str(err.value)
+
+
+def test_the_child_limit_is_in_force():
+    """The memory-limited child really cannot allocate a forged count's table (guards the harness)."""
+    code = (
+        "import resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, ({LIMIT}, {LIMIT}))\n"
+        "try:\n    bytearray(4 << 30)\nexcept MemoryError:\n    sys.exit(7)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 7
