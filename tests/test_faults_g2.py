@@ -32,6 +32,7 @@ from epishard.shardwriter import CameraVideo, ConversionError, ConvertOptions, E
 from epishard.shardwriter import prepare as prepare_module
 from epishard.shardwriter import video as video_module
 from epishard.shardwriter.index import WindowIndex
+from epishard.shardwriter.video import ReencodeSpec
 from epishard.stream import WindowDataset, WindowSpec
 from epishard.stream.fetch import FetchPolicy
 
@@ -179,6 +180,17 @@ def test_a_lerobot_dataset_of_avi_videos_converts_by_the_cli_with_the_default_ch
     assert "frame tables checked: fast x2" in capsys.readouterr().out
     assert verify(str(tmp_path / "out"))["ok"]
     _assert_rows_show(tmp_path / "out", {0: list(range(0, 14)), 1: list(range(1000, 1011))})
+
+
+def test_an_avi_is_re_encoded_from_the_frames_it_displays(tmp_path):
+    """``--reencode`` decodes the source through the reader's decoder with its frame table: before,
+    an AVI's table (PyAV's inferred pts) named a frame torchcodec never returns and the episode was
+    refused ("no more frames"); now the copy timed in display order is what gets decoded."""
+    data = make_video(None, 20, fps=FPS, gop=8, container="avi", start_number=900, **SMALL)
+    manifest = _convert(tmp_path, [(data, range(20))], reencode=ReencodeSpec(codec="libx264", gop=4))
+    assert manifest.totals.episodes == 1 and _transforms(tmp_path, manifest)[0].startswith("reencode:")
+    assert WindowIndex.load_dataset(str(tmp_path)).keyframes_of(0).tolist() == [0, 4, 8, 12, 16]
+    _assert_rows_show(tmp_path, {0: list(range(900, 920))})
 
 
 def _raw_h264(data: bytes) -> bytes:
