@@ -13,15 +13,22 @@ telemetry plots and preview pages pass what they show through ``redact``:
   names, a URL's password) becomes ``***`` wherever it appears, e.g. inside a client's exception.
 
 Only what is shown is redacted: the URLs and options that open files keep their credentials.
-Imports only ``re`` and ``urllib.parse``, so the command line uses it before loading the writer.
+Exceptions leaving the public entry points (``scrubbed``: ``convert``, ``read_lerobot``,
+``verify``, ``describe``, ``DatasetSource``, iterating a ``WindowDataset`` or ``WindowLoader``,
+``preview``) are redacted in place with their whole chain (``scrub``), so a traceback a program
+prints or logs (a DataLoader worker's included) shows no secret either.
+Imports only the standard library, so the command line uses it before loading the writer.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 import threading
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar, cast
 
 MASK = "***"
 MIN_SECRET_CHARS = 6  # a remembered value shorter than this is not searched for in free text
@@ -143,3 +150,57 @@ def remember(url: str | None = None, options: Mapping | None = None) -> None:
                 found += [password, urllib.parse.unquote(password)]
     with _lock:
         _known.update(s for s in found if len(s) >= MIN_SECRET_CHARS)
+
+
+def scrub(exc: BaseException | None) -> None:
+    """Redact, in place, the texts of ``exc`` and of every exception it chains (cause, context).
+
+    The string ``args``, an ``OSError``'s ``strerror``/``filename``/``filename2`` and a formatted
+    remote traceback (``tb``: a process pool's ``_RemoteTraceback``); the type and traceback stay.
+    """
+    pending, seen = [exc], set()
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        try:
+            e.args = tuple(redact(a) if isinstance(a, str) else a for a in e.args)
+            for name in ("strerror", "filename", "filename2", "tb"):
+                value = getattr(e, name, None)
+                if isinstance(value, str):
+                    setattr(e, name, redact(value))
+        except (AttributeError, TypeError):  # an exception type whose fields are read-only
+            pass
+        pending += [e.__cause__, e.__context__]
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def scrubbed(func: F) -> F:
+    """Decorator of a public entry point: an exception leaving it is ``scrub``-bed first.
+
+    Works for functions, methods and generator functions (an error raised while iterating).
+    """
+    if inspect.isgeneratorfunction(func):
+
+        @functools.wraps(func)
+        def generator(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return (yield from func(*args, **kwargs))
+            except BaseException as exc:
+                scrub(exc)
+                raise
+
+        return cast(F, generator)
+
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except BaseException as exc:
+            scrub(exc)
+            raise
+
+    return cast(F, call)

@@ -31,7 +31,7 @@ from typing import Literal
 import av
 import pyarrow as pa
 
-from epishard.redact import redact, redact_optional
+from epishard.redact import redact, redact_optional, scrubbed
 
 from . import format as fmt
 from .episode import Episode, Source, TableSlice, file_size
@@ -546,6 +546,7 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
     }
 
 
+@scrubbed  # its exceptions and their chains name no credentials
 def convert(
     inputs: list[Source | str],
     out: str,

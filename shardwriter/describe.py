@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from epishard.redact import redact
+from epishard.redact import redact, scrubbed
 
 from . import format as fmt
 from .storage import Storage
@@ -18,6 +18,7 @@ from .untrusted import check_size, printable
 from .validate import load_shard_indexes
 
 
+@scrubbed  # its exceptions and their chains name no credentials
 def describe(root: str, storage_options: dict | None = None, progress: bool = False) -> dict:
     """Summarise the dataset at ``root`` from its manifest and indexes (no tar is read).
 

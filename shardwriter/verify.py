@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from epishard.redact import redact
+from epishard.redact import redact, scrubbed
 
 from . import format as fmt
 from .index import WindowIndex
@@ -150,6 +150,7 @@ def _check_episode(
     return problems
 
 
+@scrubbed  # its exceptions and their chains name no credentials
 def verify(root: str, decode: bool = True, storage_options: dict | None = None, progress: bool = False) -> dict:
     """Verify the dataset at ``root``: ``{"ok": bool, "shards": n, "episodes": n, "problems": [...]}``.
 

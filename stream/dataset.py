@@ -52,6 +52,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from epishard.redact import scrubbed
+
 from .buffers import HeldBatches, ring_slots
 from .collate import BufferedCollate, FloatCollate
 from .decode import DecodeError
@@ -485,6 +487,7 @@ class WindowDataset(IterableDataset):
         d = int(np.searchsorted(self.episode_base, episode, side="right") - 1)
         return d, episode - int(self.episode_base[d])
 
+    @scrubbed  # an error while iterating names no credentials (in a worker: before torch formats it)
     def __iter__(self):
         here = _distributed(self._rank, self._world_size)
         info = get_worker_info()
@@ -1170,6 +1173,7 @@ class WindowLoader(DataLoader):
         self._workers_next: int | None = None  # the epoch persistent workers run on their next iteration
         self._running: object | None = None  # token of the iteration in progress
 
+    @scrubbed  # a worker's error, re-raised here with its traceback as text, names no credentials
     def __iter__(self):
         if self._iterator is not None and (self._workers_next != self._epoch or self.dataset._resume is not None):
             # Their dataset copies cannot run this epoch. A private method of torch's multi-process

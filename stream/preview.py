@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from epishard.redact import redact
+from epishard.redact import redact, scrubbed
 
 from .dataset import WindowDataset
 from .fetch import FetchPolicy
@@ -209,6 +209,7 @@ def _write(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+@scrubbed  # its exceptions and their chains name no credentials
 def preview(
     dataset: str,
     out: str = "preview.html",

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import default_collate
 from tqdm import tqdm
 
-from epishard.redact import redact
+from epishard.redact import redact, scrubbed
 
 from . import diversity
 from .dataset import WindowDataset, WindowLoader
@@ -143,6 +143,7 @@ def _running_ratio(latest: dict[int, np.ndarray], rows: np.ndarray) -> float:
     return decoded / max(sum(float(r[_RETURNED]) for r in latest.values()), 1.0)
 
 
+@scrubbed  # its exceptions and their chains name no credentials
 def run(options: StreamRun, progress: bool = False) -> dict:
     """Iterate ``options.batches`` batches (or one epoch); return the report (a JSON-ready dict).
 

@@ -381,3 +381,33 @@ def test_python_api_errors_of_describe_verify_and_a_broken_manifest_name_no_secr
         assert str(broken.value).startswith(f"{shown}/broken/manifest.json: "), (open_it, broken.value)
         errors.append(broken.value)
     _clean(described.value, verified.value, verified.value.filename, *errors)
+
+
+def test_tracebacks_of_api_errors_name_no_secret(base, server, tmp_path):
+    """The whole traceback a training script prints or logs, chained causes included: a shard gone
+    under ``on_shard_error="raise"`` (in this process, and in a DataLoader worker, whose traceback
+    arrives as text), and a bad video converted by two writer processes (the pool's remote traceback)."""
+    import traceback
+
+    from faultgen import SPEC, make_dataset
+
+    from epishard.stream import WindowDataset, WindowLoader
+    from epishard.stream.fetch import FetchPolicy
+
+    root = make_dataset(f"{base}/tb")
+    url, shown = _with_canary(server) + "/tb", _masked(server) + "/tb"
+    os.remove(f"{root}/shard-000001.tar")
+    texts = []
+    for workers in (0, 1):
+        ds = WindowDataset(url, SPEC, seed=0, fetch=FetchPolicy(on_shard_error="raise"))
+        with pytest.raises(Exception) as raised:  # a FetchError, or torch's re-raise of it
+            for _ in WindowLoader(ds, batch_size=2, num_workers=workers):
+                pass
+        texts.append("".join(traceback.format_exception(raised.value)))
+        assert f"FetchError: {shown}/shard-000001.tar: " in texts[-1], texts[-1]
+    options = ConvertOptions(max_episodes_per_shard=1, workers=2, progress=False)
+    with pytest.raises(ConversionError) as converted:
+        convert([_with_canary(server) + "/bad"], str(tmp_path / "out"), options)
+    texts.append("".join(traceback.format_exception(converted.value)))
+    assert f"file={_masked(server)}/bad/videos/chunk-000/{CAMERA}/episode_000001.mp4" in texts[-1]
+    _clean(*texts)
