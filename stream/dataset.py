@@ -15,7 +15,8 @@ Sample format (stable; ``default_collate`` batches it):
 ``observation.state_is_pad``       bool ``[T_s]``
 ``action``                         float32 ``[H, D]`` (``spec.action_rows``: anchor .. anchor+H-1 by default)
 ``action_is_pad``                  bool ``[H]``
-``<column>``, ``<column>_is_pad``  float32 ``[T, D]``, bool ``[T]``: ``spec.column_offsets`` columns
+``<column>``, ``<column>_is_pad``  float32 ``[T, *shape]``, bool ``[T]``: ``spec.column_offsets`` columns
+``<column>`` (anchor row)          float32 ``[*shape]``, or ``str`` for a text column: ``spec.extra_columns``
 ``<column>_dim_is_pad``            bool ``[D]``: padded dimensions, for columns padded to a common
                                    width in a mix (``pad_dims``)
 ``task``                           str, the instruction
@@ -27,6 +28,14 @@ Sample format (stable; ``default_collate`` batches it):
                                    (``FetchPolicy(on_shard_error="skip")``)
 ``__telemetry__``                  float64 counters of the worker (only with ``telemetry=True``)
 =================================  =========================================================
+
+Columns keep the per-row shape the dataset stores (the manifest's ``features``): ``[D]`` for a
+list column, ``[1]`` for a scalar one (as LeRobot declares scalars), ``[2, 3]`` for a list of
+lists; a window adds ``T`` in front and a batch ``B``, the same shape in the sample, the batch,
+``delta_timestamps`` windows and their padded rows. State and action are such columns too
+(``[T_s, D]`` and ``[H, D]`` for 1-D ones). A column that cannot be returned (absent from a dataset,
+text outside ``extra_columns``, binary or nested structures) is refused when the ``WindowDataset``
+is made, naming the dataset and the column (``stream.mix.check_columns``).
 
 Distribution: rank and world size come from ``torch.distributed`` when it is initialised (or the
 ``rank``/``world_size`` arguments); the worker from ``torch.utils.data.get_worker_info()``. Every

@@ -64,17 +64,49 @@ def clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(rows, lo, hi - 1), pad
 
 
+def is_text(kind: pa.DataType) -> bool:
+    """True for an Arrow text type (string, large string, string view, or a dictionary of strings)."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or getattr(pa.types, "is_string_view", bool)(kind)
+
+
+def row_shape(kind: pa.DataType, width: int) -> tuple[int, ...]:
+    """The per-row shape of a numeric column of Arrow type ``kind`` holding ``width`` numbers per row.
+
+    Nested fixed-size lists keep their sizes (``[2, 3]``); a scalar column and any other list column
+    are ``(width,)`` (a scalar is ``(1,)``, as LeRobot declares it).
+    """
+    sizes = []
+    while pa.types.is_fixed_size_list(kind):
+        sizes.append(kind.list_size)
+        kind = kind.value_type
+    if len(sizes) > 1 and int(np.prod(sizes)) == width and not pa.types.is_list(kind):
+        return tuple(sizes)
+    return (width,)
+
+
 def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers: dict[str, Normalizer]) -> dict:
-    """The columns windows need, ``n`` rows each (state, action and extras as float32 matrices)."""
+    """The columns windows need, ``n`` rows each.
+
+    Numeric columns as float32 ``[n, *shape]`` (``row_shape``; normalised before the reshape), text
+    columns of ``extra_columns`` as object arrays of ``str`` (a null as ``""``).
+    """
     if table.num_rows != n:
         raise ValueError(f"{table.num_rows} rows, the index says {n}")
-    columns = {}
+    columns: dict = {}
     for name in {spec.state_key, spec.action_key, *spec.extra_columns, *spec.column_offsets} - {None}:
-        matrix = numeric_matrix(table.column(name))
+        column = table.column(name)
+        if name in spec.extra_columns and is_text(column.type):
+            values = column.to_pylist()
+            columns[name] = np.array(["" if v is None else v for v in values] if values else [], dtype=object)
+            continue
+        matrix = numeric_matrix(column)
         if matrix is None:
-            raise ValueError(f"column {name!r} is not numeric")
+            raise ValueError(f"column {name!r} is not numeric ({column.type})")
         matrix = matrix.astype(np.float32)
-        columns[name] = normalizers[name](matrix) if name in normalizers else matrix
+        matrix = normalizers[name](matrix) if name in normalizers else matrix
+        columns[name] = matrix.reshape(n, *row_shape(column.type, matrix.shape[1]))
     columns["frame_index"] = (
         table.column("frame_index").to_numpy() if "frame_index" in table.column_names else np.arange(n)
     )
@@ -91,8 +123,10 @@ def read_columns(
 ) -> dict[str, np.ndarray]:
     """The columns windows need from the episode's table member ``data`` (``num_rows`` rows each).
 
-    State, action and other numeric columns as float32 ``[n, D]`` (normalised by ``normalizers``),
-    ``frame_index`` int64 ``[n]``, ``timestamp`` float64 ``[n]`` seconds.
+    State, action and other numeric columns as float32 ``[n, *shape]`` (normalised by
+    ``normalizers``; ``shape``: ``row_shape``, ``[D]`` for a 1-D or scalar column), text columns of
+    ``spec.extra_columns`` as object ``[n]`` of ``str``, ``frame_index`` int64 ``[n]``, ``timestamp``
+    float64 ``[n]`` seconds.
 
     Raises:
         DecodeError: the table does not read as the index describes (naming the episode key).
@@ -107,8 +141,9 @@ def read_columns(
 
 
 def columns_nbytes(columns: dict[str, np.ndarray]) -> int:
-    """Bytes the arrays of ``read_columns`` hold."""
-    return sum(int(a.nbytes) for a in columns.values())
+    """Bytes the arrays of ``read_columns`` hold (a text column: its pointers and its UTF-8 bytes)."""
+    text = sum(len(s.encode()) for a in columns.values() if a.dtype == object for s in a)
+    return sum(int(a.nbytes) for a in columns.values()) + text
 
 
 @dataclass(frozen=True)
@@ -326,7 +361,8 @@ def window_sample(
         sample[name] = torch.from_numpy(columns[name][rows])
         sample[f"{name}_is_pad"] = torch.from_numpy(pad)
     for name in spec.extra_columns:
-        sample[name] = torch.from_numpy(columns[name][anchor])
+        value = columns[name][anchor]
+        sample[name] = value if isinstance(value, str) else torch.from_numpy(value)
     sample["task"] = info.task
     sample["episode_index"] = info.episode_index
     sample["frame_index"] = int(columns["frame_index"][anchor])

@@ -239,11 +239,79 @@ def _kinds_and_shapes(
     return depth, shapes
 
 
+_NUMERIC = ("bool", "int", "uint", "halffloat", "float", "double")  # Arrow's names of numeric value types
+_TEXT = ("string", "large_string", "utf8", "large_utf8", "string_view")
+
+
+def _kind(dtype: str) -> str:
+    """``"numeric"``, ``"text"`` or ``"other"`` for a manifest feature's ``dtype`` (an Arrow value type name)."""
+    if dtype in _TEXT or (dtype.startswith("dictionary<values=") and dtype[18:].split(",")[0] in _TEXT):
+        return "text"
+    name = dtype.rstrip("0123456789")
+    return "numeric" if name in _NUMERIC else "other"
+
+
+def check_columns(sources: list[DatasetSource], spec: WindowSpec) -> None:
+    """Refuse, when the ``WindowDataset`` is made, a window column a dataset cannot return.
+
+    Every table column the spec reads (``state_key``, ``action_key``, ``column_offsets`` and
+    ``extra_columns``) must be in each dataset's manifest ``features``; state, action and
+    ``column_offsets`` must be numeric (bool, int, float, or fixed or variable lists of them);
+    ``extra_columns`` numeric or text (returned as ``str``). Manifests without ``features`` are
+    not checked (the read names such a column).
+
+    Raises:
+        KeyError: a dataset lacks a column (naming the dataset, the column, the spec field and
+            the dataset's columns).
+        ValueError: a column of another type (naming the dataset, the column, its type and the field).
+    """
+    roles = {c: "extra_columns" for c in spec.extra_columns}
+    roles.update({c: "column_offsets" for c in spec.column_offsets})
+    if spec.action_key:
+        roles[spec.action_key] = "action_key"
+    if spec.state_key:
+        roles[spec.state_key] = "state_key"
+    for source in sources:
+        features = source.manifest.features
+        if features is None:
+            continue
+        for column, role in roles.items():
+            entry = features.get(column)
+            if entry is None or entry.dtype == "video":
+                have = sorted(name for name, f in features.items() if f.dtype != "video")
+                hint = " (state_key=None / action_key=None leave it out)" if role in ("state_key", "action_key") else ""
+                raise KeyError(
+                    f"{source.shown}: the window spec's {role} asks for column {column!r}, which the dataset does not "
+                    f"have{hint}; its columns: {have}"
+                )
+            kind = _kind(entry.dtype)
+            if kind == "numeric" or (kind == "text" and role == "extra_columns"):
+                continue
+            allowed = "numbers or text (str)" if role == "extra_columns" else "numbers (only extra_columns return text)"
+            raise ValueError(
+                f"{source.shown}: column {column!r} ({role}) holds {entry.dtype} values of shape {list(entry.shape)}; "
+                f"the reader returns {allowed}: leave it out of the window spec"
+            )
+
+
+def _shapes(sources: list[DatasetSource], column: str) -> list[tuple[str, tuple]]:
+    """Per dataset with ``features``: its URL and ``column``'s stored per-row shape (list widths; None: they vary)."""
+    out = []
+    for s in sources:
+        entry = (s.manifest.features or {}).get(column)
+        if entry is not None:
+            out.append((s.shown, tuple(entry.shape)))
+    return out
+
+
 def _widths(sources: list[DatasetSource], spec: WindowSpec, pad_dims) -> dict[str, int]:
     """Column -> width to pad to (see ``mix_layout``).
 
+    Multi-dimensional columns (``[2, 3]`` per row) keep their shape and are never padded.
+
     Raises:
-        ValueError: widths differ but ``pad_dims=False``; a dataset is wider than a given width.
+        ValueError: widths differ but ``pad_dims=False``; a dataset is wider than a given width; a
+            multi-dimensional column of several shapes, or named in ``pad_dims``.
     """
     columns = [c for c in (spec.state_key, spec.action_key if spec.action_horizon else None) if c]
     columns += [*spec.column_offsets, *spec.extra_columns]
@@ -253,6 +321,15 @@ def _widths(sources: list[DatasetSource], spec: WindowSpec, pad_dims) -> dict[st
         raise ValueError(f"pad_dims names {unknown}, which the window spec does not return ({columns})")
     out = {}
     for column in columns:
+        shapes = _shapes(sources, column)
+        if any(len(shape) > 1 for _, shape in shapes):  # kept as stored: only 1-D columns are padded
+            if column in given or len({shape for _, shape in shapes}) > 1:
+                have = "; ".join(f"{url} has {list(shape)}" for url, shape in shapes)
+                raise ValueError(
+                    f"column {column!r} is multi-dimensional ({have}): it is returned with its own shape, and "
+                    "only 1-D columns are padded to a common width (pad_dims); give every dataset the same shape"
+                )
+            continue
         per = [(s.shown, column_widths(s.manifest, column)) for s in sources]
         widest = max((max(w) for _, w in per if w), default=0)
         if column in given:
@@ -296,6 +373,7 @@ def mix_layout(
     if len(maps) != len(sources):
         raise ValueError(f"camera_map has {len(maps)} entries for {len(sources)} datasets")
     _check_fps(sources, spec.fps)
+    check_columns(sources, spec)
     offsets, names, lacking = _cameras(sources, spec, [m or {} for m in maps])
     depth, shapes = _kinds_and_shapes(sources, names, post)
     pads = []

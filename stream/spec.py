@@ -57,6 +57,11 @@ def offsets_from_seconds(deltas: list[float], fps: float, tolerance: float = 1e-
     return tuple(out)
 
 
+RESERVED_KEYS = frozenset(
+    {"task", "episode_index", "frame_index", "timestamp", "dataset", "substitute", "__telemetry__", "__cost__"}
+)
+
+
 @dataclass(frozen=True)
 class WindowSpec:
     """A training window, relative to an anchor row.
@@ -70,7 +75,12 @@ class WindowSpec:
         action_offsets: rows of ``action`` returned, any offsets (e.g. ``(-1, 0, 1, ..., 14)``);
             when given, ``action_horizon`` becomes their count.
         column_offsets: other numeric table columns returned as windows: column -> row offsets,
-            each ``float32 [T, D]`` with ``<column>_is_pad`` (``extra_columns`` give the anchor row only).
+            each ``float32 [T, *shape]`` with ``<column>_is_pad`` (``shape``: the column's per-row
+            shape as the dataset stores it, a scalar column as ``[1]``; see ``WindowDataset``).
+        extra_columns: table columns returned for the anchor row only: a numeric column as
+            ``float32 [*shape]``, a text column as ``str`` (a list of strings per batch; a null as
+            ``""``). A column is returned under its own name, so it may not also be a window
+            (state, action, ``column_offsets``) nor a key every sample has (``RESERVED_KEYS``).
         state_key / action_key: table columns (``None`` to leave one out).
         boundary: ``"inside"``: only anchors whose every offset lies inside the episode (short
             episodes give zero windows and are counted); ``"pad"``: every anchor, out-of-range
@@ -130,10 +140,45 @@ class WindowSpec:
             raise ValueError(
                 f"column_offsets names {sorted(taken & set(self.column_offsets))}: use state/action offsets"
             )
+        self._check_keys()
         if self.boundary not in ("inside", "pad"):
             raise ValueError(f"boundary must be 'inside' or 'pad', not {self.boundary!r}")
         if self.stride < 1 or self.action_horizon < 0:
             raise ValueError("stride must be >= 1 and action_horizon >= 0")
+
+    def _check_keys(self) -> None:
+        """Refuse a spec whose returned columns would share a sample key (one would silently replace another).
+
+        Raises:
+            TypeError: ``extra_columns`` is a string, or names something other than strings.
+            ValueError: a column is in ``extra_columns`` twice, in both ``extra_columns`` and
+                ``column_offsets``, is the state or action key, a camera, or a key every sample has.
+        """
+        if isinstance(self.extra_columns, str) or not all(isinstance(c, str) for c in self.extra_columns):
+            raise TypeError(f"extra_columns must be a tuple of column names, not {self.extra_columns!r}")
+        object.__setattr__(self, "extra_columns", tuple(self.extra_columns))
+        twice = sorted({c for c in self.extra_columns if self.extra_columns.count(c) > 1})
+        if twice:
+            raise ValueError(f"extra_columns names {twice} more than once")
+        action = self.action_key if self.action_horizon else None
+        windows = {k for k in (self.state_key, action) if k is not None} | set(self.column_offsets)
+        both = sorted(windows & set(self.extra_columns))
+        if both:
+            raise ValueError(
+                f"extra_columns names {both}, which the spec already returns as windows (state, action or "
+                "column_offsets) under the same key: the anchor row would replace the window. Take the anchor's "
+                "value from the window (offset 0), or leave it out of extra_columns"
+            )
+        returned = [*self.extra_columns, *self.column_offsets]
+        cameras = sorted(set(self.cameras or {}) & set(returned))
+        if cameras:
+            raise ValueError(f"extra_columns / column_offsets name cameras {cameras}")
+        reserved = sorted(set(returned) & RESERVED_KEYS)
+        if reserved:
+            raise ValueError(
+                f"extra_columns / column_offsets name {reserved}, keys every sample has already "
+                f"({', '.join(sorted(RESERVED_KEYS))}): those are returned for the anchor row anyway"
+            )
 
     @property
     def sampling(self) -> PerEpisode:

@@ -47,11 +47,12 @@ def bounded(value: object, name: str, lo: int, hi: int | None, at: str = "", why
     """``value`` (the field ``name``) as an int in ``lo .. hi``; see ``integer``."""
     if not _int(value):
         raise StateTypeError(f"{_where(at, name)} is {value!r} ({type(value).__name__}); must be an int")
-    value = int(value)  # type: ignore[call-overload]
-    if value < lo or (hi is not None and value > hi):
+    assert isinstance(value, numbers.Integral)
+    number = int(value)
+    if number < lo or (hi is not None and number > hi):
         span = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise StateError(f"{_where(at, name)} is {value}; must be {span}" + (f" ({why})" if why else ""))
-    return value
+        raise StateError(f"{_where(at, name)} is {number}; must be {span}" + (f" ({why})" if why else ""))
+    return number
 
 
 def counts(state: Mapping, name: str, length: int, at: str = "", why: str = "") -> list[int]:

@@ -71,8 +71,10 @@ class PostProcess:
             UserCodeError: the hook returned no tensor, another dtype than uint8, or another number
                 of frames or channels (``[N, C, h, w]`` of the frames given).
         """
-        what = f"PostProcess.hook {describe(self.hook)}"
-        out = call_user(what, self.hook, frames)
+        hook = self.hook
+        assert hook is not None
+        what = f"PostProcess.hook {describe(hook)}"
+        out = call_user(what, hook, frames)
         shaped = isinstance(out, torch.Tensor) and out.dim() == 4 and out.shape[:2] == frames.shape[:2]
         if not shaped or out.dtype != torch.uint8:
             got = f"{out.dtype} {list(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__

@@ -31,10 +31,16 @@ def mark(exc: BaseException, what: str) -> BaseException:
     if getattr(exc, _MARK, None) is None:
         with contextlib.suppress(AttributeError):  # a type with __slots__: the note still names the hook
             setattr(exc, _MARK, what)
-        exc.add_note(
+        note = (
             f"epishard: raised by {what} (your code, not a data fault: FetchPolicy(on_shard_error=...) "
             "does not apply to it)"
         )
+        add = getattr(exc, "add_note", None)  # Python >= 3.11; tracebacks print the notes
+        if add is not None:
+            add(note)
+        else:
+            with contextlib.suppress(AttributeError):
+                exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
     return exc
 
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from faultgen import SPEC, copy, flip_byte, video_member
-from videogen import decode_frame_number
+from videogen import decode_frame_number, make_episode_table, make_video
 
-from epishard.stream import PostProcess, WindowDataset, WindowLoader
+from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
 from epishard.stream.fetch import FetchPolicy
 from epishard.stream.statecheck import StateError, StateTypeError
 from epishard.stream.usercode import UserCodeError
@@ -321,3 +323,168 @@ def test_the_balanced_dataset_checks_its_balance_field(intact, saved):
         ds.load_state_dict({**saved, "balance": "local"})
     with pytest.raises(StateTypeError, match=r"the state is int"):
         ds.load_state_dict(5)
+
+
+# --- 3. columns ---------------------------------------------------------------------------------
+
+ROWS3 = 12
+CAM3 = "observation.images.front"
+
+
+def _columns_table(e: int, reward_as_list: bool) -> pa.Table:
+    """``make_episode_table`` plus: ``next.reward`` (row + 1000 e; a scalar, or a list of 1), ``reward1``
+    (list of 1: row + 0.5), ``grid`` ([2, 3]: 6 row + k), ``note`` (text ``e{e}r{row}``, row 5 null) and
+    ``blob`` (binary)."""
+    table = make_episode_table(ROWS3)
+    rows = np.arange(ROWS3, dtype=np.float32)
+    reward = pa.array(rows + 1000 * e)
+    if reward_as_list:
+        reward = pa.FixedSizeListArray.from_arrays(reward, 1)
+    table = table.append_column("next.reward", reward)
+    table = table.append_column("reward1", pa.FixedSizeListArray.from_arrays(pa.array(rows + 0.5), 1))
+    grid = pa.array((np.repeat(6 * rows, 6) + np.tile(np.arange(6), ROWS3)).astype(np.float32))
+    grid = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(grid, 3), 2)
+    table = table.append_column("grid", grid)
+    table = table.append_column("note", pa.array([None if r == 5 else f"e{e}r{r}" for r in range(ROWS3)]))
+    return table.append_column("blob", pa.array([bytes([r]) for r in range(ROWS3)], pa.binary()))
+
+
+def _columns_dataset(out: str, reward_as_list: bool) -> str:
+    episodes = [
+        Episode(
+            source="c",
+            episode_index=e,
+            table=_columns_table(e, reward_as_list),
+            fps=20,
+            tasks=("t",),
+            videos={CAM3: CameraVideo(make_video(None, ROWS3, gop=4, start_number=100 * e, height=32, width=32))},
+        )
+        for e in range(3)
+    ]
+    features = {"next.reward": {"dtype": "float32", "shape": [1], "names": None}}  # LeRobot declares scalars so
+    convert(
+        [Source(name="c", fps=20, episodes=episodes, features=features)],
+        out,
+        ConvertOptions(max_episodes_per_shard=2, progress=False),
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def columns_ds(tmp_path_factory) -> str:
+    """3 episodes of 12 rows; ``next.reward`` stored as a scalar."""
+    return _columns_dataset(str(tmp_path_factory.mktemp("columns")), reward_as_list=False)
+
+
+@pytest.fixture(scope="module")
+def columns_ds_list(tmp_path_factory) -> str:
+    """The same, ``next.reward`` stored as a list of 1."""
+    return _columns_dataset(str(tmp_path_factory.mktemp("columns_list")), reward_as_list=True)
+
+
+def _cam_spec(**kw) -> WindowSpec:
+    return WindowSpec(cameras={CAM3: (0,)}, boundary="pad", **kw)
+
+
+def _all(loader) -> list[dict]:
+    return list(loader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_text_extra_column_comes_back_as_strings(columns_ds, workers):
+    """Old code: construction passed, then every episode was 'damaged' (not numeric) and the epoch failed."""
+    ds = WindowDataset(columns_ds, _cam_spec(extra_columns=("note", "reward1")), seed=1, shuffle_episodes=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = _all(WindowLoader(ds, batch_size=4, num_workers=workers))
+    assert not _caught_skips(caught)
+    seen = 0
+    for b in batches:
+        assert isinstance(b["note"], list) and b["reward1"].shape == (len(b["note"]), 1)
+        keys = _batch_keys(b)
+        for (e, f), note, r1 in zip(keys, b["note"], b["reward1"], strict=True):
+            assert note == ("" if f == 5 else f"e{e}r{f}")  # a null is the empty string
+            assert r1.tolist() == [f + 0.5]
+            seen += 1
+    assert seen == 3 * ROWS3
+
+
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(column_offsets={"note": (0, 1)}), r"column 'note' \(column_offsets\) holds string values"),
+        (dict(state_key="note"), r"column 'note' \(state_key\) holds string values"),
+        (dict(extra_columns=("blob",)), r"column 'blob' \(extra_columns\) holds binary values"),
+    ],
+    ids=["text-window", "text-state", "binary-extra"],
+)
+def test_a_column_that_cannot_be_returned_is_refused_at_construction(columns_ds, kw, message):
+    """Old code: construction passed; every episode then failed to read ('damaged'), the epoch raised FetchError."""
+    with pytest.raises(ValueError, match=f"{columns_ds}: {message}"):
+        WindowDataset(columns_ds, _cam_spec(**kw))
+
+
+def test_a_missing_column_is_refused_at_construction_naming_it(columns_ds):
+    with pytest.raises(KeyError, match=r"extra_columns asks for column 'next\.rewrd', which the dataset does not have"):
+        WindowDataset(columns_ds, _cam_spec(extra_columns=("next.rewrd",)))
+    with pytest.raises(KeyError, match=r"action_key asks for column 'actions'.*action_key=None"):
+        WindowDataset(columns_ds, _cam_spec(action_key="actions"))
+
+
+def test_a_column_as_a_window_and_an_extra_column_is_refused():
+    """Old code: the anchor row replaced the window: ``next.reward`` came back ``[1]`` next to a ``[3]`` pad mask."""
+    with pytest.raises(ValueError, match=r"extra_columns names \['next\.reward'\], which the spec already returns"):
+        _cam_spec(extra_columns=("next.reward",), column_offsets={"next.reward": (-1, 0, 1)})
+    with pytest.raises(ValueError, match=r"extra_columns names \['action'\]"):
+        _cam_spec(extra_columns=("action",), action_horizon=4)
+    with pytest.raises(ValueError, match=r"name \['frame_index'\], keys every sample has already"):
+        _cam_spec(column_offsets={"frame_index": (0, 1)})
+
+
+DELTAS = {"next.reward": [-0.1, 0.0, 0.05], "grid": [0.0, 0.05], "action": [0.0, 0.05], CAM3: [0.0]}
+
+
+def _check_shape_one(samples: list[dict], stacked: bool) -> int:
+    """Every window of ``next.reward`` is float32 ``[3, 1]`` (``[B, 3, 1]`` batched) with the rows' exact
+    values, edge rows clamped and flagged; ``reward1`` ``[1]``; ``grid`` ``[2, 2, 3]``."""
+    n = 0
+    for s in samples:
+        keys = _batch_keys(s) if stacked else None
+        if not stacked:
+            s = {k: (v[None] if isinstance(v, torch.Tensor) else [v]) for k, v in s.items()}
+            keys = [(int(s["episode_index"][0]), int(s["frame_index"][0]))]
+        b = len(keys)
+        assert s["next.reward"].shape == (b, 3, 1) and s["next.reward"].dtype == torch.float32
+        assert s["reward1"].shape == (b, 1) and s["grid"].shape == (b, 2, 2, 3)
+        for i, (e, f) in enumerate(keys):
+            rows = np.array([f - 2, f, f + 1])
+            assert s["next.reward"][i, :, 0].tolist() == (np.clip(rows, 0, ROWS3 - 1) + 1000 * e).tolist()
+            assert s["next.reward_is_pad"][i].tolist() == ((rows < 0) | (rows >= ROWS3)).tolist()
+            assert s["reward1"][i].tolist() == [f + 0.5]
+            g = min(f + 1, ROWS3 - 1)
+            assert s["grid"][i, 1].tolist() == [[6 * g, 6 * g + 1, 6 * g + 2], [6 * g + 3, 6 * g + 4, 6 * g + 5]]
+            n += 1
+    return n
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shape_1_feature_keeps_its_shape_everywhere(columns_ds, workers):
+    """``next.reward`` declared ``[1]``, stored as a scalar; ``grid`` ``[2, 3]`` (old code: ``[6]``, ``[T, 6]``)."""
+    spec = WindowSpec.from_delta_timestamps(DELTAS, fps=20, boundary="pad", extra_columns=("reward1",))
+    ds = WindowDataset(columns_ds, spec, seed=1)
+    assert _check_shape_one(list(ds), stacked=False) == 3 * ROWS3  # the sample dicts, padded edges included
+    batches = list(WindowLoader(ds, batch_size=5, num_workers=workers))
+    assert sum(_check_shape_one([b], stacked=True) for b in batches) == 3 * ROWS3
+
+
+@pytest.mark.parametrize("pad_dims", [None, True], ids=["natural", "pad_dims"])
+def test_a_mix_of_a_scalar_and_a_list_of_one_batches_with_one_shape(columns_ds, columns_ds_list, pad_dims):
+    spec = WindowSpec.from_delta_timestamps(DELTAS, fps=20, boundary="pad", extra_columns=("reward1",))
+    ds = WindowDataset([columns_ds, columns_ds_list], spec, seed=1, pad_dims=pad_dims)
+    batches = list(WindowLoader(ds, batch_size=6, num_workers=0))
+    assert sum(_check_shape_one([b], stacked=True) for b in batches) == 2 * 3 * ROWS3
+    if pad_dims:
+        assert all(b["next.reward_dim_is_pad"].shape == (len(b["task"]), 1) for b in batches)
+        assert "grid_dim_is_pad" not in batches[0]  # a [2, 3] column keeps its shape, never padded
+    with pytest.raises(ValueError, match=r"column 'grid' is multi-dimensional"):
+        WindowDataset([columns_ds, columns_ds_list], spec, pad_dims={"grid": 8})
