@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import shutil
@@ -21,11 +22,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from lerobotgen import write_v2, write_v3
+from videogen import decode_frame_number, make_video
 
 from epishard.cli import main as cli
 from epishard.shardwriter import ConvertOptions, SourceError, convert, lerobot, read_lerobot, verify, video
@@ -141,6 +144,32 @@ def test_cutting_one_episode_does_not_walk_the_whole_file(many_per_file):
         # The cut starts at the keyframe before `first` (gop 8) and shows every wanted frame.
         assert shown.tolist() == list(range(first - first % 8, first - first % 8 + shown.size))
         assert set(range(first, first + 3)) <= set(shown.tolist())
+
+
+def _shown(data: bytes, shown: np.ndarray) -> list[int]:
+    """The number each displayed frame of a cut shows (``videogen``), in display order."""
+    with av.open(io.BytesIO(data)) as container:
+        frames = sorted(container.decode(video=0), key=lambda f: f.pts)
+    return [decode_frame_number(f.to_ndarray(format="rgb24")) for f in frames][: shown.size]
+
+
+def test_cuts_of_one_file_open_it_once_and_a_rewritten_file_again(many_per_file, tmp_path, monkeypatch):
+    path = str(tmp_path / "file-000.mp4")
+    shutil.copy(f"{many_per_file}/videos/{CAM}/chunk-000/file-000.mp4", path)
+    info = video.scan(path)
+    opened: list = []
+    open_ = video._open
+    monkeypatch.setattr(video, "_open", lambda source: opened.append(source) or open_(source))
+    for first in (30, 90, 300):  # episodes 10, 30, 100: none starts at the file's first keyframe
+        data, _, shown = video.cut(path, info, first, first + 3, "off")
+        assert _shown(data, shown) == shown.tolist()  # frame i of the file shows i
+    assert opened.count(path) == 1  # was opened (its whole index parsed) once per episode
+    os.remove(path)  # rewritten in place: another file under the same name, opened anew
+    make_video(path, 400, fps=20, height=32, width=32, gop=8, start_number=5000)
+    info = video.scan(path)
+    opened.clear()
+    data, _, shown = video.cut(path, info, 90, 93, "off")
+    assert _shown(data, shown) == [5000 + f for f in shown.tolist()] and opened.count(path) == 1
 
 
 def test_frames_of_pts_matches_a_lookup_table():
