@@ -299,9 +299,10 @@ def restamp(source: VideoSource, fps: float | None = None) -> bytes:
     PyAV says which packet each displayed frame comes from (FFmpeg's ``copy_opaque``). The ``k``-th
     displayed frame gets the ``k``-th smallest timestamp of the stream's timeline: its packets' pts
     (else dts) as FFmpeg's demuxer gives them; in AVI, which stores only the decode timeline, their
-    dts; in a raw stream without any timestamps, ``k`` periods of ``fps`` (frames per second). For a
-    container without presentation timestamps or with decode-order ones (a muxer fed packets
-    without pts), these are the times a player shows. A packet's dts is the ``q``-th smallest
+    dts; ``k`` periods of ``fps`` (frames per second) where they do not give every packet a time of
+    its own (a raw stream has none; concatenated MPEG-TS recordings restart them). For a container
+    without presentation timestamps or with decode-order ones (a muxer fed packets without pts),
+    these are the times a player shows. A packet's dts is the ``q``-th smallest
     timestamp for the ``q``-th packet, less the shift that puts no dts after its pts. The copy
     stores a pts on every packet, so its frame table is read from it like any MP4's, and every
     FFmpeg version decodes it to the same numbered frames: frame ``k`` of the copy is the ``k``-th
@@ -309,8 +310,8 @@ def restamp(source: VideoSource, fps: float | None = None) -> bytes:
 
     Raises:
         ConversionError(kind="unreadable_video"): the file does not demux or decode, a packet has
-            neither pts nor dts (and no ``fps`` times a raw stream), two packets have one timestamp,
-            or packets and displayed frames are not one to one (a packet that shows no frame, or
+            neither pts nor dts or two packets have one timestamp (and no ``fps`` is given), or
+            packets and displayed frames are not one to one (a packet that shows no frame, or
             several: no timestamps can say that).
     """
     packets: list = []
@@ -330,7 +331,8 @@ def restamp(source: VideoSource, fps: float | None = None) -> bytes:
                 times = [p.dts for p in packets]
             else:
                 times = [p.pts if p.pts is not None else p.dts for p in packets]
-            if int(src.format.flags) & _NO_TIMESTAMPS_FLAG and fps:
+            untimed = int(src.format.flags) & _NO_TIMESTAMPS_FLAG or None in times or len(set(times)) < len(times)
+            if untimed and fps:
                 times, time_base = list(range(len(packets))), 1 / Fraction(fps).limit_denominator(1001000)
             if any(t is None for t in times):
                 q = times.index(None)

@@ -138,6 +138,24 @@ def test_mpegts_with_bframes_reads_every_episode_and_gets_a_packet_table(tmp_pat
     _assert_rows_show(tmp_path, {0: list(range(100, 118)), 1: list(range(200, 218))})
 
 
+@pytest.mark.parametrize("bframes", [True, False], ids=["bframes", "no-bframes"])
+def test_concatenated_mpegts_recordings_are_numbered_in_display_order(tmp_path, bframes):
+    """Two recordings appended byte for byte (a recorder's segments): their timestamps restart.
+    Before, the episode was refused ("decoded frame 12 has pts 9000 after pts 58500"); now its
+    frames keep the decoder's order, timed at the episode's fps."""
+    parts = [
+        make_video(None, 12, fps=FPS, gop=6, bframes=bframes, container="ts", start_number=s, **SMALL)
+        for s in (100, 112)
+    ]
+    manifest = _convert(tmp_path, [(parts[0] + parts[1], range(24))])
+    assert manifest.totals.episodes == 1 and manifest.report.warnings_by_kind == {}
+    index = WindowIndex.load_dataset(str(tmp_path))
+    pts, _, _ = index.frame_tables(0)
+    assert (pts * float(index.time_base(0))).tolist() == pytest.approx([k / FPS for k in range(24)])
+    assert verify(str(tmp_path))["ok"]
+    _assert_rows_show(tmp_path, {0: list(range(100, 124))})
+
+
 @pytest.mark.parametrize("container", ["flv", "mp4"])
 def test_decode_order_timestamps_are_retimed_in_display_order(tmp_path, container):
     """pts = dts in a container that is trusted to store pts: before, the fast check passed (it
