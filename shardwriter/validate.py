@@ -277,6 +277,11 @@ def _path_byte(block: np.ndarray) -> np.ndarray:
     return (block == ord("/")) | (block == ord("\\")) | (block == 0)
 
 
+def _control_byte(block: np.ndarray) -> np.ndarray:
+    """An ASCII control character (below 0x20, or DEL): never in a key, member or camera name the writer makes."""
+    return (block < 0x20) | (block == 0x7F)
+
+
 def _not_lower_hex(block: np.ndarray) -> np.ndarray:
     """Not ``0-9`` or ``a-f`` (uint8 arithmetic wraps, so one comparison tests each range)."""
     return ((block - np.uint8(ord("0"))) > 9) & ((block - np.uint8(ord("a"))) > 5)
@@ -359,8 +364,9 @@ def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
         "members.offset/size",
         "run into the next member of the shard (members follow one another in the tar)",
     )
+    w.episode(_holds(index.keys, _control_byte), "key", "holds a control character")
     names = index.member_names
-    bad_name = _holds(names, _path_byte) | _short_in(names, ("", ".", ".."))
+    bad_name = _holds(names, _path_byte) | _holds(names, _control_byte) | _short_in(names, ("", ".", ".."))
     w.episode(_item_to_group(bad_name, index.episode_members, n), "members.name", "is not a plain file name")
     sha = index.member_sha256
     bad_sha = (_lengths(sha) != 64) | _holds(sha, _not_lower_hex)
@@ -393,6 +399,7 @@ def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
 def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) -> None:
     """Known names and kinds, per-camera episode counts, sizes, frame tables within the video."""
     n = index.num_episodes
+    w.stream(_holds(index.cam_names, _control_byte), "name", "holds a control character")
     known = pc.is_in(index.cam_names, value_set=pa.array(sorted(camera_episodes), pa.string()))
     w.stream(~known.to_numpy(zero_copy_only=False), "name", "is not a camera of the manifest")
     found = {c["values"]: c["counts"] for c in (pc.value_counts(index.cam_names).to_pylist() if n else [])}

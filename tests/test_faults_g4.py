@@ -450,18 +450,27 @@ def test_inspect_and_verify_print_no_raw_escapes(intact, tmp_path, capsys):
     assert "\x1b" not in out and f"missing file {root}/shard{SHOWN}.tar" in out
 
 
-def test_index_errors_escape_the_names_they_quote(intact, tmp_path):
+def test_control_characters_in_index_names_are_refused_and_shown_escaped(intact, tmp_path):
     root = copy(intact, str(tmp_path / "ds"))
 
     def edit(rows):
         rows[2]["key"] = "g-e000002" + ESCAPES
-        rows[2]["cameras"][0]["width"] = 0
 
     rewrite_index(root, edit)
     with pytest.raises(FormatError) as err:
         WindowDataset(root, SPEC)
-    assert f"row 2 (episode g-e000002{SHOWN}), camera {CAMERA}: width/height are not in [1, 65536]" in str(err.value)
-    assert "\x1b" not in str(err.value)
+    assert str(err.value) == f"{root}/index.arrow: row 2 (episode g-e000002{SHOWN}): key holds a control character"
+    root = copy(intact, str(tmp_path / "ds2"))
+
+    def camera(rows):
+        rows[2]["cameras"][0]["name"] = CAMERA + "\x1b[2J"
+
+    rewrite_index(root, camera)
+    with pytest.raises(FormatError) as err:
+        WindowDataset(root, SPEC)
+    assert str(err.value) == (
+        f"{root}/index.arrow: row 2 (episode g-e000002), camera {CAMERA}\\x1b[2J: name holds a control character"
+    )
 
 
 def test_the_child_limit_is_in_force():
