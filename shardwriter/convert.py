@@ -34,6 +34,7 @@ import pyarrow as pa
 from epishard.redact import redact, redact_optional, scrubbed
 
 from . import format as fmt
+from . import untrusted
 from .episode import Episode, Source, TableSlice, file_size
 from .errors import ConversionError, OutputFolderError, SourceError, check_choice
 from .index import WindowIndex, dataset_index_bytes, encode_index, read_shard_meta, read_table_bytes
@@ -341,7 +342,7 @@ def _claim_output(storage: Storage, prefix: str) -> None:
         storage.write(fmt.CONVERT_MARKER, json.dumps({"writer": "epishard convert", "prefix": prefix}).encode())
         return
     try:
-        marker = json.loads(storage.read(fmt.CONVERT_MARKER)) if fmt.CONVERT_MARKER in names else None
+        marker = _read_json(storage, fmt.CONVERT_MARKER) if fmt.CONVERT_MARKER in names else None
     except ValueError:
         marker = None
     if not isinstance(marker, dict):
@@ -380,7 +381,7 @@ def _refuse_other_finished(storage: Storage, dataset_digest: str) -> None:
     if not storage.exists(fmt.MANIFEST_NAME):
         return
     try:  # only the digest is compared, not trusted: a damaged manifest of this very plan is still ours to redo
-        recorded = json.loads(storage.read(fmt.MANIFEST_NAME)).get("plan_digest")
+        recorded = _read_json(storage, fmt.MANIFEST_NAME).get("plan_digest")
     except (ValueError, AttributeError):
         recorded = None
     if recorded != dataset_digest:
@@ -388,6 +389,12 @@ def _refuse_other_finished(storage: Storage, dataset_digest: str) -> None:
             f"{storage.url}: holds a finished conversion of other sources or options; "
             "nothing was changed: convert into a new folder, or pass --overwrite to replace it"
         )
+
+
+def _read_json(storage: Storage, name: str):
+    """JSON file ``name`` of the output folder, within ``untrusted``'s size and depth bounds (else ValueError)."""
+    untrusted.check_size(storage.size(name), storage.path(name))
+    return untrusted.loads(storage.read(name), storage.path(name))
 
 
 def _some(names: list[str]) -> str:

@@ -481,3 +481,20 @@ def test_the_child_limit_is_in_force():
         "try:\n    bytearray(4 << 30)\nexcept MemoryError:\n    sys.exit(7)\n"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 7
+
+
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ("manifest.json", "holds a finished conversion of other sources or options; nothing was changed"),
+        (".epishard-convert.json", "not empty and not made by epishard convert"),
+    ],
+)
+def test_a_deep_json_in_the_output_folder_is_refused_not_a_crash(source, tmp_path, capsys, name, said):
+    out = str(tmp_path / "out")
+    assert main(["convert", source, out, "--quiet"]) == 0
+    Path(out, name).write_text("[" * DEEP + "]" * DEEP)
+    capsys.readouterr()
+    assert main(["convert", source, out, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"epishard convert: error: {out}: ") and said in err[-1], err
