@@ -16,7 +16,9 @@ Only what is shown is redacted: the URLs and options that open files keep their 
 Exceptions leaving the public entry points (``scrubbed``: ``convert``, ``read_lerobot``,
 ``verify``, ``describe``, ``DatasetSource``, iterating a ``WindowDataset`` or ``WindowLoader``,
 ``preview``) are redacted in place with their whole chain (``scrub``), so a traceback a program
-prints or logs (a DataLoader worker's included) shows no secret either.
+prints or logs (a DataLoader worker's included) shows no secret either. The log records of the
+storage clients (``CLIENT_LOGGERS``: fsspec's HTTP client logs every URL it requests at DEBUG)
+are redacted too (``guard_client_logs``).
 Imports only the standard library, so the command line uses it before loading the writer.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import re
 import threading
 import urllib.parse
@@ -204,3 +207,31 @@ def scrubbed(func: F) -> F:
             raise
 
     return cast(F, call)
+
+
+# Loggers of the storage clients that put request URLs into their records (a logger's filter sees
+# only the records of that logger itself, so each is named).
+CLIENT_LOGGERS = ("fsspec", "fsspec.http", "fsspec.caching", "fsspec.cached", "s3fs", "gcsfs", "adlfs")
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that rewrites a record's message with ``redact`` (it drops no record)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Redact ``record``'s message in place; True: the record is always kept."""
+        text = record.getMessage()
+        clean = redact(text)
+        if clean != text:
+            record.msg, record.args = clean, ()
+        return True
+
+
+_FILTER = RedactingFilter()
+
+
+def guard_client_logs() -> None:
+    """Add ``RedactingFilter`` to each of ``CLIENT_LOGGERS`` (once), so their records name no credentials."""
+    for name in CLIENT_LOGGERS:
+        client = logging.getLogger(name)
+        if _FILTER not in client.filters:
+            client.addFilter(_FILTER)

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import fsspec
 import fsspec.config
 
-from epishard.redact import redact, remember
+from epishard.redact import guard_client_logs, redact, remember
+from epishard.redact import remember
 from epishard.storage_options import parse_storage_options  # noqa: F401  (re-exported for the APIs and tools)
 
 from . import format as fmt
@@ -94,13 +95,15 @@ def resolve_storage_options(url: str, storage_options: dict | None = None) -> di
     the module docstring) and apply when no option sets the same thing.
 
     The secrets of ``url`` and of the options are remembered for ``epishard.redact.redact``, so
-    that nothing this process writes or prints shows them.
+    that nothing this process writes or prints shows them; the storage clients' log records are
+    redacted from then on (``epishard.redact.guard_client_logs``).
     """
     conf: dict = {}
     fsspec.config.set_conf_files(fsspec.config.conf_dir, conf)
     fsspec.config.set_conf_env(conf)
     options = {**conf.get(protocol_of(url) or "file", {}), **(storage_options or {})}
     remember(url, options)
+    guard_client_logs()
     return options
 
 
