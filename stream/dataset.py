@@ -103,7 +103,7 @@ from .plan import (
 from .select import Selection, select_episodes
 from .source import DatasetSource
 from .spec import WindowSpec
-from .statecheck import StateError, check_fields, states_of
+from .statecheck import StateError, bounded, check_fields, states_of
 from .telemetry import Telemetry
 from .transform import PostProcess
 from .usercode import from_user_code
@@ -901,6 +901,7 @@ class WindowDataset(IterableDataset):
                 the layout changed and not every rank's state was given.
         """
         here = _distributed(self._rank, self._world_size)
+        bounded(num_workers, "num_workers (argument)", 0, None, "", "the DataLoader's worker count")
         workers = max(num_workers, 1)
         states = [_upgrade(s) for s in self.checked_states(state)]
         first = states[0]

@@ -295,6 +295,8 @@ def test_window_dataset_load_state_dict_checks_the_same_fields(intact, saved):
         ds.load_state_dict({**saved, "consumed": [-5]})
     with pytest.raises(StateTypeError, match=r"field 'num_workers' is None"):
         ds.load_state_dict({**saved, "num_workers": None})
+    with pytest.raises(StateError, match=r"field 'num_workers \(argument\)' is -2; must be >= 0"):
+        ds.load_state_dict(saved, num_workers=-2)
 
 
 def test_the_ray_loader_checks_the_state_before_anything(intact, saved):
