@@ -46,20 +46,20 @@ SPECS = (
 )
 
 
-def _convert(out, videos: list, **opts):
+def _convert(out, videos: list, fps: int = FPS, **opts):
     """Convert one episode per video (bytes or a path: the whole file) with ``len(shown)`` rows."""
     episodes = [
         Episode(
             source="g2",
             episode_index=e,
-            table=make_episode_table(len(shown), fps=FPS),
+            table=make_episode_table(len(shown), fps=fps),
             videos={CAM: CameraVideo(video)},
-            fps=FPS,
+            fps=fps,
             tasks=("t",),
         )
         for e, (video, shown) in enumerate(videos)
     ]
-    return convert([Source(name="g2", episodes=episodes, fps=FPS)], str(out), ConvertOptions(progress=False, **opts))
+    return convert([Source(name="g2", episodes=episodes, fps=fps)], str(out), ConvertOptions(progress=False, **opts))
 
 
 def _assert_rows_show(out, shown: dict[int, list[int]]) -> None:
@@ -123,6 +123,32 @@ def test_mpeg4_part2_with_bframes_in_avi_is_frame_exact(tmp_path):
     problems = verify(str(tmp_path))["problems"]
     assert problems == []
     _assert_rows_show(tmp_path, {0: list(range(300, 321))})
+
+
+def _mpeg2(fmt: str, n: int, start: int) -> bytes:
+    """MPEG-2 video at 25 fps (a rate MPEG-2 codes), 2 B-frames, a keyframe every 8, in muxer ``fmt``."""
+    out = io.BytesIO()
+    with av.open(out, "w", format=fmt) as dst:
+        stream = dst.add_stream("mpeg2video", rate=25, options={"bf": "2", "g": "8", "threads": "1"})
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+        for i in range(n):
+            frame = av.VideoFrame.from_ndarray(encode_frame_number(start + i, 32, 32), format="rgb24")
+            frame.pts, frame.time_base = i, Fraction(1, 25)
+            dst.mux(stream.encode(frame.reformat(format="yuv420p")))
+        dst.mux(stream.encode(None))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["mpeg", "mpegts", "avi"], ids=["program-stream", "transport-stream", "avi"])
+def test_mpeg2_video_with_bframes_is_frame_exact(tmp_path, fmt):
+    """DVD-style MPEG-PS, broadcast MPEG-TS and AVI with MPEG-2 B-frames. Before: the default check
+    passed them and ``verify`` (or, for MPEG-TS, every read) failed: the reader's decoder did not
+    return the frames the table named."""
+    data = _mpeg2(fmt, 20, 400)
+    manifest = _convert(tmp_path, [(data, range(20))], fps=25)
+    assert manifest.totals.episodes == 1 and _transforms(tmp_path, manifest) == ["remux"]
+    assert verify(str(tmp_path))["ok"]
+    _assert_rows_show(tmp_path, {0: list(range(400, 420))})
 
 
 def test_mpegts_with_bframes_reads_every_episode_and_gets_a_packet_table(tmp_path):
