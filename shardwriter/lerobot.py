@@ -28,6 +28,7 @@ import math
 import os
 import re
 import string
+import urllib.parse
 
 import numpy as np
 import pyarrow as pa
@@ -406,6 +407,8 @@ def read_lerobot(
     if not tree.exists(info_path):
         http = protocol_of(root) in ("http", "https")
         listed = " (the server listed no files: are directory listings on?)" if http and not tree.sizes else ""
+        if http and any(c in root for c in "?# "):  # a folder name's characters, not URL syntax
+            listed += "; in a URL a folder name's '?', '#' and spaces are written %3F, %23 and %20"
         raise SourceError(f"{root}: no meta/info.json; is this a LeRobot dataset root?{listed}")
     info = untrusted.loads(tree.read_metadata(info_path), info_path, SourceError)  # bounded size and nesting
     _check_info(info, info_path)
@@ -413,6 +416,8 @@ def read_lerobot(
     version = str(info.get("codebase_version", ""))
     # The name goes into episode keys, the index and the manifest: never a URL's credentials.
     name = name or os.path.basename(redact(root).rstrip("/"))
+    if protocol_of(root) in ("http", "https"):  # the folder's name, not its URL spelling (%20, %5B)
+        name = urllib.parse.unquote(name)
     if version.startswith("v2"):
         return _read_v2(tree, name, info, cameras)
     if version.startswith("v3"):

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import av
@@ -28,11 +29,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from lerobotgen import write_v2, write_v3
+from remote_servers import serve_http
 from videogen import decode_frame_number, make_video
 
 from epishard.cli import main as cli
 from epishard.shardwriter import ConvertOptions, SourceError, convert, lerobot, read_lerobot, verify, video
 from epishard.shardwriter import format as fmt
+from epishard.stream import WindowDataset, WindowSpec
 
 REPO = Path(__file__).resolve().parents[1]
 CAM = "observation.images.front"
@@ -61,6 +64,7 @@ KILLED_AT_MARKER = """
 import os, signal, sys
 from epishard.cli import main
 from epishard.shardwriter import format as fmt
+from epishard.stream import WindowDataset, WindowSpec
 rename = os.replace
 def replace(src, dst):
     if os.path.basename(dst) == fmt.CONVERT_MARKER:
@@ -347,6 +351,32 @@ def test_s3_prefixes_named_with_any_character_convert_and_resume(s3_odd, odd_sou
     fs.invalidate_cache()
     assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(out[5:]) if p.endswith(".tar")) == ["shard-000000.tar"]
     assert verify(out, storage_options=options)["ok"]
+    samples = list(WindowDataset(out, WindowSpec(), seed=1, storage_options=options))
+    assert sorted(int(x["frame_index"]) for x in samples) == [0, 1, 2, 3, 4]  # episode 0's 5 rows
+
+
+@pytest.fixture(scope="module")
+def http_odd(odd_sources):
+    server, base = serve_http(str(Path(odd_sources["v2", ODD_ALL]).parents[1]))
+    yield base
+    server.shutdown()
+
+
+@pytest.mark.parametrize("version", ["v2", "v3"])
+def test_http_folders_named_with_any_character_convert(http_odd, odd_sources, tmp_path, version):
+    url = f"{http_odd}/{version}/{urllib.parse.quote(ODD_ALL)}"  # as a URL writes the name
+    remote = convert([url], str(tmp_path / "remote"), OPTS)
+    local = convert([odd_sources[version, ODD_ALL]], str(tmp_path / "local"), OPTS)
+    assert remote.plan_digest == local.plan_digest and remote.totals.rows == 11
+    got, want = _files(tmp_path / "remote"), _files(tmp_path / "local")
+    assert sorted(got) == sorted(want) and all(got[n] == want[n] for n in want if n != "manifest.json")
+
+
+def test_an_http_url_with_a_raw_question_mark_says_how_to_write_it(http_odd):
+    with pytest.raises(SourceError) as info:
+        read_lerobot(f"{http_odd}/v2/d?")
+    assert str(info.value).endswith("in a URL a folder name's '?', '#' and spaces are written %3F, %23 and %20")
+    assert len(read_lerobot(f"{http_odd}/v2/d%3F").episodes) == 2
 
 
 def test_s3_output_named_like_a_pattern_leaves_its_siblings_alone(s3_odd, v2_src):
