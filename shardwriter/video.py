@@ -345,6 +345,8 @@ def restamp(source: VideoSource, fps: float | None = None) -> bytes:
                     "cannot be told apart",
                     kind="unreadable_video",
                 )
+            if not packets:
+                raise ConversionError("the frame stream holds no packets", kind="unreadable_video")
             if sorted(o for o in order if o is not None) != list(range(len(packets))) or None in order:
                 raise ConversionError(
                     f"{len(packets)} packets decode to {len(order)} displayed frames, not one frame each: "
