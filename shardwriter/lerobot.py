@@ -35,8 +35,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from epishard.redact import redact
-
 from epishard.redact import redact, scrubbed
 
 from . import untrusted

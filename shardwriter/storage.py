@@ -36,7 +36,6 @@ import fsspec
 import fsspec.config
 
 from epishard.redact import guard_client_logs, redact, remember
-from epishard.redact import remember
 from epishard.storage_options import parse_storage_options  # noqa: F401  (re-exported for the APIs and tools)
 
 from . import format as fmt

@@ -26,7 +26,6 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from epishard.redact import redact
 from epishard.redact import redact, scrubbed
 from epishard.shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
 from epishard.shardwriter.index import WindowIndex
