@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 def _problem(shard: str, message: str, **where) -> dict:
-    return {"shard": shard, **where, "message": message}
+    return {"shard": shard, **where, "message": redact(message)}  # a client's error may quote a URL
 
 
 def _check_video(data: bytes, index: WindowIndex, stream: int, shard: str, key: str) -> list[dict]:
@@ -157,8 +157,8 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
     ``root``: local folder or fsspec URL; ``storage_options`` merged with the environment
     (``storage.resolve_storage_options``).
 
-    Each problem names the shard, and where it applies the episode key and camera. ``progress``: a
-    progress bar on stderr over the shards.
+    Each problem names the shard, and where it applies the episode key and camera (a URL in its
+    message: credentials redacted). ``progress``: a progress bar on stderr over the shards.
 
     Raises:
         FileNotFoundError: no such folder or bucket. PermissionError: access denied.
@@ -254,7 +254,7 @@ def _check_dataset_index(
         index = WindowIndex.read_dataset_index(pa.py_buffer(data), where, manifest.format_version)
         check_index(index, manifest.shards, manifest.camera_episodes(), where)
     except (FormatError, pa.ArrowException, NotARegularFile) as exc:
-        return [{"shard": None, "message": f"{name}: {exc}"}]
+        return [{"shard": None, "message": redact(f"{name}: {exc}")}]
     sound = [ix for ix in shard_indexes if ix is not None]
     if sound and len(sound) == len(shard_indexes) and not index.equals(WindowIndex.concat_shards(sound)):
         return [{"shard": None, "message": f"{name} differs from the per-shard indexes"}]

@@ -412,3 +412,19 @@ def test_tracebacks_of_api_errors_name_no_secret(base, server, tmp_path):
     texts.append("".join(traceback.format_exception(converted.value)))
     assert f"file={_masked(server)}/bad/videos/chunk-000/{CAMERA}/episode_000001.mp4" in texts[-1]
     _clean(*texts)
+
+
+def test_verify_reports_a_missing_shard_without_the_secret(base, server):
+    """``verify``'s result (returned, printed by ``--json``) names the shard a store could not serve
+    by its URL, the password masked."""
+    from faultgen import make_dataset
+
+    from epishard.shardwriter import verify
+
+    root = make_dataset(f"{base}/verified")
+    os.remove(f"{root}/shard-000002.tar")
+    result = verify(_with_canary(server) + "/verified", decode=False)
+    assert not result["ok"]
+    missing = [p for p in result["problems"] if p["shard"] == "shard-000002.tar"]
+    assert missing and f"{_masked(server)}/verified/shard-000002.tar" in missing[0]["message"], result["problems"]
+    _clean(json.dumps(result))
