@@ -29,6 +29,7 @@ from .images import GREY_IMAGE_SPEC, IMAGE_SPEC, column_images
 from .storage import RemoteFile
 from .video import (
     NO_PACKETS,
+    CodecNotCopied,
     FrameTimingError,
     ReencodeSpec,
     VideoProbe,
@@ -271,12 +272,21 @@ def _probe_cached(path: str | RemoteFile, size: int, mtime_ns: int, decode: bool
 
 
 def _prepare_camera(
-    video, local: np.ndarray, fps: float, opts: PrepareOptions, table: pa.Table, first_break: int, level: str
+    video,
+    local: np.ndarray,
+    fps: float,
+    opts: PrepareOptions,
+    table: pa.Table,
+    first_break: int,
+    level: str,
+    as_is: bool = False,
 ):
     """Return (stored bytes, probe of stored bytes, row_to_frame, transform, timestamp reports).
 
     ``first_break``: the row where the table's second recording segment starts (``num_rows`` if none).
     ``level``: the check level the stored video's frame table is made for (``video.frame_table``).
+    Raises ``_Untimed`` for a container that does not time its frames (``video.restamp_reason``),
+    unless ``as_is``.
     """
     source = video.source
     if video.segment is None and not isinstance(source, (bytes, bytearray)):
@@ -286,7 +296,7 @@ def _prepare_camera(
         info = _probe_shared(source, level == "full")  # a file cut below: the cut is what gets checked
     else:
         info = frame_table(source, level)
-    untimed = restamp_reason(info)
+    untimed = None if as_is else restamp_reason(info)
     if untimed is not None:
         raise _Untimed(untimed, kind="unreadable_video")
     base, seg_start = 0, 0.0
@@ -381,9 +391,14 @@ def _checked_camera(
     except (FrameTimingError, _Untimed) as exc:
         if video is None:
             raise
-        log.info("camera %s: %s; stored as an MP4 copy timed as its decoder shows it", cam, exc.detail)
-        video, remuxed = replace(video, source=_restamped(video.source, exc.detail, fps)), True
-        out = _checked_level(video, table, cam, local, fps, opts, first_break, level)
+        copy = _restamped(video.source, exc.detail, fps, keep=isinstance(exc, _Untimed))
+        if copy is None:  # no container takes its codec (AVI's HuffYUV, raw video): as it is, in full
+            log.info("camera %s: %s and no container takes its codec; checked in full", cam, exc.detail)
+            out = _checked_level(video, table, cam, local, fps, opts, first_break, "full", as_is=True)
+        else:
+            log.info("camera %s: %s; stored as an MP4 copy timed as its decoder shows it", cam, exc.detail)
+            video, remuxed = replace(video, source=copy), True
+            out = _checked_level(video, table, cam, local, fps, opts, first_break, level)
     data, stored, row_to_frame, transform, notes, reports, checked = out
     if remuxed and transform == "copy":
         transform = "remux"
@@ -394,15 +409,21 @@ class _Untimed(ConversionError):
     """``_prepare_camera``'s signal: the source's container does not time its frames (``video.restamp_reason``)."""
 
 
-def _restamped(source, reason: str, fps: float) -> bytes:
+def _restamped(source, reason: str, fps: float, keep: bool) -> bytes | None:
     """``video.restamp(source, fps)``; its error also says why the copy was needed (``reason``).
 
-    A file shared by segments (LeRobot v3.0) is copied once for all its episodes.
+    None where no container takes the stream's codec (``video.CodecNotCopied``) and ``keep``: the
+    source may be kept as it is (its container is the reason, not its decoded frames). A file
+    shared by segments (LeRobot v3.0) is copied once for all its episodes.
     """
     try:
         if isinstance(source, (str, RemoteFile)):
             return _restamped_cached(source, *_file_key(source), fps)
         return restamp(source, fps)
+    except CodecNotCopied as exc:
+        if keep:
+            return None
+        raise _fail(exc.kind, f"{reason}, and no copy timed as its decoder shows it can be made: {exc.detail}") from exc
     except ConversionError as exc:
         raise _fail(exc.kind, f"{reason}, and no copy timed as its decoder shows it can be made: {exc.detail}") from exc
 
@@ -424,14 +445,22 @@ def _restamped_cached(path: str | RemoteFile, size: int, mtime_ns: int, fps: flo
 
 
 def _checked_level(
-    video, table: pa.Table, cam: str, local: np.ndarray, fps: float, opts: PrepareOptions, first_break: int, level: str
+    video,
+    table: pa.Table,
+    cam: str,
+    local: np.ndarray,
+    fps: float,
+    opts: PrepareOptions,
+    first_break: int,
+    level: str,
+    as_is: bool = False,
 ):
     """One camera prepared and its frame table vouched for at check ``level``.
 
     Returns (stored bytes, probe, row_to_frame, transform, notes, reports, the level it was checked
     at). At ``fast``, a table the few decodes disagree with is rebuilt and checked as at ``full``
     (the container did not tell the displayed frames; the decode does), so the level may come back
-    ``full``.
+    ``full``. ``as_is``: as ``_prepare_camera``'s.
 
     Raises:
         ConversionError(kind="frame_mismatch"): the table disagrees with the reader's decoder.
@@ -441,7 +470,7 @@ def _checked_level(
         reports: list[dict] = []
     else:
         data, stored, row_to_frame, transform, reports = _prepare_camera(
-            video, local, fps, opts, table, first_break, level
+            video, local, fps, opts, table, first_break, level, as_is
         )
         notes = []
     if level != "off":
@@ -452,7 +481,7 @@ def _checked_level(
             )
         if problem is not None and level == "fast":
             log.info("camera %s: the fast frame check disagrees (%s); checking it in full", cam, problem)
-            return _checked_level(video, table, cam, local, fps, opts, first_break, "full")
+            return _checked_level(video, table, cam, local, fps, opts, first_break, "full", as_is)
         if problem is not None:
             raise _fail("frame_mismatch", f"the frame table disagrees with the decoder: {problem}")
     return data, stored, row_to_frame, transform, notes, reports, level

@@ -292,6 +292,11 @@ def restamp_reason(info: VideoProbe) -> str | None:
 _NO_TIMESTAMPS_FLAG = 0x0080
 
 
+# Containers ``restamp`` writes, first choice first: Matroska holds codecs MP4 does not (with
+# millisecond timestamps). Neither takes some of AVI's intra-only codecs (HuffYUV, raw video).
+RESTAMP_FORMATS = ("mp4", "matroska")
+
+
 def restamp(source: VideoSource, fps: float | None = None) -> bytes:
     """Stream-copy the frame stream (``frame_stream``) into an MP4 timed in the order the decoder shows it.
 
@@ -306,14 +311,36 @@ def restamp(source: VideoSource, fps: float | None = None) -> bytes:
     timestamp for the ``q``-th packet, less the shift that puts no dts after its pts. The copy
     stores a pts on every packet, so its frame table is read from it like any MP4's, and every
     FFmpeg version decodes it to the same numbered frames: frame ``k`` of the copy is the ``k``-th
-    frame the source displays. Only the frame stream is copied.
+    frame the source displays. Only the frame stream is copied. A codec the MP4 muxer does not take
+    goes into Matroska instead (``RESTAMP_FORMATS``).
 
     Raises:
         ConversionError(kind="unreadable_video"): the file does not demux or decode, a packet has
             neither pts nor dts or two packets have one timestamp (and no ``fps`` is given), or
             packets and displayed frames are not one to one (a packet that shows no frame, or
             several: no timestamps can say that).
+        CodecNotCopied (a ConversionError, kind "unreadable_video"): no container of
+            ``RESTAMP_FORMATS`` takes the stream's codec.
     """
+    refused = []
+    for fmt in RESTAMP_FORMATS:
+        try:
+            return _restamp(source, fps, fmt)
+        except _MuxRefused as exc:
+            refused.append(f"{fmt}: {exc}")
+    raise CodecNotCopied(f"no container takes the stream's codec ({'; '.join(refused)})", kind="unreadable_video")
+
+
+class CodecNotCopied(ConversionError):
+    """``restamp``: no container of ``RESTAMP_FORMATS`` takes the stream's codec."""
+
+
+class _MuxRefused(Exception):
+    """The muxer of ``restamp``'s output format refused the stream (its codec, most likely)."""
+
+
+def _restamp(source: VideoSource, fps: float | None, fmt: str) -> bytes:
+    """``restamp`` into the container ``fmt`` (an FFmpeg muxer name); ``_MuxRefused`` where its muxer refuses."""
     packets: list = []
     order: list = []  # the packet each displayed frame comes from, in display order
     try:
@@ -358,15 +385,18 @@ def restamp(source: VideoSource, fps: float | None = None) -> bytes:
                 pts[q] = times[k]
             shift = max(0, *(times[q] - pts[q] for q in range(len(packets))))
             out = io.BytesIO()
-            with av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
-                out_stream = dst.add_stream_from_template(stream, opaque=True)
-                out_stream.time_base = time_base
-                for q, packet in enumerate(packets):
-                    packet.pts, packet.dts = pts[q], times[q] - shift
-                    packet.time_base = time_base
-                    packet.stream = out_stream
-                    dst.mux(packet)
-    except ConversionError:
+            try:
+                with av.open(out, "w", format=fmt, options={"fflags": "+bitexact"}) as dst:
+                    out_stream = dst.add_stream_from_template(stream, opaque=True)
+                    out_stream.time_base = time_base
+                    for q, packet in enumerate(packets):
+                        packet.pts, packet.dts = pts[q], times[q] - shift
+                        packet.time_base = time_base
+                        packet.stream = out_stream
+                        dst.mux(packet)
+            except (av.error.FFmpegError, ValueError) as exc:
+                raise _MuxRefused(str(exc)) from exc
+    except (ConversionError, _MuxRefused):
         raise
     except (av.error.FFmpegError, OSError, ValueError) as exc:
         raise ConversionError(f"cannot demux, decode or copy the video: {exc}", kind="unreadable_video") from exc
@@ -997,7 +1027,9 @@ def packet_table(data: bytes, stream_index: int, pts: np.ndarray, rotation: int)
     or ``NO_PACKETS`` and the reason a table cannot be made: the container does not store each
     packet's bytes contiguously at its position (MPEG-TS, some Matroska), packets out of file order,
     a packet without pts, packets and displayed frames not one to one, a rotated stream (the reader
-    then decodes through torchcodec, which applies the rotation).
+    then decodes through torchcodec, which applies the rotation), a container that does not time its
+    packets (``restamp_reason``: one kept as it is because no container takes its codec; its table
+    was checked through torchcodec, which the reader then uses).
     """
     if rotation:
         return NO_PACKETS, "rotated stream"
@@ -1007,6 +1039,9 @@ def packet_table(data: bytes, stream_index: int, pts: np.ndarray, rotation: int)
     crcs: list[int] = []
     try:
         with av.open(io.BytesIO(data), "r") as container:
+            names = str(container.format.name)
+            if not TIMESTAMPED_FORMATS.intersection(names.split(",")):
+                return NO_PACKETS, f"its container ({names}) does not time its packets"
             stream = frame_stream(container, stream_index)
             extradata = bytes(stream.codec_context.extradata or b"")
             for packet in container.demux(stream):

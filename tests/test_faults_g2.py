@@ -237,6 +237,35 @@ def test_an_avi_is_re_encoded_from_the_frames_it_displays(tmp_path):
     _assert_rows_show(tmp_path, {0: list(range(900, 920))})
 
 
+def _intra_avi(codec: str, pix_fmt: str, n: int, start: int) -> bytes:
+    """An AVI of an intra-only codec (every frame a keyframe), frame i showing start + i."""
+    out = io.BytesIO()
+    with av.open(out, "w", format="avi") as dst:
+        stream = dst.add_stream(codec, rate=FPS)
+        stream.width, stream.height, stream.pix_fmt = 32, 32, pix_fmt
+        for i in range(n):
+            frame = av.VideoFrame.from_ndarray(encode_frame_number(start + i, 32, 32), format="rgb24")
+            frame.pts, frame.time_base = i, Fraction(1, FPS)
+            dst.mux(stream.encode(frame.reformat(format=pix_fmt)))
+        dst.mux(stream.encode(None))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("codec,pix_fmt", [("huffyuv", "yuv422p"), ("rawvideo", "bgr24")])
+def test_an_avi_codec_no_container_takes_is_kept_as_it_is_and_checked_in_full(tmp_path, codec, pix_fmt):
+    """Neither MP4 nor Matroska takes HuffYUV or raw video, so the AVI is stored as it is, its table
+    from a full decode and checked through the reader's decoder, read whole (no packet table).
+    Before, raw video got a packet table the packet path cannot decode: every read failed."""
+    data = _intra_avi(codec, pix_fmt, 12, 600)
+    with pytest.raises(video_module.CodecNotCopied, match="no container takes the stream's codec"):
+        video_module.restamp(data, FPS)
+    manifest = _convert(tmp_path, [(data, range(12))])
+    assert manifest.report.checks == {"full": 1} and _transforms(tmp_path, manifest) == ["copy"]
+    assert not WindowIndex.load_dataset(str(tmp_path)).has_packets(0)
+    assert verify(str(tmp_path))["ok"]
+    _assert_rows_show(tmp_path, {0: list(range(600, 612))})
+
+
 def _raw_h264(data: bytes) -> bytes:
     """The Annex B elementary stream of an MP4's H.264 track: no container, no timestamps."""
     out = io.BytesIO()
