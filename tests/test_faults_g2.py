@@ -237,8 +237,8 @@ def test_an_avi_is_re_encoded_from_the_frames_it_displays(tmp_path):
     _assert_rows_show(tmp_path, {0: list(range(900, 920))})
 
 
-def _intra_avi(codec: str, pix_fmt: str, n: int, start: int) -> bytes:
-    """An AVI of an intra-only codec (every frame a keyframe), frame i showing start + i."""
+def _avi_of(codec: str, pix_fmt: str, n: int, start: int) -> bytes:
+    """An AVI of FFmpeg encoder ``codec`` at its defaults, frame i showing start + i."""
     out = io.BytesIO()
     with av.open(out, "w", format="avi") as dst:
         stream = dst.add_stream(codec, rate=FPS)
@@ -251,12 +251,15 @@ def _intra_avi(codec: str, pix_fmt: str, n: int, start: int) -> bytes:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("codec,pix_fmt", [("huffyuv", "yuv422p"), ("rawvideo", "bgr24")])
+@pytest.mark.parametrize(
+    "codec,pix_fmt", [("huffyuv", "yuv422p"), ("rawvideo", "bgr24"), ("utvideo", "yuv420p"), ("h263p", "yuv420p")]
+)
 def test_an_avi_codec_no_container_takes_is_kept_as_it_is_and_checked_in_full(tmp_path, codec, pix_fmt):
-    """Neither MP4 nor Matroska takes HuffYUV or raw video, so the AVI is stored as it is, its table
+    """Neither MP4 nor Matroska takes these AVI codecs, so the AVI is stored as it is, its table
     from a full decode and checked through the reader's decoder, read whole (no packet table).
-    Before, raw video got a packet table the packet path cannot decode: every read failed."""
-    data = _intra_avi(codec, pix_fmt, 12, 600)
+    Before, raw video and Ut Video got a packet table the packet path cannot decode (every read
+    failed) and H.263+ one it decoded to other frames (row 2 showed frame 0)."""
+    data = _avi_of(codec, pix_fmt, 12, 600)
     with pytest.raises(video_module.CodecNotCopied, match="no container takes the stream's codec"):
         video_module.restamp(data, FPS)
     manifest = _convert(tmp_path, [(data, range(12))])
