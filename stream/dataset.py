@@ -1196,6 +1196,7 @@ class WindowLoader(DataLoader):
         self._start = resume if resume is not None and resume.epoch == self._epoch else Resume(self._epoch)
         self._batches = 0
         self._running = token = object()
+        batches = None
         try:
             batches = super().__iter__()  # starts the workers with the dataset as it is now
             self.dataset._resume = None  # taken by the workers' copies (or by this process's iteration)
@@ -1208,9 +1209,27 @@ class WindowLoader(DataLoader):
             self._epoch += 1
             self._batches = 0
             self._start = Resume(self._epoch)
+        except BaseException as exc:
+            if not isinstance(exc, GeneratorExit):
+                self._stop_workers(batches)
+            raise
         finally:
             if self._running is token:
                 self._running = None
+
+    def _stop_workers(self, batches) -> None:
+        """Stop the workers of an iteration an error ends (a worker's or the user's), now.
+
+        The error's traceback holds the torch iterator in a reference cycle; left to the garbage
+        collector, its shutdown waits 5 s per worker for workers that never get the stop signal.
+        Persistent workers are stopped too (their epoch is left unfinished; the next iteration
+        starts new ones, as after a ``break``).
+        """
+        shutdown = getattr(batches, "_shutdown_workers", None)  # torch's multi-process iterator (private)
+        if shutdown is not None:
+            shutdown()
+        if batches is not None and self._iterator is batches:
+            self._iterator = None
 
     def state_dict(self) -> dict:
         """This rank's position (see ``WindowDataset.state_dict``).

@@ -490,3 +490,22 @@ def test_a_mix_of_a_scalar_and_a_list_of_one_batches_with_one_shape(columns_ds, 
         assert "grid_dim_is_pad" not in batches[0]  # a [2, 3] column keeps its shape, never padded
     with pytest.raises(ValueError, match=r"column 'grid' is multi-dimensional"):
         WindowDataset([columns_ds, columns_ds_list], spec, pad_dims={"grid": 8})
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["workers", "persistent-workers"])
+def test_an_error_in_a_worker_stops_the_workers_at_once(intact, persistent):
+    """Old code: the error's traceback kept torch's iterator in a cycle; collecting it waited 5 s per worker."""
+    import gc
+    import time
+
+    ds = WindowDataset(intact, SPEC, seed=5, postprocess=PostProcess(hook=NoisyHook(0)))
+    loader = WindowLoader(ds, batch_size=2, num_workers=2, persistent_workers=persistent)
+    with pytest.raises(HookBoom):
+        for _ in loader:
+            pass
+    t = time.perf_counter()
+    gc.collect()
+    assert time.perf_counter() - t < 2.5
+    assert loader._iterator is None  # persistent workers too: the next iteration starts new ones
+    ds_ok = WindowDataset(intact, SPEC, seed=5)
+    assert sum(len(b["task"]) for b in WindowLoader(ds_ok, batch_size=2, num_workers=2)) == 6 * 20
