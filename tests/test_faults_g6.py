@@ -454,3 +454,16 @@ def test_v2_refusal_names_every_video_file_it_looked_for(tmp_path):
             f"videos/chunk-000/{cam}/episode_000001.mp4, videos/chunk-000/{cam}/episode_000002.mp4, "
             f"videos/chunk-000/{cam}/episode_000003.mp4 and 2 more"
         ) in message
+
+
+def test_train_example_resumes_from_a_checkpoint_folder_named_like_a_pattern(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.syspath_prepend(str(REPO / "tools"))
+    import train_example
+
+    folder = tmp_path / "run[1]"  # as a pattern it matches "run1", which holds no states
+    folder.mkdir()
+    for rank in (0, 1):
+        torch.save({"world_size": 2, "rank": rank}, folder / f"loader.rank{rank}.pt")
+    assert [s["rank"] for s in train_example.loader_states(str(folder))] == [0, 1]

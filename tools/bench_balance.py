@@ -106,7 +106,7 @@ def read_meta(root: str) -> dict:
     if os.path.exists(os.path.join(root, "meta", "episodes.jsonl")):  # v2.x
         rows = sorted(_jsonl(os.path.join(root, "meta", "episodes.jsonl")), key=lambda r: r["episode_index"])
     else:  # v3.0
-        files = sorted(glob.glob(os.path.join(root, "meta", "episodes", "*", "*.parquet")))
+        files = sorted(glob.glob(os.path.join(glob.escape(root), "meta", "episodes", "*", "*.parquet")))
         rows = sorted(
             (r for f in files for r in pq.read_table(f, columns=["episode_index", "tasks", "length"]).to_pylist()),
             key=lambda r: r["episode_index"],
@@ -116,7 +116,8 @@ def read_meta(root: str) -> dict:
     for name, feat in info["features"].items():
         if feat.get("dtype") != "video":
             continue
-        files = glob.glob(os.path.join(root, "videos", "**", name, "**", "*.mp4"), recursive=True)
+        pattern = os.path.join(glob.escape(root), "videos", "**", glob.escape(name), "**", "*.mp4")
+        files = glob.glob(pattern, recursive=True)
         if has_videos and not files:
             continue  # declared without files (gr00t's egoview): the converter drops it too
         vi = feat.get("info") or feat.get("video_info") or {}

@@ -175,7 +175,7 @@ def loader_states(folder: str) -> list[dict]:
     Files of ranks beyond the saving run's world size (left by an earlier, larger run) are ignored.
     """
     states = {}
-    for path in glob.glob(os.path.join(folder, "loader.rank*.pt")):
+    for path in glob.glob(os.path.join(glob.escape(folder), "loader.rank*.pt")):  # a folder, not a pattern
         found = re.fullmatch(r"loader\.rank(\d+)\.pt", os.path.basename(path))
         if found:
             states[int(found.group(1))] = torch.load(path)
