@@ -477,8 +477,16 @@ def _read_v2(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
         videos = {
             cam: CameraVideo(tree.file(video_of[cam][ep]), depth=cam in depth) for cam in cameras if ep in video_of[cam]
         }
-        # A camera missing for this episode only is left out here and reported by the writer.
-        extra = {"missing_cameras": [cam for cam in cameras if ep not in video_of[cam]], "task_text": task_text}
+        # A camera missing for this episode only is left out here and reported by the writer, naming
+        # the file it was looked for at.
+        absent = [cam for cam in cameras if ep not in video_of[cam]]
+        extra = {
+            "missing_cameras": absent,
+            "missing_paths": {
+                cam: os.path.join(root, _format(video_template, {**found[ep][1], "video_key": cam})) for cam in absent
+            },
+            "task_text": task_text,
+        }
         episodes.append(
             Episode(
                 source=name,
@@ -607,7 +615,7 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
             )
             continue
         start, stop = ranges_in(data_path)[ep]
-        videos, missing = {}, []
+        videos, missing, missing_paths = {}, [], {}
         for cam in cameras:
             if cam not in present:
                 continue
@@ -619,6 +627,7 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
                 )
             else:
                 missing.append(cam)
+                missing_paths[cam] = path
         tasks = tuple(str(t) for t in (row.get("tasks") or []))
         episodes.append(
             Episode(
@@ -629,7 +638,7 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
                 fps=fps,
                 tasks=tasks,
                 robot=str(info.get("robot_type") or ""),
-                extra={"missing_cameras": missing, "task_text": task_text},
+                extra={"missing_cameras": missing, "missing_paths": missing_paths, "task_text": task_text},
                 images=images,
             )
         )

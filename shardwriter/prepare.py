@@ -580,7 +580,9 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     if wanted is not None:
         missing += [c for c in wanted if c not in episode.videos and c not in episode.images and c not in missing]
     if missing:
-        raise _fail("missing_camera", "no video file for this episode", camera=missing[0], **where)
+        looked = episode.extra.get("missing_paths", {}).get(missing[0])  # where a LeRobot source looked
+        message = "no video file for this episode" + (f" (looked for {looked})" if looked else "")
+        raise _fail("missing_camera", message, camera=missing[0], path=looked, **where)
     try:
         table, raw = episode.load_table()
     except (OSError, pa.ArrowException) as exc:

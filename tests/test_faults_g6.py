@@ -33,7 +33,16 @@ from remote_servers import serve_http
 from videogen import decode_frame_number, make_video
 
 from epishard.cli import main as cli
-from epishard.shardwriter import ConvertOptions, SourceError, convert, lerobot, read_lerobot, verify, video
+from epishard.shardwriter import (
+    ConversionError,
+    ConvertOptions,
+    SourceError,
+    convert,
+    lerobot,
+    read_lerobot,
+    verify,
+    video,
+)
 from epishard.shardwriter import format as fmt
 from epishard.stream import WindowDataset, WindowSpec
 
@@ -467,3 +476,24 @@ def test_train_example_resumes_from_a_checkpoint_folder_named_like_a_pattern(tmp
     for rank in (0, 1):
         torch.save({"world_size": 2, "rank": rank}, folder / f"loader.rank{rank}.pt")
     assert [s["rank"] for s in train_example.loader_states(str(folder))] == [0, 1]
+
+
+@pytest.mark.parametrize("version", ["v2", "v3"])
+def test_an_episode_without_its_video_names_the_file_looked_for(tmp_path, version):
+    src = tmp_path / "src"
+    if version == "v2":
+        write_v2(str(src), [5, 6, 7], [CAM])
+        gone = src / f"videos/chunk-000/{CAM}/episode_000001.mp4"
+    else:
+        write_v3(str(src), [5, 6, 7, 8], CAM, per_file=2)
+        gone = src / f"videos/{CAM}/chunk-000/file-001.mp4"  # episodes 2 and 3
+    os.remove(gone)
+    with pytest.raises(ConversionError) as info:
+        convert([str(src)], str(tmp_path / "out"), OPTS)
+    error = info.value
+    assert error.kind == "missing_camera" and error.camera == CAM and error.path == str(gone)
+    assert f"no video file for this episode (looked for {gone})" in str(error)
+    skipped = convert([str(src)], str(tmp_path / "skip"), ConvertOptions(progress=False, on_error="skip"))
+    assert [(e.episode, e.file) for e in skipped.report.skipped] == (
+        [(1, str(gone))] if version == "v2" else [(2, str(gone)), (3, str(gone))]
+    )
