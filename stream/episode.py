@@ -86,6 +86,31 @@ def row_shape(kind: pa.DataType, width: int) -> tuple[int, ...]:
     return (width,)
 
 
+def _check_ragged(name: str, column: pa.ChunkedArray) -> None:
+    """Refuse a list column whose rows hold lists of different lengths (or a null list) at any nesting level.
+
+    Flattened, such rows could still divide evenly into ``rows x width`` and give values of the wrong rows.
+
+    Raises:
+        ValueError: naming the column, the first bad row and the lengths found.
+    """
+    array, depth = column.combine_chunks(), 0
+    while pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or pa.types.is_fixed_size_list(array.type):
+        what = "row" if depth == 0 else f"inner list (level {depth})"
+        if array.null_count:
+            row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ValueError(f"column {name!r}: {what} {row} is null (a list of numbers expected)")
+        if not pa.types.is_fixed_size_list(array.type):
+            lengths = array.value_lengths().to_numpy(zero_copy_only=False)
+            if lengths.size and (lengths != lengths[0]).any():
+                row = int(np.flatnonzero(lengths != lengths[0])[0])
+                raise ValueError(
+                    f"column {name!r}: {what} {row} holds {int(lengths[row])} values, the first {int(lengths[0])} "
+                    f"(lists of one length per column expected; lengths {sorted(set(lengths.tolist()))[:8]})"
+                )
+        array, depth = array.flatten(), depth + 1
+
+
 def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers: dict[str, Normalizer]) -> dict:
     """The columns windows need, ``n`` rows each.
 
@@ -101,6 +126,7 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
             values = column.to_pylist()
             columns[name] = np.array(["" if v is None else v for v in values] if values else [], dtype=object)
             continue
+        _check_ragged(name, column)
         matrix = numeric_matrix(column)
         if matrix is None:
             raise ValueError(f"column {name!r} is not numeric ({column.type})")

@@ -285,6 +285,11 @@ def check_columns(sources: list[DatasetSource], spec: WindowSpec) -> None:
                     f"have{hint}; its columns: {have}"
                 )
             kind = _kind(entry.dtype)
+            if kind == "numeric" and None in entry.shape:
+                raise ValueError(
+                    f"{source.shown}: column {column!r} ({role}) holds lists of varying length (shape "
+                    f"{list(entry.shape)}): its rows cannot be returned as one shape; leave it out of the window spec"
+                )
             if kind == "numeric" or (kind == "text" and role == "extra_columns"):
                 continue
             allowed = "numbers or text (str)" if role == "extra_columns" else "numbers (only extra_columns return text)"

@@ -23,6 +23,7 @@ from videogen import decode_frame_number, make_episode_table, make_video
 
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
+from epishard.stream.decode import DecodeError
 from epishard.stream.fetch import FetchPolicy
 from epishard.stream.statecheck import StateError, StateTypeError
 from epishard.stream.usercode import UserCodeError
@@ -335,8 +336,9 @@ CAM3 = "observation.images.front"
 
 def _columns_table(e: int, reward_as_list: bool) -> pa.Table:
     """``make_episode_table`` plus: ``next.reward`` (row + 1000 e; a scalar, or a list of 1), ``reward1``
-    (list of 1: row + 0.5), ``grid`` ([2, 3]: 6 row + k), ``note`` (text ``e{e}r{row}``, row 5 null) and
-    ``blob`` (binary)."""
+    (list of 1: row + 0.5), ``grid`` ([2, 3]: 6 row + k), ``note`` (text ``e{e}r{row}``, row 5 null),
+    ``blob`` (binary), ``ragged`` (lists of 1 and 3 values) and ``ragged_late`` (the same, but lists of
+    2 in episode 0)."""
     table = make_episode_table(ROWS3)
     rows = np.arange(ROWS3, dtype=np.float32)
     reward = pa.array(rows + 1000 * e)
@@ -348,6 +350,11 @@ def _columns_table(e: int, reward_as_list: bool) -> pa.Table:
     grid = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(grid, 3), 2)
     table = table.append_column("grid", grid)
     table = table.append_column("note", pa.array([None if r == 5 else f"e{e}r{r}" for r in range(ROWS3)]))
+    # Lists of 1 and 3 values in turn (2 per row on average: flattened, they divide evenly into rows x 2).
+    ragged = [[float(r)] * (1 + 2 * (r % 2)) for r in range(ROWS3)]
+    table = table.append_column("ragged", pa.array(ragged, pa.list_(pa.float32())))
+    late = ragged if e > 0 else [[float(r)] * 2 for r in range(ROWS3)]  # of one length in episode 0 only
+    table = table.append_column("ragged_late", pa.array(late, pa.list_(pa.float32())))
     return table.append_column("blob", pa.array([bytes([r]) for r in range(ROWS3)], pa.binary()))
 
 
@@ -509,3 +516,24 @@ def test_an_error_in_a_worker_stops_the_workers_at_once(intact, persistent):
     assert loader._iterator is None  # persistent workers too: the next iteration starts new ones
     ds_ok = WindowDataset(intact, SPEC, seed=5)
     assert sum(len(b["task"]) for b in WindowLoader(ds_ok, batch_size=2, num_workers=2)) == 6 * 20
+
+
+def test_a_column_of_lists_of_varying_length_is_refused(columns_ds):
+    """Old code: 1- and 3-value rows were flattened and cut into rows of 2, silently giving other rows' values."""
+    varying = r"column 'ragged' \(extra_columns\) holds lists of varying length \(shape \[None\]\)"
+    with pytest.raises(ValueError, match=varying):
+        WindowDataset(columns_ds, _cam_spec(extra_columns=("ragged",)))
+    # Of one length in the first episode (the manifest's shape [2]), ragged in the others: a data fault
+    # of those episodes, named, under the shard policy.
+    spec = _cam_spec(extra_columns=("ragged_late",))
+    ds = WindowDataset(columns_ds, spec, seed=1, fetch=FetchPolicy(on_shard_error="raise"), shuffle_episodes=0)
+    with pytest.raises(
+        DecodeError, match=r"episode c-e00000[12].*column 'ragged_late': row 1 holds 3 values, the first 1"
+    ):
+        list(ds)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples = list(WindowDataset(columns_ds, spec, seed=1, shuffle_episodes=0))
+    real = [s for s in samples if not s["substitute"]]
+    assert {int(s["episode_index"]) for s in real} == {0} and len(_caught_skips(caught)) == 2
+    assert all(s["ragged_late"].tolist() == [s["frame_index"]] * 2 for s in real)
