@@ -263,7 +263,9 @@ def check_columns(sources: list[DatasetSource], spec: WindowSpec) -> None:
     Raises:
         KeyError: a dataset lacks a column (naming the dataset, the column, the spec field and
             the dataset's columns).
-        ValueError: a column of another type (naming the dataset, the column, its type and the field).
+        ValueError: a column of another type (naming the dataset, the column, its type and the field),
+            lists of varying length or of text, or a column that is text in one dataset and numeric
+            in another.
     """
     roles = {c: "extra_columns" for c in spec.extra_columns}
     roles.update({c: "column_offsets" for c in spec.column_offsets})
@@ -271,6 +273,7 @@ def check_columns(sources: list[DatasetSource], spec: WindowSpec) -> None:
         roles[spec.action_key] = "action_key"
     if spec.state_key:
         roles[spec.state_key] = "state_key"
+    kinds: dict[str, dict[str, str]] = {}  # column -> kind -> a dataset with it
     for source in sources:
         features = source.manifest.features
         if features is None:
@@ -285,17 +288,29 @@ def check_columns(sources: list[DatasetSource], spec: WindowSpec) -> None:
                     f"have{hint}; its columns: {have}"
                 )
             kind = _kind(entry.dtype)
+            if kind == "text" and entry.shape:
+                raise ValueError(
+                    f"{source.shown}: column {column!r} ({role}) holds lists of text (shape {list(entry.shape)}); "
+                    "only a text column of one string per row is returned (as str): leave it out of the window spec"
+                )
             if kind == "numeric" and None in entry.shape:
                 raise ValueError(
                     f"{source.shown}: column {column!r} ({role}) holds lists of varying length (shape "
                     f"{list(entry.shape)}): its rows cannot be returned as one shape; leave it out of the window spec"
                 )
             if kind == "numeric" or (kind == "text" and role == "extra_columns"):
+                kinds.setdefault(column, {}).setdefault(kind, source.shown)
                 continue
             allowed = "numbers or text (str)" if role == "extra_columns" else "numbers (only extra_columns return text)"
             raise ValueError(
                 f"{source.shown}: column {column!r} ({role}) holds {entry.dtype} values of shape {list(entry.shape)}; "
                 f"the reader returns {allowed}: leave it out of the window spec"
+            )
+    for column, seen in kinds.items():
+        if len(seen) > 1:
+            raise ValueError(
+                f"column {column!r} is text in {seen['text']} but numeric in {seen['numeric']}: its values cannot "
+                "be batched together; leave it out of the window spec, or mix datasets that agree"
             )
 
 

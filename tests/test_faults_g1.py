@@ -537,3 +537,27 @@ def test_a_column_of_lists_of_varying_length_is_refused(columns_ds):
     real = [s for s in samples if not s["substitute"]]
     assert {int(s["episode_index"]) for s in real} == {0} and len(_caught_skips(caught)) == 2
     assert all(s["ragged_late"].tolist() == [s["frame_index"]] * 2 for s in real)
+
+
+def _fake_source(name: str, **features):
+    """A stand-in for ``DatasetSource`` with only what ``check_columns`` reads: state, action and ``features``."""
+    from types import SimpleNamespace
+
+    from epishard.shardwriter.format import FeatureEntry
+
+    given = {"observation.state": ("float", [4]), "action": ("float", [3]), **features}
+    entries = {k: FeatureEntry(dtype=d, shape=tuple(shape), names=None) for k, (d, shape) in given.items()}
+    return SimpleNamespace(shown=name, manifest=SimpleNamespace(features=entries))
+
+
+def test_check_columns_refuses_text_lists_and_a_column_text_in_one_dataset_numeric_in_another():
+    from epishard.stream.mix import check_columns
+
+    spec = _cam_spec(extra_columns=("note",))
+    check_columns([_fake_source("a", note=("string", [])), _fake_source("b", note=("large_string", []))], spec)
+    with pytest.raises(ValueError, match=r"column 'note' is text in a but numeric in b"):
+        check_columns([_fake_source("a", note=("string", [])), _fake_source("b", note=("double", [1]))], spec)
+    with pytest.raises(ValueError, match=r"a: column 'note' \(extra_columns\) holds lists of text \(shape \[2\]\)"):
+        check_columns([_fake_source("a", note=("string", [2]))], spec)
+    dictionary = "dictionary<values=string, indices=int32, ordered=0>"
+    check_columns([_fake_source("a", note=(dictionary, []))], spec)  # dictionary-encoded text is text
