@@ -126,7 +126,7 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
             values = column.to_pylist()
             columns[name] = np.array(["" if v is None else v for v in values] if values else [], dtype=object)
             continue
-        _check_ragged(name, column)
+        _check_ragged(str(name), column)
         matrix = numeric_matrix(column)
         if matrix is None:
             raise ValueError(f"column {name!r} is not numeric ({column.type})")
