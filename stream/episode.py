@@ -326,6 +326,7 @@ def decode_camera_packets(
         table.crc32,
         table.frame,
         index.frame_tables(stream)[0],
+        keyframes=index.keyframes_of(stream),
         codec=index.cam_codec[stream].as_py(),
         extradata=table.extradata,
         width=int(index.cam_width[stream]),

@@ -212,6 +212,7 @@ def decode_runs(
     frame: np.ndarray,
     pts: np.ndarray,
     *,
+    keyframes: np.ndarray | None = None,
     codec: str,
     extradata: bytes,
     width: int,
@@ -227,7 +228,10 @@ def decode_runs(
     ``pieces[i]``: the bytes of run ``i``'s range, which starts at byte ``starts[i]`` of the member;
     ``offset``, ``size``, ``crc32``, ``frame``: the stream's packet table (``PacketTable``);
     ``pts``: int64 ``[num_frames]``, the frame table's pts (the packets are given them, and each
-    decoded frame is identified by its own). Frames come out in the runs' order, which is the
+    decoded frame is identified by its own); ``keyframes``: int64, the stream's keyframe numbers
+    (``WindowIndex.keyframes_of``): their packets are flagged as key packets, as a demuxer flags
+    them (decoders read the flag: FFmpeg's PNG decoder blends a packet not flagged key onto the
+    previous picture). Default: only each run's first packet. Frames come out in the runs' order, which is the
     sorted order of the frames asked for. At most ``max_bytes`` of RGB frames are held before
     ``post`` runs on them (consecutive parts, as ``stream.decode.decode`` splits its calls).
     ``alloc(shape)``: where a frame without ``post`` is written (``Store.alloc``: reused tensors;
@@ -242,7 +246,12 @@ def decode_runs(
     """
     pool = POOL if pool is None else pool  # the worker's (``DecoderPool``)
     decoder, opened = pool.get(codec, extradata, width, height)
-    table = (offset, size, crc32, frame, pts)
+    key = np.zeros(size.shape, dtype=bool)
+    if keyframes is None:
+        key[[r.first for r in runs]] = True
+    else:
+        key[np.flatnonzero(np.isin(frame, keyframes))] = True
+    table = (offset, size, crc32, frame, pts, key)
     frames = _decoded(decoder, runs, pieces, starts, table, where)
     total = sum(r.frames.size for r in runs)
     try:
@@ -288,7 +297,8 @@ def decode_runs(
 def _decoded(decoder: _Decoder, runs: list[Run], pieces: list[bytes], starts: list[int], table: tuple, where: str):
     """The wanted frames of ``runs``, in order, each as a uint8 HWC RGB array valid until the next one.
 
-    ``table``: (offset, size, crc32, frame, pts) as ``decode_runs`` takes them. Per run: every packet
+    ``table``: (offset, size, crc32, frame, pts, key) as ``decode_runs`` takes them (``key``: bool
+    per packet, the key-packet flag). Per run: every packet
     checked by CRC-32 and fed in its own zero-padded FFmpeg buffer (``av_new_packet``: bitstream
     readers may read into the padding, which must not be other memory), then the decoder drained
     and flushed. A decoder emits frames in presentation order, so the wanted ones must come out in
@@ -297,7 +307,7 @@ def _decoded(decoder: _Decoder, runs: list[Run], pieces: list[bytes], starts: li
     Raises:
         DecodeError: a damaged packet, a wanted frame out of order or twice, or one that never came out.
     """
-    offset, size, crc32, frame, pts = table
+    offset, size, crc32, frame, pts, key = table
     ctx, reformat = decoder.ctx, decoder.reformatter.reformat
     for run, data, start in zip(runs, pieces, starts, strict=True):
         wanted = {int(pts[f]): i for i, f in enumerate(run.frames.tolist())}
@@ -312,6 +322,7 @@ def _decoded(decoder: _Decoder, runs: list[Run], pieces: list[bytes], starts: li
                     raise DecodeError(f"{where}: packet {p} does not match the index's CRC-32: its bytes are damaged")
                 packet = av.Packet(len(payload))
                 memoryview(packet)[:] = payload
+                packet.is_keyframe = bool(key[p])
                 if frame[p] >= 0:
                     packet.pts = int(pts[frame[p]])
             for f in ctx.decode(packet):

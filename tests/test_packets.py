@@ -166,3 +166,55 @@ def test_both_read_paths_give_the_same_pixels_resized(tmp_path):
     a = [s[CAM] for s in WindowDataset(root, SPEC, seed=1, postprocess=post)]
     b = [s[CAM] for s in WindowDataset(root, SPEC, seed=1, postprocess=post, fetch=FetchPolicy(packets=False))]
     assert torch.equal(torch.stack(a), torch.stack(b))
+
+
+def _intra_video(codec: str, n: int, start: int) -> bytes:
+    """An intra-only video (every packet a key packet) in MP4 whose frame ``i`` shows ``start + i``."""
+    import io
+
+    import av
+    from videogen import encode_frame_number
+
+    pix_fmt = {"png": "rgb24", "mjpeg": "yuvj444p", "qtrle": "rgb24"}[codec]
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4" if codec != "qtrle" else "mov") as out:
+        stream = out.add_stream(codec, rate=FPS)
+        stream.width = stream.height = 64
+        stream.pix_fmt = pix_fmt
+        for i in range(n):
+            image = av.VideoFrame.from_ndarray(encode_frame_number(start + i), format="rgb24").reformat(format=pix_fmt)
+            image.pts = i
+            out.mux(stream.encode(image))
+        out.mux(stream.encode(None))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("codec", ["png", "mjpeg"])
+def test_key_packets_are_flagged_so_intra_codecs_decode_each_frame_alone(tmp_path, codec):
+    """FFmpeg's PNG decoder blends a packet not flagged key onto the previous picture (frame 2 came
+    back as 1|2 = 3): the packet path flags each keyframe's packet as a demuxer does, so every read
+    pattern returns each frame itself, as the whole-member path does."""
+    eps = [
+        Episode(
+            source="intra",
+            episode_index=e,
+            table=make_episode_table(40, fps=FPS),
+            videos={CAM: CameraVideo(_intra_video(codec, 40, 100 * e))},
+            fps=FPS,
+            tasks=("t",),
+        )
+        for e in range(3)
+    ]
+    root = str(tmp_path / "ds")
+    convert([Source(name="intra", episodes=eps, fps=FPS)], root, ConvertOptions(progress=False))
+    assert WindowIndex.load_dataset(root).has_packets(np.arange(3)).all()
+    offsets = (0, 3, 7)
+    spec = WindowSpec(cameras={CAM: offsets}, boundary="pad")
+    for packets_path in (True, False):
+        samples = list(
+            WindowDataset(root, spec, seed=1, fetch=FetchPolicy(packets=packets_path, on_shard_error="raise"))
+        )
+        assert len(samples) == 120
+        for s in samples:
+            rows = np.clip(int(s["frame_index"]) + np.array(offsets), 0, 39)
+            assert [decode_frame_number(f) for f in s[CAM]] == (100 * int(s["episode_index"]) + rows).tolist()
