@@ -349,7 +349,10 @@ class Storage:
     def writer(self, name: str):
         """A binary file to write ``name`` through.
 
-        It appears under its name only if the block exits without an exception.
+        It appears under its name only if the block exits without an exception. On an object store an
+        upload that fails (in the block or when it completes) is aborted; if the abort fails too (the
+        store is still down), the incomplete multipart upload stays invisible until the bucket's
+        lifecycle rule removes it, and the upload's own error is raised.
         """
         if self.local:
             final = self.path(name)
@@ -374,10 +377,14 @@ class Storage:
             f = self.fs.open(self.path(name), "wb")
             try:
                 yield f
+                f.close()  # the last part, then the upload completes: the object appears
             except BaseException:
-                f.discard()  # abort the multipart upload: nothing appears under the key
+                # Abort the multipart upload (nothing appears under the key), after a failed close too. A
+                # store still failing may refuse the abort as well: then the upload's own error is raised.
+                with contextlib.suppress(Exception):
+                    f.discard()
+                f.closed = True  # never completed later (fsspec closes, so uploads, an open file when it is collected)
                 raise
-            f.close()
 
     def write(self, name: str, data: bytes) -> None:
         """Write ``data`` to ``name`` atomically."""

@@ -505,6 +505,11 @@ class ThrottleProxy:
         with self._lock:
             self._faults.append(dict(until=float("inf"), count=n, status=status, retry_after=retry_after, match=match))
 
+    def clear(self) -> None:
+        """End every burst now."""
+        with self._lock:
+            self._faults.clear()
+
     def outage(self, seconds: float) -> None:
         """Reset every connection and request for ``seconds`` from now."""
         self._outage_until = time.monotonic() + seconds

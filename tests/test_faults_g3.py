@@ -11,6 +11,7 @@ window by window and frame by frame.
 from __future__ import annotations
 
 import email.utils
+import gc
 import re
 import time
 import warnings
@@ -339,3 +340,32 @@ def test_a_negative_or_nan_budget_is_refused(value):
         ValueError, match=r"storage option retry_budget \((-1\.0|nan)\) must be a number of seconds >= 0"
     ):
         make_filesystem("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9", "retry_budget": value})
+
+
+def _uploads_in_progress(fs, prefix: str) -> list[str]:
+    answer = fs.call_s3("list_multipart_uploads", Bucket="budget", Prefix=prefix)
+    return [u["Key"] for u in answer.get("Uploads", [])]
+
+
+@pytest.mark.parametrize("fail", ["complete", "part"])
+def test_a_multipart_upload_out_of_budget_is_aborted_and_its_own_error_raised(s3, s3_proxy, moto_s3, fail):
+    from epishard.shardwriter.storage import Storage
+
+    _, fs = moto_s3
+    storage = Storage(f"s3://budget/mpu-{fail}", {"endpoint_url": s3_proxy.url, "retry_budget": 0.5})
+    storage.fs.default_block_size = 5 << 20  # parts of 5 MiB (S3's smallest), so 11 MiB is a multipart upload
+    if fail == "complete":  # the last step, in close(): CompleteMultipartUpload
+        s3_proxy.burst(30.0, status=503, match=f"POST /budget/mpu-{fail}/big.bin?uploadId".encode())
+        expected = r"POST \S+/big\.bin\?uploadId=\S+: HTTP 503 SlowDown"
+    else:  # a part, and then the abort too: the store is still failing
+        s3_proxy.burst(30.0, status=503, match=b"uploadId")
+        expected = r"PUT \S+/big\.bin\?partNumber=\d+&uploadId=\S+: HTTP 503 SlowDown"
+    with pytest.raises(RetryBudgetExceeded, match=expected), storage.writer("big.bin") as f:
+        f.write(b"x" * (11 << 20))
+    s3_proxy.clear()  # the store is back: a file left open would complete its upload when collected
+    del f
+    gc.collect()
+    fs.invalidate_cache()
+    assert not fs.exists(f"budget/mpu-{fail}/big.bin")  # nothing under the key
+    left = _uploads_in_progress(fs, f"mpu-{fail}/")
+    assert left == ([] if fail == "complete" else [f"mpu-{fail}/big.bin"])  # aborted, unless the abort failed too
