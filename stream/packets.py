@@ -42,6 +42,10 @@ from .usercode import from_user_code
 # FFmpeg decoders to open for a codec, best first: FFmpeg's own AV1 decoder needs a hardware
 # accelerator, so AV1 goes to libdav1d (what FFmpeg itself picks for an AV1 stream) or libaom.
 PREFERRED_DECODERS = {"av1": ("libdav1d", "libaom-av1", "av1")}
+#: Codecs whose packets the reader decodes through its kept decoders: those the stream matrix and
+#: tests/test_packets.py prove frame-exact on this path. Others (a decoder that needs the demuxer's
+#: side data, e.g. a palette, or one not tested) are read whole through torchcodec.
+PACKET_CODECS = frozenset({"h264", "hevc", "av1", "vp9", "mpeg4", "mpeg2video", "png", "mjpeg"})
 
 
 @functools.lru_cache(maxsize=64)
@@ -62,18 +66,21 @@ PACKET_GOP_FRAMES = 32
 def readable(index, streams) -> np.ndarray:
     """Whether each camera stream (int array) is read by its packets: bool, same shape.
 
-    It has a packet table (``WindowIndex.has_packets``), is an RGB camera, stores 8-bit samples,
-    and has keyframes at most ``PACKET_GOP_FRAMES`` apart on average. swscale's conversion of 8-bit
-    samples to RGB through PyAV is torchcodec's, pixel for pixel (tests/test_stream_matrix.py,
-    tests/test_packets.py); of more bits it is not (up to 131 levels apart on torchcodec's 10-bit
-    H.264 sample), so such streams are decoded by torchcodec, as are the others.
+    It has a packet table (``WindowIndex.has_packets``), is an RGB camera of a codec in
+    ``PACKET_CODECS``, stores 8-bit samples, and has keyframes at most ``PACKET_GOP_FRAMES`` apart
+    on average. swscale's conversion of 8-bit samples to RGB through PyAV is torchcodec's, pixel
+    for pixel (tests/test_stream_matrix.py, tests/test_packets.py); of more bits it is not (up to
+    131 levels apart on torchcodec's 10-bit H.264 sample), so such streams are decoded by
+    torchcodec, as are the others.
     """
     streams = np.asarray(streams, dtype=np.int64)
     fmts = index.cam_pix_fmt.take(pa.array(streams.ravel())).to_pylist()
     eight = np.fromiter((_eight_bit(f) for f in fmts), dtype=bool, count=streams.size).reshape(streams.shape)
     keys = np.diff(index.key_offsets)[streams]
     short = index.cam_num_frames[streams] <= PACKET_GOP_FRAMES * np.maximum(keys, 1)
-    return index.has_packets(streams) & ~index.cam_depth[streams] & eight & short
+    codecs = index.cam_codec.take(pa.array(streams.ravel())).to_pylist()
+    known = np.fromiter((c in PACKET_CODECS for c in codecs), dtype=bool, count=streams.size).reshape(streams.shape)
+    return index.has_packets(streams) & ~index.cam_depth[streams] & eight & short & known
 
 
 @dataclass(frozen=True)

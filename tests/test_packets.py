@@ -218,3 +218,18 @@ def test_key_packets_are_flagged_so_intra_codecs_decode_each_frame_alone(tmp_pat
         for s in samples:
             rows = np.clip(int(s["frame_index"]) + np.array(offsets), 0, 39)
             assert [decode_frame_number(f) for f in s[CAM]] == (100 * int(s["episode_index"]) + rows).tolist()
+
+
+def test_a_codec_outside_the_tested_set_is_read_whole(tmp_path, monkeypatch):
+    """Only codecs proven frame-exact on the packet path use it; another is read whole by torchcodec."""
+    root = _dataset(tmp_path, episodes=2, frames=30, codec="h264")
+    index = WindowIndex.load_dataset(root)
+    assert packets.readable(index, np.arange(2)).all()
+    monkeypatch.setattr(packets, "PACKET_CODECS", frozenset({"av1"}))
+    assert not packets.readable(index, np.arange(2)).any()
+    samples = list(WindowDataset(root, SPEC, seed=3, telemetry=True))
+    for s in samples:
+        rows = np.clip(int(s["frame_index"]) + np.array([0, 4, 8, 12]), 0, 29)
+        assert [decode_frame_number(f) for f in s[CAM]] == (1000 * int(s["episode_index"]) + rows).tolist()
+    t = summarize([s["__telemetry__"] for s in samples])
+    assert t["bytes_read"] >= int(index.cam_size.sum())  # the members whole
