@@ -383,7 +383,7 @@ def _checked_camera(
         ConversionError(kind="unreadable_video"): the video does not decode, or needs a copy that
             cannot be made (its packets and displayed frames are not one to one).
     """
-    remuxed = False
+    remuxed, why = False, ""
     if video is not None and video.segment is None and not isinstance(video.source, (bytes, bytearray)):
         video = replace(video, source=read_file(video.source))  # copied whole: read once
     try:
@@ -397,11 +397,13 @@ def _checked_camera(
             out = _checked_level(video, table, cam, local, fps, opts, first_break, "full", as_is=True)
         else:
             log.info("camera %s: %s; stored as an MP4 copy timed as its decoder shows it", cam, exc.detail)
-            video, remuxed = replace(video, source=copy), True
+            video, remuxed, why = replace(video, source=copy), True, exc.detail
             out = _checked_level(video, table, cam, local, fps, opts, first_break, level)
     data, stored, row_to_frame, transform, notes, reports, checked = out
-    if remuxed and transform == "copy":
-        transform = "remux"
+    if remuxed:  # the frames are the source's, their timing is the decoder's: said, never silent
+        transform = "remux" if transform == "copy" else transform
+        note = f"{why}; stored as a stream copy in MP4 timed in the order its decoder shows the frames"
+        notes = [*notes, {"kind": "remuxed", "row": None, "message": note}]
     return data, stored, row_to_frame, transform, notes, reports, checked
 
 

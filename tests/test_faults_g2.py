@@ -159,6 +159,8 @@ def test_mpegts_with_bframes_reads_every_episode_and_gets_a_packet_table(tmp_pat
     ]
     manifest = _convert(tmp_path, videos)
     assert manifest.totals.episodes == 2 and _transforms(tmp_path, manifest) == ["remux", "remux"]
+    assert manifest.report.warnings_by_kind == {"remuxed": 2}  # said in the report, per camera
+    assert all(w.camera and "stored as a stream copy in MP4" in w.message for w in manifest.report.warnings)
     assert WindowIndex.load_dataset(str(tmp_path)).has_packets(np.arange(2)).tolist() == [True, True]
     assert verify(str(tmp_path))["ok"]
     _assert_rows_show(tmp_path, {0: list(range(100, 118)), 1: list(range(200, 218))})
@@ -174,7 +176,7 @@ def test_concatenated_mpegts_recordings_are_numbered_in_display_order(tmp_path, 
         for s in (100, 112)
     ]
     manifest = _convert(tmp_path, [(parts[0] + parts[1], range(24))])
-    assert manifest.totals.episodes == 1 and manifest.report.warnings_by_kind == {}
+    assert manifest.totals.episodes == 1 and manifest.report.warnings_by_kind == {"remuxed": 1}
     index = WindowIndex.load_dataset(str(tmp_path))
     pts, _, _ = index.frame_tables(0)
     assert (pts * float(index.time_base(0))).tolist() == pytest.approx([k / FPS for k in range(24)])
