@@ -15,8 +15,10 @@ Sample format (stable; ``default_collate`` batches it):
 ``observation.state_is_pad``       bool ``[T_s]``
 ``action``                         float32 ``[H, D]`` (``spec.action_rows``: anchor .. anchor+H-1 by default)
 ``action_is_pad``                  bool ``[H]``
-``<column>``, ``<column>_is_pad``  float32 ``[T, *shape]``, bool ``[T]``: ``spec.column_offsets`` columns
-``<column>`` (anchor row)          float32 ``[*shape]``, or ``str`` for a text column: ``spec.extra_columns``
+``<column>``, ``<column>_is_pad``  float32 ``[T, *shape]`` (int64 for an integer column not normalised),
+                                   bool ``[T]``: ``spec.column_offsets`` columns
+``<column>`` (anchor row)          float32 ``[*shape]`` (int64 likewise), or ``str`` for a text column:
+                                   ``spec.extra_columns``
 ``<column>_dim_is_pad``            bool ``[D]``: padded dimensions, for columns padded to a common
                                    width in a mix (``pad_dims``)
 ``task``                           str, the instruction
@@ -280,7 +282,7 @@ class WindowDataset(IterableDataset):
         self.num_workers = num_workers
         self.post = postprocess or PostProcess()
         self.telemetry = telemetry
-        self.layout = mix_layout(self.sources, spec, self.post, camera_map, pad_dims)
+        self.layout = mix_layout(self.sources, spec, self.post, camera_map, pad_dims, tuple(normalize or {}))
         self.cam_offsets = self.layout.offsets  # per dataset: its camera keys -> offsets
         self.normalizers = [  # per dataset, per source in it: column -> Normalizer
             {name: normalizers(s.manifest, normalize, name) for name in set(s.index.episode_column("source"))}

@@ -86,6 +86,10 @@ def row_shape(kind: pa.DataType, width: int) -> tuple[int, ...]:
     return (width,)
 
 
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
 def _check_ragged(name: str, column: pa.ChunkedArray) -> None:
     """Refuse a list column whose rows hold lists of different lengths (or a null list) at any nesting level.
 
@@ -95,7 +99,7 @@ def _check_ragged(name: str, column: pa.ChunkedArray) -> None:
         ValueError: naming the column, the first bad row and the lengths found.
     """
     array, depth = column.combine_chunks(), 0
-    while pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or pa.types.is_fixed_size_list(array.type):
+    while _is_list(array.type):
         what = "row" if depth == 0 else f"inner list (level {depth})"
         if array.null_count:
             row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
@@ -111,11 +115,30 @@ def _check_ragged(name: str, column: pa.ChunkedArray) -> None:
         array, depth = array.flatten(), depth + 1
 
 
+def _integers(name: str, column: pa.ChunkedArray) -> np.ndarray | None:
+    """An integer column without nulls as int64 ``[rows, width]``, exactly; None for any other column.
+
+    Raises:
+        ValueError: a uint64 value above the int64 range (naming the column).
+    """
+    values = column.combine_chunks()
+    rows = len(values)
+    while _is_list(values.type):
+        values = values.flatten()
+    if not pa.types.is_integer(values.type) or values.null_count or rows == 0 or len(values) % rows:
+        return None
+    flat = values.to_numpy(zero_copy_only=False)
+    if pa.types.is_uint64(values.type) and flat.size and int(flat.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"column {name!r} holds uint64 values above the int64 range ({int(flat.max())})")
+    return flat.astype(np.int64).reshape(rows, -1)
+
+
 def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers: dict[str, Normalizer]) -> dict:
     """The columns windows need, ``n`` rows each.
 
-    Numeric columns as float32 ``[n, *shape]`` (``row_shape``; normalised before the reshape), text
-    columns of ``extra_columns`` as object arrays of ``str`` (a null as ``""``).
+    Numeric columns as float32 ``[n, *shape]`` (``row_shape``; normalised before the reshape);
+    integer columns (not state or action, not normalised, no nulls) as int64, exactly; text columns
+    of ``extra_columns`` as object arrays of ``str`` (a null as ``""``).
     """
     if table.num_rows != n:
         raise ValueError(f"{table.num_rows} rows, the index says {n}")
@@ -127,6 +150,12 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
             columns[name] = np.array(["" if v is None else v for v in values] if values else [], dtype=object)
             continue
         _check_ragged(str(name), column)
+        exact = None
+        if name not in (spec.state_key, spec.action_key) and name not in normalizers:
+            exact = _integers(str(name), column)  # int64, exactly (float32 rounds integers above 2**24)
+        if exact is not None:
+            columns[name] = exact.reshape(n, *row_shape(column.type, exact.shape[1]))
+            continue
         matrix = numeric_matrix(column)
         if matrix is None:
             raise ValueError(f"column {name!r} is not numeric ({column.type})")
@@ -150,7 +179,8 @@ def read_columns(
     """The columns windows need from the episode's table member ``data`` (``num_rows`` rows each).
 
     State, action and other numeric columns as float32 ``[n, *shape]`` (normalised by
-    ``normalizers``; ``shape``: ``row_shape``, ``[D]`` for a 1-D or scalar column), text columns of
+    ``normalizers``; ``shape``: ``row_shape``, ``[D]`` for a 1-D or scalar column; an integer column
+    other than state and action, not normalised, as int64), text columns of
     ``spec.extra_columns`` as object ``[n]`` of ``str``, ``frame_index`` int64 ``[n]``, ``timestamp``
     float64 ``[n]`` seconds.
 

@@ -19,7 +19,7 @@ byte is read, so a mix that cannot be batched is refused when the ``WindowDatase
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -251,21 +251,23 @@ def _kind(dtype: str) -> str:
     return "numeric" if name in _NUMERIC else "other"
 
 
-def check_columns(sources: list[DatasetSource], spec: WindowSpec) -> None:
+def check_columns(sources: list[DatasetSource], spec: WindowSpec, normalized: Collection[str] = ()) -> None:
     """Refuse, when the ``WindowDataset`` is made, a window column a dataset cannot return.
 
     Every table column the spec reads (``state_key``, ``action_key``, ``column_offsets`` and
     ``extra_columns``) must be in each dataset's manifest ``features``; state, action and
     ``column_offsets`` must be numeric (bool, int, float, or fixed or variable lists of them);
-    ``extra_columns`` numeric or text (returned as ``str``). Manifests without ``features`` are
-    not checked (the read names such a column).
+    ``extra_columns`` numeric or text (returned as ``str``). An integer column of ``extra_columns``
+    or ``column_offsets`` not in ``normalized`` is returned as int64, exactly, so it must be one in
+    every dataset of the mix. Manifests without ``features`` are not checked (the read names such
+    a column).
 
     Raises:
         KeyError: a dataset lacks a column (naming the dataset, the column, the spec field and
             the dataset's columns).
         ValueError: a column of another type (naming the dataset, the column, its type and the field),
             lists of varying length or of text, or a column that is text in one dataset and numeric
-            in another.
+            (or integer and float) in another.
     """
     roles = {c: "extra_columns" for c in spec.extra_columns}
     roles.update({c: "column_offsets" for c in spec.column_offsets})
@@ -299,6 +301,9 @@ def check_columns(sources: list[DatasetSource], spec: WindowSpec) -> None:
                     f"{list(entry.shape)}): its rows cannot be returned as one shape; leave it out of the window spec"
                 )
             if kind == "numeric" or (kind == "text" and role == "extra_columns"):
+                exact = role in ("extra_columns", "column_offsets") and column not in normalized
+                if kind == "numeric" and exact and entry.dtype.startswith(("int", "uint")):
+                    kind = "integer"  # returned as int64
                 kinds.setdefault(column, {}).setdefault(kind, source.shown)
                 continue
             allowed = "numbers or text (str)" if role == "extra_columns" else "numbers (only extra_columns return text)"
@@ -308,9 +313,10 @@ def check_columns(sources: list[DatasetSource], spec: WindowSpec) -> None:
             )
     for column, seen in kinds.items():
         if len(seen) > 1:
+            which = " but ".join(f"{kind} in {where}" for kind, where in sorted(seen.items()))
             raise ValueError(
-                f"column {column!r} is text in {seen['text']} but numeric in {seen['numeric']}: its values cannot "
-                "be batched together; leave it out of the window spec, or mix datasets that agree"
+                f"column {column!r} is {which}: its values cannot be batched together (text is str, integers int64, "
+                "other numbers float32); leave it out of the window spec, normalise it, or mix datasets that agree"
             )
 
 
@@ -374,6 +380,7 @@ def mix_layout(
     post: PostProcess,
     camera_map: dict[str, str] | list[dict[str, str] | None] | None = None,
     pad_dims: bool | dict[str, int] | None = None,
+    normalized: Collection[str] = (),
 ) -> MixLayout:
     """The ``MixLayout`` of a mix (one dataset is a mix of one).
 
@@ -393,7 +400,7 @@ def mix_layout(
     if len(maps) != len(sources):
         raise ValueError(f"camera_map has {len(maps)} entries for {len(sources)} datasets")
     _check_fps(sources, spec.fps)
-    check_columns(sources, spec)
+    check_columns(sources, spec, normalized)
     offsets, names, lacking = _cameras(sources, spec, [m or {} for m in maps])
     depth, shapes = _kinds_and_shapes(sources, names, post)
     pads = []

@@ -76,11 +76,13 @@ class WindowSpec:
             when given, ``action_horizon`` becomes their count.
         column_offsets: other numeric table columns returned as windows: column -> row offsets,
             each ``float32 [T, *shape]`` with ``<column>_is_pad`` (``shape``: the column's per-row
-            shape as the dataset stores it, a scalar column as ``[1]``; see ``WindowDataset``).
+            shape as the dataset stores it, a scalar column as ``[1]``; an integer column not
+            normalised is int64, exactly; see ``WindowDataset``).
         extra_columns: table columns returned for the anchor row only: a numeric column as
-            ``float32 [*shape]``, a text column as ``str`` (a list of strings per batch; a null as
-            ``""``). A column is returned under its own name, so it may not also be a window
-            (state, action, ``column_offsets``) nor a key every sample has (``RESERVED_KEYS``).
+            ``float32 [*shape]`` (int64 for an integer one), a text column as ``str`` (a list of
+            strings per batch; a null as ``""``). A column is returned under its own name, so it
+            may not also be a window (state, action, ``column_offsets``) nor a key every sample
+            has (``RESERVED_KEYS``).
         state_key / action_key: table columns (``None`` to leave one out).
         boundary: ``"inside"``: only anchors whose every offset lies inside the episode (short
             episodes give zero windows and are counted); ``"pad"``: every anchor, out-of-range

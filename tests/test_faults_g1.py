@@ -337,8 +337,8 @@ CAM3 = "observation.images.front"
 def _columns_table(e: int, reward_as_list: bool) -> pa.Table:
     """``make_episode_table`` plus: ``next.reward`` (row + 1000 e; a scalar, or a list of 1), ``reward1``
     (list of 1: row + 0.5), ``grid`` ([2, 3]: 6 row + k), ``note`` (text ``e{e}r{row}``, row 5 null),
-    ``blob`` (binary), ``ragged`` (lists of 1 and 3 values) and ``ragged_late`` (the same, but lists of
-    2 in episode 0)."""
+    ``blob`` (binary), ``ragged`` (lists of 1 and 3 values), ``ragged_late`` (the same, but lists of
+    2 in episode 0) and ``big`` (int64 2**40 + 1000 e + row)."""
     table = make_episode_table(ROWS3)
     rows = np.arange(ROWS3, dtype=np.float32)
     reward = pa.array(rows + 1000 * e)
@@ -355,6 +355,8 @@ def _columns_table(e: int, reward_as_list: bool) -> pa.Table:
     table = table.append_column("ragged", pa.array(ragged, pa.list_(pa.float32())))
     late = ragged if e > 0 else [[float(r)] * 2 for r in range(ROWS3)]  # of one length in episode 0 only
     table = table.append_column("ragged_late", pa.array(late, pa.list_(pa.float32())))
+    big = (2**40 + 1000 * e + np.arange(ROWS3, dtype=np.int64)).astype(np.int64)  # float32 rounds these
+    table = table.append_column("big", pa.array(big))
     return table.append_column("blob", pa.array([bytes([r]) for r in range(ROWS3)], pa.binary()))
 
 
@@ -555,9 +557,34 @@ def test_check_columns_refuses_text_lists_and_a_column_text_in_one_dataset_numer
 
     spec = _cam_spec(extra_columns=("note",))
     check_columns([_fake_source("a", note=("string", [])), _fake_source("b", note=("large_string", []))], spec)
-    with pytest.raises(ValueError, match=r"column 'note' is text in a but numeric in b"):
+    with pytest.raises(ValueError, match=r"column 'note' is numeric in b but text in a"):
         check_columns([_fake_source("a", note=("string", [])), _fake_source("b", note=("double", [1]))], spec)
     with pytest.raises(ValueError, match=r"a: column 'note' \(extra_columns\) holds lists of text \(shape \[2\]\)"):
         check_columns([_fake_source("a", note=("string", [2]))], spec)
     dictionary = "dictionary<values=string, indices=int32, ordered=0>"
     check_columns([_fake_source("a", note=(dictionary, []))], spec)  # dictionary-encoded text is text
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_integer_column_comes_back_exactly(columns_ds, workers):
+    """Old code: float32, so 2**40 + 1000 e + row came back rounded to a multiple of 2**17."""
+    spec = _cam_spec(extra_columns=("big",), column_offsets={"index": (-1, 0)})
+    batches = list(WindowLoader(WindowDataset(columns_ds, spec, seed=1), batch_size=4, num_workers=workers))
+    seen = 0
+    for b in batches:
+        assert b["big"].dtype == torch.int64 and b["index"].dtype == torch.int64
+        for (e, f), big, index in zip(_batch_keys(b), b["big"], b["index"], strict=True):
+            assert big.tolist() == [2**40 + 1000 * e + f]
+            assert index.tolist() == [[max(f - 1, 0)], [f]]
+            seen += 1
+    assert seen == 3 * ROWS3
+
+
+def test_a_column_integer_in_one_dataset_and_float_in_another_is_refused_unless_normalised():
+    from epishard.stream.mix import check_columns
+
+    spec = _cam_spec(extra_columns=("count",))
+    mix = [_fake_source("a", count=("int64", [])), _fake_source("b", count=("double", []))]
+    with pytest.raises(ValueError, match=r"column 'count' is integer in a but numeric in b"):
+        check_columns(mix, spec)
+    check_columns(mix, spec, normalized=("count",))  # normalised: float32 in both
