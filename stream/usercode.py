@@ -53,9 +53,15 @@ def call_user(what: str, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)``; an ``Exception`` it raises is marked as the user's (``mark``) and re-raised unchanged.
 
     ``what``: the hook or stage, e.g. ``"PostProcess.hook my_module.jitter"``.
+
+    Raises:
+        UserCodeError: ``fn`` raised ``StopIteration`` (chained): raised on, it would end the
+            reader's iteration, or the DataLoader's, silently, as if the epoch were over.
     """
     try:
         return fn(*args)
+    except StopIteration as exc:
+        raise UserCodeError(f"{what} raised StopIteration: {exc!r}", what) from exc
     except Exception as exc:
         mark(exc, what)
         raise

@@ -588,3 +588,17 @@ def test_a_column_integer_in_one_dataset_and_float_in_another_is_refused_unless_
     with pytest.raises(ValueError, match=r"column 'count' is integer in a but numeric in b"):
         check_columns(mix, spec)
     check_columns(mix, spec, normalized=("count",))  # normalised: float32 in both
+
+
+def _stopping_cost(episodes: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+    raise StopIteration
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stop_iteration_of_the_users_code_never_ends_the_epoch_silently(intact, workers):
+    """Old code, 2 workers: torch re-raised the worker's StopIteration inside the loader, which ended the
+    epoch with no batch and no error."""
+    ds = WindowDataset(intact, SPEC, seed=5, cost=_stopping_cost)
+    with pytest.raises(UserCodeError, match=r"the cost stage .*_stopping_cost raised StopIteration"):
+        for _ in WindowLoader(ds, batch_size=2, num_workers=workers):
+            pass
