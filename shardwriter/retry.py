@@ -15,6 +15,9 @@ over ranged reads, ``stream.fetch.wait_or_raise``):
   ``FetchError`` (reader), naming the URL, the status and the time spent. A ``Retry-After`` longer
   than what is left of the budget fails at once.
 - A request that gets no answer costs at most its connect and read timeouts plus the budget.
+
+HTTP(S) clients (aiohttp through fsspec) have no retries of their own: ``call_with_budget`` wraps
+the calls ``storage.Storage`` and ``storage.RemoteFile`` make over HTTP by the same rules.
 """
 
 from __future__ import annotations
@@ -195,3 +198,62 @@ class S3RetryBudget:
             status,
             elapsed,
         ) from exc
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failed fsspec call (HTTP) may succeed when asked again.
+
+    An answer with a status of ``RETRYABLE_STATUS`` (429, 5xx), a connection error or a timeout;
+    also fsspec's ``FileNotFoundError`` when its cause is one of those (fsspec's HTTP ``info``
+    calls every failure "not found"). A 4xx answer, a real 404 and anything else: False.
+    """
+    status, _, _ = http_status_of(exc)
+    if status is not None:
+        return status in RETRYABLE_STATUS
+    if isinstance(exc, FileNotFoundError):
+        return exc.__cause__ is not None and transient(exc.__cause__)
+    if isinstance(exc, PermissionError | IsADirectoryError | NotADirectoryError | RetryBudgetExceeded):
+        return False
+    try:
+        import aiohttp
+
+        if isinstance(exc, aiohttp.ClientError):  # refused, reset, disconnected (answers were handled above)
+            return True
+    except ImportError:
+        pass
+    return isinstance(exc, ConnectionError | TimeoutError)
+
+
+def call_with_budget(
+    call, where: str, budget_s: float, backoff_s: float = BACKOFF_S, backoff_max_s: float = BACKOFF_MAX_S
+):
+    """``call()``, asked again after each ``transient`` failure for ``budget_s`` seconds (the module's rules).
+
+    For the fsspec calls no client retries (HTTP). ``where``: what the message names (the URL).
+    Returns what ``call`` returns; a failure that is not transient is raised as it is.
+
+    Raises:
+        RetryBudgetExceeded: still failing when the budget is spent (or a ``Retry-After`` is past it);
+            names ``where``, the status or exception, the attempts and the seconds spent.
+    """
+    started, attempt = time.monotonic(), 0
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            status, code, headers = http_status_of(exc)
+            retry_after = retry_after_s(headers.get("retry-after"))
+            delay = next_delay(started, attempt, budget_s, retry_after, backoff_s, backoff_max_s)
+            if delay is None:
+                elapsed = time.monotonic() - started
+                after = f"; Retry-After {headers['retry-after']}" if retry_after is not None else ""
+                raise RetryBudgetExceeded(
+                    f"{where}: {describe_failure(status, code, exc)} (gave up after {attempt + 1} attempts in "
+                    f"{elapsed:.1f} s: retry budget {budget_s:g} s{after})",
+                    status,
+                    elapsed,
+                ) from exc
+            time.sleep(delay)
+            attempt += 1

@@ -39,7 +39,7 @@ from epishard.redact import guard_client_logs, redact, remember
 from epishard.storage_options import parse_storage_options  # noqa: F401  (re-exported for the APIs and tools)
 
 from . import format as fmt
-from .retry import RETRY_BUDGET_S, S3RetryBudget
+from .retry import RETRY_BUDGET_S, S3RetryBudget, call_with_budget
 
 CONNECT_TIMEOUT_S = 10.0  # default seconds to open a connection to S3 or an HTTP server
 READ_TIMEOUT_S = 30.0  # default seconds a request may wait for the next bytes of a response
@@ -244,6 +244,10 @@ class Storage:
 
     ``url``: local path or fsspec URL; ``storage_options``: passed to fsspec, except epishard's
     ``connect_timeout``, ``read_timeout`` and ``retry_budget`` (seconds; see ``make_filesystem``).
+    Over HTTP(S), whose client does not retry, ``exists``, ``size``, ``names`` and ``read`` are
+    retried by the same budget (``shardwriter.retry.call_with_budget``): a throttled or failing
+    server is waited out, or named with its status (``RetryBudgetExceeded``), never taken for a
+    missing file.
     """
 
     def __init__(self, url: str, storage_options: dict | None = None):
@@ -252,6 +256,11 @@ class Storage:
         protocol = fsspec.core.split_protocol(self.url)[0]
         self.local = protocol in (None, "file", "local")
         self._handle = FileSystemHandle(self.url, self.storage_options)
+        self._http_budget: float | None = None  # seconds, for the calls of an HTTP(S) folder
+        if protocol in ("http", "https"):
+            self._http_budget = float(
+                resolve_storage_options(self.url, self.storage_options).get("retry_budget", RETRY_BUDGET_S)
+            )
         if self.local:
             self._root = os.path.abspath(fsspec.core.strip_protocol(self.url) if protocol else self.url)
         else:  # the filesystem made for the root path is kept for this process
@@ -289,12 +298,22 @@ class Storage:
         """Whether ``name`` exists in the folder."""
         if self.local:
             return os.path.exists(self.path(name))
+        if self._http_budget is not None:  # strict: a failing answer raises (and is retried), only 404 is False
+            return self._retried(lambda: self.fs.exists(self.path(name), strict=True), name)
         with self._named_denial():
             return self.fs.exists(self.path(name))
 
+    def _retried(self, call, name: str):
+        """``call()``, over HTTP(S) retried for the budget (see the class docstring)."""
+        if self._http_budget is None:
+            return call()
+        return call_with_budget(call, redact(f"{self.url}/{name}" if name else self.url), self._http_budget)
+
     def size(self, name: str) -> int:
         """Size of ``name`` in bytes."""
-        return os.path.getsize(self.path(name)) if self.local else int(self.fs.size(self.path(name)))
+        if self.local:
+            return os.path.getsize(self.path(name))
+        return int(self._retried(lambda: self.fs.size(self.path(name)), name))
 
     def remove(self, name: str) -> None:
         """Delete ``name`` if it exists.
@@ -323,7 +342,8 @@ class Storage:
         self.fs.invalidate_cache(self._root)
         try:
             with self._named_denial():
-                return sorted(os.path.basename(p.rstrip("/")) for p in self.fs.ls(self._root, detail=False))
+                listed = self._retried(lambda: self.fs.ls(self._root, detail=False), "")
+                return sorted(os.path.basename(p.rstrip("/")) for p in listed)
         except FileNotFoundError:
             bucket = missing_bucket(self.fs, self.url, self._root)
             if bucket is not None:
@@ -339,7 +359,7 @@ class Storage:
             with open_regular(self.path(name)) as f:
                 f.seek(start or 0)
                 return f.read() if stop is None else f.read(stop - (start or 0))
-        return self.fs.cat_file(self.path(name), start=start, end=stop)
+        return self._retried(lambda: self.fs.cat_file(self.path(name), start=start, end=stop), name)
 
     def open(self, name: str):
         """A seekable binary file to read ``name`` (range requests on object stores)."""
@@ -424,6 +444,8 @@ class RemoteFile:
     ``url``: the file's URL. ``known_size``: its size in bytes when a listing gave it (else asked
     on first use). ``storage_options``: as ``make_filesystem`` takes them. Picklable: each process
     makes its own client (``source_filesystem``). Equal and hashed by ``url`` and ``known_size``.
+    Over HTTP(S) ``read`` and ``size`` are retried for the retry budget (as ``Storage``'s; the
+    storage option ``retry_budget``, default ``RETRY_BUDGET_S``); S3 calls have it from botocore.
     """
 
     url: str
@@ -442,10 +464,20 @@ class RemoteFile:
         fs, path = self._fs()
         return fs.open(path, "rb", block_size=READ_BLOCK_BYTES)
 
+    def _retried(self, call):
+        if protocol_of(self.url) not in ("http", "https"):
+            return call()
+        budget = float(resolve_storage_options(self.url, self.storage_options).get("retry_budget", RETRY_BUDGET_S))
+        return call_with_budget(call, redact(self.url), budget)
+
     def read(self) -> bytes:
-        """The whole file's bytes (one request); raises what the filesystem raises (e.g. FileNotFoundError)."""
+        """The whole file's bytes (one request); raises what the filesystem raises (e.g. FileNotFoundError).
+
+        Raises:
+            RetryBudgetExceeded: over HTTP(S), the server still failed (429, 5xx, no answer) after the budget.
+        """
         fs, path = self._fs()
-        return fs.cat_file(path)
+        return self._retried(lambda: fs.cat_file(path))
 
     def size(self) -> int:
         """The file's size in bytes: ``known_size``, else asked of the filesystem once (cached)."""
@@ -455,4 +487,4 @@ class RemoteFile:
 @functools.lru_cache(maxsize=4096)
 def _remote_size(file: RemoteFile) -> int:
     fs, path = file._fs()
-    return int(fs.size(path))
+    return int(file._retried(lambda: fs.size(path)))

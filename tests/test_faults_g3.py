@@ -369,3 +369,45 @@ def test_a_multipart_upload_out_of_budget_is_aborted_and_its_own_error_raised(s3
     assert not fs.exists(f"budget/mpu-{fail}/big.bin")  # nothing under the key
     left = _uploads_in_progress(fs, f"mpu-{fail}/")
     assert left == ([] if fail == "complete" else [f"mpu-{fail}/big.bin"])  # aborted, unless the abort failed too
+
+
+# --- verify and inspect over HTTP --------------------------------------------------------------------
+
+
+def test_verify_and_inspect_over_http_survive_a_2_s_burst_of_503(http_proxy, intact):
+    from epishard.shardwriter.describe import describe
+
+    options = {"retry_budget": 4}
+    http_proxy.burst(2.0, status=503)
+    result = verify(http_proxy.url, decode=False, storage_options=options)
+    assert result["ok"] and result["shards"] == 3 and result["episodes"] == 6, result
+    assert http_proxy.answered(503) >= 3
+    http_proxy.burst(2.0, status=429, retry_after="0.5")
+    assert describe(http_proxy.url, storage_options=options) == {**describe(intact), "root": http_proxy.url}
+
+
+def test_verify_over_http_names_the_url_and_status_when_the_budget_runs_out(http_proxy):
+    http_proxy.burst(30.0, status=503, match=b"manifest.json")
+    with pytest.raises(
+        RetryBudgetExceeded, match=rf"{re.escape(http_proxy.url)}/manifest\.json: HTTP 503 .* s: retry budget 0\.5 s\)"
+    ):
+        verify(http_proxy.url, decode=False, storage_options={"retry_budget": 0.5})
+
+
+def test_convert_from_an_http_lerobot_source_survives_a_burst_on_its_videos(tmp_path):
+    from lerobotgen import write_v2
+
+    write_v2(str(tmp_path / "src" / "v2"), [12, 9, 15], [CAMERA])
+    convert([str(tmp_path / "src" / "v2")], str(tmp_path / "local"), ConvertOptions(progress=False))
+    server, base = serve_http(str(tmp_path / "src"))
+    proxy = ThrottleProxy(base)
+    try:
+        proxy.burst(2.0, status=503, match=b".mp4")
+        url = f"{proxy.url}/v2"
+        convert([url], str(tmp_path / "out"), ConvertOptions(progress=False), storage_options={"retry_budget": 4})
+    finally:
+        proxy.close()
+        server.shutdown()
+    assert proxy.answered(503) >= 3
+    for shard in sorted(p.name for p in (tmp_path / "local").glob("shard-*")):  # the bytes of the local copy's output
+        assert (tmp_path / "out" / shard).read_bytes() == (tmp_path / "local" / shard).read_bytes(), shard
