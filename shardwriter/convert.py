@@ -121,22 +121,31 @@ class ConvertOptions:
 
 
 def open_sources(
-    inputs: list[Source | str], cameras: tuple[str, ...] | None = None, storage_options: dict | None = None
+    inputs: list[Source | str],
+    cameras: tuple[str, ...] | None = None,
+    storage_options: dict | None = None,
+    episodes: frozenset[int] | None = None,
 ) -> list[Source]:
     """Open LeRobot paths or URLs and give every source a unique name (``name``, ``name_2``, ...).
 
-    ``cameras``, ``storage_options``: see ``read_lerobot``; items already a ``Source`` are kept as given.
+    ``cameras``, ``storage_options``, ``episodes``: see ``read_lerobot`` (``episodes``: a LeRobot
+    source describes only those of its episodes; its notes and checks are those of the whole
+    dataset); items already a ``Source`` are kept as given.
     """
     sources, seen = [], set()
     for item in inputs:
-        source = read_lerobot(item, cameras=cameras, storage_options=storage_options) if isinstance(item, str) else item
+        source = (
+            read_lerobot(item, cameras=cameras, storage_options=storage_options, episodes=episodes)
+            if isinstance(item, str)
+            else item
+        )
         name, n = source.name, 2
         while fmt.slug(name) in seen:
             name, n = f"{source.name}_{n}", n + 1
         if name != source.name or any(e.source != name for e in source.episodes):
             # Episodes take their source's (unique) name: keys and per-source statistics follow it.
-            episodes = [dataclasses.replace(e, source=name) if e.source != name else e for e in source.episodes]
-            source = dataclasses.replace(source, name=name, episodes=episodes)
+            renamed = [dataclasses.replace(e, source=name) if e.source != name else e for e in source.episodes]
+            source = dataclasses.replace(source, name=name, episodes=renamed)
         seen.add(fmt.slug(name))
         sources.append(source)
     return sources
@@ -585,12 +594,14 @@ def convert(
         OSError: a write failed (``filename`` names the file; no half-written file stays under a
             final name, and a rerun resumes).
     """
-    sources = open_sources(inputs, options.cameras, storage_options)
+    # A selection: only its episodes' rows of a LeRobot source's metadata are turned into episodes.
+    sources = open_sources(inputs, options.cameras, storage_options, options.episodes)
     episodes = [
         e for s in sources for e in s.episodes if options.episodes is None or e.episode_index in options.episodes
     ]
     if not episodes:
         if options.episodes is not None:
+            sources = open_sources(inputs, options.cameras, storage_options)  # every episode, for the message
             have = ", ".join(f"{s.name}: {_index_ranges([e.episode_index for e in s.episodes])}" for s in sources)
             raise SourceError(f"no episodes to convert: none of --episodes is in the sources (episode indices {have})")
         raise SourceError("no episodes to convert (the sources list none)")

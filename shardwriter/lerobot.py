@@ -22,7 +22,6 @@ import difflib
 import errno
 import functools
 import glob
-import itertools
 import json
 import math
 import os
@@ -377,7 +376,11 @@ def _depth_cameras(features: dict) -> set[str]:
 
 @scrubbed  # its exceptions and their chains name no credentials
 def read_lerobot(
-    root: str, name: str | None = None, cameras: tuple[str, ...] | None = None, storage_options: dict | None = None
+    root: str,
+    name: str | None = None,
+    cameras: tuple[str, ...] | None = None,
+    storage_options: dict | None = None,
+    episodes: frozenset[int] | None = None,
 ) -> Source:
     """Open a LeRobot dataset folder and describe its episodes without reading any video.
 
@@ -391,6 +394,12 @@ def read_lerobot(
             ``()`` none (state and action only; the dataset's videos are not looked at).
         storage_options: for a URL, as ``storage.make_filesystem`` takes them (merged with the
             environment; see ``storage.resolve_storage_options``).
+        episodes: the episode indices to describe (``ConvertOptions.episodes``; None: all).
+            ``Source.episodes`` then lists only those of them the dataset has; everything else
+            (the checks of ``meta/episodes``, the notes, the episode count, the errors) is as
+            without it. Of a v3.0 ``meta/episodes``, only the selected rows become Python
+            objects: the rest is checked and looked up column by column, so opening a selection
+            costs about the same whatever the number of episodes the dataset lists.
 
     Raises:
         SourceError: no ``meta/info.json``, one that is not valid JSON or has fields of the wrong
@@ -417,9 +426,9 @@ def read_lerobot(
     if protocol_of(root) in ("http", "https"):  # the folder's name, not its URL spelling (%20, %5B)
         name = urllib.parse.unquote(name)
     if version.startswith("v2"):
-        return _read_v2(tree, name, info, cameras)
+        return _read_v2(tree, name, info, cameras, episodes)
     if version.startswith("v3"):
-        return _read_v3(tree, name, info, cameras)
+        return _read_v3(tree, name, info, cameras, episodes)
     raise SourceError(f"{info_path}: codebase_version {version!r} is not v2.0, v2.1 or v3.0")
 
 
@@ -436,7 +445,9 @@ def _v2_tasks(tree: _Tree) -> tuple[dict[int, list[str]], dict[int, str]]:
     return per_episode, by_index
 
 
-def _read_v2(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None) -> Source:
+def _read_v2(
+    tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None, selection: frozenset[int] | None = None
+) -> Source:
     root = tree.root
     fps = float(info["fps"])
     data_re = _template_regex(info["data_path"])
@@ -471,7 +482,7 @@ def _read_v2(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
     images, image_notes = _image_features(info.get("features", {}), wanted)
     notes += image_notes
     episodes = []
-    for ep in sorted(found):
+    for ep in sorted(found if selection is None else found.keys() & selection):
         path, _ = found[ep]
         tasks = per_episode_tasks.get(ep) or ([task_text[0]] if len(task_text) == 1 else [])
         videos = {
@@ -500,16 +511,17 @@ def _read_v2(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
                 images=images,
             )
         )
-    return _source(name, root, info, fps, episodes, notes)
+    return _source(name, root, info, fps, episodes, notes, len(found))
 
 
-def _source(name: str, root, info: dict, fps: float, episodes: list, notes: list[str]) -> Source:
-    """The ``Source`` of a LeRobot dataset (v2.x or v3.0), noting an episode count info.json gets wrong."""
-    declared_episodes = int(info.get("total_episodes", len(episodes)))
-    if declared_episodes != len(episodes):
-        notes.append(
-            f"meta/info.json declares {declared_episodes} episodes; {len(episodes)} have data files and are converted"
-        )
+def _source(name: str, root, info: dict, fps: float, episodes: list, notes: list[str], count: int) -> Source:
+    """The ``Source`` of a LeRobot dataset (v2.x or v3.0), noting an episode count info.json gets wrong.
+
+    ``count``: the episodes the dataset has (``episodes`` may be a selection of them).
+    """
+    declared_episodes = int(info.get("total_episodes", count))
+    if declared_episodes != count:
+        notes.append(f"meta/info.json declares {declared_episodes} episodes; {count} have data files and are converted")
     return Source(
         name=name,
         episodes=episodes,
@@ -521,105 +533,120 @@ def _source(name: str, root, info: dict, fps: float, episodes: list, notes: list
     )
 
 
-def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None) -> Source:
+def _read_v3(
+    tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None, selection: frozenset[int] | None = None
+) -> Source:
     root = tree.root
     fps = float(info["fps"])
     meta_files = tree.find(os.path.join(root, "meta", "episodes"), ".parquet")
     if not meta_files:
         raise SourceError(f"{root}: LeRobot v3.0 dataset without meta/episodes/*.parquet")
-    rows = _v3_episode_rows(tree, meta_files)
+    meta = _V3Meta(tree, meta_files)
     task_text = _v3_tasks(tree, os.path.join(root, "meta", "tasks.parquet"))
     declared = _camera_names(info.get("features", {}))
     cameras = declared if wanted != () else []
     depth = _depth_cameras(info.get("features", {}))
     images, image_notes = _image_features(info.get("features", {}), wanted)
-    data_ranges: dict[str, dict[int, tuple[int, int]]] = {}
-
-    def ranges_in(path: str) -> dict[int, tuple[int, int]]:
-        # Episode row ranges from the file's own episode_index column, not from global indices.
-        if path not in data_ranges:
-            col = tree.parquet(path, columns=["episode_index"]).column("episode_index")
-            if col.null_count or not pa.types.is_integer(col.type):
-                raise SourceError(f"{path}: episode_index must hold integers without nulls, has {col.type}")
-            values = col.to_numpy()
-            ranges: dict[int, tuple[int, int]] = {}
-            change = [0, *(np.flatnonzero(values[1:] != values[:-1]) + 1).tolist(), len(values)]
-            for a, b in itertools.pairwise(change):
-                ep = int(values[a])
-                if ep in ranges:
-                    raise SourceError(f"{path}: rows of episode {ep} are not contiguous")
-                ranges[ep] = (a, b)
-            data_ranges[path] = ranges
-        return data_ranges[path]
-
-    # Many episodes share a file: each path is filled in and looked up once.
+    # Many episodes share a file: each path is filled in and looked up once, whole columns at a time
+    # (only the selected rows become Python objects, below).
     exists = functools.cache(tree.exists)
-    filled: dict = {}
+    ep = meta.episode
     data_uses_episode = "episode_index" in _template_fields(info["data_path"])
-    data_of: list[str] = []  # per row: its data file
-    for row in rows:
-        ep = int(row["episode_index"])
-        data_key = (row["data/chunk_index"], row["data/file_index"], ep if data_uses_episode else None)
-        if data_key not in filled:
-            filled[data_key] = os.path.join(
-                root,
-                _format(
-                    info["data_path"],
-                    {
-                        "chunk_index": row["data/chunk_index"],
-                        "file_index": row["data/file_index"],
-                        "episode_chunk": row["data/chunk_index"],
-                        "episode_index": ep,
-                    },
-                ),
-            )
-        data_of.append(filled[data_key])
-    if not any(exists(path) for path in data_of):
+    data_keys = [meta.data_chunk, meta.data_file] + ([ep] if data_uses_episode else [])
+    first, data_code = _first_seen(np.stack(data_keys, axis=1))
+    data_paths = [
+        os.path.join(
+            root,
+            _format(
+                info["data_path"],
+                {
+                    "chunk_index": int(meta.data_chunk[r]),
+                    "file_index": int(meta.data_file[r]),
+                    "episode_chunk": int(meta.data_chunk[r]),
+                    "episode_index": int(ep[r]),
+                },
+            ),
+        )
+        for r in first.tolist()
+    ]
+    data_there = np.asarray([exists(path) for path in data_paths], dtype=bool)
+    if not data_there.any():
         raise SourceError(
             f"{root}: none of the episodes in meta/episodes has its data file present (data_path "
-            f"{info['data_path']!r}; looked for {_files(sorted(set(data_of)), root)})"
+            f"{info['data_path']!r}; looked for {_files(sorted(set(data_paths)), root)})"
         )
+    has_data = data_there[data_code]
     # Videos are looked for only for the episodes whose data file is there (a subset copy keeps
     # the full dataset's meta/episodes): those are the files a message names.
+    video_uses_episode = "episode_index" in _template_fields(info.get("video_path") or "")
+    pending = []  # (first row, camera, key number, key row): filled in row order, as a message names the first
+    video_code: dict[str, np.ndarray] = {}  # camera -> per row: its video file's key number (-1: none)
+    key_seconds: dict[str, np.ndarray] = {}  # camera -> per key: the largest to_timestamp of its rows
+    for cam in cameras:
+        to, to_valid = meta.floats(f"videos/{cam}/to_timestamp")
+        rows = np.flatnonzero(has_data & to_valid)
+        chunk, chunk_valid = meta.ints(f"videos/{cam}/chunk_index")
+        file, file_valid = meta.ints(f"videos/{cam}/file_index")
+        keys = [chunk, chunk_valid, file, file_valid] + ([ep] if video_uses_episode else [])
+        first, code = _first_seen(np.stack([k[rows].astype(np.int64) for k in keys], axis=1))
+        video_code[cam] = np.full(meta.num_rows, -1, dtype=np.int64)
+        video_code[cam][rows] = code
+        key_seconds[cam] = np.full(first.size, -np.inf)
+        np.maximum.at(key_seconds[cam], code, to[rows])
+        pending += [(int(rows[f]), cam, k) for k, f in enumerate(first.tolist())]
+    video_paths: dict[str, list[str]] = {cam: [""] * key_seconds[cam].size for cam in cameras}
     file_seconds: dict[str, float] = {}
-    files_of: dict[str, list[str]] = {cam: [] for cam in cameras}
-    video_of: list[dict[str, str]] = []  # per row: camera -> its video file
-    video_filled: dict = {}
-    for row, data_path in zip(rows, data_of, strict=True):
-        video_of.append({})
-        if not exists(data_path):
-            continue
-        for cam in cameras:
-            key = f"videos/{cam}/to_timestamp"
-            if key in row and row[key] is not None:
-                path = video_of[-1][cam] = _video_path(root, info, cam, row, video_filled)
-                file_seconds[path] = max(file_seconds.get(path, 0.0), float(row[key]))
-                files_of[cam].append(path)
-    present = {cam for cam in cameras if any(exists(p) for p in files_of[cam])}
+    for r, cam, k in sorted(pending, key=lambda p: (p[0], cameras.index(p[1]))):
+        path = video_paths[cam][k] = _video_path(root, info, cam, meta.video_fields(cam, r))
+        file_seconds[path] = max(file_seconds.get(path, 0.0), float(key_seconds[cam][k]))
+    present = {cam for cam in cameras if any(exists(p) for p in video_paths[cam])}
     # A camera meta/episodes gives no file for: the template, its chunk and file fields unfilled.
     expected = {
-        cam: files_of[cam][0]
-        if files_of[cam]
+        cam: video_paths[cam][0]
+        if video_paths[cam]
         else os.path.join(root, (info.get("video_path") or "").replace("{video_key}", cam))
         for cam in cameras
     }
-    notes = _dropped_cameras(tree, declared, expected, present, wanted, files_of) + image_notes
+    notes = _dropped_cameras(tree, declared, expected, present, wanted, video_paths) + image_notes
+    # Each row's rows in its data file, from the file's own episode_index column (not global indices).
+    start = np.zeros(meta.num_rows, dtype=np.int64)
+    stop = np.zeros(meta.num_rows, dtype=np.int64)
+    in_file = np.zeros(meta.num_rows, dtype=bool)
+    ranges: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for d in np.flatnonzero(data_there).tolist():  # in the order their first rows come: the first fault is named
+        if data_paths[d] not in ranges:
+            ranges[data_paths[d]] = _episode_ranges(tree, data_paths[d])
+        values, starts, stops = ranges[data_paths[d]]
+        rows = np.flatnonzero(data_code == d)
+        if values.size:
+            at = np.minimum(np.searchsorted(values, ep[rows]), values.size - 1)
+            in_file[rows], start[rows], stop[rows] = values[at] == ep[rows], starts[at], stops[at]
+    notes += [
+        f"episode {int(ep[r])}: meta/episodes lists it in {data_paths[data_code[r]]} but the file has no rows for it; "
+        "skipped"
+        for r in np.flatnonzero(has_data & ~in_file).tolist()
+    ]
+    count = int(np.count_nonzero(in_file))
+    if not count:
+        raise SourceError(
+            f"{root}: none of the episodes in meta/episodes has rows in its data file (data_path "
+            f"{info['data_path']!r}; read {_files(sorted({data_paths[d] for d in np.flatnonzero(data_there)}), root)})"
+        )
+    if selection is not None:
+        wanted_episodes = np.asarray([e for e in selection if -(2**63) <= e < 2**63], dtype=np.int64)
+        chosen = in_file & np.isin(ep, wanted_episodes)
+    else:
+        chosen = in_file
+    positions = np.flatnonzero(chosen)
     episodes = []
-    for row, data_path, videos_of_row in zip(rows, data_of, video_of, strict=True):
-        ep = int(row["episode_index"])
-        if not exists(data_path):
-            continue
-        if ep not in ranges_in(data_path):
-            notes.append(
-                f"episode {ep}: meta/episodes lists it in {data_path} but the file has no rows for it; skipped"
-            )
-            continue
-        start, stop = ranges_in(data_path)[ep]
+    for r, row in zip(positions.tolist(), meta.rows(positions), strict=True):
+        data_path = data_paths[data_code[r]]
         videos, missing, missing_paths = {}, [], {}
         for cam in cameras:
             if cam not in present:
                 continue
-            path = videos_of_row.get(cam) or _video_path(root, info, cam, row)
+            k = int(video_code[cam][r])
+            path = video_paths[cam][k] if k >= 0 else _video_path(root, info, cam, row)
             if exists(path):
                 seg = (float(row[f"videos/{cam}/from_timestamp"]), float(row[f"videos/{cam}/to_timestamp"]))
                 videos[cam] = CameraVideo(
@@ -632,8 +659,8 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
         episodes.append(
             Episode(
                 source=name,
-                episode_index=ep,
-                table=TableSlice(tree.file(data_path), start, stop),
+                episode_index=int(row["episode_index"]),
+                table=TableSlice(tree.file(data_path), int(start[r]), int(stop[r])),
                 videos=videos,
                 fps=fps,
                 tasks=tasks,
@@ -642,13 +669,45 @@ def _read_v3(tree: _Tree, name: str, info: dict, wanted: tuple[str, ...] | None)
                 images=images,
             )
         )
-    if not episodes:
-        raise SourceError(
-            f"{root}: none of the episodes in meta/episodes has rows in its data file (data_path "
-            f"{info['data_path']!r}; read {_files(sorted({p for p in data_of if exists(p)}), root)})"
-        )
     episodes.sort(key=lambda e: e.episode_index)
-    return _source(name, root, info, fps, episodes, notes)
+    return _source(name, root, info, fps, episodes, notes, count)
+
+
+def _first_seen(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of ``keys`` (int ``[n, k]``) numbered in the order they first occur.
+
+    Returns (the row where each first occurs, ascending; per row: its number).
+    """
+    if not keys.shape[0]:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    number = np.empty_like(order)
+    number[order] = np.arange(order.size)
+    return first[order], number[inverse.reshape(-1)]
+
+
+def _episode_ranges(tree: _Tree, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The episodes of a v3.0 data file and their rows ``[start, stop)``, from its episode_index column.
+
+    Returns (episode indices, ascending; their start rows; their stop rows). Raises SourceError
+    naming the file: the column holds nulls or no integers, or an episode's rows are not contiguous.
+    """
+    col = tree.parquet(path, columns=["episode_index"]).column("episode_index")
+    if col.null_count or not pa.types.is_integer(col.type):
+        raise SourceError(f"{path}: episode_index must hold integers without nulls, has {col.type}")
+    values = col.to_numpy()
+    if not values.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    change = np.concatenate([[0], np.flatnonzero(values[1:] != values[:-1]) + 1, [len(values)]]).astype(np.int64)
+    starts, stops = change[:-1], change[1:]
+    episodes = values[starts].astype(np.int64)
+    order = np.argsort(episodes, kind="stable")
+    twice = np.flatnonzero(episodes[order][1:] == episodes[order][:-1])
+    if twice.size:  # the first run, in file order, of an episode whose rows came before
+        run = int(np.min(order[twice + 1]))
+        raise SourceError(f"{path}: rows of episode {int(episodes[run])} are not contiguous")
+    return episodes[order], starts[order], stops[order]
 
 
 def _read_parquet(tree: _Tree, path: str):
@@ -658,38 +717,126 @@ def _read_parquet(tree: _Tree, path: str):
         raise SourceError(f"{path}: not a readable Parquet file ({exc})") from None
 
 
-def _v3_episode_rows(tree: _Tree, paths: list[str]) -> list[dict]:
-    """Rows of the v3.0 ``meta/episodes`` files, checked.
+class _V3Meta:
+    """The rows of the v3.0 ``meta/episodes`` files, checked, as whole columns.
 
     ``episode_index`` (unique) and ``data/*_index`` are integers; each camera's ``videos/<camera>/``
     columns come as the set ``chunk_index``, ``file_index`` (integers or null), ``from_timestamp``,
     ``to_timestamp`` (finite numbers or null); ``tasks`` is a list of strings. Raises SourceError
-    naming file, row and column.
+    naming file, row and column. The checks are per column (Arrow types and kernels) where the
+    types decide them, else per row; ``rows`` makes Python values of the rows asked for only.
     """
-    rows: list[dict] = []
-    seen: dict[int, str] = {}
-    for path in paths:
-        table = _read_parquet(tree, path)
-        for prefix in {name.rsplit("/", 1)[0] for name in table.column_names if name.startswith("videos/")}:
-            for column in (
-                f"{prefix}/{key}" for key in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
-            ):
-                if column not in table.column_names:
-                    raise SourceError(f"{path}: column {column} is missing")
-        # Only the columns read below become Python values (not the per-episode stats columns).
-        table = table.select([n for n in table.column_names if n in _V3_ROW_COLUMNS or n.startswith("videos/")])
-        checked = _v3_columns_valid(table)  # True: the row checks would find nothing
-        for i, row in enumerate(table.to_pylist()):
-            if not checked:
-                _check_v3_row(path, i, row)
-            if row["episode_index"] in seen:
-                raise SourceError(
-                    f"{path}: row {i}: episode_index {row['episode_index']} is listed twice "
-                    f"(also in {seen[row['episode_index']]})"
-                )
-            seen[row["episode_index"]] = path
-            rows.append(row)
-    return rows
+
+    def __init__(self, tree: _Tree, paths: list[str]):
+        self.tables: list[pa.Table] = []
+        episode: list[np.ndarray] = []
+        for path in paths:
+            table = _read_parquet(tree, path)
+            for prefix in {name.rsplit("/", 1)[0] for name in table.column_names if name.startswith("videos/")}:
+                for column in (
+                    f"{prefix}/{key}" for key in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
+                ):
+                    if column not in table.column_names:
+                        raise SourceError(f"{path}: column {column} is missing")
+            # Only the columns read below are kept (not the per-episode stats columns).
+            table = table.select([n for n in table.column_names if n in _V3_ROW_COLUMNS or n.startswith("videos/")])
+            if _v3_columns_valid(table):  # True: the row checks would find nothing
+                values = _int_column(table.column("episode_index"))
+                _refuse_listed_twice(path, values, episode, paths)
+            else:  # the row checks name the first bad row (a row listed twice before it comes first)
+                seen = {int(e): paths[i] for i, done in enumerate(episode) for e in done.tolist()}
+                for i, row in enumerate(table.to_pylist()):
+                    _check_v3_row(path, i, row)
+                    if row["episode_index"] in seen:
+                        raise SourceError(
+                            f"{path}: row {i}: episode_index {row['episode_index']} is listed twice "
+                            f"(also in {seen[row['episode_index']]})"
+                        )
+                    seen[row["episode_index"]] = path
+                values = _int_column(table.column("episode_index"))
+            episode.append(values)
+            self.tables.append(table)
+        self.offsets = np.cumsum([0] + [t.num_rows for t in self.tables])
+        self.num_rows = int(self.offsets[-1])
+        self.episode = np.concatenate(episode) if episode else np.zeros(0, dtype=np.int64)
+        self.data_chunk = self.ints("data/chunk_index")[0]
+        self.data_file = self.ints("data/file_index")[0]
+
+    def _columns(self, name: str, convert, dtype) -> tuple[np.ndarray, np.ndarray]:
+        values, valid = [np.zeros(0, dtype)], [np.zeros(0, bool)]
+        for t in self.tables:
+            there = name in t.column_names
+            values.append(convert(t.column(name)) if there else np.zeros(t.num_rows, dtype))
+            valid.append(_valid(t.column(name)) if there else np.zeros(t.num_rows, bool))
+        return np.concatenate(values).astype(dtype), np.concatenate(valid)
+
+    def ints(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Column ``name`` of every row as int64 (0 where null or absent), and where it has a value."""
+        return self._columns(name, _int_column, np.int64)
+
+    def floats(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Column ``name`` of every row as float64 (0 where null or absent), and where it has a value."""
+        return self._columns(name, _float_column, np.float64)
+
+    def video_fields(self, cam: str, r: int) -> dict:
+        """What ``_video_path`` reads of row ``r``: the camera's chunk and file (None where null) and the episode."""
+        fields: dict = {"episode_index": int(self.episode[r])}
+        t = int(np.searchsorted(self.offsets, r, side="right")) - 1
+        table = self.tables[t]
+        for key in (f"videos/{cam}/chunk_index", f"videos/{cam}/file_index"):
+            fields[key] = table.column(key)[r - int(self.offsets[t])].as_py() if key in table.column_names else None
+        return fields
+
+    def rows(self, positions: np.ndarray) -> list[dict]:
+        """The rows at ``positions`` (ascending), as Python dicts of their columns."""
+        out: list[dict] = []
+        which = np.searchsorted(self.offsets, positions, side="right") - 1
+        for t, table in enumerate(self.tables):
+            local = positions[which == t] - self.offsets[t]
+            if local.size:
+                out += table.take(pa.array(local, pa.int64())).to_pylist()
+        return out
+
+
+def _valid(column) -> np.ndarray:
+    if pa.types.is_null(column.type):
+        return np.zeros(len(column), dtype=bool)
+    return pc.is_valid(column).to_numpy(zero_copy_only=False)
+
+
+def _int_column(column) -> np.ndarray:
+    if pa.types.is_null(column.type) or not len(column):
+        return np.zeros(len(column), dtype=np.int64)
+    return pc.cast(pc.fill_null(column, 0), pa.int64(), safe=False).to_numpy(zero_copy_only=False)
+
+
+def _float_column(column) -> np.ndarray:
+    if pa.types.is_null(column.type) or not len(column):
+        return np.zeros(len(column), dtype=np.float64)
+    return pc.cast(pc.fill_null(column, 0), pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+
+
+def _refuse_listed_twice(path: str, values: np.ndarray, before: list[np.ndarray], paths: list[str]) -> None:
+    """Refuse the first row of ``path`` (``values``: its episode_index column) whose episode is listed before.
+
+    ``before``: the episode_index columns of the files before it (``paths``, in order).
+    """
+    earlier = np.isin(values, np.concatenate(before)) if before else np.zeros(values.size, dtype=bool)
+    again = np.ones(values.size, dtype=bool)
+    again[np.unique(values, return_index=True)[1]] = False
+    twice = np.flatnonzero(earlier | again)
+    if not twice.size:
+        return
+    i = int(twice[0])
+    ep = int(values[i])
+    also = next((paths[k] for k, done in enumerate(before) if np.any(done == ep)), path)
+    raise SourceError(f"{path}: row {i}: episode_index {ep} is listed twice (also in {also})")
+
+
+def _v3_episode_rows(tree: _Tree, paths: list[str]) -> list[dict]:
+    """Every row of the v3.0 ``meta/episodes`` files, checked (``_V3Meta``), as Python dicts."""
+    meta = _V3Meta(tree, paths)
+    return meta.rows(np.arange(meta.num_rows))
 
 
 _V3_ROW_COLUMNS = ("episode_index", "data/chunk_index", "data/file_index", "tasks")

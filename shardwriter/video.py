@@ -17,7 +17,9 @@ list, in pts order) and vouches for it with a few decodes in the same pass; ``of
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import functools
 import io
 import json
 import multiprocessing
@@ -78,6 +80,11 @@ class VideoProbe:
     def seconds(self, frames: np.ndarray) -> np.ndarray:
         """Presentation time in seconds of the given frame numbers (float64)."""
         return self.pts[frames].astype(np.float64) * float(self.time_base)
+
+    @functools.cached_property
+    def ascending(self) -> bool:
+        """Whether ``pts`` never decreases (computed once per probe): a time is then found by binary search."""
+        return bool(self.pts.size > 0 and np.all(self.pts[1:] >= self.pts[:-1]))
 
     def keyflags(self) -> np.ndarray:
         """Bool ``[num_frames]``: True at keyframes."""
@@ -712,9 +719,14 @@ def frame_at_time(info: VideoProbe, seconds: float, fps: float) -> int:
     Raises:
         ValueError: no frame lies within half a frame period of ``seconds``.
     """
-    times = info.seconds(np.arange(info.num_frames))
-    i = int(np.clip(np.searchsorted(times, seconds), 0, info.num_frames - 1))
+    if info.ascending:  # a v3.0 file of many episodes: not every frame's time is computed for each of them
+        scale = float(info.time_base)
+        i = bisect.bisect_left(range(info.num_frames), seconds, key=lambda c: float(info.pts[c]) * scale)
+        i = min(i, info.num_frames - 1)
+    else:
+        i = int(np.clip(np.searchsorted(info.seconds(np.arange(info.num_frames)), seconds), 0, info.num_frames - 1))
     candidates = [c for c in (i - 1, i) if 0 <= c < info.num_frames]
+    times = dict(zip(candidates, info.seconds(np.asarray(candidates, dtype=np.int64)), strict=True))
     best = min(candidates, key=lambda c: abs(times[c] - seconds))
     if abs(times[best] - seconds) > 0.5 / fps:
         raise ValueError(
