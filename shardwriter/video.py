@@ -86,6 +86,23 @@ class VideoProbe:
         """Whether ``pts`` never decreases (computed once per probe): a time is then found by binary search."""
         return bool(self.pts.size > 0 and np.all(self.pts[1:] >= self.pts[:-1]))
 
+    @functools.cached_property
+    def packet_lookup(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Packets by pts (computed once per probe, so a cut costs the same whatever its file holds).
+
+        Returns (keyframe packets' pts, ascending; per entry: the last keyframe packet, in decode
+        order, whose pts is at most that; every packet's pts, ascending; their packet numbers).
+        """
+        keys = np.flatnonzero(self.packet_key)
+        by_pts = np.argsort(self.packet_pts[keys], kind="stable")
+        order = np.argsort(self.packet_pts, kind="stable")
+        return (
+            self.packet_pts[keys][by_pts],
+            np.maximum.accumulate(keys[by_pts]) if keys.size else keys,
+            self.packet_pts[order],
+            order,
+        )
+
     def keyflags(self) -> np.ndarray:
         """Bool ``[num_frames]``: True at keyframes."""
         flags = np.zeros(self.num_frames, dtype=bool)
@@ -738,10 +755,11 @@ def frame_at_time(info: VideoProbe, seconds: float, fps: float) -> int:
 def _cut_packets(info: VideoProbe, first: int, stop: int) -> tuple[np.ndarray, int]:
     """(mask over packets in decode order to keep, pts of the start keyframe packet)."""
     lo = int(info.pts[first])
-    starts = np.flatnonzero(info.packet_key & (info.packet_pts <= lo))
-    if not starts.size:
+    keys_by_pts, last_key, _, _ = info.packet_lookup
+    below = int(np.searchsorted(keys_by_pts, lo, side="right"))  # keyframe packets whose pts is at most lo
+    if not below:
         raise ConversionError(f"no keyframe packet at or before frame {first} (pts {lo})", kind="unreadable_video")
-    p0 = int(starts[-1])
+    p0 = int(last_key[below - 1])
     key_pts = int(info.packet_pts[p0])
     missing = set(info.pts[first:stop].tolist())
     keep = np.zeros(info.packet_pts.size, dtype=bool)
@@ -776,10 +794,12 @@ def _packets_from(src, source: VideoSource, info: VideoProbe, start: int):
         packets = _timed(src.demux(stream))
         head = next(packets, None)
         if head is not None:
-            where = np.flatnonzero(info.packet_pts == (head.pts if head.pts is not None else head.dts))
-            if where.size == 1 and where[0] <= start:
-                yield int(where[0]), head
-                yield from enumerate(packets, int(where[0]) + 1)
+            _, _, pts, order = info.packet_lookup
+            value = head.pts if head.pts is not None else head.dts
+            lo, hi = np.searchsorted(pts, value, side="left"), np.searchsorted(pts, value, side="right")
+            if hi - lo == 1 and order[lo] <= start:  # the one packet of that pts
+                yield int(order[lo]), head
+                yield from enumerate(packets, int(order[lo]) + 1)
                 return
     with _open(source) as fresh:
         yield from enumerate(_timed(fresh.demux(fresh.streams[info.stream_index])))
@@ -821,17 +841,20 @@ def cut(
     stored = frame_table(data, level)
     scale = stored.time_base / info.time_base
     wanted = [int(p * scale) + offset if (p * scale).denominator == 1 else None for p in stored.pts.tolist()]
-    return data, stored, _frames_of_pts(info.pts, wanted)
+    return data, stored, _frames_of_pts(info.pts, wanted, info.ascending or info.num_frames == 0)
 
 
-def _frames_of_pts(pts: np.ndarray, wanted: list[int | None]) -> np.ndarray:
+def _frames_of_pts(pts: np.ndarray, wanted: list[int | None], ascending: bool | None = None) -> np.ndarray:
     """int64 ``[len(wanted)]``: the frame whose pts is each wanted pts (the last such), -1 where none or None.
 
     ``pts``: a probe's frame pts. Binary search when they ascend (presentation order), so a cut
     costs the same whatever the number of frames of its file (a v3.0 file of 10,000 episodes).
+    ``ascending``: whether they do, when known (``VideoProbe.ascending``; None: looked at here).
     """
     values = np.asarray([-1 if p is None else p for p in wanted], dtype=np.int64)
-    if pts.size > 1 and np.any(pts[1:] < pts[:-1]):  # not in pts order: a lookup table
+    if ascending is None:
+        ascending = not (pts.size > 1 and np.any(pts[1:] < pts[:-1]))
+    if not ascending:  # not in pts order: a lookup table
         frame_of_pts = {int(p): i for i, p in enumerate(pts)}
         return np.asarray([-1 if p is None else frame_of_pts.get(p, -1) for p in wanted], dtype=np.int64)
     at = np.searchsorted(pts, values, side="right") - 1
