@@ -1,5 +1,5 @@
 """Hostile input that would kill the process: index values that size allocations, JSON bombs,
-terminal escapes (issue 23, group 4).
+terminal escapes.
 
 The index forgeries are consistent (``faultgen.rewrite_index`` recomputes every digest, the
 manifest's sizes and counts are edited to match), so only bounds taken from what the bytes can

@@ -1,4 +1,4 @@
-"""Object storage under real-world faults (issue 23, G3): retries are a time budget, not a count.
+"""Object storage under real-world faults: retries are a time budget, not a count.
 
 A loopback HTTP proxy (``remote_servers.ThrottleProxy``) in front of a moto S3 server or a plain
 HTTP file server answers ``503 SlowDown`` or ``429`` (with ``Retry-After``) for a while, resets

@@ -1,4 +1,4 @@
-"""The reader's contract with the user's code and state (issue 23, group G1).
+"""The reader's contract with the user's code and state.
 
 1. An exception raised by the user's code (a ``PostProcess`` hook, a cost, order or deal stage)
    reaches the caller with its own type and a note naming the hook, with 0 and 2 DataLoader
