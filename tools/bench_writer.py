@@ -25,8 +25,10 @@ kept in ``--data``) has its first ``--convert`` (200) episodes converted (``--ep
 CLI), one worker, at the first ``--check`` level (default ``fast``); per tree it reports CPU ms per converted
 episode (the whole ``convert`` call, opening the source included), the CPU ms of opening the source
 alone (``read_lerobot`` with the selection, as ``convert`` opens it; a tree whose ``read_lerobot`` takes
-no ``episodes``: every row), the CPU ms per converted episode without it, and whether the shards and
-indexes are byte-identical to the first tree's; with ``--rounds N``, the least CPU time of N runs.
+no ``episodes``: every row), the CPU ms per converted episode without it, the CPU ms of the two costs
+paid once per file (and worker), timed alone: the video file's frame table (``video.scan``) and the
+read of its data file, and whether the shards and indexes are byte-identical to the first tree's;
+with ``--rounds N``, the least CPU time of N runs.
 
     python tools/bench_writer.py --per-file 200 1000 3000 10000 [--convert 200] [--baseline main]
 """
@@ -89,7 +91,17 @@ for name in sorted(os.listdir(out)):
     if name.endswith((".tar", ".index.parquet")):
         with open(os.path.join(out, name), "rb") as f:
             digest.update(name.encode() + f.read())
-print(json.dumps({"cpu_s": convert_s, "read_s": read_s, "episodes": m.totals.episodes, "sha256": digest.hexdigest()}))
+# The once-per-file costs, alone: the video file's frame table (check fast: a scan) and its data file read.
+import glob, pyarrow.parquet as pq
+from epishard.shardwriter import video
+c = cpu()
+video.scan(glob.glob(os.path.join(src, "videos", "**", "*.mp4"), recursive=True)[0])
+scan_s = cpu() - c
+c = cpu()
+pq.read_table(glob.glob(os.path.join(src, "data", "**", "*.parquet"), recursive=True)[0])
+data_s = cpu() - c
+print(json.dumps({"cpu_s": convert_s, "read_s": read_s, "scan_s": scan_s, "data_s": data_s,
+                  "episodes": m.totals.episodes, "sha256": digest.hexdigest()}))
 """
 
 
@@ -133,7 +145,8 @@ def per_file(args, trees: dict[str, str], scratch: str) -> None:
                 if proc.returncode:
                     raise RuntimeError(f"convert in {tree} failed:\n{proc.stderr[-3000:]}")
                 runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            res = {**min(runs, key=lambda r: r["cpu_s"]), "read_s": min(r["read_s"] for r in runs)}
+            res = {**min(runs, key=lambda r: r["cpu_s"])}
+            res.update({k: min(r[k] for r in runs) for k in ("read_s", "scan_s", "data_s")})
             first = first or res["sha256"]
             row = {"episodes_per_file": count, "tree": name, **res}
             row["cpu_ms_per_episode"] = res["cpu_s"] / res["episodes"] * 1e3
@@ -145,7 +158,8 @@ def per_file(args, trees: dict[str, str], scratch: str) -> None:
             print(
                 f"{count:>7} episodes/file {name:<9} {row['cpu_ms_per_episode']:7.2f} ms CPU/episode "
                 f"({res['episodes']} converted), {row['cpu_ms_per_episode_after_open']:6.2f} after opening "
-                f"the source | read_lerobot {res['read_s'] * 1e3:7.1f} ms | "
+                f"the source | read_lerobot {res['read_s'] * 1e3:7.1f} ms | once per file: frame table "
+                f"{res['scan_s'] * 1e3:6.1f} ms, data file {res['data_s'] * 1e3:5.1f} ms | "
                 f"bytes {'same' if res['sha256'] == first else 'DIFFER'} ({res['sha256'][:12]})",
                 flush=True,
             )
