@@ -487,7 +487,11 @@ def scan(source: VideoSource, vouch: bool = False) -> VideoProbe:
             if model is None:
                 return _decoded_fallback(source, vouch, "the packets' pts do not tell the displayed frames")
             pts, duration, keyflags, packet_pts, packet_key = model
-            disagreement = (_vouch(ctx, keys, tail, pts) or _decode_order_hint(ctx, table)) if vouch else None
+            disagreement = (
+                (_vouch(ctx, keys, tail, pts) or _decode_order_hint(ctx, table) or _jump_hint(ctx, table))
+                if vouch
+                else None
+            )
     except ConversionError:
         raise
     except (av.error.FFmpegError, OSError, ValueError) as exc:
@@ -587,6 +591,36 @@ def _decode_order_hint(ctx, rows: np.ndarray) -> str | None:
         "the codec reorders frames (B-frames) but the packets' pts increase in decode order: "
         "they may be decode-order timestamps"
     )
+
+
+#: A gap between consecutive shown pts this many times the median gap is a jump (``_jump_hint``).
+JUMP_GAPS = 4
+
+
+def _jump_hint(ctx, rows: np.ndarray) -> str | None:
+    """Why the packets' pts may not give the decoder's display order, or None.
+
+    Without reordering (no ``has_b_frames``) the decoder shows frames in decode order, so the shown
+    packets' pts must increase in decode order. With it, a jump in the timestamps (a gap more than
+    ``JUMP_GAPS`` times the median gap: a muxer that shifted part of a stream, a recording pause)
+    can move a frame past others in pts order that the decoder shows before them, in a group of
+    pictures that ``_vouch``'s few decodes do not look at. Either way level ``fast`` checks the file
+    as ``full`` does (a cost, not a refusal).
+    """
+    shown = rows[rows[:, 3] == 0, 0]
+    if shown.size < 3:
+        return None
+    steps = np.diff(shown)
+    if not ctx.has_b_frames:
+        if np.any(steps <= 0):
+            return "the codec does not reorder frames but the packets' pts go back in decode order"
+        return None
+    gaps = np.diff(np.sort(shown))
+    median = float(np.median(gaps))
+    if median > 0 and float(gaps.max()) > JUMP_GAPS * median:
+        jump = int(gaps.max())
+        return f"the timestamps jump ({jump} after a median step of {median:g}) in a stream that reorders frames"
+    return None
 
 
 def _decode_alone(ctx, packets: list) -> list[int]:

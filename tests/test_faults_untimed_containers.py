@@ -376,3 +376,30 @@ def test_a_table_the_container_does_not_tell_is_checked_through_the_reader_at_fa
     manifest = _convert(tmp_path, [(data, range(16))])
     assert manifest.report.checks == {"full": 1} and _transforms(tmp_path, manifest) == ["copy"]
     _assert_rows_show(tmp_path, {0: list(range(60, 76))})
+
+
+def test_a_timestamp_jump_in_a_reordering_stream_is_checked_in_full(tmp_path):
+    """Packets from the 12th on shifted by 10^6 ticks in an H.264 stream with B-frames: B-frames
+    decoded after the jump sort after frames the decoder shows later, in a middle group of pictures
+    that the fast check's decodes do not look at. Before, the default check accepted the table and
+    the reader refused every read of the episode (pts out of order); now the jump sends the file
+    to the full check, and every row shows its frame."""
+    import io
+
+    import av
+
+    src = make_video(None, 24, fps=FPS, gop=6, bframes=True, start_number=100, **SMALL)
+    out = io.BytesIO()
+    with av.open(io.BytesIO(src)) as inp, av.open(out, "w", format="matroska") as dst:
+        stream = inp.streams.video[0]
+        copy = dst.add_stream_from_template(stream)
+        for q, packet in enumerate(p for p in inp.demux(stream) if p.size):
+            shift = 10**6 if q > 10 else 0
+            packet.pts = packet.pts + shift
+            packet.dts = None if packet.dts is None else packet.dts + shift
+            packet.stream = copy
+            dst.mux(packet)
+    manifest = _convert(tmp_path, [(out.getvalue(), range(24))])
+    assert manifest.report.checks == {"full": 1}
+    assert verify(str(tmp_path))["ok"]
+    _assert_rows_show(tmp_path, {0: list(range(100, 124))})

@@ -162,12 +162,18 @@ def _check_patterns(out: str, shown: dict[int, list[int]]) -> None:
             assert torch.equal(*by_path), (pattern, seed)  # pixel for pixel
 
 
+#: Cases whose timestamps jump (variable frame rate) in a stream with B-frames: checked in full.
+JUMPING = {"h264-vfr-mp4"}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_access_pattern_returns_the_displayed_frame_of_each_row(name, tmp_path):
     data, shown = _video(name)
     manifest = _convert(tmp_path, [(data, shown)])
     assert manifest.totals.rows == len(shown)
-    assert manifest.report.checks == {"fast": 1}  # the default level vouched for it without a full check
+    # The default level vouched for it without a full check, except where its timestamps jump in a
+    # stream that reorders frames (video._jump_hint: a group its few decodes miss could be misordered).
+    assert manifest.report.checks == ({"full": 1} if name in JUMPING else {"fast": 1})
     result = verify(str(tmp_path))
     assert result["ok"], result["problems"]
     index = WindowIndex.load_dataset(str(tmp_path))
