@@ -297,6 +297,9 @@ class WindowDataset(IterableDataset):
         self.batch_by_dataset, self.batch_size = batch_by_dataset, batch_size
         self.stratify = (len(self.sources) > 1 if stratify is None else stratify) or batch_by_dataset
         self.table, self.episode_base = self._episode_table()
+        # Bool [global episodes]: those of a shard its source failed on open (its size check); they
+        # stay planned, are never fetched or decoded, and each of their windows is a substitute.
+        self._failed = np.concatenate([np.zeros(0, dtype=bool), *[s.failed_episodes() for s in self.sources]])
         if weights == "probability":
             self._probability_weights(epoch_length)
         self.defer_float = defer_float
@@ -577,6 +580,8 @@ class WindowDataset(IterableDataset):
                     if load.episode in failed:
                         continue
                     try:
+                        if self._failed[load.episode]:
+                            raise self._shard_failure(load.episode)
                         self._load(load, fetchers, slots, encoded, store, telemetry)
                     except (FetchError, DecodeError) as exc:  # the shard policy decides, for both
                         # (data faults only: an exception of the user's hook is never skipped)
@@ -658,6 +663,12 @@ class WindowDataset(IterableDataset):
         self._consumed += 1
         return sample
 
+    def _shard_failure(self, episode: int) -> FetchError:
+        """The error of an episode whose shard its source failed on open (``DatasetSource.skipped_shards``)."""
+        d, local = self._locate(episode)
+        shard = int(self.sources[d].index.shard[local])
+        return FetchError(self.sources[d].skipped_shards[shard], shard)
+
     def _key(self, episode: int) -> str:
         d, local = self._locate(episode)
         return self.sources[d].index.key(local)
@@ -679,7 +690,8 @@ class WindowDataset(IterableDataset):
         columns_bytes, encoded_bytes = sizes.columns_bytes, sizes.encoded_bytes
         dataset = np.searchsorted(self.episode_base, episodes, side="right") - 1
         for d, source in enumerate(self.sources):
-            here = np.flatnonzero(dataset == d)
+            # A failed shard's episodes need nothing (keys -1, sizes 0): none of its index values is used.
+            here = np.flatnonzero((dataset == d) & ~self._failed[episodes])
             if not here.size:
                 continue
             ix, base = source.index, int(self.episode_base[d])
@@ -752,6 +764,9 @@ class WindowDataset(IterableDataset):
         lists: list[list] = [[] for _ in self.sources]
         for e, (columns, decodes) in zip(fetches, work, strict=True):
             d, local = self._locate(e)
+            if self._failed[e]:  # never fetched: its load fails (``_shard_failure``) before using its slot
+                slots.append((d, -1, [], [], None))
+                continue
             ix = self.sources[d].index
             streams = _streams(ix, local, self.cam_offsets[d])
             runs: dict[int, tuple] | None = None

@@ -60,13 +60,15 @@ class DatasetSource:
         FormatError (a ``ValueError``): the manifest or index breaks the format, the manifest is
             larger than ``shardwriter.untrusted.MAX_JSON_BYTES``, the index's sha256 differs from
             the manifest's, or a shard file has another size than the manifest says (under
-            ``on_shard_error="raise"``, else only when every shard has); the message names the
-            file and the field.
+            ``on_shard_error="raise"``, else only when every shard has, or when the index claims
+            more rows in the shard than its file has bytes); the message names the file and the field.
         FetchError (an ``IOError``): the manifest or index could not be read (timeouts, errors)
             within the policy's retry budget.
 
-    ``skipped_shards``: shard number -> reason, for the shards left out under ``on_shard_error="skip"``
-    because their file's size is not the manifest's (each also warned about).
+    ``skipped_shards``: shard number -> reason, for the shards failed under ``on_shard_error="skip"``
+    because their file's size is not the manifest's (each also warned about). They stay in the index
+    (so the plan depends on the manifest and index alone); the reader never fetches their episodes,
+    and fills each of their windows with a substitute as for a shard that fails when read.
     """
 
     @scrubbed  # its exceptions and their chains name no credentials
@@ -160,8 +162,11 @@ class DatasetSource:
         Local shards are stat'ed; a remote folder is listed once where it can be (a folder that
         cannot be listed, or a file listed without a size, is checked per response by the fetcher
         instead). A shard of another size than the manifest says (replaced, truncated, or forged
-        with its index) is refused: ``FormatError`` under ``on_shard_error="raise"`` or when every
-        shard is; under ``"skip"`` a warning per shard, and its episodes are left out of the index.
+        with its index) is refused: ``FormatError`` under ``on_shard_error="raise"``, when every
+        shard is, or when the index claims more rows in it than its file has bytes (a plan of them
+        could not be held); under ``"skip"`` a warning per shard, and the shard is failed: it stays
+        in the index (the plan is the manifest's and index's alone), but none of its episodes is
+        fetched or decoded (no index value of it sizes anything) and its windows are substitutes.
         A missing shard is left to the reads (the shard policy). Returns shard number -> reason.
         """
         if self.local:
@@ -189,11 +194,26 @@ class DatasetSource:
         if bad and len(bad) == len(self.manifest.shards):
             raise FormatError(f"{self.shown}: every shard failed its size check; the first: {next(iter(bad.values()))}")
         for i, reason in bad.items():
+            # A failed shard stays planned, so its rows are planned: rows its file cannot hold (each
+            # needs a byte of its table) are an index refuted by the file, refused (never planned).
+            rows = int(self.index.num_rows[self.index.shard == i].sum())
+            size = sizes[self.manifest.shards[i].shard]
+            if rows > size:
+                raise FormatError(
+                    f"{reason}; its index claims {rows} rows, more than the file's {size} bytes can hold "
+                    "(each row needs at least one): a forged index, not planned"
+                )
+        for i, reason in bad.items():
             n = self.manifest.shards[i].episodes
-            warnings.warn(f"epishard: skipping shard {i} ({n} episodes): {reason}", stacklevel=3)
-        if bad:
-            self.index = self.index.take(np.flatnonzero(~np.isin(self.index.shard, list(bad))))
+            warnings.warn(
+                f"epishard: skipping shard {i} ({n} episodes): {reason}; its windows are filled with substitutes",
+                stacklevel=3,
+            )
         return bad
+
+    def failed_episodes(self) -> np.ndarray:
+        """Bool ``[num_episodes]``: the index's episodes in a shard of ``skipped_shards`` (never fetched)."""
+        return np.isin(self.index.shard, list(self.skipped_shards))
 
     def _read(self, name: str) -> bytes:
         """A whole metadata file, with the policy's retries for remote reads."""

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from faultgen import CAMERA, SPEC, copy, manifest, rewrite_index, write_manifest
 from lerobotgen import write_v2
 
@@ -229,7 +230,16 @@ def _expected(keyed_reference, episodes) -> set[tuple]:
     return {(e, f, False, _hash(s)) for (e, f), s in keyed_reference.items() if e in episodes}
 
 
-def test_a_video_claiming_bytes_past_the_shard_file_drops_its_shard_or_raises(forged, keyed_reference):
+def _substituted(samples: list, keyed_reference, episodes: set[int], substitutes: int) -> None:
+    """The failed shard's windows are substitutes: repeats (flagged) of the kept ``episodes``' samples."""
+    real = {tuple(s) for s in samples if not s[2]}
+    assert real == _expected(keyed_reference, episodes)
+    repeats = [(e, f, False, h) for e, f, sub, h in samples if sub]
+    assert len(repeats) == substitutes
+    assert set(repeats) <= real
+
+
+def test_a_video_claiming_bytes_past_the_shard_file_substitutes_its_shard_or_raises(forged, keyed_reference):
     root, got = forged["past_the_end"]
     reason = (
         f"{root}/shard-000001.tar: 20480 bytes, the manifest's shards[1].size says {20480 + BIG} "
@@ -237,8 +247,10 @@ def test_a_video_claiming_bytes_past_the_shard_file_drops_its_shard_or_raises(fo
     )
     skip = got["skip"]
     assert "samples" in skip, skip
-    assert {tuple(s) for s in skip["samples"]} == _expected(keyed_reference, {0, 1, 4, 5})
-    assert len(skip["samples"]) == 80
+    # The plan is the index's: all 120 windows, the 40 of shard 1 (episodes 2 and 3) substitutes.
+    assert len(skip["samples"]) == 120
+    _substituted(skip["samples"], keyed_reference, {0, 1, 4, 5}, 40)
+    assert [w for w in skip["warnings"] if w.startswith("epishard: skipping episode g-e000003: " + reason)]
     assert [w for w in skip["warnings"] if w.startswith("epishard: skipping shard 1 (2 episodes): " + reason)]
     assert got["raise"]["error"].startswith("FormatError: " + reason)
     messages = [p["message"] for p in got["verify"]["problems"]]
@@ -248,19 +260,52 @@ def test_a_video_claiming_bytes_past_the_shard_file_drops_its_shard_or_raises(fo
     assert got["stream"] == {"code": 0}
 
 
-def test_two_billion_rows_backed_by_nothing_drop_their_shard(forged, keyed_reference):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_truncated_shard_under_skip_keeps_the_plan_with_substitutes(intact, keyed_reference, tmp_path, workers):
+    """A shard cut to half its size fails on open, but stays planned: every rank keeps its
+    sample and batch count (a rank seeing another file state would otherwise hang DDP)."""
+    from epishard.stream import WindowLoader
+
+    root = copy(intact, str(tmp_path / "cut"))
+    clean = len(WindowLoader(WindowDataset(intact, SPEC, seed=5), batch_size=4, num_workers=workers))
+    path = f"{root}/shard-000001.tar"
+    os.truncate(path, os.path.getsize(path) // 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = WindowDataset(root, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="skip"))
+        assert list(ds.sources[0].skipped_shards) == [1]
+        loader = WindowLoader(ds, batch_size=4, num_workers=workers)
+        batches = list(loader)
+    assert clean == 30 and len(loader) == 30 and len(batches) == 30
+    episodes = torch.cat([b["episode_index"].reshape(-1) for b in batches]).tolist()
+    frames = torch.cat([b["frame_index"].reshape(-1) for b in batches]).tolist()
+    flags = torch.cat([b["substitute"].reshape(-1) for b in batches]).tolist()
+    assert len(flags) == 120 and sum(flags) == 40  # shard 1's 40 windows (episodes 2, 3)
+    assert {e for e, f in zip(episodes, flags, strict=True) if not f} == {0, 1, 4, 5}
+    real = {(e, f) for e, f, sub in zip(episodes, frames, flags, strict=True) if not sub}
+    assert real == {k for k in keyed_reference if k[0] in {0, 1, 4, 5}}
+    messages = [str(w.message) for w in caught]
+    assert [m for m in messages if m.startswith("epishard: skipping shard 1 (2 episodes): ")]
+    if workers == 0:  # a worker's warnings stay in its process
+        assert [m for m in messages if m.startswith("epishard: skipping episode g-e000002: ")]
+
+
+ROWS_REFUTED = f"its index claims {BIG - 1 + 20} rows, more than the file's 20480 bytes can hold"
+
+
+def test_two_billion_rows_backed_by_nothing_are_refused_not_planned(forged):
+    """A failed shard stays planned (substitutes), so rows its file cannot hold are refused under skip too."""
     root, got = forged["rows_past_the_end"]
     size = manifest(root)["shards"][0]["size"]
     reason = f"{root}/shard-000000.tar: 20480 bytes, the manifest's shards[0].size says {size} "
-    assert "samples" in got["skip"], got["skip"]
-    assert {tuple(s) for s in got["skip"]["samples"]} == _expected(keyed_reference, {2, 3, 4, 5})
-    assert [w for w in got["skip"]["warnings"] if "skipping shard 0 (2 episodes): " + reason in w]
+    assert got["skip"]["error"].startswith("FormatError: " + reason), got["skip"]
+    assert ROWS_REFUTED in got["skip"]["error"]
     assert got["raise"]["error"].startswith("FormatError: " + reason)
     assert f"size 20480 != manifest {size}" in [p["message"] for p in got["verify"]["problems"]]
-    assert got["stream"] == {"code": 0}
+    assert got["stream"] == {"code": 2}
 
 
-def test_a_forged_shard_in_a_bucket_is_dropped_by_its_listed_size(forged, keyed_reference, moto_s3):
+def test_a_forged_shard_in_a_bucket_is_refused_by_its_listed_size(forged, moto_s3):
     """Remote: the folder's listing states each shard's size, so the same forgery is caught over S3."""
     options, fs = moto_s3
     fs.mkdir("g4-forged")
@@ -269,11 +314,10 @@ def test_a_forged_shard_in_a_bucket_is_dropped_by_its_listed_size(forged, keyed_
     got = _in_child({"s3": url}, options)["s3"]
     size = manifest(forged["rows_past_the_end"][0])["shards"][0]["size"]
     reason = f"{url}/shard-000000.tar: 20480 bytes, the manifest's shards[0].size says {size} "
-    assert "samples" in got["skip"], got["skip"]
-    assert {tuple(s) for s in got["skip"]["samples"]} == _expected(keyed_reference, {2, 3, 4, 5})
-    assert [w for w in got["skip"]["warnings"] if "skipping shard 0 (2 episodes): " + reason in w]
+    assert got["skip"]["error"].startswith("FormatError: " + reason), got["skip"]
+    assert ROWS_REFUTED in got["skip"]["error"]
     assert got["raise"]["error"].startswith("FormatError: " + reason)
-    assert got["stream"] == {"code": 0}
+    assert got["stream"] == {"code": 2}
 
 
 def test_a_member_running_into_the_next_is_refused_naming_its_episode(forged):
