@@ -15,7 +15,7 @@ from epishard.redact import redact, scrubbed
 from . import format as fmt
 from .storage import Storage
 from .untrusted import check_size, printable
-from .validate import load_shard_indexes
+from .validate import load_shard_indexes, totals_mismatches
 
 
 @scrubbed  # its exceptions and their chains name no credentials
@@ -28,7 +28,8 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
 
     Raises:
         FileNotFoundError: no manifest; ``shardwriter.validate.FormatError``: the manifest or an
-            index breaks the format (checked as the reader checks them).
+            index breaks the format (checked as the reader checks them), or the manifest's
+            ``totals`` are not what its shard list adds up to (``validate.totals_mismatches``).
     """
     storage = Storage(root, storage_options)
     if not storage.exists(fmt.MANIFEST_NAME):
@@ -39,6 +40,9 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
     where = storage.path(fmt.MANIFEST_NAME)
     check_size(storage.size(fmt.MANIFEST_NAME), where, fmt.FormatError)  # before a byte of it is read
     manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), where)
+    mismatches = totals_mismatches(manifest)
+    if mismatches:  # the summary would print them as the dataset's size
+        raise fmt.FormatError(f"{where}: " + "; ".join(mismatches) + " (run epishard verify)")
     from tqdm import tqdm
 
     with tqdm(total=len(manifest.shards), unit="shard", desc="inspect", disable=not progress, file=sys.stderr) as bar:
@@ -166,13 +170,13 @@ def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
 def render_verification(result: dict, root: str, seconds: float) -> str:
     """Text the CLI prints after ``verify``.
 
-    One line per problem (shard, episode, camera, message; control characters escaped), then one
+    One line per problem (file, shard, episode, camera, message; control characters escaped), then one
     summary line ending in ``OK`` or the number of problems.
     """
     lines = []
     for p in _shown(result["problems"]):  # names and messages quote the manifest and indexes
-        where = " ".join(f"{k}={p[k]}" for k in ("shard", "episode", "camera") if p.get(k) is not None)
-        lines.append(f"  {where}: {p['message']}")
+        where = " ".join(f"{k}={p[k]}" for k in ("file", "shard", "episode", "camera") if p.get(k) is not None)
+        lines.append(f"  {where}: {p['message']}" if where else f"  {p['message']}")
     verdict = "OK" if result["ok"] else f"{len(result['problems'])} problem(s)"
     lines.append(
         f"{root}: {result['shards']} shards, {result['episodes']} episodes, checked in {seconds:.1f} s: {verdict}"

@@ -98,6 +98,66 @@ def _numbers(value, where: str) -> None:
         raise FormatError(f"{where} must be a JSON number or an array of numbers")
 
 
+# Columns whose non-finite values the writer refuses (``prepare.CHECKED_PREFIXES``): their
+# statistics are finite in every manifest it writes. Another column holding NaN or inf gets NaN or
+# inf statistics (``stats.FeatureStats``), so those are kept, and refused only when a reader
+# normalises with them (``stream.episode.Normalizer.from_stats``).
+FINITE_STATS_PREFIXES = ("observation.state", "action")
+
+
+def declared_width(features: Mapping, column: str) -> int | None:
+    """Values per row of ``column`` as ``features`` declares it (``[]``: 1, ``[3]``: 3); None where not known.
+
+    Only scalar and one-level list shapes count: deeper shapes of variable lists are not exact.
+    """
+    entry = features.get(column)
+    shape = entry.get("shape") if isinstance(entry, Mapping) else getattr(entry, "shape", None)
+    if not isinstance(shape, (list, tuple)) or len(shape) > 1:
+        return None
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        return None
+    return int(shape[0]) if shape else 1
+
+
+def _check_stats(stats: dict, features: Mapping, mixed: set, where: str) -> None:
+    """Check each feature's statistics in ``stats`` (``FormatError`` naming ``where``, the feature and the statistic).
+
+    Numbers or arrays of numbers of one length (``count`` aside), the feature's declared width
+    (``declared_width`` of ``features``, for a column not in ``mixed``); ``std`` not negative; all
+    finite for the columns in ``FINITE_STATS_PREFIXES``.
+    """
+    for column, entry in stats.items():
+        at = f"{where}[{column!r}]"
+        if not isinstance(entry, dict):
+            raise FormatError(f"{at} must be a JSON object")
+        width = None if column in mixed else declared_width(features, column)
+        lengths = {}
+        for name, value in entry.items():
+            _numbers(value, f"{at}.{name}")
+            if isinstance(value, list) and name != "count":  # rows counted: a number (a list in some)
+                lengths[name] = len(value)
+                if width is not None and len(value) != width:
+                    shape = list(features[column]["shape"])
+                    raise FormatError(
+                        f"{at}.{name} has {len(value)} values; features[{column!r}].shape is {shape} ({width} per row)"
+                    )
+        if len(set(lengths.values())) > 1:
+            raise FormatError(f"{at}: its statistics differ in length ({lengths})")
+        finite = column.startswith(FINITE_STATS_PREFIXES)
+        for name, value in entry.items():
+            if name == "count":
+                continue
+            values = np.asarray(value if isinstance(value, list) else [value], np.float64)
+            bad = ~np.isfinite(values) if finite else np.zeros(values.shape, bool)
+            if name == "std":
+                bad |= values < 0
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                must = "finite and >= 0" if name == "std" else "finite"
+                item = f"[{i}]" if isinstance(value, list) else ""
+                raise FormatError(f"{at}.{name}{item} is {values[i]}; must be {must}")
+
+
 def check_manifest(manifest, where: str) -> None:
     """Check the fields of a parsed ``manifest.json`` that readers use (``where``: its path).
 
@@ -127,11 +187,13 @@ def check_manifest(manifest, where: str) -> None:
     cameras = _get(manifest, "cameras", dict, where)  # empty when a conversion kept no camera
     if not all(isinstance(c, dict) for c in cameras.values()):
         raise FormatError(f"{where} cameras must be a JSON object of camera name -> object")
-    for column, stats in _get(manifest, "stats", dict, where).items():
-        if not isinstance(stats, dict):
-            raise FormatError(f"{where} stats.{column} must be a JSON object")
-        for name, value in stats.items():
-            _numbers(value, f"{where} stats.{column}.{name}")
+    features = _get(manifest, "features", dict, where, None) or {}
+    mixed = set(_get(manifest, "stats_mixed_widths", list, where, None) or ())
+    _check_stats(_get(manifest, "stats", dict, where), features, set(), f"{where} stats")
+    for source, by_source in (_get(manifest, "stats_by_source", dict, where, None) or {}).items():
+        if not isinstance(by_source, dict):
+            raise FormatError(f"{where} stats_by_source[{source!r}] must be a JSON object")
+        _check_stats(by_source, features, mixed, f"{where} stats_by_source[{source!r}]")
     _count(_get(manifest, "totals", dict, where), "episodes", f"{where} totals")
     _get(manifest, "tasks", list, where)
     for i, source in enumerate(_get(manifest, "sources", list, where)):
@@ -141,6 +203,29 @@ def check_manifest(manifest, where: str) -> None:
     report = _get(manifest, "report", dict, where)
     for key in ("skipped_by_kind", "warnings_by_kind"):
         _get(report, key, dict, f"{where} report")
+
+
+def totals_mismatches(manifest: fmt.Manifest) -> list[str]:
+    """How ``manifest.totals`` differs from its shard list (one message per field; none: they agree).
+
+    Shards, episodes, rows, frames and bytes as the shard entries add up, ``skipped`` as the report lists.
+    """
+    shards = manifest.shards
+    sums = {
+        "shards": len(shards),
+        "episodes": sum(s.episodes for s in shards),
+        "rows": sum(s.rows for s in shards),
+        "frames": sum(s.frames for s in shards),
+        "bytes": sum(s.size for s in shards),
+        "skipped": len(manifest.report.skipped),
+    }
+    out = []
+    for field, held in sums.items():
+        said = getattr(manifest.totals, field)
+        if said != held:
+            what = "the report lists" if field == "skipped" else "the shards add up to"
+            out.append(f"totals.{field} is {said}, {what} {held}")
+    return out
 
 
 def check_index_table(table: pa.Table, where: str, shard_column: bool) -> None:

@@ -31,7 +31,7 @@ from . import format as fmt
 from .index import WindowIndex
 from .storage import NotARegularFile, Storage
 from .untrusted import check_size, container_frames
-from .validate import FormatError, check_index
+from .validate import FormatError, check_index, totals_mismatches
 from .video import check_frames
 
 log = logging.getLogger(__name__)
@@ -218,20 +218,8 @@ def _check_counts(manifest: fmt.Manifest, shard_indexes: list[WindowIndex | None
                 problems.append(
                     _problem(entry.shard, f"manifest shards[{i}].{field} is {said}, the index holds {held}")
                 )
-    shards = manifest.shards
-    sums = {
-        "shards": len(shards),
-        "episodes": sum(s.episodes for s in shards),
-        "rows": sum(s.rows for s in shards),
-        "frames": sum(s.frames for s in shards),
-        "bytes": sum(s.size for s in shards),
-        "skipped": len(manifest.report.skipped),
-    }
-    for field, held in sums.items():
-        said = getattr(manifest.totals, field)
-        if said != held:
-            what = "the report lists" if field == "skipped" else "the shards add up to"
-            problems.append({"shard": None, "message": f"manifest totals.{field} is {said}, {what} {held}"})
+    for message in totals_mismatches(manifest):
+        problems.append({"shard": None, "file": fmt.MANIFEST_NAME, "message": f"manifest {message}"})
     return problems
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from epishard.shardwriter.format import FormatError
 from epishard.shardwriter.index import WindowIndex, read_table_bytes
 from epishard.shardwriter.stats import numeric_matrix
 from epishard.shardwriter.untrusted import container_frames
@@ -40,18 +41,58 @@ class Normalizer:
     scale: np.ndarray
 
     @classmethod
-    def from_stats(cls, stats: Mapping[str, Any], mode: str, eps: float = 1e-8) -> Normalizer:
-        """From a feature's manifest statistics: ``mode`` ``"mean_std"`` or ``"min_max"`` (to [-1, 1])."""
+    def from_stats(
+        cls,
+        stats: Mapping[str, Any],
+        mode: str,
+        eps: float = 1e-8,
+        where: str = "manifest.json: stats['?']",
+        width: int | None = None,
+    ) -> Normalizer:
+        """From a feature's manifest statistics: ``mode`` ``"mean_std"`` or ``"min_max"`` (to [-1, 1]).
+
+        A std of 0 (a constant dimension) divides by ``eps``. ``where`` names the entry in messages
+        (``"<path>/manifest.json: stats['action']"``); ``width``: the feature's values per row, where known.
+
+        Raises:
+            FormatError: a statistic the mode uses is missing, not finite (``std``: or negative), or
+                of another length than ``width`` or the other statistic.
+        """
+        if mode not in ("mean_std", "min_max"):
+            raise ValueError(f"normalisation mode must be 'mean_std' or 'min_max', not {mode!r}")
+        names = ("mean", "std") if mode == "mean_std" else ("min", "max")
+        a, b = (_stat(stats, name, where, width) for name in names)
+        if a.shape != b.shape:
+            raise FormatError(f"{where}: {names[0]} has {a.size} values, {names[1]} {b.size}")
         if mode == "mean_std":
-            return cls(np.asarray(stats["mean"], np.float32), np.maximum(np.asarray(stats["std"], np.float32), eps))
-        if mode == "min_max":
-            lo, hi = np.asarray(stats["min"], np.float32), np.asarray(stats["max"], np.float32)
-            return cls((lo + hi) / 2, np.maximum((hi - lo) / 2, eps))
-        raise ValueError(f"normalisation mode must be 'mean_std' or 'min_max', not {mode!r}")
+            if (b < 0).any():
+                i = int(np.flatnonzero(b < 0)[0])
+                raise FormatError(f"{where}.std[{i}] is {b[i]}; must be finite and >= 0")
+            return cls(a, np.maximum(b, eps))
+        return cls((a + b) / 2, np.maximum((b - a) / 2, eps))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """``x`` (float32 ``[..., D]``) normalised: ``(x - shift) / scale``."""
         return (x - self.shift) / self.scale
+
+
+def _stat(stats: Mapping[str, Any], name: str, where: str, width: int | None) -> np.ndarray:
+    """``stats[name]`` as float32 ``[D]``, finite and ``width`` long where given (``FormatError`` naming ``where``)."""
+    if not isinstance(stats, Mapping) or name not in stats:
+        raise FormatError(f"{where} has no {name!r} (normalising needs it)")
+    value = stats[name]
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+        raise FormatError(f"{where}.{name} must be a JSON number or an array of numbers")
+    if width is not None and len(items) != width:
+        raise FormatError(f"{where}.{name} has {len(items)} values; the feature has {width} per row")
+    values = np.asarray(items, np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        must = "finite and >= 0" if name == "std" else "finite"
+        raise FormatError(f"{where}.{name}[{i}] is {values[i]}; must be {must}")
+    return values.astype(np.float32)
 
 
 def clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:

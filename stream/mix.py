@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from epishard.shardwriter.format import Manifest
+from epishard.shardwriter.validate import declared_width
 
 from .episode import Normalizer
 from .source import DatasetSource
@@ -107,21 +108,33 @@ def column_widths(manifest: Manifest, column: str) -> set[int]:
     return {len(m) for m in means if isinstance(m, (list, tuple)) and m}
 
 
-def normalizers(manifest: Manifest, normalize: dict[str, str] | None, source: str) -> dict[str, Normalizer]:
+def normalizers(
+    manifest: Manifest, normalize: dict[str, str] | None, source: str, where: str = "manifest.json"
+) -> dict[str, Normalizer]:
     """Column -> ``Normalizer`` for the episodes of one source of the dataset.
 
     Column -> ``Normalizer`` for the episodes of ``source`` (a source of the dataset): the dataset's
     statistics, or the source's own for a column whose width differs between its sources.
 
+    ``where``: the manifest's path, as messages name it.
+
     Raises:
         KeyError: the manifest has no statistics for a column (naming it).
+        FormatError: its statistics cannot normalise (``Normalizer.from_stats``: naming ``where``,
+            the column and the statistic).
     """
     out = {}
     for column, mode in (normalize or {}).items():
-        stats = manifest.stats.get(column) or (manifest.stats_by_source or {}).get(source, {}).get(column)
+        stats = manifest.stats.get(column)
+        at = f"{where}: stats[{column!r}]"
+        if stats is None:
+            stats = (manifest.stats_by_source or {}).get(source, {}).get(column)
+            at = f"{where}: stats_by_source[{source!r}][{column!r}]"
         if stats is None:
             raise KeyError(f"no statistics for column {column!r} (source {source!r}) in the manifest")
-        out[column] = Normalizer.from_stats(stats, mode)
+        mixed = column in (manifest.stats_mixed_widths or ())
+        width = None if mixed else declared_width(manifest.features or {}, column)
+        out[column] = Normalizer.from_stats(stats, mode, where=at, width=width)
     return out
 
 

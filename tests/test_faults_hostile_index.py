@@ -542,3 +542,99 @@ def test_a_deep_json_in_the_output_folder_is_refused_not_a_crash(source, tmp_pat
     assert main(["convert", source, out, "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"epishard convert: error: {out}: ") and said in err[-1], err
+
+
+# --- forged statistics and totals -------------------------------------------------------------------
+
+
+def _forged_stats(intact: str, path: Path, edit) -> str:
+    root = copy(intact, str(path))
+    m = manifest(root)
+    edit(m["stats"])
+    write_manifest(root, m)  # json.dump writes NaN and Infinity as the writer would
+    return root
+
+
+def _set(column: str, **values):
+    return lambda stats: stats[column].update(values)
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        (_set("action", std=[1.0, -0.5, 1.0]), "stats['action'].std[1] is -0.5; must be finite and >= 0"),
+        (_set("action", mean=[0.0, float("nan"), 0.0]), "stats['action'].mean[1] is nan; must be finite"),
+        (_set("action", mean=[float("inf")] * 3), "stats['action'].mean[0] is inf; must be finite"),
+        (_set("observation.state", q99=[0.0, 0.0, float("-inf"), 0.0]), "stats['observation.state'].q99[2] is -inf"),
+        (
+            _set("action", mean=[0.0] * 5),
+            "stats['action'].mean has 5 values; features['action'].shape is [3] (3 per row)",
+        ),
+        (_set("action", mean=[0.0] * 10**5), "stats['action'].mean has 100000 values; features['action'].shape is [3]"),
+    ],
+    ids=["std_negative", "mean_nan", "mean_inf", "q99_inf", "mean_length_5", "mean_length_1e5"],
+)
+def test_forged_statistics_are_refused_on_load_naming_the_feature_and_statistic(intact, tmp_path, capsys, edit, said):
+    """Negative std (would flip signs), non-finite statistics of a column whose values the writer
+    keeps finite, or lists longer or shorter than the feature's declared shape: refused by every
+    reader, ``verify`` included, naming the file, the feature and the statistic."""
+    root = _forged_stats(intact, tmp_path / "ds", edit)
+    where = f"{root}/manifest.json: "
+    with pytest.raises(FormatError) as err:
+        WindowDataset(root, SPEC, seed=0, normalize={"action": "mean_std", "observation.state": "min_max"})
+    assert str(err.value).startswith(where + said), err.value
+    capsys.readouterr()
+    assert main(["verify", root, "--no-decode"]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"epishard verify: error: {where}{said}")
+
+
+def test_a_zero_std_is_kept_and_divides_by_eps(intact, tmp_path):
+    """A constant dimension has std 0 (``shardwriter.stats``): loaded, normalised with ``max(std, eps)``."""
+    root = _forged_stats(intact, tmp_path / "ds", _set("action", mean=[0.0] * 3, std=[0.0] * 3))
+    assert verify(root, decode=False)["ok"] is True
+    ds = WindowDataset(root, SPEC, seed=0, normalize={"action": "mean_std"})
+    assert ds.normalizers[0]["g"]["action"].scale.tolist() == pytest.approx([1e-8] * 3)
+
+
+def test_a_statistic_missing_when_normalising_names_the_file_and_key(intact, tmp_path):
+    root = _forged_stats(intact, tmp_path / "ds", lambda stats: stats["action"].pop("std"))
+    assert verify(root, decode=False)["ok"] is True  # not needed unless normalising
+    with pytest.raises(FormatError, match=r"^manifest\.json: stats\['action'\] has no 'std' \(normalising needs it\)$"):
+        WindowDataset(root, SPEC, seed=0, normalize={"action": "mean_std"})
+    WindowDataset(root, SPEC, seed=0, normalize={"action": "min_max"})  # min and max are there
+
+
+def test_nan_statistics_of_an_unchecked_column_load_but_do_not_normalise(intact, tmp_path):
+    """The writer keeps NaN in columns other than action and observation.state, and writes their
+    statistics as NaN: such a manifest loads; normalising with them is refused."""
+    from faultgen import loaded
+
+    from epishard.stream.mix import normalizers
+
+    nan = float("nan")
+    entry = {"count": 120, "mean": [nan], "std": [nan], "min": [nan], "max": [nan], "q01": [nan], "q99": [nan]}
+    root = _forged_stats(intact, tmp_path / "ds", lambda stats: stats.update({"next.reward": entry}))
+    m = loaded(root)
+    with pytest.raises(
+        FormatError, match=r"^manifest\.json: stats\['next\.reward'\]\.mean\[0\] is nan; must be finite$"
+    ):
+        normalizers(m, {"next.reward": "mean_std"}, "g")
+
+
+def test_forged_totals_are_refused_by_inspect_and_named_by_verify(intact, tmp_path, capsys):
+    root = copy(intact, str(tmp_path / "ds"))
+    m = manifest(root)
+    m["totals"].update(shards=1 << 40, episodes=1 << 40)
+    write_manifest(root, m)
+    capsys.readouterr()
+    assert main(["inspect", root]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"epishard inspect: error: {root}/manifest.json: totals.shards is {1 << 40}, the shards add up to 3; "
+        f"totals.episodes is {1 << 40}, the shards add up to 6 (run epishard verify)"
+    )
+    assert main(["verify", root, "--no-decode"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [
+        f"  file=manifest.json: manifest totals.shards is {1 << 40}, the shards add up to 3",
+        f"  file=manifest.json: manifest totals.episodes is {1 << 40}, the shards add up to 6",
+    ]

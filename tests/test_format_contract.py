@@ -130,7 +130,15 @@ _EVERY_SHAPE = {
     ],
     "sources": [{"episodes": 3, "format": "api", "fps": 30, "name": "api", "notes": [], "path": None}],
     "stats": {
-        "action": {"count": [30], "max": [1.0], "mean": [0.5], "min": [0.0], "q01": [0.0], "q99": [1.0], "std": [0.1]}
+        "action": {
+            "count": [30],
+            "max": [1.0, 1.0],
+            "mean": [0.5, 0.5],
+            "min": [0.0, 0.0],
+            "q01": [0.0, 0.0],
+            "q99": [1.0, 1.0],
+            "std": [0.1, 0.1],
+        }
     },
     "stats_by_source": {"api": {}},
     "stats_mixed_widths": ["observation.state"],
