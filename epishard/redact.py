@@ -9,6 +9,8 @@ telemetry plots and preview pages pass what they show through ``redact``:
 
 - the userinfo of a URL becomes ``***`` (``https://***@host/path``);
 - the value of a query parameter whose name looks secret becomes ``***`` (``?X-Amz-Signature=***``);
+- the quoted value of an ``Authorization``, ``X-Amz-Security-Token``, ``X-Amz-Signature`` or
+  ``Cookie`` header in a printed mapping becomes ``***`` (a client's DEBUG log of a signed request);
 - a value this process was given as a secret (``remember``: storage options under secret-looking
   names, a URL's password) becomes ``***`` wherever it appears, e.g. inside a client's exception.
 
@@ -17,13 +19,15 @@ Exceptions leaving the public entry points (``scrubbed``: ``convert``, ``read_le
 ``verify``, ``describe``, ``DatasetSource``, iterating a ``WindowDataset`` or ``WindowLoader``,
 ``preview``) are redacted in place with their whole chain (``scrub``), so a traceback a program
 prints or logs (a DataLoader worker's included) shows no secret either. The log records of the
-storage clients (``CLIENT_LOGGERS``: fsspec's HTTP client logs every URL it requests at DEBUG)
-are redacted too (``guard_client_logs``).
+storage clients (``CLIENT_LOGGERS`` and the loggers below them: fsspec's HTTP client logs every
+URL it requests at DEBUG, botocore its endpoint and the headers it signs) are redacted too
+(``guard_client_logs``).
 Imports only the standard library, so the command line uses it before loading the writer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -43,6 +47,14 @@ _SECRET_NAME = re.compile(r"(?i)(key|secret|token|pass|pwd|sig|credential|auth|s
 _URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*")
 # ?name=value or &name=value (also ';'), the name looking secret.
 _QUERY = re.compile(r"(?P<name>[?&;][^=&#\s'\"<>?;]*=)(?P<value>[^&#\s'\"<>;]*)")
+# A quoted header value in a printed mapping (a client's log of the request it signs and sends, an
+# aiohttp ``CIMultiDictProxy``): ``'Authorization': b'AWS4-HMAC-SHA256 ...'``, ``"X-Amz-Security-Token": "..."``.
+_HEADER = re.compile(
+    r"(?i)(?P<name>['\"](?:authorization|proxy-authorization|x-amz-security-token|x-amz-signature|cookie)['\"]"
+    r"\s*[:=]\s*b?)(?P<quote>['\"])(?P<value>.*?)(?P=quote)"
+)
+# The same headers as a signer's canonical request lists them, a line each: ``x-amz-security-token:...``.
+_HEADER_LINE = re.compile(r"(?im)^(?P<name>(?:authorization|x-amz-security-token|x-amz-signature):)(?P<value>.+)$")
 
 _known: set[str] = set()
 _lock = threading.Lock()
@@ -89,6 +101,10 @@ def redact(text: object) -> str:
         out = _URL.sub(_userinfo, out)
     if "=" in out:
         out = _QUERY.sub(_query, out)
+    if ":" in out or "=" in out:
+        out = _HEADER.sub(lambda m: f"{m.group('name')}{m.group('quote')}{MASK}{m.group('quote')}", out)
+        if "\n" in out:
+            out = _HEADER_LINE.sub(lambda m: f"{m.group('name')}{MASK}", out)
     with _lock:
         known = sorted(_known, key=len, reverse=True)
     for secret in known:
@@ -155,11 +171,75 @@ def remember(url: str | None = None, options: Mapping | None = None) -> None:
         _known.update(s for s in found if len(s) >= MIN_SECRET_CHARS)
 
 
+def _masked_headers(headers: Any) -> Any:
+    """A copy of a header mapping with the values of secret-looking names ``***`` and the rest redacted.
+
+    The same type where it can be rebuilt from pairs (aiohttp's ``CIMultiDictProxy`` from a
+    ``CIMultiDict``), else a ``dict``.
+    """
+    pairs = [(k, MASK if is_secret_name(k) else redact(v) if isinstance(v, str) else v) for k, v in headers.items()]
+    try:
+        import multidict
+
+        if isinstance(headers, multidict.CIMultiDictProxy):
+            return multidict.CIMultiDictProxy(multidict.CIMultiDict(pairs))
+        if isinstance(headers, multidict.MultiDictProxy):
+            return multidict.MultiDictProxy(multidict.MultiDict(pairs))
+    except ImportError:
+        pass
+    try:
+        return type(headers)(pairs)
+    except Exception:
+        return dict(pairs)
+
+
+def _clean(value: Any, deep: bool = True) -> Any:
+    """``value`` with its shown credentials masked: the value itself when it shows none.
+
+    A string: ``redact``-ed. A request description with ``headers`` (aiohttp's ``RequestInfo``, a
+    named tuple): a copy with masked headers and redacted URLs. A plain tuple or list: each item.
+    With ``deep`` (an exception's ``args``), any other value whose ``repr`` shows a secret becomes
+    its redacted ``repr`` (the exception's texts are what matter there).
+    """
+    if isinstance(value, str):
+        return redact(value)
+    fields = getattr(value, "_fields", None)
+    if isinstance(value, tuple) and fields and "headers" in fields:
+        changes: dict[str, Any] = {}
+        for name in fields:
+            item = getattr(value, name)
+            if name == "headers" and hasattr(item, "items"):
+                changes[name] = _masked_headers(item)
+            elif name.endswith("url") and item is not None and redact(item) != str(item):
+                try:
+                    changes[name] = type(item)(redact(item))
+                except Exception:
+                    changes[name] = redact(item)
+        try:
+            return value._replace(**changes)  # type: ignore[attr-defined]
+        except Exception:
+            return redact(repr(value)) if deep else value
+    if type(value) in (tuple, list):
+        return type(value)(_clean(v, deep) for v in value)
+    if deep and not isinstance(value, (int, float, bool, bytes, type(None))):
+        try:
+            shown = repr(value)
+        except Exception:
+            return value
+        if redact(shown) != shown:
+            return redact(shown)
+    return value
+
+
 def scrub(exc: BaseException | None) -> None:
     """Redact, in place, the texts of ``exc`` and of every exception it chains (cause, context).
 
-    The string ``args``, an ``OSError``'s ``strerror``/``filename``/``filename2`` and a formatted
-    remote traceback (``tb``: a process pool's ``_RemoteTraceback``); the type and traceback stay.
+    What ``str``, ``repr`` and ``traceback.format_exception`` show of each: its ``args`` (strings
+    redacted, a request description's secret headers masked, any other argument whose ``repr``
+    shows a secret replaced by its redacted ``repr``), an ``OSError``'s ``strerror``/``filename``/
+    ``filename2``, a formatted remote traceback (``tb``: a process pool's ``_RemoteTraceback``) and
+    string or request-description attributes (aiohttp's ``ClientResponseError.request_info``,
+    ``message``); the type and traceback stay.
     """
     pending, seen = [exc], set()
     while pending:
@@ -167,14 +247,17 @@ def scrub(exc: BaseException | None) -> None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        try:
-            e.args = tuple(redact(a) if isinstance(a, str) else a for a in e.args)
-            for name in ("strerror", "filename", "filename2", "tb"):
+        with contextlib.suppress(AttributeError, TypeError):  # an exception type whose fields are read-only
+            e.args = tuple(_clean(a) for a in e.args)
+        names = {"strerror", "filename", "filename2", "tb", *getattr(e, "__dict__", {})}
+        for name in names:
+            try:
                 value = getattr(e, name, None)
-                if isinstance(value, str):
-                    setattr(e, name, redact(value))
-        except (AttributeError, TypeError):  # an exception type whose fields are read-only
-            pass
+                clean = _clean(value, deep=False)
+                if clean is not value and clean != value:
+                    setattr(e, name, clean)
+            except Exception:  # a read-only field, a property that refuses
+                pass
         pending += [e.__cause__, e.__context__]
 
 
@@ -209,9 +292,40 @@ def scrubbed(func: F) -> F:
     return cast(F, call)
 
 
-# Loggers of the storage clients that put request URLs into their records (a logger's filter sees
-# only the records of that logger itself, so each is named).
-CLIENT_LOGGERS = ("fsspec", "fsspec.http", "fsspec.caching", "fsspec.cached", "s3fs", "gcsfs", "adlfs")
+# Loggers of the storage clients that put request URLs (botocore: endpoints, signed headers) into
+# their records; each name with every logger below it (``botocore.endpoint``, ``urllib3.connectionpool``).
+CLIENT_LOGGERS = (
+    "fsspec",
+    "s3fs",
+    "gcsfs",
+    "adlfs",
+    "botocore",
+    "aiobotocore",
+    "boto3",
+    "s3transfer",
+    "urllib3",
+    "aiohttp",
+    "requests",
+    "huggingface_hub",
+)
+
+
+def is_client_logger(name: str) -> bool:
+    """Whether ``name`` is one of ``CLIENT_LOGGERS`` or a logger below one."""
+    return any(name == client or name.startswith(client + ".") for client in CLIENT_LOGGERS)
+
+
+def _redact_record(record: logging.LogRecord) -> None:
+    """Redact ``record``'s formatted message in place (its ``msg`` becomes the text, ``args`` empty)."""
+    try:
+        text = record.getMessage()
+    except Exception:  # arguments that do not format: logging reports that itself when it emits
+        return
+    clean = redact(text)
+    if record.name == "botocore.auth" and clean.startswith("Signature:"):  # a request's signature, alone
+        clean = f"Signature: {MASK}"
+    if clean != text:
+        record.msg, record.args = clean, ()
 
 
 class RedactingFilter(logging.Filter):
@@ -219,19 +333,39 @@ class RedactingFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Redact ``record``'s message in place; True: the record is always kept."""
-        text = record.getMessage()
-        clean = redact(text)
-        if clean != text:
-            record.msg, record.args = clean, ()
+        _redact_record(record)
         return True
 
 
 _FILTER = RedactingFilter()
+_factory_installed = False
+
+
+def _client_record_factory(previous: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        if is_client_logger(record.name):
+            _redact_record(record)
+        return record
+
+    return factory
 
 
 def guard_client_logs() -> None:
-    """Add ``RedactingFilter`` to each of ``CLIENT_LOGGERS`` (once), so their records name no credentials."""
-    for name in CLIENT_LOGGERS:
+    """Redact the records of ``CLIENT_LOGGERS`` and of every logger below them (once).
+
+    A logger's filter sees only that logger's own records, and the clients log from one logger
+    per module, some made when a client is first used; so the records are redacted where they are
+    made (a log record factory wrapping the one in place) and ``RedactingFilter`` is added to the
+    named loggers too (in case a program replaces the factory later).
+    """
+    global _factory_installed
+    with _lock:
+        if not _factory_installed:
+            logging.setLogRecordFactory(_client_record_factory(logging.getLogRecordFactory()))
+            _factory_installed = True
+    existing = [name for name in list(logging.root.manager.loggerDict) if is_client_logger(name)]
+    for name in {*CLIENT_LOGGERS, *existing}:
         client = logging.getLogger(name)
         if _FILTER not in client.filters:
             client.addFilter(_FILTER)

@@ -428,3 +428,63 @@ def test_verify_reports_a_missing_shard_without_the_secret(base, server):
     missing = [p for p in result["problems"] if p["shard"] == "shard-000002.tar"]
     assert missing and f"{_masked(server)}/verified/shard-000002.tar" in missing[0]["message"], result["problems"]
     _clean(json.dumps(result))
+
+
+def test_an_http_error_chain_shows_no_header_secret(server):
+    """A 404 over HTTP with the canary in an ``Authorization`` header: aiohttp's
+    ``ClientResponseError`` carries the request headers (``request_info``, its ``args``), so the
+    ``repr``, ``str`` and formatted traceback of every exception in the chain are checked."""
+    import traceback
+
+    import aiohttp
+    from faultgen import SPEC
+
+    from epishard.stream import WindowDataset
+
+    options = {"headers": {"Authorization": "Bearer " + CANARY}}
+    with pytest.raises(FileNotFoundError) as raised:
+        WindowDataset(server + "/nothing-here", SPEC, storage_options=options)
+    chain, e = [], raised.value
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    responses = [e for e in chain if isinstance(e, aiohttp.ClientResponseError)]
+    assert responses, chain
+    info = responses[0].request_info
+    assert info.headers["Authorization"] == MASK
+    assert str(info.url) == server + "/nothing-here/manifest.json"  # the rest is kept
+    assert responses[0].args[0].headers["Authorization"] == MASK
+    assert responses[0].status == 404
+    texts = ["".join(traceback.format_exception(raised.value))]
+    for e in chain:
+        texts += [repr(e), str(e), repr(e.args), "".join(traceback.format_exception(e))]
+    assert "'Authorization': '***'" in repr(responses[0])
+    _clean(*texts)
+
+
+def test_botocore_debug_logs_show_no_endpoint_userinfo_or_signed_headers(moto_s3, caplog, monkeypatch):
+    """The root logger at DEBUG, an ``endpoint_url`` with the canary as its password and a session
+    token from the environment (never given to epishard, so only its header name tells it):
+    botocore's records (the endpoint it resolves, the request it signs and sends) mask both."""
+    import traceback
+
+    import botocore.exceptions
+
+    from epishard.stream import DatasetSource
+
+    options, _ = moto_s3
+    endpoint = options["endpoint_url"].replace("http://", f"http://u:{CANARY}@", 1)
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "env-" + CANARY)
+    token = {"retry_budget": 0}
+    with pytest.raises(botocore.exceptions.HTTPClientError) as raised:  # aiohttp: auth in the URL and a header
+        DatasetSource("s3://no-such-bucket/ds", {"endpoint_url": endpoint, **token})
+    _clean(repr(raised.value), "".join(traceback.format_exception(raised.value)))
+    records = [(r.name, r.getMessage()) for r in caplog.records]
+    boto = [m for name, m in records if name.startswith(("botocore.", "aiobotocore."))]
+    assert any(f"'Endpoint': 'http://***@{endpoint.split('@', 1)[1]}'" in m for m in boto), boto[:20]
+    assert any("'X-Amz-Security-Token': b'***'" in m for m in boto), boto[:20]
+    assert any("x-amz-security-token:***" in m for m in boto), boto[:20]  # the canonical request
+    assert "Signature: ***" in boto, boto[:20]  # botocore.auth logs the signature alone
+    assert any("'Authorization': b'***'" in m for m in boto), boto[:20]
+    _clean(*records, caplog.text)
