@@ -88,6 +88,7 @@ from .plan import (
     DealStage,
     EpisodeTable,
     EpochCuts,
+    LevelOverrun,
     OrderStage,
     Progress,
     Stages,
@@ -105,7 +106,7 @@ from .plan import (
 from .select import Selection, select_episodes
 from .source import DatasetSource
 from .spec import WindowSpec
-from .statecheck import StateError, bounded, check_fields, states_of
+from .statecheck import StateError, bounded, check_digest, check_fields, plan_digest, states_of
 from .telemetry import Telemetry
 from .transform import PostProcess
 from .usercode import from_user_code
@@ -898,7 +899,17 @@ class WindowDataset(IterableDataset):
                 {"world_size": p.world_size, "num_workers": p.num_workers, "consumed": list(p.consumed)}
                 for p in start.history
             ],
+            "plan_digest": self.plan_digest,
         }
+
+    @functools.cached_property
+    def plan_digest(self) -> str:
+        """Fingerprint of this reader's episode table and window spec (a state's ``"plan_digest"``).
+
+        A mid-epoch state saved under another one (another dataset, selection or spec) is refused.
+        """
+        t = self.table
+        return plan_digest([t.shard, t.lo, t.hi, t.weight, t.stratum, t.gaps], self.spec.stride, self.spec.sampling)
 
     def load_state_dict(self, state: dict | list[dict], num_workers: int = 0) -> None:
         """Continue exactly where ``state`` was taken.
@@ -983,6 +994,7 @@ class WindowDataset(IterableDataset):
         states = states_of(state)
         for i, s in enumerate(states):
             check_fields(s, STATE_VERSION, f"state [{i}] " if len(states) > 1 else "")
+            check_digest(s, self.plan_digest, f"state [{i}] " if len(states) > 1 else "")
         first = states[0]
         if "seed" in first and first["seed"] != self.seed:
             raise StateError(
@@ -1005,17 +1017,16 @@ class WindowDataset(IterableDataset):
         Raises:
             StateError: a count above the windows its consumer has in ``epoch`` under its layout.
         """
-        for k, level in enumerate(history):
-            per = self.windows_per_consumer(epoch, level.world_size, level.num_workers, history[:k])
-            for c, n in enumerate(level.consumed):
-                if n > per:
-                    raise StateError(
-                        f"load_state_dict: field 'history[{k}].consumed[{c}]' is {n}; must be 0..{per} (windows per "
-                        f"consumer in epoch {epoch} of this plan under {level.world_size} ranks x "
-                        f"{level.num_workers} workers)"
-                    )
         first = states[0]
-        per = self.windows_per_consumer(epoch, first["world_size"], first["num_workers"], history)
+        try:  # one replay of the history checks every level's counts (linear in its length)
+            per = self.windows_per_consumer(epoch, first["world_size"], first["num_workers"], history)
+        except LevelOverrun as exc:
+            level = history[exc.level]
+            raise StateError(
+                f"load_state_dict: field 'history[{exc.level}].consumed[{exc.consumer}]' is {exc.consumed}; must be "
+                f"0..{exc.windows} (windows per consumer in epoch {epoch} of this plan under {level.world_size} ranks "
+                f"x {level.num_workers} workers)"
+            ) from exc
         for i, s in enumerate(states):
             at = f"state [{i}] " if len(states) > 1 else ""
             for c, n in enumerate(s["consumed"]):

@@ -1106,6 +1106,21 @@ class Progress:
         return self.world_size * self.num_workers
 
 
+class LevelOverrun(ValueError):
+    """A level of a resumed epoch's history consumed more windows than its consumer had (``level_plan``).
+
+    ``level``: the history entry; ``consumer``, ``consumed``: its count; ``windows``: the consumer's
+    windows at that level of this plan.
+    """
+
+    def __init__(self, level: int, consumer: int, consumed: int, windows: int, progress: Progress, epoch: int):
+        self.level, self.consumer, self.consumed, self.windows = level, consumer, consumed, windows
+        super().__init__(
+            f"cannot resume: consumer {consumer} of {progress.world_size}x{progress.num_workers} consumed {consumed} "
+            f"windows of epoch {epoch} but its plan has {windows} (another dataset, spec or seed?)"
+        )
+
+
 @dataclass(frozen=True)
 class Stages:
     """The per-consumer stages after the cut: the pool shuffle, then optional ``cost``, ``order``, ``group``.
@@ -1169,10 +1184,7 @@ def level_plan(
             part = plan.consumer_slice(c)
             order, _ = _yield_order(plan.episode[part], plan.anchor[part], world, level, seed, epoch, stages)
             if k > order.size:
-                raise ValueError(
-                    f"cannot resume: consumer {c} of {progress.world_size}x{progress.num_workers} consumed {k} "
-                    f"windows of epoch {epoch} but its plan has {order.size} (another dataset, spec or seed?)"
-                )
+                raise LevelOverrun(level, c, k, order.size, progress, epoch)
             taken[c * plan.per_consumer + order[:k]] = True
         rest = plan.episode[~taken], plan.anchor[~taken]
         if stages.deal is None:

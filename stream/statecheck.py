@@ -9,10 +9,39 @@ the planner.
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 MAX_EPOCH = 2**62  # far past any run; keeps the plan's seeding arithmetic in int64
+# Earlier layouts of one epoch a state may record (``history``: one per elastic resume under another
+# world size or worker count mid-epoch). A real run changes layout a handful of times an epoch; each
+# level is replayed over the epoch's windows on every resume, so a longer history is refused before
+# any of its entries is looked at.
+MAX_HISTORY = 256
+# The fields a state of this version has (``WindowDataset.state_dict``; ``"fresh"``: ``WindowLoader``'s
+# and ``RayWindowLoader``'s at an epoch boundary; ``"balance"``: ``BalancedWindowDataset``'s), and of
+# one ``history`` entry. Any other key is refused: no state this reader writes has it.
+STATE_KEYS = frozenset(
+    {
+        "version",
+        "seed",
+        "shuffle_episodes",
+        "epoch",
+        "world_size",
+        "num_workers",
+        "rank",
+        "consumed",
+        "rotation",
+        "history",
+        "plan_digest",
+        "fresh",
+        "balance",
+    }
+)
+HISTORY_KEYS = frozenset({"world_size", "num_workers", "consumed"})
 
 
 class StateError(ValueError):
@@ -73,6 +102,49 @@ def counts(state: Mapping, name: str, length: int, at: str = "", why: str = "") 
     return [bounded(v, f"{name}[{i}]", 0, None, at) for i, v in enumerate(value)]
 
 
+def plan_digest(arrays: Sequence[np.ndarray | None], *params: object) -> str:
+    """A hex fingerprint of a plan: its episode table's ``arrays`` (None: absent) and scalar ``params``.
+
+    Two readers whose plans differ (another dataset, selection, window spec or stride) give
+    different digests, so a state saved by one is refused by the other (``check_digest``).
+    O(episodes); the arrays are hashed with their dtype and shape.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr(params).encode())
+    for a in arrays:
+        if a is None:
+            h.update(b"none;")
+            continue
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def check_digest(state: Mapping, digest: str, at: str = "") -> None:
+    """Refuse a mid-epoch state saved under another plan (its ``plan_digest`` differs from ``digest``).
+
+    A state without ``plan_digest`` (saved before it was recorded) or at an epoch boundary (nothing
+    consumed: it loads into any plan) is not checked.
+
+    Raises:
+        StateTypeError: ``plan_digest`` is no str.
+        StateError: another digest (the state is of another dataset, selection or window spec).
+    """
+    if "plan_digest" not in state:
+        return
+    saved = state["plan_digest"]
+    if not isinstance(saved, str):
+        raise StateTypeError(f"{_where(at, 'plan_digest')} is {saved!r}; must be a str (from state_dict())")
+    consumed = state.get("consumed") or ()
+    if saved != digest and (any(consumed) or state.get("history")):
+        raise StateError(
+            f"{_where(at, 'plan_digest')} is {saved[:64]!r}, this reader's plan is {digest!r}: the state was saved "
+            "on another dataset, episode selection or window spec, so its window counts are not this plan's; resume "
+            "on the same data and spec, or start an epoch fresh with set_epoch()"
+        )
+
+
 def states_of(state: object) -> list[dict]:
     """The states given to ``load_state_dict``: one dict, or a non-empty list (or tuple) of dicts.
 
@@ -106,6 +178,12 @@ def check_fields(state: dict, version: int, at: str = "") -> dict:
     Raises:
         StateTypeError / StateError: naming the field, what it is and what it must be.
     """
+    unknown = sorted(map(str, set(state) - STATE_KEYS))
+    if unknown:
+        raise StateError(
+            f"load_state_dict: {at}unknown field(s) {', '.join(repr(k) for k in unknown[:8])}"
+            f"{' ...' if len(unknown) > 8 else ''}; a state of this version has only {sorted(STATE_KEYS)}"
+        )
     if "fresh" in state and not isinstance(state["fresh"], bool):
         raise StateTypeError(f"{_where(at, 'fresh')} is {state['fresh']!r}; must be True or False")
     fresh = bool(state.get("fresh"))
@@ -135,10 +213,21 @@ def check_fields(state: dict, version: int, at: str = "") -> dict:
     history = state.get("history", [])
     if not isinstance(history, Sequence) or isinstance(history, (str, bytes)):
         raise StateTypeError(f"{_where(at, 'history')} is {history!r}; must be a list of earlier layouts")
+    if len(history) > MAX_HISTORY:  # before any entry is looked at
+        raise StateError(
+            f"{_where(at, 'history')} has {len(history)} entries; must have at most {MAX_HISTORY} (one per change "
+            "of world size or worker count within the epoch)"
+        )
     for k, h in enumerate(history):
         name = f"history[{k}]"
         if not isinstance(h, Mapping):
             raise StateTypeError(f"{_where(at, name)} is {h!r}; must be a dict (world_size, num_workers, consumed)")
+        extra = sorted(map(str, set(h) - HISTORY_KEYS))
+        if extra:
+            raise StateError(
+                f"load_state_dict: {at}{name} has unknown field(s) {', '.join(repr(x) for x in extra[:8])}; an entry "
+                f"has only {sorted(HISTORY_KEYS)}"
+            )
         w = integer(h, "world_size", 1, None, f"{at}{name} ")
         n = integer(h, "num_workers", 1, None, f"{at}{name} ")
         counts(h, "consumed", w * n, f"{at}{name} ", f"one per consumer of {w} ranks x {n} workers")

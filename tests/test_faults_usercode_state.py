@@ -12,6 +12,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+import time
 import warnings
 
 import numpy as np
@@ -224,6 +227,18 @@ HOSTILE = {
         r"field 'history\[0\]\.consumed\[0\]' is 61; must be 0\.\.60 \(windows per consumer in epoch 0",
     ),
     "missing-consumed": (None, StateTypeError, r"field 'consumed' is missing"),
+    "unknown-key": ({"evil": 1}, StateError, r"unknown field\(s\) 'evil'; a state of this version has only \["),
+    "history-entry-unknown-key": (
+        {"history": [{"world_size": 1, "num_workers": 1, "consumed": [0], "evil": 1}]},
+        StateError,
+        r"history\[0\] has unknown field\(s\) 'evil'",
+    ),
+    "history-too-long": (
+        {"history": [{"world_size": 1, "num_workers": 1, "consumed": [0]}] * 257},
+        StateError,
+        r"field 'history' has 257 entries; must have at most 256",
+    ),
+    "plan-digest-a-number": ({"plan_digest": 7}, StateTypeError, r"field 'plan_digest' is 7; must be a str"),
 }
 
 
@@ -316,6 +331,67 @@ def test_the_ray_loader_checks_the_state_before_anything(intact, saved):
         loader.load_state_dict([1, 2])
     loader.load_state_dict(saved)
     assert loader._next_start is not None and loader._next_start.skip == (6,)
+
+
+def test_a_million_entry_history_is_refused_before_any_entry_is_looked_at(intact, saved):
+    bomb = {**saved, "history": [{"world_size": 1, "num_workers": 1, "consumed": [0]}] * 10**6}
+    loader = _fresh_loader(intact)
+    t = time.perf_counter()
+    with pytest.raises(StateError, match=r"field 'history' has 1000000 entries; must have at most 256"):
+        loader.load_state_dict(bomb)
+    assert time.perf_counter() - t < 0.5  # was > 600 s (every entry replayed for every other)
+
+
+def test_a_long_history_is_replayed_once_to_check_its_counts(intact, saved, monkeypatch):
+    """Every level's counts are checked in one replay of the history (was one replay per level: quadratic)."""
+    module = sys.modules[WindowDataset.__module__]
+    calls = []
+    real = module.level_plan
+    monkeypatch.setattr(module, "level_plan", lambda *a, **kw: calls.append(len(kw["history"])) or real(*a, **kw))
+    history = [{"world_size": 1, "num_workers": 1, "consumed": [0]}] * 40
+    loader = _fresh_loader(intact)
+    loader.load_state_dict({**saved, "history": history})
+    assert calls == [40]
+    assert loader.dataset._resume.skip == (6,) and len(loader.dataset._resume.history) == 40
+    # A level past its windows is still named (found in the same replay).
+    history = [*history[:5], {"world_size": 2, "num_workers": 1, "consumed": [61, 0]}, *history[:3]]
+    calls.clear()
+    with pytest.raises(StateError, match=r"field 'history\[5\]\.consumed\[0\]' is 61; must be 0\.\.60 \(windows per"):
+        _fresh_loader(intact).load_state_dict({**saved, "history": history})
+    assert calls == [9]
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory) -> str:
+    """A second dataset: 4 episodes (80 windows of ``SPEC``) where ``intact`` has 6 (120)."""
+    from faultgen import make_dataset
+
+    return make_dataset(str(tmp_path_factory.mktemp("other_dataset")), episodes=4)
+
+
+def test_a_state_of_another_dataset_is_refused_naming_its_plan_digest(intact, saved, other):
+    assert len(WindowDataset(other, SPEC, seed=5)) == 80 and saved["consumed"] == [6]
+    mine = WindowDataset(intact, SPEC, seed=5).plan_digest
+    assert saved["plan_digest"] == mine and len(mine) == 32
+    assert WindowDataset(other, SPEC, seed=5).plan_digest != mine
+    assert WindowDataset(intact, dataclasses.replace(SPEC, stride=2), seed=5).plan_digest != mine
+    loader = _fresh_loader(other)
+    digests = r"field 'plan_digest' is '[0-9a-f]{32}', this reader's plan is '[0-9a-f]{32}'"
+    with pytest.raises(StateError, match=digests):
+        loader.load_state_dict(saved)
+    assert loader.dataset._resume is None
+    # A state saved before the digest was recorded still loads (and resumes exactly on its own data).
+    old = {k: v for k, v in saved.items() if k != "plan_digest"}
+    again = _fresh_loader(intact)
+    again.load_state_dict(old)
+    whole = [k for b in _fresh_loader(intact) for k in _batch_keys(b)]
+    assert [k for b in again for k in _batch_keys(b)] == whole[6:]
+    # A state at an epoch boundary loads into any plan.
+    boundary = _fresh_loader(intact).state_dict()
+    assert boundary["fresh"] and "plan_digest" in boundary
+    fresh = _fresh_loader(other)
+    fresh.load_state_dict({**boundary, "epoch": 3})
+    assert fresh.state_dict()["epoch"] == 3
 
 
 def test_the_balanced_dataset_checks_its_balance_field(intact, saved):
