@@ -133,18 +133,7 @@ def per_file(args, trees: dict[str, str], scratch: str) -> None:
             runs = []
             for _ in range(args.rounds):  # the least CPU of the rounds: other load only ever adds
                 out = tempfile.mkdtemp(dir=scratch)
-                proc = subprocess.run(
-                    [sys.executable, "-c", RUNNER_PER_FILE, src, out, str(args.convert), check],
-                    env={**os.environ, "PYTHONPATH": tree},
-                    cwd=tree,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                subprocess.run(["rm", "-rf", out], check=True)
-                if proc.returncode:
-                    raise RuntimeError(f"convert in {tree} failed:\n{proc.stderr[-3000:]}")
-                runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                runs.append(_run_in_tree(tree, out, [RUNNER_PER_FILE, src, out, str(args.convert), check]))
             res = {**min(runs, key=lambda r: r["cpu_s"])}
             res.update({k: min(r[k] for r in runs) for k in ("read_s", "scan_s", "data_s")})
             first = first or res["sha256"]
@@ -207,11 +196,16 @@ def has_levels(tree: str) -> bool:
 
 def run_convert(tree: str, src: str, check: str, workers: int, scratch: str) -> dict:
     out = tempfile.mkdtemp(dir=scratch)
-    env = {**os.environ, "PYTHONPATH": tree}
     load = os.getloadavg()[0]
+    result = _run_in_tree(tree, out, [RUNNER, src, out, check, str(workers), "1" if has_levels(tree) else "0"])
+    return {**result, "load_before": load, "load_after": os.getloadavg()[0]}
+
+
+def _run_in_tree(tree: str, out: str, script: list[str]) -> dict:
+    """Run ``python -c *script`` against the code of ``tree``, remove ``out``, return its last JSON line."""
     proc = subprocess.run(
-        [sys.executable, "-c", RUNNER, src, out, check, str(workers), "1" if has_levels(tree) else "0"],
-        env=env,
+        [sys.executable, "-c", *script],
+        env={**os.environ, "PYTHONPATH": tree},
         cwd=tree,  # `python -c` puts the working folder first on sys.path: make it the tree measured
         capture_output=True,
         text=True,
@@ -220,7 +214,7 @@ def run_convert(tree: str, src: str, check: str, workers: int, scratch: str) -> 
     subprocess.run(["rm", "-rf", out], check=True)
     if proc.returncode:
         raise RuntimeError(f"convert in {tree} failed:\n{proc.stderr[-3000:]}")
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "load_before": load, "load_after": os.getloadavg()[0]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def run_tar(src: str, scratch: str) -> dict:
