@@ -10,6 +10,7 @@ recording segment, ``_is_pad`` flags for the rows clamped.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -284,6 +285,29 @@ def window_rows(index: WindowIndex, episodes: np.ndarray, anchors: np.ndarray, o
     return rows
 
 
+# Streams whose frame count was held against their container, per index: a member's bytes are
+# checked against the index's sha256 on every fetch (``FetchPolicy.verify``, the default), so one
+# check per worker and stream is enough.
+_COUNTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _check_frame_count(index: WindowIndex, stream: int, data: bytes, where: str) -> None:
+    """Raise ``DecodeError`` when the index claims more frames for ``stream`` than its container lists.
+
+    Once per worker, index and stream (``untrusted.container_frames`` parses the container's header).
+    """
+    counted = _COUNTED.setdefault(index, set())
+    if stream in counted:
+        return
+    stated = container_frames(data, int(index.cam_stream_index[stream]))
+    if stated is not None and index.cam_num_frames[stream] > stated:
+        raise DecodeError(
+            f"{where}: the index's num_frames {int(index.cam_num_frames[stream])} is more than the "
+            f"{stated} frames its video's container lists (index forged or for another video)"
+        )
+    counted.add(stream)
+
+
 def decode_camera(
     index: WindowIndex,
     stream: int,
@@ -314,12 +338,7 @@ def decode_camera(
     """
     t1 = time.perf_counter()
     if kept is None:  # a decoder is opened on these bytes: hold the index's frame count against them
-        stated = container_frames(data, int(index.cam_stream_index[stream]))
-        if stated is not None and index.cam_num_frames[stream] > stated:
-            raise DecodeError(
-                f"{where}: the index's num_frames {int(index.cam_num_frames[stream])} is more than the "
-                f"{stated} frames its video's container lists (index forged or for another video)"
-            )
+        _check_frame_count(index, stream, data, where)
     if index.cam_depth[stream]:
         decoded = decode_depth(
             data,
