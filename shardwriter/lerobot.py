@@ -18,6 +18,7 @@ caller asks for state and action only (``cameras=()``).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
 import functools
@@ -39,7 +40,8 @@ from epishard.redact import redact, scrubbed
 from . import untrusted
 from .episode import CameraVideo, Episode, FileInput, Source, TableSlice
 from .errors import SourceError
-from .storage import FileSystemHandle, RemoteFile, is_local, local_path, protocol_of
+from .retry import RETRY_BUDGET_S, call_with_budget
+from .storage import FileSystemHandle, RemoteFile, is_local, local_path, protocol_of, resolve_storage_options
 
 
 class _Tree:
@@ -63,6 +65,8 @@ class _Tree:
         handle = FileSystemHandle(self.root, self.options)
         self.fs, self._base = handle.get(), handle.root.rstrip("/")
         self.sizes: dict[str, int | None] = {}  # None: the listing gives no size (HTTP)
+        if protocol_of(self.root) in ("http", "https"):
+            self._reach()
         try:
             listing = self.fs.find(self._base, detail=True)
         except OSError as exc:  # s3fs: "Access Denied", a missing bucket, naming nothing
@@ -76,6 +80,19 @@ class _Tree:
                 size = entry.get("size")
                 self.sizes[f"{self.root}/{rel}"] = None if size is None else int(size)
         self.dirs = {path.rsplit("/", n)[0] for path in self.sizes for n in range(1, path.count("/") + 1)}
+
+    def _reach(self) -> None:
+        """List the HTTP root once within the retry budget (``retry.call_with_budget``).
+
+        fsspec's ``find`` takes a refused or reset connection for an empty folder, so without this a
+        dead server read as a dataset without ``meta/info.json``. A 404 is left to ``find``.
+
+        Raises:
+            RetryBudgetExceeded: the server still does not answer when the budget is spent.
+        """
+        budget = float(resolve_storage_options(self.root, self.options).get("retry_budget", RETRY_BUDGET_S))
+        with contextlib.suppress(FileNotFoundError):
+            call_with_budget(lambda: self.fs.ls(self._base, detail=False), redact(self.root), budget)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path) if self.local else path in self.sizes or path in self.dirs

@@ -411,3 +411,22 @@ def test_convert_from_an_http_lerobot_source_survives_a_burst_on_its_videos(tmp_
     assert proxy.answered(503) >= 3
     for shard in sorted(p.name for p in (tmp_path / "local").glob("shard-*")):  # the bytes of the local copy's output
         assert (tmp_path / "out" / shard).read_bytes() == (tmp_path / "local" / shard).read_bytes(), shard
+
+
+def test_a_dead_http_source_is_retried_and_named_not_taken_for_an_empty_folder(tmp_path):
+    """Nothing listens: fsspec's listing took the refused connection for an empty folder, and
+    convert said 'no meta/info.json' at once. Now the root is asked again for the budget and the
+    error names the URL, the connection error and the time."""
+    import socket
+
+    from epishard.shardwriter.lerobot import read_lerobot
+    from epishard.shardwriter.retry import RetryBudgetExceeded
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RetryBudgetExceeded) as caught:
+        read_lerobot(f"http://127.0.0.1:{port}/ds", storage_options={"retry_budget": 0.5})
+    message = str(caught.value)
+    assert f"127.0.0.1:{port}/ds" in message and "retry budget 0.5 s" in message
+    assert "info.json" not in message
