@@ -178,7 +178,10 @@ class WindowDataset(IterableDataset):
     Args:
         sources: a dataset URL or ``DatasetSource``, or a list of them, or of ``(url, weight)``
             pairs to mix datasets (see ``weights``).
-        spec: the window (``WindowSpec``).
+        spec: the window (``WindowSpec``). One made from ``delta_timestamps`` (seconds) is turned
+            into rows at each dataset's own frame rate (a mix of 20 and 30 fps robots takes one spec;
+            ``stream.mix.resolve_specs``); an offset off a dataset's frame grid is refused, naming
+            the dataset, the key and the nearest allowed time.
         seed: base seed; the plan is a pure function of (seed, epoch, world size, rank, workers).
         shuffle_episodes: the shuffle's one knob (``stream.plan.pool_shuffle``): how many episodes'
             windows are interleaved at a time in each consumer's yield order (consecutive pools of
@@ -344,9 +347,9 @@ class WindowDataset(IterableDataset):
         (int64 ``[datasets + 1]``).
         """
         parts = [
-            episode_table(self.spec, source.index, offsets, weight=weight, keep=keep)
-            for source, weight, offsets, keep in zip(
-                self.sources, self.weights, self.cam_offsets, self.selected, strict=True
+            episode_table(spec, source.index, offsets, weight=weight, keep=keep)
+            for source, spec, weight, offsets, keep in zip(
+                self.sources, self.layout.specs, self.weights, self.cam_offsets, self.selected, strict=True
             )
         ]
         table = EpisodeTable.concat(parts, [len(s.shards) for s in self.sources], self.stratify)
@@ -642,7 +645,8 @@ class WindowDataset(IterableDataset):
             col += len(offsets)
         finish = None if self.defer_float else self.post.finish
         index = self.sources[d].index
-        sample = window_sample(index, info, columns, anchor, self.spec, self.cam_offsets[d], frames, finish)
+        spec = self.layout.specs[d]  # the window in this dataset's rows (its frame rate)
+        sample = window_sample(index, info, columns, anchor, spec, self.cam_offsets[d], frames, finish)
         sample = self.layout.apply(sample, d, finish)
         sample["dataset"], sample["substitute"] = d, False
         telemetry.add(assemble_s=time.perf_counter() - t, frames_returned=col)
@@ -810,7 +814,7 @@ class WindowDataset(IterableDataset):
             telemetry.add(episodes_loaded=1)
         if load.columns:
             normalizers = self.normalizers[d][ix.source(local)]
-            columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.spec, normalizers)
+            columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.layout.specs[d], normalizers)
             store.put_columns(e, columns, EpisodeInfo.of(ix, local, self.cam_offsets[d]), columns_nbytes(columns))
         if runs is not None:
             self._load_packets(load, ix, local, runs, pieces, store, telemetry)

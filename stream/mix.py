@@ -54,7 +54,8 @@ class MixLayout:
     ``offsets[d]``: dataset ``d``'s camera key -> frame offsets (int64), the cameras it decodes;
     ``names[d]``: dataset ``d``'s camera key -> the model's camera name; ``pads[d]``: model camera ->
     ``PadCamera`` for the cameras ``d`` lacks; ``widths``: column -> width it is padded to (columns
-    given a ``<column>_dim_is_pad`` mask); ``depth``: model camera -> depth or RGB.
+    given a ``<column>_dim_is_pad`` mask); ``depth``: model camera -> depth or RGB; ``specs[d]``:
+    the window spec in dataset ``d``'s rows (at its frame rate: ``resolve_specs``).
     """
 
     offsets: list[dict[str, np.ndarray]]
@@ -62,6 +63,7 @@ class MixLayout:
     pads: list[dict[str, PadCamera]]
     widths: dict[str, int]
     depth: dict[str, bool]
+    specs: list[WindowSpec]
 
     def apply(self, sample: dict, d: int, finish=None) -> dict:
         """Dataset ``d``'s sample with the model's camera names, padding cameras and padded columns.
@@ -138,34 +140,59 @@ def normalizers(
     return out
 
 
-def _check_fps(sources: list[DatasetSource], fps: float | None) -> None:
-    """Refuse datasets with episodes of another frame rate than the spec's offsets were made for.
+def resolve_specs(sources: list[DatasetSource], spec: WindowSpec) -> list[WindowSpec]:
+    """The window spec of each dataset of a mix, in rows at the dataset's own frame rate.
+
+    A spec made from ``delta_timestamps`` (seconds) is resolved per dataset at its rate
+    (``WindowSpec.at_fps``), as LeRobot's ``MultiLeRobotDataset`` does; a spec in rows is the same
+    for every dataset, and one made for a given ``fps`` refuses a dataset of another rate.
 
     Raises:
-        ValueError: naming the dataset, an episode and both rates.
+        ValueError: an offset falls off a dataset's frame grid (naming the dataset, its rate, the key
+            and the nearest allowed time); a dataset holds episodes of several rates and the spec is
+            in seconds (naming an episode of each); a spec in rows made for another rate (naming the
+            dataset, an episode and both rates).
     """
-    if fps is None:
-        return
+    out = []
     for source in sources:
-        other = np.flatnonzero(np.abs(source.index.fps - fps) > 1e-6 * fps)
-        if other.size:
-            e = int(other[0])
-            raise ValueError(
-                f"{source.shown}: episode {source.index.key(e)} is {source.index.fps[e]:g} fps but the window spec's "
-                f"delta_timestamps were turned into rows at {fps:g} fps ({other.size} episodes differ): make a spec "
-                "per frame rate, or convert at one rate"
-            )
+        ix = source.index
+        rates = np.unique(np.round(np.asarray(ix.fps, dtype=np.float64), 6)) if ix.num_episodes else np.zeros(0)
+        if spec.delta_timestamps is not None and rates.size:
+            if rates.size > 1:
+                first = [int(np.flatnonzero(np.round(ix.fps, 6) == r)[0]) for r in rates]
+                each = ", ".join(f"episode {ix.key(e)} is {ix.fps[e]:g} fps" for e in first)
+                raise ValueError(
+                    f"{source.shown}: its episodes have several frame rates ({each}), so the window spec's "
+                    "delta_timestamps are other rows in each: convert each robot (frame rate) into its own "
+                    "dataset and mix them, WindowDataset([a, b], spec), where each is resolved at its own rate"
+                )
+            out.append(spec.at_fps(float(rates[0]), source.shown))
+            continue
+        if spec.fps is not None:
+            other = np.flatnonzero(np.abs(ix.fps - spec.fps) > 1e-6 * spec.fps)
+            if other.size:
+                e = int(other[0])
+                raise ValueError(
+                    f"{source.shown}: episode {ix.key(e)} is {ix.fps[e]:g} fps but the window spec's rows are "
+                    f"at {spec.fps:g} fps ({other.size} episodes differ): give the window in seconds, "
+                    "WindowSpec.from_delta_timestamps(...), and each dataset resolves it at its own rate"
+                )
+        out.append(spec)
+    return out
 
 
 def _cameras(
-    sources: list[DatasetSource], spec: WindowSpec, camera_map: list[dict[str, str]]
+    sources: list[DatasetSource], specs: list[WindowSpec], camera_map: list[dict[str, str]]
 ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, str]], list[list[str]]]:
     """Per dataset: camera key -> offsets, camera key -> model name, and the model cameras it lacks.
+
+    ``specs``: each dataset's spec (``resolve_specs``); they differ only in their row offsets.
 
     Raises:
         ValueError: ``cameras=None`` over datasets whose cameras differ; a camera is mapped to a key
             the dataset lacks; a camera no dataset has; a lacking camera with ``missing_cameras="refuse"``.
     """
+    spec = specs[0]
     if spec.cameras is None:
         if len({tuple(s.cameras) for s in sources}) > 1:
             have = "; ".join(f"{s.shown} has {s.cameras}" for s in sources)
@@ -181,13 +208,14 @@ def _cameras(
     offsets: list[dict[str, np.ndarray]] = []
     names: list[dict[str, str]] = []
     lacking: list[list[str]] = []
-    for source, mapping in zip(sources, camera_map, strict=True):
+    for source, mapping, own in zip(sources, camera_map, specs, strict=True):
+        assert own.cameras is not None  # every spec of a mix names the same cameras
         keys = {model: mapping.get(model, model) for model in spec.cameras}  # entries for other cameras are unused
         bad = [f"{m!r} -> {k!r}" for m, k in keys.items() if m in mapping and k not in source.cameras]
         if bad:
             raise ValueError(f"{source.shown}: camera_map maps {', '.join(bad)}; the dataset has {source.cameras}")
         present = {m: k for m, k in keys.items() if k in source.cameras}
-        offsets.append({k: np.asarray(spec.cameras[m], dtype=np.int64) for m, k in present.items()})
+        offsets.append({k: np.asarray(own.cameras[m], dtype=np.int64) for m, k in present.items()})
         names.append({k: m for m, k in present.items()})
         lacking.append([m for m in spec.cameras if m not in present])
     nowhere = [m for m in spec.cameras if all(m in lack for lack in lacking)]
@@ -406,15 +434,15 @@ def mix_layout(
             those columns to that width, the others as with ``None``.
 
     Raises:
-        KeyError / ValueError: see ``_check_fps``, ``_cameras``, ``_kinds_and_shapes``, ``_widths``; a lacking
-            camera whose frames have several shapes across the mix (set ``PostProcess(size=...)``).
+        KeyError / ValueError: see ``resolve_specs``, ``_cameras``, ``_kinds_and_shapes``, ``_widths``; a
+            lacking camera whose frames have several shapes across the mix (set ``PostProcess(size=...)``).
     """
     maps = camera_map if isinstance(camera_map, list) else [camera_map] * len(sources)
     if len(maps) != len(sources):
         raise ValueError(f"camera_map has {len(maps)} entries for {len(sources)} datasets")
-    _check_fps(sources, spec.fps)
+    specs = resolve_specs(sources, spec)
     check_columns(sources, spec, normalized)
-    offsets, names, lacking = _cameras(sources, spec, [m or {} for m in maps])
+    offsets, names, lacking = _cameras(sources, specs, [m or {} for m in maps])
     depth, shapes = _kinds_and_shapes(sources, names, post)
     pads = []
     for lack in lacking:
@@ -427,4 +455,4 @@ def mix_layout(
                 )
             pad[model] = PadCamera((len(spec.cameras[model]), *next(iter(shapes[model]))), depth[model])  # type: ignore[index]
         pads.append(pad)
-    return MixLayout(offsets, names, pads, _widths(sources, spec, pad_dims), depth)
+    return MixLayout(offsets, names, pads, _widths(sources, spec, pad_dims), depth, specs)

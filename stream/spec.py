@@ -1,12 +1,14 @@
 """What a training window is: frame offsets per camera, state history, action chunk, boundaries.
 
 All offsets are in frames (table rows) relative to the window's anchor row. LeRobot-style
-``delta_timestamps`` in seconds are accepted and turned into frame offsets once, checked to be
-multiples of 1/fps within a tolerance.
+``delta_timestamps`` in seconds are accepted: the spec keeps them, and each dataset of a
+``WindowDataset`` turns them into rows at its own frame rate (``WindowSpec.at_fps``), checked to be
+multiples of 1/fps within a tolerance, as LeRobot's ``MultiLeRobotDataset`` does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import InitVar, dataclass, field
 
 import numpy as np
@@ -34,24 +36,28 @@ def segment(start: int, stop: int, count: int) -> tuple[int, ...]:
     return tuple(range(start, stop + 1, step))
 
 
-def offsets_from_seconds(deltas: list[float], fps: float, tolerance: float = 1e-4, key: str = "") -> tuple[int, ...]:
+def offsets_from_seconds(
+    deltas: list[float], fps: float, tolerance: float = 1e-4, key: str = "", dataset: str = ""
+) -> tuple[int, ...]:
     """Turn LeRobot ``delta_timestamps`` (seconds) into frame offsets (rows), in the given order.
 
     Any offsets are accepted: past, future, irregular, repeated. ``tolerance`` is LeRobot's
-    ``tolerance_s`` (default 1e-4 s, as there).
+    ``tolerance_s`` (default 1e-4 s, as there). ``dataset``: the dataset the rows are for, as
+    messages name it.
 
     Raises:
-        ValueError: a delta is not a multiple of 1/fps within ``tolerance`` seconds (naming ``key``,
-            the delta and its position).
+        ValueError: a delta is not a multiple of 1/fps within ``tolerance`` seconds (naming the
+            dataset and its rate, ``key``, the delta, its position and the nearest allowed time).
     """
     out = []
     for i, d in enumerate(deltas):
         frames = round(d * fps)
         if abs(frames / fps - d) > tolerance:
             where = f"{key!r} " if key else ""
+            of = f"{dataset} ({fps:g} fps): " if dataset else ""
             raise ValueError(
-                f"delta_timestamps {where}[{i}] = {d}s is not a multiple of 1/fps = {1 / fps:.6f}s "
-                f"(nearest {frames / fps:.6f}s; tolerance {tolerance}s)"
+                f"{of}delta_timestamps {where}[{i}] = {d}s is not a multiple of 1/fps = {1 / fps:.6f}s "
+                f"(nearest allowed time {frames / fps:.6f}s; tolerance {tolerance}s)"
             )
         out.append(int(frames))
     return tuple(out)
@@ -96,9 +102,12 @@ class WindowSpec:
             ``stream.plan.PerEpisode`` and ``expected_windows``.
         per_episode: deprecated (``1`` meant one window and ``1.0`` all of them): an int sets
             ``per_episode_count``, a float ``per_episode_fraction``, with a ``DeprecationWarning``.
-        fps: the frame rate the offsets were made for (``from_delta_timestamps`` sets it): a dataset
-            with episodes of another rate is refused, since its rows would be other times. None:
-            offsets are rows, at any rate.
+        fps: the frame rate the row offsets are at (``from_delta_timestamps`` sets it). Without
+            ``delta_timestamps``, a dataset with episodes of another rate is refused, since its rows
+            would be other times; with them, each dataset gets the spec at its own rate
+            (``at_fps``). None: offsets are rows, at any rate.
+        delta_timestamps: key -> offsets in seconds, as given to ``from_delta_timestamps`` (which
+            sets it; None for a spec in rows). ``tolerance_s``: the tolerance they are held to.
         missing_cameras: what a mix does with a camera of ``cameras`` that a dataset lacks:
             ``"pad"`` returns zeros of the camera's shape and dtype with ``<camera>_is_pad`` all
             true; ``"refuse"`` refuses such a dataset when the ``WindowDataset`` is made. A camera
@@ -122,6 +131,8 @@ class WindowSpec:
     column_offsets: dict[str, tuple[int, ...]] = field(default_factory=dict)
     missing_cameras: str = "pad"
     fps: float | None = None
+    delta_timestamps: dict[str, tuple[float, ...]] | None = None
+    tolerance_s: float = 1e-4
     per_episode: InitVar[float | int | None] = None
 
     def __post_init__(self, per_episode):
@@ -215,9 +226,13 @@ class WindowSpec:
         Offsets outside the episode are clamped and flagged in ``<key>_is_pad`` (``boundary="pad"``,
         LeRobot's semantics), or keep the anchor away from the edges (``"inside"``).
 
+        The spec keeps the seconds (``delta_timestamps``): its own rows are those at ``fps``, and a
+        ``WindowDataset`` resolves them again at each dataset's own rate (``at_fps``), so one spec
+        serves a mix of robots recorded at 20 and 30 fps (LeRobot's ``MultiLeRobotDataset``).
+
         Raises:
             ValueError: an offset is not a multiple of 1/fps within ``tolerance_s`` seconds, naming
-                the key and the offset.
+                the key, the offset and the nearest allowed time.
         """
         action_key, state_key = kw.get("action_key", "action"), kw.get("state_key", "observation.state")
         cams: dict[str, tuple[int, ...]] = {}
@@ -234,8 +249,51 @@ class WindowSpec:
                 cams[key] = offsets
             else:
                 columns[key] = offsets
+        seconds = {key: tuple(float(d) for d in deltas) for key, deltas in delta_timestamps.items()}
         return cls(
-            cameras=cams or None, state_offsets=state, action_offsets=actions, column_offsets=columns, fps=fps, **kw
+            cameras=cams or None,
+            state_offsets=state,
+            action_offsets=actions,
+            column_offsets=columns,
+            fps=fps,
+            delta_timestamps=seconds,
+            tolerance_s=tolerance_s,
+            **kw,
+        )
+
+    def at_fps(self, fps: float, dataset: str = "") -> WindowSpec:
+        """This spec with its ``delta_timestamps`` turned into rows at ``fps`` (frames per second).
+
+        A spec without ``delta_timestamps`` (rows), or one already at ``fps``, is returned as it is.
+        Each key keeps its role (camera, state, action, other column) and its number of offsets,
+        so the samples of datasets at different rates have the same shapes.
+
+        Raises:
+            ValueError: an offset falls off the ``fps`` grid (not a multiple of 1/fps within
+                ``tolerance_s``), naming ``dataset``, its rate, the key and the nearest allowed time.
+        """
+        if self.delta_timestamps is None or (self.fps is not None and abs(self.fps - fps) <= 1e-9 * fps):
+            return self
+        cams = dict(self.cameras or {})
+        columns = dict(self.column_offsets)
+        state, actions = self.state_offsets, self.action_offsets
+        for key, deltas in self.delta_timestamps.items():
+            offsets = offsets_from_seconds(list(deltas), fps, self.tolerance_s, key, dataset)
+            if key == self.action_key:
+                actions = offsets
+            elif key == self.state_key:
+                state = offsets
+            elif key in cams:
+                cams[key] = offsets
+            else:
+                columns[key] = offsets
+        return dataclasses.replace(
+            self,
+            cameras=cams if self.cameras is not None else None,
+            state_offsets=state,
+            action_offsets=actions,
+            column_offsets=columns,
+            fps=float(fps),
         )
 
     def camera_offsets(self, available: list[str]) -> dict[str, np.ndarray]:
@@ -256,7 +314,8 @@ class WindowSpec:
 
         ``available``: the dataset's cameras, used when ``cameras`` is None; named cameras count
         whether a dataset has them or not (in a mix, one may be padding), so every dataset of a mix
-        has the same window rows.
+        at one frame rate has the same window rows (a spec from ``delta_timestamps`` has other rows
+        at another rate: ``at_fps``).
         """
         cams = self.cameras if self.cameras is not None else {c: (0,) for c in available}
         parts = [np.asarray(o, dtype=np.int64) for o in cams.values() if len(o)]
