@@ -7,6 +7,7 @@ requests in flight grow to cover it (counted at the server)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import random
 
@@ -172,3 +173,77 @@ def test_the_next_chunk_is_fetched_while_this_chunk_loads(intact, monkeypatch):
     # Chunk 1 (the first batch) goes out alone; from chunk 2 on, each chunk's loads start after the
     # next chunk's fetches were handed over (the last chunk has none after it).
     assert [seen[k] - added[k] for k in range(6)] == [0, 1, 1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_bridge_joins_small_gaps_within_the_byte_allowance(seed):
+    from epishard.stream.fetch import bridge
+
+    rng = random.Random(seed)
+    ranges = []
+    for _ in range(rng.randint(1, 30)):
+        a = rng.randrange(0, 100_000)
+        ranges.append((a, a + rng.randint(1, 3000)))
+    extra, max_gap = rng.choice([0.0, 0.1, 0.5, 2.0]), rng.choice([0, 500, 5000, 1 << 20])
+    out = bridge(ranges, extra, max_gap)
+    union = bridge(ranges, 0.0, 0)
+    covered = sum(b - a for a, b in union)
+    assert all(out[i][1] < out[i + 1][0] for i in range(len(out) - 1))  # sorted, disjoint, gaps between
+    assert all(any(c <= a and b <= d for c, d in out) for a, b in ranges)  # every range inside one
+    assert sum(b - a for a, b in out) <= (1 + extra) * covered
+    # What was read through: only gaps of at most max_gap, and only gaps between the union's pieces.
+    read_through = [(b, c) for (_, b), (c, _) in itertools.pairwise(union) if any(x <= b and c <= y for x, y in out)]
+    assert all(c - b <= max_gap for b, c in read_through)
+    if extra == 0 or max_gap == 0:
+        assert out == union
+    # Greedy by size: a gap left open is larger than the allowance left, or than max_gap.
+    left = (1 + extra) * covered - sum(b - a for a, b in out)
+    for (_, b), (c, _) in itertools.pairwise(union):
+        if (b, c) not in read_through:
+            assert c - b > max_gap or c - b > left
+
+
+def test_bridge_reads_the_smallest_gaps_first():
+    from epishard.stream.fetch import bridge
+
+    # Needed 400 bytes; allowance 0.5 -> 200 extra bytes: the 50 and 100 byte gaps are read, not the 150.
+    ranges = [(0, 100), (150, 250), (400, 500), (600, 700)]
+    assert bridge(ranges, 0.5, 1 << 20) == [(0, 250), (400, 700)]
+    assert bridge(ranges, 0.5, 60) == [(0, 250), (400, 500), (600, 700)]  # max_gap caps it
+    assert bridge([(10, 20), (15, 30), (30, 40)], 0.0, 0) == [(10, 40)]  # overlapping and touching
+
+
+def test_a_remote_source_reads_gaps_through_in_fewer_requests(intact):
+    """Over HTTP, ranged mode: episodes asking for parts of their members (gaps between) get
+    exactly their bytes either way; with bridging on, fewer requests reach the server
+    and the bytes it sends stay within the allowance."""
+    results = {}
+    for extra in (0.0, 1.0):
+        gauge = Gauge()
+        server, base = serve_http(intact, gauge=gauge)
+        try:
+            source = DatasetSource(base)
+            where = [_all_ranges(source, e) for e in range(source.index.num_episodes)]
+            # Each member asked for as its first and last thirds: a gap between (as packets of GOPs).
+            episodes = [
+                (s, [piece for a, b in r for piece in ((a, a + (b - a) // 3), (b - (b - a) // 3, b))])
+                for s, r, _ in where
+            ]
+            policy = FetchPolicy(mode="ranged", coalesce_bytes=0, bridge_extra=extra, bridge_gap=1 << 20)
+            telemetry = Telemetry()
+            fetcher = Fetcher(source, episodes, policy, telemetry)
+            try:
+                for k, (shard, ranges) in enumerate(episodes):
+                    got = fetcher.episode(k)
+                    local = DatasetSource(intact)
+                    assert got == [_shard_bytes(local, shard, a, b) for a, b in ranges]
+            finally:
+                fetcher.close()
+        finally:
+            server.shutdown()
+        needed = sum(b - a for _, r in episodes for a, b in r)
+        results[extra] = (telemetry.values["requests"], telemetry.values["bytes_read"], needed)
+    (plain, plain_bytes, needed), (bridged, bridged_bytes, _) = results[0.0], results[1.0]
+    assert plain_bytes == needed
+    assert bridged < plain
+    assert needed < bridged_bytes <= 2 * needed
