@@ -249,11 +249,15 @@ def _kinds_and_shapes(
 
     Raises:
         ValueError: a camera is depth (uint16 ``[T, 1, H, W]``) in some episodes and RGB (uint8
-            ``[T, 3, H, W]``) in others, of one dataset or across a mix (naming an episode of each).
+            ``[T, 3, H, W]``) in others, of one dataset or across a mix (naming an episode of each);
+            a camera whose frames come out in several sizes (no ``PostProcess(size=...)`` or crop
+            making them one; not checked with a ``hook``, which may resize), naming each size and an
+            episode with it: such frames cannot be stacked into one batch.
     """
     depth: dict[str, bool] = {}
     shapes: dict[str, set[tuple[int, int, int]]] = {}
     example: dict[str, dict[bool, str]] = {}
+    sized: dict[str, dict[tuple[int, int], str]] = {}  # model camera -> output (h, w) -> an episode with it
     for source, mapping in zip(sources, names, strict=True):
         ix = source.index
         for key, model in mapping.items():
@@ -263,11 +267,15 @@ def _kinds_and_shapes(
                 if hits.size:
                     example.setdefault(model, {}).setdefault(kind, f"episode {ix.key(int(hits[0]))} of {source.shown}")
             # One int64 per (height, width): a 1-D unique (np.unique(axis=0) took 4 s at 1M episodes).
-            sizes = np.unique((ix.cam_height[streams].astype(np.int64) << 32) | ix.cam_width[streams].astype(np.int64))
-            channels = 1 if ix.cam_depth[streams].any() else 3
-            shapes.setdefault(model, set()).update(
-                post.output_shape(channels, int(hw >> 32), int(hw & 0xFFFFFFFF)) for hw in sizes.tolist()
+            sizes, first = np.unique(
+                (ix.cam_height[streams].astype(np.int64) << 32) | ix.cam_width[streams].astype(np.int64),
+                return_index=True,
             )
+            channels = 1 if ix.cam_depth[streams].any() else 3
+            for hw, at in zip(sizes.tolist(), first.tolist(), strict=True):
+                shape = post.output_shape(channels, int(hw >> 32), int(hw & 0xFFFFFFFF))
+                shapes.setdefault(model, set()).add(shape)
+                sized.setdefault(model, {}).setdefault(shape[1:], f"episode {ix.key(int(at))} of {source.shown}")
     for model, kinds in example.items():
         if len(kinds) == 2:
             raise ValueError(
@@ -277,6 +285,13 @@ def _kinds_and_shapes(
                 "(--episodes) and do not mix them."
             )
         depth[model] = True in kinds
+    for model, where in sized.items():
+        if len(where) > 1 and post.hook is None:
+            each = ", ".join(f"{h}x{w} ({at})" for (h, w), at in sorted(where.items()))
+            raise ValueError(
+                f"camera {model!r} has frames of several sizes (height x width: {each}): they cannot be stacked "
+                "into one batch; give PostProcess(size=(height, width)) to resize them to one size"
+            )
     return depth, shapes
 
 
@@ -326,6 +341,11 @@ def check_columns(sources: list[DatasetSource], spec: WindowSpec, normalized: Co
             if entry is None or entry.dtype == "video":
                 have = sorted(name for name, f in features.items() if f.dtype != "video")
                 hint = " (state_key=None / action_key=None leave it out)" if role in ("state_key", "action_key") else ""
+                if column in source.cameras:
+                    hint = (
+                        " as a table column: it is a camera of the dataset (WindowSpec.from_delta_timestamps takes "
+                        "keys outside observation.images.* as columns unless camera_keys= names them)"
+                    )
                 raise KeyError(
                     f"{source.shown}: the window spec's {role} asks for column {column!r}, which the dataset does not "
                     f"have{hint}; its columns: {have}"
