@@ -1,0 +1,589 @@
+"""A drop-in for LeRobot's ``LeRobotDataset`` in LeRobot's own training code, streamed from epishard shards.
+
+``EpishardLeRobotDataset`` is a ``WindowDataset`` (an ``IterableDataset``: plan, exact resume with
+``WindowLoader``, ranks, mixing) whose items are LeRobot's: the same keys, shapes and dtypes as
+``LeRobotDataset(repo_id, root, delta_timestamps=..., image_transforms=...)[i]`` for the frame ``i``
+it is anchored at, and a ``.meta`` (``EpishardLeRobotMeta``) with the fields LeRobot's factories read
+(``make_policy(cfg, ds_meta=ds.meta)``, ``make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)``,
+``resolve_delta_timestamps(cfg.policy, ds.meta)``). epishard does not import LeRobot.
+
+Item (one per frame of every selected episode and epoch, in the plan's order; ``boundary="pad"``:
+every frame is an anchor, as in LeRobot):
+
+====================================  ===========================================================
+``<camera>``                          float32 ``[C, H, W]`` in [0, 1] (``x / 255``, bit for bit
+                                      LeRobot's), uint8 with ``return_uint8=True`` (LeRobot 0.6.1's
+                                      option), ``[T, C, H, W]`` when the camera is in
+                                      ``delta_timestamps``; every camera of the dataset is returned
+                                      (LeRobot returns every video key); a depth camera: uint16
+                                      ``[1, H, W]`` in stored units
+``<key>`` (state, action, columns)    float32 ``[D]`` (the feature's shape; a scalar feature 0-d),
+                                      ``[T, D]`` when in ``delta_timestamps``; integer columns int64,
+                                      bool columns bool
+``<key>_is_pad``                      bool ``[T]``, only for keys in ``delta_timestamps``
+``index``, ``task_index``             int64 0-d (``index``: the source's global frame index)
+``episode_index``, ``frame_index``    int64 0-d
+``timestamp``                         0-d, the dataset's dtype (float32 or float64), seconds
+``task``                              str
+``dataset_index``                     int64 0-d, only in a mix (``MultiLeRobotDataset``'s key)
+``substitute``                        bool, only under ``FetchPolicy(on_shard_error="skip")``
+====================================  ===========================================================
+
+One difference from LeRobot: float columns are float32 (epishard's reader), where LeRobot returns a
+column stored as float64 as float64 (GR00T's state and action); the values are LeRobot's cast to
+float32 (``tests/test_lerobot_dropin.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from epishard.shardwriter.storage import FileSystemHandle, is_local, local_path
+from epishard.shardwriter.untrusted import loads
+
+from .dataset import WindowDataset
+from .fetch import FetchPolicy
+from .source import DatasetSource
+from .spec import RESERVED_KEYS, WindowSpec, offsets_from_seconds
+from .transform import PostProcess
+
+# Arrow value types (the manifest's ``features``) -> LeRobot's dtype names (``info.json``).
+_LEROBOT_DTYPES = {
+    "double": "float64",
+    "float": "float32",
+    "halffloat": "float16",
+    "bool": "bool",
+    "string": "string",
+    "large_string": "string",
+}
+STATS_CHOICES = ("source", "manifest")
+_BOOKKEEPING = frozenset({"episode_index", "frame_index", "timestamp"})
+
+
+class StatsError(ValueError):
+    """The statistics asked for cannot be had (the source's ``meta/stats.json`` unreadable, a bad choice)."""
+
+
+def _lerobot_dtype(arrow: str) -> str:
+    """LeRobot's name for an Arrow value type (``double`` -> ``float64``; ``int64`` stays)."""
+    return _LEROBOT_DTYPES.get(arrow, arrow)
+
+
+def _read_json(url: str, storage_options: dict | None, what: str) -> Any:
+    """The JSON document at ``url`` (a path or fsspec URL), bounded (``shardwriter.untrusted.loads``).
+
+    Raises:
+        StatsError: it cannot be read or parsed (naming ``url`` and ``what`` it is for).
+    """
+    try:
+        if is_local(url):
+            with open(local_path(url), "rb") as f:
+                data = f.read()
+        else:
+            handle = FileSystemHandle(url, storage_options or {})
+            data = handle.get().cat_file(handle.root)
+        return loads(data, url, StatsError)
+    except (OSError, ValueError) as exc:
+        raise StatsError(f"{url}: cannot read {what}: {type(exc).__name__}: {exc}") from exc
+
+
+def _as_arrays(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
+    """Feature -> statistic -> numpy array, as LeRobot's ``cast_stats_to_numpy`` gives them."""
+    return {key: {name: np.asarray(value) for name, value in entry.items()} for key, entry in stats.items()}
+
+
+def source_stats(root: str, storage_options: dict | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """A LeRobot dataset's own statistics: ``<root>/meta/stats.json`` (what LeRobot normalises with).
+
+    Feature -> ``{mean, std, min, max, count, q01, ...}`` as numpy arrays (camera statistics
+    ``[3, 1, 1]``, as LeRobot stores them).
+
+    Raises:
+        StatsError: the file cannot be read or is not a JSON object of objects (naming the path).
+    """
+    url = f"{root.rstrip('/')}/meta/stats.json"
+    doc = _read_json(url, storage_options, "the source's statistics")
+    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+        raise StatsError(f"{url}: not LeRobot statistics (a JSON object of feature -> statistics objects)")
+    return _as_arrays(doc)
+
+
+def manifest_stats(source: DatasetSource) -> dict[str, dict[str, np.ndarray]]:
+    """The statistics epishard computed for a converted dataset (``manifest.json``'s ``stats``: its episodes).
+
+    Feature -> ``{mean, std, min, max, q01, q99, count}`` (``count``: ``[1]``), numeric columns
+    only (no camera statistics: LeRobot's normaliser then leaves frames as they are).
+    """
+    out = _as_arrays(source.manifest.stats)
+    for entry in out.values():
+        if "count" in entry:
+            entry["count"] = entry["count"].reshape(1)
+    return out
+
+
+def pool_stats(parts: list[dict[str, dict[str, np.ndarray]]]) -> dict[str, dict[str, np.ndarray]]:
+    """Statistics of a mix from its datasets': count-weighted mean, pooled std, min of mins, max of maxes.
+
+    Only features every part has, with ``count`` in each; quantiles do not pool and are left out.
+
+    Raises:
+        StatsError: a shared feature has no ``count`` in some part (its weight is unknown).
+    """
+    if len(parts) == 1:
+        return parts[0]
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for key in set.intersection(*(set(p) for p in parts)):
+        entries = [p[key] for p in parts]
+        if any("count" not in e for e in entries):
+            raise StatsError(f"statistics of {key!r}: a dataset of the mix gives no count, so they cannot be pooled")
+        counts = np.array([float(np.sum(e["count"])) for e in entries])
+        w = counts / counts.sum()
+        means = [np.asarray(e["mean"], dtype=np.float64) for e in entries]
+        mean = sum(wi * m for wi, m in zip(w, means, strict=True))
+        second = sum(
+            wi * (np.square(np.asarray(e["std"], dtype=np.float64)) + np.square(m))
+            for wi, e, m in zip(w, entries, means, strict=True)
+        )
+        out[key] = {
+            "mean": mean,
+            "std": np.sqrt(np.maximum(second - np.square(mean), 0.0)),
+            "min": np.min([e["min"] for e in entries], axis=0),
+            "max": np.max([e["max"] for e in entries], axis=0),
+            "count": np.array([int(counts.sum())]),
+        }
+    return out
+
+
+class EpishardLeRobotMeta:
+    """LeRobot's ``LeRobotDatasetMetadata`` fields for epishard datasets (what LeRobot's factories read).
+
+    Build one alone with ``EpishardLeRobotMeta.open(url)`` (as ``LeRobotDatasetMetadata(repo_id,
+    root)``, e.g. for LeRobot's ``resolve_delta_timestamps(cfg.policy, meta)`` before the dataset),
+    or take ``EpishardLeRobotDataset(...).meta``.
+
+    Attributes:
+        repo_id / root: the (first) dataset's URL (credentials redacted).
+        fps: frames per second (of the first dataset).
+        features: LeRobot's ``info.json`` features: key -> ``{"dtype", "shape", "names"}``; cameras
+            ``{"dtype": "video", "shape": [H, W, C], "names": ["height", "width", "channels"],
+            "info": {...}}`` at the size the dataset returns (``image_size``); scalars ``[1]``.
+        stats: the statistics the drop-in hands to LeRobot (``stats_from`` says which): key ->
+            statistic -> numpy array (``stats="source"``: the source's ``meta/stats.json``, camera
+            statistics included; ``"manifest"``: epishard's over the episodes converted).
+        stats_from: ``"source: <url of stats.json>"``, ``"manifest"`` or ``"given"``.
+        manifest_stats: epishard's statistics, always (pooled over a mix: ``pool_stats``).
+        camera_keys / video_keys: the cameras (all are videos in epishard); ``image_keys``: ``[]``;
+            ``depth_keys``: depth cameras.
+        robot_type: the first episode's robot (``None`` when unknown).
+        total_episodes / total_frames / total_tasks, tasks (texts): of the episodes selected.
+        episodes: per selected episode, ``episode_index``, ``length``, ``dataset_from_index``,
+            ``dataset_to_index`` (int64 arrays; consecutive in the selection's order) and ``tasks``.
+        info: ``{"fps", "features", "robot_type", "total_episodes", "total_frames", ...}``.
+        has_language_columns: False (LeRobot 0.6.1's train script asks).
+    """
+
+    def __init__(
+        self,
+        sources: list[DatasetSource],
+        post: PostProcess | None = None,
+        selected: list[np.ndarray] | None = None,
+        *,
+        stats: str | Mapping[str, Mapping[str, Any]] = "source",
+        source_root: str | list[str] | None = None,
+        storage_options: dict | None = None,
+    ):
+        if not sources:
+            raise ValueError("EpishardLeRobotMeta needs at least one dataset")
+        post = post or PostProcess()
+        selected = selected or [np.ones(s.index.num_episodes, dtype=bool) for s in sources]
+        first = sources[0]
+        self.repo_id = self.root = first.shown
+        self.fps = float(first.manifest.fps if first.manifest.fps is not None else first.index.fps[0])
+        self.features = _features(first, post)
+        self.camera_keys = [k for k, f in self.features.items() if f["dtype"] == "video"]
+        self.video_keys = list(self.camera_keys)
+        self.image_keys: list[str] = []
+        self.depth_keys = [k for k in self.camera_keys if self.features[k]["info"]["video.is_depth_map"]]
+        robots = first.index.episode_column("robot") if "robot" in first.index.episode_columns else []
+        self.robot_type = next((r for r in robots if r), None)
+        rows = [s.index.num_rows[keep] for s, keep in zip(sources, selected, strict=True)]
+        lengths = np.concatenate(rows).astype(np.int64)
+        self.total_episodes = int(lengths.size)
+        self.total_frames = int(lengths.sum())
+        tasks: list[str] = []
+        episode_tasks: list[list[str]] = []
+        episode_index = []
+        for s, keep in zip(sources, selected, strict=True):
+            for e in np.flatnonzero(keep):
+                texts = s.index.episode_tasks(int(e))
+                episode_tasks.append(texts)
+                tasks.extend(t for t in texts if t not in tasks)
+                episode_index.append(int(s.index.episode_index[e]))
+        self.tasks = tasks
+        self.total_tasks = len(tasks)
+        ends = np.cumsum(lengths)
+        self.episodes = {
+            "episode_index": np.asarray(episode_index, dtype=np.int64),
+            "length": lengths,
+            "dataset_from_index": ends - lengths,
+            "dataset_to_index": ends,
+            "tasks": episode_tasks,
+        }
+        self.has_language_columns = False
+        self.manifest_stats = pool_stats([manifest_stats(s) for s in sources])
+        if isinstance(stats, Mapping):
+            self.stats, self.stats_from = _as_arrays(stats), "given"
+        elif stats == "manifest":
+            self.stats, self.stats_from = self.manifest_stats, "manifest"
+        elif stats == "source":
+            roots = _source_roots(sources, source_root)
+            self.stats = pool_stats([source_stats(r, storage_options) for r in roots])
+            self.stats_from = "source: " + ", ".join(f"{r.rstrip('/')}/meta/stats.json" for r in roots)
+        else:
+            raise StatsError(f"stats must be one of {STATS_CHOICES} or a dict of statistics, not {stats!r}")
+        self.info = {
+            "codebase_version": "v3.0",
+            "fps": self.fps,
+            "features": self.features,
+            "robot_type": self.robot_type,
+            "total_episodes": self.total_episodes,
+            "total_frames": self.total_frames,
+            "total_tasks": self.total_tasks,
+        }
+
+    @classmethod
+    def open(
+        cls,
+        url: str | list[str],
+        *,
+        image_size: tuple[int, int] | None = None,
+        stats: str | Mapping[str, Mapping[str, Any]] = "source",
+        source_root: str | list[str] | None = None,
+        storage_options: dict | None = None,
+    ) -> EpishardLeRobotMeta:
+        """The metadata of the dataset(s) at ``url`` (``image_size``: ``(H, W)`` the frames will be resized to).
+
+        Raises:
+            FileNotFoundError, FormatError, FetchError: see ``DatasetSource``.
+            StatsError: see ``EpishardLeRobotDataset``.
+        """
+        urls = url if isinstance(url, list) else [url]
+        sources = [DatasetSource(u, storage_options) for u in urls]
+        return cls(
+            sources,
+            PostProcess(size=image_size),
+            stats=stats,
+            source_root=source_root,
+            storage_options=storage_options,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"EpishardLeRobotMeta({self.repo_id!r}, fps={self.fps}, episodes={self.total_episodes}, "
+            f"frames={self.total_frames}, cameras={self.camera_keys}, stats={self.stats_from!r})"
+        )
+
+
+def _source_roots(sources: list[DatasetSource], source_root: str | list[str] | None) -> list[str]:
+    """The LeRobot dataset folder of each dataset: ``source_root`` or the path its manifest records.
+
+    Raises:
+        StatsError: a dataset holds several sources or none with a path, and no ``source_root`` is given.
+    """
+    if source_root is not None:
+        roots = source_root if isinstance(source_root, list) else [source_root]
+        if len(roots) != len(sources):
+            raise StatsError(f"source_root names {len(roots)} folders for {len(sources)} datasets")
+        return roots
+    out = []
+    for s in sources:
+        paths = [e.path for e in s.manifest.sources if e.path]
+        if len(s.manifest.sources) != 1 or not paths:
+            recorded = ", ".join(e.path or "<Python API>" for e in s.manifest.sources) or "none"
+            raise StatsError(
+                f"{s.shown}: stats='source' needs the LeRobot dataset it was converted from, and its manifest "
+                f"records {len(s.manifest.sources)} sources ({recorded}): pass source_root= (that dataset's "
+                "folder or URL), or stats='manifest' (epishard's, over the episodes converted)"
+            )
+        out.append(paths[0])
+    return out
+
+
+def _features(source: DatasetSource, post: PostProcess) -> dict[str, dict]:
+    """LeRobot-style features of a converted dataset (cameras at the size ``post`` returns).
+
+    Raises:
+        ValueError: the manifest has no ``features`` (written before they were recorded: convert again).
+    """
+    manifest = source.manifest
+    if manifest.features is None:
+        raise ValueError(f"{source.shown}: its manifest has no 'features' (an older conversion): convert it again")
+    out: dict[str, dict] = {}
+    for name, entry in manifest.features.items():
+        camera = manifest.cameras.get(name)
+        if camera is not None:
+            depth = (camera.kind or entry.kind) == "depth"
+            channels = 1 if depth else 3
+            c, h, w = post.output_shape(channels, camera.height, camera.width)
+            out[name] = {
+                "dtype": "video",
+                "shape": [h, w, c],
+                "names": ["height", "width", "channels"],
+                "info": {
+                    "video.fps": camera.fps,
+                    "video.height": h,
+                    "video.width": w,
+                    "video.channels": c,
+                    "video.codec": camera.codec,
+                    "video.is_depth_map": depth,
+                },
+            }
+            continue
+        if entry.dtype == "video":  # a camera no episode kept
+            continue
+        shape = [int(n) if n is not None else -1 for n in entry.shape] or [1]
+        out[name] = {"dtype": _lerobot_dtype(entry.dtype), "shape": shape, "names": entry.names}
+    return out
+
+
+class EpishardLeRobotDataset(WindowDataset):
+    """LeRobot's dataset, streamed from epishard shards: use it where a training script builds ``LeRobotDataset``.
+
+    ``ds = EpishardLeRobotDataset("s3://shards/so101", delta_timestamps={...})`` then LeRobot's own
+    ``make_policy(cfg.policy, ds_meta=ds.meta)``, ``make_pre_post_processors(cfg.policy,
+    dataset_stats=ds.meta.stats)`` and a ``DataLoader(ds, batch_size=..., num_workers=...)`` (no
+    ``shuffle``/``sampler``: it is an ``IterableDataset`` whose plan shuffles; LeRobot's
+    ``lerobot-train`` does so with ``--dataset.streaming=true``). ``WindowLoader(ds, ...)`` adds exact
+    mid-epoch resume. Items: see the module docstring.
+
+    Args:
+        sources: a dataset URL (any fsspec URL or path) or ``DatasetSource``, or a list of them (or
+            of ``(url, weight)`` pairs) to mix them (``WindowDataset``; same cameras and frame rate).
+        delta_timestamps: LeRobot's: key -> offsets in seconds (any offsets, past and future; those
+            outside the episode clamped to its edge and flagged in ``<key>_is_pad``). Keys: cameras,
+            ``observation.state``, ``action`` and any other numeric column.
+        image_transforms: LeRobot's: a callable applied to each RGB camera's frames of every item,
+            ``[C, H, W]`` (``[T, C, H, W]`` with delta_timestamps), float in [0, 1] (uint8 with
+            ``return_uint8``), in the DataLoader workers.
+        return_uint8: frames as uint8 (LeRobot 0.6.1's ``return_uint8=True``; 0.6.1's train script
+            divides by 255 itself); default float32 in [0, 1].
+        image_size: ``(H, W)`` every RGB camera is resized to (bilinear, antialiased) before the
+            float conversion; ``meta.features`` gives the size returned. None: as stored (LeRobot's).
+        stats: which statistics ``meta.stats`` holds (LeRobot normalises with them): ``"source"``
+            (default; LeRobot's own: the LeRobot dataset's ``meta/stats.json``, read from
+            ``source_root`` or the path the manifest records), ``"manifest"`` (epishard's, computed
+            over the episodes converted: they differ when only some were converted), or a dict of
+            your own (key -> statistic -> array). ``meta.manifest_stats`` always holds epishard's.
+        source_root: the LeRobot dataset folder or URL (one per dataset of a mix) for ``stats="source"``.
+        tolerance_s: LeRobot's tolerance for offsets that are not multiples of 1/fps.
+        stride / per_episode_count / per_episode_fraction: fewer anchors per episode per epoch
+            (``WindowSpec``); default every frame, as LeRobot.
+        fetch: ``FetchPolicy``; default ``on_shard_error="raise"`` (LeRobot's behaviour). With
+            ``"skip"`` items carry ``substitute``.
+        **kw: the other ``WindowDataset`` options (``seed``, ``shuffle_episodes``, ``select``,
+            ``rank``/``world_size``, ``camera_map``, ``weights``, ``storage_options``, ...).
+
+    Raises:
+        KeyError: a ``delta_timestamps`` key the dataset has no feature for (naming it and the features).
+        ValueError: an offset that is not a multiple of 1/fps (naming key and offset); see ``WindowDataset``.
+        StatsError: ``stats="source"`` and the source's ``meta/stats.json`` cannot be read (naming the
+            path, and what to pass instead), or a bad ``stats`` value.
+    """
+
+    def __init__(
+        self,
+        sources,
+        delta_timestamps: Mapping[str, list[float]] | None = None,
+        image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        *,
+        return_uint8: bool = False,
+        image_size: tuple[int, int] | None = None,
+        stats: str | Mapping[str, Mapping[str, Any]] = "source",
+        source_root: str | list[str] | None = None,
+        tolerance_s: float = 1e-4,
+        stride: int = 1,
+        per_episode_count: int | None = None,
+        per_episode_fraction: float | None = None,
+        fetch: FetchPolicy | None = None,
+        storage_options: dict | None = None,
+        **kw,
+    ):
+        if not isinstance(stats, Mapping) and stats not in STATS_CHOICES:
+            raise StatsError(f"stats must be one of {STATS_CHOICES} or a dict of statistics, not {stats!r}")
+        fetch = fetch or FetchPolicy(on_shard_error="raise")
+        items = sources if isinstance(sources, list) else [sources]
+        opened = []
+        for item in items:
+            src, weight = item if isinstance(item, tuple) else (item, None)
+            src = src if isinstance(src, DatasetSource) else DatasetSource(src, storage_options, fetch)
+            opened.append(src if weight is None else (src, weight))
+        first = opened[0][0] if isinstance(opened[0], tuple) else opened[0]
+        post = PostProcess(size=image_size)
+        features = _features(first, post)
+        fps = float(first.manifest.fps if first.manifest.fps is not None else first.index.fps[0])
+        delta = {k: list(v) for k, v in (delta_timestamps or {}).items()}
+        unknown = sorted(set(delta) - set(features))
+        if unknown:
+            raise KeyError(
+                f"delta_timestamps names {unknown}, which {first.shown} has no feature for: {sorted(features)}"
+            )
+        rows = {k: offsets_from_seconds(v, fps, tolerance_s, k) for k, v in delta.items()}
+        cameras = [k for k, f in features.items() if f["dtype"] == "video"]
+        state = "observation.state" if "observation.state" in features else None
+        action = "action" if "action" in features else None
+        taken = {*cameras, state, action, *rows}
+        extra = tuple(
+            k
+            for k in features
+            if k not in taken and k not in _BOOKKEEPING and k not in RESERVED_KEYS and features[k]["dtype"] != "video"
+        )
+        spec = WindowSpec(
+            cameras={c: rows.get(c, (0,)) for c in cameras},
+            state_key=state,
+            state_offsets=rows.get(state, (0,)) if state else (0,),
+            action_key=action,
+            action_offsets=rows.get(action, (0,)) if action else None,
+            column_offsets={k: o for k, o in rows.items() if k not in (*cameras, state, action)},
+            extra_columns=extra,
+            boundary="pad",
+            stride=stride,
+            per_episode_count=per_episode_count,
+            per_episode_fraction=per_episode_fraction,
+            fps=fps,
+        )
+        super().__init__(opened, spec, postprocess=post, fetch=fetch, storage_options=storage_options, **kw)
+        self.delta_timestamps = delta or None
+        self.image_transforms = image_transforms
+        self.return_uint8 = return_uint8
+        self.tolerance_s = tolerance_s
+        self.episodes = None  # LeRobot's: the episode indices used (None: all of the selection)
+        self.meta = EpishardLeRobotMeta(
+            self.sources,
+            self.post,
+            self.selected,
+            stats=stats,
+            source_root=source_root,
+            storage_options=storage_options,
+        )
+        self._features = features
+        self._scalars = frozenset(k for k, f in (first.manifest.features or {}).items() if tuple(f.shape) == ())
+        self._has_index = "index" in features
+        self._index_base = None if self._has_index else self._frame_bases()
+
+    # --- LeRobotDataset's attributes ------------------------------------------------------------------
+
+    @property
+    def fps(self) -> float:
+        """Frames per second (``meta.fps``)."""
+        return self.meta.fps
+
+    @property
+    def features(self) -> dict[str, dict]:
+        """LeRobot-style features (``meta.features``)."""
+        return self.meta.features
+
+    @property
+    def num_frames(self) -> int:
+        """Frames of the selected episodes (LeRobot's ``num_frames``; one item each per epoch at stride 1)."""
+        return self.meta.total_frames
+
+    @property
+    def num_episodes(self) -> int:
+        """Selected episodes (LeRobot's ``num_episodes``)."""
+        return self.meta.total_episodes
+
+    def set_image_transforms(self, image_transforms: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+        """Replace the transform applied to the cameras (LeRobot 0.6.1's method)."""
+        self.image_transforms = image_transforms
+
+    # --- items ------------------------------------------------------------------------------------------
+
+    def _frame_bases(self) -> dict[tuple[int, int], int]:
+        """(dataset, episode_index) -> the global index of its first frame, for datasets without an ``index`` column.
+
+        Frames are numbered over each dataset's episodes in ``episode_index`` order, as LeRobot does.
+        """
+        bases = {}
+        for d, s in enumerate(self.sources):
+            order = np.argsort(s.index.episode_index, kind="stable")
+            starts = np.cumsum(np.concatenate([[0], s.index.num_rows[order]]))[:-1]
+            for e, start in zip(order, starts, strict=True):
+                bases[(d, int(s.index.episode_index[e]))] = int(start)
+        return bases
+
+    def __iter__(self):
+        for sample in super().__iter__():
+            yield self.lerobot_item(sample)
+
+    def lerobot_item(self, sample: dict) -> dict:
+        """LeRobot's item from a ``WindowDataset`` sample (keys, shapes and dtypes: the module docstring)."""
+        delta = self.delta_timestamps or {}
+        item: dict = {}
+        for key, value in sample.items():
+            if key.endswith("_is_pad") and key[: -len("_is_pad")] in sample:
+                if key[: -len("_is_pad")] in delta:
+                    item[key] = value
+                continue
+            feature = self._features.get(key)
+            if key in ("episode_index", "frame_index"):
+                item[key] = torch.tensor(int(value), dtype=torch.int64)
+            elif key == "timestamp":
+                dtype = torch.float64 if self._features.get(key, {}).get("dtype") == "float64" else torch.float32
+                item[key] = torch.tensor(value, dtype=dtype)
+            elif key == "dataset":
+                if len(self.sources) > 1:
+                    item["dataset_index"] = torch.tensor(int(value), dtype=torch.int64)
+            elif key == "substitute":
+                if self.fetch.on_shard_error == "skip":
+                    item[key] = value
+            elif feature is not None and feature["dtype"] == "video":
+                frames = value if key in delta else value[0]
+                if not feature["info"]["video.is_depth_map"]:
+                    if not self.return_uint8 and frames.dtype == torch.uint8:
+                        frames = frames / 255.0  # LeRobot's conversion, bit for bit: x / 255 in float32
+                    if self.image_transforms is not None:
+                        frames = self.image_transforms(frames)
+                item[key] = frames
+            elif feature is not None:
+                item[key] = _lerobot_value(value, feature, windowed=key in delta, scalar=key in self._scalars)
+            else:
+                item[key] = value
+        if not self._has_index:
+            base = self._index_base[(int(sample["dataset"]), int(sample["episode_index"]))]  # type: ignore[index]
+            item["index"] = torch.tensor(base + int(sample["frame_index"]), dtype=torch.int64)
+        return item
+
+
+def _lerobot_value(value, feature: dict, windowed: bool, scalar: bool):
+    """A column's value as LeRobot returns it: a scalar column 0-d (``[T]`` windowed), bools bool.
+
+    ``value``: the reader's tensor (``[*shape]`` for the anchor row, ``[T, *shape]`` for a window
+    or for state and action at offset 0 only, ``T = 1``; a scalar column's shape is ``[1]``), or a
+    ``str``. ``scalar``: the column stores one value per row (the manifest's shape ``[]``).
+    """
+    if not isinstance(value, torch.Tensor):
+        return value
+    if not windowed and value.dim() == len(feature["shape"]) + 1:
+        value = value[0]  # state / action read at offset 0 only: without the time axis
+    if scalar:
+        value = value[..., 0]
+    if feature["dtype"] == "bool":
+        value = value.to(torch.bool)
+    return value
+
+
+def peer_pythonpath() -> str:
+    """A ``PYTHONPATH`` entry that makes ``import epishard`` work in another venv (e.g. LeRobot's).
+
+    In a checkout: the repository root (``epishard/__init__.py`` finds the three package folders
+    next to itself); installed: the folder holding the ``epishard`` package.
+    """
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(here, "epishard", "__init__.py")):
+        return here
+    return os.path.dirname(here)
