@@ -35,11 +35,11 @@ from epishard.redact import redact, redact_optional, scrubbed
 
 from . import format as fmt
 from . import untrusted
-from .episode import Episode, Source, TableSlice, file_size
+from .episode import Episode, LazyTable, Source, TableSlice, file_size
 from .errors import ConversionError, OutputFolderError, SourceError, check_choice
 from .index import WindowIndex, dataset_index_bytes, encode_index, read_shard_meta, read_table_bytes
-from .lerobot import read_lerobot
 from .prepare import PrepareOptions, prepare
+from .sources import SourceOptions, open_source
 from .stats import DatasetStats
 from .storage import Storage
 from .tarwriter import TarShardWriter
@@ -66,6 +66,8 @@ class ConvertOptions:
     deprecated; ``False`` means ``check="off"``, ``True`` ``check="full"``. ``workers``: processes.
     ``overwrite``: replace a finished conversion of another plan in the output folder (without it,
     that is refused; a rerun of the same plan, or of an unfinished conversion, never needs it).
+    ``sources``: how paths of formats other than LeRobot are read (``sources.SourceOptions``:
+    ``--format``, ``--mapping``, ``--fps``; None: recognised from the files, default mappings).
     Raises ``ValueError`` for a prefix that is not a plain file-name stem (``format.PREFIX_RE``: no
     path separator, so nothing is written outside the output folder), an out-of-range value, or a
     policy that is not one of the allowed values (the message lists them).
@@ -84,6 +86,7 @@ class ConvertOptions:
     workers: int = 1
     progress: bool = True
     overwrite: bool = False
+    sources: SourceOptions | None = None
 
     def __post_init__(self):
         object.__setattr__(
@@ -125,17 +128,20 @@ def open_sources(
     cameras: tuple[str, ...] | None = None,
     storage_options: dict | None = None,
     episodes: frozenset[int] | None = None,
+    source_options: SourceOptions | None = None,
 ) -> list[Source]:
-    """Open LeRobot paths or URLs and give every source a unique name (``name``, ``name_2``, ...).
+    """Open paths or URLs and give every source a unique name (``name``, ``name_2``, ...).
 
-    ``cameras``, ``storage_options``, ``episodes``: see ``read_lerobot`` (``episodes``: a LeRobot
-    source describes only those of its episodes; its notes and checks are those of the whole
-    dataset); items already a ``Source`` are kept as given.
+    A path is a LeRobot dataset or a source of another format (``sources.open_source``: recognised
+    from its files, or ``source_options.format``; ``source_options.mapping`` overrides the format's
+    default mapping). ``cameras``, ``storage_options``, ``episodes``: see ``read_lerobot``
+    (``episodes``: a LeRobot source describes only those of its episodes; its notes and checks are
+    those of the whole dataset); items already a ``Source`` are kept as given.
     """
     sources, seen = [], set()
     for item in inputs:
         source = (
-            read_lerobot(item, cameras=cameras, storage_options=storage_options, episodes=episodes)
+            open_source(item, source_options, cameras=cameras, storage_options=storage_options, episodes=episodes)
             if isinstance(item, str)
             else item
         )
@@ -195,11 +201,15 @@ def _fingerprint(episode: Episode, root: str = "") -> list:
             return ["table", item.num_rows, item.nbytes]
         if isinstance(item, TableSlice):
             return ["slice", name(item.path), file_size(item.path), item.start, item.stop]
+        if isinstance(item, LazyTable):
+            return ["lazy", *item.fingerprint()]
         if isinstance(item, (bytes, bytearray)):
             return ["bytes", hashlib.sha256(item).hexdigest()]
         return ["file", name(item), file_size(item)]
 
     videos = {cam: [*one(v.source), v.segment] for cam, v in sorted(episode.videos.items())}
+    for cam, f in sorted(episode.frames.items()):
+        videos[cam] = ["frames", *f.reader.fingerprint(), f.depth]
     return [episode.key or fmt.episode_key(episode.source, episode.episode_index), one(episode.table), videos]
 
 
@@ -595,13 +605,13 @@ def convert(
             final name, and a rerun resumes).
     """
     # A selection: only its episodes' rows of a LeRobot source's metadata are turned into episodes.
-    sources = open_sources(inputs, options.cameras, storage_options, options.episodes)
+    sources = open_sources(inputs, options.cameras, storage_options, options.episodes, options.sources)
     episodes = [
         e for s in sources for e in s.episodes if options.episodes is None or e.episode_index in options.episodes
     ]
     if not episodes:
         if options.episodes is not None:
-            sources = open_sources(inputs, options.cameras, storage_options)  # every episode, for the message
+            sources = open_sources(inputs, options.cameras, storage_options, None, options.sources)  # for the message
             have = ", ".join(f"{s.name}: {_index_ranges([e.episode_index for e in s.episodes])}" for s in sources)
             raise SourceError(f"no episodes to convert: none of --episodes is in the sources (episode indices {have})")
         raise SourceError("no episodes to convert (the sources list none)")

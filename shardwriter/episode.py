@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -52,9 +54,78 @@ class TableSlice:
     stop: int
 
 
-TableInput: TypeAlias = pa.Table | FileInput | TableSlice
+class LoadedTable(NamedTuple):
+    """What a ``LazyTable`` gives: the rows, report entries about them, and task texts found in them.
+
+    ``notes``: ``{"kind", "row", "message"}`` dicts (rows dropped, repeated or reinterpreted while
+    reading; they reach the manifest's report as warnings of the episode). ``tasks``: task texts the
+    rows carry (e.g. RLDS ``language_instruction``), used when the ``Episode`` names none.
+    """
+
+    table: pa.Table
+    notes: list[dict]
+    tasks: tuple[str, ...] = ()
+
+
+class LazyTable:
+    """An episode's rows read only when the conversion worker prepares it (``shardwriter.sources``).
+
+    Subclasses are small picklable values (file references, keys, row ranges, never the rows), so a
+    ``Source`` of many episodes holds little and conversion workers receive them as they are.
+    """
+
+    def load(self) -> LoadedTable:
+        """Read the rows (one row per frame). Raises ``ConversionError`` naming file and key."""
+        raise NotImplementedError
+
+    def fingerprint(self) -> list:
+        """JSON-ready facts that identify the input (file, size, keys, mapping): part of the plan digest."""
+        raise NotImplementedError
+
+    def estimated_bytes(self) -> int:
+        """Rough stored bytes of the rows, for shard-size planning only."""
+        return 0
+
+
+TableInput: TypeAlias = pa.Table | FileInput | TableSlice | LazyTable
 """An episode's per-frame table: an in-memory ``pyarrow.Table``, the parquet file that
-holds exactly this episode (a path or ``RemoteFile``) (its bytes are copied unchanged), or a ``TableSlice``."""
+holds exactly this episode (a path or ``RemoteFile``) (its bytes are copied unchanged), a ``TableSlice``,
+or a ``LazyTable`` read by the conversion worker."""
+
+
+class FrameReader:
+    """A camera's frames for one episode, read in the conversion worker (``CameraFrames``).
+
+    A small picklable value (file, key, range). ``chunks`` yields the frames in order, in chunks, so
+    that an episode's camera never has to be in memory whole: each chunk is uint8 RGB ``[n, H, W, 3]``,
+    uint16 grey ``[n, H, W]`` (depth) or a list of ``n`` encoded images (PNG/JPEG bytes).
+    """
+
+    def chunks(self) -> Iterator[np.ndarray | list[bytes]]:
+        """The frames in order, in chunks (see the class). Raises ``ConversionError`` naming file and key."""
+        raise NotImplementedError
+
+    def fingerprint(self) -> list:
+        """JSON-ready facts that identify the input: part of the plan digest."""
+        raise NotImplementedError
+
+    def estimated_bytes(self) -> int:
+        """Rough stored bytes of the encoded video, for shard-size planning only."""
+        return 0
+
+
+@dataclass(frozen=True)
+class CameraFrames:
+    """One camera given as frames (arrays or encoded images), encoded to video at convert time.
+
+    Encoded in the conversion worker, chunk by chunk, with ``images.IMAGE_SPEC`` (lossless
+    all-intra RGB: bit-exact frames) or ``ConvertOptions.reencode`` when given (a stated codec, GOP
+    and quality, recorded as the camera's ``transform``); uint16 frames (``depth``) always with
+    ``images.GREY_IMAGE_SPEC`` (FFV1, values exact). Frame ``r`` is row ``r``'s.
+    """
+
+    reader: FrameReader
+    depth: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,6 +170,8 @@ class Episode:
         images: table columns holding one encoded image per row (LeRobot's ``image`` dtype: PNG or
             JPEG bytes); each becomes a camera of that name (see ``shardwriter.images``) and leaves
             the stored table.
+        frames: camera name -> ``CameraFrames``: cameras given as arrays or encoded images (HDF5,
+            Zarr, RLDS, MCAP sources), encoded to video by the conversion worker; one frame per row.
     """
 
     source: str
@@ -111,11 +184,14 @@ class Episode:
     key: str | None = None
     extra: dict = field(default_factory=dict)
     images: tuple[str, ...] = ()
+    frames: dict[str, CameraFrames] = field(default_factory=dict)
 
     def load_table(self) -> tuple[pa.Table, bytes | None]:
         """Return (table, original parquet bytes when the table is a whole file, else None)."""
         if isinstance(self.table, pa.Table):
             return self.table, None
+        if isinstance(self.table, LazyTable):
+            return self.table.load().table, None
         if isinstance(self.table, TableSlice):
             whole = _read_shared_table(self.table.path)
             return whole.slice(self.table.start, self.table.stop - self.table.start), None
@@ -129,6 +205,8 @@ class Episode:
             table_bytes = file_size(self.table)
         elif isinstance(self.table, TableSlice):
             table_bytes = 64 * (self.table.stop - self.table.start)
+        elif isinstance(self.table, LazyTable):
+            table_bytes = self.table.estimated_bytes()
         else:
             table_bytes = self.table.nbytes
         video_bytes = 0
@@ -139,6 +217,7 @@ class Episode:
                 start, stop = video.segment
                 share = (stop - start) / video.file_seconds if video.file_seconds else 1.0
                 video_bytes += int(video.size() * min(max(share, 0.0), 1.0))
+        video_bytes += sum(f.reader.estimated_bytes() for f in self.frames.values())
         return table_bytes + video_bytes
 
 

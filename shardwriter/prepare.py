@@ -23,8 +23,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import format as fmt
-from .episode import Episode, read_file
+from .episode import CameraFrames, CameraVideo, Episode, LazyTable, read_file
 from .errors import ConversionError
+from .frames import encode_frames
 from .images import GREY_IMAGE_SPEC, IMAGE_SPEC, column_images
 from .storage import RemoteFile
 from .video import (
@@ -384,6 +385,8 @@ def _checked_camera(
             cannot be made (its packets and displayed frames are not one to one).
     """
     remuxed, why = False, ""
+    if isinstance(video, CameraFrames):  # encoded here, from its frames: nothing to copy or retime
+        return _checked_level(video, table, cam, local, fps, opts, first_break, level)
     if video is not None and video.segment is None and not isinstance(video.source, (bytes, bytearray)):
         video = replace(video, source=read_file(video.source))  # copied whole: read once
     try:
@@ -470,6 +473,9 @@ def _checked_level(
     if video is None:
         data, stored, row_to_frame, transform, notes = _prepare_images(table, cam, fps, opts, level)
         reports: list[dict] = []
+    elif isinstance(video, CameraFrames):
+        data, transform, notes = encode_frames(video, table.num_rows, fps, opts.reencode)
+        stored, row_to_frame, reports = frame_table(data, level), np.arange(table.num_rows, dtype=np.int32), []
     else:
         data, stored, row_to_frame, transform, reports = _prepare_camera(
             video, local, fps, opts, table, first_break, level, as_is
@@ -580,13 +586,25 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     wanted = opts.cameras
     missing = [c for c in episode.extra.get("missing_cameras", []) if wanted is None or c in wanted]
     if wanted is not None:
-        missing += [c for c in wanted if c not in episode.videos and c not in episode.images and c not in missing]
+        missing += [
+            c
+            for c in wanted
+            if c not in episode.videos and c not in episode.images and c not in episode.frames and c not in missing
+        ]
     if missing:
         looked = episode.extra.get("missing_paths", {}).get(missing[0])  # where a LeRobot source looked
         message = "no video file for this episode" + (f" (looked for {looked})" if looked else "")
         raise _fail("missing_camera", message, camera=missing[0], path=looked, **where)
+    loaded_notes: list[dict] = []
+    loaded_tasks: tuple[str, ...] = ()
     try:
-        table, raw = episode.load_table()
+        if isinstance(episode.table, LazyTable):
+            table, loaded_notes, loaded_tasks = episode.table.load()
+            raw = None
+        else:
+            table, raw = episode.load_table()
+    except ConversionError as exc:
+        raise exc.with_context(**where) from None
     except (OSError, pa.ArrowException) as exc:
         path = episode.table if isinstance(episode.table, (str, RemoteFile)) else getattr(episode.table, "path", None)
         path = None if path is None else str(path)
@@ -601,19 +619,26 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     breaks = discontinuities(table, episode.fps)
     if breaks and opts.timestamps == "raise":
         raise _fail(breaks[0]["kind"], breaks[0]["message"], row=breaks[0]["row"], **where)
-    warnings = [{**b, "dataset": episode.source, "episode": episode.episode_index, "camera": None} for b in breaks]
+    warnings = [
+        {**b, "dataset": episode.source, "episode": episode.episode_index, "camera": None}
+        for b in [*loaded_notes, *breaks]
+    ]
     first_break = breaks[0]["row"] if breaks else table.num_rows
     absent = [c for c in episode.images if c not in table.column_names and (wanted is None or c in wanted)]
     if absent:
         raise _fail("missing_camera", "image feature has no column in the table", camera=absent[0], **where)
-    cameras = sorted(c for c in (*episode.videos, *episode.images) if wanted is None or c in wanted)
+    cameras = sorted(c for c in (*episode.videos, *episode.images, *episode.frames) if wanted is None or c in wanted)
     fields = fmt.camera_fields(cameras)
     members: list[tuple[str, bytes]] = []
     cam_rows = []
     checks: dict[str, int] = {}
     for cam in cameras:
-        video = episode.videos.get(cam)  # None: an image column
-        path = str(video.source) if video is not None and isinstance(video.source, (str, RemoteFile)) else None
+        video = episode.videos.get(cam) or episode.frames.get(cam)  # None: an image column
+        path = (
+            str(video.source)
+            if isinstance(video, CameraVideo) and isinstance(video.source, (str, RemoteFile))
+            else None
+        )
         try:
             data, stored, row_to_frame, transform, notes, reports, level = _checked_camera(
                 video, table, cam, local, episode.fps, opts, first_break, opts.check
@@ -652,7 +677,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         members.append((fmt.member_name(key, f"{fields[cam]}.{fmt.VIDEO_EXT}"), data))
     if episode.images:  # their images now live in the cameras' videos
         table, raw = table.drop_columns([c for c in episode.images if c in table.column_names]), None
-    tasks = _task(episode, table)
+    tasks = _task(episode, table) or list(loaded_tasks)
     meta = {
         "key": key,
         "source": episode.source,

@@ -30,6 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import Any
 
 import av
 import numpy as np
@@ -1032,38 +1033,93 @@ def encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
 
 
 def _encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
-    n, height, width = int(images.shape[0]), int(images.shape[1]), int(images.shape[2])
-    grey = images.ndim == 3
-    pix_fmt = "gray16le" if grey else encoder_pix_fmt(spec.codec, height, width)
-    out = io.BytesIO()
-    rate = Fraction(fps).limit_denominator(1001000)
-    options = {"g": str(spec.gop), "keyint_min": str(spec.gop), "sc_threshold": "0"}
-    if spec.crf is not None and spec.codec in ("libx264", "libx264rgb", "libsvtav1", "libx265"):
-        options["crf"] = str(spec.crf)
-    if spec.codec in ("libx264", "libx264rgb"):
-        options["x264-params"] = f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0"
-    if spec.codec == "libx265":
-        options["x265-params"] = (
-            f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0:log-level=error:frame-threads=1:pools=none"
-        )
-    try:
-        with av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as dst:
-            stream = dst.add_stream(spec.codec, rate=rate, options=options)
-            if not isinstance(stream, av.VideoStream):
-                raise ValueError(f"{spec.codec} is not a video encoder")
-            stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
-            stream.codec_context.thread_count = 1
-            for image in images:
-                frame = av.VideoFrame.from_ndarray(image, format="gray16le" if grey else "rgb24")
-                for packet in stream.encode(frame):
-                    dst.mux(packet)
-            for packet in stream.encode():
-                dst.mux(packet)
-    except (av.error.FFmpegError, ValueError, OSError) as exc:
-        raise ConversionError(
-            f"encoder {spec.codec} ({pix_fmt}, {width}x{height}, {n} frames) failed: {exc}", kind="encode_failed"
-        ) from exc
-    return out.getvalue()
+    encoder = StreamEncoder(fps, spec)
+    for image in images:
+        encoder.add(image)
+    return encoder.finish()
+
+
+class StreamEncoder:
+    """Encode frames one at a time into an MP4 held in memory, as ``encode`` does (same settings).
+
+    ``add`` takes uint8 RGB ``[H, W, 3]`` or uint16 grey ``[H, W]`` (encoded in ``gray16le``); the
+    first frame sets the size and kind. ``finish`` returns the MP4's bytes. Runs in this process
+    (``encode`` isolates the encoder in a process of its own; this one lets frames arrive in chunks
+    so a camera need not be in memory whole: ``shardwriter.frames``).
+
+    Raises:
+        ConversionError(kind="encode_failed"): the encoder is unknown, refuses the size, pixel
+            format or options; the message gives FFmpeg's reason.
+    """
+
+    def __init__(self, fps: float, spec: ReencodeSpec) -> None:
+        self.fps, self.spec = fps, spec
+        self.frames = 0
+        self._out = io.BytesIO()
+        self._dst: Any = None
+        self._stream: Any = None
+        self._what = f"{spec.codec} (no frame yet"
+
+    def _fail(self, exc: Exception) -> ConversionError:
+        return ConversionError(f"encoder {self._what}, {self.frames} frames) failed: {exc}", kind="encode_failed")
+
+    def _open(self, height: int, width: int, grey: bool) -> None:
+        spec = self.spec
+        pix_fmt = "gray16le" if grey else encoder_pix_fmt(spec.codec, height, width)
+        self._what = f"{spec.codec} ({pix_fmt}, {width}x{height}"
+        rate = Fraction(self.fps).limit_denominator(1001000)
+        options = {"g": str(spec.gop), "keyint_min": str(spec.gop), "sc_threshold": "0"}
+        if spec.crf is not None and spec.codec in ("libx264", "libx264rgb", "libsvtav1", "libx265"):
+            options["crf"] = str(spec.crf)
+        if spec.codec in ("libx264", "libx264rgb"):
+            options["x264-params"] = f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0"
+        if spec.codec == "libx265":
+            options["x265-params"] = (
+                f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0:log-level=error:frame-threads=1:pools=none"
+            )
+        self._dst = av.open(self._out, "w", format="mp4", options={"fflags": "+bitexact"})
+        stream = self._dst.add_stream(spec.codec, rate=rate, options=options)
+        if not isinstance(stream, av.VideoStream):
+            raise ValueError(f"{spec.codec} is not a video encoder")
+        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+        stream.codec_context.thread_count = 1
+        self._stream = stream
+
+    def add(self, image: np.ndarray) -> None:
+        """Encode one frame (see the class)."""
+        grey = image.ndim == 2
+        try:
+            if self._dst is None:
+                self._open(int(image.shape[0]), int(image.shape[1]), grey)
+            assert self._dst is not None and self._stream is not None
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="gray16le" if grey else "rgb24")
+            for packet in self._stream.encode(frame):
+                self._dst.mux(packet)
+        except (av.error.FFmpegError, ValueError, OSError) as exc:
+            self.close()
+            raise self._fail(exc) from exc
+        self.frames += 1
+
+    def finish(self) -> bytes:
+        """Flush the encoder and close the MP4; its bytes. ValueError when no frame was added."""
+        if self._dst is None or self._stream is None:
+            raise ValueError("no frame to encode")
+        try:
+            for packet in self._stream.encode():
+                self._dst.mux(packet)
+            self._dst.close()
+        except (av.error.FFmpegError, ValueError, OSError) as exc:
+            self.close()
+            raise self._fail(exc) from exc
+        self._dst = None
+        return self._out.getvalue()
+
+    def close(self) -> None:
+        """Drop the encoder and what it wrote (after an error)."""
+        if self._dst is not None:
+            with contextlib.suppress(av.error.FFmpegError, ValueError, OSError):
+                self._dst.close()
+            self._dst = None
 
 
 # Camera fields of an index entry without a packet table: the reader then fetches the whole member.

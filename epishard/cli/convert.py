@@ -8,7 +8,7 @@ import time
 from epishard.cli import show_progress, storage_options
 from epishard.redact import redact
 
-HELP = "convert LeRobot datasets (v2.0, v2.1, v3.0) into window-indexed tar shards"
+HELP = "convert LeRobot datasets (v2.0, v2.1, v3.0), ALOHA and robomimic/LIBERO HDF5 into window-indexed tar shards"
 
 
 def parse_size(text: str) -> int:
@@ -67,7 +67,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         "sources",
         nargs="+",
         metavar="SRC",
-        help="LeRobot dataset folders or URLs (s3://, http(s)://, hf://datasets/...)",
+        help="LeRobot dataset folders or URLs (s3://, http(s)://, hf://datasets/...), or sources of another "
+        "format (--format)",
     )
     c.add_argument("out", metavar="OUT", help="output folder or URL")
     c.add_argument("--prefix", default="shard", help="shard file prefix")
@@ -93,6 +94,21 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         "last group of pictures decoded as the reader does (a disagreement: checked in full); full = every "
         "frame decoded three times; off = read from the container, nothing decoded (README, 'Check levels')",
     )
+    c.add_argument(
+        "--format",
+        dest="source_format",
+        metavar="FORMAT",
+        help="the sources' format: lerobot, aloha (act), robomimic (libero) (default: recognised from the files)",
+    )
+    c.add_argument(
+        "--mapping",
+        metavar="FILE",
+        help="JSON or TOML file overriding the format's mapping onto LeRobot keys: state, action, cameras, "
+        "depth, columns, others, task, fps (docs/sources/; default: the format's own mapping)",
+    )
+    c.add_argument(
+        "--fps", type=float, help="rows per second of a source that is not LeRobot (default: the format's own)"
+    )
     c.add_argument("--workers", type=int, default=1, help="parallel processes")
     c.add_argument(
         "--overwrite",
@@ -115,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``epishard convert``; return the exit status."""
     from epishard.shardwriter.convert import ConvertOptions, convert
     from epishard.shardwriter.describe import render_conversion
+    from epishard.shardwriter.sources import Mapping, SourceOptions
 
     options = ConvertOptions(
         prefix=args.prefix,
@@ -129,6 +146,11 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         progress=show_progress(args),
         overwrite=args.overwrite,
+        sources=SourceOptions(
+            format=args.source_format,
+            mapping=Mapping.load(args.mapping) if args.mapping else Mapping(),
+            fps=args.fps,
+        ),
     )
     runner = None
     if args.ray is not None:  # Ray is imported only when asked for

@@ -1,0 +1,124 @@
+"""Source formats beyond the Python API: a registry, recognition from the files, and their readers.
+
+``FORMATS`` names what ``epishard convert`` reads; ``detect_format`` recognises a source from its
+files (``--format`` overrides it); ``open_source`` returns a ``Source`` whose episodes hold small
+references only (file, group, key, record offset): their rows and frames are read by the conversion
+worker, one episode at a time (``episode.LazyTable``, ``episode.CameraFrames``). Each reader's
+libraries are optional extras, imported only when a source of that format is opened.
+
+Formats (one docs page each, docs/sources/): ``lerobot`` (``shardwriter.lerobot``), ``aloha`` and
+``robomimic`` (``libero`` is an alias; HDF5, ``sources.hdf5``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..episode import Source
+from ..errors import ConversionError, SourceError
+from ..storage import is_local, local_path, source_filesystem
+from .base import Mapping, SourceOptions
+
+FORMATS = ("lerobot", "aloha", "robomimic")
+ALIASES = {"libero": "robomimic", "act": "aloha"}
+
+_SUFFIXES = (".hdf5", ".h5", ".hdf")  # names a URL is recognised by (local sources: by their files)
+
+__all__ = ["FORMATS", "Mapping", "SourceOptions", "detect_format", "open_source"]
+
+
+def _names(root: str, storage_options: dict | None) -> tuple[bool, list[str]]:
+    """(root is a file, the relative paths of the files under root, at most a few thousand)."""
+    if is_local(root):
+        path = local_path(root)
+        if os.path.isfile(path):
+            return True, [os.path.basename(path)]
+        out = []
+        for folder, dirs, files in os.walk(path):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            out += [os.path.relpath(os.path.join(folder, n), path) for n in files]
+            if len(out) > 5000:
+                break
+        return False, sorted(out)
+    fs = source_filesystem(root, dict(storage_options or {}))
+    base = fs._strip_protocol(root).rstrip("/")
+    if fs.isfile(base):
+        return True, [base.rsplit("/", 1)[-1]]
+    return False, sorted(p[len(base) :].strip("/") for p in fs.find(base))
+
+
+def detect_format(root: str, storage_options: dict | None = None) -> str | None:
+    """The format of the source at ``root`` (a folder, a file or a URL), from its files; None if unknown.
+
+    ``meta/info.json``: ``lerobot``. HDF5 files (``.hdf5``, ``.h5``): ``robomimic`` when the first
+    holds ``data/demo_*``, ``aloha`` when it holds ``observations`` or ``action``. A URL is judged
+    by its own name only (listing a remote folder may not be possible, e.g. over HTTP): a URL of
+    a folder is taken for LeRobot unless ``--format`` names another format.
+
+    Raises:
+        SourceError: the first HDF5 file cannot be read (naming it).
+    """
+    if not is_local(root):
+        names = [root.rstrip("/").rsplit("/", 1)[-1]]
+        is_file = True
+        if not names[0].endswith(_SUFFIXES):
+            return "lerobot"
+    else:
+        is_file, names = _names(root, storage_options)
+    if not is_file and "meta/info.json" in names:
+        return "lerobot"
+    from .hdf5 import SUFFIXES
+
+    if any(n.endswith(SUFFIXES) for n in names):
+        from .base import source_files
+        from .hdf5 import detect
+
+        first = source_files(root, SUFFIXES, storage_options)[0]
+        try:
+            return detect(first)
+        except ConversionError as exc:
+            raise SourceError(f"looks like HDF5 but cannot be read: {exc}; pass --format") from None
+    return None
+
+
+def open_source(
+    root: str,
+    options: SourceOptions | None = None,
+    cameras: tuple[str, ...] | None = None,
+    storage_options: dict | None = None,
+    episodes: frozenset[int] | None = None,
+) -> Source:
+    """Open the source at ``root`` in ``options.format`` (None: ``detect_format``'s guess).
+
+    ``cameras``, ``storage_options``, ``episodes``: as ``lerobot.read_lerobot`` takes them. The
+    source's notes name the format, how it was chosen, and the mapping used.
+
+    Raises:
+        SourceError: an unknown format, one that cannot be recognised, a missing optional library
+            (naming the extra to install), or the reader's own errors (naming file and key).
+    """
+    options = options or SourceOptions()
+    if options.format is not None:
+        chosen = ALIASES.get(options.format, options.format)
+        if chosen not in FORMATS:
+            raise SourceError(f"--format {options.format!r}: not a known format ({', '.join(FORMATS)})")
+        how = "given by --format"
+    else:
+        found = detect_format(root, storage_options)
+        chosen, how = found or "lerobot", "recognised from the files"
+    if chosen == "lerobot":
+        from ..lerobot import read_lerobot
+
+        try:
+            return read_lerobot(root, cameras=cameras, storage_options=storage_options, episodes=episodes)
+        except SourceError as exc:
+            if options.format is not None or found == "lerobot":
+                raise
+            raise SourceError(
+                f"{exc} (nor a source of another format epishard reads: {', '.join(FORMATS[1:])}; --format names one)"
+            ) from None
+    from .hdf5 import open_hdf5
+
+    source = open_hdf5(root, chosen, options, cameras, storage_options, episodes)
+    source.notes.insert(0, f"format {chosen} ({how})")
+    return source
