@@ -103,7 +103,7 @@ from .plan import (
     plan_shape,
     worker_plan,
 )
-from .select import Selection, select_episodes
+from .select import Selection, explain_empty, select_episodes
 from .source import DatasetSource
 from .spec import WindowSpec
 from .statecheck import StateError, bounded, check_digest, check_fields, plan_digest, states_of
@@ -149,6 +149,30 @@ def _distributed(rank: int | None, world_size: int | None) -> World:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return World(torch.distributed.get_rank(), torch.distributed.get_world_size())
     return World(rank or 0, world_size or 1)
+
+
+def _check_selected(
+    sources: list[DatasetSource], selections: list[Selection | None], selected: list[np.ndarray], per_dataset: bool
+) -> None:
+    """Refuse a read-time selection that keeps no episode (an empty dataset would train on nothing, silently).
+
+    A selection given per dataset (a list) must keep an episode of its dataset; one given for the
+    whole mix must keep an episode of some dataset, and a dataset it keeps none of is warned about.
+
+    Raises:
+        ValueError: naming the dataset(s) and the selection, with how many episodes each criterion keeps.
+    """
+    empty = [
+        (source, sel, keep)
+        for source, sel, keep in zip(sources, selections, selected, strict=True)
+        if sel is not None and source.index.num_episodes and not keep.any()
+    ]
+    if not empty:
+        return
+    why = "; ".join(f"{source.shown}: {explain_empty(source.index, sel)}" for source, sel, _ in empty if sel)
+    if per_dataset or len(empty) == len(sources):
+        raise ValueError(f"select= matches no episode: {why}")
+    warnings.warn(f"select= keeps no episode of a dataset of the mix, which gives no windows: {why}", stacklevel=3)
 
 
 @dataclass(frozen=True)
@@ -298,6 +322,7 @@ class WindowDataset(IterableDataset):
         # Bool [num_episodes] per dataset, from the index alone (kept as arrays: ``where`` callables
         # need not pickle into DataLoader workers).
         self.selected = [select_episodes(s.index, sel) for s, sel in zip(self.sources, selections, strict=True)]
+        _check_selected(self.sources, selections, self.selected, isinstance(select, list))
         self.batch_by_dataset, self.batch_size = batch_by_dataset, batch_size
         self.stratify = (len(self.sources) > 1 if stratify is None else stratify) or batch_by_dataset
         self.table, self.episode_base = self._episode_table()

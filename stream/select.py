@@ -126,10 +126,46 @@ def split_val(keys: list[str], fraction: float, seed: int) -> np.ndarray:
     return val
 
 
+def _shown(value) -> str:
+    """A criterion's value as messages show it (long collections cut after 8 items)."""
+    if callable(value) and not isinstance(value, type):
+        return getattr(value, "__name__", "a callable")
+    if isinstance(value, (set, frozenset, list, tuple, range)) and not isinstance(value, str):
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else list(value)
+        more = f", ... ({len(items)} in all)" if len(items) > 8 else ""
+        return "[" + ", ".join(repr(v) for v in items[:8]) + more + "]"
+    return repr(value)
+
+
+def _criteria(index: WindowIndex, s: Selection) -> list[tuple[str, np.ndarray]]:
+    """Each criterion of ``s`` before the split, as (how it reads, bool ``[num_episodes]`` of the episodes it keeps)."""
+    criteria: list[tuple[str, str, object]] = [(f"where[{k!r}]={_shown(v)}", k, v) for k, v in s.where.items()]
+    if s.episodes is not None:
+        criteria.append((f"episodes={_shown(s.episodes)}", "episode_index", set(s.episodes)))
+    if s.keys is not None:
+        criteria.append((f"keys={_shown(s.keys)}", "key", set(s.keys)))
+    if s.tasks is not None:
+        tasks = {s.tasks} if isinstance(s.tasks, str) else set(s.tasks)
+        criteria.append((f"tasks={_shown(tasks)}", "tasks", tasks))
+    if s.task_regex is not None:
+        pattern = re.compile(s.task_regex)
+        criteria.append((f"task_regex={s.task_regex!r}", "tasks", lambda t: pattern.search(t) is not None))
+    if s.robots is not None:
+        robots = {s.robots} if isinstance(s.robots, str) else set(s.robots)
+        criteria.append((f"robots={_shown(robots)}", "robot", robots))
+    out = [(label, _matches(column_values(index, name, s.metadata), want)) for label, name, want in criteria]
+    if s.min_rows is not None:
+        out.append((f"min_rows={s.min_rows}", np.asarray(index.num_rows >= s.min_rows, dtype=bool)))
+    if s.max_rows is not None:
+        out.append((f"max_rows={s.max_rows}", np.asarray(index.num_rows <= s.max_rows, dtype=bool)))
+    return out
+
+
 def select_episodes(index: WindowIndex, selection: Selection | None) -> np.ndarray:
     """Bool ``[num_episodes]``: the episodes of ``index`` that ``selection`` keeps (all when None).
 
-    Pure: reads only the index (and ``selection.metadata``), never a shard.
+    Pure: reads only the index (and ``selection.metadata``), never a shard. An empty result is
+    returned as such (``WindowDataset`` refuses it: ``explain_empty`` says why).
 
     Raises:
         KeyError: a ``where`` column exists nowhere.
@@ -139,26 +175,30 @@ def select_episodes(index: WindowIndex, selection: Selection | None) -> np.ndarr
     if selection is None:
         return keep
     s = selection
-    criteria: list[tuple[str, object]] = list(s.where.items())
-    if s.episodes is not None:
-        criteria.append(("episode_index", set(s.episodes)))
-    if s.keys is not None:
-        criteria.append(("key", set(s.keys)))
-    if s.tasks is not None:
-        criteria.append(("tasks", {s.tasks} if isinstance(s.tasks, str) else set(s.tasks)))
-    if s.task_regex is not None:
-        pattern = re.compile(s.task_regex)
-        criteria.append(("tasks", lambda t: pattern.search(t) is not None))
-    if s.robots is not None:
-        criteria.append(("robot", {s.robots} if isinstance(s.robots, str) else set(s.robots)))
-    for name, want in criteria:
-        keep &= _matches(column_values(index, name, s.metadata), want)
-    if s.min_rows is not None:
-        keep &= index.num_rows >= s.min_rows
-    if s.max_rows is not None:
-        keep &= index.num_rows <= s.max_rows
+    for _, mask in _criteria(index, s):
+        keep &= mask
     if s.split is not None:
         kept = np.flatnonzero(keep)
         val = split_val([index.key(int(e)) for e in kept], s.val_fraction, s.split_seed)
         keep[kept] = val if s.split == "val" else ~val
     return keep
+
+
+def explain_empty(index: WindowIndex, selection: Selection) -> str:
+    """Why ``selection`` keeps no episode of ``index``: each criterion and how many episodes it alone keeps.
+
+    E.g. ``"Selection(tasks=['wipe'], robots=['g1']) keeps none of its 4 episodes (tasks=['wipe']: 1;
+    robots=['g1']: 0)"``; the split is named when the criteria keep episodes but the split none.
+    """
+    parts = _criteria(index, selection)
+    described = ", ".join(label for label, _ in parts)
+    if selection.split is not None:
+        described += f"{', ' if described else ''}split={selection.split!r}, val_fraction={selection.val_fraction}"
+    counts = "; ".join(f"{label}: {int(mask.sum())}" for label, mask in parts)
+    both = np.ones(index.num_episodes, dtype=bool)
+    for _, mask in parts:
+        both &= mask
+    if selection.split is not None and both.any():
+        left = f"all of them together: {int(both.sum())}, none left in the {selection.split!r} split"
+        counts += f"{'; ' if counts else ''}{left}"
+    return f"Selection({described}) keeps none of its {index.num_episodes} episodes ({counts or 'no criteria'})"

@@ -9,6 +9,7 @@ import pytest
 from videogen import convert_numbered, decode_frame_number
 
 from epishard.stream import PostProcess, WindowDataset, WindowSpec
+from epishard.stream.select import Selection
 
 CAM = "observation.images.cam"
 
@@ -62,3 +63,28 @@ def test_f4_a_camera_of_several_sizes_without_size_is_refused_naming_camera_and_
     assert got == sorted(
         [(0, 100 * e + i) for e, n in enumerate([6, 7]) for i in range(n)] + [(1, i) for i in range(5)]
     )
+
+
+# --- 6. a Selection that matches nothing -------------------------------------------------------------------
+
+
+def test_f6_a_selection_that_matches_nothing_is_refused_naming_it(small, wide):
+    spec = WindowSpec(cameras={CAM: (0,)})
+    with pytest.raises(ValueError) as err:
+        WindowDataset(small, spec, select=Selection(tasks="task 7", min_rows=7))
+    message = str(err.value)
+    assert message.startswith(f"select= matches no episode: {small}: Selection(tasks=['task 7'], min_rows=7)"), message
+    assert "keeps none of its 2 episodes (tasks=['task 7']: 0; min_rows=7: 1)" in message, message
+    with pytest.raises(
+        ValueError, match=r"episodes=\[5, 6\], split='val', val_fraction=0.1\) keeps none .*episodes=\[5, 6\]: 0"
+    ):
+        WindowDataset(small, spec, select=Selection(episodes=[5, 6], split="val"))
+    with pytest.raises(ValueError, match=r"all of them together: 2, none left in the 'val' split"):
+        WindowDataset(small, spec, select=Selection(split="val", val_fraction=0.1))  # round(0.2) = 0 in val
+    # per dataset (a list): each must keep an episode; one selection for a mix: warned where it keeps none
+    sizes = PostProcess(size=(32, 32))
+    with pytest.raises(ValueError, match=r"wide: Selection\(tasks=\['task 1'\]\) keeps none of its 1 episodes"):
+        WindowDataset([small, wide], spec, postprocess=sizes, select=[None, Selection(tasks="task 1")])
+    with pytest.warns(UserWarning, match=r"keeps no episode of a dataset of the mix.*wide: Selection\(tasks="):
+        ds = WindowDataset([small, wide], spec, postprocess=sizes, select=Selection(tasks="task 1"), seed=0)
+    assert sorted((int(s["dataset"]), decode_frame_number(s[CAM][0])) for s in ds) == [(0, 100 + i) for i in range(7)]
