@@ -67,7 +67,9 @@ class System:
     ``reuse_buffers``: epishard's opt-in reused batch buffers (``WindowLoader(reuse_buffers=k)``: a
     batch stays valid until ``k`` more are drawn; the benchmark drops each batch at once);
     ``packets``: epishard reads cameras by their packet tables (the default), else members whole
-    through torchcodec (``FetchPolicy(packets=False)``).
+    through torchcodec (``FetchPolicy(packets=False)``); ``ray``: epishard's batches made by Ray actors
+    (``RayWindowLoader``, one actor per worker on a local Ray cluster of ``--workers`` CPUs, as Ray
+    Data's read tasks), not DataLoader workers.
     """
 
     id: str
@@ -77,6 +79,7 @@ class System:
     lerobot: str = ""
     reuse_buffers: int = 0
     packets: bool = True
+    ray: bool = False
 
     @property
     def label(self) -> str:
@@ -89,7 +92,8 @@ class System:
         if self.kind == "epishard":
             reuse = f" reuse{self.reuse_buffers}" if self.reuse_buffers else ""
             whole = "" if self.packets else " whole"
-            return f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}") + reuse + whole
+            ray = " Ray actors" if self.ray else ""
+            return f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}") + reuse + whole + ray
         return f"{self.kind} {dt}"
 
     @property
@@ -118,6 +122,8 @@ SYSTEMS = {
         System("es-u8-reuse", "epishard", dtype="uint8", reuse_buffers=2),
         System("es-f32-whole", "epishard", packets=False),
         System("es-u8-whole", "epishard", dtype="uint8", packets=False),
+        System("es-ray-f32", "epishard", ray=True),
+        System("es-ray-u8", "epishard", dtype="uint8", ray=True),
     )
 }
 PEERS = (
@@ -133,6 +139,16 @@ PEERS = (
 )
 # The float32 runs tell the same story (webdataset, naive convert only 9 frames; Ray Data reads uint8
 # and converts after); reused buffers are opt-in.
-ON_REQUEST = ("webdataset-u8", "naive-u8", "raydata", "es-f32-reuse", "es-u8-reuse", "es-f32-whole", "es-u8-whole")
+ON_REQUEST = (
+    "webdataset-u8",
+    "naive-u8",
+    "raydata",
+    "es-f32-reuse",
+    "es-u8-reuse",
+    "es-f32-whole",
+    "es-u8-whole",
+    "es-ray-f32",
+    "es-ray-u8",
+)
 DEFAULT = [k for k in SYSTEMS if k not in ON_REQUEST]
 QUICK = ["lerobot061-u8", "webdataset", "naive", "es-f32", "es-u8", "es-u8-pe4"]

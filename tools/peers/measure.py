@@ -84,9 +84,19 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
         from epishard.stream.report import iid_reference
 
         ds = epishard_dataset(cfg, system)
-        reuse = {"reuse_buffers": system.reuse_buffers} if system.reuse_buffers else {}
-        loader = WindowLoader(ds, batch_size=bs, num_workers=workers, persistent_workers=workers > 0, **reuse)
-        loader.collate_fn = TimedCollate(loader.collate_fn)
+        if system.ray:  # Ray actors make the batches (a local cluster of ``workers`` CPUs, as Ray Data's)
+            import logging
+
+            import ray
+
+            from epishard.stream.ray_loader import RayWindowLoader
+
+            ray.init(num_cpus=max(workers, 1), logging_level=logging.WARNING, configure_logging=False)
+            loader = RayWindowLoader(ds, batch_size=bs, num_workers=max(workers, 1))
+        else:
+            reuse = {"reuse_buffers": system.reuse_buffers} if system.reuse_buffers else {}
+            loader = WindowLoader(ds, batch_size=bs, num_workers=workers, persistent_workers=workers > 0, **reuse)
+            loader.collate_fn = TimedCollate(loader.collate_fn)
         reference = iid_reference(loader.dataset, bs)
         extra = {"windows_per_epoch": len(loader.dataset), "options": cfg.get("options")}
     elif system.kind in ("webdataset", "naive"):
@@ -155,7 +165,7 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
         b = draw()
         n = len(b["episode_index"])
         samples += n
-        collate_s += float(b["__collate_s__"])
+        collate_s += float(b.get("__collate_s__", 0.0))  # Ray actors' collation is not timed here
         if "__telemetry__" in b:
             tel.setdefault(epoch, []).extend(b["__telemetry__"].numpy())
             ids.append(list(zip(b["dataset"].tolist(), b["episode_index"].tolist(), strict=True)))
