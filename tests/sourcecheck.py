@@ -70,7 +70,7 @@ def check_verifies(out: str) -> None:
     assert report["ok"], report["problems"]
 
 
-def stream_rows(out: str, camera: str) -> dict[tuple[int, int], dict]:
+def stream_rows(out: str, camera: str, **spec_kw) -> dict[tuple[int, int], dict]:
     """(episode index, frame index) -> sample, one window of one frame per row, from the stream reader."""
-    spec = WindowSpec(cameras={camera: (0,)}, boundary="inside")
+    spec = WindowSpec(cameras={camera: (0,)}, boundary="inside", **spec_kw)
     return {(int(s["episode_index"]), int(s["frame_index"])): s for s in WindowDataset(out, spec, seed=0)}

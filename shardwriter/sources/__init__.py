@@ -7,7 +7,8 @@ worker, one episode at a time (``episode.LazyTable``, ``episode.CameraFrames``).
 libraries are optional extras, imported only when a source of that format is opened.
 
 Formats (one docs page each, docs/sources/): ``lerobot`` (``shardwriter.lerobot``), ``aloha`` and
-``robomimic`` (``libero`` is an alias; HDF5, ``sources.hdf5``).
+``robomimic`` (``libero`` is an alias; HDF5, ``sources.hdf5``), ``umi`` (Zarr ReplayBuffer of UMI
+and Diffusion Policy, ``sources.replay_buffer``).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from ..errors import ConversionError, SourceError
 from ..storage import is_local, local_path, source_filesystem
 from .base import Mapping, SourceOptions
 
-FORMATS = ("lerobot", "aloha", "robomimic")
-ALIASES = {"libero": "robomimic", "act": "aloha"}
+FORMATS = ("lerobot", "aloha", "robomimic", "umi")
+ALIASES = {"libero": "robomimic", "act": "aloha", "zarr": "umi", "replay_buffer": "umi", "diffusion_policy": "umi"}
 
-_SUFFIXES = (".hdf5", ".h5", ".hdf")  # names a URL is recognised by (local sources: by their files)
+# Names a URL is recognised by (local sources: by their files).
+_SUFFIXES = (".hdf5", ".h5", ".hdf", ".zarr", ".zarr.zip")
 
 __all__ = ["FORMATS", "Mapping", "SourceOptions", "detect_format", "open_source"]
 
@@ -51,7 +53,8 @@ def detect_format(root: str, storage_options: dict | None = None) -> str | None:
     """The format of the source at ``root`` (a folder, a file or a URL), from its files; None if unknown.
 
     ``meta/info.json``: ``lerobot``. HDF5 files (``.hdf5``, ``.h5``): ``robomimic`` when the first
-    holds ``data/demo_*``, ``aloha`` when it holds ``observations`` or ``action``. A URL is judged
+    holds ``data/demo_*``, ``aloha`` when it holds ``observations`` or ``action``. A ``.zarr`` folder,
+    a ``.zarr.zip`` or a folder with ``meta/episode_ends``: ``umi``. A URL is judged
     by its own name only (listing a remote folder may not be possible, e.g. over HTTP): a URL of
     a folder is taken for LeRobot unless ``--format`` names another format.
 
@@ -59,7 +62,7 @@ def detect_format(root: str, storage_options: dict | None = None) -> str | None:
         SourceError: the first HDF5 file cannot be read (naming it).
     """
     if not is_local(root):
-        names = [root.rstrip("/").rsplit("/", 1)[-1]]
+        names = [root.rstrip("/").rsplit("/", 1)[-1]]  # a folder's URL: its name, without the slash
         is_file = True
         if not names[0].endswith(_SUFFIXES):
             return "lerobot"
@@ -67,6 +70,8 @@ def detect_format(root: str, storage_options: dict | None = None) -> str | None:
         is_file, names = _names(root, storage_options)
     if not is_file and "meta/info.json" in names:
         return "lerobot"
+    if root.rstrip("/").endswith((".zarr", ".zarr.zip")) or any(n.startswith("meta/episode_ends/") for n in names):
+        return "umi"
     from .hdf5 import SUFFIXES
 
     if any(n.endswith(SUFFIXES) for n in names):
@@ -117,8 +122,13 @@ def open_source(
             raise SourceError(
                 f"{exc} (nor a source of another format epishard reads: {', '.join(FORMATS[1:])}; --format names one)"
             ) from None
-    from .hdf5 import open_hdf5
+    if chosen == "umi":
+        from .replay_buffer import open_replay_buffer
 
-    source = open_hdf5(root, chosen, options, cameras, storage_options, episodes)
+        source = open_replay_buffer(root, options, cameras, storage_options, episodes)
+    else:
+        from .hdf5 import open_hdf5
+
+        source = open_hdf5(root, chosen, options, cameras, storage_options, episodes)
     source.notes.insert(0, f"format {chosen} ({how})")
     return source
