@@ -28,6 +28,7 @@ from tqdm import tqdm
 from epishard.redact import redact, scrubbed
 
 from . import format as fmt
+from .describe import NotConverted, lerobot_instead
 from .index import WindowIndex
 from .storage import NotARegularFile, Storage
 from .untrusted import check_size, container_frames
@@ -161,12 +162,17 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
     message: credentials redacted). ``progress``: a progress bar on stderr over the shards.
 
     Raises:
+        shardwriter.describe.NotConverted (a FileNotFoundError): ``root`` is a LeRobot dataset or
+            a Hugging Face repo id (``describe.lerobot_instead``: run ``epishard convert`` first).
         FileNotFoundError: no such folder or bucket. PermissionError: access denied.
         shardwriter.validate.FormatError (a ValueError): ``manifest.json`` breaks the format
             (nothing it names is opened then). NotARegularFile: it is a FIFO, directory or device.
     """
     storage = Storage(root, storage_options)
     if not storage.exists(fmt.MANIFEST_NAME):
+        hint = lerobot_instead(root, storage_options)
+        if hint:
+            raise NotConverted(hint)
         if not storage.names():  # raises for a missing bucket or denied access
             raise FileNotFoundError(errno.ENOENT, "no such dataset folder (or it is empty)", redact(root))
         return {

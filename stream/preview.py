@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from epishard.redact import redact, scrubbed
 
-from .dataset import WindowDataset
+from .dataset import WindowDataset, open_source
 from .fetch import FetchPolicy
 from .plan import World
 from .plots import figure
@@ -245,7 +245,7 @@ def preview(
 
     if windows < 1 or frames < 1 or span < 1:
         raise ValueError(f"--windows, --frames and --span must be >= 1, got {windows}, {frames}, {span}")
-    source = DatasetSource(dataset, storage_options)
+    source = open_source(dataset, storage_options)  # a LeRobot folder is named as one
     ix = source.index
     chosen = [e for e in range(ix.num_episodes) if episodes is None or _source_episode(ix.key(e)) in episodes]
     if not chosen:

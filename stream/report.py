@@ -16,7 +16,7 @@ from tqdm import tqdm
 from epishard.redact import redact, scrubbed
 
 from . import diversity
-from .dataset import WindowDataset, WindowLoader
+from .dataset import WindowDataset, WindowLoader, open_source
 from .lookahead import Lookahead
 from .spec import WindowSpec, segment
 from .telemetry import FIELDS, summarize
@@ -79,9 +79,7 @@ def _size(text: str) -> tuple[int, int]:
 
 def build(options: StreamRun) -> WindowLoader:
     """The ``WindowLoader`` (telemetry on, collate timed) that ``run`` iterates."""
-    from .source import DatasetSource
-
-    source = DatasetSource(options.dataset, options.storage_options)
+    source = open_source(options.dataset, options.storage_options)  # a LeRobot folder is named as one
     cams = options.cameras.split(",") if options.cameras else source.cameras
     offsets = segment(0, options.span - 1, options.frames) if options.frames > 1 else (0,)
     spec = WindowSpec(
