@@ -1210,17 +1210,6 @@ class WindowLoader(DataLoader):
     ``pin_memory`` does nothing (torch warns). Raises ``ValueError`` with a ``collate_fn`` of yours or
     ``batch_size=None``.
 
-    ``recycle_buffers`` (default ``None``: on with DataLoader workers, epishard's own collate, a
-    ``batch_size``, no ``pin_memory`` and no ``reuse_buffers``, while a worker's ring holds at most
-    ``buffers.RECYCLE_BYTES``, 256 MiB, of batches; ``True``: on whatever the ring's size; ``False``:
-    off): each worker writes its batches into a ring of ``prefetch_factor + 1`` pre-faulted buffers
-    (``+ 2`` with one worker) instead of fresh shared memory, and a buffer is written again only when
-    nothing of the batch it held is referenced in this process any more (``buffers.RecycledBatches``
-    counts the storage's references: a batch, a view, ``.numpy()`` or ``.detach()`` of it kept); a
-    batch whose buffer is still held goes into fresh memory. So, unlike ``reuse_buffers``, batches
-    keep their values for as long as they are held, and the page faults of fresh memory are saved
-    whenever the training loop drops each batch before the next few come.
-
     Persistent workers keep their own copy of the dataset, which can only run the epoch after the
     one it ran last; when the next iteration must run anything else (after ``load_state_dict``, or
     after an epoch left unfinished) the workers are restarted, so every iteration runs exactly the
@@ -1237,7 +1226,6 @@ class WindowLoader(DataLoader):
         *,
         defer_float: bool | None = None,
         reuse_buffers: int = 0,
-        recycle_buffers: bool | None = None,
         **kw,
     ):
         floating = dataset.post.dtype.is_floating_point
@@ -1258,27 +1246,7 @@ class WindowLoader(DataLoader):
             kw["collate_fn"] = BufferedCollate(rgb, dataset.post.dtype, dataset.post.scale, slots=slots)
             if not (kw.get("pin_memory") and torch.accelerator.is_available()):  # else batches are pinned copies
                 self._held = HeldBatches(slots * max(workers, 1), reuse_buffers)
-        workers = kw.get("num_workers", 0)
-        self._recycled: RecycledBatches | None = None
-        if recycle_buffers is None:
-            recycle_buffers = bool(
-                workers > 0 and "collate_fn" not in kw and batch_size is not None and not kw.get("pin_memory")
-            ) and (not reuse_buffers) and None  # type: ignore[assignment]
-            cap = RECYCLE_BYTES
-        else:
-            cap = 1 << 62
-        if reuse_buffers and recycle_buffers:
-            raise ValueError("WindowLoader: reuse_buffers and recycle_buffers exclude each other: choose one")
-        if recycle_buffers is not False and not reuse_buffers and workers > 0 and "collate_fn" not in kw:
-            if batch_size is None:
-                raise ValueError("WindowLoader: recycle_buffers needs a batch_size")
-            slots = recycle_slots(workers, kw.get("prefetch_factor"))
-            flags = SlotFlags(workers, slots)
-            kw["collate_fn"] = BufferedCollate(
-                rgb, dataset.post.dtype, dataset.post.scale, slots=slots, flags=flags, max_bytes=cap
-            )
-            self._recycled = RecycledBatches(flags)
-        elif defer_float and "collate_fn" not in kw and not reuse_buffers:
+        elif defer_float and "collate_fn" not in kw:
             kw["collate_fn"] = FloatCollate(rgb, dataset.post.dtype, dataset.post.scale)
         view = dataset.with_options(
             defer_float=defer_float, num_workers=kw.get("num_workers", 0), batch_size=batch_size
