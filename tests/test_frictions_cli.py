@@ -6,6 +6,8 @@ written by ``lerobotgen`` (frames carry their number, ``videogen``).
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from lerobotgen import write_v2
 
@@ -56,3 +58,31 @@ def _error(call) -> BaseException:
     except Exception as exc:
         return exc
     raise AssertionError("no error")
+
+
+# --- 7. option prefixes -----------------------------------------------------------------------------------
+
+
+def test_f7_an_abbreviated_option_is_refused_on_every_command(lerobot, tmp_path, capsys):
+    from epishard.cli import build_parser
+
+    out = str(tmp_path / "out")
+    with pytest.raises(SystemExit) as exit_:
+        cli(["convert", lerobot, out, "--max-episodes", "2"])  # ran as --max-episodes-per-shard 2
+    assert exit_.value.code == 2 and "unrecognized arguments: --max-episodes 2" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    checked = 0
+    for name, command in subparsers.choices.items():
+        options = {o for a in command._actions for o in a.option_strings if o.startswith("--")}
+        for option in sorted(options):
+            prefix = option[:-1]
+            if any(o.startswith(prefix) for o in options - {option}) or len(prefix) < 4:
+                continue  # ambiguous either way, or too short to be a prefix someone types
+            positionals = {"convert": [lerobot, out], "stream": [out], "inspect": [out], "verify": [out]}
+            with pytest.raises(SystemExit):
+                parser.parse_args([name, *positionals.get(name, [out]), prefix])
+            assert f"unrecognized arguments: {prefix}" in capsys.readouterr().err, (name, prefix)
+            checked += 1
+    assert checked > 40  # every command's options (convert alone has more than 15)

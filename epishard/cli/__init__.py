@@ -100,13 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="epishard",
         description="Window-indexed WebDataset shards and a streaming window reader for robot-learning episodes.",
+        allow_abbrev=False,  # an option is its whole name: `--max-episodes 2` is not --max-episodes-per-shard
     )
     parser.add_argument("--version", action="version", version=f"epishard {__version__}")
     _common_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f"epishard.cli.{name}")
-        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP, allow_abbrev=False)
         module.add_arguments(command)
         _common_options(command, top=False)
         _show_defaults(command)
