@@ -127,12 +127,48 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
             "max": int(index.num_rows.max()),
         },
         "cameras": cameras,
+        "columns": _columns(manifest),
         "tasks": len(manifest.tasks),
         "report": {
             "skipped_by_kind": dict(manifest.report.skipped_by_kind),
             "warnings_by_kind": dict(manifest.report.warnings_by_kind),
         },
     }
+
+
+def _columns(manifest: fmt.Manifest) -> dict[str, dict]:
+    """Table column -> ``{"dtype", "shape", "names"}`` from the manifest's ``features`` (cameras left out).
+
+    ``shape``: the per-row list widths (``[]`` for a scalar; None where lengths vary). A column whose
+    width differs between sources (``stats_mixed_widths``: other robots) also gets ``"widths"``,
+    source -> width, from each source's statistics.
+    """
+    out: dict[str, dict] = {}
+    for name, f in (manifest.features or {}).items():
+        if f.dtype == "video":
+            continue
+        entry: dict = {"dtype": f.dtype, "shape": list(f.shape), "names": f.names}
+        if name in (manifest.stats_mixed_widths or ()):
+            widths = {}
+            for source, stats in (manifest.stats_by_source or {}).items():
+                mean = stats.get(name, {}).get("mean") if isinstance(stats, dict) else None
+                if isinstance(mean, list):
+                    widths[source] = len(mean)
+            entry["widths"] = widths
+        out[name] = entry
+    return out
+
+
+def _names(names) -> str:
+    """A feature's ``names`` as one short text: the first 6 of a flat list (or of its one inner list), else ''."""
+    if isinstance(names, dict) and len(names) == 1:
+        names = next(iter(names.values()))
+    if isinstance(names, list) and len(names) == 1 and isinstance(names[0], list):
+        names = names[0]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return ""
+    more = f", ... ({len(names)})" if len(names) > 6 else ""
+    return f" ({', '.join(names[:6])}{more})"
 
 
 def _shown(value):
@@ -174,6 +210,11 @@ def render(summary: dict) -> str:
             lines.append(f"    conversion: {c['conversion']}")
         if "sizes" in c:  # episodes of other sizes (height x width, as the reader returns them)
             lines.append("    sizes: " + ", ".join(f"{size} ({n} episodes)" for size, n in c["sizes"].items()))
+    for name, c in summary.get("columns", {}).items():
+        shape = "[" + ", ".join("*" if n is None else str(n) for n in c["shape"]) + "]"
+        widths = c.get("widths")
+        by = f", width by source: {', '.join(f'{k} {w}' for k, w in widths.items())}" if widths else ""
+        lines.append(f"  column {name}: {c['dtype']} {shape}{_names(c['names'])}{by}")
     for s in summary["shards"]:
         lines.append(f"  {s['shard']}: {s['episodes']} episodes, {s['rows']} rows, {s['size'] / 1e6:.1f} MB")
     for kind, n in summary["report"]["skipped_by_kind"].items():

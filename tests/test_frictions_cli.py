@@ -86,3 +86,52 @@ def test_f7_an_abbreviated_option_is_refused_on_every_command(lerobot, tmp_path,
             assert f"unrecognized arguments: {prefix}" in capsys.readouterr().err, (name, prefix)
             checked += 1
     assert checked > 40  # every command's options (convert alone has more than 15)
+
+
+# --- 9. inspect lists the state and action features and their widths -----------------------------------------
+
+
+def _robots(out: str, cameras: dict[str, list[str]], dims: dict[str, tuple[int, int]], fps: int = 20) -> str:
+    """One 5-row episode per source (name -> cameras), state/action widths per source; returns ``out``."""
+    from videogen import make_episode_table, make_video
+
+    from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+
+    sources = [
+        Source(
+            name=name,
+            episodes=[
+                Episode(
+                    source=name,
+                    episode_index=0,
+                    table=make_episode_table(5, fps=fps, state_dim=dims[name][0], action_dim=dims[name][1]),
+                    videos={c: CameraVideo(make_video(None, 5, fps=fps, height=32, width=32, gop=2)) for c in cams},
+                    fps=fps,
+                )
+            ],
+            fps=fps,
+        )
+        for name, cams in cameras.items()
+    ]
+    convert(sources, out, ConvertOptions(progress=False))
+    return out
+
+
+def test_f9_inspect_lists_the_columns_and_their_widths_per_source(tmp_path, capsys):
+    out = _robots(str(tmp_path / "two"), {"arm": [CAM], "g1": [CAM]}, {"arm": (4, 3), "g1": (6, 5)})
+    assert cli(["inspect", out]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "  column observation.state: float [4], width by source: arm 4, g1 6" in lines, lines
+    assert "  column action: float [3], width by source: arm 3, g1 5" in lines, lines
+    assert "  column frame_index: int64 []" in lines, lines
+    assert cli(["inspect", out, "--json"]) == 0
+    import json
+
+    columns = json.loads(capsys.readouterr().out)["columns"]
+    assert columns["observation.state"] == {
+        "dtype": "float",
+        "shape": [4],
+        "names": None,
+        "widths": {"arm": 4, "g1": 6},
+    }
+    assert CAM not in columns and columns["timestamp"]["shape"] == []
