@@ -8,7 +8,8 @@ libraries are optional extras, imported only when a source of that format is ope
 
 Formats (one docs page each, docs/sources/): ``lerobot`` (``shardwriter.lerobot``), ``aloha`` and
 ``robomimic`` (``libero`` is an alias; HDF5, ``sources.hdf5``), ``umi`` (Zarr ReplayBuffer of UMI
-and Diffusion Policy, ``sources.replay_buffer``).
+and Diffusion Policy, ``sources.replay_buffer``), ``rlds`` (TFDS TFRecords of RLDS episodes, Open
+X-Embodiment, ``sources.rlds``, read without TensorFlow: ``sources.tfrecord``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,16 @@ from ..errors import ConversionError, SourceError
 from ..storage import is_local, local_path, source_filesystem
 from .base import Mapping, SourceOptions
 
-FORMATS = ("lerobot", "aloha", "robomimic", "umi")
-ALIASES = {"libero": "robomimic", "act": "aloha", "zarr": "umi", "replay_buffer": "umi", "diffusion_policy": "umi"}
+FORMATS = ("lerobot", "aloha", "robomimic", "umi", "rlds")
+ALIASES = {
+    "libero": "robomimic",
+    "act": "aloha",
+    "zarr": "umi",
+    "replay_buffer": "umi",
+    "diffusion_policy": "umi",
+    "oxe": "rlds",
+    "tfrecord": "rlds",
+}
 
 # Names a URL is recognised by (local sources: by their files).
 _SUFFIXES = (".hdf5", ".h5", ".hdf", ".zarr", ".zarr.zip")
@@ -54,7 +63,8 @@ def detect_format(root: str, storage_options: dict | None = None) -> str | None:
 
     ``meta/info.json``: ``lerobot``. HDF5 files (``.hdf5``, ``.h5``): ``robomimic`` when the first
     holds ``data/demo_*``, ``aloha`` when it holds ``observations`` or ``action``. A ``.zarr`` folder,
-    a ``.zarr.zip`` or a folder with ``meta/episode_ends``: ``umi``. A URL is judged
+    a ``.zarr.zip`` or a folder with ``meta/episode_ends``: ``umi``. TFRecord files
+    (``*.tfrecord*``) or a TFDS ``features.json``: ``rlds``. A URL is judged
     by its own name only (listing a remote folder may not be possible, e.g. over HTTP): a URL of
     a folder is taken for LeRobot unless ``--format`` names another format.
 
@@ -64,7 +74,7 @@ def detect_format(root: str, storage_options: dict | None = None) -> str | None:
     if not is_local(root):
         names = [root.rstrip("/").rsplit("/", 1)[-1]]  # a folder's URL: its name, without the slash
         is_file = True
-        if not names[0].endswith(_SUFFIXES):
+        if not names[0].endswith(_SUFFIXES) and ".tfrecord" not in names[0]:
             return "lerobot"
     else:
         is_file, names = _names(root, storage_options)
@@ -72,6 +82,9 @@ def detect_format(root: str, storage_options: dict | None = None) -> str | None:
         return "lerobot"
     if root.rstrip("/").endswith((".zarr", ".zarr.zip")) or any(n.startswith("meta/episode_ends/") for n in names):
         return "umi"
+    base = [n.rsplit("/", 1)[-1] for n in names]
+    if any(".tfrecord" in n for n in base) or "features.json" in base:
+        return "rlds"
     from .hdf5 import SUFFIXES
 
     if any(n.endswith(SUFFIXES) for n in names):
@@ -122,7 +135,11 @@ def open_source(
             raise SourceError(
                 f"{exc} (nor a source of another format epishard reads: {', '.join(FORMATS[1:])}; --format names one)"
             ) from None
-    if chosen == "umi":
+    if chosen == "rlds":
+        from .rlds import open_rlds
+
+        source = open_rlds(root, options, cameras, storage_options, episodes)
+    elif chosen == "umi":
         from .replay_buffer import open_replay_buffer
 
         source = open_replay_buffer(root, options, cameras, storage_options, episodes)

@@ -31,6 +31,7 @@ from ..storage import RemoteFile, is_local, local_path, source_filesystem
 EXTRAS = {
     "h5py": "hdf5",
     "zarr": "zarr",
+    "crc32c": "rlds",
     "mcap": "mcap",
     "mcap_ros2": "mcap",
 }
