@@ -470,6 +470,42 @@ def _run(jobs: list[tuple], storage: Storage, options: ConvertOptions, total_epi
     bar.close()
 
 
+def _sources_differ(cameras: dict[str, set[str]], fps: dict[str, float]) -> tuple[fmt.ReportEntry, ...]:
+    """Warnings for sources of one output that differ in cameras or frame rate (two robots in one dataset).
+
+    ``cameras``: source -> the cameras its converted episodes have; ``fps``: source -> its rate. Such a
+    dataset converts, but a window over a camera some episodes lack cannot be streamed from it, nor
+    one ``delta_timestamps`` (seconds) over its rates: each warning names the sources and what differs.
+    """
+    out = []
+    if len({frozenset(c) for c in cameras.values()}) > 1:
+        each = "; ".join(f"{name}: {', '.join(sorted(c)) or 'none'}" for name, c in cameras.items())
+        out.append(
+            fmt.ReportEntry(
+                kind="sources_cameras_differ",
+                message=(
+                    f"the sources have different cameras ({each}): a window over a camera some episodes lack "
+                    "cannot be streamed from this dataset; convert each robot into its own dataset and mix them "
+                    "(WindowDataset([a, b], spec, camera_map=...))"
+                ),
+            )
+        )
+    rates = {name: fps[name] for name in cameras if name in fps}
+    if len(set(rates.values())) > 1:
+        each = "; ".join(f"{name}: {rate:g} fps" for name, rate in rates.items())
+        out.append(
+            fmt.ReportEntry(
+                kind="sources_fps_differ",
+                message=(
+                    f"the sources have different frame rates ({each}): one delta_timestamps (seconds) is other rows "
+                    "at each rate and is refused over this dataset; convert each robot into its own dataset and mix "
+                    "them (each is resolved at its own rate)"
+                ),
+            )
+        )
+    return tuple(out)
+
+
 def _feature_schema(source: Source, table: pa.Table) -> dict:
     features = {}
     for field in table.schema:
@@ -531,6 +567,7 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
     cameras: dict = {}
     tasks: dict[str, int] = {}
     per_source: dict[str, int] = {}
+    cameras_per_source: dict[str, set[str]] = {}
     videos_per_shard: list[int] = []
     by_name = {s.name: s for s in sources}
     for meta, index_file in zip(shard_metas, index_files, strict=False):
@@ -545,6 +582,7 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
             for name, spec in _feature_schema(by_name[source], table).items():
                 features.setdefault(name, spec)
             for s in range(index.episode_cams[e], index.episode_cams[e + 1]):
+                cameras_per_source.setdefault(source, set()).add(index.cam_names[s].as_py())
                 entry = cameras.setdefault(index.cam_names[s].as_py(), _camera_entry(index, s, float(index.fps[e])))
                 entry["episodes"] += 1
                 size = f"{index.cam_height[s]}x{index.cam_width[s]}"
@@ -568,6 +606,7 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
         "stats_by_source": stats.result_by_source(),
         "stats_mixed_widths": stats.mixed_widths,
         "episodes_per_source": per_source,
+        "cameras_per_source": {name: cameras_per_source.get(name, set()) for name in per_source},
         "videos_per_shard": videos_per_shard,
     }
 
@@ -649,6 +688,7 @@ def convert(
     summary = _summarise(storage, metas, index_files, sources)
     skipped = tuple(fmt.ReportEntry(**s) for m in metas for s in m["skipped"])
     flagged = tuple(fmt.ReportEntry(**w) for m in metas for w in m["warnings"])
+    flagged += _sources_differ(summary["cameras_per_source"], {s.name: s.fps for s in sources})
     checks: dict[str, int] = {}
     for m, videos in zip(metas, summary["videos_per_shard"], strict=True):
         # A shard kept from a run before check levels: its tables were checked as "full" checks now.

@@ -243,7 +243,8 @@ def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
     for kind, n in report.warnings_by_kind.items():
         example = next(w for w in report.warnings if w.kind == kind)
         camera = f" camera {example.camera}" if example.camera else ""
-        lines.append(f"  warning x{n} {kind}: e.g. episode {example.episode}{camera}: {example.message}")
+        where = f"e.g. episode {example.episode}{camera}: " if example.episode is not None else ""
+        lines.append(f"  warning x{n} {kind}: {where}{example.message}")
     if report.checks is not None:
         lines.append("  frame tables checked: " + ", ".join(f"{level} x{n}" for level, n in report.checks.items()))
     lines = [printable(line) for line in lines]  # names and messages come from the sources

@@ -235,10 +235,26 @@ def _cameras(
 
 
 def camera_streams(source: DatasetSource, cam: str) -> np.ndarray:
-    """``source.index.camera_streams(cam)``; a KeyError names the index file and the episode."""
+    """``source.index.camera_streams(cam)``; a KeyError names the index file and the episode.
+
+    When the dataset's sources (robots converted into one output) have different cameras, the
+    message says so, with each source's cameras, rather than read as damage to the index.
+    """
     try:
         return source.index.camera_streams(cam)
     except KeyError as exc:
+        ix = source.index
+        names, offsets = ix.cam_names.to_pylist(), ix.episode_cams
+        per: dict[str, set[str]] = {}
+        for e, name in enumerate(ix.episode_column("source")):
+            per.setdefault(name, set()).update(names[int(offsets[e]) : int(offsets[e + 1])])
+        if len({frozenset(c) for c in per.values()}) > 1:
+            each = "; ".join(f"{k}: {', '.join(sorted(c)) or 'none'}" for k, c in per.items())
+            raise KeyError(
+                f"{source.shown}: the window spec reads camera {cam!r}, but this dataset holds sources with different "
+                f"cameras ({each}), converted into one output: convert each robot into its own dataset and mix them, "
+                "WindowDataset([a, b], spec, camera_map=...), or name only cameras every source has"
+            ) from None
         raise KeyError(f"{source.index_file}: {exc.args[0]}") from None
 
 

@@ -135,3 +135,32 @@ def test_f9_inspect_lists_the_columns_and_their_widths_per_source(tmp_path, caps
         "widths": {"arm": 4, "g1": 6},
     }
     assert CAM not in columns and columns["timestamp"]["shape"] == []
+
+
+# --- 3. two robots converted into one output --------------------------------------------------------------------
+
+
+def test_f3_two_robots_in_one_output_are_warned_at_convert_and_named_when_streamed(tmp_path, capsys):
+    from epishard.shardwriter.format import Manifest
+    from epishard.stream import WindowDataset, WindowSpec
+
+    raw = tmp_path / "raw"
+    cams = {"arm": [CAM, "observation.images.wrist"], "g1": ["observation.images.head"]}
+    out = _robots(str(tmp_path / "two"), cams, {"arm": (4, 3), "g1": (6, 5)})
+    manifest = Manifest.load((tmp_path / "two" / "manifest.json").read_bytes(), "manifest.json")
+    assert dict(manifest.report.warnings_by_kind) == {"sources_cameras_differ": 1}
+    (warning,) = manifest.report.warnings
+    want = "arm: observation.images.front, observation.images.wrist; g1: observation.images.head"
+    assert f"the sources have different cameras ({want})" in warning.message
+    with pytest.raises(KeyError) as err:  # was "index.arrow: episode 1 (g1-e000000) has no camera ...": damage
+        WindowDataset(out, WindowSpec(cameras={CAM: (0,)}))
+    assert f"reads camera {CAM!r}, but this dataset holds sources with different cameras ({want})" in str(err.value)
+    # the CLI prints the counted warning; sources of one robot (same cameras and rate) get none
+    write_v2(str(raw / "a"), [4], [CAM])
+    write_v2(str(raw / "b"), [3], [CAM], fps=30)
+    assert cli(["convert", str(raw / "a"), str(raw / "b"), str(tmp_path / "ab"), "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "warning x1 sources_fps_differ: the sources have different frame rates (a: 20 fps; b: 30 fps)" in printed
+    assert "sources_cameras_differ" not in printed
+    same = _robots(str(tmp_path / "same"), {"x": [CAM], "y": [CAM]}, {"x": (4, 3), "y": (6, 5)})
+    assert Manifest.load((tmp_path / "same" / "manifest.json").read_bytes(), same).report.warnings == ()
