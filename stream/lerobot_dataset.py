@@ -22,16 +22,16 @@ every frame is an anchor, as in LeRobot):
                                       bool columns bool
 ``<key>_is_pad``                      bool ``[T]``, only for keys in ``delta_timestamps``
 ``index``, ``task_index``             int64 0-d (``index``: the source's global frame index)
-``episode_index``, ``frame_index``    int64 0-d
-``timestamp``                         0-d, the dataset's dtype (float32 or float64), seconds
+``episode_index``, ``frame_index``    int64 0-d (``frame_index`` only where the dataset has the
+                                      column, as in LeRobot)
+``timestamp``                         float32 0-d, seconds
 ``task``                              str
 ``dataset_index``                     int64 0-d, only in a mix (``MultiLeRobotDataset``'s key)
 ``substitute``                        bool, only under ``FetchPolicy(on_shard_error="skip")``
 ====================================  ===========================================================
 
-One difference from LeRobot: float columns are float32 (epishard's reader), where LeRobot returns a
-column stored as float64 as float64 (GR00T's state and action); the values are LeRobot's cast to
-float32 (``tests/test_lerobot_dropin.py``).
+Floats are float32 whatever the dataset stores, as in LeRobot (whose ``torch.tensor`` of a row's
+Python floats is float32): GR00T's float64 state, action and timestamps too, the same values.
 """
 
 from __future__ import annotations
@@ -530,11 +530,12 @@ class EpishardLeRobotDataset(WindowDataset):
                     item[key] = value
                 continue
             feature = self._features.get(key)
-            if key in ("episode_index", "frame_index"):
+            if key == "episode_index" or (key == "frame_index" and feature is not None):
                 item[key] = torch.tensor(int(value), dtype=torch.int64)
+            elif key == "frame_index":
+                continue  # the dataset has no frame_index column, and LeRobot's item then has none
             elif key == "timestamp":
-                dtype = torch.float64 if self._features.get(key, {}).get("dtype") == "float64" else torch.float32
-                item[key] = torch.tensor(value, dtype=dtype)
+                item[key] = torch.tensor(value, dtype=torch.float32)
             elif key == "dataset":
                 if len(self.sources) > 1:
                     item["dataset_index"] = torch.tensor(int(value), dtype=torch.int64)
