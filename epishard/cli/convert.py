@@ -98,7 +98,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         "--format",
         dest="source_format",
         metavar="FORMAT",
-        help="the sources' format: lerobot, aloha (act), robomimic (libero) (default: recognised from the files)",
+        help="the sources' format: lerobot, aloha (act), robomimic (libero), umi (zarr), rlds (oxe), mcap (ros2) "
+        "(default: recognised from the files)",
     )
     c.add_argument(
         "--mapping",
@@ -107,7 +108,10 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         "depth, columns, others, task, fps (docs/sources/; default: the format's own mapping)",
     )
     c.add_argument(
-        "--fps", type=float, help="rows per second of a source that is not LeRobot (default: the format's own)"
+        "--fps",
+        type=float,
+        help="rows per second of a source that is not LeRobot; MCAP: the rate topics are resampled to "
+        "(default: the format's own; MCAP: the slowest camera topic's rate)",
     )
     c.add_argument("--workers", type=int, default=1, help="parallel processes")
     c.add_argument(
@@ -160,4 +164,16 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     manifest = convert(args.sources, args.out, options, storage_options=args.storage_options, runner=runner)
     print(redact(render_conversion(manifest, args.out, time.perf_counter() - start)))
+    _print_resampling(manifest)
     return 0
+
+
+def _print_resampling(manifest, most: int = 40) -> None:
+    """One line per episode and topic an MCAP source resampled (the summary above shows one example)."""
+    from epishard.shardwriter.untrusted import printable
+
+    entries = [w for w in manifest.report.warnings if w.kind == "resampled"]
+    for w in entries[:most]:
+        print(redact(printable(f"  resampled: {w.dataset} episode {w.episode}: {w.message}")))
+    if len(entries) > most:
+        print(f"  resampled: {len(entries) - most} more in the manifest's report")

@@ -9,7 +9,8 @@ libraries are optional extras, imported only when a source of that format is ope
 Formats (one docs page each, docs/sources/): ``lerobot`` (``shardwriter.lerobot``), ``aloha`` and
 ``robomimic`` (``libero`` is an alias; HDF5, ``sources.hdf5``), ``umi`` (Zarr ReplayBuffer of UMI
 and Diffusion Policy, ``sources.replay_buffer``), ``rlds`` (TFDS TFRecords of RLDS episodes, Open
-X-Embodiment, ``sources.rlds``, read without TensorFlow: ``sources.tfrecord``).
+X-Embodiment, ``sources.rlds``, read without TensorFlow: ``sources.tfrecord``), ``mcap`` (ROS 2
+bags, resampled onto one row clock, ``sources.mcap_bag``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..errors import ConversionError, SourceError
 from ..storage import is_local, local_path, source_filesystem
 from .base import Mapping, SourceOptions
 
-FORMATS = ("lerobot", "aloha", "robomimic", "umi", "rlds")
+FORMATS = ("lerobot", "aloha", "robomimic", "umi", "rlds", "mcap")
 ALIASES = {
     "libero": "robomimic",
     "act": "aloha",
@@ -30,10 +31,12 @@ ALIASES = {
     "diffusion_policy": "umi",
     "oxe": "rlds",
     "tfrecord": "rlds",
+    "ros2": "mcap",
+    "rosbag": "mcap",
 }
 
 # Names a URL is recognised by (local sources: by their files).
-_SUFFIXES = (".hdf5", ".h5", ".hdf", ".zarr", ".zarr.zip")
+_SUFFIXES = (".hdf5", ".h5", ".hdf", ".zarr", ".zarr.zip", ".mcap")
 
 __all__ = ["FORMATS", "Mapping", "SourceOptions", "detect_format", "open_source"]
 
@@ -64,7 +67,7 @@ def detect_format(root: str, storage_options: dict | None = None) -> str | None:
     ``meta/info.json``: ``lerobot``. HDF5 files (``.hdf5``, ``.h5``): ``robomimic`` when the first
     holds ``data/demo_*``, ``aloha`` when it holds ``observations`` or ``action``. A ``.zarr`` folder,
     a ``.zarr.zip`` or a folder with ``meta/episode_ends``: ``umi``. TFRecord files
-    (``*.tfrecord*``) or a TFDS ``features.json``: ``rlds``. A URL is judged
+    (``*.tfrecord*``) or a TFDS ``features.json``: ``rlds``. ``.mcap`` files: ``mcap``. A URL is judged
     by its own name only (listing a remote folder may not be possible, e.g. over HTTP): a URL of
     a folder is taken for LeRobot unless ``--format`` names another format.
 
@@ -83,6 +86,8 @@ def detect_format(root: str, storage_options: dict | None = None) -> str | None:
     if root.rstrip("/").endswith((".zarr", ".zarr.zip")) or any(n.startswith("meta/episode_ends/") for n in names):
         return "umi"
     base = [n.rsplit("/", 1)[-1] for n in names]
+    if any(n.endswith(".mcap") for n in base):
+        return "mcap"
     if any(".tfrecord" in n for n in base) or "features.json" in base:
         return "rlds"
     from .hdf5 import SUFFIXES
@@ -135,7 +140,11 @@ def open_source(
             raise SourceError(
                 f"{exc} (nor a source of another format epishard reads: {', '.join(FORMATS[1:])}; --format names one)"
             ) from None
-    if chosen == "rlds":
+    if chosen == "mcap":
+        from .mcap_bag import open_mcap
+
+        source = open_mcap(root, options, cameras, storage_options, episodes)
+    elif chosen == "rlds":
         from .rlds import open_rlds
 
         source = open_rlds(root, options, cameras, storage_options, episodes)

@@ -154,12 +154,16 @@ class SourceOptions:
 
     ``format``: one of ``sources.FORMATS`` (None: recognised from the files, ``detect_format``).
     ``mapping``: fields replacing the format's default mapping. ``fps``: rows per second (as
-    ``mapping.fps``; MCAP: the rate topics are resampled to).
+    ``mapping.fps``; MCAP: the rate topics are resampled to). Raises ValueError for an fps <= 0.
     """
 
     format: str | None = None
     mapping: Mapping = field(default_factory=Mapping)
     fps: float | None = None
+
+    def __post_init__(self):
+        if self.fps is not None and not self.fps > 0:
+            raise ValueError(f"--fps must be a positive number of rows per second, got {self.fps}")
 
     def resolved(self, default: Mapping) -> Mapping:
         """The mapping to read with: ``default`` overridden by the options."""
@@ -247,6 +251,20 @@ def size_of(file: FileInput) -> int:
         return 0
 
 
+def file_stamp(file: FileInput) -> tuple[int, int]:
+    """(size, mtime in ns) of a local file, (size, 0) of a ``RemoteFile``.
+
+    A cache keyed by it never serves a file rewritten in place.
+    """
+    if isinstance(file, RemoteFile):
+        return size_of(file), 0
+    try:
+        st = os.stat(file)
+    except OSError:
+        return 0, 0
+    return st.st_size, st.st_mtime_ns
+
+
 def _arrow(values: np.ndarray) -> pa.Array:
     """Rows ``[T, ...]`` as an Arrow column: scalars plain, ``[T, D]`` fixed-size lists, deeper nested."""
     if values.ndim == 1:
@@ -259,12 +277,14 @@ def _arrow(values: np.ndarray) -> pa.Array:
     return flat
 
 
-def build_table(columns: dict[str, np.ndarray], fps: float, file: str, keys: dict[str, str]) -> pa.Table:
+def build_table(
+    columns: dict[str, np.ndarray], fps: float, file: str, keys: dict[str, str], times: np.ndarray | None = None
+) -> pa.Table:
     """The episode's table from per-step arrays (all ``[T, ...]``): ``frame_index``, ``timestamp``, columns.
 
-    ``timestamp`` is ``frame_index / fps`` (float32, seconds); the arrays keep their dtypes
-    (``observation.state`` of float64 joints stays float64). ``keys``: column -> the source key(s)
-    it came from, for messages.
+    ``timestamp`` is ``times`` (seconds from the first row) or ``frame_index / fps`` (float32); the
+    arrays keep their dtypes (``observation.state`` of float64 joints stays float64). ``keys``:
+    column -> the source key(s) it came from, for messages.
 
     Raises:
         ConversionError(kind="length_mismatch"): arrays of different lengths, naming file and keys.
@@ -280,7 +300,11 @@ def build_table(columns: dict[str, np.ndarray], fps: float, file: str, keys: dic
     n = next(iter(lengths.values()), 0)
     arrays = {
         "frame_index": pa.array(np.arange(n, dtype=np.int64)),
-        "timestamp": pa.array((np.arange(n, dtype=np.float64) / fps).astype(np.float32)),
+        "timestamp": pa.array(
+            (np.arange(n, dtype=np.float64) / fps if times is None else np.asarray(times, np.float64)).astype(
+                np.float32
+            )
+        ),
     }
     arrays.update({name: _arrow(v) for name, v in columns.items()})
     return pa.table(arrays)

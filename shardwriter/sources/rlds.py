@@ -32,7 +32,17 @@ import numpy as np
 
 from ..episode import CameraFrames, Episode, FileInput, FrameReader, LazyTable, LoadedTable, Source
 from ..errors import ConversionError, SourceError
-from .base import Mapping, SourceOptions, build_table, column_name, concat, open_binary, size_of, source_files
+from .base import (
+    Mapping,
+    SourceOptions,
+    build_table,
+    column_name,
+    concat,
+    file_stamp,
+    open_binary,
+    size_of,
+    source_files,
+)
 from .tfrecord import RecordError, parse_example, read_record, scan
 
 DEFAULT_FPS = 10.0
@@ -89,9 +99,13 @@ class _Spec:
         return None
 
 
-@functools.lru_cache(maxsize=1)
 def _example(record: _Record) -> dict:
     """The record's features (read and parsed once per process: rows and cameras share it)."""
+    return _example_of(record, file_stamp(record.file))
+
+
+@functools.lru_cache(maxsize=1)
+def _example_of(record: _Record, stamp: tuple[int, int]) -> dict:
     where = str(record.file)
     if record.problem is not None:
         raise ConversionError(record.problem, kind="unreadable_file", path=where)
