@@ -7,7 +7,8 @@ Two measurements, each conversion in a fresh process (``shardwriter.convert``, l
   ``--frames`` (40) frames at ``--size`` (64x64) is written once into ``--data`` with the format's
   own writer library (h5py, zarr, tfrecord, mcap-ros2-support; frames carry their number,
   ``tests/videogen.encode_frame_number``), then converted; it reports episodes/s, wall and CPU
-  seconds (the process and its workers) and the load average before and after.
+  seconds (the process and its workers), episodes per CPU second (the figure a busy machine does
+  not distort) and the load average before and after.
 - ``--memory``: per format, a fixture of at least ``--gb`` (1.0) GB of raw frames (640x480 RGB, 2
   cameras, ``--memory-frames`` (50) frames per episode; JPEG/PNG-encoded where the format stores
   encoded images: RLDS, MCAP's compressed topic) is converted and the peak resident memory of the
@@ -254,12 +255,14 @@ def main() -> int:
         r = convert_in_process(src, args.workers, 20.0)
         raw = r["frames"] * h * w * 3
         r.update(format=fmt, raw_frame_gb=raw / 1e9, episodes_per_s=r["episodes"] / r["wall_s"])
+        r["episodes_per_cpu_s"] = r["episodes"] / r["cpu_s"] if r["cpu_s"] else 0.0
         if args.json:
             print(json.dumps(r))
             continue
         line = (
             f"{fmt:10s} {r['episodes']:5d} ep {r['frames']:7d} frames ({r['raw_frame_gb']:.2f} GB raw) "
-            f"{r['episodes_per_s']:7.2f} ep/s  wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  "
+            f"{r['episodes_per_s']:7.2f} ep/s ({r['episodes_per_cpu_s']:.1f} per CPU s)  wall {r['wall_s']:7.1f} s  "
+            f"cpu {r['cpu_s']:7.1f} s  "
             f"peak {r['peak_rss_kb'] / 1e6:.2f} GB  load {r['load_before']:.1f} -> {r['load_after']:.1f}"
         )
         if args.memory:

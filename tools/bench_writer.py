@@ -31,6 +31,12 @@ read of its data file, and whether the shards and indexes are byte-identical to 
 with ``--rounds N``, the least CPU time of N runs.
 
     python tools/bench_writer.py --per-file 200 1000 3000 10000 [--convert 200] [--baseline main]
+
+``--formats aloha robomimic umi rlds mcap``: instead, episodes/s of each source format beyond
+LeRobot (``tools/bench_sources.py``: fixtures written with each format's own library, 2 cameras,
+lossless frames).
+
+    python tools/bench_writer.py --formats aloha robomimic umi rlds mcap [--episodes 40] [--frames 40]
 """
 
 from __future__ import annotations
@@ -253,7 +259,19 @@ def main() -> int:
     )
     parser.add_argument("--per-file-frames", type=int, default=2, help="--per-file: frames per episode")
     parser.add_argument("--convert", type=int, default=200, help="--per-file: episodes converted per file")
+    parser.add_argument(
+        "--formats",
+        nargs="+",
+        metavar="FORMAT",
+        help="instead, episodes/s per source format (aloha robomimic umi rlds mcap): tools/bench_sources.py's "
+        "fixtures of --episodes (here 40 unless given) x 2 cameras x --frames at --size, --workers' first value",
+    )
     args = parser.parse_args()
+    if args.formats:  # the source formats beyond LeRobot: tools/bench_sources.py measures them
+        episodes = "40" if "--episodes" not in sys.argv else str(args.episodes)
+        argv = ["--formats", *args.formats, "--episodes", episodes, "--frames", str(args.frames)]
+        argv += ["--size", str(args.size), "--workers", str(args.workers[0])] + (["--json"] if args.json else [])
+        return subprocess.call([sys.executable, str(REPO / "tools" / "bench_sources.py"), *argv])
     args.check = args.check or (None if args.per_file else ["full", "fast", "off"])
     if args.per_file:
         args.check = args.check or ["fast"]
