@@ -39,6 +39,10 @@ from av.video.reformatter import VideoReformatter
 from .decode import DecodeError
 from .usercode import from_user_code
 
+# PyAV >= 16 converts with swscale slice threads unless told ``threads=1`` (threads that would hang a
+# forked worker); older PyAV (LeRobot 0.4.4 pins av < 16) has no such threads and no such argument.
+_ONE_THREAD = {"threads": 1} if "threads" in (av.video.reformatter.VideoReformatter.reformat.__doc__ or "") else {}
+
 # FFmpeg decoders to open for a codec, best first: FFmpeg's own AV1 decoder needs a hardware
 # accelerator, so AV1 goes to libdav1d (what FFmpeg itself picks for an AV1 stream) or libaom.
 PREFERRED_DECODERS = {"av1": ("libdav1d", "libaom-av1", "av1")}
@@ -341,7 +345,7 @@ def _decoded(decoder: _Decoder, runs: list[Run], pieces: list[bytes], starts: li
                 done += 1
                 # Held while the caller copies: PyAV's array views this frame's buffer, freed (and
                 # reused by the next conversion) once the frame object goes.
-                rgb = reformat(f, format="rgb24", threads=1)
+                rgb = reformat(f, format="rgb24", **_ONE_THREAD)
                 yield rgb.to_ndarray()
                 del rgb
         ctx.flush_buffers()
