@@ -272,3 +272,20 @@ def test_a_missing_mapped_key_is_refused_when_the_source_opens(tmp_path):
     options = SourceOptions(mapping=Mapping(action=("obs/nope",)))
     with pytest.raises(SourceError, match=r"x.hdf5:data/demo_0: no key 'obs/nope'"):
         convert([str(tmp_path / "x.hdf5")], str(tmp_path / "o"), _opts(sources=options))
+
+
+def test_an_fsspec_url_is_read_through_file_objects(tmp_path):
+    fsspec = pytest.importorskip("fsspec")
+    write_aloha(tmp_path / "aloha", [4, 3])
+    fs = fsspec.filesystem("memory")
+    for path in sorted((tmp_path / "aloha").iterdir()):
+        fs.pipe(f"/hdf5-url-test/aloha/{path.name}", path.read_bytes())
+    try:
+        out = str(tmp_path / "out")
+        convert(["memory://hdf5-url-test/aloha"], out, _opts(sources=SourceOptions(format="aloha")))
+        back = read_back(out)
+        assert [back[("aloha", e)]["table"].num_rows for e in (0, 1)] == [4, 3]
+        frames = back[("aloha", 1)]["frames"]["observation.images.top"]
+        assert all(np.array_equal(frames[i], _frame(1, 0, i)) for i in range(3))
+    finally:
+        fs.rm("/hdf5-url-test", recursive=True)

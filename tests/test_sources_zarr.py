@@ -132,3 +132,18 @@ def test_zarr_format_3_reads_the_same(tmp_path):
     back = read_back(out)
     assert [back[("v3", e)]["table"].num_rows for e in (0, 1)] == [3, 5]
     assert [decode_frame_number(f) for f in back[("v3", 1)]["frames"]["observation.images.camera0"]] == [3, 4, 5, 6, 7]
+
+
+def test_a_replay_buffer_behind_an_fsspec_url(tmp_path):
+    fsspec = pytest.importorskip("fsspec")
+    write_umi(tmp_path / "m.zarr", [3, 4])
+    fs = fsspec.filesystem("memory")
+    for path in sorted(p for p in (tmp_path / "m.zarr").rglob("*") if p.is_file()):
+        fs.pipe(f"/zarr-url-test/m.zarr/{path.relative_to(tmp_path / 'm.zarr')}", path.read_bytes())
+    try:
+        out = str(tmp_path / "out")
+        convert(["memory://zarr-url-test/m.zarr"], out, _opts())
+        back = read_back(out)
+        assert [decode_frame_number(f) for f in back[("m", 1)]["frames"]["observation.images.camera0"]] == [3, 4, 5, 6]
+    finally:
+        fs.rm("/zarr-url-test", recursive=True)
