@@ -1,0 +1,79 @@
+"""LeRobot's own factories build and train ACT and Diffusion on ``EpishardLeRobotDataset`` batches.
+
+In the LeRobot 0.4.4 peer venv (``make test`` builds it when ``../shared/peers`` exists: its
+``setup_lerobot_venv.sh``, then ``tools/peers/setup_lerobot_train.sh`` for the policies' imports), or in
+this venv when it has lerobot: ``make_policy(cfg, ds_meta=ds.meta)``,
+``make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)``, the policy's optimizer preset and
+LeRobot's ``resolve_delta_timestamps`` from the drop-in's meta; 20 updates each from a plain
+``DataLoader`` with 2 workers over the bundled sample (``tests/lerobot_train_check.py``). The loss is
+finite and every trainable parameter changes. Skips cleanly where lerobot is not importable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SAMPLE
+
+from epishard.shardwriter import ConvertOptions, convert
+from epishard.stream.lerobot_dataset import peer_pythonpath
+
+PEER_ENV = os.environ.get("EPISHARD_LEROBOT_ENV", "/tmp/peer/env.sh")
+PEER_PYTHON = os.environ.get("EPISHARD_LEROBOT_PYTHON", "/tmp/peer/lerobot-venv/bin/python")
+CHECK = (
+    "import lerobot.policies.factory, lerobot.policies.act.modeling_act, lerobot.policies.diffusion.modeling_diffusion"
+)
+STEPS = 20
+
+
+def lerobot_command() -> list[str]:
+    """The command prefix that runs a script beside an importable lerobot (this venv's, else the peer's).
+
+    Skips the test when neither imports LeRobot's policies.
+    """
+    if importlib.util.find_spec("lerobot") is not None:
+        return [sys.executable]
+    if not Path(PEER_PYTHON).is_file():
+        pytest.skip(
+            f"lerobot is not importable here and {PEER_PYTHON} is absent (make test builds it from ../shared/peers)"
+        )
+    env = f". {PEER_ENV} && " if Path(PEER_ENV).is_file() else ""
+    probe = subprocess.run(["bash", "-c", f"{env}exec {PEER_PYTHON} -c '{CHECK}'"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(
+            f"{PEER_PYTHON} cannot import LeRobot's policies (bash tools/peers/setup_lerobot_train.sh): "
+            f"{probe.stderr.strip().splitlines()[-1:]}"
+        )
+    return ["bash", "-c", f'{env}exec {PEER_PYTHON} "$@"', "lerobot"]
+
+
+def test_act_and_diffusion_train_through_lerobots_factories(tmp_path):
+    command = lerobot_command()
+    shards = tmp_path / "sample"
+    convert([str(SAMPLE)], str(shards), ConvertOptions(workers=1, max_episodes_per_shard=2, progress=False))
+    script = REPO / "tests" / "lerobot_train_check.py"
+    args = [str(script), str(shards), "--steps", str(STEPS), "--workers", "2", "--shuffle-episodes", "1"]
+    env = {**os.environ, "PYTHONPATH": peer_pythonpath()}
+    run = subprocess.run([*command, *args], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    results = {r["policy"]: r for r in map(json.loads, run.stdout.splitlines())}
+    assert sorted(results) == ["act", "diffusion"]
+    for name, r in results.items():
+        print(name, f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}", f"{r['seconds']} s", r["lerobot"])
+        assert r["steps"] == STEPS and r["workers"] == 2, r
+        assert r["finite"] and len(r["losses"]) == STEPS, r["losses"]
+        assert r["params_changed"] == r["params_trainable"] > 0, (r["params_changed"], r["params_trainable"])
+        assert r["stats_from"] == f"source: {SAMPLE}/meta/stats.json"
+        assert r["batch_shapes"]["observation.images.ego_view"][1] == "torch.float32"
+    # The windows LeRobot's resolve_delta_timestamps asked for, from the drop-in's meta (20 fps).
+    act, diffusion = results["act"]["batch_shapes"], results["diffusion"]["batch_shapes"]
+    assert act["action"][0] == [8, 10, 44] and act["observation.images.ego_view"][0] == [8, 3, 64, 64]
+    assert diffusion["observation.state"][0] == [8, 2, 44] and diffusion["action"][0] == [8, 16, 44]
+    assert diffusion["observation.images.ego_view"][0] == [8, 2, 3, 64, 64]
+    assert results["diffusion"]["delta_timestamps"]["observation.state"] == [-0.05, 0.0]
