@@ -43,6 +43,7 @@ from .sources import SourceOptions, open_source
 from .stats import DatasetStats
 from .storage import Storage
 from .tarwriter import TarShardWriter
+from .verify import camera_notes
 from .video import ReencodeSpec
 
 log = logging.getLogger(__name__)
@@ -299,6 +300,9 @@ def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], option
                 members.append({"name": member_name, "offset": offset, "size": size, "sha256": sha})
             rows.append({**ready.row, "members": members})
             notes.extend([_redacted_entry(w) for w in ready.warnings])  # the index meta is published
+            if prep.check != "off":  # a black or constant camera: a counted note (check "off" decodes nothing)
+                found = camera_notes(ready.row, ready.members, episode.source, episode.episode_index)
+                notes.extend(_redacted_entry(w) for w in found)
             for level, n in ready.checks.items():
                 checks[level] = checks.get(level, 0) + n
         tar.close()

@@ -266,6 +266,12 @@ def render_verification(result: dict, root: str, seconds: float) -> str:
     for p in _shown(result["problems"]):  # names and messages quote the manifest and indexes
         where = " ".join(f"{k}={p[k]}" for k in ("file", "shard", "episode", "camera") if p.get(k) is not None)
         lines.append(f"  {where}: {p['message']}" if where else f"  {p['message']}")
+    notes = _shown(result.get("notes", []))
+    for kind, n in result.get("notes_by_kind", {}).items():
+        p = next(x for x in notes if x["note"] == kind)
+        lines.append(
+            f"  note x{n} {kind}: e.g. shard={p['shard']} episode={p['episode']} camera={p['camera']}: {p['message']}"
+        )
     verdict = "OK" if result["ok"] else f"{len(result['problems'])} problem(s)"
     lines.append(
         f"{root}: {result['shards']} shards, {result['episodes']} episodes, checked in {seconds:.1f} s: {verdict}"

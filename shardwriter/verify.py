@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import logging
 import sys
 import tarfile
@@ -38,6 +39,77 @@ from .video import check_frames
 log = logging.getLogger(__name__)
 
 
+BLACK_LUMA = 24  # luma at or below this is black (limited-range black is 16; compression adds a little)
+
+
+def blank_camera(
+    data: bytes, stream_index: int | None, pts: np.ndarray, keyframes: np.ndarray
+) -> tuple[str, str] | None:
+    """``(kind, message)`` when a camera's video looks black or constant, else None.
+
+    Samples up to 3 keyframes (the first, the middle and the last of ``keyframes``, frame numbers
+    whose pts are ``pts[k]`` in the stream's time base), decoded with PyAV after a seek, as luma
+    (uint8 ``[H, W]``). ``"camera_black"``: 99.5% of every sampled frame's pixels at luma <=
+    ``BLACK_LUMA``; ``"camera_constant"``: two or more sampled frames, all equal to the first
+    within 2 levels (a frozen, covered or flat camera). A note, never an error: a video that does
+    not decode here gives None (``check_frames`` and the reader judge decoding).
+    """
+    import av
+
+    keys = np.asarray(keyframes, dtype=np.int64)
+    if keys.size == 0 or np.asarray(pts).size == 0:
+        return None
+    picks = sorted({int(keys[0]), int(keys[keys.size // 2]), int(keys[-1])})
+    frames = []
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            stream = container.streams.video[0] if stream_index is None or stream_index < 0 else None
+            stream = stream or next(s for s in container.streams if s.index == stream_index)
+            for k in picks:
+                target = int(pts[k])
+                container.seek(target, stream=stream, backward=True, any_frame=False)
+                for i, frame in enumerate(container.decode(stream)):
+                    if (frame.pts is not None and frame.pts >= target) or i > 256:
+                        frames.append(frame.to_ndarray(format="gray"))
+                        break
+    except Exception:
+        return None
+    if len(frames) != len(picks):
+        return None
+    at = f"keyframe{'s' if len(picks) > 1 else ''} {', '.join(map(str, picks))}"
+    if all(np.percentile(f, 99.5) <= BLACK_LUMA for f in frames):
+        return "camera_black", f"every frame sampled ({at}) is black: did the camera record?"
+    if len(frames) > 1 and all(
+        f.shape == frames[0].shape and int(np.abs(f.astype(np.int16) - frames[0]).max()) <= 2 for f in frames[1:]
+    ):
+        return "camera_constant", f"the frames sampled ({at}) are all the same image: a frozen or covered camera?"
+    return None
+
+
+def camera_notes(row: dict, members: list[tuple[str, bytes]], dataset: str, episode: int) -> list[dict]:
+    """Report entries (``camera_black`` / ``camera_constant``) of an episode's RGB cameras, at convert time.
+
+    ``row``: the episode's index row (``prepare.PreparedEpisode.row``: per camera its member, pts
+    table, keyframes and kind); ``members``: its tar members (name, bytes). Depth cameras are skipped.
+    """
+    notes = []
+    for cam in row["cameras"]:
+        if cam.get("kind") == "depth" or cam.get("member") is None:
+            continue
+        n = int(cam["num_frames"])
+        pts = (
+            np.asarray(cam["pts"], dtype=np.int64)
+            if len(cam["pts"])
+            else cam["pts_start"] + cam["pts_step"] * np.arange(n)
+        )
+        found = blank_camera(members[cam["member"]][1], cam.get("stream_index"), pts, np.asarray(cam["keyframes"]))
+        if found:
+            notes.append(
+                {"kind": found[0], "message": found[1], "dataset": dataset, "episode": episode, "camera": cam["name"]}
+            )
+    return notes
+
+
 def _problem(shard: str, message: str, **where) -> dict:
     return {"shard": shard, **where, "message": redact(message)}  # a client's error may quote a URL
 
@@ -58,7 +130,11 @@ def _check_video(data: bytes, index: WindowIndex, stream: int, shard: str, key: 
     tables = index.frame_tables(stream)
     problem = check_frames(data, *tables, index.time_base(stream), int(index.cam_stream_index[stream]))
     if problem is None:
-        return []
+        if index.cam_depth[stream]:
+            return []
+        pts, _, keyframe = tables
+        found = blank_camera(data, int(index.cam_stream_index[stream]), pts, np.flatnonzero(keyframe))
+        return [] if found is None else [{**_problem(shard, found[1], episode=key, camera=name), "note": found[0]}]
     return [_problem(shard, f"the frame table disagrees with the video: {problem}", episode=key, camera=name)]
 
 
@@ -153,7 +229,12 @@ def _check_episode(
 
 @scrubbed  # its exceptions and their chains name no credentials
 def verify(root: str, decode: bool = True, storage_options: dict | None = None, progress: bool = False) -> dict:
-    """Verify the dataset at ``root``: ``{"ok": bool, "shards": n, "episodes": n, "problems": [...]}``.
+    """Verify the dataset at ``root``: ``{"ok", "shards", "episodes", "problems", "notes", "notes_by_kind"}``.
+
+    ``ok``: no problem found; ``shards``, ``episodes``: counts; ``problems``: a list of dicts.
+
+    ``notes``: cameras whose video looks black or constant (``blank_camera``; ``note``: the kind, with
+    shard, episode, camera and message, as problems), counted per kind; they do not make ``ok`` false.
 
     ``root``: local folder or fsspec URL; ``storage_options`` merged with the environment
     (``storage.resolve_storage_options``).
@@ -182,6 +263,8 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
             "problems": [
                 {"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {redact(root)} (conversion unfinished?)"}
             ],
+            "notes": [],
+            "notes_by_kind": {},
         }
     where = f"{storage.url}/{fmt.MANIFEST_NAME}"
     check_size(storage.size(fmt.MANIFEST_NAME), where, FormatError)  # before a byte of it is read
@@ -197,11 +280,18 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
         indexes.append(index)
     problems += _check_counts(manifest, indexes)
     problems += _check_dataset_index(storage, manifest, indexes)
+    notes = [p for p in problems if "note" in p]  # a black or constant camera: said, not damage
+    problems = [p for p in problems if "note" not in p]
+    by_kind: dict[str, int] = {}
+    for n in notes:
+        by_kind[n["note"]] = by_kind.get(n["note"], 0) + 1
     return {
         "ok": not problems,
         "shards": len(manifest.shards),
         "episodes": manifest.totals.episodes,
         "problems": problems,
+        "notes": notes,
+        "notes_by_kind": by_kind,
     }
 
 

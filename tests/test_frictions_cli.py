@@ -164,3 +164,79 @@ def test_f3_two_robots_in_one_output_are_warned_at_convert_and_named_when_stream
     assert "sources_cameras_differ" not in printed
     same = _robots(str(tmp_path / "same"), {"x": [CAM], "y": [CAM]}, {"x": (4, 3), "y": (6, 5)})
     assert Manifest.load((tmp_path / "same" / "manifest.json").read_bytes(), same).report.warnings == ()
+
+
+# --- 12. black or constant cameras ---------------------------------------------------------------------------
+
+
+def _solid(n: int, value: int, fps: int = 20) -> bytes:
+    """An H.264 MP4 of ``n`` 32x32 frames, every pixel grey ``value`` (0: black), a keyframe every 2 frames."""
+    import io
+    from fractions import Fraction
+
+    import av
+    import numpy as np
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps, options={"g": "2", "bf": "0"})
+        stream.width = stream.height = 32
+        stream.pix_fmt = "yuv420p"
+        for i in range(n):
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), value, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = i, Fraction(1, fps)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return buf.getvalue()
+
+
+def test_f12_black_and_constant_cameras_are_counted_notes_at_convert_and_in_verify(tmp_path, capsys):
+    from videogen import make_episode_table, make_video
+
+    from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
+
+    videos = {"black": _solid(6, 0), "grey": _solid(6, 128), "moving": make_video(None, 6, height=32, width=32, gop=2)}
+    episodes = [
+        Episode(
+            source="s", episode_index=0, table=make_episode_table(6), videos={CAM: CameraVideo(videos["black"])}, fps=20
+        ),
+        Episode(
+            source="s", episode_index=1, table=make_episode_table(6), videos={CAM: CameraVideo(videos["grey"])}, fps=20
+        ),
+        Episode(
+            source="s",
+            episode_index=2,
+            table=make_episode_table(6),
+            videos={CAM: CameraVideo(videos["moving"])},
+            fps=20,
+        ),
+    ]
+    out = str(tmp_path / "ds")
+    manifest = convert([Source(name="s", episodes=episodes, fps=20)], out, ConvertOptions(progress=False))
+    assert dict(manifest.report.warnings_by_kind) == {"camera_black": 1, "camera_constant": 1}
+    got = {(w.kind, w.episode, w.camera) for w in manifest.report.warnings}
+    assert got == {("camera_black", 0, CAM), ("camera_constant", 1, CAM)}
+    black = next(w for w in manifest.report.warnings if w.kind == "camera_black")
+    assert black.message == "every frame sampled (keyframes 0, 2, 4) is black: did the camera record?"
+    off = convert(
+        [Source(name="s", episodes=episodes, fps=20)],
+        str(tmp_path / "off"),
+        ConvertOptions(progress=False, check="off"),
+    )
+    assert off.report.warnings == ()  # check "off" decodes nothing
+    assert cli(["verify", out]) == 0  # notes, not damage
+    printed = capsys.readouterr().out
+    assert "  note x1 camera_black: e.g. shard=shard-000000.tar episode=s-e000000 camera=" in printed, printed
+    assert "  note x1 camera_constant: e.g. shard=shard-000000.tar episode=s-e000001 camera=" in printed, printed
+    assert printed.rstrip().endswith(": OK")
+
+
+def test_f12_the_real_cloth_dataset_episode_0_cam0_is_black(tmp_path):
+    from conftest import shared_dataset
+
+    from epishard.shardwriter import ConvertOptions, convert
+
+    root = shared_dataset("so101_bimanual_cloth_v30")
+    manifest = convert([str(root)], str(tmp_path / "cloth"), ConvertOptions(progress=False, episodes=frozenset({0, 1})))
+    blank = {(w.kind, w.episode, w.camera) for w in manifest.report.warnings if w.kind.startswith("camera_")}
+    assert blank == {("camera_black", 0, "observation.images.cam0")}

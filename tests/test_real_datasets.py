@@ -125,8 +125,10 @@ def test_quirks_are_reported(converted):
         assert warnings == {"timestamps_offset": 5}
         assert "camera observation.images.egoview" in notes
         assert "expected e.g. videos/chunk-000/observation.images.egoview/episode_000000.mp4" in notes
-    elif name == "so101_bimanual_cloth":
-        assert warnings == {"timestamps_past_end": 10}
+    elif name == "so101_bimanual_cloth":  # episode 0's cam0 is entirely black
+        assert warnings == {"timestamps_past_end": 10, "camera_black": 1}
+    elif name == "so101_bimanual_cloth_v30":
+        assert warnings == {"camera_black": 1}
     elif name == "so101_record_test_v30_novideo":
         assert manifest.cameras == {} and "observation.images.front" in notes and "as asked" in notes
     else:
