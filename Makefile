@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 OUT     ?= out/demo
 SAMPLE  := sample/gr00t_robot_sim_picknplace
 
-.PHONY: setup demo lint test clean
+.PHONY: setup demo lint test clean lerobot-peer
 
 $(BIN)/epishard: pyproject.toml requirements/machine.txt
 	@command -v ffmpeg >/dev/null || { \
@@ -36,7 +36,19 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/typecheck.py
 
-test: lint
+# LeRobot 0.4.4 in its own venv, for the tests that run LeRobot's code beside epishard
+# (tests/test_lerobot_dropin.py, tests/test_lerobot_trainer.py): built from ../shared/peers when that
+# folder exists and the venv is missing (about 75 s), plus the policies' imports (about 30 s, once).
+# Without ../shared/peers, or when the build fails (no PyPI), those tests skip, saying why.
+PEERS        ?= ../shared/peers
+LEROBOT_VENV ?= /tmp/peer/lerobot-venv
+lerobot-peer:
+	@if [ ! -d $(PEERS) ]; then echo "no $(PEERS): the LeRobot tests will skip"; \
+	elif { test -x $(LEROBOT_VENV)/bin/python || bash $(PEERS)/setup_lerobot_venv.sh $(LEROBOT_VENV); } \
+	  && bash tools/peers/setup_lerobot_train.sh $(LEROBOT_VENV); then :; \
+	else echo "WARNING: the LeRobot peer venv $(LEROBOT_VENV) could not be built: the LeRobot tests will skip"; fi
+
+test: lint lerobot-peer
 	$(BIN)/python -m pytest tests
 
 clean:
