@@ -47,19 +47,20 @@ def blank_camera(
 ) -> tuple[str, str] | None:
     """``(kind, message)`` when a camera's video looks black or constant, else None.
 
-    Samples up to 3 keyframes (the first, the middle and the last of ``keyframes``, frame numbers
-    whose pts are ``pts[k]`` in the stream's time base), decoded with PyAV after a seek, as luma
-    (uint8 ``[H, W]``). ``"camera_black"``: 99.5% of every sampled frame's pixels at luma <=
-    ``BLACK_LUMA``; ``"camera_constant"``: two or more sampled frames, all equal to the first
-    within 2 levels (a frozen, covered or flat camera). A note, never an error: a video that does
-    not decode here gives None (``check_frames`` and the reader judge decoding).
+    Samples the first, middle and last keyframes (``keyframes``: frame numbers) and the last frame
+    (``pts``: every frame's pts in the stream's time base), each decoded with PyAV after a seek (the
+    last one from its group's keyframe), as luma (uint8 ``[H, W]``). ``"camera_black"``: 99.5% of
+    every sampled frame's pixels at luma <= ``BLACK_LUMA``; ``"camera_constant"``: two or more
+    sampled frames, all equal to the first within 2 levels (a frozen, covered or flat camera). A
+    note, never an error: a video that does not decode here gives None (``check_frames`` and the
+    reader judge decoding).
     """
     import av
 
-    keys = np.asarray(keyframes, dtype=np.int64)
-    if keys.size == 0 or np.asarray(pts).size == 0:
+    keys, pts = np.asarray(keyframes, dtype=np.int64), np.asarray(pts, dtype=np.int64)
+    if keys.size == 0 or pts.size == 0:
         return None
-    picks = sorted({int(keys[0]), int(keys[keys.size // 2]), int(keys[-1])})
+    picks = sorted({int(keys[0]), int(keys[keys.size // 2]), int(keys[-1]), int(pts.size - 1)})
     frames = []
     try:
         with av.open(io.BytesIO(data)) as container:
@@ -69,14 +70,16 @@ def blank_camera(
                 target = int(pts[k])
                 container.seek(target, stream=stream, backward=True, any_frame=False)
                 for i, frame in enumerate(container.decode(stream)):
-                    if (frame.pts is not None and frame.pts >= target) or i > 256:
+                    if frame.pts is not None and frame.pts >= target:
                         frames.append(frame.to_ndarray(format="gray"))
                         break
-    except Exception:
+                    if i > 512:  # a long group of pictures: not worth a note
+                        return None
+    except Exception:  # only a note: decoding faults are check_frames' and the reader's to judge
         return None
     if len(frames) != len(picks):
         return None
-    at = f"keyframe{'s' if len(picks) > 1 else ''} {', '.join(map(str, picks))}"
+    at = f"frame{'s' if len(picks) > 1 else ''} {', '.join(map(str, picks))}"
     if all(np.percentile(f, 99.5) <= BLACK_LUMA for f in frames):
         return "camera_black", f"every frame sampled ({at}) is black: did the camera record?"
     if len(frames) > 1 and all(

@@ -217,7 +217,7 @@ def test_f12_black_and_constant_cameras_are_counted_notes_at_convert_and_in_veri
     got = {(w.kind, w.episode, w.camera) for w in manifest.report.warnings}
     assert got == {("camera_black", 0, CAM), ("camera_constant", 1, CAM)}
     black = next(w for w in manifest.report.warnings if w.kind == "camera_black")
-    assert black.message == "every frame sampled (keyframes 0, 2, 4) is black: did the camera record?"
+    assert black.message == "every frame sampled (frames 0, 2, 4, 5) is black: did the camera record?"
     off = convert(
         [Source(name="s", episodes=episodes, fps=20)],
         str(tmp_path / "off"),
