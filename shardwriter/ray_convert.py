@@ -19,8 +19,13 @@ If the driver itself is killed, Ray ends the job's tasks with it.
 from __future__ import annotations
 
 import logging
+import os
+import pickle
+import socket
 import sys
 from dataclasses import dataclass
+
+from epishard.redact import redact
 
 from . import format as fmt
 from .convert import ConvertOptions, convert, write_shard
@@ -47,6 +52,64 @@ def connect(address: str | None) -> bool:
         return False
     ray.init(address=address, logging_level=logging.WARNING, configure_logging=False)
     return True
+
+
+# The driver's environment variables that configure storage clients (botocore's AWS_ENDPOINT_URL and
+# credentials, fsspec's FSSPEC_*, gcsfs, adlfs, the Hugging Face hub, proxies, CA bundles): a task on
+# another node has its node's environment, so these are passed with every task.
+STORAGE_ENV_PREFIXES = ("AWS_", "FSSPEC_", "GOOGLE_", "GCSFS_", "AZURE_", "HF_", "HUGGING_FACE_")
+STORAGE_ENV_NAMES = frozenset(
+    {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"}
+)
+
+
+def storage_env(environ=None) -> dict[str, str]:
+    """The storage settings of ``environ`` (default ``os.environ``): ``STORAGE_ENV_PREFIXES`` and ``_NAMES``."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith(STORAGE_ENV_PREFIXES) or k.upper() in STORAGE_ENV_NAMES}
+
+
+def write_shard_with_env(env: dict[str, str], *args):
+    """``convert.write_shard(*args)`` with ``env`` set in this process's environment, restored after.
+
+    The task's storage clients are made inside the call, so they read the driver's settings (a Ray
+    worker runs one task at a time). Raises what ``write_shard`` raises.
+    """
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return write_shard(*args)
+    except Exception as exc:
+        raise portable(
+            exc, f"shard {args[1]} of {redact(args[0].url)} (a Ray task on {socket.gethostname()})"
+        ) from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def portable(exc: Exception, where: str) -> Exception:
+    """``exc`` when it survives pickling (Ray sends it so); else a plain one of its kind saying what failed.
+
+    An exception whose class cannot be rebuilt from its pickle (one with extra ``__init__``
+    arguments, e.g. ``retry.RetryBudgetExceeded`` or many botocore errors) reached the driver as
+    Ray's ``UnserializableException`` with a page of traceback instead of its message. The plain one
+    is the first of ``FileNotFoundError``, ``PermissionError``, ``OSError``, ``KeyError``, ``ValueError``
+    it is an instance of (else ``RuntimeError``), with the message ``"<where>: <type>: <message>"``.
+    """
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        pass
+    kind = next(
+        (k for k in (FileNotFoundError, PermissionError, OSError, KeyError, ValueError) if isinstance(exc, k)),
+        RuntimeError,
+    )
+    return kind(redact(f"{where}: {type(exc).__name__}: {exc}"))
 
 
 @dataclass
@@ -81,7 +144,7 @@ class RayRunner:
         connected = connect(self.address)
         bar = tqdm(total=total, unit="ep", desc="convert (ray)", disable=not options.progress, file=sys.stderr)
         bar.update(sum(m["episodes"] + len(m["skipped"]) for m in done.values()))
-        task = ray.remote(write_shard).options(
+        task = ray.remote(write_shard_with_env).options(
             max_retries=self.max_retries,
             retry_exceptions=False,
             num_cpus=self.num_cpus,
@@ -89,12 +152,13 @@ class RayRunner:
         )
         limit = self.max_in_flight or max(2 * int(ray.cluster_resources().get("CPU", 1)), 1)
         queue = list(jobs)
+        env = ray.put(storage_env())  # the driver's storage settings, for every task (the README's pattern)
         pending: dict = {}  # ObjectRef -> (shard id, episodes)
         try:
             while queue or pending:
                 while queue and len(pending) < limit:
                     sid, episodes, digest = queue.pop(0)
-                    pending[task.remote(storage, sid, episodes, options, digest)] = (sid, len(episodes))
+                    pending[task.remote(env, storage, sid, episodes, options, digest)] = (sid, len(episodes))
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 sid, n = pending.pop(ready[0])
                 done[sid] = _result(ray, ready[0])

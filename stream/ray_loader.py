@@ -147,14 +147,29 @@ class RayWindowLoader:
         address: the Ray cluster to connect to when this process is not connected yet (``None``:
             ``RAY_ADDRESS`` or the local cluster, else a new local one).
         actor_options: passed to Ray's ``.options()`` for each actor (e.g. ``{"num_cpus": 2}``,
-            ``{"resources": {"decode": 1}}`` to place actors on CPU nodes); default one CPU each.
+            ``{"resources": {"decode": 1}}`` to place actors on CPU nodes). Each actor reserves one
+            CPU by default (``num_cpus=1``), from its start until ``close()``: ``num_workers`` actors
+            need that many free CPUs (and of each resource asked) in the cluster.
+        placement_timeout_s: seconds to wait, when the loader is made, for every actor to be placed
+            and started; then ``TimeoutError`` (the actors made are ended).
+
+    Raises:
+        TimeoutError: the actors could not all be placed within ``placement_timeout_s`` (more CPUs or
+            resources asked than the cluster has, a resource no node has, or a cluster busy with other
+            actors, e.g. another loader not closed), naming what was asked and what the cluster has
+            in all and free.
+        ValueError: ``num_workers``, ``batch_size`` or ``prefetch`` below 1.
+        ImportError: Ray is not installed.
+
+    Lifetime: ``close()`` ends the actors and frees their CPUs (they also end with the Ray job);
+    ``with RayWindowLoader(...) as loader:`` closes on leaving the block.
 
     Batches: ``default_collate`` of the samples (cameras uint8 ``[B, T, C, H, W]``, ...); with a
     float ``PostProcess`` frames travel as uint8 and become float32 in the trainer (as
     ``WindowLoader``'s collate does). ``state_dict()`` / ``load_state_dict()``: ``WindowLoader``'s
     states (``history`` included), loadable by either; ``load_state_dict`` also takes the list of
     every rank's states of a run under another world size or worker count (elastic resume, as
-    ``WindowLoader``). Raises ``ImportError`` without Ray.
+    ``WindowLoader``).
     """
 
     def __init__(
@@ -167,6 +182,7 @@ class RayWindowLoader:
         max_restarts: int = 3,
         address: str | None = None,
         actor_options: dict | None = None,
+        placement_timeout_s: float = 120.0,
     ):
         if num_workers < 1 or batch_size < 1 or prefetch < 1:
             raise ValueError(
@@ -187,6 +203,7 @@ class RayWindowLoader:
         options = {"num_cpus": 1, **(actor_options or {}), "max_restarts": max_restarts, "max_task_retries": 0}
         cls = ray.remote(ConsumerActor).options(**options)
         self._actors = [cls.remote(w, num_workers, batch_size) for w in range(num_workers)]
+        self._wait_placed(options, placement_timeout_s)
         self._restarts = [0] * num_workers  # per actor, over the loader's life (Ray's max_restarts counts so)
         self._epoch = self.dataset.epoch
         # Where the next iteration begins (a loaded state; taken by it): skip per consumer, the
@@ -200,6 +217,49 @@ class RayWindowLoader:
         self._stats: dict = {}
         self._t_start: float | None = None
         self.reset_telemetry()
+
+    def _wait_placed(self, options: dict, timeout_s: float) -> None:
+        """Wait until every actor is placed and answers; else end them and raise ``TimeoutError`` saying why.
+
+        Ray itself waits for resources forever, without a word (an infeasible request only logs).
+        """
+        ray = _import_ray()
+        refs = [a.pid.remote() for a in self._actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) == len(refs):
+            return
+        asked = {"CPU": float(options.get("num_cpus", 1))}
+        if options.get("num_gpus"):
+            asked["GPU"] = float(options["num_gpus"])
+        if options.get("memory"):
+            asked["memory"] = float(options["memory"])
+        asked.update({k: float(v) for k, v in (options.get("resources") or {}).items()})
+        total, free = ray.cluster_resources(), ray.available_resources()
+        self.close()
+
+        def shown(resources: dict) -> str:
+            keys = sorted({*asked, "CPU", *(k for k in resources if k == "GPU")})
+            return "{" + ", ".join(f"{k!r}: {resources.get(k, 0):g}" for k in keys) + "}"
+
+        n = len(refs)
+        lacking = [k for k, v in asked.items() if v > 0 and total.get(k, 0) < v * n]
+        why = (
+            f"the cluster has fewer {', '.join(lacking)} in all than asked"
+            if lacking
+            else "the rest is held by other actors or tasks (a RayWindowLoader holds its actors' CPUs until close())"
+        )
+        raise TimeoutError(
+            f"RayWindowLoader: {n - len(ready)} of {n} actors (num_workers={n}) could not be placed within "
+            f"{timeout_s:g} s: each asks for {shown(asked)} ({n} x that in all); the cluster has {shown(total)} in "
+            f"all, {shown(free)} free now ({why}). Use fewer workers or smaller actor_options, add nodes or "
+            "resources, or close() other loaders"
+        )
+
+    def __enter__(self) -> RayWindowLoader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __len__(self) -> int:
         """Batches of the next iteration's epoch under this layout (from its start)."""
@@ -434,7 +494,11 @@ class RayWindowLoader:
         return ray.get([a.pid.remote() for a in self._actors])
 
     def close(self) -> None:
-        """End the actors (they also end with the Ray job)."""
+        """End the actors and free the CPUs (and resources) they reserve; they also end with the Ray job.
+
+        Call it when done with the loader (or use it as a context manager): until then its actors
+        hold their resources, and another loader's actors may not be placed. Closing twice is fine.
+        """
         ray = _import_ray()
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
