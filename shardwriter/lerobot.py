@@ -23,6 +23,7 @@ import difflib
 import errno
 import functools
 import glob
+import io
 import json
 import math
 import os
@@ -58,6 +59,7 @@ class _Tree:
     def __init__(self, root: str, storage_options: dict | None):
         self.local = is_local(root)
         self.options = dict(storage_options or {})
+        self.whole_reads: list[str] = []  # remote files read whole: the server ignores Range
         if self.local:
             self.root = local_path(root)
             return
@@ -142,10 +144,28 @@ class _Tree:
         return RemoteFile(path, self.sizes.get(path), self.options)
 
     def parquet(self, path: str, columns: list[str] | None = None):
+        """The Parquet table at ``path`` (``columns`` only); read through range requests when remote.
+
+        A server that ignores ``Range`` (``python -m http.server``) cannot serve a range read: the
+        file is then read whole, and recorded in ``whole_reads`` (a source note says so).
+        """
         if self.local:
             return pq.read_table(path, columns=columns)
         with self._remote(path).open() as f:
+            if isinstance(f, io.BytesIO):  # RemoteFile.open read it whole: the server ignores Range
+                self.whole_reads.append(path)
             return pq.read_table(f, columns=columns)
+
+    def whole_read_notes(self) -> list[str]:
+        """A note naming the files read whole because the server ignores ``Range`` (none: [])."""
+        if not self.whole_reads:
+            return []
+        shown = [p.removeprefix(self.root + "/") for p in dict.fromkeys(self.whole_reads)]
+        more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+        return [
+            f"the server ignores Range requests (e.g. python -m http.server): {len(shown)} file(s) read whole instead "
+            f"({', '.join(shown[:3])}{more}); a server that honours Range reads only what is needed"
+        ]
 
 
 def _template_regex(template: str) -> re.Pattern:
@@ -687,7 +707,7 @@ def _read_v3(
             )
         )
     episodes.sort(key=lambda e: e.episode_index)
-    return _source(name, root, info, fps, episodes, notes, count)
+    return _source(name, root, info, fps, episodes, notes + tree.whole_read_notes(), count)
 
 
 def _first_seen(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -27,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import io
 import json
 import os
 import stat
+import warnings
 from dataclasses import dataclass, field
 
 import fsspec
@@ -460,9 +462,31 @@ class RemoteFile:
         return fs, fs._strip_protocol(self.url)
 
     def open(self):
-        """A seekable binary file (range requests, ``READ_BLOCK_BYTES`` read ahead)."""
+        """A seekable binary file (range requests, ``READ_BLOCK_BYTES`` read ahead).
+
+        A server that ignores ``Range`` (``python -m http.server``: fsspec's "doesn't appear to
+        support range requests") gets one whole read instead: the file's bytes in memory, with a
+        ``UserWarning`` (the source's notes say so too, ``lerobot``).
+        """
         fs, path = self._fs()
-        return fs.open(path, "rb", block_size=READ_BLOCK_BYTES)
+        f = fs.open(path, "rb", block_size=READ_BLOCK_BYTES)
+        if protocol_of(self.url) not in ("http", "https"):
+            return f
+        try:
+            if f.size > 1:  # a range that is not the whole file (one that is would be answered): refused here
+                f.seek(f.size - 1)
+                f.read(1)
+                f.seek(0)
+            return f
+        except ValueError as exc:
+            if "range requests" not in str(exc):
+                raise
+            f.close()
+        warnings.warn(
+            f"{redact(self.url)}: the server ignores Range requests (e.g. python -m http.server): read whole",
+            stacklevel=2,
+        )
+        return io.BytesIO(self.read())
 
     def _retried(self, call):
         if protocol_of(self.url) not in ("http", "https"):

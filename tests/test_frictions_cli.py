@@ -240,3 +240,28 @@ def test_f12_the_real_cloth_dataset_episode_0_cam0_is_black(tmp_path):
     manifest = convert([str(root)], str(tmp_path / "cloth"), ConvertOptions(progress=False, episodes=frozenset({0, 1})))
     blank = {(w.kind, w.episode, w.camera) for w in manifest.report.warnings if w.kind.startswith("camera_")}
     assert blank == {("camera_black", 0, "observation.images.cam0")}
+
+
+# --- 10. a v3.0 source over HTTP from a server that ignores Range -----------------------------------------------
+
+
+def test_f10_v3_over_a_server_that_ignores_range_is_read_whole_with_a_note(tmp_path, monkeypatch):
+    from lerobotgen import write_v3
+    from remote_servers import serve_http
+
+    from epishard.shardwriter import ConvertOptions, convert, storage
+
+    write_v3(str(tmp_path / "v30"), [5, 4, 6], CAM)
+    local = convert([str(tmp_path / "v30")], str(tmp_path / "local"), ConvertOptions(progress=False))
+    monkeypatch.setattr(storage, "READ_BLOCK_BYTES", 512)  # files larger than a block, as real ones are
+    server, base = serve_http(str(tmp_path), honour_range=False)  # python -m http.server's behaviour
+    try:
+        with pytest.warns(UserWarning, match=r"file-000\.mp4: the server ignores Range requests .* read whole"):
+            got = convert([f"{base}/v30"], str(tmp_path / "http"), ConvertOptions(progress=False))
+    finally:
+        server.shutdown()
+    (note,) = [n for n in got.sources[0].notes if "Range" in n]
+    assert note.startswith("the server ignores Range requests (e.g. python -m http.server): 3 file(s) read whole"), note
+    assert "meta/episodes/chunk-000/file-000.parquet" in note, note
+    for shard in local.shards:  # the same shards, byte for byte, as from the local folder
+        assert (tmp_path / "http" / shard.shard).read_bytes() == (tmp_path / "local" / shard.shard).read_bytes()
