@@ -132,6 +132,92 @@ class BatchBuffers:
             self.allocations += 1
         return {key: t[:n] for key, t in slot.tensors.items()}
 
+    def take_free(
+        self, fields: tuple[Field, ...], n: int, busy: torch.Tensor, max_bytes: int
+    ) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """``take``, guarded: the next slot's number and views, or None when the slot may not be written.
+
+        ``busy``: int32 ``[slots]``, this process's row of ``SlotFlags`` (non-zero: the main process may
+        still reference the slot's last batch). None when the next slot is busy, or when the ring would
+        hold more than ``max_bytes`` (``slots`` batches of ``fields`` x ``n``): the caller then
+        collates into fresh memory. The ring advances either way.
+        """
+        if self._pid != os.getpid():
+            self._ring, self._next, self._pid = [None] * self.slots, 0, os.getpid()
+        i = self._next
+        if busy[i] != 0 or self.slots * n * sum(math.prod(f.shape) * f.dtype.itemsize for f in fields) > max_bytes:
+            self._next = (i + 1) % self.slots
+            return None
+        return i, self.take(fields, n)
+
+
+RECYCLE_BYTES = 256 << 20  # per worker: the most a ring of recycled batch buffers holds by default (bytes)
+
+
+class SlotFlags:
+    """Which recycled batch buffers the main process may still reference: one flag per worker and slot.
+
+    ``flags``: int32 ``[workers, slots]`` in shared memory, made in the main process before the workers
+    start (forked or spawned workers see the same memory). A worker sets its slot's flag when it writes
+    a batch there (``BufferedCollate`` with ``flags``); the main process clears it once nothing of that
+    batch is referenced any more (``RecycledBatches``). A worker never writes into a flagged slot.
+    """
+
+    def __init__(self, workers: int, slots: int):
+        self.flags = torch.zeros((max(workers, 1), slots), dtype=torch.int32).share_memory_()
+
+    def clear(self) -> None:
+        """All slots free (new workers, new rings)."""
+        self.flags.zero_()
+
+
+class RecycledBatches:
+    """The main process's side of recycled buffers: frees a slot once its batch is no longer referenced.
+
+    ``received(batch)`` for each batch drawn: removes the batch's ``__slot__`` entry (int64 ``[2]``:
+    worker, slot; absent for a batch the worker collated into fresh memory) and keeps that slot's
+    storage referenced (so torch's ``shared_cache`` maps nothing new when the slot comes round:
+    ``HeldBatches``' reason). ``poll()`` (also run by ``received``) clears the flag of every slot
+    whose storage has no reference left but this object's: no tensor, view, ``.detach()`` or
+    ``.numpy()`` of the batch is alive (the storage's use count, not a guess from the batch's age).
+    A batch kept, in whole or in part, therefore keeps its slot: the worker writes later batches
+    into fresh memory instead, so a batch's values never change under its holder.
+    """
+
+    def __init__(self, flags: SlotFlags):
+        self.flags = flags
+        self._storages: dict[tuple[int, int], torch.UntypedStorage] = {}
+        self._pending: set[tuple[int, int]] = set()
+
+    def reset(self) -> None:
+        """New workers: their rings are new; forget the old slots (batches still held stay valid)."""
+        self._storages.clear()
+        self._pending.clear()
+        self.flags.clear()
+
+    def received(self, batch: dict) -> None:
+        """Take ``batch``'s ``__slot__`` entry out and track that slot; then ``poll``."""
+        slot = batch.pop("__slot__", None)
+        if slot is not None:
+            w, i = (int(x) for x in slot.tolist())
+            tensors = [v for v in batch.values() if isinstance(v, torch.Tensor)]
+            self._storages[(w, i)] = max(tensors, key=lambda t: t.untyped_storage().nbytes()).untyped_storage()
+            self._pending.add((w, i))
+        self.poll()
+
+    def poll(self) -> None:
+        """Clear the flags of the slots whose batches nothing references any more."""
+        for key in list(self._pending):
+            storage = self._storages[key]
+            if torch._C._storage_Use_Count(storage._cdata) <= 1:  # only ours
+                self.flags.flags[key] = 0
+                self._pending.discard(key)
+
+    @property
+    def held(self) -> int:
+        """Slots whose batch is still referenced."""
+        return len(self._pending)
+
 
 class HeldBatches:
     """The main process's side: keeps the last ``n`` received slots mapped and checks the lifetime.
@@ -191,3 +277,16 @@ def ring_slots(k: int, num_workers: int, prefetch_factor: int | None) -> int:
     if num_workers == 0:
         return k
     return -(-k // num_workers) + (2 if prefetch_factor is None else prefetch_factor)
+
+
+def recycle_slots(num_workers: int, prefetch_factor: int | None) -> int:
+    """Slots per worker for recycled buffers (``WindowLoader(recycle_buffers=...)``).
+
+    A worker is asked for its batch ``m + prefetch_factor`` when its batch ``m`` is drawn; the slot
+    that batch goes into held batch ``m - 1`` of that worker with ``prefetch_factor + 1`` slots, which
+    a loop dropping each batch before drawing the next has let go of when there are two or more
+    workers (the batch drawn just before is another worker's); one worker needs one slot more.
+    ``prefetch_factor`` None: torch's default, 2.
+    """
+    prefetch = 2 if prefetch_factor is None else prefetch_factor
+    return prefetch + (1 if num_workers >= 2 else 2)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-from .buffers import BatchBuffers, Field
+from .buffers import RECYCLE_BYTES, BatchBuffers, Field, SlotFlags
 
 
 def _convert_into(out: torch.Tensor, samples: list[dict], key: str, scale: bool) -> None:
@@ -68,18 +68,49 @@ class BufferedCollate:
     (``stream.buffers``: the lifetime).
     """
 
-    def __init__(self, keys: list[str], dtype: torch.dtype = torch.float32, scale: bool = True, *, slots: int):
+    def __init__(
+        self,
+        keys: list[str],
+        dtype: torch.dtype = torch.float32,
+        scale: bool = True,
+        *,
+        slots: int,
+        flags: SlotFlags | None = None,
+        max_bytes: int = RECYCLE_BYTES,
+    ):
         self.keys, self.dtype, self.scale = set(keys), dtype, scale
         self.buffers = BatchBuffers(slots)
+        self.flags, self.max_bytes = flags, max_bytes
+        # With flags (recycled buffers): a batch that cannot go into its slot goes into fresh memory.
+        self.fresh = FloatCollate(sorted(keys), dtype, scale) if keys else default_collate
 
     def __call__(self, samples: list[dict]) -> dict:
-        """The batch of ``samples``, its tensors views of the next slot."""
+        """The batch of ``samples``, its tensors views of the next slot.
+
+        With ``flags`` (recycled buffers; in a DataLoader worker): the slot is written only when the
+        main process no longer references its last batch (``SlotFlags``), and the batch then carries
+        ``__slot__`` (int64 ``[2]``: worker, slot) for ``RecycledBatches``; otherwise, or when the
+        ring would exceed ``max_bytes``, the batch is collated into fresh memory, as without buffers.
+        """
         first = samples[0]
         tensors = [k for k, v in first.items() if isinstance(v, torch.Tensor)]
         fields = tuple(
             Field(k, self.dtype if k in self.keys else first[k].dtype, tuple(first[k].shape)) for k in tensors
         )
-        out = self.buffers.take(fields, len(samples))
+        info = get_worker_info()
+        if self.flags is not None and info is not None:
+            got = self.buffers.take_free(fields, len(samples), self.flags.flags[info.id], self.max_bytes)
+            if got is None:
+                return self.fresh(samples)
+            slot, out = got
+            batch = self._write(samples, tensors, out)
+            self.flags.flags[info.id, slot] = 1
+            batch["__slot__"] = torch.tensor([info.id, slot], dtype=torch.int64)
+            return batch
+        return self._write(samples, tensors, self.buffers.take(fields, len(samples)))
+
+    def _write(self, samples: list[dict], tensors: list[str], out: dict[str, torch.Tensor]) -> dict:
+        first = samples[0]
         batch = default_collate([{k: v for k, v in s.items() if k not in out} for s in samples])
         for key in tensors:  # in the samples' order, as default_collate
             if key in self.keys:

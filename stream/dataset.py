@@ -66,7 +66,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from epishard.redact import scrubbed
 from epishard.shardwriter.describe import NotConverted, lerobot_instead
 
-from .buffers import HeldBatches, ring_slots
+from .buffers import RECYCLE_BYTES, HeldBatches, RecycledBatches, SlotFlags, recycle_slots, ring_slots
 from .collate import BufferedCollate, FloatCollate
 from .decode import DecodeError
 from .episode import (
@@ -1210,6 +1210,17 @@ class WindowLoader(DataLoader):
     ``pin_memory`` does nothing (torch warns). Raises ``ValueError`` with a ``collate_fn`` of yours or
     ``batch_size=None``.
 
+    ``recycle_buffers`` (default ``None``: on with DataLoader workers, epishard's own collate, a
+    ``batch_size``, no ``pin_memory`` and no ``reuse_buffers``, while a worker's ring holds at most
+    ``buffers.RECYCLE_BYTES``, 256 MiB, of batches; ``True``: on whatever the ring's size; ``False``:
+    off): each worker writes its batches into a ring of ``prefetch_factor + 1`` pre-faulted buffers
+    (``+ 2`` with one worker) instead of fresh shared memory, and a buffer is written again only when
+    nothing of the batch it held is referenced in this process any more (``buffers.RecycledBatches``
+    counts the storage's references: a batch, a view, ``.numpy()`` or ``.detach()`` of it kept); a
+    batch whose buffer is still held goes into fresh memory. So, unlike ``reuse_buffers``, batches
+    keep their values for as long as they are held, and the page faults of fresh memory are saved
+    whenever the training loop drops each batch before the next few come.
+
     Persistent workers keep their own copy of the dataset, which can only run the epoch after the
     one it ran last; when the next iteration must run anything else (after ``load_state_dict``, or
     after an epoch left unfinished) the workers are restarted, so every iteration runs exactly the
@@ -1226,27 +1237,51 @@ class WindowLoader(DataLoader):
         *,
         defer_float: bool | None = None,
         reuse_buffers: int = 0,
+        recycle_buffers: bool | None = None,
         **kw,
     ):
         floating = dataset.post.dtype.is_floating_point
+        ours = "collate_fn" not in kw  # epishard's own collate
         if defer_float is None:
-            defer_float = floating and "collate_fn" not in kw and batch_size is not None
+            defer_float = floating and ours and batch_size is not None
         defer_float = bool(defer_float and floating)
         # Depth cameras stay uint16 (``PostProcess.prepare_depth``): not converted, not scaled.
         rgb = sorted(c for c, depth in dataset.layout.depth.items() if not depth) if defer_float else []
+        workers = kw.get("num_workers", 0)
         self._held: HeldBatches | None = None
+        self._recycled: RecycledBatches | None = None
+        if reuse_buffers and recycle_buffers:
+            raise ValueError("WindowLoader: reuse_buffers and recycle_buffers exclude each other: choose one")
         if reuse_buffers:
-            if reuse_buffers < 0 or "collate_fn" in kw or batch_size is None:
+            if reuse_buffers < 0 or not ours or batch_size is None:
                 raise ValueError(
                     f"WindowLoader: reuse_buffers={reuse_buffers} needs an int >= 0, a batch_size and "
                     "epishard's own collate (no collate_fn)"
                 )
-            workers = kw.get("num_workers", 0)
             slots = ring_slots(reuse_buffers, workers, kw.get("prefetch_factor"))
             kw["collate_fn"] = BufferedCollate(rgb, dataset.post.dtype, dataset.post.scale, slots=slots)
             if not (kw.get("pin_memory") and torch.accelerator.is_available()):  # else batches are pinned copies
                 self._held = HeldBatches(slots * max(workers, 1), reuse_buffers)
-        elif defer_float and "collate_fn" not in kw:
+            recycle_buffers = False
+        if recycle_buffers and (not ours or batch_size is None or workers < 1):
+            raise ValueError(
+                "WindowLoader: recycle_buffers=True needs DataLoader workers (num_workers >= 1), a batch_size "
+                "and epishard's own collate (no collate_fn)"
+            )
+        if recycle_buffers is None:  # the default: on where it applies, within RECYCLE_BYTES per worker
+            recycle_buffers = workers > 0 and ours and batch_size is not None and not kw.get("pin_memory")
+            cap = RECYCLE_BYTES
+        else:
+            cap = 1 << 62  # asked for: whatever the ring's size
+        if recycle_buffers:
+            slots = recycle_slots(workers, kw.get("prefetch_factor"))
+            flags = SlotFlags(workers, slots)
+            self._recycling = BufferedCollate(
+                rgb, dataset.post.dtype, dataset.post.scale, slots=slots, flags=flags, max_bytes=cap
+            )
+            kw["collate_fn"] = self._recycling  # (a wrapper set later, e.g. a timer, keeps calling it)
+            self._recycled = RecycledBatches(flags)
+        elif defer_float and ours and not reuse_buffers:
             kw["collate_fn"] = FloatCollate(rgb, dataset.post.dtype, dataset.post.scale)
         view = dataset.with_options(
             defer_float=defer_float, num_workers=kw.get("num_workers", 0), batch_size=batch_size
@@ -1267,6 +1302,11 @@ class WindowLoader(DataLoader):
             self._iterator = None
         if self._iterator is None:
             self.dataset.set_epoch(self._epoch)
+        if self._recycled is not None and (self._iterator is None or not self.persistent_workers):
+            # New workers, new rings: new flags (a worker still stopping keeps the old ones, which stay set).
+            flags = SlotFlags(self.num_workers, self._recycling.buffers.slots)
+            self._recycling.flags = flags
+            self._recycled = RecycledBatches(flags)
         resume = self.dataset._resume
         self._start = resume if resume is not None and resume.epoch == self._epoch else Resume(self._epoch)
         self._batches = 0
@@ -1279,6 +1319,8 @@ class WindowLoader(DataLoader):
             for batch in batches:
                 if self._held is not None:
                     self._held.received(batch)
+                if self._recycled is not None:
+                    self._recycled.received(batch)
                 self._batches += 1
                 yield batch
             self._epoch += 1

@@ -13,7 +13,7 @@ import torch
 from videogen import convert_numbered, decode_frame_number
 
 from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
-from epishard.stream.buffers import BatchBuffers, Field, ring_slots
+from epishard.stream.buffers import BatchBuffers, Field, recycle_slots, ring_slots
 from epishard.stream.collate import BufferedCollate, FloatCollate, float_frames, to_device
 
 FPS = 10
@@ -61,7 +61,7 @@ def _assert_frames(batch: dict, scale: float) -> None:
 )
 def test_reused_buffers_give_todays_batches_and_reuse_their_memory(dataset, dtype, workers, context):
     kw = {"num_workers": workers, "persistent_workers": workers > 0, "multiprocessing_context": context}
-    today = _loader(dataset, dtype, **kw)
+    today = _loader(dataset, dtype, recycle_buffers=False, **kw)
     expected = [_clone(b) for _ in range(2) for b in today]  # two epochs: FloatCollate / default_collate
     loader = _loader(dataset, dtype, reuse_buffers=2, **kw)
     got, storages = [], set()
@@ -173,3 +173,69 @@ def test_float_frames_fused_and_unfused_equal_postprocess_for_every_byte(dtype, 
             assert torch.equal(got, expected)
     finally:
         torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize(
+    "dtype,workers,persistent",
+    [(torch.float32, 2, True), (torch.uint8, 2, False), (torch.uint8, 1, True), (torch.float32, 3, True)],
+)
+def test_recycled_buffers_never_change_a_batch_that_is_held(dataset, dtype, workers, persistent):
+    """The default: every batch kept (the whole list, two epochs) keeps its values and frames, as with
+    fresh memory; the workers wrote into fresh memory whenever their slot's batch was still held."""
+    kw = {"num_workers": workers, "persistent_workers": persistent}
+    fresh = _loader(dataset, dtype, recycle_buffers=False, **kw)
+    expected = [_clone(b) for _ in range(2) for b in fresh]
+    loader = _loader(dataset, dtype, **kw)
+    assert loader._recycled is not None  # on by default with workers
+    kept = [b for _ in range(2) for b in loader]
+    assert len(kept) == len(expected) > 2 * recycle_slots(workers, None) * workers
+    for g, e in zip(kept, expected, strict=True):
+        assert "__slot__" not in g
+        _assert_equal(g, e)
+        _assert_frames(g, 255.0 if dtype.is_floating_point else 1.0)
+
+
+@pytest.mark.parametrize("hold", ["view", "numpy", "detach"])
+def test_recycled_buffers_count_views_numpy_and_detach_as_held(dataset, hold):
+    """A part of a batch kept (a view, its ``.numpy()``, a ``.detach()``) keeps its slot: the values
+    it shows never change, while the loop drops every batch."""
+    expected = [_clone(b) for b in _loader(dataset, torch.uint8, recycle_buffers=False, num_workers=2)]
+    loader = _loader(dataset, torch.uint8, num_workers=2)
+    parts = []
+    for batch in loader:
+        frames = batch[CAMS[0]]
+        parts.append({"view": frames[0], "numpy": frames.numpy(), "detach": frames.detach()}[hold])
+        del batch, frames
+        time.sleep(0.01)
+    for part, e in zip(parts, expected, strict=True):
+        got = torch.as_tensor(part)
+        assert torch.equal(got, e[CAMS[0]][0] if hold == "view" else e[CAMS[0]])
+
+
+def test_recycled_buffers_are_reused_when_each_batch_is_dropped(dataset):
+    """A loop that drops each batch before the next: the batches come out of the workers' rings (few
+    distinct storages over many batches), with today's values."""
+    fresh = _loader(dataset, recycle_buffers=False, num_workers=2)
+    expected = [_clone(b) for _ in range(3) for b in fresh]
+    loader = _loader(dataset, num_workers=2, persistent_workers=True)
+    storages, n = set(), 0
+    for _ in range(3):
+        for batch in loader:
+            storages.add(batch[CAMS[0]].untyped_storage().data_ptr())
+            _assert_equal(batch, expected[n])
+            n += 1
+            del batch
+            time.sleep(0.02)  # the workers run ahead: their next slot must be free by then
+    assert n == len(expected) >= 20
+    # 2 workers x recycle_slots rings; a batch that found its slot still held went to fresh memory.
+    assert len(storages) <= 2 * recycle_slots(2, None) + n // 4
+
+
+def test_recycle_buffers_is_refused_where_it_cannot_apply(dataset):
+    with pytest.raises(ValueError, match="exclude each other"):
+        _loader(dataset, reuse_buffers=2, recycle_buffers=True, num_workers=2)
+    with pytest.raises(ValueError, match="num_workers >= 1"):
+        _loader(dataset, recycle_buffers=True, num_workers=0)
+    assert _loader(dataset, num_workers=0)._recycled is None  # the default: only with workers
+    assert _loader(dataset, num_workers=2, recycle_buffers=False)._recycled is None
+    assert _loader(dataset, num_workers=2, collate_fn=FloatCollate(list(CAMS)))._recycled is None
