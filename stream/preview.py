@@ -11,6 +11,7 @@ backend (``matplotlib.figure.Figure``, no pyplot state); matplotlib is the optio
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 import os
@@ -124,29 +125,55 @@ def _image(frame) -> tuple[np.ndarray, dict]:
     return np.moveaxis(array, 0, -1), {}
 
 
-def _curves(ax, w: PreviewWindow, spec: WindowSpec) -> None:
-    """State rows (solid) and the action chunk (dashed) against row numbers; padded rows shaded."""
+NAMED_DIMS = 12  # dimensions named in a curve legend, per column; more are drawn, counted in one entry
+
+
+def dimension_names(names, width: int) -> list[str]:
+    """A column's per-dimension names from its manifest ``features`` entry (``names``), else ``""`` each.
+
+    LeRobot writes a flat list, a one-entry dict (``{"motors": [...]}``) or a list holding one list.
+    """
+    if isinstance(names, dict) and len(names) == 1:
+        names = next(iter(names.values()))
+    if isinstance(names, list) and len(names) == 1 and isinstance(names[0], list):
+        names = names[0]
+    if isinstance(names, list) and len(names) == width and all(isinstance(n, str) for n in names):
+        return list(names)
+    return [""] * width
+
+
+def _curves(ax, w: PreviewWindow, spec: WindowSpec, names: dict | None = None) -> None:
+    """State rows (solid) and the action chunk (dashed) against row numbers; padded rows shaded.
+
+    Each dimension is its own named curve in the legend (``<column>[j] <name>``, names from the
+    manifest's ``features``: ``names`` column -> that entry's names), the first ``NAMED_DIMS`` per column.
+    """
     drawn = False
     for key, rows, style in (
         (STATE, w.anchor + np.asarray(spec.state_offsets), "-"),
-        (ACTION, w.anchor + np.arange(spec.action_horizon), "--"),
+        (ACTION, w.anchor + spec.action_rows, "--"),
     ):
         if key not in w.sample:
             continue
         values = np.asarray(w.sample[key], dtype=np.float64).reshape(len(rows), -1)
         pad = np.asarray(w.sample[f"{key}_is_pad"], dtype=bool)
-        ax.plot(rows, values, style, linewidth=0.8)
-        ax.plot([], [], style, color="black", label=f"{key} ({values.shape[1]} dims)")
+        short = key.removeprefix("observation.")
+        labels = dimension_names((names or {}).get(key), values.shape[1])
+        for j in range(values.shape[1]):
+            label = f"{short}[{j}] {labels[j]}".rstrip() if j < NAMED_DIMS else None
+            ax.plot(rows, values[:, j], style, linewidth=0.8, label=label)
+        if values.shape[1] > NAMED_DIMS:
+            ax.plot([], [], style, color="black", label=f"{short}: {values.shape[1] - NAMED_DIMS} more dims")
         for row in rows[pad]:
             ax.axvspan(row - 0.5, row + 0.5, color="grey", alpha=0.25, linewidth=0)
         drawn = True
     ax.axvline(w.anchor, color="red", linewidth=0.8)
     ax.set_xlabel("row (red: anchor; grey: padded rows)")
     if drawn:
-        ax.legend(loc="upper left", fontsize=7)
+        ax.legend(loc="upper left", fontsize=6, ncol=2)
 
 
-def _sheet(w: PreviewWindow, spec: WindowSpec, title: str) -> bytes:
+def _sheet(w: PreviewWindow, spec: WindowSpec, title: str, names: dict | None = None) -> bytes:
     """One window as a PNG: a row of frames per camera, then the state/action curves."""
     cams = list(w.rows)
     cols = max(len(r) for r in w.rows.values())
@@ -167,7 +194,7 @@ def _sheet(w: PreviewWindow, spec: WindowSpec, title: str) -> bytes:
                     spine.set_linewidth(3)
             if j == 0:
                 ax.set_ylabel(cam.removeprefix("observation.images."), fontsize=7)
-    _curves(fig.add_subplot(grid[len(cams), :]), w, spec)
+    _curves(fig.add_subplot(grid[len(cams), :]), w, spec, names)
     fig.suptitle(title, fontsize=9)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=80)
@@ -224,6 +251,7 @@ def preview(
     sheets: str | None = None,
     storage_options: dict | None = None,
     progress: bool = False,
+    spec: WindowSpec | None = None,
 ) -> PreviewResult:
     """Draw ``windows`` training windows of ``dataset`` (a converted dataset, folder or URL).
 
@@ -236,6 +264,12 @@ def preview(
 
     Writes one PNG contact sheet per window into ``sheets`` (default: ``<out without .html>_sheets``)
     and the page ``out``, which inlines the same PNGs (base64) and needs no other file.
+
+    ``spec``: draw this window instead (its cameras, offsets, state, action and boundary; e.g.
+    ``stream.report.stream_spec(...)``, the window ``epishard stream`` trains on, or a training
+    run's own ``WindowSpec``); ``cameras``, ``frames``, ``span`` and ``action_horizon`` are then
+    unused, and only its windows per episode are the preview's. State and action curves: one per
+    dimension, named ``<column>[j] <name>`` from the manifest's ``features`` names.
 
     Raises:
         ValueError: no window to show (``episodes`` selects none, or ``windows < 1``).
@@ -254,15 +288,21 @@ def preview(
     features = set(source.manifest.features or {}) | set(source.manifest.stats)
     # Evenly spread, rounded to rows (any span works; segment() would insist on an exact spread).
     offsets = tuple(int(o) for o in np.unique(np.round(np.linspace(-(span - 1), 0, frames))))
-    spec = WindowSpec(
-        cameras={c: offsets for c in (cameras or source.cameras)},
-        state_offsets=tuple(range(-(span - 1), 1)),
-        action_horizon=action_horizon if ACTION in features else 0,
-        state_key=STATE if STATE in features else None,
-        action_key=ACTION if ACTION in features else None,
-        boundary="pad",
-        per_episode_count=-(-windows // len(chosen)),
-    )
+    count = -(-windows // len(chosen))
+    if spec is not None:  # the window a run trains on: only the windows per episode are the preview's
+        spec = dataclasses.replace(spec, per_episode_count=count, per_episode_fraction=None)
+        offsets = tuple(next(iter(spec.cameras.values()))) if spec.cameras else (0,)
+    else:
+        spec = WindowSpec(
+            cameras={c: offsets for c in (cameras or source.cameras)},
+            state_offsets=tuple(range(-(span - 1), 1)),
+            action_horizon=action_horizon if ACTION in features else 0,
+            state_key=STATE if STATE in features else None,
+            action_key=ACTION if ACTION in features else None,
+            boundary="pad",
+            per_episode_count=count,
+        )
+    names = {k: f.names for k, f in (source.manifest.features or {}).items()}
     picked = sorted(_read_windows(source, spec, episodes, windows, seed, progress), key=lambda w: (w.key, w.anchor))
     if not picked:
         raise ValueError(f"{redact(dataset)}: no window to show")
@@ -276,15 +316,15 @@ def preview(
             f"window {n + 1}/{len(picked)}: episode {w.key} (episode_index {w.sample['episode_index']}), "
             f"anchor row {w.anchor}, frame_index {w.sample['frame_index']}, task: {w.sample['task']}"
         )
-        png = _sheet(w, spec, title)
+        png = _sheet(w, spec, title, names)
         paths.append(os.path.join(sheets_dir, f"window-{n:03d}.png"))
         _write(paths[-1], png)
         sections.append((title, png))
     intro = (
         f"{len(picked)} windows of {len({w.key for w in picked})} episodes; cameras "
-        f"{', '.join(spec.cameras or {})}; frames at offsets {list(offsets)} from the anchor; state over "
-        f"rows {-(span - 1)}..0, action over 0..{spec.action_horizon - 1}. Red frames and grey bands: padded "
-        "rows (past the episode's edge, repeating its edge row)."
+        f"{', '.join(spec.cameras or {})}; frames at offsets {list(offsets)} from the anchor; state at rows "
+        f"{list(spec.state_offsets)}, action at rows {spec.action_rows.tolist()} from the anchor. Red frames and grey "
+        "bands: padded rows (past the episode's edge, repeating its edge row)."
     )
     _write(out, _page(redact(dataset), intro, sections).encode("utf-8"))  # the page names no credentials
     return PreviewResult(out, paths, sheets_dir, picked)

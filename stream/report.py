@@ -77,19 +77,52 @@ def _size(text: str) -> tuple[int, int]:
         raise ValueError(f"--size: {text!r} is not a frame size like 224x224 (height x width)") from None
 
 
+def stream_spec(
+    cameras: list[str],
+    frames: int,
+    span: int,
+    action_horizon: int,
+    state_history: int = 1,
+    boundary: str = "inside",
+    stride: int = 1,
+    per_episode_count: int | None = None,
+    per_episode_fraction: float | None = None,
+) -> WindowSpec:
+    """The window ``epishard stream`` trains on (``preview --window stream`` draws the same).
+
+    ``frames`` frames per camera over the ``span`` rows from the anchor on (``segment(0, span - 1,
+    frames)``; one frame: the anchor's), ``state_history`` state rows ending at the anchor, an
+    ``action_horizon``-row action chunk from the anchor on.
+
+    Raises:
+        ValueError: as ``segment`` and ``WindowSpec`` do (the frames do not spread evenly over the span).
+    """
+    offsets = segment(0, span - 1, frames) if frames > 1 else (0,)
+    return WindowSpec(
+        cameras={c: offsets for c in cameras},
+        state_offsets=tuple(range(1 - state_history, 1)),
+        action_horizon=action_horizon,
+        boundary=boundary,
+        stride=stride,
+        per_episode_count=per_episode_count,
+        per_episode_fraction=per_episode_fraction,
+    )
+
+
 def build(options: StreamRun) -> WindowLoader:
     """The ``WindowLoader`` (telemetry on, collate timed) that ``run`` iterates."""
     source = open_source(options.dataset, options.storage_options)  # a LeRobot folder is named as one
     cams = options.cameras.split(",") if options.cameras else source.cameras
-    offsets = segment(0, options.span - 1, options.frames) if options.frames > 1 else (0,)
-    spec = WindowSpec(
-        cameras={c: offsets for c in cams},
-        state_offsets=tuple(range(1 - options.state_history, 1)),
-        action_horizon=options.action_horizon,
-        boundary=options.boundary,
-        stride=options.stride,
-        per_episode_count=options.per_episode_count,
-        per_episode_fraction=options.per_episode_fraction,
+    spec = stream_spec(
+        cams,
+        options.frames,
+        options.span,
+        options.action_horizon,
+        options.state_history,
+        options.boundary,
+        options.stride,
+        options.per_episode_count,
+        options.per_episode_fraction,
     )
     size = _size(options.size) if options.size else None
     post = PostProcess(size=size, dtype=torch.float32 if options.float else torch.uint8)

@@ -20,6 +20,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=int, default=6, help="frames per camera per window")
     p.add_argument("--span", type=int, default=30, help="rows the frames spread over, ending at the anchor")
     p.add_argument("--action-horizon", type=int, default=16, help="action rows drawn from the anchor on")
+    p.add_argument(
+        "--window",
+        choices=("preview", "stream"),
+        default="preview",
+        help="preview: frames over the span ending at the anchor, state over it; stream: the window `epishard "
+        "stream` trains on with the same --frames/--span/--action-horizon/--state-history/--boundary/--stride "
+        "(frames from the anchor on)",
+    )
+    p.add_argument("--state-history", type=int, default=1, help="state rows up to the anchor (--window stream)")
+    p.add_argument("--boundary", choices=("inside", "pad"), default="pad", help="window boundary (--window stream)")
+    p.add_argument("--stride", type=int, default=1, help="anchor every N rows (--window stream)")
     p.add_argument("--seed", type=int, default=0, help="seed of the window choice")
     p.add_argument("--out", default="preview.html", metavar="HTML", help="the HTML page to write (images inlined)")
     p.add_argument(
@@ -34,6 +45,15 @@ def run(args: argparse.Namespace) -> int:
     """Run ``epishard preview``; return the exit status."""
     from epishard.stream.preview import preview
 
+    spec = None
+    if args.window == "stream":
+        from epishard.stream.dataset import open_source
+        from epishard.stream.report import stream_spec
+
+        cams = args.cameras.split(",") if args.cameras else open_source(args.dataset, args.storage_options).cameras
+        spec = stream_spec(
+            cams, args.frames, args.span, args.action_horizon, args.state_history, args.boundary, args.stride
+        )
     result = preview(
         args.dataset,
         args.out,
@@ -47,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         sheets=args.sheets,
         storage_options=args.storage_options,
         progress=show_progress(args),
+        spec=spec,
     )
     print(
         redact(

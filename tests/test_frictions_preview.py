@@ -1,0 +1,50 @@
+"""Friction 11 of issue 22: ``preview`` draws the windows ``stream`` trains on, with named curves.
+
+Frames carry their number (``videogen``); the dataset is 2 episodes of 12 and 9 rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from videogen import convert_numbered, decode_frame_number
+
+from epishard.cli import main as cli
+
+pytest.importorskip("matplotlib")
+
+CAM = "observation.images.cam"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> str:
+    return convert_numbered(tmp_path_factory.mktemp("frprev") / "ds", [12, 9], {CAM: dict(gop=3, height=32, width=32)})
+
+
+def test_f11_preview_draws_the_stream_window_with_named_curves(small, tmp_path, capsys):
+    import matplotlib.pyplot as plt
+
+    from epishard.stream.preview import PreviewWindow, _curves, preview
+    from epishard.stream.report import stream_spec
+
+    spec = stream_spec([CAM], frames=3, span=5, action_horizon=4, state_history=2, boundary="pad")
+    result = preview(small, str(tmp_path / "p.html"), windows=4, spec=spec)
+    assert len(result.shown) == 4
+    for w in result.shown:
+        e, n = int(w.sample["episode_index"]), (12, 9)[int(w.sample["episode_index"])]
+        rows = np.clip(w.anchor + np.array([0, 2, 4]), 0, n - 1)  # stream's frames: from the anchor on
+        assert w.rows[CAM].tolist() == rows.tolist()
+        assert [decode_frame_number(f) for f in w.sample[CAM]] == (100 * e + rows).tolist()
+        assert w.sample["observation.state"].shape == (2, 4) and w.sample["action"].shape == (4, 3)
+    # the CLI takes the stream's options
+    argv = ["preview", small, "--window", "stream", "--frames", "3", "--span", "5", "--state-history", "2"]
+    assert cli([*argv, "--windows", "2", "--out", str(tmp_path / "q.html")]) == 0
+    assert "2 windows of" in capsys.readouterr().out
+    # each dimension is a named curve (manifest names, else its index)
+    w = result.shown[0]
+    fig, ax = plt.subplots()
+    names = {"observation.state": ["j1", "j2", "j3", "j4"]}
+    _curves(ax, PreviewWindow(w.key, w.anchor, w.sample, w.rows, w.frames), spec, names)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["state[0] j1", "state[1] j2", "state[2] j3", "state[3] j4", "action[0]", "action[1]", "action[2]"]
+    plt.close(fig)
