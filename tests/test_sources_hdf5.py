@@ -289,3 +289,10 @@ def test_an_fsspec_url_is_read_through_file_objects(tmp_path):
         assert all(np.array_equal(frames[i], _frame(1, 0, i)) for i in range(3))
     finally:
         fs.rm("/hdf5-url-test", recursive=True)
+
+
+def test_a_missing_library_names_the_extra_to_install(tmp_path, monkeypatch):
+    write_aloha(tmp_path / "aloha", [3])
+    monkeypatch.setitem(__import__("sys").modules, "h5py", None)  # as if h5py were not installed
+    with pytest.raises(SourceError, match=r"needs the Python package 'h5py'.*pip install 'epishard\[hdf5\]'"):
+        convert([str(tmp_path / "aloha")], str(tmp_path / "out"), _opts())
