@@ -328,3 +328,85 @@ def preview(
     )
     _write(out, _page(redact(dataset), intro, sections).encode("utf-8"))  # the page names no credentials
     return PreviewResult(out, paths, sheets_dir, picked)
+
+
+@dataclass(frozen=True)
+class RerunResult:
+    """What ``export_rerun`` wrote: the ``.rrd`` path and the windows in it (in the ``window`` timeline's order)."""
+
+    rrd: str
+    shown: list[PreviewWindow]
+
+
+@scrubbed  # its exceptions and their chains name no credentials
+def export_rerun(
+    dataset: str,
+    out: str,
+    spec: WindowSpec,
+    *,
+    episodes: frozenset[int] | None = None,
+    windows: int = 8,
+    seed: int = 0,
+    storage_options: dict | None = None,
+    progress: bool = False,
+) -> RerunResult:
+    """Write training windows of ``dataset`` to a Rerun recording (``.rrd``) for the Rerun viewer.
+
+    The windows are those ``preview(..., spec=spec)`` draws (the reader's samples of ``spec``, a
+    few per episode, round robin over ``episodes``). Timelines: ``window`` (the window's number)
+    and ``row`` (the table row). Per window, at ``window`` = its number: each camera's frames as
+    ``window/<camera>/<j>`` images (``j``: the frame's position in the window; uint8 RGB
+    ``[H, W, 3]``, depth as uint16 ``[H, W]``), ``window/info`` (text: episode, anchor, task, the
+    rows and frame numbers shown, padded ones marked); at each row of the window also: ``state/<j>
+    <name>`` and ``action/<j> <name>`` scalars (one series per dimension, names from the
+    manifest's ``features``).
+
+    Needs ``rerun-sdk`` (``pip install epishard[rerun]``).
+
+    Raises:
+        ImportError: rerun-sdk is not installed.
+        ValueError: no window to show (``episodes`` selects none, or ``windows < 1``).
+    """
+    try:
+        import rerun as rr
+    except ImportError as exc:
+        raise ImportError("the Rerun export needs rerun-sdk: pip install 'epishard[rerun]'") from exc
+    if windows < 1:
+        raise ValueError(f"windows must be >= 1, got {windows}")
+    source = open_source(dataset, storage_options)
+    ix = source.index
+    chosen = [e for e in range(ix.num_episodes) if episodes is None or _source_episode(ix.key(e)) in episodes]
+    if not chosen:
+        raise ValueError(f"episodes= selects no episode of the dataset ({ix.num_episodes} episodes)")
+    spec = dataclasses.replace(spec, per_episode_count=-(-windows // len(chosen)), per_episode_fraction=None)
+    picked = _read_windows(source, spec, episodes, windows, seed, progress)
+    names = {k: f.names for k, f in (source.manifest.features or {}).items()}
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    rec = rr.RecordingStream("epishard")
+    rec.save(out)
+    for n, w in enumerate(picked):
+        rec.reset_time()  # the frames of a window are at its number only
+        rec.set_time("window", sequence=n)
+        lines = [f"episode {w.key}, anchor row {w.anchor}, task: {w.sample['task']}"]
+        for cam, rows in w.rows.items():
+            pad = np.asarray(w.sample[f"{cam}_is_pad"], dtype=bool)
+            for j, frame in enumerate(w.sample[cam]):
+                image, _ = _image(frame)
+                rec.log(f"window/{cam}/{j}", rr.Image(image) if image.ndim == 3 else rr.DepthImage(image))
+            shown = [
+                f"row {r} frame {f}{' PAD' if p else ''}" for r, f, p in zip(rows, w.frames[cam], pad, strict=True)
+            ]
+            lines.append(f"{cam}: " + ", ".join(shown))
+        rec.log("window/info", rr.TextDocument(redact("\n".join(lines))))
+        for key, offsets in ((STATE, np.asarray(spec.state_offsets)), (ACTION, spec.action_rows)):
+            if key not in w.sample:
+                continue
+            values = np.asarray(w.sample[key], dtype=np.float64).reshape(len(offsets), -1)
+            labels = dimension_names(names.get(key), values.shape[1])
+            for row, v in zip((w.anchor + offsets).tolist(), values, strict=True):
+                rec.set_time("row", sequence=int(row))
+                for j, x in enumerate(v.tolist()):
+                    rec.log(f"{key.removeprefix('observation.')}/{j} {labels[j]}".rstrip(), rr.Scalars([x]))
+    rec.flush()
+    del rec  # closes the file
+    return RerunResult(out, picked)

@@ -48,3 +48,43 @@ def test_f11_preview_draws_the_stream_window_with_named_curves(small, tmp_path, 
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["state[0] j1", "state[1] j2", "state[2] j3", "state[3] j4", "action[0]", "action[1]", "action[2]"]
     plt.close(fig)
+
+
+def test_f11_the_training_windows_export_to_a_rerun_recording(small, tmp_path):
+    pytest.importorskip("rerun")
+    from rerun.chunk import RrdReader
+
+    from epishard.stream.preview import export_rerun
+    from epishard.stream.report import stream_spec
+
+    spec = stream_spec([CAM], frames=3, span=5, action_horizon=4, state_history=2, boundary="pad")
+    result = export_rerun(small, str(tmp_path / "w.rrd"), spec, windows=4)
+    assert len(result.shown) == 4
+    chunks = RrdReader(result.rrd).stream().to_chunks()
+    images: dict[str, list] = {}
+    for chunk in chunks:
+        if chunk.entity_path.startswith(f"/window/{CAM}/"):
+            batch = chunk.to_record_batch()
+            windows = batch.column("window").to_pylist()
+            buffers = batch.column(
+                batch.schema.names[[n.endswith("Image:buffer") for n in batch.schema.names].index(True)]
+            )
+            for t, buf in zip(windows, buffers.to_pylist(), strict=True):
+                frame = np.frombuffer(bytes(buf[0]), np.uint8).reshape(32, 32, 3)
+                images.setdefault(chunk.entity_path, []).append((t, decode_frame_number(frame)))
+    for j in range(3):  # each frame position of each window holds the frame the reader returned there
+        want = [(n, decode_frame_number(w.sample[CAM][j])) for n, w in enumerate(result.shown)]
+        assert sorted(images[f"/window/{CAM}/{j}"]) == want
+    entities = {c.entity_path for c in chunks}
+    assert {"/state/0", "/state/3", "/action/0", "/action/2", "/window/info"} <= entities, entities
+
+
+def test_f11_preview_rrd_on_the_command_line(small, tmp_path, capsys):
+    pytest.importorskip("rerun")
+    from rerun.chunk import RrdReader
+
+    rrd = str(tmp_path / "cli.rrd")
+    argv = ["preview", small, "--windows", "2", "--frames", "3", "--span", "5", "--out", str(tmp_path / "c.html")]
+    assert cli([*argv, "--rrd", rrd]) == 0
+    assert f"2 training windows in the Rerun recording {rrd}" in capsys.readouterr().out
+    assert any(c.entity_path == f"/window/{CAM}/2" for c in RrdReader(rrd).stream().to_chunks())

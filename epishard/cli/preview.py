@@ -38,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="folder for the PNG contact sheets, one per window (default: next to the page, <page>_sheets)",
     )
+    p.add_argument(
+        "--rrd",
+        metavar="FILE",
+        help="also write training windows to a Rerun recording (.rrd, for the Rerun viewer): the --window stream "
+        "window from the same options (needs rerun-sdk: pip install 'epishard[rerun]')",
+    )
     storage_options(p)
 
 
@@ -46,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from epishard.stream.preview import preview
 
     spec = None
-    if args.window == "stream":
+    if args.window == "stream" or args.rrd:
         from epishard.stream.dataset import open_source
         from epishard.stream.report import stream_spec
 
@@ -67,8 +73,23 @@ def run(args: argparse.Namespace) -> int:
         sheets=args.sheets,
         storage_options=args.storage_options,
         progress=show_progress(args),
-        spec=spec,
+        spec=spec if args.window == "stream" else None,
     )
+    if args.rrd:
+        from epishard.stream.preview import export_rerun
+
+        assert spec is not None
+        rerun = export_rerun(
+            args.dataset,
+            args.rrd,
+            spec,
+            episodes=parse_episodes(args.episodes) if args.episodes else None,
+            windows=args.windows,
+            seed=args.seed,
+            storage_options=args.storage_options,
+        )
+        shown = f"{len(rerun.shown)} training windows in the Rerun recording {rerun.rrd}"
+        print(redact(f"{shown} (open it with: rerun {rerun.rrd})"))
     print(
         redact(
             f"{args.dataset}: {result.windows} windows of {result.episodes} episodes: {result.html} "
