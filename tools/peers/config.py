@@ -69,7 +69,8 @@ class System:
     ``packets``: epishard reads cameras by their packet tables (the default), else members whole
     through torchcodec (``FetchPolicy(packets=False)``); ``ray``: epishard's batches made by Ray actors
     (``RayWindowLoader``, one actor per worker on a local Ray cluster of ``--workers`` CPUs, as Ray
-    Data's read tasks), not DataLoader workers.
+    Data's read tasks), not DataLoader workers; ``recycle``: ``WindowLoader``'s default recycled batch
+    buffers (False: every batch in fresh shared memory, ``recycle_buffers=False``).
     """
 
     id: str
@@ -80,6 +81,7 @@ class System:
     reuse_buffers: int = 0
     packets: bool = True
     ray: bool = False
+    recycle: bool = True
 
     @property
     def label(self) -> str:
@@ -93,7 +95,9 @@ class System:
             reuse = f" reuse{self.reuse_buffers}" if self.reuse_buffers else ""
             whole = "" if self.packets else " whole"
             ray = " Ray actors" if self.ray else ""
-            return f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}") + reuse + whole + ray
+            fresh = "" if self.recycle else " fresh"
+            label = f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}")
+            return label + reuse + whole + ray + fresh
         return f"{self.kind} {dt}"
 
     @property
@@ -124,6 +128,8 @@ SYSTEMS = {
         System("es-u8-whole", "epishard", dtype="uint8", packets=False),
         System("es-ray-f32", "epishard", ray=True),
         System("es-ray-u8", "epishard", dtype="uint8", ray=True),
+        System("es-u8-fresh", "epishard", dtype="uint8", recycle=False),
+        System("es-f32-fresh", "epishard", recycle=False),
     )
 }
 PEERS = (
@@ -149,6 +155,8 @@ ON_REQUEST = (
     "es-u8-whole",
     "es-ray-f32",
     "es-ray-u8",
+    "es-u8-fresh",
+    "es-f32-fresh",
 )
 DEFAULT = [k for k in SYSTEMS if k not in ON_REQUEST]
 QUICK = ["lerobot061-u8", "webdataset", "naive", "es-f32", "es-u8", "es-u8-pe4"]

@@ -95,6 +95,8 @@ def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:
             loader = RayWindowLoader(ds, batch_size=bs, num_workers=max(workers, 1))
         else:
             reuse = {"reuse_buffers": system.reuse_buffers} if system.reuse_buffers else {}
+            if not system.recycle:
+                reuse["recycle_buffers"] = False
             loader = WindowLoader(ds, batch_size=bs, num_workers=workers, persistent_workers=workers > 0, **reuse)
             loader.collate_fn = TimedCollate(loader.collate_fn)
         reference = iid_reference(loader.dataset, bs)
