@@ -342,6 +342,8 @@ class WindowDataset(IterableDataset):
         self.selected = [select_episodes(s.index, sel) for s, sel in zip(self.sources, selections, strict=True)]
         _check_selected(self.sources, selections, self.selected, isinstance(select, list))
         self.batch_by_dataset, self.batch_size = batch_by_dataset, batch_size
+        if batch_size is not None:
+            self.layout.check_batchable()  # frames of several sizes cannot be stacked into a batch
         self.stratify = (len(self.sources) > 1 if stratify is None else stratify) or batch_by_dataset
         self.table, self.episode_base = self._episode_table()
         # Bool [global episodes]: those of a shard its source failed on open (its size check); they
@@ -1242,6 +1244,8 @@ class WindowLoader(DataLoader):
     ):
         floating = dataset.post.dtype.is_floating_point
         ours = "collate_fn" not in kw  # epishard's own collate
+        if ours and batch_size is not None:
+            dataset.layout.check_batchable()  # frames of several sizes cannot be stacked into a batch
         if defer_float is None:
             defer_float = floating and ours and batch_size is not None
         defer_float = bool(defer_float and floating)

@@ -20,7 +20,7 @@ byte is read, so a mix that cannot be batched is refused when the ``WindowDatase
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -64,6 +64,20 @@ class MixLayout:
     widths: dict[str, int]
     depth: dict[str, bool]
     specs: list[WindowSpec]
+    several_sizes: dict[str, str] = field(default_factory=dict)
+
+    def check_batchable(self) -> None:
+        """Refuse a camera whose frames come out in several sizes, for a reader that batches them.
+
+        Raises:
+            ValueError: naming the camera, each size (height x width) and an episode with it, and
+                ``PostProcess(size=...)``: such frames cannot be stacked into one batch.
+        """
+        for model, each in self.several_sizes.items():
+            raise ValueError(
+                f"camera {model!r} has frames of several sizes (height x width: {each}): they cannot be stacked "
+                "into one batch; give PostProcess(size=(height, width)) to resize them to one size"
+            )
 
     def apply(self, sample: dict, d: int, finish=None) -> dict:
         """Dataset ``d``'s sample with the model's camera names, padding cameras and padded columns.
@@ -260,15 +274,17 @@ def camera_streams(source: DatasetSource, cam: str) -> np.ndarray:
 
 def _kinds_and_shapes(
     sources: list[DatasetSource], names: list[dict[str, str]], post: PostProcess
-) -> tuple[dict[str, bool], dict[str, set[tuple[int, int, int]]]]:
-    """Model camera -> depth or RGB, and -> the frame shapes ``(C, H, W)`` the reader returns for it.
+) -> tuple[dict[str, bool], dict[str, set[tuple[int, int, int]]], dict[str, str]]:
+    """Per model camera: depth or RGB, its frame shapes ``(C, H, W)``, and its several sizes (if any).
+
+    The sizes come with an episode of each (``MixLayout.several_sizes``).
 
     Raises:
         ValueError: a camera is depth (uint16 ``[T, 1, H, W]``) in some episodes and RGB (uint8
-            ``[T, 3, H, W]``) in others, of one dataset or across a mix (naming an episode of each);
-            a camera whose frames come out in several sizes (no ``PostProcess(size=...)`` or crop
-            making them one; not checked with a ``hook``, which may resize), naming each size and an
-            episode with it: such frames cannot be stacked into one batch.
+            ``[T, 3, H, W]``) in others, of one dataset or across a mix (naming an episode of each).
+            Frames of several sizes (no ``PostProcess(size=...)`` or crop making them one; not
+            checked with a ``hook``, which may resize) are refused only where samples are batched
+            (``MixLayout.check_batchable``).
     """
     depth: dict[str, bool] = {}
     shapes: dict[str, set[tuple[int, int, int]]] = {}
@@ -301,14 +317,12 @@ def _kinds_and_shapes(
                 "(--episodes) and do not mix them."
             )
         depth[model] = True in kinds
-    for model, where in sized.items():
-        if len(where) > 1 and post.hook is None:
-            each = ", ".join(f"{h}x{w} ({at})" for (h, w), at in sorted(where.items()))
-            raise ValueError(
-                f"camera {model!r} has frames of several sizes (height x width: {each}): they cannot be stacked "
-                "into one batch; give PostProcess(size=(height, width)) to resize them to one size"
-            )
-    return depth, shapes
+    several = {
+        model: ", ".join(f"{h}x{w} ({at})" for (h, w), at in sorted(where.items()))
+        for model, where in sized.items()
+        if len(where) > 1 and post.hook is None
+    }
+    return depth, shapes, several
 
 
 _NUMERIC = ("bool", "int", "uint", "halffloat", "float", "double")  # Arrow's names of numeric value types
@@ -479,7 +493,7 @@ def mix_layout(
     specs = resolve_specs(sources, spec)
     check_columns(sources, spec, normalized)
     offsets, names, lacking = _cameras(sources, specs, [m or {} for m in maps])
-    depth, shapes = _kinds_and_shapes(sources, names, post)
+    depth, shapes, several = _kinds_and_shapes(sources, names, post)
     pads = []
     for lack in lacking:
         pad = {}
@@ -491,4 +505,4 @@ def mix_layout(
                 )
             pad[model] = PadCamera((len(spec.cameras[model]), *next(iter(shapes[model]))), depth[model])  # type: ignore[index]
         pads.append(pad)
-    return MixLayout(offsets, names, pads, _widths(sources, spec, pad_dims), depth, specs)
+    return MixLayout(offsets, names, pads, _widths(sources, spec, pad_dims), depth, specs, several)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from videogen import convert_numbered, decode_frame_number
 
-from epishard.stream import PostProcess, WindowDataset, WindowSpec
+from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
 from epishard.stream.select import Selection
 
 CAM = "observation.images.cam"
@@ -53,7 +53,12 @@ def test_f5_unknown_delta_timestamps_column_is_refused_at_construction_naming_ke
 def test_f4_a_camera_of_several_sizes_without_size_is_refused_naming_camera_and_sizes(small, wide):
     spec = WindowSpec(cameras={CAM: (0,)})
     with pytest.raises(ValueError) as err:
-        WindowDataset([small, wide], spec)
+        WindowLoader(WindowDataset([small, wide], spec), batch_size=4)
+    with pytest.raises(ValueError, match="has frames of several sizes"):
+        WindowDataset([small, wide], spec, batch_size=4)
+    # Unbatched, samples of both sizes come out as they are.
+    shapes = {(int(s["dataset"]), tuple(s[CAM].shape[-2:])) for s in WindowDataset([small, wide], spec, seed=0)}
+    assert shapes == {(0, (32, 32)), (1, (32, 48))}
     message = str(err.value)
     assert f"camera {CAM!r} has frames of several sizes" in message, message
     assert "32x32 (episode gen-e000000 of " in message and "32x48 (episode wide-e000000 of " in message, message

@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rrd",
         metavar="FILE",
         help="also write training windows to a Rerun recording (.rrd, for the Rerun viewer): the --window stream "
-        "window from the same options (needs rerun-sdk: pip install 'epishard[rerun]')",
+        "window from the same options (needs rerun-sdk: pip install 'epishard[rerun]'; default: none)",
     )
     storage_options(p)
 
