@@ -78,6 +78,27 @@ def test_ray_conversion_to_s3_is_byte_identical(ray_s3, sources, local, capsys):
     assert _files(fs, "ray-out/ds") == local  # shards, indexes, index.arrow, manifest, marker
 
 
+def test_ray_conversion_of_an_hdf5_source_is_byte_identical(ray_s3, tmp_path, capsys):
+    """A source beyond LeRobot (ALOHA HDF5, cameras as frames encoded in the tasks) through ``--ray``:
+    the same files as a local conversion."""
+    pytest.importorskip("h5py")
+    from pathlib import Path
+
+    from test_sources_hdf5 import write_aloha
+
+    options, fs, address = ray_s3
+    root = Path(tmp_path) / "aloha"
+    write_aloha(root, [6, 5, 7], compress=True)
+    out = tmp_path / "aloha_local"
+    convert([str(root)], str(out), OPTIONS)
+    local = {name: (out / name).read_bytes() for name in sorted(os.listdir(out))}
+    fs.mkdir("ray-aloha")
+    argv = ["convert", str(root), "s3://ray-aloha/ds", "--max-episodes-per-shard", "2", "--quiet"]
+    assert main([*argv, "--storage-options", json.dumps(options), "--ray", address]) == 0
+    assert "wrote 2 shards, 3 episodes" in capsys.readouterr().out
+    assert _files(fs, "ray-aloha/ds") == local
+
+
 def test_killed_worker_is_retried_and_loses_nothing(ray_s3, sources, local):
     from epishard.shardwriter.ray_convert import convert_ray
 
