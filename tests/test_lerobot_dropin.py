@@ -208,3 +208,28 @@ def test_items_keep_every_epishard_guarantee_resume_ranks(tmp_path):
     assert tuple(batch["action"].shape) == (4, 4, 44) and batch["action_is_pad"].dtype == torch.bool
     assert ds.meta.features["observation.images.ego_view"]["shape"] == [32, 32, 3]
     assert os.fspath(out) == ds.meta.root
+
+
+class Flip:
+    """An image transform (picklable into workers): frames upside down, as LeRobot's transforms are called."""
+
+    def __call__(self, frames: torch.Tensor) -> torch.Tensor:
+        assert frames.dtype == torch.float32 and float(frames.max()) <= 1.0
+        return frames.flip(-2)
+
+
+def test_image_transforms_run_on_each_items_float_frames(tmp_path):
+    """``image_transforms`` get LeRobot's float frames (``[C, H, W]``, ``[T, C, H, W]`` in delta_timestamps)."""
+    out = tmp_path / "sample"
+    convert([str(SAMPLE)], str(out), ConvertOptions(workers=1, progress=False))
+    kw = {"stats": "manifest", "image_size": (32, 32), "stride": 97, "seed": 1}
+    for delta in ({}, {"observation.images.ego_view": [-0.1, 0.0]}):
+        plain = list(EpishardLeRobotDataset(str(out), delta, **kw))
+        flipped = list(EpishardLeRobotDataset(str(out), delta, Flip(), **kw))
+        assert len(plain) == len(flipped) > 10
+        for a, b in zip(plain, flipped, strict=True):
+            assert int(a["index"]) == int(b["index"])
+            assert torch.equal(a["observation.images.ego_view"].flip(-2), b["observation.images.ego_view"])
+            assert a["observation.images.ego_view"].dim() == (4 if delta else 3)
+    u8 = next(iter(EpishardLeRobotDataset(str(out), None, return_uint8=True, **kw)))
+    assert u8["observation.images.ego_view"].dtype == torch.uint8
