@@ -6,7 +6,8 @@ this venv when it has lerobot: ``make_policy(cfg, ds_meta=ds.meta)``,
 ``make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)``, the policy's optimizer preset and
 LeRobot's ``resolve_delta_timestamps`` from the drop-in's meta; 20 updates each from a plain
 ``DataLoader`` with 2 workers over the bundled sample (``tests/lerobot_train_check.py``). The loss is
-finite and every trainable parameter changes. Skips cleanly where lerobot is not importable.
+finite and every trainable parameter changes. And the drop-in reads packets inside LeRobot's own
+environment (PyAV < 16). Skips cleanly where lerobot is not importable.
 """
 
 from __future__ import annotations
@@ -79,3 +80,33 @@ def test_act_and_diffusion_train_through_lerobots_factories(tmp_path):
     assert diffusion["observation.state"][0] == [4, 2, 44] and diffusion["action"][0] == [4, 16, 44]
     assert diffusion["observation.images.ego_view"][0] == [4, 2, 3, 48, 48]
     assert results["diffusion"]["delta_timestamps"]["observation.state"] == [-0.05, 0.0]
+
+
+READ_IN_PEER = """
+import sys, av
+from epishard.shardwriter import WindowIndex
+from epishard.stream.lerobot_dataset import EpishardLeRobotDataset
+index = WindowIndex.load_dataset(sys.argv[1])
+assert index.has_packets([0]).all(), "expected a camera read by packets"
+items = list(EpishardLeRobotDataset(sys.argv[1], {"action": [0.0, 0.05]}, stride=97, return_uint8=True))
+print(av.__version__, len(items), tuple(items[0]["observation.images.cam0"].shape))
+"""
+
+
+def test_the_drop_in_reads_packets_inside_lerobots_own_environment(tmp_path):
+    """LeRobot 0.4.4 pins PyAV < 16; epishard's packet decode path runs there too (so101 cloth: MPEG-4, GOP 12)."""
+    from conftest import shared_dataset
+
+    command = lerobot_command()
+    if command[0] == sys.executable:
+        pytest.skip("lerobot is in this venv: LeRobot's own environment is not a separate one here")
+    shards = tmp_path / "cloth"
+    convert([str(shared_dataset("so101_bimanual_cloth_v30"))], str(shards), ConvertOptions(progress=False))
+    env = {**os.environ, "PYTHONPATH": peer_pythonpath()}
+    run = subprocess.run(
+        [*command, "-c", READ_IN_PEER, str(shards)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    version, count, shape = run.stdout.split(maxsplit=2)
+    assert int(version.split(".")[0]) < 16  # PyAV 15: no reformat(threads=)
+    assert int(count) == 16 and shape.strip() == "(3, 224, 224)"
