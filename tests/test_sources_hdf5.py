@@ -152,6 +152,15 @@ def test_aloha_mapping_file_and_format_flag_through_the_cli(tmp_path, capsys):
     assert "observations/effort" in printed and "not kept" in printed
 
 
+def test_a_camera_the_source_lacks_is_refused_naming_its_cameras(tmp_path, capsys):
+    write_aloha(tmp_path / "aloha", [5])
+    argv = ["convert", str(tmp_path / "aloha"), str(tmp_path / "out"), "-q"]
+    assert main([*argv, "--cameras", "observation.images.front"]) == 2
+    err = capsys.readouterr().err
+    assert "camera observation.images.front is not in this source" in err, err
+    assert f"its cameras: {', '.join('observation.images.' + c for c in CAMS)}" in err, err
+
+
 def test_unknown_mapping_field_is_named(tmp_path):
     path = tmp_path / "m.toml"
     path.write_text('stat = ["qpos"]\n')

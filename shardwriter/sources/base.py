@@ -320,3 +320,22 @@ def concat(parts: list[np.ndarray], keys: tuple[str, ...], file: str) -> np.ndar
         desc = ", ".join(f"{k} {p.shape[0]} rows" for k, p in zip(keys, parts, strict=True))
         raise ConversionError(f"arrays of different lengths: {desc}", kind="length_mismatch", path=file)
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+
+def kept_cameras(cameras: dict[str, str] | None, wanted: tuple[str, ...] | None, root: str) -> dict[str, str]:
+    """The mapping's cameras (output name -> source key) that ``--cameras`` keeps (``None``: all).
+
+    Raises:
+        SourceError: ``wanted`` names a camera the source's mapping does not have (a typo would
+            otherwise surface as every episode missing that camera), listing the ones it has.
+    """
+    have = dict(cameras or {})
+    if wanted is None:
+        return have
+    unknown = [c for c in wanted if c not in have]
+    if unknown:
+        raise SourceError(
+            f"{root}: camera {', '.join(unknown)} is not in this source (--cameras takes the output names); "
+            f"its cameras: {', '.join(have) or 'none'}"
+        )
+    return {c: k for c, k in have.items() if c in wanted}

@@ -36,6 +36,7 @@ from .base import (
     column_name,
     concat,
     episode_numbers,
+    kept_cameras,
     natural_key,
     open_binary,
     require,
@@ -364,7 +365,7 @@ def open_hdf5(
     notes += dropped
     task = mapping.task or task
     fps = float(mapping.fps or (ALOHA_FPS if kind == "aloha" else ROBOMIMIC_FPS))
-    cams = {c: k for c, k in (mapping.cameras or {}).items() if cameras is None or c in cameras}
+    cams = kept_cameras(mapping.cameras, cameras, str(where))
     notes.append(
         f"{kind} mapping: state = {' + '.join(mapping.state or ()) or 'none'}, action = "
         f"{' + '.join(mapping.action or ()) or 'none'}, cameras = "

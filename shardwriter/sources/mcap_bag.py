@@ -42,6 +42,7 @@ from .base import (
     build_table,
     episode_numbers,
     file_stamp,
+    kept_cameras,
     open_binary,
     require,
     size_of,
@@ -377,7 +378,7 @@ def open_mcap(
             raise SourceError(
                 f"mapping: {field_name} takes one topic in an MCAP source, got {getattr(mapping, field_name)}"
             )
-    cams = {c: t for c, t in (mapping.cameras or {}).items() if cameras is None or c in cameras}
+    cams = kept_cameras(mapping.cameras, cameras, str(root))
     for topic in [*(mapping.state or ()), *(mapping.action or ()), *cams.values()]:
         if topic not in topics:
             raise SourceError(f"{files[0]}: no topic {topic} (topics: {', '.join(sorted(topics))}); see --mapping")

@@ -28,7 +28,7 @@ import numpy as np
 from ..episode import CameraFrames, Episode, FrameReader, LazyTable, LoadedTable, Source
 from ..errors import ConversionError, SourceError
 from ..storage import is_local, local_path, resolve_storage_options
-from .base import Mapping, SourceOptions, build_table, concat, require
+from .base import Mapping, SourceOptions, build_table, concat, kept_cameras, require
 
 CHUNK_FRAMES = 32  # frames read per chunk of a camera
 DEFAULT_FPS = 10.0
@@ -223,7 +223,7 @@ def open_replay_buffer(
     if not mapping.action:
         notes.append("no action array mapped: the shards have no action column (UMI derives actions from poses)")
     fps = float(mapping.fps or DEFAULT_FPS)
-    cams = {c: k for c, k in (mapping.cameras or {}).items() if cameras is None or c in cameras}
+    cams = kept_cameras(mapping.cameras, cameras, str(root))
     notes.insert(
         0,
         f"umi mapping: state = {' + '.join(mapping.state or ()) or 'none'}, action = "

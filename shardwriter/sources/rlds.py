@@ -39,6 +39,7 @@ from .base import (
     column_name,
     concat,
     file_stamp,
+    kept_cameras,
     open_binary,
     size_of,
     source_files,
@@ -383,7 +384,7 @@ def open_rlds(
     for key in sorted({k for k in [*features, *example] if k.startswith("episode_metadata/")}):
         notes.append(f"{key} (per episode) is not kept")
     fps = float(mapping.fps or DEFAULT_FPS)
-    cams = {c: k for c, k in (mapping.cameras or {}).items() if cameras is None or c in cameras}
+    cams = kept_cameras(mapping.cameras, cameras, str(root))
     notes.insert(
         0,
         f"rlds mapping: state = {' + '.join(mapping.state or ()) or 'none'}, action = "
