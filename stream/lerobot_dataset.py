@@ -61,7 +61,7 @@ _LEROBOT_DTYPES = {
     "string": "string",
     "large_string": "string",
 }
-STATS_CHOICES = ("source", "manifest")
+STATS_CHOICES = ("auto", "source", "manifest")
 _BOOKKEEPING = frozenset({"episode_index", "frame_index", "timestamp"})
 
 
@@ -193,7 +193,7 @@ class EpishardLeRobotMeta:
         post: PostProcess | None = None,
         selected: list[np.ndarray] | None = None,
         *,
-        stats: str | Mapping[str, Mapping[str, Any]] = "source",
+        stats: str | Mapping[str, Mapping[str, Any]] = "auto",
         source_root: str | list[str] | None = None,
         storage_options: dict | None = None,
     ):
@@ -240,10 +240,12 @@ class EpishardLeRobotMeta:
             self.stats, self.stats_from = _as_arrays(stats), "given"
         elif stats == "manifest":
             self.stats, self.stats_from = self.manifest_stats, "manifest"
-        elif stats == "source":
+        elif stats == "source" or (stats == "auto" and (source_root is not None or all(_lerobot(s) for s in sources))):
             roots = _source_roots(sources, source_root)
             self.stats = pool_stats([source_stats(r, storage_options) for r in roots])
             self.stats_from = "source: " + ", ".join(f"{r.rstrip('/')}/meta/stats.json" for r in roots)
+        elif stats == "auto":  # a conversion of another format (HDF5, Zarr, RLDS, MCAP): no stats.json
+            self.stats, self.stats_from = self.manifest_stats, "manifest"
         else:
             raise StatsError(f"stats must be one of {STATS_CHOICES} or a dict of statistics, not {stats!r}")
         self.info = {
@@ -262,7 +264,7 @@ class EpishardLeRobotMeta:
         url: str | list[str],
         *,
         image_size: tuple[int, int] | None = None,
-        stats: str | Mapping[str, Mapping[str, Any]] = "source",
+        stats: str | Mapping[str, Mapping[str, Any]] = "auto",
         source_root: str | list[str] | None = None,
         storage_options: dict | None = None,
     ) -> EpishardLeRobotMeta:
@@ -273,7 +275,7 @@ class EpishardLeRobotMeta:
             StatsError: see ``EpishardLeRobotDataset``.
         """
         urls = url if isinstance(url, list) else [url]
-        sources = [DatasetSource(u, storage_options) for u in urls]
+        sources = [_open(u, storage_options) for u in urls]
         return cls(
             sources,
             PostProcess(size=image_size),
@@ -287,6 +289,18 @@ class EpishardLeRobotMeta:
             f"EpishardLeRobotMeta({self.repo_id!r}, fps={self.fps}, episodes={self.total_episodes}, "
             f"frames={self.total_frames}, cameras={self.camera_keys}, stats={self.stats_from!r})"
         )
+
+
+def _lerobot(source: DatasetSource) -> bool:
+    """Whether every source the dataset was converted from is a LeRobot dataset (it has a ``meta/stats.json``)."""
+    return bool(source.manifest.sources) and all(e.format.startswith("lerobot") for e in source.manifest.sources)
+
+
+def _open(url, storage_options: dict | None, fetch: FetchPolicy | None = None) -> DatasetSource:
+    """``DatasetSource``; a LeRobot folder or Hub repo id given in its place is named as one (``NotConverted``)."""
+    from .dataset import open_source
+
+    return open_source(url, storage_options, fetch)
 
 
 def _source_roots(sources: list[DatasetSource], source_root: str | list[str] | None) -> list[str]:
@@ -374,9 +388,11 @@ class EpishardLeRobotDataset(WindowDataset):
             divides by 255 itself); default float32 in [0, 1].
         image_size: ``(H, W)`` every RGB camera is resized to (bilinear, antialiased) before the
             float conversion; ``meta.features`` gives the size returned. None: as stored (LeRobot's).
-        stats: which statistics ``meta.stats`` holds (LeRobot normalises with them): ``"source"``
-            (default; LeRobot's own: the LeRobot dataset's ``meta/stats.json``, read from
-            ``source_root`` or the path the manifest records), ``"manifest"`` (epishard's, computed
+        stats: which statistics ``meta.stats`` holds (LeRobot normalises with them): ``"auto"``
+            (default: ``"source"`` for a dataset converted from LeRobot, or when ``source_root`` is
+            given; else ``"manifest"``), ``"source"`` (LeRobot's own: the LeRobot dataset's
+            ``meta/stats.json``, read from ``source_root`` or the path the manifest records),
+            ``"manifest"`` (epishard's, computed
             over the episodes converted: they differ when only some were converted), or a dict of
             your own (key -> statistic -> array). ``meta.manifest_stats`` always holds epishard's.
         source_root: the LeRobot dataset folder or URL (one per dataset of a mix) for ``stats="source"``.
@@ -403,7 +419,7 @@ class EpishardLeRobotDataset(WindowDataset):
         *,
         return_uint8: bool = False,
         image_size: tuple[int, int] | None = None,
-        stats: str | Mapping[str, Mapping[str, Any]] = "source",
+        stats: str | Mapping[str, Mapping[str, Any]] = "auto",
         source_root: str | list[str] | None = None,
         tolerance_s: float = 1e-4,
         stride: int = 1,
@@ -420,7 +436,7 @@ class EpishardLeRobotDataset(WindowDataset):
         opened = []
         for item in items:
             src, weight = item if isinstance(item, tuple) else (item, None)
-            src = src if isinstance(src, DatasetSource) else DatasetSource(src, storage_options, fetch)
+            src = src if isinstance(src, DatasetSource) else _open(src, storage_options, fetch)
             opened.append(src if weight is None else (src, weight))
         first = opened[0][0] if isinstance(opened[0], tuple) else opened[0]
         post = PostProcess(size=image_size)
@@ -496,6 +512,18 @@ class EpishardLeRobotDataset(WindowDataset):
     def num_episodes(self) -> int:
         """Selected episodes (LeRobot's ``num_episodes``)."""
         return self.meta.total_episodes
+
+    def __getitem__(self, index):
+        """Not supported: the drop-in streams (an ``IterableDataset``); raises ``TypeError``.
+
+        Windows come in the plan's shuffled order through ``iter(ds)`` or a ``DataLoader``; a
+        ``sampler`` or ``shuffle=True`` is not needed (nor accepted by torch for it).
+        """
+        raise TypeError(
+            f"EpishardLeRobotDataset[{index!r}]: the drop-in streams windows and is not indexable; take items "
+            "with iter(ds) / next(...) or a DataLoader (no sampler, no shuffle=True: the plan shuffles, by seed "
+            "and epoch)"
+        )
 
     def set_image_transforms(self, image_transforms: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
         """Replace the transform applied to the cameras (LeRobot 0.6.1's method)."""

@@ -161,6 +161,32 @@ def test_stats_source_names_the_missing_file_and_the_choices(tmp_path):
         EpishardLeRobotDataset(str(out), {"observation.images.front": [0.0]})
 
 
+def test_a_conversion_of_another_format_takes_the_manifests_stats_and_a_raw_folder_is_named(tmp_path):
+    """Another source format (ALOHA HDF5) has no ``meta/stats.json``: the default takes epishard's
+    statistics and says so; a LeRobot folder that was never converted is named as one; items are
+    taken by iteration, and indexing says so."""
+    pytest.importorskip("h5py")
+    from test_sources_hdf5 import write_aloha
+
+    from epishard.shardwriter.describe import NotConverted
+
+    write_aloha(tmp_path / "aloha", [6, 5])
+    out = tmp_path / "out"
+    convert([str(tmp_path / "aloha")], str(out), ConvertOptions(workers=1, progress=False))
+    ds = EpishardLeRobotDataset(str(out))
+    assert ds.meta.stats_from == "manifest"
+    manifest = json.loads((out / "manifest.json").read_text())["stats"]
+    np.testing.assert_array_equal(ds.meta.stats["action"]["mean"], np.asarray(manifest["action"]["mean"]))
+    with pytest.raises(StatsError, match=r"aloha/meta/stats\.json"):
+        EpishardLeRobotDataset(str(out), stats="source")
+    item = next(iter(ds))
+    assert item["observation.images.top"].dtype == torch.float32 and int(item["episode_index"]) in (0, 1)
+    with pytest.raises(TypeError, match="not indexable"):
+        ds[0]
+    with pytest.raises(NotConverted, match="epishard convert"):
+        EpishardLeRobotDataset(str(SAMPLE))
+
+
 def test_pooled_stats_of_a_mix_are_exact_for_mean_and_std():
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(100, 3)), rng.normal(2.0, 3.0, size=(50, 3))
