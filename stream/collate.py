@@ -77,10 +77,15 @@ class BufferedCollate:
         slots: int,
         flags: SlotFlags | None = None,
         max_bytes: int = RECYCLE_BYTES,
+        frames: list[str] | None = None,
     ):
         self.keys, self.dtype, self.scale = set(keys), dtype, scale
         self.buffers = BatchBuffers(slots)
         self.flags, self.max_bytes = flags, max_bytes
+        # Recycled: only these fields (the cameras' frames, where the bytes are) go into the slot, so a
+        # small field kept by the training loop (a mask, telemetry, ``.numpy()`` of an index) does not
+        # hold the slot; None: every tensor field.
+        self.frames = None if frames is None else set(frames)
         # With flags (recycled buffers): a batch that cannot go into its slot goes into fresh memory.
         self.fresh = FloatCollate(sorted(keys), dtype, scale) if keys else default_collate
 
@@ -99,8 +104,11 @@ class BufferedCollate:
         )
         info = get_worker_info()
         if self.flags is not None and info is not None:
+            if self.frames is not None:
+                tensors = [k for k in tensors if k in self.frames]
+                fields = tuple(f for f in fields if f.key in self.frames)
             got = self.buffers.take_free(fields, len(samples), self.flags.flags[info.id], self.max_bytes)
-            if got is None:
+            if got is None or not fields:
                 return self.fresh(samples)
             slot, out = got
             batch = self._write(samples, tensors, out)

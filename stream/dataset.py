@@ -1281,7 +1281,13 @@ class WindowLoader(DataLoader):
             slots = recycle_slots(workers, kw.get("prefetch_factor"))
             flags = SlotFlags(workers, slots)
             self._recycling = BufferedCollate(
-                rgb, dataset.post.dtype, dataset.post.scale, slots=slots, flags=flags, max_bytes=cap
+                rgb,
+                dataset.post.dtype,
+                dataset.post.scale,
+                slots=slots,
+                flags=flags,
+                max_bytes=cap,
+                frames=sorted(dataset.layout.depth),  # the cameras: only their frames are recycled
             )
             kw["collate_fn"] = self._recycling  # (a wrapper set later, e.g. a timer, keeps calling it)
             self._recycled = RecycledBatches(flags)

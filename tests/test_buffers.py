@@ -239,3 +239,24 @@ def test_recycle_buffers_is_refused_where_it_cannot_apply(dataset):
     assert _loader(dataset, num_workers=0)._recycled is None  # the default: only with workers
     assert _loader(dataset, num_workers=2, recycle_buffers=False)._recycled is None
     assert _loader(dataset, num_workers=2, collate_fn=FloatCollate(list(CAMS)))._recycled is None
+
+
+def test_small_fields_kept_do_not_hold_the_recycled_frames(dataset):
+    """Only the cameras' frames live in the recycled slots: keeping the state, the masks or an index
+    (``.numpy()`` views, as a logger does) leaves the slots free, and those values stay intact."""
+    fresh = _loader(dataset, torch.uint8, recycle_buffers=False, num_workers=2)
+    expected = [_clone(b) for _ in range(3) for b in fresh]
+    loader = _loader(dataset, torch.uint8, num_workers=2, persistent_workers=True)
+    storages, kept, n = set(), [], 0
+    for _ in range(3):
+        for batch in loader:
+            storages.add(batch[CAMS[0]].untyped_storage().data_ptr())
+            kept.append((batch["observation.state"], batch["episode_index"].numpy(), batch[f"{CAMS[0]}_is_pad"]))
+            n += 1
+            del batch
+            time.sleep(0.02)
+    assert n == len(expected)
+    assert len(storages) <= 2 * recycle_slots(2, None) + n // 4
+    for (state, episodes, pad), e in zip(kept, expected, strict=True):
+        assert torch.equal(state, e["observation.state"]) and episodes.tolist() == e["episode_index"].tolist()
+        assert torch.equal(pad, e[f"{CAMS[0]}_is_pad"])
