@@ -21,6 +21,20 @@ from pathlib import Path
 import torch
 
 
+def compact(item: dict, cameras) -> dict:
+    """The item with float frames as uint8 ``round(x * 255)``, after checking that each is exactly ``u8 / 255``."""
+    out = dict(item)
+    exact = True
+    for cam in cameras:
+        f = item[cam]
+        if f.dtype.is_floating_point:
+            u8 = (f * 255).round().to(torch.uint8)
+            exact = exact and f.dtype == torch.float32 and torch.equal(u8 / 255.0, f)
+            out[cam] = u8
+    out["float_exact"] = exact
+    return out
+
+
 def main() -> None:
     """Dump the items (see the module docstring)."""
     import lerobot
@@ -34,18 +48,7 @@ def main() -> None:
         ds = LeRobotDataset(f"local/{root.name}", root=root, delta_timestamps=job["delta_timestamps"], **kw)
         where = {int(x): i for i, x in enumerate(ds.hf_dataset.select_columns(["index"])["index"])}
         cameras = set(ds.meta.camera_keys)
-        items = []
-        for key in job["keys"]:
-            item = ds[where[key]]
-            exact = True
-            for cam in cameras:
-                f = item[cam]
-                if f.dtype.is_floating_point:
-                    u8 = (f * 255).round().to(torch.uint8)
-                    exact = exact and f.dtype == torch.float32 and torch.equal(u8 / 255.0, f)
-                    item[cam] = u8
-            item["float_exact"] = exact
-            items.append(item)
+        items = [compact(ds[where[key]], cameras) for key in job["keys"]]
         out["jobs"].append({"root": str(root), "items": items})
     torch.save(out, sys.argv[2])
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import SAMPLE, shared_dataset
+from lerobot_peer_items import compact
 
 from epishard.shardwriter import ConvertOptions, convert
 from epishard.stream.lerobot_dataset import EpishardLeRobotDataset, StatsError, pool_stats
@@ -47,20 +48,6 @@ def delta_sets(cameras: list[str], fps: float) -> dict[str, dict[str, list[float
             "action": [k / fps for k in (-1, 0, 1, 3, 6, 10, 15, 24)],
         },
     }
-
-
-def compact(item: dict, cameras: list[str]) -> dict:
-    """The item with float frames as uint8 ``round(x * 255)``, after checking that each is exactly ``u8 / 255``."""
-    out = dict(item)
-    exact = True
-    for cam in cameras:
-        f = item[cam]
-        if f.dtype.is_floating_point:
-            u8 = (f * 255).round().to(torch.uint8)
-            exact = exact and f.dtype == torch.float32 and torch.equal(u8 / 255.0, f)
-            out[cam] = u8
-    out["float_exact"] = exact
-    return out
 
 
 def peer_python(version: str) -> tuple[str, str, bool]:
