@@ -77,3 +77,21 @@ def reference(intact) -> list[dict]:
 def keyed_reference(reference) -> dict[tuple[int, int], dict]:
     """``reference`` keyed by (episode_index, frame_index)."""
     return {(int(s["episode_index"]), int(s["frame_index"])): s for s in reference}
+
+
+@pytest.fixture(scope="module")
+def netns():
+    """The test module runs in a loopback-only network namespace (``raycluster.loopback_namespace``)."""
+    import raycluster
+
+    with raycluster.loopback_namespace():
+        yield
+
+
+@pytest.fixture(scope="module")
+def ray_s3(netns, moto_s3):
+    """(storage options, s3fs, Ray address): a moto server and a 2-node Ray cluster, both in the namespace."""
+    import raycluster
+
+    with raycluster.cluster() as address:
+        yield (*moto_s3, address)

@@ -21,19 +21,6 @@ CAM = "observation.images.front"
 
 
 @pytest.fixture(scope="module")
-def netns():
-    with raycluster.loopback_namespace():
-        yield
-
-
-@pytest.fixture(scope="module")
-def ray_s3(netns, moto_s3):
-    """(storage options, s3fs, Ray address): a moto server and a 2-CPU Ray cluster, both in the namespace."""
-    with raycluster.cluster() as address:
-        yield (*moto_s3, address)
-
-
-@pytest.fixture(scope="module")
 def src(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("frray") / "src")
     write_v2(root, [5, 4, 6], [CAM])

@@ -34,19 +34,6 @@ OPTIONS = ConvertOptions(max_episodes_per_shard=2, progress=False)
 
 
 @pytest.fixture(scope="module")
-def netns():
-    with raycluster.loopback_namespace():
-        yield
-
-
-@pytest.fixture(scope="module")
-def ray_s3(netns, moto_s3):
-    """(storage options, s3fs, Ray address) of a moto server and a Ray cluster, both inside the namespace."""
-    with raycluster.cluster() as address:
-        yield (*moto_s3, address)
-
-
-@pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> list[str]:
     root = tmp_path_factory.mktemp("ray_sources")
     write_v2(str(root / "v21"), [12, 9, 10], [CAMERA], fps=10)
