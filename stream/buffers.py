@@ -176,7 +176,8 @@ class RecycledBatches:
 
     ``received(batch)`` for each batch drawn: removes the batch's ``__slot__`` entry (int64 ``[2]``:
     worker, slot; absent for a batch the worker collated into fresh memory) and keeps that slot's
-    storage referenced (so torch's ``shared_cache`` maps nothing new when the slot comes round:
+    storage (a ``frames`` field's: the fields the collate writes into slots) referenced (so
+    torch's ``shared_cache`` maps nothing new when the slot comes round:
     ``HeldBatches``' reason). ``poll()`` (also run by ``received``) clears the flag of every slot
     whose storage has no reference left but this object's: no tensor, view, ``.detach()`` or
     ``.numpy()`` of the batch is alive (the storage's use count, not a guess from the batch's age).
@@ -184,8 +185,9 @@ class RecycledBatches:
     into fresh memory instead, so a batch's values never change under its holder.
     """
 
-    def __init__(self, flags: SlotFlags):
+    def __init__(self, flags: SlotFlags, frames: list[str] | None = None):
         self.flags = flags
+        self.frames = frames  # the fields written into the slots (None: every tensor field)
         self._storages: dict[tuple[int, int], torch.UntypedStorage] = {}
         self._pending: set[tuple[int, int]] = set()
 
@@ -200,8 +202,9 @@ class RecycledBatches:
         slot = batch.pop("__slot__", None)
         if slot is not None:
             w, i = (int(x) for x in slot.tolist())
-            tensors = [v for v in batch.values() if isinstance(v, torch.Tensor)]
-            self._storages[(w, i)] = max(tensors, key=lambda t: t.untyped_storage().nbytes()).untyped_storage()
+            # The slot's storage: a field written into it (the others are in fresh memory).
+            keys = [k for k in (self.frames or batch) if isinstance(batch.get(k), torch.Tensor)]
+            self._storages[(w, i)] = batch[keys[0]].untyped_storage()
             self._pending.add((w, i))
         self.poll()
 

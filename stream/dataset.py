@@ -1278,6 +1278,7 @@ class WindowLoader(DataLoader):
         else:
             cap = 1 << 62  # asked for: whatever the ring's size
         if recycle_buffers:
+            self._recycling_frames = sorted(dataset.layout.depth)  # the cameras: only their frames are recycled
             slots = recycle_slots(workers, kw.get("prefetch_factor"))
             flags = SlotFlags(workers, slots)
             self._recycling = BufferedCollate(
@@ -1287,10 +1288,10 @@ class WindowLoader(DataLoader):
                 slots=slots,
                 flags=flags,
                 max_bytes=cap,
-                frames=sorted(dataset.layout.depth),  # the cameras: only their frames are recycled
+                frames=list(self._recycling_frames),
             )
             kw["collate_fn"] = self._recycling  # (a wrapper set later, e.g. a timer, keeps calling it)
-            self._recycled = RecycledBatches(flags)
+            self._recycled = RecycledBatches(flags, self._recycling_frames)
         elif defer_float and ours and not reuse_buffers:
             kw["collate_fn"] = FloatCollate(rgb, dataset.post.dtype, dataset.post.scale)
         view = dataset.with_options(
@@ -1316,7 +1317,7 @@ class WindowLoader(DataLoader):
             # New workers, new rings: new flags (a worker still stopping keeps the old ones, which stay set).
             flags = SlotFlags(self.num_workers, self._recycling.buffers.slots)
             self._recycling.flags = flags
-            self._recycled = RecycledBatches(flags)
+            self._recycled = RecycledBatches(flags, self._recycling_frames)
         resume = self.dataset._resume
         self._start = resume if resume is not None and resume.epoch == self._epoch else Resume(self._epoch)
         self._batches = 0
