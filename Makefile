@@ -34,7 +34,7 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python tools/typecheck.py
+	$(BIN)/python tools/dev/typecheck.py
 
 # LeRobot 0.4.4 in its own venv, for the tests that run LeRobot's code beside epishard
 # (tests/test_lerobot_dropin.py, tests/test_lerobot_trainer.py): built from ../shared/peers when that
@@ -45,7 +45,7 @@ LEROBOT_VENV ?= /tmp/peer/lerobot-venv
 lerobot-peer:
 	@if [ ! -d $(PEERS) ]; then echo "no $(PEERS): the LeRobot tests will skip"; \
 	elif { test -x $(LEROBOT_VENV)/bin/python || bash $(PEERS)/setup_lerobot_venv.sh $(LEROBOT_VENV); } \
-	  && bash tools/peers/setup_lerobot_train.sh $(LEROBOT_VENV); then :; \
+	  && bash tools/bench/peers/setup_lerobot_train.sh $(LEROBOT_VENV); then :; \
 	else echo "WARNING: the LeRobot peer venv $(LEROBOT_VENV) could not be built: the LeRobot tests will skip"; fi
 
 test: lint lerobot-peer

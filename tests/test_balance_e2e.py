@@ -1,4 +1,4 @@
-"""tools/train_example.py --balance under torchrun (one node, two processes, gloo on loopback): it
+"""tools/examples/train_example.py --balance under torchrun (one node, two processes, gloo on loopback): it
 trains, every rank runs the same number of steps, and rank 0 prints the balance telemetry (per epoch
 and for the run); ``--balance --chunk-batches 1`` keeps the plain reader's batches step by step."""
 
@@ -90,7 +90,7 @@ def _torchrun(args: list[str]) -> str:
             "127.0.0.1",
             "--master-port",
             str(port),
-            str(REPO / "tools" / "train_example.py"),
+            str(REPO / "tools" / "examples" / "train_example.py"),
             *args,
         ],
         stdout=subprocess.PIPE,

@@ -1,4 +1,5 @@
-"""``tools/peers/decodelimit.py``'s GOP-aware decode limit and ``tools/bench_decode.py`` (decoder open cost).
+"""``tools/bench/peers/decodelimit.py``'s GOP-aware decode limit and ``tools/bench/bench_decode.py``
+(decoder open cost).
 
 The GOP count is checked against ``WindowIndex.decoded_frames`` (the reader's own count) on made-up
 keyframe tables; the real-data checks skip when ../shared/data is absent.
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import REPO, SHARED_DATA, shared_dataset
 
-sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tools" / "bench"))
 
 
 def _reader_count(keys: np.ndarray, first: int, n: int, frames_in_video: int) -> int:
@@ -122,7 +123,7 @@ def test_bench_decode_prints_both_tables(capsys):
 
     assert bench_decode.main(["--repeats", "2", "--codecs", "hevc,mpeg4"]) == 0
     out = capsys.readouterr().out
-    assert "Command: `python tools/bench_decode.py --repeats 2 --codecs hevc,mpeg4`" in out
+    assert "Command: `python tools/bench/bench_decode.py --repeats 2 --codecs hevc,mpeg4`" in out
     rows = [line for line in out.splitlines() if line.startswith("| mpeg4 |") or line.startswith("| hevc |")]
     assert len(rows) == 6  # one open row and two RGB rows (sws threads 1, auto) per codec
     assert "| mpeg4 | 224x224 | 348 |" in out

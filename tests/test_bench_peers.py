@@ -1,4 +1,5 @@
-"""``tools/bench_peers.py``: the quick smoke run, the tiler, option detection, and ``--charts`` without matplotlib.
+"""``tools/bench/bench_peers.py``: the quick smoke run, the tiler, option detection, and ``--charts`` without
+matplotlib.
 
 The smoke run is the command as users run it (a subprocess), ``--quick`` on the bundled sample with
 the LeRobot peers absent. Needs neither ../shared nor the peer venvs.
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import REPO, SAMPLE
 
-sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tools" / "bench"))
 
 SYSTEMS = ["lerobot", "lerobot061-u8", "webdataset", "naive", "es-f32", "es-u8", "es-u8-pe4"]
 
@@ -24,7 +25,7 @@ def _cmd(tmp_path, *extra: str) -> list[str]:
     peers.mkdir(exist_ok=True)
     return [
         sys.executable,
-        str(REPO / "tools" / "bench_peers.py"),
+        str(REPO / "tools" / "bench" / "bench_peers.py"),
         "--quick",
         "--source",
         str(SAMPLE),
@@ -107,7 +108,7 @@ def test_bench_peers_quick_on_sample_without_peers(tmp_path, monkeypatch):
     assert (
         "## Headline: matched diversity" in md
         and "| epishard u8 | uint8 |" in md
-        and "tools/bench_peers.py --quick" in md
+        and "tools/bench/bench_peers.py --quick" in md
     )
     for name in ("peers_samples_per_s.png", "peers_diversity.png", "peers_epishard_stages.png"):
         assert (tmp_path / "charts" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -115,7 +116,7 @@ def test_bench_peers_quick_on_sample_without_peers(tmp_path, monkeypatch):
 
     # --render redraws the same tables from the JSON lines, running nothing
     again = tmp_path / "again.md"
-    cmd = [sys.executable, str(REPO / "tools" / "bench_peers.py"), "--render", str(tmp_path / "peers.jsonl")]
+    cmd = [sys.executable, str(REPO / "tools" / "bench" / "bench_peers.py"), "--render", str(tmp_path / "peers.jsonl")]
     cmd += ["--out", str(tmp_path / "again.jsonl"), "--markdown", str(again), "--charts", ""]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(REPO), env={**_base_env(), **env})
     assert p.returncode == 0, p.stdout + p.stderr

@@ -1,4 +1,4 @@
-"""The Ray Data peer of tools/bench_peers.py (tools/peers/raydata.py): registration, the overlay that
+"""The Ray Data peer of tools/bench/bench_peers.py (tools/bench/peers/raydata.py): registration, the overlay that
 puts this venv's Ray beside the LeRobot 0.6.1 peer's lerobot, and the skip / failure messages.
 
 Fast (no Ray cluster is started: ``ray.init`` alone takes 5-30 s on 2 cores); tests that need Ray
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+TOOLS = Path(__file__).resolve().parents[1] / "tools" / "bench"
 if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
 

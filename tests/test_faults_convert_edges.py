@@ -468,7 +468,7 @@ def test_v2_refusal_names_every_video_file_it_looked_for(tmp_path):
 def test_train_example_resumes_from_a_checkpoint_folder_named_like_a_pattern(tmp_path, monkeypatch):
     import torch
 
-    monkeypatch.syspath_prepend(str(REPO / "tools"))
+    monkeypatch.syspath_prepend(str(REPO / "tools" / "examples"))
     import train_example
 
     folder = tmp_path / "run[1]"  # as a pattern it matches "run1", which holds no states

@@ -1,7 +1,7 @@
 """LeRobot's own factories build and train ACT and Diffusion on ``EpishardLeRobotDataset`` batches.
 
 In the LeRobot 0.4.4 peer venv (``make test`` builds it when ``../shared/peers`` exists: its
-``setup_lerobot_venv.sh``, then ``tools/peers/setup_lerobot_train.sh`` for the policies' imports), or in
+``setup_lerobot_venv.sh``, then ``tools/bench/peers/setup_lerobot_train.sh`` for the policies' imports), or in
 this venv when it has lerobot: ``make_policy(cfg, ds_meta=ds.meta)``,
 ``make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)``, the policy's optimizer preset and
 LeRobot's ``resolve_delta_timestamps`` from the drop-in's meta; 20 updates each from a plain
@@ -55,7 +55,7 @@ def lerobot_command(peer: tuple[str, str] = (PEER_ENV, PEER_PYTHON), here: bool 
     probe = subprocess.run(["bash", "-c", f"{env}exec {PEER_PYTHON} -c '{CHECK}'"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(
-            f"{PEER_PYTHON} cannot import LeRobot's policies (bash tools/peers/setup_lerobot_train.sh): "
+            f"{PEER_PYTHON} cannot import LeRobot's policies (bash tools/bench/peers/setup_lerobot_train.sh): "
             f"{probe.stderr.strip().splitlines()[-1:]}"
         )
     return ["bash", "-c", f'{env}exec {PEER_PYTHON} "$@"', "lerobot"]

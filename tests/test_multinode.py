@@ -1,5 +1,5 @@
 """Two "nodes" on loopback (two torchrun launches, --nnodes 2), two processes each, two DataLoader
-workers per process, running tools/train_example.py on a 3-shard dataset (8 consumers > 3 shards)
+workers per process, running tools/examples/train_example.py on a 3-shard dataset (8 consumers > 3 shards)
 with uneven episode lengths: exactly-once windows, equal steps per rank, new order per epoch, exact
 resume from a checkpoint, a clear refusal when a rank's state is missing, and elastic resume of a
 2-process run with 3 processes."""
@@ -94,7 +94,7 @@ def _torchrun(nnodes: int, nproc: int, args: list[str], expect_ok: bool = True) 
                 "127.0.0.1",
                 "--master-port",
                 str(port),
-                str(REPO / "tools" / "train_example.py"),
+                str(REPO / "tools" / "examples" / "train_example.py"),
                 *args,
             ],
             stdout=subprocess.PIPE,

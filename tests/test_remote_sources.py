@@ -223,14 +223,15 @@ def test_every_command_with_the_endpoint_only_in_the_environment(s3, capsys, mon
 
 
 def test_train_example_reads_a_bucket_through_storage_options(s3, capsys, monkeypatch):
-    """tools/train_example.py (one process, no torchrun; run in this process) trains from shards in
+    """tools/examples/train_example.py (one process, no torchrun; run in this process) trains from shards in
     the bucket, the endpoint given only with --storage-options."""
     import importlib.util
 
     url = f"s3://{BUCKET}/shards/for-training"
     convert([f"s3://{BUCKET}/raw/v2"], url, OPTS, storage_options=s3)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("train_example", os.path.join(repo, "tools", "train_example.py"))
+    script = os.path.join(repo, "tools", "examples", "train_example.py")
+    spec = importlib.util.spec_from_file_location("train_example", script)
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     args = [url, "--storage-options", json.dumps(s3), "--workers", "0", "--batch-size", "2", "--size", "32"]
