@@ -3,15 +3,18 @@
 The project keeps three packages at the top of the repository (``shardwriter/``, ``stream/``,
 ``balance/``); installed, they live under this one import namespace as ``epishard.shardwriter``,
 ``epishard.stream`` and ``epishard.balance`` (pyproject.toml maps the folders), so installing
-epishard never shadows PyPI's own ``stream`` or ``balance``.
+epishard never shadows PyPI's own ``stream`` or ``balance``. The format they share (names,
+manifest, index, validation, storage, the decoder glue) is ``epishard.format``, in this folder.
 
 The names below are the curated API. They are imported on first use (PEP 562), so
 ``import epishard`` and ``epishard --help`` stay fast: torch and torchcodec load only when a
 reader name is used.
 
 Writer: ``convert``, ``ConvertOptions``, ``Episode``, ``CameraVideo``, ``TableSlice``, ``Source``,
-``read_lerobot``, ``ReencodeSpec``, ``verify``, ``WindowIndex``, ``ConversionError``,
-``SourceError``, ``OutputFolderError``.
+``read_lerobot``, ``ReencodeSpec``, ``verify``, ``ConversionError``, ``SourceError``,
+``OutputFolderError``.
+Format (``epishard.format``, the contract writer and reader share): ``Manifest``, ``WindowIndex``,
+``FormatError``.
 Reader: ``WindowDataset``, ``WindowLoader``, ``WindowSpec``, ``segment``, ``PostProcess``,
 ``DatasetSource``.
 Balancing: ``BalancedWindowDataset``, ``CostModel``, ``balanced_steps``.
@@ -52,10 +55,12 @@ _API = {
     "read_lerobot": "epishard.shardwriter",
     "ReencodeSpec": "epishard.shardwriter",
     "verify": "epishard.shardwriter",
-    "WindowIndex": "epishard.shardwriter",
     "ConversionError": "epishard.shardwriter",
     "SourceError": "epishard.shardwriter",
     "OutputFolderError": "epishard.shardwriter",
+    "Manifest": "epishard.format.manifest",
+    "WindowIndex": "epishard.format.index",
+    "FormatError": "epishard.format.errors",
     "WindowDataset": "epishard.stream",
     "WindowLoader": "epishard.stream",
     "WindowSpec": "epishard.stream",

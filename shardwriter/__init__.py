@@ -6,11 +6,12 @@ Public API: ``convert``, ``ConvertOptions``, ``Episode``, ``CameraVideo``, ``Tab
 docs/FORMAT.md and defined in ``shardwriter.format``.
 """
 
+from epishard.format.index import WindowIndex
+from epishard.format.manifest import Manifest
+
 from .convert import ConvertOptions, convert
 from .episode import CameraVideo, Episode, Source, TableSlice
 from .errors import ConversionError, OutputFolderError, SourceError
-from .format import Manifest
-from .index import WindowIndex
 from .lerobot import read_lerobot
 from .verify import verify
 from .video import ReencodeSpec

@@ -31,17 +31,18 @@ from typing import Literal
 import av
 import pyarrow as pa
 
+from epishard.format import manifest as fmt
+from epishard.format import untrusted
+from epishard.format.errors import check_choice
+from epishard.format.index import WindowIndex, dataset_index_bytes, encode_index, read_shard_meta, read_table_bytes
+from epishard.format.stats import DatasetStats
+from epishard.format.storage import Storage
 from epishard.redact import redact, redact_optional, scrubbed
 
-from . import format as fmt
-from . import untrusted
 from .episode import Episode, LazyTable, Source, TableSlice, file_size
-from .errors import ConversionError, OutputFolderError, SourceError, check_choice
-from .index import WindowIndex, dataset_index_bytes, encode_index, read_shard_meta, read_table_bytes
+from .errors import ConversionError, OutputFolderError, SourceError
 from .prepare import PrepareOptions, prepare
 from .sources import SourceOptions, open_source
-from .stats import DatasetStats
-from .storage import Storage
 from .tarwriter import TarShardWriter
 from .verify import camera_notes
 from .video import ReencodeSpec

@@ -6,59 +6,16 @@ prints after ``convert`` and ``verify``.
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import sys
 
 import numpy as np
 
+from epishard.format import manifest as fmt
+from epishard.format.opening import NotConverted, lerobot_instead, load_shard_indexes
+from epishard.format.storage import Storage
+from epishard.format.untrusted import check_size, printable
+from epishard.format.validate import totals_mismatches
 from epishard.redact import redact, scrubbed
-
-from . import format as fmt
-from .storage import Storage
-from .untrusted import check_size, printable
-from .validate import load_shard_indexes, totals_mismatches
-
-
-class NotConverted(FileNotFoundError):
-    """The path is a LeRobot dataset, or a Hugging Face repo id, where an epishard dataset was expected."""
-
-
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-
-
-def lerobot_instead(root: str, storage_options: dict | None = None) -> str | None:
-    """The message for a ``root`` that is a LeRobot dataset rather than a converted (epishard) one, else None.
-
-    A LeRobot dataset: ``meta/info.json`` under ``root`` (a folder or any URL). A Hugging Face repo
-    id (``lerobot/svla_so101_pickplace``: ``owner/name``, no scheme, no such local path): said to be
-    one, with the ``hf://datasets/...`` URL ``convert`` takes. Both say to run ``epishard convert``
-    first, then to stream the output (``WindowDataset``, or the LeRobot drop-in). Errors reading
-    ``root`` are left to the caller's own checks (None).
-    """
-    after = (
-        "then stream OUT (epishard stream OUT, WindowDataset(OUT, ...), or LeRobot's dataset API through the "
-        "drop-in epishard.stream.lerobot_dataset.EpishardLeRobotDataset(OUT, delta_timestamps=...))"
-    )
-    if "://" not in root and _REPO_ID.fullmatch(root) and not os.path.exists(root):
-        return (
-            f"{root}: no such folder; this looks like the Hugging Face repo id of a LeRobot dataset, not an epishard "
-            f"dataset: run epishard convert hf://datasets/{root} OUT first, {after}"
-        )
-    try:
-        storage = Storage(root, storage_options)
-        if not storage.exists("meta/info.json"):
-            return None
-        info = json.loads(storage.read("meta/info.json")[: 1 << 20])
-        version = info.get("codebase_version") if isinstance(info, dict) else None
-    except Exception:  # unreadable or not JSON: the caller's own "no manifest" message stands
-        return None
-    what = f"LeRobot {printable(str(version))} dataset" if version else "LeRobot dataset"
-    return (
-        f"{redact(root)}: this is a {what} (meta/info.json), not an epishard dataset: run epishard convert "
-        f"{redact(root)} OUT first, {after}"
-    )
 
 
 @scrubbed  # its exceptions and their chains name no credentials

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .storage import RemoteFile
+from epishard.format.storage import RemoteFile
 
 FileInput = str | RemoteFile
 """A file given by reference: a local path, or a ``storage.RemoteFile`` (any fsspec URL)."""

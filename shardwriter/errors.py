@@ -1,44 +1,26 @@
-"""Errors raised by the writer, each naming where the problem is, and the error-policy vocabulary.
+"""Errors raised by the writer, each naming where the problem is.
 
-The vocabulary is shared by writer and reader, with the check of option values against their
-allowed values.
+The error-policy vocabulary (``ErrorPolicy``) and the check of option values against their allowed
+values (``check_choice``) are shared by writer and reader: they are defined in
+``epishard.format.errors`` and exported here too.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Any
 
+from epishard.format.errors import DEPRECATED_POLICIES, ERROR_POLICIES, ErrorPolicy, check_choice
 from epishard.redact import redact, redact_optional
 
-# What to do about a bad input, in every option of writer and reader that decides it: stop with an
-# error ("raise"), leave the input out and count it ("skip"), or go on and report it ("warn").
-ErrorPolicy = Literal["raise", "skip", "warn"]
-ERROR_POLICIES: tuple[str, ...] = get_args(ErrorPolicy)
-# Spellings of earlier releases, still accepted with a DeprecationWarning.
-DEPRECATED_POLICIES = {"fail": "raise"}
-
-
-def check_choice(
-    owner: str, name: str, value: object, allowed: tuple[str, ...], deprecated: Mapping[str, str] = DEPRECATED_POLICIES
-) -> str:
-    """``value`` if it is one of ``allowed``; the new spelling of a deprecated one.
-
-    A deprecated value warns (``DeprecationWarning``), e.g. ``"fail"`` -> ``"raise"``.
-
-    Raises:
-        ValueError: names ``owner``, ``name``, the value and the allowed values.
-    """
-    if value in deprecated and deprecated[value] in allowed:  # type: ignore[index]
-        new = deprecated[value]  # type: ignore[index]
-        warnings.warn(f"{owner}: {name}={value!r} is deprecated, use {new!r}", DeprecationWarning, stacklevel=4)
-        return new
-    if value not in allowed:
-        raise ValueError(
-            f"{owner}: invalid {name} {value!r}; allowed values are " + ", ".join(repr(a) for a in allowed)
-        )
-    return value
+__all__ = [
+    "DEPRECATED_POLICIES",
+    "ERROR_POLICIES",
+    "ConversionError",
+    "ErrorPolicy",
+    "OutputFolderError",
+    "SourceError",
+    "check_choice",
+]
 
 
 class ConversionError(Exception):

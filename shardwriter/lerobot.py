@@ -36,13 +36,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from epishard.format import untrusted
+from epishard.format.retry import RETRY_BUDGET_S, call_with_budget
+from epishard.format.storage import (
+    FileSystemHandle,
+    RemoteFile,
+    is_local,
+    local_path,
+    protocol_of,
+    resolve_storage_options,
+)
 from epishard.redact import redact, scrubbed
 
-from . import untrusted
 from .episode import CameraVideo, Episode, FileInput, Source, TableSlice
 from .errors import SourceError
-from .retry import RETRY_BUDGET_S, call_with_budget
-from .storage import FileSystemHandle, RemoteFile, is_local, local_path, protocol_of, resolve_storage_options
 
 
 class _Tree:

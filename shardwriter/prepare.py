@@ -22,12 +22,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import format as fmt
+from epishard.format import manifest as fmt
+from epishard.format.storage import RemoteFile
+
 from .episode import CameraFrames, CameraVideo, Episode, LazyTable, read_file
 from .errors import ConversionError
 from .frames import encode_frames
 from .images import GREY_IMAGE_SPEC, IMAGE_SPEC, column_images
-from .storage import RemoteFile
 from .video import (
     NO_PACKETS,
     CodecNotCopied,

@@ -25,12 +25,12 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from epishard.format import manifest as fmt
+from epishard.format.storage import Storage
 from epishard.redact import redact
 
-from . import format as fmt
 from .convert import ConvertOptions, convert, write_shard
 from .episode import Source
-from .storage import Storage
 
 
 def import_ray():

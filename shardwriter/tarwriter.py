@@ -11,7 +11,7 @@ import hashlib
 import io
 import tarfile
 
-from .format import check_member_name
+from epishard.format.manifest import check_member_name
 
 
 class _HashingFile(io.RawIOBase):

@@ -26,14 +26,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from epishard.format import manifest as fmt
+from epishard.format.decoder import container_frames
+from epishard.format.errors import FormatError
+from epishard.format.index import WindowIndex
+from epishard.format.opening import NotConverted, lerobot_instead
+from epishard.format.storage import NotARegularFile, Storage
+from epishard.format.untrusted import check_size
+from epishard.format.validate import check_index, totals_mismatches
 from epishard.redact import redact, scrubbed
 
-from . import format as fmt
-from .describe import NotConverted, lerobot_instead
-from .index import WindowIndex
-from .storage import NotARegularFile, Storage
-from .untrusted import check_size, container_frames
-from .validate import FormatError, check_index, totals_mismatches
 from .video import check_frames
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,10 @@ PyAV (FFmpeg), so edit lists, discard flags, B-frame reordering, negative start 
 counts that lie and truncated tails are all resolved by FFmpeg itself, not by a model of the
 container. Frame ``i`` is the ``i``-th frame the decoder outputs (ascending pts). Because PyAV and
 torchcodec may link different FFmpeg versions, ``check_frames`` then decodes every frame the way the
-reader does (torchcodec with the table as ``custom_frame_mappings``) and compares.
+reader does (torchcodec with the table as ``custom_frame_mappings``: ``epishard.format.decoder``,
+the decoder glue writer and reader share) and compares.
 
-That is the ``full`` check level (``format.CHECK_LEVELS``). ``fast`` builds the same table from the
+That is the ``full`` check level (``epishard.format.manifest.CHECK_LEVELS``). ``fast`` builds the same table from the
 container (``scan``: the packets FFmpeg's demuxer does not flag as discarded, i.e. outside the edit
 list, in pts order) and vouches for it with a few decodes in the same pass; ``off`` trusts the scan.
 """
@@ -35,8 +36,12 @@ from typing import Any
 import av
 import numpy as np
 
+from epishard.format import decoder
+from epishard.format.decoder import open_decoder
+from epishard.format.errors import VideoError
+from epishard.format.storage import RemoteFile
+
 from .errors import ConversionError
-from .storage import RemoteFile
 
 VideoSource = bytes | str | RemoteFile  # encoded file bytes, a local path, or a file behind a URL
 
@@ -180,23 +185,18 @@ def _kept_open(source: VideoSource):
 
 
 def frame_stream(container, stream_index: int | None = None) -> av.video.stream.VideoStream:
-    """The video stream that holds the frames.
+    """The video stream that holds the frames (``epishard.format.decoder.frame_stream``), for the writer.
 
-    Stream ``stream_index`` when given (an index records it; None or -1: not recorded); else,
-    attached pictures (cover art) skipped, FFmpeg's best video stream (``av_find_best_stream``),
-    else the first.
+    Stream ``stream_index`` when given (None or -1: not recorded); else, attached pictures (cover
+    art) skipped, FFmpeg's best video stream, else the first.
 
     Raises:
         ConversionError(kind="unreadable_video"): no video stream other than attached pictures.
     """
-    if stream_index is not None and stream_index >= 0:
-        return container.streams[int(stream_index)]
-    candidates = [s for s in container.streams.video if not s.disposition & av.stream.Disposition.attached_pic]
-    if not candidates:
-        what = "only attached pictures (cover art)" if container.streams.video else "no video stream"
-        raise ConversionError(f"{what} in file: no video stream holds frames", kind="unreadable_video")
-    best = container.streams.best("video")
-    return best if best in candidates else candidates[0]
+    try:
+        return decoder.frame_stream(container, stream_index)
+    except VideoError as exc:
+        raise ConversionError(str(exc), kind="unreadable_video") from None
 
 
 def _decode_all(stream, container) -> tuple[list, list, int]:
@@ -665,40 +665,6 @@ def _vouch(ctx, keys: list, tail: list, pts: np.ndarray) -> str | None:
             f"(pts {want[:3].tolist()}..{want[-1:].tolist()}, {pts.size} frames in all)"
         )
     return None
-
-
-def frame_mappings(pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray) -> str:
-    """Torchcodec ``custom_frame_mappings`` JSON (ffprobe's ``-show_frames`` shape) for one stream.
-
-    ``pts``, ``duration``: int64 ``[num_frames]`` in the stream time base; ``keyframe``: bool.
-    """
-    frames = [
-        {"pts": int(p), "duration": int(d), "key_frame": int(k)}
-        for p, d, k in zip(pts.tolist(), duration.tolist(), keyframe.tolist(), strict=False)
-    ]
-    return json.dumps({"frames": frames})
-
-
-def open_decoder(data, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray, stream_index: int | None):
-    """The reader's decoder: a torchcodec ``VideoDecoder`` on ``data`` using the index's frame tables.
-
-    The tables go in as ``custom_frame_mappings`` (no rescan); output is NCHW uint8 RGB (8 bits
-    whatever the source's depth); one FFmpeg thread. ``data``: the encoded bytes, a local path or a
-    seekable binary file.
-
-    ``stream_index``: the stream the tables describe (None or -1: FFmpeg's best video stream, for
-    indexes written before the index recorded it). Raises whatever torchcodec raises.
-    """
-    from torchcodec.decoders import VideoDecoder
-
-    stream_index = None if stream_index is None or stream_index < 0 else int(stream_index)
-    return VideoDecoder(
-        data,
-        stream_index=stream_index,
-        custom_frame_mappings=frame_mappings(pts, duration, keyframe),
-        dimension_order="NCHW",
-        num_ffmpeg_threads=1,
-    )
 
 
 CHECK_BATCH = 32  # frames per get_frames_at call in check_frames: bounds its memory

@@ -63,8 +63,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from epishard.format.opening import NotConverted, lerobot_instead
 from epishard.redact import scrubbed
-from epishard.shardwriter.describe import NotConverted, lerobot_instead
 
 from .buffers import RECYCLE_BYTES, HeldBatches, RecycledBatches, SlotFlags, recycle_slots, ring_slots
 from .collate import BufferedCollate, FloatCollate

@@ -21,7 +21,7 @@ import torch
 # would otherwise pay its 2-5 s import (it loads torch._dynamo) before its first batch.
 import torchcodec.decoders  # noqa: F401
 
-from epishard.shardwriter.video import frame_stream, open_decoder
+from epishard.format.decoder import frame_stream, open_decoder
 
 from .usercode import from_user_code
 

@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from epishard.shardwriter.format import FormatError
-from epishard.shardwriter.index import WindowIndex, read_table_bytes
-from epishard.shardwriter.stats import numeric_matrix
-from epishard.shardwriter.untrusted import container_frames
+from epishard.format.decoder import container_frames
+from epishard.format.errors import FormatError
+from epishard.format.index import WindowIndex, read_table_bytes
+from epishard.format.stats import numeric_matrix
 
 from .decode import DecodeError, decode, decode_depth
 from .packets import Run, decode_runs, run_bytes

@@ -36,9 +36,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from epishard.redact import redact
-from epishard.shardwriter.errors import check_choice
-from epishard.shardwriter.retry import (
+from epishard.format.errors import check_choice
+from epishard.format.retry import (
     BACKOFF_MAX_S,
     BACKOFF_S,
     RETRY_BUDGET_S,
@@ -48,7 +47,8 @@ from epishard.shardwriter.retry import (
     next_delay,
     retry_after_s,
 )
-from epishard.shardwriter.storage import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, NotARegularFile
+from epishard.format.storage import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, NotARegularFile
+from epishard.redact import redact
 
 from .cache import RangeCache
 

@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from epishard.shardwriter.storage import FileSystemHandle, is_local, local_path
-from epishard.shardwriter.untrusted import loads
+from epishard.format.storage import FileSystemHandle, is_local, local_path
+from epishard.format.untrusted import loads
 
 from .dataset import WindowDataset
 from .fetch import FetchPolicy

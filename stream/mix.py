@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from epishard.shardwriter.format import Manifest
-from epishard.shardwriter.validate import declared_width
+from epishard.format.manifest import Manifest
+from epishard.format.validate import declared_width
 
 from .episode import Normalizer
 from .source import DatasetSource

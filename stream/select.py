@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from epishard.shardwriter.index import WindowIndex
+from epishard.format.index import WindowIndex
 
 
 @dataclass(frozen=True)

@@ -26,18 +26,15 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
+from epishard.format.errors import FormatError
+from epishard.format.index import WindowIndex
+from epishard.format.manifest import INDEX_SUFFIX, MANIFEST_NAME, Manifest
+from epishard.format.opening import load_dataset_index, load_shard_indexes
+from epishard.format.storage import FileSystemHandle, missing_bucket, open_regular, resolve_storage_options
+from epishard.format.untrusted import check_size
+from epishard.format.validate import shard_size_mismatches
+from epishard.format.verified import is_verified, record_verified
 from epishard.redact import redact, scrubbed
-from epishard.shardwriter.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
-from epishard.shardwriter.index import WindowIndex
-from epishard.shardwriter.storage import FileSystemHandle, missing_bucket, open_regular, resolve_storage_options
-from epishard.shardwriter.untrusted import check_size
-from epishard.shardwriter.validate import (
-    FormatError,
-    load_dataset_index,
-    load_shard_indexes,
-    shard_size_mismatches,
-)
-from epishard.shardwriter.verified import is_verified, record_verified
 
 from .fetch import FetchError, FetchPolicy, retryable, wait_or_raise
 

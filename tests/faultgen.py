@@ -22,8 +22,8 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 from videogen import make_episode_table, make_video
 
+from epishard.format.manifest import Manifest
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, WindowIndex, convert
-from epishard.shardwriter.format import Manifest
 from epishard.stream import WindowSpec, segment
 
 

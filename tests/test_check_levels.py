@@ -15,9 +15,9 @@ from lerobotgen import write_v2
 from videogen import cut_by_stream_copy, decode_frame_number, make_episode_table, make_video
 
 from epishard.cli import main as cli
+from epishard.format.errors import FormatError
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Manifest, Source, convert, verify
 from epishard.shardwriter import video as video_module
-from epishard.shardwriter.format import FormatError
 from epishard.stream import WindowDataset, WindowSpec
 
 FPS = 20

@@ -198,7 +198,7 @@ class _Limited:
 
 
 def test_disk_full_leaves_no_half_written_shard_and_a_rerun_resumes(dataset, converted, tmp_path, capsys, monkeypatch):
-    storage_module = sys.modules["epishard.shardwriter.storage"]
+    storage_module = sys.modules["epishard.format.storage"]
     out = tmp_path / "out"
     first_shard = sum(os.path.getsize(f"{converted}/{n}") for n in ("shard-000000.tar", "shard-000000.index.parquet"))
     monkeypatch.setattr(storage_module, "open", _FullDisk(first_shard + 200), raising=False)

@@ -33,6 +33,7 @@ from remote_servers import serve_http
 from videogen import decode_frame_number, make_video
 
 from epishard.cli import main as cli
+from epishard.format import manifest as fmt
 from epishard.shardwriter import (
     ConversionError,
     ConvertOptions,
@@ -43,7 +44,6 @@ from epishard.shardwriter import (
     verify,
     video,
 )
-from epishard.shardwriter import format as fmt
 from epishard.stream import WindowDataset, WindowSpec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,11 +23,11 @@ from faultgen import CAMERA, SPEC, copy, manifest, rewrite_index, write_manifest
 from lerobotgen import write_v2
 
 from epishard.cli import main
+from epishard.format.errors import FormatError
+from epishard.format.untrusted import MAX_JSON_BYTES, loads, printable
 from epishard.shardwriter import verify
 from epishard.shardwriter.errors import SourceError
 from epishard.shardwriter.lerobot import read_lerobot
-from epishard.shardwriter.untrusted import MAX_JSON_BYTES, loads, printable
-from epishard.shardwriter.validate import FormatError
 from epishard.stream import WindowDataset
 from epishard.stream.decode import DecodeError
 from epishard.stream.fetch import FetchPolicy
@@ -464,7 +464,7 @@ def test_an_oversized_info_json_is_refused_unread(source, tmp_path):
         read_lerobot(src)
     assert str(err.value) == (
         f"{path}: {MAX_JSON_BYTES + 1} bytes, more than the {MAX_JSON_BYTES} bytes a metadata file may have "
-        "(shardwriter.untrusted.MAX_JSON_BYTES): refused unread"
+        "(epishard.format.untrusted.MAX_JSON_BYTES): refused unread"
     )
 
 

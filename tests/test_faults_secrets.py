@@ -29,9 +29,9 @@ from lerobotgen import write_v2
 from remote_servers import RangeHandler, serve_http
 
 from epishard.cli import main as cli
+from epishard.format.storage import RemoteFile, parse_storage_options
 from epishard.redact import MASK, redact, redact_options, remember
 from epishard.shardwriter import ConversionError, ConvertOptions, SourceError, convert, read_lerobot
-from epishard.shardwriter.storage import RemoteFile, parse_storage_options
 from epishard.stream.report import StreamRun
 
 CANARY = "CANARY-s3cr3t-7f3a"
@@ -359,9 +359,9 @@ def test_python_api_logs_warnings_and_errors_name_no_secret(base, server, tmp_pa
 def test_python_api_errors_of_describe_verify_and_a_broken_manifest_name_no_secret(base, server):
     """A missing dataset and a manifest that breaks the format, behind a URL with a password: the
     errors name the place (``http://***@...``), never the password."""
+    from epishard.format.errors import FormatError
     from epishard.shardwriter import verify
     from epishard.shardwriter.describe import describe
-    from epishard.shardwriter.format import FormatError
     from epishard.stream import DatasetSource
 
     url, shown = _with_canary(server), _masked(server)

@@ -22,8 +22,7 @@ import torch
 from faultgen import CAMERA, SPEC, hang_alarm, source
 from remote_servers import FaultProxy, SilentServer, ThrottleProxy, serve_http
 
-from epishard.shardwriter import ConvertOptions, convert, verify
-from epishard.shardwriter.retry import (
+from epishard.format.retry import (
     BACKOFF_MAX_S,
     RETRY_BUDGET_S,
     RetryBudgetExceeded,
@@ -31,7 +30,8 @@ from epishard.shardwriter.retry import (
     next_delay,
     retry_after_s,
 )
-from epishard.shardwriter.storage import make_filesystem
+from epishard.format.storage import make_filesystem
+from epishard.shardwriter import ConvertOptions, convert, verify
 from epishard.stream import WindowDataset
 from epishard.stream.fetch import FetchError, FetchPolicy
 
@@ -349,7 +349,7 @@ def _uploads_in_progress(fs, prefix: str) -> list[str]:
 
 @pytest.mark.parametrize("fail", ["complete", "part"])
 def test_a_multipart_upload_out_of_budget_is_aborted_and_its_own_error_raised(s3, s3_proxy, moto_s3, fail):
-    from epishard.shardwriter.storage import Storage
+    from epishard.format.storage import Storage
 
     _, fs = moto_s3
     storage = Storage(f"s3://budget/mpu-{fail}", {"endpoint_url": s3_proxy.url, "retry_budget": 0.5})
@@ -419,8 +419,8 @@ def test_a_dead_http_source_is_retried_and_named_not_taken_for_an_empty_folder(t
     error names the URL, the connection error and the time."""
     import socket
 
+    from epishard.format.retry import RetryBudgetExceeded
     from epishard.shardwriter.lerobot import read_lerobot
-    from epishard.shardwriter.retry import RetryBudgetExceeded
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))

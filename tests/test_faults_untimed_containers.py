@@ -28,10 +28,10 @@ from videogen import (
 )
 
 from epishard.cli import main as cli
+from epishard.format.index import WindowIndex
 from epishard.shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, Source, convert, verify
 from epishard.shardwriter import prepare as prepare_module
 from epishard.shardwriter import video as video_module
-from epishard.shardwriter.index import WindowIndex
 from epishard.shardwriter.video import ReencodeSpec
 from epishard.stream import WindowDataset, WindowSpec
 from epishard.stream.fetch import FetchPolicy

@@ -621,7 +621,7 @@ def _fake_source(name: str, **features):
     """A stand-in for ``DatasetSource`` with only what ``check_columns`` reads: state, action and ``features``."""
     from types import SimpleNamespace
 
-    from epishard.shardwriter.format import FeatureEntry
+    from epishard.format.manifest import FeatureEntry
 
     given = {"observation.state": ("float", [4]), "action": ("float", [3]), **features}
     entries = {k: FeatureEntry(dtype=d, shape=tuple(shape), names=None) for k, (d, shape) in given.items()}

@@ -16,9 +16,10 @@ import pytest
 from faultgen import copy, manifest, source, write_manifest
 
 from epishard.cli import main as cli
+from epishard.format.errors import FormatError
+from epishard.format.manifest import FORMAT_VERSION, VERSION_KEY, Manifest
 from epishard.shardwriter import ConvertOptions, convert, verify
 from epishard.shardwriter.describe import describe
-from epishard.shardwriter.format import FORMAT_VERSION, VERSION_KEY, FormatError, Manifest
 from epishard.stream import DatasetSource
 from epishard.stream.fetch import FetchPolicy
 

@@ -37,7 +37,8 @@ def test_f8_commands_given_a_lerobot_folder_say_to_convert_it(lerobot, command, 
 
 
 def test_f8_a_hub_repo_id_and_the_api_say_to_convert(lerobot, capsys):
-    from epishard.shardwriter.describe import NotConverted, describe
+    from epishard.format.opening import NotConverted
+    from epishard.shardwriter.describe import describe
     from epishard.shardwriter.verify import verify
     from epishard.stream import WindowDataset, WindowSpec
 
@@ -141,7 +142,7 @@ def test_f9_inspect_lists_the_columns_and_their_widths_per_source(tmp_path, caps
 
 
 def test_f3_two_robots_in_one_output_are_warned_at_convert_and_named_when_streamed(tmp_path, capsys):
-    from epishard.shardwriter.format import Manifest
+    from epishard.format.manifest import Manifest
     from epishard.stream import WindowDataset, WindowSpec
 
     raw = tmp_path / "raw"
@@ -249,7 +250,8 @@ def test_f10_v3_over_a_server_that_ignores_range_is_read_whole_with_a_note(tmp_p
     from lerobotgen import write_v3
     from remote_servers import serve_http
 
-    from epishard.shardwriter import ConvertOptions, convert, storage
+    from epishard.format import storage
+    from epishard.shardwriter import ConvertOptions, convert
 
     write_v3(str(tmp_path / "v30"), [5, 4, 6], CAM)
     local = convert([str(tmp_path / "v30")], str(tmp_path / "local"), ConvertOptions(progress=False))

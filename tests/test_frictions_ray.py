@@ -92,10 +92,10 @@ def test_f2_convert_ray_passes_the_driver_storage_environment_to_its_tasks(ray_s
 
 
 def test_f2_a_task_error_reaches_the_driver_saying_what_failed(ray_s3, src, tmp_path):
+    from epishard.format.retry import RetryBudgetExceeded
+    from epishard.format.storage import Storage
     from epishard.shardwriter import read_lerobot
     from epishard.shardwriter.ray_convert import RayRunner, portable
-    from epishard.shardwriter.retry import RetryBudgetExceeded
-    from epishard.shardwriter.storage import Storage
 
     *_, address = ray_s3
 

@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 import pytest
 from faultgen import copy, manifest, rewrite_index
 
-from epishard.shardwriter import validate, verified
-from epishard.shardwriter.validate import FormatError
+from epishard.format import validate, verified
+from epishard.format.errors import FormatError
 from epishard.stream.source import DatasetSource
 
 

@@ -25,8 +25,8 @@ from faultgen import (
     write_manifest,
 )
 
+from epishard.format.errors import FormatError
 from epishard.shardwriter import verify
-from epishard.shardwriter.validate import FormatError
 from epishard.stream import WindowDataset
 from epishard.stream.decode import DecodeError
 from epishard.stream.fetch import FetchPolicy

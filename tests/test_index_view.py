@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from epishard.shardwriter.index import WindowIndex
+from epishard.format.index import WindowIndex
 
 
 def _camera(name: str, member: int, keyframes: list[int], row_to_frame: list[int], first_frame: int = 0) -> dict:

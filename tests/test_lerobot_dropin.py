@@ -155,7 +155,7 @@ def test_a_conversion_of_another_format_takes_the_manifests_stats_and_a_raw_fold
     pytest.importorskip("h5py")
     from test_sources_hdf5 import write_aloha
 
-    from epishard.shardwriter.describe import NotConverted
+    from epishard.format.opening import NotConverted
 
     write_aloha(tmp_path / "aloha", [6, 5])
     out = tmp_path / "out"

@@ -21,6 +21,7 @@ from videogen import decode_frame_number, make_episode_table, make_video
 
 from epishard.balance.cost import window_features
 from epishard.cli import main as cli
+from epishard.format.manifest import Manifest
 from epishard.shardwriter import (
     CameraVideo,
     ConversionError,
@@ -32,7 +33,6 @@ from epishard.shardwriter import (
     convert,
     verify,
 )
-from epishard.shardwriter.format import Manifest
 from epishard.stream import WindowDataset, WindowSpec, World
 
 FPS = 20

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from videogen import make_episode_table, make_video
 
+from epishard.format.manifest import Manifest
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
-from epishard.shardwriter.format import Manifest
 from epishard.stream import WindowDataset, WindowSpec, segment
 from epishard.stream.plan import global_plan
 

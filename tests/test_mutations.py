@@ -23,7 +23,7 @@ import torch
 from faultgen import CAMERA, SPEC, copy, hang_alarm, manifest, rewrite_index, write_manifest
 
 from epishard.cli import main
-from epishard.shardwriter.validate import FormatError
+from epishard.format.errors import FormatError
 from epishard.stream import WindowDataset
 from epishard.stream.fetch import FetchError
 

@@ -15,8 +15,8 @@ import tarfile
 import numpy as np
 
 from epishard.balance import local_order, random_steps
+from epishard.format.storage import FileSystemHandle, Storage
 from epishard.seeding import rng_for
-from epishard.shardwriter.storage import FileSystemHandle, Storage
 from epishard.stream import DatasetSource, WindowDataset
 from epishard.stream.lookahead import Lookahead
 from epishard.stream.plan import shard_order

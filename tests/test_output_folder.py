@@ -12,6 +12,7 @@ import pytest
 from videogen import make_episode_table, make_video
 
 from epishard.cli import main as cli
+from epishard.format import manifest as fmt
 from epishard.shardwriter import (
     CameraVideo,
     ConversionError,
@@ -21,7 +22,6 @@ from epishard.shardwriter import (
     Source,
     convert,
 )
-from epishard.shardwriter import format as fmt
 
 FPS = 10
 # The files issue 11 found deleted or overwritten: every one must survive byte for byte.

@@ -10,8 +10,8 @@ import pytest
 import torch
 from videogen import decode_frame_number, make_episode_table, make_video
 
+from epishard.format.index import WindowIndex
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
-from epishard.shardwriter.index import WindowIndex
 from epishard.stream import WindowDataset, WindowSpec, packets
 from epishard.stream.fetch import FetchPolicy
 from epishard.stream.packets import plan_runs, run_bytes

@@ -11,8 +11,8 @@ from faultgen import SPEC, copy, manifest, rewrite_index, write_manifest
 from remote_servers import serve_http
 
 from epishard.cli import main
+from epishard.format.errors import FormatError
 from epishard.shardwriter import verify
-from epishard.shardwriter.validate import FormatError
 from epishard.stream import WindowDataset
 
 HOSTILE = ["../../dev/zero", "/etc/passwd", "sub/shard-000001.tar", "..", "a\\b.tar", "x\0.tar"]

@@ -21,8 +21,8 @@ import webdataset as wds
 from conftest import shared_dataset
 from torchcodec.decoders import VideoDecoder
 
+from epishard.format.index import camera_row_frames
 from epishard.shardwriter import ConvertOptions, SourceError, WindowIndex, convert, read_lerobot, verify
-from epishard.shardwriter.index import camera_row_frames
 
 DATASETS = [
     "gr00t_robot_sim_picknplace",

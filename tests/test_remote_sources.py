@@ -19,8 +19,8 @@ from lerobotgen import write_v2, write_v3
 from remote_servers import serve_access_denied, serve_fake_hub, serve_http
 
 from epishard.cli import main as cli
+from epishard.format.storage import RemoteFile, resolve_storage_options
 from epishard.shardwriter import ConvertOptions, SourceError, convert, read_lerobot
-from epishard.shardwriter.storage import RemoteFile, resolve_storage_options
 
 CAMERA = "observation.images.front"
 BUCKET = "epishard-sources"

@@ -19,10 +19,10 @@ import pytest
 import torch
 from videogen import cut_by_stream_copy, decode_frame_number, decode_order_timestamps, make_episode_table, make_video
 
+from epishard.format.index import WindowIndex
 from epishard.shardwriter import CameraVideo, ConversionError, ConvertOptions, Episode, Source, convert, verify
 from epishard.shardwriter import video as video_module
 from epishard.shardwriter.describe import describe
-from epishard.shardwriter.index import WindowIndex
 from epishard.shardwriter.video import VideoProbe, probe, restamp, scan
 from epishard.stream import WindowDataset, WindowSpec
 from epishard.stream.fetch import FetchPolicy

@@ -16,8 +16,8 @@ from faultgen import SPEC, copy, hang_alarm, loaded, source
 from remote_servers import FaultProxy, SilentServer, serve_http
 
 from epishard.cli import main
+from epishard.format.storage import NotARegularFile
 from epishard.shardwriter import ConvertOptions, convert, verify
-from epishard.shardwriter.storage import NotARegularFile
 from epishard.stream import WindowDataset
 from epishard.stream.fetch import FetchError, FetchPolicy
 

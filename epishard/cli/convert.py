@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_resampling(manifest, most: int = 40) -> None:
     """One line per episode and topic an MCAP source resampled (the summary above shows one example)."""
-    from epishard.shardwriter.untrusted import printable
+    from epishard.format.untrusted import printable
 
     entries = [w for w in manifest.report.warnings if w.kind == "resampled"]
     for w in entries[:most]:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 
+from epishard.format.storage import is_local, local_path, source_filesystem
+
 from ..episode import Source
 from ..errors import ConversionError, SourceError
-from ..storage import is_local, local_path, source_filesystem
 from .base import Mapping, SourceOptions
 
 FORMATS = ("lerobot", "aloha", "robomimic", "umi", "rlds", "mcap")

@@ -23,9 +23,10 @@ from types import ModuleType
 import numpy as np
 import pyarrow as pa
 
+from epishard.format.storage import RemoteFile, is_local, local_path, source_filesystem
+
 from ..episode import FileInput
 from ..errors import ConversionError, SourceError
-from ..storage import RemoteFile, is_local, local_path, source_filesystem
 
 # Python module -> the extra of epishard that installs it.
 EXTRAS = {

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from epishard.format.storage import is_local, local_path, resolve_storage_options
+
 from ..episode import CameraFrames, Episode, FrameReader, LazyTable, LoadedTable, Source
 from ..errors import ConversionError, SourceError
-from ..storage import is_local, local_path, resolve_storage_options
 from .base import Mapping, SourceOptions, build_table, concat, kept_cameras, require
 
 CHUNK_FRAMES = 32  # frames read per chunk of a camera

@@ -59,7 +59,7 @@ from epishard.balance import (
     stratified_order,
 )
 from epishard.balance.telemetry import step_costs
-from epishard.shardwriter.index import WindowIndex
+from epishard.format.index import WindowIndex
 from epishard.stream.plan import (
     EpisodeTable,
     World,

@@ -99,7 +99,7 @@ def _stream_setup(data: bytes):
 
 def bench_torchcodec(data: bytes, table) -> tuple[tuple, tuple]:
     """One open (``open_decoder``) and first frame, each (wall s, CPU s)."""
-    from epishard.shardwriter.video import open_decoder
+    from epishard.format.decoder import open_decoder
 
     dec, ow, oc = _timed(lambda: open_decoder(data, table.pts, table.duration, table.keyflags(), table.stream_index))
     _, fw, fc = _timed(lambda: dec.get_frame_at(0))

@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from videogen import make_grey_video
 
-from epishard.shardwriter.video import frame_mappings, probe
+from epishard.format.decoder import frame_mappings
+from epishard.shardwriter.video import probe
 from epishard.stream.decode import decode, decode_depth
 
 H, W, N, GOP = 240, 320, 120, 30

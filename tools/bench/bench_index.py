@@ -26,9 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from epishard.shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME, ShardEntry, index_name
-from epishard.shardwriter.index import WindowIndex, dataset_index_bytes, encode_index
-from epishard.shardwriter.validate import check_index
+from epishard.format.index import WindowIndex, dataset_index_bytes, encode_index
+from epishard.format.manifest import DATASET_INDEX_NAME, MANIFEST_NAME, ShardEntry, index_name
+from epishard.format.validate import check_index
 
 CAMERAS = ("observation.images.front", "observation.images.left", "observation.images.wrist")
 ROWS, GOP, PER_SHARD = 300, 30, 64

@@ -50,7 +50,7 @@ def tile(dataset: str, episodes: int, out: str, batch_rows: int | None) -> str:
     ``batch_rows``: rows per record batch of ``index.arrow`` (None: one batch, as the writer writes
     it now; 65536: Arrow's default, as it was written before).
     """
-    from epishard.shardwriter.index import WindowIndex
+    from epishard.format.index import WindowIndex
 
     if os.path.exists(os.path.join(out, "manifest.json")):
         return out

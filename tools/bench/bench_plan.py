@@ -196,9 +196,9 @@ def first_batch(args) -> None:
     """The index side of the first batch at ``--tile`` episodes, then the real first batch."""
     import pyarrow as pa
 
-    from epishard.shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME, Manifest
-    from epishard.shardwriter.index import WindowIndex, dataset_index_bytes, encode_index
-    from epishard.shardwriter.validate import check_index
+    from epishard.format.index import WindowIndex, dataset_index_bytes, encode_index
+    from epishard.format.manifest import DATASET_INDEX_NAME, MANIFEST_NAME, Manifest
+    from epishard.format.validate import check_index
     from epishard.stream import WindowDataset, WindowLoader, WindowSpec
     from epishard.stream.plan import World, episode_table, worker_plan
 

@@ -95,11 +95,11 @@ import pyarrow.parquet as pq
 import torch
 from torchcodec.decoders import VideoDecoder
 
+from epishard.format import manifest as fmt
+from epishard.format.decoder import frame_mappings
+from epishard.format.index import dataset_index_bytes
+from epishard.format.manifest import DATASET_INDEX_NAME, MANIFEST_NAME
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
-from epishard.shardwriter import format as fmt
-from epishard.shardwriter.format import DATASET_INDEX_NAME, MANIFEST_NAME
-from epishard.shardwriter.index import dataset_index_bytes
-from epishard.shardwriter.video import frame_mappings
 from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
 from epishard.stream.decode import decode
 from epishard.stream.plan import PerEpisode, World, worker_plan

@@ -52,9 +52,10 @@ def fidelity(source: str, converted: str, size: tuple[int, int]) -> dict:
     """PSNR and SSIM of every stored frame of ``converted`` against ``source``'s frames resized to ``size``."""
     import numpy as np
 
+    from epishard.format.decoder import open_decoder
     from epishard.shardwriter import WindowIndex
     from epishard.shardwriter.lerobot import read_lerobot
-    from epishard.shardwriter.video import open_decoder, probe, resize
+    from epishard.shardwriter.video import probe, resize
     from epishard.stream.source import DatasetSource
 
     src = read_lerobot(source)

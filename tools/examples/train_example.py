@@ -54,7 +54,7 @@ from torch import nn
 
 from epishard.balance.telemetry import StepTelemetry
 from epishard.cli.stream import add_per_episode_arguments, per_episode_options
-from epishard.shardwriter.storage import parse_storage_options
+from epishard.format.storage import parse_storage_options
 from epishard.stream import DatasetSource, PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
 
 

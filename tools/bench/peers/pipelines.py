@@ -36,7 +36,7 @@ class _SpanDecoder:
         import torch
         from torchcodec.decoders import VideoDecoder
 
-        from epishard.shardwriter.stats import numeric_matrix
+        from epishard.format.stats import numeric_matrix
 
         ix, n = self.index, int(self.index.num_rows[episode])
         names = ix.camera_names(episode)

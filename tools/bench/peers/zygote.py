@@ -22,7 +22,7 @@ ZYGOTE_IMPORTS = (
     "torchcodec.decoders",
     "webdataset",
     "epishard.shardwriter",
-    "epishard.shardwriter.stats",
+    "epishard.format.stats",
     "epishard.stream",
     "epishard.stream.decode",
     "epishard.stream.telemetry",

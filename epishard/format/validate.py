@@ -1,0 +1,531 @@
+"""What a reader checks before it trusts a dataset's manifest and window index.
+
+A manifest or index is data from outside (a shared folder, a bucket), so nothing in it is used to
+open a file, size an allocation or index an array until it has been checked here:
+
+- ``plain_name``: file and member names are plain names (no path separators, not ``.``/``..``),
+  so nothing outside the dataset folder is opened, locally or remotely;
+- ``check_manifest``: the format and version (``manifest.check_version``: a newer version is
+  refused), and every manifest field the reader, ``verify`` and ``inspect`` use has its type and
+  range (names, sizes, sha256 digests, cameras, statistics); ``manifest.Manifest.load`` runs it
+  before it builds the typed manifest (these two are defined in ``epishard.format.manifest``,
+  beside the names they check, and exported here too);
+- ``check_index_version``: an index file's stated format version is one this reader reads and
+  the manifest's;
+- ``check_index_table``: the index's Arrow schema is the format's, without nulls;
+- ``check_index``: every index value is in bounds against the manifest (shard sizes, episode
+  counts) and the rest of the row (member byte ranges, frame counts, keyframes, row-to-frame maps),
+  with members that follow one another without sharing a byte, at most one frame per byte of its
+  video member and at most one row per byte of its table member, so no frame table or window plan
+  is larger than the bytes it describes.
+
+Each check raises ``FormatError`` naming the file, the field and, for the index, the row, episode
+key and camera. The checks are vectorised (milliseconds for tens of thousands of episodes).
+Loading an index against its manifest (digest, version, schema, values) is
+``epishard.format.opening``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import manifest as fmt
+from .errors import FormatError
+from .manifest import FINITE_STATS_PREFIXES, check_manifest, declared_width, plain_name
+from .untrusted import printable
+
+__all__ = [
+    "FINITE_STATS_PREFIXES",
+    "FormatError",
+    "check_digest",
+    "check_index",
+    "check_index_table",
+    "check_index_version",
+    "check_manifest",
+    "declared_width",
+    "plain_name",
+    "shard_size_mismatches",
+    "totals_mismatches",
+]
+
+_BLOCK = 1 << 18  # bytes scanned per step by _holds: its temporaries stay in the CPU cache
+_OPTIONAL_COLUMNS = {"segment_starts"}  # absent from indexes written before recording segments were kept
+# Camera fields of format version 1; fields added since (kind, stream_index, rotation, ...) are
+# absent from older indexes and the index loader takes their defaults.
+_CAMERA_FIELDS_V1 = {
+    "name",
+    "member",
+    "codec",
+    "width",
+    "height",
+    "pix_fmt",
+    "time_base_num",
+    "time_base_den",
+    "num_frames",
+    "pts_start",
+    "pts_step",
+    "pts",
+    "duration",
+    "keyframes",
+    "first_frame",
+    "row_to_frame",
+    "transform",
+}
+MAX_DIMENSION = 1 << 16  # widest frame any codec the reader decodes can hold (AV1: 65536)
+TAR_HEADER_BYTES = 512  # a USTAR header block: between one member's data and the next's
+
+
+def totals_mismatches(manifest: fmt.Manifest) -> list[str]:
+    """How ``manifest.totals`` differs from its shard list (one message per field; none: they agree).
+
+    Shards, episodes, rows, frames and bytes as the shard entries add up, ``skipped`` as the report lists.
+    """
+    shards = manifest.shards
+    sums = {
+        "shards": len(shards),
+        "episodes": sum(s.episodes for s in shards),
+        "rows": sum(s.rows for s in shards),
+        "frames": sum(s.frames for s in shards),
+        "bytes": sum(s.size for s in shards),
+        "skipped": len(manifest.report.skipped),
+    }
+    out = []
+    for field, held in sums.items():
+        said = getattr(manifest.totals, field)
+        if said != held:
+            what = "the report lists" if field == "skipped" else "the shards add up to"
+            out.append(f"totals.{field} is {said}, {what} {held}")
+    return out
+
+
+def check_index_table(table: pa.Table, where: str, shard_column: bool) -> None:
+    """Check that an index table has the format's columns and types and no nulls at any depth.
+
+    ``index.arrow`` has an int32 ``shard`` column besides.
+
+    Raises:
+        FormatError: names the first missing or mistyped column, or the column holding a null.
+    """
+    expected = list(fmt.INDEX_SCHEMA) + ([pa.field("shard", pa.int32())] if shard_column else [])
+    for field in expected:
+        if field.name not in table.schema.names:
+            if field.name in _OPTIONAL_COLUMNS:
+                continue
+            raise FormatError(f"{where}: column {field.name!r} is missing")
+        got = table.schema.field(field.name).type
+        if not got.equals(field.type) and not (field.name == "cameras" and _older_cameras(got)):
+            raise FormatError(f"{where}: column {field.name!r} has type {got}, the format says {field.type}")
+        for chunk in table.column(field.name).chunks:
+            path = _null_path(chunk, field.name)
+            if path:
+                raise FormatError(f"{where}: column {path} holds a null")
+
+
+def _older_cameras(got: pa.DataType) -> bool:
+    """Whether ``got`` is the cameras column of an index written before some optional fields."""
+    if not pa.types.is_list(got) or not pa.types.is_struct(got.value_type):
+        return False
+    fields = {f.name: f.type for f in got.value_type}
+    expected = {f.name: f.type for f in fmt.CAMERA_TYPE}
+    return all(fields.get(name) == expected[name] for name in _CAMERA_FIELDS_V1) and all(
+        name in expected and expected[name] == t for name, t in fields.items()
+    )
+
+
+def _null_path(array: pa.Array, path: str) -> str | None:
+    if array.null_count:
+        return path
+    if isinstance(array, pa.ListArray):
+        return _null_path(array.flatten(), path)
+    if isinstance(array, pa.StructArray):
+        for i, field in enumerate(array.type):
+            found = _null_path(array.field(i), f"{path}.{field.name}")
+            if found:
+                return found
+    return None
+
+
+class _Where:
+    """Names the place of a bad value: file, row, episode key, camera."""
+
+    def __init__(self, index, where: str):
+        self.index, self.where = index, where
+
+    def episode(self, rows: np.ndarray, field: str, message: str, values=None) -> None:
+        bad = np.flatnonzero(rows)
+        if bad.size:
+            e = int(bad[0])
+            value = "" if values is None else f" {values[e]}"
+            key = printable(self.index.key(e))  # names from the file: no raw control characters
+            raise FormatError(f"{self.where}: row {e} (episode {key}): {field}{value} {message}")
+
+    def stream(self, streams: np.ndarray, field: str, message: str, values=None) -> None:
+        bad = np.flatnonzero(streams)
+        if bad.size:
+            s = int(bad[0])
+            e = int(np.searchsorted(self.index.episode_cams, s, side="right") - 1)
+            value = "" if values is None else f" {values[s]}"
+            raise FormatError(
+                f"{self.where}: row {e} (episode {printable(self.index.key(e))}), camera "
+                f"{printable(self.index.cam_names[s].as_py())}: {field}{value} {message}"
+            )
+
+
+def _per_item(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values`` (one per group) repeated for each item of the group (``counts`` items each)."""
+    return np.repeat(values, counts)
+
+
+def _item_to_group(bad_items: np.ndarray, offsets: np.ndarray, groups: int) -> np.ndarray:
+    """Bool ``[groups]``: groups (offset-delimited) holding any of the bad items."""
+    out = np.zeros(groups, dtype=bool)
+    out[np.searchsorted(offsets, np.flatnonzero(bad_items), side="right") - 1] = True
+    return out
+
+
+def _not_ascending(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Bool per item: not strictly greater than the previous item of its group."""
+    bad = np.zeros(values.size, dtype=bool)
+    if values.size > 1:
+        bad[1:] = np.diff(values) <= 0
+        bad[offsets[:-1][offsets[:-1] < values.size]] = False  # the first item of each group
+    return bad
+
+
+def _utf8(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 offsets ``[n + 1]`` from 0, uint8 bytes) of a string array: views of its Arrow buffers."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if not pa.types.is_string(array.type):
+        array = array.cast(pa.string())
+    offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4).astype(np.int64)
+    raw = array.buffers()[2]
+    data = (
+        np.frombuffer(raw, np.uint8, int(offsets[-1] - offsets[0]), int(offsets[0])) if raw else np.zeros(0, np.uint8)
+    )
+    return offsets - offsets[0], data
+
+
+def _lengths(array: pa.Array) -> np.ndarray:
+    """int64 ``[n]``: bytes of each string."""
+    return np.diff(_utf8(array)[0])
+
+
+def _holds(array: pa.Array, bad: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Bool ``[n]``: the string holding the first byte for which ``bad`` (uint8 array -> bool array) is true.
+
+    Literal byte tests over the string data, a block at a time, instead of a regular expression
+    per string (docs/bench/indexload.md); the first bad string is the one an error names.
+    """
+    offsets, data = _utf8(array)
+    out = np.zeros(len(array), dtype=bool)
+    for start in range(0, data.size, _BLOCK):
+        hits = bad(data[start : start + _BLOCK])
+        if hits.any():
+            out[np.searchsorted(offsets, start + int(np.argmax(hits)), side="right") - 1] = True
+            break
+    return out
+
+
+def _path_byte(block: np.ndarray) -> np.ndarray:
+    r"""``/``, ``\\`` or NUL (never part of a multi-byte UTF-8 character)."""
+    return (block == ord("/")) | (block == ord("\\")) | (block == 0)
+
+
+def _control_byte(block: np.ndarray) -> np.ndarray:
+    """An ASCII control character (below 0x20, or DEL): never in a key, member or camera name the writer makes."""
+    return (block < 0x20) | (block == 0x7F)
+
+
+def _not_lower_hex(block: np.ndarray) -> np.ndarray:
+    """Not ``0-9`` or ``a-f`` (uint8 arithmetic wraps, so one comparison tests each range)."""
+    return ((block - np.uint8(ord("0"))) > 9) & ((block - np.uint8(ord("a"))) > 5)
+
+
+def _short_in(array: pa.Array, values: tuple[str, ...]) -> np.ndarray:
+    """Bool ``[n]``: strings equal to one of ``values`` (only strings as short as the longest are compared)."""
+    out = np.zeros(len(array), dtype=bool)
+    short = np.flatnonzero(_lengths(array) <= max(len(v.encode()) for v in values))
+    if short.size:
+        out[short] = pc.is_in(array.take(pa.array(short)), value_set=pa.array(values)).to_numpy(zero_copy_only=False)
+    return out
+
+
+def check_index(index, shards: Sequence[fmt.ShardEntry], camera_episodes: Mapping[str, int | None], where: str) -> None:
+    """Bounds-check every value of a ``WindowIndex`` before use.
+
+    Against a checked manifest's ``shards`` (sizes, episodes per shard) and cameras
+    (``camera_episodes``: name -> episodes that have it, or None where that is not checked).
+
+    Raises:
+        FormatError: the first value out of range, naming ``where``, the row, episode and camera.
+    """
+    w = _Where(index, where)
+    _check_episodes(index, shards, w)
+    _check_members(index, shards, w)
+    _check_cameras(index, camera_episodes, w)
+
+
+def _check_episodes(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
+    n = index.num_episodes
+    w.episode(
+        (index.shard < 0) | (index.shard >= len(shards)),
+        "shard",
+        f"is not a shard of the manifest ({len(shards)} shards)",
+        index.shard,
+    )
+    counts = np.bincount(index.shard, minlength=len(shards))
+    if counts.tolist() != [s.episodes for s in shards]:
+        raise FormatError(
+            f"{w.where}: episodes per shard {counts.tolist()} differ from the manifest's {[s.episodes for s in shards]}"
+        )
+    w.episode(index.num_rows < 1, "num_rows", "is not positive", index.num_rows)
+    w.episode(~np.isfinite(index.fps) | (index.fps <= 0), "fps", "is not a positive number", index.fps)
+    w.episode(
+        (index.window_start < 0) | (index.window_start > index.window_stop) | (index.window_stop > index.num_rows),
+        "window_start/window_stop",
+        "are not inside [0, num_rows]",
+    )
+    starts = np.diff(index.segment_offsets)
+    bad = (index.segment_starts <= 0) | (index.segment_starts >= _per_item(starts, index.num_rows))
+    bad |= _not_ascending(index.segment_starts, index.segment_offsets)
+    w.episode(
+        _item_to_group(bad, index.segment_offsets, n), "segment_starts", "are not ascending rows in (0, num_rows)"
+    )
+
+
+def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
+    """Members inside the shard, plain names, sha256 digests, one table member per episode."""
+    n = index.num_episodes
+    member_counts = np.diff(index.episode_members)
+    w.episode(member_counts < 1, "members", "is empty")
+    shard_size = np.array([s.size for s in shards], dtype=np.int64)
+    end = index.member_offset + index.member_size
+    bad = (
+        (index.member_offset < 0) | (index.member_size < 0) | (end > _per_item(member_counts, shard_size[index.shard]))
+    )
+    w.episode(_item_to_group(bad, index.episode_members, n), "members.offset/size", "lie outside the shard")
+    if not n:
+        return
+    # Members follow one another in the tar, each after its predecessor's data and its own
+    # 512-byte header: no two share a byte, so the sizes of a shard's members (and all that is
+    # bounded by them: frames, packets, rows) add up to at most the shard's size.
+    owner = _per_item(member_counts, index.shard)
+    same = owner[1:] == owner[:-1]
+    overlap = np.zeros(index.member_offset.size, dtype=bool)
+    overlap[:-1] = same & (end[:-1] + TAR_HEADER_BYTES > index.member_offset[1:])
+    w.episode(
+        _item_to_group(overlap, index.episode_members, n),
+        "members.offset/size",
+        "run into the next member of the shard (members follow one another in the tar)",
+    )
+    w.episode(_holds(index.keys, _control_byte), "key", "holds a control character")
+    names = index.member_names
+    bad_name = _holds(names, _path_byte) | _holds(names, _control_byte) | _short_in(names, ("", ".", ".."))
+    w.episode(_item_to_group(bad_name, index.episode_members, n), "members.name", "is not a plain file name")
+    sha = index.member_sha256
+    bad_sha = (_lengths(sha) != 64) | _holds(sha, _not_lower_hex)
+    w.episode(_item_to_group(bad_sha, index.episode_members, n), "members.sha256", "is not a sha256 hex digest")
+    data = pc.ends_with(names, "." + fmt.DATA_EXT).to_numpy(zero_copy_only=False)
+    w.episode(
+        np.add.reduceat(data, index.episode_members[:-1]) != 1,
+        "members",
+        f"do not hold exactly one .{fmt.DATA_EXT} table",
+    )
+    table_bytes = index.member_size[index.data_member(np.arange(n))]
+    w.episode(
+        index.num_rows > table_bytes,
+        "num_rows",
+        f"is more than the bytes of its .{fmt.DATA_EXT} table member (a row needs at least one)",
+        index.num_rows,
+    )
+    video = pc.ends_with(names, "." + fmt.VIDEO_EXT).to_numpy(zero_copy_only=False)
+    episode_of_stream = np.repeat(np.arange(n), np.diff(index.episode_cams))
+    w.stream(
+        (index.cam_member < 0) | (index.cam_member >= member_counts[episode_of_stream]),
+        "member",
+        "is not a member of the episode",
+        index.cam_member,
+    )
+    member = np.clip(index.episode_members[episode_of_stream] + index.cam_member, 0, video.size - 1)
+    w.stream(~video[member], "member", f"is not a .{fmt.VIDEO_EXT} member", index.cam_member)
+
+
+def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) -> None:
+    """Known names and kinds, per-camera episode counts, sizes, frame tables within the video."""
+    n = index.num_episodes
+    w.stream(_holds(index.cam_names, _control_byte), "name", "holds a control character")
+    known = pc.is_in(index.cam_names, value_set=pa.array(sorted(camera_episodes), pa.string()))
+    w.stream(~known.to_numpy(zero_copy_only=False), "name", "is not a camera of the manifest")
+    found = {c["values"]: c["counts"] for c in (pc.value_counts(index.cam_names).to_pylist() if n else [])}
+    for name, episodes in camera_episodes.items():
+        if episodes is not None and found.get(name, 0) != episodes:
+            raise FormatError(
+                f"{w.where}: {found.get(name, 0)} episodes have camera {name}, the manifest's "
+                f"cameras.{name}.episodes says {episodes}"
+            )
+    kinds = pc.is_in(index.cam_kind, value_set=pa.array(fmt.CAMERA_KINDS)).to_numpy(zero_copy_only=False)
+    w.stream(~kinds, "kind", f"is not one of {fmt.CAMERA_KINDS}")
+    w.stream(index.cam_stream_index < -1, "stream_index", "is not a stream number", index.cam_stream_index)
+    w.stream(
+        (index.cam_width < 1)
+        | (index.cam_width > MAX_DIMENSION)
+        | (index.cam_height < 1)
+        | (index.cam_height > MAX_DIMENSION),
+        "width/height",
+        f"are not in [1, {MAX_DIMENSION}]",
+    )
+    w.stream(~np.isfinite(index.cam_time_base) | (index.cam_time_base <= 0), "time_base", "is not positive")
+    frames = index.cam_num_frames
+    w.stream(
+        (frames < 1) | (frames > index.cam_size),
+        "num_frames",
+        "is not between 1 and the video member's size in bytes",
+        frames,
+    )
+    for name, offsets in (("pts", index.pts_offsets), ("duration", index.duration_offsets)):
+        lengths = np.diff(offsets)
+        w.stream((lengths != 0) & (lengths != frames), name, "does not list num_frames values", lengths)
+    w.stream(
+        (np.diff(index.pts_offsets) == 0) & (index.cam_pts_step <= 0), "pts_step", "is not positive", index.cam_pts_step
+    )
+    w.stream(
+        _item_to_group(_not_ascending(index.pts, index.pts_offsets), index.pts_offsets, frames.size),
+        "pts",
+        "is not strictly increasing",
+    )
+    w.stream(_item_to_group(index.duration < 0, index.duration_offsets, frames.size), "duration", "is negative")
+    key_counts = np.diff(index.key_offsets)
+    w.stream(key_counts < 1, "keyframes", "is empty")
+    bad = (index.keyframes < 0) | (index.keyframes >= _per_item(key_counts, frames))
+    bad |= _not_ascending(index.keyframes, index.key_offsets)
+    w.stream(
+        _item_to_group(bad, index.key_offsets, frames.size),
+        "keyframes",
+        "are not ascending frame numbers below num_frames",
+    )
+    r2f_counts = np.diff(index.r2f_offsets)
+    rows = index.num_rows[np.repeat(np.arange(n), np.diff(index.episode_cams))]
+    w.stream((r2f_counts != 0) & (r2f_counts != rows), "row_to_frame", "does not list num_rows values", r2f_counts)
+    bad = (index.row_to_frame < 0) | (index.row_to_frame >= _per_item(r2f_counts, frames))
+    w.stream(_item_to_group(bad, index.r2f_offsets, frames.size), "row_to_frame", "holds frames outside the video")
+    first = index.cam_first_frame
+    w.stream(
+        (r2f_counts == 0) & ((first < 0) | (first + rows > frames)),
+        "first_frame",
+        "+ num_rows runs outside the video's frames",
+        first,
+    )
+    _check_packets(index, frames, w)
+
+
+def _check_packets(index, frames: np.ndarray, w: _Where) -> None:
+    """Packet tables (docs/FORMAT.md "Packet tables"): lengths, bytes inside the member, frames one to one."""
+    packets = np.diff(index.psize_offsets)
+    for name, offsets in (("packet_offset", index.poffset_offsets), ("packet_frame", index.pframe_offsets)):
+        lengths = np.diff(offsets)
+        w.stream((lengths != 0) & (lengths != packets), name, "does not list one value per packet", lengths)
+    crcs = np.diff(index.pcrc_offsets)
+    w.stream(crcs != packets, "packet_crc32", "does not list one value per packet", crcs)
+    has = packets > 0
+    w.stream(has & (packets < frames), "packet_size", "lists fewer packets than num_frames", packets)
+    if not has.any():
+        return
+    w.stream(_item_to_group(index.packet_size < 1, index.psize_offsets, frames.size), "packet_size", "is not positive")
+    size_sum = np.add.reduceat(np.append(index.packet_size, 0), index.psize_offsets[:-1]) * has
+    contiguous = np.diff(index.poffset_offsets) == 0
+    w.stream(
+        has & contiguous & ((index.packet_start < 0) | (index.packet_start + size_sum > index.cam_size)),
+        "packet_start/packet_size",
+        "run past the video member",
+    )
+    per = _per_item(packets, index.cam_size)
+    explicit = np.diff(index.poffset_offsets) > 0
+    if explicit.any():
+        sizes = index.packet_size[np.repeat(explicit, packets)]
+        end = index.packet_offset + sizes
+        bad = (index.packet_offset < 0) | (end > per[np.repeat(explicit, packets)])
+        bad |= _not_ascending(index.packet_offset, index.poffset_offsets)
+        w.stream(
+            _item_to_group(bad, index.poffset_offsets, frames.size),
+            "packet_offset",
+            "lies outside the video member or is not after the packet before it",
+        )
+    explicit_frames = np.diff(index.pframe_offsets) > 0
+    if explicit_frames.any():
+        limit = _per_item(np.diff(index.pframe_offsets), frames)
+        bad = (index.packet_frame < -1) | (index.packet_frame >= limit)
+        w.stream(
+            _item_to_group(bad, index.pframe_offsets, frames.size), "packet_frame", "holds frames outside the video"
+        )
+        stream_of = np.repeat(np.arange(packets.size), np.diff(index.pframe_offsets))
+        shown = index.packet_frame >= 0
+        counts = np.bincount(stream_of[shown], minlength=packets.size)
+        w.stream(explicit_frames & (counts != frames), "packet_frame", "does not show each frame once", counts)
+        pairs = np.unique(stream_of[shown] * (int(frames.max(initial=0)) + 1) + index.packet_frame[shown])
+        distinct = np.bincount(pairs // (int(frames.max(initial=0)) + 1), minlength=packets.size)
+        w.stream(explicit_frames & (distinct != frames), "packet_frame", "does not show each frame once", distinct)
+    w.stream(has & ~explicit_frames & (packets != frames), "packet_size", "lists a packet per frame but not num_frames")
+
+
+def check_index_version(schema: pa.Schema, manifest_version: int | None, where: str) -> None:
+    """Check the format version an index file's schema metadata states (``format.VERSION_KEY``).
+
+    Against this reader and the manifest's (None: not compared). Indexes written before
+    ``index.arrow`` kept it have none (the manifest's version applies).
+
+    Raises:
+        FormatError: a newer version than this reader reads (naming both), or another than the manifest's.
+    """
+    stated = (schema.metadata or {}).get(fmt.VERSION_KEY)
+    if stated is None:
+        return
+    try:
+        version = int(stated)
+    except ValueError:
+        raise FormatError(
+            f"{where}: schema metadata {fmt.VERSION_KEY.decode()} {stated!r:.40} is not a version"
+        ) from None
+    fmt.check_version(fmt.FORMAT_NAME, version, where)
+    if manifest_version is not None and version != manifest_version:
+        raise FormatError(
+            f"{where}: format_version {version} in its schema metadata, "
+            f"the manifest's format_version is {manifest_version}"
+        )
+
+
+def check_digest(data, expected: str, where: str, field: str) -> None:
+    """``FormatError`` unless ``data`` (bytes or buffer) has the sha256 the manifest's ``field`` gives."""
+    if hashlib.sha256(memoryview(data)).hexdigest() != expected:
+        raise FormatError(
+            f"{where}: sha256 differs from the manifest's {field} (changed or damaged after "
+            "conversion; `epishard verify` names what differs)"
+        )
+
+
+def shard_size_mismatches(shards: Sequence[fmt.ShardEntry], sizes: Mapping[str, int], url: str) -> dict[int, str]:
+    """Shards whose file holds another number of bytes than the manifest's ``size`` says.
+
+    ``check_index`` bounds every index value by the manifest's shard sizes (a member inside its
+    shard, a frame per byte of its video member, a row per byte of its table); this holds those
+    sizes against the files themselves, so a forged manifest and index (digests recomputed) cannot
+    claim bytes that are not there. ``sizes``: shard file name -> bytes on storage (shards missing
+    from it are not checked: their reads fail instead). ``url`` names the dataset folder.
+
+    Returns:
+        shard number -> the reason, naming the file, both sizes and the field.
+    """
+    out = {}
+    for i, entry in enumerate(shards):
+        size = sizes.get(entry.shard)
+        if size is not None and size != entry.size:
+            out[i] = (
+                f"{url}/{entry.shard}: {size} bytes, the manifest's shards[{i}].size says {entry.size} "
+                "(replaced, truncated or forged after conversion; `epishard verify` names what differs)"
+            )
+    return out
