@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 OUT     ?= out/demo
 SAMPLE  := sample/gr00t_robot_sim_picknplace
 
-.PHONY: setup demo lint test clean lerobot-peer
+.PHONY: setup demo lint docs test clean lerobot-peer
 
 $(BIN)/epishard: pyproject.toml requirements/machine.txt
 	@command -v ffmpeg >/dev/null || { \
@@ -48,7 +48,12 @@ lerobot-peer:
 	  && bash tools/bench/peers/setup_lerobot_train.sh $(LEROBOT_VENV); then :; \
 	else echo "WARNING: the LeRobot peer venv $(LEROBOT_VENV) could not be built: the LeRobot tests will skip"; fi
 
-test: lint lerobot-peer
+# The docs site (mkdocs.yml): strict, so a broken link, an unlisted page or an API reference that does
+# not resolve fails it; the output goes to build/site (not committed).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
+
+test: lint docs lerobot-peer
 	$(BIN)/python -m pytest tests
 
 clean:

@@ -2,10 +2,12 @@
 
 The folders stay at the repository top level (shardwriter/, stream/, balance/) and pyproject.toml maps
 them under ``epishard``; mypy knows no package-dir mapping, so checking the folders directly would
-see ``stream.plan`` and leave every ``from epishard.stream... import`` unresolved (typed as Any). This
-builds that layout as a tree of symlinks in ``build/typecheck/`` (regenerated every run), runs mypy
-on it with pyproject.toml's ``[tool.mypy]`` settings and prints each error under its real path
-(``stream/plan.py``), so editors and the gate agree.
+see ``stream.plan`` and leave every ``from epishard.stream... import`` unresolved (typed as Any), and
+it does not follow an editable install's import hook either (so ``mypy -p epishard`` in the venv
+cannot see them). Hence this script, kept as a development tool: it builds that layout as a tree
+of symlinks in ``build/typecheck/`` (``linktree.py``, regenerated every run), runs mypy on it with
+pyproject.toml's ``[tool.mypy]`` settings and prints each error under its real path (``stream/plan.py``),
+so editors and the gate agree.
 
     python tools/dev/typecheck.py        # exit status: mypy's (0 = no errors)
 """
@@ -13,27 +15,12 @@ on it with pyproject.toml's ``[tool.mypy]`` settings and prints each error under
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
+from linktree import PACKAGES, ROOT, build_tree  # tools/dev/linktree.py: this script's folder is sys.path[0]
 from mypy import api
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TREE = os.path.join(ROOT, "build", "typecheck")
-PACKAGES = ("shardwriter", "stream", "balance")
-
-
-def build_tree() -> str:
-    """Link ``epishard/``'s modules and subpackages and the three package folders into ``build/typecheck/epishard``."""
-    shutil.rmtree(TREE, ignore_errors=True)
-    top = os.path.join(TREE, "epishard")
-    os.makedirs(top)
-    for name in os.listdir(os.path.join(ROOT, "epishard")):
-        if name.endswith((".py", ".typed")) or os.path.isfile(os.path.join(ROOT, "epishard", name, "__init__.py")):
-            os.symlink(os.path.join(ROOT, "epishard", name), os.path.join(top, name))
-    for package in PACKAGES:
-        os.symlink(os.path.join(ROOT, package), os.path.join(top, package))
-    return top
 
 
 def real_path(line: str) -> str:
@@ -47,7 +34,7 @@ def real_path(line: str) -> str:
 
 def main() -> int:
     """Run mypy on the linked tree; print its report with real paths; return its exit status."""
-    build_tree()
+    build_tree(TREE)
     config = os.path.join(ROOT, "pyproject.toml")
     cache = os.path.join(ROOT, ".mypy_cache")
     cwd = os.getcwd()
