@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("shardwriter", "stream", "balance", "epishard", "tools")
-INDEX_MODULE = Path("shardwriter/index.py")
+INDEX_MODULE = Path("epishard/format/index.py")
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def _last_name(node: ast.expr) -> str:
 @functools.cache
 def window_index_private_names() -> frozenset[str]:
     """Private attributes and methods of ``WindowIndex`` (``_table``, ``_from_dataset_table``, ...),
-    read from ``shardwriter/index.py``: methods defined in the class, attributes assigned on ``self``.
+    read from ``epishard/format/index.py``: methods defined in the class, attributes assigned on ``self``.
     """
     cls = next(n for n in parse(INDEX_MODULE).body if isinstance(n, ast.ClassDef) and n.name == "WindowIndex")
     names = {f.name for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -109,7 +109,7 @@ def _source_names(node: ast.expr) -> set[str]:
 
 
 def index_table_access(path: Path, tree: ast.Module) -> list[Violation]:
-    """Outside ``shardwriter/index.py``, nothing reaches the index's Arrow table:
+    """Outside ``epishard/format/index.py``, nothing reaches the index's Arrow table:
 
     - no private attribute or method of ``WindowIndex`` (``x._table``, ``x._from_dataset_table``, ...);
     - no ``.table`` of an index (a receiver named ``index``, ``ix``, ``idx``, ``*_index``, ``*_ix``);
