@@ -32,11 +32,12 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
 from epishard.format.errors import check_choice
+from epishard.format.manifest import Manifest
 from epishard.format.retry import (
     BACKOFF_MAX_S,
     BACKOFF_S,
@@ -53,8 +54,26 @@ from epishard.redact import redact
 from .cache import RangeCache
 
 if TYPE_CHECKING:
-    from .source import DatasetSource
     from .telemetry import Telemetry
+
+
+class ShardSource(Protocol):
+    """What the fetcher reads shards through (``stream.source.DatasetSource`` is one).
+
+    ``local``: the shards are files on this machine (no range cache); ``manifest``: the dataset's
+    checked manifest (each shard's ``sha256`` and ``size``).
+    """
+
+    local: bool
+    manifest: Manifest
+
+    def shard_path(self, shard: int) -> str:
+        """Path or URL of shard number ``shard``, for messages."""
+        ...
+
+    def read_range(self, shard: int, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of shard number ``shard`` (raising what the storage raises)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -253,7 +272,7 @@ class Fetcher:
 
     def __init__(
         self,
-        source: DatasetSource,
+        source: ShardSource,
         episodes: list[tuple[int, list[tuple[int, int]]]],
         policy: FetchPolicy,
         telemetry: Telemetry,
