@@ -152,7 +152,7 @@ class RayRunner:
         )
         limit = self.max_in_flight or max(2 * int(ray.cluster_resources().get("CPU", 1)), 1)
         queue = list(jobs)
-        env = ray.put(storage_env())  # the driver's storage settings, for every task (the README's pattern)
+        env = ray.put(storage_env())  # the driver's storage settings, for every task (docs/guide/ray.md's pattern)
         pending: dict = {}  # ObjectRef -> (shard id, episodes)
         try:
             while queue or pending:

@@ -5,7 +5,7 @@ shared memory. The kernel zero-fills each new 4 KiB page on its first write (one
 page in the worker) and the main process maps the new file and faults its pages in again when it reads
 them; then both unmap and the pages are freed. On this machine that caps float32 batches at about
 1.1 GB/s against ~3 GB/s for the same conversion into memory already faulted in
-(docs/bench/buffers.md). DALI and FFCV avoid it the same way: a few batch buffers allocated once and
+(docs/BENCHMARKS.md, recycled buffers). DALI and FFCV avoid it the same way: a few batch buffers allocated once and
 written again and again.
 
 How: each process that collates (every DataLoader worker, or the main process with

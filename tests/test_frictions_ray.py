@@ -81,7 +81,7 @@ def test_f2_convert_ray_passes_the_driver_storage_environment_to_its_tasks(ray_s
     local = str(tmp_path / "local")
     convert([src], local, ConvertOptions(max_episodes_per_shard=2, progress=False))
     fs.mkdir("fr-env")
-    # the README's pattern: the endpoint in the driver's environment only (the nodes started without it)
+    # docs/guide/ray.md's pattern: the endpoint in the driver's environment only (the nodes started without it)
     monkeypatch.setenv("AWS_ENDPOINT_URL", options["endpoint_url"])
     argv = ["convert", src, "s3://fr-env/ds", "--max-episodes-per-shard", "2", "--quiet", "--ray", address]
     assert main(argv) == 0, capsys.readouterr().err

@@ -92,7 +92,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         default="fast",
         help="how each video's frame table is vouched for: fast = read from the container, keyframes and the "
         "last group of pictures decoded as the reader does (a disagreement: checked in full); full = every "
-        "frame decoded three times; off = read from the container, nothing decoded (README, 'Check levels')",
+        "frame decoded three times; off = read from the container, nothing decoded (docs/guide/converting.md)",
     )
     c.add_argument(
         "--format",
