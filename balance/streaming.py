@@ -24,7 +24,7 @@ windows kept are the plain plan's; exactly-once, equal steps, exact and elastic 
 
 Why ``"local"`` stays the default: a global deal spreads an episode's windows over many consumers,
 so each episode is fetched and decoded by several workers instead of one (more bytes read and more
-frames decoded per sample, docs/bench/globalbal.md), and the reader holds an episode loaded from
+frames decoded per sample, docs/BENCHMARKS.md, "Balancing end to end"), and the reader holds an episode loaded from
 its first to its last window in a consumer, which the deal scatters over a chunk. Choose
 ``"global"`` when ranks' costs differ beyond what reordering inside a rank evens out (costs that
 vary by episode, one rank holding the expensive ones) and storage serves ranged reads well.
@@ -32,12 +32,14 @@ vary by episode, one rank holding the expensive ones) and storage serves ranged 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from epishard.stream.dataset import WindowDataset
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.options import ReadOptions, Stages
 from epishard.stream.plan import World
 from epishard.stream.statecheck import StateTypeError, states_of
 
@@ -121,21 +123,24 @@ class BalancedWindowDataset(WindowDataset):
         if scope not in ("local", "global"):
             raise ValueError(f"BalancedWindowDataset: scope must be 'local' or 'global', not {scope!r}")
         if scope == "global":
-            if kw.get("batch_by_dataset"):
+            if kw.get("mix") is not None and kw["mix"].batch_by_dataset:
                 raise ValueError(
                     "BalancedWindowDataset: scope='global' deals every batch by cost; batch_by_dataset "
                     "would regroup them by dataset (use scope='local')"
                 )
-            kw.setdefault("fetch", FetchPolicy(mode="ranged"))
+            read = kw.get("read") or ReadOptions()
+            if read.fetch is None:
+                kw["read"] = dataclasses.replace(read, fetch=FetchPolicy(mode="ranged"))
         super().__init__(sources, spec, **kw)
         self.scope = scope
         self.batch_size = int(batch_size)
         self.chunk_batches = int(chunk_batches or (64 if scope == "global" else 16))
         self.cost = cost if cost is not None else WindowCost.from_dataset(self)
         if scope == "global":
-            self.deal = GlobalDeal(self.cost, self.batch_size, self.chunk_batches)
+            self.stages = Stages(cost=self.cost, deal=GlobalDeal(self.cost, self.batch_size, self.chunk_batches))
         else:
-            self.order = BalancedOrder(self.batch_size, self.chunk_batches, self.table.stratum, len(self.sources))
+            order = BalancedOrder(self.batch_size, self.chunk_batches, self.table.stratum, len(self.sources))
+            self.stages = Stages(cost=self.cost, order=order)
 
     def with_options(
         self, *, defer_float: bool | None = None, num_workers: int | None = None, batch_size: int | None = None

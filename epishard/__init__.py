@@ -15,8 +15,8 @@ Writer: ``convert``, ``ConvertOptions``, ``Episode``, ``CameraVideo``, ``TableSl
 ``OutputFolderError``.
 Format (``epishard.format``, the contract writer and reader share): ``Manifest``, ``WindowIndex``,
 ``FormatError``.
-Reader: ``WindowDataset``, ``WindowLoader``, ``WindowSpec``, ``segment``, ``PostProcess``,
-``DatasetSource``.
+Reader: ``WindowDataset`` and its option groups ``Ranks``, ``Mixing``, ``Stages``, ``ReadOptions``;
+``WindowLoader``, ``WindowSpec``, ``segment``, ``PostProcess``, ``DatasetSource``.
 Balancing: ``BalancedWindowDataset``, ``CostModel``, ``balanced_steps``.
 """
 
@@ -64,6 +64,10 @@ _API = {
     "WindowDataset": "epishard.stream",
     "WindowLoader": "epishard.stream",
     "WindowSpec": "epishard.stream",
+    "Ranks": "epishard.stream",
+    "Mixing": "epishard.stream",
+    "Stages": "epishard.stream",
+    "ReadOptions": "epishard.stream",
     "segment": "epishard.stream",
     "PostProcess": "epishard.stream",
     "DatasetSource": "epishard.stream",

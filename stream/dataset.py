@@ -39,8 +39,8 @@ lists; a window adds ``T`` in front and a batch ``B``, the same shape in the sam
 text outside ``extra_columns``, binary or nested structures) is refused when the ``WindowDataset``
 is made, naming the dataset and the column (``stream.mix.check_columns``).
 
-Distribution: rank and world size come from ``torch.distributed`` when it is initialised (or the
-``rank``/``world_size`` arguments); the worker from ``torch.utils.data.get_worker_info()``. Every
+Distribution: rank and world size come from ``torch.distributed`` when it is initialised (or
+``ranks=Ranks(rank, world_size)``, ``stream.options``); the worker from ``torch.utils.data.get_worker_info()``. Every
 rank yields the same number of samples per epoch (see ``stream.plan``).
 
 Epochs: each ``__iter__`` runs the next epoch of the object it is called on. With a plain
@@ -50,13 +50,11 @@ Epochs: each ``__iter__`` runs the next epoch of the object it is called on. Wit
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import functools
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -68,35 +66,19 @@ from epishard.redact import scrubbed
 
 from .buffers import RECYCLE_BYTES, HeldBatches, RecycledBatches, SlotFlags, recycle_slots, ring_slots
 from .collate import BufferedCollate, FloatCollate
-from .decode import DecodeError
-from .episode import (
-    EpisodeInfo,
-    columns_nbytes,
-    decode_camera,
-    decode_camera_packets,
-    read_columns,
-    window_rows,
-    window_sample,
-)
-from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
-from .lookahead import Decode, Demand, Load, Lookahead, Scheduler, Step, Store, frame_key
-from .memory import limit_worker_arenas, release_free_memory
-from .mix import camera_streams, column_widths, mix_layout, normalizers
+from .fetch import FetchPolicy
+from .lookahead import Lookahead
+from .memory import limit_worker_arenas
+from .mix import mix_layout, normalizers
 from .mixplan import BatchByDataset, probability_factors
-from .packets import plan_runs, readable, run_ranges
+from .options import Mixing, Ranks, ReadOptions, Stages
 from .plan import (
-    CostStage,
-    DealStage,
     EpisodeTable,
     EpochCuts,
-    LevelOverrun,
-    OrderStage,
     Progress,
-    Stages,
     WorkerPlan,
     World,
     anchor_counts,
-    budget_shuffle_episodes,
     episode_table,
     epoch_cuts,
     expected_windows,
@@ -104,52 +86,16 @@ from .plan import (
     plan_shape,
     worker_plan,
 )
+from .reader import EpochReader, episode_bytes
+from .resume import Resume, checked_states, load_state, state_dict
 from .select import Selection, explain_empty, select_episodes
+from .shuffle import budget_shuffle_episodes
 from .source import DatasetSource
 from .spec import WindowSpec
-from .statecheck import StateError, bounded, check_digest, check_fields, plan_digest, states_of
+from .stages import ConsumerStages
+from .statecheck import plan_digest
 from .telemetry import Telemetry
 from .transform import PostProcess
-from .usercode import from_user_code
-
-# 2: + "history" (progress under earlier layouts of the epoch: elastic resume). 3: + "shuffle_episodes";
-# the plan changed (plan-level pool shuffle, counter-based anchor draws), so a mid-epoch state of an
-# earlier version cannot continue exactly and is refused (a state at an epoch boundary still loads).
-# 4: the plan changed again (a consumer's episodes cut into pools of equal size: ``pool_shuffle``).
-STATE_VERSION = 4
-
-
-def _shuffle_option(
-    shuffle_episodes: int | Literal["auto"] | None, shuffle_windows: int | None, shuffle_bytes: int | None
-) -> int | Literal["auto"] | None:
-    """``shuffle_episodes`` checked, after the deprecated buffer bounds (``shuffle_windows=0``: read order).
-
-    Raises:
-        ValueError: not ``"auto"``, ``None`` or an int >= 0.
-    """
-    if not (shuffle_episodes in ("auto", None) or (isinstance(shuffle_episodes, int) and shuffle_episodes >= 0)):
-        raise ValueError(f"shuffle_episodes must be 'auto', None or an int >= 0, not {shuffle_episodes!r}")
-    if shuffle_windows is None and shuffle_bytes is None:
-        return shuffle_episodes
-    warnings.warn(
-        "WindowDataset(shuffle_windows=, shuffle_bytes=) bounded a buffer of decoded episodes, which the plan-level "
-        "shuffle replaced: use shuffle_episodes (episodes whose windows are interleaved at a time; 0: read order)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return 0 if shuffle_windows == 0 else shuffle_episodes
-
-
-def _distributed(rank: int | None, world_size: int | None) -> World:
-    """This process's rank and world size (``worker=0`` of 1).
-
-    The arguments when given, else ``torch.distributed`` when initialised, else rank 0 of 1.
-    """
-    if rank is not None and world_size is not None:
-        return World(rank, world_size)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return World(torch.distributed.get_rank(), torch.distributed.get_world_size())
-    return World(rank or 0, world_size or 1)
 
 
 def open_source(url: str, storage_options: dict | None = None, fetch: FetchPolicy | None = None) -> DatasetSource:
@@ -193,89 +139,55 @@ def _check_selected(
     warnings.warn(f"select= keeps no episode of a dataset of the mix, which gives no windows: {why}", stacklevel=3)
 
 
-@dataclass(frozen=True)
-class Resume:
-    """Where a rank's run of an epoch starts (the loader's bookkeeping, from ``load_state_dict``).
-
-    ``history``: complete progress of earlier layouts of the epoch (elastic resume), oldest first;
-    the windows left after it are dealt to this layout. ``skip``: windows each consumer of this
-    rank (``worker`` order, empty: none) already took of its plan; worker ``w`` continues consumer
-    ``(w + rotation) % num_workers`` (the DataLoader's round-robin resumes at batch ``rotation``).
-    """
-
-    epoch: int
-    history: tuple[Progress, ...] = ()
-    skip: tuple[int, ...] = ()
-    rotation: int = 0
-
-    @property
-    def fresh(self) -> bool:
-        """Nothing of the epoch consumed yet."""
-        return not self.history and not any(self.skip)
-
-
 class WindowDataset(IterableDataset):
     """Training windows from one or more epishard datasets.
 
     Args:
         sources: a dataset URL or ``DatasetSource``, or a list of them, or of ``(url, weight)``
-            pairs to mix datasets (see ``weights``).
+            pairs to mix datasets (the weights: ``Mixing.weights``).
         spec: the window (``WindowSpec``). One made from ``delta_timestamps`` (seconds) is turned
             into rows at each dataset's own frame rate (a mix of 20 and 30 fps robots takes one spec;
             ``stream.mix.resolve_specs``); an offset off a dataset's frame grid is refused, naming
             the dataset, the key and the nearest allowed time.
         seed: base seed; the plan is a pure function of (seed, epoch, world size, rank, workers).
-        shuffle_episodes: the shuffle's one knob (``stream.plan.pool_shuffle``): how many episodes'
-            windows are interleaved at a time in each consumer's yield order (consecutive pools of
-            that many episodes in read order, windows permuted within a pool). Small: an episode's
-            windows close together in time (one decode serves several) but fewer distinct episodes
-            per batch; large: diversity near i.i.d. ``None``: the whole consumer's windows (the most
-            diverse); ``0``: read order, no shuffle. ``"auto"`` (default): as many episodes as the
-            look-ahead frame cache holds the frames of (``lookahead.cache_bytes``), at most ``8 x
-            batch_size`` (at least 0.94 of the distinct episodes per batch of i.i.d. sampling; 512
-            when the batch size is unknown; ``WindowLoader`` passes its own) and never so few that
-            less than 0.92 of a batch is distinct (``stream.plan.budget_shuffle_episodes``; 42 episodes for
-            batches of 8: 2 cameras of 640x480 frames do not fit, so frames are evicted and decoded
-            again rather than diversity given up).
-        shuffle_windows / shuffle_bytes: deprecated (the bounds of the old buffer of decoded
-            episodes; a ``DeprecationWarning``): ``shuffle_windows=0`` still means read order, other
-            values are ignored (the look-ahead reader bounds its own memory).
-        rank / world_size: override ``torch.distributed``.
-        num_workers: DataLoader workers, needed only for ``len()`` before iteration.
+        shuffle: the shuffle's one knob, in episodes (``stream.shuffle.pool_shuffle``): how many
+            episodes' windows are interleaved at a time in each consumer's yield order (consecutive
+            pools of that many episodes in read order, windows permuted within a pool). Small: an
+            episode's windows close together in time (one decode serves several) but fewer distinct
+            episodes per batch; large: diversity near i.i.d. ``None``: the whole consumer's windows
+            (the most diverse); ``0``: read order, no shuffle. ``"auto"`` (default): as many
+            episodes as the look-ahead frame cache holds the frames of
+            (``Lookahead.frame_cache_bytes``), at most ``8 x batch_size`` (at least 0.94 of the
+            distinct episodes per batch of i.i.d. sampling; 512 when the batch size is unknown;
+            ``WindowLoader`` passes its own) and never so few that less than 0.92 of a batch is
+            distinct (``stream.shuffle.budget_shuffle_episodes``; 42 episodes for batches of 8: 2
+            cameras of 640x480 frames do not fit, so frames are evicted and decoded again rather
+            than diversity given up).
+        ranks: this process's rank, the world size and the DataLoader workers (``Ranks``; None:
+            ``torch.distributed``'s when initialised, else rank 0 of 1).
+        batch_size: the per-rank batch size, when known before a ``WindowLoader`` gives its own:
+            it sizes the ``"auto"`` shuffle pool and the first look-ahead chunk, and
+            ``Mixing.batch_by_dataset`` needs it.
         postprocess: per-frame ``PostProcess`` (resize, crop, dtype, hook).
         normalize: column -> ``"mean_std"`` | ``"min_max"``, from the manifest statistics.
-        telemetry: attach ``__telemetry__`` counters to every sample.
-        storage_options: fsspec options for URLs (``DatasetSource``; merged over the environment's).
-        fetch: how shard bytes are fetched (``FetchPolicy``: stream or ranged mode, prefetch
-            budget, retries, and the shard policy when retries run out).
-        stratify: deal each dataset of a mix to the consumers on its own, so every worker of every
-            rank reads all datasets in proportion at the same pace (default: True when mixing).
-            Each worker then reads one shard per dataset side by side.
-        defer_float: leave frames uint8 in the workers even when ``postprocess`` has a float dtype
-            (a quarter of the bytes to move); the collate must convert them (``FloatCollate``).
-            ``WindowLoader`` sets this on its own copy and adds the collate.
-        cost / order: declared plan stages (``stream.plan.CostStage`` / ``OrderStage``): a predicted
-            cost per window, attached to every sample as ``__cost__`` (float), and a new yield order
-            per consumer; both pure functions of the plan, so every guarantee of the plan holds
-            (``balance.streaming.BalancedWindowDataset`` sets them).
-        deal: a declared deal stage (``stream.plan.DealStage``) used instead of the plan's cut of
-            the windows into consumers (``balance.globaldeal.GlobalDeal``: global cost balancing).
-        camera_map: model camera (a name in ``spec.cameras``) -> the dataset's camera key; one dict
-            for all datasets or a list with one per dataset (``stream.mix``).
-        pad_dims: padding of state/action/other columns to a common width with
-            ``<column>_dim_is_pad`` masks: None (when widths differ), True, False, or column -> width
-            (``stream.mix.mix_layout``).
         select: which episodes to plan (``stream.select.Selection``): one for all datasets, or a
             list with one per dataset (None: all). Read from the index only.
-        weights: ``"repeat"``: a weight multiplies that dataset's windows per epoch (1:1 gives the
-            natural sizes); ``"probability"``: weights are the datasets' shares of an epoch of
-            ``epoch_length`` windows (default: the 1:1 size) (``stream.mixplan``).
-        batch_by_dataset: every batch of ``batch_size`` samples comes from one dataset (implies
-            ``stratify``); ``WindowLoader`` passes its batch size. Each consumer drops, per
-            dataset, its count modulo the batch size (``stream.mixplan.group_by_dataset``).
-        lookahead: look-ahead decoding (``stream.lookahead.Lookahead``): chunk sizes (horizon,
-            first chunk: the batch size when known) and the byte budgets of the decoded-frame cache
-            and the kept encoded members; together they bound a worker's memory.
+        mix: how the datasets of a mix share an epoch (``Mixing``: weights, epoch length, batches
+            of one dataset, stratified deal, camera map, padded widths).
+        stages: declared plan stages (``Stages``: a cost per window, attached to every sample as
+            ``__cost__``; a new yield order per consumer; a deal in place of the plan's cut); pure
+            functions of the plan, so every guarantee of the plan holds
+            (``balance.streaming.BalancedWindowDataset`` sets them).
+        read: how bytes are fetched and decoded and what samples carry (``ReadOptions``: storage
+            options, ``FetchPolicy``, ``Lookahead``, ``defer_float``, ``telemetry``).
+
+    Raises:
+        ValueError: ``shuffle`` neither ``"auto"``, ``None`` nor an int >= 0; a negative dataset
+            weight; ``select`` of another length than the datasets; a selection that keeps no
+            episode; and what ``stream.mix.mix_layout`` refuses.
+
+    The work is split by job: ``stream.plan`` (the epoch plan), ``stream.reader`` (a worker's read
+    loop), ``stream.resume`` (states and mid-epoch resume).
     """
 
     def __init__(
@@ -284,51 +196,36 @@ class WindowDataset(IterableDataset):
         spec: WindowSpec,
         *,
         seed: int = 0,
-        shuffle_episodes: int | Literal["auto"] | None = "auto",
-        shuffle_windows: int | None = None,
-        shuffle_bytes: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        num_workers: int | None = None,
+        shuffle: int | Literal["auto"] | None = "auto",
+        ranks: Ranks | None = None,
+        batch_size: int | None = None,
         postprocess: PostProcess | None = None,
         normalize: dict[str, str] | None = None,
-        telemetry: bool = False,
-        storage_options: dict | None = None,
-        fetch: FetchPolicy | None = None,
-        stratify: bool | None = None,
-        defer_float: bool = False,
-        cost: CostStage | None = None,
-        order: OrderStage | None = None,
-        camera_map: dict[str, str] | list[dict[str, str] | None] | None = None,
-        pad_dims: bool | dict[str, int] | None = None,
         select: Selection | list[Selection | None] | None = None,
-        weights: str = "repeat",
-        epoch_length: int | None = None,
-        batch_by_dataset: bool = False,
-        batch_size: int | None = None,
-        deal: DealStage | None = None,
-        lookahead: Lookahead | None = None,
+        mix: Mixing | None = None,
+        stages: Stages | None = None,
+        read: ReadOptions | None = None,
     ):
         super().__init__()
-        if weights not in ("repeat", "probability"):
-            raise ValueError(f"weights must be 'repeat' or 'probability', not {weights!r}")
+        if not (shuffle in ("auto", None) or (isinstance(shuffle, int) and shuffle >= 0)):
+            raise ValueError(f"shuffle must be 'auto', None or an int >= 0 (episodes per pool), not {shuffle!r}")
+        self.ranks, self.mix = ranks or Ranks(), mix or Mixing()
+        self.stages, self.read = stages or Stages(), read or ReadOptions()
         items = sources if isinstance(sources, list) else [sources]
         pairs = [item if isinstance(item, tuple) else (item, 1.0) for item in items]
-        self.fetch = fetch or FetchPolicy()
-        self.sources = [
-            s if isinstance(s, DatasetSource) else open_source(s, storage_options, self.fetch) for s, _ in pairs
-        ]
+        self.fetch = self.read.fetch or FetchPolicy()
+        self.lookahead = self.read.lookahead or Lookahead()
+        storage = self.read.storage_options
+        self.sources = [s if isinstance(s, DatasetSource) else open_source(s, storage, self.fetch) for s, _ in pairs]
         self.weights = [float(w) for _, w in pairs]
         if any(w < 0 for w in self.weights):
             raise ValueError(f"dataset weights must not be negative: {self.weights}")
-        self.spec = spec
-        self.seed = seed
-        self.shuffle_episodes = _shuffle_option(shuffle_episodes, shuffle_windows, shuffle_bytes)
-        self._rank, self._world_size = rank, world_size
-        self.num_workers = num_workers
+        self.spec, self.seed, self.shuffle = spec, seed, shuffle
+        self.num_workers = self.ranks.num_workers
         self.post = postprocess or PostProcess()
-        self.telemetry = telemetry
-        self.layout = mix_layout(self.sources, spec, self.post, camera_map, pad_dims, tuple(normalize or {}))
+        self.telemetry, self.defer_float = self.read.telemetry, self.read.defer_float
+        m = self.mix
+        self.layout = mix_layout(self.sources, spec, self.post, m.camera_map, m.pad_dims, tuple(normalize or {}))
         self.cam_offsets = self.layout.offsets  # per dataset: its camera keys -> offsets
         self.normalizers = [  # per dataset, per source in it: column -> Normalizer
             {name: normalizers(s.manifest, normalize, name) for name in set(s.index.episode_column("source"))}
@@ -341,18 +238,16 @@ class WindowDataset(IterableDataset):
         # need not pickle into DataLoader workers).
         self.selected = [select_episodes(s.index, sel) for s, sel in zip(self.sources, selections, strict=True)]
         _check_selected(self.sources, selections, self.selected, isinstance(select, list))
-        self.batch_by_dataset, self.batch_size = batch_by_dataset, batch_size
+        self.batch_size = batch_size
         if batch_size is not None:
             self.layout.check_batchable()  # frames of several sizes cannot be stacked into a batch
-        self.stratify = (len(self.sources) > 1 if stratify is None else stratify) or batch_by_dataset
+        self.stratify = (len(self.sources) > 1 if m.stratify is None else m.stratify) or m.batch_by_dataset
         self.table, self.episode_base = self._episode_table()
         # Bool [global episodes]: those of a shard its source failed on open (its size check); they
         # stay planned, are never fetched or decoded, and each of their windows is a substitute.
         self._failed = np.concatenate([np.zeros(0, dtype=bool), *[s.failed_episodes() for s in self.sources]])
-        if weights == "probability":
-            self._probability_weights(epoch_length)
-        self.defer_float = defer_float
-        self.cost, self.order, self.deal = cost, order, deal
+        if m.weights == "probability":
+            self._probability_weights(m.epoch_length)
         self.epoch = 0
         self._resume: Resume | None = None  # taken by the next __iter__ (of a worker's copy too)
         self._started = Resume(0)  # what the last __iter__ in this process started from
@@ -360,8 +255,7 @@ class WindowDataset(IterableDataset):
         self._costs: np.ndarray | None = None
         self._per_consumer: dict[tuple, int] = {}  # windows_per_consumer's last answer
         self._shared: EpochCuts | None = None  # set_epoch's shared plan part, inherited by forked workers
-        self.lookahead = lookahead or Lookahead()
-        self._live_bytes: tuple[int, int] | None = None  # _episode_bytes, once computed
+        self._live_bytes: tuple[int, int] | None = None  # reader.episode_bytes, once computed
         self._first_chunk = batch_size  # the first look-ahead chunk: one batch (WindowLoader's by default)
 
     def with_options(
@@ -382,7 +276,7 @@ class WindowDataset(IterableDataset):
             other._first_chunk = batch_size
         return other
 
-    # --- planning ---------------------------------------------------------------------------------
+    # --- planning (``stream.plan``) -------------------------------------------------------------
 
     def _episode_table(self) -> tuple[EpisodeTable, np.ndarray]:
         """The planner's table of every dataset of the mix.
@@ -408,59 +302,34 @@ class WindowDataset(IterableDataset):
         self.weights = factors.tolist()
         self.table = dataclasses.replace(self.table, weight=np.repeat(factors, np.diff(self.episode_base)))
 
-    def _dataset_of_episode(self) -> np.ndarray:
-        return np.repeat(np.arange(len(self.sources)), np.diff(self.episode_base))
-
     def _group(self) -> BatchByDataset | None:
         """``batch_by_dataset``'s group stage (``stream.mixplan.BatchByDataset``), else None.
 
         Raises:
             ValueError: ``batch_by_dataset`` without a batch size.
         """
-        if not self.batch_by_dataset:
+        if not self.mix.batch_by_dataset:
             return None
         if not self.batch_size:
             raise ValueError("batch_by_dataset needs the batch size: WindowDataset(..., batch_size=B) or WindowLoader")
-        return BatchByDataset(self._dataset_of_episode(), self.batch_size)
+        return BatchByDataset(np.repeat(np.arange(len(self.sources)), np.diff(self.episode_base)), self.batch_size)
 
     def pool_episodes(self, batch_size: int | None = None) -> int | None:
-        """The shuffle pool in effect (``shuffle_episodes`` with ``"auto"`` resolved by the batch size).
+        """The shuffle pool in effect (``shuffle`` with ``"auto"`` resolved by the batch size).
 
         ``batch_size``: the loader's, when this dataset was given none (``state_dict`` for a loader).
         """
-        if self.shuffle_episodes == "auto":
-            live, per_window = self._episode_bytes()
-            chunk = self.lookahead.horizon * per_window
-            return budget_shuffle_episodes(self.batch_size or batch_size, live, self.lookahead.cache_bytes, chunk)
-        return self.shuffle_episodes
+        if self.shuffle != "auto":
+            return self.shuffle
+        if self._live_bytes is None:
+            self._live_bytes = episode_bytes(self.sources, self.cam_offsets, self.post)
+        live, per_window = self._live_bytes
+        chunk = self.lookahead.horizon * per_window
+        return budget_shuffle_episodes(self.batch_size or batch_size, live, self.lookahead.frame_cache_bytes, chunk)
 
-    def _episode_bytes(self) -> tuple[int, int]:
-        """Decoded bytes one episode keeps live while its windows are yielded, and one frame of each camera.
-
-        Per camera, the frames of a window's span (rows from its first offset to its last: with
-        consecutive anchors each of them is returned by some window) times the post-processed frame
-        size (the camera's largest); the largest of the mix. Bounds the default pool
-        (``stream.plan.budget_shuffle_episodes``).
-        """
-        if self._live_bytes is not None:
-            return self._live_bytes
-        most = (0, 0)
-        for d, source in enumerate(self.sources):
-            ix, total, frames = source.index, 0, 0
-            for cam, offsets in self.cam_offsets[d].items():
-                if not len(offsets):
-                    continue
-                streams = camera_streams(source, cam)
-                size = _frame_size(self.post, ix, streams)
-                frame = int(np.max(np.where(ix.cam_depth[streams], 2, 3) * size[:, 0] * size[:, 1], initial=0))
-                total += (int(np.max(offsets)) - int(np.min(offsets)) + 1) * frame
-                frames += frame
-            most = max(most, (total, frames))
-        self._live_bytes = most
-        return most
-
-    def _stages(self) -> Stages:
-        return Stages(self.pool_episodes(), self.cost, self.order, self._group(), self.deal)
+    def _consumer_stages(self) -> ConsumerStages:
+        s = self.stages
+        return ConsumerStages(self.pool_episodes(), s.cost, s.order, self._group(), s.deal)
 
     def plan(self, epoch: int, world: World, history: tuple[Progress, ...] = ()) -> WorkerPlan:
         """One consumer's windows for ``epoch``, in yield order.
@@ -468,6 +337,7 @@ class WindowDataset(IterableDataset):
         Consumer ``world.consumer``'s windows for ``epoch`` (global episode numbers), in yield
         order; after ``history`` (earlier layouts' progress), its share of what is left.
         """
+        s = self.stages
         return worker_plan(
             self.table,
             stride=self.spec.stride,
@@ -476,12 +346,12 @@ class WindowDataset(IterableDataset):
             epoch=epoch,
             world=world,
             shuffle_episodes=self.pool_episodes(),
-            cost=self.cost,
-            order=self.order,
+            cost=s.cost,
+            order=s.order,
             group=self._group(),
             history=history,
             shared=self._shared,
-            deal=self.deal,
+            deal=s.deal,
         )
 
     def windows_per_consumer(
@@ -501,8 +371,8 @@ class WindowDataset(IterableDataset):
         return self._per_consumer[key]
 
     def _count(self, epoch: int, consumers: int, history: tuple[Progress, ...], num_workers: int = 1) -> int:
-        stages, group = self._stages(), self._group()
-        if not history and self.deal is None:  # from counts alone: O(episodes), no window listed
+        stages, group = self._consumer_stages(), self._group()
+        if not history and self.stages.deal is None:  # from counts alone: O(episodes), no window listed
             per, _ = plan_shape(self.table, self.spec.stride, self.spec.sampling, self.seed, epoch, consumers)
             return int(per.sum()) if group is None else int(np.sum(per // group.batch_size * group.batch_size))
         plan = level_plan(
@@ -523,7 +393,7 @@ class WindowDataset(IterableDataset):
 
     def samples_per_rank(self, num_workers: int | None = None, world_size: int | None = None, epoch: int = 0) -> int:
         """Samples every rank yields in ``epoch`` (the same on all ranks)."""
-        world = world_size or _distributed(self._rank, self._world_size).world_size
+        world = world_size or self.ranks.world().world_size
         workers = max(num_workers if num_workers is not None else (self.num_workers or 0), 1)
         return self.windows_per_consumer(epoch, world, workers) * workers
 
@@ -539,20 +409,20 @@ class WindowDataset(IterableDataset):
         """
         self.epoch = epoch
         self._shared = None
-        if self.num_workers is not None and self.deal is None:  # a deal stage plans from the whole list
-            world = _distributed(self._rank, self._world_size)
-            consumers = world.world_size * max(self.num_workers, 1)
+        if self.num_workers is not None and self.stages.deal is None:  # a deal stage plans from the whole list
+            consumers = self.ranks.world().world_size * max(self.num_workers, 1)
             self._shared = epoch_cuts(self.table, self.spec.stride, self.spec.sampling, self.seed, epoch, consumers)
 
-    # --- iteration -------------------------------------------------------------------------------
+    # --- iteration (``stream.reader``) ----------------------------------------------------------
 
     def _locate(self, episode: int) -> tuple[int, int]:
+        """``(dataset, episode in it)`` of a global episode number."""
         d = int(np.searchsorted(self.episode_base, episode, side="right") - 1)
         return d, episode - int(self.episode_base[d])
 
     @scrubbed  # an error while iterating names no credentials (in a worker: before torch formats it)
     def __iter__(self):
-        here = _distributed(self._rank, self._world_size)
+        here = self.ranks.world()
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:
@@ -584,127 +454,10 @@ class WindowDataset(IterableDataset):
             if first
             else 0,
         )
-        return self._generate(plan, skip, telemetry)
-
-    def _generate(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):
-        """Follow the look-ahead schedule of the plan's windows after the first ``skip`` (``stream.lookahead``).
-
-        Per chunk: evict, fetch or reuse each episode's members, read its columns, one decode call
-        per (episode, camera) for the chunk's uncached frames; then yield the chunk's windows from
-        the cache and release what no later chunk needs.
-        """
-        episodes, anchors = plan.episode[skip:], plan.anchor[skip:]
-        t0 = time.perf_counter()
-        demand = _Demands(self, episodes, anchors)
-        policy = self.lookahead
-        if self._first_chunk and policy.first == Lookahead.first:  # the loader's batch: first batch first
-            policy = dataclasses.replace(policy, first=self._first_chunk)
-        steps = Scheduler(demand, policy)
-        fetchers = self._fetchers(telemetry)
-        slots: list[tuple] = []  # per fetch so far: (dataset, position in its fetcher, sha256s, members)
-
-        def advance() -> Step | None:
-            """The next step, its fetches handed to the fetchers (a step ahead, so they go out early)."""
-            t = time.perf_counter()
-            step = next(steps, None)
-            self._fetch_more(steps.fetches[len(slots) :], steps.fetch_work[len(slots) :], fetchers, slots)
-            telemetry.add(schedule_s=time.perf_counter() - t)
-            return step
-
-        telemetry.add(schedule_s=time.perf_counter() - t0)
-        store, encoded = Store(), _Encoded()
-        failed: set[int] = set()
-        first_failure = None
-        last, owed = None, 0
-        last_of: dict[int, dict] = {}  # the last sample of each dataset
-        try:
-            upcoming, first = advance(), True
-            while upcoming is not None:
-                step = upcoming
-                if not first:  # the next chunk's fetches go out now, while this chunk's loads decode
-                    upcoming = advance()
-                store.drop(step.evict)
-                for load in step.loads:
-                    encoded.drop(load.drop_encoded)
-                    if load.episode in failed:
-                        continue
-                    try:
-                        if self._failed[load.episode]:
-                            raise self._shard_failure(load.episode)
-                        self._load(load, fetchers, slots, encoded, store, telemetry)
-                    except (FetchError, DecodeError) as exc:  # the shard policy decides, for both
-                        # (data faults only: an exception of the user's hook is never skipped)
-                        if self.fetch.on_shard_error == "raise" or from_user_code(exc):
-                            raise
-                        warnings.warn(f"epishard: skipping episode {self._key(load.episode)}: {exc}", stacklevel=2)
-                        telemetry.add(episodes_skipped=1)
-                        failed.add(load.episode)
-                        first_failure = first_failure or (self._locate(load.episode)[0], exc)
-                        encoded.drop((load.episode,))
-                telemetry.add(
-                    frame_cache_hits=step.hits, frame_cache_misses=step.misses, frame_cache_evictions=step.evict.size
-                )
-                telemetry.peak(cache_bytes_peak=store.nbytes, encoded_bytes_peak=encoded.nbytes)
-                for i in range(step.start, step.stop):
-                    e = int(episodes[i])
-                    d, _ = self._locate(e)
-                    if e in failed:
-                        # Keep this rank's sample count: repeat the worker's previous sample (of the same
-                        # dataset when there is one: batch_by_dataset batches stay one dataset's), flagged.
-                        if last is None:
-                            owed += 1
-                            continue
-                        sample = dict(last_of.get(d, last), substitute=True)
-                    else:
-                        sample = self._window(e, int(anchors[i]), step.keys[i - step.start], store, telemetry)
-                    yield self._emit(sample, telemetry)
-                    for _ in range(owed):  # windows of failed episodes that came before any good sample
-                        yield self._emit(dict(sample, substitute=True), telemetry)
-                    owed, last = 0, sample
-                    last_of[d] = sample
-                if first:
-                    upcoming, first = advance(), False
-                store.drop(step.release)
-            if owed:
-                assert first_failure is not None  # owed > 0 only after a failure
-                failed_dataset, first_error = first_failure
-                raise FetchError(
-                    f"{self.sources[failed_dataset].shown}: every episode this worker read failed, so {owed} samples "
-                    f"cannot be filled; the first: {first_error}",
-                    -1,
-                )
-        finally:
-            for f in fetchers:
-                f.close()
-            if get_worker_info() is not None:
-                release_free_memory()  # a persistent worker idles until the next epoch
-
-    def _window(self, episode: int, anchor: int, keys: np.ndarray, store: Store, telemetry: Telemetry) -> dict:
-        """The sample of one window, from the store (``keys``: its frame keys, ``Demand.keys`` row)."""
-        t = time.perf_counter()
-        d, _ = self._locate(episode)
-        columns, info, _ = store.columns[episode]
-        frames, col = {}, 0
-        for cam, offsets in self.cam_offsets[d].items():
-            frames[cam] = store.stack(keys[col : col + len(offsets)]) if len(offsets) else self._no_frames(d, info, cam)
-            col += len(offsets)
-        finish = None if self.defer_float else self.post.finish
-        index = self.sources[d].index
-        spec = self.layout.specs[d]  # the window in this dataset's rows (its frame rate)
-        sample = window_sample(index, info, columns, anchor, spec, self.cam_offsets[d], frames, finish)
-        sample = self.layout.apply(sample, d, finish)
-        sample["dataset"], sample["substitute"] = d, False
-        telemetry.add(assemble_s=time.perf_counter() - t, frames_returned=col)
-        return sample
-
-    def _no_frames(self, d: int, info, cam: str) -> torch.Tensor:
-        """A camera read at no offsets: ``[0, C, h, w]`` of its prepared dtype."""
-        s = info.streams[cam]
-        size = _frame_size(self.post, self.sources[d].index, np.array([s]))
-        depth = bool(self.sources[d].index.cam_depth[s])
-        return torch.empty((0, 1 if depth else 3, *size[0]), dtype=torch.uint16 if depth else torch.uint8)
+        return EpochReader(self).samples(plan, skip, telemetry)
 
     def _emit(self, sample: dict, telemetry: Telemetry) -> dict:
+        """``sample`` as yielded: counted, with its telemetry and planned cost when asked for."""
         telemetry.add(samples=1, substitutes=int(sample["substitute"]))
         if self.telemetry:
             sample = dict(sample, __telemetry__=telemetry.tensor())
@@ -713,196 +466,7 @@ class WindowDataset(IterableDataset):
         self._consumed += 1
         return sample
 
-    def _shard_failure(self, episode: int) -> FetchError:
-        """The error of an episode whose shard its source failed on open (``DatasetSource.skipped_shards``)."""
-        d, local = self._locate(episode)
-        shard = int(self.sources[d].index.shard[local])
-        return FetchError(self.sources[d].skipped_shards[shard], shard)
-
-    def _key(self, episode: int) -> str:
-        d, local = self._locate(episode)
-        return self.sources[d].index.key(local)
-
-    def _demand(self, episodes: np.ndarray, anchors: np.ndarray, sizes: Demand) -> Demand:
-        """What the windows (global ``episodes``, ``anchors``: int64 ``[n]``) need: ``stream.lookahead.Demand``.
-
-        Frame keys per window and camera as ``LoadedEpisode`` used to compute them: rows clamped
-        into the anchor's recording segment, then the index's row-to-frame map; item sizes from the
-        index (post-processed frame size, encoded members) and the manifest (column widths), written
-        into ``sizes``' per-stream and per-episode arrays (for these windows' episodes; the
-        returned ``Demand`` shares them).
-        """
-        n = episodes.size
-        width = max((sum(len(o) for o in offsets.values()) for offsets in self.cam_offsets), default=0)
-        keys = np.full((n, width), -1, dtype=np.int64)
-        stream_base = np.cumsum([0, *[s.index.cam_depth.size for s in self.sources]])
-        stream_episode, frame_bytes = sizes.stream_episode, sizes.frame_bytes
-        columns_bytes, encoded_bytes = sizes.columns_bytes, sizes.encoded_bytes
-        dataset = np.searchsorted(self.episode_base, episodes, side="right") - 1
-        for d, source in enumerate(self.sources):
-            # A failed shard's episodes need nothing (keys -1, sizes 0): none of its index values is used.
-            here = np.flatnonzero((dataset == d) & ~self._failed[episodes])
-            if not here.size:
-                continue
-            ix, base = source.index, int(self.episode_base[d])
-            local = episodes[here] - base
-            unique = np.unique(local)
-            members = [ix.data_member(unique)]
-            col = 0
-            packed = np.full(unique.size, self.fetch.packets)
-            for cam, offsets in self.cam_offsets[d].items():
-                streams = ix.camera_streams(cam, unique)
-                packed &= readable(ix, streams)
-                stream_episode[streams + stream_base[d]] = unique + base
-                size = _frame_size(self.post, ix, streams)
-                frame_bytes[streams + stream_base[d]] = np.where(ix.cam_depth[streams], 2, 3) * size[:, 0] * size[:, 1]
-                members.append(ix.stream_member[streams])
-                if len(offsets):
-                    per_window = streams[np.searchsorted(unique, local)]
-                    rows = window_rows(ix, local, anchors[here], offsets)
-                    frames = ix.frames(per_window[:, None], rows)
-                    keys[here, col : col + len(offsets)] = frame_key(per_window[:, None] + stream_base[d], frames)
-                col += len(offsets)
-            stacked = np.sort(np.stack(members, axis=1), axis=1)
-            first = np.ones(stacked.shape, dtype=bool)
-            first[:, 1:] = stacked[:, 1:] != stacked[:, :-1]
-            encoded_bytes[unique + base] = np.sum(np.where(first, ix.member_size[stacked], 0), axis=1)
-            # An episode read by its packets (``stream.packets``) fetches, for each load, the groups of
-            # pictures that load decodes: its bytes are never kept for another load.
-            encoded_bytes[unique[packed] + base] = _NEVER_KEPT
-            columns_bytes[unique + base] = ix.num_rows[unique] * self._row_bytes(d)
-        return Demand(episodes, keys, stream_episode, frame_bytes, columns_bytes, encoded_bytes)
-
-    def _row_bytes(self, d: int) -> int:
-        """Bytes per table row of ``read_columns`` in dataset ``d``.
-
-        float32 widths from the manifest (64 when it has no statistics for a column), plus
-        frame_index and timestamp.
-        """
-        names = {self.spec.state_key, self.spec.action_key, *self.spec.extra_columns, *self.spec.column_offsets}
-        widths = [max(column_widths(self.sources[d].manifest, c), default=64) for c in names if c is not None]
-        return 16 + 4 * sum(widths)
-
-    def _fetchers(self, telemetry: Telemetry) -> list[Fetcher]:
-        """One ``Fetcher`` per dataset, over nothing yet (``_fetch_more`` feeds them)."""
-        return [
-            Fetcher(
-                src,
-                [],
-                self.fetch,
-                telemetry,
-                sparse=self.fetch.packets and bool(readable(src.index, np.arange(src.index.cam_depth.size)).any()),
-            )
-            for src in self.sources
-        ]
-
-    def _fetch_more(
-        self,
-        fetches: list[int],
-        work: list[tuple[bool, tuple[Decode, ...]]],
-        fetchers: list[Fetcher],
-        slots: list[tuple],
-    ) -> None:
-        """Append the schedule's next ``fetches`` (global episodes, repeats allowed) to the fetchers.
-
-        ``work``: per fetch, its load's (columns read, decode calls) (``Scheduler.fetch_work``).
-        Appends to ``slots``, per fetch, ``(dataset, position in its fetcher, sha256s, members,
-        runs)``: ``runs`` None when the episode's members are fetched whole, else, per global stream
-        decoded, ``(runs, starts)`` (``stream.packets``): only the data member (when its columns are
-        read) and the byte ranges of those runs are fetched, in that order after the members.
-        """
-        lists: list[list] = [[] for _ in self.sources]
-        for e, (columns, decodes) in zip(fetches, work, strict=True):
-            d, local = self._locate(e)
-            if self._failed[e]:  # never fetched: its load fails (``_shard_failure``) before using its slot
-                slots.append((d, -1, [], [], None))
-                continue
-            ix = self.sources[d].index
-            streams = _streams(ix, local, self.cam_offsets[d])
-            runs: dict[int, tuple] | None = None
-            if self.fetch.packets and bool(np.all(readable(ix, streams))):
-                ranges = episode_ranges(ix, local, [], columns)
-                runs, extra = {}, []
-                base = self._stream_base[d]
-                for call in decodes:
-                    s_local = call.stream - base
-                    table = ix.packets(s_local)
-                    planned = plan_runs(table.frame_packet, ix.keyframes_of(s_local), call.frames)
-                    within = run_ranges(table.offset, table.size, planned)
-                    member = int(ix.cam_offset[s_local])
-                    runs[call.stream] = (planned, [a for a, _ in within])
-                    extra += [(member + a, member + b) for a, b in within]
-                slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, runs))
-                lists[d].append((ranges.shard, ranges.ranges + extra))
-                continue
-            ranges = episode_ranges(ix, local, streams)
-            slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, None))
-            lists[d].append((ranges.shard, ranges.ranges))
-        for fetcher, more in zip(fetchers, lists, strict=True):
-            if more:
-                fetcher.extend(more)
-
-    def _load(self, load: Load, fetchers, slots, encoded: _Encoded, store: Store, telemetry: Telemetry) -> None:
-        """One episode's work of a step: its members (fetched, or kept), its columns, its decode calls."""
-        e = load.episode
-        d, local = self._locate(e)
-        ix = self.sources[d].index
-        if load.fetch is None:
-            blobs, decoders = encoded.blobs[e], encoded.decoders[e]
-            runs, pieces = None, []  # a kept episode is one read by members (packet reads are never kept)
-            telemetry.add(encoded_cache_hits=1)
-        else:
-            dd, k, shas, members, runs = slots[load.fetch]
-            fetched = fetchers[dd].episode(k, shas)
-            blobs, decoders = dict(zip(members, fetched[: len(members)], strict=True)), {}
-            pieces = fetched[len(members) :]
-            telemetry.add(episodes_loaded=1)
-        if load.columns:
-            normalizers = self.normalizers[d][ix.source(local)]
-            columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.layout.specs[d], normalizers)
-            store.put_columns(e, columns, EpisodeInfo.of(ix, local, self.cam_offsets[d]), columns_nbytes(columns))
-        if runs is not None:
-            self._load_packets(load, ix, local, runs, pieces, store, telemetry)
-            return
-        base = self._stream_base[d]
-        for call in load.decodes:
-            s = call.stream - base
-            where = f"episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
-            data = blobs[int(ix.stream_member[s])]
-            frames, kept = decode_camera(
-                ix, s, call.frames, data, self.post, where, telemetry, decoders.get(s), self.lookahead.decode_bytes
-            )
-            decoders[s] = kept
-            store.put_frames(call.stream, call.frames, frames)
-        if load.keep:
-            encoded.put(e, blobs, decoders)
-        else:
-            encoded.drop((e,))
-
-    def _load_packets(
-        self, load: Load, ix, local: int, runs: dict, pieces: list[bytes], store: Store, telemetry
-    ) -> None:
-        """The decode calls of a load read by packets, each from its runs' bytes (``pieces``, in call order)."""
-        d, _ = self._locate(load.episode)
-        base, at = self._stream_base[d], 0
-        for call in load.decodes:
-            s = call.stream - base
-            planned, starts = runs[call.stream]
-            shard = self.sources[d].shard_path(int(ix.shard[local]))
-            where = f"{shard}: episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
-            mine = pieces[at : at + len(planned)]
-            at += len(planned)
-            frames = decode_camera_packets(
-                ix, s, planned, starts, mine, self.post, where, telemetry, self.lookahead.decode_bytes, store.alloc
-            )
-            store.put_frames(call.stream, call.frames, frames)
-
-    @functools.cached_property
-    def _stream_base(self) -> list[int]:
-        """Per dataset, the global number of its first camera stream (streams of a mix are numbered on)."""
-        return np.cumsum([0, *[s.index.cam_depth.size for s in self.sources]]).tolist()
-
-    # --- resume ----------------------------------------------------------------------------------
+    # --- resume (``stream.resume``) -------------------------------------------------------------
 
     def state_dict(
         self,
@@ -912,44 +476,13 @@ class WindowDataset(IterableDataset):
         epoch: int | None = None,
         start: Resume | None = None,
     ) -> dict:
-        """Position of this rank in the current epoch, for ``load_state_dict``.
+        """Position of this rank in the current epoch, for ``load_state_dict`` (``stream.resume.state_dict``).
 
         Without arguments (iteration in this process, ``num_workers=0``): the samples yielded so far.
-        ``WindowLoader.state_dict`` passes the ``batches`` consumed since ``start`` (where its run
-        of the epoch began), ``batch_size``, ``num_workers`` and the epoch it is in. Consumer ``c``
-        of the rank took ``consumed[c]`` windows of its plan (the DataLoader's in-order round-robin
-        gives worker ``w`` batches ``w, w + K, ...``, so the counts follow from ``batches``).
+        ``WindowLoader.state_dict`` passes the ``batches`` consumed since ``start``, ``batch_size``,
+        ``num_workers`` and the epoch it is in.
         """
-        here = _distributed(self._rank, self._world_size)
-        workers = max(num_workers, 1)
-        if batches is None:  # iterated in this process
-            start = self._started if self._consumed else Resume(self.epoch)
-            consumed, rotation = [self._consumed], 0
-        else:
-            epoch = self.epoch if epoch is None else epoch
-            start = start if start is not None and start.epoch == epoch else Resume(epoch)
-            per = self.windows_per_consumer(start.epoch, here.world_size, workers, start.history)
-            consumed = list(start.skip) or [0] * workers
-            for w in range(min(batches, workers)):
-                c = (w + start.rotation) % workers
-                consumed[c] = min(consumed[c] + -(-(batches - w) // workers) * int(batch_size or 1), per)
-            rotation = (start.rotation + batches) % workers
-        return {
-            "version": STATE_VERSION,
-            "seed": self.seed,
-            "shuffle_episodes": self.pool_episodes(None if batches is None else batch_size),
-            "epoch": start.epoch,
-            "world_size": here.world_size,
-            "num_workers": workers,
-            "rank": here.rank,
-            "consumed": consumed,
-            "rotation": rotation,
-            "history": [
-                {"world_size": p.world_size, "num_workers": p.num_workers, "consumed": list(p.consumed)}
-                for p in start.history
-            ],
-            "plan_digest": self.plan_digest,
-        }
+        return state_dict(self, batches, batch_size, num_workers, epoch, start)
 
     @functools.cached_property
     def plan_digest(self) -> str:
@@ -961,15 +494,10 @@ class WindowDataset(IterableDataset):
         return plan_digest([t.shard, t.lo, t.hi, t.weight, t.stratum, t.gaps], self.spec.stride, self.spec.sampling)
 
     def load_state_dict(self, state: dict | list[dict], num_workers: int = 0) -> None:
-        """Continue exactly where ``state`` was taken.
+        """Continue exactly where ``state`` was taken (``stream.resume.load_state``).
 
-        ``state``: this rank's state (from the same layout: the next sample or batch is the one the
-        uninterrupted run would have yielded next), or the states of **every** rank of the run that
-        saved them, as a list (any layout: elastic resume). Under another layout (world size or
-        worker count) the windows of the epoch not consumed by any rank are dealt again to this
-        layout's consumers (``stream.plan.level_plan``): each is yielded once, every rank yields the
-        same number, and ``R mod (world_size x workers)`` of them (``R`` windows left) are left out
-        at random; the next epoch is this layout's own plan.
+        ``state``: this rank's state (from the same layout), or the states of **every** rank of the
+        run that saved them, as a list (any layout: elastic resume).
 
         Raises:
             StateError (a ``ValueError``; ``StateTypeError`` also a ``TypeError``): a field of a state
@@ -977,214 +505,16 @@ class WindowDataset(IterableDataset):
             ValueError: the states were saved with another seed, or disagree (epoch, layout), or
                 the layout changed and not every rank's state was given.
         """
-        here = _distributed(self._rank, self._world_size)
-        bounded(num_workers, "num_workers (argument)", 0, None, "", "the DataLoader's worker count")
-        workers = max(num_workers, 1)
-        states = [_upgrade(s) for s in self.checked_states(state)]
-        first = states[0]
-        if all(s.get("fresh") for s in states):  # an epoch boundary: loads under any layout
-            self.set_epoch(first["epoch"])
-            self._resume, self._consumed = None, 0
-            return
-        if self.shuffle_episodes == "auto" and not self.batch_size and "shuffle_episodes" in first:
-            self.shuffle_episodes = first["shuffle_episodes"]  # no batch size here: the saving run's pool
-        _check_plan(first, self.pool_episodes())
-        epoch, old_world, old_workers = first["epoch"], first["world_size"], first["num_workers"]
-        history = tuple(Progress(h["world_size"], h["num_workers"], tuple(h["consumed"])) for h in first["history"])
-        mine = [s for s in states if s["rank"] == here.rank]
-        same = (old_world, old_workers) == (here.world_size, workers)
-        if not same and len(states) != old_world:  # before any list of old_world entries is made
-            ranks = sorted(s["rank"] for s in states)
-            raise StateError(
-                f"cannot resume: the state was saved with world_size={old_world}, this run has "
-                f"world_size={here.world_size} (num_workers {old_workers} then, {workers} now). Resuming under "
-                f"another layout needs the states of all {old_world} ranks (a list; got ranks "
-                f"{ranks[:16]}{'...' if len(ranks) > 16 else ''}); or start the next epoch fresh with "
-                f"set_epoch({epoch + 1})."
-            )
-        self._check_counts(states, epoch, history)
-        if same and mine:
-            start = Resume(epoch, history, tuple(mine[0]["consumed"]), mine[0].get("rotation", 0))
-            consumed, per = start.skip, self.windows_per_consumer(epoch, old_world, old_workers, history)
-        else:
-            ranks = sorted(s["rank"] for s in states)
-            if same and ranks != list(range(old_world)):
-                raise ValueError(f"cannot resume: the states are of ranks {ranks}, not of this rank {here.rank}")
-            if ranks != list(range(old_world)):
-                raise ValueError(
-                    f"cannot resume: the state was saved with world_size={old_world}, this run has "
-                    f"world_size={here.world_size} (num_workers {old_workers} then, {workers} now). Resuming under "
-                    f"another layout needs the states of all {old_world} ranks (a list; got ranks {ranks}); or "
-                    f"start the next epoch fresh with set_epoch({epoch + 1})."
-                )
-            consumed = tuple(c for s in sorted(states, key=lambda s: s["rank"]) for c in s["consumed"])
-            progress = Progress(old_world, old_workers, consumed)
-            per = self.windows_per_consumer(epoch, old_world, old_workers, history)
-            start = Resume(epoch, (*history, progress), (0,) * workers, 0)
-        if all(c >= per for c in consumed):
-            self.epoch, self._resume = epoch + 1, None  # the epoch was finished
-        else:
-            self.epoch, self._resume = epoch, start
-        self._consumed = 0
+        load_state(self, state, num_workers)
 
     def checked_states(self, state: object) -> list[dict]:
-        """The states given to ``load_state_dict``, every field checked (``stream.statecheck``) and their agreement.
-
-        Types and ranges of every field (version, seed, epoch, world size and rank, worker count,
-        consumed counts, rotation, shuffle pool, history), then: the seed is this reader's, the
-        states of a list agree on seed, epoch, layout and history, and each rank's state comes once.
-        The consumed counts are checked against the plan by ``load_state_dict`` (``_check_counts``).
-        ``WindowLoader`` and ``RayWindowLoader`` call this before they take a state at an epoch boundary.
+        """The states given to ``load_state_dict``, every field checked (``stream.resume.checked_states``).
 
         Raises:
             StateError / StateTypeError: naming the field (and the state of the list).
             ValueError: another seed.
         """
-        states = states_of(state)
-        for i, s in enumerate(states):
-            check_fields(s, STATE_VERSION, f"state [{i}] " if len(states) > 1 else "")
-            check_digest(s, self.plan_digest, f"state [{i}] " if len(states) > 1 else "")
-        first = states[0]
-        if "seed" in first and first["seed"] != self.seed:
-            raise StateError(
-                f"cannot resume: the state was saved with seed={first['seed']}, this run has seed={self.seed}. "
-                f"Resume with the same seed, or start the next epoch fresh with set_epoch({first['epoch'] + 1})."
-            )
-        for s in states[1:]:
-            for key in ("seed", "epoch", "world_size", "num_workers", "history"):
-                if s.get(key) != first.get(key):
-                    raise StateError(f"cannot resume: the states disagree on {key} ({first.get(key)} vs {s.get(key)})")
-        ranks = [s.get("rank", 0) for s in states]
-        if len(set(ranks)) != len(ranks):
-            twice = min(r for r, n in collections.Counter(ranks).items() if n > 1)
-            raise StateError(f"load_state_dict: field 'rank' is {twice} in more than one state; give each rank's once")
-        return states
-
-    def _check_counts(self, states: list[dict], epoch: int, history: tuple[Progress, ...]) -> None:
-        """Every consumed count of ``states`` (and of their ``history``) within its consumer's windows in this plan.
-
-        Raises:
-            StateError: a count above the windows its consumer has in ``epoch`` under its layout.
-        """
-        first = states[0]
-        try:  # one replay of the history checks every level's counts (linear in its length)
-            per = self.windows_per_consumer(epoch, first["world_size"], first["num_workers"], history)
-        except LevelOverrun as exc:
-            level = history[exc.level]
-            raise StateError(
-                f"load_state_dict: field 'history[{exc.level}].consumed[{exc.consumer}]' is {exc.consumed}; must be "
-                f"0..{exc.windows} (windows per consumer in epoch {epoch} of this plan under {level.world_size} ranks "
-                f"x {level.num_workers} workers)"
-            ) from exc
-        for i, s in enumerate(states):
-            at = f"state [{i}] " if len(states) > 1 else ""
-            for c, n in enumerate(s["consumed"]):
-                if n > per:
-                    raise StateError(
-                        f"load_state_dict: {at}field 'consumed[{c}]' is {n}; must be 0..{per} (windows per consumer "
-                        f"in epoch {epoch} of this plan under {first['world_size']} ranks x {first['num_workers']} "
-                        "workers)"
-                    )
-
-
-def _check_plan(state: dict, pool: int | None) -> None:
-    """Refuse a mid-epoch state whose epoch plan differs from this reader's (planner or shuffle pool).
-
-    Raises:
-        ValueError: the state is of a version before the plan-level shuffle's equal pools, or its shuffle pool
-            (``shuffle_episodes``, resolved) differs.
-    """
-    consumed = any(state["consumed"]) or state["history"]
-    if state.get("version", 1) < 4 and consumed:
-        raise ValueError(
-            f"cannot resume: the state (version {state.get('version', 1)}) was saved mid-epoch by a reader whose plan "
-            f"(shuffle buffer, anchor draws, pool cuts) this version no longer makes; start the next epoch fresh with "
-            f"set_epoch({state['epoch'] + 1})"
-        )
-    if "shuffle_episodes" in state and state["shuffle_episodes"] != pool and consumed:
-        raise ValueError(
-            f"cannot resume: the state was saved with shuffle_episodes={state['shuffle_episodes']}, this run plans "
-            f"with {pool} (the default follows the batch size and the frame cache): "
-            f"pass shuffle_episodes={state['shuffle_episodes']}"
-        )
-
-
-def _upgrade(state: dict) -> dict:
-    """A state of any ``STATE_VERSION`` in the current form (version 1 had no ``history``)."""
-    if state.get("version", 1) > STATE_VERSION:
-        raise ValueError(f"cannot resume: state version {state['version']} is newer than this reader's {STATE_VERSION}")
-    return {"history": [], **state}
-
-
-def _streams(index, episode: int, cameras) -> list[int]:
-    """Index stream numbers of the window cameras (names the episode stores) of ``episode``."""
-    names = index.camera_names(episode)
-    return [index.stream(episode, names.index(c)) for c in cameras]
-
-
-def _frame_size(post: PostProcess, index, streams: np.ndarray) -> np.ndarray:
-    """``(h, w)`` (int64 ``[len(streams), 2]``) of the streams' frames after ``post.prepare`` (hook aside)."""
-    size = np.stack([index.cam_height[streams], index.cam_width[streams]], axis=1).astype(np.int64)
-    if post.crop is not None:
-        size[:] = post.crop[2:]
-    if post.size is not None:
-        size[:] = post.size
-    return size
-
-
-_NEVER_KEPT = np.iinfo(np.int64).max // 4  # encoded size of an episode read by packets: above any budget
-
-
-class _Demands:
-    """A consumer's ``Demand`` (``stream.lookahead.Demands``), computed a part at a time as the ``Scheduler`` asks.
-
-    The per-stream and per-episode arrays are allocated once (zeros, for every stream and episode
-    of the mix) and filled for each part's episodes, so a part costs its own windows.
-    """
-
-    def __init__(self, ds: WindowDataset, episodes: np.ndarray, anchors: np.ndarray):
-        self.ds, self.episodes, self.anchors = ds, episodes, anchors
-        streams, total = sum(s.index.cam_depth.size for s in ds.sources), int(ds.episode_base[-1])
-        width = max((sum(len(o) for o in offsets.values()) for offsets in ds.cam_offsets), default=0)
-        self.sizes = Demand(
-            episode=np.zeros(0, dtype=np.int64),
-            keys=np.zeros((0, width), dtype=np.int64),
-            stream_episode=np.full(streams, -1, dtype=np.int64),
-            frame_bytes=np.zeros(streams, dtype=np.int64),
-            columns_bytes=np.zeros(total, dtype=np.int64),
-            encoded_bytes=np.zeros(total, dtype=np.int64),
-        )
-
-    @property
-    def count(self) -> int:
-        return int(self.episodes.size)
-
-    def part(self, start: int, stop: int) -> Demand:
-        return self.ds._demand(self.episodes[start:stop], self.anchors[start:stop], self.sizes)
-
-
-class _Encoded:
-    """Encoded member bytes the schedule keeps for episodes decoded again (``Load.keep``).
-
-    With them, each camera's open decoder and the last frame it returned (``decode_camera``'s
-    ``kept``): the next call on that camera decodes on from there when it can.
-    """
-
-    def __init__(self):
-        self.blobs: dict[int, dict[int, bytes]] = {}
-        self.decoders: dict[int, dict] = {}
-        self.nbytes = 0
-
-    def put(self, episode: int, blobs: dict[int, bytes], decoders: dict) -> None:
-        if episode not in self.blobs:
-            self.nbytes += sum(len(b) for b in blobs.values())
-        self.blobs[episode], self.decoders[episode] = blobs, decoders
-
-    def drop(self, episodes) -> None:
-        for e in episodes:
-            blobs = self.blobs.pop(e, None)
-            self.decoders.pop(e, None)
-            self.nbytes -= 0 if blobs is None else sum(len(b) for b in blobs.values())
+        return checked_states(self, state)
 
 
 class WindowLoader(DataLoader):

@@ -106,9 +106,10 @@ class FetchPolicy:
             of the worker's other samples, flagged ``substitute``, so every rank keeps its batch count)
             or ``"raise"`` (strict).
         verify: compare each member with its sha256 from the index.
-        cache_dir / cache_bytes: keep fetched ranges in a local folder of at most ``cache_bytes``
-            (``stream.cache.RangeCache``; keyed by the shard's sha256, so never stale). Local
-            datasets are never cached.
+        cache_dir / disk_cache_bytes: keep fetched byte ranges in a local folder of at most
+            ``disk_cache_bytes`` bytes on disk (``stream.cache.RangeCache``; keyed by the shard's
+            sha256, so never stale). Local datasets are never cached. (Decoded frames are cached in
+            memory by ``Lookahead.frame_cache_bytes``.)
         packets: where the index has packet tables (``WindowIndex.has_packets``), fetch only the
             packets of the groups of pictures each decode needs and feed them to a kept decoder
             (``stream.packets``); ranges of such a dataset are then coalesced as in ranged mode
@@ -142,7 +143,7 @@ class FetchPolicy:
     on_shard_error: Literal["skip", "raise"] = "skip"
     verify: bool = True
     cache_dir: str | None = None
-    cache_bytes: int = 10 << 30
+    disk_cache_bytes: int = 10 << 30
     packets: bool = True
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     read_timeout_s: float = READ_TIMEOUT_S
@@ -298,7 +299,7 @@ class Fetcher:
         self._closed = False
         self._failed: dict[int, FetchError] = {}
         self._cache = (
-            RangeCache(policy.cache_dir, policy.cache_bytes) if policy.cache_dir and not source.local else None
+            RangeCache(policy.cache_dir, policy.disk_cache_bytes) if policy.cache_dir and not source.local else None
         )
         self.telemetry.add(fetch_depth=self._depth)
         self.extend(episodes)

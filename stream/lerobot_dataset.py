@@ -36,6 +36,7 @@ Python floats is float32): GR00T's float64 state, action and timestamps too, the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,6 +49,7 @@ from epishard.format.untrusted import loads
 
 from .dataset import WindowDataset
 from .fetch import FetchPolicy
+from .options import ReadOptions
 from .source import DatasetSource
 from .spec import RESERVED_KEYS, WindowSpec, offsets_from_seconds
 from .transform import PostProcess
@@ -399,10 +401,11 @@ class EpishardLeRobotDataset(WindowDataset):
         tolerance_s: LeRobot's tolerance for offsets that are not multiples of 1/fps.
         stride / per_episode_count / per_episode_fraction: fewer anchors per episode per epoch
             (``WindowSpec``); default every frame, as LeRobot.
-        fetch: ``FetchPolicy``; default ``on_shard_error="raise"`` (LeRobot's behaviour). With
-            ``"skip"`` items carry ``substitute``.
-        **kw: the other ``WindowDataset`` options (``seed``, ``shuffle_episodes``, ``select``,
-            ``rank``/``world_size``, ``camera_map``, ``weights``, ``storage_options``, ...).
+        read: ``ReadOptions`` (``WindowDataset``'s); its ``fetch`` defaults to
+            ``FetchPolicy(on_shard_error="raise")`` (LeRobot's behaviour; with ``"skip"`` items carry
+            ``substitute``), its ``storage_options`` also read the source's statistics.
+        **kw: the other ``WindowDataset`` options (``seed``, ``shuffle``, ``select``, ``ranks``,
+            ``mix``, ...).
 
     Raises:
         KeyError: a ``delta_timestamps`` key the dataset has no feature for (naming it and the features).
@@ -425,13 +428,15 @@ class EpishardLeRobotDataset(WindowDataset):
         stride: int = 1,
         per_episode_count: int | None = None,
         per_episode_fraction: float | None = None,
-        fetch: FetchPolicy | None = None,
-        storage_options: dict | None = None,
+        read: ReadOptions | None = None,
         **kw,
     ):
         if not isinstance(stats, Mapping) and stats not in STATS_CHOICES:
             raise StatsError(f"stats must be one of {STATS_CHOICES} or a dict of statistics, not {stats!r}")
-        fetch = fetch or FetchPolicy(on_shard_error="raise")
+        read = read or ReadOptions()
+        if read.fetch is None:
+            read = dataclasses.replace(read, fetch=FetchPolicy(on_shard_error="raise"))
+        fetch, storage_options = read.fetch, read.storage_options
         items = sources if isinstance(sources, list) else [sources]
         opened = []
         for item in items:
@@ -472,7 +477,7 @@ class EpishardLeRobotDataset(WindowDataset):
             per_episode_fraction=per_episode_fraction,
             fps=fps,
         )
-        super().__init__(opened, spec, postprocess=post, fetch=fetch, storage_options=storage_options, **kw)
+        super().__init__(opened, spec, postprocess=post, read=read, **kw)
         self.delta_timestamps = delta or None
         self.image_transforms = image_transforms
         self.return_uint8 = return_uint8

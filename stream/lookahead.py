@@ -52,7 +52,7 @@ class WorkerBudget:
     ``interpreter``: an allowance, not a bound: the worker's RSS before it reads anything (Python,
     torch, torchcodec, the index; a forked worker measured 0.26 GB before it read, more once
     torch's and FFmpeg's code pages are touched; LeRobot 0.6.1's workers peak at 0.40-0.58 GB);
-    ``frame_cache``: decoded, post-processed frames and table columns (``Lookahead.cache_bytes``,
+    ``frame_cache``: decoded, post-processed frames and table columns (``Lookahead.frame_cache_bytes``,
     held by the schedule); ``encoded``: kept encoded members (``Lookahead.encoded_bytes``);
     ``prefetch``: fetched, not yet consumed (``FetchPolicy.prefetch_bytes``); ``decode_call``: one
     decode call's RGB frames and their post-processed copy (``2 x Lookahead.decode_bytes``);
@@ -77,7 +77,7 @@ class WorkerBudget:
 
 @dataclass(frozen=True)
 class Lookahead:
-    """How far the reader looks ahead and how much it keeps (``WindowDataset(lookahead=...)``).
+    """How far the reader looks ahead and how much it keeps (``WindowDataset(read=ReadOptions(lookahead=...))``).
 
     Args:
         horizon: windows per chunk at most: each (episode, camera) gets one decode call per chunk
@@ -88,11 +88,13 @@ class Lookahead:
         first: windows of the first chunk (each later one twice the one before, up to ``horizon``),
             so the first batch waits only for its own frames and the next few soon after (a
             worker starts streaming without decoding a whole horizon first); the batch size when the dataset knows it
-            (``WindowLoader``'s, or ``batch_size=``) and this is left at its default.
-        cache_bytes: decoded frames (after post-processing, uint8; uint16 depth) and table
+            (``WindowLoader``'s, or ``WindowDataset(batch_size=)``) and this is left at its default.
+        frame_cache_bytes: decoded frames (after post-processing, uint8; uint16 depth) and table
             columns held at most, bytes. A chunk is shortened until its frames fit; one window
-            alone larger than this is an error. The default shuffle pool (``shuffle_episodes="auto"``)
-            is sized so its episodes' frames fit in it (``stream.plan.budget_shuffle_episodes``).
+            alone larger than this is an error. The default shuffle pool
+            (``WindowDataset(shuffle="auto")``) is sized so its episodes' frames fit in it
+            (``stream.shuffle.budget_shuffle_episodes``). (Fetched bytes are cached on disk by
+            ``FetchPolicy.disk_cache_bytes``.)
         encoded_bytes: encoded member bytes kept for episodes decoded again later, at most.
         decode_bytes: RGB bytes one decode call returns at most before post-processing (a longer
             call is split into consecutive calls on the same decoder: ``stream.decode.decode``).
@@ -106,16 +108,16 @@ class Lookahead:
 
     horizon: int = 256
     first: int = 8
-    cache_bytes: int = 548 << 20
+    frame_cache_bytes: int = 548 << 20
     encoded_bytes: int = 96 << 20
     decode_bytes: int = 32 << 20
 
     def __post_init__(self):
         if self.horizon < 1 or self.first < 1:
             raise ValueError(f"Lookahead: horizon and first must be >= 1, not {self.horizon} and {self.first}")
-        if self.cache_bytes < 0 or self.encoded_bytes < 0 or self.decode_bytes < 1:
+        if self.frame_cache_bytes < 0 or self.encoded_bytes < 0 or self.decode_bytes < 1:
             raise ValueError(
-                f"Lookahead: byte budgets must be >= 0 (decode_bytes >= 1), not {self.cache_bytes}, "
+                f"Lookahead: byte budgets must be >= 0 (decode_bytes >= 1), not {self.frame_cache_bytes}, "
                 f"{self.encoded_bytes}, {self.decode_bytes}"
             )
 
@@ -128,7 +130,12 @@ class Lookahead:
         collated batches the worker holds at once (``prefetch_factor`` x one batch's bytes).
         """
         return WorkerBudget(
-            interpreter_bytes, self.cache_bytes, self.encoded_bytes, prefetch_bytes, 2 * self.decode_bytes, batch_bytes
+            interpreter_bytes,
+            self.frame_cache_bytes,
+            self.encoded_bytes,
+            prefetch_bytes,
+            2 * self.decode_bytes,
+            batch_bytes,
         )
 
 
@@ -293,7 +300,7 @@ class Scheduler:
     kept on, with its next use moved past that chunk).
 
     Raises (from ``next``):
-        ValueError: one window's frames and columns alone exceed ``policy.cache_bytes`` (naming
+        ValueError: one window's frames and columns alone exceed ``policy.frame_cache_bytes`` (naming
             the window's position, its episode and the bytes).
     """
 
@@ -327,12 +334,13 @@ class Scheduler:
         stop = min(n, a + self._size)
         self._cover(a, min(n, stop + self.reach))
         part, base = self._part, self._base
-        b = a + _fitting(part, a - base, stop - base, policy.cache_bytes)
+        b = a + _fitting(part, a - base, stop - base, policy.frame_cache_bytes)
         if b == a:
             alone = int(part.sizes(part.need(a - base, a - base + 1)).sum())
             raise ValueError(
                 f"look-ahead: window {a} (episode {int(part.episode[a - base])}) needs {alone} bytes of decoded "
-                f"frames and columns, more than Lookahead.cache_bytes = {policy.cache_bytes}: raise cache_bytes"
+                f"frames and columns, more than Lookahead.frame_cache_bytes = {policy.frame_cache_bytes}: raise "
+                "frame_cache_bytes"
             )
         # Chunks grow from the first one (the first batch) to the horizon, doubling: the reader starts
         # streaming after one batch's decoding, not a horizon's, and merges fully once under way.
@@ -342,7 +350,7 @@ class Scheduler:
         cached = np.isin(need, keys, assume_unique=True)
         miss = need[~cached]
         miss_sizes = part.sizes(miss)
-        over = int(sizes.sum() + miss_sizes.sum()) - policy.cache_bytes
+        over = int(sizes.sum() + miss_sizes.sum()) - policy.frame_cache_bytes
         evicted = np.zeros(0, dtype=np.int64)
         if over > 0:  # furthest next use first (ties: smaller key first), never what this chunk needs
             other = np.flatnonzero(~np.isin(keys, need, assume_unique=True))

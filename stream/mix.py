@@ -267,7 +267,7 @@ def camera_streams(source: DatasetSource, cam: str) -> np.ndarray:
             raise KeyError(
                 f"{source.shown}: the window spec reads camera {cam!r}, but this dataset holds sources with different "
                 f"cameras ({each}), converted into one output: convert each robot into its own dataset and mix them, "
-                "WindowDataset([a, b], spec, camera_map=...), or name only cameras every source has"
+                "WindowDataset([a, b], spec, mix=Mixing(camera_map=...)), or name only cameras every source has"
             ) from None
         raise KeyError(f"{source.index_file}: {exc.args[0]}") from None
 

@@ -37,9 +37,13 @@ An epoch, step by step:
    the epoch's whole window list (``epoch_windows``), so every consumer lists every window then
    (``level_plan``), not only its own (``consumer_plan``).
 
-Plan changes: the plan of a given ``(seed, epoch, layout)`` changes only with the reader's
-``STATE_VERSION`` (``stream.dataset``); version 3 (the pool shuffle and counter-based draws)
-replaced the simulated buffer of decoded episodes and the per-episode generators of version 2.
+Plan changes: the plan of a given ``(seed, epoch, layout)`` changes only with ``STATE_VERSION``
+(below), which every saved state records.
+
+The shuffle of step 4 is ``stream.shuffle``'s; the stages of steps 5-6 are declared in
+``stream.stages`` (``CostStage``, ``OrderStage``, ``GroupStage``, ``DealStage``), which also applies
+them to a consumer's windows (``yield_order``); the value types (``World``, ``EpisodeTable``,
+``GlobalPlan``) live in ``stream.planvalues`` and ``PerEpisode`` in ``stream.spec``.
 
 Elastic resume (``Progress``): a mid-epoch state records, per consumer of the layout that saved it,
 how many windows it took from the front of its yield order. The windows not yet taken, kept in plan
@@ -52,119 +56,37 @@ all vectorised.
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from epishard.seeding import rng_for
 
-from .usercode import UserCodeError, call_user, describe
-
-if TYPE_CHECKING:
-    from .spec import WindowSpec
+from .planvalues import EpisodeTable, GlobalPlan, World
+from .spec import PerEpisode, WindowSpec
+from .stages import ConsumerStages, CostStage, DealStage, GroupStage, OrderStage, yield_order
+from .usercode import call_user, describe
 
 __all__ = ["rng_for"]  # re-exported: the planner's (and tests') name for the one seed convention
 
-_SALT_SHARDS, _SALT_ANCHORS, _SALT_DROP, _SALT_SHUFFLE = 1, 2, 3, 4
-_SALT_GROUP = 31  # the group stage's rng (balance: 11-22)
+# The version of the plan: the plan of a given ``(seed, epoch, layout)`` changes only with it, and a
+# saved state records it (``WindowDataset.state_dict``). 2: + "history" (progress under earlier
+# layouts of the epoch: elastic resume). 3: + "shuffle_episodes"; the plan changed (plan-level pool
+# shuffle, counter-based anchor draws), so a mid-epoch state of an earlier version cannot continue
+# exactly and is refused (a state at an epoch boundary still loads). 4: the plan changed again (a
+# consumer's episodes cut into pools of equal size: ``stream.shuffle.pool_shuffle``).
+STATE_VERSION = 4
 
-
-@dataclass(frozen=True)
-class World:
-    """Where one consumer of the epoch plan sits (as MosaicML Streaming's ``World``).
-
-    ``rank`` of ``world_size`` processes, DataLoader ``worker`` of ``num_workers`` (a process that
-    reads without workers is ``worker=0, num_workers=1``). Its consumer id is
-    ``rank * num_workers + worker`` of ``world_size * num_workers``.
-
-    Raises:
-        ValueError: a count below 1, or rank or worker out of range.
-    """
-
-    rank: int = 0
-    world_size: int = 1
-    worker: int = 0
-    num_workers: int = 1
-
-    def __post_init__(self):
-        if not (0 <= self.rank < self.world_size and 0 <= self.worker < self.num_workers):
-            raise ValueError(f"rank {self.rank}/{self.world_size} worker {self.worker}/{self.num_workers} out of range")
-
-    @property
-    def consumer(self) -> int:
-        return self.rank * self.num_workers + self.worker
-
-    @property
-    def consumers(self) -> int:
-        return self.world_size * self.num_workers
-
-    @classmethod
-    def of_consumer(cls, consumer: int, world_size: int, num_workers: int) -> World:
-        """The ``World`` of consumer id ``consumer`` in a layout."""
-        return cls(consumer // num_workers, world_size, consumer % num_workers, num_workers)
-
-    def with_worker(self, worker: int, num_workers: int) -> World:
-        return dataclasses.replace(self, worker=worker, num_workers=num_workers)
-
-
-@dataclass(frozen=True)
-class PerEpisode:
-    """Windows an episode gives per epoch (before its dataset weight).
-
-    ``count``: that many anchors (at most all), drawn by ``(seed, epoch, episode)``;
-    ``fraction``: that share of its anchors, in (0, 1], rounded, at least 1 when it has any;
-    neither: every anchor. ``expected_windows`` is the one rule that turns this into numbers.
-
-    Raises:
-        ValueError: both given, a negative count, or a fraction outside (0, 1].
-    """
-
-    count: int | None = None
-    fraction: float | None = None
-
-    def __post_init__(self):
-        if self.count is not None and self.fraction is not None:
-            raise ValueError(f"per episode: give a count or a fraction, not both ({self.count}, {self.fraction})")
-        if self.count is not None and (not isinstance(self.count, (int, np.integer)) or self.count < 0):
-            raise ValueError(f"per-episode window count must be an int >= 0, not {self.count!r}")
-        if self.fraction is not None and not 0 < self.fraction <= 1:
-            raise ValueError(f"per-episode window fraction must be in (0, 1], not {self.fraction!r}")
-
-    @classmethod
-    def of(cls, value: PerEpisode | float | int | None) -> PerEpisode:
-        """``value`` as a ``PerEpisode``.
-
-        The old ambiguous forms (an int: a count, a float: a fraction) still work with a
-        ``DeprecationWarning``.
-        """
-        if value is None:
-            return cls()
-        if isinstance(value, PerEpisode):
-            return value
-        kind = "fraction" if isinstance(value, (float, np.floating)) else "count"
-        warnings.warn(
-            f"per_episode={value!r} is deprecated (1 meant one window, 1.0 all): use "
-            f"PerEpisode({kind}={value!r}) (WindowSpec(per_episode_{kind}=...))",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return cls(fraction=float(value)) if kind == "fraction" else cls(count=int(value))
-
-    @property
-    def all(self) -> bool:
-        return self.count is None and self.fraction is None
+_SALT_SHARDS, _SALT_ANCHORS, _SALT_DROP = 1, 2, 3  # (the stages': 4 and 31, ``stream.stages``)
 
 
 def expected_windows(anchors: np.ndarray, per_episode: PerEpisode, weight: np.ndarray | float = 1.0) -> np.ndarray:
     """Windows per episode per epoch (float64 ``[E]``, before stochastic rounding of the weight).
 
     ``anchors``: int64 ``[E]`` anchors each episode has (``anchor_counts``); ``weight``: dataset
-    weight per episode. The planner draws ``floor`` or ``ceil`` of this (``select_anchors``) and the
-    shuffle buffer's byte estimate (``episode_table``) uses it: one rule for both.
+    weight per episode. The planner draws ``floor`` or ``ceil`` of this (``window_counts``,
+    ``select_anchors``), and ``weights="probability"`` sizes a mix's datasets by it: one rule for both.
     """
     n = np.asarray(anchors, dtype=np.float64)
     if per_episode.fraction is not None:
@@ -174,63 +96,6 @@ def expected_windows(anchors: np.ndarray, per_episode: PerEpisode, weight: np.nd
     else:
         want = n
     return want * np.asarray(weight, dtype=np.float64)
-
-
-@dataclass(frozen=True)
-class EpisodeTable:
-    """The planner's view of the episodes of one or more datasets (int64 arrays ``[num_episodes]``).
-
-    ``shard``: global shard number; ``lo``/``hi``: anchor range ``[lo, hi)`` for the window spec;
-    ``weight``: window-count multiplier (dataset mixing weight); ``cost_bytes``: optional, bytes an
-    episode holds while loaded (the plan does not use it since the buffer shuffle went; kept for
-    ``buffer_shuffle``'s models); ``stratum``: optional stratum per episode (e.g. its
-    dataset), constant within a shard: each stratum is then dealt to consumers on its own.
-    ``gaps``: optional int64 ``[G, 3]`` rows ``(episode, lo, hi)``, sorted and disjoint
-    (``break_gaps``): anchors in ``[lo, hi)`` of that episode are left out, because their window
-    would cross a recording break (timestamps reset or jump inside the episode).
-    """
-
-    shard: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    weight: np.ndarray
-    cost_bytes: np.ndarray | None = None
-    stratum: np.ndarray | None = None
-    gaps: np.ndarray | None = None
-
-    @property
-    def num_episodes(self) -> int:
-        """Episodes in the table (all datasets of a mix)."""
-        return int(self.shard.shape[0])
-
-    @classmethod
-    def concat(cls, tables: Sequence[EpisodeTable], shard_counts: Sequence[int], stratify: bool) -> EpisodeTable:
-        """The tables of a mix of datasets as one, episodes and shards numbered in order.
-
-        Dataset ``d``'s episode ``e`` becomes ``sum(episodes of datasets < d) + e``, shards likewise
-        by ``shard_counts``; with ``stratify`` each dataset is its own stratum.
-        """
-        base = np.cumsum([0, *[t.num_episodes for t in tables]])
-        shard_base = np.cumsum([0, *shard_counts])
-        gaps = [
-            t.gaps + np.array([base[d], 0, 0]) for d, t in enumerate(tables) if t.gaps is not None and t.gaps.shape[0]
-        ]
-
-        def cat(name: str, dtype) -> np.ndarray:
-            parts = [np.asarray(getattr(t, name)) for t in tables]
-            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
-
-        return cls(
-            shard=np.concatenate([t.shard + shard_base[d] for d, t in enumerate(tables)]).astype(np.int64)
-            if tables
-            else np.zeros(0, dtype=np.int64),
-            lo=cat("lo", np.int64),
-            hi=cat("hi", np.int64),
-            weight=cat("weight", np.float64),
-            cost_bytes=None if any(t.cost_bytes is None for t in tables) else cat("cost_bytes", np.int64),
-            stratum=np.repeat(np.arange(len(tables)), np.diff(base)) if stratify else None,
-            gaps=np.concatenate(gaps) if gaps else None,
-        )
 
 
 def episode_table(
@@ -533,24 +398,6 @@ def select_anchors(
     return episode_windows(one, np.zeros(1, np.int64), counts, stride, seed, 0)[1]
 
 
-@dataclass(frozen=True)
-class GlobalPlan:
-    """All windows of an epoch in read order, and how they are dealt to consumers.
-
-    ``episode``/``anchor``: int32 ``[W]`` (int64 past 2**31); ``per_consumer``: windows each
-    consumer yields; ``dropped``: windows left out so that every consumer yields the same number.
-    """
-
-    episode: np.ndarray
-    anchor: np.ndarray
-    per_consumer: int
-    dropped: int
-
-    def consumer_slice(self, consumer: int) -> slice:
-        """The windows of ``consumer`` (``rank * workers + worker``) in the plan's arrays."""
-        return slice(consumer * self.per_consumer, (consumer + 1) * self.per_consumer)
-
-
 def _compact(x: np.ndarray) -> np.ndarray:
     """``x`` as int32 when every value fits (halves a global plan's memory), else int64."""
     return x.astype(np.int32) if x.size == 0 or (x.min() >= -(1 << 31) and x.max() < 1 << 31) else x
@@ -821,246 +668,6 @@ def _interleave(pieces: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.nda
     return episode.astype(np.int64), anchor.astype(np.int64)
 
 
-def stable_argsort(key: np.ndarray) -> np.ndarray:
-    """``np.argsort(key, kind="stable")`` (int64 ``[n]``), computed by the faster unstable sort.
-
-    numpy's default sort (introsort, or SIMD sort) is ~1.8x faster than its stable merge sort on
-    millions of int64 keys; equal keys then come in any order, so each run of equal keys gets its
-    positions put back in ascending order (random keys have few ties: a small sort).
-    """
-    order = np.argsort(key)
-    tie = key[order[1:]] == key[order[:-1]]
-    if tie.any():
-        where = np.flatnonzero(np.r_[tie, False] | np.r_[False, tie])
-        group = np.cumsum(~np.r_[False, tie][where])
-        order[where] = order[where][np.lexsort((order[where], group))]
-    return order
-
-
-def pool_shuffle(window_episode: np.ndarray, pool_episodes: int | None, rng: np.random.Generator) -> np.ndarray:
-    """A consumer's yield order: its windows permuted within pools of ``pool_episodes`` episodes.
-
-    Args:
-        window_episode: int ``[n]`` episode of each window in read (plan) order; an episode's
-            windows are contiguous.
-        pool_episodes: episodes per pool, about: the consumer's ``R`` episodes, in read order,
-            are cut into ``k = max(1, round(R / pool_episodes))`` consecutive pools of equal size
-            (``R // k`` or one more; episode ``r`` in pool ``r * k // R``; so between 0.75x and 1.5x
-            ``pool_episodes`` when ``R >= pool_episodes``), so no short last pool lowers the
-            diversity of the epoch's last batches; the windows of a pool come out in a uniformly
-            random order (sorted by a random 32-bit key; equal keys keep read order) before any
-            window of the next pool.
-            ``None``: one pool, the whole consumer; ``0``: no shuffle (read order).
-        rng: the draw (``(seed, epoch, consumer, level)`` in the plan).
-
-    Which slots of the yield order belong to which episode is uniformly random within a pool (so
-    batch diversity is that of the random permutation: ``expected_distinct``); an episode's windows
-    then fill its slots in time order (read order: ascending anchors). Each episode is thus read
-    forward through the pool, so its frames are decoded once, by a decoder that only moves
-    forward, and kept only while windows close in time still need them (``stream.lookahead``),
-    where a random order inside the episode would seek back to a keyframe for most windows.
-
-    Returns:
-        int64 ``[n]``: window positions in yield order (a permutation). O(n log n), no Python loop.
-    """
-    n = int(window_episode.size)
-    if pool_episodes == 0 or n == 0:
-        return np.arange(n, dtype=np.int64)
-    if pool_episodes is not None and pool_episodes < 0:
-        raise ValueError(f"shuffle_episodes must be None or an int >= 0, not {pool_episodes}")
-    run = np.cumsum(np.r_[0, window_episode[1:] != window_episode[:-1]])
-    if pool_episodes is None:
-        order = stable_argsort(rng.integers(0, 1 << 62, n))
-    else:
-        # One int64 key (pool, random 32 bits), one sort: numpy's lexsort is far slower on millions.
-        runs = int(run[-1]) + 1
-        pools = max(1, (2 * runs + pool_episodes) // (2 * pool_episodes))  # round(runs / pool), halves up
-        order = stable_argsort(((run * pools // runs) << 32) | rng.integers(0, 1 << 32, n))
-    # The episodes' slots stay; each episode's windows fill its slots in read (time) order. ``slots``:
-    # yield slots grouped by episode run, ascending in each; runs are contiguous in read order, so
-    # the k-th of them gets read position k. Below 65536 runs, uint16 run numbers: numpy sorts them
-    # stably by radix (linear), 2.4x faster than int64's merge sort at 6M windows.
-    ran = run[order]
-    slots = np.argsort(ran.astype(np.uint16) if run[-1] < 1 << 16 else ran, kind="stable")
-    timed = np.empty(n, dtype=np.int64)
-    timed[slots] = np.arange(n, dtype=np.int64)
-    return timed
-
-
-def buffer_shuffle(
-    window_episode: np.ndarray, cost_bytes: np.ndarray, capacity: int, capacity_bytes: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Yield order of windows that arrive episode by episode through a bounded shuffle buffer.
-
-    A model of a streaming shuffle buffer (webdataset's ``shuffle(bufsize)``), which the reader
-    used before the plan-level shuffle (``pool_shuffle``); kept for the benchmarks that compare
-    with such a buffer (``balance``'s). Not used by the plan.
-
-    Args:
-        window_episode: int64 ``[n]`` episode of each window, in arrival (read) order; an episode's
-            windows are contiguous and arrive together.
-        cost_bytes: bytes each episode (indexed by episode id) holds while any of its windows waits.
-        capacity: windows the buffer holds before it starts yielding (webdataset's ``bufsize``).
-        capacity_bytes: bytes of loaded episodes the buffer holds before it starts yielding.
-
-    Returns:
-        int64 ``[n]``: window positions (into ``window_episode``) in yield order; a permutation.
-    """
-    n = window_episode.size
-    out = np.empty(n, dtype=np.int64)
-    buffer: list[int] = []
-    remaining: dict[int, int] = {}
-    loaded_bytes = 0
-    produced = 0
-    starts = (
-        np.flatnonzero(np.r_[True, window_episode[1:] != window_episode[:-1]]) if n else np.zeros(0, dtype=np.int64)
-    )
-    ends = np.r_[starts[1:], n]
-    for a, b in zip(starts.tolist(), ends.tolist(), strict=False):
-        e = int(window_episode[a])
-        buffer.extend(range(a, b))
-        remaining[e] = remaining.get(e, 0) + (b - a)
-        loaded_bytes += int(cost_bytes[e])
-        while buffer and (len(buffer) > capacity or loaded_bytes > capacity_bytes):
-            produced, loaded_bytes = _pop(
-                buffer, remaining, window_episode, cost_bytes, rng, out, produced, loaded_bytes
-            )
-    while buffer:
-        produced, loaded_bytes = _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, loaded_bytes)
-    return out
-
-
-def _pop(buffer, remaining, window_episode, cost_bytes, rng, out, produced, loaded_bytes):
-    j = int(rng.integers(len(buffer)))
-    buffer[j], buffer[-1] = buffer[-1], buffer[j]
-    w = buffer.pop()
-    out[produced] = w
-    e = int(window_episode[w])
-    remaining[e] -= 1
-    if remaining[e] == 0:
-        del remaining[e]
-        loaded_bytes -= int(cost_bytes[e])
-    return produced + 1, loaded_bytes
-
-
-def expected_distinct(windows: np.ndarray, batch_size: int) -> float:
-    """Expected distinct episodes in a batch of ``batch_size`` windows drawn from one pool without replacement.
-
-    ``windows``: int ``[P]`` windows each episode of the pool holds (``N`` in all). Episode ``i``
-    is missed by the batch with probability ``C(N - m_i, B) / C(N, B)`` (hypergeometric), so the
-    expectation is ``sum_i 1 - prod_{j<B} (N - m_i - j) / (N - j)``. A batch of a pool of ``P``
-    episodes holds at least ``P * (1 - (1 - 1/P) ** B)`` (the bound as windows per episode grow),
-    which is what i.i.d. sampling with replacement over ``P`` equal episodes gives.
-    """
-    m = np.asarray(windows, dtype=np.float64)
-    total = float(m.sum())
-    b = int(min(batch_size, total))
-    if b <= 0:
-        return 0.0
-    j = np.arange(b, dtype=np.float64)
-    ratio = np.clip((total - m[:, None] - j) / (total - j), 0.0, None)
-    return float(np.sum(1.0 - np.prod(ratio, axis=1)))
-
-
-def default_shuffle_episodes(batch_size: int | None) -> int:
-    """The default pool (``shuffle_episodes``): ``8 x batch_size`` episodes, 512 when it is unknown.
-
-    With ``P = 8 B`` a batch holds at least ``P (1 - (1 - 1/P)^B) >= 0.94 B`` distinct episodes in
-    expectation (``expected_distinct``'s bound; ``8 (1 - e^(-1/8)) = 0.9400`` as ``B`` grows), and
-    i.i.d. uniform sampling gives at most ``B``: so at least 0.94 of i.i.d. diversity. 512 gives
-    that for batches up to 64.
-    """
-    return 8 * int(batch_size) if batch_size else 512
-
-
-DIVERSITY_FLOOR = 0.92  # the smallest default pool keeps this share of a batch distinct (i.i.d. gives <= 1)
-
-
-def budget_shuffle_episodes(batch_size: int | None, episode_bytes: int, cache_bytes: int, chunk_bytes: int = 0) -> int:
-    """The default pool (``shuffle_episodes="auto"``) sized from the look-ahead frame cache.
-
-    ``episode_bytes``: decoded bytes one episode keeps live while its windows are yielded (its
-    cameras' post-processed frames over a window's span: ``WindowDataset`` estimates it);
-    ``cache_bytes``: ``Lookahead.cache_bytes``; ``chunk_bytes``: what a look-ahead chunk adds on
-    top while it is assembled (its windows' new frames, one per camera each). The pool's episodes
-    are read side by side, so their frames must fit the cache together, else frames are evicted
-    before their neighbours' windows reuse them and decoded again. Returns the most episodes that fit
-    in ``cache_bytes - chunk_bytes``, at most
-    ``default_shuffle_episodes(batch_size)`` and at least the smallest pool whose batches hold
-    ``DIVERSITY_FLOOR`` (0.92) of ``batch_size`` distinct episodes in expectation
-    (``P (1 - (1 - 1/P)^B)``, ``expected_distinct``'s bound; 42 for ``B = 8``): diversity is never
-    given up for memory, the cache then evicts (furthest next use first) instead.
-    """
-    ceiling = default_shuffle_episodes(batch_size)
-    if not batch_size or episode_bytes <= 0:
-        return ceiling
-    b = int(batch_size)
-    floor = next(p for p in range(b, ceiling + 1) if p * (1 - (1 - 1 / p) ** b) >= DIVERSITY_FLOOR * b)
-    return int(min(ceiling, max(floor, (cache_bytes - chunk_bytes) // episode_bytes)))
-
-
-class CostStage(Protocol):
-    """Predicted cost of windows: float64 ``[n]`` for global episode numbers and anchors ``[n]``.
-
-    Implemented by ``balance.cost.CostFn``.
-    """
-
-    def __call__(self, episodes: np.ndarray, anchors: np.ndarray) -> np.ndarray: ...
-
-
-class OrderStage(Protocol):
-    """A consumer's new yield order: an int64 permutation ``[n]`` of its windows.
-
-    A pure function of the consumer's windows in planned yield order (``episode``, ``anchor``:
-    int64 ``[n]``), their costs (float64 ``[n]``, or ``None`` without a cost stage), the consumer's
-    ``World``, the seed and the epoch. Every guarantee of the plan holds for any permutation.
-    """
-
-    def __call__(
-        self, episode: np.ndarray, anchor: np.ndarray, cost: np.ndarray | None, world: World, seed: int, epoch: int
-    ) -> np.ndarray: ...
-
-
-class GroupStage(Protocol):
-    """A consumer's windows kept and reordered (a declared plan stage).
-
-    A consumer's windows kept and reordered, e.g. into whole batches of one dataset: int64
-    positions ``[m]`` (each at most once) into its windows in yield order (``episode``: int64
-    ``[n]``), drawn with ``rng``. ``m`` must depend only on the consumer's per-stratum window counts,
-    which the deal makes equal for every consumer, so every consumer keeps the same number.
-    """
-
-    def __call__(self, episode: np.ndarray, rng: np.random.Generator) -> np.ndarray: ...
-
-
-class DealStage(Protocol):
-    """Windows dealt to the consumers of a layout, in place of ``deal`` (a declared plan stage).
-
-    Called with the windows to deal in plan order (``episode``, ``anchor``: int64 ``[n]``), the
-    layout (``world_size`` ranks x ``num_workers`` workers, consumer ``rank * num_workers + worker``),
-    the seed, the epoch and the level (0: the epoch's own plan, ``k``: after the ``k``-th layout
-    change); returns a ``GlobalPlan`` whose consumer parts hold equal counts. A pure function of its
-    arguments, like ``deal`` (e.g. ``balance.globaldeal.GlobalDeal``: each step's windows dealt to
-    ranks by cost). ``keeps_order``: consumers yield their part in the order given (no pool
-    shuffle, order or group stage after it), for a deal that already decided every step.
-    """
-
-    @property
-    def keeps_order(self) -> bool: ...
-
-    def __call__(
-        self,
-        table: EpisodeTable,
-        episode: np.ndarray,
-        anchor: np.ndarray,
-        world_size: int,
-        num_workers: int,
-        seed: int,
-        epoch: int,
-        level: int,
-    ) -> GlobalPlan: ...
-
-
 @dataclass(frozen=True)
 class WorkerPlan:
     """One consumer's epoch: its windows in yield order (int64 ``[n]`` each).
@@ -1121,23 +728,6 @@ class LevelOverrun(ValueError):
         )
 
 
-@dataclass(frozen=True)
-class Stages:
-    """The per-consumer stages after the cut: the pool shuffle, then optional ``cost``, ``order``, ``group``.
-
-    ``shuffle_episodes``: pool size of ``pool_shuffle`` (episodes whose windows are interleaved at
-    a time; ``None``: all of the consumer's; ``0``: read order).
-    ``deal``: an optional ``DealStage`` used instead of ``deal`` (the cut itself); when it
-    ``keeps_order``, the pool shuffle, ``order`` and ``group`` do not apply (``group`` is refused).
-    """
-
-    shuffle_episodes: int | None = None
-    cost: CostStage | None = None
-    order: OrderStage | None = None
-    group: GroupStage | None = None
-    deal: DealStage | None = None
-
-
 def level_plan(
     table: EpisodeTable,
     *,
@@ -1146,7 +736,7 @@ def level_plan(
     seed: int,
     epoch: int,
     consumers: int,
-    stages: Stages,
+    stages: ConsumerStages,
     history: Sequence[Progress] = (),
     num_workers: int | None = None,
 ) -> GlobalPlan:
@@ -1182,7 +772,7 @@ def level_plan(
                 continue
             world = World.of_consumer(c, progress.world_size, progress.num_workers)
             part = plan.consumer_slice(c)
-            order, _ = _yield_order(plan.episode[part], plan.anchor[part], world, level, seed, epoch, stages)
+            order, _ = yield_order(plan.episode[part], plan.anchor[part], world, level, seed, epoch, stages)
             if k > order.size:
                 raise LevelOverrun(level, c, k, order.size, progress, epoch)
             taken[c * plan.per_consumer + order[:k]] = True
@@ -1194,98 +784,6 @@ def level_plan(
             what = f"the deal stage {describe(stages.deal)}"
             plan = call_user(what, stages.deal, table, *rest, *layouts[level + 1], seed, epoch, level + 1)
     return plan
-
-
-def _yield_order(
-    episode: np.ndarray, anchor: np.ndarray, world: World, level: int, seed: int, epoch: int, stages: Stages
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Yield order of ``world.consumer``'s windows (``episode``, ``anchor`` in plan order) and their costs.
-
-    The order is int64 positions into the windows; costs are float64 in that order, or None.
-    """
-    if stages.deal is not None and stages.deal.keeps_order:
-        if stages.group is not None:
-            raise ValueError("a deal stage that keeps its order cannot be followed by a group stage")
-        kept = np.arange(episode.size, dtype=np.int64)
-        return kept, None if stages.cost is None else _stage_costs(stages.cost, episode, anchor)
-    salt = (world.consumer,) if level == 0 else (world.consumer, level)
-    order = pool_shuffle(episode, stages.shuffle_episodes, rng_for(seed, epoch, _SALT_SHUFFLE, *salt))
-    cost = None
-    if stages.cost is not None:
-        cost = _stage_costs(stages.cost, episode[order], anchor[order])
-    if stages.order is not None:
-        what = f"the order stage {describe(stages.order)}"
-        again = call_user(what, stages.order, episode[order], anchor[order], cost, world, seed, epoch)
-        again = _permutation(again, order.size, what)
-        order, cost = order[again], None if cost is None else cost[again]
-    if stages.group is not None:
-        kept = np.asarray(stages.group(episode[order], rng_for(seed, epoch, _SALT_GROUP, *salt)), dtype=np.int64)
-        order, cost = order[kept], None if cost is None else cost[kept]
-    return order, cost
-
-
-def _stage_costs(stage: CostStage, episode: np.ndarray, anchor: np.ndarray) -> np.ndarray:
-    """The cost stage's float64 ``[n]`` costs of the windows, its exception marked as the user's (``stream.usercode``).
-
-    Raises:
-        UserCodeError: the stage returned another shape than ``[n]``, or values that are not finite numbers.
-    """
-    what = f"the cost stage {describe(stage)}"
-    raw = call_user(what, stage, episode, anchor)
-    try:
-        cost = np.asarray(raw, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise UserCodeError(f"{what} returned {type(raw).__name__}, not costs [{episode.size}]: {exc}", what) from exc
-    if cost.shape != episode.shape:
-        raise UserCodeError(f"{what} returned costs of shape {list(cost.shape)} for {episode.size} windows", what)
-    bad = np.flatnonzero(~np.isfinite(cost))
-    if bad.size:
-        raise UserCodeError(
-            f"{what} returned {bad.size} costs that are not finite, the first {cost[bad[0]]} for window {int(bad[0])} "
-            f"(episode {int(episode[bad[0]])}, anchor {int(anchor[bad[0]])})",
-            what,
-        )
-    return cost
-
-
-def _permutation(raw: object, n: int, what: str) -> np.ndarray:
-    """``raw`` (an order stage's answer) as int64 ``[n]`` if it is a permutation of ``0 .. n-1``.
-
-    Raises:
-        UserCodeError: anything else (windows would be lost or yielded twice).
-    """
-    order = np.asarray(raw)
-    if order.shape != (n,) or not (np.issubdtype(order.dtype, np.integer) or n == 0):
-        raise UserCodeError(
-            f"{what} returned {order.dtype} {list(order.shape)}; it must return a permutation of the {n} window "
-            "positions (int [n])",
-            what,
-        )
-    order = order.astype(np.int64)
-    seen = np.zeros(n, dtype=np.int64)
-    inside = (order >= 0) & (order < n)
-    np.add.at(seen, order[inside], 1)
-    if not inside.all() or (seen != 1).any():
-        missing = int(np.sum(seen == 0))
-        raise UserCodeError(
-            f"{what} returned no permutation of the {n} window positions: {int(np.sum(~inside))} out of range, "
-            f"{int(np.sum(seen > 1))} repeated, {missing} missing (windows would be lost or yielded twice)",
-            what,
-        )
-    return order
-
-
-def _old_shuffle_options(shuffle_episodes: int | None, shuffle_windows: int | None, shuffle_bytes: int | None):
-    """``shuffle_episodes`` after the deprecated buffer bounds: ``shuffle_windows=0`` still means read order."""
-    if shuffle_windows is None and shuffle_bytes is None:
-        return shuffle_episodes
-    warnings.warn(
-        "shuffle_windows / shuffle_bytes bounded a buffer of decoded episodes, which the plan-level shuffle "
-        "replaced: use shuffle_episodes (episodes whose windows are interleaved at a time; 0: read order)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return 0 if shuffle_windows == 0 else shuffle_episodes
 
 
 def worker_plan(
@@ -1302,24 +800,21 @@ def worker_plan(
     group: GroupStage | None = None,
     history: Sequence[Progress] = (),
     shared: EpochCuts | None = None,
-    shuffle_windows: int | None = None,
-    shuffle_bytes: int | None = None,
     deal: DealStage | None = None,
 ) -> WorkerPlan:
     """The windows consumer ``world.consumer`` yields this epoch, in yield order.
 
-    ``shuffle_episodes``: the pool of ``pool_shuffle`` (``None``: the whole consumer; ``0``: read
-    order). ``history``: the progress of earlier layouts of this epoch (elastic resume,
+    ``shuffle_episodes``: the pool of ``stream.shuffle.pool_shuffle`` (``None``: the whole
+    consumer; ``0``: read order); ``cost``, ``order``, ``group``, ``deal``: the declared stages
+    (``stream.stages``). ``history``: the progress of earlier layouts of this epoch (elastic resume,
     ``level_plan``): the consumer then yields its share of the windows not yet consumed.
     ``dropped`` counts the windows a group stage leaves out too (every consumer leaves out as many).
     Without history and without ``deal`` the consumer lists only its own windows (``consumer_plan``,
     with ``shared`` when given: ``epoch_cuts`` computed once per rank). ``deal``: a ``DealStage``
-    used instead of ``deal`` at every level (``Stages``); it sees the epoch's whole window list, so
-    the plan then always goes through ``level_plan``.
-    ``shuffle_windows`` / ``shuffle_bytes``: deprecated (``shuffle_windows=0``: read order).
+    used instead of ``deal`` at every level (``ConsumerStages``); it sees the epoch's whole window
+    list, so the plan then always goes through ``level_plan``.
     """
-    pool = _old_shuffle_options(shuffle_episodes, shuffle_windows, shuffle_bytes)
-    stages = Stages(pool, cost, order, group, deal)
+    stages = ConsumerStages(shuffle_episodes, cost, order, group, deal)
     if history or deal is not None:
         plan = level_plan(
             table,
@@ -1337,16 +832,16 @@ def worker_plan(
     else:
         plan = consumer_plan(table, stride, per_episode, seed, epoch, world.consumers, world.consumer, shared)
         episode, anchor = plan.episode, plan.anchor
-    yield_order, costs = _yield_order(episode, anchor, world, len(history), seed, epoch, stages)
+    order_, costs = yield_order(episode, anchor, world, len(history), seed, epoch, stages)
     if deal is None:  # plan order keeps an episode's windows together
         firsts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if episode.size else episode
     else:  # each episode once, where it first appears (a deal stage may spread an episode's windows)
         firsts = np.sort(np.unique(episode, return_index=True)[1])
     return WorkerPlan(
-        episode=episode[yield_order],
-        anchor=anchor[yield_order],
+        episode=episode[order_],
+        anchor=anchor[order_],
         read_order=episode[firsts],
-        dropped=plan.dropped + (episode.size - yield_order.size) * world.consumers,
+        dropped=plan.dropped + (episode.size - order_.size) * world.consumers,
         total_windows=int(plan.per_consumer * world.consumers + plan.dropped),
         cost=costs,
     )

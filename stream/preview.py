@@ -25,6 +25,7 @@ from epishard.redact import redact, scrubbed
 
 from .dataset import WindowDataset, open_source
 from .fetch import FetchPolicy
+from .options import Ranks, ReadOptions
 from .plan import World
 from .plots import figure
 from .source import DatasetSource
@@ -88,7 +89,12 @@ def _read_windows(
     """
     ix = source.index
     ds = WindowDataset(
-        source, spec, seed=seed, rank=0, world_size=1, shuffle_episodes=0, fetch=FetchPolicy(on_shard_error="raise")
+        source,
+        spec,
+        seed=seed,
+        ranks=Ranks(rank=0, world_size=1),
+        shuffle=0,
+        read=ReadOptions(fetch=FetchPolicy(on_shard_error="raise")),
     )
     plan = ds.plan(0, World())
     by_episode: dict[int, list[int]] = {}

@@ -29,6 +29,7 @@ Take ``num_workers >= ceil(step_rate x batch_size / r)`` (plus one to absorb var
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -38,8 +39,9 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from .dataset import Resume, WindowDataset, _distributed
+from .dataset import WindowDataset
 from .plan import World
+from .resume import Resume
 
 _ACTOR_ERRORS: tuple = ()  # ray.exceptions.RayActorError and friends, set on first use
 
@@ -268,7 +270,7 @@ class RayWindowLoader:
     # --- iteration -------------------------------------------------------------------------------
 
     def _world(self) -> World:
-        return _distributed(self.dataset._rank, self.dataset._world_size)
+        return self.dataset.ranks.world()
 
     def _per_consumer(self, start: Resume) -> int:
         """Windows each consumer of this layout yields in ``start``'s epoch (after its history)."""
@@ -282,7 +284,7 @@ class RayWindowLoader:
         """
         here = self._world()
         ds = self.dataset.with_options()
-        ds._rank, ds._world_size = here.rank, here.world_size
+        ds.ranks = dataclasses.replace(ds.ranks, rank=here.rank, world_size=here.world_size)
         ds.set_epoch(self._began.epoch)
         ds._resume = Resume(self._began.epoch, self._began.history, tuple(consumed), 0)
         return ds

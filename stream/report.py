@@ -18,6 +18,7 @@ from epishard.redact import redact, scrubbed
 from . import diversity
 from .dataset import WindowDataset, WindowLoader, open_source
 from .lookahead import Lookahead
+from .options import ReadOptions
 from .spec import WindowSpec, segment
 from .telemetry import FIELDS, summarize
 from .transform import PostProcess
@@ -41,8 +42,8 @@ class StreamRun:
     ``action_horizon``-row action chunk; ``per_episode_count`` / ``per_episode_fraction``: windows
     per episode per epoch (``WindowSpec``'s); ``size``: ``"HxW"`` to resize frames; ``float``: float32 frames
     in [0, 1]. ``batches``: batches to run (0: one epoch). ``shuffle_episodes``: the plan's pool
-    (``WindowDataset``'s); ``horizon``, ``cache_mb``: the look-ahead (``stream.lookahead.Lookahead``'s
-    ``horizon`` windows, ``cache_bytes`` in MiB). ``storage_options``: fsspec options
+    (``WindowDataset``'s); ``horizon``, ``frame_cache_mb``: the look-ahead (``stream.lookahead.Lookahead``'s
+    ``horizon`` windows, ``frame_cache_bytes`` in MiB). ``storage_options``: fsspec options
     for a URL (``shardwriter.storage.resolve_storage_options``).
     """
 
@@ -64,7 +65,7 @@ class StreamRun:
     seed: int = 0
     shuffle_episodes: int | Literal["auto"] | None = "auto"
     horizon: int = 256
-    cache_mb: int = Lookahead.cache_bytes >> 20
+    frame_cache_mb: int = Lookahead.frame_cache_bytes >> 20
     storage_options: dict | None = field(default=None, repr=False)  # secrets: never shown
 
 
@@ -126,15 +127,14 @@ def build(options: StreamRun) -> WindowLoader:
     )
     size = _size(options.size) if options.size else None
     post = PostProcess(size=size, dtype=torch.float32 if options.float else torch.uint8)
-    lookahead = Lookahead(horizon=options.horizon, cache_bytes=options.cache_mb << 20)
+    lookahead = Lookahead(horizon=options.horizon, frame_cache_bytes=options.frame_cache_mb << 20)
     ds = WindowDataset(
         source,
         spec,
         seed=options.seed,
         postprocess=post,
-        telemetry=True,
-        shuffle_episodes=options.shuffle_episodes,
-        lookahead=lookahead,
+        read=ReadOptions(telemetry=True, lookahead=lookahead),
+        shuffle=options.shuffle_episodes,
     )
     return WindowLoader(ds, batch_size=options.batch_size, num_workers=options.workers, collate_fn=_timed_collate)
 

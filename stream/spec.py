@@ -9,11 +9,54 @@ multiples of 1/fps within a tolerance, as LeRobot's ``MultiLeRobotDataset`` does
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .plan import PerEpisode
+
+@dataclass(frozen=True)
+class PerEpisode:
+    """Windows an episode gives per epoch (before its dataset weight).
+
+    ``count``: that many anchors (at most all), drawn by ``(seed, epoch, episode)``;
+    ``fraction``: that share of its anchors, in (0, 1], rounded, at least 1 when it has any;
+    neither: every anchor. ``expected_windows`` is the one rule that turns this into numbers.
+
+    Raises:
+        ValueError: both given, a negative count, or a fraction outside (0, 1].
+    """
+
+    count: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self):
+        if self.count is not None and self.fraction is not None:
+            raise ValueError(f"per episode: give a count or a fraction, not both ({self.count}, {self.fraction})")
+        if self.count is not None and (not isinstance(self.count, (int, np.integer)) or self.count < 0):
+            raise ValueError(f"per-episode window count must be an int >= 0, not {self.count!r}")
+        if self.fraction is not None and not 0 < self.fraction <= 1:
+            raise ValueError(f"per-episode window fraction must be in (0, 1], not {self.fraction!r}")
+
+    @classmethod
+    def of(cls, value: PerEpisode | None) -> PerEpisode:
+        """``value`` as a ``PerEpisode`` (``None``: every anchor).
+
+        Raises:
+            TypeError: anything else (a bare number: say ``PerEpisode(count=n)`` or ``PerEpisode(fraction=f)``).
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, PerEpisode):
+            return value
+        raise TypeError(
+            f"per_episode must be a PerEpisode or None, not {value!r}: use PerEpisode(count=...) or "
+            "PerEpisode(fraction=...) (WindowSpec(per_episode_count=...) / per_episode_fraction=...)"
+        )
+
+    @property
+    def all(self) -> bool:
+        """Every anchor (neither a count nor a fraction)."""
+        return self.count is None and self.fraction is None
 
 
 def segment(start: int, stop: int, count: int) -> tuple[int, ...]:
@@ -99,9 +142,7 @@ class WindowSpec:
         per_episode_count: windows per episode per epoch: that many anchors (at most all).
         per_episode_fraction: windows per episode per epoch: that share of its anchors, in (0, 1]
             (rounded, at least 1 when any anchor exists). Neither: every anchor. See
-            ``stream.plan.PerEpisode`` and ``expected_windows``.
-        per_episode: deprecated (``1`` meant one window and ``1.0`` all of them): an int sets
-            ``per_episode_count``, a float ``per_episode_fraction``, with a ``DeprecationWarning``.
+            ``PerEpisode`` and ``stream.plan.expected_windows``.
         fps: the frame rate the row offsets are at (``from_delta_timestamps`` sets it). Without
             ``delta_timestamps``, a dataset with episodes of another rate is refused, since its rows
             would be other times; with them, each dataset gets the spec at its own rate
@@ -133,15 +174,8 @@ class WindowSpec:
     fps: float | None = None
     delta_timestamps: dict[str, tuple[float, ...]] | None = None
     tolerance_s: float = 1e-4
-    per_episode: InitVar[float | int | None] = None
 
-    def __post_init__(self, per_episode):
-        if per_episode is not None:
-            if self.per_episode_count is not None or self.per_episode_fraction is not None:
-                raise ValueError("give per_episode_count or per_episode_fraction, not the deprecated per_episode too")
-            old = PerEpisode.of(per_episode)  # warns
-            object.__setattr__(self, "per_episode_count", old.count)
-            object.__setattr__(self, "per_episode_fraction", old.fraction)
+    def __post_init__(self):
         PerEpisode(self.per_episode_count, self.per_episode_fraction)  # raises ValueError when invalid
         if self.action_offsets is not None:
             object.__setattr__(self, "action_offsets", tuple(int(o) for o in self.action_offsets))

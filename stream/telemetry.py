@@ -37,11 +37,11 @@ FIELDS = (
     "frame_cache_misses",
     "frame_cache_evictions",
     "encoded_cache_hits",
-    "cache_bytes_peak",
+    "frame_cache_bytes_peak",
     "encoded_bytes_peak",
     "bytes_needed",
 )
-PEAKS = frozenset({"cache_bytes_peak", "encoded_bytes_peak"})  # maxima, not sums (``Telemetry.peak``)
+PEAKS = frozenset({"frame_cache_bytes_peak", "encoded_bytes_peak"})  # maxima, not sums (``Telemetry.peak``)
 
 
 class Telemetry:
@@ -73,7 +73,7 @@ class Telemetry:
                 self.values[name] += value
 
     def peak(self, **kw: float) -> None:
-        """Raise counters of ``PEAKS`` to at least these values, e.g. ``peak(cache_bytes_peak=...)``."""
+        """Raise counters of ``PEAKS`` to at least these values, e.g. ``peak(frame_cache_bytes_peak=...)``."""
         with self._lock:
             for name, value in kw.items():
                 self.values[name] = max(self.values[name], value)

@@ -32,6 +32,7 @@ from epishard.balance import (
     token_counts,
     window_features,
 )
+from epishard.stream.options import Ranks, ReadOptions
 from epishard.stream.plan import EpisodeTable, World, global_plan, pool_shuffle, rng_for, worker_plan
 
 
@@ -270,7 +271,7 @@ def test_features_equal_the_readers_decode_counters_and_the_measured_hook(datase
     from epishard.stream.telemetry import summarize
 
     spec = WindowSpec(**SPEC_KW, per_episode_count=1)  # one window per episode: the reader decodes exactly its frames
-    ds = WindowDataset(dataset, spec, seed=4, telemetry=True, postprocess=PostProcess(size=(32, 48)))
+    ds = WindowDataset(dataset, spec, seed=4, read=ReadOptions(telemetry=True), postprocess=PostProcess(size=(32, 48)))
     samples = list(ds)
     cost = WindowCost.from_dataset(ds)
     episodes = np.array([int(s["episode_index"]) for s in samples])  # one source: global == source index
@@ -456,10 +457,18 @@ def balanced_loader_factory(dataset, index):
             from epishard.stream import WindowDataset
 
             return WindowLoader(
-                WindowDataset(dataset, spec, seed=7, rank=rank, world_size=world), batch_size=batch, num_workers=workers
+                WindowDataset(dataset, spec, seed=7, ranks=Ranks(rank=rank, world_size=world)),
+                batch_size=batch,
+                num_workers=workers,
             )
         ds = BalancedWindowDataset(
-            dataset, spec, batch_size=batch, chunk_batches=3, seed=7, rank=rank, world_size=world, cost=cost
+            dataset,
+            spec,
+            batch_size=batch,
+            chunk_batches=3,
+            seed=7,
+            ranks=Ranks(rank=rank, world_size=world),
+            cost=cost,
         )
         return WindowLoader(ds, batch_size=batch, num_workers=workers)
 

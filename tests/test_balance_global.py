@@ -21,6 +21,7 @@ from epishard.balance.streaming import BalancedOrder, BalancedWindowDataset
 from epishard.stream import WindowLoader, WindowSpec, World
 from epishard.stream.dataset import STATE_VERSION
 from epishard.stream.mixplan import BatchByDataset
+from epishard.stream.options import Mixing, Ranks
 from epishard.stream.plan import EpisodeTable, Progress, default_shuffle_episodes, global_plan, worker_plan
 
 # --- pure: global_steps ----------------------------------------------------------------------------
@@ -225,7 +226,7 @@ def dataset(tmp_path_factory):
 
 def _loader(dataset, rank, world, workers, scope="global"):
     ds = BalancedWindowDataset(
-        dataset, SPEC, batch_size=BATCH, chunk_batches=4, seed=5, rank=rank, world_size=world, scope=scope
+        dataset, SPEC, batch_size=BATCH, chunk_batches=4, seed=5, ranks=Ranks(rank=rank, world_size=world), scope=scope
     )
     return WindowLoader(ds, batch_size=BATCH, num_workers=workers)
 
@@ -320,7 +321,7 @@ def test_scope_options_are_checked(dataset):
     with pytest.raises(ValueError, match="scope must be 'local' or 'global'"):
         BalancedWindowDataset(dataset, SPEC, batch_size=2, scope="world")
     with pytest.raises(ValueError, match="batch_by_dataset"):
-        BalancedWindowDataset(dataset, SPEC, batch_size=2, scope="global", batch_by_dataset=True)
+        BalancedWindowDataset(dataset, SPEC, batch_size=2, scope="global", mix=Mixing(batch_by_dataset=True))
     ds = BalancedWindowDataset(dataset, SPEC, batch_size=2, scope="global")
     assert ds.fetch.mode == "ranged" and ds.deal is not None and ds.order is None
     local = BalancedWindowDataset(dataset, SPEC, batch_size=2)

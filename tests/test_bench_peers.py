@@ -60,7 +60,7 @@ def test_bench_peers_quick_on_sample_without_peers(tmp_path, monkeypatch):
         "--systems",
         ",".join(SYSTEMS),
         "--epishard-opt",
-        "shuffle_windows=64",
+        "shuffle=64",
         "--epishard-opt",
         "no_such_option=3",
     )
@@ -75,7 +75,7 @@ def test_bench_peers_quick_on_sample_without_peers(tmp_path, monkeypatch):
     records = [json.loads(line) for line in (tmp_path / "peers.jsonl").read_text().splitlines()]
     meta = records[0]
     assert meta["record"] == "run" and meta["seconds_timed"] == 1.0 and meta["min_batches"] == 2
-    assert meta["epishard_options"] == {"dataset": {"shuffle_windows": 64}, "spec": {}}
+    assert meta["epishard_options"] == {"dataset": {"shuffle": 64}, "spec": {}}
     assert meta["epishard_options_ignored"] == ["no_such_option"]
     runs = {r["system"]: r for r in records if r["record"] == "run_result"}
     assert sorted(runs) == sorted(SYSTEMS[2:])
@@ -101,7 +101,7 @@ def test_bench_peers_quick_on_sample_without_peers(tmp_path, monkeypatch):
         diversity.iid(np.full(5, 4.0), 4).distinct
     )
     assert runs["webdataset"]["distinct_episodes_per_batch_iid"] == pytest.approx(diversity.iid(np.ones(5), 4).distinct)
-    assert runs["es-u8"]["options"] == {"dataset": {"shuffle_windows": 64}, "spec": {}}
+    assert runs["es-u8"]["options"] == {"dataset": {"shuffle": 64}, "spec": {}}
     assert {(h["dtype"]) for h in records if h["record"] == "headline"} == {"uint8", "float32"}
 
     md = (tmp_path / "peers.md").read_text()
@@ -191,7 +191,7 @@ def _decoded_frame_numbers(root, ix) -> list[list[int]]:
 
     spec = WindowSpec(cameras={"observation.images.front": (0,)}, boundary="inside")
     out: dict[int, list[int]] = {}
-    for s in WindowDataset(str(root), spec, shuffle_windows=1):
+    for s in WindowDataset(str(root), spec):
         out.setdefault(int(s["episode_index"]), []).append(decode_frame_number(s["observation.images.front"][0]))
     return [sorted(out[e]) for e in range(ix.num_episodes)]
 
@@ -199,8 +199,8 @@ def _decoded_frame_numbers(root, ix) -> list[list[int]]:
 def test_epishard_options_are_split_by_feature_detection():
     from peers.cli import epishard_options
 
-    opts, ignored = epishard_options(["shuffle_windows=32", "stride=2", "shuffle_episodes=None", "hook=abc"])
-    assert opts["dataset"]["shuffle_windows"] == 32 and opts["spec"] == {"stride": 2}
+    opts, ignored = epishard_options(["shuffle=32", "stride=2", "shuffle_episodes=None", "hook=abc"])
+    assert opts["dataset"]["shuffle"] == 32 and opts["spec"] == {"stride": 2}
     import inspect
 
     from epishard.stream import WindowDataset
@@ -209,4 +209,4 @@ def test_epishard_options_are_split_by_feature_detection():
     assert ("shuffle_episodes" in opts["dataset"]) == has and ("shuffle_episodes" in ignored) == (not has)
     assert "hook" in ignored
     with pytest.raises(SystemExit, match="not KEY=VALUE"):
-        epishard_options(["shuffle_windows"])
+        epishard_options(["shuffle"])

@@ -36,7 +36,7 @@ def _depth_values(episode: int, rows: int, top: int, h: int = 32, w: int = 32) -
 
 
 def _iterate(url, spec, **kw):
-    return list(WindowDataset(url, spec, shuffle_episodes=2, seed=3, **kw))
+    return list(WindowDataset(url, spec, shuffle=2, seed=3, **kw))
 
 
 # --- depth ----------------------------------------------------------------------------------------
@@ -74,9 +74,7 @@ def test_depth_round_trips_exactly_beside_rgb(codec, pix_fmt, top, tmp_path):
 
     # Batches with float RGB and a resize: depth stays uint16, resized by nearest neighbour only.
     post = PostProcess(dtype=torch.float32, size=(16, 24))
-    loader = WindowLoader(
-        WindowDataset(str(tmp_path / "out"), spec, shuffle_episodes=0, postprocess=post), batch_size=4
-    )
+    loader = WindowLoader(WindowDataset(str(tmp_path / "out"), spec, shuffle=0, postprocess=post), batch_size=4)
     batch = next(iter(loader))
     pick_y, pick_x = (np.arange(16) * 2 + 1), np.floor((np.arange(24) + 0.5) * 32 / 24).astype(int)
     assert batch[DEPTH].dtype == torch.uint16 and tuple(batch[DEPTH].shape) == (4, 3, 1, 16, 24)

@@ -1,6 +1,6 @@
 """Exact elastic resume: a mid-epoch state saved under (world W1, workers K1) resumed under (W2, K2).
 
-The rule under test (README, "Elastic resume"): every window of the epoch's plan is consumed before
+The rule under test (docs/guide/streaming.md, "Elastic resume"): every window of the epoch's plan is consumed before
 the save, or yielded exactly once after the resume by one of the new consumers, or is one of the
 ``R mod (W2 x K2)`` windows (``R``: windows not yet consumed) left out at the resume; none twice;
 every new consumer yields the same number (so every new rank the same number of batches); the
@@ -21,6 +21,7 @@ from videogen import convert_numbered, decode_frame_number
 from epishard.balance.streaming import BalancedOrder
 from epishard.stream import WindowDataset, WindowLoader, WindowSpec, World
 from epishard.stream.mixplan import BatchByDataset
+from epishard.stream.options import Ranks
 from epishard.stream.plan import EpisodeTable, PerEpisode, Progress, global_plan, level_plan, worker_plan
 
 # --- pure: stream.plan ---------------------------------------------------------------------------
@@ -192,14 +193,14 @@ def test_remainder_is_a_pure_function_of_the_state_and_layout():
 
 
 def _level_kw() -> dict:
-    from epishard.stream.plan import Stages
+    from epishard.stream.stages import ConsumerStages
 
     return dict(
         stride=1,
         per_episode=PerEpisode(),
         seed=KW["seed"],
         epoch=KW["epoch"],
-        stages=Stages(KW["shuffle_episodes"]),
+        stages=ConsumerStages(KW["shuffle_episodes"]),
     )
 
 
@@ -218,7 +219,7 @@ def dataset(tmp_path_factory):
 
 
 def _loader(dataset, rank, world, workers, batch_size=2):
-    ds = WindowDataset(dataset, SPEC, seed=4, rank=rank, world_size=world, shuffle_episodes=2)
+    ds = WindowDataset(dataset, SPEC, seed=4, ranks=Ranks(rank=rank, world_size=world), shuffle=2)
     return WindowLoader(ds, batch_size=batch_size, num_workers=workers)
 
 
@@ -290,9 +291,9 @@ def test_resuming_twice_in_one_epoch_continues_exactly(dataset):
 
 
 def test_a_state_of_another_rank_of_the_same_layout_is_refused(dataset):
-    state = WindowDataset(dataset, SPEC, seed=4, rank=1, world_size=2).state_dict(1, 2, 0, epoch=0)
+    state = WindowDataset(dataset, SPEC, seed=4, ranks=Ranks(rank=1, world_size=2)).state_dict(1, 2, 0, epoch=0)
     with pytest.raises(ValueError, match=r"the states are of ranks \[1\], not of this rank 0"):
-        WindowDataset(dataset, SPEC, seed=4, rank=0, world_size=2).load_state_dict(state)
+        WindowDataset(dataset, SPEC, seed=4, ranks=Ranks(rank=0, world_size=2)).load_state_dict(state)
 
 
 def test_the_shuffle_pool_follows_the_batch_size_and_a_state_records_it(dataset):
@@ -310,7 +311,7 @@ def test_the_shuffle_pool_follows_the_batch_size_and_a_state_records_it(dataset)
     assert state["shuffle_episodes"] == 16 and state["version"] == 4
     with pytest.raises(ValueError, match="shuffle_episodes=16"):
         WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=3).load_state_dict(state)
-    same = WindowLoader(WindowDataset(dataset, SPEC, seed=4, shuffle_episodes=16), batch_size=3)
+    same = WindowLoader(WindowDataset(dataset, SPEC, seed=4, shuffle=16), batch_size=3)
     same.load_state_dict(state)  # the same pool given explicitly: the same plan
     v3 = state | {"version": 3}  # the same pool cut the old way (P, P, ..., the rest): another plan
     with pytest.raises(ValueError, match=r"pool cuts.*set_epoch\(1\)"):
@@ -320,7 +321,6 @@ def test_the_shuffle_pool_follows_the_batch_size_and_a_state_records_it(dataset)
         WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=2).load_state_dict(old)
     fresh = WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=2)
     fresh.load_state_dict({**old, "consumed": [0]})  # nothing consumed: any plan continues exactly
-    with pytest.warns(DeprecationWarning, match="shuffle_episodes"):
-        assert WindowDataset(dataset, SPEC, seed=4, shuffle_windows=0).pool_episodes() == 0
-    with pytest.raises(ValueError, match="shuffle_episodes must be"):
-        WindowDataset(dataset, SPEC, seed=4, shuffle_episodes=-3)
+    assert WindowDataset(dataset, SPEC, seed=4, shuffle=0).pool_episodes() == 0
+    with pytest.raises(ValueError, match="shuffle must be"):
+        WindowDataset(dataset, SPEC, seed=4, shuffle=-3)

@@ -45,6 +45,7 @@ from epishard.shardwriter import (
     video,
 )
 from epishard.stream import WindowDataset, WindowSpec
+from epishard.stream.options import ReadOptions
 
 REPO = Path(__file__).resolve().parents[1]
 CAM = "observation.images.front"
@@ -360,7 +361,7 @@ def test_s3_prefixes_named_with_any_character_convert_and_resume(s3_odd, odd_sou
     fs.invalidate_cache()
     assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(out[5:]) if p.endswith(".tar")) == ["shard-000000.tar"]
     assert verify(out, storage_options=options)["ok"]
-    samples = list(WindowDataset(out, WindowSpec(), seed=1, storage_options=options))
+    samples = list(WindowDataset(out, WindowSpec(), seed=1, read=ReadOptions(storage_options=options)))
     assert sorted(int(x["frame_index"]) for x in samples) == [0, 1, 2, 3, 4]  # episode 0's 5 rows
 
 

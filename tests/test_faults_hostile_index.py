@@ -31,6 +31,7 @@ from epishard.shardwriter.lerobot import read_lerobot
 from epishard.stream import WindowDataset
 from epishard.stream.decode import DecodeError
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.options import ReadOptions
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
@@ -272,7 +273,7 @@ def test_a_truncated_shard_under_skip_keeps_the_plan_with_substitutes(intact, ke
     os.truncate(path, os.path.getsize(path) // 2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ds = WindowDataset(root, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="skip"))
+        ds = WindowDataset(root, SPEC, seed=5, read=ReadOptions(fetch=FetchPolicy(on_shard_error="skip")))
         assert list(ds.sources[0].skipped_shards) == [1]
         loader = WindowLoader(ds, batch_size=4, num_workers=workers)
         batches = list(loader)
@@ -369,7 +370,7 @@ def claimed(intact, tmp_path_factory) -> str:
 def test_more_frames_than_the_container_lists_skip_the_episode(claimed, keyed_reference):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        samples = list(WindowDataset(claimed, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="skip")))
+        samples = list(WindowDataset(claimed, SPEC, seed=5, read=ReadOptions(fetch=FetchPolicy(on_shard_error="skip"))))
     real = {(int(s["episode_index"]), int(s["frame_index"])): s for s in samples if not s["substitute"]}
     assert len(samples) == len(keyed_reference)
     assert set(real) == {k for k in keyed_reference if k[0] != 2}
@@ -377,7 +378,7 @@ def test_more_frames_than_the_container_lists_skip_the_episode(claimed, keyed_re
     said = f"camera {CAMERA}: the index's num_frames 2175 is more than the 20 frames its video's container lists"
     assert [w for w in caught if "skipping episode g-e000002" in str(w.message) and said in str(w.message)]
     with pytest.raises(DecodeError, match=f"episode g-e000002 {said}"):
-        list(WindowDataset(claimed, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="raise")))
+        list(WindowDataset(claimed, SPEC, seed=5, read=ReadOptions(fetch=FetchPolicy(on_shard_error="raise"))))
 
 
 def test_verify_holds_num_frames_against_the_container(claimed):

@@ -32,6 +32,7 @@ from epishard.cli import main as cli
 from epishard.format.storage import RemoteFile, parse_storage_options
 from epishard.redact import MASK, redact, redact_options, remember
 from epishard.shardwriter import ConversionError, ConvertOptions, SourceError, convert, read_lerobot
+from epishard.stream.options import ReadOptions
 from epishard.stream.report import StreamRun
 
 CANARY = "CANARY-s3cr3t-7f3a"
@@ -400,7 +401,7 @@ def test_tracebacks_of_api_errors_name_no_secret(base, server, tmp_path):
     os.remove(f"{root}/shard-000001.tar")
     texts = []
     for workers in (0, 1):
-        ds = WindowDataset(url, SPEC, seed=0, fetch=FetchPolicy(on_shard_error="raise"))
+        ds = WindowDataset(url, SPEC, seed=0, read=ReadOptions(fetch=FetchPolicy(on_shard_error="raise")))
         with pytest.raises(Exception) as raised:  # a FetchError, or torch's re-raise of it
             for _ in WindowLoader(ds, batch_size=2, num_workers=workers):
                 pass
@@ -443,7 +444,7 @@ def test_an_http_error_chain_shows_no_header_secret(server):
 
     options = {"headers": {"Authorization": "Bearer " + CANARY}}
     with pytest.raises(FileNotFoundError) as raised:
-        WindowDataset(server + "/nothing-here", SPEC, storage_options=options)
+        WindowDataset(server + "/nothing-here", SPEC, read=ReadOptions(storage_options=options))
     chain, e = [], raised.value
     while e is not None and e not in chain:
         chain.append(e)

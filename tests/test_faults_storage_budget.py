@@ -34,6 +34,7 @@ from epishard.format.storage import make_filesystem
 from epishard.shardwriter import ConvertOptions, convert, verify
 from epishard.stream import WindowDataset
 from epishard.stream.fetch import FetchError, FetchPolicy
+from epishard.stream.options import ReadOptions
 
 pytest.importorskip("aiohttp")
 FAST = dict(backoff_s=0.05, backoff_max_s=0.5)  # retries at least every 0.5 s: bursts end promptly
@@ -130,7 +131,9 @@ def test_http_open_and_read_survive_a_2_s_burst_of_503(http_proxy, reference):
     proxy = http_proxy
     t = time.monotonic()
     proxy.burst(2.0, status=503)  # the manifest and index reads meet it, then the shard reads
-    ds = WindowDataset(proxy.url, SPEC, seed=5, fetch=FetchPolicy(mode="ranged", retry_budget_s=4, **FAST))
+    ds = WindowDataset(
+        proxy.url, SPEC, seed=5, read=ReadOptions(fetch=FetchPolicy(mode="ranged", retry_budget_s=4, **FAST))
+    )
     got = list(ds)
     _same_windows(got, reference)
     assert proxy.answered(503) >= 3 and time.monotonic() - t >= 1.8  # it did wait the burst out
@@ -138,7 +141,9 @@ def test_http_open_and_read_survive_a_2_s_burst_of_503(http_proxy, reference):
 
 def test_s3_read_survives_a_2_s_burst_of_slowdown(s3, s3_proxy, reference):
     policy = FetchPolicy(retry_budget_s=4, **FAST)
-    ds = WindowDataset("s3://budget/ds", SPEC, seed=5, storage_options={"endpoint_url": s3_proxy.url}, fetch=policy)
+    ds = WindowDataset(
+        "s3://budget/ds", SPEC, seed=5, read=ReadOptions(storage_options={"endpoint_url": s3_proxy.url}, fetch=policy)
+    )
     s3_proxy.burst(2.0, status=503, match=b".tar")
     got, skipped = _read_from(ds)
     _same_windows(got, reference)
@@ -158,8 +163,7 @@ def test_s3_open_and_read_survive_an_outage_of_resets_and_refusals(s3, s3_proxy,
         "s3://budget/ds",
         SPEC,
         seed=5,
-        storage_options={"endpoint_url": s3_proxy.url},
-        fetch=FetchPolicy(retry_budget_s=4, **FAST),
+        read=ReadOptions(storage_options={"endpoint_url": s3_proxy.url}, fetch=FetchPolicy(retry_budget_s=4, **FAST)),
     )
     assert s3_proxy.answered("reset") >= 1
     s3_proxy.refuse(1.0)  # then nothing listens
@@ -170,7 +174,12 @@ def test_s3_open_and_read_survive_an_outage_of_resets_and_refusals(s3, s3_proxy,
 
 def test_http_429_retry_after_is_honoured(http_proxy, reference):
     proxy = http_proxy
-    ds = WindowDataset(proxy.url, SPEC, seed=5, fetch=FetchPolicy(retry_budget_s=4, backoff_s=0.01, backoff_max_s=0.02))
+    ds = WindowDataset(
+        proxy.url,
+        SPEC,
+        seed=5,
+        read=ReadOptions(fetch=FetchPolicy(retry_budget_s=4, backoff_s=0.01, backoff_max_s=0.02)),
+    )
     proxy.burst_count(1, status=429, retry_after="1", match=b"shard-000000.tar")
     mark = len(proxy.log)
     got = list(ds)
@@ -182,7 +191,9 @@ def test_http_429_retry_after_is_honoured(http_proxy, reference):
 
 def test_retry_after_past_the_budget_fails_at_once_naming_it(http_proxy):
     proxy = http_proxy
-    ds = WindowDataset(proxy.url, SPEC, seed=5, fetch=FetchPolicy(retry_budget_s=2, on_shard_error="raise"))
+    ds = WindowDataset(
+        proxy.url, SPEC, seed=5, read=ReadOptions(fetch=FetchPolicy(retry_budget_s=2, on_shard_error="raise"))
+    )
     proxy.burst_count(1, status=429, retry_after="100", match=b"shard-000000.tar")
     t = time.monotonic()
     with pytest.raises(FetchError) as err:
@@ -199,10 +210,12 @@ def test_retry_after_past_the_budget_fails_at_once_naming_it(http_proxy):
 def test_http_budget_exceeded_names_url_status_and_time_and_loses_only_that_shard(http_proxy, reference):
     proxy = http_proxy
     policy = FetchPolicy(retry_budget_s=1, **FAST)
-    ds = WindowDataset(proxy.url, SPEC, seed=5, fetch=policy)
+    ds = WindowDataset(proxy.url, SPEC, seed=5, read=ReadOptions(fetch=policy))
     proxy.burst(30.0, status=503, match=b"shard-000001.tar")
     got, skipped = _read_from(ds)
-    strict = WindowDataset(proxy.url, SPEC, seed=5, fetch=FetchPolicy(retry_budget_s=1, on_shard_error="raise", **FAST))
+    strict = WindowDataset(
+        proxy.url, SPEC, seed=5, read=ReadOptions(fetch=FetchPolicy(retry_budget_s=1, on_shard_error="raise", **FAST))
+    )
     t = time.monotonic()
     with pytest.raises(FetchError) as err:
         list(strict)
@@ -222,7 +235,7 @@ def test_a_stuck_range_costs_at_most_read_timeout_plus_budget(http_server, intac
     proxy = FaultProxy((host, int(port)), match=b"shard-000001.tar", stall=True)  # answers nothing for shard 1
     policy = FetchPolicy(connect_timeout_s=0.5, read_timeout_s=0.5, retry_budget_s=1.0, on_shard_error="raise", **FAST)
     try:
-        ds = WindowDataset(f"http://127.0.0.1:{proxy.port}", SPEC, seed=5, fetch=policy)
+        ds = WindowDataset(f"http://127.0.0.1:{proxy.port}", SPEC, seed=5, read=ReadOptions(fetch=policy))
         with pytest.raises(FetchError) as err:
             list(ds)
     finally:
@@ -240,7 +253,7 @@ def test_a_silent_http_endpoint_fails_within_the_budget_naming_the_timeout():
     t = time.monotonic()
     try:
         with pytest.raises(FetchError, match=r"manifest\.json: .*Timeout.* in [01]\.\d s: retry budget 0\.6 s\)"):
-            WindowDataset(silent.url, SPEC, fetch=policy)
+            WindowDataset(silent.url, SPEC, read=ReadOptions(fetch=policy))
     finally:
         silent.close()
     assert time.monotonic() - t <= 2 * 0.3 + 0.3 + 0.6 + 0.5  # a size probe (HEAD, GET), then the budgeted read
@@ -312,18 +325,21 @@ def test_a_missing_bucket_is_named_by_the_reader_and_inspect(s3):
     from epishard.shardwriter.describe import describe
 
     with pytest.raises(FileNotFoundError, match=r"bucket 'no-such-bucket' does not exist") as err:
-        WindowDataset("s3://no-such-bucket/ds", SPEC, storage_options=s3)
+        WindowDataset("s3://no-such-bucket/ds", SPEC, read=ReadOptions(storage_options=s3))
     assert err.value.filename == "s3://no-such-bucket/ds"
     with pytest.raises(FileNotFoundError, match=r"bucket 'no-such-bucket' does not exist"):
         describe("s3://no-such-bucket/ds", storage_options=s3)
     with pytest.raises(FileNotFoundError, match=r"no manifest\.json"):  # an existing bucket, no dataset
-        WindowDataset("s3://budget/nothing-here", SPEC, storage_options=s3)
+        WindowDataset("s3://budget/nothing-here", SPEC, read=ReadOptions(storage_options=s3))
 
 
 def test_the_storage_option_retry_budget_sets_the_readers_budget(s3, s3_proxy):
     options = {"endpoint_url": s3_proxy.url, "retry_budget": 0.5}
     ds = WindowDataset(
-        "s3://budget/ds", SPEC, seed=5, storage_options=options, fetch=FetchPolicy(on_shard_error="raise")
+        "s3://budget/ds",
+        SPEC,
+        seed=5,
+        read=ReadOptions(storage_options=options, fetch=FetchPolicy(on_shard_error="raise")),
     )
     s3_proxy.burst(30.0, status=503, match=b"shard-000000.tar")
     with pytest.raises(

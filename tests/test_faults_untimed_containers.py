@@ -35,6 +35,7 @@ from epishard.shardwriter import video as video_module
 from epishard.shardwriter.video import ReencodeSpec
 from epishard.stream import WindowDataset, WindowSpec
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.options import ReadOptions
 
 FPS = 20
 CAM = "observation.images.front"
@@ -66,7 +67,7 @@ def _assert_rows_show(out, shown: dict[int, list[int]]) -> None:
     """Under every spec and on both read paths, each sample's frames are its rows' frame numbers."""
     for spec in SPECS:
         for packets in (True, False):
-            samples = list(WindowDataset(str(out), spec, seed=0, fetch=FetchPolicy(packets=packets)))
+            samples = list(WindowDataset(str(out), spec, seed=0, read=ReadOptions(fetch=FetchPolicy(packets=packets))))
             assert samples, (spec, packets)
             for s in samples:
                 numbers = shown[int(s["episode_index"])]

@@ -28,6 +28,7 @@ from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, c
 from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
 from epishard.stream.decode import DecodeError
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.options import Mixing, Ranks, ReadOptions, Stages
 from epishard.stream.statecheck import StateError, StateTypeError
 from epishard.stream.usercode import UserCodeError
 
@@ -63,7 +64,9 @@ def _caught_skips(caught) -> list[str]:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_hook_exception_reaches_the_caller_with_its_type(intact, workers, packets):
     """Old code: the hook's exception became a ``DecodeError``, episode 3's windows substitutes, one warning."""
-    ds = WindowDataset(intact, SPEC, seed=5, postprocess=PostProcess(hook=NoisyHook(3)), fetch=_skip_policy(packets))
+    ds = WindowDataset(
+        intact, SPEC, seed=5, postprocess=PostProcess(hook=NoisyHook(3)), read=ReadOptions(fetch=_skip_policy(packets))
+    )
     loader = WindowLoader(ds, batch_size=2, num_workers=workers)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -81,7 +84,7 @@ def test_a_hook_exception_reaches_the_caller_with_its_type(intact, workers, pack
 def test_a_hook_returning_no_uint8_frames_is_a_user_error_naming_the_hook(intact, workers):
     """Old code: the AttributeError/mismatch inside decode made every episode 'damaged'."""
     post = PostProcess(hook=lambda frames: frames.float())
-    ds = WindowDataset(intact, SPEC, seed=5, postprocess=post, fetch=_skip_policy(True))
+    ds = WindowDataset(intact, SPEC, seed=5, postprocess=post, read=ReadOptions(fetch=_skip_policy(True)))
     with pytest.raises(UserCodeError, match=r"PostProcess.hook .*<lambda> returned torch.float32 \[\d+, 3, 32, 32\]"):
         for _ in WindowLoader(ds, batch_size=2, num_workers=workers):
             pass
@@ -107,7 +110,7 @@ def _nan_cost(episodes: np.ndarray, anchors: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_cost_stage_exception_reaches_the_caller_named(intact, workers):
-    ds = WindowDataset(intact, SPEC, seed=5, cost=_boom_cost, fetch=_skip_policy(True))
+    ds = WindowDataset(intact, SPEC, seed=5, stages=Stages(cost=_boom_cost), read=ReadOptions(fetch=_skip_policy(True)))
     with pytest.raises(HookBoom) as info:
         for _ in WindowLoader(ds, batch_size=2, num_workers=workers):
             pass
@@ -118,19 +121,19 @@ def test_a_cost_stage_exception_reaches_the_caller_named(intact, workers):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_order_stage_that_is_no_permutation_is_refused(intact, workers, reference):
     """Old code: the zeros were taken as an order, the epoch yielded one window 30 times, silently."""
-    ds = WindowDataset(intact, SPEC, seed=5, order=_lossy_order)
+    ds = WindowDataset(intact, SPEC, seed=5, stages=Stages(order=_lossy_order))
     with pytest.raises(UserCodeError, match=r"_lossy_order returned no permutation of the \d+ window positions"):
         for _ in WindowLoader(ds, batch_size=2, num_workers=workers):
             pass
     # A real permutation is taken as it is: the same windows, reversed.
-    reversed_ds = WindowDataset(intact, SPEC, seed=5, order=_reverse_order)
+    reversed_ds = WindowDataset(intact, SPEC, seed=5, stages=Stages(order=_reverse_order))
     got = [(int(s["episode_index"]), int(s["frame_index"])) for s in reversed_ds]
     plain = [(int(s["episode_index"]), int(s["frame_index"])) for s in reference]
     assert sorted(got) == sorted(plain) and len(got) == len(plain)
 
 
 def test_a_cost_stage_returning_nan_is_refused_naming_the_window(intact):
-    ds = WindowDataset(intact, SPEC, seed=5, cost=_nan_cost)
+    ds = WindowDataset(intact, SPEC, seed=5, stages=Stages(cost=_nan_cost))
     refused = r"_nan_cost returned 1 costs that are not finite, the first nan for window 1 "
     with pytest.raises(UserCodeError, match=refused):
         next(iter(ds))
@@ -145,7 +148,7 @@ def test_a_damaged_video_keeps_its_policy_with_a_hook(intact, tmp_path):
     post = PostProcess(hook=lambda frames: calls.append(frames.shape[0]) or frames)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        samples = list(WindowDataset(root, SPEC, seed=5, postprocess=post, fetch=_skip_policy(False)))
+        samples = list(WindowDataset(root, SPEC, seed=5, postprocess=post, read=ReadOptions(fetch=_skip_policy(False))))
     assert len(samples) == 6 * 20 and any(s["substitute"] for s in samples) and calls
     assert _caught_skips(caught) and not any(s["episode_index"] == 0 and not s["substitute"] for s in samples)
 
@@ -279,7 +282,7 @@ def test_the_same_rank_twice_in_a_list_is_refused(intact, saved):
 def test_a_list_with_one_hostile_state_names_it(intact):
     states = []
     for rank in range(2):
-        loader = WindowLoader(WindowDataset(intact, SPEC, seed=5, rank=rank, world_size=2), batch_size=2)
+        loader = WindowLoader(WindowDataset(intact, SPEC, seed=5, ranks=Ranks(rank=rank, world_size=2)), batch_size=2)
         it = iter(loader)
         next(it)
         states.append(loader.state_dict())
@@ -480,7 +483,7 @@ def _all(loader) -> list[dict]:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_text_extra_column_comes_back_as_strings(columns_ds, workers):
     """Old code: construction passed, then every episode was 'damaged' (not numeric) and the epoch failed."""
-    ds = WindowDataset(columns_ds, _cam_spec(extra_columns=("note", "reward1")), seed=1, shuffle_episodes=None)
+    ds = WindowDataset(columns_ds, _cam_spec(extra_columns=("note", "reward1")), seed=1, shuffle=None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         batches = _all(WindowLoader(ds, batch_size=4, num_workers=workers))
@@ -567,14 +570,14 @@ def test_a_shape_1_feature_keeps_its_shape_everywhere(columns_ds, workers):
 @pytest.mark.parametrize("pad_dims", [None, True], ids=["natural", "pad_dims"])
 def test_a_mix_of_a_scalar_and_a_list_of_one_batches_with_one_shape(columns_ds, columns_ds_list, pad_dims):
     spec = WindowSpec.from_delta_timestamps(DELTAS, fps=20, boundary="pad", extra_columns=("reward1",))
-    ds = WindowDataset([columns_ds, columns_ds_list], spec, seed=1, pad_dims=pad_dims)
+    ds = WindowDataset([columns_ds, columns_ds_list], spec, seed=1, mix=Mixing(pad_dims=pad_dims))
     batches = list(WindowLoader(ds, batch_size=6, num_workers=0))
     assert sum(_check_shape_one([b], stacked=True) for b in batches) == 2 * 3 * ROWS3
     if pad_dims:
         assert all(b["next.reward_dim_is_pad"].shape == (len(b["task"]), 1) for b in batches)
         assert "grid_dim_is_pad" not in batches[0]  # a [2, 3] column keeps its shape, never padded
     with pytest.raises(ValueError, match=r"column 'grid' is multi-dimensional"):
-        WindowDataset([columns_ds, columns_ds_list], spec, pad_dims={"grid": 8})
+        WindowDataset([columns_ds, columns_ds_list], spec, mix=Mixing(pad_dims={"grid": 8}))
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["workers", "persistent-workers"])
@@ -604,14 +607,14 @@ def test_a_column_of_lists_of_varying_length_is_refused(columns_ds):
     # Of one length in the first episode (the manifest's shape [2]), ragged in the others: a data fault
     # of those episodes, named, under the shard policy.
     spec = _cam_spec(extra_columns=("ragged_late",))
-    ds = WindowDataset(columns_ds, spec, seed=1, fetch=FetchPolicy(on_shard_error="raise"), shuffle_episodes=0)
+    ds = WindowDataset(columns_ds, spec, seed=1, read=ReadOptions(fetch=FetchPolicy(on_shard_error="raise")), shuffle=0)
     with pytest.raises(
         DecodeError, match=r"episode c-e00000[12].*column 'ragged_late': row 1 holds 3 values, the first 1"
     ):
         list(ds)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        samples = list(WindowDataset(columns_ds, spec, seed=1, shuffle_episodes=0))
+        samples = list(WindowDataset(columns_ds, spec, seed=1, shuffle=0))
     real = [s for s in samples if not s["substitute"]]
     assert {int(s["episode_index"]) for s in real} == {0} and len(_caught_skips(caught)) == 2
     assert all(s["ragged_late"].tolist() == [s["frame_index"]] * 2 for s in real)
@@ -674,7 +677,7 @@ def _stopping_cost(episodes: np.ndarray, anchors: np.ndarray) -> np.ndarray:
 def test_a_stop_iteration_of_the_users_code_never_ends_the_epoch_silently(intact, workers):
     """Old code, 2 workers: torch re-raised the worker's StopIteration inside the loader, which ended the
     epoch with no batch and no error."""
-    ds = WindowDataset(intact, SPEC, seed=5, cost=_stopping_cost)
+    ds = WindowDataset(intact, SPEC, seed=5, stages=Stages(cost=_stopping_cost))
     with pytest.raises(UserCodeError, match=r"the cost stage .*_stopping_cost raised StopIteration"):
         for _ in WindowLoader(ds, batch_size=2, num_workers=workers):
             pass

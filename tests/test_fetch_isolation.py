@@ -20,6 +20,7 @@ from videogen import decode_frame_number
 from epishard.stream import WindowDataset, World
 from epishard.stream.decode import DecodeError
 from epishard.stream.fetch import FetchError, FetchPolicy
+from epishard.stream.options import ReadOptions
 
 
 def _key(s) -> tuple[int, int]:
@@ -55,7 +56,7 @@ def test_damaged_shard_costs_only_its_windows(intact, keyed_reference, damaged, 
     policy = FetchPolicy(mode=mode, chunk_bytes=chunk, prefetch_bytes=prefetch, packets=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        samples = list(WindowDataset(root, SPEC, seed=5, fetch=policy))
+        samples = list(WindowDataset(root, SPEC, seed=5, read=ReadOptions(fetch=policy)))
     name = loaded(root).shards[shard].shard
     damaged_episode, shard_episodes = 2 * shard, {2 * shard, 2 * shard + 1}
     assert len(samples) == len(keyed_reference)  # the rank keeps its sample count
@@ -82,7 +83,11 @@ def test_strict_policy_names_the_damaged_shard(damaged):
     root, shard = damaged[1]
     name = loaded(root).shards[shard].shard
     with pytest.raises(FetchError, match=name):
-        list(WindowDataset(root, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="raise", packets=False)))
+        list(
+            WindowDataset(
+                root, SPEC, seed=5, read=ReadOptions(fetch=FetchPolicy(on_shard_error="raise", packets=False))
+            )
+        )
     # Read by packets, the damaged packet is found by its CRC-32; the error names the shard too.
     with pytest.raises(DecodeError, match=f"{name}.*CRC-32"):
-        list(WindowDataset(root, SPEC, seed=5, fetch=FetchPolicy(on_shard_error="raise")))
+        list(WindowDataset(root, SPEC, seed=5, read=ReadOptions(fetch=FetchPolicy(on_shard_error="raise"))))

@@ -18,6 +18,7 @@ from remote_servers import Gauge, serve_http
 from epishard.stream import WindowDataset
 from epishard.stream.fetch import Fetcher, FetchPolicy, episode_ranges, plan_requests
 from epishard.stream.lookahead import Lookahead
+from epishard.stream.options import ReadOptions
 from epishard.stream.source import DatasetSource
 from epishard.stream.telemetry import Telemetry
 
@@ -167,7 +168,7 @@ def test_the_next_chunk_is_fetched_while_this_chunk_loads(intact, monkeypatch):
     monkeypatch.setattr(Fetcher, "extend", recording_extend)
     monkeypatch.setattr(Fetcher, "episode", recording_episode)
     spec = dataclasses.replace(SPEC, per_episode_count=1)
-    ds = WindowDataset(intact, spec, seed=1, shuffle_episodes=0, lookahead=Lookahead(horizon=1, first=1))
+    ds = WindowDataset(intact, spec, seed=1, shuffle=0, read=ReadOptions(lookahead=Lookahead(horizon=1, first=1)))
     samples = list(ds)
     assert len(samples) == 6 and len(added) == 6 and sorted(seen) == list(range(6))
     # Chunk 1 (the first batch) goes out alone; from chunk 2 on, each chunk's loads start after the

@@ -30,6 +30,7 @@ from epishard.shardwriter import verify
 from epishard.stream import WindowDataset
 from epishard.stream.decode import DecodeError
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.options import ReadOptions
 
 
 def _set(episode: int, field: str, value, camera: bool = False):
@@ -109,7 +110,7 @@ def test_a_video_that_does_not_decode_follows_the_shard_policy(intact, keyed_ref
     root = copy(intact, str(tmp_path / "ds"))
     member = video_member(root, 1, 0)  # episode 2's video
     rewrite_shard_member(root, 1, member, bytes(member["size"]))  # digests match: only decoding can tell
-    ds = WindowDataset(root, SPEC, seed=5, fetch=FetchPolicy(on_shard_error=policy))
+    ds = WindowDataset(root, SPEC, seed=5, read=ReadOptions(fetch=FetchPolicy(on_shard_error=policy)))
     if policy == "raise":
         with pytest.raises(DecodeError, match=f"episode g-e000002 camera {CAMERA}"):
             list(ds)

@@ -24,6 +24,7 @@ from lerobot_peer_items import compact
 
 from epishard.shardwriter import ConvertOptions, convert
 from epishard.stream.lerobot_dataset import EpishardLeRobotDataset, StatsError, pool_stats
+from epishard.stream.options import Ranks
 
 HERE = Path(__file__).parent
 PEERS = {  # LeRobot version -> (env file, venv python, frames as uint8)
@@ -201,7 +202,8 @@ def test_items_keep_every_epishard_guarantee_resume_ranks(tmp_path):
     delta = {"action": [k / 20 for k in range(4)]}
     kw = {"stats": "manifest", "image_size": (32, 32), "stride": 25}
     ranks = [
-        [int(x["index"]) for x in EpishardLeRobotDataset(str(out), delta, rank=r, world_size=2, **kw)] for r in range(2)
+        [int(x["index"]) for x in EpishardLeRobotDataset(str(out), delta, ranks=Ranks(rank=r, world_size=2), **kw)]
+        for r in range(2)
     ]
     assert not set(ranks[0]) & set(ranks[1]) and len(ranks[0]) == len(ranks[1]) > 10
     ds = EpishardLeRobotDataset(str(out), delta, **kw)

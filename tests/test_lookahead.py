@@ -13,6 +13,7 @@ import torch
 from videogen import decode_frame_number, make_episode_table, make_video
 
 import epishard.stream.dataset as dataset_module
+import epishard.stream.reader as reader_module
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import WindowDataset, WindowSpec, segment
 from epishard.stream.fetch import FetchPolicy
@@ -30,6 +31,7 @@ from epishard.stream.lookahead import (
     key_stream,
     schedule,
 )
+from epishard.stream.options import ReadOptions
 from epishard.stream.plan import WorkerPlan
 from epishard.stream.telemetry import Telemetry, summarize
 
@@ -66,7 +68,7 @@ def random_policy(rng: np.random.Generator, demand: Demand) -> Lookahead:
     return Lookahead(
         horizon=int(rng.integers(1, 24)),
         first=int(rng.integers(1, 9)),
-        cache_bytes=int(rng.integers(biggest, max(biggest + 1, total + 2))),
+        frame_cache_bytes=int(rng.integers(biggest, max(biggest + 1, total + 2))),
         encoded_bytes=int(rng.integers(0, 30)),
     )
 
@@ -138,7 +140,7 @@ def replay(demand: Demand, policy: Lookahead, reach: int = REACH) -> dict:
                 encoded.discard(load.episode)
             assert int(demand.encoded_bytes[list(encoded)].sum()) <= policy.encoded_bytes, "encoded cache over budget"
         held_bytes = int(demand.sizes(np.array(sorted(cache), dtype=np.int64)).sum()) if cache else 0
-        assert held_bytes == step.held <= policy.cache_bytes, "frame cache over budget"
+        assert held_bytes == step.held <= policy.frame_cache_bytes, "frame cache over budget"
         # Each decode call is exactly the chunk's frames of its stream that were not cached.
         frames_needed = need[need >= 0]
         missing = frames_needed[~np.isin(frames_needed, np.array(sorted(before), dtype=np.int64))]
@@ -190,7 +192,7 @@ def test_a_larger_budget_never_decodes_more():
         rng = np.random.default_rng(1000 + seed)
         demand = random_demand(rng)
         small = random_policy(rng, demand)
-        big = dataclasses.replace(small, cache_bytes=1 << 40, encoded_bytes=1 << 40)
+        big = dataclasses.replace(small, frame_cache_bytes=1 << 40, encoded_bytes=1 << 40)
         a, b = replay(demand, small), replay(demand, big)
         assert b["frames_decoded"] <= a["frames_decoded"] and b["evictions"] == 0
         # Unbounded: each episode fetched once, each frame decoded once.
@@ -210,13 +212,13 @@ def test_chunks_grow_from_first_to_horizon_and_shrink_to_fit():
         columns_bytes=np.array([5]),
         encoded_bytes=np.array([1]),
     )
-    spans = [(s.start, s.stop) for s in schedule(demand, Lookahead(horizon=16, first=2, cache_bytes=10**6)).steps]
+    spans = [(s.start, s.stop) for s in schedule(demand, Lookahead(horizon=16, first=2, frame_cache_bytes=10**6)).steps]
     assert [b - a for a, b in spans] == [2, 4, 8, 16, 16, 16, 16, 16, 6]  # doubling up to the horizon
     # 10 windows' frames (100 bytes) plus the columns (5) fit in 105 bytes: chunks are cut to 10.
-    spans = [(s.start, s.stop) for s in schedule(demand, Lookahead(horizon=64, first=64, cache_bytes=105)).steps]
+    spans = [(s.start, s.stop) for s in schedule(demand, Lookahead(horizon=64, first=64, frame_cache_bytes=105)).steps]
     assert {b - a for a, b in spans[:-1]} == {10}
-    with pytest.raises(ValueError, match=r"window 0 \(episode 0\) needs 15 bytes.*cache_bytes = 14"):
-        schedule(demand, Lookahead(cache_bytes=14))
+    with pytest.raises(ValueError, match=r"window 0 \(episode 0\) needs 15 bytes.*frame_cache_bytes = 14"):
+        schedule(demand, Lookahead(frame_cache_bytes=14))
 
 
 # --- the reader end to end --------------------------------------------------------------------------
@@ -289,24 +291,26 @@ ALL = sorted((e, a) for e, n in enumerate(LENGTHS) for a in range(n))
 
 @pytest.mark.parametrize("horizon", [1, 5, 64])
 def test_fully_shuffled_order_returns_the_right_frames_exactly_once(small, horizon):
-    ds = shuffled(WindowDataset(small, SPEC, seed=2, telemetry=True, lookahead=Lookahead(horizon, first=3)), 7)
+    ds = shuffled(
+        WindowDataset(small, SPEC, seed=2, read=ReadOptions(telemetry=True, lookahead=Lookahead(horizon, first=3))), 7
+    )
     samples = list(ds)
     assert sorted(check(s) for s in samples) == ALL
     t = summarize([samples[-1]["__telemetry__"]])
     assert t["samples"] == len(ALL) and t["frame_cache_evictions"] == 0
-    assert t["cache_bytes_peak"] <= ds.lookahead.cache_bytes
+    assert t["frame_cache_bytes_peak"] <= ds.lookahead.frame_cache_bytes
 
 
 def test_a_tiny_budget_decodes_and_fetches_again_and_stays_within_it(small):
     # Room for about 3 windows (4 frames of 3 KiB each, plus columns): frames are evicted and decoded
     # again, and no encoded bytes are kept, so episodes are fetched again.
     budget = 3 * 4 * FRAME_BYTES + 2 * 40 * 64
-    la = Lookahead(horizon=16, first=2, cache_bytes=budget, encoded_bytes=0)
-    ds = shuffled(WindowDataset(small, SPEC, seed=2, telemetry=True, lookahead=la), 3)
+    la = Lookahead(horizon=16, first=2, frame_cache_bytes=budget, encoded_bytes=0)
+    ds = shuffled(WindowDataset(small, SPEC, seed=2, read=ReadOptions(telemetry=True, lookahead=la)), 3)
     samples = list(ds)
     assert sorted(check(s) for s in samples) == ALL
     t = summarize([samples[-1]["__telemetry__"]])
-    assert t["frame_cache_evictions"] > 0 and t["cache_bytes_peak"] <= budget
+    assert t["frame_cache_evictions"] > 0 and t["frame_cache_bytes_peak"] <= budget
     returned = {
         (int(s["episode_index"]), cam, int(r))
         for s in samples
@@ -318,10 +322,10 @@ def test_a_tiny_budget_decodes_and_fetches_again_and_stays_within_it(small):
 
 
 def test_resume_mid_epoch_gives_the_same_samples_and_decodes_nothing_for_the_skipped(small, monkeypatch):
-    la = Lookahead(horizon=8, first=2, cache_bytes=20 * FRAME_BYTES)
+    la = Lookahead(horizon=8, first=2, frame_cache_bytes=20 * FRAME_BYTES)
 
     def make():
-        return shuffled(WindowDataset(small, SPEC, seed=5, lookahead=la), 11)
+        return shuffled(WindowDataset(small, SPEC, seed=5, read=ReadOptions(lookahead=la)), 11)
 
     full = list(make())
     ds = make()
@@ -330,13 +334,13 @@ def test_resume_mid_epoch_gives_the_same_samples_and_decodes_nothing_for_the_ski
     state = ds.state_dict()
     del it
     decoded = []
-    real = dataset_module.decode_camera
+    real = reader_module.decode_camera
 
     def spy(index, stream, frames, *args, **kw):
         decoded.append((stream, frames.copy()))
         return real(index, stream, frames, *args, **kw)
 
-    monkeypatch.setattr(dataset_module, "decode_camera", spy)
+    monkeypatch.setattr(reader_module, "decode_camera", spy)
     again = make()
     again.load_state_dict(state)
     rest = list(again)
@@ -359,13 +363,13 @@ def test_resume_mid_epoch_gives_the_same_samples_and_decodes_nothing_for_the_ski
 
 def test_the_first_chunk_is_the_first_batch(small, monkeypatch):
     decoded = []
-    real = dataset_module.decode_camera
+    real = reader_module.decode_camera
 
     def spy(index, stream, frames, *args, **kw):
         decoded.append(frames.size)
         return real(index, stream, frames, *args, **kw)
 
-    monkeypatch.setattr(dataset_module, "decode_camera", spy)
+    monkeypatch.setattr(reader_module, "decode_camera", spy)
     ds = shuffled(WindowDataset(small, SPEC, seed=0, batch_size=4), 1)
     it = iter(ds)
     [next(it) for _ in range(4)]
@@ -378,7 +382,7 @@ def test_worker_plan_interface_is_all_the_reader_needs(small):
     ds = WindowDataset(small, SPEC, seed=0)
     p = ds.plan(0, dataset_module.World())
     reversed_plan = WorkerPlan(p.episode[::-1].copy(), p.anchor[::-1].copy(), p.read_order, p.dropped, p.total_windows)
-    samples = list(ds._generate(reversed_plan, 0, Telemetry()))
+    samples = list(reader_module.EpochReader(ds).samples(reversed_plan, 0, Telemetry()))
     assert [check(s) for s in samples] == list(zip(p.episode[::-1].tolist(), p.anchor[::-1].tolist(), strict=True))
 
 
@@ -408,7 +412,7 @@ def test_random_plans_yield_their_windows_in_order_with_the_right_frames_within_
     and the decoded-item cache never holds more than its budget at any put."""
     ds = WindowDataset(small, SPEC, seed=0)
     full = ds.plan(0, dataset_module.World())
-    monkeypatch.setattr(dataset_module, "Store", BudgetStore)
+    monkeypatch.setattr(reader_module, "Store", BudgetStore)
     rng = np.random.default_rng(16)
     tiny = 0
     for _ in range(8):
@@ -417,9 +421,9 @@ def test_random_plans_yield_their_windows_in_order_with_the_right_frames_within_
         budget = (5 + int(rng.integers(0, 40))) * FRAME_BYTES + 2 * 40 * 64  # one window: 5 frames, columns
         ds.lookahead = Lookahead(int(rng.integers(1, 20)), int(rng.integers(1, 9)), budget, int(rng.integers(0, 2e4)))
         reach = int(rng.integers(1, 30))
-        monkeypatch.setattr(dataset_module, "Scheduler", lambda d, p, r=reach: Scheduler(d, p, r))
+        monkeypatch.setattr(reader_module, "Scheduler", lambda d, p, r=reach: Scheduler(d, p, r))
         BudgetStore.budget, BudgetStore.peak = budget, 0
-        samples = list(ds._generate(plan, 0, Telemetry()))
+        samples = list(reader_module.EpochReader(ds).samples(plan, 0, Telemetry()))
         assert [check(s) for s in samples] == list(zip(plan.episode.tolist(), plan.anchor.tolist(), strict=True))
         tiny += BudgetStore.peak > budget // 2
     assert tiny, "some case must fill its budget (else the bound shows nothing)"
@@ -433,7 +437,7 @@ def test_the_default_budget_states_its_parts_and_stays_within_1_5_gb():
     prefetch = FetchPolicy().prefetch_bytes
     budget = policy.budget(prefetch)
     assert (budget.frame_cache, budget.encoded, budget.prefetch, budget.decode_call) == (
-        policy.cache_bytes,
+        policy.frame_cache_bytes,
         policy.encoded_bytes,
         prefetch,
         2 * policy.decode_bytes,
@@ -460,15 +464,18 @@ def test_the_auto_pool_fits_the_frame_cache_so_each_frame_is_decoded_once(small)
     # budget and no frame is decoded twice; the whole consumer as one pool, with the same cache,
     # decodes frames again. Decode calls split at 2 frames' RGB bytes return the same frames.
     live, chunk = 14 * FRAME_BYTES, 4 * 2 * FRAME_BYTES  # a chunk of 4 windows: a new frame per camera each
-    la = Lookahead(horizon=4, first=1, cache_bytes=2 * live + chunk + 2 * 40 * 64, decode_bytes=2 * FRAME_BYTES)
-    ds = WindowDataset(small, SPEC, seed=4, telemetry=True, lookahead=la, batch_size=1)
-    assert ds._episode_bytes() == (live, 2 * FRAME_BYTES) and ds.pool_episodes() == 2
+    la = Lookahead(horizon=4, first=1, frame_cache_bytes=2 * live + chunk + 2 * 40 * 64, decode_bytes=2 * FRAME_BYTES)
+    ds = WindowDataset(small, SPEC, seed=4, read=ReadOptions(telemetry=True, lookahead=la), batch_size=1)
+    assert (
+        reader_module.episode_bytes(ds.sources, ds.cam_offsets, ds.post) == (live, 2 * FRAME_BYTES)
+        and ds.pool_episodes() == 2
+    )
     samples = list(ds)
     assert sorted(check(s) for s in samples) == ALL
     t = summarize([samples[-1]["__telemetry__"]])
-    assert t["cache_bytes_peak"] <= la.cache_bytes
+    assert t["frame_cache_bytes_peak"] <= la.frame_cache_bytes
     assert t["frames_unique"] == distinct_frames(samples), "a frame was decoded twice"
     assert t["decode_calls"] > t["decoder_opens"], "no decode call was split at decode_bytes"
-    whole = list(WindowDataset(small, SPEC, seed=4, telemetry=True, lookahead=la, shuffle_episodes=None))
+    whole = list(WindowDataset(small, SPEC, seed=4, read=ReadOptions(telemetry=True, lookahead=la), shuffle=None))
     assert sorted(check(s) for s in whole) == ALL
     assert summarize([whole[-1]["__telemetry__"]])["frames_unique"] > distinct_frames(whole)

@@ -213,7 +213,7 @@ def test_a_steady_other_rate_or_unit_is_not_a_break_but_a_pause_in_it_is(tmp_pat
     index = WindowIndex.load_dataset(str(tmp_path))
     assert [index.row(e)["segment_starts"] for e in range(index.num_episodes)] == [[], [30], [], []]
     # Every row still anchors a window, and shows its own frame.
-    ds = WindowDataset(str(tmp_path), WindowSpec(cameras={CAM: (-1, 0)}, action_horizon=1), shuffle_episodes=0)
+    ds = WindowDataset(str(tmp_path), WindowSpec(cameras={CAM: (-1, 0)}, action_horizon=1), shuffle=0)
     got = sorted(
         (s["dataset"], int(s["episode_index"]), int(s["frame_index"]), decode_frame_number(s[CAM][1])) for s in ds
     )
@@ -236,7 +236,7 @@ def _planned(ds: WindowDataset) -> set[tuple[int, int]]:
 
 def test_inside_windows_never_cross_a_break(broken):
     out, _ = broken
-    ds = WindowDataset(out, _spec("inside"), seed=0, shuffle_episodes=0)
+    ds = WindowDataset(out, _spec("inside"), seed=0, shuffle=0)
     # Window rows span anchor-4 .. anchor+4: anchors keep 4 rows from every segment edge.
 
     def inside(a: int, b: int) -> list[int]:
@@ -256,7 +256,7 @@ def test_inside_windows_never_cross_a_break(broken):
 
 def test_pad_windows_are_padded_at_a_break_like_at_an_episode_edge(broken):
     out, _ = broken
-    ds = WindowDataset(out, _spec("pad"), seed=0, shuffle_episodes=0)
+    ds = WindowDataset(out, _spec("pad"), seed=0, shuffle=0)
     assert _planned(ds) == {(e, a) for e in range(3) for a in range(ROWS)}
     seen = 0
     for s in ds:
@@ -330,6 +330,6 @@ def test_no_cameras_option_converts_state_and_action_only(tmp_path, capsys):
     assert "not converted: state and action only" in capsys.readouterr().out
     index = WindowIndex.load_dataset(str(tmp_path / "out"))
     assert index.num_episodes == 2 and index.cam_names.to_pylist() == [] and index.num_rows.tolist() == [12, 9]
-    ds = WindowDataset(str(tmp_path / "out"), WindowSpec(cameras={}, action_horizon=2), shuffle_episodes=0)
+    ds = WindowDataset(str(tmp_path / "out"), WindowSpec(cameras={}, action_horizon=2), shuffle=0)
     rows = sorted((int(s["episode_index"]), float(s["observation.state"][0, 0])) for s in ds)
     assert rows == [(0, float(r)) for r in range(11)] + [(1, float(r)) for r in range(8)]

@@ -14,6 +14,7 @@ from conftest import shared_dataset
 from videogen import convert_numbered, decode_frame_number
 
 from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
+from epishard.stream.options import Mixing
 
 CAM = "observation.images.cam"
 LENGTHS = {20: [14, 11], 30: [19, 16]}
@@ -149,7 +150,7 @@ def test_real_so101_20fps_and_unitree_30fps_with_one_delta_timestamps(tmp_path):
         boundary="pad",
     )
     camera_map = [{"front": "observation.images.cam0"}, {"front": "observation.images.cam_high"}]
-    ds = WindowDataset(outs, spec, camera_map=camera_map, postprocess=PostProcess(size=(32, 32)))
+    ds = WindowDataset(outs, spec, mix=Mixing(camera_map=camera_map), postprocess=PostProcess(size=(32, 32)))
     assert [s.action_offsets for s in ds.layout.specs] == [(0, 2, 4), (0, 3, 6)]
     assert [s.cameras for s in ds.layout.specs] == [{"front": (-2, 0)}, {"front": (-3, 0)}]
     tables = [next(e for e in read_lerobot(str(r)).episodes if e.episode_index == 0).load_table()[0] for r in roots]

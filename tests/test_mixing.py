@@ -16,6 +16,7 @@ from videogen import decode_frame_number, make_episode_table, make_video
 
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, WindowIndex, convert
 from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, World
+from epishard.stream.options import Mixing, Ranks
 from epishard.stream.select import Selection, select_episodes, split_val
 
 FPS = 20
@@ -99,7 +100,7 @@ def _check(s: dict, spec: WindowSpec = SPEC) -> None:
 
 
 def test_mixing_robots_with_other_cameras_and_widths(mix):
-    ds = WindowDataset([(mix[0], 1.0), (mix[1], 1.0)], SPEC, seed=0, camera_map=CAMERA_MAP)
+    ds = WindowDataset([(mix[0], 1.0), (mix[1], 1.0)], SPEC, seed=0, mix=Mixing(camera_map=CAMERA_MAP))
     samples = list(ds)
     keys = {frozenset(s) for s in samples}
     assert len(keys) == 1  # every sample has the model's keys, whatever its dataset
@@ -111,7 +112,11 @@ def test_mixing_robots_with_other_cameras_and_widths(mix):
         _check(s)
     # Batches collate (the failure of issue 13: KeyError / "stack expects each tensor to be equal size").
     batch = next(
-        iter(WindowLoader(WindowDataset([mix[0], mix[1]], SPEC, camera_map=CAMERA_MAP), batch_size=len(windows)))
+        iter(
+            WindowLoader(
+                WindowDataset([mix[0], mix[1]], SPEC, mix=Mixing(camera_map=CAMERA_MAP)), batch_size=len(windows)
+            )
+        )
     )
     assert batch["front"].shape == (len(windows), 3, 3, 32, 32) and batch["action_dim_is_pad"].shape == (
         len(windows),
@@ -122,7 +127,7 @@ def test_mixing_robots_with_other_cameras_and_widths(mix):
 
 def test_each_dataset_is_normalised_by_its_own_statistics_before_padding(mix):
     spec = WindowSpec(cameras={"front": (0,)}, action_horizon=2, boundary="pad", per_episode_count=2)
-    ds = WindowDataset([mix[0], mix[1]], spec, camera_map=CAMERA_MAP, normalize={"action": "mean_std"})
+    ds = WindowDataset([mix[0], mix[1]], spec, mix=Mixing(camera_map=CAMERA_MAP), normalize={"action": "mean_std"})
     for s in ds:
         d = int(s["dataset"])
         stats = ds.sources[d].manifest.stats["action"]
@@ -136,24 +141,26 @@ def test_each_dataset_is_normalised_by_its_own_statistics_before_padding(mix):
 
 def test_pad_dims_given_width_and_refusals(mix):
     spec = WindowSpec(cameras={"front": (0,)}, action_horizon=1, per_episode_count=1)
-    ds = WindowDataset([mix[0], mix[1]], spec, camera_map=CAMERA_MAP, pad_dims={"action": 8})
+    ds = WindowDataset([mix[0], mix[1]], spec, mix=Mixing(camera_map=CAMERA_MAP, pad_dims={"action": 8}))
     s = next(iter(ds))
     assert s["action"].shape == (1, 8) and s["observation.state"].shape == (1, 6)
     assert s["action_dim_is_pad"].tolist() == [j >= WIDTHS[int(s["dataset"])]["action"] for j in range(8)]
     # One dataset, pad_dims=True: masks with no padded dimension, the same keys as in a mix.
-    one = next(iter(WindowDataset(mix[1], WindowSpec(cameras={"observation.images.head": (0,)}), pad_dims=True)))
+    one = next(
+        iter(WindowDataset(mix[1], WindowSpec(cameras={"observation.images.head": (0,)}), mix=Mixing(pad_dims=True)))
+    )
     assert one["observation.state_dim_is_pad"].tolist() == [False] * 6
     with pytest.raises(ValueError, match=r"pad_dims\['action'\] = 4 is narrower than the data: .*b has \[5\]"):
-        WindowDataset([mix[0], mix[1]], spec, camera_map=CAMERA_MAP, pad_dims={"action": 4})
+        WindowDataset([mix[0], mix[1]], spec, mix=Mixing(camera_map=CAMERA_MAP, pad_dims={"action": 4}))
     with pytest.raises(ValueError, match=r"column 'observation.state' differs in width across the mix"):
-        WindowDataset([mix[0], mix[1]], spec, camera_map=CAMERA_MAP, pad_dims=False)
+        WindowDataset([mix[0], mix[1]], spec, mix=Mixing(camera_map=CAMERA_MAP, pad_dims=False))
     refuse = WindowSpec(cameras={"front": (0,), "wrist": (0,)}, missing_cameras="refuse")
     with pytest.raises(
         KeyError, match=r"b: window spec names cameras \['wrist'\]; the dataset has \['observation.images.head'\]"
     ):
-        WindowDataset([mix[0], mix[1]], refuse, camera_map=CAMERA_MAP)
+        WindowDataset([mix[0], mix[1]], refuse, mix=Mixing(camera_map=CAMERA_MAP))
     with pytest.raises(ValueError, match=r"b: camera_map maps 'front' -> 'observation.images.top'"):
-        WindowDataset([mix[0], mix[1]], spec, camera_map=[None, {"front": "observation.images.top"}])
+        WindowDataset([mix[0], mix[1]], spec, mix=Mixing(camera_map=[None, {"front": "observation.images.top"}]))
     with pytest.raises(KeyError, match=r"cameras \['side'\] that no dataset has"):
         WindowDataset([mix[0], mix[1]], WindowSpec(cameras={"side": (0,)}))
 
@@ -165,7 +172,11 @@ def test_batch_by_dataset_keeps_batches_whole_equal_and_exactly_once(mix, worker
     per_rank, seen = [], []
     for rank in range(world):
         ds = WindowDataset(
-            [mix[0], mix[1]], spec, seed=3, camera_map=CAMERA_MAP, batch_by_dataset=True, rank=rank, world_size=world
+            [mix[0], mix[1]],
+            spec,
+            seed=3,
+            mix=Mixing(camera_map=CAMERA_MAP, batch_by_dataset=True),
+            ranks=Ranks(rank=rank, world_size=world),
         )
         loader = WindowLoader(ds, batch_size=batch_size, num_workers=workers)
         batches = list(loader)
@@ -191,22 +202,24 @@ def test_probability_weights_set_each_dataset_share_of_an_epoch(mix):
     total = sum(A_LENGTHS) + sum(B_LENGTHS)
     counts = []
     for epoch in range(2):
-        ds = WindowDataset([(mix[0], 3.0), (mix[1], 1.0)], spec, seed=1, camera_map=CAMERA_MAP, weights="probability")
+        ds = WindowDataset(
+            [(mix[0], 3.0), (mix[1], 1.0)], spec, seed=1, mix=Mixing(camera_map=CAMERA_MAP, weights="probability")
+        )
         plan = ds.plan(epoch, World())
         by = collections.Counter(ds._locate(int(e))[0] for e in plan.episode)
         counts.append(by)
         # Each episode's count is a stochastic rounding (off by less than 1): the share is exact up to that.
         assert abs(by[0] - 0.75 * total) < len(A_LENGTHS) and abs(by[1] - 0.25 * total) < len(B_LENGTHS)
         again = WindowDataset(
-            [(mix[0], 3.0), (mix[1], 1.0)], spec, seed=1, camera_map=CAMERA_MAP, weights="probability"
+            [(mix[0], 3.0), (mix[1], 1.0)], spec, seed=1, mix=Mixing(camera_map=CAMERA_MAP, weights="probability")
         )
         assert again.plan(epoch, World()).anchor.tolist() == plan.anchor.tolist()  # seeded
     fixed = WindowDataset(
-        [(mix[0], 1.0), (mix[1], 1.0)], spec, camera_map=CAMERA_MAP, weights="probability", epoch_length=200
+        [(mix[0], 1.0), (mix[1], 1.0)], spec, mix=Mixing(camera_map=CAMERA_MAP, weights="probability", epoch_length=200)
     )
     assert abs(len(fixed.plan(0, World())) - 200) < len(A_LENGTHS) + len(B_LENGTHS)
     with pytest.raises(ValueError, match="weights must be 'repeat' or 'probability'"):
-        WindowDataset(mix[0], spec, weights="share")
+        WindowDataset(mix[0], spec, mix=Mixing(weights="share"))
 
 
 def test_any_delta_timestamps_past_actions_irregular_offsets_and_columns(mix):
@@ -286,7 +299,10 @@ def test_select_episodes_from_the_index(mix):
     # In a dataset: only the selected episodes' windows are planned (and read), per dataset.
     spec = WindowSpec(cameras={"front": (0,)}, boundary="pad")
     ds = WindowDataset(
-        [mix[0], mix[1]], spec, camera_map=CAMERA_MAP, select=[Selection(episodes=[1]), Selection(task_regex="cube")]
+        [mix[0], mix[1]],
+        spec,
+        mix=Mixing(camera_map=CAMERA_MAP),
+        select=[Selection(episodes=[1]), Selection(task_regex="cube")],
     )
     samples = list(ds)
     got = {(int(s["dataset"]), int(s["episode_index"])) for s in samples}
@@ -297,7 +313,7 @@ def test_select_episodes_from_the_index(mix):
 def test_float_frames_and_padding_through_the_loader(mix):
     spec = WindowSpec(cameras={"front": (0,), "wrist": (0,)}, boundary="pad", per_episode_count=2)
     post = PostProcess(size=(16, 16), dtype=torch.float32)
-    ds = WindowDataset([mix[0], mix[1]], spec, camera_map=CAMERA_MAP, postprocess=post)
+    ds = WindowDataset([mix[0], mix[1]], spec, mix=Mixing(camera_map=CAMERA_MAP), postprocess=post)
     batch = next(iter(WindowLoader(ds, batch_size=14)))  # all 14 windows (7 episodes x 2)
     assert batch["front"].dtype == batch["wrist"].dtype == torch.float32
     assert batch["wrist"].shape == batch["front"].shape == (14, 1, 3, 16, 16)
@@ -310,7 +326,7 @@ def test_batch_by_dataset_resumes_exactly(mix):
     spec = WindowSpec(cameras={"front": (0,)}, boundary="pad", stride=2)
 
     def loader():
-        ds = WindowDataset([mix[0], mix[1]], spec, seed=4, camera_map=CAMERA_MAP, batch_by_dataset=True)
+        ds = WindowDataset([mix[0], mix[1]], spec, seed=4, mix=Mixing(camera_map=CAMERA_MAP, batch_by_dataset=True))
         return WindowLoader(ds, batch_size=3)
 
     def keys(batch):
@@ -336,7 +352,11 @@ def test_batch_by_dataset_resumes_under_another_world_size(mix):
 
     def loader(rank, world):
         ds = WindowDataset(
-            [mix[0], mix[1]], spec, seed=5, camera_map=CAMERA_MAP, batch_by_dataset=True, rank=rank, world_size=world
+            [mix[0], mix[1]],
+            spec,
+            seed=5,
+            mix=Mixing(camera_map=CAMERA_MAP, batch_by_dataset=True),
+            ranks=Ranks(rank=rank, world_size=world),
         )
         return WindowLoader(ds, batch_size=3)
 
@@ -380,7 +400,7 @@ def test_real_cloth_and_g1_mix(tmp_path):
     spec = WindowSpec(
         cameras={"front": (0, 4), "wrist": (0,)}, state_offsets=(0,), action_horizon=3, per_episode_count=4
     )
-    ds = WindowDataset(outs, spec, camera_map=camera_map, postprocess=PostProcess(size=(32, 32)))
+    ds = WindowDataset(outs, spec, mix=Mixing(camera_map=camera_map), postprocess=PostProcess(size=(32, 32)))
     tables = [next(e for e in read_lerobot(str(r)).episodes if e.episode_index == 0).load_table()[0] for r in roots]
     samples = list(ds)
     assert {int(s["dataset"]) for s in samples} == {0, 1} and len({frozenset(s) for s in samples}) == 1
@@ -399,7 +419,7 @@ def test_cost_balanced_reader_over_a_mapped_mix(mix):
     from epishard.balance.streaming import BalancedWindowDataset
 
     spec = WindowSpec(cameras={"front": (0, 2), "wrist": (0,)}, boundary="pad", per_episode_count=2)
-    ds = BalancedWindowDataset([mix[0], mix[1]], spec, batch_size=2, camera_map=CAMERA_MAP)
+    ds = BalancedWindowDataset([mix[0], mix[1]], spec, batch_size=2, mix=Mixing(camera_map=CAMERA_MAP))
     samples = list(ds)
     assert len(samples) == 14 and len({frozenset(s) for s in samples}) == 1
     # Padding costs no decoding: a window of B (front only) costs less than one of A (front and wrist).

@@ -19,6 +19,7 @@ from epishard.format.storage import FileSystemHandle, Storage
 from epishard.seeding import rng_for
 from epishard.stream import DatasetSource, WindowDataset
 from epishard.stream.lookahead import Lookahead
+from epishard.stream.options import ReadOptions
 from epishard.stream.plan import shard_order
 from epishard.stream.telemetry import FIELDS, summarize
 
@@ -84,7 +85,9 @@ def test_the_fetcher_counts_into_the_telemetry_names(intact):
     from faultgen import SPEC
 
     # One look-ahead chunk for the epoch: each episode fetched once, in shard order.
-    samples = list(WindowDataset(intact, SPEC, seed=5, telemetry=True, lookahead=Lookahead(first=4096)))
+    samples = list(
+        WindowDataset(intact, SPEC, seed=5, read=ReadOptions(telemetry=True, lookahead=Lookahead(first=4096)))
+    )
     totals = summarize([s["__telemetry__"] for s in samples])
     assert {"bytes_read", "requests", "retries", "range_ignored", "cache_hits", "read_s"} <= set(FIELDS)
     # Stream mode: one request per shard (under chunk_bytes), covering the members every episode needs.

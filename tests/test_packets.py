@@ -14,6 +14,7 @@ from epishard.format.index import WindowIndex
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import WindowDataset, WindowSpec, packets
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.options import ReadOptions
 from epishard.stream.packets import plan_runs, run_bytes
 from epishard.stream.telemetry import summarize
 
@@ -111,7 +112,7 @@ def test_only_the_needed_groups_of_pictures_are_read_and_one_decoder_serves_all_
     assert index.has_packets(np.arange(4)).all()
     video_bytes = int(index.cam_size.sum())
     exact = FetchPolicy(coalesce_bytes=0)  # no gaps read between ranges: what is read is what is asked
-    samples = list(WindowDataset(root, SPEC, seed=3, telemetry=True, fetch=exact))
+    samples = list(WindowDataset(root, SPEC, seed=3, read=ReadOptions(telemetry=True, fetch=exact)))
     for s in samples:  # frame identity
         rows = np.clip(int(s["frame_index"]) + np.array([0, 4, 8, 12]), 0, 119)
         assert [decode_frame_number(f) for f in s[CAM]] == (1000 * int(s["episode_index"]) + rows).tolist()
@@ -124,7 +125,9 @@ def test_only_the_needed_groups_of_pictures_are_read_and_one_decoder_serves_all_
     whole = summarize(
         [
             s["__telemetry__"]
-            for s in WindowDataset(root, SPEC, seed=3, telemetry=True, fetch=FetchPolicy(packets=False))
+            for s in WindowDataset(
+                root, SPEC, seed=3, read=ReadOptions(telemetry=True, fetch=FetchPolicy(packets=False))
+            )
         ]
     )
     assert whole["bytes_read"] >= video_bytes  # the members whole, as before
@@ -147,7 +150,7 @@ def test_a_damaged_packet_is_an_error_never_a_frame(tmp_path):
     _damage_packet(root, 0, 3)
     spec = WindowSpec(cameras={CAM: (0,)}, boundary="pad")
     with pytest.raises(Exception, match="CRC-32"):
-        list(WindowDataset(root, spec, seed=0, fetch=FetchPolicy(on_shard_error="raise")))
+        list(WindowDataset(root, spec, seed=0, read=ReadOptions(fetch=FetchPolicy(on_shard_error="raise"))))
     with pytest.warns(UserWarning, match="CRC-32"):
         samples = list(WindowDataset(root, spec, seed=0))
     for s in samples:  # every frame returned is its row's; episode 0's windows are flagged substitutes
@@ -164,7 +167,10 @@ def test_both_read_paths_give_the_same_pixels_resized(tmp_path):
     root = _dataset(tmp_path, episodes=2, frames=60, gop=4, codec="h264")
     post = PostProcess(size=(48, 40))
     a = [s[CAM] for s in WindowDataset(root, SPEC, seed=1, postprocess=post)]
-    b = [s[CAM] for s in WindowDataset(root, SPEC, seed=1, postprocess=post, fetch=FetchPolicy(packets=False))]
+    b = [
+        s[CAM]
+        for s in WindowDataset(root, SPEC, seed=1, postprocess=post, read=ReadOptions(fetch=FetchPolicy(packets=False)))
+    ]
     assert torch.equal(torch.stack(a), torch.stack(b))
 
 
@@ -212,7 +218,9 @@ def test_key_packets_are_flagged_so_intra_codecs_decode_each_frame_alone(tmp_pat
     spec = WindowSpec(cameras={CAM: offsets}, boundary="pad")
     for packets_path in (True, False):
         samples = list(
-            WindowDataset(root, spec, seed=1, fetch=FetchPolicy(packets=packets_path, on_shard_error="raise"))
+            WindowDataset(
+                root, spec, seed=1, read=ReadOptions(fetch=FetchPolicy(packets=packets_path, on_shard_error="raise"))
+            )
         )
         assert len(samples) == 120
         for s in samples:
@@ -227,7 +235,7 @@ def test_a_codec_outside_the_tested_set_is_read_whole(tmp_path, monkeypatch):
     assert packets.readable(index, np.arange(2)).all()
     monkeypatch.setattr(packets, "PACKET_CODECS", frozenset({"av1"}))
     assert not packets.readable(index, np.arange(2)).any()
-    samples = list(WindowDataset(root, SPEC, seed=3, telemetry=True))
+    samples = list(WindowDataset(root, SPEC, seed=3, read=ReadOptions(telemetry=True)))
     for s in samples:
         rows = np.clip(int(s["frame_index"]) + np.array([0, 4, 8, 12]), 0, 29)
         assert [decode_frame_number(f) for f in s[CAM]] == (1000 * int(s["episode_index"]) + rows).tolist()

@@ -8,7 +8,6 @@ orders) over grids of world sizes x workers, datasets, seeds and epochs.
 from __future__ import annotations
 
 import collections
-import itertools
 import math
 from types import SimpleNamespace
 
@@ -20,7 +19,6 @@ from epishard.stream.plan import (
     EpisodeTable,
     PerEpisode,
     World,
-    buffer_shuffle,
     episode_order,
     global_plan,
     select_anchors,
@@ -152,42 +150,6 @@ def all_worker_plans(table, world, workers, *, stride, per_episode, seed, epoch,
         ]
         for r in range(world)
     ]
-
-
-def replay_buffer(window_episode, cost_bytes, order, capacity, capacity_bytes):
-    """Replay a yield order against arrival: episodes arrive whole, in order, whenever the buffer holds at
-    most ``capacity`` windows and ``capacity_bytes`` bytes; an episode's bytes are freed when its last
-    window is yielded. Asserts no window is yielded before it arrived or twice; returns the most windows
-    and bytes ever held."""
-    n = window_episode.size
-    starts = np.flatnonzero(np.r_[True, window_episode[1:] != window_episode[:-1]]) if n else np.zeros(0, int)
-    ends = np.r_[starts[1:], n]
-    arrived = np.zeros(n, dtype=bool)
-    yielded = np.zeros(n, dtype=bool)
-    remaining: dict[int, int] = {}
-    held = held_bytes = max_held = max_bytes = 0
-    nxt = 0
-    for w in order.tolist():
-        while nxt < starts.size and held <= capacity and held_bytes <= capacity_bytes:
-            a, b = int(starts[nxt]), int(ends[nxt])
-            e = int(window_episode[a])
-            arrived[a:b] = True
-            remaining[e] = remaining.get(e, 0) + (b - a)
-            held += b - a
-            held_bytes += int(cost_bytes[e])
-            nxt += 1
-        max_held, max_bytes = max(max_held, held), max(max_bytes, held_bytes)
-        assert arrived[w], f"window {w} yielded before its episode arrived"
-        assert not yielded[w], f"window {w} yielded twice"
-        yielded[w] = True
-        held -= 1
-        e = int(window_episode[w])
-        remaining[e] -= 1
-        if remaining[e] == 0:
-            del remaining[e]
-            held_bytes -= int(cost_bytes[e])
-    assert yielded.all() and nxt == starts.size and held == 0 and held_bytes == 0
-    return max_held, max_bytes
 
 
 # --- 1. exactly once, equal steps ----------------------------------------------------------------
@@ -452,108 +414,7 @@ def test_many_shards_few_consumers(world, workers):
             assert joined == order
 
 
-# --- 4. buffer_shuffle ---------------------------------------------------------------------------
-
-
-def _arrivals(rng, num_episodes, lo=1, hi=60):
-    sizes = rng.integers(lo, hi, size=num_episodes)
-    eps = rng.permutation(10 * num_episodes)[:num_episodes]  # arbitrary episode ids, not in order
-    window_episode = np.repeat(eps, sizes).astype(np.int64)
-    cost = np.zeros(10 * num_episodes, dtype=np.int64)
-    cost[eps] = rng.integers(1_000, 50_000, size=num_episodes)
-    return window_episode, cost
-
-
-@pytest.mark.parametrize(
-    "capacity,capacity_bytes",
-    [(0, 0), (1, 10**12), (10, 10**12), (200, 10**12), (10**6, 10**12), (10**6, 60_000), (50, 200_000), (10**6, 0)],
-)
-def test_buffer_shuffle_permutation_and_bounded_memory(capacity, capacity_bytes):
-    for k in range(4):
-        rng = np.random.default_rng(100 + k)
-        window_episode, cost = _arrivals(rng, 40)
-        out = buffer_shuffle(window_episode, cost, capacity, capacity_bytes, np.random.default_rng(k))
-        assert out.dtype == np.int64 and sorted(out.tolist()) == list(range(window_episode.size))
-        max_block = int(np.max(np.unique(window_episode, return_counts=True)[1]))
-        max_held, max_bytes = replay_buffer(window_episode, cost, out, capacity, capacity_bytes)
-        assert max_held <= capacity + max_block
-        assert max_bytes <= capacity_bytes + int(cost.max())
-        again = buffer_shuffle(window_episode, cost, capacity, capacity_bytes, np.random.default_rng(k))
-        assert np.array_equal(out, again)
-
-
-def test_buffer_shuffle_zero_capacity_keeps_episode_order():
-    """capacity 0 (windows and bytes): each episode is yielded as soon as it arrives, so episodes come out
-    in read order, each as one contiguous block (its own windows may be mixed inside the block)."""
-    rng = np.random.default_rng(3)
-    window_episode, cost = _arrivals(rng, 30)
-    for cap, cap_bytes in [(0, 0), (0, 10**12), (10**6, 0)]:
-        out = buffer_shuffle(window_episode, cost, cap, cap_bytes, np.random.default_rng(1))
-        assert runs(window_episode[out].tolist()) == runs(window_episode.tolist())
-        block = np.cumsum(np.r_[True, window_episode[1:] != window_episode[:-1]])
-        assert np.all(np.diff(block[out]) >= 0)  # no window of a later episode before an earlier one's
-
-
-def test_buffer_shuffle_large_capacity_mixes():
-    rng = np.random.default_rng(4)
-    window_episode, cost = _arrivals(rng, 30)
-    n = window_episode.size
-    out = buffer_shuffle(window_episode, cost, 10**6, 10**12, np.random.default_rng(0))
-    assert not np.array_equal(out, np.arange(n))
-    # the whole epoch sits in the buffer: the first windows come from all over the arrival order
-    assert out[: n // 10].max() > n // 2
-    assert len(runs(window_episode[out].tolist())) > n // 2
-
-
-def test_buffer_shuffle_edge_inputs():
-    empty = buffer_shuffle(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), 8, 8, np.random.default_rng(0))
-    assert empty.size == 0 and empty.dtype == np.int64
-    one = buffer_shuffle(np.array([5], dtype=np.int64), np.zeros(6, dtype=np.int64), 0, 0, np.random.default_rng(0))
-    assert one.tolist() == [0]
-
-
-def _distinct_per_batch(capacity, capacity_bytes=10**12, batch=8, seeds=range(5)):
-    vals = []
-    for s in seeds:
-        rng = np.random.default_rng(200 + s)
-        window_episode, cost = _arrivals(rng, 60, 20, 60)
-        cost[cost > 0] = 10_000  # every episode costs the same: capacity_bytes = 10_000 * episodes held
-        out = buffer_shuffle(window_episode, cost, capacity, capacity_bytes, np.random.default_rng(s))
-        ye = window_episode[out]
-        nb = ye.size // batch
-        vals += [np.unique(ye[i * batch : (i + 1) * batch]).size for i in range(nb)]
-    return float(np.mean(vals))
-
-
-def test_buffer_shuffle_mixing_grows_with_capacity():
-    caps = [0, 8, 32, 128, 512, 4096]
-    figures = [_distinct_per_batch(c) for c in caps]
-    print(
-        "distinct episodes per 8-window batch by capacity:",
-        dict(zip(caps, [round(f, 2) for f in figures], strict=False)),
-    )
-    for prev, cur in itertools.pairwise(figures):
-        assert cur >= prev - 0.05
-    assert figures[0] < 1.3  # capacity 0: a batch spans one or two episodes
-    assert figures[-1] > 6.5  # the whole epoch buffered: nearly 8 different episodes per batch
-    assert figures[3] > figures[1] + 1.0
-
-
-def test_buffer_shuffle_mixing_grows_with_capacity_bytes():
-    """A byte-bounded buffer holds about capacity_bytes / cost episodes (and frees an episode's bytes once
-    its last window is out), so it keeps mixing through the epoch."""
-    held = [0, 2, 8, 32, 100]
-    figures = [_distinct_per_batch(10**6, 10_000 * k) for k in held]
-    print(
-        "distinct episodes per 8-window batch by episodes' bytes held:",
-        dict(zip(held, [round(f, 2) for f in figures], strict=False)),
-    )
-    for prev, cur in itertools.pairwise(figures):
-        assert cur >= prev - 0.05
-    assert figures[0] < 1.3 and figures[2] > 3.0 and figures[-1] > 6.5
-
-
-# --- 5. select_anchors ---------------------------------------------------------------------------
+# --- 4. select_anchors ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("lo,hi,stride", [(0, 10, 1), (32, 285, 1), (32, 285, 4), (5, 6, 3), (0, 100, 7)])
@@ -627,7 +488,7 @@ def test_select_anchors_fractional_weight_stochastic_rounding():
     assert np.all(np.abs(per_ep[light] - 0.45 * n[light]) < 1)
 
 
-# --- 6. WindowSpec -------------------------------------------------------------------------------
+# --- 5. WindowSpec -------------------------------------------------------------------------------
 
 
 def test_segment():
@@ -703,21 +564,6 @@ def test_window_spec_validation():
             WindowSpec(**kw)
     assert WindowSpec(per_episode_fraction=1.0).sampling == PerEpisode(fraction=1.0)
     assert WindowSpec(per_episode_count=5).sampling == PerEpisode(count=5)
-
-
-def test_per_episode_old_forms_still_work_with_a_deprecation_warning():
-    """``per_episode=1`` meant one window and ``1.0`` all of them; both still mean that, with a warning."""
-    with pytest.warns(DeprecationWarning, match="per_episode_count"):
-        assert WindowSpec(per_episode=1).sampling == PerEpisode(count=1)
-    with pytest.warns(DeprecationWarning, match="fraction"):
-        assert WindowSpec(per_episode=1.0).sampling == PerEpisode(fraction=1.0)
-    for bad in (0.0, 1.5, -1):
-        with pytest.raises(ValueError), pytest.warns(DeprecationWarning):
-            WindowSpec(per_episode=bad)
-    with pytest.warns(DeprecationWarning):
-        assert select_anchors(0, 10, 1, 3, 1.0, np.random.default_rng(0)).size == 3
-    with pytest.raises(ValueError):
-        WindowSpec(per_episode_count=1, per_episode=2)
 
 
 def test_expected_windows_is_the_count_the_planner_draws():
@@ -908,7 +754,7 @@ def test_recording_breaks_remove_exactly_the_crossing_anchors(seed):
 
 
 def test_stable_argsort_is_numpys_stable_argsort_on_keys_with_many_ties():
-    from epishard.stream.plan import stable_argsort
+    from epishard.stream.shuffle import stable_argsort
 
     rng = np.random.default_rng(3)
     ties = 0

@@ -16,6 +16,7 @@ from videogen import make_episode_table, make_video
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert, verify
 from epishard.stream import WindowDataset, WindowSpec, segment
 from epishard.stream.fetch import FetchError, FetchPolicy
+from epishard.stream.options import ReadOptions
 from epishard.stream.telemetry import summarize
 
 LENGTHS = [40, 25, 33, 47, 30]
@@ -48,7 +49,7 @@ def local(tmp_path_factory):
 
 
 def _samples(url: str, workers: int = 0, **kw) -> list[dict]:
-    ds = WindowDataset(url, SPEC, seed=4, telemetry=True, **kw)
+    ds = WindowDataset(url, SPEC, seed=4, read=ReadOptions(telemetry=True, **kw))
     if workers == 0:
         return list(ds)
     loader = DataLoader(ds, batch_size=None, num_workers=workers)
@@ -185,7 +186,7 @@ def test_ranged_mode_reads_only_the_cameras_asked_for(local):
             policy = FetchPolicy(
                 mode="ranged" if mode == "packets" else mode, coalesce_bytes=1024, packets=mode == "packets"
             )
-            samples = list(WindowDataset(base, one, seed=4, telemetry=True, fetch=policy))
+            samples = list(WindowDataset(base, one, seed=4, read=ReadOptions(telemetry=True, fetch=policy)))
             totals[mode] = summarize([s["__telemetry__"] for s in samples])["bytes_read"]
     finally:
         server.shutdown()
@@ -211,7 +212,7 @@ def test_local_cache_serves_repeat_epochs_and_never_stale_data(local, tmp_path):
     server, _ = serve_http(local)
     proxy = FaultProxy(server.server_address)
     url, cache = f"http://127.0.0.1:{proxy.port}", str(tmp_path / "cache")
-    policy = FetchPolicy(cache_dir=cache, cache_bytes=10 << 20, retries=0, on_shard_error="raise")
+    policy = FetchPolicy(cache_dir=cache, disk_cache_bytes=10 << 20, retries=0, on_shard_error="raise")
     try:
         first = _samples(url, fetch=policy)
         proxy.cut_after, proxy.cuts = 1, -1  # from now on every shard read through the network fails

@@ -1,4 +1,4 @@
-"""Property tests of the plan-level shuffle (``stream.plan.pool_shuffle``, ``shuffle_episodes``) and of
+"""Property tests of the plan-level shuffle (``stream.shuffle.pool_shuffle``, ``shuffle_episodes``) and of
 the consumer-local planning (``consumer_plan``, ``plan_shape``).
 
 Pure functions, exact values: permutations, pool boundaries, determinism, and the measured
@@ -7,13 +7,13 @@ distinct episodes per batch of a tiny plan against ``expected_distinct``.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 
 from epishard.stream import plan as P
-from epishard.stream.plan import EpisodeTable, PerEpisode, World, pool_shuffle, rng_for, worker_plan
+from epishard.stream import shuffle as S
+from epishard.stream.plan import EpisodeTable, PerEpisode, World, rng_for, worker_plan
+from epishard.stream.shuffle import pool_shuffle
 
 
 def _windows(rng, episodes, lo=1, hi=30):
@@ -87,24 +87,24 @@ def test_measured_diversity_matches_the_formula(pool, per_episode, batch):
     measured = np.mean(
         [_distinct_per_batch(read[pool_shuffle(read, pool, np.random.default_rng(s))], batch) for s in range(20)]
     )
-    want = P.expected_distinct(np.full(pool, per_episode), batch)
+    want = S.expected_distinct(np.full(pool, per_episode), batch)
     straddle = batch / (pool * per_episode)  # share of batches that cross a pool boundary
     assert want - 0.05 <= measured <= want + 0.05 + straddle * batch
     assert want >= pool * (1 - (1 - 1 / pool) ** batch) - 1e-9  # the with-replacement bound
 
 
 def test_expected_distinct_known_values_and_the_default_rule():
-    assert P.expected_distinct(np.ones(50), 8) == pytest.approx(8.0)  # one window each: all distinct
-    assert P.expected_distinct(np.array([8]), 8) == pytest.approx(1.0)
-    assert P.expected_distinct(np.array([4, 4]), 8) == pytest.approx(2.0)
-    assert P.expected_distinct(np.array([5, 5]), 2) == pytest.approx(2 * (1 - (5 * 4) / (10 * 9)))
-    assert P.expected_distinct(np.zeros(0), 8) == 0.0
+    assert S.expected_distinct(np.ones(50), 8) == pytest.approx(8.0)  # one window each: all distinct
+    assert S.expected_distinct(np.array([8]), 8) == pytest.approx(1.0)
+    assert S.expected_distinct(np.array([4, 4]), 8) == pytest.approx(2.0)
+    assert S.expected_distinct(np.array([5, 5]), 2) == pytest.approx(2 * (1 - (5 * 4) / (10 * 9)))
+    assert S.expected_distinct(np.zeros(0), 8) == 0.0
     for batch in (1, 2, 8, 32, 256, 1024):
-        pool = P.default_shuffle_episodes(batch)
+        pool = S.default_shuffle_episodes(batch)
         assert pool == 8 * batch
-        worst = P.expected_distinct(np.full(pool, 10_000), batch)  # many windows per episode: the bound
+        worst = S.expected_distinct(np.full(pool, 10_000), batch)  # many windows per episode: the bound
         assert worst >= 0.94 * batch
-    assert P.default_shuffle_episodes(None) == 512
+    assert S.default_shuffle_episodes(None) == 512
 
 
 def _table(n=60, shards=9, seed=0, stratified=False):
@@ -150,18 +150,6 @@ def test_worker_plan_yields_its_windows_pooled_in_read_order():
         position = {e: i for i, e in enumerate(wp.read_order.tolist())}
         pools = np.array([position[e] for e in wp.episode.tolist()]) // (pool or len(position))
         assert np.all(np.diff(pools) >= 0)
-
-
-def test_deprecated_buffer_options_still_work_with_a_warning():
-    table = _table()
-    kw = dict(stride=1, per_episode=None, seed=0, epoch=0, world=World())
-    with pytest.warns(DeprecationWarning, match="shuffle_episodes"):
-        read = worker_plan(table, **kw, shuffle_windows=0, shuffle_bytes=1 << 30)
-    plain = P.consumer_plan(table, 1, None, 0, 0, 1, 0)
-    assert np.array_equal(read.episode, plain.episode) and np.array_equal(read.anchor, plain.anchor)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        worker_plan(table, **kw, shuffle_episodes=3)  # the new option warns nothing
 
 
 def test_anchor_draws_are_counter_based_per_episode():

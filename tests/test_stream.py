@@ -16,6 +16,7 @@ from videogen import decode_frame_number, make_episode_table, make_video
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec, segment
 from epishard.stream.lookahead import Lookahead
+from epishard.stream.options import Ranks, ReadOptions
 from epishard.stream.telemetry import summarize
 
 FPS = 20
@@ -88,7 +89,9 @@ def _keys(samples) -> list[tuple[int, int]]:
 def test_every_window_decodes_the_frames_of_its_rows(dataset):
     # One look-ahead chunk holds the whole epoch (318 windows), so merged decoding is one call per
     # (episode, camera); tests/test_lookahead.py covers smaller horizons.
-    ds = WindowDataset(dataset, SPEC, seed=3, telemetry=True, lookahead=Lookahead(first=512, horizon=512))
+    ds = WindowDataset(
+        dataset, SPEC, seed=3, read=ReadOptions(telemetry=True, lookahead=Lookahead(first=512, horizon=512))
+    )
     for _epoch in range(2):
         samples = list(ds)
         assert sorted(_keys(samples)) == sorted((e, a) for e, n in enumerate(LENGTHS) for a in range(n))
@@ -114,7 +117,7 @@ def test_two_epochs_differ_and_seeds_repeat(dataset):
 
 def test_inside_mode_skips_short_episodes_and_counts_them(dataset):
     spec = WindowSpec(cameras={"observation.images.front": segment(0, 32, 9)}, action_horizon=4)
-    ds = WindowDataset(dataset, spec, telemetry=True)
+    ds = WindowDataset(dataset, spec, read=ReadOptions(telemetry=True))
     samples = list(ds)
     span = 33
     expected = sorted((e, a) for e, n in enumerate(LENGTHS) for a in range(0, n - span + 1))
@@ -127,7 +130,7 @@ def test_only_returned_frames_are_decoded_and_postprocessed(dataset):
     spec = WindowSpec(cameras={"observation.images.front": (0,)}, per_episode_count=2, boundary="pad")
     calls = []
     post = PostProcess(size=(32, 32), hook=lambda x: calls.append(x.shape[0]) or x)
-    ds = WindowDataset(dataset, spec, postprocess=post, telemetry=True)
+    ds = WindowDataset(dataset, spec, postprocess=post, read=ReadOptions(telemetry=True))
     samples = list(ds)
     assert sum(calls) == len(samples) == 2 * len(LENGTHS)  # 2 windows x 1 frame per episode, nothing more
     assert samples[0]["observation.images.front"].shape == (1, 3, 32, 32)
@@ -138,7 +141,7 @@ def test_ranks_and_workers_yield_each_window_once_and_equal_batches(dataset, wor
     spec = WindowSpec(cameras={"observation.images.front": (0,)}, stride=3, boundary="pad")
     seen, batches = collections.Counter(), []
     for rank in range(world):
-        ds = WindowDataset(dataset, spec, seed=5, rank=rank, world_size=world)
+        ds = WindowDataset(dataset, spec, seed=5, ranks=Ranks(rank=rank, world_size=world))
         loader = DataLoader(ds, batch_size=4, num_workers=workers if workers > 1 else 0)
         n = 0
         for batch in loader:
@@ -180,7 +183,7 @@ def test_resume_under_another_layout_without_every_rank_or_with_another_seed_is_
     """Another worker count or world size resumes (tests/test_elastic.py) only from every rank's
     state; one rank's state of a 2-rank run, or another seed, is refused with a clear message."""
     spec = WindowSpec(cameras={"observation.images.front": (0,)}, boundary="pad")
-    first = WindowLoader(WindowDataset(dataset, spec, rank=1, world_size=2), batch_size=2, num_workers=2)
+    first = WindowLoader(WindowDataset(dataset, spec, ranks=Ranks(rank=1, world_size=2)), batch_size=2, num_workers=2)
     it = iter(first)
     next(it)
     state = first.state_dict()

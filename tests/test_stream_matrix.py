@@ -26,6 +26,7 @@ from epishard.shardwriter.describe import describe
 from epishard.shardwriter.video import VideoProbe, probe, restamp, scan
 from epishard.stream import WindowDataset, WindowSpec
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.options import ReadOptions
 
 FPS = 20
 CAM = "observation.images.front"
@@ -152,7 +153,9 @@ def _check_patterns(out: str, shown: dict[int, list[int]]) -> None:
         for seed in (0, 1):
             by_path = []
             for packets in (True, False):
-                samples = list(WindowDataset(out, spec, seed=seed, fetch=FetchPolicy(packets=packets)))
+                samples = list(
+                    WindowDataset(out, spec, seed=seed, read=ReadOptions(fetch=FetchPolicy(packets=packets)))
+                )
                 for s in samples:
                     numbers = shown[int(s["episode_index"])]
                     rows = np.clip(int(s["frame_index"]) + np.asarray(spec.cameras[CAM]), 0, len(numbers) - 1)

@@ -20,6 +20,7 @@ from epishard.format.storage import NotARegularFile
 from epishard.shardwriter import ConvertOptions, convert, verify
 from epishard.stream import WindowDataset
 from epishard.stream.fetch import FetchError, FetchPolicy
+from epishard.stream.options import ReadOptions
 
 pytest.importorskip("aiohttp")
 SHORT = dict(connect_timeout_s=0.3, read_timeout_s=0.3, retries=1, backoff_s=0.01)
@@ -34,7 +35,7 @@ def watchdog():
 def _stream(url: str, **kw) -> tuple[list[dict], list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        samples = list(WindowDataset(url, SPEC, seed=5, **kw))
+        samples = list(WindowDataset(url, SPEC, seed=5, read=ReadOptions(**kw)))
     return samples, [str(w.message) for w in caught if "epishard: skipping" in str(w.message)]
 
 
@@ -64,7 +65,7 @@ def test_http_endpoint_that_never_answers_fails_with_a_timeout():
     silent = SilentServer()
     try:
         with pytest.raises(FetchError, match=r"manifest.json: .*Timeout.*after 1 retries"):
-            WindowDataset(silent.url, SPEC, fetch=FetchPolicy(**SHORT))
+            WindowDataset(silent.url, SPEC, read=ReadOptions(fetch=FetchPolicy(**SHORT)))
     finally:
         silent.close()
     assert silent.connections in (2, 4)  # the read and its one retry, after a size probe's HEAD and GET if one is made
@@ -104,7 +105,9 @@ def test_s3_endpoint_that_never_answers_fails_convert_verify_and_reader(intact, 
             verify("s3://stuck/ds", storage_options=options)
         with pytest.raises(FetchError, match=r"manifest\.json: .*Timeout"):
             WindowDataset(
-                "s3://stuck/ds", SPEC, storage_options={"endpoint_url": silent.url}, fetch=FetchPolicy(**SHORT)
+                "s3://stuck/ds",
+                SPEC,
+                read=ReadOptions(storage_options={"endpoint_url": silent.url}, fetch=FetchPolicy(**SHORT)),
             )
     finally:
         silent.close()

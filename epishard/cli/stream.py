@@ -49,10 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--horizon", type=int, default=256, help="look-ahead: windows per decode chunk (one call per episode camera)"
     )
     p.add_argument(
-        "--cache-mb",
+        "--frame-cache-mb",
         type=int,
         default=548,
-        help="look-ahead: decoded frames kept per worker, MiB (Lookahead.cache_bytes)",
+        help="look-ahead: decoded frames kept per worker, MiB (Lookahead.frame_cache_bytes)",
     )
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
     p.add_argument("--plot", metavar="FILE", help="draw the telemetry into this PNG (default: no plot)")

@@ -222,6 +222,7 @@ def worker(args) -> int:
     from epishard.balance import CostModel, WindowCost
     from epishard.balance.streaming import BalancedWindowDataset
     from epishard.stream import DatasetSource, WindowDataset, WindowLoader, WindowSpec
+    from epishard.stream.options import ReadOptions
     from epishard.stream.telemetry import summarize as telemetry_totals
 
     dist.init_process_group("gloo")
@@ -239,7 +240,11 @@ def worker(args) -> int:
     vision = len(FRAME_OFFSETS) * (SIZE // PATCH) ** 2
 
     def run(variant: str, epoch: int) -> dict:
-        kw = dict(seed=args.seed, normalize={"action": "mean_std", "observation.state": "mean_std"}, telemetry=True)
+        kw = dict(
+            seed=args.seed,
+            normalize={"action": "mean_std", "observation.state": "mean_std"},
+            read=ReadOptions(telemetry=True),
+        )
         if variant == "local":
             ds = BalancedWindowDataset(
                 args.dataset, spec, batch_size=args.batch_size, chunk_batches=args.chunk_batches, cost=cost_fn, **kw

@@ -26,30 +26,31 @@ import argparse
 import numpy as np
 
 from epishard.stream.lookahead import Lookahead
+from epishard.stream.options import Ranks, ReadOptions
 
-OLD = Lookahead(cache_bytes=768 << 20, encoded_bytes=128 << 20, decode_bytes=256 << 20)  # before the budget
+OLD = Lookahead(frame_cache_bytes=768 << 20, encoded_bytes=128 << 20, decode_bytes=256 << 20)  # before the budget
 
 
 def measure(root: str, setting: str, args) -> dict:
     from epishard.stream import WindowDataset, WindowSpec, segment
-    from epishard.stream.dataset import _distributed
     from epishard.stream.fetch import FetchPolicy
     from epishard.stream.lookahead import Scheduler
-    from epishard.stream.plan import expected_distinct
+    from epishard.stream.reader import EpochReader, _Demands
     from epishard.stream.report import iid_reference
+    from epishard.stream.shuffle import expected_distinct
     from epishard.stream.source import DatasetSource
 
     src = DatasetSource(root)
     spec = WindowSpec(
         cameras={c: segment(0, 32, 9) for c in src.cameras}, state_offsets=(0,), action_horizon=16, boundary="pad"
     )
-    kw = {"shuffle_episodes": 64, "lookahead": OLD} if setting == "old" else {}
-    ds = WindowDataset(src, spec, seed=0, batch_size=args.batch_size, num_workers=args.workers, **kw)
+    kw = {"shuffle": 64, "read": ReadOptions(lookahead=OLD)} if setting == "old" else {}
+    ds = WindowDataset(src, spec, seed=0, batch_size=args.batch_size, ranks=Ranks(num_workers=args.workers), **kw)
     pool = ds.pool_episodes()
-    plan = ds.plan(0, _distributed(0, 1).with_worker(0, args.workers))
+    plan = ds.plan(0, Ranks(0, 1).world().with_worker(0, args.workers))
     episodes, anchors = plan.episode[: args.windows], plan.anchor[: args.windows]
     policy = Lookahead(**{**ds.lookahead.__dict__, "first": args.batch_size})
-    demand = ds._demand(episodes, anchors)
+    demand = _Demands(EpochReader(ds), episodes, anchors).part(0, episodes.size)
     sched = Scheduler(demand, policy)
     steps = list(sched)
     returned = int((demand.keys >= 0).sum())
@@ -63,7 +64,7 @@ def measure(root: str, setting: str, args) -> dict:
         "setting": setting,
         "pool": pool,
         "diversity": distinct / iid_distinct,
-        "cache_mib": policy.cache_bytes / 2**20,
+        "cache_mib": policy.frame_cache_bytes / 2**20,
         "peak_mib": max(s.held for s in steps) / 2**20,
         "decoded_per_returned": sum(s.misses for s in steps) / max(returned, 1),
         "fetches_per_window": len(sched.fetches) / max(episodes.size, 1),
@@ -90,9 +91,10 @@ def run(root: str, setting: str, dtype: str, args) -> dict:
     spec = WindowSpec(
         cameras={c: segment(0, 32, 9) for c in src.cameras}, state_offsets=(0,), action_horizon=16, boundary="pad"
     )
-    old = {"shuffle_episodes": 64, "lookahead": OLD}
+    old = setting == "old"
     post = PostProcess(dtype=torch.uint8 if dtype == "u8" else torch.float32)
-    ds = WindowDataset(src, spec, seed=0, postprocess=post, telemetry=True, **(old if setting == "old" else {}))
+    read = ReadOptions(telemetry=True, lookahead=OLD if old else None)
+    ds = WindowDataset(src, spec, seed=0, postprocess=post, read=read, shuffle=64 if old else "auto")
     loader = WindowLoader(ds, batch_size=args.batch_size, num_workers=args.workers, persistent_workers=True)
     mem = MemSampler()
     mem.start()
@@ -113,7 +115,7 @@ def run(root: str, setting: str, dtype: str, args) -> dict:
         "samples": samples,
         "seconds": seconds,
         "worker_rss_peak_mb": mem.worker_rss_peak / 1024,
-        "cache_peak_mib": tel["cache_bytes_peak"] / 2**20,
+        "cache_peak_mib": tel["frame_cache_bytes_peak"] / 2**20,
         "encoded_peak_mib": tel["encoded_bytes_peak"] / 2**20,
         "decoded_per_returned": tel["frames_decoded"] / max(tel["frames_returned"], 1),
         "load": os.getloadavg()[0],

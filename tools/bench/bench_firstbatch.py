@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from epishard.stream.options import Ranks, ReadOptions
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -59,7 +61,12 @@ def child(dataset: str, world_size: int, workers: int, per_episode_count: int | 
     )
     post = PostProcess(size=(224, 224), dtype=torch.uint8)
     ds = WindowDataset(
-        source, spec, seed=0, postprocess=post, telemetry=True, rank=0, world_size=world_size, lookahead=Lookahead()
+        source,
+        spec,
+        seed=0,
+        postprocess=post,
+        read=ReadOptions(telemetry=True, lookahead=Lookahead()),
+        ranks=Ranks(rank=0, world_size=world_size),
     )
     loader = WindowLoader(ds, batch_size=8, num_workers=workers)
     t3 = time.perf_counter()

@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from epishard.stream.options import ReadOptions
+
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = "b804156"  # main before look-ahead decoding
 
@@ -64,10 +66,12 @@ def child(cfg: dict) -> dict:
     if cfg.get("horizon"):
         from epishard.stream.lookahead import Lookahead
 
-        kw["lookahead"] = Lookahead(horizon=cfg["horizon"], cache_bytes=cfg["budget"] << 20)
+        kw["read"] = ReadOptions(
+            telemetry=True, lookahead=Lookahead(horizon=cfg["horizon"], frame_cache_bytes=cfg["budget"] << 20)
+        )
     size = cfg["size"]
     post = PostProcess(size=(size, size)) if size else PostProcess()
-    ds = WindowDataset(source, spec, seed=0, postprocess=post, telemetry=True, **kw)
+    ds = WindowDataset(source, spec, seed=0, postprocess=post, **{"read": ReadOptions(telemetry=True), **kw})
     if cfg["shuffled"]:
         plan = ds.plan
 
@@ -95,7 +99,7 @@ def child(cfg: dict) -> dict:
         "frames_decoded_per_returned": t["frames_decoded_per_returned"],
         "decode_calls_per_sample": t["decode_calls"] / n,
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "cache_peak_mb": t.get("cache_bytes_peak", float("nan")) / 2**20,
+        "cache_peak_mb": t.get("frame_cache_bytes_peak", float("nan")) / 2**20,
         "hit_rate": t.get("frame_cache_hit_rate", float("nan")),
     }
 

@@ -102,6 +102,7 @@ from epishard.format.manifest import DATASET_INDEX_NAME, MANIFEST_NAME
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
 from epishard.stream.decode import decode
+from epishard.stream.options import ReadOptions
 from epishard.stream.plan import PerEpisode, World, worker_plan
 
 SIZE = (224, 224)
@@ -360,10 +361,10 @@ def bench_samples(
     kw = dict(
         spec=WindowSpec(cameras=cams, action_horizon=ACTION_HORIZON, per_episode_count=PER_EPISODE),
         postprocess=PostProcess(size=SIZE),
-        shuffle_episodes=0,
+        shuffle=0,
     )
     # telemetry=True only attaches the worker's counters (kept anyway) to each sample: ~10 us/sample.
-    ds = WindowDataset(root, telemetry=True, **kw)
+    ds = WindowDataset(root, read=ReadOptions(telemetry=True), **kw)
     pieces, wins = windows_for(ds, samples)
     naive = Naive(ds, cams, mode)
     # Untimed: correctness, warm-up (page cache, decoder libraries).

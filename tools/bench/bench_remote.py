@@ -63,6 +63,7 @@ from epishard.shardwriter.lerobot import read_lerobot
 from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
 from epishard.stream.fetch import FetchPolicy
 from epishard.stream.lookahead import Lookahead
+from epishard.stream.options import Mixing, ReadOptions
 from epishard.stream.source import DatasetSource
 from epishard.stream.telemetry import FIELDS
 
@@ -187,10 +188,9 @@ def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server:
         source,
         spec,
         seed=0,
-        telemetry=True,
-        fetch=policy,
+        read=ReadOptions(telemetry=True, fetch=policy),
         postprocess=PostProcess(size=(96, 96)),
-        stratify=False,
+        mix=Mixing(stratify=False),
         batch_size=BATCH,  # the default shuffle pool for batches of 8, and a first chunk of one batch
     )
     loader = DataLoader(ds, batch_size=BATCH, num_workers=args.workers)

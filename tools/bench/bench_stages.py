@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from epishard.stream.options import ReadOptions
+
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -72,7 +74,9 @@ def run(
 
     src, spec = _source_and_spec(root)
     post = PostProcess(dtype=torch.float32 if dtype == "float32" else torch.uint8, size=size)
-    ds = WindowDataset(src, spec, seed=seed, telemetry=True, postprocess=post, fetch=FetchPolicy(packets=packets))
+    ds = WindowDataset(
+        src, spec, seed=seed, read=ReadOptions(telemetry=True, fetch=FetchPolicy(packets=packets)), postprocess=post
+    )
     loader = WindowLoader(ds, batch_size=BATCH, num_workers=0)
     timed = TimedCollate(loader.collate_fn)
     loader.collate_fn = timed

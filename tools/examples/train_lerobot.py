@@ -68,6 +68,7 @@ def main() -> None:
     from lerobot.datasets.transforms import ImageTransforms
 
     from epishard.stream.lerobot_dataset import EpishardLeRobotDataset, EpishardLeRobotMeta
+    from epishard.stream.options import ReadOptions
 
     def make_epishard_dataset(cfg):
         """LeRobot's ``make_dataset(cfg)``, for epishard shards at ``cfg.dataset.root``."""
@@ -88,7 +89,8 @@ def main() -> None:
             resolve_delta_timestamps(cfg.policy, meta),
             transforms,
             seed=cfg.seed or 0,
-            **options,
+            read=ReadOptions(storage_options=options.get("storage_options")),
+            **{k: v for k, v in options.items() if k != "storage_options"},
         )
         if cfg.dataset.use_imagenet_stats:  # as LeRobot's make_dataset does
             for key in dataset.meta.camera_keys:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from epishard.stream.options import ReadOptions
+
 from .config import COUNTERS, FRAMES, HORIZON, SPAN, STAGES, SYSTEMS
 from .memory import MemSampler
 from .pipelines import NaiveWindows, TarWindows, TimedCollate, timed_collate
@@ -59,13 +61,12 @@ def epishard_dataset(cfg: dict, system):
     )
     dtype = torch.float32 if system.dtype == "float32" else torch.uint8
     dataset_opts = dict(opts.get("dataset", {}))
+    read = ReadOptions(telemetry=True)
     if not system.packets:
         from epishard.stream.fetch import FetchPolicy
 
-        dataset_opts["fetch"] = FetchPolicy(packets=False)
-    return WindowDataset(
-        src, spec, seed=cfg["seed"], postprocess=PostProcess(dtype=dtype), telemetry=True, **dataset_opts
-    )
+        read = ReadOptions(telemetry=True, fetch=FetchPolicy(packets=False))
+    return WindowDataset(src, spec, seed=cfg["seed"], postprocess=PostProcess(dtype=dtype), read=read, **dataset_opts)
 
 
 def run_child(cfg: dict, pss_extra: tuple[int, ...] = ()) -> dict:

@@ -1,0 +1,476 @@
+"""The worker read loop of a ``WindowDataset``: one consumer's planned windows fetched, decoded and assembled.
+
+``EpochReader(dataset).samples(plan, skip, telemetry)`` follows the look-ahead schedule of the
+plan's windows (``stream.lookahead``): per chunk it evicts, fetches or reuses each episode's members
+(``stream.fetch``; by packets where the index has packet tables, ``stream.packets``), reads its
+columns, makes one decode call per (episode, camera) for the chunk's uncached frames, and yields
+the chunk's samples (the sample format: ``stream.dataset``). A shard that fails to fetch or decode
+is skipped or raised by ``FetchPolicy.on_shard_error``; a skipped window is replaced by a repeat of
+the worker's previous sample, flagged ``substitute``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from .decode import DecodeError
+from .episode import (
+    EpisodeInfo,
+    columns_nbytes,
+    decode_camera,
+    decode_camera_packets,
+    read_columns,
+    window_rows,
+    window_sample,
+)
+from .fetch import Fetcher, FetchError, episode_ranges
+from .lookahead import Decode, Demand, Load, Lookahead, Scheduler, Step, Store, frame_key
+from .memory import release_free_memory
+from .mix import camera_streams, column_widths
+from .packets import plan_runs, readable, run_ranges
+from .plan import WorkerPlan
+from .source import DatasetSource
+from .telemetry import Telemetry
+from .transform import PostProcess
+from .usercode import from_user_code
+
+if TYPE_CHECKING:
+    from .dataset import WindowDataset
+
+
+class EpochReader:
+    """Reads one consumer's windows of a ``WindowDataset`` (its sources, layout, fetch and look-ahead policies).
+
+    One per iteration of a worker: it holds nothing between epochs.
+    """
+
+    def __init__(self, ds: WindowDataset):
+        self.ds = ds
+        # Per dataset, the global number of its first camera stream (streams of a mix are numbered on).
+        self._stream_base: list[int] = np.cumsum([0, *[s.index.cam_depth.size for s in ds.sources]]).tolist()
+
+    def samples(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):
+        """Follow the look-ahead schedule of the plan's windows after the first ``skip`` (``stream.lookahead``).
+
+        Per chunk: evict, fetch or reuse each episode's members, read its columns, one decode call
+        per (episode, camera) for the chunk's uncached frames; then yield the chunk's windows from
+        the cache and release what no later chunk needs.
+        """
+        episodes, anchors = plan.episode[skip:], plan.anchor[skip:]
+        t0 = time.perf_counter()
+        demand = _Demands(self, episodes, anchors)
+        policy = self.ds.lookahead
+        if self.ds._first_chunk and policy.first == Lookahead.first:  # the loader's batch: first batch first
+            policy = dataclasses.replace(policy, first=self.ds._first_chunk)
+        steps = Scheduler(demand, policy)
+        fetchers = self._fetchers(telemetry)
+        slots: list[tuple] = []  # per fetch so far: (dataset, position in its fetcher, sha256s, members)
+
+        def advance() -> Step | None:
+            """The next step, its fetches handed to the fetchers (a step ahead, so they go out early)."""
+            t = time.perf_counter()
+            step = next(steps, None)
+            self._fetch_more(steps.fetches[len(slots) :], steps.fetch_work[len(slots) :], fetchers, slots)
+            telemetry.add(schedule_s=time.perf_counter() - t)
+            return step
+
+        telemetry.add(schedule_s=time.perf_counter() - t0)
+        store, encoded = Store(), _Encoded()
+        failed: set[int] = set()
+        first_failure = None
+        last, owed = None, 0
+        last_of: dict[int, dict] = {}  # the last sample of each dataset
+        try:
+            upcoming, first = advance(), True
+            while upcoming is not None:
+                step = upcoming
+                if not first:  # the next chunk's fetches go out now, while this chunk's loads decode
+                    upcoming = advance()
+                store.drop(step.evict)
+                for load in step.loads:
+                    encoded.drop(load.drop_encoded)
+                    if load.episode in failed:
+                        continue
+                    try:
+                        if self.ds._failed[load.episode]:
+                            raise self._shard_failure(load.episode)
+                        self._load(load, fetchers, slots, encoded, store, telemetry)
+                    except (FetchError, DecodeError) as exc:  # the shard policy decides, for both
+                        # (data faults only: an exception of the user's hook is never skipped)
+                        if self.ds.fetch.on_shard_error == "raise" or from_user_code(exc):
+                            raise
+                        warnings.warn(f"epishard: skipping episode {self._key(load.episode)}: {exc}", stacklevel=2)
+                        telemetry.add(episodes_skipped=1)
+                        failed.add(load.episode)
+                        first_failure = first_failure or (self.ds._locate(load.episode)[0], exc)
+                        encoded.drop((load.episode,))
+                telemetry.add(
+                    frame_cache_hits=step.hits, frame_cache_misses=step.misses, frame_cache_evictions=step.evict.size
+                )
+                telemetry.peak(frame_cache_bytes_peak=store.nbytes, encoded_bytes_peak=encoded.nbytes)
+                for i in range(step.start, step.stop):
+                    e = int(episodes[i])
+                    d, _ = self.ds._locate(e)
+                    if e in failed:
+                        # Keep this rank's sample count: repeat the worker's previous sample (of the same
+                        # dataset when there is one: batch_by_dataset batches stay one dataset's), flagged.
+                        if last is None:
+                            owed += 1
+                            continue
+                        sample = dict(last_of.get(d, last), substitute=True)
+                    else:
+                        sample = self._window(e, int(anchors[i]), step.keys[i - step.start], store, telemetry)
+                    yield self.ds._emit(sample, telemetry)
+                    for _ in range(owed):  # windows of failed episodes that came before any good sample
+                        yield self.ds._emit(dict(sample, substitute=True), telemetry)
+                    owed, last = 0, sample
+                    last_of[d] = sample
+                if first:
+                    upcoming, first = advance(), False
+                store.drop(step.release)
+            if owed:
+                assert first_failure is not None  # owed > 0 only after a failure
+                failed_dataset, first_error = first_failure
+                raise FetchError(
+                    f"{self.ds.sources[failed_dataset].shown}: every episode this worker read failed, so {owed} "
+                    f"samples cannot be filled; the first: {first_error}",
+                    -1,
+                )
+        finally:
+            for f in fetchers:
+                f.close()
+            if get_worker_info() is not None:
+                release_free_memory()  # a persistent worker idles until the next epoch
+
+    def _window(self, episode: int, anchor: int, keys: np.ndarray, store: Store, telemetry: Telemetry) -> dict:
+        """The sample of one window, from the store (``keys``: its frame keys, ``Demand.keys`` row)."""
+        t = time.perf_counter()
+        d, _ = self.ds._locate(episode)
+        columns, info, _ = store.columns[episode]
+        frames, col = {}, 0
+        for cam, offsets in self.ds.cam_offsets[d].items():
+            frames[cam] = store.stack(keys[col : col + len(offsets)]) if len(offsets) else self._no_frames(d, info, cam)
+            col += len(offsets)
+        finish = None if self.ds.defer_float else self.ds.post.finish
+        index = self.ds.sources[d].index
+        spec = self.ds.layout.specs[d]  # the window in this dataset's rows (its frame rate)
+        sample = window_sample(index, info, columns, anchor, spec, self.ds.cam_offsets[d], frames, finish)
+        sample = self.ds.layout.apply(sample, d, finish)
+        sample["dataset"], sample["substitute"] = d, False
+        telemetry.add(assemble_s=time.perf_counter() - t, frames_returned=col)
+        return sample
+
+    def _no_frames(self, d: int, info, cam: str) -> torch.Tensor:
+        """A camera read at no offsets: ``[0, C, h, w]`` of its prepared dtype."""
+        s = info.streams[cam]
+        size = _frame_size(self.ds.post, self.ds.sources[d].index, np.array([s]))
+        depth = bool(self.ds.sources[d].index.cam_depth[s])
+        return torch.empty((0, 1 if depth else 3, *size[0]), dtype=torch.uint16 if depth else torch.uint8)
+
+    def _shard_failure(self, episode: int) -> FetchError:
+        """The error of an episode whose shard its source failed on open (``DatasetSource.skipped_shards``)."""
+        d, local = self.ds._locate(episode)
+        shard = int(self.ds.sources[d].index.shard[local])
+        return FetchError(self.ds.sources[d].skipped_shards[shard], shard)
+
+    def _key(self, episode: int) -> str:
+        d, local = self.ds._locate(episode)
+        return self.ds.sources[d].index.key(local)
+
+    def _demand(self, episodes: np.ndarray, anchors: np.ndarray, sizes: Demand) -> Demand:
+        """What the windows (global ``episodes``, ``anchors``: int64 ``[n]``) need: ``stream.lookahead.Demand``.
+
+        Frame keys per window and camera as ``LoadedEpisode`` used to compute them: rows clamped
+        into the anchor's recording segment, then the index's row-to-frame map; item sizes from the
+        index (post-processed frame size, encoded members) and the manifest (column widths), written
+        into ``sizes``' per-stream and per-episode arrays (for these windows' episodes; the
+        returned ``Demand`` shares them).
+        """
+        n = episodes.size
+        width = max((sum(len(o) for o in offsets.values()) for offsets in self.ds.cam_offsets), default=0)
+        keys = np.full((n, width), -1, dtype=np.int64)
+        stream_base = np.cumsum([0, *[s.index.cam_depth.size for s in self.ds.sources]])
+        stream_episode, frame_bytes = sizes.stream_episode, sizes.frame_bytes
+        columns_bytes, encoded_bytes = sizes.columns_bytes, sizes.encoded_bytes
+        dataset = np.searchsorted(self.ds.episode_base, episodes, side="right") - 1
+        for d, source in enumerate(self.ds.sources):
+            # A failed shard's episodes need nothing (keys -1, sizes 0): none of its index values is used.
+            here = np.flatnonzero((dataset == d) & ~self.ds._failed[episodes])
+            if not here.size:
+                continue
+            ix, base = source.index, int(self.ds.episode_base[d])
+            local = episodes[here] - base
+            unique = np.unique(local)
+            members = [ix.data_member(unique)]
+            col = 0
+            packed = np.full(unique.size, self.ds.fetch.packets)
+            for cam, offsets in self.ds.cam_offsets[d].items():
+                streams = ix.camera_streams(cam, unique)
+                packed &= readable(ix, streams)
+                stream_episode[streams + stream_base[d]] = unique + base
+                size = _frame_size(self.ds.post, ix, streams)
+                frame_bytes[streams + stream_base[d]] = np.where(ix.cam_depth[streams], 2, 3) * size[:, 0] * size[:, 1]
+                members.append(ix.stream_member[streams])
+                if len(offsets):
+                    per_window = streams[np.searchsorted(unique, local)]
+                    rows = window_rows(ix, local, anchors[here], offsets)
+                    frames = ix.frames(per_window[:, None], rows)
+                    keys[here, col : col + len(offsets)] = frame_key(per_window[:, None] + stream_base[d], frames)
+                col += len(offsets)
+            stacked = np.sort(np.stack(members, axis=1), axis=1)
+            first = np.ones(stacked.shape, dtype=bool)
+            first[:, 1:] = stacked[:, 1:] != stacked[:, :-1]
+            encoded_bytes[unique + base] = np.sum(np.where(first, ix.member_size[stacked], 0), axis=1)
+            # An episode read by its packets (``stream.packets``) fetches, for each load, the groups of
+            # pictures that load decodes: its bytes are never kept for another load.
+            encoded_bytes[unique[packed] + base] = _NEVER_KEPT
+            columns_bytes[unique + base] = ix.num_rows[unique] * self._row_bytes(d)
+        return Demand(episodes, keys, stream_episode, frame_bytes, columns_bytes, encoded_bytes)
+
+    def _row_bytes(self, d: int) -> int:
+        """Bytes per table row of ``read_columns`` in dataset ``d``.
+
+        float32 widths from the manifest (64 when it has no statistics for a column), plus
+        frame_index and timestamp.
+        """
+        names = {
+            self.ds.spec.state_key,
+            self.ds.spec.action_key,
+            *self.ds.spec.extra_columns,
+            *self.ds.spec.column_offsets,
+        }
+        widths = [max(column_widths(self.ds.sources[d].manifest, c), default=64) for c in names if c is not None]
+        return 16 + 4 * sum(widths)
+
+    def _fetchers(self, telemetry: Telemetry) -> list[Fetcher]:
+        """One ``Fetcher`` per dataset, over nothing yet (``_fetch_more`` feeds them)."""
+        return [
+            Fetcher(
+                src,
+                [],
+                self.ds.fetch,
+                telemetry,
+                sparse=self.ds.fetch.packets and bool(readable(src.index, np.arange(src.index.cam_depth.size)).any()),
+            )
+            for src in self.ds.sources
+        ]
+
+    def _fetch_more(
+        self,
+        fetches: list[int],
+        work: list[tuple[bool, tuple[Decode, ...]]],
+        fetchers: list[Fetcher],
+        slots: list[tuple],
+    ) -> None:
+        """Append the schedule's next ``fetches`` (global episodes, repeats allowed) to the fetchers.
+
+        ``work``: per fetch, its load's (columns read, decode calls) (``Scheduler.fetch_work``).
+        Appends to ``slots``, per fetch, ``(dataset, position in its fetcher, sha256s, members,
+        runs)``: ``runs`` None when the episode's members are fetched whole, else, per global stream
+        decoded, ``(runs, starts)`` (``stream.packets``): only the data member (when its columns are
+        read) and the byte ranges of those runs are fetched, in that order after the members.
+        """
+        lists: list[list] = [[] for _ in self.ds.sources]
+        for e, (columns, decodes) in zip(fetches, work, strict=True):
+            d, local = self.ds._locate(e)
+            if self.ds._failed[e]:  # never fetched: its load fails (``_shard_failure``) before using its slot
+                slots.append((d, -1, [], [], None))
+                continue
+            ix = self.ds.sources[d].index
+            streams = _streams(ix, local, self.ds.cam_offsets[d])
+            runs: dict[int, tuple] | None = None
+            if self.ds.fetch.packets and bool(np.all(readable(ix, streams))):
+                ranges = episode_ranges(ix, local, [], columns)
+                runs, extra = {}, []
+                base = self._stream_base[d]
+                for call in decodes:
+                    s_local = call.stream - base
+                    table = ix.packets(s_local)
+                    planned = plan_runs(table.frame_packet, ix.keyframes_of(s_local), call.frames)
+                    within = run_ranges(table.offset, table.size, planned)
+                    member = int(ix.cam_offset[s_local])
+                    runs[call.stream] = (planned, [a for a, _ in within])
+                    extra += [(member + a, member + b) for a, b in within]
+                slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, runs))
+                lists[d].append((ranges.shard, ranges.ranges + extra))
+                continue
+            ranges = episode_ranges(ix, local, streams)
+            slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, None))
+            lists[d].append((ranges.shard, ranges.ranges))
+        for fetcher, more in zip(fetchers, lists, strict=True):
+            if more:
+                fetcher.extend(more)
+
+    def _load(self, load: Load, fetchers, slots, encoded: _Encoded, store: Store, telemetry: Telemetry) -> None:
+        """One episode's work of a step: its members (fetched, or kept), its columns, its decode calls."""
+        e = load.episode
+        d, local = self.ds._locate(e)
+        ix = self.ds.sources[d].index
+        if load.fetch is None:
+            blobs, decoders = encoded.blobs[e], encoded.decoders[e]
+            runs, pieces = None, []  # a kept episode is one read by members (packet reads are never kept)
+            telemetry.add(encoded_cache_hits=1)
+        else:
+            dd, k, shas, members, runs = slots[load.fetch]
+            fetched = fetchers[dd].episode(k, shas)
+            blobs, decoders = dict(zip(members, fetched[: len(members)], strict=True)), {}
+            pieces = fetched[len(members) :]
+            telemetry.add(episodes_loaded=1)
+        if load.columns:
+            normalizers = self.ds.normalizers[d][ix.source(local)]
+            columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.ds.layout.specs[d], normalizers)
+            store.put_columns(e, columns, EpisodeInfo.of(ix, local, self.ds.cam_offsets[d]), columns_nbytes(columns))
+        if runs is not None:
+            self._load_packets(load, ix, local, runs, pieces, store, telemetry)
+            return
+        base = self._stream_base[d]
+        for call in load.decodes:
+            s = call.stream - base
+            where = f"episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
+            data = blobs[int(ix.stream_member[s])]
+            frames, kept = decode_camera(
+                ix,
+                s,
+                call.frames,
+                data,
+                self.ds.post,
+                where,
+                telemetry,
+                decoders.get(s),
+                self.ds.lookahead.decode_bytes,
+            )
+            decoders[s] = kept
+            store.put_frames(call.stream, call.frames, frames)
+        if load.keep:
+            encoded.put(e, blobs, decoders)
+        else:
+            encoded.drop((e,))
+
+    def _load_packets(
+        self, load: Load, ix, local: int, runs: dict, pieces: list[bytes], store: Store, telemetry
+    ) -> None:
+        """The decode calls of a load read by packets, each from its runs' bytes (``pieces``, in call order)."""
+        d, _ = self.ds._locate(load.episode)
+        base, at = self._stream_base[d], 0
+        for call in load.decodes:
+            s = call.stream - base
+            planned, starts = runs[call.stream]
+            shard = self.ds.sources[d].shard_path(int(ix.shard[local]))
+            where = f"{shard}: episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
+            mine = pieces[at : at + len(planned)]
+            at += len(planned)
+            frames = decode_camera_packets(
+                ix,
+                s,
+                planned,
+                starts,
+                mine,
+                self.ds.post,
+                where,
+                telemetry,
+                self.ds.lookahead.decode_bytes,
+                store.alloc,
+            )
+            store.put_frames(call.stream, call.frames, frames)
+
+
+def episode_bytes(sources: list[DatasetSource], cam_offsets: list[dict], post: PostProcess) -> tuple[int, int]:
+    """Decoded bytes one episode keeps live while its windows are yielded, and one frame of each camera.
+
+    Per camera, the frames of a window's span (rows from its first offset to its last: with
+    consecutive anchors each of them is returned by some window) times the post-processed frame
+    size (the camera's largest); the largest of the mix (``cam_offsets``: per dataset, camera key ->
+    offsets). Bounds the default pool (``stream.shuffle.budget_shuffle_episodes``).
+    """
+    most = (0, 0)
+    for d, source in enumerate(sources):
+        ix, total, frames = source.index, 0, 0
+        for cam, offsets in cam_offsets[d].items():
+            if not len(offsets):
+                continue
+            streams = camera_streams(source, cam)
+            size = _frame_size(post, ix, streams)
+            frame = int(np.max(np.where(ix.cam_depth[streams], 2, 3) * size[:, 0] * size[:, 1], initial=0))
+            total += (int(np.max(offsets)) - int(np.min(offsets)) + 1) * frame
+            frames += frame
+        most = max(most, (total, frames))
+    return most
+
+
+def _streams(index, episode: int, cameras) -> list[int]:
+    """Index stream numbers of the window cameras (names the episode stores) of ``episode``."""
+    names = index.camera_names(episode)
+    return [index.stream(episode, names.index(c)) for c in cameras]
+
+
+def _frame_size(post: PostProcess, index, streams: np.ndarray) -> np.ndarray:
+    """``(h, w)`` (int64 ``[len(streams), 2]``) of the streams' frames after ``post.prepare`` (hook aside)."""
+    size = np.stack([index.cam_height[streams], index.cam_width[streams]], axis=1).astype(np.int64)
+    if post.crop is not None:
+        size[:] = post.crop[2:]
+    if post.size is not None:
+        size[:] = post.size
+    return size
+
+
+_NEVER_KEPT = np.iinfo(np.int64).max // 4  # encoded size of an episode read by packets: above any budget
+
+
+class _Demands:
+    """A consumer's ``Demand`` (``stream.lookahead.Demands``), computed a part at a time as the ``Scheduler`` asks.
+
+    The per-stream and per-episode arrays are allocated once (zeros, for every stream and episode
+    of the mix) and filled for each part's episodes, so a part costs its own windows.
+    """
+
+    def __init__(self, reader: EpochReader, episodes: np.ndarray, anchors: np.ndarray):
+        self.reader, self.episodes, self.anchors = reader, episodes, anchors
+        ds = reader.ds
+        streams, total = sum(s.index.cam_depth.size for s in ds.sources), int(ds.episode_base[-1])
+        width = max((sum(len(o) for o in offsets.values()) for offsets in ds.cam_offsets), default=0)
+        self.sizes = Demand(
+            episode=np.zeros(0, dtype=np.int64),
+            keys=np.zeros((0, width), dtype=np.int64),
+            stream_episode=np.full(streams, -1, dtype=np.int64),
+            frame_bytes=np.zeros(streams, dtype=np.int64),
+            columns_bytes=np.zeros(total, dtype=np.int64),
+            encoded_bytes=np.zeros(total, dtype=np.int64),
+        )
+
+    @property
+    def count(self) -> int:
+        return int(self.episodes.size)
+
+    def part(self, start: int, stop: int) -> Demand:
+        return self.reader._demand(self.episodes[start:stop], self.anchors[start:stop], self.sizes)
+
+
+class _Encoded:
+    """Encoded member bytes the schedule keeps for episodes decoded again (``Load.keep``).
+
+    With them, each camera's open decoder and the last frame it returned (``decode_camera``'s
+    ``kept``): the next call on that camera decodes on from there when it can.
+    """
+
+    def __init__(self):
+        self.blobs: dict[int, dict[int, bytes]] = {}
+        self.decoders: dict[int, dict] = {}
+        self.nbytes = 0
+
+    def put(self, episode: int, blobs: dict[int, bytes], decoders: dict) -> None:
+        if episode not in self.blobs:
+            self.nbytes += sum(len(b) for b in blobs.values())
+        self.blobs[episode], self.decoders[episode] = blobs, decoders
+
+    def drop(self, episodes) -> None:
+        for e in episodes:
+            blobs = self.blobs.pop(e, None)
+            self.decoders.pop(e, None)
+            self.nbytes -= 0 if blobs is None else sum(len(b) for b in blobs.values())
