@@ -31,6 +31,7 @@ from conftest import REPO
 
 BALANCE = "balance==0.23.0"  # PyPI's survey-weighting library: the name the old top-level balance/ took
 SOURCES = ("pyproject.toml", "README.md", "epishard", "shardwriter", "stream", "balance")
+CONTRACT_MODULES = sorted(p.stem for p in (REPO / "epishard" / "format").glob("*.py"))
 
 
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -103,20 +104,23 @@ def test_wheel_installs_beside_pypi_balance(tmp_path, request):
     tops = {p.split("/")[0] for p in ours if not p.startswith("..")}  # "../../../bin/epishard": the command
     assert tops == {"epishard", os.path.basename(glob.glob(os.path.join(site, "epishard-*.dist-info"))[0])}
     assert "epishard/py.typed" in ours and "balance/__init__.py" in theirs
+    contract = {p for p in ours if p.startswith("epishard/format/") and p.endswith(".py")}
+    assert contract == {f"epishard/format/{m}.py" for m in CONTRACT_MODULES}  # the format package, whole
     assert not ours & theirs
     for name in ("stream", "shardwriter"):
         assert not os.path.exists(os.path.join(site, name))
 
     probe = (
         "import importlib.util, json, epishard, epishard.stream, epishard.balance, epishard.shardwriter\n"
+        "import epishard.format.opening, epishard.format.decoder\n"
         "from epishard import WindowDataset, convert\n"
         "print(json.dumps({m: importlib.util.find_spec(m) and importlib.util.find_spec(m).origin"
-        " for m in ('epishard.stream', 'epishard.balance', 'epishard.shardwriter', 'balance', 'stream',"
-        " 'shardwriter')} | {'version': epishard.__version__}))"
+        " for m in ('epishard.stream', 'epishard.balance', 'epishard.shardwriter', 'epishard.format', 'balance',"
+        " 'stream', 'shardwriter')} | {'version': epishard.__version__}))"
     )
     found = _run([python, "-I", "-c", probe], cwd=str(tmp_path)).stdout.strip().splitlines()[-1]
     origins = json.loads(found)
-    for name in ("stream", "balance", "shardwriter"):
+    for name in ("stream", "balance", "shardwriter", "format"):
         assert origins[f"epishard.{name}"] == os.path.join(site, "epishard", name, "__init__.py")
     assert origins["balance"] == os.path.join(site, "balance", "__init__.py")  # PyPI's, untouched
     assert origins["stream"] is None and origins["shardwriter"] is None
