@@ -3,7 +3,7 @@
 A cost is a float64 number per training window (sample) that predicts how long the sample takes
 on the accelerator (and, if wanted, in the loader), so that ``balance.assign`` can give every rank
 of a data-parallel step the same amount of work. Everything here is vectorised over windows and
-does no I/O: it reads the index arrays ``shardwriter.index.WindowIndex`` already holds in memory.
+does no I/O: it reads the index arrays ``epishard.format.index.WindowIndex`` already holds in memory.
 
 Three layers, each replaceable:
 

@@ -1,7 +1,7 @@
 """``--storage-options JSON``: the text of the one storage-options option, parsed.
 
 Imports only ``json``, so the command line validates the option while parsing its arguments
-without loading the writer (fsspec, pyarrow, PyAV); ``shardwriter.storage`` re-exports it.
+without loading the writer (fsspec, pyarrow, PyAV); ``epishard.format.storage`` re-exports it.
 """
 
 from __future__ import annotations

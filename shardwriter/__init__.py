@@ -3,7 +3,7 @@
 Public API: ``convert``, ``ConvertOptions``, ``Episode``, ``CameraVideo``, ``TableSlice``,
 ``Source``, ``read_lerobot``, ``WindowIndex``, ``Manifest``, ``ReencodeSpec``, ``ConversionError``,
 ``SourceError``, ``OutputFolderError``, ``verify``. The on-disk format is described in
-docs/FORMAT.md and defined in ``shardwriter.format``.
+docs/FORMAT.md and defined in ``epishard.format.manifest``.
 """
 
 from epishard.format.index import WindowIndex

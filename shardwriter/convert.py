@@ -63,14 +63,14 @@ class ConvertOptions:
     ``timestamps``: ``"warn"`` (report) or ``"raise"`` (stop) on timestamp/video disagreements
     (``errors.ErrorPolicy`` is the vocabulary; the earlier ``"fail"`` is a deprecated alias of
     ``"raise"``). ``check``: how each stored video's frame table is vouched for
-    (``format.CHECK_LEVELS``; see ``prepare.PrepareOptions``): ``"fast"`` (default), ``"full"`` or
+    (``manifest.CHECK_LEVELS``; see ``prepare.PrepareOptions``): ``"fast"`` (default), ``"full"`` or
     ``"off"``; the manifest's report counts the videos checked at each level. ``decode_check``:
     deprecated; ``False`` means ``check="off"``, ``True`` ``check="full"``. ``workers``: processes.
     ``overwrite``: replace a finished conversion of another plan in the output folder (without it,
     that is refused; a rerun of the same plan, or of an unfinished conversion, never needs it).
     ``sources``: how paths of formats other than LeRobot are read (``sources.SourceOptions``:
     ``--format``, ``--mapping``, ``--fps``; None: recognised from the files, default mappings).
-    Raises ``ValueError`` for a prefix that is not a plain file-name stem (``format.PREFIX_RE``: no
+    Raises ``ValueError`` for a prefix that is not a plain file-name stem (``manifest.PREFIX_RE``: no
     path separator, so nothing is written outside the output folder), an out-of-range value, or a
     policy that is not one of the allowed values (the message lists them).
     """
@@ -342,11 +342,11 @@ def _complete(storage: Storage, shard_id: int, options: ConvertOptions, digest: 
 def _claim_output(storage: Storage, prefix: str) -> None:
     """Make sure the output folder is this writer's before anything in it is removed or replaced.
 
-    A new or empty folder is claimed by writing the marker (``format.CONVERT_MARKER``) first; so is
+    A new or empty folder is claimed by writing the marker (``manifest.CONVERT_MARKER``) first; so is
     one that holds nothing but the marker's temporary file (``<marker>.partial-<pid>``: a run killed
     while it wrote the marker), which is removed. Any other non-empty one is used only if it holds
     the marker, for the same shard prefix, and nothing but files the writer creates
-    (``format.is_writer_file``): an earlier or interrupted conversion, which this one resumes or
+    (``manifest.is_writer_file``): an earlier or interrupted conversion, which this one resumes or
     replaces.
 
     Raises:
@@ -388,7 +388,7 @@ def _claim_output(storage: Storage, prefix: str) -> None:
 
 
 def _is_partial_marker(name: str) -> bool:
-    """Whether ``name`` is the marker's temporary file (``format.temp_path``), left by a run killed as it wrote it."""
+    """Whether ``name`` is the marker's temporary file (``manifest.temp_path``), left by a run killed as it wrote it."""
     return fmt.is_partial(name) and name.rsplit(".partial-", 1)[0] == fmt.CONVERT_MARKER
 
 
@@ -632,7 +632,7 @@ def convert(
     open them with ``read_lerobot(url, storage_options=...)`` and pass the ``Source``). Sources are
     read through (range requests), never copied whole to disk. Shards stream straight to ``out``;
     each appears under its final name only when complete.
-    Returns the manifest (``format.Manifest``; also written to ``out/manifest.json``, last).
+    Returns the manifest (``manifest.Manifest``; also written to ``out/manifest.json``, last).
     ``runner``: how the shards are written (default: ``options.workers`` processes on this machine;
     see ``Runner``); the plan, the shards' bytes, the index and the manifest do not depend on it.
 

@@ -28,7 +28,7 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
 
     Raises:
         NotConverted (a FileNotFoundError): ``root`` is a LeRobot dataset or a Hub repo id
-            (``lerobot_instead``). FileNotFoundError: no manifest. ``shardwriter.validate.FormatError``:
+            (``lerobot_instead``). FileNotFoundError: no manifest. ``epishard.format.errors.FormatError``:
             the manifest or an index breaks the format (checked as the reader checks them), or the manifest's
             ``totals`` are not what its shard list adds up to (``validate.totals_mismatches``).
     """

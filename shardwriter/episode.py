@@ -138,7 +138,7 @@ class CameraVideo:
     turns ``from_timestamp`` into an exact frame number once and cuts the segment by stream copy.
     Without a segment the file belongs to the episode and is copied bit-exact. ``depth``: the source
     declares the video a depth map (LeRobot's ``video.is_depth_map``); a grey one is then read at
-    full precision (camera kind ``depth``, see ``format.CAMERA_KINDS``).
+    full precision (camera kind ``depth``, see ``manifest.CAMERA_KINDS``).
     """
 
     source: bytes | FileInput

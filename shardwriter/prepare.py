@@ -62,7 +62,7 @@ class PrepareOptions:
     bit-exact copy / stream-copy cut. ``timestamps``: ``"warn"`` records timestamp disagreements in
     the report (frames are mapped by frame_index, so they cannot shift frames); ``"raise"`` treats
     them as errors. ``check``: how each stored video's frame table is made and vouched for
-    (``format.CHECK_LEVELS``): ``"full"`` builds it by decoding every frame (``video.probe``) and
+    (``manifest.CHECK_LEVELS``): ``"full"`` builds it by decoding every frame (``video.probe``) and
     decodes every frame twice more the way the reader does (``video.check_frames``); ``"fast"``
     builds it from the container and decodes keyframes alone and the last group of pictures in the
     same pass (``video.scan`` with ``vouch``), and where they disagree does what ``"full"`` does for
@@ -499,7 +499,7 @@ def _checked_level(
 def camera_kind(declared_depth: bool, pix_fmt: str) -> str:
     """``"depth"`` for a grey video declared a depth map or of more than 8 bits per sample, else ``"rgb"``.
 
-    The RGB path would squeeze such a video into 8 bits. See ``format.CAMERA_KINDS``.
+    The RGB path would squeeze such a video into 8 bits. See ``manifest.CAMERA_KINDS``.
     """
     try:
         desc = av.VideoFormat(pix_fmt)

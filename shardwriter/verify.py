@@ -1,7 +1,7 @@
 """Re-read a converted dataset and check it against its manifest and indexes.
 
 Checks everything the reader relies on. The manifest: every field the reader uses, file names plain
-(``shardwriter.validate``), before any file it names is opened. ``index.arrow``: its sha256, schema
+(``epishard.format.validate``), before any file it names is opened. ``index.arrow``: its sha256, schema
 and value bounds, and that it holds exactly the per-shard indexes. Per shard: the tar and index
 exist as regular files, sizes and sha256 match the manifest; the index's schema; every tar member
 lies exactly where the index says (data offset and size) and has the indexed sha256; an episode's
@@ -123,7 +123,7 @@ def _check_video(data: bytes, index: WindowIndex, stream: int, shard: str, key: 
     """Decode a camera stream's video against its frame tables (``WindowIndex.frame_tables``).
 
     Their bounds and the row-to-frame map were checked with the index (``validate.check_index``);
-    the frame count is held against the container's (``untrusted.container_frames``) before a
+    the frame count is held against the container's (``decoder.container_frames``) before a
     table of that many frames is built.
     """
     name = index.cam_names[stream].as_py()
@@ -248,10 +248,10 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
     message: credentials redacted). ``progress``: a progress bar on stderr over the shards.
 
     Raises:
-        shardwriter.describe.NotConverted (a FileNotFoundError): ``root`` is a LeRobot dataset or
+        epishard.format.opening.NotConverted (a FileNotFoundError): ``root`` is a LeRobot dataset or
             a Hugging Face repo id (``describe.lerobot_instead``: run ``epishard convert`` first).
         FileNotFoundError: no such folder or bucket. PermissionError: access denied.
-        shardwriter.validate.FormatError (a ValueError): ``manifest.json`` breaks the format
+        epishard.format.errors.FormatError (a ValueError): ``manifest.json`` breaks the format
             (nothing it names is opened then). NotARegularFile: it is a FIFO, directory or device.
     """
     storage = Storage(root, storage_options)

@@ -285,7 +285,7 @@ def probe(source: VideoSource, decode: bool = True) -> VideoProbe:
 
 
 def frame_table(source: VideoSource, level: str) -> VideoProbe:
-    """The frame table of a video to store, made as check ``level`` (``format.CHECK_LEVELS``) says.
+    """The frame table of a video to store, made as check ``level`` (``manifest.CHECK_LEVELS``) says.
 
     ``full``: ``probe`` (every frame decoded); ``fast``: ``scan(vouch=True)``; ``off``: ``scan``.
     """

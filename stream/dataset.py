@@ -102,7 +102,7 @@ def open_source(url: str, storage_options: dict | None = None, fetch: FetchPolic
     """``DatasetSource(url, ...)``; a LeRobot dataset or Hub repo id in its place is named as one.
 
     Raises:
-        shardwriter.describe.NotConverted (a FileNotFoundError): ``url`` has no manifest but is a
+        epishard.format.opening.NotConverted (a FileNotFoundError): ``url`` has no manifest but is a
             LeRobot dataset (``meta/info.json``) or a Hugging Face repo id: run ``epishard convert``.
         and what ``DatasetSource`` raises.
     """

@@ -2,7 +2,7 @@
 
 The decoder is opened from the member's bytes in memory with torchcodec's
 ``custom_frame_mappings`` built from the index (pts, durations, keyframes) and the stream the index
-names (``shardwriter.video.open_decoder``, the decoder the writer checked every frame against), so
+names (``epishard.format.decoder.open_decoder``, the decoder the writer checked every frame against), so
 opening does not rescan the file and seeking stays frame-exact. Every returned frame's pts is
 compared with the index: a frame the table does not vouch for is an error, never a sample.
 """

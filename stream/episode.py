@@ -294,7 +294,7 @@ _COUNTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _check_frame_count(index: WindowIndex, stream: int, data: bytes, where: str) -> None:
     """Raise ``DecodeError`` when the index claims more frames for ``stream`` than its container lists.
 
-    Once per worker, index and stream (``untrusted.container_frames`` parses the container's header).
+    Once per worker, index and stream (``decoder.container_frames`` parses the container's header).
     """
     counted = _COUNTED.setdefault(index, set())
     if stream in counted:
@@ -333,7 +333,7 @@ def decode_camera(
 
     Raises:
         DecodeError: naming ``where`` (episode key and camera); also when the index claims more
-            frames than the video's container lists (``untrusted.container_frames``), before a
+            frames than the video's container lists (``decoder.container_frames``), before a
             frame table of that size is built.
     """
     t1 = time.perf_counter()

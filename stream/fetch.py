@@ -19,7 +19,7 @@ returns the whole object: then the requested bytes are cut out of it if it is co
 ``range_ignored``, else a ``FetchError`` is raised), and every member's sha256 is compared with the
 index. A reset, timeout, throttling answer (429, 503 ``SlowDown``) or 5xx is retried with
 full-jitter backoff, honouring ``Retry-After``, for the policy's time budget (``retry_budget_s``,
-counted from the request's last progress; ``shardwriter.retry``); a retry asks again from the first
+counted from the request's last progress; ``epishard.format.retry``); a retry asks again from the first
 byte not yet received. When the budget runs out the shard fails (``FetchError`` naming the URL,
 status and time spent) and the reader applies its shard policy.
 """
@@ -216,7 +216,7 @@ def wait_or_raise(
     ``started``: ``time.monotonic()`` when the request was sent (or last received bytes);
     ``budget_s``: seconds it may keep failing (default ``policy.retry_budget_s``). Sleeps the
     policy's full-jitter backoff, or the server's ``Retry-After`` when longer
-    (``shardwriter.retry.next_delay``).
+    (``epishard.format.retry.next_delay``).
 
     Raises:
         FetchError: ``exc`` is not ``retryable``, the budget (or ``policy.retries``) is spent, or the

@@ -77,7 +77,7 @@ def _lerobot_dtype(arrow: str) -> str:
 
 
 def _read_json(url: str, storage_options: dict | None, what: str) -> Any:
-    """The JSON document at ``url`` (a path or fsspec URL), bounded (``shardwriter.untrusted.loads``).
+    """The JSON document at ``url`` (a path or fsspec URL), bounded (``epishard.format.untrusted.loads``).
 
     Raises:
         StatsError: it cannot be read or parsed (naming ``url`` and ``what`` it is for).

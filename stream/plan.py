@@ -110,7 +110,7 @@ def episode_table(
 
     Args:
         spec: the ``WindowSpec`` (its offsets, boundary mode, stride, windows per episode).
-        index: the dataset's ``shardwriter.index.WindowIndex``.
+        index: the dataset's ``epishard.format.index.WindowIndex``.
         cameras: camera -> frame offsets the windows read (``WindowSpec.camera_offsets``).
         weight: the dataset's mixing weight (windows per episode multiplier).
         keep: optional bool ``[num_episodes]``: episodes left out get no windows (their anchor

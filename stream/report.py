@@ -44,7 +44,7 @@ class StreamRun:
     in [0, 1]. ``batches``: batches to run (0: one epoch). ``shuffle_episodes``: the plan's pool
     (``WindowDataset``'s); ``horizon``, ``frame_cache_mb``: the look-ahead (``stream.lookahead.Lookahead``'s
     ``horizon`` windows, ``frame_cache_bytes`` in MiB). ``storage_options``: fsspec options
-    for a URL (``shardwriter.storage.resolve_storage_options``).
+    for a URL (``epishard.format.storage.resolve_storage_options``).
     """
 
     dataset: str

@@ -1,10 +1,10 @@
 """Opening a converted dataset (local path or any fsspec URL), and checking what the reader trusts.
 
-On open, the manifest is loaded by ``shardwriter.format.Manifest.load``: its format and version
-(a newer version is refused), then field by field (``shardwriter.validate.check_manifest``: plain
+On open, the manifest is loaded by ``epishard.format.manifest.Manifest.load``: its format and version
+(a newer version is refused), then field by field (``epishard.format.validate.check_manifest``: plain
 file names, sizes, sha256 digests, cameras) before any name in it is opened; the dataset index
 (``index.arrow``, or the per-shard indexes when it is absent) is hashed against the manifest's
-sha256 (a local one once per node: ``shardwriter.verified``), its schema checked, and every value
+sha256 (a local one once per node: ``epishard.format.verified``), its schema checked, and every value
 bounds-checked (``check_index``) before anything is allocated or indexed by it. Local files are
 opened only if they are regular files; remote requests have connect and read timeouts
 (``FetchPolicy``) and are retried by the reader's policy.
@@ -45,7 +45,7 @@ class DatasetSource:
     Args:
         url: the dataset folder (local path, ``file://``, ``s3://``, ``https://``, ...).
         storage_options: fsspec options (endpoint, credentials, ...), merged over the environment's
-            (``shardwriter.storage.resolve_storage_options``); ``connect_timeout`` /
+            (``epishard.format.storage.resolve_storage_options``); ``connect_timeout`` /
             ``read_timeout`` / ``retry_budget`` (seconds) override ``fetch``'s.
         fetch: the ``FetchPolicy`` whose timeouts and retries apply to reading the manifest and
             index here and to the shard reads of ``read_range``.
@@ -55,7 +55,7 @@ class DatasetSource:
             the URL's bucket does not exist (the message names it; ``filename``: the URL).
         ValueError: the storage option ``retry_budget`` is not a number >= 0.
         FormatError (a ``ValueError``): the manifest or index breaks the format, the manifest is
-            larger than ``shardwriter.untrusted.MAX_JSON_BYTES``, the index's sha256 differs from
+            larger than ``epishard.format.untrusted.MAX_JSON_BYTES``, the index's sha256 differs from
             the manifest's, or a shard file has another size than the manifest says (under
             ``on_shard_error="raise"``, else only when every shard has, or when the index claims
             more rows in the shard than its file has bytes); the message names the file and the field.

@@ -17,7 +17,10 @@ SAMPLE = REPO / "sample" / "gr00t_robot_sim_picknplace"
 
 @pytest.fixture(autouse=True, scope="session")
 def _verification_cache(tmp_path_factory):
-    """Stamps of hashed index files (``shardwriter.verified``) go to the session's temporary folder, not ~/.cache."""
+    """Stamps of hashed index files (``epishard.format.verified``) go to the session's temporary folder.
+
+    Not to ~/.cache.
+    """
     os.environ["EPISHARD_CACHE"] = str(tmp_path_factory.mktemp("epishard-cache"))
 
 

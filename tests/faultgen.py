@@ -92,7 +92,7 @@ def manifest(root: str) -> dict:
 
 
 def loaded(root: str) -> Manifest:
-    """The manifest as readers see it (``format.Manifest.load``)."""
+    """The manifest as readers see it (``manifest.Manifest.load``)."""
     path = os.path.join(root, "manifest.json")
     with open(path, "rb") as f:
         return Manifest.load(f.read(), path)

@@ -171,7 +171,7 @@ def test_unknown_camera_is_named_with_the_dataset_cameras_and_nothing_is_written
 
 
 class _FullDisk:
-    """Stands in for ``open`` in shardwriter.storage: files written through it share ``free`` bytes,
+    """Stands in for ``open`` in epishard.format.storage: files written through it share ``free`` bytes,
     then every write fails with ENOSPC, as on a full disk."""
 
     def __init__(self, free: int):

@@ -590,7 +590,7 @@ def test_forged_statistics_are_refused_on_load_naming_the_feature_and_statistic(
 
 
 def test_a_zero_std_is_kept_and_divides_by_eps(intact, tmp_path):
-    """A constant dimension has std 0 (``shardwriter.stats``): loaded, normalised with ``max(std, eps)``."""
+    """A constant dimension has std 0 (``epishard.format.stats``): loaded, normalised with ``max(std, eps)``."""
     root = _forged_stats(intact, tmp_path / "ds", _set("action", mean=[0.0] * 3, std=[0.0] * 3))
     assert verify(root, decode=False)["ok"] is True
     ds = WindowDataset(root, SPEC, seed=0, normalize={"action": "mean_std"})

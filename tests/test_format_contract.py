@@ -1,4 +1,4 @@
-"""The format is one contract (issue 15, items 1 and 5): ``format.Manifest`` loads and dumps
+"""The format is one contract (issue 15, items 1 and 5): ``manifest.Manifest`` loads and dumps
 ``manifest.json`` byte for byte, every reader refuses another format or a newer version naming the
 file and both versions, ``index.arrow`` states its format version, and options refuse values
 outside their vocabulary, listing the allowed ones."""

@@ -1,6 +1,6 @@
 """Loading the dataset index fast without checking less (issue 16, item 5).
 
-A local ``index.arrow`` is hashed once per node: a stamp (``shardwriter.verified``) lets the next
+A local ``index.arrow`` is hashed once per node: a stamp (``epishard.format.verified``) lets the next
 process skip the hash only while every key of the file (real path, size, mtime, inode, device)
 and the manifest's sha256 are the same. The member-name and digest checks of ``check_index`` are
 literal byte tests now; each rule the regular expressions enforced still refuses its row.

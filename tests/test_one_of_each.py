@@ -1,7 +1,7 @@
 """One of each piece of infrastructure (issue 15, item 4): one seed convention (every plan's
 randomness comes from ``epishard.seeding.rng_for``: ``[seed mod 2**64, epoch, *salt]``, in the
 reader's planner and in ``balance`` alike), one fork-safe fsspec handle
-(``shardwriter.storage.FileSystemHandle``), one set of counter names (the fetcher counts into
+(``epishard.format.storage.FileSystemHandle``), one set of counter names (the fetcher counts into
 ``Telemetry``)."""
 
 from __future__ import annotations
@@ -76,9 +76,12 @@ def test_writer_and_reader_share_the_one_handle(intact):
     assert isinstance(Storage("memory://epishard-handle")._handle, FileSystemHandle)
     assert isinstance(DatasetSource(intact)._handle, FileSystemHandle)
     made_elsewhere = [
-        line for line in _code_lines(("shardwriter", "stream"), r"make_filesystem\(") if "storage.py" not in line
+        line
+        for line in _code_lines(("epishard/format", "shardwriter", "stream", "balance"), r"make_filesystem\(")
+        if not line.startswith("epishard/format/storage.py:")
     ]
     assert made_elsewhere == []
+    assert _code_lines(("epishard/format",), r"def make_filesystem\(")  # the one place, where the scan looks
 
 
 def test_the_fetcher_counts_into_the_telemetry_names(intact):

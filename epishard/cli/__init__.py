@@ -74,7 +74,7 @@ def _storage_options_json(text: str) -> dict:
 def storage_options(parser: argparse.ArgumentParser) -> None:
     """``--storage-options JSON``: fsspec options for URLs, shared by every subcommand that opens data.
 
-    ``shardwriter.storage.resolve_storage_options`` merges them over the environment.
+    ``epishard.format.storage.resolve_storage_options`` merges them over the environment.
     """
     parser.add_argument(
         "--storage-options",

@@ -1,6 +1,6 @@
 """The per-shard window index: written next to each shard, loaded as flat columnar arrays.
 
-On disk an index is a Parquet file with one row per episode (schema ``format.INDEX_SCHEMA``) and
+On disk an index is a Parquet file with one row per episode (schema ``manifest.INDEX_SCHEMA``) and
 a JSON document under the schema metadata key ``epishard.shard`` (the shard's name, size, sha256,
 plan digest and conversion report). In memory, ``WindowIndex`` holds numpy arrays only: nested
 lists become one flat values array plus an offsets array (Arrow's own list layout), so loading
@@ -72,7 +72,7 @@ def dataset_index_bytes(index_files: list[bytes]) -> bytes:
     """Concatenate per-shard index files (Parquet bytes, in shard order) into one Arrow IPC file.
 
     The file is uncompressed, with an int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``).
-    Its schema metadata holds the format version (``format.VERSION_KEY``), as each shard index's does.
+    Its schema metadata holds the format version (``manifest.VERSION_KEY``), as each shard index's does.
     """
     tables = [read_table_bytes(data).replace_schema_metadata(None) for data in index_files]
     table = pa.concat_tables(tables)
@@ -220,7 +220,7 @@ class WindowIndex:
             self.cam_time_base = self.cam_time_base_num.astype(np.float64) / self.cam_time_base_den
         # Byte range of each stream's video member, resolved once so a lookup is one array read.
         episode_of_stream = np.repeat(np.arange(self.num_rows.shape[0]), np.diff(self.episode_cams))
-        # Clipped so that a damaged index still loads; shardwriter.validate.check_index rejects it.
+        # Clipped so that a damaged index still loads; epishard.format.validate.check_index rejects it.
         self.stream_member = np.clip(
             self.episode_members[episode_of_stream] + self.cam_member, 0, self.member_size.size
         )
@@ -248,7 +248,7 @@ class WindowIndex:
             self.segment_offsets = np.zeros(self.num_rows.shape[0] + 1, dtype=np.int64)
 
     def _packet_arrays(self, cams: pa.StructArray) -> None:
-        """The packet tables (``format.CAMERA_TYPE``'s ``packet_*`` fields), flat with per-stream offsets.
+        """The packet tables (``manifest.CAMERA_TYPE``'s ``packet_*`` fields), flat with per-stream offsets.
 
         An index written before packet tables existed has none: every stream then has 0 packets.
         """
@@ -279,7 +279,7 @@ class WindowIndex:
         return self.psize_offsets[streams + 1] > self.psize_offsets[streams]
 
     def packets(self, stream: int) -> PacketTable:
-        """The packet table of a camera stream (``format.CAMERA_TYPE`` ``packet_*``), expanded.
+        """The packet table of a camera stream (``manifest.CAMERA_TYPE`` ``packet_*``), expanded.
 
         Raises:
             KeyError: the stream has none (``has_packets``).

@@ -17,7 +17,7 @@ upload completes (an S3 multipart upload that is aborted leaves nothing). The fi
 created lazily in each process (s3fs/aiohttp sessions do not survive a fork).
 
 Nothing waits forever: S3 and HTTP clients get connect and read timeouts (``with_timeouts``), a
-failing S3 call is retried for a time budget, not forever (``shardwriter.retry``), and
+failing S3 call is retried for a time budget, not forever (``epishard.format.retry``), and
 only regular local files are opened (``open_regular``: a FIFO or device in a dataset folder is an
 error, not a read that blocks or never ends).
 """
@@ -123,7 +123,7 @@ def make_filesystem(
 
     S3: each call that is throttled (429, 503 ``SlowDown``), fails with a 5xx or gets no answer
     (reset, refused, timed out) is retried with full-jitter backoff, honouring ``Retry-After``,
-    for ``retry_budget_s`` seconds from when it was first sent (``shardwriter.retry``), then fails
+    for ``retry_budget_s`` seconds from when it was first sent (``epishard.format.retry``), then fails
     with ``RetryBudgetExceeded`` naming the URL, status and time spent. A budget of 0, or a
     ``retries`` entry of the options' ``config_kwargs`` (botocore's own setting, then kept), gives
     botocore's standard retry mode with ``attempts`` tries instead. s3fs's own retry loops are
@@ -247,7 +247,7 @@ class Storage:
     ``url``: local path or fsspec URL; ``storage_options``: passed to fsspec, except epishard's
     ``connect_timeout``, ``read_timeout`` and ``retry_budget`` (seconds; see ``make_filesystem``).
     Over HTTP(S), whose client does not retry, ``exists``, ``size``, ``names`` and ``read`` are
-    retried by the same budget (``shardwriter.retry.call_with_budget``): a throttled or failing
+    retried by the same budget (``epishard.format.retry.call_with_budget``): a throttled or failing
     server is waited out, or named with its status (``RetryBudgetExceeded``), never taken for a
     missing file.
     """

@@ -474,7 +474,7 @@ def _check_packets(index, frames: np.ndarray, w: _Where) -> None:
 
 
 def check_index_version(schema: pa.Schema, manifest_version: int | None, where: str) -> None:
-    """Check the format version an index file's schema metadata states (``format.VERSION_KEY``).
+    """Check the format version an index file's schema metadata states (``manifest.VERSION_KEY``).
 
     Against this reader and the manifest's (None: not compared). Indexes written before
     ``index.arrow`` kept it have none (the manifest's version applies).

@@ -7,7 +7,7 @@ stores it (``shardwriter.video.cut``: stream copy from the episode's keyframe) a
 again, three ways, all with one FFmpeg thread:
 
 ``torchcodec``    ``VideoDecoder(bytes, custom_frame_mappings=..., num_ffmpeg_threads=1)``
-                  (``shardwriter.video.open_decoder``: the reader's way today); first frame:
+                  (``epishard.format.decoder.open_decoder``: the reader's way today); first frame:
                   ``get_frame_at(0)`` (RGB24 uint8 tensor: the conversion is included).
 ``codeccontext``  ``av.CodecContext.create(name, "r")`` with the stream's extradata,
                   ``thread_count=1``, ``open()``; first frame: packets (demuxed beforehand, outside

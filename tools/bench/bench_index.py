@@ -138,7 +138,7 @@ def _checks(folder: str, index: WindowIndex, per_shard: list[int]) -> tuple[floa
     """Seconds the reader spends on its load-time checks (best of 3): hashing ``index.arrow``
     through its memory map (cold pages are read from disk once, then shared), and reading it with
     the schema and bound checks of every value (``WindowIndex.read_dataset_index`` and
-    ``shardwriter.validate.check_index``, as ``validate.load_dataset_index`` does after the hash)."""
+    ``epishard.format.validate.check_index``, as ``opening.load_dataset_index`` does after the hash)."""
     shards = [ShardEntry(f"s{i}.tar", f"s{i}.index.parquet", n, 0, 0, 1 << 40, "", "") for i, n in enumerate(per_shard)]
     path = os.path.join(folder, DATASET_INDEX_NAME)
     hash_s, check_s = [], []

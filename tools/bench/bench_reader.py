@@ -38,7 +38,7 @@ samples per round and side (default 96), rounded up to whole epochs of 4 windows
    information consumer 0 of 8 ranks x 8 workers at 27,500 (every consumer plans the whole epoch).
    Target: 27,500 x 1 per sample <= 1.2x the 8 x 1 per sample. ``WindowDataset`` construction
    time (index load plus its episode table) is reported once per size.
-4. Decoded frames per second per core: the reader's decode path (``shardwriter.video.frame_mappings``
+4. Decoded frames per second per core: the reader's decode path (``epishard.format.decoder.frame_mappings``
    from the index plus ``stream.decode.decode`` of every frame of the video, one ffmpeg thread)
    vs ``ffmpeg -threads 1 -i VIDEO -f rawvideo -pix_fmt rgb24 -y /dev/null`` (a subprocess) on the
    same video members: so101 (MPEG-4 224x224, 10 videos), unitree_g1_bottle_av1 (AV1 640x480, 4

@@ -197,7 +197,9 @@ def baseline_tree(ref: str, into: str) -> str:
 
 
 def has_levels(tree: str) -> bool:
-    return "CHECK_LEVELS" in Path(tree, "shardwriter", "format.py").read_text()
+    # The format's names: epishard/format/manifest.py, in trees older than that package shardwriter/format.py.
+    names = Path(tree, "epishard", "format", "manifest.py")
+    return "CHECK_LEVELS" in (names if names.exists() else Path(tree, "shardwriter", "format.py")).read_text()
 
 
 def run_convert(tree: str, src: str, check: str, workers: int, scratch: str) -> dict:
