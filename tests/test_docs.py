@@ -9,6 +9,7 @@ current documents hold none, and ``test_history_check_catches_a_planted_line`` s
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -103,3 +104,34 @@ def test_every_docs_file_is_reachable():
             continue
         rel = path.relative_to(ROOT / "docs").as_posix()
         assert rel in nav or path.resolve() in linked, f"docs/{rel} is neither in mkdocs.yml's nav nor linked"
+
+
+def _api_pages():
+    spec = importlib.util.spec_from_file_location("api_pages", ROOT / "tools" / "dev" / "api_pages.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_api_reference_lists_every_public_module_and_curated_name():
+    """docs/api/ is what tools/dev/api_pages.py writes: a new module or curated name needs a rerun of it."""
+    import epishard
+
+    pages = _api_pages()
+    for page, (package, folder, intro) in pages.PACKAGES.items():
+        text = (ROOT / "docs" / "api" / page).read_text(encoding="utf-8")
+        assert text == pages.package_page(package, folder, intro), (
+            f"docs/api/{page} is not {package}'s public modules {pages.public_modules(folder)}: "
+            "run .venv/bin/python tools/dev/api_pages.py"
+        )
+    curated = (ROOT / "docs" / "api" / "index.md").read_text(encoding="utf-8")
+    missing = [name for name in epishard._API if not re.search(rf"^::: [\w.]+\.{name}$", curated, re.M)]
+    assert not missing, f"docs/api/index.md lacks {missing}: run .venv/bin/python tools/dev/api_pages.py"
+
+
+def test_deprecated_aliases_are_left_out_of_the_api_reference():
+    pages = _api_pages()
+    modules = pages.public_modules("shardwriter")
+    assert "convert" in modules and "sources" in modules
+    aliases = [p.stem for p in (ROOT / "shardwriter").glob("*.py") if pages.is_alias(str(p))]
+    assert not set(aliases) & set(modules)
