@@ -276,6 +276,37 @@ def test_packages_import_downwards_only(graph):
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
 
 
+# The contract's own layers (epishard/format/__init__.py lists them so): each module imports only
+# modules before it here.
+CONTRACT_ORDER = [
+    "errors",
+    "untrusted",
+    "retry",
+    "verified",
+    "stats",
+    "manifest",
+    "validate",
+    "index",
+    "storage",
+    "opening",
+    "decoder",
+]
+
+
+def test_the_contracts_modules_import_upwards_in_their_list(graph):
+    files, edges = graph
+    assert sorted(m.rpartition(".")[2] for m in files if m.startswith("epishard.format.")) == sorted(CONTRACT_ORDER)
+    rank = {f"epishard.format.{m}": i for i, m in enumerate(CONTRACT_ORDER)}
+    bad = [
+        f"{e.path}:{e.line}: {e.source} imports {e.target}, listed after it"
+        for e in edges
+        if e.source in rank and e.target in rank and rank[e.target] >= rank[e.source]
+    ]
+    assert not bad, "\n".join(bad)
+    outside = {e.target for e in edges if e.source in rank and e.target not in rank}
+    assert outside == {"epishard.redact", "epishard.storage_options"}  # epishard's leaf modules only
+
+
 def test_the_reader_imports_nothing_of_the_writer(graph):
     _, edges = graph
     pairs = sorted(
