@@ -62,7 +62,7 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
         streams = np.flatnonzero(index.cam_names.to_numpy(zero_copy_only=False) == cam_name)
         per_stream = []
         for s in streams:
-            keys = index.keyframes_of(s)
+            keys = index.keyframes_of(int(s))
             ends = np.append(keys[1:], index.cam_num_frames[s])
             per_stream.append(ends - keys)
         gaps = np.concatenate(per_stream) if per_stream else np.zeros(1)
