@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -30,19 +30,89 @@ from .episode import (
     window_rows,
     window_sample,
 )
-from .fetch import Fetcher, FetchError, episode_ranges
+from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
 from .lookahead import Decode, Demand, Load, Lookahead, Scheduler, Step, Store, frame_key
 from .memory import release_free_memory
-from .mix import camera_streams, column_widths
+from .mix import MixLayout, camera_streams, column_widths
 from .packets import plan_runs, readable, run_ranges
 from .plan import WorkerPlan
 from .source import DatasetSource
+from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
 from .usercode import from_user_code
 
-if TYPE_CHECKING:
-    from .dataset import WindowDataset
+
+class Readable(Protocol):
+    """What the read loop takes from the ``WindowDataset`` it reads for (``stream.dataset``)."""
+
+    @property
+    def sources(self) -> list[DatasetSource]:
+        """The datasets of the mix."""
+        ...
+
+    @property
+    def spec(self) -> WindowSpec:
+        """The window."""
+        ...
+
+    @property
+    def layout(self) -> MixLayout:
+        """How the mix's samples are laid out (``stream.mix.mix_layout``)."""
+        ...
+
+    @property
+    def cam_offsets(self) -> list[dict[str, np.ndarray]]:
+        """Per dataset: its camera keys -> frame offsets."""
+        ...
+
+    @property
+    def normalizers(self) -> list[dict]:
+        """Per dataset, per source in it: column -> normaliser."""
+        ...
+
+    @property
+    def post(self) -> PostProcess:
+        """The frames' post-processing."""
+        ...
+
+    @property
+    def episode_base(self) -> np.ndarray:
+        """Int64 ``[datasets + 1]``: the first global episode number of each dataset."""
+        ...
+
+    @property
+    def fetch(self) -> FetchPolicy:
+        """How shard bytes are fetched."""
+        ...
+
+    @property
+    def lookahead(self) -> Lookahead:
+        """The look-ahead policy."""
+        ...
+
+    @property
+    def defer_float(self) -> bool:
+        """Frames stay uint8 (the collate converts them)."""
+        ...
+
+    @property
+    def _failed(self) -> np.ndarray:
+        """Bool ``[global episodes]``: those of a shard its source failed on open."""
+        ...
+
+    @property
+    def _first_chunk(self) -> int | None:
+        """Windows of the first look-ahead chunk (the loader's batch), or None."""
+        ...
+
+    def _locate(self, episode: int) -> tuple[int, int]:
+        """``(dataset, episode in it)`` of a global episode number."""
+        ...
+
+    def _emit(self, sample: dict, telemetry: Telemetry) -> dict:
+        """``sample`` as yielded (counted; telemetry and cost attached)."""
+        ...
 
 
 class EpochReader:
@@ -51,7 +121,7 @@ class EpochReader:
     One per iteration of a worker: it holds nothing between epochs.
     """
 
-    def __init__(self, ds: WindowDataset):
+    def __init__(self, ds: Readable):
         self.ds = ds
         # Per dataset, the global number of its first camera stream (streams of a mix are numbered on).
         self._stream_base: list[int] = np.cumsum([0, *[s.index.cam_depth.size for s in ds.sources]]).tolist()

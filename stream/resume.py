@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Literal, Protocol
 
+from .options import Ranks
 from .plan import STATE_VERSION, LevelOverrun, Progress
 from .statecheck import StateError, bounded, check_digest, check_fields, states_of
-
-if TYPE_CHECKING:
-    from .dataset import WindowDataset
 
 
 @dataclass(frozen=True)
@@ -41,8 +39,52 @@ class Resume:
         return not self.history and not any(self.skip)
 
 
+class Resumable(Protocol):
+    """What resuming takes from (and sets on) the ``WindowDataset`` it resumes (``stream.dataset``)."""
+
+    epoch: int  # the epoch the next iteration runs
+    shuffle: int | Literal["auto"] | None  # the shuffle pool as given ("auto": resolved by pool_episodes)
+    _resume: Resume | None  # where the next iteration starts
+    _started: Resume  # where the last iteration in this process started
+    _consumed: int  # samples the iteration in this process yielded
+
+    @property
+    def seed(self) -> int:
+        """The plan's seed."""
+        ...
+
+    @property
+    def batch_size(self) -> int | None:
+        """The per-rank batch size, when known."""
+        ...
+
+    @property
+    def ranks(self) -> Ranks:
+        """This process's rank and world size (``Ranks.world``)."""
+        ...
+
+    @property
+    def plan_digest(self) -> str:
+        """Fingerprint of the episode table and window spec."""
+        ...
+
+    def pool_episodes(self, batch_size: int | None = None) -> int | None:
+        """The shuffle pool in effect."""
+        ...
+
+    def windows_per_consumer(
+        self, epoch: int, world_size: int, num_workers: int, history: tuple[Progress, ...] = ()
+    ) -> int:
+        """Windows each (rank, worker) yields in ``epoch`` after ``history``."""
+        ...
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run ``epoch`` on the next iteration."""
+        ...
+
+
 def state_dict(
-    ds: WindowDataset,
+    ds: Resumable,
     batches: int | None = None,
     batch_size: int | None = None,
     num_workers: int = 0,
@@ -89,7 +131,7 @@ def state_dict(
     }
 
 
-def load_state(ds: WindowDataset, state: dict | list[dict], num_workers: int = 0) -> None:
+def load_state(ds: Resumable, state: dict | list[dict], num_workers: int = 0) -> None:
     """Continue exactly where ``state`` was taken.
 
     ``state``: this rank's state (from the same layout: the next sample or batch is the one the
@@ -157,7 +199,7 @@ def load_state(ds: WindowDataset, state: dict | list[dict], num_workers: int = 0
     ds._consumed = 0
 
 
-def checked_states(ds: WindowDataset, state: object) -> list[dict]:
+def checked_states(ds: Resumable, state: object) -> list[dict]:
     """The states given to ``load_state_dict``, every field checked (``stream.statecheck``) and their agreement.
 
     Types and ranges of every field (version, seed, epoch, world size and rank, worker count,
@@ -191,7 +233,7 @@ def checked_states(ds: WindowDataset, state: object) -> list[dict]:
     return states
 
 
-def _check_counts(ds: WindowDataset, states: list[dict], epoch: int, history: tuple[Progress, ...]) -> None:
+def _check_counts(ds: Resumable, states: list[dict], epoch: int, history: tuple[Progress, ...]) -> None:
     """Every consumed count of ``states`` (and of their ``history``) within its consumer's windows in this plan.
 
     Raises:

@@ -33,7 +33,8 @@ from epishard.balance import (
     window_features,
 )
 from epishard.stream.options import Ranks, ReadOptions
-from epishard.stream.plan import EpisodeTable, World, global_plan, pool_shuffle, rng_for, worker_plan
+from epishard.stream.plan import EpisodeTable, World, global_plan, rng_for, worker_plan
+from epishard.stream.shuffle import pool_shuffle
 
 
 def decoded_by_walking(frames: np.ndarray, keyframes: np.ndarray) -> int:

@@ -19,10 +19,10 @@ from epishard.balance import CostModel, WindowCost, epoch_summary, rank_steps, s
 from epishard.balance.globaldeal import GlobalDeal, global_steps
 from epishard.balance.streaming import BalancedOrder, BalancedWindowDataset
 from epishard.stream import WindowLoader, WindowSpec, World
-from epishard.stream.dataset import STATE_VERSION
 from epishard.stream.mixplan import BatchByDataset
 from epishard.stream.options import Mixing, Ranks
-from epishard.stream.plan import EpisodeTable, Progress, default_shuffle_episodes, global_plan, worker_plan
+from epishard.stream.plan import STATE_VERSION, EpisodeTable, Progress, global_plan, worker_plan
+from epishard.stream.shuffle import default_shuffle_episodes
 
 # --- pure: global_steps ----------------------------------------------------------------------------
 
@@ -323,9 +323,9 @@ def test_scope_options_are_checked(dataset):
     with pytest.raises(ValueError, match="batch_by_dataset"):
         BalancedWindowDataset(dataset, SPEC, batch_size=2, scope="global", mix=Mixing(batch_by_dataset=True))
     ds = BalancedWindowDataset(dataset, SPEC, batch_size=2, scope="global")
-    assert ds.fetch.mode == "ranged" and ds.deal is not None and ds.order is None
+    assert ds.fetch.mode == "ranged" and ds.stages.deal is not None and ds.stages.order is None
     local = BalancedWindowDataset(dataset, SPEC, batch_size=2)
-    assert local.fetch.mode == "stream" and local.deal is None and local.order is not None
+    assert local.fetch.mode == "stream" and local.stages.deal is None and local.stages.order is not None
 
 
 def test_a_state_balanced_another_way_is_refused_and_the_loader_batch_size_is_checked(dataset):

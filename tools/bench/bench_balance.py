@@ -60,15 +60,8 @@ from epishard.balance import (
 )
 from epishard.balance.telemetry import step_costs
 from epishard.format.index import WindowIndex
-from epishard.stream.plan import (
-    EpisodeTable,
-    World,
-    default_shuffle_episodes,
-    global_plan,
-    pool_shuffle,
-    rng_for,
-    worker_plan,
-)
+from epishard.stream.plan import EpisodeTable, World, global_plan, rng_for, worker_plan
+from epishard.stream.shuffle import default_shuffle_episodes, pool_shuffle
 
 D_MODEL = 2048
 MIX = {
