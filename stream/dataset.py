@@ -51,7 +51,6 @@ Epochs: each ``__iter__`` runs the next epoch of the object it is called on. Wit
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import time
 import warnings
@@ -70,18 +69,15 @@ from .fetch import FetchPolicy
 from .lookahead import Lookahead
 from .memory import limit_worker_arenas
 from .mix import mix_layout, normalizers
-from .mixplan import BatchByDataset, probability_factors
+from .mixplan import BatchByDataset, mix_table
 from .options import Mixing, Ranks, ReadOptions, Stages
 from .plan import (
-    EpisodeTable,
     EpochCuts,
     Progress,
     WorkerPlan,
     World,
     anchor_counts,
-    episode_table,
     epoch_cuts,
-    expected_windows,
     level_plan,
     plan_shape,
     worker_plan,
@@ -150,19 +146,14 @@ class WindowDataset(IterableDataset):
             ``stream.mix.resolve_specs``); an offset off a dataset's frame grid is refused, naming
             the dataset, the key and the nearest allowed time.
         seed: base seed; the plan is a pure function of (seed, epoch, world size, rank, workers).
-        shuffle: the shuffle's one knob, in episodes (``stream.shuffle.pool_shuffle``): how many
-            episodes' windows are interleaved at a time in each consumer's yield order (consecutive
-            pools of that many episodes in read order, windows permuted within a pool). Small: an
-            episode's windows close together in time (one decode serves several) but fewer distinct
-            episodes per batch; large: diversity near i.i.d. ``None``: the whole consumer's windows
-            (the most diverse); ``0``: read order, no shuffle. ``"auto"`` (default): as many
-            episodes as the look-ahead frame cache holds the frames of
-            (``Lookahead.frame_cache_bytes``), at most ``8 x batch_size`` (at least 0.94 of the
-            distinct episodes per batch of i.i.d. sampling; 512 when the batch size is unknown;
-            ``WindowLoader`` passes its own) and never so few that less than 0.92 of a batch is
-            distinct (``stream.shuffle.budget_shuffle_episodes``; 42 episodes for batches of 8: 2
-            cameras of 640x480 frames do not fit, so frames are evicted and decoded again rather
-            than diversity given up).
+        shuffle: episodes per shuffle pool (``stream.shuffle.pool_shuffle``): each consumer's windows
+            are permuted within consecutive pools of that many episodes in read order. Small: an
+            episode's windows close together in time (one decode serves several), fewer distinct
+            episodes per batch; large: diversity near i.i.d. ``None``: one pool (the most diverse);
+            ``0``: read order. ``"auto"`` (default): the most episodes whose frames the look-ahead
+            frame cache holds (``Lookahead.frame_cache_bytes``), at most ``8 x batch_size`` (at least
+            0.94 of i.i.d.'s distinct episodes per batch; 512 when the batch size is unknown) and at
+            least the pool that keeps 0.92 of a batch distinct (``stream.shuffle.budget_shuffle_episodes``).
         ranks: this process's rank, the world size and the DataLoader workers (``Ranks``; None:
             ``torch.distributed``'s when initialised, else rank 0 of 1).
         batch_size: the per-rank batch size, when known before a ``WindowLoader`` gives its own:
@@ -186,8 +177,9 @@ class WindowDataset(IterableDataset):
             weight; ``select`` of another length than the datasets; a selection that keeps no
             episode; and what ``stream.mix.mix_layout`` refuses.
 
-    The work is split by job: ``stream.plan`` (the epoch plan), ``stream.reader`` (a worker's read
-    loop), ``stream.resume`` (states and mid-epoch resume).
+    The work is split by job: ``stream.mixplan.mix_table`` (the planner's table of the mix),
+    ``stream.plan`` (the epoch plan), ``stream.reader`` (a worker's read loop), ``stream.resume``
+    (states and mid-epoch resume).
     """
 
     def __init__(
@@ -242,12 +234,23 @@ class WindowDataset(IterableDataset):
         if batch_size is not None:
             self.layout.check_batchable()  # frames of several sizes cannot be stacked into a batch
         self.stratify = (len(self.sources) > 1 if m.stratify is None else m.stratify) or m.batch_by_dataset
-        self.table, self.episode_base = self._episode_table()
+        # The planner's table of the mix; episode_base: int64 [datasets + 1], each one's first global episode.
+        self.table, self.episode_base, self.weights = mix_table(
+            spec,
+            [s.index for s in self.sources],
+            self.layout.specs,
+            self.cam_offsets,
+            self.selected,
+            self.weights,
+            [len(s.shards) for s in self.sources],
+            stratify=self.stratify,
+            probability=m.weights == "probability",
+            epoch_length=m.epoch_length,
+            names=[s.shown for s in self.sources],
+        )
         # Bool [global episodes]: those of a shard its source failed on open (its size check); they
         # stay planned, are never fetched or decoded, and each of their windows is a substitute.
         self._failed = np.concatenate([np.zeros(0, dtype=bool), *[s.failed_episodes() for s in self.sources]])
-        if m.weights == "probability":
-            self._probability_weights(m.epoch_length)
         self.epoch = 0
         self._resume: Resume | None = None  # taken by the next __iter__ (of a worker's copy too)
         self._started = Resume(0)  # what the last __iter__ in this process started from
@@ -277,30 +280,6 @@ class WindowDataset(IterableDataset):
         return other
 
     # --- planning (``stream.plan``) -------------------------------------------------------------
-
-    def _episode_table(self) -> tuple[EpisodeTable, np.ndarray]:
-        """The planner's table of every dataset of the mix.
-
-        The planner's table of every dataset of the mix (``plan.episode_table`` each, its
-        read-time selection as ``keep``), and the first global episode number of each dataset
-        (int64 ``[datasets + 1]``).
-        """
-        parts = [
-            episode_table(spec, source.index, offsets, weight=weight, keep=keep)
-            for source, spec, weight, offsets, keep in zip(
-                self.sources, self.layout.specs, self.weights, self.cam_offsets, self.selected, strict=True
-            )
-        ]
-        table = EpisodeTable.concat(parts, [len(s.shards) for s in self.sources], self.stratify)
-        return table, np.cumsum([0, *[t.num_episodes for t in parts]])
-
-    def _probability_weights(self, epoch_length: int | None) -> None:
-        """Replace the table's weights by the repeat factors of ``weights="probability"``."""
-        anchors = anchor_counts(self.table.lo, self.table.hi, self.spec.stride, self.table.gaps)
-        natural = np.add.reduceat(expected_windows(anchors, self.spec.sampling), self.episode_base[:-1])
-        factors = probability_factors(natural, self.weights, epoch_length, [s.shown for s in self.sources])
-        self.weights = factors.tolist()
-        self.table = dataclasses.replace(self.table, weight=np.repeat(factors, np.diff(self.episode_base)))
 
     def _group(self) -> BatchByDataset | None:
         """``batch_by_dataset``'s group stage (``stream.mixplan.BatchByDataset``), else None.

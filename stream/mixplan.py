@@ -1,7 +1,8 @@
 """Planning rules of a mix of datasets, as pure functions (no I/O).
 
-Planning rules of a mix of datasets, as pure functions (no I/O): probability weights turned into
-the planner's repeat factors, and the per-dataset batch order of ``batch_by_dataset``.
+Planning rules of a mix of datasets, as pure functions (no I/O): the planner's table of a mix
+(``mix_table``), probability weights turned into the planner's repeat factors, and the per-dataset
+batch order of ``batch_by_dataset``.
 
 Weights: the planner multiplies each dataset's windows by its weight (a repeat factor: 1:1 gives the
 datasets' natural sizes). ``weights="probability"`` instead makes each dataset's share of an epoch
@@ -21,9 +22,58 @@ samples and batches, and every window kept is yielded exactly once. It is the pl
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from .plan import EpisodeTable, anchor_counts, episode_table, expected_windows
+from .spec import WindowSpec
+
+
+def mix_table(
+    spec: WindowSpec,
+    indexes: Sequence,
+    specs: Sequence[WindowSpec],
+    cam_offsets: Sequence[dict[str, np.ndarray]],
+    keep: Sequence[np.ndarray],
+    weights: Sequence[float],
+    shard_counts: Sequence[int],
+    *,
+    stratify: bool,
+    probability: bool = False,
+    epoch_length: int | None = None,
+    names: list[str] | None = None,
+) -> tuple[EpisodeTable, np.ndarray, list[float]]:
+    """The planner's table of every dataset of a mix, episodes and shards numbered on.
+
+    ``spec``: the mix's window (its stride and windows per episode weigh ``probability``). Per
+    dataset ``d``: its index (``WindowIndex``), its spec in its own rows (``stream.mix``), its
+    camera offsets, ``keep`` (bool ``[episodes]``: its read-time selection), its weight and its shard
+    count; ``plan.episode_table`` each, then ``EpisodeTable.concat`` (each dataset its own stratum with
+    ``stratify``). With ``probability`` the weights are the datasets' shares of an epoch of
+    ``epoch_length`` windows (``probability_factors``), else repeat factors.
+
+    Returns:
+        the table, the first global episode number of each dataset (int64 ``[datasets + 1]``) and the
+        repeat factor of each dataset (the weights as given, or the probability's factors).
+
+    Raises:
+        ValueError: see ``probability_factors``.
+    """
+    parts = [
+        episode_table(spec, index, offsets, weight=weight, keep=kept)
+        for index, spec, offsets, kept, weight in zip(indexes, specs, cam_offsets, keep, weights, strict=True)
+    ]
+    table = EpisodeTable.concat(parts, shard_counts, stratify)
+    base = np.cumsum([0, *[t.num_episodes for t in parts]])
+    if not probability:
+        return table, base, list(weights)
+    anchors = anchor_counts(table.lo, table.hi, spec.stride, table.gaps)
+    natural = np.add.reduceat(expected_windows(anchors, spec.sampling), base[:-1])
+    factors = probability_factors(natural, list(weights), epoch_length, names)
+    return dataclasses.replace(table, weight=np.repeat(factors, np.diff(base))), base, factors.tolist()
 
 
 def probability_factors(
