@@ -286,3 +286,44 @@ def test_fail_is_a_deprecated_spelling_of_raise():
     with pytest.warns(DeprecationWarning, match="timestamps='fail' is deprecated"):
         assert ConvertOptions(timestamps="fail").timestamps == "raise"
     assert options == ConvertOptions(on_error="raise")
+
+
+def _audio_only() -> bytes:
+    """A Matroska file holding one audio stream and no video stream."""
+    import io
+
+    import av
+    import numpy as np
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="matroska") as container:
+        stream = container.add_stream("pcm_s16le", rate=8000, layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate = 8000
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def test_the_decoder_glue_raises_its_own_error_and_the_writer_its_conversion_error():
+    import io
+
+    import av
+
+    from epishard.format import decoder
+    from epishard.format.errors import VideoError
+    from epishard.shardwriter import video
+    from epishard.shardwriter.errors import ConversionError
+
+    data = _audio_only()
+    said = "no video stream in file: no video stream holds frames"
+    with av.open(io.BytesIO(data)) as container:
+        with pytest.raises(VideoError) as contract:
+            decoder.frame_stream(container)
+        with pytest.raises(ConversionError) as writer:
+            video.frame_stream(container)
+    assert str(contract.value) == said and not isinstance(contract.value, ConversionError)
+    assert writer.value.kind == "unreadable_video" and writer.value.detail == said
+    with pytest.raises(ConversionError, match=re.escape(f"[unreadable_video] : {said}")):
+        video.probe(data)
+    assert decoder.container_frames(data, -1) is None  # the reader's bound: not stated, not refused here
