@@ -32,7 +32,7 @@ multiple of the consumers, the plan's remainder already left out):
    gets a contiguous run of them in plan order (neighbouring anchors of an episode, which share
    frames) instead of every other one: each frame is then decoded by fewer consumers.
 
-``GlobalDeal`` is that as a declared plan stage (``stream.plan.DealStage``, ``keeps_order``: no
+``GlobalDeal`` is that as a declared plan stage (``stream.stages.DealStage``, ``keeps_order``: no
 pool shuffle after it). The windows kept and dropped are the plain plan's (``stream.plan.deal``
 without strata: ``R mod consumers`` left out at random per ``(seed, epoch, level)``), so the global
 deal changes who yields a window and when, never whether. Exactly once, equal steps per rank and
@@ -152,7 +152,7 @@ def global_steps(
 
 @dataclass(frozen=True)
 class GlobalDeal:
-    """The global cost-balancing deal stage (``stream.plan.DealStage``) of ``global_steps``.
+    """The global cost-balancing deal stage (``stream.stages.DealStage``) of ``global_steps``.
 
     ``cost``: a ``CostFn`` on global episode numbers and anchors; ``batch_size``: the loader's
     per-rank batch size; ``chunk_steps``: global steps per balancing chunk (None: the whole epoch).

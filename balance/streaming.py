@@ -50,7 +50,7 @@ from .local import local_order, stratified_order
 
 @dataclass(frozen=True)
 class BalancedOrder:
-    """The order stage (``stream.plan.OrderStage``) of cost balancing.
+    """The order stage (``stream.stages.OrderStage``) of cost balancing.
 
     ``strata``: int64 ``[episodes]`` stratum (dataset) of each global episode, or ``None`` (one
     stratum); ``num_strata``: how many. Without strata: ``local_order`` (cost-sorted blocks in

@@ -28,7 +28,7 @@ Sample format (stable; ``default_collate`` batches it):
 ``substitute``                     bool: True for a repeat of the worker's previous sample that
                                    stands in for a window of a shard that failed to fetch
                                    (``FetchPolicy(on_shard_error="skip")``)
-``__telemetry__``                  float64 counters of the worker (only with ``telemetry=True``)
+``__telemetry__``                  float64 counters of the worker (only with ``ReadOptions(telemetry=True)``)
 =================================  =========================================================
 
 Columns keep the per-row shape the dataset stores (the manifest's ``features``): ``[D]`` for a

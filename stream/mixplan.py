@@ -100,7 +100,7 @@ def probability_factors(
 
 @dataclass(frozen=True)
 class BatchByDataset:
-    """The planner's group stage (``stream.plan.GroupStage``) of ``batch_by_dataset``.
+    """The planner's group stage (``stream.stages.GroupStage``) of ``batch_by_dataset``.
 
     ``dataset_of_episode``: int64 ``[num_episodes]``, the dataset of each global episode number
     (the planner's stratum); ``batch_size``: windows per batch.

@@ -63,8 +63,8 @@ class EpisodeTable:
 
     ``shard``: global shard number; ``lo``/``hi``: anchor range ``[lo, hi)`` for the window spec;
     ``weight``: window-count multiplier (dataset mixing weight); ``cost_bytes``: optional, bytes an
-    episode holds while loaded (the plan does not use it since the buffer shuffle went; kept for
-    ``buffer_shuffle``'s models); ``stratum``: optional stratum per episode (e.g. its
+    episode holds while loaded (carried along, not used by the plan; benchmarks' tables set it);
+    ``stratum``: optional stratum per episode (e.g. its
     dataset), constant within a shard: each stratum is then dealt to consumers on its own.
     ``gaps``: optional int64 ``[G, 3]`` rows ``(episode, lo, hi)``, sorted and disjoint
     (``break_gaps``): anchors in ``[lo, hi)`` of that episode are left out, because their window

@@ -78,9 +78,7 @@ def train(root: str, name: str, steps: int, workers: int, batch_size: int, image
     meta = EpishardLeRobotMeta.open(root, image_size=(image_size, image_size))
     delta = resolve_delta_timestamps(cfg, meta)  # LeRobot's own, from the drop-in's meta
     size = (image_size, image_size)
-    ds = EpishardLeRobotDataset(
-        root, delta, image_size=size, seed=0, **({} if pool is None else {"shuffle": pool})
-    )
+    ds = EpishardLeRobotDataset(root, delta, image_size=size, seed=0, **({} if pool is None else {"shuffle": pool}))
     policy = make_policy(cfg, ds_meta=ds.meta)
     preprocessor, _ = make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)
     optimizer_cfg = cfg.get_optimizer_preset()  # lerobot-train's cfg.optimizer when none is given

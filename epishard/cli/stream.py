@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import warnings
 
 from epishard.cli import show_progress, storage_options
 from epishard.redact import redact
@@ -75,7 +74,7 @@ def _pool(text: str) -> int | str | None:
 def add_per_episode_arguments(p: argparse.ArgumentParser) -> None:
     """``--per-episode-count N`` / ``--per-episode-fraction F``: windows per episode per epoch.
 
-    Default: every anchor. The deprecated ``--per-episode F`` is a count above 1, else a fraction.
+    Default: every anchor.
     """
     group = p.add_mutually_exclusive_group()
     group.add_argument(
@@ -90,20 +89,10 @@ def add_per_episode_arguments(p: argparse.ArgumentParser) -> None:
         metavar="F",
         help="this share of each episode's windows, in (0, 1] (default: all)",
     )
-    group.add_argument("--per-episode", type=float, help=argparse.SUPPRESS)  # deprecated
 
 
 def per_episode_options(args: argparse.Namespace) -> dict:
     """``WindowSpec`` keywords from ``add_per_episode_arguments``' options."""
-    old = args.per_episode
-    if old is not None:
-        kind = "count" if old > 1 else "fraction"
-        warnings.warn(
-            f"--per-episode is deprecated (1 meant all windows, 2 two): use --per-episode-{kind}",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return {"per_episode_count": int(old)} if old > 1 else {"per_episode_fraction": old}
     return {"per_episode_count": args.per_episode_count, "per_episode_fraction": args.per_episode_fraction}
 
 
