@@ -161,6 +161,7 @@ from epishard.shardwriter import verify
 from epishard.shardwriter.describe import describe
 from epishard.stream import WindowDataset
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.options import ReadOptions
 
 def run(step):
     try:
@@ -174,7 +175,8 @@ def read(root, policy):
     def step():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            ds = WindowDataset(root, SPEC, seed=5, storage_options=options, fetch=FetchPolicy(on_shard_error=policy))
+            reading = ReadOptions(storage_options=options, fetch=FetchPolicy(on_shard_error=policy))
+            ds = WindowDataset(root, SPEC, seed=5, read=reading)
             samples = [
                 [int(s["episode_index"]), int(s["frame_index"]), bool(s["substitute"]),
                  hashlib.sha256(s[CAMERA].numpy().tobytes()).hexdigest()]
