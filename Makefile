@@ -51,7 +51,7 @@ lerobot-peer:
 # The docs site (mkdocs.yml): strict, so a broken link, an unlisted page or an API reference that does
 # not resolve fails it; the output goes to build/site (not committed).
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site  # not --quiet: it hides the warnings strict counts
 
 test: lint docs lerobot-peer
 	$(BIN)/python -m pytest tests

@@ -118,9 +118,10 @@ def test_api_reference_lists_every_public_module_and_curated_name():
     import epishard
 
     pages = _api_pages()
+    homes = pages.curated_homes()
     for page, (package, folder, intro) in pages.PACKAGES.items():
         text = (ROOT / "docs" / "api" / page).read_text(encoding="utf-8")
-        assert text == pages.package_page(package, folder, intro), (
+        assert text == pages.package_page(package, folder, intro, homes), (
             f"docs/api/{page} is not {package}'s public modules {pages.public_modules(folder)}: "
             "run .venv/bin/python tools/dev/api_pages.py"
         )

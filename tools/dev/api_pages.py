@@ -71,19 +71,37 @@ def public_modules(folder: str) -> list[str]:
     return names
 
 
-def package_page(package: str, folder: str, intro: str) -> str:
-    """The Markdown of one package's page: its docstring, then one section per public module."""
+def curated_homes() -> dict[str, str]:
+    """Each curated name of ``epishard._API`` -> the module that defines it (imports the packages)."""
+    sys.path.insert(0, ROOT)
+    import epishard
+
+    return {name: getattr(importlib.import_module(module), name).__module__ for name, module in epishard._API.items()}
+
+
+def package_page(package: str, folder: str, intro: str, homes: dict[str, str]) -> str:
+    """The Markdown of one package's page: its docstring, then one section per public module.
+
+    A curated name (``homes``: name -> defining module) is rendered on the curated API's page only,
+    and its module's section links there, so every object has one page (one primary URL).
+    """
     lines = [f"# `{package}`", "", intro, "", f"::: {package}", "    options:", "      members: false"]
     lines += ["      show_root_heading: false", ""]
     for module in public_modules(folder):
-        lines += [f"## `{package}.{module}`", "", f"::: {package}.{module}", "    options:"]
-        lines += ["      show_root_heading: false", "      heading_level: 3", ""]
+        lines += [f"## `{package}.{module}`", ""]
+        curated = [name for name, home in homes.items() if home == f"{package}.{module}"]
+        if curated:
+            links = ", ".join(f"[`{name}`](index.md#{package}.{module}.{name})" for name in curated)
+            lines += [f"On the curated API's page: {links}.", ""]
+        lines += [f"::: {package}.{module}", "    options:", "      show_root_heading: false", "      heading_level: 3"]
+        if curated:
+            lines += [f'      filters: ["!^_", "!^({"|".join(curated)})$"]']
+        lines += [""]
     return "\n".join(lines)
 
 
-def curated_page() -> str:
+def curated_page(homes: dict[str, str]) -> str:
     """The Markdown of the curated API's page: each name of ``epishard._API`` at its defining module."""
-    sys.path.insert(0, ROOT)
     import epishard
 
     lines = ["# `epishard`: the curated API", ""]
@@ -96,16 +114,16 @@ def curated_page() -> str:
         if title != group:
             group = title
             lines += [f"## {title}", ""]
-        home = getattr(importlib.import_module(module), name).__module__
-        lines += [f"::: {home}.{name}", "    options:", "      show_root_full_path: false"]
+        lines += [f"::: {homes[name]}.{name}", "    options:", "      show_root_full_path: false"]
         lines += ["      heading_level: 3", ""]
     return "\n".join(lines)
 
 
 def main() -> int:
     """Write every page into ``docs/api/``; print each path; return 0."""
-    pages = {name: package_page(*spec) for name, spec in PACKAGES.items()}
-    pages["index.md"] = curated_page()
+    homes = curated_homes()
+    pages = {name: package_page(*spec, homes) for name, spec in PACKAGES.items()}
+    pages["index.md"] = curated_page(homes)
     for name, text in pages.items():
         path = os.path.join(ROOT, "docs", "api", name)
         with open(path, "w", encoding="utf-8") as f:
