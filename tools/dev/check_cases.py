@@ -77,7 +77,7 @@ def check_frames(case: str, src: str, out: str) -> tuple[int, int]:
     for offsets in PATTERNS:
         spec = WindowSpec(cameras={c: offsets for c in cameras}, action_horizon=1, boundary="pad")
         for shuffle in (0, 2):
-            for sample in WindowDataset(out, spec, shuffle_episodes=shuffle, seed=1):
+            for sample in WindowDataset(out, spec, shuffle=shuffle, seed=1):
                 e, anchor = sample["episode_index"], sample["frame_index"]
                 rows = np.clip(anchor + np.asarray(offsets), 0, lengths[e] - 1)
                 for cam in cameras:
