@@ -3,9 +3,9 @@
 For each converted dataset, one consumer (worker 0 of ``--workers``) of the benchmark's window
 (``tools/bench/peers``: 9 frames over 33 rows per camera, action chunk 16, every anchor, native frame
 size) at batch size ``--batch-size``, under each setting: ``old`` = the pool and frame cache before
-this budget (64 episodes, 768 MiB), ``auto`` = ``shuffle_episodes="auto"`` with the default
+this budget (64 episodes, 768 MiB), ``auto`` = ``shuffle="auto"`` with the default
 ``Lookahead`` (the pool sized from the cache). Reports the pool, the expected distinct episodes per
-batch over i.i.d.'s (``stream.plan.expected_distinct`` over the consumer's windows per episode, pool
+batch over i.i.d.'s (``stream.shuffle.expected_distinct`` over the consumer's windows per episode, pool
 by pool, weighted by windows, against the whole dataset's i.i.d. figure), the frame cache's peak (the schedule's
 ``Step.held``), frames the schedule decodes per frame returned (misses: a lower bound of the
 decoder's work, which also counts frames from each keyframe) and episodes fetched per window, over

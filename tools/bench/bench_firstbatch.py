@@ -18,7 +18,7 @@ Each figure is a fresh child process (``--child``) that times, from nothing:
   first batch's fetch and decode); ``other`` is the rest (worker fork and imports, collate, etc.).
 
 The window is ``make demo``'s stream line (9 frames over 33 rows, 16-step action chunk, 224x224,
-batch 8), every anchor of every episode, the default shuffle (``shuffle_episodes="auto"``), seed 0;
+batch 8), every anchor of every episode, the default shuffle (``shuffle="auto"``), seed 0;
 rank 0 of ``--world-size`` (every anchor of 1M episodes of ~419 rows is ~387M windows: one process
 cannot list an epoch of it, a rank of 64 lists ~6M).
 

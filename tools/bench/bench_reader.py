@@ -10,7 +10,7 @@ samples per round and side (default 96), rounded up to whole epochs of 4 windows
 1. FastWAM-style sample: 3 cameras, a 33-frame span of which 9 frames are used (offsets 0, 4, ...,
    32: ``segment(0, 32, 9)``), frames post-processed to 224x224 uint8, 16-step action chunk,
    4 windows per episode per epoch.
-   A  ``WindowDataset(..., postprocess=PostProcess(size=(224, 224)), shuffle_episodes=0)`` iterated
+   A  ``WindowDataset(..., postprocess=PostProcess(size=(224, 224)), shuffle=0)`` iterated
       in this process (``num_workers=0``): one byte-range read, one decoder and one
       ``get_frames_at`` per (episode, camera) for all its windows, post-processing of used frames.
    B  naive, over exactly the same (episode, anchor) list (``ds.plan(epoch, 0, 1, 1, 0)``): per
@@ -31,7 +31,7 @@ samples per round and side (default 96), rounded up to whole epochs of 4 windows
 3. Per-sample planning and index cost, a handful of episodes vs 27,500: synthetic window indexes
    (``tools/bench/bench_index.py``'s ``write_indexes``: 3 cameras, 300 rows, keyframe every 30, 64
    episodes per shard) opened as a real ``WindowDataset`` (FastWAM spec; reader defaults
-   ``shuffle_episodes="auto"``); per round ``worker_plan`` (one consumer of
+   ``shuffle="auto"``); per round ``worker_plan`` (one consumer of
    one) plus, for every planned sample, ``WindowIndex.lookup`` of its 9 rows on each of the 3
    cameras; cost per planned sample. Rows: 1 episode with all its anchors, 8 episodes with 1
    window each, 27,500 episodes with 1 window each (samples per epoch = episodes), and for

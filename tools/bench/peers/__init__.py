@@ -60,6 +60,6 @@ Commands (repository root; peers that are not installed are skipped with a line 
                                                  # the first time: tiling and converting, kept in --work)
     python tools/bench/bench_peers.py --setup-peers    # first build both LeRobot peer venvs (~4 min)
     python tools/bench/bench_peers.py --quick          # smoke run (1 s per run; make test runs it on the sample)
-    python tools/bench/bench_peers.py --epishard-opt shuffle_episodes=8 --out /tmp/x.jsonl --markdown /tmp/x.md
+    python tools/bench/bench_peers.py --epishard-opt shuffle=8 --out /tmp/x.jsonl --markdown /tmp/x.md
     python tools/bench/bench_peers.py --rounds 3 --systems lerobot061-u8,es-u8 --datasets unitree_g1_bottle_av1_v30
 """

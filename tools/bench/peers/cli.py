@@ -109,7 +109,7 @@ def parse(argv=None):
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a WindowDataset keyword or WindowSpec field for every epishard system (e.g. shuffle_episodes=8); "
+        help="a WindowDataset keyword or WindowSpec field for every epishard system (e.g. shuffle=8); "
         "keys this epishard lacks are reported and ignored",
     )
     p.add_argument(
