@@ -136,3 +136,14 @@ def test_deprecated_aliases_are_left_out_of_the_api_reference():
     assert "convert" in modules and "sources" in modules
     aliases = [p.stem for p in (ROOT / "shardwriter").glob("*.py") if pages.is_alias(str(p))]
     assert not set(aliases) & set(modules)
+
+
+def test_make_test_builds_the_site_strictly():
+    """``make test`` depends on ``make docs``, which builds with --strict and without --quiet (which would
+    silence the warnings --strict counts, so a broken link would pass)."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^test:.*\bdocs\b", makefile, re.M), "make test does not depend on docs"
+    recipe = re.search(r"^docs:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert recipe, "no docs target in the Makefile"
+    command = recipe.group(1).split("#")[0]
+    assert "mkdocs build" in command and "--strict" in command and "--quiet" not in command and " -q" not in command
