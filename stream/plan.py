@@ -77,8 +77,12 @@ __all__ = ["rng_for"]  # re-exported: the planner's (and tests') name for the on
 # exactly and is refused (a state at an epoch boundary still loads). 4: the plan changed again (a
 # consumer's episodes cut into pools of equal size: ``stream.shuffle.pool_shuffle``).
 STATE_VERSION = 4
+# The oldest STATE_VERSION whose mid-epoch states this plan continues exactly (``stream.resume`` refuses
+# older ones mid-epoch; at an epoch boundary every version loads). Raise it with any change to the plan's
+# order: the anchor draws, the cut, ``stream.shuffle.SALT`` or ``pool_shuffle`` (tests/test_shuffle.py pins it).
+SAME_PLAN_SINCE = 4
 
-_SALT_SHARDS, _SALT_ANCHORS, _SALT_DROP = 1, 2, 3  # (the stages': 4 and 31, ``stream.stages``)
+_SALT_SHARDS, _SALT_ANCHORS, _SALT_DROP = 1, 2, 3  # (the shuffle's: 4, ``stream.shuffle``; the group stage's: 31)
 
 
 def expected_windows(anchors: np.ndarray, per_episode: PerEpisode, weight: np.ndarray | float = 1.0) -> np.ndarray:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from .options import Ranks
-from .plan import STATE_VERSION, LevelOverrun, Progress
+from .plan import SAME_PLAN_SINCE, STATE_VERSION, LevelOverrun, Progress
 from .statecheck import StateError, bounded, check_digest, check_fields, states_of
 
 
@@ -268,7 +268,7 @@ def _check_plan(state: dict, pool: int | None) -> None:
             (``shuffle_episodes``, resolved) differs.
     """
     consumed = any(state["consumed"]) or state["history"]
-    if state.get("version", 1) < 4 and consumed:
+    if state.get("version", 1) < SAME_PLAN_SINCE and consumed:
         raise ValueError(
             f"cannot resume: the state (version {state.get('version', 1)}) was saved mid-epoch by a reader whose plan "
             f"(shuffle buffer, anchor draws, pool cuts) this version no longer makes; start the next epoch fresh with "

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+# The salt of the pool shuffle's generator (``epishard.seeding.rng_for(seed, epoch, SALT, consumer...)``).
+# It is part of the plan: a new value changes every yield order, so it goes with a new
+# ``stream.plan.STATE_VERSION`` and ``SAME_PLAN_SINCE`` (tests/test_shuffle.py pins the order it gives).
+SALT = 4
+
 
 def stable_argsort(key: np.ndarray) -> np.ndarray:
     """``np.argsort(key, kind="stable")`` (int64 ``[n]``), computed by the faster unstable sort.

@@ -18,11 +18,11 @@ import numpy as np
 from epishard.seeding import rng_for
 
 from .planvalues import EpisodeTable, GlobalPlan, World
+from .shuffle import SALT as _SALT_SHUFFLE
 from .shuffle import pool_shuffle
 from .usercode import UserCodeError, call_user, describe
 
-# The rngs of the stages (the plan's own: 1-3, stream.plan; balance: 11-25).
-_SALT_SHUFFLE = 4
+# The rngs of the stages (the plan's own: 1-3, stream.plan; the shuffle's: 4, stream.shuffle; balance: 11-25).
 _SALT_GROUP = 31
 
 

@@ -34,7 +34,7 @@ from epishard.balance import (
 )
 from epishard.stream.options import Ranks, ReadOptions
 from epishard.stream.plan import EpisodeTable, World, global_plan, rng_for, worker_plan
-from epishard.stream.shuffle import pool_shuffle
+from epishard.stream.shuffle import SALT, pool_shuffle
 
 
 def decoded_by_walking(frames: np.ndarray, keyframes: np.ndarray) -> int:
@@ -416,7 +416,7 @@ def test_stratified_streaming_plan_balances_datasets_that_live_in_separate_shard
         plan = global_plan(sub, 3, None, 0, 0, consumers)
         for c in range(consumers):
             e = plan.episode[plan.consumer_slice(c)]
-            o = pool_shuffle(e, 8, rng_for(0, 0, 4, c, k))
+            o = pool_shuffle(e, 8, rng_for(0, 0, SALT, c, k))
             parts[c].append((pick[e[o]], plan.anchor[plan.consumer_slice(c)][o]))
     plain, stratified, seen = [], [], collections.Counter()
     for rank in range(world):

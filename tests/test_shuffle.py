@@ -185,3 +185,44 @@ def test_a_shared_epoch_cut_gives_the_same_plan_and_a_mismatched_one_is_ignored(
         assert np.array_equal(a.episode, b.episode) and np.array_equal(a.anchor, b.anchor)
         other = worker_plan(table, **{**kw, "epoch": 3}, shared=shared)  # another epoch: recomputed
         assert np.array_equal(other.episode, worker_plan(table, **{**kw, "epoch": 3}).episode)
+
+
+def test_the_plan_of_this_state_version_is_pinned():
+    """The yield order of a ``(seed, epoch, layout)`` is part of ``STATE_VERSION``'s contract: saved
+    mid-epoch states resume on it. A change to the shuffle's draws (``stream.shuffle.SALT``,
+    ``pool_shuffle``), the anchor draws or the cut fails here; it then goes with a new
+    ``STATE_VERSION`` and ``SAME_PLAN_SINCE`` (older mid-epoch states refused, ``stream.resume``)."""
+    from epishard.stream.stages import ConsumerStages, yield_order
+
+    assert (P.STATE_VERSION, P.SAME_PLAN_SINCE, S.SALT) == (4, 4, 4)
+    episode, anchor = np.repeat(np.arange(6), 3), np.tile(np.arange(3), 6)
+    pinned = {
+        None: [9, 3, 6, 4, 15, 12, 13, 14, 0, 5, 16, 10, 17, 7, 1, 11, 8, 2],
+        3: [0, 3, 6, 7, 1, 4, 5, 8, 2, 15, 9, 12, 10, 11, 13, 16, 14, 17],
+    }
+    for pool, order in pinned.items():
+        got, _ = yield_order(episode, anchor, World(0, 1, 0, 1), 0, 0, 0, ConsumerStages(shuffle_episodes=pool))
+        assert got.tolist() == order
+    plan = worker_plan(
+        _table(40, shards=4),
+        stride=4,
+        per_episode=PerEpisode(count=2),
+        seed=7,
+        epoch=1,
+        world=World(1, 2, 1, 2),
+        shuffle_episodes=3,
+    )
+    assert plan.episode.tolist() == [8, 9, 9, 10, 10, 10, 12, 11, 12, 11, 13, 13, 14, 14, 15, 16, 15, 15, 16]
+    assert plan.anchor.tolist() == [4, 12, 28, 4, 12, 16, 0, 20, 4, 24, 4, 8, 8, 24, 0, 8, 16, 24, 16]
+
+
+def test_a_mid_epoch_state_of_a_plan_before_same_plan_since_is_refused(monkeypatch):
+    """``stream.resume`` refuses mid-epoch states older than ``SAME_PLAN_SINCE`` (the bound it reads)."""
+    from epishard.stream import resume
+
+    state = {"version": P.SAME_PLAN_SINCE, "consumed": [1], "history": [], "epoch": 2}
+    resume._check_plan(state, None)  # the current plan: accepted
+    monkeypatch.setattr(resume, "SAME_PLAN_SINCE", P.SAME_PLAN_SINCE + 1)
+    with pytest.raises(ValueError, match=r"set_epoch\(3\)"):
+        resume._check_plan(state, None)
+    resume._check_plan({**state, "consumed": [0]}, None)  # at an epoch boundary: any version loads

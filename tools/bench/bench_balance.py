@@ -61,7 +61,7 @@ from epishard.balance import (
 from epishard.balance.telemetry import step_costs
 from epishard.format.index import WindowIndex
 from epishard.stream.plan import EpisodeTable, World, global_plan, rng_for, worker_plan
-from epishard.stream.shuffle import default_shuffle_episodes, pool_shuffle
+from epishard.stream.shuffle import SALT, default_shuffle_episodes, pool_shuffle
 
 D_MODEL = 2048
 MIX = {
@@ -316,7 +316,7 @@ def _stratified_plans(table: EpisodeTable, strata: np.ndarray, consumers: int, s
         plan = global_plan(sub, 1, None, seed, 0, consumers)
         for c in range(consumers):
             e, a = plan.episode[plan.consumer_slice(c)], plan.anchor[plan.consumer_slice(c)]
-            o = pool_shuffle(e, pool, rng_for(seed, 0, 4, c, k))
+            o = pool_shuffle(e, pool, rng_for(seed, 0, SALT, c, k))
             parts[c].append((pick[e[o]], a[o], np.full(e.size, k)))
     return [tuple(np.concatenate(x) for x in zip(*p, strict=False)) for p in parts]
 
