@@ -11,11 +11,18 @@ Formats (one docs page each, docs/sources/): ``lerobot`` (``shardwriter.lerobot`
 and Diffusion Policy, ``sources.replay_buffer``), ``rlds`` (TFDS TFRecords of RLDS episodes, Open
 X-Embodiment, ``sources.rlds``, read without TensorFlow: ``sources.tfrecord``), ``mcap`` (ROS 2
 bags, resampled onto one row clock, ``sources.mcap_bag``).
+
+``REGISTRY`` is the one list of them: ``FORMATS``, ``ALIASES``, ``open_source``'s dispatch, the
+``epishard convert --format`` help and the table of docs/sources/README.md follow it (the last two
+checked by tests/test_sources_registry.py). To add a format: a reader module with ``open_<x>``, one
+``SourceFormat`` entry, its detection in ``detect_format``, a page in docs/sources/.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+from dataclasses import dataclass
 
 from epishard.format.storage import is_local, local_path, source_filesystem
 
@@ -23,23 +30,58 @@ from ..episode import Source
 from ..errors import ConversionError, SourceError
 from .base import Mapping, SourceOptions
 
-FORMATS = ("lerobot", "aloha", "robomimic", "umi", "rlds", "mcap")
-ALIASES = {
-    "libero": "robomimic",
-    "act": "aloha",
-    "zarr": "umi",
-    "replay_buffer": "umi",
-    "diffusion_policy": "umi",
-    "oxe": "rlds",
-    "tfrecord": "rlds",
-    "ros2": "mcap",
-    "rosbag": "mcap",
-}
+
+@dataclass(frozen=True)
+class SourceFormat:
+    """One format ``epishard convert`` reads.
+
+    ``name``: what ``--format`` takes (``aliases``: other names for it). ``opener``: the reader,
+    ``"module:function"`` relative to ``epishard.shardwriter``, imported only when a source of this
+    format is opened; called as ``function(root, options, cameras, storage_options, episodes)``, or
+    with ``name`` after ``root`` when ``passes_name`` (one reader for several layouts); ``lerobot``'s
+    ``read_lerobot`` is called apart (``open_source``). ``docs``: its page in docs/sources/. ``extra``:
+    the pip extra of epishard that installs its libraries (None: none needed).
+    """
+
+    name: str
+    aliases: tuple[str, ...]
+    opener: str
+    docs: str
+    extra: str | None
+    passes_name: bool = False
+
+
+# In the order --format lists them and a LeRobot source's error names the others. Written as plain
+# literals: ``epishard convert --help`` reads names and aliases from this file without importing it.
+REGISTRY = (
+    SourceFormat("lerobot", (), "lerobot:read_lerobot", "README.md", None),
+    SourceFormat("aloha", ("act",), "sources.hdf5:open_hdf5", "aloha.md", "hdf5", passes_name=True),
+    SourceFormat("robomimic", ("libero",), "sources.hdf5:open_hdf5", "robomimic.md", "hdf5", passes_name=True),
+    SourceFormat(
+        "umi",
+        ("zarr", "replay_buffer", "diffusion_policy"),
+        "sources.replay_buffer:open_replay_buffer",
+        "umi.md",
+        "zarr",
+    ),
+    SourceFormat("rlds", ("oxe", "tfrecord"), "sources.rlds:open_rlds", "rlds.md", "rlds"),
+    SourceFormat("mcap", ("ros2", "rosbag"), "sources.mcap_bag:open_mcap", "mcap.md", "mcap"),
+)
+BY_NAME = {f.name: f for f in REGISTRY}
+FORMATS = tuple(BY_NAME)
+ALIASES = {alias: f.name for f in REGISTRY for alias in f.aliases}
+
+
+def load_opener(entry: SourceFormat):
+    """The function ``entry.opener`` names, imported now (its module's optional libraries are not)."""
+    module, _, function = entry.opener.partition(":")
+    return getattr(importlib.import_module(f"epishard.shardwriter.{module}"), function)
+
 
 # Names a URL is recognised by (local sources: by their files).
 _SUFFIXES = (".hdf5", ".h5", ".hdf", ".zarr", ".zarr.zip", ".mcap")
 
-__all__ = ["FORMATS", "Mapping", "SourceOptions", "detect_format", "open_source"]
+__all__ = ["ALIASES", "FORMATS", "REGISTRY", "Mapping", "SourceFormat", "SourceOptions", "detect_format", "open_source"]
 
 
 def _names(root: str, storage_options: dict | None) -> tuple[bool, list[str]]:
@@ -131,8 +173,7 @@ def open_source(
         found = detect_format(root, storage_options)
         chosen, how = found or "lerobot", "recognised from the files"
     if chosen == "lerobot":
-        from ..lerobot import read_lerobot
-
+        read_lerobot = load_opener(BY_NAME["lerobot"])
         try:
             return read_lerobot(root, cameras=cameras, storage_options=storage_options, episodes=episodes)
         except SourceError as exc:
@@ -141,21 +182,11 @@ def open_source(
             raise SourceError(
                 f"{exc} (nor a source of another format epishard reads: {', '.join(FORMATS[1:])}; --format names one)"
             ) from None
-    if chosen == "mcap":
-        from .mcap_bag import open_mcap
-
-        source = open_mcap(root, options, cameras, storage_options, episodes)
-    elif chosen == "rlds":
-        from .rlds import open_rlds
-
-        source = open_rlds(root, options, cameras, storage_options, episodes)
-    elif chosen == "umi":
-        from .replay_buffer import open_replay_buffer
-
-        source = open_replay_buffer(root, options, cameras, storage_options, episodes)
+    entry = BY_NAME[chosen]
+    opener = load_opener(entry)
+    if entry.passes_name:
+        source = opener(root, chosen, options, cameras, storage_options, episodes)
     else:
-        from .hdf5 import open_hdf5
-
-        source = open_hdf5(root, chosen, options, cameras, storage_options, episodes)
+        source = opener(root, options, cameras, storage_options, episodes)
     source.notes.insert(0, f"format {chosen} ({how})")
     return source
