@@ -47,39 +47,13 @@ def _reencode(text: str):
         ) from None
 
 
-def _formats_help() -> str:
-    """``lerobot, aloha (act), ...``: ``shardwriter.sources.REGISTRY``'s names, aliases in parentheses.
-
-    Read from that module's source text (its entries are literals), not imported: importing
-    ``epishard.shardwriter`` loads numpy, pyarrow and PyAV, which ``epishard --help`` must not. Should
-    the text not parse as expected, the module is imported after all (slower, still right).
-    """
-    import ast
-    import importlib.machinery
-    import importlib.util
-
-    try:
-        package = importlib.util.find_spec("epishard.shardwriter")  # imports no part of it
-        folders = list((package and package.submodule_search_locations) or [])
-        spec = importlib.machinery.PathFinder.find_spec("sources", folders)
-        if spec is None or spec.origin is None:
-            raise LookupError("shardwriter/sources/__init__.py not found")
-        with open(spec.origin, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-        value = next(
-            n.value
-            for n in tree.body
-            if isinstance(n, ast.Assign) and [getattr(t, "id", "") for t in n.targets] == ["REGISTRY"]
-        )
-        if not isinstance(value, ast.Tuple) or not all(isinstance(c, ast.Call) for c in value.elts):
-            raise LookupError("REGISTRY is not a tuple of SourceFormat(...) literals")
-        calls = [c for c in value.elts if isinstance(c, ast.Call)]
-        entries = [(ast.literal_eval(c.args[0]), ast.literal_eval(c.args[1])) for c in calls]
-    except Exception:  # any surprise in the source text: ask the module itself
-        from epishard.shardwriter.sources import REGISTRY
-
-        entries = [(f.name, f.aliases) for f in REGISTRY]
-    return ", ".join(f"{name} ({', '.join(aliases)})" if aliases else name for name, aliases in entries)
+# The formats and aliases of ``shardwriter.sources.REGISTRY``, written out: importing the writer to
+# read them would load numpy, pyarrow and PyAV, which ``epishard convert --help`` must not.
+# tests/test_sources_registry.py asserts this equals the text the registry gives.
+FORMATS_HELP = (
+    "lerobot, aloha (act), robomimic (libero), umi (zarr, replay_buffer, diffusion_policy), rlds (oxe, tfrecord), "
+    "mcap (ros2, rosbag)"
+)
 
 
 def _policy(c: argparse.ArgumentParser, flag: str, choices: tuple[str, str], help: str) -> None:
@@ -133,7 +107,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         "--format",
         dest="source_format",
         metavar="FORMAT",
-        help=f"the sources' format: {_formats_help()} (default: recognised from the files)",
+        help=f"the sources' format: {FORMATS_HELP} (default: recognised from the files)",
     )
     c.add_argument(
         "--mapping",

@@ -51,8 +51,8 @@ class SourceFormat:
     passes_name: bool = False
 
 
-# In the order --format lists them and a LeRobot source's error names the others. Written as plain
-# literals: ``epishard convert --help`` reads names and aliases from this file without importing it.
+# In the order --format lists them and a LeRobot source's error names the others. ``epishard.cli.convert``
+# writes the names and aliases out (``FORMATS_HELP``: its help imports no writer code); a test keeps them equal.
 REGISTRY = (
     SourceFormat("lerobot", (), "lerobot:read_lerobot", "README.md", None),
     SourceFormat("aloha", ("act",), "sources.hdf5:open_hdf5", "aloha.md", "hdf5", passes_name=True),
