@@ -256,7 +256,8 @@ def test_a_silent_http_endpoint_fails_within_the_budget_naming_the_timeout():
             WindowDataset(silent.url, SPEC, read=ReadOptions(fetch=policy))
     finally:
         silent.close()
-    assert time.monotonic() - t <= 2 * 0.3 + 0.3 + 0.6 + 0.5  # a size probe (HEAD, GET), then the budgeted read
+    # a size probe (HEAD, GET), then the budgeted read, plus 2 s of scheduling slack on a loaded 2-core machine
+    assert time.monotonic() - t <= 2 * 0.3 + 0.3 + 0.6 + 2.0
 
 
 # --- convert writing to s3:// ------------------------------------------------------------------------
@@ -315,7 +316,9 @@ def test_convert_to_a_silent_s3_endpoint_is_bounded_by_read_timeout_plus_budget(
             convert([source(2)], "s3://stuck/ds", ConvertOptions(progress=False), storage_options=options)
     finally:
         silent.close()
-    assert time.monotonic() - t <= 3 * (0.3 + 0.6)  # s3fs's exists() swallows the first calls' errors
+    # s3fs's exists() swallows the first calls' errors: up to 3 rounds of timeout + budget, plus 2 s of scheduling
+    # slack on a loaded 2-core machine (the defaults this guards against wait 60 s and more)
+    assert time.monotonic() - t <= 3 * (0.3 + 0.6) + 2.0
 
 
 # --- a missing bucket is named -----------------------------------------------------------------------
