@@ -241,3 +241,64 @@ def test_a_codec_outside_the_tested_set_is_read_whole(tmp_path, monkeypatch):
         assert [decode_frame_number(f) for f in s[CAM]] == (1000 * int(s["episode_index"]) + rows).tolist()
     t = summarize([s["__telemetry__"] for s in samples])
     assert t["bytes_read"] >= int(index.cam_size.sum())  # the members whole
+
+
+def _colour_video(codec: str, pix_fmt: str, n: int, start: int) -> bytes:
+    """A video of ``n`` frames whose channels differ: R carries ``start + i``, G its inverse, B a ramp."""
+    import io
+
+    import av
+    from videogen import encode_frame_number
+
+    options = {"libsvtav1": {"g": "2", "crf": "30"}, "libx264": {"g": "4", "bf": "2"}, "mpeg4": {"g": "4"}}[codec]
+    ramp = np.tile(np.linspace(0, 255, 64, dtype=np.uint8), (64, 1))
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        stream = out.add_stream(codec, rate=FPS, options=options)
+        stream.width = stream.height = 64
+        stream.pix_fmt = pix_fmt
+        for i in range(n):
+            image = encode_frame_number(start + i)
+            image[..., 1] = 255 - image[..., 0]
+            image[..., 2] = ramp
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format=pix_fmt)
+            frame.pts = i
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("codec", "pix_fmt"),
+    [
+        ("libsvtav1", "yuv420p"),
+        ("libx264", "yuv420p"),
+        ("libx264", "yuv444p"),
+        ("libx264", "yuvj420p"),
+        ("mpeg4", "yuv420p"),
+    ],
+)
+def test_full_size_colour_frames_equal_torchcodecs(tmp_path, codec, pix_fmt):
+    """Without post-processing the packet path converts to planar RGB; each channel equals torchcodec's packed RGB."""
+    eps = [
+        Episode(
+            source="colour",
+            episode_index=e,
+            table=make_episode_table(24, fps=FPS),
+            videos={CAM: CameraVideo(_colour_video(codec, pix_fmt, 24, 100 * e))},
+            fps=FPS,
+            tasks=("t",),
+        )
+        for e in range(2)
+    ]
+    root = str(tmp_path / "ds")
+    convert([Source(name="colour", episodes=eps, fps=FPS)], root, ConvertOptions(progress=False))
+    assert packets.readable(WindowIndex.load_dataset(root), np.arange(2)).all()
+    spec = WindowSpec(cameras={CAM: (0, 3, 5)}, boundary="pad")
+    got = {}
+    for packets_path in (True, False):
+        read = ReadOptions(fetch=FetchPolicy(packets=packets_path, on_shard_error="raise"))
+        got[packets_path] = torch.stack([s[CAM] for s in WindowDataset(root, spec, seed=2, read=read)])
+    a, b = got[True], got[False]
+    assert a.shape[2] == 3 and not torch.equal(a[:, :, 0], a[:, :, 1])  # the channels differ
+    assert torch.equal(a, b)
