@@ -151,7 +151,35 @@ class BatchBuffers:
         return i, self.take(fields, n)
 
 
-RECYCLE_BYTES = 256 << 20  # per worker: the most a ring of recycled batch buffers holds by default (bytes)
+RECYCLE_BYTES = 256 << 20  # per worker: what the batches in flight take by default on top of the frame cache (bytes)
+FRAME_CACHE_FLOOR = 128 << 20  # the least frame cache a worker keeps when its batches take the rest (bytes)
+# A worker's look-ahead frame cache and its batches in flight share this (bytes): WORKER_BYTES (1.5 GB)
+# less 0.49 GB for the rest, above the 0.46 GB a worker measured besides them at 640x480
+# (interpreter, decoders, fetched groups of pictures, samples being assembled; docs/BENCHMARKS.md).
+READ_ALLOWANCE = 960 << 20
+
+
+def batch_allowance(frame_cache_bytes: int, batch_bytes: int, ring_bytes: int, recycle: bool) -> tuple[int, int | None]:
+    """How a worker's batches in flight and its look-ahead frame cache share ``READ_ALLOWANCE`` (``WindowLoader``).
+
+    ``frame_cache_bytes``: the look-ahead's default cache (``Lookahead.frame_cache_bytes``);
+    ``batch_bytes``: one batch's frames; ``ring_bytes``: a ring of recycled buffers (``recycle_slots``
+    batches); ``recycle``: recycled buffers apply. A ring is recycled when it fits the allowance
+    with ``FRAME_CACHE_FLOOR`` left for the cache; otherwise batches go into fresh memory, one in
+    flight per worker (the one being written). The cache keeps its size when the batches in flight
+    leave room for it, else it shrinks to what they leave (never below ``FRAME_CACHE_FLOOR``), so
+    large batches (float32, 720p) do not take a worker past ``WORKER_BYTES``.
+
+    Returns ``(ring cap, frame cache)``: ``BufferedCollate(max_bytes=)`` (rings above it go into
+    fresh memory) and the cache to read with (None: unchanged).
+    """
+    if recycle and ring_bytes <= READ_ALLOWANCE - FRAME_CACHE_FLOOR:
+        in_flight, cap = ring_bytes, max(ring_bytes, RECYCLE_BYTES)
+    else:
+        in_flight, cap = batch_bytes, RECYCLE_BYTES  # that ring exceeds it: fresh memory
+    if in_flight + frame_cache_bytes <= READ_ALLOWANCE:
+        return cap, None
+    return cap, max(FRAME_CACHE_FLOOR, READ_ALLOWANCE - in_flight)
 
 
 class SlotFlags:

@@ -51,6 +51,7 @@ Epochs: each ``__iter__`` runs the next epoch of the object it is called on. Wit
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import time
 import warnings
@@ -63,7 +64,15 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from epishard.format.opening import NotConverted, lerobot_instead
 from epishard.redact import scrubbed
 
-from .buffers import RECYCLE_BYTES, HeldBatches, RecycledBatches, SlotFlags, recycle_slots, ring_slots
+from .buffers import (
+    RECYCLE_BYTES,
+    HeldBatches,
+    RecycledBatches,
+    SlotFlags,
+    batch_allowance,
+    recycle_slots,
+    ring_slots,
+)
 from .collate import BufferedCollate, FloatCollate
 from .fetch import FetchPolicy
 from .lookahead import Lookahead
@@ -82,7 +91,7 @@ from .plan import (
     plan_shape,
     worker_plan,
 )
-from .reader import EpochReader, episode_bytes
+from .reader import EpochReader, episode_bytes, sample_frame_bytes
 from .resume import Resume, checked_states, load_state, state_dict
 from .select import Selection, explain_empty, select_episodes
 from .shuffle import budget_shuffle_episodes
@@ -259,16 +268,28 @@ class WindowDataset(IterableDataset):
         self._per_consumer: dict[tuple, int] = {}  # windows_per_consumer's last answer
         self._shared: EpochCuts | None = None  # set_epoch's shared plan part, inherited by forked workers
         self._live_bytes: tuple[int, int] | None = None  # reader.episode_bytes, once computed
+        # The frame cache the default shuffle pool is sized by: the dataset's own, also in a loader's
+        # view whose cache makes room for its batch buffers (``WindowLoader``), so the plan is one.
+        self._pool_cache_bytes = self.lookahead.frame_cache_bytes
         self._first_chunk = batch_size  # the first look-ahead chunk: one batch (WindowLoader's by default)
 
     def with_options(
-        self, *, defer_float: bool | None = None, num_workers: int | None = None, batch_size: int | None = None
+        self,
+        *,
+        defer_float: bool | None = None,
+        num_workers: int | None = None,
+        batch_size: int | None = None,
+        frame_cache_bytes: int | None = None,
     ) -> WindowDataset:
         """A shallow copy with these options changed (the indexes and plan are shared, not rebuilt).
 
         ``batch_size``: the loader's, taken by ``batch_by_dataset`` when the dataset was given none.
+        ``frame_cache_bytes``: the look-ahead's decoded-frame cache (``Lookahead``); the plan, the
+        shuffle pool included, stays the one of this dataset's own cache.
         """
         other = copy.copy(self)
+        if frame_cache_bytes is not None:
+            other.lookahead = dataclasses.replace(self.lookahead, frame_cache_bytes=frame_cache_bytes)
         if defer_float is not None:
             other.defer_float = defer_float
         if num_workers is not None:
@@ -304,7 +325,7 @@ class WindowDataset(IterableDataset):
             self._live_bytes = episode_bytes(self.sources, self.cam_offsets, self.post)
         live, per_window = self._live_bytes
         chunk = self.lookahead.horizon * per_window
-        return budget_shuffle_episodes(self.batch_size or batch_size, live, self.lookahead.frame_cache_bytes, chunk)
+        return budget_shuffle_episodes(self.batch_size or batch_size, live, self._pool_cache_bytes, chunk)
 
     def _consumer_stages(self) -> ConsumerStages:
         s = self.stages
@@ -581,9 +602,14 @@ class WindowLoader(DataLoader):
                 "WindowLoader: recycle_buffers=True needs DataLoader workers (num_workers >= 1), a batch_size "
                 "and epishard's own collate (no collate_fn)"
             )
-        if recycle_buffers is None:  # the default: on where it applies, within RECYCLE_BYTES per worker
+        frame_cache = None  # the look-ahead's frame cache in this loader's view (None: the dataset's)
+        if recycle_buffers is None:  # the default: on where it applies, within the worker's allowance
             recycle_buffers = workers > 0 and ours and batch_size is not None and not kw.get("pin_memory")
             cap = RECYCLE_BYTES
+            if batch_size is not None and dataset.read.lookahead is None:  # the reading budget is ours to split
+                batch = batch_size * sample_frame_bytes(dataset.sources, dataset.cam_offsets, dataset.post)
+                ring = recycle_slots(workers, kw.get("prefetch_factor")) * batch
+                cap, frame_cache = batch_allowance(dataset.lookahead.frame_cache_bytes, batch, ring, recycle_buffers)
         else:
             cap = 1 << 62  # asked for: whatever the ring's size
         if recycle_buffers:
@@ -604,7 +630,10 @@ class WindowLoader(DataLoader):
         elif defer_float and ours and not reuse_buffers:
             kw["collate_fn"] = FloatCollate(rgb, dataset.post.dtype, dataset.post.scale)
         view = dataset.with_options(
-            defer_float=defer_float, num_workers=kw.get("num_workers", 0), batch_size=batch_size
+            defer_float=defer_float,
+            num_workers=kw.get("num_workers", 0),
+            batch_size=batch_size,
+            frame_cache_bytes=frame_cache,
         )
         super().__init__(view, batch_size=batch_size, **kw)
         self._epoch = view.epoch

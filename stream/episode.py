@@ -391,14 +391,16 @@ def decode_camera_packets(
     telemetry: Telemetry,
     max_bytes: int = 256 << 20,
     alloc=None,
-) -> torch.Tensor | list[torch.Tensor]:
+    pictures: bool = False,
+) -> torch.Tensor | list:
     """Decode the ``runs`` (``stream.packets.plan_runs``) of camera ``stream`` from their fetched bytes.
 
     ``pieces[i]``: the bytes of run ``i``'s range, which starts at byte ``starts[i]`` of the video
     member (``stream.packets.run_ranges``). Returns uint8 ``[U, 3, h, w]`` after ``post.prepare``,
     the runs' frames in order; when ``post`` prepares nothing, a list of ``U`` standalone
     ``[3, H, W]`` frames instead, written into ``alloc(shape)`` (``Store.alloc``; default new
-    tensors), which ``Store.put_frames`` keeps without a copy. Counts as
+    tensors), which ``Store.put_frames`` keeps without a copy, or with ``pictures`` a list of
+    ``stream.packets.Picture`` (converted when a window takes them). Counts as
     ``decode_camera`` does; a decoder is opened only when the
     worker's pool has none for the stream's codec, extradata and size.
 
@@ -425,6 +427,7 @@ def decode_camera_packets(
         post=None if post.prepares_nothing else post.prepare,
         max_bytes=max_bytes,
         alloc=alloc,
+        pictures=pictures,
     )
     frames = np.concatenate([r.frames for r in runs])
     work = sum(int(index.decoded_frames(stream, r.frames)) for r in runs)

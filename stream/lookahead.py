@@ -41,6 +41,7 @@ REACH = 8192  # windows past a chunk whose needs the scheduler looks at (``Sched
 _FRAME_BITS = 32
 
 
+PICTURE_SHARE = 0.75  # ``Lookahead(pictures=None)``: a kept picture's bytes at most this share of its RGB's
 WORKER_BYTES = 1_500_000_000  # issue 16: a worker's default budget at 640x480, bytes (1.5 GB)
 INTERPRETER_BYTES = 448 << 20  # a forked DataLoader worker before it reads: Python, torch, torchcodec, index
 
@@ -98,6 +99,12 @@ class Lookahead:
         encoded_bytes: encoded member bytes kept for episodes decoded again later, at most.
         decode_bytes: RGB bytes one decode call returns at most before post-processing (a longer
             call is split into consecutive calls on the same decoder: ``stream.decode.decode``).
+        pictures: keep frames read by packets with nothing to prepare (no crop, resize or hook) as
+            the decoder's pictures (``stream.packets.Picture``: 4:2:0 video holds 1.5 bytes per
+            pixel against RGB's 3, so about twice the frames fit ``frame_cache_bytes``), each
+            converted to RGB when a window takes it. None: where a picture, padding included
+            (``stream.packets.picture_bytes``), holds at most ``PICTURE_SHARE`` of its RGB's
+            bytes; True: always; False: never.
 
     The defaults keep a worker's reading within ``WORKER_BYTES`` (1.5 GB; 1.48 GB with the default
     prefetch): ``budget`` states the parts, the collated batches on top.
@@ -111,6 +118,7 @@ class Lookahead:
     frame_cache_bytes: int = 548 << 20
     encoded_bytes: int = 96 << 20
     decode_bytes: int = 32 << 20
+    pictures: bool | None = None
 
     def __post_init__(self):
         if self.horizon < 1 or self.first < 1:
@@ -533,11 +541,12 @@ class Store:
         free = self._free.get((shape, dtype))
         return free.pop() if free else torch.empty(shape, dtype=dtype)
 
-    def put_frames(self, stream: int, frames: np.ndarray, decoded: torch.Tensor | list[torch.Tensor]) -> None:
+    def put_frames(self, stream: int, frames: np.ndarray, decoded: torch.Tensor | list) -> None:
         """``decoded``: ``[len(frames), C, h, w]``, frame ``frames[i]`` of global ``stream`` at ``i``.
 
         Or a list of standalone frames (``stream.packets.decode_runs`` without post-processing):
-        kept as they are; a batch's frames are copied out of it.
+        kept as they are, tensors or ``stream.packets.Picture`` (a decoded picture, an ``nbytes``,
+        ``shape`` and ``write(out)``, converted when stacked); a batch's frames are copied out of it.
         """
         items = decoded if isinstance(decoded, list) else [f.clone() for f in decoded.unbind(0)]
         for k, frame in zip(frame_key(stream, frames).tolist(), items, strict=True):
@@ -556,7 +565,7 @@ class Store:
                 frame = self.frames.pop(k, None)
                 if frame is not None:
                     self.nbytes -= frame.nbytes
-                    if frame.is_contiguous():
+                    if isinstance(frame, torch.Tensor) and frame.is_contiguous():
                         self._free.setdefault((tuple(frame.shape), frame.dtype), []).append(frame)
             else:
                 item = self.columns.pop(-1 - k, None)
@@ -565,6 +574,17 @@ class Store:
     def stack(self, keys: np.ndarray) -> torch.Tensor:
         """Frames of ``keys`` (int64 ``[T]``, T >= 1), stacked ``[T, C, h, w]`` in their stored dtype.
 
+        Kept pictures (``stream.packets.Picture``) are converted to uint8 RGB straight into the stack.
+
         Raises ``KeyError``: a key not held (the schedule's bug, never the data's).
         """
-        return torch.stack([self.frames[k] for k in keys.tolist()])
+        items = [self.frames[k] for k in keys.tolist()]
+        if all(isinstance(f, torch.Tensor) for f in items):
+            return torch.stack(items)
+        out = torch.empty((len(items), *items[0].shape), dtype=torch.uint8)
+        for i, item in enumerate(items):
+            if isinstance(item, torch.Tensor):
+                out[i].copy_(item)
+            else:
+                item.write(out[i])
+        return out

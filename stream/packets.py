@@ -92,12 +92,12 @@ class PacketFrames:
     """What ``decode_runs`` returns.
 
     ``frames``: uint8 ``[N, 3, h, w]`` after ``post``, or, with no ``post``, a list of N standalone
-    contiguous ``[3, H, W]`` tensors (each frame copied once, from the converter's buffer into its own
-    tensor, which a cache keeps without another copy); ``calls``: parts post-processed (1 unless
-    ``max_bytes`` split them); ``post_s``: seconds in ``post``.
+    contiguous ``[3, H, W]`` tensors (each frame converted once into its own tensor, which a cache
+    keeps without another copy), or of N ``Picture`` (``decode_runs(pictures=True)``); ``calls``:
+    parts post-processed (1 unless ``max_bytes`` split them); ``post_s``: seconds in ``post``.
     """
 
-    frames: torch.Tensor | list[torch.Tensor]
+    frames: torch.Tensor | list
     calls: int
     post_s: float
 
@@ -233,6 +233,7 @@ def decode_runs(
     max_bytes: int = 256 << 20,
     pool: DecoderPool | None = None,
     alloc=None,
+    pictures: bool = False,
 ) -> tuple[PacketFrames, bool]:
     """Decode the ``runs`` of one stream from their fetched bytes: uint8 RGB frames after ``post`` (``PacketFrames``).
 
@@ -246,7 +247,8 @@ def decode_runs(
     sorted order of the frames asked for. At most ``max_bytes`` of RGB frames are held before
     ``post`` runs on them (consecutive parts, as ``stream.decode.decode`` splits its calls).
     ``alloc(shape)``: where a frame without ``post`` is written (``Store.alloc``: reused tensors;
-    default: new ones).
+    default: new ones). ``pictures`` (without ``post``): return each frame as the decoder's
+    ``Picture``, converted to RGB only when a window takes it (``Store.stack``).
 
     Returns ``(PacketFrames, opened)``: ``opened`` tells whether a decoder was opened for this call.
 
@@ -265,6 +267,13 @@ def decode_runs(
     table = (offset, size, crc32, frame, pts, key)
     total = sum(r.frames.size for r in runs)
     try:
+        if post is None and pictures:
+            nbytes = 0
+            kept: list = []
+            for picture in _decoded(decoder, runs, pieces, starts, table, where):
+                nbytes = nbytes or picture_bytes(picture.format.name, width, height)
+                kept.append(Picture(picture, decoder.reformatter, nbytes))
+            return PacketFrames(kept, 1, 0.0), opened
         if post is None:  # each frame converted once, into its own CHW tensor
             single: list[torch.Tensor] = []
             for picture in _decoded(decoder, runs, pieces, starts, table, where):
@@ -326,6 +335,37 @@ def write_planar(reformatter: VideoReformatter, picture: av.VideoFrame, out: tor
     for channel, plane in zip(_GBRP_CHANNEL, planar.planes, strict=True):
         target[channel] = np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)[:, :w]
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def picture_bytes(pix_fmt: str, width: int, height: int) -> int:
+    """Bytes a kept decoded picture of this format and size holds (int): its planes at sizes aligned to 128.
+
+    Decoders allocate pictures padded past the frame (libdav1d aligns both sides to 128 pixels; a
+    640x480 yuv420p picture held measured 488 kB against 461 kB of pixels): this bounds that.
+    """
+    aligned = av.VideoFrame(-(-width // 128) * 128, -(-height // 128) * 128, pix_fmt)
+    return int(sum(p.buffer_size for p in aligned.planes))
+
+
+class Picture:
+    """A decoded frame kept in its decoder's pixel format (``av.VideoFrame``) until a window needs its RGB.
+
+    ``nbytes``: what it holds (``picture_bytes``); ``shape``: ``(3, H, W)`` of its RGB. Caching
+    pictures rather than their RGB holds half the bytes per frame for 4:2:0 video (1.5 against 3
+    bytes per pixel), so twice the frames fit a cache; each window converts its frames
+    (``write``) into its own stack, which the RGB cache copied into it anyway.
+    """
+
+    __slots__ = ("frame", "nbytes", "reformatter", "shape")
+
+    def __init__(self, frame: av.VideoFrame, reformatter: VideoReformatter, nbytes: int):
+        self.frame, self.reformatter, self.nbytes = frame, reformatter, nbytes
+        self.shape = (3, frame.height, frame.width)
+
+    def write(self, out: torch.Tensor) -> torch.Tensor:
+        """Its RGB written into ``out`` (uint8 ``[3, H, W]``, contiguous): ``write_planar``; returns ``out``."""
+        return write_planar(self.reformatter, self.frame, out)
 
 
 def _decoded(decoder: _Decoder, runs: list[Run], pieces: list[bytes], starts: list[int], table: tuple, where: str):

@@ -31,10 +31,10 @@ from .episode import (
     window_sample,
 )
 from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
-from .lookahead import Decode, Demand, Load, Lookahead, Scheduler, Step, Store, frame_key
+from .lookahead import PICTURE_SHARE, Decode, Demand, Load, Lookahead, Scheduler, Step, Store, frame_key
 from .memory import release_free_memory
 from .mix import MixLayout, camera_streams, column_widths
-from .packets import plan_runs, readable, run_ranges
+from .packets import picture_bytes, plan_runs, readable, run_ranges
 from .plan import WorkerPlan
 from .source import DatasetSource
 from .spec import WindowSpec
@@ -125,6 +125,7 @@ class EpochReader:
         self.ds = ds
         # Per dataset, the global number of its first camera stream (streams of a mix are numbered on).
         self._stream_base: list[int] = np.cumsum([0, *[s.index.cam_depth.size for s in ds.sources]]).tolist()
+        self._picture_bytes: dict[int, int] = {}  # global stream -> a kept picture's bytes (0: kept as RGB)
 
     def samples(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):
         """Follow the look-ahead schedule of the plan's windows after the first ``skip`` (``stream.lookahead``).
@@ -294,6 +295,13 @@ class EpochReader:
                     frames = ix.frames(per_window[:, None], rows)
                     keys[here, col : col + len(offsets)] = frame_key(per_window[:, None] + stream_base[d], frames)
                 col += len(offsets)
+            if self.ds.post.prepares_nothing and packed.any() and self.ds.lookahead.pictures is not False:
+                # Read by packets with nothing to prepare: frames may be kept as decoded pictures
+                # (``stream.packets.Picture``), their bytes as the decoder holds them.
+                for cam in self.ds.cam_offsets[d]:
+                    streams = ix.camera_streams(cam, unique[packed]) + stream_base[d]
+                    kept = self._pictures(d, streams)
+                    frame_bytes[streams[kept > 0]] = kept[kept > 0]
             stacked = np.sort(np.stack(members, axis=1), axis=1)
             first = np.ones(stacked.shape, dtype=bool)
             first[:, 1:] = stacked[:, 1:] != stacked[:, :-1]
@@ -303,6 +311,26 @@ class EpochReader:
             encoded_bytes[unique[packed] + base] = _NEVER_KEPT
             columns_bytes[unique + base] = ix.num_rows[unique] * self._row_bytes(d)
         return Demand(episodes, keys, stream_episode, frame_bytes, columns_bytes, encoded_bytes)
+
+    def _pictures(self, d: int, streams: np.ndarray) -> np.ndarray:
+        """Per global stream of dataset ``d`` read by packets, the bytes of a kept picture, or 0 for RGB (int64).
+
+        ``Lookahead.pictures``: None keeps pictures where one holds at most ``PICTURE_SHARE`` of
+        its RGB's bytes. Remembered per stream, so a stream's frames are kept one way all epoch.
+        """
+        ix, base, policy = self.ds.sources[d].index, self._stream_base[d], self.ds.lookahead.pictures
+        out = np.zeros(streams.size, dtype=np.int64)
+        for i, g in enumerate(streams.tolist()):
+            kept = self._picture_bytes.get(g)
+            if kept is None:
+                s = g - base
+                w, h = int(ix.cam_width[s]), int(ix.cam_height[s])
+                kept = picture_bytes(ix.cam_pix_fmt[s].as_py(), w, h)
+                if policy is None and kept > PICTURE_SHARE * 3 * w * h:
+                    kept = 0
+                self._picture_bytes[g] = kept
+            out[i] = kept
+        return out
 
     def _row_bytes(self, d: int) -> int:
         """Bytes per table row of ``read_columns`` in dataset ``d``.
@@ -447,6 +475,7 @@ class EpochReader:
                 telemetry,
                 self.ds.lookahead.decode_bytes,
                 store.alloc,
+                pictures=self.ds.post.prepares_nothing and self._picture_bytes.get(call.stream, 0) > 0,
             )
             store.put_frames(call.stream, call.frames, frames)
 
@@ -471,6 +500,27 @@ def episode_bytes(sources: list[DatasetSource], cam_offsets: list[dict], post: P
             total += (int(np.max(offsets)) - int(np.min(offsets)) + 1) * frame
             frames += frame
         most = max(most, (total, frames))
+    return most
+
+
+def sample_frame_bytes(sources: list[DatasetSource], cam_offsets: list[dict], post: PostProcess) -> int:
+    """Bytes of one sample's frames at the output dtype (``post.dtype``; depth uint16), the largest of the mix.
+
+    Per camera, its offsets times its largest frame after ``post.prepare``; what a batch of ``B``
+    samples holds in frames is ``B`` times this (``WindowLoader`` sizes its batch buffers by it).
+    """
+    rgb_item = torch.empty(0, dtype=post.dtype).element_size()
+    most = 0
+    for d, source in enumerate(sources):
+        ix, total = source.index, 0
+        for cam, offsets in cam_offsets[d].items():
+            if not len(offsets):
+                continue
+            streams = camera_streams(source, cam)
+            size = _frame_size(post, ix, streams)
+            per_pixel = np.where(ix.cam_depth[streams], 2, 3 * rgb_item)
+            total += len(offsets) * int(np.max(per_pixel * size[:, 0] * size[:, 1], initial=0))
+        most = max(most, total)
     return most
 
 

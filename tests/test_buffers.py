@@ -13,7 +13,16 @@ import torch
 from videogen import convert_numbered, decode_frame_number
 
 from epishard.stream import PostProcess, WindowDataset, WindowLoader, WindowSpec
-from epishard.stream.buffers import BatchBuffers, Field, recycle_slots, ring_slots
+from epishard.stream.buffers import (
+    FRAME_CACHE_FLOOR,
+    READ_ALLOWANCE,
+    RECYCLE_BYTES,
+    BatchBuffers,
+    Field,
+    batch_allowance,
+    recycle_slots,
+    ring_slots,
+)
 from epishard.stream.collate import BufferedCollate, FloatCollate, float_frames, to_device
 
 FPS = 10
@@ -260,3 +269,53 @@ def test_small_fields_kept_do_not_hold_the_recycled_frames(dataset):
     for (state, episodes, pad), e in zip(kept, expected, strict=True):
         assert torch.equal(state, e["observation.state"]) and episodes.tolist() == e["episode_index"].tolist()
         assert torch.equal(pad, e[f"{CAMS[0]}_is_pad"])
+
+
+def test_batches_and_the_frame_cache_share_the_read_allowance():
+    """``batch_allowance``: small batches leave the cache; large ones are recycled while the ring fits
+    beside the floor, taking their bytes out of the cache; larger still go to fresh memory, and the
+    cache makes room for the one batch in flight."""
+    m = 1 << 20
+    default = 548 * m
+    assert batch_allowance(default, 62 * m, 186 * m, True) == (RECYCLE_BYTES, None)  # 640x480 uint8
+    assert batch_allowance(default, 62 * m, 186 * m, False) == (RECYCLE_BYTES, None)
+    cap, cache = batch_allowance(default, 252 * m, 756 * m, True)  # 640x480 float32: recycled, cache smaller
+    assert cap == 756 * m and cache == READ_ALLOWANCE - 756 * m and cache + 756 * m == READ_ALLOWANCE
+    cap, cache = batch_allowance(default, 759 * m, 2277 * m, True)  # 720p float32: fresh, one batch in flight
+    assert cap < 2277 * m and cache == READ_ALLOWANCE - 759 * m
+    assert batch_allowance(default, 900 * m, 2700 * m, True) == (RECYCLE_BYTES, FRAME_CACHE_FLOOR)  # the floor
+    ring = READ_ALLOWANCE - FRAME_CACHE_FLOOR
+    assert batch_allowance(default, ring // 3, ring, True) == (ring, FRAME_CACHE_FLOOR)  # the largest ring kept
+
+
+def test_a_loader_whose_batches_need_the_cache_shrinks_it_and_keeps_the_plan(dataset, monkeypatch):
+    """Where the batches take part of the allowance, the loader's view reads with a smaller frame
+    cache, recycles its ring, and yields the same batches (its plan, shuffle pool included, is the
+    dataset's); a Lookahead of the user's is left as given."""
+    import epishard.stream.buffers as buffers_module
+    import epishard.stream.dataset as dataset_module
+    from epishard.stream.lookahead import Lookahead
+    from epishard.stream.options import ReadOptions
+
+    expected = [_clone(b) for b in _loader(dataset, num_workers=2, recycle_buffers=False)]
+    per_batch = 5 * 2 * 2 * 3 * 32 * 32 * 4  # samples x cameras x frames x RGB x 32x32 x float32
+    ring = recycle_slots(2, None) * per_batch
+    small = FRAME_CACHE_FLOOR + ring + (64 << 10)  # leaves the cache 64 KiB above the floor
+    monkeypatch.setattr(buffers_module, "READ_ALLOWANCE", small)
+    monkeypatch.setattr(buffers_module, "FRAME_CACHE_FLOOR", 0)
+    monkeypatch.setattr(dataset_module, "RECYCLE_BYTES", 0)
+    loader = _loader(dataset, num_workers=2)
+    base = WindowDataset(dataset, SPEC, seed=3, postprocess=PostProcess(size=(32, 32), dtype=torch.float32))
+    assert loader.dataset.lookahead.frame_cache_bytes == small - ring < base.lookahead.frame_cache_bytes
+    assert loader.dataset.pool_episodes(5) == base.pool_episodes(5)
+    got = []
+    for batch in loader:
+        got.append(_clone(batch))
+        del batch
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        _assert_equal(g, e)
+    mine = Lookahead(frame_cache_bytes=3 << 20)
+    read = ReadOptions(lookahead=mine)
+    ds = WindowDataset(dataset, SPEC, seed=3, postprocess=PostProcess(size=(32, 32), dtype=torch.float32), read=read)
+    assert WindowLoader(ds, batch_size=5, num_workers=2).dataset.lookahead == mine

@@ -14,6 +14,7 @@ from epishard.format.index import WindowIndex
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import WindowDataset, WindowSpec, packets
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.lookahead import Lookahead
 from epishard.stream.options import ReadOptions
 from epishard.stream.packets import plan_runs, run_bytes
 from epishard.stream.telemetry import summarize
@@ -278,8 +279,9 @@ def _colour_video(codec: str, pix_fmt: str, n: int, start: int) -> bytes:
         ("mpeg4", "yuv420p"),
     ],
 )
-def test_full_size_colour_frames_equal_torchcodecs(tmp_path, codec, pix_fmt):
-    """Without post-processing the packet path converts to planar RGB; each channel equals torchcodec's packed RGB."""
+def test_full_size_colour_frames_equal_torchcodecs(tmp_path, monkeypatch, codec, pix_fmt):
+    """Without post-processing the packet path converts to planar RGB, at decode time or from kept
+    pictures when a window takes them; each channel equals torchcodec's packed RGB."""
     eps = [
         Episode(
             source="colour",
@@ -295,10 +297,28 @@ def test_full_size_colour_frames_equal_torchcodecs(tmp_path, codec, pix_fmt):
     convert([Source(name="colour", episodes=eps, fps=FPS)], root, ConvertOptions(progress=False))
     assert packets.readable(WindowIndex.load_dataset(root), np.arange(2)).all()
     spec = WindowSpec(cameras={CAM: (0, 3, 5)}, boundary="pad")
+    written = []
+    real = packets.Picture.write
+    monkeypatch.setattr(packets.Picture, "write", lambda self, out: written.append(1) or real(self, out))
     got = {}
-    for packets_path in (True, False):
-        read = ReadOptions(fetch=FetchPolicy(packets=packets_path, on_shard_error="raise"))
-        got[packets_path] = torch.stack([s[CAM] for s in WindowDataset(root, spec, seed=2, read=read)])
-    a, b = got[True], got[False]
+    for path, pictures in (("rgb", False), ("pictures", True), ("whole", None)):
+        read = ReadOptions(
+            fetch=FetchPolicy(packets=path != "whole", on_shard_error="raise"), lookahead=Lookahead(pictures=pictures)
+        )
+        before = len(written)
+        got[path] = torch.stack([s[CAM] for s in WindowDataset(root, spec, seed=2, read=read)])
+        assert (len(written) > before) == (path == "pictures")  # frames kept as pictures only when asked
+    a = got["whole"]
     assert a.shape[2] == 3 and not torch.equal(a[:, :, 0], a[:, :, 1])  # the channels differ
-    assert torch.equal(a, b)
+    assert torch.equal(got["rgb"], a) and torch.equal(got["pictures"], a)
+
+
+def test_a_kept_picture_is_counted_with_its_padding_and_kept_only_where_smaller_than_rgb():
+    from epishard.stream.lookahead import PICTURE_SHARE
+
+    assert packets.picture_bytes("yuv420p", 640, 480) == 640 * 512 * 3 // 2  # rows padded to 128
+    assert packets.picture_bytes("yuv444p", 1280, 720) == 1280 * 768 * 3
+    assert packets.picture_bytes("yuv420p", 640, 480) <= PICTURE_SHARE * 3 * 640 * 480  # kept (None)
+    assert packets.picture_bytes("yuv420p", 1280, 720) <= PICTURE_SHARE * 3 * 1280 * 720
+    assert packets.picture_bytes("yuv420p", 64, 64) > PICTURE_SHARE * 3 * 64 * 64  # RGB kept (None)
+    assert packets.picture_bytes("yuv444p", 640, 480) > PICTURE_SHARE * 3 * 640 * 480

@@ -26,6 +26,7 @@ from epishard.shardwriter.describe import describe
 from epishard.shardwriter.video import VideoProbe, probe, restamp, scan
 from epishard.stream import WindowDataset, WindowSpec
 from epishard.stream.fetch import FetchPolicy
+from epishard.stream.lookahead import Lookahead
 from epishard.stream.options import ReadOptions
 
 FPS = 20
@@ -147,22 +148,29 @@ PATTERNS = {
 
 
 def _check_patterns(out: str, shown: dict[int, list[int]]) -> None:
-    """Every pattern, both read paths: packets of the GOPs a decode needs (where the index has a
-    packet table) and whole members through torchcodec; the same frames, each its row's number."""
+    """Every pattern, every read path: packets of the GOPs a decode needs (where the index has a
+    packet table), their frames kept as RGB or as decoded pictures, and whole members through
+    torchcodec; the same frames, each its row's number."""
     for pattern, spec in PATTERNS.items():
         for seed in (0, 1):
             by_path = []
-            for packets in (True, False):
-                samples = list(
-                    WindowDataset(out, spec, seed=seed, read=ReadOptions(fetch=FetchPolicy(packets=packets)))
-                )
+            for packets, pictures in ((True, False), (True, True), (False, None)):
+                read = ReadOptions(fetch=FetchPolicy(packets=packets), lookahead=Lookahead(pictures=pictures))
+                samples = list(WindowDataset(out, spec, seed=seed, read=read))
                 for s in samples:
                     numbers = shown[int(s["episode_index"])]
                     rows = np.clip(int(s["frame_index"]) + np.asarray(spec.cameras[CAM]), 0, len(numbers) - 1)
                     got = [decode_frame_number(f) for f in s[CAM]]
-                    assert got == [numbers[r] for r in rows], (pattern, seed, packets, int(s["episode_index"]))
+                    assert got == [numbers[r] for r in rows], (
+                        pattern,
+                        seed,
+                        packets,
+                        pictures,
+                        int(s["episode_index"]),
+                    )
                 by_path.append(torch.stack([s[CAM] for s in samples]))
-            assert torch.equal(*by_path), (pattern, seed)  # pixel for pixel
+            for other in by_path[1:]:
+                assert torch.equal(by_path[0], other), (pattern, seed)  # pixel for pixel
 
 
 #: Cases whose timestamps jump (variable frame rate) in a stream with B-frames: checked in full.
