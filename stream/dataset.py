@@ -543,15 +543,23 @@ class WindowLoader(DataLoader):
     ``batch_size=None``.
 
     ``recycle_buffers`` (default ``None``: on with DataLoader workers, epishard's own collate, a
-    ``batch_size``, no ``pin_memory`` and no ``reuse_buffers``, while a worker's ring holds at most
-    ``buffers.RECYCLE_BYTES``, 256 MiB, of batches; ``True``: on whatever the ring's size; ``False``:
-    off): each worker writes its batches into a ring of ``prefetch_factor + 1`` pre-faulted buffers
+    ``batch_size``, no ``pin_memory`` and no ``reuse_buffers``, while a worker's ring fits its share
+    of the worker's memory; ``True``: on whatever the ring's size; ``False``: off): each worker writes its batches into a ring of ``prefetch_factor + 1`` pre-faulted buffers
     (``+ 2`` with one worker) instead of fresh shared memory, and a buffer is written again only when
     nothing of the batch it held is referenced in this process any more (``buffers.RecycledBatches``
     counts the storage's references: a batch, a view, ``.numpy()`` or ``.detach()`` of it kept); a
     batch whose buffer is still held goes into fresh memory. So, unlike ``reuse_buffers``, batches
     keep their values for as long as they are held, and the page faults of fresh memory are saved
     whenever the training loop drops each batch before the next few come.
+
+    Memory, by default (the dataset given no ``Lookahead`` of its own): a worker's batches in flight
+    and its look-ahead frame cache share ``buffers.READ_ALLOWANCE`` (960 MiB; ``buffers.batch_allowance``).
+    Batches that leave the default cache room (640x480 uint8: a 190 MiB ring) change nothing; larger
+    ones (640x480 float32: a 760 MiB ring) are recycled while the ring leaves the cache at least
+    ``buffers.FRAME_CACHE_FLOOR`` (128 MiB) and the cache shrinks to what they leave; larger still
+    (1280x720 float32) go into fresh memory and the cache makes room for the one being written. The
+    plan, its shuffle pool included, is the dataset's either way. Without a batch size, or with a
+    ``Lookahead`` given, the ring holds at most ``buffers.RECYCLE_BYTES`` (256 MiB).
 
     Persistent workers keep their own copy of the dataset, which can only run the epoch after the
     one it ran last; when the next iteration must run anything else (after ``load_state_dict``, or
