@@ -143,7 +143,12 @@ class BalancedWindowDataset(WindowDataset):
             self.stages = Stages(cost=self.cost, order=order)
 
     def with_options(
-        self, *, defer_float: bool | None = None, num_workers: int | None = None, batch_size: int | None = None
+        self,
+        *,
+        defer_float: bool | None = None,
+        num_workers: int | None = None,
+        batch_size: int | None = None,
+        frame_cache_bytes: int | None = None,
     ) -> WindowDataset:
         """``WindowDataset.with_options``, checking the loader's batch size under ``scope="global"``.
 
@@ -157,7 +162,9 @@ class BalancedWindowDataset(WindowDataset):
                 f"BalancedWindowDataset(scope='global', batch_size={self.batch_size}) dealt its steps for batches of "
                 f"{self.batch_size}; the loader's batch_size is {batch_size}"
             )
-        return super().with_options(defer_float=defer_float, num_workers=num_workers, batch_size=batch_size)
+        return super().with_options(
+            defer_float=defer_float, num_workers=num_workers, batch_size=batch_size, frame_cache_bytes=frame_cache_bytes
+        )
 
     def _balancing(self) -> dict:
         return {"scope": self.scope, "batch_size": self.batch_size, "chunk_batches": self.chunk_batches}

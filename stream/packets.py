@@ -333,7 +333,7 @@ def write_planar(reformatter: VideoReformatter, picture: av.VideoFrame, out: tor
     h, w = out.shape[1], out.shape[2]
     target = out.numpy()
     for channel, plane in zip(_GBRP_CHANNEL, planar.planes, strict=True):
-        target[channel] = np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)[:, :w]
+        target[channel] = np.frombuffer(memoryview(plane), np.uint8).reshape(h, plane.line_size)[:, :w]
     return out
 
 
