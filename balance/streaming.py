@@ -149,6 +149,7 @@ class BalancedWindowDataset(WindowDataset):
         num_workers: int | None = None,
         batch_size: int | None = None,
         frame_cache_bytes: int | None = None,
+        lazy_frames: bool | None = None,
     ) -> WindowDataset:
         """``WindowDataset.with_options``, checking the loader's batch size under ``scope="global"``.
 
@@ -163,7 +164,11 @@ class BalancedWindowDataset(WindowDataset):
                 f"{self.batch_size}; the loader's batch_size is {batch_size}"
             )
         return super().with_options(
-            defer_float=defer_float, num_workers=num_workers, batch_size=batch_size, frame_cache_bytes=frame_cache_bytes
+            defer_float=defer_float,
+            num_workers=num_workers,
+            batch_size=batch_size,
+            frame_cache_bytes=frame_cache_bytes,
+            lazy_frames=lazy_frames,
         )
 
     def _balancing(self) -> dict:

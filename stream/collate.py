@@ -23,12 +23,22 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 
 from .buffers import RECYCLE_BYTES, BatchBuffers, Field, SlotFlags
+from .lookahead import LazyFrames, materialized
 
 
 def _convert_into(out: torch.Tensor, samples: list[dict], key: str, scale: bool) -> None:
-    """``out[i] = samples[i][key]`` converted to ``out``'s dtype, divided by 255 when ``scale``."""
+    """``out[i] = samples[i][key]`` converted to ``out``'s dtype, divided by 255 when ``scale``.
+
+    A ``LazyFrames`` value is written into one uint8 scratch window first (reused across samples).
+    """
+    scratch = None
     for i, sample in enumerate(samples):
-        out[i].copy_(sample[key])
+        value = sample[key]
+        if isinstance(value, LazyFrames):
+            if scratch is None:
+                scratch = torch.empty(value.shape, dtype=torch.uint8)
+            value = value.write(scratch)
+        out[i].copy_(value)
     if scale:
         out.mul_(1.0 / 255.0)
 
@@ -43,8 +53,12 @@ class FloatCollate:
         self.keys, self.dtype, self.scale = list(keys), dtype, scale
 
     def __call__(self, samples: list[dict]) -> dict:
-        """``default_collate`` of ``samples``, the ``keys`` frames converted while copied in."""
-        batch = default_collate([{k: v for k, v in s.items() if k not in self.keys} for s in samples])
+        """``default_collate`` of ``samples``, the ``keys`` frames converted while copied in.
+
+        ``LazyFrames`` (``stream.lookahead``) of the ``keys`` are converted straight into the batch;
+        other ones are made tensors first.
+        """
+        batch = default_collate([materialized({k: v for k, v in s.items() if k not in self.keys}) for s in samples])
         for key in self.keys:
             shape = (len(samples), *samples[0][key].shape)
             if get_worker_info() is not None:  # straight into shared memory: no copy on the way out
@@ -98,7 +112,7 @@ class BufferedCollate:
         ring would exceed ``max_bytes``, the batch is collated into fresh memory, as without buffers.
         """
         first = samples[0]
-        tensors = [k for k, v in first.items() if isinstance(v, torch.Tensor)]
+        tensors = [k for k, v in first.items() if isinstance(v, torch.Tensor | LazyFrames)]
         fields = tuple(
             Field(k, self.dtype if k in self.keys else first[k].dtype, tuple(first[k].shape)) for k in tensors
         )
@@ -109,7 +123,9 @@ class BufferedCollate:
                 fields = tuple(f for f in fields if f.key in self.frames)
             got = self.buffers.take_free(fields, len(samples), self.flags.flags[info.id], self.max_bytes)
             if got is None or not fields:
-                return self.fresh(samples)
+                if isinstance(self.fresh, FloatCollate):  # it converts LazyFrames into the batch itself
+                    return self.fresh(samples)
+                return self.fresh([materialized(s) for s in samples])
             slot, out = got
             batch = self._write(samples, tensors, out)
             self.flags.flags[info.id, slot] = 1
@@ -123,6 +139,9 @@ class BufferedCollate:
         for key in tensors:  # in the samples' order, as default_collate
             if key in self.keys:
                 _convert_into(out[key], samples, key, self.scale)
+            elif isinstance(first[key], LazyFrames):  # kept pictures: converted straight into the batch
+                for i, s in enumerate(samples):
+                    s[key].write(out[key][i])
             else:
                 torch.stack([s[key] for s in samples], out=out[key])
             batch[key] = out[key]

@@ -271,6 +271,10 @@ class WindowDataset(IterableDataset):
         # The frame cache the default shuffle pool is sized by: the dataset's own, also in a loader's
         # view whose cache makes room for its batch buffers (``WindowLoader``), so the plan is one.
         self._pool_cache_bytes = self.lookahead.frame_cache_bytes
+        # Windows' picture frames as ``LazyFrames``, for a collate that writes them into the batch
+        # (``WindowLoader`` with recycled buffers, ``with_options(lazy_frames=True)``); never for samples
+        # the user takes.
+        self._lazy_frames = False
         self._first_chunk = batch_size  # the first look-ahead chunk: one batch (WindowLoader's by default)
 
     def with_options(
@@ -280,14 +284,19 @@ class WindowDataset(IterableDataset):
         num_workers: int | None = None,
         batch_size: int | None = None,
         frame_cache_bytes: int | None = None,
+        lazy_frames: bool | None = None,
     ) -> WindowDataset:
         """A shallow copy with these options changed (the indexes and plan are shared, not rebuilt).
 
         ``batch_size``: the loader's, taken by ``batch_by_dataset`` when the dataset was given none.
         ``frame_cache_bytes``: the look-ahead's decoded-frame cache (``Lookahead``); the plan, the
-        shuffle pool included, stays the one of this dataset's own cache.
+        shuffle pool included, stays the one of this dataset's own cache. ``lazy_frames``: samples
+        carry a window's frames kept as pictures as ``stream.lookahead.LazyFrames``, which only a
+        collate that writes them (``stream.collate.BufferedCollate``) may receive.
         """
         other = copy.copy(self)
+        if lazy_frames is not None:
+            other._lazy_frames = lazy_frames
         if frame_cache_bytes is not None:
             other.lookahead = dataclasses.replace(self.lookahead, frame_cache_bytes=frame_cache_bytes)
         if defer_float is not None:
@@ -544,8 +553,9 @@ class WindowLoader(DataLoader):
 
     ``recycle_buffers`` (default ``None``: on with DataLoader workers, epishard's own collate, a
     ``batch_size``, no ``pin_memory`` and no ``reuse_buffers``, while a worker's ring fits its share
-    of the worker's memory; ``True``: on whatever the ring's size; ``False``: off): each worker writes its batches into a ring of ``prefetch_factor + 1`` pre-faulted buffers
-    (``+ 2`` with one worker) instead of fresh shared memory, and a buffer is written again only when
+    of the worker's memory; ``True``: on whatever the ring's size; ``False``: off): each worker
+    writes its batches into a ring of ``prefetch_factor + 1`` pre-faulted buffers (``+ 2`` with one
+    worker) instead of fresh shared memory, and a buffer is written again only when
     nothing of the batch it held is referenced in this process any more (``buffers.RecycledBatches``
     counts the storage's references: a batch, a view, ``.numpy()`` or ``.detach()`` of it kept); a
     batch whose buffer is still held goes into fresh memory. So, unlike ``reuse_buffers``, batches
@@ -642,6 +652,8 @@ class WindowLoader(DataLoader):
             num_workers=kw.get("num_workers", 0),
             batch_size=batch_size,
             frame_cache_bytes=frame_cache,
+            # The recycled ring's collate converts kept pictures straight into the batch.
+            lazy_frames=bool(recycle_buffers) and (defer_float or not floating),
         )
         super().__init__(view, batch_size=batch_size, **kw)
         self._epoch = view.epoch

@@ -49,6 +49,7 @@ from epishard.format.untrusted import loads
 
 from .dataset import WindowDataset
 from .fetch import FetchPolicy
+from .lookahead import materialized
 from .options import ReadOptions
 from .source import DatasetSource
 from .spec import RESERVED_KEYS, WindowSpec, offsets_from_seconds
@@ -551,7 +552,7 @@ class EpishardLeRobotDataset(WindowDataset):
 
     def __iter__(self):
         for sample in super().__iter__():
-            yield self.lerobot_item(sample)
+            yield self.lerobot_item(materialized(sample))  # its items are tensors, LeRobot's
 
     def lerobot_item(self, sample: dict) -> dict:
         """LeRobot's item from a ``WindowDataset`` sample (keys, shapes and dtypes: the module docstring)."""

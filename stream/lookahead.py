@@ -520,6 +520,44 @@ def _loads(demand: Demand, miss: np.ndarray) -> list[tuple[int, bool, tuple[Deco
     ]
 
 
+class LazyFrames:
+    """One camera's frames of a window, still as kept pictures (``stream.packets.Picture``), for a collate to write.
+
+    Under ``WindowLoader``'s recycled batch buffers the reader gives a window's picture frames this
+    way and ``stream.collate.BufferedCollate`` converts them to RGB straight into the batch: no
+    per-window stack of full-size RGB frames is made and copied again. ``shape``: ``[T, 3, H, W]``;
+    ``dtype``: uint8 (what ``write`` produces); ``tensor()``: the stack itself.
+    """
+
+    __slots__ = ("items",)
+    dtype = torch.uint8
+
+    def __init__(self, items: list):
+        self.items = items
+
+    @property
+    def shape(self) -> torch.Size:
+        """``[T, 3, H, W]`` of the frames."""
+        return torch.Size((len(self.items), *self.items[0].shape))
+
+    def write(self, out: torch.Tensor) -> torch.Tensor:
+        """The frames' RGB written into ``out`` (uint8 ``[T, 3, H, W]``); returns ``out``."""
+        for i, item in enumerate(self.items):
+            item.write(out[i])
+        return out
+
+    def tensor(self) -> torch.Tensor:
+        """The frames as a new uint8 ``[T, 3, H, W]`` tensor."""
+        return self.write(torch.empty(self.shape, dtype=torch.uint8))
+
+
+def materialized(sample: dict) -> dict:
+    """``sample`` with every ``LazyFrames`` value made a tensor (the sample itself when it has none)."""
+    if not any(isinstance(v, LazyFrames) for v in sample.values()):
+        return sample
+    return {k: v.tensor() if isinstance(v, LazyFrames) else v for k, v in sample.items()}
+
+
 class Store:
     """The executor's side of the decoded-item cache: what ``Schedule`` steps put in and take out.
 
@@ -571,16 +609,20 @@ class Store:
                 item = self.columns.pop(-1 - k, None)
                 self.nbytes -= 0 if item is None else item[2]
 
-    def stack(self, keys: np.ndarray) -> torch.Tensor:
+    def stack(self, keys: np.ndarray, lazy: bool = False) -> torch.Tensor | LazyFrames:
         """Frames of ``keys`` (int64 ``[T]``, T >= 1), stacked ``[T, C, h, w]`` in their stored dtype.
 
-        Kept pictures (``stream.packets.Picture``) are converted to uint8 RGB straight into the stack.
+        Kept pictures (``stream.packets.Picture``) are converted to uint8 RGB straight into the
+        stack; with ``lazy``, frames that are all pictures come back as ``LazyFrames`` instead, for
+        the collate to convert into the batch (pictures never change, so a dropped one stays valid).
 
         Raises ``KeyError``: a key not held (the schedule's bug, never the data's).
         """
         items = [self.frames[k] for k in keys.tolist()]
         if all(isinstance(f, torch.Tensor) for f in items):
             return torch.stack(items)
+        if lazy and not any(isinstance(f, torch.Tensor) for f in items):
+            return LazyFrames(items)
         out = torch.empty((len(items), *items[0].shape), dtype=torch.uint8)
         for i, item in enumerate(items):
             if isinstance(item, torch.Tensor):

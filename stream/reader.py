@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -104,6 +104,11 @@ class Readable(Protocol):
     @property
     def _first_chunk(self) -> int | None:
         """Windows of the first look-ahead chunk (the loader's batch), or None."""
+        ...
+
+    @property
+    def _lazy_frames(self) -> bool:
+        """Give picture frames as ``LazyFrames`` (the loader's collate writes them into the batch)."""
         ...
 
     def _locate(self, episode: int) -> tuple[int, int]:
@@ -225,9 +230,14 @@ class EpochReader:
         t = time.perf_counter()
         d, _ = self.ds._locate(episode)
         columns, info, _ = store.columns[episode]
-        frames, col = {}, 0
+        frames: dict[str, Any] = {}  # tensors, or LazyFrames for the loader's collate
+        col = 0
         for cam, offsets in self.ds.cam_offsets[d].items():
-            frames[cam] = store.stack(keys[col : col + len(offsets)]) if len(offsets) else self._no_frames(d, info, cam)
+            frames[cam] = (
+                store.stack(keys[col : col + len(offsets)], lazy=self.ds._lazy_frames)
+                if len(offsets)
+                else self._no_frames(d, info, cam)
+            )
             col += len(offsets)
         finish = None if self.ds.defer_float else self.ds.post.finish
         index = self.ds.sources[d].index

@@ -319,3 +319,32 @@ def test_a_loader_whose_batches_need_the_cache_shrinks_it_and_keeps_the_plan(dat
     read = ReadOptions(lookahead=mine)
     ds = WindowDataset(dataset, SPEC, seed=3, postprocess=PostProcess(size=(32, 32), dtype=torch.float32), read=read)
     assert WindowLoader(ds, batch_size=5, num_workers=2).dataset.lookahead == mine
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+@pytest.mark.parametrize("ring", [True, False])
+def test_kept_pictures_are_written_straight_into_recycled_batches(dataset, monkeypatch, dtype, ring):
+    """With frames kept as pictures, the recycled ring's collate converts each window's frames into
+    the batch (``LazyFrames``), or, where the ring does not fit, into fresh memory: the batches equal
+    those of frames kept as RGB, none escapes unconverted."""
+    import epishard.stream.dataset as dataset_module
+    from epishard.stream.lookahead import LazyFrames, Lookahead
+    from epishard.stream.options import ReadOptions
+
+    if not ring:  # every ring is past the cap: each batch goes into fresh memory
+        monkeypatch.setattr(dataset_module, "RECYCLE_BYTES", 0)
+    got = {}
+    for pictures in (False, True):
+        read = ReadOptions(lookahead=Lookahead(pictures=pictures))
+        ds = WindowDataset(dataset, SPEC, seed=3, postprocess=PostProcess(dtype=dtype), read=read)
+        loader = WindowLoader(ds, batch_size=5, num_workers=1, recycle_buffers=None if not ring else True)
+        # What the loader's worker iterates: picture frames as LazyFrames, for the collate to write.
+        first = next(iter(loader.dataset))
+        assert all(isinstance(first[c], LazyFrames) == pictures for c in CAMS)
+        assert not any(isinstance(v, LazyFrames) for v in next(iter(ds)).values())  # never to the user
+        got[pictures] = [_clone(b) for b in loader]
+        assert all(isinstance(b[c], torch.Tensor) and b[c].dtype == dtype for b in got[pictures] for c in CAMS)
+    assert len(got[True]) == len(got[False])
+    for a, b in zip(got[True], got[False], strict=True):
+        _assert_equal(a, b)
+        _assert_frames(a, 255.0 if dtype == torch.float32 else 1.0)
