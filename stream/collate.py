@@ -29,12 +29,17 @@ from .lookahead import LazyFrames, materialized
 def _convert_into(out: torch.Tensor, samples: list[dict], key: str, scale: bool) -> None:
     """``out[i] = samples[i][key]`` converted to ``out``'s dtype, divided by 255 when ``scale``.
 
-    A ``LazyFrames`` value is written into one uint8 scratch window first (reused across samples).
+    A ``LazyFrames`` value is converted straight into ``out[i]`` (its planes cast on the way in)
+    where numpy has ``out``'s dtype, else through one uint8 scratch window (reused across samples).
     """
     scratch = None
+    direct = out.dtype in (torch.float16, torch.float32, torch.float64)
     for i, sample in enumerate(samples):
         value = sample[key]
         if isinstance(value, LazyFrames):
+            if direct:
+                value.write(out[i])
+                continue
             if scratch is None:
                 scratch = torch.empty(value.shape, dtype=torch.uint8)
             value = value.write(scratch)

@@ -541,7 +541,7 @@ class LazyFrames:
         return torch.Size((len(self.items), *self.items[0].shape))
 
     def write(self, out: torch.Tensor) -> torch.Tensor:
-        """The frames' RGB written into ``out`` (uint8 ``[T, 3, H, W]``); returns ``out``."""
+        """The frames' RGB written into ``out`` (``[T, 3, H, W]``, uint8 or float16/32/64, 0..255); returns ``out``."""
         for i, item in enumerate(self.items):
             item.write(out[i])
         return out

@@ -322,7 +322,9 @@ _GBRP_CHANNEL = (1, 2, 0)
 
 
 def write_planar(reformatter: VideoReformatter, picture: av.VideoFrame, out: torch.Tensor) -> torch.Tensor:
-    """Convert a decoded 8-bit ``picture`` to RGB into ``out`` (uint8 ``[3, H, W]``, contiguous); returns ``out``.
+    """Convert a decoded 8-bit ``picture`` to RGB into ``out`` (``[3, H, W]``, contiguous); returns ``out``.
+
+    ``out`` is uint8, or a float dtype numpy has (float16/32/64: the values 0..255 cast, unscaled).
 
     swscale converts to its planar RGB (``gbrp``) and each plane is copied into its channel: the same
     values as its packed ``rgb24`` conversion (torchcodec's) permuted to CHW (tests/test_packets.py

@@ -321,7 +321,7 @@ def test_a_loader_whose_batches_need_the_cache_shrinks_it_and_keeps_the_plan(dat
     assert WindowLoader(ds, batch_size=5, num_workers=2).dataset.lookahead == mine
 
 
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("ring", [True, False])
 def test_kept_pictures_are_written_straight_into_recycled_batches(dataset, monkeypatch, dtype, ring):
     """With frames kept as pictures, the recycled ring's collate converts each window's frames into
@@ -347,4 +347,4 @@ def test_kept_pictures_are_written_straight_into_recycled_batches(dataset, monke
     assert len(got[True]) == len(got[False])
     for a, b in zip(got[True], got[False], strict=True):
         _assert_equal(a, b)
-        _assert_frames(a, 255.0 if dtype == torch.float32 else 1.0)
+        _assert_frames(a, 1.0 if dtype == torch.uint8 else 255.0)
