@@ -28,6 +28,15 @@ def _rss(pid: int) -> int:
         return 0
 
 
+def _hwm(pid: int) -> int:
+    """The process's own peak RSS so far (``VmHWM``, kB; 0 when unreadable): what sampling can miss."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), 0)
+    except OSError:
+        return 0
+
+
 def _pss(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
@@ -38,7 +47,7 @@ def _pss(pid: int) -> int:
 
 class MemSampler(threading.Thread):
     """Peak over time of the summed RSS and PSS (kB) of this process and all its descendants, and
-    the peak RSS of the largest single descendant.
+    the peak RSS of the largest single descendant (its ``VmHWM`` too, so a peak between samples counts).
 
     The LeRobot harness's schedule: RSS (``statm``) every 50 ms, PSS (``smaps_rollup``, which walks
     the page tables and holds the memory map lock the workers' page faults need) every 10th sample.
@@ -59,7 +68,8 @@ class MemSampler(threading.Thread):
         pids = _descendants(os.getpid())
         rss = [_rss(p) for p in pids]
         self.rss_peak = max(self.rss_peak, sum(rss))
-        self.worker_rss_peak = max(self.worker_rss_peak, *rss[1:], 0)
+        # A worker's own high-water mark: the kernel's peak, between samples too.
+        self.worker_rss_peak = max(self.worker_rss_peak, *rss[1:], *(_hwm(p) for p in pids[1:]), 0)
         if with_pss:
             self.pss_peak = max(self.pss_peak, sum(_pss(p) for p in pids + list(self.pss_extra)))
 
