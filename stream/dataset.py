@@ -681,6 +681,11 @@ class WindowLoader(DataLoader):
         self._batches = 0
         self._running = token = object()
         batches = None
+        if self._recycled is not None:
+            # Free the slots of last epoch's batches dropped since the last one came, before persistent
+            # workers write the new epoch's first batches (a slot still flagged sends its batch into
+            # fresh memory: one batch more per worker at every epoch change).
+            self._recycled.poll()
         try:
             batches = super().__iter__()  # starts the workers with the dataset as it is now
             self.dataset._resume = None  # taken by the workers' copies (or by this process's iteration)

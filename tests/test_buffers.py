@@ -348,3 +348,22 @@ def test_kept_pictures_are_written_straight_into_recycled_batches(dataset, monke
     for a, b in zip(got[True], got[False], strict=True):
         _assert_equal(a, b)
         _assert_frames(a, 1.0 if dtype == torch.uint8 else 255.0)
+
+
+def test_a_new_epoch_finds_last_epochs_dropped_batches_released(dataset, monkeypatch):
+    """Persistent workers write an epoch's first batches as soon as it starts: the slots of last
+    epoch's batches, dropped by then, are released before (``RecycledBatches.poll`` when the loader
+    starts an epoch), else the worker finds its slot flagged and writes into fresh memory."""
+    loader = _loader(dataset, num_workers=2, persistent_workers=True)
+    held_when_workers_start = []
+    start = torch.utils.data.DataLoader.__iter__
+
+    def spy(self):
+        held_when_workers_start.append(self._recycled.held)
+        return start(self)
+
+    monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", spy)
+    for _ in range(3):
+        for batch in loader:
+            del batch
+    assert held_when_workers_start == [0, 0, 0]
