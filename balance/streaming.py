@@ -142,15 +142,7 @@ class BalancedWindowDataset(WindowDataset):
             order = BalancedOrder(self.batch_size, self.chunk_batches, self.table.stratum, len(self.sources))
             self.stages = Stages(cost=self.cost, order=order)
 
-    def with_options(
-        self,
-        *,
-        defer_float: bool | None = None,
-        num_workers: int | None = None,
-        batch_size: int | None = None,
-        frame_cache_bytes: int | None = None,
-        lazy_frames: bool | None = None,
-    ) -> WindowDataset:
+    def with_options(self, *, batch_size: int | None = None, **options) -> WindowDataset:
         """``WindowDataset.with_options``, checking the loader's batch size under ``scope="global"``.
 
         The deal fixes each rank's batch of every step, so another batch size is refused.
@@ -163,13 +155,7 @@ class BalancedWindowDataset(WindowDataset):
                 f"BalancedWindowDataset(scope='global', batch_size={self.batch_size}) dealt its steps for batches of "
                 f"{self.batch_size}; the loader's batch_size is {batch_size}"
             )
-        return super().with_options(
-            defer_float=defer_float,
-            num_workers=num_workers,
-            batch_size=batch_size,
-            frame_cache_bytes=frame_cache_bytes,
-            lazy_frames=lazy_frames,
-        )
+        return super().with_options(batch_size=batch_size, **options)
 
     def _balancing(self) -> dict:
         return {"scope": self.scope, "batch_size": self.batch_size, "chunk_batches": self.chunk_batches}

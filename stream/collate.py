@@ -48,6 +48,11 @@ def _convert_into(out: torch.Tensor, samples: list[dict], key: str, scale: bool)
         out.mul_(1.0 / 255.0)
 
 
+def _collate_materialized(samples: list[dict]) -> dict:
+    """``default_collate`` of ``samples`` whose ``LazyFrames`` are made tensors first."""
+    return default_collate([materialized(s) for s in samples])
+
+
 class FloatCollate:
     """Collate for a ``WindowDataset`` whose float conversion is deferred.
 
@@ -106,7 +111,7 @@ class BufferedCollate:
         # hold the slot; None: every tensor field.
         self.frames = None if frames is None else set(frames)
         # With flags (recycled buffers): a batch that cannot go into its slot goes into fresh memory.
-        self.fresh = FloatCollate(sorted(keys), dtype, scale) if keys else default_collate
+        self.fresh = FloatCollate(sorted(keys), dtype, scale) if keys else _collate_materialized
 
     def __call__(self, samples: list[dict]) -> dict:
         """The batch of ``samples``, its tensors views of the next slot.
@@ -128,9 +133,7 @@ class BufferedCollate:
                 fields = tuple(f for f in fields if f.key in self.frames)
             got = self.buffers.take_free(fields, len(samples), self.flags.flags[info.id], self.max_bytes)
             if got is None or not fields:
-                if isinstance(self.fresh, FloatCollate):  # it converts LazyFrames into the batch itself
-                    return self.fresh(samples)
-                return self.fresh([materialized(s) for s in samples])
+                return self.fresh(samples)
             slot, out = got
             batch = self._write(samples, tensors, out)
             self.flags.flags[info.id, slot] = 1

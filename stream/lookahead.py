@@ -619,14 +619,6 @@ class Store:
         Raises ``KeyError``: a key not held (the schedule's bug, never the data's).
         """
         items = [self.frames[k] for k in keys.tolist()]
-        if all(isinstance(f, torch.Tensor) for f in items):
+        if isinstance(items[0], torch.Tensor):  # a window's frames of a camera are kept one way (one stream)
             return torch.stack(items)
-        if lazy and not any(isinstance(f, torch.Tensor) for f in items):
-            return LazyFrames(items)
-        out = torch.empty((len(items), *items[0].shape), dtype=torch.uint8)
-        for i, item in enumerate(items):
-            if isinstance(item, torch.Tensor):
-                out[i].copy_(item)
-            else:
-                item.write(out[i])
-        return out
+        return LazyFrames(items) if lazy else LazyFrames(items).tensor()

@@ -500,13 +500,11 @@ def episode_bytes(sources: list[DatasetSource], cam_offsets: list[dict], post: P
     """
     most = (0, 0)
     for d, source in enumerate(sources):
-        ix, total, frames = source.index, 0, 0
+        total, frames = 0, 0
         for cam, offsets in cam_offsets[d].items():
             if not len(offsets):
                 continue
-            streams = camera_streams(source, cam)
-            size = _frame_size(post, ix, streams)
-            frame = int(np.max(np.where(ix.cam_depth[streams], 2, 3) * size[:, 0] * size[:, 1], initial=0))
+            frame = _largest_frame(source, cam, post)
             total += (int(np.max(offsets)) - int(np.min(offsets)) + 1) * frame
             frames += frame
         most = max(most, (total, frames))
@@ -520,18 +518,27 @@ def sample_frame_bytes(sources: list[DatasetSource], cam_offsets: list[dict], po
     samples holds in frames is ``B`` times this (``WindowLoader`` sizes its batch buffers by it).
     """
     rgb_item = torch.empty(0, dtype=post.dtype).element_size()
-    most = 0
-    for d, source in enumerate(sources):
-        ix, total = source.index, 0
-        for cam, offsets in cam_offsets[d].items():
-            if not len(offsets):
-                continue
-            streams = camera_streams(source, cam)
-            size = _frame_size(post, ix, streams)
-            per_pixel = np.where(ix.cam_depth[streams], 2, 3 * rgb_item)
-            total += len(offsets) * int(np.max(per_pixel * size[:, 0] * size[:, 1], initial=0))
-        most = max(most, total)
-    return most
+    return max(
+        (
+            sum(
+                len(offsets) * _largest_frame(source, cam, post, rgb_item)
+                for cam, offsets in cam_offsets[d].items()
+                if len(offsets)
+            )
+            for d, source in enumerate(sources)
+        ),
+        default=0,
+    )
+
+
+def _largest_frame(source: DatasetSource, cam: str, post: PostProcess, rgb_item: int = 1) -> int:
+    """Bytes of camera ``cam``'s largest frame after ``post.prepare``.
+
+    RGB at ``rgb_item`` bytes per sample (uint8: 1), depth at 2.
+    """
+    ix, streams = source.index, camera_streams(source, cam)
+    size = _frame_size(post, ix, streams)
+    return int(np.max(np.where(ix.cam_depth[streams], 2, 3 * rgb_item) * size[:, 0] * size[:, 1], initial=0))
 
 
 def _streams(index, episode: int, cameras) -> list[int]:

@@ -28,21 +28,22 @@ def _rss(pid: int) -> int:
         return 0
 
 
-def _hwm(pid: int) -> int:
-    """The process's own peak RSS so far (``VmHWM``, kB; 0 when unreadable): what sampling can miss."""
+def _field(pid: int, name: str, key: str) -> int:
+    """The ``key`` line's value (kB) of ``/proc/<pid>/<name>``; 0 when unreadable or absent."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            return next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), 0)
+        with open(f"/proc/{pid}/{name}") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith(key)), 0)
     except OSError:
         return 0
+
+
+def _hwm(pid: int) -> int:
+    """The process's own peak RSS so far (``VmHWM``, kB): what sampling can miss."""
+    return _field(pid, "status", "VmHWM:")
 
 
 def _pss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            return next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
-    except OSError:
-        return 0
+    return _field(pid, "smaps_rollup", "Pss:")
 
 
 class MemSampler(threading.Thread):
