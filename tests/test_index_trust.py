@@ -78,6 +78,73 @@ def test_index_values_are_bounds_checked_before_use(intact, tmp_path, field, val
     assert any(field in p["message"] for p in verify(root, decode=False)["problems"])
 
 
+def _packets(edit):
+    """An edit of episode 2's packet table (``edit(camera)``), its offsets made explicit first."""
+
+    def rewrite(rows):
+        camera = rows[2]["cameras"][0]
+        if not camera["packet_offset"]:
+            sizes = camera["packet_size"]
+            camera["packet_offset"] = [camera["packet_start"] + sum(sizes[:i]) for i in range(len(sizes))]
+        edit(camera)
+
+    return rewrite
+
+
+def _repeat_frame(camera):
+    camera["packet_frame"][1] = camera["packet_frame"][0]  # as many frames shown, one of them twice
+
+
+def _past_member(camera):
+    camera["packet_offset"][-1] += 10**6
+
+
+def _backwards(camera):
+    camera["packet_offset"][1], camera["packet_offset"][2] = camera["packet_offset"][2], camera["packet_offset"][1]
+
+
+def _zero_size(camera):
+    camera["packet_size"][3] = 0
+
+
+def _short_crc(camera):
+    camera["packet_crc32"] = camera["packet_crc32"][:-1]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (_repeat_frame, "packet_frame 19 does not show each frame once"),
+        (_past_member, "packet_offset lies outside the video member or is not after the packet before it"),
+        (_backwards, "packet_offset lies outside the video member or is not after the packet before it"),
+        (_zero_size, "packet_size is not positive"),
+        (_short_crc, "packet_crc32 19 does not list one value per packet"),
+    ],
+)
+def test_packet_tables_are_checked_at_a_streams_first_use(intact, tmp_path, edit, message):
+    """A dataset's open checks values per episode and camera (its cost must not grow with packets:
+    hundreds of millions at a million episodes); a stream's packet table is checked before its first
+    read, with the same rules as ``verify``'s check of every table."""
+    root = copy(intact, str(tmp_path / "ds"))
+    rewrite_index(root, _packets(edit))
+    ds = WindowDataset(root, SPEC, seed=5, read=ReadOptions(fetch=FetchPolicy(on_shard_error="raise")))
+    where = os.path.join(root, "index.arrow")
+    with pytest.raises(FormatError, match=rf"{where}: row 2 \(episode g-e000002\), camera {CAMERA}: {message}"):
+        list(ds)
+    assert any(message in p["message"] for p in verify(root, decode=False)["problems"])
+
+
+def test_the_streams_packet_tables_pass_both_checks(intact):
+    """Every stream's table passes the per-stream check, and the whole-index check agrees."""
+    from epishard.format.index import WindowIndex
+    from epishard.format.validate import check_stream_packets
+
+    index = WindowIndex.load_dataset(intact)
+    for stream in range(index.cam_num_frames.size):
+        check_stream_packets(index, stream, "index.arrow")
+    assert verify(intact, decode=False)["problems"] == []
+
+
 @pytest.mark.parametrize(
     "field, value, message",
     [

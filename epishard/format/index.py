@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from .errors import FormatError
 from .manifest import DATA_EXT, DATASET_INDEX_NAME, INDEX_SCHEMA, MANIFEST_NAME, VERSION_KEY, Manifest
 from .untrusted import loads, read_local
-from .validate import check_index_table, check_index_version
+from .validate import check_index_table, check_index_version, check_stream_packets
 
 SHARD_META_KEY = b"epishard.shard"
 
@@ -89,10 +89,18 @@ def dataset_table_bytes(table: pa.Table, batch_rows: int | None = None) -> bytes
     copying (``WindowIndex.read_dataset_index``); Arrow's default of 64K-row batches made every
     reader concatenate the nested columns, about 1 s per million episodes.
     """
-    table = table.combine_chunks().replace_schema_metadata({VERSION_KEY: INDEX_SCHEMA.metadata[VERSION_KEY]})
     sink = pa.BufferOutputStream()
-    feather.write_feather(table, sink, compression="uncompressed", chunksize=batch_rows or max(table.num_rows, 1))
+    write_dataset_table(table, sink, batch_rows)
     return sink.getvalue().to_pybytes()
+
+
+def write_dataset_table(table: pa.Table, sink, batch_rows: int | None = None) -> None:
+    """Write ``table`` (index columns plus ``shard``) to ``sink`` (a path or Arrow output stream) as ``index.arrow``.
+
+    ``batch_rows`` as ``dataset_table_bytes`` takes it.
+    """
+    table = table.combine_chunks().replace_schema_metadata({VERSION_KEY: INDEX_SCHEMA.metadata[VERSION_KEY]})
+    feather.write_feather(table, sink, compression="uncompressed", chunksize=batch_rows or max(table.num_rows, 1))
 
 
 def read_shard_meta(source) -> dict:
@@ -180,8 +188,10 @@ class WindowIndex:
     forked workers share every page.
     """
 
-    def __init__(self, table: pa.Table, shard_of_row: np.ndarray):
+    def __init__(self, table: pa.Table, shard_of_row: np.ndarray, where: str = "window index"):
         self._table = table
+        self.where = where  # the file(s) it was read from, as its errors name them
+        self._packets_checked: set[int] = set()  # streams whose packet table ``packets`` has checked
         self.shard = shard_of_row.astype(np.int32)
         self.keys = _one(table.column("key"))
         self.num_rows = _np(table.column("num_rows"), np.int64)
@@ -256,19 +266,21 @@ class WindowIndex:
         if cams.type.get_field_index("packet_size") < 0:
             empty = np.zeros(n + 1, dtype=np.int64)
             self.packet_start = np.zeros(n, dtype=np.int64)
-            self.packet_size, self.psize_offsets = np.zeros(0, dtype=np.int64), empty
+            self.packet_size, self.psize_offsets = np.zeros(0, dtype=np.int32), empty
             self.packet_offset, self.poffset_offsets = np.zeros(0, dtype=np.int64), empty
-            self.packet_frame, self.pframe_offsets = np.zeros(0, dtype=np.int64), empty
+            self.packet_frame, self.pframe_offsets = np.zeros(0, dtype=np.int32), empty
             self.packet_crc32, self.pcrc_offsets = np.zeros(0, dtype=np.uint32), empty
             self.cam_extradata = pa.array([b""] * n, pa.binary())
             return
         self.packet_start = _np(cams.field("packet_start"), np.int64)
+        # Kept in their stored dtypes (views of the memory-mapped file, no copy: at a million
+        # episodes the tables hold hundreds of millions of packets); ``packets`` widens one stream's.
         values, self.psize_offsets = _flat(cams.field("packet_size"))
-        self.packet_size = _np(values, np.int64)
+        self.packet_size = _np(values, np.int32)
         values, self.poffset_offsets = _flat(cams.field("packet_offset"))
         self.packet_offset = _np(values, np.int64)
         values, self.pframe_offsets = _flat(cams.field("packet_frame"))
-        self.packet_frame = _np(values, np.int64)
+        self.packet_frame = _np(values, np.int32)
         values, self.pcrc_offsets = _flat(cams.field("packet_crc32"))
         self.packet_crc32 = _np(values, np.uint32)
         self.cam_extradata = cams.field("extradata")
@@ -281,22 +293,29 @@ class WindowIndex:
     def packets(self, stream: int) -> PacketTable:
         """The packet table of a camera stream (``manifest.CAMERA_TYPE`` ``packet_*``), expanded.
 
+        The stream's table is checked at its first call in this process
+        (``validate.check_stream_packets``): a reader's open leaves per-packet values unchecked.
+
         Raises:
             KeyError: the stream has none (``has_packets``).
+            FormatError: its table breaks the format; names ``where``, the episode and the camera.
         """
         a, b = int(self.psize_offsets[stream]), int(self.psize_offsets[stream + 1])
         if b == a:
             raise KeyError(
                 f"camera stream {stream} of episode {self.key(self.stream_episode(stream))} has no packet table"
             )
-        size = self.packet_size[a:b]
+        if stream not in self._packets_checked:
+            check_stream_packets(self, stream, self.where)
+            self._packets_checked.add(stream)
+        size = self.packet_size[a:b].astype(np.int64)
         x, y = int(self.poffset_offsets[stream]), int(self.poffset_offsets[stream + 1])
         if y > x:
             offset = self.packet_offset[x:y]
         else:
             offset = int(self.packet_start[stream]) + np.concatenate([[0], np.cumsum(size[:-1])]).astype(np.int64)
         x, y = int(self.pframe_offsets[stream]), int(self.pframe_offsets[stream + 1])
-        frame = self.packet_frame[x:y] if y > x else np.arange(b - a, dtype=np.int64)
+        frame = self.packet_frame[x:y].astype(np.int64) if y > x else np.arange(b - a, dtype=np.int64)
         x, y = int(self.pcrc_offsets[stream]), int(self.pcrc_offsets[stream + 1])
         return PacketTable(offset, size, frame, self.packet_crc32[x:y], self.cam_extradata[stream].as_py())
 
@@ -334,15 +353,15 @@ class WindowIndex:
         if os.path.exists(path):
             table = feather.read_table(path, memory_map=True)
             check_index_version(table.schema, None, path)
-            return cls._from_dataset_table(table)
+            return cls._from_dataset_table(table, path)
         manifest_path = os.path.join(root, MANIFEST_NAME)
         shards = Manifest.load(read_local(manifest_path, manifest_path, FormatError), manifest_path).shards
         return cls.load([os.path.join(root, s.index) for s in shards])
 
     @classmethod
-    def _from_dataset_table(cls, table: pa.Table) -> WindowIndex:
-        """From the table of an ``index.arrow`` file (index columns plus ``shard``)."""
-        return cls(table.drop_columns(["shard"]), _np(table.column("shard"), np.int32))
+    def _from_dataset_table(cls, table: pa.Table, where: str) -> WindowIndex:
+        """From the table of an ``index.arrow`` file (index columns plus ``shard``) read from ``where``."""
+        return cls(table.drop_columns(["shard"]), _np(table.column("shard"), np.int32), where)
 
     @classmethod
     def read_dataset_index(cls, data, where: str, format_version: int | None) -> WindowIndex:
@@ -362,7 +381,7 @@ class WindowIndex:
             raise FormatError(f"{where}: not an Arrow IPC file: {exc}") from None
         check_index_version(table.schema, format_version, where)
         check_index_table(table, where, shard_column=True)
-        return cls._from_dataset_table(table)
+        return cls._from_dataset_table(table, where)
 
     @classmethod
     def read_shard_indexes(cls, files: Iterable[tuple[bytes, str]], format_version: int | None) -> WindowIndex:
@@ -401,6 +420,30 @@ class WindowIndex:
         """The index of ``episodes`` (int array: any order, repeats allowed), each keeping its shard."""
         episodes = np.asarray(episodes, dtype=np.int64)
         return WindowIndex(self._table.take(pa.array(episodes)), self.shard[episodes])
+
+    def relocated(self, shard, member_shift) -> WindowIndex:
+        """These episodes moved: episode ``e`` into shard ``shard[e]``, its members ``member_shift[e]`` bytes later.
+
+        ``shard``, ``member_shift``: int arrays ``[num_episodes]`` (shard numbers, bytes). For tools
+        that lay a shard's bytes several times into one file (``tools/bench/bench_indexload.py``'s
+        tiler); unchecked, as the result's ``check_index`` is the caller's.
+        """
+        shift = np.repeat(np.asarray(member_shift, dtype=np.int64), np.diff(self.episode_members))
+        members = _one(self._table.column("members"))
+        flat = members.flatten()
+        fields = list(members.type.value_type)
+        moved = pa.StructArray.from_arrays(
+            [pa.array(self.member_offset + shift) if f.name == "offset" else flat.field(f.name) for f in fields],
+            fields=fields,
+        )
+        column = pa.ListArray.from_arrays(pa.array(self.episode_members.astype(np.int32)), moved, type=members.type)
+        table = self._table.set_column(self._table.schema.get_field_index("members"), "members", column)
+        return WindowIndex(table, np.asarray(shard, dtype=np.int32), self.where)
+
+    def write_dataset_index(self, path: str, batch_rows: int | None = None) -> None:
+        """This index written to ``path`` as an ``index.arrow`` file: ``dataset_bytes``, not held in memory."""
+        table = self._table.replace_schema_metadata(None).append_column("shard", pa.array(self.shard))
+        write_dataset_table(table, path, batch_rows)
 
     def dataset_bytes(self, batch_rows: int | None = None) -> bytes:
         """This index as an ``index.arrow`` file (``dataset_table_bytes``; ``batch_rows`` as there)."""

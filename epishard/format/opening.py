@@ -33,6 +33,8 @@ __all__ = ["NotConverted", "lerobot_instead", "load_dataset_index", "load_shard_
 def load_dataset_index(data, manifest: fmt.Manifest, where: str, hashed: bool = False) -> WindowIndex:
     """The ``WindowIndex`` in ``data``, after its sha256, version, schema and values are checked.
 
+    Packet tables are checked one stream at a time, at its first use (``WindowIndex.packets``).
+
     ``data``: ``index.arrow``'s bytes or buffer (an Arrow IPC file) of a checked manifest; the
     sha256 is the manifest's ``index.sha256``. ``hashed``: the caller knows these bytes have that
     sha256 (a stamp of ``epishard.format.verified``), so it is not computed again; the rest is checked.
@@ -43,7 +45,9 @@ def load_dataset_index(data, manifest: fmt.Manifest, where: str, hashed: bool = 
     if not hashed:  # before parsing: Arrow's IPC reader can crash (SIGSEGV) on a damaged file
         check_digest(data, manifest.index.sha256, where, "index.sha256")
     index = WindowIndex.read_dataset_index(data, where, manifest.format_version)
-    check_index(index, manifest.shards, manifest.camera_episodes(), where)
+    # Packet tables are checked per stream at first use (``WindowIndex.packets``): at a million
+    # episodes they hold hundreds of millions of packets, and a rank reads a few thousand streams.
+    check_index(index, manifest.shards, manifest.camera_episodes(), where, packets=False)
     return index
 
 
@@ -66,9 +70,8 @@ def load_shard_indexes(manifest: fmt.Manifest, read: Callable[[str], bytes], url
             yield data, where
 
     index = WindowIndex.read_shard_indexes(checked(), manifest.format_version)
-    check_index(
-        index, manifest.shards, manifest.camera_episodes(), f"{url}/*{fmt.INDEX_SUFFIX}"
-    )  # DatasetSource.index_file names it alike
+    index.where = f"{url}/*{fmt.INDEX_SUFFIX}"  # DatasetSource.index_file names it alike
+    check_index(index, manifest.shards, manifest.camera_episodes(), index.where, packets=False)
     return index
 
 

@@ -153,8 +153,8 @@ def _null_path(array: pa.Array, path: str) -> str | None:
 class _Where:
     """Names the place of a bad value: file, row, episode key, camera."""
 
-    def __init__(self, index, where: str):
-        self.index, self.where = index, where
+    def __init__(self, index, where: str, first_stream: int = 0):
+        self.index, self.where, self.first_stream = index, where, first_stream
 
     def episode(self, rows: np.ndarray, field: str, message: str, values=None) -> None:
         bad = np.flatnonzero(rows)
@@ -168,8 +168,9 @@ class _Where:
         bad = np.flatnonzero(streams)
         if bad.size:
             s = int(bad[0])
-            e = int(np.searchsorted(self.index.episode_cams, s, side="right") - 1)
             value = "" if values is None else f" {values[s]}"
+            s += self.first_stream
+            e = int(np.searchsorted(self.index.episode_cams, s, side="right") - 1)
             raise FormatError(
                 f"{self.where}: row {e} (episode {printable(self.index.key(e))}), camera "
                 f"{printable(self.index.cam_names[s].as_py())}: {field}{value} {message}"
@@ -256,11 +257,20 @@ def _short_in(array: pa.Array, values: tuple[str, ...]) -> np.ndarray:
     return out
 
 
-def check_index(index, shards: Sequence[fmt.ShardEntry], camera_episodes: Mapping[str, int | None], where: str) -> None:
+def check_index(
+    index,
+    shards: Sequence[fmt.ShardEntry],
+    camera_episodes: Mapping[str, int | None],
+    where: str,
+    packets: bool = True,
+) -> None:
     """Bounds-check every value of a ``WindowIndex`` before use.
 
     Against a checked manifest's ``shards`` (sizes, episodes per shard) and cameras
     (``camera_episodes``: name -> episodes that have it, or None where that is not checked).
+    ``packets=False`` leaves the packet tables' values to ``check_stream_packets``, which
+    ``WindowIndex.packets`` runs on each stream at its first use (a reader opening a dataset: the
+    cost of this check then grows with episodes and cameras, not with packets).
 
     Raises:
         FormatError: the first value out of range, naming ``where``, the row, episode and camera.
@@ -268,7 +278,7 @@ def check_index(index, shards: Sequence[fmt.ShardEntry], camera_episodes: Mappin
     w = _Where(index, where)
     _check_episodes(index, shards, w)
     _check_members(index, shards, w)
-    _check_cameras(index, camera_episodes, w)
+    _check_cameras(index, camera_episodes, w, packets)
 
 
 def _check_episodes(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
@@ -356,7 +366,7 @@ def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
     w.stream(~video[member], "member", f"is not a .{fmt.VIDEO_EXT} member", index.cam_member)
 
 
-def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) -> None:
+def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where, packets: bool) -> None:
     """Known names and kinds, per-camera episode counts, sizes, frame tables within the video."""
     n = index.num_episodes
     w.stream(_holds(index.cam_names, _control_byte), "name", "holds a control character")
@@ -421,11 +431,50 @@ def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) 
         "+ num_rows runs outside the video's frames",
         first,
     )
-    _check_packets(index, frames, w)
+    if packets:
+        _check_packets(_Packets(index, 0, frames.size), w)
 
 
-def _check_packets(index, frames: np.ndarray, w: _Where) -> None:
+class _Packets:
+    """The packet arrays of camera streams ``[first, stop)`` of an index, their offsets from 0.
+
+    Views, not copies: ``_check_packets`` reads a whole index's tables (``verify``) or one stream's
+    (``check_stream_packets``, at the stream's first use) through the same code.
+    """
+
+    def __init__(self, index, first: int, stop: int):
+        for values, offsets in (
+            ("packet_size", "psize_offsets"),
+            ("packet_offset", "poffset_offsets"),
+            ("packet_frame", "pframe_offsets"),
+            ("packet_crc32", "pcrc_offsets"),
+        ):
+            at = getattr(index, offsets)[first : stop + 1]
+            setattr(self, offsets, at - at[0])
+            setattr(self, values, getattr(index, values)[int(at[0]) : int(at[-1])])
+        self.packet_start = index.packet_start[first:stop]
+        self.cam_size = index.cam_size[first:stop]
+        self.frames = index.cam_num_frames[first:stop]
+
+
+def check_stream_packets(index, stream: int, where: str) -> None:
+    """Check one camera stream's packet table (docs/FORMAT.md "Packet tables") before its first use.
+
+    ``check_index(..., packets=False)`` (how a reader opens a dataset) leaves the per-packet values
+    to this: their cost grows with the packets of the whole dataset (hundreds of millions at a
+    million episodes), a stream's with its own (~1 ms per thousand packets). The same rules as
+    ``check_index`` with ``packets=True`` (``epishard verify``): one value per packet in each list,
+    sizes positive, bytes inside the video member in ascending order, each frame shown once.
+
+    Raises:
+        FormatError: names ``where`` (the index file), the row, the episode and the camera.
+    """
+    _check_packets(_Packets(index, stream, stream + 1), _Where(index, where, first_stream=stream))
+
+
+def _check_packets(index: _Packets, w: _Where) -> None:
     """Packet tables (docs/FORMAT.md "Packet tables"): lengths, bytes inside the member, frames one to one."""
+    frames = index.frames
     packets = np.diff(index.psize_offsets)
     for name, offsets in (("packet_offset", index.poffset_offsets), ("packet_frame", index.pframe_offsets)):
         lengths = np.diff(offsets)
@@ -437,7 +486,7 @@ def _check_packets(index, frames: np.ndarray, w: _Where) -> None:
     if not has.any():
         return
     w.stream(_item_to_group(index.packet_size < 1, index.psize_offsets, frames.size), "packet_size", "is not positive")
-    size_sum = np.add.reduceat(np.append(index.packet_size, 0), index.psize_offsets[:-1]) * has
+    size_sum = np.add.reduceat(np.append(index.packet_size, 0), index.psize_offsets[:-1], dtype=np.int64) * has
     contiguous = np.diff(index.poffset_offsets) == 0
     w.stream(
         has & contiguous & ((index.packet_start < 0) | (index.packet_start + size_sum > index.cam_size)),
@@ -467,8 +516,12 @@ def _check_packets(index, frames: np.ndarray, w: _Where) -> None:
         shown = index.packet_frame >= 0
         counts = np.bincount(stream_of[shown], minlength=packets.size)
         w.stream(explicit_frames & (counts != frames), "packet_frame", "does not show each frame once", counts)
-        pairs = np.unique(stream_of[shown] * (int(frames.max(initial=0)) + 1) + index.packet_frame[shown])
-        distinct = np.bincount(pairs // (int(frames.max(initial=0)) + 1), minlength=packets.size)
+        # Distinct frames per stream, in linear time: every shown value is in [0, num_frames) here,
+        # so (stream's first frame slot + frame) numbers each (stream, frame) pair once.
+        base = np.concatenate([[0], np.cumsum(frames * explicit_frames)]).astype(np.int64)
+        slots = base[stream_of[shown]] + index.packet_frame[shown]
+        seen = np.bincount(slots, minlength=int(base[-1])) > 0
+        distinct = np.add.reduceat(np.append(seen, False), base[:-1]) * explicit_frames
         w.stream(explicit_frames & (distinct != frames), "packet_frame", "does not show each frame once", distinct)
     w.stream(has & ~explicit_frames & (packets != frames), "packet_size", "lists a packet per frame but not num_frames")
 

@@ -5,9 +5,9 @@ does before its first batch: read the manifest, hash ``index.arrow`` against the
 sha256, read it (Arrow IPC), check its schema and every value (``check_index``), build the
 ``WindowIndex``.
 
-The dataset: ``DATASET``'s ``index.arrow`` rows tiled to ``--tile`` episodes (each shard's rows
-repeated, in shard order), with a manifest whose episode counts and index sha256 match, so
-``DatasetSource`` accepts it as it is; the shard tars are symlinked (opening reads none). Two
+The dataset: ``DATASET`` tiled to ``--tile`` episodes (``tile``: each shard's tar laid 32 times
+into one block file, the blocks listed as many shards as needed, symlinked), with a manifest whose
+counts and index sha256 match, so ``DatasetSource`` accepts it as it is (opening reads no tar). Two
 copies: ``index.arrow`` in 64K-row record batches (Arrow's default: how the writer wrote it
 before, and how every existing dataset has it) and in one record batch (how it writes it now).
 
@@ -44,8 +44,15 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def tile(dataset: str, episodes: int, out: str, batch_rows: int | None) -> str:
-    """``out``: ``dataset`` with its index tiled to at least ``episodes`` episodes (made once).
+def tile(dataset: str, episodes: int, out: str, batch_rows: int | None, block: int = 32) -> str:
+    """``out``: ``dataset`` tiled to at least ``episodes`` episodes, a dataset the reader accepts (made once).
+
+    Each source shard becomes a *block*: its tar's bytes written ``block`` times into one file,
+    copy ``k``'s index rows pointing ``k`` tar sizes further in, so a block's members follow one
+    another as a real shard's do (``block`` times the source's episodes per shard). The blocks are
+    listed as often as needed, each listing its own shard entry (a symlink to the block), so the
+    index checks hold: no two members of a shard share a byte. ``index.arrow`` is written straight
+    to disk; the manifest's counts, sizes and index sha256 match.
 
     ``batch_rows``: rows per record batch of ``index.arrow`` (None: one batch, as the writer writes
     it now; 65536: Arrow's default, as it was written before).
@@ -58,19 +65,50 @@ def tile(dataset: str, episodes: int, out: str, batch_rows: int | None) -> str:
     index = WindowIndex.load_dataset(dataset)
     with open(os.path.join(dataset, "manifest.json")) as f:
         manifest = json.load(f)
+    sources = manifest["shards"]
     reps = -(-episodes // index.num_episodes)
-    rows = [np.tile(np.flatnonzero(index.shard == s), reps) for s in range(len(manifest["shards"]))]
-    with open(os.path.join(out, "index.arrow"), "wb") as f:
-        f.write(index.take(np.concatenate(rows)).dataset_bytes(batch_rows))
-    with open(os.path.join(out, "index.arrow"), "rb") as f:
+    block = max(1, min(block, reps))
+    copies = -(-reps // block)
+    digests = []
+    for s, entry in enumerate(sources):
+        with open(os.path.join(dataset, entry["shard"]), "rb") as f:
+            data = f.read()
+        digest = hashlib.sha256()
+        with open(os.path.join(out, f"block-{s:06d}.tar"), "wb") as f:
+            for _ in range(block):
+                f.write(data)
+                digest.update(data)
+        digests.append(digest.hexdigest())
+    # Rows in shard order: copy c of the blocks, source shard s, copy k of s's tar in the block.
+    rows, shard, shift, shards = [], [], [], []
+    for c in range(copies):
+        for s, entry in enumerate(sources):
+            own = np.flatnonzero(index.shard == s)
+            rows.append(np.tile(own, block))
+            shard.append(np.full(own.size * block, c * len(sources) + s))
+            shift.append(np.repeat(np.arange(block, dtype=np.int64) * entry["size"], own.size))
+            name = f"shard-{c * len(sources) + s:06d}"
+            os.symlink(os.path.join(os.path.abspath(out), f"block-{s:06d}.tar"), os.path.join(out, name + ".tar"))
+            os.symlink(
+                os.path.abspath(os.path.join(dataset, entry["index"])), os.path.join(out, name + ".index.parquet")
+            )
+            counts = {k: entry[k] * block for k in ("episodes", "frames", "rows")}
+            shards.append({**entry, **counts, "shard": name + ".tar", "index": name + ".index.parquet"})
+            shards[-1].update(size=entry["size"] * block, sha256=digests[s])
+    tiled = index.take(np.concatenate(rows)).relocated(np.concatenate(shard), np.concatenate(shift))
+    del index, rows, shard, shift
+    path = os.path.join(out, "index.arrow")
+    tiled.write_dataset_index(path, batch_rows)
+    del tiled
+    with open(path, "rb") as f:
         manifest["index"]["sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
-    for entry in manifest["shards"]:
-        entry["episodes"] *= reps
-        for key in ("shard", "index"):
-            os.symlink(os.path.abspath(os.path.join(dataset, entry[key])), os.path.join(out, entry[key]))
+    manifest["shards"] = shards
     for camera in manifest["cameras"].values():
-        camera["episodes"] *= reps
-    manifest["totals"]["episodes"] *= reps
+        camera["episodes"] *= copies * block
+    for key in ("episodes", "frames", "rows"):
+        manifest["totals"][key] *= copies * block
+    manifest["totals"]["bytes"] = sum(entry["size"] for entry in shards)
+    manifest["totals"]["shards"] = len(shards)
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f)
     return out
