@@ -5,7 +5,8 @@ On open, the manifest is loaded by ``epishard.format.manifest.Manifest.load``: i
 file names, sizes, sha256 digests, cameras) before any name in it is opened; the dataset index
 (``index.arrow``, or the per-shard indexes when it is absent) is hashed against the manifest's
 sha256 (a local one once per node: ``epishard.format.verified``), its schema checked, and every value
-bounds-checked (``check_index``) before anything is allocated or indexed by it. Local files are
+bounds-checked (``check_index``) before anything is allocated or indexed by it; a packet table's
+values, when its stream is first read (``WindowIndex.packets``). Local files are
 opened only if they are regular files; remote requests have connect and read timeouts
 (``FetchPolicy``) and are retried by the reader's policy.
 

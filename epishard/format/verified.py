@@ -10,8 +10,9 @@ matched. A process whose file has all of these keys equal skips the hash; any ot
 What a stamp cannot see (the keys stay equal while the bytes change): a write that restores the
 mtime afterwards (``touch -d``, ``os.utime``), an in-place write within one mtime tick on a file
 system with coarse timestamps, and damage below the file system (bit rot). The index values are
-still bounds-checked on every load (``validate.check_index``), so such a file cannot make a reader
-index outside its arrays, and each member's bytes are still checked against its sha256 when
+still bounds-checked on every load (``validate.check_index``; a packet table at its stream's first
+read, ``validate.check_stream_packets``), so such a file cannot make a reader index outside its
+arrays, and each member's bytes are still checked against its sha256 when
 fetched. Remote files have none of these keys and are always hashed.
 
 The cache folder is ``$EPISHARD_CACHE/verified`` (default ``~/.cache/epishard/verified``);

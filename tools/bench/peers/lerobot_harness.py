@@ -69,6 +69,7 @@ def main() -> None:
     )
     mem = MemSampler()
     mem.start()
+    t = time.perf_counter()  # as epishard's (measure.py): from before iter(), which starts the workers
     it = iter(loader)
 
     def next_batch():
@@ -79,7 +80,6 @@ def main() -> None:
             it = iter(loader)
             return next(it)
 
-    t = time.perf_counter()
     for _ in range(args.warmup):
         b = next_batch()
     warmup_s = time.perf_counter() - t

@@ -191,6 +191,7 @@ def main() -> None:
     mem = MemSampler()
     mem.start()
     epoch = 0
+    t = time.perf_counter()  # as epishard's (measure.py): from before iter()
     it = iter(batches(epoch))
 
     def next_batch():
@@ -202,7 +203,6 @@ def main() -> None:
             it = iter(batches(epoch))
             return next(it)
 
-    t = time.perf_counter()
     first = None
     for _ in range(args.warmup):
         try:
