@@ -1,11 +1,11 @@
 """Time to the first batch at up to 1,000,000 episodes, end to end, with its parts (issue 16, item 5).
 
-The dataset: ``DATASET`` (a converted dataset, e.g. ``make demo``'s ``out/demo``) with its
-``index.arrow`` rows tiled to ``--episodes`` episodes (``tools/bench/bench_indexload.py``'s ``tile``: each
-shard's rows repeated, a manifest whose counts and index sha256 match, the shard tars symlinked).
-So the index really lists that many episodes and the real reader opens it, plans over all of them,
-fetches the first batch's members from the tars (byte ranges of the shared, real members) and
-decodes its frames.
+The dataset: ``DATASET`` (a converted dataset, e.g. ``make demo``'s ``out/demo``) tiled to
+``--episodes`` episodes (``tools/bench/bench_indexload.py``'s ``tile``: each shard's tar laid 32
+times into one block file, the blocks listed as many shards as needed, a manifest whose counts and
+index sha256 match). So the index really lists that many episodes and the real reader opens it,
+plans over all of them, fetches the first batch's members from the tars (byte ranges of real
+members) and decodes its frames.
 
 Each figure is a fresh child process (``--child``) that times, from nothing:
 
