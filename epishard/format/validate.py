@@ -443,15 +443,14 @@ class _Packets:
     """
 
     def __init__(self, index, first: int, stop: int):
-        for values, offsets in (
-            ("packet_size", "psize_offsets"),
-            ("packet_offset", "poffset_offsets"),
-            ("packet_frame", "pframe_offsets"),
-            ("packet_crc32", "pcrc_offsets"),
-        ):
-            at = getattr(index, offsets)[first : stop + 1]
-            setattr(self, offsets, at - at[0])
-            setattr(self, values, getattr(index, values)[int(at[0]) : int(at[-1])])
+        def part(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            at = offsets[first : stop + 1]
+            return values[int(at[0]) : int(at[-1])], at - at[0]
+
+        self.packet_size, self.psize_offsets = part(index.packet_size, index.psize_offsets)
+        self.packet_offset, self.poffset_offsets = part(index.packet_offset, index.poffset_offsets)
+        self.packet_frame, self.pframe_offsets = part(index.packet_frame, index.pframe_offsets)
+        self.packet_crc32, self.pcrc_offsets = part(index.packet_crc32, index.pcrc_offsets)
         self.packet_start = index.packet_start[first:stop]
         self.cam_size = index.cam_size[first:stop]
         self.frames = index.cam_num_frames[first:stop]
