@@ -419,7 +419,7 @@ class WindowIndex:
     def take(self, episodes) -> WindowIndex:
         """The index of ``episodes`` (int array: any order, repeats allowed), each keeping its shard."""
         episodes = np.asarray(episodes, dtype=np.int64)
-        return WindowIndex(self._table.take(pa.array(episodes)), self.shard[episodes])
+        return WindowIndex(self._table.take(pa.array(episodes)), self.shard[episodes], self.where)
 
     def relocated(self, shard, member_shift) -> WindowIndex:
         """These episodes moved: episode ``e`` into shard ``shard[e]``, its members ``member_shift[e]`` bytes later.
@@ -440,15 +440,17 @@ class WindowIndex:
         table = self._table.set_column(self._table.schema.get_field_index("members"), "members", column)
         return WindowIndex(table, np.asarray(shard, dtype=np.int32), self.where)
 
+    def _dataset_table(self) -> pa.Table:
+        """The rows of an ``index.arrow`` file: index columns plus ``shard``."""
+        return self._table.replace_schema_metadata(None).append_column("shard", pa.array(self.shard))
+
     def write_dataset_index(self, path: str, batch_rows: int | None = None) -> None:
         """This index written to ``path`` as an ``index.arrow`` file: ``dataset_bytes``, not held in memory."""
-        table = self._table.replace_schema_metadata(None).append_column("shard", pa.array(self.shard))
-        write_dataset_table(table, path, batch_rows)
+        write_dataset_table(self._dataset_table(), path, batch_rows)
 
     def dataset_bytes(self, batch_rows: int | None = None) -> bytes:
         """This index as an ``index.arrow`` file (``dataset_table_bytes``; ``batch_rows`` as there)."""
-        table = self._table.replace_schema_metadata(None).append_column("shard", pa.array(self.shard))
-        return dataset_table_bytes(table, batch_rows)
+        return dataset_table_bytes(self._dataset_table(), batch_rows)
 
     def equals(self, other: WindowIndex) -> bool:
         """Whether both hold the same rows (every column, schema metadata aside) in the same shards."""

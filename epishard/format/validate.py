@@ -278,7 +278,9 @@ def check_index(
     w = _Where(index, where)
     _check_episodes(index, shards, w)
     _check_members(index, shards, w)
-    _check_cameras(index, camera_episodes, w, packets)
+    _check_cameras(index, camera_episodes, w)
+    if packets:
+        _check_packets(_Packets(index, 0, index.cam_num_frames.size), w)
 
 
 def _check_episodes(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
@@ -366,7 +368,7 @@ def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
     w.stream(~video[member], "member", f"is not a .{fmt.VIDEO_EXT} member", index.cam_member)
 
 
-def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where, packets: bool) -> None:
+def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) -> None:
     """Known names and kinds, per-camera episode counts, sizes, frame tables within the video."""
     n = index.num_episodes
     w.stream(_holds(index.cam_names, _control_byte), "name", "holds a control character")
@@ -431,8 +433,6 @@ def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where, 
         "+ num_rows runs outside the video's frames",
         first,
     )
-    if packets:
-        _check_packets(_Packets(index, 0, frames.size), w)
 
 
 class _Packets:
