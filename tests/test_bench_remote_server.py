@@ -1,0 +1,90 @@
+"""The object-storage benchmark's S3 server (``tools/bench/bench_remote.py``: moto answering ranged GETs
+from the object's buffer) sends the same bytes, status and Content-Range as moto's own code path."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("moto.server")
+s3fs = pytest.importorskip("s3fs")
+pytest.importorskip("botocore")
+import botocore.session  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE = 3_000_003
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_remote", os.path.join(REPO, "tools/bench/bench_remote.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_remote", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _get(client, rng: str | None) -> tuple[int, str | None, bytes]:
+    from botocore.exceptions import ClientError
+
+    try:
+        r = client.get_object(Bucket="bench", Key="shard.tar", **({"Range": rng} if rng else {}))
+    except ClientError as e:
+        return e.response["ResponseMetadata"]["HTTPStatusCode"], None, b""
+    return r["ResponseMetadata"]["HTTPStatusCode"], r.get("ContentRange"), r["Body"].read()
+
+
+@pytest.fixture(scope="module")
+def servers(monkeypatch_module):
+    bench = _bench()
+    monkeypatch_module.setenv("AWS_ACCESS_KEY_ID", "bench")
+    monkeypatch_module.setenv("AWS_SECRET_ACCESS_KEY", "bench")
+    monkeypatch_module.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    data = np.random.default_rng(3).integers(0, 256, SIZE, dtype=np.uint8).tobytes()
+    out = {}
+    for stock in (False, True):
+        server = bench.Server([0], stock_moto=stock)
+        fs = s3fs.S3FileSystem(endpoint_url=server.endpoint, skip_instance_cache=True)
+        fs.mkdir("bench")
+        fs.pipe_file("bench/shard.tar", data)
+        client = botocore.session.get_session().create_client(
+            "s3", endpoint_url=server.endpoint, region_name="us-east-1"
+        )
+        out[stock] = (server, client)
+    yield data, out
+    for server, _ in out.values():
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+RANGES = [
+    ("bytes=0-0", slice(0, 1)),
+    ("bytes=1000-151999", slice(1000, 152000)),
+    ("bytes=2999000-", slice(2999000, SIZE)),
+    ("bytes=2999000-9999999", slice(2999000, SIZE)),
+    ("bytes=-4096", slice(SIZE - 4096, SIZE)),
+    (None, slice(0, SIZE)),
+]
+
+
+@pytest.mark.parametrize(("rng", "want"), RANGES)
+def test_ranges_match_the_object_and_moto(servers, rng, want):
+    data, out = servers
+    patched, stock = _get(out[False][1], rng), _get(out[True][1], rng)
+    assert patched[2] == data[want]
+    assert patched == stock
+    assert patched[0] == (200 if rng is None else 206)
+
+
+def test_a_range_past_the_end_is_refused_like_moto(servers):
+    _, out = servers
+    patched, stock = _get(out[False][1], f"bytes={SIZE}-"), _get(out[True][1], f"bytes={SIZE}-")
+    assert patched[0] == stock[0] == 416
