@@ -489,16 +489,28 @@ class ThrottleProxy:
         now = time.monotonic()
         with self._lock:
             for fault in self._faults:
+                if fault["match"] in line and fault.pop("pending", None) is not None:
+                    fault["until"] = now + fault["seconds"]  # a burst timed from its first request
                 if fault["match"] in line and now < fault["until"] and fault["count"] != 0:
                     fault["count"] -= 1
                     return fault
         return None
 
-    def burst(self, seconds: float, status: int = 503, retry_after: str | float | None = None, match: bytes = b""):
-        """Answer matching requests ``status`` for ``seconds`` from now (see the class docstring)."""
+    def burst(
+        self,
+        seconds: float,
+        status: int = 503,
+        retry_after: str | float | None = None,
+        match: bytes = b"",
+        from_first: bool = False,
+    ):
+        """Answer matching requests ``status`` for ``seconds`` from now (see the class docstring), or,
+        with ``from_first``, from the first matching request (a burst a slow-starting client cannot miss)."""
+        fault = dict(until=time.monotonic() + seconds, count=-1, status=status, retry_after=retry_after, match=match)
+        if from_first:
+            fault.update(until=float("inf"), seconds=seconds, pending=True)
         with self._lock:
-            self._faults.append(dict(until=time.monotonic() + seconds, count=-1, status=status,
-                                     retry_after=retry_after, match=match))  # fmt: skip
+            self._faults.append(fault)
 
     def burst_count(self, n: int, status: int = 503, retry_after: str | float | None = None, match: bytes = b""):
         """Answer the next ``n`` matching requests ``status``."""
