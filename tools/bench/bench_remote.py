@@ -182,28 +182,52 @@ def serve_ranges_from_buffer() -> None:
     responses.S3Response.key_response = key_response
 
 
+def start_moto(stock_moto: bool) -> tuple[str, int, object]:
+    """moto's S3 on 127.0.0.1: ``(host, port, stop)``.
+
+    By default moto's WSGI app is served by waitress, which keeps HTTP/1.1 connections open between
+    requests, as an object store does; moto's own server (werkzeug's development server) answers
+    every request with ``Connection: close``, so each ranged GET of a worker would open a new TCP
+    connection (and, through the latency proxy, two threads and an upstream connection), a cost real
+    S3 does not charge. ``stock_moto`` keeps moto's server and its ranged GET.
+    """
+    if stock_moto:
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        return host, port, server.stop
+    import threading
+
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from waitress import create_server
+
+    serve_ranges_from_buffer()
+    logging.getLogger("waitress").setLevel(logging.ERROR)  # its queue-depth warnings
+    app = DomainDispatcherApplication(create_backend_app)
+    wsgi = create_server(app, host="127.0.0.1", port=0, threads=16, channel_timeout=600)
+    threading.Thread(target=wsgi.run, daemon=True).start()
+    return "127.0.0.1", wsgi.effective_port, wsgi.close
+
+
 def serve(conn, latencies: list[int], stock_moto: bool = False) -> None:
     """moto on loopback and one ``FaultProxy`` per latency; answers ``"stats"`` until ``"stop"``.
 
     Sends first ``{"endpoint": url, "proxies": {ms: port}}``; each ``"stats"`` gets this process's
     CPU seconds (moto, the proxies) and the response bytes each proxy forwarded. Ranged GETs read
-    only their range (``serve_ranges_from_buffer``) unless ``stock_moto``.
+    only their range (``serve_ranges_from_buffer``) and connections are kept open between requests
+    (``start_moto``) unless ``stock_moto``.
     """
-    from moto.server import ThreadedMotoServer
-
-    if not stock_moto:
-        serve_ranges_from_buffer()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    host, port, stop = start_moto(stock_moto)
     proxies = {ms: FaultProxy((host, port), latency_s=ms / 1000) for ms in latencies}
     conn.send({"endpoint": f"http://{host}:{port}", "proxies": {ms: p.port for ms, p in proxies.items()}})
     while conn.recv() == "stats":
         conn.send({"cpu_s": time.process_time(), "bytes_out": {ms: p.bytes_out for ms, p in proxies.items()}})
     for p in proxies.values():
         p.close()
-    server.stop()
+    stop()
 
 
 class Server:
@@ -413,7 +437,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--stock-moto",
         action="store_true",
-        help="moto's own ranged GET, which reads the whole object per request (see serve_ranges_from_buffer)",
+        help="moto's own server and ranged GET: a connection per request (see start_moto), the whole object "
+        "read per request (see serve_ranges_from_buffer)",
     )
     parser.add_argument("--json", action="store_true")
     return parser.parse_args()
