@@ -1,17 +1,20 @@
 """Benchmark: the same ranged reads through a thread pool of blocking ``cat_file`` calls (the
-Fetcher's way) and through fsspec's async ``cat_ranges`` (one coroutine batch), against moto S3
-on loopback behind a proxy adding ``--latency-ms`` per request; same concurrency for both.
+Fetcher's way), through fsspec's async ``cat_ranges`` (one coroutine batch), and through the same
+thread pool with one presigned URL for the object (``S3FileSystem.url``, signed once) fetched by
+urllib3 (botocore's own HTTP library), against moto S3 on loopback (kept-alive connections, as
+``tools/bench/bench_remote.py`` serves it) behind a proxy adding ``--latency-ms`` per request; same
+concurrency for all. The third shows what a request costs the client without botocore's work per
+request (parameter handling, signing, response parsing) and s3fs's hand-over to its event loop.
 
     python tools/bench/bench_fetch_transport.py [--requests 256] [--size-kb 128] [--concurrency 32] [--latency-ms 100]
 
-Reports requests/s (wall) and CPU seconds per request of this process, per transport, rounds
-alternating.
+Reports requests/s (wall) and CPU seconds per request of this process (the client: the server and
+the proxy run in their own process), per transport, rounds alternating.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -20,8 +23,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
-
-from remote_servers import FaultProxy
 
 
 def main() -> int:
@@ -34,22 +35,19 @@ def main() -> int:
     args = parser.parse_args()
     try:
         import s3fs
-        from moto.server import ThreadedMotoServer
+        import urllib3
+        from bench_remote import Server
     except ImportError:
-        print("bench_fetch_transport: needs moto[server] and s3fs")
+        print("bench_fetch_transport: needs moto[server], waitress and s3fs")
         return 0
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    server = Server([args.latency_ms])  # moto and the proxy in their own process: CPU here is the client's
     size = args.size_kb << 10
-    direct = s3fs.S3FileSystem(endpoint_url=f"http://{host}:{port}")
+    direct = s3fs.S3FileSystem(endpoint_url=server.endpoint)
     direct.mkdir("bench")
     direct.pipe("bench/blob", os.urandom(size * 64))
-    proxy = FaultProxy((host, port), latency_s=args.latency_ms / 1000)
     fs = s3fs.S3FileSystem(
-        endpoint_url=f"http://127.0.0.1:{proxy.port}",
+        endpoint_url=f"http://127.0.0.1:{server.proxies[args.latency_ms]}",
         skip_instance_cache=True,
         config_kwargs={"max_pool_connections": args.concurrency},
     )
@@ -58,6 +56,19 @@ def main() -> int:
     def threads() -> list[bytes]:
         with ThreadPoolExecutor(args.concurrency) as pool:
             return list(pool.map(lambda a: fs.cat_file("bench/blob", start=a, end=a + size), starts))
+
+    url = fs.url("bench/blob", expires=3600)
+    http = urllib3.PoolManager(maxsize=args.concurrency, retries=False)
+
+    def presigned_get(a: int) -> bytes:
+        r = http.request("GET", url, headers={"Range": f"bytes={a}-{a + size - 1}"})
+        if r.status != 206:
+            raise OSError(f"presigned GET: HTTP {r.status}")
+        return r.data
+
+    def presigned() -> list[bytes]:
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            return list(pool.map(presigned_get, starts))
 
     def coroutines() -> list[bytes]:
         n = len(starts)
@@ -69,7 +80,12 @@ def main() -> int:
     )
     threads()  # warm-up: connections opened
     for r in range(args.rounds):
-        for name, run in (("threads + cat_file", threads), ("async cat_ranges", coroutines)):
+        runs = (
+            ("threads + cat_file", threads),
+            ("async cat_ranges", coroutines),
+            ("presigned + urllib3", presigned),
+        )
+        for name, run in runs:
             wall, cpu = time.perf_counter(), time.process_time()
             out = run()
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -78,7 +94,6 @@ def main() -> int:
                 f"round {r}  {name:<20} {args.requests / wall:7.1f} requests/s  "
                 f"{1e3 * cpu / args.requests:6.2f} ms CPU per request"
             )
-    proxy.close()
     server.stop()
     return 0
 
