@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from epishard.format import manifest as fmt
-from epishard.format.opening import NotConverted, lerobot_instead, load_shard_indexes
+from epishard.format.opening import NotConverted, lerobot_instead, load_shard_indexes, missing_folder
 from epishard.format.storage import Storage
 from epishard.format.untrusted import check_size, printable
 from epishard.format.validate import totals_mismatches
@@ -37,6 +37,8 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
         hint = lerobot_instead(root, storage_options)
         if hint:
             raise NotConverted(hint)
+        if (missing := missing_folder(root)) is not None:
+            raise missing
         storage.names()  # raises for a missing bucket (naming it) or denied access
         raise FileNotFoundError(
             f"no {fmt.MANIFEST_NAME} in {redact(root)} (not a dataset, or the conversion is unfinished)"

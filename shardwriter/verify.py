@@ -30,7 +30,7 @@ from epishard.format import manifest as fmt
 from epishard.format.decoder import container_frames
 from epishard.format.errors import FormatError
 from epishard.format.index import WindowIndex
-from epishard.format.opening import NotConverted, lerobot_instead
+from epishard.format.opening import NotConverted, lerobot_instead, missing_folder
 from epishard.format.storage import NotARegularFile, Storage
 from epishard.format.untrusted import check_size
 from epishard.format.validate import check_index, totals_mismatches
@@ -259,6 +259,8 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
         hint = lerobot_instead(root, storage_options)
         if hint:
             raise NotConverted(hint)
+        if (missing := missing_folder(root)) is not None:
+            raise missing
         if not storage.names():  # raises for a missing bucket or denied access
             raise FileNotFoundError(errno.ENOENT, "no such dataset folder (or it is empty)", redact(root))
         return {

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from epishard.format.opening import NotConverted, lerobot_instead
+from epishard.format.opening import NotConverted, lerobot_instead, missing_folder
 from epishard.redact import scrubbed
 
 from .buffers import (
@@ -117,6 +117,8 @@ def open_source(url: str, storage_options: dict | None = None, fetch: FetchPolic
         hint = lerobot_instead(url, storage_options) if isinstance(url, str) else None
         if hint:
             raise NotConverted(hint) from None
+        if (missing := missing_folder(url)) is not None:
+            raise missing from None
         raise
 
 

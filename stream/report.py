@@ -96,8 +96,11 @@ def stream_spec(
     ``action_horizon``-row action chunk from the anchor on.
 
     Raises:
-        ValueError: as ``segment`` and ``WindowSpec`` do (the frames do not spread evenly over the span).
+        ValueError: ``frames < 1``; as ``segment`` and ``WindowSpec`` do (the frames do not spread
+            evenly over the span).
     """
+    if frames < 1:
+        raise ValueError(f"frames per camera (--frames) must be >= 1, not {frames}")
     offsets = segment(0, span - 1, frames) if frames > 1 else (0,)
     return WindowSpec(
         cameras={c: offsets for c in cameras},

@@ -44,7 +44,8 @@ def test_f8_a_hub_repo_id_and_the_api_say_to_convert(lerobot, capsys):
 
     assert cli(["verify", "lerobot/svla_so101_pickplace"]) == 2
     err = capsys.readouterr().err
-    assert "looks like the Hugging Face repo id of a LeRobot dataset" in err, err
+    said = "lerobot/svla_so101_pickplace: no such folder here; if it is the Hugging Face repo id of a LeRobot dataset"
+    assert said in err, err
     assert "run epishard convert hf://datasets/lerobot/svla_so101_pickplace OUT first" in err, err
     for call in (lambda: WindowDataset(lerobot, WindowSpec()), lambda: verify(lerobot), lambda: describe(lerobot)):
         with pytest.raises(NotConverted, match=r"this is a LeRobot v2\.1 dataset"):
@@ -62,6 +63,40 @@ def _error(call) -> BaseException:
 
 
 # --- 7. option prefixes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "stream"])
+def test_a_missing_local_folder_is_named_as_missing(command, tmp_path, capsys):
+    """Not "no manifest.json in ...": the folder is not there (a typo), and every command says so."""
+    from epishard.stream import WindowDataset, WindowSpec
+
+    missing = str(tmp_path / "no" / "such")
+    assert cli([command, missing]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"error: {missing}: no such dataset folder")
+    with pytest.raises(FileNotFoundError, match="no such dataset folder"):
+        WindowDataset(missing, WindowSpec())
+
+
+@pytest.mark.parametrize("command", ["stream", "preview"])
+@pytest.mark.parametrize("frames", ["0", "-3", "two"])
+def test_fewer_than_one_frame_is_refused_before_anything_is_read(command, frames, tmp_path, capsys):
+    """``stream --frames 0`` streamed one frame per window, silently; argparse refuses it now."""
+    with pytest.raises(SystemExit) as exit_:
+        cli([command, str(tmp_path / "missing"), "--frames", frames])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    want = f"{frames} frames per camera: must be >= 1"
+    if frames == "two":
+        want = f"{frames!r} is not a whole number of frames"
+    assert f"argument --frames: {want}" in err, err
+
+
+def test_stream_spec_refuses_fewer_than_one_frame():
+    from epishard.stream.report import stream_spec
+
+    with pytest.raises(ValueError, match=r"frames per camera \(--frames\) must be >= 1, not 0"):
+        stream_spec(["cam"], frames=0, span=33, action_horizon=16)
+    assert stream_spec(["cam"], frames=1, span=33, action_horizon=16).cameras == {"cam": (0,)}
 
 
 def test_f7_an_abbreviated_option_is_refused_on_every_command(lerobot, tmp_path, capsys):

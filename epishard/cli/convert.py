@@ -8,7 +8,10 @@ import time
 from epishard.cli import show_progress, storage_options
 from epishard.redact import redact
 
-HELP = "convert LeRobot datasets (v2.0, v2.1, v3.0), ALOHA and robomimic/LIBERO HDF5 into window-indexed tar shards"
+HELP = (
+    "convert LeRobot datasets (v2.0, v2.1, v3.0), ALOHA and robomimic/LIBERO HDF5, UMI Zarr, RLDS TFRecords "
+    "and ROS 2 MCAP bags into window-indexed tar shards"
+)
 
 
 def parse_size(text: str) -> int:

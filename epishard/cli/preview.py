@@ -6,6 +6,7 @@ import argparse
 
 from epishard.cli import show_progress, storage_options
 from epishard.cli.convert import parse_episodes
+from epishard.cli.stream import frame_count
 from epishard.redact import redact
 
 HELP = "an HTML page and PNG contact sheets of training windows: frames, pad masks, state/action curves"
@@ -17,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--episodes", metavar="LIST", help="source episode indices to show, e.g. 0-9,12 (default: all)")
     p.add_argument("--windows", type=int, default=8, help="windows to show")
     p.add_argument("--cameras", metavar="NAMES", help="comma-separated camera names (default: all)")
-    p.add_argument("--frames", type=int, default=6, help="frames per camera per window")
+    p.add_argument("--frames", type=frame_count, default=6, help="frames per camera per window (>= 1)")
     p.add_argument("--span", type=int, default=30, help="rows the frames spread over, ending at the anchor")
     p.add_argument("--action-horizon", type=int, default=16, help="action rows drawn from the anchor on")
     p.add_argument(

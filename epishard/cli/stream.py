@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``epishard stream`` arguments."""
     p.add_argument("dataset", metavar="DATASET", help="converted dataset folder or URL")
     p.add_argument("--cameras", help="comma-separated camera names (default: all)")
-    p.add_argument("--frames", type=int, default=9, help="frames per camera per window")
+    p.add_argument("--frames", type=frame_count, default=9, help="frames per camera per window (>= 1)")
     p.add_argument("--span", type=int, default=33, help="rows the frames spread over, from the anchor")
     p.add_argument("--state-history", type=int, default=1, help="state rows, ending at the anchor")
     p.add_argument("--action-horizon", type=int, default=16, help="action rows from the anchor (the action chunk)")
@@ -56,6 +56,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
     p.add_argument("--plot", metavar="FILE", help="draw the telemetry into this PNG (default: no plot)")
     storage_options(p)
+
+
+def frame_count(text: str) -> int:
+    """``--frames``: an int >= 1 (frames per camera per window)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of frames") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} frames per camera: must be >= 1")
+    return value
 
 
 def _pool(text: str) -> int | str | None:

@@ -13,6 +13,7 @@ Each load raises ``FormatError`` (``epishard.format.errors``) naming the file an
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from .storage import Storage
 from .untrusted import printable
 from .validate import check_digest, check_index
 
-__all__ = ["NotConverted", "lerobot_instead", "load_dataset_index", "load_shard_indexes"]
+__all__ = ["NotConverted", "lerobot_instead", "load_dataset_index", "load_shard_indexes", "missing_folder"]
 
 
 def load_dataset_index(data, manifest: fmt.Manifest, where: str, hashed: bool = False) -> WindowIndex:
@@ -75,6 +76,17 @@ def load_shard_indexes(manifest: fmt.Manifest, read: Callable[[str], bytes], url
     return index
 
 
+def missing_folder(root: object) -> FileNotFoundError | None:
+    """``FileNotFoundError`` (errno ENOENT, naming ``root``) for a local path that does not exist, else None.
+
+    What the openers raise for such a path instead of "no manifest.json in ...", after
+    ``lerobot_instead`` (a repo id is said to be one first).
+    """
+    if isinstance(root, str) and "://" not in root and not os.path.exists(root):
+        return FileNotFoundError(errno.ENOENT, "no such dataset folder", root)
+    return None
+
+
 class NotConverted(FileNotFoundError):
     """The path is a LeRobot dataset, or a Hugging Face repo id, where an epishard dataset was expected."""
 
@@ -97,8 +109,8 @@ def lerobot_instead(root: str, storage_options: dict | None = None) -> str | Non
     )
     if "://" not in root and _REPO_ID.fullmatch(root) and not os.path.exists(root):
         return (
-            f"{root}: no such folder; this looks like the Hugging Face repo id of a LeRobot dataset, not an epishard "
-            f"dataset: run epishard convert hf://datasets/{root} OUT first, {after}"
+            f"{root}: no such folder here; if it is the Hugging Face repo id of a LeRobot dataset (it looks like "
+            f"one), run epishard convert hf://datasets/{root} OUT first, {after}"
         )
     try:
         storage = Storage(root, storage_options)

@@ -43,6 +43,8 @@ def main() -> int:
     parser.add_argument("video", nargs="?", default=str(VIDEO))
     parser.add_argument("--packets", type=int, default=300)
     args = parser.parse_args()
+    if not Path(args.video).is_file():
+        parser.error(f"no video at {args.video}: give one (the default is in ../shared/data), e.g. an mp4 of sample/")
     with av.open(args.video) as container:
         stream = container.streams.video[0]
         codec, extradata = stream.codec_context.name, stream.codec_context.extradata
