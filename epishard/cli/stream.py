@@ -58,28 +58,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     storage_options(p)
 
 
-def frame_count(text: str) -> int:
-    """``--frames``: an int >= 1 (frames per camera per window)."""
+def _whole(text: str, what: str, minimum: int, others: str = "") -> int:
+    """``text`` as an int >= ``minimum``, else ``argparse.ArgumentTypeError`` naming ``what`` it counts."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of frames") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} frames per camera: must be >= 1")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what}{others}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value} {what}: must be >= {minimum}")
     return value
+
+
+def frame_count(text: str) -> int:
+    """``--frames``: an int >= 1 (frames per camera per window)."""
+    return _whole(text, "frames per camera", 1)
 
 
 def _pool(text: str) -> int | str | None:
     """``--shuffle-episodes``: an int >= 0, ``auto`` or ``all`` (None: the whole share)."""
     if text in ("auto", "all"):
         return None if text == "all" else text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of episodes, 'auto' or 'all'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} episodes: must be >= 0")
-    return value
+    return _whole(text, "episodes", 0, ", 'auto' or 'all'")
 
 
 def add_per_episode_arguments(p: argparse.ArgumentParser) -> None:
