@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from epishard.format import manifest as fmt
-from epishard.format.opening import NotConverted, lerobot_instead, load_shard_indexes, missing_folder
+from epishard.format.opening import load_shard_indexes, not_a_dataset
 from epishard.format.storage import Storage
 from epishard.format.untrusted import check_size, printable
 from epishard.format.validate import totals_mismatches
@@ -28,17 +28,15 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
 
     Raises:
         NotConverted (a FileNotFoundError): ``root`` is a LeRobot dataset or a Hub repo id
-            (``lerobot_instead``). FileNotFoundError: no manifest. ``epishard.format.errors.FormatError``:
-            the manifest or an index breaks the format (checked as the reader checks them), or the manifest's
-            ``totals`` are not what its shard list adds up to (``validate.totals_mismatches``).
+            (``lerobot_instead``). FileNotFoundError: no such local folder, or no manifest.
+            ``epishard.format.errors.FormatError``: the manifest or an index breaks the format (checked as
+            the reader checks them), or the manifest's ``totals`` are not what its shard list adds up to
+            (``validate.totals_mismatches``).
     """
     storage = Storage(root, storage_options)
     if not storage.exists(fmt.MANIFEST_NAME):
-        hint = lerobot_instead(root, storage_options)
-        if hint:
-            raise NotConverted(hint)
-        if (missing := missing_folder(root)) is not None:
-            raise missing
+        if (refused := not_a_dataset(root, storage_options)) is not None:
+            raise refused
         storage.names()  # raises for a missing bucket (naming it) or denied access
         raise FileNotFoundError(
             f"no {fmt.MANIFEST_NAME} in {redact(root)} (not a dataset, or the conversion is unfinished)"

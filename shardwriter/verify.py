@@ -30,7 +30,7 @@ from epishard.format import manifest as fmt
 from epishard.format.decoder import container_frames
 from epishard.format.errors import FormatError
 from epishard.format.index import WindowIndex
-from epishard.format.opening import NotConverted, lerobot_instead, missing_folder
+from epishard.format.opening import not_a_dataset
 from epishard.format.storage import NotARegularFile, Storage
 from epishard.format.untrusted import check_size
 from epishard.format.validate import check_index, totals_mismatches
@@ -256,11 +256,8 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
     """
     storage = Storage(root, storage_options)
     if not storage.exists(fmt.MANIFEST_NAME):
-        hint = lerobot_instead(root, storage_options)
-        if hint:
-            raise NotConverted(hint)
-        if (missing := missing_folder(root)) is not None:
-            raise missing
+        if (refused := not_a_dataset(root, storage_options)) is not None:
+            raise refused
         if not storage.names():  # raises for a missing bucket or denied access
             raise FileNotFoundError(errno.ENOENT, "no such dataset folder (or it is empty)", redact(root))
         return {

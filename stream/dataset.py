@@ -61,7 +61,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from epishard.format.opening import NotConverted, lerobot_instead, missing_folder
+from epishard.format.opening import not_a_dataset
 from epishard.redact import scrubbed
 
 from .buffers import (
@@ -114,11 +114,8 @@ def open_source(url: str, storage_options: dict | None = None, fetch: FetchPolic
     try:
         return DatasetSource(url, storage_options, fetch)
     except FileNotFoundError:
-        hint = lerobot_instead(url, storage_options) if isinstance(url, str) else None
-        if hint:
-            raise NotConverted(hint) from None
-        if (missing := missing_folder(url)) is not None:
-            raise missing from None
+        if (refused := not_a_dataset(url, storage_options)) is not None:
+            raise refused from None
         raise
 
 

@@ -28,7 +28,7 @@ from .storage import Storage
 from .untrusted import printable
 from .validate import check_digest, check_index
 
-__all__ = ["NotConverted", "lerobot_instead", "load_dataset_index", "load_shard_indexes", "missing_folder"]
+__all__ = ["NotConverted", "lerobot_instead", "load_dataset_index", "load_shard_indexes", "not_a_dataset"]
 
 
 def load_dataset_index(data, manifest: fmt.Manifest, where: str, hashed: bool = False) -> WindowIndex:
@@ -76,17 +76,6 @@ def load_shard_indexes(manifest: fmt.Manifest, read: Callable[[str], bytes], url
     return index
 
 
-def missing_folder(root: object) -> FileNotFoundError | None:
-    """``FileNotFoundError`` (errno ENOENT, naming ``root``) for a local path that does not exist, else None.
-
-    What the openers raise for such a path instead of "no manifest.json in ...", after
-    ``lerobot_instead`` (a repo id is said to be one first).
-    """
-    if isinstance(root, str) and "://" not in root and not os.path.exists(root):
-        return FileNotFoundError(errno.ENOENT, "no such dataset folder", root)
-    return None
-
-
 class NotConverted(FileNotFoundError):
     """The path is a LeRobot dataset, or a Hugging Face repo id, where an epishard dataset was expected."""
 
@@ -125,3 +114,20 @@ def lerobot_instead(root: str, storage_options: dict | None = None) -> str | Non
         f"{redact(root)}: this is a {what} (meta/info.json), not an epishard dataset: run epishard convert "
         f"{redact(root)} OUT first, {after}"
     )
+
+
+def not_a_dataset(root: object, storage_options: dict | None = None) -> FileNotFoundError | None:
+    """What to raise for a ``root`` with no manifest, when more can be said than "no manifest.json".
+
+    ``NotConverted`` for a LeRobot dataset or a Hugging Face repo id (``lerobot_instead``); a
+    ``FileNotFoundError`` (errno ENOENT, naming ``root``) for a local path that does not exist; else
+    None (the caller's own message stands).
+    """
+    if not isinstance(root, str):
+        return None
+    hint = lerobot_instead(root, storage_options)
+    if hint:
+        return NotConverted(hint)
+    if "://" not in root and not os.path.exists(root):
+        return FileNotFoundError(errno.ENOENT, "no such dataset folder", root)
+    return None
