@@ -124,6 +124,13 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         help="rows per second of a source that is not LeRobot; MCAP: the rate topics are resampled to "
         "(default: the format's own; MCAP: the slowest camera topic's rate)",
     )
+    c.add_argument(
+        "--allow-external",
+        action="store_true",
+        help="read files a source names outside itself (HDF5 external storage, external links and virtual "
+        "datasets, symbolic links out of the source folder): only for a trusted local source; FIFOs, devices, "
+        "/proc and /sys are refused even so (default: refused, naming file, key and target)",
+    )
     c.add_argument("--workers", type=int, default=1, help="parallel processes")
     c.add_argument(
         "--overwrite",
@@ -165,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
             format=args.source_format,
             mapping=Mapping.load(args.mapping) if args.mapping else Mapping(),
             fps=args.fps,
+            allow_external=args.allow_external,
         ),
     )
     runner = None

@@ -27,6 +27,7 @@ from epishard.format.storage import RemoteFile, is_local, local_path, source_fil
 
 from ..episode import FileInput
 from ..errors import ConversionError, SourceError
+from . import bounds
 
 # Python module -> the extra of epishard that installs it.
 EXTRAS = {
@@ -155,12 +156,17 @@ class SourceOptions:
 
     ``format``: one of ``sources.FORMATS`` (None: recognised from the files, ``detect_format``).
     ``mapping``: fields replacing the format's default mapping. ``fps``: rows per second (as
-    ``mapping.fps``; MCAP: the rate topics are resampled to). Raises ValueError for an fps <= 0.
+    ``mapping.fps``; MCAP: the rate topics are resampled to). ``allow_external``: read files the
+    source names outside itself (HDF5 external storage, external links and virtual datasets,
+    symbolic links out of the source's folder); False (the default) refuses them at open, naming
+    file, key and target (``bounds``). Only for a trusted local source; special files (FIFOs,
+    devices, ``/proc``, ``/sys``) are refused either way. Raises ValueError for an fps <= 0.
     """
 
     format: str | None = None
     mapping: Mapping = field(default_factory=Mapping)
     fps: float | None = None
+    allow_external: bool = False
 
     def __post_init__(self):
         if self.fps is not None and not self.fps > 0:
@@ -196,15 +202,24 @@ def episode_numbers(names: list[str]) -> list[int]:
     return list(range(len(names)))
 
 
-def source_files(root: str, suffixes: tuple[str, ...], storage_options: dict | None) -> list[FileInput]:
+def source_files(
+    root: str, suffixes: tuple[str, ...], storage_options: dict | None, allow_external: bool = False
+) -> list[FileInput]:
     """The files under ``root`` (or ``root`` itself, a file) whose names end with one of ``suffixes``.
 
     Local paths, or ``RemoteFile``s for an fsspec URL; sorted by natural order of their paths.
-    Hidden files (leading dot) are left out. Raises SourceError when ``root`` does not exist.
+    Hidden files (leading dot) are left out; folders linked in are not followed. A local file must
+    be a regular file (``bounds.check_local_file``: a FIFO, a device, ``/proc`` are refused unread)
+    and, unless ``allow_external``, resolve inside ``root`` (a symbolic link out of the folder is
+    refused, ``bounds.confine``).
+
+    Raises:
+        SourceError: ``root`` does not exist, or a file is refused (naming it and its target).
     """
     if is_local(root):
         path = local_path(root)
-        if os.path.isfile(path):
+        if os.path.isfile(path) or (os.path.exists(path) and not os.path.isdir(path)):
+            bounds.check_local_file(path)
             return [path]
         if not os.path.isdir(path):
             raise SourceError(f"{root}: no such file or folder")
@@ -212,6 +227,13 @@ def source_files(root: str, suffixes: tuple[str, ...], storage_options: dict | N
         for folder, dirs, files in os.walk(path):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             found += [os.path.join(folder, n) for n in files if n.endswith(suffixes) and not n.startswith(".")]
+        for f in found:
+            if allow_external:
+                bounds.check_local_file(f)
+            else:
+                bounds.confine(f, path, f)
+        if len(found) > bounds.MAX_EPISODES:
+            raise SourceError(f"{root}: {len(found)} files, more than the {bounds.MAX_EPISODES} episodes a source may list")
         return sorted(found, key=lambda f: natural_key(str(f)))
     options = dict(storage_options or {})
     fs = source_filesystem(root, options)
