@@ -233,7 +233,8 @@ def source_files(
             else:
                 bounds.confine(f, path, f)
         if len(found) > bounds.MAX_EPISODES:
-            raise SourceError(f"{root}: {len(found)} files, more than the {bounds.MAX_EPISODES} episodes a source may list")
+            limit = bounds.MAX_EPISODES
+            raise SourceError(f"{root}: {len(found)} files, more than the {limit} episodes a source may list")
         return sorted(found, key=lambda f: natural_key(str(f)))
     options = dict(storage_options or {})
     fs = source_filesystem(root, options)

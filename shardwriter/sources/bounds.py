@@ -124,7 +124,7 @@ def _special(real: str) -> bool:
 
 
 def check_local_file(path: str, where: str | None = None, error: type[Exception] = SourceError) -> None:
-    """Refuse a local file that is not a regular file (FIFO, device, socket) or lies under ``/proc``, ``/sys``, ``/dev``.
+    """Refuse a local file that is not a regular file (FIFO, device, socket) or lies in ``/proc``, ``/sys``, ``/dev``.
 
     Decided from ``stat`` (links followed), before the file is opened: a FIFO's writer never sees it
     opened. Raises ``error`` naming the path (and ``where``).
@@ -140,7 +140,7 @@ def check_local_file(path: str, where: str | None = None, error: type[Exception]
 
 
 def confine(path: str, root: str, where: str, error: type[Exception] = SourceError) -> str:
-    """``path`` (absolute, or relative to ``root``'s folder), resolved, when it lies inside ``root`` and is a regular file.
+    """``path`` (absolute, or relative to ``root``'s folder), resolved, when inside ``root`` and a regular file.
 
     ``root``: the source's folder (or file: its folder is the bound). Symbolic links are followed
     before the check, so a link inside the folder to ``/etc/passwd`` is refused as ``../..`` is.
