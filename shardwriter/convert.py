@@ -712,6 +712,7 @@ def convert(
                 fps=s.fps,
                 episodes=summary["episodes_per_source"].get(s.name, 0),
                 notes=tuple(redact(n) for n in s.notes),
+                stats=s.stats,
             )
             for s in sources
         ),

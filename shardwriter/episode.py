@@ -227,7 +227,10 @@ class Source:
 
     ``features``: feature name -> {"dtype", "shape", "names"} as declared by the source (the writer
     checks them against the tables); ``notes``: human-readable facts about the source that the
-    conversion report repeats (cameras declared without files, subset copies, ...).
+    conversion report repeats (cameras declared without files, subset copies, ...). ``stats``: the
+    source's own normalisation statistics (a LeRobot dataset's ``meta/stats.json``: feature ->
+    statistic -> nested lists of numbers), stored in the manifest (``sources[].stats``) so a reader
+    never has to fetch them from the path a manifest records; None when the source has none.
     """
 
     name: str
@@ -237,3 +240,4 @@ class Source:
     format: str = "python"
     features: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    stats: dict | None = None

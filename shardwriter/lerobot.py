@@ -470,10 +470,42 @@ def read_lerobot(
     if protocol_of(root) in ("http", "https"):  # the folder's name, not its URL spelling (%20, %5B)
         name = urllib.parse.unquote(name)
     if version.startswith("v2"):
-        return _read_v2(tree, name, info, cameras, episodes)
-    if version.startswith("v3"):
-        return _read_v3(tree, name, info, cameras, episodes)
-    raise SourceError(f"{info_path}: codebase_version {version!r} is not v2.0, v2.1 or v3.0")
+        source = _read_v2(tree, name, info, cameras, episodes)
+    elif version.startswith("v3"):
+        source = _read_v3(tree, name, info, cameras, episodes)
+    else:
+        raise SourceError(f"{info_path}: codebase_version {version!r} is not v2.0, v2.1 or v3.0")
+    source.stats = _stats(tree, source.notes)
+    return source
+
+
+def _stats(tree: _Tree, notes: list[str]) -> dict | None:
+    """The dataset's ``meta/stats.json`` (what LeRobot normalises with), or None when it has none.
+
+    Kept in the manifest (``sources[].stats``) so the LeRobot drop-in reads them from the converted
+    dataset. A file that is not feature -> statistic -> numbers is left out with a note (the
+    conversion does not depend on it).
+    """
+    path = os.path.join(tree.root, "meta", "stats.json")
+    if not tree.exists(path):  # v2.1 keeps per-episode statistics (meta/episodes_stats.jsonl) only
+        return None
+    try:
+        doc = untrusted.loads(tree.read_metadata(path), path, SourceError)
+        if not isinstance(doc, dict) or not all(
+            isinstance(v, dict) and all(_numbers(x) for x in v.values()) for v in doc.values()
+        ):
+            raise SourceError(f"{path}: not feature -> statistic -> numbers")
+    except SourceError as exc:
+        notes.append(f"meta/stats.json: not kept ({exc})")
+        return None
+    return doc
+
+
+def _numbers(value) -> bool:
+    """Whether ``value`` is a number or a (nested) list of numbers, as LeRobot's statistics are."""
+    if isinstance(value, list):
+        return all(_numbers(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _v2_tasks(tree: _Tree) -> tuple[dict[int, list[str]], dict[int, str]]:

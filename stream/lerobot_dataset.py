@@ -100,6 +100,23 @@ def _as_arrays(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, np
     return {key: {name: np.asarray(value) for name, value in entry.items()} for key, entry in stats.items()}
 
 
+def stored_source_stats(source: DatasetSource) -> dict[str, dict[str, np.ndarray]] | None:
+    """The source's own statistics stored in a converted dataset's manifest (``sources[0].stats``), or None.
+
+    A LeRobot dataset's ``meta/stats.json``, read at conversion (``epishard convert``); None when
+    the dataset was converted from several sources, from one without ``stats.json``, or by an
+    epishard that did not store them. The path the manifest records is never opened: a manifest is
+    a stranger's document, and its path could name another host, or a file of this machine.
+    """
+    entries = source.manifest.sources
+    if len(entries) != 1 or entries[0].stats is None:
+        return None
+    doc = entries[0].stats
+    if not all(isinstance(v, Mapping) for v in doc.values()):
+        raise StatsError(f"{source.shown}: manifest sources[0].stats is not feature -> statistic -> numbers")
+    return _as_arrays(doc)
+
+
 def source_stats(root: str, storage_options: dict | None = None) -> dict[str, dict[str, np.ndarray]]:
     """A LeRobot dataset's own statistics: ``<root>/meta/stats.json`` (what LeRobot normalises with).
 
@@ -178,7 +195,9 @@ class EpishardLeRobotMeta:
         stats: the statistics the drop-in hands to LeRobot (``stats_from`` says which): key ->
             statistic -> numpy array (``stats="source"``: the source's ``meta/stats.json``, camera
             statistics included; ``"manifest"``: epishard's over the episodes converted).
-        stats_from: ``"source: <url of stats.json>"``, ``"manifest"`` or ``"given"``.
+        stats_from: ``"source (stored at conversion): <path>/meta/stats.json"`` (the copy in the
+            manifest; the path is where it was read, never opened now), ``"source: <source_root>/
+            meta/stats.json"`` (read from the folder the caller named), ``"manifest"`` or ``"given"``.
         manifest_stats: epishard's statistics, always (pooled over a mix: ``pool_stats``).
         camera_keys / video_keys: the cameras (all are videos in epishard); ``image_keys``: ``[]``;
             ``depth_keys``: depth cameras.
@@ -243,12 +262,28 @@ class EpishardLeRobotMeta:
             self.stats, self.stats_from = _as_arrays(stats), "given"
         elif stats == "manifest":
             self.stats, self.stats_from = self.manifest_stats, "manifest"
-        elif stats == "source" or (stats == "auto" and (source_root is not None or all(_lerobot(s) for s in sources))):
+        elif source_root is not None and stats in ("auto", "source"):  # a folder the user names: read there
             roots = _source_roots(sources, source_root)
             self.stats = pool_stats([source_stats(r, storage_options) for r in roots])
             self.stats_from = "source: " + ", ".join(f"{r.rstrip('/')}/meta/stats.json" for r in roots)
-        elif stats == "auto":  # a conversion of another format (HDF5, Zarr, RLDS, MCAP): no stats.json
-            self.stats, self.stats_from = self.manifest_stats, "manifest"
+        elif stats in ("auto", "source"):
+            stored = [stored_source_stats(s) for s in sources]
+            if all(d is not None for d in stored):
+                self.stats = pool_stats([d for d in stored if d is not None])
+                self.stats_from = "source (stored at conversion): " + ", ".join(
+                    f"{(s.manifest.sources[0].path or '').rstrip('/')}/meta/stats.json" for s in sources
+                )
+            elif stats == "source":
+                missing = [s.shown for s, d in zip(sources, stored, strict=True) if d is None]
+                raise StatsError(
+                    f"{', '.join(missing)}: stats='source' needs the source's statistics, and the manifest stores "
+                    "none (converted from several sources, from one without meta/stats.json, or by an older "
+                    "epishard); the path the manifest records is not opened (a dataset could name any host or "
+                    "file): pass source_root= (the LeRobot dataset's folder or URL), or stats='manifest' "
+                    "(epishard's, over the episodes converted)"
+                )
+            else:  # another format (HDF5, Zarr, RLDS, MCAP), or no stats.json: epishard's
+                self.stats, self.stats_from = self.manifest_stats, "manifest"
         else:
             raise StatsError(f"stats must be one of {STATS_CHOICES} or a dict of statistics, not {stats!r}")
         self.info = {
@@ -294,11 +329,6 @@ class EpishardLeRobotMeta:
         )
 
 
-def _lerobot(source: DatasetSource) -> bool:
-    """Whether every source the dataset was converted from is a LeRobot dataset (it has a ``meta/stats.json``)."""
-    return bool(source.manifest.sources) and all(e.format.startswith("lerobot") for e in source.manifest.sources)
-
-
 def _open(url, storage_options: dict | None, fetch: FetchPolicy | None = None) -> DatasetSource:
     """``DatasetSource``; a LeRobot folder or Hub repo id given in its place is named as one (``NotConverted``)."""
     from .dataset import open_source
@@ -306,29 +336,16 @@ def _open(url, storage_options: dict | None, fetch: FetchPolicy | None = None) -
     return open_source(url, storage_options, fetch)
 
 
-def _source_roots(sources: list[DatasetSource], source_root: str | list[str] | None) -> list[str]:
-    """The LeRobot dataset folder of each dataset: ``source_root`` or the path its manifest records.
+def _source_roots(sources: list[DatasetSource], source_root: str | list[str]) -> list[str]:
+    """The LeRobot dataset folder of each dataset, as the caller names it in ``source_root``.
 
     Raises:
-        StatsError: a dataset holds several sources or none with a path, and no ``source_root`` is given.
+        StatsError: ``source_root`` names another number of folders than there are datasets.
     """
-    if source_root is not None:
-        roots = source_root if isinstance(source_root, list) else [source_root]
-        if len(roots) != len(sources):
-            raise StatsError(f"source_root names {len(roots)} folders for {len(sources)} datasets")
-        return roots
-    out = []
-    for s in sources:
-        paths = [e.path for e in s.manifest.sources if e.path]
-        if len(s.manifest.sources) != 1 or not paths:
-            recorded = ", ".join(e.path or "<Python API>" for e in s.manifest.sources) or "none"
-            raise StatsError(
-                f"{s.shown}: stats='source' needs the LeRobot dataset it was converted from, and its manifest "
-                f"records {len(s.manifest.sources)} sources ({recorded}): pass source_root= (that dataset's "
-                "folder or URL), or stats='manifest' (epishard's, over the episodes converted)"
-            )
-        out.append(paths[0])
-    return out
+    roots = source_root if isinstance(source_root, list) else [source_root]
+    if len(roots) != len(sources):
+        raise StatsError(f"source_root names {len(roots)} folders for {len(sources)} datasets")
+    return roots
 
 
 def _features(source: DatasetSource, post: PostProcess) -> dict[str, dict]:
@@ -392,13 +409,16 @@ class EpishardLeRobotDataset(WindowDataset):
         image_size: ``(H, W)`` every RGB camera is resized to (bilinear, antialiased) before the
             float conversion; ``meta.features`` gives the size returned. None: as stored (LeRobot's).
         stats: which statistics ``meta.stats`` holds (LeRobot normalises with them): ``"auto"``
-            (default: ``"source"`` for a dataset converted from LeRobot, or when ``source_root`` is
-            given; else ``"manifest"``), ``"source"`` (LeRobot's own: the LeRobot dataset's
-            ``meta/stats.json``, read from ``source_root`` or the path the manifest records),
-            ``"manifest"`` (epishard's, computed
-            over the episodes converted: they differ when only some were converted), or a dict of
-            your own (key -> statistic -> array). ``meta.manifest_stats`` always holds epishard's.
-        source_root: the LeRobot dataset folder or URL (one per dataset of a mix) for ``stats="source"``.
+            (default: ``"source"`` when the converted dataset stores its source's statistics or
+            ``source_root`` is given; else ``"manifest"``), ``"source"`` (LeRobot's own: the
+            LeRobot dataset's ``meta/stats.json``, as ``epishard convert`` stored it in the
+            manifest, or read from ``source_root``), ``"manifest"`` (epishard's, computed over the
+            episodes converted: they differ when only some were converted), or a dict of your own
+            (key -> statistic -> array). ``meta.manifest_stats`` always holds epishard's. The path
+            a manifest records is never opened (a dataset could name another host, where the
+            ``storage_options``' credentials would go, or a file of this machine).
+        source_root: the LeRobot dataset folder or URL (one per dataset of a mix) to read
+            ``meta/stats.json`` from, with ``read.storage_options``.
         tolerance_s: LeRobot's tolerance for offsets that are not multiples of 1/fps.
         stride / per_episode_count / per_episode_fraction: fewer anchors per episode per epoch
             (``WindowSpec``); default every frame, as LeRobot.
@@ -411,8 +431,9 @@ class EpishardLeRobotDataset(WindowDataset):
     Raises:
         KeyError: a ``delta_timestamps`` key the dataset has no feature for (naming it and the features).
         ValueError: an offset that is not a multiple of 1/fps (naming key and offset); see ``WindowDataset``.
-        StatsError: ``stats="source"`` and the source's ``meta/stats.json`` cannot be read (naming the
-            path, and what to pass instead), or a bad ``stats`` value.
+        StatsError: ``stats="source"`` and the manifest stores no source statistics and no
+            ``source_root`` is given, or ``source_root``'s ``meta/stats.json`` cannot be read
+            (naming the path, and what to pass instead), or a bad ``stats`` value.
     """
 
     def __init__(

@@ -81,7 +81,7 @@ def test_act_and_diffusion_train_through_lerobots_factories(tmp_path, version):
         assert r["steps"] == STEPS and r["workers"] == 2, r
         assert r["finite"] and len(r["losses"]) == STEPS, r["losses"]
         assert r["params_changed"] == r["params_trainable"] > 0, (r["params_changed"], r["params_trainable"])
-        assert r["stats_from"] == f"source: {SAMPLE}/meta/stats.json"
+        assert r["stats_from"] == f"source (stored at conversion): {SAMPLE}/meta/stats.json"
         assert r["batch_shapes"]["observation.images.ego_view"][1] == "torch.float32"
     # The windows LeRobot's resolve_delta_timestamps asked for, from the drop-in's meta (20 fps).
     act, diffusion = results["act"]["batch_shapes"], results["diffusion"]["batch_shapes"]

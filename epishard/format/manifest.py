@@ -355,15 +355,19 @@ class SourceEntry(_Entry):
 
     ``name`` (unique in the dataset), ``path`` (None for a Python-API source),
     ``format`` (e.g. ``lerobot-v2.1``), ``fps`` (frames per second or None), ``episodes`` converted,
-    ``notes`` (facts found while reading it, e.g. cameras declared without files).
+    ``notes`` (facts found while reading it, e.g. cameras declared without files), ``stats``
+    (the source's own normalisation statistics, a LeRobot dataset's ``meta/stats.json`` as it was
+    read at conversion: feature -> statistic -> numbers; None when it had none).
     """
 
+    optional = ("stats",)
     name: str
     path: str | None
     format: str
     fps: float | None
     episodes: int
     notes: tuple[str, ...] = ()
+    stats: Mapping[str, Mapping[str, Any]] | None = None
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> SourceEntry:
@@ -375,6 +379,7 @@ class SourceEntry(_Entry):
             fps=json_field(obj, "fps", _OPT_NUMBER, where),
             episodes=json_field(obj, "episodes", int, where),
             notes=_strings(obj, "notes", where, ()),
+            stats=_objects(obj, "stats", where, None),
         )
 
 
