@@ -16,6 +16,7 @@ import json
 import shutil
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ OPTIONS = {"headers": {"Authorization": f"Bearer {CANARY}"}}
 class _Recorder(http.server.BaseHTTPRequestHandler):
     """Answers 200 with LeRobot-shaped statistics to anything, and records each request (path, headers)."""
 
-    seen: list = []
+    seen: ClassVar[list] = []
 
     def log_message(self, *args):
         pass
