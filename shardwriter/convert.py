@@ -288,8 +288,9 @@ def write_shard(storage: Storage, shard_id: int, episodes: list[Episode], option
                 skipped.append(exc.to_dict())
                 continue
             except Exception as exc:  # a fault prepare does not know: still say where, never skip it
+                detail = f"{type(exc).__name__}: {exc}"
                 raise ConversionError(
-                    f"{type(exc).__name__}: {exc}",
+                    detail if len(detail) <= 500 else detail[:500] + "...",  # a library may put a buffer in it
                     kind="internal",
                     dataset=episode.source,
                     episode=episode.episode_index,
