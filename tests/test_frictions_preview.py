@@ -88,3 +88,18 @@ def test_f11_preview_rrd_on_the_command_line(small, tmp_path, capsys):
     assert cli([*argv, "--rrd", rrd]) == 0
     assert f"2 training windows in the Rerun recording {rrd}" in capsys.readouterr().out
     assert any(c.entity_path == f"/window/{CAM}/2" for c in RrdReader(rrd).stream().to_chunks())
+
+
+@pytest.mark.parametrize("how", [["--window", "stream"], ["--rrd"]], ids=["window-stream", "rrd"])
+def test_the_stream_window_works_with_the_default_options(small, tmp_path, capsys, how):
+    """``preview DS --window stream`` and ``--rrd FILE`` with no other option draw ``epishard stream``'s window
+    (9 frames over 33 rows); 6 frames without a span take the next span they spread over (36 rows)."""
+    from epishard.cli.preview import stream_window_size
+
+    if how == ["--rrd"]:
+        pytest.importorskip("rerun")
+        how = ["--rrd", str(tmp_path / "d.rrd")]
+    assert cli(["preview", small, *how, "--windows", "2", "--out", str(tmp_path / "d.html")]) == 0
+    assert "2 windows of" in capsys.readouterr().out
+    assert stream_window_size(None, None) == (9, 33) and stream_window_size(6, None) == (6, 36)
+    assert stream_window_size(1, None) == (1, 33) and stream_window_size(3, 5) == (3, 5)

@@ -12,14 +12,42 @@ from epishard.redact import redact
 HELP = "an HTML page and PNG contact sheets of training windows: frames, pad masks, state/action curves"
 
 
+PAGE_FRAMES, PAGE_SPAN = 6, 30  # the page's own window: frames over the span ending at the anchor
+STREAM_FRAMES, STREAM_SPAN = 9, 33  # `epishard stream`'s defaults (epishard.cli.stream)
+
+
+def stream_window_size(frames: int | None, span: int | None) -> tuple[int, int]:
+    """(frames, span) of the ``--window stream`` / ``--rrd`` window: ``epishard stream``'s defaults where not given.
+
+    A span not given is the shortest one from ``STREAM_SPAN`` on that the frames spread evenly over
+    (``segment`` needs ``(span - 1) % (frames - 1) == 0``): 6 frames take 36 rows, 9 take 33.
+    """
+    frames = STREAM_FRAMES if frames is None else frames
+    if span is None:
+        span = STREAM_SPAN
+        while frames > 1 and (span - 1) % (frames - 1):
+            span += 1
+    return frames, span
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``epishard preview`` arguments."""
     p.add_argument("dataset", metavar="OUT", help="converted dataset folder or URL")
     p.add_argument("--episodes", metavar="LIST", help="source episode indices to show, e.g. 0-9,12 (default: all)")
     p.add_argument("--windows", type=int, default=8, help="windows to show")
     p.add_argument("--cameras", metavar="NAMES", help="comma-separated camera names (default: all)")
-    p.add_argument("--frames", type=frame_count, default=6, help="frames per camera per window (>= 1)")
-    p.add_argument("--span", type=int, default=30, help="rows the frames spread over, ending at the anchor")
+    p.add_argument(
+        "--frames",
+        type=frame_count,
+        help=f"frames per camera per window (>= 1; default: {PAGE_FRAMES}; the --window stream and --rrd window: "
+        f"{STREAM_FRAMES}, as `epishard stream`)",
+    )
+    p.add_argument(
+        "--span",
+        type=int,
+        help=f"rows the frames spread over, ending at the anchor (default: {PAGE_SPAN}; the --window stream and "
+        f"--rrd window: {STREAM_SPAN} as `epishard stream`, or the next longer span the frames spread evenly over)",
+    )
     p.add_argument("--action-horizon", type=int, default=16, help="action rows drawn from the anchor on")
     p.add_argument(
         "--window",
@@ -58,17 +86,16 @@ def run(args: argparse.Namespace) -> int:
         from epishard.stream.report import stream_spec
 
         cams = args.cameras.split(",") if args.cameras else open_source(args.dataset, args.storage_options).cameras
-        spec = stream_spec(
-            cams, args.frames, args.span, args.action_horizon, args.state_history, args.boundary, args.stride
-        )
+        frames, span = stream_window_size(args.frames, args.span)
+        spec = stream_spec(cams, frames, span, args.action_horizon, args.state_history, args.boundary, args.stride)
     result = preview(
         args.dataset,
         args.out,
         episodes=parse_episodes(args.episodes) if args.episodes else None,
         windows=args.windows,
         cameras=args.cameras.split(",") if args.cameras else None,
-        frames=args.frames,
-        span=args.span,
+        frames=PAGE_FRAMES if args.frames is None else args.frames,
+        span=PAGE_SPAN if args.span is None else args.span,
         action_horizon=args.action_horizon,
         seed=args.seed,
         sheets=args.sheets,
