@@ -90,8 +90,9 @@ class ConversionError(Exception):
         return ConversionError(self.detail, **fields)
 
     def __reduce__(self):
-        # Crosses process boundaries (convert --workers): rebuild from the fields, not the rendered text.
-        return _rebuild, (self.detail, self.to_dict())
+        # Crosses process boundaries (convert --workers, Ray): rebuild from the fields, not the rendered
+        # text, as the same class (a subclass such as video.FrameTimingError stays one).
+        return _rebuild, (self.detail, self.to_dict(), type(self)), self.__dict__
 
     def to_dict(self) -> dict:
         """``kind``, the location fields and ``detail``, for the manifest's report (JSON-ready)."""
@@ -107,9 +108,9 @@ class ConversionError(Exception):
         }
 
 
-def _rebuild(message: str, fields: dict) -> ConversionError:
+def _rebuild(message: str, fields: dict, cls: type[ConversionError] | None = None) -> ConversionError:
     fields = {("path" if k == "file" else k): v for k, v in fields.items() if k != "message"}
-    return ConversionError(message, **fields)
+    return (cls or ConversionError)(message, **fields)
 
 
 class _Redacted(Exception):

@@ -181,6 +181,9 @@ class FetchError(IOError):
         super().__init__(redact(message))  # it names URLs: never their credentials
         self.shard = shard
 
+    def __reduce__(self):  # to a DataLoader worker's parent, a Ray driver: the same class and fields
+        return type(self), (self.args[0], self.shard), self.__dict__
+
 
 _RETRYABLE = (OSError, TimeoutError, ConnectionError)
 

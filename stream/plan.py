@@ -726,10 +726,14 @@ class LevelOverrun(ValueError):
 
     def __init__(self, level: int, consumer: int, consumed: int, windows: int, progress: Progress, epoch: int):
         self.level, self.consumer, self.consumed, self.windows = level, consumer, consumed, windows
+        self._made = (level, consumer, consumed, windows, progress, epoch)
         super().__init__(
             f"cannot resume: consumer {consumer} of {progress.world_size}x{progress.num_workers} consumed {consumed} "
             f"windows of epoch {epoch} but its plan has {windows} (another dataset, spec or seed?)"
         )
+
+    def __reduce__(self):  # to a DataLoader worker's parent, a Ray driver: the same class and fields
+        return type(self), self._made, self.__dict__
 
 
 def level_plan(

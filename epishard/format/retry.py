@@ -47,6 +47,9 @@ class RetryBudgetExceeded(OSError):
         super().__init__(message)
         self.status, self.elapsed_s = status, elapsed_s
 
+    def __reduce__(self):  # to a DataLoader worker's parent, a Ray driver: the same class and fields
+        return type(self), (self.args[0], self.status, self.elapsed_s), self.__dict__
+
 
 def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     """Seconds a ``Retry-After`` header value asks a client to wait, at least 0.
