@@ -136,6 +136,26 @@ def _planned(dataset: str, epoch: int, consumers: int) -> collections.Counter:
     return collections.Counter((0, int(e), int(a)) for e, a in zip(plan.episode, plan.anchor, strict=False))
 
 
+def _loads_in_a_plain_process(path: Path) -> None:
+    """A torchrun checkpoint's model loads into the bare model in this (plain) process: no ``module.`` keys."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "tools" / "examples"))
+    try:
+        import train_example
+    finally:
+        sys.path.pop(0)
+    state = torch.load(path, map_location="cpu")
+    assert state["model"] and not any(k.startswith("module.") for k in state["model"]), list(state["model"])[:3]
+    width, state_dim = state["model"]["state.weight"].shape
+    cameras = state["model"]["head.0.weight"].shape[1] // width - 1
+    model = train_example.TinyPolicy(cameras, state_dim, state["model"]["head.2.weight"].shape[0], 1, width)
+    model.load_state_dict(state["model"])  # strict: every key, no prefix
+    # an earlier checkpoint's prefixed keys are taken too
+    prefixed = {f"module.{k}": v for k, v in state["model"].items()}
+    assert train_example.model_state(prefixed).keys() == state["model"].keys()
+
+
 def test_two_nodes_exactly_once_equal_steps_and_exact_resume(dataset, tmp_path):
     world = 4
     full = str(tmp_path / "full")
@@ -172,6 +192,7 @@ def test_two_nodes_exactly_once_equal_steps_and_exact_resume(dataset, tmp_path):
         ],
     )
     shutil.copytree(ckpt, tmp_path / "ckpt_mid")
+    _loads_in_a_plain_process(Path(ckpt) / "model.pt")
     before = _keys(part, world)
     for rank in range(world):  # drop what ran after the last checkpoint (step 7): it is redone
         Path(f"{part}.rank{rank}.jsonl").write_text(

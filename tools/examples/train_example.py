@@ -151,8 +151,26 @@ def setup() -> tuple[int, int, torch.device]:
     return rank, world, device
 
 
+def bare(model: nn.Module) -> nn.Module:
+    """The model inside a ``DistributedDataParallel`` wrapper (or the model itself)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def model_state(state: dict) -> dict:
+    """A checkpoint's model weights without DDP's ``module.`` prefix (as checkpoints of earlier versions hold)."""
+    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+    state = dict(state)
+    consume_prefix_in_state_dict_if_present(state, "module.")
+    return state
+
+
 def save(folder: str, rank: int, model, optimizer, loader: WindowLoader, step: int) -> None:
-    """Model and optimiser from rank 0 (identical on all ranks under DDP); loader state per rank."""
+    """Model and optimiser from rank 0 (identical on all ranks under DDP); loader state per rank.
+
+    The model's weights are the bare model's (no DDP ``module.`` prefix): the checkpoint loads into
+    ``TinyPolicy`` in a plain process as well as under torchrun.
+    """
     os.makedirs(folder, exist_ok=True)
 
     def atomic(obj, name):
@@ -163,7 +181,7 @@ def save(folder: str, rank: int, model, optimizer, loader: WindowLoader, step: i
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:
-        atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, "model.pt")
+        atomic({"model": bare(model).state_dict(), "optimizer": optimizer.state_dict(), "step": step}, "model.pt")
     atomic(loader.state_dict(), f"loader.rank{rank}.pt")
     if dist.is_initialized():
         dist.barrier()
@@ -258,7 +276,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     step = 0
     if args.resume:
         state = torch.load(os.path.join(args.checkpoint, "model.pt"), map_location=device)
-        model.load_state_dict(state["model"])
+        bare(model).load_state_dict(model_state(state["model"]))
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
         try:  # every rank's state: the saving run may have had another number of processes or workers
