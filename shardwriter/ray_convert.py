@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 
 from epishard.format import manifest as fmt
-from epishard.format.storage import Storage
+from epishard.format.storage import STORAGE_ENV_NAMES, STORAGE_ENV_PREFIXES, Storage, storage_env  # noqa: F401  (re-exported)
 from epishard.redact import redact
 
 from .convert import ConvertOptions, convert, write_shard
@@ -54,21 +54,6 @@ def connect(address: str | None) -> bool:
     return True
 
 
-# The driver's environment variables that configure storage clients (botocore's AWS_ENDPOINT_URL and
-# credentials, fsspec's FSSPEC_*, gcsfs, adlfs, the Hugging Face hub, proxies, CA bundles): a task on
-# another node has its node's environment, so these are passed with every task.
-STORAGE_ENV_PREFIXES = ("AWS_", "FSSPEC_", "GOOGLE_", "GCSFS_", "AZURE_", "HF_", "HUGGING_FACE_")
-STORAGE_ENV_NAMES = frozenset(
-    {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"}
-)
-
-
-def storage_env(environ=None) -> dict[str, str]:
-    """The storage settings of ``environ`` (default ``os.environ``): ``STORAGE_ENV_PREFIXES`` and ``_NAMES``."""
-    environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items() if k.startswith(STORAGE_ENV_PREFIXES) or k.upper() in STORAGE_ENV_NAMES}
-
-
 def write_shard_with_env(env: dict[str, str], *args):
     """``convert.write_shard(*args)`` with ``env`` set in this process's environment, restored after.
 
@@ -92,16 +77,18 @@ def write_shard_with_env(env: dict[str, str], *args):
 
 
 def portable(exc: Exception, where: str) -> Exception:
-    """``exc`` when it survives pickling (Ray sends it so); else a plain one of its kind saying what failed.
+    """``exc`` with a note naming ``where`` when it survives pickling (Ray sends it so); else a plain one of its kind.
 
-    An exception whose class cannot be rebuilt from its pickle (one with extra ``__init__``
-    arguments, e.g. ``retry.RetryBudgetExceeded`` or many botocore errors) reached the driver as
-    Ray's ``UnserializableException`` with a page of traceback instead of its message. The plain one
-    is the first of ``FileNotFoundError``, ``PermissionError``, ``OSError``, ``KeyError``, ``ValueError``
+    Every exception class of epishard survives pickling with its class and fields
+    (tests/test_exceptions_pickle.py); one of another library whose class cannot be rebuilt from
+    its pickle (extra ``__init__`` arguments: many botocore errors) reached the driver as Ray's
+    ``UnserializableException`` with a page of traceback instead of its message. The plain one is
+    the first of ``FileNotFoundError``, ``PermissionError``, ``OSError``, ``KeyError``, ``ValueError``
     it is an instance of (else ``RuntimeError``), with the message ``"<where>: <type>: <message>"``.
     """
     try:
         pickle.loads(pickle.dumps(exc))
+        exc.add_note(redact(where))
         return exc
     except Exception:
         pass

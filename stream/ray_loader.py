@@ -39,6 +39,8 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+from epishard.format.storage import storage_env
+
 from .dataset import WindowDataset
 from .plan import World
 from .resume import Resume
@@ -86,7 +88,10 @@ class ConsumerActor:
     seconds and samples of this call) or ``None`` once the consumer's windows are all yielded.
     """
 
-    def __init__(self, worker: int, num_workers: int, batch_size: int, collate_fn=None):
+    def __init__(self, worker: int, num_workers: int, batch_size: int, collate_fn=None, env: dict | None = None):
+        import os
+
+        os.environ.update(env or {})  # the driver's storage settings (storage_env): this process is the actor's
         self.worker, self.num_workers, self.batch_size = worker, num_workers, batch_size
         self.collate = collate_fn or default_collate
         self.samples = iter(())
@@ -204,7 +209,8 @@ class RayWindowLoader:
             self.float_keys = sorted(c for c, depth in dataset.layout.depth.items() if not depth)  # model cameras
         options = {"num_cpus": 1, **(actor_options or {}), "max_restarts": max_restarts, "max_task_retries": 0}
         cls = ray.remote(ConsumerActor).options(**options)
-        self._actors = [cls.remote(w, num_workers, batch_size) for w in range(num_workers)]
+        env = ray.put(storage_env())  # the driver's storage settings, as convert --ray passes them to its tasks
+        self._actors = [cls.remote(w, num_workers, batch_size, None, env) for w in range(num_workers)]
         self._wait_placed(options, placement_timeout_s)
         self._restarts = [0] * num_workers  # per actor, over the loader's life (Ray's max_restarts counts so)
         self._epoch = self.dataset.epoch

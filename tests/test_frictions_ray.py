@@ -91,6 +91,27 @@ def test_f2_convert_ray_passes_the_driver_storage_environment_to_its_tasks(ray_s
     assert got == {name: (tmp_path / "local" / name).read_bytes() for name in os.listdir(local)}
 
 
+def test_ray_loader_actors_get_the_driver_storage_environment(ray_s3, src, tmp_path, monkeypatch):
+    """The endpoint only in the driver's environment (the nodes started without it): the actors read the
+    bucket as the driver does, and yield exactly the windows the dataset plans."""
+    from epishard.stream import WindowDataset, WindowLoader, WindowSpec
+    from epishard.stream.ray_loader import RayWindowLoader
+
+    options, fs, _ = ray_s3
+    fs.mkdir("fr-loader")
+    two = ConvertOptions(max_episodes_per_shard=2, progress=False)
+    convert([src], "s3://fr-loader/ds", two, storage_options=options)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", options["endpoint_url"])
+    ds = WindowDataset("s3://fr-loader/ds", WindowSpec(cameras={CAM: (0,)}), seed=3)  # no storage options
+
+    def keys(loader) -> list[tuple[int, int]]:
+        return [(int(e), int(f)) for b in loader for e, f in zip(b["episode_index"], b["frame_index"], strict=True)]
+
+    expected = keys(WindowLoader(ds, batch_size=2, num_workers=2))  # the same consumers, here
+    with RayWindowLoader(ds, batch_size=2, num_workers=2) as loader:
+        assert keys(loader) == expected and len(expected) >= 14
+
+
 def test_f2_a_task_error_reaches_the_driver_saying_what_failed(ray_s3, src, tmp_path):
     from epishard.format.retry import RetryBudgetExceeded
     from epishard.format.storage import Storage
@@ -107,15 +128,17 @@ def test_f2_a_task_error_reaches_the_driver_saying_what_failed(ray_s3, src, tmp_
 
     episodes = read_lerobot(src).episodes[:1]
     out = str(tmp_path / "refused")
-    with pytest.raises(OSError) as err:  # was Ray's UnserializableException and a page of traceback
+    with pytest.raises(RetryBudgetExceeded) as err:  # was Ray's UnserializableException and a page of traceback
         RayRunner(address)([(0, episodes, "0" * 64)], Refusing(out, {}), ConvertOptions(progress=False), 1, {})
-    assert type(err.value) is OSError
-    message = str(err.value)
-    assert message.startswith(f"shard 0 of {out} (a Ray task on "), message
-    assert message.endswith(
-        f"RetryBudgetExceeded: PUT {out}/shard-000000.tar: 503 SlowDown (gave up after 3 attempts in 0.1 s)"
-    )
-    plain = portable(RetryBudgetExceeded("x", 503, 1.0), "shard 1")
-    assert type(plain) is OSError and str(pickle.loads(pickle.dumps(plain))) == "shard 1: RetryBudgetExceeded: x"
+    assert type(err.value) is RetryBudgetExceeded and (err.value.status, err.value.elapsed_s) == (503, 0.1)
+    assert str(err.value) == f"PUT {out}/shard-000000.tar: 503 SlowDown (gave up after 3 attempts in 0.1 s)"
+    assert err.value.__notes__[0].startswith(f"shard 0 of {out} (a Ray task on "), err.value.__notes__
+
+    class Unpicklable(OSError):  # another library's class that cannot be rebuilt from its pickle
+        def __init__(self, message, code):
+            super().__init__(message)
+
+    plain = portable(Unpicklable("x", 3), "shard 1")
+    assert type(plain) is OSError and str(pickle.loads(pickle.dumps(plain))) == "shard 1: Unpicklable: x"
     kept = ValueError("a portable error")
-    assert portable(kept, "shard 1") is kept
+    assert portable(kept, "shard 1") is kept and kept.__notes__ == ["shard 1"]

@@ -512,3 +512,23 @@ class RemoteFile:
 def _remote_size(file: RemoteFile) -> int:
     fs, path = file._fs()
     return int(file._retried(lambda: fs.size(path)))
+
+
+# The driver's environment variables that configure storage clients (botocore's AWS_ENDPOINT_URL and
+# credentials, fsspec's FSSPEC_*, gcsfs, adlfs, the Hugging Face hub, proxies, CA bundles): a Ray task
+# or actor on another node has its node's environment, so ``convert --ray`` and ``RayWindowLoader``
+# pass these with every task and actor.
+STORAGE_ENV_PREFIXES = ("AWS_", "FSSPEC_", "GOOGLE_", "GCSFS_", "AZURE_", "HF_", "HUGGING_FACE_")
+STORAGE_ENV_NAMES = frozenset(
+    {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"}
+)
+
+
+def storage_env(environ=None) -> dict[str, str]:
+    """The storage settings of ``environ`` (default ``os.environ``): ``STORAGE_ENV_PREFIXES`` and ``_NAMES``.
+
+    Secrets among them travel as Ray objects (``ray.put``), never in a ``runtime_env`` (which Ray's
+    dashboard and logs show).
+    """
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith(STORAGE_ENV_PREFIXES) or k.upper() in STORAGE_ENV_NAMES}
