@@ -525,6 +525,32 @@ class WindowDataset(IterableDataset):
         return checked_states(self, state)
 
 
+def _refuse_loader_options(kw: dict) -> None:
+    """Refuse the ``DataLoader`` keywords that would break exact-once or exact resume, naming each.
+
+    ``drop_last=True``: every worker drops its own last partial batch, so windows of the plan are
+    lost silently (up to ``num_workers x (batch_size - 1)`` per epoch). ``in_order=False``: batches
+    come in the order workers finish them, and a state counts batches per worker in round-robin
+    order. ``sampler``, ``batch_sampler`` and ``shuffle`` are refused by torch itself for an
+    iterable dataset, naming the option (the plan orders the windows). Any other keyword keeps both
+    contracts (``multiprocessing_context``, ``generator``, ``worker_init_fn``, ``timeout``, ...).
+
+    Raises:
+        ValueError: naming the option, why, and what to do instead.
+    """
+    if kw.get("drop_last"):
+        raise ValueError(
+            "WindowLoader: drop_last=True is refused: each DataLoader worker would drop its own last partial "
+            "batch, losing windows of the plan silently (up to num_workers x (batch_size - 1) per epoch); every "
+            "batch but a worker's last is full anyway: drop a short batch in your loop if you must"
+        )
+    if kw.get("in_order", True) is False:
+        raise ValueError(
+            "WindowLoader: in_order=False is refused: batches would come in the order workers finish them, and "
+            "exact resume counts each worker's batches in the DataLoader's round-robin order"
+        )
+
+
 class WindowLoader(DataLoader):
     """A ``DataLoader`` over a ``WindowDataset`` with exact and elastic mid-epoch resume.
 
@@ -533,7 +559,10 @@ class WindowLoader(DataLoader):
     under another world size or worker count given every rank's state (elastic resume).
 
     Exactness relies on the DataLoader's in-order round-robin over workers (the default,
-    ``in_order=True``) and on every worker of a rank holding the same number of windows.
+    ``in_order=True``) and on every worker of a rank holding the same number of windows: the
+    keywords that would break it (``drop_last=True``, ``in_order=False``) raise ``ValueError``
+    naming them; torch refuses ``sampler``, ``batch_sampler`` and ``shuffle`` for an iterable
+    dataset; every other ``DataLoader`` keyword is passed on.
 
     The loader iterates its own shallow copy of ``dataset`` (``loader.dataset``; the argument is not
     changed). ``defer_float`` (default: when the post-processing's dtype is a float and no
@@ -589,6 +618,7 @@ class WindowLoader(DataLoader):
         recycle_buffers: bool | None = None,
         **kw,
     ):
+        _refuse_loader_options(kw)
         floating = dataset.post.dtype.is_floating_point
         ours = "collate_fn" not in kw  # epishard's own collate
         if ours and batch_size is not None:
