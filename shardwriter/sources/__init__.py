@@ -143,6 +143,8 @@ def detect_format(root: str, storage_options: dict | None = None) -> str | None:
         try:
             return detect(first)
         except ConversionError as exc:
+            if exc.kind == "outside_source":  # read, and refused: --format would not help
+                raise SourceError(str(exc)) from None
             raise SourceError(f"looks like HDF5 but cannot be read: {exc}; pass --format") from None
     return None
 

@@ -111,6 +111,7 @@ def check_numeric(dtype, where: str, key: str) -> None:
         ConversionError(kind="bad_feature"): text, bytes, objects, compound records, naming file and key.
     """
     dt = np.dtype(dtype)
+    dt = dt.subdtype[0] if dt.subdtype is not None else dt  # a fixed-size array of numbers per row
     if dt.kind not in "biuf" or dt.fields is not None:
         raise ConversionError(
             f"{key!r} holds {dt} (not numbers); a state, action or column must be numbers",

@@ -4,6 +4,14 @@ Read with h5py (``epishard[hdf5]``) on file objects (local, or any fsspec URL th
 requests), one episode at a time in the conversion worker: the source's episode list holds file
 names and group paths only.
 
+A file from elsewhere is not trusted (docs/sources/aloha.md, "Files from elsewhere"): before any
+array of an episode is read, every key it maps is checked (``_check_array``): each link on its
+path (``_resolve``: external links refused, soft links followed inside the file), where its values
+live (``_check_storage``: external raw storage and virtual datasets refused unless
+``SourceOptions.allow_external``, and even then only regular local files), its dtype, whether its
+values were ever written, and what it claims against ``bounds`` (rows, bytes read whole, bytes of
+a frame, of a chunk).
+
 ALOHA (docs/sources/aloha.md): ``/observations/images/<cam>`` uint8 ``[T, H, W, 3]``, or JPEG bytes
 (``compress`` attribute on the file: rows of zero-padded bytes ``[T, N]``, or variable-length
 bytes); ``/observations/qpos`` -> ``observation.state``, ``/action`` -> ``action``,
@@ -20,15 +28,21 @@ state: robomimic ``robot0_eef_pos + robot0_eef_quat + robot0_gripper_qpos``, LIB
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from epishard.format.storage import RemoteFile
+
 from ..episode import CameraFrames, Episode, FileInput, FrameReader, LazyTable, LoadedTable, Source
 from ..errors import ConversionError, SourceError
+from . import bounds
 from .base import (
     Mapping,
     SourceOptions,
@@ -48,6 +62,9 @@ SUFFIXES = (".hdf5", ".h5", ".hdf")
 CHUNK_FRAMES = 32  # frames read per chunk: what a camera holds in memory at once (32 x 921.6 kB at 640x480)
 ALOHA_FPS = 50.0
 ROBOMIMIC_FPS = 20.0
+_MAX_LINK_HOPS = 16  # soft links followed for one key (HDF5's own limit, H5L_NUM_LINKS)
+_MAX_OTHER_FILES = 16  # files opened for one episode to follow external links / check VDS sources (allow_external)
+_NOTED_LINKS = 20  # unmapped external links named in the source's notes
 
 
 @dataclass(frozen=True)
@@ -60,57 +77,333 @@ class _Layout:
     action: tuple[str, ...]
     columns: tuple[tuple[str, str], ...]  # (output column, key)
     fps: float
+    cameras: tuple[tuple[str, str], ...] = ()  # (key, "camera" | "encoded"): checked before anything is read
+    allow_external: bool = False  # SourceOptions.allow_external
 
     def where(self) -> str:
-        return f"{self.file}" + (f":{self.group}" if self.group else "")
+        return _where(self.file, self.group)
 
 
-class _Opened:
-    """An open HDF5 file (h5py on a file object) as a context manager; errors name the file."""
+def _where(file: FileInput, group: str) -> str:
+    return f"{file}" + (f":{group}" if group else "")
 
-    def __init__(self, file: FileInput) -> None:
+
+class _File:
+    """An open HDF5 file (a context manager) and the checks on what its keys may reach.
+
+    Read with h5py on a Python file object (local, or an fsspec ``RemoteFile`` through range
+    requests): HDF5 then cannot open another file through an external link or a virtual dataset
+    (it would reopen this one). With ``allow_external`` on a local file, the file is opened by its
+    path, so that external links and virtual datasets whose targets passed the checks are read;
+    external links are followed by ``resolve`` itself, opening the target (a regular file) here.
+    """
+
+    def __init__(self, file: FileInput, allow_external: bool = False) -> None:
         self.file = file
-        self._f: Any = None
-        self._h5: Any = None
+        self.remote = isinstance(file, RemoteFile)
+        self.allow = allow_external and not self.remote
+        self.folder = "" if self.remote else os.path.dirname(os.path.abspath(str(file)))
+        self.h5: Any = None
+        self._stack = contextlib.ExitStack()
+        self._others = 0
 
-    def __enter__(self):
+    def __enter__(self) -> _File:
         h5py = require("h5py")
-        self._f = open_binary(self.file)
-        handle = self._f.__enter__()
         try:
-            self._h5 = h5py.File(handle, "r")
-        except OSError as exc:
-            self._f.__exit__(None, None, None)
+            with bounds.reading(str(self.file)):
+                try:
+                    if self.allow:
+                        self.h5 = self._stack.enter_context(h5py.File(str(self.file), "r", locking=False))
+                    else:
+                        handle = self._stack.enter_context(open_binary(self.file))
+                        self.h5 = self._stack.enter_context(h5py.File(handle, "r"))
+                except OSError as exc:
+                    raise ConversionError(
+                        f"not a readable HDF5 file (truncated or damaged?): {exc}",
+                        kind="unreadable_file",
+                        path=str(self.file),
+                    ) from exc
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def folder_of(self, node) -> str:
+        """The folder of the file holding ``node`` (this file's, or an external link's target's)."""
+        if node.file.filename == self.h5.filename:
+            return self.folder
+        return os.path.dirname(os.path.abspath(node.file.filename))
+
+    def other(self, path: str, where: str, key: str, what: str):
+        """Open another local HDF5 file (``allow_external``: a regular file, checked), kept open with this one."""
+        self._others += 1
+        if self._others > _MAX_OTHER_FILES:
             raise ConversionError(
-                f"not a readable HDF5 file (truncated or damaged?): {exc}", kind="unreadable_file", path=str(self.file)
-            ) from exc
-        return self._h5
+                f"{key!r}: {what} reaches more than {_MAX_OTHER_FILES} other files: refused",
+                kind="outside_source",
+                path=where,
+            )
+        _check_target(path, where, key, what)
+        h5py = require("h5py")
+        return self._stack.enter_context(h5py.File(os.path.realpath(path), "r", locking=False))
 
-    def __exit__(self, *exc):
-        if self._h5 is not None:
-            self._h5.close()
-        if self._f is not None:
-            self._f.__exit__(*exc)
+    def refused(self, where: str, key: str, what: str) -> ConversionError:
+        """The error for a key that names another file, which this source may not read."""
+        if self.remote:
+            why = (
+                "refused unread: a remote source cannot name files of the machine converting it "
+                "(--allow-external is for a trusted local source only)"
+            )
+        else:
+            why = (
+                "refused unread (a dataset from elsewhere could read this machine's files this way); "
+                "for a trusted local source pass --allow-external"
+            )
+        return ConversionError(f"{key!r}: {what}: {why}", kind="outside_source", path=where)
 
 
-def _dataset(h5, group: str, key: str, file: FileInput):
-    path = f"{group}/{key}" if group else key
-    try:
-        node = h5[path]
-    except KeyError:
-        raise ConversionError(f"no key {path!r} in the file", kind="missing_key", path=str(file)) from None
-    if not hasattr(node, "shape"):
-        raise ConversionError(f"{path!r} is a group, not an array", kind="missing_key", path=str(file))
+class _Missing(ConversionError):
+    """A key absent from the file (no link on its path is dangling or followed): ``missing_key``."""
+
+
+def _resolve(fh: _File, path: str, where: str, key: str, start=None):
+    """The object at ``path``, reached link by link: no link is followed before it is checked.
+
+    ``start``: the open file whose root ``path`` starts from (default: ``fh``'s). Hard links are
+    walked; soft links are followed inside the file (at most ``_MAX_LINK_HOPS``); an external link
+    is refused (``outside_source``, naming it and its target) unless ``fh.allow``, when its
+    target, a regular local file, is opened here and the walk goes on there.
+
+    Raises:
+        ConversionError: ``missing_key`` (no such key, a dangling soft link, a loop of soft links,
+            a path through an array), ``outside_source`` (an external link, a link kind HDF5
+            plugins define).
+    """
+    h5py = require("h5py")
+    h5l = h5py.h5l
+    node = (fh.h5 if start is None else start)["/"]
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    walked: list[str] = []
+    soft: list[str] = []  # the soft links followed, "link -> target", for messages
+    hops = 0
+    while parts:
+        name = parts.pop(0)
+        here = "/".join([*walked, name])
+        bname = name.encode()
+        if not node.id.links.exists(bname):
+            if soft:
+                raise ConversionError(
+                    f"{key!r}: no {here!r} in the file, reached through the soft link {soft[-1]} (dangling)",
+                    kind="missing_key",
+                    path=where,
+                )
+            raise _Missing(f"no key {path!r} in the file", kind="missing_key", path=where)
+        kind = node.id.links.get_info(bname).type
+        if kind == h5l.TYPE_SOFT:
+            hops += 1
+            target = node.id.links.get_val(bname).decode("utf-8", "replace")
+            soft.append(f"{here!r} -> {target!r}")
+            if hops > _MAX_LINK_HOPS:
+                raise ConversionError(
+                    f"{key!r}: more than {_MAX_LINK_HOPS} soft links in a chain ({', '.join(soft[:3])}, ...: a loop?)",
+                    kind="missing_key",
+                    path=where,
+                )
+            if target.startswith("/"):
+                node, walked = node.file["/"], []
+            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+            continue
+        if kind == h5l.TYPE_EXTERNAL:
+            hops += 1
+            raw_file, raw_path = node.id.links.get_val(bname)
+            target_file, target_path = os.fsdecode(raw_file), raw_path.decode("utf-8", "replace")
+            what = f"passes through the external link {here!r} to {target_file!r} (object {target_path!r})"
+            if not fh.allow or hops > _MAX_LINK_HOPS:
+                raise fh.refused(where, key, what)
+            found = _existing(_candidates(target_file, fh.folder_of(node), "HDF5_EXT_PREFIX"), where, key, what)
+            node, walked = fh.other(found[0], where, key, what)["/"], []
+            parts = [p for p in target_path.split("/") if p not in ("", ".")] + parts
+            continue
+        if kind != h5l.TYPE_HARD:
+            raise fh.refused(where, key, f"passes through {here!r}, a link of a kind HDF5 plugins define")
+        node = node[name]
+        walked.append(name)
+        if parts and not isinstance(node, h5py.Group):
+            raise ConversionError(f"{key!r}: {here!r} is an array, not a group", kind="missing_key", path=where)
     return node
 
 
-def _read(h5, group: str, key: str, file: FileInput) -> np.ndarray:
+def _candidates(name: str, folder: str, env: str) -> list[str]:
+    """Every path HDF5 may open for a file ``name`` that a dataset names.
+
+    ``env``: ``HDF5_EXTFILE_PREFIX`` (external storage), ``HDF5_VDS_PREFIX`` (a virtual dataset's
+    source) or ``HDF5_EXT_PREFIX`` (an external link's target). An absolute name that exists:
+    itself; else the name (its last part, when absolute) under the prefixes of ``env``
+    (``${ORIGIN}``: the file's folder), the file's folder and the working folder (a superset of
+    what HDF5 tries; ``_existing`` checks every one that exists).
+    """
+    if os.path.isabs(name) and os.path.lexists(name):
+        return [name]
+    rest = os.path.basename(name) if os.path.isabs(name) else name
+    prefixes = [p for p in os.environ.get(env, "").split(os.pathsep) if p]
+    out = []
+    for prefix in [*prefixes, folder, os.getcwd()]:
+        path = os.path.join(prefix.replace("${ORIGIN}", folder), rest)
+        if path not in out:
+            out.append(path)
+    return ([name] if os.path.isabs(name) else []) + out
+
+
+def _check_target(path: str, where: str, key: str, what: str) -> None:
+    """``bounds.check_external_target`` (allowed) with the key named: a regular file, nothing special."""
     try:
-        return np.asarray(_dataset(h5, group, key, file)[()])
-    except OSError as exc:  # a chunk past the end of a truncated file
+        bounds.check_external_target(path, where, True, ConversionError)
+    except ConversionError as exc:
+        raise ConversionError(f"{key!r}: {what}: {exc.detail}", kind="outside_source", path=where) from None
+
+
+def _existing(names: list[str], where: str, key: str, what: str) -> list[str]:
+    """The candidates that exist, in order, each checked (``_check_target``); refused when none does."""
+    found = [c for c in names if os.path.lexists(c)]
+    if not found:
         raise ConversionError(
-            f"cannot read {key!r} (truncated file?): {exc}", kind="unreadable_file", path=str(file)
-        ) from exc
+            f"{key!r}: {what}: no such file (looked for {', '.join(names)})",
+            kind="outside_source",
+            path=where,
+        )
+    for path in found:
+        _check_target(path, where, key, what)
+    return found
+
+
+def _check_storage(fh: _File, ds, where: str, key: str, depth: int = 0) -> None:
+    """Refuse a dataset whose values live in other files (external raw storage, a virtual dataset).
+
+    Unless ``fh.allow``; with it, every file HDF5 may open for it must exist and be a regular file
+    (``_existing``), and a virtual dataset's sources are checked in turn (links, storage).
+    """
+    h5py = require("h5py")
+    plist = ds.id.get_create_plist()
+    folder = fh.folder_of(ds)
+    if plist.get_layout() == h5py.h5d.VIRTUAL:
+        sources = ds.virtual_sources()
+        named = ", ".join(
+            sorted({f"{'this file' if s.file_name == '.' else repr(s.file_name)} ({s.dset_name!r})" for s in sources})
+        )
+        what = f"is a virtual dataset whose values come from {named[:400] or 'nowhere'}"
+        if not fh.allow:
+            raise fh.refused(where, key, what)
+        if depth >= _MAX_LINK_HOPS:
+            raise ConversionError(f"{key!r}: virtual datasets nested too deep", kind="outside_source", path=where)
+        for source in sources:
+            if source.file_name == ".":
+                other = ds.file
+            elif "%" in source.file_name:
+                raise fh.refused(where, key, f"{what}, a file-name pattern")
+            else:
+                found = _existing(_candidates(source.file_name, folder, "HDF5_VDS_PREFIX"), where, key, what)
+                other = fh.other(found[0], where, key, what)
+            inner = _resolve(fh, source.dset_name, where, key, start=other)
+            if not hasattr(inner, "shape"):
+                raise ConversionError(f"{key!r}: {what}: not an array", kind="outside_source", path=where)
+            _check_storage(fh, inner, where, key, depth + 1)
+    if plist.get_external_count():
+        for name, _offset, _size in ds.external or ():
+            name = os.fsdecode(name)
+            shown = repr(name) if os.path.isabs(name) else f"{name!r} (relative: read from {os.path.abspath(name)})"
+            what = f"external storage (its raw data in another file) names {shown}"
+            if not fh.allow:
+                raise fh.refused(where, key, what)
+            _existing(_candidates(name, folder, "HDF5_EXTFILE_PREFIX"), where, key, what)
+
+
+def _check_array(fh: _File, group: str, key: str, role: str, where: str, bounded: bool = True):
+    """The dataset at ``group/key``, checked before anything of it is read; returns it.
+
+    ``role``: ``"column"`` (numbers: state, action, a column; read whole), ``"camera"`` (uint8 or
+    uint16 frames ``[T, H, W(, C)]``) or ``"encoded"`` (encoded images: uint8 rows ``[T, N]`` or
+    variable-length bytes). ``bounded``: also check what it claims against ``bounds`` (rows, bytes
+    read whole, bytes of a frame, of a chunk decompressed whole) and that every chunk was written.
+
+    Raises:
+        ConversionError: ``outside_source`` (``_resolve``, ``_check_storage``), ``missing_key``,
+            ``bad_feature`` (not numbers, frames of another dtype, a scalar, values never written:
+            fill values only), ``too_large``; each naming ``where`` and ``key``.
+    """
+    h5py = require("h5py")
+    node = _resolve(fh, f"{group}/{key}" if group else key, where, key)
+    if not isinstance(node, h5py.Dataset):
+        raise ConversionError(f"{key!r} is a group, not an array", kind="missing_key", path=where)
+    _check_storage(fh, node, where, key)
+    shape, dtype = tuple(int(n) for n in node.shape), node.dtype
+    if not shape:
+        raise ConversionError(f"{key!r} is a scalar, not rows (one per step)", kind="bad_feature", path=where)
+    if role == "column":  # numbers, or fixed-size arrays of numbers per cell (read as more axes)
+        bounds.check_numeric(dtype.subdtype[0] if dtype.subdtype else dtype, where, key)
+    elif role == "camera" and dtype != np.uint8 and dtype != np.uint16:
+        raise ConversionError(
+            f"{key!r} holds {dtype} frames; a camera's frames are uint8 (RGB, grey) or uint16 (depth) "
+            "(--cameras leaves a camera out)",
+            kind="bad_feature",
+            path=where,
+        )
+    elif role == "encoded" and not _encoded_dtype(shape, dtype):
+        raise ConversionError(
+            f"{key!r} holds {dtype} {list(shape)}; encoded images (the file's compress attribute) are uint8 rows "
+            "[T, N] or variable-length bytes",
+            kind="bad_feature",
+            path=where,
+        )
+    if bounded:
+        bounds.check_count("rows", shape[0], bounds.MAX_ROWS, where, key)
+        if role == "column":
+            bounds.check_bytes(shape, dtype.itemsize, where, key)
+        else:
+            frame = dtype.itemsize * math.prod(shape[1:])
+            if frame > bounds.MAX_FRAME_BYTES:
+                what = f"a frame of {list(shape[1:])} x {dtype.itemsize} bytes ="
+                raise bounds.too_large(what, frame, bounds.MAX_FRAME_BYTES, where, key)
+        if node.chunks:
+            chunk = dtype.itemsize * math.prod(node.chunks)
+            if chunk > bounds.MAX_ARRAY_BYTES:  # HDF5 decompresses a whole chunk to read one row of it
+                what = f"a chunk of {list(node.chunks)} x {dtype.itemsize} bytes ="
+                raise bounds.too_large(what, chunk, bounds.MAX_ARRAY_BYTES, where, key)
+    if math.prod(shape) and not node.is_virtual:
+        written = node.id.get_storage_size()
+        missing = 0
+        if written and bounded and node.chunks:
+            expected = math.prod(-(-n // c) for n, c in zip(shape, node.chunks, strict=True))
+            missing = expected - node.id.get_num_chunks()
+        if not written or missing > 0:
+            part = "no value" if not written else f"{missing} of its chunks"
+            raise ConversionError(
+                f"{key!r} {list(shape)}: {part} never written; its rows would be the fill value",
+                kind="bad_feature",
+                path=where,
+            )
+    return node
+
+
+def _encoded_dtype(shape: tuple[int, ...], dtype) -> bool:
+    """Encoded image rows: uint8 ``[T, N]``, or ``[T]`` of variable-length bytes, fixed bytes or opaque cells."""
+    h5py = require("h5py")
+    if len(shape) == 2:
+        return dtype == np.uint8
+    if len(shape) != 1:
+        return False
+    vlen = h5py.check_vlen_dtype(dtype)
+    if vlen is not None:
+        return vlen == np.uint8 or vlen in (bytes, str)
+    return dtype.kind in "SV" and dtype.fields is None
+
+
+def _read(ds, where: str, key: str) -> np.ndarray:
+    """A checked dataset read whole; a library's error named (``bounds.reading``)."""
+    with bounds.reading(where, key):
+        return np.asarray(ds[()])
 
 
 @dataclass(frozen=True)
@@ -120,18 +413,36 @@ class HDF5Table(LazyTable):
     layout: _Layout
 
     def load(self) -> LoadedTable:
-        """The rows; ConversionError (``missing_key``, ``length_mismatch``, ``unreadable_file``) naming file and key."""
+        """The rows, after every key of the episode (cameras too) is checked (``_check_array``).
+
+        Raises:
+            ConversionError: naming file and key: ``missing_key``, ``length_mismatch``,
+                ``unreadable_file``, ``outside_source``, ``bad_feature``, ``too_large`` (the arrays
+                read whole together above ``bounds.MAX_ARRAY_BYTES`` too).
+        """
         lay = self.layout
-        with _Opened(lay.file) as h5:
+        where = lay.where()
+        with bounds.reading(where), _File(lay.file, lay.allow_external) as fh:
+            datasets, total = {}, 0
+            for key in dict.fromkeys([*lay.state, *lay.action, *(k for _, k in lay.columns)]):
+                datasets[key] = ds = _check_array(fh, lay.group, key, "column", where)
+                total += ds.dtype.itemsize * math.prod(ds.shape)
+                if total > bounds.MAX_ARRAY_BYTES:
+                    what = "the episode's arrays read whole, up to this one, take"
+                    raise bounds.too_large(what, total, bounds.MAX_ARRAY_BYTES, where, key)
+            for key, role in lay.cameras:
+                _check_array(fh, lay.group, key, role, where)
             columns: dict[str, np.ndarray] = {}
             keys: dict[str, str] = {}
             for name, parts in (("observation.state", lay.state), ("action", lay.action)):
                 if parts:
-                    columns[name] = concat([_read(h5, lay.group, k, lay.file) for k in parts], parts, lay.where())
+                    read = [_read(datasets[k], where, k) for k in parts]
+                    with bounds.reading(where, " + ".join(parts)):
+                        columns[name] = concat(read, parts, where)
                     keys[name] = " + ".join(parts)
             for name, key in lay.columns:
-                columns[name], keys[name] = _read(h5, lay.group, key, lay.file), key
-        table = build_table(columns, lay.fps, lay.where(), keys)
+                columns[name], keys[name] = _read(datasets[key], where, key), key
+            table = build_table(columns, lay.fps, where, keys)
         return LoadedTable(table, [])
 
     def fingerprint(self) -> list:
@@ -153,25 +464,28 @@ class HDF5Frames(FrameReader):
     key: str
     encoded: bool
     estimate: int = 0
+    allow_external: bool = False
 
     def chunks(self) -> Iterator[np.ndarray | list[bytes]]:
-        """``CHUNK_FRAMES`` frames at a time; encoded rows as bytes (zero padding after the image removed)."""
-        with _Opened(self.file) as h5:
-            ds = _dataset(h5, self.group, self.key, self.file)
-            for start in range(0, int(ds.shape[0]), CHUNK_FRAMES):
+        """``CHUNK_FRAMES`` frames at a time; encoded rows as bytes (zero padding after the image removed).
+
+        The array is checked first (``_check_array``: links, storage, dtype, frame and chunk bytes).
+        Raises ConversionError naming file and key (``row``: the first row of a chunk that cannot be read).
+        """
+        where = _where(self.file, self.group)
+        role = "encoded" if self.encoded else "camera"
+        with _File(self.file, self.allow_external) as fh:
+            with bounds.reading(where, self.key):
+                ds = _check_array(fh, self.group, self.key, role, where)
+            n = int(ds.shape[0])
+            for start in range(0, n, CHUNK_FRAMES):
                 try:
-                    rows = ds[start : start + CHUNK_FRAMES]
-                except OSError as exc:
-                    raise ConversionError(
-                        f"cannot read {self.key!r} frames {start}.. (truncated file?): {exc}",
-                        kind="unreadable_file",
-                        path=str(self.file),
-                        row=start,
-                    ) from exc
-                if self.encoded:
-                    yield [_image_bytes(r) for r in rows]
-                else:
-                    yield rows
+                    with bounds.reading(where, self.key):
+                        rows = ds[start : start + CHUNK_FRAMES]
+                        chunk = [_image_bytes(r) for r in rows] if self.encoded else rows
+                except ConversionError as exc:
+                    raise exc.with_context(row=start) from exc.__cause__
+                yield chunk
 
     def fingerprint(self) -> list:
         """File, size, group, key."""
@@ -193,10 +507,12 @@ def _image_bytes(row) -> bytes:
     return bytes(row)
 
 
-def _arrays(h5, group: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Every array under ``group`` (recursively): relative key -> (shape, dtype)."""
+def _arrays(node) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Every array under the group ``node`` reached by hard links (recursively): relative key -> (shape, dtype).
+
+    Soft and external links are not followed (HDF5's object visit walks hard links only).
+    """
     out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-    node = h5[group] if group else h5
 
     def visit(name, obj):
         if hasattr(obj, "shape"):
@@ -204,6 +520,21 @@ def _arrays(h5, group: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
 
     node.visititems(visit)
     return out
+
+
+def _external_links(node) -> list[str]:
+    """The external links under the group ``node`` (hard-linked groups walked), as ``'name' -> file:object``."""
+    h5py = require("h5py")
+    found: list[str] = []
+    if not hasattr(node, "visititems_links"):  # h5py < 3.11
+        return found
+
+    def visit(name, link):
+        if isinstance(link, h5py.ExternalLink):
+            found.append(f"{name!r} -> {link.filename}:{link.path}")
+
+    node.visititems_links(visit)
+    return found
 
 
 def _is_image(shape: tuple[int, ...], dtype) -> bool:
@@ -215,11 +546,22 @@ def _attr_text(value) -> str:
 
 
 def detect(first: FileInput) -> str | None:
-    """``"robomimic"`` (a ``data`` group of ``demo_*``), ``"aloha"`` (``observations`` and ``action``), or None."""
-    with _Opened(first) as h5:
-        if "data" in h5 and any(k.startswith("demo") for k in h5["data"]):
-            return "robomimic"
-        if "observations" in h5 or "action" in h5:
+    """``"robomimic"`` (a ``data`` group of ``demo_*``), ``"aloha"`` (``observations`` and ``action``), or None.
+
+    Reads link names only; a ``data`` that is an external link is refused, never followed.
+
+    Raises:
+        ConversionError: the file cannot be read, or ``data`` links out of it (naming the target).
+    """
+    h5py = require("h5py")
+    where = str(first)
+    with bounds.reading(where), _File(first) as fh:
+        links = fh.h5.id.links
+        if links.exists(b"data"):
+            data = _resolve(fh, "data", where, "data")
+            if isinstance(data, h5py.Group) and any(str(k).startswith("demo") for k in data):
+                return "robomimic"
+        if links.exists(b"observations") or links.exists(b"action"):
             return "aloha"
     return None
 
@@ -306,66 +648,97 @@ def open_hdf5(
     """Describe an ALOHA folder (``kind="aloha"``) or a robomimic/LIBERO file (``"robomimic"``).
 
     Reads the first episode's structure (names, shapes, dtypes: no frames) for the default
-    mapping; every other episode is read by the conversion worker (``HDF5Table``, ``HDF5Frames``).
+    mapping, and checks every key the mapping reads there (``_check_array``; its claims against
+    ``bounds`` are checked by the worker, where a refusal is a skippable episode). Every episode is
+    read by the conversion worker (``HDF5Table``, ``HDF5Frames``), each key checked first.
     ``cameras``: as ``ConvertOptions.cameras``. ``episodes``: indices to describe (None: all).
+    ``options.allow_external``: read external storage, external links and virtual datasets whose
+    targets are regular local files (never for a remote source; never a FIFO, device, /proc, /sys).
 
     Raises:
-        SourceError: no HDF5 file, a file that is not HDF5, no episode, or a mapped key absent from
-            the first episode (naming file and key).
+        SourceError: no HDF5 file, a file that is not HDF5, no episode, or, in the first episode,
+            a mapped key that is absent, names a file outside the source (external storage, an
+            external link, a virtual dataset), holds no numbers where numbers are mapped, frames of
+            another dtype, or fill values only (naming file, key and target).
     """
-    files = source_files(root, SUFFIXES, storage_options)
+    h5py = require("h5py")
+    allow = options.allow_external
+    files = source_files(root, SUFFIXES, storage_options, allow)
     if not files:
         raise SourceError(f"{root}: no HDF5 file ({', '.join(SUFFIXES)})")
     name = name or _source_name(root)
     notes: list[str] = []
     out: list[Episode] = []
-    if kind == "aloha":
-        try:
-            with _Opened(files[0]) as h5:
-                arrays = _arrays(h5, "")
-                compressed = bool(h5.attrs.get("compress", False))
-                task = _attr_text(h5.attrs["language_instruction"]) if "language_instruction" in h5.attrs else None
-        except ConversionError as exc:
-            raise SourceError(str(exc)) from None
-        mapping = options.resolved(_aloha_default(arrays, compressed))
-        groups = [(f, "") for f in files]
-        indices = episode_numbers([str(f) for f in files])
-        robot = "aloha"
-    else:
-        if len(files) != 1:
-            raise SourceError(f"{root}: a robomimic/LIBERO source is one HDF5 file, found {len(files)}")
-        try:
-            with _Opened(files[0]) as h5:
-                demos = sorted((k for k in h5["data"] if k.startswith("demo")), key=natural_key)
+    first = str(files[0])
+    try:
+        with bounds.reading(first), _File(files[0], allow) as fh:
+            if kind == "aloha":
+                node, group = fh.h5["/"], ""
+                arrays = _arrays(node)
+                compressed = bool(fh.h5.attrs.get("compress", False))
+                attrs = dict(fh.h5.attrs)
+                task = _attr_text(attrs["language_instruction"]) if "language_instruction" in attrs else None
+                libero = False
+            else:
+                if len(files) != 1:
+                    raise SourceError(f"{root}: a robomimic/LIBERO source is one HDF5 file, found {len(files)}")
+                data = _resolve(fh, "data", first, "data")
+                if not isinstance(data, h5py.Group):
+                    raise SourceError(f"{first}: 'data' is an array, not a group of demo_* groups")
+                demos = sorted((k for k in data if k.startswith("demo")), key=natural_key)
                 if not demos:
-                    raise SourceError(f"{files[0]}: no data/demo_* group")
-                arrays = _arrays(h5, f"data/{demos[0]}")
-                attrs = dict(h5["data"].attrs)
-                compressed = False
-        except ConversionError as exc:
-            raise SourceError(str(exc)) from None
-        task = None
-        libero = "problem_info" in attrs
-        if libero:
-            try:
-                task = json.loads(_attr_text(attrs["problem_info"])).get("language_instruction")
-            except (ValueError, AttributeError):
-                notes.append(f"{files[0]}: data attribute problem_info is not JSON; no task text")
-        if "language_instruction" in attrs:
-            task = _attr_text(attrs["language_instruction"])
-        mapping = options.resolved(_robomimic_default(arrays, libero))
-        groups = [(files[0], f"data/{d}") for d in demos]
-        indices = episode_numbers(demos)
-        robot = "libero" if libero else "robomimic"
-    where = f"{files[0]}" + (f":{groups[0][1]}" if groups[0][1] else "")
-    for key in [*(mapping.state or ()), *(mapping.action or ()), *(mapping.cameras or {}).values()]:
-        if key not in arrays:
-            raise SourceError(f"{where}: no key {key!r} (keys: {', '.join(sorted(arrays)) or 'none'}); see --mapping")
-    columns, dropped = _plan(arrays, mapping, where)
+                    raise SourceError(f"{first}: no data/demo_* group")
+                bounds.check_count("demo groups", len(demos), bounds.MAX_EPISODES, first, "data")
+                group = f"data/{demos[0]}"
+                node = _resolve(fh, group, first, group)
+                if not isinstance(node, h5py.Group):
+                    raise SourceError(f"{first}: {group!r} is an array, not a group")
+                arrays = _arrays(node)
+                attrs = dict(data.attrs)
+                compressed, task = False, None
+                libero = "problem_info" in attrs
+                if libero:
+                    try:
+                        task = json.loads(_attr_text(attrs["problem_info"])).get("language_instruction")
+                    except (ValueError, AttributeError):
+                        notes.append(f"{first}: data attribute problem_info is not JSON; no task text")
+                if "language_instruction" in attrs:
+                    task = _attr_text(attrs["language_instruction"])
+            where = _where(files[0], group)
+            default = _aloha_default(arrays, compressed) if kind == "aloha" else _robomimic_default(arrays, libero)
+            mapping = options.resolved(default)
+            mapped = [*(mapping.state or ()), *(mapping.action or ()), *(mapping.cameras or {}).values()]
+            for key in [*mapped, *(mapping.columns or {}).values()]:
+                if key not in arrays:  # absent, or reached through a soft link
+                    try:
+                        found = _resolve(fh, f"{group}/{key}" if group else key, where, key)
+                    except _Missing:
+                        if key not in mapped:
+                            continue
+                        keys = ", ".join(sorted(arrays)) or "none"
+                        raise SourceError(f"{where}: no key {key!r} (keys: {keys}); see --mapping") from None
+                    if hasattr(found, "shape"):
+                        arrays[key] = (tuple(found.shape), found.dtype)
+            columns, dropped = _plan(arrays, mapping, where)
+            cams = kept_cameras(mapping.cameras, cameras, str(where))
+            role = "encoded" if compressed else "camera"
+            table_keys = [*(mapping.state or ()), *(mapping.action or ()), *(k for _, k in columns)]
+            for key in dict.fromkeys(table_keys):
+                _check_array(fh, group, key, "column", where, bounded=False)
+            for key in cams.values():
+                _check_array(fh, group, key, role, where, bounded=False)
+            linked = _external_links(node)
+    except ConversionError as exc:
+        raise SourceError(str(exc)) from None
     notes += dropped
+    notes += [
+        f"{where}: {link}: an external link, not followed (refused where a mapped key passes through it)"
+        for link in linked[:_NOTED_LINKS]
+    ]
+    if len(linked) > _NOTED_LINKS:
+        notes.append(f"{where}: {len(linked) - _NOTED_LINKS} more external links, not followed")
     task = mapping.task or task
     fps = float(mapping.fps or (ALOHA_FPS if kind == "aloha" else ROBOMIMIC_FPS))
-    cams = kept_cameras(mapping.cameras, cameras, str(where))
     notes.append(
         f"{kind} mapping: state = {' + '.join(mapping.state or ()) or 'none'}, action = "
         f"{' + '.join(mapping.action or ()) or 'none'}, cameras = "
@@ -373,14 +746,27 @@ def open_hdf5(
         + (" (JPEG bytes, decoded)" if compressed else "")
         + f", {fps:g} fps"
     )
+    if kind == "aloha":
+        groups = [(f, "") for f in files]
+        indices = episode_numbers([str(f) for f in files])
+        robot = "aloha"
+    else:
+        groups = [(files[0], f"data/{d}") for d in demos]
+        indices = episode_numbers(demos)
+        robot = "libero" if libero else "robomimic"
     per_file = size_of(files[0]) // max(1, len(groups)) if kind != "aloha" else 0
+    camera_keys = tuple((key, role) for key in cams.values())
     for index, (file, group) in zip(indices, groups, strict=True):
         if episodes is not None and index not in episodes:
             continue
-        layout = _Layout(file, group, tuple(mapping.state or ()), tuple(mapping.action or ()), columns, fps)
+        layout = _Layout(
+            file, group, tuple(mapping.state or ()), tuple(mapping.action or ()), columns, fps, camera_keys, allow
+        )
         estimate = (size_of(file) if kind == "aloha" else per_file) // max(1, len(cams))
         frames = {
-            cam: CameraFrames(HDF5Frames(file, group, key, compressed, estimate), depth=cam in (mapping.depth or ()))
+            cam: CameraFrames(
+                HDF5Frames(file, group, key, compressed, estimate, allow), depth=cam in (mapping.depth or ())
+            )
             for cam, key in cams.items()
         }
         out.append(
