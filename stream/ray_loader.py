@@ -209,8 +209,10 @@ class RayWindowLoader:
             self.float_keys = sorted(c for c, depth in dataset.layout.depth.items() if not depth)  # model cameras
         options = {"num_cpus": 1, **(actor_options or {}), "max_restarts": max_restarts, "max_task_retries": 0}
         cls = ray.remote(ConsumerActor).options(**options)
-        env = ray.put(storage_env())  # the driver's storage settings, as convert --ray passes them to its tasks
-        self._actors = [cls.remote(w, num_workers, batch_size, None, env) for w in range(num_workers)]
+        # The driver's storage settings, as convert --ray passes them to its tasks; held by the loader,
+        # so an actor Ray restarts gets them again.
+        self._env = ray.put(storage_env())
+        self._actors = [cls.remote(w, num_workers, batch_size, None, self._env) for w in range(num_workers)]
         self._wait_placed(options, placement_timeout_s)
         self._restarts = [0] * num_workers  # per actor, over the loader's life (Ray's max_restarts counts so)
         self._epoch = self.dataset.epoch

@@ -45,7 +45,11 @@ EXAMPLES = {
     "epishard.shardwriter.video.CodecNotCopied": (("no container takes codec x",), dict(kind="codec", episode=1)),
     "epishard.shardwriter.video.FrameTimingError": (("frames without pts",), dict(kind="frame_timing", row=3)),
     "epishard.shardwriter.video._MuxRefused": (("mp4 refused the stream",), {}),
-    "epishard.shardwriter.sources.tfrecord.RecordError": (("record 3: CRC mismatch",), {}),
+    "epishard.shardwriter.sources.tfrecord.RecordError": (
+        ("a varint of 11 bytes",),
+        dict(kind="too_large", feature="a"),
+    ),
+    "epishard.shardwriter.sources.hdf5._Missing": (("no key 'action'",), dict(kind="missing_key", path="/d/e.hdf5")),
     "epishard.stream.decode.DecodeError": (("shard 2 episode 1 camera front: undecodable packet",), {}),
     "epishard.stream.fetch.FetchError": (("shard-000002.tar bytes 10-20: connection reset",), dict(shard=2)),
     "epishard.stream.lerobot_dataset.StatsError": (("stats must be one of ...",), {}),

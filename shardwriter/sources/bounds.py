@@ -39,7 +39,7 @@ MAX_ARRAY_BYTES = 2 << 30  # bytes of one array read whole into memory (an episo
 MAX_FRAME_BYTES = 256 << 20  # bytes of one camera frame (an 8K RGB frame is 100 MB)
 MAX_EPISODES = 10_000_000  # episodes one source may list
 MAX_SPAN_S = 7 * 24 * 3600.0  # seconds one episode may span (MCAP: the row clock is allocated over it)
-MAX_RECORD_BYTES = 2 << 30  # bytes of one TFRecord record (one RLDS episode)
+MAX_RECORD_BYTES = 2 << 30  # bytes of one record (a TFRecord record: one RLDS episode; an MCAP chunk decompressed)
 MAX_VALUES = 256 << 20  # values of one feature in one record (2^28: 1 GiB of float32)
 
 # Paths whose files are the machine's, not a dataset's: refused even when a link is allowed.
