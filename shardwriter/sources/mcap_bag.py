@@ -21,13 +21,29 @@ the ``sensor_msgs/msg/JointState`` topic not named like an action is ``observati
 when present), a topic whose name holds ``action`` or ``command`` (``JointState`` position or
 ``std_msgs/msg/Float64MultiArray`` data) is ``action``. The rate: ``--fps`` (or the mapping's
 ``fps``); without it, the median rate of the slowest camera topic (stated in the notes).
+
+A bag from a stranger is read without trusting what it claims (``bounds``): mcap's library reads
+only the summary section, through a file object whose reads never ask for more than the file
+holds; the messages are read here, chunk by chunk in the order they lie in the file, each chunk's
+offset, lengths and declared size checked against the file and ``bounds.MAX_RECORD_BYTES`` and
+decompressed to at most its declared size. The row clock's span and row count are checked
+(``bounds.MAX_SPAN_S``, ``bounds.MAX_ROWS``) before it is allocated; messages sharing a stamp
+are counted (the first in the bag is used); a camera whose stamps disagree with the bag's order so
+that more than ``HELD_FRAMES`` images would have to be held is refused before any is decoded;
+image sizes, vector lengths and columns are checked (``MAX_FRAME_BYTES``, ``MAX_VALUES``,
+``MAX_ARRAY_BYTES``); every other failure while a bag is read is a named ``ConversionError``
+(``bounds.reading``), and a ``SourceError`` naming the bag at open.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import functools
+import io
 import re
 import struct
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -36,6 +52,7 @@ import pyarrow as pa
 
 from ..episode import CameraFrames, Episode, FileInput, FrameReader, LazyTable, LoadedTable, Source
 from ..errors import ConversionError, SourceError
+from . import bounds
 from .base import (
     Mapping,
     SourceOptions,
@@ -50,10 +67,17 @@ from .base import (
 )
 
 CHUNK_FRAMES = 32
+HELD_FRAMES = CHUNK_FRAMES  # decoded images of a camera held for rows still to come, besides the chunk
 IMAGE_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
 JOINT_TYPE = "sensor_msgs/msg/JointState"
 ARRAY_TYPES = ("std_msgs/msg/Float64MultiArray", "std_msgs/msg/Float32MultiArray")
 _NAME_NOISE = {"image_raw", "compressed", "image", "image_rect_color", "image_color", "color", "rgb"}
+_MAGIC = b"\x89MCAP0\r\n"
+_FOOTER, _MESSAGE, _CHUNK, _DATA_END = 0x02, 0x05, 0x06, 0x0F
+_FOOTER_BYTES = 1 + 8 + 8 + 8 + 4  # opcode, length, summary start, summary offset start, crc
+_INT64 = (1 << 63) - 1
+_PIECE = 64 << 20  # decompressed bytes asked for at once: a chunk's claim is never allocated on its word
+_IMAGE_SLACK = 1 << 20  # an image message's bytes beyond its pixels (header, encoding, frame id)
 
 
 @dataclass(frozen=True)
@@ -68,58 +92,364 @@ class _Plan:
     action: str | None
 
 
-def _reader(f):
-    mcap_reader = require("mcap.reader")
-    decoder = require("mcap_ros2.decoder")
-    return mcap_reader.make_reader(f, decoder_factories=[decoder.DecoderFactory()])
+def _fail(message: str, file: FileInput, kind: str = "unreadable_file", **kw) -> ConversionError:
+    return ConversionError(message, kind=kind, path=str(file), **kw)
 
 
-def _stamp(data: bytes, log_time: int) -> int:
+class _Clamped:
+    """A binary file object whose reads never ask for more than the file has left.
+
+    mcap reads a record by its declared length (``read(length)``), and Python allocates what is
+    asked for before reading: clamped, a forged length costs no more than the file's own bytes.
+    """
+
+    def __init__(self, f, size: int):
+        self._f, self._size = f, size
+
+    def read(self, n: int | None = -1) -> bytes:
+        left = max(0, self._size - self._f.tell())
+        return self._f.read(left if n is None or n < 0 else min(n, left))
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def seekable(self) -> bool:
+        return True
+
+
+class _Bag:
+    """An open bag: its summary (schemas, channels, chunk index) and its messages, read chunk by chunk.
+
+    Every length, offset and size the file states is checked against the file's size and the
+    bounds before anything is read or allocated on its word; chunks are read in the order they lie
+    in the file, one at a time, decompressed to at most their declared size (``bounds.MAX_RECORD_BYTES``).
+    """
+
+    def __init__(self, f, file: FileInput):
+        self.file, self.where = file, str(file)
+        self.size = f.seek(0, io.SEEK_END)
+        self.f = _Clamped(f, self.size)
+        self.summary = self._summary()
+        self._decoders: dict[int, object] = {}
+
+    def _summary(self):
+        records = require("mcap.records")
+        stream_reader = require("mcap.stream_reader")
+        if self.size < 2 * len(_MAGIC) + _FOOTER_BYTES:
+            raise _fail(f"{self.size} bytes: too short for an MCAP file", self.file)
+        self.f.seek(0)
+        head = self.f.read(len(_MAGIC))
+        self.f.seek(self.size - _FOOTER_BYTES - len(_MAGIC))
+        tail = self.f.read(_FOOTER_BYTES + len(_MAGIC))
+        if head != _MAGIC or tail[-len(_MAGIC) :] != _MAGIC or tail[0] != _FOOTER:
+            raise _fail("not an MCAP file (no MCAP magic and footer at its ends; recording killed?)", self.file)
+        (start,) = struct.unpack_from("<Q", tail, 9)
+        if start == 0:
+            return None
+        if not len(_MAGIC) <= start <= self.size - _FOOTER_BYTES - len(_MAGIC):
+            raise _fail(f"the footer puts the summary at offset {start}, past the end of the file", self.file)
+        self.f.seek(start)
+        reader = stream_reader.StreamReader(
+            self.f, skip_magic=True, emit_chunks=True, record_size_limit=bounds.MAX_RECORD_BYTES
+        )
+        schemas, channels, chunks, statistics = {}, {}, [], None
+        for record in reader.records:  # up to the footer: bounded by the file (every read is clamped)
+            if isinstance(record, records.Schema):
+                schemas[record.id] = record
+            elif isinstance(record, records.Channel):
+                channels[record.id] = record
+            elif isinstance(record, records.ChunkIndex):
+                chunks.append(record)
+            elif isinstance(record, records.Statistics):
+                statistics = record
+        return _Summary(schemas, channels, chunks, statistics)
+
+    def messages(self, topics) -> Iterator[tuple[object, int, memoryview]]:
+        """(channel, log time in ns, message bytes) of ``topics``' messages, in the order they lie in the file.
+
+        The bytes are a view into the chunk being read: copy what outlives the next message.
+        """
+        summary = self.summary
+        ids = {cid: c for cid, c in summary.channels.items() if c.topic in topics}
+        if not summary.chunks:  # no chunk index: the data section, record by record
+            yield from self._scan(ids)
+            return
+        wanted = [c for c in summary.chunks if not c.message_index_offsets or ids.keys() & c.message_index_offsets]
+        end = 0
+        for offset in sorted({c.chunk_start_offset for c in wanted}):
+            if offset < end:  # chunks inside chunks would read the same bytes again and again
+                raise _fail(f"the chunk index puts a chunk at offset {offset}, inside the one before it", self.file)
+            data, end = self._chunk(offset)
+            yield from self._in_chunk(data, ids, offset)
+
+    def _scan(self, ids) -> Iterator[tuple[object, int, memoryview]]:
+        pos = len(_MAGIC)
+        while pos + 9 <= self.size:
+            self.f.seek(pos)
+            opcode, length = struct.unpack("<BQ", self.f.read(9))
+            if opcode in (_DATA_END, _FOOTER):
+                return
+            if length > self.size - pos - 9:
+                raise _fail(f"the record at offset {pos} claims {length} bytes, past the end of the file", self.file)
+            if opcode == _CHUNK:
+                data, _ = self._chunk(pos)
+                yield from self._in_chunk(data, ids, pos)
+            elif opcode == _MESSAGE:
+                if length < 22:
+                    raise _fail(f"a message record of {length} bytes at offset {pos}", self.file)
+                (cid,) = struct.unpack("<H", self.f.read(2))
+                if cid in ids:
+                    if length > bounds.MAX_RECORD_BYTES:
+                        raise bounds.too_large(
+                            f"a message of {length} bytes at offset {pos}:", length, bounds.MAX_RECORD_BYTES, self.where
+                        )
+                    body = self.f.read(length - 2)
+                    (log,) = struct.unpack_from("<Q", body, 4)
+                    yield ids[cid], log, memoryview(body)[20:]
+            pos += 9 + length
+
+    def _chunk(self, offset: int) -> tuple[bytes | bytearray, int]:
+        """(the records of the chunk record at ``offset``, decompressed; the offset where it ends)."""
+        if offset > self.size - 41:
+            raise _fail(f"the chunk index puts a chunk at offset {offset}, past the end of the file", self.file)
+        self.f.seek(offset)
+        opcode, length, _, _, usize, _, name_length = struct.unpack("<BQQQQII", self.f.read(41))
+        end = offset + 9 + length
+        if opcode != _CHUNK:
+            raise _fail(f"no chunk at offset {offset} (a record of type {opcode})", self.file)
+        if length > self.size - offset - 9 or name_length > 64:
+            raise _fail(f"the chunk at offset {offset} claims {length} bytes, past the end of the file", self.file)
+        compression = self.f.read(name_length).decode("utf-8", "replace")
+        (stored,) = struct.unpack("<Q", self.f.read(8))
+        if stored > end - self.f.tell():
+            raise _fail(
+                f"the chunk at offset {offset} claims {stored} bytes of records, past the end of the chunk "
+                f"({length} bytes) and of the file",
+                self.file,
+            )
+        if usize > bounds.MAX_RECORD_BYTES:
+            raise _fail(
+                f"the chunk at offset {offset} claims to decompress to {usize} bytes, more than the "
+                f"{bounds.MAX_RECORD_BYTES} a chunk may hold (bounds.MAX_RECORD_BYTES); refused before reading",
+                self.file,
+                kind="too_large",
+            )
+        return _inflate(self.f.read(stored), compression, usize, f"the chunk at offset {offset}", self.file), end
+
+    def _in_chunk(self, data: bytes | bytearray, ids, offset: int) -> Iterator[tuple[object, int, memoryview]]:
+        view, pos, n = memoryview(data), 0, len(data)
+        while pos < n:
+            if pos + 9 > n:
+                raise _fail(f"the chunk at offset {offset} ends inside a record", self.file)
+            opcode, length = struct.unpack_from("<BQ", data, pos)
+            body, pos = pos + 9, pos + 9 + length
+            if pos > n:
+                raise _fail(
+                    f"a record in the chunk at offset {offset} claims {length} bytes, past the end of the chunk",
+                    self.file,
+                )
+            if opcode == _MESSAGE:
+                if length < 22:
+                    raise _fail(f"a message record of {length} bytes in the chunk at offset {offset}", self.file)
+                cid, _, log = struct.unpack_from("<HIQ", data, body)
+                if cid in ids:
+                    yield ids[cid], log, view[body + 22 : pos]
+
+    def decode(self, channel, data: memoryview, k: int):
+        """(decoded message, schema name) of message ``k`` of ``channel``, its size checked first."""
+        schema = self.summary.schemas.get(channel.schema_id)
+        name = schema.name if schema else ""
+        limit = bounds.MAX_FRAME_BYTES + _IMAGE_SLACK if name in IMAGE_TYPES else bounds.MAX_ARRAY_BYTES // 8
+        if len(data) > limit:  # a vector decodes to Python floats first: about 4 times its bytes
+            raise bounds.too_large(
+                f"the bytes of message {k} ({name or 'no schema'})",
+                len(data),
+                limit,
+                self.where,
+                channel.topic,
+            )
+        decoder = self._decoders.get(channel.id)
+        if decoder is None:
+            factory = require("mcap_ros2.decoder").DecoderFactory()
+            decoder = factory.decoder_for(channel.message_encoding, schema)
+            if decoder is None:
+                raise _fail(
+                    f"topic {channel.topic}: messages in {channel.message_encoding!r} of {name or 'no schema'} "
+                    "cannot be decoded (ROS 2 CDR with a ros2msg schema only)",
+                    self.file,
+                )
+            self._decoders[channel.id] = decoder
+        return decoder(bytes(data)), name
+
+
+@dataclass
+class _Summary:
+    schemas: dict
+    channels: dict
+    chunks: list
+    statistics: object
+
+
+def _inflate(data: bytes, compression: str, usize: int, what: str, file: FileInput) -> bytes | bytearray:
+    """``data`` decompressed (zstd, lz4 or none), refused past ``usize`` bytes.
+
+    Decompressed in pieces of at most ``_PIECE`` bytes: what is allocated is what the data holds,
+    never what the header claims (mcap's own reader lets zstd allocate the claim, and lz4 grow
+    without a bound).
+
+    Raises:
+        ConversionError(kind="unreadable_file"): an unknown compression, or more than ``usize`` bytes.
+    """
+    if compression == "":
+        return data
+    try:
+        if compression == "zstd":
+            import zstandard
+
+            piece = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read
+        elif compression == "lz4":
+            import lz4.frame
+
+            decompressor = lz4.frame.LZ4FrameDecompressor()
+
+            pending = [data]
+
+            def piece(n: int) -> bytes:
+                if decompressor.eof:
+                    return b""
+                return decompressor.decompress(pending.pop() if pending else b"", max_length=n)
+        else:
+            raise _fail(f"{what} is compressed with {compression!r} (known: zstd, lz4)", file)
+    except ImportError as exc:
+        raise _fail(f"{what} is compressed with {compression}, whose Python package is missing ({exc})", file) from exc
+    out = bytearray()
+    while len(out) <= usize:
+        more = piece(min(_PIECE, usize + 1 - len(out)))
+        if not more:
+            break
+        out += more
+    if len(out) > usize:
+        raise _fail(f"{what} decompresses to more than the {usize} bytes it declares: refused", file)
+    return out
+
+
+@contextlib.contextmanager
+def _open_bag(file: FileInput) -> Iterator[_Bag]:
+    with open_binary(file) as f:
+        yield _Bag(f, file)
+
+
+def _stamp(data, log_time: int) -> int:
     """A message's time in ns: its header stamp (CDR: 4-byte encapsulation, int32 sec, uint32 nanosec) or log time."""
     if len(data) >= 12:
-        order = "<" if data[1] == 1 else ">"
-        sec, nsec = struct.unpack(order + "iI", data[4:12])
+        order = "<" if data[1] & 1 else ">"  # the encapsulation kind: odd ones are little-endian
+        sec, nsec = struct.unpack_from(order + "iI", data, 4)
         if sec or nsec:
             return sec * 1_000_000_000 + nsec
     return log_time
 
 
-def _fail(message: str, file: FileInput, kind: str = "unreadable_file", **kw) -> ConversionError:
-    return ConversionError(message, kind=kind, path=str(file), **kw)
+def _when(ns: int) -> str:
+    try:
+        return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return "out of calendar range"
 
 
 def _times(plan: _Plan) -> dict[str, np.ndarray]:
-    """Topic -> int64 ns times of its messages, in log-time order (one pass over the bag's records)."""
+    """Topic -> int64 ns times of its messages, in the bag's order (one pass over the bag's chunks).
+
+    Raises:
+        ConversionError: ``missing_key`` (a topic without messages), ``too_large`` (a log time past
+            int64, more than ``bounds.MAX_ROWS`` messages of a topic), ``unreadable_file``.
+    """
     return _times_of(plan, file_stamp(plan.file))
 
 
 @functools.lru_cache(maxsize=2)
 def _times_of(plan: _Plan, stamp: tuple[int, int]) -> dict[str, np.ndarray]:
-    out: dict[str, list[int]] = {t: [] for t in plan.topics}
-    try:
-        with open_binary(plan.file) as f:
-            for _, channel, message in _reader(f).iter_messages(topics=list(plan.topics)):
-                out[channel.topic].append(_stamp(message.data, message.log_time))
-    except ConversionError:
-        raise
-    except Exception as exc:  # mcap's errors (truncated file, bad CRC, bad record) share no base class
-        raise _fail(f"cannot read the bag ({type(exc).__name__}: {exc})", plan.file) from exc
+    out: dict[str, array] = {t: array("q") for t in plan.topics}
+    with bounds.reading(str(plan.file)), _open_bag(plan.file) as bag:
+        if bag.summary is None:
+            raise _fail("the MCAP file has no summary section (not finished writing?); reindex it", plan.file)
+        for channel, log, data in bag.messages(plan.topics):
+            times = out[channel.topic]
+            t = _stamp(data, log)
+            if t > _INT64:
+                raise _fail(
+                    f"topic {channel.topic}: message {len(times)} is stamped {t} ns (its log time; its header "
+                    f"stamp is zero), past the {_INT64} ns (the year 2262) a stamp may be",
+                    plan.file,
+                    kind="too_large",
+                )
+            if len(times) >= bounds.MAX_ROWS:
+                raise _fail(
+                    f"topic {channel.topic} has more than {bounds.MAX_ROWS} messages (bounds.MAX_ROWS)",
+                    plan.file,
+                    kind="too_large",
+                )
+            times.append(t)
     for topic, times in out.items():
         if not times:
             raise _fail(f"topic {topic} has no message in this bag", plan.file, kind="missing_key")
-    return {t: np.asarray(v, dtype=np.int64) for t, v in out.items()}
+    return {t: np.frombuffer(v, dtype=np.int64) for t, v in out.items()}
+
+
+def _distinct(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct stamps ascending, the index of the first message in the bag's order with each)."""
+    order = np.argsort(t, kind="stable")
+    ts = t[order]
+    first = np.ones(ts.size, bool)
+    first[1:] = ts[1:] != ts[:-1]
+    return ts[first], order[first]
 
 
 def _resample(plan: _Plan) -> tuple[np.ndarray, dict[str, np.ndarray], list[dict]]:
-    """(row times in ns, topic -> message index of each row, report entries) of a bag (cached per process)."""
+    """(row times in ns, topic -> message index of each row, report entries) of a bag (cached per process).
+
+    Raises:
+        ConversionError: ``too_large`` (the rows would span more than ``bounds.MAX_SPAN_S`` or
+            number more than ``bounds.MAX_ROWS``: checked before the row clock is allocated),
+            ``length_mismatch`` (no row has every topic), and ``_times``' errors.
+    """
     return _resample_of(plan, file_stamp(plan.file))
+
+
+def _check_span(plan: _Plan, times: dict[str, np.ndarray], start: int, stop: int, period: float) -> int:
+    """The row count of ``[start, stop]`` at ``period`` ns, refused beyond the bounds before it is allocated."""
+    span = (stop - start) / 1e9
+    spans = "; ".join(
+        f"{topic}: {int(t.min())} ns ({_when(int(t.min()))}) to {int(t.max())} ns ({_when(int(t.max()))})"
+        for topic, t in times.items()
+    )
+    if span > bounds.MAX_SPAN_S:
+        raise _fail(
+            f"the rows would run from {start} ns to {stop} ns: {span:.6g} s, more than the {bounds.MAX_SPAN_S:g} s "
+            f"an episode may span (bounds.MAX_SPAN_S; a stamp far from the others, a clock that jumped?); "
+            f"refused before the row clock is allocated ({spans})",
+            plan.file,
+            kind="too_large",
+        )
+    rows = int((stop - start) // period) + 1
+    if rows > bounds.MAX_ROWS:
+        raise _fail(
+            f"{span:.6g} s at {plan.fps:g} fps is {rows} rows, more than the {bounds.MAX_ROWS} an episode may have "
+            f"(bounds.MAX_ROWS); refused before the row clock is allocated ({spans})",
+            plan.file,
+            kind="too_large",
+        )
+    return rows
 
 
 @functools.lru_cache(maxsize=2)
 def _resample_of(plan: _Plan, stamp: tuple[int, int]) -> tuple[np.ndarray, dict[str, np.ndarray], list[dict]]:
     times = _times(plan)
-    start = max(int(t.min()) for t in times.values())
-    stop = min(int(t.max()) for t in times.values())
+    distinct = {topic: _distinct(t) for topic, t in times.items()}
+    start = max(int(d[0][0]) for d in distinct.values())
+    stop = min(int(d[0][-1]) for d in distinct.values())
     if stop < start:
         raise _fail(
             "the mapped topics do not overlap in time: no row can have a message of each",
@@ -127,13 +457,11 @@ def _resample_of(plan: _Plan, stamp: tuple[int, int]) -> tuple[np.ndarray, dict[
             kind="length_mismatch",
         )
     period = 1e9 / plan.fps
-    grid = start + np.round(np.arange(int((stop - start) // period) + 1) * period).astype(np.int64)
+    grid = start + np.round(np.arange(_check_span(plan, times, start, stop, period)) * period).astype(np.int64)
     keep = np.ones(grid.size, bool)
     picks, tolerances = {}, {}
     for topic in plan.topics:
-        t = times[topic]
-        order = np.argsort(t, kind="stable")
-        ts = t[order]
+        ts, first = distinct[topic]
         i = np.clip(np.searchsorted(ts, grid), 1, max(1, ts.size - 1)) if ts.size > 1 else np.zeros(grid.size, int)
         if ts.size > 1:
             left, right = ts[i - 1], ts[i]
@@ -143,7 +471,7 @@ def _resample_of(plan: _Plan, stamp: tuple[int, int]) -> tuple[np.ndarray, dict[
         tol = plan.tolerance * 1e9 if plan.tolerance is not None else max(period, median)
         tolerances[topic] = tol
         keep &= np.abs(grid - nearest) <= tol
-        picks[topic] = (order[i], np.abs(grid - nearest) <= tol, median)
+        picks[topic] = (first[i], np.abs(grid - nearest) <= tol, median)
     notes = []
     rows = grid[keep]
     if not rows.size:
@@ -155,45 +483,69 @@ def _resample_of(plan: _Plan, stamp: tuple[int, int]) -> tuple[np.ndarray, dict[
         index, ok, median = picks[topic]
         out[topic] = index[keep]
         used = out[topic]
+        t = times[topic]
         repeated = int(used.size - np.unique(used).size)
-        unused = int(times[topic].size - np.unique(used).size)
+        unused = int(t.size - np.unique(used).size)
         dropped = int((~ok).sum())
+        shared = int(t.size - distinct[topic][0].size)
+        backwards = int((np.diff(t) < 0).sum())
         rate = 1e9 / median if median else 0.0
+        odd = (
+            f"; {shared} messages share a stamp with an earlier one (the first is used), {backwards} out of stamp order"
+            if shared or backwards
+            else ""
+        )
         notes.append(
             {
                 "kind": "resampled",
                 "row": None,
-                "message": f"{topic}: {times[topic].size} messages at {rate:.2f} Hz -> {rows.size} rows at "
+                "message": f"{topic}: {t.size} messages at {rate:.2f} Hz -> {rows.size} rows at "
                 f"{plan.fps:g} fps: {repeated} rows repeat a message, {unused} messages unused, {dropped} rows "
-                f"dropped (no message within {tolerances[topic] / 1e6:.0f} ms)",
+                f"dropped (no message within {tolerances[topic] / 1e6:.0f} ms){odd}",
             }
         )
     return rows, out, notes
 
 
-def _decoded(plan: _Plan, topic: str) -> Iterator[tuple[int, object, str]]:
-    """(message index, decoded message, schema name) of ``topic`` in log-time order."""
-    try:
-        with open_binary(plan.file) as f:
-            for k, (schema, _, _, decoded) in enumerate(_reader(f).iter_decoded_messages(topics=[topic])):
-                yield k, decoded, schema.name if schema else ""
-    except ConversionError:
-        raise
-    except Exception as exc:
-        raise _fail(f"cannot read topic {topic} ({type(exc).__name__}: {exc})", plan.file) from exc
+def _decoded(plan: _Plan, topic: str, wanted=None) -> Iterator[tuple[int, object, str]]:
+    """(message index, decoded message, schema name) of ``topic`` in the bag's order.
+
+    ``wanted``: a function of the message index; messages it refuses are not decoded.
+    """
+    with _open_bag(plan.file) as bag:
+        if bag.summary is None:
+            raise _fail("the MCAP file has no summary section (not finished writing?); reindex it", plan.file)
+        for k, (channel, _, data) in enumerate(bag.messages((topic,))):
+            if wanted is None or wanted(k):
+                yield k, *bag.decode(channel, data, k)
 
 
-def _vector(msg, schema: str, topic: str, file: FileInput) -> dict[str, np.ndarray]:
-    if schema == JOINT_TYPE:
-        out = {"position": np.asarray(msg.position, np.float64)}
-        for name in ("velocity", "effort"):
-            values = getattr(msg, name)
-            if len(values):
-                out[name] = np.asarray(values, np.float64)
-        return out
-    if schema in ARRAY_TYPES:
-        return {"position": np.asarray(msg.data, np.float64)}
-    raise _fail(f"topic {topic} is {schema}: only JointState and Float64MultiArray give rows", file, kind="bad_feature")
+def _vector(msg, schema: str, topic: str, file: FileInput, k: int) -> dict[str, np.ndarray]:
+    """The float64 vectors of a state or action message: ``position`` (and ``velocity``, ``effort`` when not empty).
+
+    Raises:
+        ConversionError: ``bad_feature`` (another type, a field missing or not numbers),
+            ``too_large`` (a vector of more than ``bounds.MAX_VALUES`` values).
+    """
+    if schema not in (JOINT_TYPE, *ARRAY_TYPES):
+        raise _fail(
+            f"topic {topic} is {schema}: only JointState and Float64MultiArray give rows", file, kind="bad_feature"
+        )
+    names = ("position", "velocity", "effort") if schema == JOINT_TYPE else ("data",)
+    out = {}
+    for name in names:
+        values = getattr(msg, name, None)
+        if values is None or isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+            raise _fail(f"topic {topic} message {k}: a {schema} without a {name} array", file, kind="bad_feature")
+        if name != "position" and name != "data" and not len(values):
+            continue
+        bounds.check_count(f"message {k}: {name} of", len(values), bounds.MAX_VALUES, str(file), topic)
+        try:
+            vector = np.asarray(values, np.float64)
+        except (TypeError, ValueError) as exc:
+            raise _fail(f"topic {topic} message {k}: {name} is not numbers ({exc})", file, kind="bad_feature") from None
+        out["position" if name == "data" else name] = vector.reshape(-1)
+    return out
 
 
 @dataclass(frozen=True)
@@ -203,29 +555,58 @@ class MCAPTable(LazyTable):
     plan: _Plan
 
     def load(self) -> LoadedTable:
-        """The rows; ConversionError (``missing_key``, ``length_mismatch``, ``unreadable_file``) naming the bag."""
+        """The rows, resampled onto the row clock.
+
+        Raises:
+            ConversionError: ``missing_key``, ``length_mismatch``, ``bad_feature``, ``too_large``,
+                ``unreadable_file``, naming the bag and the topic.
+        """
         plan = self.plan
-        rows, picks, notes = _resample(plan)
+        with bounds.reading(str(plan.file)):
+            rows, picks, notes = _resample(plan)
+            counts = {topic: t.size for topic, t in _times(plan).items()}
         columns: dict[str, np.ndarray] = {}
         keys: dict[str, str] = {}
         for out, topic in (("observation.state", plan.state), ("action", plan.action)):
             if topic is None:
                 continue
-            values: dict[str, list] = {}
-            for _, msg, schema in _decoded(plan, topic):
-                for name, v in _vector(msg, schema, topic, plan.file).items():
-                    values.setdefault(name, []).append(v)
-            for name, vs in values.items():
-                if len({v.shape for v in vs}) > 1:
-                    raise _fail(f"topic {topic}: {name} changes length between messages", plan.file, "length_mismatch")
-                column = out if name == "position" else f"observation.{name}"
-                if out == "action" and name != "position":
-                    continue
-                columns[column] = np.stack(vs)[picks[topic]]
-                keys[column] = topic
+            with bounds.reading(str(plan.file), topic):
+                arrays = self._vectors(topic, counts[topic])
+                for name, values in arrays.items():
+                    if out == "action" and name != "position":
+                        continue
+                    column = out if name == "position" else f"observation.{name}"
+                    bounds.check_bytes((rows.size, values.shape[1]), 8, str(plan.file), topic)
+                    columns[column] = values[picks[topic]]
+                    keys[column] = topic
         table = build_table(columns, plan.fps, str(plan.file), keys, times=(rows - rows[0]) / 1e9)
         table = table.append_column("timestamp_ns", pa.array(rows))
         return LoadedTable(table, notes)
+
+    def _vectors(self, topic: str, count: int) -> dict[str, np.ndarray]:
+        """Name -> float64 ``[count, n]`` of ``topic``'s messages, allocated once (``bounds.MAX_ARRAY_BYTES``)."""
+        plan, arrays = self.plan, {}
+        k = -1
+        for k, msg, schema in _decoded(plan, topic):
+            vectors = _vector(msg, schema, topic, plan.file, k)
+            if k == 0:
+                for name, v in vectors.items():
+                    bounds.check_bytes((count, v.size), 8, str(plan.file), topic)
+                    arrays[name] = np.empty((count, v.size), np.float64)
+            for name in sorted(set(arrays) | set(vectors)):
+                got = vectors[name].size if name in vectors else 0
+                want = arrays[name].shape[1] if name in arrays else 0
+                if got != want or k >= count:
+                    raise _fail(
+                        f"topic {topic}: {name} changes length between messages ({want} values in message 0, "
+                        f"{got} in message {k})",
+                        plan.file,
+                        "length_mismatch",
+                    )
+                arrays[name][k] = vectors[name]
+        if k + 1 != count:
+            raise _fail(f"topic {topic}: {k + 1} messages, {count} when the bag was first read", plan.file)
+        return arrays
 
     def fingerprint(self) -> list:
         """Bag, size and plan."""
@@ -238,26 +619,70 @@ class MCAPTable(LazyTable):
 
 
 def _image(msg, schema: str, topic: str, file: FileInput, k: int):
-    if schema.endswith("CompressedImage"):
-        data = bytes(msg.data)
-        png = data.find(b"\x89PNG")  # compressedDepth puts a 12-byte header before its PNG
-        return data[png:] if png > 0 else data
-    enc, h, w = msg.encoding.lower(), int(msg.height), int(msg.width)
-    raw = np.frombuffer(bytes(msg.data), np.uint8)
+    """A camera message as uint8 RGB ``[H, W, 3]``, uint16 ``[H, W]`` (mono16, 16UC1) or encoded bytes.
+
+    Raises:
+        ConversionError: ``bad_image`` (an unknown encoding; a size, step or data that do not hold
+            the image claimed), ``too_large`` (a frame of more than ``bounds.MAX_FRAME_BYTES``).
+    """
+    where = f"topic {topic} message {k}"
     try:
-        if enc in ("mono16", "16uc1"):
-            return raw.view(">u2" if msg.is_bigendian else "<u2").reshape(h, -1)[:, :w].astype(np.uint16)
-        channels = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1, "8uc1": 1, "8uc3": 3}[enc]
-        image = raw.reshape(h, -1)[:, : w * channels].reshape(h, w, channels)
-    except (KeyError, ValueError) as exc:
+        if schema.endswith("CompressedImage"):
+            data = bytes(msg.data)
+            png = data.find(b"\x89PNG")  # compressedDepth puts a 12-byte header before its PNG
+            return data[png:] if png > 0 else data
+        enc, h, w, step = str(msg.encoding).lower(), int(msg.height), int(msg.width), int(msg.step)
+        big, data = bool(msg.is_bigendian), msg.data
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise _fail(f"{where}: not an image {schema} can hold ({exc})", file, kind="bad_image") from None
+    depth = enc in ("mono16", "16uc1")
+    channels = 1 if depth else {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1, "8uc1": 1, "8uc3": 3}.get(enc)
+    if channels is None:
+        raise _fail(f"{where}: a {enc} image cannot be read (known: rgb8, bgr8, rgba8, bgra8, mono8, "
+                    "8UC1, 8UC3, mono16, 16UC1)", file, kind="bad_image")  # fmt: skip
+    pixel = 2 if depth else channels
+    if h <= 0 or w <= 0 or step < w * pixel or h * step > len(data):
         raise _fail(
-            f"topic {topic} message {k}: {enc} image of {w}x{h} cannot be read ({exc})", file, kind="bad_image"
-        ) from exc
+            f"{where}: a {enc} image of {w}x{h} (step {step}) claims {h} x {step} = {h * step} bytes, and "
+            f"{w} x {pixel} bytes a row; its data holds {len(data)} bytes",
+            file,
+            kind="bad_image",
+        )
+    bounds.check_bytes((h, w, 1 if depth else 3), 2 if depth else 1, str(file), topic, bounds.MAX_FRAME_BYTES)
+    rows = np.frombuffer(data, np.uint8, h * step).reshape(h, step)[:, : w * pixel]
+    if depth:
+        return rows.view(">u2" if big else "<u2").astype(np.uint16)
+    image = rows.reshape(h, w, channels)
     if enc.startswith("bgr"):
         image = image[..., [2, 1, 0]]
     if channels == 1:
         image = np.repeat(image, 3, axis=-1)
     return image[..., :3]
+
+
+def _last_use(wanted: np.ndarray) -> np.ndarray:
+    """Message index -> the last row that shows it (-1: none), for ``wanted`` (message per row)."""
+    order = np.arange(wanted.size) if np.all(wanted[1:] >= wanted[:-1]) else np.argsort(wanted, kind="stable")
+    w = wanted[order]
+    ends = np.flatnonzero(np.append(w[1:] != w[:-1], True))  # the last row of each message (sorted)
+    last_use = np.full(int(w[-1]) + 1, -1)
+    last_use[w[ends]] = order[ends]
+    return last_use
+
+
+def _held_peak(wanted: np.ndarray, last_use: np.ndarray) -> int:
+    """The most images streaming in the bag's order must hold at once to give ``wanted`` (message per row).
+
+    Message ``m`` is decoded when read (its index: the bag's order) and held until the rows reach
+    past the last row that shows it, which needs every message up to the running maximum of
+    ``wanted`` there. Integer arithmetic on the message indices: nothing is read.
+    """
+    ready = np.maximum.accumulate(wanted)  # row r can be given once message ready[r] is read
+    used = np.flatnonzero(last_use >= 0)
+    release = ready[last_use[used]]
+    n = last_use.size + 1
+    held = np.cumsum(np.bincount(used, minlength=n) - np.bincount(release + 1, minlength=n))
+    return int(held.max())
 
 
 @dataclass(frozen=True)
@@ -269,26 +694,55 @@ class MCAPFrames(FrameReader):
     estimate: int = 0
 
     def chunks(self) -> Iterator[np.ndarray | list[bytes]]:
-        """``CHUNK_FRAMES`` frames at a time, arrays or encoded images (CompressedImage)."""
-        _, picks, _ = _resample(self.plan)
-        wanted = picks[self.topic]
-        last_use = np.full(int(wanted.max()) + 1, -1)
-        last_use[wanted] = np.arange(wanted.size)  # the last row that shows each message
+        """``CHUNK_FRAMES`` frames at a time, arrays or encoded images (CompressedImage).
+
+        The topic's messages are read once, in the bag's order; an image is decoded only when a row
+        shows it, and held only until the last row that shows it is given (at most ``HELD_FRAMES``
+        besides the chunk).
+
+        Raises:
+            ConversionError: ``too_large`` (the stamps run against the bag's order so that more than
+                ``HELD_FRAMES`` images would be held: refused before any is decoded), ``_image``'s
+                errors, ``unreadable_file`` (a damaged record or message), naming the bag and topic.
+        """
+        with bounds.reading(str(self.plan.file), self.topic):
+            yield from self._chunks()
+
+    def _chunks(self) -> Iterator[np.ndarray | list[bytes]]:
+        plan, topic = self.plan, self.topic
+        _, picks, _ = _resample(plan)
+        wanted = picks[topic]
+        last_use = _last_use(wanted)  # the last row that shows each message
+        peak = _held_peak(wanted, last_use)
+        if peak > HELD_FRAMES:
+            raise _fail(
+                f"topic {topic}: its stamps run against the order of its messages in the bag: {peak} images "
+                f"would have to be held at once to give the rows in stamp order, more than the {HELD_FRAMES} a "
+                "camera may hold; refused before its images are read (docs/sources/mcap.md)",
+                plan.file,
+                kind="too_large",
+            )
         held: dict[int, object] = {}  # decoded messages a row still to come shows
-        row, chunk = 0, []
-        for k, msg, schema in _decoded(self.plan, self.topic):
-            if k >= last_use.size or last_use[k] < row:
-                continue
-            held[k] = _image(msg, schema, self.topic, self.plan.file, k)
+        row = 0
+        chunk = _Chunk(0, min(CHUNK_FRAMES, wanted.size))
+
+        def shown(k: int) -> bool:
+            return k < last_use.size and last_use[k] >= row
+
+        for k, msg, schema in _decoded(plan, topic, shown):
+            held[k] = _image(msg, schema, topic, plan.file, k)
+            del msg
             while row < wanted.size and int(wanted[row]) in held:
-                chunk.append(held[int(wanted[row])])
+                chunk.add(held[int(wanted[row])], row)
                 row += 1
-                if len(chunk) >= CHUNK_FRAMES:
-                    yield _stacked(chunk, row - len(chunk))
-                    chunk = []
+                if chunk.full:
+                    out, chunk = chunk.out(), _Chunk(row, min(CHUNK_FRAMES, wanted.size - row))
+                    yield out
             held = {m: v for m, v in held.items() if last_use[m] >= row}
-        if chunk:
-            yield _stacked(chunk, row - len(chunk))
+            if row >= wanted.size:
+                break
+        if row < wanted.size:
+            raise _fail(f"topic {topic}: the bag ended before row {row}'s message", plan.file)
 
     def fingerprint(self) -> list:
         """Bag, size, plan, topic."""
@@ -300,20 +754,46 @@ class MCAPFrames(FrameReader):
         return self.estimate
 
 
-def _stacked(chunk: list, row: int):
-    if all(isinstance(c, bytes) for c in chunk):
-        return list(chunk)
-    if any(isinstance(c, bytes) for c in chunk):
-        raise ConversionError("a topic mixes encoded and raw images", kind="bad_image", row=row)
-    shapes = [c.shape for c in chunk]
-    bad = next((i for i, s in enumerate(shapes) if s != shapes[0]), None)
-    if bad is not None:
-        raise ConversionError(
-            f"frame is {shapes[bad][1]}x{shapes[bad][0]}, frame {row}'s is {shapes[0][1]}x{shapes[0][0]}",
-            kind="frame_size_changed",
-            row=row + bad,
-        )
-    return np.stack(chunk)
+class _Chunk:
+    """The chunk being filled from row ``first``.
+
+    Encoded images in a list, arrays copied into one ``[size, ...]`` array as they come (so an
+    image no later row shows is freed at once, not held until the chunk is stacked).
+    """
+
+    def __init__(self, first: int, size: int):
+        self.first, self.size, self.n = first, size, 0
+        self.encoded: list[bytes] = []
+        self.frames: np.ndarray | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.n >= self.size
+
+    def add(self, image, row: int) -> None:
+        """Append row ``row``'s image; ConversionError ``bad_image`` / ``frame_size_changed`` naming the row."""
+        encoded = isinstance(image, bytes)
+        if self.n and encoded != (self.frames is None):
+            raise ConversionError("a topic mixes encoded and raw images", kind="bad_image", row=row)
+        if encoded:
+            self.encoded.append(image)
+        elif self.n == 0:
+            self.frames = np.empty((self.size, *image.shape), image.dtype)
+            self.frames[0] = image
+        elif image.shape != self.frames.shape[1:] or image.dtype != self.frames.dtype:
+            first = self.frames.shape[1:]
+            raise ConversionError(
+                f"frame is {image.shape[1]}x{image.shape[0]} {image.dtype}, frame {self.first}'s is "
+                f"{first[1]}x{first[0]} {self.frames.dtype}",
+                kind="frame_size_changed",
+                row=row,
+            )
+        else:
+            self.frames[self.n] = image
+        self.n += 1
+
+    def out(self) -> np.ndarray | list[bytes]:
+        return self.encoded if self.frames is None else self.frames
 
 
 def _camera_name(topic: str) -> str:
@@ -322,10 +802,16 @@ def _camera_name(topic: str) -> str:
 
 
 def _summary(file: FileInput) -> tuple[dict[str, str], dict[str, int]]:
-    """(topic -> schema name, topic -> message count) from the bag's summary section."""
+    """(topic -> schema name, topic -> message count) from the bag's summary section.
+
+    Raises:
+        SourceError: not a readable MCAP file, or one without a summary section, naming it.
+    """
     try:
-        with open_binary(file) as f:
-            summary = _reader(f).get_summary()
+        with _open_bag(file) as bag:
+            summary = bag.summary
+    except (ConversionError, SourceError) as exc:
+        raise SourceError(f"{file}: not a readable MCAP file ({getattr(exc, 'detail', exc)})") from None
     except Exception as exc:
         raise SourceError(f"{file}: not a readable MCAP file ({type(exc).__name__}: {exc})") from exc
     if summary is None:
@@ -335,8 +821,40 @@ def _summary(file: FileInput) -> tuple[dict[str, str], dict[str, int]]:
     counts = {}
     if summary.statistics is not None:
         for cid, n in summary.statistics.channel_message_counts.items():
-            counts[summary.channels[cid].topic] = n
+            if cid in summary.channels:
+                counts[summary.channels[cid].topic] = n
     return topics, counts
+
+
+def _rate(file: FileInput, cams: dict[str, str], root: str) -> float:
+    """The slowest camera topic's median rate in the first bag (its distinct stamps), rounded to 0.01 Hz.
+
+    Raises:
+        SourceError: no camera topic with two distinct stamps, a rate that rounds to 0, or the
+            bag cannot be read, naming the bag and the topics.
+    """
+    rates, lacking = [], []
+    for topic in cams.values():
+        try:
+            times = _times(_Plan(file, 1.0, None, (topic,), None, None))[topic]
+        except ConversionError as exc:
+            raise SourceError(f"{file}: {exc.detail}") from None
+        stamps = np.unique(times)
+        if stamps.size > 1:
+            rates.append((1e9 / float(np.median(np.diff(stamps))), topic))
+        else:
+            lacking.append(f"{topic}: {times.size} messages, all stamped {int(stamps[0])} ns")
+    if not rates:
+        if not lacking:
+            raise SourceError(f"{root}: no camera topic to take a rate from; pass --fps")
+        raise SourceError(f"{file}: no camera topic to take a rate from ({'; '.join(lacking)}); pass --fps")
+    rate, topic = min(rates)
+    if round(rate, 2) <= 0:
+        raise SourceError(
+            f"{file}: the slowest camera topic {topic} has a median rate of {rate:.3g} Hz, which rounds to 0; "
+            "pass --fps"
+        )
+    return round(rate, 2)
 
 
 def _default(topics: dict[str, str]) -> Mapping:
@@ -368,7 +886,7 @@ def open_mcap(
         SourceError: no ``.mcap`` file, one without a summary, a mapped topic the first bag lacks,
             more than one topic for ``state`` or ``action``, or no rate to resample to.
     """
-    files = source_files(root, (".mcap",), storage_options)
+    files = source_files(root, (".mcap",), storage_options, allow_external=options.allow_external)
     if not files:
         raise SourceError(f"{root}: no MCAP file (*.mcap)")
     topics, counts = _summary(files[0])
@@ -385,14 +903,7 @@ def open_mcap(
     fps = mapping.fps
     how = "given"
     if fps is None:
-        rates = []
-        for topic in cams.values():
-            times = _times(_Plan(files[0], 1.0, None, (topic,), None, None))[topic]
-            if times.size > 1:
-                rates.append(1e9 / float(np.median(np.diff(np.sort(times)))))
-        if not rates:
-            raise SourceError(f"{root}: no camera topic to take a rate from; pass --fps")
-        fps, how = round(min(rates), 2), "the slowest camera topic's median rate (pass --fps to choose)"
+        fps, how = _rate(files[0], cams, root), "the slowest camera topic's median rate (pass --fps to choose)"
     state = (mapping.state or (None,))[0]
     action = (mapping.action or (None,))[0]
     used = sorted({*cams.values(), *(t for t in (state, action) if t)})
