@@ -23,15 +23,19 @@ unless ``--fps`` (TFDS does not record the rate).
 from __future__ import annotations
 
 import functools
-import json
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from epishard.format import untrusted
+from epishard.format.storage import RemoteFile, local_path
+
 from ..episode import CameraFrames, Episode, FileInput, FrameReader, LazyTable, LoadedTable, Source
 from ..errors import ConversionError, SourceError
+from . import bounds
 from .base import (
     Mapping,
     SourceOptions,
@@ -44,31 +48,85 @@ from .base import (
     size_of,
     source_files,
 )
-from .tfrecord import RecordError, parse_example, read_record, scan
+from .tfrecord import BytesValues, RecordError, parse_example, read_record, scan
 
 DEFAULT_FPS = 10.0
 CHUNK_FRAMES = 32
 _IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8")
 
 
-def _walk(node: dict, path: str, out: dict) -> None:
-    """features.json (TFDS's FeaturesDict proto as JSON) -> ``{path: {"kind", "shape", "dtype"}}``."""
+# TFDS tensor dtypes read as numbers; "string" is text; any other is kept out unless mapped (refused then).
+_NUMERIC = frozenset(
+    ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64")
+)
+_MAX_DIM = 1 << 31  # one dimension of a declared shape (-1: unknown)
+
+
+def _spec_error(where: str, at: str, what: str) -> SourceError:
+    return SourceError(f"{where}: {at or '(the top)'}: {what}; not a TFDS features.json this reader can use")
+
+
+def _object(node: object, where: str, at: str) -> dict:
     if not isinstance(node, dict):
-        return
-    if "featuresDict" in node:
-        for name, child in node["featuresDict"].get("features", {}).items():
-            _walk(child, f"{path}/{name}" if path else name, out)
-    elif "sequence" in node:
-        _walk(node["sequence"].get("feature", {}), path, out)
-    elif "image" in node:
-        spec = node["image"]
-        dims = [int(d) for d in spec.get("shape", {}).get("dimensions", [])]
-        out[path] = {"kind": "image", "shape": dims, "dtype": spec.get("dtype", "uint8")}
-    elif "tensor" in node:
-        spec = node["tensor"]
-        dims = [int(d) for d in spec.get("shape", {}).get("dimensions", [])]
-        out[path] = {"kind": "tensor", "shape": dims, "dtype": spec.get("dtype", "float32")}
-    elif "text" in node:
+        raise _spec_error(where, at, f"an object expected, found {type(node).__name__}")
+    return node
+
+
+def _join(at: str, name: str) -> str:
+    return f"{at}.{name}" if at else name
+
+
+def _dims(node: object, where: str, at: str) -> list[int]:
+    """A TFDS shape (``{"dimensions": ["3", "-1"]}``) as ints, each -1 (unknown) to 2^31."""
+    spec = _object(node, where, at)
+    dims = spec.get("dimensions", [])
+    if not isinstance(dims, list):
+        raise _spec_error(where, _join(at, "dimensions"), f"a list expected, found {type(dims).__name__}")
+    out = []
+    for i, d in enumerate(dims):
+        try:
+            if isinstance(d, bool) or not isinstance(d, (int, str)):
+                raise ValueError
+            n = int(d)
+        except ValueError:
+            raise _spec_error(where, f"{_join(at, 'dimensions')}[{i}]", f"{str(d)[:40]!r} is not a dimension") from None
+        if not -1 <= n <= _MAX_DIM:
+            raise _spec_error(where, f"{_join(at, 'dimensions')}[{i}]", f"dimension {n} is not -1 (unknown) to 2^31")
+        out.append(n)
+    return out
+
+
+def _walk(node: object, path: str, out: dict, where: str, at: str = "") -> None:
+    """features.json (TFDS's FeaturesDict proto as JSON) -> ``{path: {"kind", "shape", "dtype"}}``.
+
+    ``kind``: ``image``, ``tensor`` (a numeric dtype), ``text`` (Text, or a ``string`` tensor) or
+    ``unsupported`` (another dtype). Nesting is bounded by the JSON's (``untrusted.loads``).
+
+    Raises:
+        SourceError: an entry of the wrong type (an object, a list, a dimension, a dtype), naming
+            ``where`` (the file) and the entry's JSON path (``at``).
+    """
+    obj = _object(node, where, at)
+    if "featuresDict" in obj:
+        at = _join(at, "featuresDict")
+        features = _object(_object(obj["featuresDict"], where, at).get("features", {}), where, _join(at, "features"))
+        for name, child in features.items():
+            _walk(child, f"{path}/{name}" if path else name, out, where, _join(_join(at, "features"), name))
+    elif "sequence" in obj:
+        at = _join(at, "sequence")
+        _walk(_object(obj["sequence"], where, at).get("feature", {}), path, out, where, _join(at, "feature"))
+    elif "image" in obj or "tensor" in obj:
+        kind = "image" if "image" in obj else "tensor"
+        at = _join(at, kind)
+        spec = _object(obj[kind], where, at)
+        dims = _dims(spec.get("shape", {}), where, _join(at, "shape"))
+        dtype = spec.get("dtype", "uint8" if kind == "image" else "float32")
+        if not isinstance(dtype, str):
+            raise _spec_error(where, _join(at, "dtype"), f"a dtype name expected, found {type(dtype).__name__}")
+        if kind == "tensor" and dtype not in _NUMERIC:
+            kind = "text" if dtype == "string" else "unsupported"
+        out[path] = {"kind": kind, "shape": dims, "dtype": dtype[:40]}
+    elif "text" in obj:
         out[path] = {"kind": "text", "shape": [], "dtype": "string"}
 
 
@@ -79,6 +137,7 @@ class _Record:
     file: FileInput
     offset: int
     length: int
+    index: int = 0  # the record's number in its file
     problem: str | None = None  # the scan stopped here: reading it is an error naming the file
 
 
@@ -110,18 +169,22 @@ def _example_of(record: _Record, stamp: tuple[int, int]) -> dict:
     where = str(record.file)
     if record.problem is not None:
         raise ConversionError(record.problem, kind="unreadable_file", path=where)
-    try:
-        with open_binary(record.file) as f:
-            data = read_record(f, record.offset, record.length)
-        return parse_example(data)
-    except (RecordError, OSError) as exc:
-        raise ConversionError(str(exc), kind="unreadable_file", path=where) from exc
+    at = f"record {record.index} at byte {record.offset}"
+    with bounds.reading(where, at):  # OSError, MemoryError: named, skippable
+        try:
+            with open_binary(record.file) as f:
+                data = read_record(f, record.offset, record.length)
+            return parse_example(data)
+        except RecordError as exc:  # names the feature where one is concerned
+            raise ConversionError(f"{at}: {exc}", kind=exc.kind, path=where) from exc
 
 
 def _steps(example: dict, where: str) -> int:
     for key in ("steps/is_first", "steps/is_last", "steps/action"):
         if key in example:
-            return len(example[key][1])
+            steps = len(example[key][1])
+            bounds.check_count("steps", steps, bounds.MAX_ROWS, where, key)
+            return steps
     raise ConversionError("no steps/is_first, steps/is_last or steps/action feature", kind="missing_key", path=where)
 
 
@@ -132,33 +195,73 @@ def _get(example: dict, key: str, where: str):
     return example[full]
 
 
+def _tensor_bytes(values, name: str, shape: tuple[int, ...] | None, dtype: str, steps: int, where: str) -> np.ndarray:
+    """A tensor stored as its bytes, one value per step (TFDS ``encoding: bytes``), as a flat array.
+
+    Each step's bytes must be the declared shape's (or, the shape unknown, all the same size, a
+    multiple of the dtype's). Raises ConversionError ``length_mismatch`` naming the step.
+    """
+    item = np.dtype(dtype).itemsize
+    sizes = values.sizes() if isinstance(values, BytesValues) else np.asarray([len(v) for v in values], np.int64)
+    if len(sizes) != steps:
+        raise ConversionError(f"{name} holds {len(sizes)} values for {steps} steps", kind="length_mismatch", path=where)
+    if not steps:
+        return np.zeros(0, dtype)
+    full = shape if shape is not None and -1 not in shape else None  # the declared shape, when complete
+    per = item * math.prod(full) if full is not None else int(sizes[0])
+    bad = np.flatnonzero(sizes != per)
+    if len(bad) or per % item:
+        row = int(bad[0]) if len(bad) else 0
+        said = (
+            f"{list(full)} of {dtype} is {per} bytes"
+            if full is not None
+            else f"step 0 holds {per} ({dtype}: {item} bytes each)"
+        )
+        raise ConversionError(
+            f"{name} holds {int(sizes[row])} bytes at step {row}; {said}", kind="length_mismatch", path=where, row=row
+        )
+    bounds.check_bytes((steps, per), 1, where, name)
+    return np.frombuffer(b"".join(values), dtype=dtype)
+
+
 def _numbers(example: dict, key: str, spec: _Spec, steps: int, where: str) -> np.ndarray:
-    """A per-step numeric feature as ``[steps, *shape]`` in its declared dtype."""
+    """A per-step numeric feature as ``[steps, *shape]`` in its declared dtype.
+
+    Raises ConversionError: ``bad_feature`` (bytes without a declared numeric dtype),
+    ``length_mismatch`` (values that do not fill ``steps`` x the declared shape).
+    """
     kind, values = _get(example, key, where)
+    name = f"steps/{key}"
     declared = spec.feature(key)
     if declared is not None and not declared[2]:  # no features.json: the shape is inferred below
         declared = None
-    shape = tuple(declared[1]) if declared else ()
+    shape = tuple(declared[1]) if declared else None
     dtype = declared[2] if declared else None
+    if dtype is not None and dtype not in _NUMERIC:
+        raise ConversionError(f"{name} is declared {dtype}, not numbers", kind="bad_feature", path=where)
     if kind == "bytes":  # a tensor stored as its bytes, one per step
         if dtype is None:
-            raise ConversionError(f"steps/{key} holds bytes, not numbers", kind="bad_feature", path=where)
-        array = np.stack([np.frombuffer(v, dtype=np.dtype(dtype)) for v in values]) if values else np.zeros(0)
+            raise ConversionError(f"{name} holds bytes, not numbers", kind="bad_feature", path=where)
+        array = _tensor_bytes(values, name, shape, dtype, steps, where)
     else:
         array = np.asarray(values)
-    if declared is None:
+    if shape is None:
         width = array.size // steps if steps else 0
         shape = (width,) if width != 1 else ()
-    need = steps * int(np.prod(shape)) if shape else steps
-    if array.size != need:
+    if -1 in shape:  # one unknown dimension: from the count (as numpy's reshape)
+        known = steps * math.prod(d for d in shape if d != -1)
+        if shape.count(-1) == 1 and known and array.size % known == 0:
+            shape = tuple(array.size // known if d == -1 else d for d in shape)
+    need = steps * math.prod(shape)
+    if array.size != need or -1 in shape:
         raise ConversionError(
-            f"steps/{key} holds {array.size} values; {steps} steps of {list(shape)} need {need}",
+            f"{name} holds {array.size} values; {steps} steps of {list(shape)} need {need}",
             kind="length_mismatch",
             path=where,
         )
     array = array.reshape((steps, *shape))
-    if dtype and dtype != "string" and np.dtype("bool" if dtype == "bool" else dtype) != array.dtype:
-        array = array.astype("bool" if dtype == "bool" else dtype)
+    if dtype and np.dtype(dtype) != array.dtype:
+        array = array.astype(dtype)
     return array
 
 
@@ -166,8 +269,12 @@ def _check_flags(example: dict, steps: int, where: str) -> None:
     for key, row in (("steps/is_first", 0), ("steps/is_last", steps - 1)):
         if key not in example:
             continue
-        flags = np.asarray(example[key][1]).astype(bool)
-        bad = [r for r in range(steps) if flags[r] != (r == row)] if flags.size == steps else [0]
+        kind, values = example[key]
+        if kind == "bytes":
+            raise ConversionError(f"{key} holds bytes, not flags", kind="bad_feature", path=where)
+        flags = np.asarray(values).astype(bool)
+        expected = np.arange(steps) == row
+        bad = np.flatnonzero(flags != expected).tolist()[:1] if flags.size == steps else [0]
         if bad:
             raise ConversionError(
                 f"{key} is set at rows {np.flatnonzero(flags).tolist()[:5]}: an episode's record must have it "
@@ -189,9 +296,15 @@ class RLDSTable(LazyTable):
     def load(self) -> LoadedTable:
         """The rows. Raises ConversionError naming file and key.
 
-        Kinds: ``missing_key``, ``length_mismatch``, ``bad_episode_flags``, ``unreadable_file``.
+        Kinds: ``missing_key``, ``length_mismatch``, ``bad_episode_flags``, ``bad_feature``,
+        ``too_large``, ``unreadable_file`` (also any library error while the record is read:
+        ``bounds.reading``).
         """
         where = f"{self.record.file} (record {self.episode})"
+        with bounds.reading(where):
+            return self._rows(where)
+
+    def _rows(self, where: str) -> LoadedTable:
         example = _example(self.record)
         steps = _steps(example, where)
         _check_flags(example, steps, where)
@@ -207,13 +320,13 @@ class RLDSTable(LazyTable):
         notes, tasks = [], ()
         if spec.language:
             kind, values = _get(example, spec.language, where)
-            texts = [v.decode("utf-8", "replace") for v in values] if kind == "bytes" else []
-            if len(texts) != steps:
+            if kind != "bytes" or len(values) != steps:
                 raise ConversionError(
-                    f"steps/{spec.language} holds {len(texts)} texts for {steps} steps",
+                    f"steps/{spec.language} holds {len(values) if kind == 'bytes' else 0} texts for {steps} steps",
                     kind="length_mismatch",
                     path=where,
                 )
+            texts = [v.decode("utf-8", "replace") for v in values]
             columns["language_instruction"] = np.asarray(texts, dtype=object)
             keys["language_instruction"] = f"steps/{spec.language}"
             distinct = list(dict.fromkeys(texts))
@@ -243,7 +356,7 @@ class RLDSTable(LazyTable):
 
 @dataclass(frozen=True)
 class RLDSFrames(FrameReader):
-    """One camera's frames from its record: encoded images (or uint8 tensors) per step."""
+    """One camera's frames from its record: encoded images (or raw tensors of ``shape``) per step."""
 
     record: _Record
     key: str
@@ -251,20 +364,40 @@ class RLDSFrames(FrameReader):
     encoded: bool = True
     episode: int = 0
     estimate: int = field(default=0, compare=False)
+    dtype: str = "uint8"
 
     def chunks(self) -> Iterator[np.ndarray | list[bytes]]:
-        """``CHUNK_FRAMES`` images at a time."""
+        """``CHUNK_FRAMES`` images at a time: encoded bytes, or ``[n, *shape]`` arrays of raw tensors.
+
+        Raises ConversionError: ``bad_image`` (numbers where images are mapped, a raw frame whose
+        bytes are not its shape's, naming the row), or the record's errors (``_example``).
+        """
         where = f"{self.record.file} (record {self.episode})"
-        example = _example(self.record)
-        kind, values = _get(example, self.key, where)
-        if kind != "bytes":
-            raise ConversionError(f"steps/{self.key} holds numbers, not images", kind="bad_image", path=where)
-        for start in range(0, len(values), CHUNK_FRAMES):
-            part = values[start : start + CHUNK_FRAMES]
-            if self.encoded:
-                yield part
-            else:
-                yield np.stack([np.frombuffer(v, np.uint8).reshape(self.shape) for v in part])
+        name = f"steps/{self.key}"
+        with bounds.reading(where, name):
+            example = _example(self.record)
+            kind, values = _get(example, self.key, where)
+            if kind != "bytes":
+                raise ConversionError(f"{name} holds numbers, not images", kind="bad_image", path=where)
+            if not self.encoded:
+                per = math.prod(self.shape) * np.dtype(self.dtype).itemsize
+                sizes = values.sizes() if isinstance(values, BytesValues) else np.asarray([len(v) for v in values])
+                bad = np.flatnonzero(sizes != per)
+                if len(bad):
+                    row = int(bad[0])
+                    raise ConversionError(
+                        f"{name} holds {int(sizes[row])} bytes at step {row}; a frame of {list(self.shape)} "
+                        f"{self.dtype} is {per}",
+                        kind="bad_image",
+                        path=where,
+                        row=row,
+                    )
+            for start in range(0, len(values), CHUNK_FRAMES):
+                part = values[start : start + CHUNK_FRAMES]
+                if self.encoded:
+                    yield part
+                else:
+                    yield np.stack([np.frombuffer(v, self.dtype).reshape(self.shape) for v in part])
 
     def fingerprint(self) -> list:
         """File, size, offset, key."""
@@ -275,12 +408,26 @@ class RLDSFrames(FrameReader):
         return self.estimate
 
 
-def _read_json(file: FileInput) -> dict:
+def _read_json(file: FileInput, root: str) -> object:
+    """A metadata file of the source (``features.json``), confined to its folder, parsed within bounds.
+
+    ``untrusted`` bounds its size and nesting.
+
+    Raises:
+        SourceError: a link out of the folder or to a special file (refused unread, even with
+            ``allow_external``), a file too large, not JSON, or nested too deep; naming the file.
+    """
+    where = str(file)
     try:
-        with open_binary(file) as f:
-            return json.loads(f.read(16 << 20))
-    except (OSError, ValueError) as exc:
-        raise SourceError(f"{file}: cannot read it as JSON ({exc})") from exc
+        if isinstance(file, RemoteFile):
+            with open_binary(file) as f:
+                data = f.read(untrusted.MAX_JSON_BYTES + 1)
+        else:
+            path = bounds.confine(str(file), local_path(root), where)
+            data = untrusted.read_local(path, where, SourceError)
+    except OSError as exc:
+        raise SourceError(f"{file}: cannot be read ({exc.strerror or exc})") from None
+    return untrusted.loads(data, where, SourceError)
 
 
 def _default(features: dict, example: dict) -> tuple[Mapping, dict, str | None]:
@@ -319,6 +466,50 @@ def _default(features: dict, example: dict) -> tuple[Mapping, dict, str | None]:
     )
 
 
+def _check_mapped(mapping: Mapping, steps: dict, where: str, declared: bool) -> None:
+    """Refuse at open what cannot be what it is mapped as.
+
+    Text, images or a non-numeric tensor as state, action or a column; text (declared in
+    ``features.json``) as a camera; a raw camera tensor without a full shape, or whose frame is
+    above ``bounds.MAX_FRAME_BYTES``.
+
+    Raises ConversionError (``bad_feature``, ``too_large``) naming ``where`` and the key.
+    """
+    numbers = [("state", k) for k in mapping.state or ()] + [("action", k) for k in mapping.action or ()]
+    numbers += [(f"column {c}", k) for c, k in (mapping.columns or {}).items()]
+    for role, key in numbers:
+        spec = steps.get(key)
+        if spec is None:  # a column the first record lacks: missing_key at its episode
+            continue
+        if spec["kind"] != "tensor":
+            what = {"text": "text", "image": "images"}.get(spec["kind"], f"a tensor of {spec.get('dtype')}")
+            source = "features.json" if declared else "the first record"
+            raise ConversionError(
+                f"steps/{key} holds {what} ({source}), mapped as {role}: state, action and columns must be numbers",
+                kind="bad_feature",
+                path=where,
+            )
+    for camera, key in (mapping.cameras or {}).items():
+        spec = steps.get(key, {})
+        if declared and spec.get("kind") in ("text", "unsupported"):
+            raise ConversionError(
+                f"steps/{key} is declared {spec.get('dtype')} in features.json, mapped as camera {camera}",
+                kind="bad_feature",
+                path=where,
+            )
+        if spec.get("kind") == "tensor":  # raw frames: their size is known before any is read
+            shape = tuple(spec.get("shape", ()))
+            if len(shape) not in (2, 3) or any(d < 1 for d in shape):
+                raise ConversionError(
+                    f"steps/{key} (camera {camera}) is a raw tensor of shape {list(shape)}: a camera needs "
+                    "[height, width] or [height, width, channels]",
+                    kind="bad_feature",
+                    path=where,
+                )
+            item = np.dtype(spec.get("dtype") or "uint8").itemsize
+            bounds.check_bytes(shape, item, where, f"steps/{key}", limit=bounds.MAX_FRAME_BYTES)
+
+
 def open_rlds(
     root: str,
     options: SourceOptions,
@@ -328,29 +519,45 @@ def open_rlds(
 ) -> Source:
     """Describe an RLDS folder (or one TFRecord file): scans the record headers, parses the first record.
 
+    The files come from ``source_files`` (``options.allow_external``: TFRecord files linked in from
+    outside the folder are read; special files never). ``features.json`` is read only from inside
+    the folder, whatever ``allow_external`` says (``bounds.confine``), within ``untrusted``'s
+    bounds; ``dataset_info.json`` is not read.
+
     Raises:
-        SourceError: no TFRecord file, an unreadable ``features.json``, a first record that does
-            not parse, or a mapped key the features do not have (naming file and key).
+        SourceError: no TFRecord file, a file refused (a link out of the folder, a FIFO, a device,
+            ``/proc``), a ``features.json`` that is not JSON, too large or deep, or of mistyped
+            entries (naming its JSON path), more records than ``bounds.MAX_EPISODES``, no first
+            record that parses, or a mapped key the features do not have (naming file and key).
+        ConversionError: ``bad_feature`` for text, images or a non-numeric tensor mapped as
+            state, action or a column (or text as a camera), ``too_large`` for a raw camera frame
+            above ``bounds.MAX_FRAME_BYTES``; naming the file (``features.json``, or the first
+            record's) and the key.
     """
-    everything = source_files(root, ("",), storage_options)
+    everything = source_files(root, ("",), storage_options, options.allow_external)
     files = [f for f in everything if ".tfrecord" in os.path.basename(str(f))]
     if not files:
         raise SourceError(f"{root}: no TFRecord file (*.tfrecord*)")
     info = [f for f in everything if os.path.basename(str(f)) == "features.json"]
     features: dict = {}
     if info:
-        _walk(_read_json(info[0]), "", features)
+        _walk(_read_json(info[0], root), "", features, str(info[0]))
     notes: list[str] = []
     records: list[_Record] = []
     for file in files:
         try:
             with open_binary(file) as f:
-                found, problem = scan(f)
+                found, problem = scan(f, bounds.MAX_EPISODES - len(records))
         except OSError as exc:
             raise SourceError(f"{file}: cannot be read ({exc})") from exc
-        records += [_Record(file, o, n) for o, n in found]
+        records += [_Record(file, o, n, i) for i, (o, n) in enumerate(found)]
+        if len(records) > bounds.MAX_EPISODES:
+            raise SourceError(
+                f"{file}: more than {bounds.MAX_EPISODES} records (episodes) in the source, more than a source may "
+                "list (bounds.MAX_EPISODES): refused"
+            )
         if problem is not None:  # the conversion names it at this episode (--on-error skip: counted)
-            records.append(_Record(file, found[-1][0] if found else 0, 0, f"{problem}"))
+            records.append(_Record(file, found[-1][0] if found else 0, 0, len(found), f"{problem}"))
             notes.append(f"{file}: {problem}")
     if not records:
         raise SourceError(f"{root}: the TFRecord files hold no record")
@@ -372,6 +579,8 @@ def open_rlds(
                 f"{first.file if first else root}: no feature steps/{key} (features: "
                 f"{', '.join(sorted(steps))}); see --mapping"
             )
+    declared = any(k.startswith("steps/") for k in features)
+    _check_mapped(mapping, steps, str(info[0]) if declared else str(first.file), declared)
     used = set(mapping.state or ()) | set(mapping.action or ()) | set((mapping.cameras or {}).values())
     used |= set((mapping.columns or {}).values()) | {"is_first", "is_last"} | ({language} if language else set())
     columns = list((mapping.columns or {}).items())
@@ -404,9 +613,15 @@ def open_rlds(
             continue
         frames = {}
         for cam, key in cams.items():
-            kind, shape, _ = spec.feature(key) or ("image", (), "")
+            kind, shape, dtype = spec.feature(key) or ("image", (), "")
             reader = RLDSFrames(
-                record, key, tuple(shape), kind == "image", index, 4 * record.length // max(1, len(cams))
+                record,
+                key,
+                tuple(shape),
+                kind == "image",
+                index,
+                4 * record.length // max(1, len(cams)),
+                dtype if kind == "tensor" and dtype else "uint8",
             )
             frames[cam] = CameraFrames(reader, depth=cam in (mapping.depth or ()))
         out.append(
