@@ -44,16 +44,30 @@ def decode_image(data: bytes) -> tuple[np.ndarray, bool]:
     8-bit grey and palette images expand to RGB exactly; JPEG's YCbCr converts with FFmpeg's
     rounding.
 
+    The size an image's header claims is bounded before its pixels are allocated: at most
+    ``sources.bounds.MAX_FRAME_BYTES / 3`` pixels (FFmpeg's ``max_pixels``), so a small file
+    claiming a huge picture (a PNG of zeros compresses 1000:1) is refused, not decoded.
+
     Raises:
-        ValueError: unknown format, undecodable bytes, or colour of more than 8 bits per sample
-            (returning it as 8-bit RGB would lose precision silently).
+        ValueError: unknown format, undecodable bytes, a picture of more pixels than the bound, or
+            colour of more than 8 bits per sample (returning it as 8-bit RGB would lose precision
+            silently).
     """
+    from .sources import bounds
+
     codec = _decoder(data)
+    limit = bounds.MAX_FRAME_BYTES // 3
     try:
         ctx = av.CodecContext.create(codec, "r")
         if not isinstance(ctx, av.VideoCodecContext):
             raise ValueError(f"{codec} is not an image decoder")
+        ctx.options = {"max_pixels": str(limit)}
         frames = ctx.decode(av.Packet(data)) + ctx.decode(None)
+    except av.error.ArgumentError as exc:  # what FFmpeg answers to a picture over max_pixels (EINVAL)
+        raise ValueError(
+            f"{codec} decoder refused the picture ({exc}): its header may claim more than the {limit} pixels "
+            "a frame may have (epishard.shardwriter.sources.bounds.MAX_FRAME_BYTES)"
+        ) from exc
     except av.error.FFmpegError as exc:
         raise ValueError(f"{codec} decoder failed: {exc}") from exc
     if not frames:
