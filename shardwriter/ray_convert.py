@@ -88,7 +88,9 @@ def portable(exc: Exception, where: str) -> Exception:
     """
     try:
         pickle.loads(pickle.dumps(exc))
-        exc.add_note(redact(where))
+        add = getattr(exc, "add_note", None)  # Python >= 3.11; tracebacks print the notes
+        if add is not None:
+            add(redact(where))
         return exc
     except Exception:
         pass

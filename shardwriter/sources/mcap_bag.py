@@ -44,8 +44,9 @@ import io
 import re
 import struct
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -133,7 +134,7 @@ class _Bag:
         self.size = f.seek(0, io.SEEK_END)
         self.f = _Clamped(f, self.size)
         self.summary = self._summary()
-        self._decoders: dict[int, object] = {}
+        self._decoders: dict[int, Any] = {}
 
     def _summary(self):
         records = require("mcap.records")
@@ -167,7 +168,7 @@ class _Bag:
                 statistics = record
         return _Summary(schemas, channels, chunks, statistics)
 
-    def messages(self, topics) -> Iterator[tuple[object, int, memoryview]]:
+    def messages(self, topics) -> Iterator[tuple[Any, int, memoryview]]:
         """(channel, log time in ns, message bytes) of ``topics``' messages, in the order they lie in the file.
 
         The bytes are a view into the chunk being read: copy what outlives the next message.
@@ -309,7 +310,9 @@ def _inflate(data: bytes, compression: str, usize: int, what: str, file: FileInp
         if compression == "zstd":
             import zstandard
 
-            piece = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read
+            piece: Callable[[int], bytes] = (
+                zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read
+            )
         elif compression == "lz4":
             import lz4.frame
 
@@ -317,10 +320,12 @@ def _inflate(data: bytes, compression: str, usize: int, what: str, file: FileInp
 
             pending = [data]
 
-            def piece(n: int) -> bytes:
+            def lz4_piece(n: int) -> bytes:
                 if decompressor.eof:
                     return b""
                 return decompressor.decompress(pending.pop() if pending else b"", max_length=n)
+
+            piece = lz4_piece
         else:
             raise _fail(f"{what} is compressed with {compression!r} (known: zstd, lz4)", file)
     except ImportError as exc:
@@ -780,6 +785,8 @@ class _Chunk:
         elif self.n == 0:
             self.frames = np.empty((self.size, *image.shape), image.dtype)
             self.frames[0] = image
+        elif self.frames is None:  # (typing: set with the first raw image)
+            raise AssertionError("no frames buffer after the first raw image")
         elif image.shape != self.frames.shape[1:] or image.dtype != self.frames.dtype:
             first = self.frames.shape[1:]
             raise ConversionError(
