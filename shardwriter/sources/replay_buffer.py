@@ -13,26 +13,59 @@ robot<k>_eef_rot_axis_angle + robot<k>_gripper_width`` (UMI) or ``state`` (Diffu
 poses, so the shards have no ``action`` column, and the source's notes say so); every other
 per-step array is kept as a column of its own name. 10 Hz unless ``--fps`` (UMI records at 59.94
 and subsamples; the ReplayBuffer does not store its rate).
+
+A store from elsewhere is trusted for nothing (``sources.bounds``, docs/sources/umi.md):
+
+- a local folder is walked once at open: a symbolic link out of it (a chunk, a metadata document,
+  a whole array's folder) is refused naming file, key and target unless
+  ``SourceOptions.allow_external``; a FIFO, socket, device, ``/proc``, ``/sys`` or ``/dev`` path is
+  refused either way, from ``stat`` alone (never opened). A ``.zarr.zip`` is read in place; its
+  members' sizes come from its central directory, checked before a member is inflated;
+- every read goes through ``_Guarded``: a metadata document is bounded in size and depth
+  (``untrusted.loads``) before zarr parses it; a chunk's stored size and the size its codec's
+  header says it decodes to (blosc, zstd, lz4; zlib, gzip, bz2, lzma inflated into a bounded
+  buffer) are refused past what the array's chunk holds (a decompression bomb), before decoding;
+- ``meta/episode_ends`` is read in slices: more than ``bounds.MAX_EPISODES`` entries, an entry
+  negative, decreasing or past every array's end is refused at open naming the position; episodes
+  of zero rows are counted in the notes, not listed;
+- per episode, before a row is read: at most ``bounds.MAX_ROWS`` rows and ``bounds.MAX_ARRAY_BYTES``
+  per array, chunks (read whole to read one row) at most ``bounds.MAX_ARRAY_BYTES``, a camera frame
+  at most ``bounds.MAX_FRAME_BYTES`` (``too_large``); a zarr or codec failure is ``unreadable_file``
+  (``bounds.reading``), so ``--on-error skip`` applies;
+- a mapped state, action or camera array of text, bytes or objects is ``bad_feature``, one with no
+  chunk written (every row its fill value) is refused, at open.
 """
 
 from __future__ import annotations
 
+import bz2
+import contextlib
 import functools
 import json
+import lzma
+import os
+import stat
+import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from epishard.format import untrusted
 from epishard.format.storage import is_local, local_path, resolve_storage_options
 
 from ..episode import CameraFrames, Episode, FrameReader, LazyTable, LoadedTable, Source
 from ..errors import ConversionError, SourceError
+from . import bounds
 from .base import Mapping, SourceOptions, build_table, concat, kept_cameras, require
 
 CHUNK_FRAMES = 32  # frames read per chunk of a camera
 DEFAULT_FPS = 10.0
+ENDS_STEP = 1 << 20  # entries of meta/episode_ends read at a time (8 MiB)
+METADATA = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json")  # Zarr's JSON documents
+EXPANDING = 8  # how much filters (v2) or array-to-array codecs (v3) may grow a chunk's bytes (AsType u1 -> f8)
 
 
 @dataclass(frozen=True)
@@ -46,49 +79,530 @@ class _Store:
         return hash(self.root)
 
 
+# ------------------------------------------------------------------ what the store's files may be
+
+
+def _check_local_store(path: str, allow_external: bool) -> None:
+    """Refuse a local store holding a path that resolves outside it or to a special file; nothing is opened.
+
+    One walk (``os.scandir``: a symbolic link, a folder or a file is told from the directory entry,
+    no ``stat`` per chunk file); only links are resolved and ``stat``-ed. A link to a regular file
+    or folder inside the store is read as the store's own; one out of it is refused unless
+    ``allow_external`` (then its target is walked too, once); a FIFO, socket, device, ``/proc``,
+    ``/sys`` or ``/dev`` path is refused either way (``bounds.check_local_file``: from ``stat``
+    alone, never opened).
+
+    Raises:
+        SourceError: naming the store's file, its Zarr key and the target.
+    """
+    base = os.path.realpath(path)
+    walked = {base}
+    stack = [(base, "")]
+    while stack:
+        folder, prefix = stack.pop()
+        for entry in _entries(folder, path):
+            key = prefix + entry.name
+            where = f"{os.path.join(path, key)} (Zarr key {key})"
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                inside = os.path.commonpath([base, target]) == base
+                if not os.path.lexists(target):
+                    if not inside:
+                        bounds.check_external_target(target, where, allow_external)
+                    continue  # a dangling link inside: read as a missing key
+                if os.path.isdir(target) and not _special(target):
+                    if not inside:
+                        if not allow_external:
+                            bounds.check_external_target(target, where, False)  # raises, naming the target
+                        if target not in walked:  # allowed: its files are checked as the store's
+                            walked.add(target)
+                            stack.append((target, key + "/"))
+                    continue  # inside: walked as its own folder
+                if inside:
+                    bounds.check_local_file(target, where)
+                else:
+                    bounds.check_external_target(target, where, allow_external)
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append((entry.path, key + "/"))
+            elif not entry.is_file(follow_symlinks=False):
+                bounds.check_local_file(entry.path, where)  # a FIFO, socket or device: refused unread
+
+
+def _entries(folder: str, path: str) -> Iterator[os.DirEntry]:
+    try:
+        with os.scandir(folder) as entries:
+            yield from entries
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot list {folder} ({exc.strerror or exc})") from None
+
+
+def _special(real: str) -> bool:
+    return any(real == r or real.startswith(r + os.sep) for r in bounds.SPECIAL_ROOTS)
+
+
+def _check_zip(path: str) -> dict[str, int]:
+    """The members of a ``.zarr.zip`` and their sizes (from its central directory), refused when too large.
+
+    Members are read from the archive only (never extracted). A metadata document may hold at most
+    ``untrusted.MAX_JSON_BYTES`` bytes, any other member ``bounds.MAX_ARRAY_BYTES``; each chunk is
+    checked again, against what its array's chunk can hold, before it is inflated (``_Guarded``).
+
+    Raises:
+        SourceError: the file is not a regular file or not a zip, or a member is too large (named).
+    """
+    bounds.check_local_file(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            sizes = {info.filename: info.file_size for info in archive.infolist()}
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise SourceError(f"{path}: not a readable zip ({type(exc).__name__}: {exc})") from None
+    for name, size in sizes.items():
+        limit = untrusted.MAX_JSON_BYTES if name.rsplit("/", 1)[-1] in METADATA else bounds.MAX_ARRAY_BYTES
+        if size > limit:
+            raise SourceError(
+                f"{path}: member {name} inflates to {size} bytes (its central directory says), more than the "
+                f"{limit} a {'metadata document' if limit != bounds.MAX_ARRAY_BYTES else 'member'} may have: "
+                "refused before inflating"
+            )
+    return sizes
+
+
+# ------------------------------------------------------------------ what a chunk may decode to
+
+
+@dataclass(frozen=True)
+class _Chunks:
+    """How large one array's stored chunks may be: ``stored`` bytes as a file, ``decoded`` once decompressed.
+
+    ``compressor``: the codec decoded first (its name: ``blosc``, ``zstd``, ``lz4``, ``zlib``,
+    ``gzip``, ``bz2``, ``lzma``; None when none or unknown), ``crc32c``: a Zarr v3 checksum of 4
+    bytes wraps it. ``shape``: the stored unit (a chunk, or a shard of Zarr v3 sharding).
+    """
+
+    key: str
+    shape: tuple[int, ...]
+    itemsize: int
+    stored: int
+    decoded: int
+    compressor: str | None
+    crc32c: bool
+
+    @classmethod
+    def of(cls, array) -> _Chunks:
+        """Read from a zarr array's metadata (Zarr format 2 or 3)."""
+        from zarr.abc.codec import ArrayArrayCodec, BytesBytesCodec
+
+        meta = array.metadata
+        dtype = np.dtype(array.dtype)
+        fixed = dtype.kind not in "OT" and not dtype.hasobject
+        shards = getattr(array, "shards", None)
+        shape = tuple(int(n) for n in (shards or array.chunks))
+        raw = int(dtype.itemsize)
+        for n in shape:
+            raw *= n
+        crc = False
+        if meta.zarr_format == 2:  # decoded: the compressor, then the filters last to first
+            chain = ([meta.compressor] if meta.compressor is not None else []) + list(meta.filters or ())[::-1]
+            expands = bool(meta.filters)
+        else:
+            expands = any(isinstance(c, ArrayArrayCodec) and _codec_name(c) != "transpose" for c in meta.codecs)
+            chain = [c for c in meta.codecs if isinstance(c, BytesBytesCodec)][::-1]
+            if chain and _codec_name(chain[0]) == "crc32c":
+                crc, chain = True, chain[1:]
+        names = [_codec_name(c) for c in chain[:1] if not _raw_lzma(c)]  # raw LZMA states no format to check
+        decoded = raw * (EXPANDING if expands else 1) if fixed else bounds.MAX_ARRAY_BYTES
+        stored = decoded + decoded // 64 + 4096 if fixed else bounds.MAX_ARRAY_BYTES  # codecs' worst growth
+        if shards:  # a shard's index and its chunks' codec headers
+            stored += decoded // 8
+        compressor = names[0] if names and names[0] in _DECODED_SIZE and not shards else None
+        return cls(f"{array.path}", shape, int(dtype.itemsize), stored, decoded, compressor, crc)
+
+
+def _raw_lzma(codec) -> bool:
+    config = codec.get_config() if hasattr(codec, "get_config") else codec.to_dict().get("configuration", {})
+    return _codec_name(codec) == "lzma" and (config or {}).get("format", lzma.FORMAT_XZ) == lzma.FORMAT_RAW
+
+
+def _codec_name(codec) -> str:
+    name = getattr(codec, "codec_id", None) or codec.to_dict().get("name", "")
+    return str(name).removeprefix("numcodecs.")
+
+
+def _blosc(data: memoryview, limit: int) -> int:
+    if len(data) < 16:
+        raise ValueError("shorter than a blosc header")
+    cbytes = int.from_bytes(data[12:16], "little")
+    if cbytes != len(data):  # blosc would read past the buffer
+        raise ValueError(f"blosc header says {cbytes} bytes, the chunk has {len(data)}")
+    return int.from_bytes(data[4:8], "little")
+
+
+def _zstd(data: memoryview, limit: int) -> int:
+    head = bytes(data[:18])
+    if len(head) < 6 or head[:4] != b"\x28\xb5\x2f\xfd":
+        raise ValueError("not a zstd frame")
+    descriptor = head[4]
+    single = (descriptor >> 5) & 1
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3]
+    size = (1 if single else 0, 2, 4, 8)[descriptor >> 6]
+    if size == 0:  # the frame does not state its size: inflate it into at most limit + 1 bytes
+        try:
+            out = require("numcodecs").Zstd().decode(data, out=np.empty(limit, np.uint8))
+            return len(memoryview(out).cast("B"))
+        except RuntimeError as exc:
+            if "too small" in str(exc):
+                return limit + 1
+            raise
+    if len(head) < at + size:
+        raise ValueError("a truncated zstd frame header")
+    return int.from_bytes(head[at : at + size], "little") + (256 if size == 2 else 0)
+
+
+def _lz4(data: memoryview, limit: int) -> int:
+    if len(data) < 4:
+        raise ValueError("shorter than numcodecs' LZ4 size prefix")
+    return int.from_bytes(data[:4], "little")
+
+
+def _inflated(make, data: memoryview, limit: int) -> int:
+    """Bytes ``data`` inflates to, counted up to ``limit + 1``: its streams in turn, as the codec reads them."""
+    total, rest = 0, bytes(data)
+    while rest and total <= limit:
+        decompressor = make()
+        total += len(decompressor.decompress(rest, limit + 1 - total))
+        if total > limit or not decompressor.eof:  # past the limit, or a truncated stream (the codec fails on it)
+            break
+        rest = decompressor.unused_data.lstrip(b"\0")  # gzip members may be padded with zeros
+    return total
+
+
+# codec name -> (stored bytes, limit) -> the bytes it decodes to (more than limit: refused), read from its header
+_DECODED_SIZE = {
+    "blosc": _blosc,
+    "zstd": _zstd,
+    "lz4": _lz4,
+    "zlib": lambda d, n: _inflated(zlib.decompressobj, d, n),
+    "gzip": lambda d, n: _inflated(lambda: zlib.decompressobj(31), d, n),
+    "bz2": lambda d, n: _inflated(bz2.BZ2Decompressor, d, n),
+    "lzma": lambda d, n: _inflated(lzma.LZMADecompressor, d, n),
+}
+
+
+def _check_decoded(chunks: _Chunks, data: memoryview, where: str, key: str) -> None:
+    """Refuse a stored chunk whose codec would decode it past what the chunk holds (a decompression bomb).
+
+    Raises:
+        ConversionError: ``too_large`` (naming file, key, the claim and the chunk's shape), or
+            ``unreadable_file`` for a chunk whose header is damaged.
+    """
+    if chunks.compressor is None:
+        return
+    if chunks.crc32c:
+        data = data[:-4]
+    try:
+        size = _DECODED_SIZE[chunks.compressor](data, chunks.decoded)
+    except Exception as exc:  # zlib.error, lzma.LZMAError, OSError (bz2), a damaged header
+        raise ConversionError(
+            f"{key!r}: a damaged {chunks.compressor} chunk ({_short(exc)}); refused before decoding",
+            kind="unreadable_file",
+            path=where,
+        ) from None
+    if size > chunks.decoded:
+        claim = f"{size} bytes" if size != chunks.decoded + 1 else f"more than {chunks.decoded} bytes"
+        raise ConversionError(
+            f"{key!r}: its {chunks.compressor} data decodes to {claim}, past the {chunks.decoded} bytes a chunk of "
+            f"{list(chunks.shape)} x {chunks.itemsize} bytes holds (a decompression bomb): refused before decoding",
+            kind="too_large",
+            path=where,
+        )
+
+
+_READ_ONLY = "a source store is read-only: writing or deleting is refused"
+
+
+@functools.cache
+def _guarded_store_class():
+    """``_Guarded``, defined once zarr is imported (zarr is an optional extra)."""
+    from zarr.abc.store import Store
+
+    class _Guarded(Store):
+        """A zarr store whose reads are checked before anything is decoded or allocated.
+
+        A metadata document (``.zarray``, ``zarr.json``, ...): at most ``untrusted.MAX_JSON_BYTES``
+        bytes and ``untrusted.MAX_JSON_DEPTH`` levels (``untrusted.loads``) before zarr parses it. A
+        chunk of an array in ``arrays`` (its ``_Chunks``): its stored size (a local file's ``stat``, a
+        zip member's central directory; a URL's bytes once fetched) and what its codec's header says
+        it decodes to, refused above what the chunk can hold. A local file is read only when it is a
+        regular file (the store was walked at open: ``_check_local_store``).
+
+        It implements ``Store``'s public API over ``wrapped`` (an opened zarr store), not
+        ``WrapperStore``'s: zarr's own helpers (``_get_many``, ``_get_bytes``, ``_get_json``,
+        ``getsize``, ...) are ``Store``'s, written over ``self.get``, so no read reaches ``wrapped``
+        but through ``get`` and ``get_partial_values`` (the listing and ``exists`` read no value).
+        Read-only: every write or delete is refused.
+        """
+
+        def __init__(
+            self,
+            store: Store,
+            root: str = "",
+            folder: str | None = None,
+            sizes: dict | None = None,
+            arrays: dict[str, _Chunks] | None = None,
+        ) -> None:
+            super().__init__(read_only=True)
+            self.wrapped = store
+            self.root, self.folder, self.sizes = root, folder, sizes
+            self.arrays: dict[str, _Chunks] = {} if arrays is None else arrays
+
+        def with_read_only(self, read_only: bool = False) -> Store:
+            if not read_only:
+                raise ValueError(f"{self.root}: {_READ_ONLY}")
+            return type(self)(self.wrapped, self.root, self.folder, self.sizes, self.arrays)
+
+        def __eq__(self, value: object) -> bool:
+            return type(self) is type(value) and self.wrapped == value.wrapped
+
+        __hash__ = None  # type: ignore[assignment]  # equal by the store it wraps, as zarr's stores are
+
+        def __str__(self) -> str:
+            return f"wrapping-{self.wrapped}"
+
+        def __repr__(self) -> str:
+            return f"_Guarded({type(self.wrapped).__name__}, '{self.wrapped}')"
+
+        def close(self) -> None:
+            super().close()
+            self.wrapped.close()
+
+        # ------------------------------------------------------------ writes: refused
+
+        @property
+        def supports_writes(self) -> bool:
+            return False
+
+        @property
+        def supports_deletes(self) -> bool:
+            return False
+
+        async def set(self, key, value) -> None:
+            raise ValueError(f"{self.root}: {_READ_ONLY} ({key})")
+
+        async def set_if_not_exists(self, key, value) -> None:
+            raise ValueError(f"{self.root}: {_READ_ONLY} ({key})")
+
+        async def delete(self, key) -> None:
+            raise ValueError(f"{self.root}: {_READ_ONLY} ({key})")
+
+        async def delete_dir(self, prefix) -> None:
+            raise ValueError(f"{self.root}: {_READ_ONLY} ({prefix})")
+
+        async def clear(self) -> None:
+            raise ValueError(f"{self.root}: {_READ_ONLY}")
+
+        # ------------------------------------------------------------ listing: the wrapped store's
+
+        @property
+        def supports_listing(self) -> bool:
+            return self.wrapped.supports_listing
+
+        async def exists(self, key: str) -> bool:
+            return await self.wrapped.exists(key)
+
+        def list(self):
+            return self.wrapped.list()
+
+        def list_prefix(self, prefix: str):
+            return self.wrapped.list_prefix(prefix)
+
+        def list_dir(self, prefix: str):
+            return self.wrapped.list_dir(prefix)
+
+        # ------------------------------------------------------------ reads: checked
+
+        def _array(self, key: str) -> _Chunks | None:
+            parts = key.split("/")
+            for n in range(1, len(parts)):
+                found = self.arrays.get("/".join(parts[:n]))
+                if found is not None:
+                    return found
+            return None
+
+        def _stored_size(self, key: str) -> tuple[int | None, str]:
+            if self.sizes is not None:
+                return self.sizes.get(key), "its size in the zip's central directory"
+            if self.folder is not None:
+                path = os.path.join(self.folder, key)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    return None, ""
+                if not stat.S_ISREG(st.st_mode):
+                    bounds.check_local_file(path, f"{path} (Zarr key {key})", ConversionError)
+                return st.st_size, "the file's size"
+            return None, ""
+
+        async def get(self, key, prototype, byte_range=None):
+            where = self.root
+            if key.rsplit("/", 1)[-1] in METADATA:
+                size, how = self._stored_size(key)
+                untrusted.check_size(size, f"{where}: {key}", SourceError, untrusted.MAX_JSON_BYTES)
+                buf = await self.wrapped.get(key, prototype, byte_range)
+                if buf is not None:
+                    untrusted.loads(buf.to_bytes(), f"{where}: {key}", SourceError, max_bytes=untrusted.MAX_JSON_BYTES)
+                return buf
+            chunks = self._array(key)
+            limit = chunks.stored if chunks is not None else bounds.MAX_ARRAY_BYTES
+            size, how = self._stored_size(key)
+            if size is not None and size > limit:
+                raise ConversionError(
+                    f"{key!r}: {size} bytes stored ({how}), more than the {limit} bytes "
+                    + (
+                        f"a chunk of {list(chunks.shape)} x {chunks.itemsize} bytes can take once encoded"
+                        if chunks is not None
+                        else "a member may have"
+                    )
+                    + ": refused before reading or inflating it",
+                    kind="too_large",
+                    path=where,
+                )
+            buf = await self.wrapped.get(key, prototype, byte_range)
+            if buf is not None and chunks is not None and byte_range is None:
+                data = buf.as_numpy_array().data.cast("B")
+                if len(data) > chunks.stored:
+                    raise ConversionError(
+                        f"{key!r}: {len(data)} bytes, more than the {chunks.stored} its chunk can take once encoded",
+                        kind="too_large",
+                        path=where,
+                    )
+                _check_decoded(chunks, data, where, key)
+            return buf
+
+        async def get_partial_values(self, prototype, key_ranges):
+            return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+
+    return _Guarded
+
+
 def _open(store: _Store) -> Any:
-    """The root group, read-only (opened once per process and store)."""
+    """The root group, read-only (opened once per process and store), over a ``_Guarded`` store.
+
+    Raises:
+        SourceError: not a readable Zarr group, or a metadata document refused, naming the store.
+    """
     return _open_cached(store.root, json.dumps(store.storage_options, sort_keys=True, default=str))
 
 
 @functools.lru_cache(maxsize=4)
 def _open_cached(root: str, options_json: str) -> Any:
     zarr = require("zarr")
-    try:
+    from zarr.core.sync import sync
+
+    guarded = _guarded_store_class()
+    try:  # the wrapped store is opened here (``_Guarded`` opens only itself)
         if is_local(root) and root.endswith(".zip"):
-            return zarr.open_group(zarr.storage.ZipStore(local_path(root), mode="r"), mode="r")
-        if is_local(root):
-            return zarr.open_group(local_path(root), mode="r")
-        options = resolve_storage_options(root, json.loads(options_json))
-        store = zarr.storage.FsspecStore.from_url(root, storage_options=options, read_only=True)
-        return zarr.open_group(store, mode="r")
-    except (FileNotFoundError, KeyError, ValueError, OSError) as exc:
-        raise SourceError(f"{root}: not a readable Zarr group ({type(exc).__name__}: {exc})") from exc
+            path = local_path(root)
+            sizes = _check_zip(path)
+            inner = sync(zarr.storage.ZipStore.open(path, mode="r"))
+            store = guarded(inner, root, sizes=sizes)
+        elif is_local(root):
+            path = local_path(root)
+            store = guarded(sync(zarr.storage.LocalStore.open(path, read_only=True)), root, folder=path)
+        else:  # an FsspecStore opens itself on its first read
+            options = resolve_storage_options(root, json.loads(options_json))
+            inner = zarr.storage.FsspecStore.from_url(root, storage_options=options, read_only=True)
+            store = guarded(inner, root)
+        group = zarr.open_group(store, mode="r")
+        if detect(group):  # the arrays read: their chunks' bounds, known before a chunk is read
+            for key in [*(f"data/{k}" for k in _children(group, "data")), "meta/episode_ends"]:
+                try:
+                    array = group[key]
+                except Exception:  # a codec not installed, damaged metadata: refused by name when described
+                    continue
+                if isinstance(array, zarr.Array):
+                    store.arrays[array.path] = _Chunks.of(array)
+        return group
+    except (SourceError, ConversionError) as exc:
+        text = exc.detail if isinstance(exc, ConversionError) else str(exc)
+        raise SourceError(text if text.startswith(root) else f"{root}: {text}") from None
     except Exception as exc:  # zarr's own errors (GroupNotFoundError, ...) have no common base across versions
-        raise SourceError(f"{root}: not a readable Zarr group ({type(exc).__name__}: {exc})") from exc
+        raise SourceError(f"{root}: not a readable Zarr group ({_short(exc)})") from exc
+
+
+def _short(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 500 else text[:500] + "..."
+
+
+def _in_worker(store: _Store) -> Any:
+    """``_open`` for a worker reading an episode: a refusal is the episode's ``unreadable_file`` error."""
+    try:
+        return _open(store)
+    except SourceError as exc:
+        raise ConversionError(str(exc), kind="unreadable_file", path=store.root) from None
 
 
 def _array(group, key: str, root: str):
-    try:
-        return group["data"][key]
-    except KeyError:
-        raise ConversionError(f"no array data/{key}", kind="missing_key", path=root) from None
+    with bounds.reading(root, f"data/{key}"):
+        try:
+            return group["data"][key]
+        except KeyError:
+            raise ConversionError(f"no array data/{key}", kind="missing_key", path=root) from None
 
 
-def _rows(group, key: str, start: int, stop: int, root: str) -> np.ndarray:
+def _checked(group, key: str, start: int, stop: int, root: str, frames: bool = False):
+    """``data/<key>``, once the rows ``[start, stop)`` of it are known to fit the bounds (nothing read).
+
+    Raises:
+        ConversionError: ``too_large`` (more than ``bounds.MAX_ROWS`` rows, more than
+            ``bounds.MAX_ARRAY_BYTES`` for the rows, a chunk above ``bounds.MAX_ARRAY_BYTES``: zarr
+            decodes a whole chunk to read one row; a camera frame above ``bounds.MAX_FRAME_BYTES``),
+            ``length_mismatch`` (the array ends before ``stop``), ``missing_key``; naming file and key.
+    """
+    name = f"data/{key}"
     array = _array(group, key, root)
+    itemsize = np.dtype(array.dtype).itemsize
+    bounds.check_count("rows", stop - start, bounds.MAX_ROWS, root, name)
+    unit = tuple(int(n) for n in (getattr(array, "shards", None) or array.chunks))
+    chunk_bytes = itemsize * int(np.prod(unit, dtype=object))
+    if chunk_bytes > bounds.MAX_ARRAY_BYTES:
+        raise bounds.too_large(
+            f"a chunk (read whole to read any of its rows) of {list(unit)} x {itemsize} bytes =",
+            chunk_bytes,
+            bounds.MAX_ARRAY_BYTES,
+            root,
+            name,
+        )
+    if frames:
+        frame = itemsize * int(np.prod(array.shape[1:], dtype=object))
+        if frame > bounds.MAX_FRAME_BYTES:
+            what = f"a frame of {list(array.shape[1:])} x {itemsize} bytes ="
+            raise bounds.too_large(what, frame, bounds.MAX_FRAME_BYTES, root, name)
+    else:
+        bounds.check_bytes((stop - start, *array.shape[1:]), itemsize, root, name)
     if array.shape[0] < stop:
         raise ConversionError(
             f"data/{key} has {array.shape[0]} rows, meta/episode_ends needs {stop}", kind="length_mismatch", path=root
         )
-    try:
-        return np.asarray(array[start:stop])
-    except Exception as exc:  # a missing or damaged chunk, a codec not installed
-        raise ConversionError(
-            f"cannot read data/{key} rows {start}..{stop - 1}: {type(exc).__name__}: {exc}",
-            kind="unreadable_file",
-            path=root,
-        ) from exc
+    return array
+
+
+def _read(array, key: str, start: int, stop: int, root: str) -> np.ndarray:
+    """Rows ``[start, stop)``; a zarr or codec failure is ``unreadable_file`` naming key and rows.
+
+    A chunk refused by ``_Guarded`` keeps its kind (``too_large``, ``unreadable_file``), its
+    message led by the key and rows.
+    """
+    rows = f"data/{key} rows {start}..{stop - 1}"
+    with bounds.reading(root, rows):
+        try:
+            return np.asarray(array[start:stop])
+        except ConversionError as exc:
+            raise ConversionError(f"{rows}: {exc.detail}", kind=exc.kind, path=exc.path or root) from None
+
+
+def _rows(group, key: str, start: int, stop: int, root: str) -> np.ndarray:
+    return _read(_checked(group, key, start, stop, root), key, start, stop, root)
 
 
 @dataclass(frozen=True)
@@ -104,14 +618,22 @@ class ZarrTable(LazyTable):
     fps: float
 
     def load(self) -> LoadedTable:
-        """The rows; ConversionError (``missing_key``, ``length_mismatch``, ``unreadable_file``) naming store, key."""
-        group = _open(self.store)
+        """The rows.
+
+        Raises:
+            ConversionError: ``missing_key``, ``length_mismatch``, ``too_large`` (rows, bytes or a
+                chunk past ``bounds``; refused before reading), ``unreadable_file`` (a zarr or codec
+                failure, a chunk refused by ``_Guarded``), naming store and key.
+        """
+        group = _in_worker(self.store)
         root = self.store.root
         columns: dict[str, np.ndarray] = {}
         keys: dict[str, str] = {}
         for name, parts in (("observation.state", self.state), ("action", self.action)):
             if parts:
-                columns[name] = concat([_rows(group, k, self.start, self.stop, root) for k in parts], parts, root)
+                arrays = [_checked(group, k, self.start, self.stop, root) for k in parts]  # all before any read
+                rows = [_read(a, k, self.start, self.stop, root) for a, k in zip(arrays, parts, strict=True)]
+                columns[name] = concat(rows, parts, root)
                 keys[name] = " + ".join(f"data/{k}" for k in parts)
         for name, key in self.columns:
             columns[name], keys[name] = _rows(group, key, self.start, self.stop, root), f"data/{key}"
@@ -137,11 +659,16 @@ class ZarrFrames(FrameReader):
     estimate: int = 0
 
     def chunks(self) -> Iterator[np.ndarray | list[bytes]]:
-        """``CHUNK_FRAMES`` frames at a time."""
-        group = _open(self.store)
+        """``CHUNK_FRAMES`` frames at a time (each at most ``bounds.MAX_FRAME_BYTES``).
+
+        Raises:
+            ConversionError: as ``ZarrTable.load``, with the row of the first frame not read.
+        """
+        group = _in_worker(self.store)
+        array = _checked(group, self.key, self.start, self.stop, self.store.root, frames=True)
         for a in range(self.start, self.stop, CHUNK_FRAMES):
             try:
-                yield _rows(group, self.key, a, min(a + CHUNK_FRAMES, self.stop), self.store.root)
+                yield _read(array, self.key, a, min(a + CHUNK_FRAMES, self.stop), self.store.root)
             except ConversionError as exc:
                 raise exc.with_context(row=a - self.start) from None
 
@@ -185,6 +712,110 @@ def detect(group) -> bool:
         return False
 
 
+def _children(group, path: str) -> list[str]:
+    """The names under ``path`` in the store, sorted, read from its listing (no member's metadata parsed)."""
+    from zarr.core.sync import sync
+
+    async def names() -> list[str]:
+        return [n async for n in group.store.list_dir(path)]
+
+    return sorted(n for n in sync(names()) if n not in METADATA)
+
+
+def _has_chunk(group, path: str) -> bool:
+    """Whether the store holds at least one chunk of the array at ``path`` (a listing; nothing is read)."""
+    from zarr.core.sync import sync
+
+    async def first() -> bool:
+        async with contextlib.aclosing(group.store.list_prefix(path + "/")) as keys:
+            async for key in keys:
+                if key.rsplit("/", 1)[-1] not in METADATA:
+                    return True
+        return False
+
+    return sync(first())
+
+
+def _fill_only(group, array, root: str, key: str) -> None:
+    """Refuse an array that declares rows but has no chunk written: zarr would read its fill value for each row.
+
+    Raises:
+        SourceError: naming the store, the key and the fill value.
+    """
+    if array.shape and array.shape[0] > 0 and not _has_chunk(group, array.path):
+        raise SourceError(
+            f"{root}: {key} declares {array.shape[0]} rows but has no chunk written: every row would read as its "
+            f"fill value ({getattr(array.fill_value, 'item', lambda: array.fill_value)()!r}); refused rather than "
+            "converted as that"
+        )
+
+
+@dataclass
+class _Ends:
+    """The episodes of ``meta/episode_ends`` that hold rows: their indices, first rows and ends (int64)."""
+
+    index: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+    empty: int
+
+
+def _episode_ends(group, root: str, longest: int) -> _Ends:
+    """``meta/episode_ends`` read ``ENDS_STEP`` entries at a time: episodes of zero rows counted, not kept.
+
+    ``longest``: the rows of the longest array of ``data/``.
+
+    Raises:
+        SourceError: not a 1-D integer array, more than ``bounds.MAX_EPISODES`` entries, no chunk
+            written, a chunk above ``bounds.MAX_ARRAY_BYTES``, or an entry negative, decreasing or past
+            the end of every array of ``data/``: naming the store and the position.
+    """
+    name = "meta/episode_ends"
+    array = group["meta"]["episode_ends"]
+    dtype = np.dtype(array.dtype)
+    if len(array.shape) != 1 or dtype.kind not in "iu":
+        raise SourceError(f"{root}: {name} is {dtype} {list(array.shape)}; a ReplayBuffer's is a 1-D integer array")
+    count = int(array.shape[0])
+    if count > bounds.MAX_EPISODES:
+        raise SourceError(
+            f"{root}: {name} lists {count:g} episodes, more than the {bounds.MAX_EPISODES:g} a source may list "
+            "(bounds.MAX_EPISODES): refused before reading it"
+        )
+    chunk = dtype.itemsize * int(np.prod(array.chunks, dtype=object))
+    if chunk > bounds.MAX_ARRAY_BYTES:
+        raise SourceError(f"{root}: {name} has chunks of {list(array.chunks)} entries ({chunk} bytes): refused")
+    _fill_only(group, array, root, name)
+    index, start, stop = [], [], []
+    empty, previous = 0, 0
+    for a in range(0, count, ENDS_STEP):
+        part = np.asarray(array[a : a + ENDS_STEP])
+        if dtype.kind == "u" and part.size and int(part.max()) > np.iinfo(np.int64).max:
+            raise SourceError(f"{root}: {name}[{a + int(np.argmax(part))}] = {int(part.max())} is past any array's end")
+        part = part.astype(np.int64)
+        before = np.concatenate([[previous], part[:-1]]).astype(np.int64)
+        bad = np.flatnonzero(part < before)
+        if bad.size:
+            at = int(bad[0])
+            what = "negative" if part[at] < 0 else f"less than the entry before it ({int(before[at])})"
+            raise SourceError(
+                f"{root}: {name}[{a + at}] = {int(part[at])} is {what}: episode ends must increase (or repeat)"
+            )
+        if part.size and part[-1] > longest:
+            at = int(np.flatnonzero(part > longest)[0])
+            raise SourceError(
+                f"{root}: {name}[{a + at}] = {int(part[at])} is past the end of every array of data/ "
+                f"(the longest has {longest} rows)"
+            )
+        held = np.flatnonzero(part > before)
+        empty += int(part.size - held.size)
+        index.append(held + a)
+        start.append(before[held])
+        stop.append(part[held])
+        previous = int(part[-1]) if part.size else previous
+    join = (lambda parts: np.concatenate(parts)) if index else (lambda parts: np.zeros(0, np.int64))
+    return _Ends(join(index), join(start), join(stop), empty)
+
+
 def open_replay_buffer(
     root: str,
     options: SourceOptions,
@@ -192,30 +823,80 @@ def open_replay_buffer(
     storage_options: dict | None,
     episodes: frozenset[int] | None,
 ) -> Source:
-    """Describe a ReplayBuffer: reads ``meta/episode_ends`` and the arrays' shapes (no rows).
+    """Describe a ReplayBuffer: reads ``meta/episode_ends`` and the arrays' metadata (no rows).
+
+    A local store is walked once first (``_check_local_store``: links out of it, special files), a
+    ``.zarr.zip``'s central directory checked (``_check_zip``); every read after goes through
+    ``_Guarded``. Episodes of zero rows are left out and counted in the notes (their indices stay
+    the others').
 
     Raises:
-        SourceError: not a Zarr group, no ``data`` or ``meta/episode_ends``, ``episode_ends`` not
-            increasing or past an array's end, a mapped key that is not an array of ``data``.
+        SourceError: not a Zarr group, no ``data`` or ``meta/episode_ends``, a path out of the
+            store (unless ``options.allow_external``) or to a special file, ``episode_ends``
+            refused (``_episode_ends``), a mapped key that is not an array of ``data`` or that has
+            no chunk written; any zarr failure, naming the store.
+        ConversionError: ``bad_feature``, a mapped state, action or camera array that does not
+            hold numbers (text, bytes, objects), naming store and key.
     """
     store = _Store(root.rstrip("/"), dict(storage_options or {}))
+    if is_local(store.root) and not store.root.endswith(".zip"):
+        path = local_path(store.root)
+        if not os.path.isdir(path):
+            raise SourceError(f"{root}: no such Zarr folder")
+        _check_local_store(path, options.allow_external)
+    try:
+        return _describe(store, options, cameras, episodes)
+    except (SourceError, ConversionError):
+        raise
+    except Exception as exc:  # zarr's errors for a damaged store (a member's metadata, a chunk of episode_ends)
+        raise SourceError(f"{store.root}: cannot read the Zarr store ({_short(exc)})") from exc
+
+
+def _describe(
+    store: _Store, options: SourceOptions, cameras: tuple[str, ...] | None, episodes: frozenset[int] | None
+) -> Source:
+    root = store.root
     group = _open(store)
-    if not detect(group):
-        raise SourceError(f"{root}: not a ReplayBuffer (needs a data group and meta/episode_ends)")
-    ends = np.asarray(group["meta"]["episode_ends"][:], dtype=np.int64)
-    if ends.size and (ends[0] < 0 or np.any(np.diff(ends) < 0)):
-        raise SourceError(f"{root}: meta/episode_ends is not increasing ({ends[:8].tolist()}...)")
-    data = group["data"]
-    arrays = {k: (tuple(data[k].shape), data[k].dtype) for k in sorted(data.array_keys())}
-    short = {k: s[0] for k, (s, _) in arrays.items() if ends.size and s[0] < ends[-1]}
+    try:
+        if not detect(group):
+            raise SourceError(f"{root}: not a ReplayBuffer (needs a data group and meta/episode_ends)")
+        data = group["data"]
+        members = {}
+        for key in _children(group, "data"):
+            try:
+                member = data[key]
+            except KeyError:  # a file or folder that is no Zarr node: not part of the ReplayBuffer
+                continue
+            except Exception as exc:  # UnknownCodecError (a codec of imagecodecs not registered), bad metadata
+                raise SourceError(
+                    f"{root}: data/{key} cannot be opened ({_short(exc)}); an image codec needs its package "
+                    "(pip install imagecodecs, then imagecodecs.numcodecs.register_codecs())"
+                ) from None
+            if hasattr(member, "chunks"):  # an array (a group inside data/ is not read)
+                members[key] = member
+        arrays = {k: (tuple(a.shape), a.dtype) for k, a in members.items()}
+        longest = max((s[0] for s, _ in arrays.values() if s), default=0)
+        ends = _episode_ends(group, root, longest)
+    except ConversionError as exc:  # refused by _Guarded while the store is described
+        raise SourceError(f"{root}: {exc.detail}") from None
+    last = int(ends.stop[-1]) if ends.stop.size else 0
+    short = {k: s[0] for k, (s, _) in arrays.items() if s and s[0] < last}
     mapping = options.resolved(_default(arrays))
     for key in [*(mapping.state or ()), *(mapping.action or ()), *(mapping.cameras or {}).values()]:
         if key not in arrays:
             raise SourceError(f"{root}: no array data/{key} (arrays: {', '.join(arrays) or 'none'}); see --mapping")
     used = set(mapping.state or ()) | set(mapping.action or ()) | set((mapping.cameras or {}).values())
     used |= set((mapping.columns or {}).values())
+    cams = kept_cameras(mapping.cameras, cameras, str(root))
+    for key in [*(mapping.state or ()), *(mapping.action or ()), *cams.values()]:
+        bounds.check_numeric(arrays[key][1], root, f"data/{key}")
+        _fill_only(group, members[key], root, f"data/{key}")
     columns = list((mapping.columns or {}).items())
-    notes = [f"{k}: {n} rows, meta/episode_ends says {int(ends[-1])}; episodes past it fail" for k, n in short.items()]
+    notes = [f"{k}: {n} rows, meta/episode_ends says {last}; episodes past it fail" for k, n in short.items()]
+    if ends.empty:
+        notes.append(
+            f"{ends.empty} episodes of zero rows in meta/episode_ends left out (the others keep their indices)"
+        )
     for key in sorted(set(arrays) - used):
         if mapping.others and not _is_camera(*arrays[key]):
             columns.append((key, key))
@@ -224,7 +905,6 @@ def open_replay_buffer(
     if not mapping.action:
         notes.append("no action array mapped: the shards have no action column (UMI derives actions from poses)")
     fps = float(mapping.fps or DEFAULT_FPS)
-    cams = kept_cameras(mapping.cameras, cameras, str(root))
     notes.insert(
         0,
         f"umi mapping: state = {' + '.join(mapping.state or ()) or 'none'}, action = "
@@ -233,15 +913,16 @@ def open_replay_buffer(
         + f", {fps:g} fps",
     )
     name = root.rstrip("/").rsplit("/", 1)[-1].removesuffix(".zip").removesuffix(".zarr") or "zarr"
+    chosen = np.arange(ends.index.size)
+    if episodes is not None:
+        chosen = np.flatnonzero(np.isin(ends.index, np.fromiter(episodes, np.int64, len(episodes))))
     out = []
-    starts = np.concatenate([[0], ends[:-1]]) if ends.size else ends
-    for index, (start, stop) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
-        if episodes is not None and index not in episodes:
-            continue
+    for at in chosen.tolist():
+        index, start, stop = int(ends.index[at]), int(ends.start[at]), int(ends.stop[at])
         frames = {}
         for cam, key in cams.items():
             shape = arrays[key][0]
-            estimate = (stop - start) * int(np.prod(shape[1:])) // 4
+            estimate = (stop - start) * int(np.prod(shape[1:], dtype=object)) // 4
             frames[cam] = CameraFrames(
                 ZarrFrames(store, key, start, stop, estimate), depth=cam in (mapping.depth or ())
             )
