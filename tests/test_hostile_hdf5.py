@@ -553,3 +553,26 @@ def test_library_errors_while_reading_are_named(tmp_path, monkeypatch):
     manifest = convert([root], str(tmp_path / "od"), _opts(on_error="skip"))
     assert manifest.totals.episodes == 2 and manifest.report.skipped_by_kind == {"unreadable_file": 1}
     assert calls["n"] >= 2
+
+
+def test_a_folder_of_links_to_files_elsewhere_converts_only_when_allowed(tmp_path, capsys):
+    """Episode files linked in from another folder (a shared disk): refused with the way out named, and
+    converted with ``--allow-external`` (format recognised from the linked files too), rows equal."""
+    from test_sources_hdf5 import write_aloha
+
+    write_aloha(tmp_path / "real", [5, 4])
+    (tmp_path / "src").mkdir()
+    for name in sorted(os.listdir(tmp_path / "real")):
+        (tmp_path / "src" / name).symlink_to(tmp_path / "real" / name)
+    argv = ["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "outside the source folder" in err and "pass --allow-external" in err and "unexpected" not in err
+    assert main([*argv, "--allow-external"]) == 0, capsys.readouterr().err
+    linked, direct = read_back(str(tmp_path / "out")), None
+    convert([str(tmp_path / "real")], str(tmp_path / "direct"), ConvertOptions(progress=False))
+    direct = read_back(str(tmp_path / "direct"))
+    assert sorted(k[1] for k in linked) == sorted(k[1] for k in direct) == [0, 1]
+    for (_, e), ep in linked.items():
+        other = next(v for (_, i), v in direct.items() if i == e)
+        assert np.array_equal(column(ep["table"], "action"), column(other["table"], "action"))

@@ -104,7 +104,7 @@ def _names(root: str, storage_options: dict | None) -> tuple[bool, list[str]]:
     return False, sorted(p[len(base) :].strip("/") for p in fs.find(base))
 
 
-def detect_format(root: str, storage_options: dict | None = None) -> str | None:
+def detect_format(root: str, storage_options: dict | None = None, allow_external: bool = False) -> str | None:
     """The format of the source at ``root`` (a folder, a file or a URL), from its files; None if unknown.
 
     ``meta/info.json``: ``lerobot``. HDF5 files (``.hdf5``, ``.h5``): ``robomimic`` when the first
@@ -112,10 +112,11 @@ def detect_format(root: str, storage_options: dict | None = None) -> str | None:
     a ``.zarr.zip`` or a folder with ``meta/episode_ends``: ``umi``. TFRecord files
     (``*.tfrecord*``) or a TFDS ``features.json``: ``rlds``. ``.mcap`` files: ``mcap``. A URL is judged
     by its own name only (listing a remote folder may not be possible, e.g. over HTTP): a URL of
-    a folder is taken for LeRobot unless ``--format`` names another format.
+    a folder is taken for LeRobot unless ``--format`` names another format. ``allow_external``: as
+    ``SourceOptions.allow_external`` (the first HDF5 file is opened to tell its layout).
 
     Raises:
-        SourceError: the first HDF5 file cannot be read (naming it).
+        SourceError: the first HDF5 file cannot be read, or is refused (``base.source_files``), naming it.
     """
     if not is_local(root):
         names = [root.rstrip("/").rsplit("/", 1)[-1]]  # a folder's URL: its name, without the slash
@@ -139,7 +140,7 @@ def detect_format(root: str, storage_options: dict | None = None) -> str | None:
         from .base import source_files
         from .hdf5 import detect
 
-        first = source_files(root, SUFFIXES, storage_options)[0]
+        first = source_files(root, SUFFIXES, storage_options, allow_external)[0]
         try:
             return detect(first)
         except ConversionError as exc:
@@ -172,7 +173,7 @@ def open_source(
             raise SourceError(f"--format {options.format!r}: not a known format ({', '.join(FORMATS)})")
         how = "given by --format"
     else:
-        found = detect_format(root, storage_options)
+        found = detect_format(root, storage_options, options.allow_external)
         chosen, how = found or "lerobot", "recognised from the files"
     if chosen == "lerobot":
         read_lerobot = load_opener(BY_NAME["lerobot"])

@@ -230,8 +230,15 @@ def source_files(
         for f in found:
             if allow_external:
                 bounds.check_local_file(f)
+            elif os.path.islink(f) or os.path.commonpath(
+                [os.path.realpath(path), os.path.realpath(f)]
+            ) != os.path.realpath(path):
+                try:
+                    bounds.confine(f, path, f)
+                except SourceError as exc:
+                    raise SourceError(f"{exc}; for a trusted local source pass --allow-external") from None
             else:
-                bounds.confine(f, path, f)
+                bounds.check_local_file(f)
         if len(found) > bounds.MAX_EPISODES:
             limit = bounds.MAX_EPISODES
             raise SourceError(f"{root}: {len(found)} files, more than the {limit} episodes a source may list")
