@@ -13,6 +13,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("EPISHARD_SHARED_DATA", REPO.parent / "shared" / "data"))
 SAMPLE = REPO / "sample" / "gr00t_robot_sim_picknplace"
+# The long sweeps (every generated variation, the 20-run concurrency loops) run with EPISHARD_SWEEP=1
+# (docs/development.md); CI runs a seeded sample of each.
+SWEEP = os.environ.get("EPISHARD_SWEEP") == "1"
 
 
 @pytest.fixture(autouse=True, scope="session")
