@@ -111,10 +111,36 @@ def stored_source_stats(source: DatasetSource) -> dict[str, dict[str, np.ndarray
     entries = source.manifest.sources
     if len(entries) != 1 or entries[0].stats is None:
         return None
-    doc = entries[0].stats
-    if not all(isinstance(v, Mapping) for v in doc.values()):
-        raise StatsError(f"{source.shown}: manifest sources[0].stats is not feature -> statistic -> numbers")
-    return _as_arrays(doc)
+    where = f"{source.shown}: manifest sources[0].stats"
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for key, entry in entries[0].stats.items():
+        if not isinstance(entry, Mapping):
+            raise StatsError(f"{where}[{key!r}] is not statistic -> numbers")
+        out[key] = {name: _statistic(value, f"{where}[{key!r}][{name!r}]") for name, value in entry.items()}
+    return out
+
+
+def _statistic(value: Any, where: str) -> np.ndarray:
+    """One statistic as LeRobot's ``cast_stats_to_numpy`` gives it (``np.array`` of a number or of equal-length nested lists).
+
+    Raises:
+        StatsError: text, null, objects, booleans, ragged lists or numbers past float64, naming ``where``.
+    """
+
+    def numbers(v: Any) -> bool:
+        if isinstance(v, list):
+            return all(numbers(x) for x in v)
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if not numbers(value):
+        raise StatsError(f"{where}: not a number or a list of numbers")
+    try:
+        array = np.asarray(value)
+    except ValueError as exc:  # ragged lists
+        raise StatsError(f"{where}: not an array of numbers ({exc})") from None
+    if array.dtype.kind not in "iuf":  # an integer past int64 makes an object array
+        raise StatsError(f"{where}: not an array of numbers (numbers past 64 bits)")
+    return array
 
 
 def source_stats(root: str, storage_options: dict | None = None) -> dict[str, dict[str, np.ndarray]]:

@@ -141,6 +141,23 @@ def test_a_manifest_naming_a_local_file_is_not_opened(converted, tmp_path):
     assert ds.meta.stats_from == "manifest" and 666.0 not in ds.meta.stats["action"]["mean"]
 
 
+@pytest.mark.parametrize(
+    "hostile",
+    [[[1.0, 2.0], [3.0]], "mean", None, {"a": 1}, [True, False], 10**400, [[1.0], "x"]],
+    ids=["ragged", "text", "null", "object", "bools", "past-64-bits", "mixed"],
+)
+def test_stored_statistics_that_are_not_numbers_are_refused_naming_them(converted, tmp_path, hostile):
+    """A manifest's stored statistics are a stranger's too: anything but arrays of numbers is a StatsError."""
+    folder = tmp_path / "ds"
+    shutil.copytree(converted, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["sources"][0]["stats"]["action"]["mean"] = hostile
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StatsError, match=r"manifest sources\[0\]\.stats\['action'\]\['mean'\]: not"):
+        EpishardLeRobotDataset(str(folder))
+    assert EpishardLeRobotDataset(str(folder), stats="manifest").meta.stats_from == "manifest"
+
+
 def test_a_source_root_the_user_names_is_read_with_the_users_options(converted, tmp_path):
     """``source_root=`` is the user's choice: read there (with the storage options), whatever the manifest says."""
     served = tmp_path / "served"
