@@ -121,7 +121,7 @@ def stored_source_stats(source: DatasetSource) -> dict[str, dict[str, np.ndarray
 
 
 def _statistic(value: Any, where: str) -> np.ndarray:
-    """One statistic as LeRobot's ``cast_stats_to_numpy`` gives it (``np.array`` of a number or of equal-length nested lists).
+    """One statistic as LeRobot's ``cast_stats_to_numpy`` gives it: ``np.array`` of a number or of equal-length lists.
 
     Raises:
         StatsError: text, null, objects, booleans, ragged lists or numbers past float64, naming ``where``.
