@@ -19,6 +19,8 @@ import pyarrow.parquet as pq
 
 from epishard.format.storage import RemoteFile
 
+from .errors import ConversionError
+
 FileInput = str | RemoteFile
 """A file given by reference: a local path, or a ``storage.RemoteFile`` (any fsspec URL)."""
 
@@ -36,13 +38,43 @@ def file_size(file: FileInput) -> int:
     return file.size() if isinstance(file, RemoteFile) else os.path.getsize(file)
 
 
+def bounded_parquet(
+    source, where: str, error: type[Exception] = ConversionError, columns: list[str] | None = None, threads: bool = True
+) -> pa.Table:
+    """The Parquet table in ``source`` (a path, a file object, a buffer), read if its footer's claims are bounded.
+
+    The footer states the rows and the uncompressed bytes of every row group; a file claiming more
+    than ``sources.bounds.MAX_ROWS`` rows or ``MAX_ARRAY_BYTES`` bytes (15 MB of Parquet can claim
+    300 M rows) is refused before a page is decompressed. ``columns``: only those (None: all).
+
+    Raises:
+        ConversionError(kind="too_large") (or ``error``, e.g. ``SourceError`` at open): naming ``where``.
+    """
+    from .sources import bounds  # (the sources package imports this module)
+
+    parquet = pq.ParquetFile(source)
+    meta = parquet.metadata
+    rows = meta.num_rows
+    size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if not 0 <= rows <= bounds.MAX_ROWS or size > bounds.MAX_ARRAY_BYTES:
+        message = (
+            f"a Parquet file claiming {rows} rows and {size} bytes uncompressed, more than the {bounds.MAX_ROWS} "
+            f"rows or {bounds.MAX_ARRAY_BYTES} bytes a source may (epishard.shardwriter.sources.bounds): refused "
+            "before reading"
+        )
+        if error is ConversionError:
+            raise ConversionError(message, kind="too_large", path=where)
+        raise error(f"{where}: {message}")
+    return parquet.read(columns=columns, use_threads=threads)
+
+
 @functools.lru_cache(maxsize=4)
 def _read_shared_table(path: FileInput) -> pa.Table:
     # Consecutive episodes of a LeRobot v3.0 dataset share one parquet file: read it once.
     if isinstance(path, RemoteFile):
         with path.open() as f:
-            return pq.read_table(f)
-    return pq.read_table(path)
+            return bounded_parquet(f, str(path))
+    return bounded_parquet(path, str(path))
 
 
 @dataclass(frozen=True)
@@ -197,7 +229,7 @@ class Episode:
             return whole.slice(self.table.start, self.table.stop - self.table.start), None
         raw = read_file(self.table)
         # One episode's rows: read in this thread (Arrow's pools cost more than they save here).
-        return pq.ParquetFile(pa.BufferReader(raw)).read(use_threads=False), raw
+        return bounded_parquet(pa.BufferReader(raw), str(self.table), threads=False), raw
 
     def estimated_bytes(self) -> int:
         """Rough shard bytes of this episode, used only to plan shard sizes."""

@@ -34,7 +34,6 @@ import urllib.parse
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from epishard.format import untrusted
 from epishard.format.retry import RETRY_BUDGET_S, call_with_budget
@@ -48,8 +47,9 @@ from epishard.format.storage import (
 )
 from epishard.redact import redact, scrubbed
 
-from .episode import CameraVideo, Episode, FileInput, Source, TableSlice
+from .episode import CameraVideo, Episode, FileInput, Source, TableSlice, bounded_parquet
 from .errors import SourceError
+from .sources import bounds
 
 
 class _Tree:
@@ -61,11 +61,17 @@ class _Tree:
     request per folder over HTTP: the server must serve directory listings) and questions about it
     are answered from that listing; its files become ``RemoteFile``s, read through range requests.
     Hidden files and folders (a leading dot) are left out, as ``glob`` leaves them out locally.
+
+    A local file is read only when it resolves inside the dataset's folder (symbolic links followed;
+    a Hub cache snapshot's links into its ``blobs``: ``sources.bounds.source_folder``), unless
+    ``allow_external``, and only when it is a regular file (a FIFO, a device, ``/proc``: refused from
+    ``stat``, never opened): ``checked``.
     """
 
-    def __init__(self, root: str, storage_options: dict | None):
+    def __init__(self, root: str, storage_options: dict | None, allow_external: bool = False):
         self.local = is_local(root)
         self.options = dict(storage_options or {})
+        self.allow_external = allow_external
         self.whole_reads: list[str] = []  # remote files read whole: the server ignores Range
         if self.local:
             self.root = local_path(root)
@@ -124,9 +130,29 @@ class _Tree:
             return sorted(glob.glob(pattern, recursive=True))
         return sorted(p for p in self.sizes if p.startswith(folder + "/") and p.endswith(suffix))
 
+    def checked(self, path: str) -> str:
+        """``path`` when the dataset may read it (see the class); a path not there at all is left to the caller.
+
+        Raises:
+            SourceError: it resolves outside the dataset's folder (without ``allow_external``), or
+                is not a regular file, naming the path and where it resolves.
+        """
+        if not os.path.lexists(path):
+            return path
+        try:
+            if self.allow_external:
+                bounds.check_local_file(path, None, SourceError)
+            else:
+                bounds.confine(path, self.root, path, SourceError)
+        except SourceError as exc:
+            outside = "outside the source folder" in str(exc) and not self.allow_external
+            hint = "; for a trusted local dataset pass --allow-external" if outside else ""
+            raise SourceError(f"{exc}{hint}") from None
+        return path
+
     def read(self, path: str) -> bytes:
         if self.local:
-            with open(path, "rb") as f:
+            with open(self.checked(path), "rb") as f:
                 return f.read()
         return self._remote(path).read()
 
@@ -137,15 +163,15 @@ class _Tree:
         states none: after the read). Raises SourceError naming the file.
         """
         if self.local:
-            return untrusted.read_local(path, path, SourceError)
+            return untrusted.read_local(self.checked(path), path, SourceError)
         untrusted.check_size(self.sizes.get(path), path, SourceError)
         data = self._remote(path).read()
         untrusted.check_size(len(data), path, SourceError)
         return data
 
     def file(self, path: str) -> FileInput:
-        """What an episode refers to the file by: the local path, or a ``RemoteFile``."""
-        return path if self.local else self._remote(path)
+        """What an episode refers to the file by: the local path (``checked``), or a ``RemoteFile``."""
+        return self.checked(path) if self.local else self._remote(path)
 
     def _remote(self, path: str) -> RemoteFile:
         return RemoteFile(path, self.sizes.get(path), self.options)
@@ -157,11 +183,11 @@ class _Tree:
         file is then read whole, and recorded in ``whole_reads`` (a source note says so).
         """
         if self.local:
-            return pq.read_table(path, columns=columns)
+            return bounded_parquet(self.checked(path), path, SourceError, columns)
         with self._remote(path).open() as f:
             if isinstance(f, io.BytesIO):  # RemoteFile.open read it whole: the server ignores Range
                 self.whole_reads.append(path)
-            return pq.read_table(f, columns=columns)
+            return bounded_parquet(f, path, SourceError, columns)
 
     def whole_read_notes(self) -> list[str]:
         """A note naming the files read whole because the server ignores ``Range`` (none: [])."""
@@ -425,6 +451,7 @@ def read_lerobot(
     cameras: tuple[str, ...] | None = None,
     storage_options: dict | None = None,
     episodes: frozenset[int] | None = None,
+    allow_external: bool = False,
 ) -> Source:
     """Open a LeRobot dataset folder and describe its episodes without reading any video.
 
@@ -438,6 +465,8 @@ def read_lerobot(
             ``()`` none (state and action only; the dataset's videos are not looked at).
         storage_options: for a URL, as ``storage.make_filesystem`` takes them (merged with the
             environment; see ``storage.resolve_storage_options``).
+        allow_external: read local files that resolve outside the dataset's folder (symbolic links
+            out of it; ``SourceOptions.allow_external``); special files are refused even then.
         episodes: the episode indices to describe (``ConvertOptions.episodes``; None: all).
             ``Source.episodes`` then lists only those of them the dataset has; everything else
             (the checks of ``meta/episodes``, the notes, the episode count, the errors) is as
@@ -452,7 +481,7 @@ def read_lerobot(
             deeper than ``untrusted.MAX_JSON_DEPTH``, no episode files, or no declared camera has video files
             (naming the expected path) unless ``cameras == ()``. Messages name the file and field.
     """
-    tree = _Tree(root, storage_options)
+    tree = _Tree(root, storage_options, allow_external)
     root = tree.root
     info_path = os.path.join(root, "meta", "info.json")
     if not tree.exists(info_path):

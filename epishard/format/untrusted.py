@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from typing import Any
 
 MAX_JSON_BYTES = 256 << 20  # a metadata file's size at most (manifest.json, info.json, a .jsonl file)
@@ -47,13 +48,23 @@ def read_local(path: str, where: str, error: type[Exception] = ValueError, limit
     """The bytes of local file ``path``, refused unread when it holds more than ``limit`` bytes.
 
     The size is taken from the open file (``fstat``), and at most ``limit + 1`` bytes are read, so
-    a file growing meanwhile is refused too.
+    a file growing meanwhile is refused too. A path that is not a regular file (a FIFO, whose open
+    would wait for a writer; a device; a folder) or that resolves into ``/proc``, ``/sys`` or
+    ``/dev`` is refused from ``stat``, before it is opened.
 
     Raises:
-        error: the file is too large (``check_size``). OSError: it does not open.
+        error: the file is too large (``check_size``), or not a regular file. OSError: it does not open.
     """
-    with open(path, "rb") as f:
+    real = os.path.realpath(path)
+    mode = os.stat(real).st_mode
+    if not stat.S_ISREG(mode) or any(real == r or real.startswith(r + "/") for r in ("/proc", "/sys", "/dev")):
+        raise error(f"{where}: resolves to {real}, not a regular file of a dataset: refused unread")
+    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO swapped in since the stat: not waited on)
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as f:
         check_size(os.fstat(f.fileno()).st_size, where, error, limit)
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise error(f"{where}: not a regular file: refused unread")
         data = f.read(limit + 1)
     check_size(len(data), where, error, limit)
     return data

@@ -178,7 +178,13 @@ def open_source(
     if chosen == "lerobot":
         read_lerobot = load_opener(BY_NAME["lerobot"])
         try:
-            return read_lerobot(root, cameras=cameras, storage_options=storage_options, episodes=episodes)
+            return read_lerobot(
+                root,
+                cameras=cameras,
+                storage_options=storage_options,
+                episodes=episodes,
+                allow_external=options.allow_external,
+            )
         except SourceError as exc:
             if options.format is not None or found == "lerobot":
                 raise

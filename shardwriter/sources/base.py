@@ -227,16 +227,17 @@ def source_files(
         for folder, dirs, files in os.walk(path):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             found += [os.path.join(folder, n) for n in files if n.endswith(suffixes) and not n.startswith(".")]
+        folder = bounds.source_folder(path)
         for f in found:
             if allow_external:
                 bounds.check_local_file(f)
-            elif os.path.islink(f) or os.path.commonpath(
-                [os.path.realpath(path), os.path.realpath(f)]
-            ) != os.path.realpath(path):
+            elif os.path.commonpath([folder, os.path.realpath(f)]) != folder:
                 try:
                     bounds.confine(f, path, f)
                 except SourceError as exc:
-                    raise SourceError(f"{exc}; for a trusted local source pass --allow-external") from None
+                    outside = "outside the source" in str(exc)  # (a special file has no way out)
+                    hint = "; for a trusted local source pass --allow-external" if outside else ""
+                    raise SourceError(f"{exc}{hint}") from None
             else:
                 bounds.check_local_file(f)
         if len(found) > bounds.MAX_EPISODES:

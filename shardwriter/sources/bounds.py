@@ -60,6 +60,7 @@ __all__ = [
     "check_numeric",
     "confine",
     "reading",
+    "source_folder",
     "too_large",
 ]
 
@@ -140,18 +141,34 @@ def check_local_file(path: str, where: str | None = None, error: type[Exception]
         raise _error(error, f"{path}: resolves to {real}, {kind}, not a regular file: refused unread", where)
 
 
+def source_folder(root: str) -> str:
+    """The folder a local source's files must resolve inside: ``root``'s (resolved), or its Hub cache repository.
+
+    A snapshot of the Hugging Face hub cache (``.../datasets--<org>--<name>/snapshots/<revision>``)
+    holds its files as symbolic links to ``../../blobs/<hash>``: for such a root the bound is the
+    repository's cache folder (``datasets--<org>--<name>``), which holds both.
+    """
+    real = os.path.realpath(root if os.path.isdir(root) else os.path.dirname(root) or ".")
+    parent, revision = os.path.split(real)
+    repo, snapshots = os.path.split(parent)
+    if revision and snapshots == "snapshots" and os.path.basename(repo).startswith(("datasets--", "models--")):
+        return repo
+    return real
+
+
 def confine(path: str, root: str, where: str, error: type[Exception] = SourceError) -> str:
     """``path`` (absolute, or relative to ``root``'s folder), resolved, when inside ``root`` and a regular file.
 
-    ``root``: the source's folder (or file: its folder is the bound). Symbolic links are followed
-    before the check, so a link inside the folder to ``/etc/passwd`` is refused as ``../..`` is.
+    ``root``: the source's folder (or file: its folder is the bound; ``source_folder``: a Hub cache
+    snapshot's repository folder). Symbolic links are followed before the check, so a link inside
+    the folder to ``/etc/passwd`` is refused as ``../..`` is.
 
     Raises:
         ``error`` (SourceError by default): the target lies outside the source, or is not a regular
             file (``check_local_file``), naming ``where``, the path and where it resolves.
     """
-    base = os.path.realpath(root if os.path.isdir(root) else os.path.dirname(root) or ".")
-    real = os.path.realpath(os.path.join(base, path))
+    base = source_folder(root)
+    real = os.path.realpath(os.path.join(root if os.path.isdir(root) else os.path.dirname(root) or ".", path))
     if os.path.commonpath([base, real]) != base:
         raise _error(error, f"{path!r} resolves to {real}, outside the source folder {base}: refused unread", where)
     check_local_file(real, where, error)
