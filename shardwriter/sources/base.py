@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import importlib
 import json
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -298,7 +299,13 @@ def file_stamp(file: FileInput) -> tuple[int, int]:
 
 
 def _arrow(values: np.ndarray) -> pa.Array:
-    """Rows ``[T, ...]`` as an Arrow column: scalars plain, ``[T, D]`` fixed-size lists, deeper nested."""
+    """Rows ``[T, ...]`` as an Arrow column: scalars plain, ``[T, D]`` fixed-size lists, deeper nested.
+
+    Big-endian numbers (``>f4``, as HDF5 and Zarr may store them) become the same values in this
+    machine's order (Arrow takes native order only).
+    """
+    if values.dtype.kind in "biuf" and not values.dtype.isnative:
+        values = values.astype(values.dtype.newbyteorder("="))
     if values.ndim == 1:
         if values.dtype.kind in ("S", "O", "U"):
             return pa.array([v.decode() if isinstance(v, bytes) else str(v) for v in values.tolist()], pa.string())
@@ -347,7 +354,7 @@ def concat(parts: list[np.ndarray], keys: tuple[str, ...], file: str) -> np.ndar
 
     Raises ConversionError(kind="length_mismatch") naming the keys when their lengths differ.
     """
-    parts = [p.reshape(p.shape[0], -1) if p.ndim != 2 else p for p in parts]
+    parts = [p.reshape(p.shape[0], math.prod(p.shape[1:])) if p.ndim != 2 else p for p in parts]  # (0 rows too)
     if len({p.shape[0] for p in parts}) > 1:
         desc = ", ".join(f"{k} {p.shape[0]} rows" for k, p in zip(keys, parts, strict=True))
         raise ConversionError(f"arrays of different lengths: {desc}", kind="length_mismatch", path=file)

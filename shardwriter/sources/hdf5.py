@@ -14,7 +14,8 @@ a frame, of a chunk).
 
 ALOHA (docs/sources/aloha.md): ``/observations/images/<cam>`` uint8 ``[T, H, W, 3]``, or JPEG bytes
 (``compress`` attribute on the file: rows of zero-padded bytes ``[T, N]``, or variable-length
-bytes); ``/observations/qpos`` -> ``observation.state``, ``/action`` -> ``action``,
+bytes; decoded here, channels in the order ``cv2.imdecode`` gives them, as ALOHA's recorder and
+readers do: ``_decode_rows``); ``/observations/qpos`` -> ``observation.state``, ``/action`` -> ``action``,
 ``/observations/qvel`` -> ``observation.velocity``, ``/observations/effort`` -> ``observation.effort``;
 50 Hz.
 
@@ -23,7 +24,12 @@ image keys (``*_image``, ``*_rgb``: uint8 ``[T, H, W, 3]``) are cameras (``*_dep
 cameras), ``actions`` -> ``action``, ``rewards`` -> ``next.reward``, ``dones`` -> ``next.done``,
 state: robomimic ``robot0_eef_pos + robot0_eef_quat + robot0_gripper_qpos``, LIBERO
 ``joint_states + gripper_states``; the task: LIBERO's ``problem_info`` attribute
-(``language_instruction``), or a ``language_instruction`` attribute; 20 Hz.
+(``language_instruction``), or a ``language_instruction`` attribute; 20 Hz. A demo's ``num_samples``
+attribute (robomimic's ``SequenceDataset`` reads that many rows) must equal its arrays' rows.
+
+Values are read as the file holds them: any dtype of numbers kept, big-endian ones in this
+machine's byte order (the same values); an episode without rows is refused (``empty_episode``).
+Checked against re-implementations of ACT's and robomimic's readers: tests/test_oracle_hdf5.py.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ ROBOMIMIC_FPS = 20.0
 _MAX_LINK_HOPS = 16  # soft links followed for one key (HDF5's own limit, H5L_NUM_LINKS)
 _MAX_OTHER_FILES = 16  # files opened for one episode to follow external links / check VDS sources (allow_external)
 _NOTED_LINKS = 20  # unmapped external links named in the source's notes
+MAX_TEXT_BYTES = 1 << 20  # an attribute read as text (a task)
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,7 @@ class _Layout:
     fps: float
     cameras: tuple[tuple[str, str], ...] = ()  # (key, "camera" | "encoded"): checked before anything is read
     allow_external: bool = False  # SourceOptions.allow_external
+    aloha: bool = False  # the file is the episode: its own compress and language_instruction attributes apply
 
     def where(self) -> str:
         return _where(self.file, self.group)
@@ -343,7 +351,7 @@ def _check_array(fh: _File, group: str, key: str, role: str, where: str, bounded
         raise ConversionError(f"{key!r} is a scalar, not rows (one per step)", kind="bad_feature", path=where)
     if role == "column":  # numbers, or fixed-size arrays of numbers per cell (read as more axes)
         bounds.check_numeric(dtype.subdtype[0] if dtype.subdtype else dtype, where, key)
-    elif role == "camera" and dtype != np.uint8 and dtype != np.uint16:
+    elif role == "camera" and not _frame_dtype(dtype):
         raise ConversionError(
             f"{key!r} holds {dtype} frames; a camera's frames are uint8 (RGB, grey) or uint16 (depth) "
             "(--cameras leaves a camera out)",
@@ -387,6 +395,17 @@ def _check_array(fh: _File, group: str, key: str, role: str, where: str, bounded
     return node
 
 
+def _frame_dtype(dtype) -> bool:
+    """Frames a camera takes: uint8 or uint16, in either byte order (``>u2`` depth is read as ``uint16``)."""
+    dtype = np.dtype(dtype)
+    return dtype.fields is None and dtype.newbyteorder("=") in (np.dtype(np.uint8), np.dtype(np.uint16))
+
+
+def _native(values: np.ndarray) -> np.ndarray:
+    """``values`` in this machine's byte order (the same numbers; Arrow and the encoders take no other)."""
+    return values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
+
+
 def _encoded_dtype(shape: tuple[int, ...], dtype) -> bool:
     """Encoded image rows: uint8 ``[T, N]``, or ``[T]`` of variable-length bytes, fixed bytes or opaque cells."""
     h5py = require("h5py")
@@ -401,9 +420,40 @@ def _encoded_dtype(shape: tuple[int, ...], dtype) -> bool:
 
 
 def _read(ds, where: str, key: str) -> np.ndarray:
-    """A checked dataset read whole; a library's error named (``bounds.reading``)."""
+    """A checked dataset read whole, in native byte order; a library's error named (``bounds.reading``)."""
     with bounds.reading(where, key):
-        return np.asarray(ds[()])
+        return _native(np.asarray(ds[()]))
+
+
+def _num_samples(fh: _File, group: str, where: str, rows: int, keys: str) -> list[dict]:
+    """Check a robomimic demo's ``num_samples`` attribute against its ``rows``; the notes about it.
+
+    robomimic's ``SequenceDataset.load_demo_info`` takes the demo's length from this attribute
+    (robomimic/utils/dataset.py) and reads that many rows of each array; its writers set it to the
+    arrays' length. An integer that differs is refused; one of another type is noted and ignored.
+
+    Raises:
+        ConversionError(kind="length_mismatch"): ``num_samples`` is an integer other than ``rows``.
+    """
+    h5py = require("h5py")
+    node = _resolve(fh, group, where, group)
+    if "num_samples" not in node.attrs:
+        return []
+    with bounds.reading(where, "num_samples"):
+        attr = h5py.h5a.open(node.id, b"num_samples")
+        shape, dtype = attr.shape, attr.dtype
+        if dtype.kind not in "iu" or math.prod(shape or ()) != 1:
+            message = f"the attribute num_samples ({dtype} {list(shape or ())}) is not an integer: ignored"
+            return [{"kind": "num_samples_ignored", "row": None, "message": message}]
+        claimed = int(np.asarray(node.attrs["num_samples"]).reshape(-1)[0])
+    if claimed != rows:
+        raise ConversionError(
+            f"the attribute num_samples says {claimed} rows, the arrays have {rows} ({keys}); robomimic would "
+            f"read {claimed} rows of each: refused (a damaged or edited file?)",
+            kind="length_mismatch",
+            path=where,
+        )
+    return []
 
 
 @dataclass(frozen=True)
@@ -430,20 +480,34 @@ class HDF5Table(LazyTable):
                 if total > bounds.MAX_ARRAY_BYTES:
                     what = "the episode's arrays read whole, up to this one, take"
                     raise bounds.too_large(what, total, bounds.MAX_ARRAY_BYTES, where, key)
+            encoded = lay.aloha and _compressed(fh, where)
             for key, role in lay.cameras:
+                role = ("encoded" if encoded else "camera") if lay.aloha else role
                 _check_array(fh, lay.group, key, role, where)
             columns: dict[str, np.ndarray] = {}
             keys: dict[str, str] = {}
             for name, parts in (("observation.state", lay.state), ("action", lay.action)):
                 if parts:
                     read = [_read(datasets[k], where, k) for k in parts]
+                    read = [r.reshape(len(r), math.prod(r.shape[1:])) for r in read]  # [T, D], also when T is 0
                     with bounds.reading(where, " + ".join(parts)):
                         columns[name] = concat(read, parts, where)
                     keys[name] = " + ".join(parts)
             for name, key in lay.columns:
                 columns[name], keys[name] = _read(datasets[key], where, key), key
             table = build_table(columns, lay.fps, where, keys)
-        return LoadedTable(table, [])
+            shapes = ", ".join(f"{k!r} {list(ds.shape)}" for k, ds in list(datasets.items())[:3])
+            if not table.num_rows:
+                raise ConversionError(
+                    f"the episode has no rows ({shapes or 'no array mapped'}): an episode needs one at least",
+                    kind="empty_episode",
+                    path=where,
+                )
+            notes = _num_samples(fh, lay.group, where, table.num_rows, shapes) if lay.group else []
+            tasks: tuple[str, ...] = ()
+            if lay.aloha and "language_instruction" in fh.h5.attrs:
+                tasks = (_text_attribute(fh.h5, "language_instruction", where),)
+        return LoadedTable(table, notes, tasks)
 
     def fingerprint(self) -> list:
         """File, size, group and keys."""
@@ -457,7 +521,7 @@ class HDF5Table(LazyTable):
 
 @dataclass(frozen=True)
 class HDF5Frames(FrameReader):
-    """A camera's frames: uint8 ``[T, H, W, 3]`` (or uint16 ``[T, H, W]``), or JPEG bytes per row."""
+    """A camera's frames: uint8 ``[T, H, W(, C)]``, uint16 ``[T, H, W(, 1)]`` (either byte order), or JPEG rows."""
 
     file: FileInput
     group: str
@@ -465,35 +529,106 @@ class HDF5Frames(FrameReader):
     encoded: bool
     estimate: int = 0
     allow_external: bool = False
+    aloha: bool = False  # encoded or not: the file's own compress attribute says
 
     def chunks(self) -> Iterator[np.ndarray | list[bytes]]:
-        """``CHUNK_FRAMES`` frames at a time; encoded rows as bytes (zero padding after the image removed).
+        """``CHUNK_FRAMES`` frames at a time, uint8 ``[n, H, W(, C)]`` or uint16 ``[n, H, W]``, native byte order.
 
+        A channel axis of 1 is dropped (grey, depth); encoded rows (ALOHA: the file's own ``compress``
+        attribute) are decoded here (``_decode_rows``: zero padding removed, cv2's channel order).
         The array is checked first (``_check_array``: links, storage, dtype, frame and chunk bytes).
-        Raises ConversionError naming file and key (``row``: the first row of a chunk that cannot be read).
+        Raises ConversionError naming file and key (``row``: the first row of a chunk that cannot be
+        read, or the image that cannot be decoded).
         """
         where = _where(self.file, self.group)
-        role = "encoded" if self.encoded else "camera"
         with _File(self.file, self.allow_external) as fh:
+            encoded = _compressed(fh, where) if self.aloha else self.encoded
             with bounds.reading(where, self.key):
-                ds = _check_array(fh, self.group, self.key, role, where)
+                ds = _check_array(fh, self.group, self.key, "encoded" if encoded else "camera", where)
             n = int(ds.shape[0])
             for start in range(0, n, CHUNK_FRAMES):
                 try:
                     with bounds.reading(where, self.key):
                         rows = ds[start : start + CHUNK_FRAMES]
-                        chunk = [_image_bytes(r) for r in rows] if self.encoded else rows
                 except ConversionError as exc:
                     raise exc.with_context(row=start) from exc.__cause__
-                yield chunk
+                if encoded:
+                    yield _decode_rows(rows, start)
+                elif rows.ndim == 4 and rows.shape[-1] == 1:  # grey or depth with a channel axis
+                    yield _native(rows[..., 0])
+                else:
+                    yield _native(rows)
 
     def fingerprint(self) -> list:
-        """File, size, group, key."""
-        return [str(self.file), size_of(self.file), self.group, self.key, self.encoded]
+        """File, size, group, key (and, for encoded rows, the channel order they are decoded in)."""
+        return [str(self.file), size_of(self.file), self.group, self.key, self.encoded, "cv2 channel order"]
 
     def estimated_bytes(self) -> int:
         """The bytes the arrays take in the file (lossless video is smaller, a re-encode far smaller)."""
         return self.estimate
+
+
+def _decode_rows(rows, start: int) -> np.ndarray:
+    """Encoded image rows (JPEG, PNG) decoded: uint8 ``[n, H, W, 3]`` (uint16 ``[n, H, W]`` for 16-bit grey).
+
+    Decoded by FFmpeg (``images.decode_image``), channels then in the order ``cv2.imdecode(row,
+    IMREAD_COLOR)`` returns them (blue first): ALOHA's recorder stores its RGB arrays with
+    ``cv2.imencode`` (aloha ``record_episodes.py``, act-plus-plus), which takes them for BGR, and
+    its readers decode with ``cv2.imdecode`` (act-plus-plus ``utils.py`` ``EpisodicDataset``,
+    LeRobot's ALOHA converter), so the arrays read are the arrays recorded. An image with alpha
+    comes back with an opaque alpha channel (the writer drops it and reports it).
+
+    Raises:
+        ConversionError: ``bad_image`` (no bytes, undecodable; ``row`` names it),
+            ``frame_size_changed`` (an image of another size or kind than the chunk's first).
+    """
+    from ..images import decode_image
+
+    images: list[np.ndarray] = []
+    alpha = False
+    for i, row in enumerate(rows):
+        data = _image_bytes(row)
+        if not data:
+            raise ConversionError("image holds no bytes (a row of zeros)", kind="bad_image", row=start + i)
+        try:
+            image, has_alpha = decode_image(data)
+        except ValueError as exc:
+            raise ConversionError(str(exc), kind="bad_image", row=start + i) from exc
+        if image.ndim == 3:
+            image = image[..., ::-1]
+        if images and (image.shape != images[0].shape or image.dtype != images[0].dtype):
+            raise ConversionError(
+                f"image is {image.dtype} {list(image.shape)}, "
+                f"row {start}'s is {images[0].dtype} {list(images[0].shape)}",
+                kind="frame_size_changed",
+                row=start + i,
+            )
+        images.append(image)
+        alpha |= has_alpha
+    frames = np.stack(images)
+    if alpha and frames.ndim == 4:
+        frames = np.concatenate([frames, np.full((*frames.shape[:-1], 1), 255, np.uint8)], axis=-1)
+    return frames
+
+
+def _text_attribute(node, name: str, where: str) -> str:
+    """The text of ``node``'s attribute ``name``, its stored size bounded (``MAX_TEXT_BYTES``) before it is read.
+
+    Raises:
+        ConversionError: ``too_large`` (naming the attribute), ``unreadable_file`` (h5py's errors).
+    """
+    h5py = require("h5py")
+    with bounds.reading(where, name):
+        size = h5py.h5a.open(node.id, name.encode()).get_storage_size()
+        if size > MAX_TEXT_BYTES:
+            raise bounds.too_large("the attribute's stored bytes", size, MAX_TEXT_BYTES, where, name)
+        return _attr_text(node.attrs[name])
+
+
+def _compressed(fh: _File, where: str) -> bool:
+    """An ALOHA file's ``compress`` attribute: its cameras are encoded image rows (act-plus-plus reads it per file)."""
+    with bounds.reading(where, "compress"):
+        return bool(fh.h5.attrs.get("compress", False))
 
 
 def _image_bytes(row) -> bytes:
@@ -570,7 +705,7 @@ def _aloha_default(arrays: dict, compressed: bool) -> Mapping:
     cameras = {
         f"observation.images.{k.split('/')[-1]}": k
         for k, (shape, dtype) in sorted(arrays.items())
-        if k.startswith("observations/images/") and (compressed or _is_image(shape, dtype) or len(shape) == 3)
+        if k.startswith("observations/images/") and (compressed or (len(shape) in (3, 4) and _frame_dtype(dtype)))
     }
     columns = {
         name: key
@@ -590,8 +725,8 @@ def _aloha_default(arrays: dict, compressed: bool) -> Mapping:
 
 def _robomimic_default(arrays: dict, libero: bool) -> Mapping:
     cameras, depth = {}, []
-    for key, (shape, _) in sorted(arrays.items()):
-        if not key.startswith("obs/"):
+    for key, (shape, dtype) in sorted(arrays.items()):
+        if not key.startswith("obs/") or not _frame_dtype(dtype):  # float depth maps stay columns (_plan)
             continue
         stem = key[4:]
         for suffix in ("_image", "_rgb", "_depth"):
@@ -616,20 +751,34 @@ def _robomimic_default(arrays: dict, libero: bool) -> Mapping:
     )
 
 
-def _plan(arrays: dict, mapping: Mapping, where: str) -> tuple[tuple[tuple[str, str], ...], list[str]]:
-    """Kept columns (mapped, then others) and the notes naming what is dropped."""
+def _plan(
+    arrays: dict, mapping: Mapping, where: str, never: tuple[str, ...] = ()
+) -> tuple[tuple[tuple[str, str], ...], list[str]]:
+    """Kept columns (mapped, then others) and the notes naming what is dropped.
+
+    ``never``: keys not per step whatever their shape (ALOHA's ``compress_len`` ``[cameras, T]``,
+    which an episode of as many rows as cameras would otherwise take for a column).
+    """
     used = set(mapping.state or ()) | set(mapping.action or ()) | set((mapping.cameras or {}).values())
     used |= set((mapping.columns or {}).values())
     columns = list((mapping.columns or {}).items())
     notes = []
     lengths = {k: s[0] for k, (s, _) in arrays.items() if s}
     length = lengths.get((mapping.action or ("",))[0])
-    rest = sorted(k for k in arrays if k not in used and not k.startswith("observations/images/"))
+    rest = sorted(k for k in arrays if k not in used)
     for key in rest:
         shape, dtype = arrays[key]
         per_step = bool(shape) and shape[0] == length and np.dtype(dtype).kind in "biuf"
-        if mapping.others and per_step and not _is_image(shape, dtype):
+        if key in never:
+            notes.append(f"{where}: {key} {list(shape)} {np.dtype(dtype)} is not kept (not per step)")
+        elif key.startswith("observations/images/"):  # ALOHA's camera folder: frames of a camera or nothing
+            notes.append(f"{where}: {key} {list(shape)} {np.dtype(dtype)} is not kept (not a mapped camera)")
+        elif mapping.others and per_step and not _is_image(shape, dtype):
             columns.append((column_name(key), key))
+            if len(shape) >= 3 and np.dtype(dtype).kind == "f":
+                notes.append(
+                    f"{where}: {key} {list(shape)} {np.dtype(dtype)}: kept as a column (a camera is uint8 or uint16)"
+                )
         else:
             why = "not per-step numbers" if not per_step else "others = false"
             notes.append(f"{where}: {key} {list(shape)} {np.dtype(dtype)} is not kept ({why})")
@@ -676,9 +825,7 @@ def open_hdf5(
                 node, group = fh.h5["/"], ""
                 arrays = _arrays(node)
                 compressed = bool(fh.h5.attrs.get("compress", False))
-                attrs = dict(fh.h5.attrs)
-                task = _attr_text(attrs["language_instruction"]) if "language_instruction" in attrs else None
-                libero = False
+                task, libero = None, False  # each file's language_instruction: HDF5Table.load
             else:
                 if len(files) != 1:
                     raise SourceError(f"{root}: a robomimic/LIBERO source is one HDF5 file, found {len(files)}")
@@ -719,7 +866,7 @@ def open_hdf5(
                         raise SourceError(f"{where}: no key {key!r} (keys: {keys}); see --mapping") from None
                     if hasattr(found, "shape"):
                         arrays[key] = (tuple(found.shape), found.dtype)
-            columns, dropped = _plan(arrays, mapping, where)
+            columns, dropped = _plan(arrays, mapping, where, ("compress_len",) if kind == "aloha" else ())
             cams = kept_cameras(mapping.cameras, cameras, str(where))
             role = "encoded" if compressed else "camera"
             table_keys = [*(mapping.state or ()), *(mapping.action or ()), *(k for _, k in columns)]
@@ -759,13 +906,22 @@ def open_hdf5(
     for index, (file, group) in zip(indices, groups, strict=True):
         if episodes is not None and index not in episodes:
             continue
+        aloha = kind == "aloha"
         layout = _Layout(
-            file, group, tuple(mapping.state or ()), tuple(mapping.action or ()), columns, fps, camera_keys, allow
+            file,
+            group,
+            tuple(mapping.state or ()),
+            tuple(mapping.action or ()),
+            columns,
+            fps,
+            camera_keys,
+            allow,
+            aloha,
         )
         estimate = (size_of(file) if kind == "aloha" else per_file) // max(1, len(cams))
         frames = {
             cam: CameraFrames(
-                HDF5Frames(file, group, key, compressed, estimate, allow), depth=cam in (mapping.depth or ())
+                HDF5Frames(file, group, key, compressed, estimate, allow, aloha), depth=cam in (mapping.depth or ())
             )
             for cam, key in cams.items()
         }
