@@ -2,10 +2,14 @@
 
 Read with mcap and its ROS 2 decoder (``epishard[mcap]``: ``mcap``, ``mcap-ros2-support``; no ROS
 install). Each ``.mcap`` file is one episode (a folder of them: one episode per file, in natural
-order). The source's episode list holds the file names only; the worker reads the bag.
+order), except in a rosbag2 folder (``metadata.yaml`` beside its files): its files are one
+recording, one episode, read one after another in the order ``relative_file_paths`` lists them
+(a recording split by ``--max-bag-size``). The source's episode list holds the file names only;
+the worker reads the bags.
 
 Resampling (docs/sources/mcap.md): every message's time is its ``header.stamp`` (read from the CDR
-bytes; the log time when the stamp is zero). Rows are ``t0 + r / fps`` for ``t0`` the latest first
+bytes, for a type whose first field is a ``std_msgs/Header``); the log time when the stamp is zero
+or the type has none (``Float64MultiArray``). Rows are ``t0 + r / fps`` for ``t0`` the latest first
 message of the mapped topics and up to the earliest last one; each row takes, per topic, the
 message nearest its time. A row with a topic whose nearest message is farther than the tolerance
 (default: the larger of a row period and the topic's median message period; ``tolerance`` in the
@@ -19,7 +23,9 @@ Default mapping: ``sensor_msgs/msg/Image`` and ``CompressedImage`` topics are ca
 the ``sensor_msgs/msg/JointState`` topic not named like an action is ``observation.state`` (its
 ``position``; ``velocity`` and ``effort`` kept as ``observation.velocity`` / ``observation.effort``
 when present), a topic whose name holds ``action`` or ``command`` (``JointState`` position or
-``std_msgs/msg/Float64MultiArray`` data) is ``action``. The rate: ``--fps`` (or the mapping's
+``std_msgs/msg/Float64MultiArray`` / ``Float32MultiArray`` data) is ``action``. The mapping's
+``columns`` keep more such topics (position or data), resampled alike. Each mapped topic's type is
+checked at open. The rate: ``--fps`` (or the mapping's
 ``fps``); without it, the median rate of the slowest camera topic (stated in the notes).
 
 A bag from a stranger is read without trusting what it claims (``bounds``): mcap's library reads
@@ -61,6 +67,7 @@ from .base import (
     episode_numbers,
     file_stamp,
     kept_cameras,
+    natural_key,
     open_binary,
     require,
     size_of,
@@ -72,6 +79,7 @@ HELD_FRAMES = CHUNK_FRAMES  # decoded images of a camera held for rows still to 
 IMAGE_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
 JOINT_TYPE = "sensor_msgs/msg/JointState"
 ARRAY_TYPES = ("std_msgs/msg/Float64MultiArray", "std_msgs/msg/Float32MultiArray")
+VECTOR_TYPES = (JOINT_TYPE, *ARRAY_TYPES)  # what a state, action or column topic may be
 _NAME_NOISE = {"image_raw", "compressed", "image", "image_rect_color", "image_color", "color", "rgb"}
 _MAGIC = b"\x89MCAP0\r\n"
 _FOOTER, _MESSAGE, _CHUNK, _DATA_END = 0x02, 0x05, 0x06, 0x0F
@@ -79,18 +87,32 @@ _FOOTER_BYTES = 1 + 8 + 8 + 8 + 4  # opcode, length, summary start, summary offs
 _INT64 = (1 << 63) - 1
 _PIECE = 64 << 20  # decompressed bytes asked for at once: a chunk's claim is never allocated on its word
 _IMAGE_SLACK = 1 << 20  # an image message's bytes beyond its pixels (header, encoding, frame id)
+_METADATA = "metadata.yaml"  # a rosbag2 folder's description: its files (a split recording), storage, compression
+_METADATA_BYTES = 16 << 20
+_RESERVED = ("observation.state", "observation.velocity", "observation.effort", "action", "timestamp",
+             "timestamp_ns", "frame_index", "episode_index", "index", "task_index")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class _Plan:
-    """Which topics make the rows, at what rate and tolerance (picklable, small)."""
+    """Which files and topics make the rows, at what rate and tolerance (picklable, small)."""
 
-    file: FileInput
+    files: tuple[FileInput, ...]  # the recording: one bag, or a rosbag2 folder's split files in order
+    where: str  # what errors name: the bag, or the rosbag2 folder
     fps: float
     tolerance: float | None
     topics: tuple[str, ...]  # every mapped topic, sorted: each one decides which rows exist
     state: str | None
     action: str | None
+    columns: tuple[tuple[str, str], ...] = ()  # (output column, topic): the mapping's other columns
+
+    def stamp(self) -> tuple:
+        """(size, mtime) of each file: a cache keyed by it never serves a file rewritten in place."""
+        return tuple(file_stamp(f) for f in self.files)
+
+    def size(self) -> int:
+        """The recording's bytes."""
+        return sum(size_of(f) for f in self.files)
 
 
 def _fail(message: str, file: FileInput, kind: str = "unreadable_file", **kw) -> ConversionError:
@@ -135,6 +157,7 @@ class _Bag:
         self.f = _Clamped(f, self.size)
         self.summary = self._summary()
         self._decoders: dict[int, Any] = {}
+        self._stamped: dict[int, bool] = {}
 
     def _summary(self):
         records = require("mcap.records")
@@ -259,6 +282,14 @@ class _Bag:
                 if cid in ids:
                     yield ids[cid], log, view[body + 22 : pos]
 
+    def stamped(self, channel) -> bool:
+        """Whether ``channel``'s messages begin with a ``std_msgs/Header`` (whose stamp is their time)."""
+        known = self._stamped.get(channel.id)
+        if known is None:
+            schema = self.summary.schemas.get(channel.schema_id) if self.summary else None
+            known = self._stamped[channel.id] = schema is not None and _header_first(schema)
+        return known
+
     def decode(self, channel, data: memoryview, k: int):
         """(decoded message, schema name) of message ``k`` of ``channel``, its size checked first."""
         schema = self.summary.schemas.get(channel.schema_id)
@@ -284,6 +315,22 @@ class _Bag:
                 )
             self._decoders[channel.id] = decoder
         return decoder(bytes(data)), name
+
+
+def _header_first(schema) -> bool:
+    """Whether a ros2msg schema's first field is a ``std_msgs/Header`` (CDR: its stamp leads the message).
+
+    Constants (``uint8 MODE=1``) are not serialized; comments and blank lines are skipped. Types
+    without a header (``std_msgs/Float64MultiArray`` starts with its layout) are timed by log time.
+    """
+    if schema.encoding != "ros2msg":
+        return False
+    for line in bytes(schema.data).decode("utf-8", "replace").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line or re.match(r"\S+\s+\w+\s*=", line):
+            continue
+        return re.fullmatch(r"(std_msgs/(msg/)?)?Header\s+\w+(\s+.*)?", line) is not None
+    return False
 
 
 @dataclass
@@ -348,7 +395,10 @@ def _open_bag(file: FileInput) -> Iterator[_Bag]:
 
 
 def _stamp(data, log_time: int) -> int:
-    """A message's time in ns: its header stamp (CDR: 4-byte encapsulation, int32 sec, uint32 nanosec) or log time."""
+    """A message's time in ns: its header stamp (CDR: 4-byte encapsulation, int32 sec, uint32 nanosec) or log time.
+
+    Only for a type whose first field is a header (``_Bag.stamped``).
+    """
     if len(data) >= 12:
         order = "<" if data[1] & 1 else ">"  # the encapsulation kind: odd ones are little-endian
         sec, nsec = struct.unpack_from(order + "iI", data, 4)
@@ -371,35 +421,43 @@ def _times(plan: _Plan) -> dict[str, np.ndarray]:
         ConversionError: ``missing_key`` (a topic without messages), ``too_large`` (a log time past
             int64, more than ``bounds.MAX_ROWS`` messages of a topic), ``unreadable_file``.
     """
-    return _times_of(plan, file_stamp(plan.file))
+    return _times_of(plan, plan.stamp())
+
+
+def _bags(plan: _Plan) -> Iterator[_Bag]:
+    """The recording's files, opened one at a time in order (a split recording's files one after another)."""
+    for file in plan.files:
+        with _open_bag(file) as bag:
+            if bag.summary is None:
+                raise _fail("the MCAP file has no summary section (not finished writing?); reindex it", file)
+            yield bag
 
 
 @functools.lru_cache(maxsize=2)
-def _times_of(plan: _Plan, stamp: tuple[int, int]) -> dict[str, np.ndarray]:
+def _times_of(plan: _Plan, stamp: tuple) -> dict[str, np.ndarray]:
     out: dict[str, array] = {t: array("q") for t in plan.topics}
-    with bounds.reading(str(plan.file)), _open_bag(plan.file) as bag:
-        if bag.summary is None:
-            raise _fail("the MCAP file has no summary section (not finished writing?); reindex it", plan.file)
-        for channel, log, data in bag.messages(plan.topics):
-            times = out[channel.topic]
-            t = _stamp(data, log)
-            if t > _INT64:
-                raise _fail(
-                    f"topic {channel.topic}: message {len(times)} is stamped {t} ns (its log time; its header "
-                    f"stamp is zero), past the {_INT64} ns (the year 2262) a stamp may be",
-                    plan.file,
-                    kind="too_large",
-                )
-            if len(times) >= bounds.MAX_ROWS:
-                raise _fail(
-                    f"topic {channel.topic} has more than {bounds.MAX_ROWS} messages (bounds.MAX_ROWS)",
-                    plan.file,
-                    kind="too_large",
-                )
-            times.append(t)
+    with bounds.reading(plan.where):
+        for bag in _bags(plan):
+            for channel, log, data in bag.messages(plan.topics):
+                times = out[channel.topic]
+                t = _stamp(data, log) if bag.stamped(channel) else log
+                if t > _INT64:
+                    raise _fail(
+                        f"topic {channel.topic}: message {len(times)} is stamped {t} ns (its log time), past the "
+                        f"{_INT64} ns (the year 2262) a stamp may be",
+                        bag.file,
+                        kind="too_large",
+                    )
+                if len(times) >= bounds.MAX_ROWS:
+                    raise _fail(
+                        f"topic {channel.topic} has more than {bounds.MAX_ROWS} messages (bounds.MAX_ROWS)",
+                        plan.where,
+                        kind="too_large",
+                    )
+                times.append(t)
     for topic, times in out.items():
         if not times:
-            raise _fail(f"topic {topic} has no message in this bag", plan.file, kind="missing_key")
+            raise _fail(f"topic {topic} has no message in this bag", plan.where, kind="missing_key")
     return {t: np.frombuffer(v, dtype=np.int64) for t, v in out.items()}
 
 
@@ -420,7 +478,7 @@ def _resample(plan: _Plan) -> tuple[np.ndarray, dict[str, np.ndarray], list[dict
             number more than ``bounds.MAX_ROWS``: checked before the row clock is allocated),
             ``length_mismatch`` (no row has every topic), and ``_times``' errors.
     """
-    return _resample_of(plan, file_stamp(plan.file))
+    return _resample_of(plan, plan.stamp())
 
 
 def _check_span(plan: _Plan, times: dict[str, np.ndarray], start: int, stop: int, period: float) -> int:
@@ -435,7 +493,7 @@ def _check_span(plan: _Plan, times: dict[str, np.ndarray], start: int, stop: int
             f"the rows would run from {start} ns to {stop} ns: {span:.6g} s, more than the {bounds.MAX_SPAN_S:g} s "
             f"an episode may span (bounds.MAX_SPAN_S; a stamp far from the others, a clock that jumped?); "
             f"refused before the row clock is allocated ({spans})",
-            plan.file,
+            plan.where,
             kind="too_large",
         )
     rows = int((stop - start) // period) + 1
@@ -443,14 +501,14 @@ def _check_span(plan: _Plan, times: dict[str, np.ndarray], start: int, stop: int
         raise _fail(
             f"{span:.6g} s at {plan.fps:g} fps is {rows} rows, more than the {bounds.MAX_ROWS} an episode may have "
             f"(bounds.MAX_ROWS); refused before the row clock is allocated ({spans})",
-            plan.file,
+            plan.where,
             kind="too_large",
         )
     return rows
 
 
 @functools.lru_cache(maxsize=2)
-def _resample_of(plan: _Plan, stamp: tuple[int, int]) -> tuple[np.ndarray, dict[str, np.ndarray], list[dict]]:
+def _resample_of(plan: _Plan, stamp: tuple) -> tuple[np.ndarray, dict[str, np.ndarray], list[dict]]:
     times = _times(plan)
     distinct = {topic: _distinct(t) for topic, t in times.items()}
     start = max(int(d[0][0]) for d in distinct.values())
@@ -458,7 +516,7 @@ def _resample_of(plan: _Plan, stamp: tuple[int, int]) -> tuple[np.ndarray, dict[
     if stop < start:
         raise _fail(
             "the mapped topics do not overlap in time: no row can have a message of each",
-            plan.file,
+            plan.where,
             kind="length_mismatch",
         )
     period = 1e9 / plan.fps
@@ -481,7 +539,7 @@ def _resample_of(plan: _Plan, stamp: tuple[int, int]) -> tuple[np.ndarray, dict[
     rows = grid[keep]
     if not rows.size:
         raise _fail(
-            "no row has a message of every mapped topic within the tolerance", plan.file, kind="length_mismatch"
+            "no row has a message of every mapped topic within the tolerance", plan.where, kind="length_mismatch"
         )
     out = {}
     for topic in plan.topics:
@@ -517,12 +575,12 @@ def _decoded(plan: _Plan, topic: str, wanted=None) -> Iterator[tuple[int, object
 
     ``wanted``: a function of the message index; messages it refuses are not decoded.
     """
-    with _open_bag(plan.file) as bag:
-        if bag.summary is None:
-            raise _fail("the MCAP file has no summary section (not finished writing?); reindex it", plan.file)
-        for k, (channel, _, data) in enumerate(bag.messages((topic,))):
+    k = 0
+    for bag in _bags(plan):
+        for channel, _, data in bag.messages((topic,)):
             if wanted is None or wanted(k):
                 yield k, *bag.decode(channel, data, k)
+            k += 1
 
 
 def _vector(msg, schema: str, topic: str, file: FileInput, k: int) -> dict[str, np.ndarray]:
@@ -532,10 +590,8 @@ def _vector(msg, schema: str, topic: str, file: FileInput, k: int) -> dict[str, 
         ConversionError: ``bad_feature`` (another type, a field missing or not numbers),
             ``too_large`` (a vector of more than ``bounds.MAX_VALUES`` values).
     """
-    if schema not in (JOINT_TYPE, *ARRAY_TYPES):
-        raise _fail(
-            f"topic {topic} is {schema}: only JointState and Float64MultiArray give rows", file, kind="bad_feature"
-        )
+    if schema not in VECTOR_TYPES:
+        raise _fail(f"topic {topic} is {schema}: only {', '.join(VECTOR_TYPES)} give rows", file, kind="bad_feature")
     names = ("position", "velocity", "effort") if schema == JOINT_TYPE else ("data",)
     out = {}
     for name in names:
@@ -555,7 +611,7 @@ def _vector(msg, schema: str, topic: str, file: FileInput, k: int) -> dict[str, 
 
 @dataclass(frozen=True)
 class MCAPTable(LazyTable):
-    """A bag's rows: the resampled state and action topics, with the resampling reported per topic."""
+    """A bag's rows: the resampled state, action and column topics, with the resampling reported per topic."""
 
     plan: _Plan
 
@@ -567,24 +623,25 @@ class MCAPTable(LazyTable):
                 ``unreadable_file``, naming the bag and the topic.
         """
         plan = self.plan
-        with bounds.reading(str(plan.file)):
+        with bounds.reading(plan.where):
             rows, picks, notes = _resample(plan)
             counts = {topic: t.size for topic, t in _times(plan).items()}
         columns: dict[str, np.ndarray] = {}
         keys: dict[str, str] = {}
-        for out, topic in (("observation.state", plan.state), ("action", plan.action)):
+        outputs = [("observation.state", plan.state), ("action", plan.action), *plan.columns]
+        for out, topic in outputs:
             if topic is None:
                 continue
-            with bounds.reading(str(plan.file), topic):
+            with bounds.reading(plan.where, topic):
                 arrays = self._vectors(topic, counts[topic])
                 for name, values in arrays.items():
-                    if out == "action" and name != "position":
+                    if out != "observation.state" and name != "position":
                         continue
                     column = out if name == "position" else f"observation.{name}"
-                    bounds.check_bytes((rows.size, values.shape[1]), 8, str(plan.file), topic)
+                    bounds.check_bytes((rows.size, values.shape[1]), 8, plan.where, topic)
                     columns[column] = values[picks[topic]]
                     keys[column] = topic
-        table = build_table(columns, plan.fps, str(plan.file), keys, times=(rows - rows[0]) / 1e9)
+        table = build_table(columns, plan.fps, plan.where, keys, times=(rows - rows[0]) / 1e9)
         table = table.append_column("timestamp_ns", pa.array(rows))
         return LoadedTable(table, notes)
 
@@ -593,10 +650,10 @@ class MCAPTable(LazyTable):
         plan, arrays = self.plan, {}
         k = -1
         for k, msg, schema in _decoded(plan, topic):
-            vectors = _vector(msg, schema, topic, plan.file, k)
+            vectors = _vector(msg, schema, topic, plan.where, k)
             if k == 0:
                 for name, v in vectors.items():
-                    bounds.check_bytes((count, v.size), 8, str(plan.file), topic)
+                    bounds.check_bytes((count, v.size), 8, plan.where, topic)
                     arrays[name] = np.empty((count, v.size), np.float64)
             for name in sorted(set(arrays) | set(vectors)):
                 got = vectors[name].size if name in vectors else 0
@@ -605,18 +662,18 @@ class MCAPTable(LazyTable):
                     raise _fail(
                         f"topic {topic}: {name} changes length between messages ({want} values in message 0, "
                         f"{got} in message {k})",
-                        plan.file,
+                        plan.where,
                         "length_mismatch",
                     )
                 arrays[name][k] = vectors[name]
         if k + 1 != count:
-            raise _fail(f"topic {topic}: {k + 1} messages, {count} when the bag was first read", plan.file)
+            raise _fail(f"topic {topic}: {k + 1} messages, {count} when the bag was first read", plan.where)
         return arrays
 
     def fingerprint(self) -> list:
         """Bag, size and plan."""
         p = self.plan
-        return [str(p.file), size_of(p.file), p.fps, p.tolerance, p.topics, p.state, p.action]
+        return [[str(f) for f in p.files], p.size(), p.fps, p.tolerance, p.topics, p.state, p.action, p.columns]
 
     def estimated_bytes(self) -> int:
         """A guess: 1 kB."""
@@ -633,9 +690,7 @@ def _image(msg, schema: str, topic: str, file: FileInput, k: int):
     where = f"topic {topic} message {k}"
     try:
         if schema.endswith("CompressedImage"):
-            data = bytes(msg.data)
-            png = data.find(b"\x89PNG")  # compressedDepth puts a 12-byte header before its PNG
-            return data[png:] if png > 0 else data
+            return _compressed(str(msg.format), bytes(msg.data), where, file)
         enc, h, w, step = str(msg.encoding).lower(), int(msg.height), int(msg.width), int(msg.step)
         big, data = bool(msg.is_bigendian), msg.data
     except (AttributeError, TypeError, ValueError) as exc:
@@ -663,6 +718,30 @@ def _image(msg, schema: str, topic: str, file: FileInput, k: int):
     if channels == 1:
         image = np.repeat(image, 3, axis=-1)
     return image[..., :3]
+
+
+def _compressed(fmt: str, data: bytes, where: str, file: FileInput) -> bytes:
+    """A CompressedImage's image file: its data, or a ``compressedDepth`` PNG after its 12-byte header.
+
+    compressed_depth_image_transport (``format`` ``"16UC1; compressedDepth png"``) puts a
+    ``ConfigHeader`` (int32 format, float32 depthQuantA, depthQuantB) before a 16-bit PNG of the
+    depth; for ``32FC1`` the PNG holds quantized inverse depth, and ``rvl`` is not a PNG: both are
+    refused rather than stored as depth they are not.
+
+    Raises:
+        ConversionError(kind="bad_image"): a compressedDepth image other than a 16UC1/mono16 PNG.
+    """
+    if "compresseddepth" not in fmt.lower():
+        return data
+    encoding = fmt.split(";", 1)[0].strip().lower()
+    if encoding not in ("16uc1", "mono16") or "rvl" in fmt.lower() or data[12:16] != b"\x89PNG":
+        raise _fail(
+            f"{where}: a compressedDepth image of format {fmt!r} cannot be read (only 16UC1/mono16 depth as PNG: "
+            "32FC1 holds quantized inverse depth, rvl is not a PNG)",
+            file,
+            kind="bad_image",
+        )
+    return data[12:]
 
 
 def _last_use(wanted: np.ndarray) -> np.ndarray:
@@ -710,7 +789,7 @@ class MCAPFrames(FrameReader):
                 ``HELD_FRAMES`` images would be held: refused before any is decoded), ``_image``'s
                 errors, ``unreadable_file`` (a damaged record or message), naming the bag and topic.
         """
-        with bounds.reading(str(self.plan.file), self.topic):
+        with bounds.reading(self.plan.where, self.topic):
             yield from self._chunks()
 
     def _chunks(self) -> Iterator[np.ndarray | list[bytes]]:
@@ -724,7 +803,7 @@ class MCAPFrames(FrameReader):
                 f"topic {topic}: its stamps run against the order of its messages in the bag: {peak} images "
                 f"would have to be held at once to give the rows in stamp order, more than the {HELD_FRAMES} a "
                 "camera may hold; refused before its images are read (docs/sources/mcap.md)",
-                plan.file,
+                plan.where,
                 kind="too_large",
             )
         held: dict[int, object] = {}  # decoded messages a row still to come shows
@@ -735,7 +814,7 @@ class MCAPFrames(FrameReader):
             return k < last_use.size and last_use[k] >= row
 
         for k, msg, schema in _decoded(plan, topic, shown):
-            held[k] = _image(msg, schema, topic, plan.file, k)
+            held[k] = _image(msg, schema, topic, plan.where, k)
             del msg
             while row < wanted.size and int(wanted[row]) in held:
                 chunk.add(held[int(wanted[row])], row)
@@ -747,12 +826,12 @@ class MCAPFrames(FrameReader):
             if row >= wanted.size:
                 break
         if row < wanted.size:
-            raise _fail(f"topic {topic}: the bag ended before row {row}'s message", plan.file)
+            raise _fail(f"topic {topic}: the bag ended before row {row}'s message", plan.where)
 
     def fingerprint(self) -> list:
         """Bag, size, plan, topic."""
         p = self.plan
-        return [str(p.file), size_of(p.file), p.fps, p.tolerance, p.topics, self.topic]
+        return [[str(f) for f in p.files], p.size(), p.fps, p.tolerance, p.topics, self.topic]
 
     def estimated_bytes(self) -> int:
         """A share of the bag."""
@@ -833,8 +912,26 @@ def _summary(file: FileInput) -> tuple[dict[str, str], dict[str, int]]:
     return topics, counts
 
 
-def _rate(file: FileInput, cams: dict[str, str], root: str) -> float:
-    """The slowest camera topic's median rate in the first bag (its distinct stamps), rounded to 0.01 Hz.
+def _recording_summary(files: tuple[FileInput, ...]) -> tuple[dict[str, str], dict[str, int]]:
+    """``_summary`` of every file of a recording: the topics any file has, the counts added up.
+
+    Raises:
+        SourceError: as ``_summary``; a topic whose type differs between the files, naming both.
+    """
+    topics: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for file in files:
+        some, many = _summary(file)
+        for topic, schema in some.items():
+            if topics.setdefault(topic, schema) != schema:
+                raise SourceError(f"{file}: topic {topic} is {schema}, {topics[topic]} in {files[0]}")
+        for topic, n in many.items():
+            counts[topic] = counts.get(topic, 0) + n
+    return topics, counts
+
+
+def _rate(files: tuple[FileInput, ...], where: str, cams: dict[str, str], root: str) -> float:
+    """The slowest camera topic's median rate in the first recording (its distinct stamps), rounded to 0.01 Hz.
 
     Raises:
         SourceError: no camera topic with two distinct stamps, a rate that rounds to 0, or the
@@ -843,9 +940,9 @@ def _rate(file: FileInput, cams: dict[str, str], root: str) -> float:
     rates, lacking = [], []
     for topic in cams.values():
         try:
-            times = _times(_Plan(file, 1.0, None, (topic,), None, None))[topic]
+            times = _times(_Plan(files, where, 1.0, None, (topic,), None, None))[topic]
         except ConversionError as exc:
-            raise SourceError(f"{file}: {exc.detail}") from None
+            raise SourceError(f"{where}: {exc.detail}") from None
         stamps = np.unique(times)
         if stamps.size > 1:
             rates.append((1e9 / float(np.median(np.diff(stamps))), topic))
@@ -854,14 +951,105 @@ def _rate(file: FileInput, cams: dict[str, str], root: str) -> float:
     if not rates:
         if not lacking:
             raise SourceError(f"{root}: no camera topic to take a rate from; pass --fps")
-        raise SourceError(f"{file}: no camera topic to take a rate from ({'; '.join(lacking)}); pass --fps")
+        raise SourceError(f"{where}: no camera topic to take a rate from ({'; '.join(lacking)}); pass --fps")
     rate, topic = min(rates)
     if round(rate, 2) <= 0:
         raise SourceError(
-            f"{file}: the slowest camera topic {topic} has a median rate of {rate:.3g} Hz, which rounds to 0; "
+            f"{where}: the slowest camera topic {topic} has a median rate of {rate:.3g} Hz, which rounds to 0; "
             "pass --fps"
         )
     return round(rate, 2)
+
+
+def _folder(file: FileInput) -> str:
+    return str(file).rsplit("/", 1)[0] if "/" in str(file) else "."
+
+
+def _metadata_fields(meta: FileInput) -> dict[str, Any]:
+    """``storage_identifier``, ``compression_mode`` and ``relative_file_paths`` of a rosbag2 ``metadata.yaml``.
+
+    rosbag2 writes it block style (yaml-cpp); a flow list (``[a.mcap, b.mcap]``) is read too. Read
+    here line by line (no YAML library): at most ``_METADATA_BYTES``.
+
+    Raises:
+        SourceError: too large, unreadable, or no ``relative_file_paths`` list, naming the file.
+    """
+    try:
+        with open_binary(meta) as f:
+            raw = f.read(_METADATA_BYTES + 1)
+    except OSError as exc:
+        raise SourceError(f"{meta}: cannot read the rosbag2 metadata ({exc})") from exc
+    if len(raw) > _METADATA_BYTES:
+        raise SourceError(f"{meta}: more than {_METADATA_BYTES} bytes: not a rosbag2 metadata.yaml")
+    lines = raw.decode("utf-8", "replace").splitlines()
+    out: dict[str, Any] = {}
+    for i, line in enumerate(lines):
+        found = re.match(r"\s*(storage_identifier|compression_mode|relative_file_paths)\s*:\s*(.*?)\s*$", line)
+        if not found or found.group(1) in out:
+            continue
+        key, value = found.groups()
+        if key != "relative_file_paths":
+            out[key] = value.strip("'\"")
+        elif value.startswith("["):
+            out[key] = [v.strip().strip("'\"") for v in value.strip("[]").split(",") if v.strip()]
+        else:
+            items = []
+            for item in lines[i + 1 :]:
+                if not item.strip() or item.strip().startswith("#"):
+                    continue
+                listed = re.match(r"\s*-\s+(.*?)\s*$", item)
+                if not listed:
+                    break
+                items.append(listed.group(1).strip("'\""))
+            out[key] = items
+    if not out.get("relative_file_paths"):
+        raise SourceError(f"{meta}: a rosbag2 metadata.yaml without relative_file_paths")
+    return out
+
+
+def _recordings(files: list[FileInput]) -> list[tuple[str, tuple[FileInput, ...]]]:
+    """(name, files) of each recording: a bag alone, or the files a rosbag2 folder's ``metadata.yaml`` lists.
+
+    ``ros2 bag record`` writes a folder: ``metadata.yaml`` and the files it lists in
+    ``relative_file_paths`` (several when split by ``--max-bag-size`` / ``--max-bag-duration``), one
+    recording, read as rosbag2 reads it: its files one after another in that order.
+
+    Raises:
+        SourceError: a rosbag2 folder whose metadata names another storage than MCAP, a
+            compression (``file``, ``message``: decompress it first), a listed file that is
+            missing, or an MCAP file it does not list, naming the folder and the files.
+    """
+    metas = {_folder(f): f for f in files if str(f).rsplit("/", 1)[-1] == _METADATA}
+    bags = [f for f in files if str(f).endswith(".mcap")]
+    out: list[tuple[str, tuple[FileInput, ...]]] = []
+    grouped: dict[str, list[FileInput]] = {}
+    for f in bags:
+        if _folder(f) in metas:
+            grouped.setdefault(_folder(f), []).append(f)
+        else:
+            out.append((str(f), (f,)))
+    for folder, found in grouped.items():
+        meta = metas[folder]
+        fields = _metadata_fields(meta)
+        storage = fields.get("storage_identifier", "mcap")
+        mode = str(fields.get("compression_mode", "")).lower()
+        if storage != "mcap" or mode not in ("", "none"):
+            raise SourceError(
+                f"{meta}: a rosbag2 recording stored as {storage!r} with compression mode {mode!r}: only MCAP "
+                "files without rosbag2's own compression are read (decompress it first: ros2 bag convert)"
+            )
+        by_name = {str(f).rsplit("/", 1)[-1]: f for f in found}
+        listed = [name.replace("\\", "/").rsplit("/", 1)[-1] for name in fields["relative_file_paths"]]
+        missing = [n for n in listed if n not in by_name]
+        unlisted = sorted(set(by_name) - set(listed))
+        if missing or unlisted:
+            raise SourceError(
+                f"{meta}: the rosbag2 recording lists {', '.join(listed)}; "
+                + (f"missing: {', '.join(missing)}" if missing else f"not listed: {', '.join(unlisted)}")
+                + " (a split recording is read whole, its files in the order listed)"
+            )
+        out.append((folder, tuple(by_name[n] for n in dict.fromkeys(listed))))
+    return sorted(out, key=lambda r: natural_key(r[0]))
 
 
 def _default(topics: dict[str, str]) -> Mapping:
@@ -880,6 +1068,40 @@ def _default(topics: dict[str, str]) -> Mapping:
     )
 
 
+def _check_mapping(mapping: Mapping, cams: dict[str, str], topics: dict[str, str], where: str) -> None:
+    """Every mapped topic is in the first recording and of a type its place reads.
+
+    Raises:
+        SourceError: more than one topic for ``state`` or ``action``; ``others``; a column named
+            like a column the reader makes; a topic the recording lacks, or of another type,
+            naming the topic, its type and the types read.
+    """
+    for field_name in ("state", "action"):
+        if len(getattr(mapping, field_name) or ()) > 1:
+            raise SourceError(
+                f"mapping: {field_name} takes one topic in an MCAP source, got {getattr(mapping, field_name)}"
+            )
+    if mapping.others:
+        raise SourceError("mapping: others is not read from MCAP bags: name each topic to keep in columns")
+    for name in mapping.columns or {}:
+        if name in _RESERVED or name.startswith("observation.images."):
+            raise SourceError(f"mapping: column {name!r} is a column the MCAP reader makes; choose another name")
+    places = [
+        *(("state", t, VECTOR_TYPES) for t in mapping.state or ()),
+        *(("action", t, VECTOR_TYPES) for t in mapping.action or ()),
+        *((f"column {c}", t, VECTOR_TYPES) for c, t in (mapping.columns or {}).items()),
+        *((f"camera {c}", t, IMAGE_TYPES) for c, t in cams.items()),
+    ]
+    for place, topic, types in places:
+        if topic not in topics:
+            raise SourceError(f"{where}: no topic {topic} (topics: {', '.join(sorted(topics))}); see --mapping")
+        if topics[topic] not in types:
+            raise SourceError(
+                f"{where}: topic {topic} ({place}) is {topics[topic] or 'without a schema'}: a {place.split()[0]} "
+                f"reads {', '.join(types)}; see --mapping"
+            )
+
+
 def open_mcap(
     root: str,
     options: SourceOptions,
@@ -887,51 +1109,56 @@ def open_mcap(
     storage_options: dict | None,
     episodes: frozenset[int] | None,
 ) -> Source:
-    """Describe a bag or a folder of bags: reads the first bag's summary (topics, schemas, counts).
+    """Describe a bag, a rosbag2 folder or a folder of them: reads the first recording's summary (topics, counts).
 
     Raises:
-        SourceError: no ``.mcap`` file, one without a summary, a mapped topic the first bag lacks,
-            more than one topic for ``state`` or ``action``, or no rate to resample to.
+        SourceError: no ``.mcap`` file, one without a summary, a rosbag2 folder that cannot be read
+            whole (``_recordings``), a mapped topic the first recording lacks or of a type its
+            place does not read, more than one topic for ``state`` or ``action``, or no rate to
+            resample to.
     """
-    files = source_files(root, (".mcap",), storage_options, allow_external=options.allow_external)
-    if not files:
+    found = source_files(root, (".mcap", _METADATA), storage_options, allow_external=options.allow_external)
+    recordings = _recordings(found)
+    if not recordings:
         raise SourceError(f"{root}: no MCAP file (*.mcap)")
-    topics, counts = _summary(files[0])
+    first, first_files = recordings[0]
+    topics, counts = _recording_summary(first_files)
     mapping = options.resolved(_default(topics))
-    for field_name in ("state", "action"):
-        if len(getattr(mapping, field_name) or ()) > 1:
-            raise SourceError(
-                f"mapping: {field_name} takes one topic in an MCAP source, got {getattr(mapping, field_name)}"
-            )
     cams = kept_cameras(mapping.cameras, cameras, str(root))
-    for topic in [*(mapping.state or ()), *(mapping.action or ()), *cams.values()]:
-        if topic not in topics:
-            raise SourceError(f"{files[0]}: no topic {topic} (topics: {', '.join(sorted(topics))}); see --mapping")
+    _check_mapping(mapping, cams, topics, first)
     fps = mapping.fps
     how = "given"
     if fps is None:
-        fps, how = _rate(files[0], cams, root), "the slowest camera topic's median rate (pass --fps to choose)"
+        how = "the slowest camera topic's median rate (pass --fps to choose)"
+        fps = _rate(first_files, first, cams, root)
     state = (mapping.state or (None,))[0]
     action = (mapping.action or (None,))[0]
-    used = sorted({*cams.values(), *(t for t in (state, action) if t)})
+    columns = tuple((mapping.columns or {}).items())
+    used = sorted({*cams.values(), *(t for t in (state, action) if t), *(t for _, t in columns)})
     notes = [
         f"mcap mapping: state = {state or 'none'}, action = {action or 'none'}, cameras = "
         + (", ".join(f"{c} <- {t}" for c, t in cams.items()) or "none")
+        + "".join(f", {c} <- {t}" for c, t in columns)
         + f"; resampled to {fps:g} fps ({how}), nearest message within "
         + (f"{mapping.tolerance * 1000:g} ms" if mapping.tolerance else "a row period or the topic's own period")
     ]
     notes += [
-        f"topic {t} ({topics[t]}, {counts.get(t, '?')} messages in {files[0]}) is not kept"
+        f"topic {t} ({topics[t]}, {counts.get(t, '?')} messages in {first}) is not kept"
         for t in sorted(topics)
         if t not in used
     ]
+    notes += [
+        f"rosbag2 recording {where}: {len(files)} files read as one episode, in the order its metadata.yaml lists"
+        for where, files in recordings
+        if len(files) > 1
+    ]
     name = root.rstrip("/").rsplit("/", 1)[-1].removesuffix(".mcap") or "mcap"
     out = []
-    for index, file in zip(episode_numbers([str(f) for f in files]), files, strict=True):
+    for index, (where, files) in zip(episode_numbers([w for w, _ in recordings]), recordings, strict=True):
         if episodes is not None and index not in episodes:
             continue
-        plan = _Plan(file, float(fps), mapping.tolerance, tuple(used), state, action)
-        share = size_of(file) // max(1, len(cams))
+        plan = _Plan(files, where, float(fps), mapping.tolerance, tuple(used), state, action, columns)
+        share = plan.size() // max(1, len(cams))
         frames = {
             c: CameraFrames(MCAPFrames(plan, t, share), depth=c in (mapping.depth or ())) for c, t in cams.items()
         }
