@@ -245,3 +245,27 @@ def test_train_example_reads_a_bucket_through_storage_options(s3, capsys, monkey
         torch.set_num_threads(threads)  # the example sets one thread per process
     out = capsys.readouterr().out
     assert "[rank 0] epoch 0 step 2 loss" in out and "stopping after 2 steps" in out
+
+
+def test_a_folder_of_hdf5_episodes_behind_http_is_listed_not_taken_for_a_file(tmp_path):
+    """Over HTTP a folder's URL answers with its listing page (fsspec's isfile says yes): the folder of
+    ALOHA files is listed and converts to the rows of the local folder."""
+    pytest.importorskip("h5py")
+    from sourcecheck import column, read_back
+    from test_sources_hdf5 import write_aloha
+
+    from epishard.shardwriter.sources import SourceOptions
+
+    write_aloha(tmp_path / "aloha", [5, 4])
+    httpd, url = serve_http(str(tmp_path))
+    try:
+        options = ConvertOptions(progress=False, sources=SourceOptions(format="aloha"))
+        convert([f"{url}/aloha"], str(tmp_path / "remote"), options)
+    finally:
+        httpd.shutdown()
+    convert([str(tmp_path / "aloha")], str(tmp_path / "local"), ConvertOptions(progress=False))
+    remote, local = read_back(str(tmp_path / "remote")), read_back(str(tmp_path / "local"))
+    assert sorted(e for _, e in remote) == sorted(e for _, e in local) == [0, 1]
+    for (_, e), episode in remote.items():
+        other = next(v for (_, i), v in local.items() if i == e)
+        assert (column(episode["table"], "action") == column(other["table"], "action")).all()

@@ -249,7 +249,11 @@ def source_files(
     fs = source_filesystem(root, options)
     base = fs._strip_protocol(root).rstrip("/")
     protocol = root.split("://", 1)[0]
-    if fs.isfile(base):
+    # Over HTTP a folder's URL answers with its listing page, which isfile takes for a file: there a
+    # root is a file only when its name says so (one of ``suffixes``, no trailing slash).
+    named = not root.endswith("/") and any(s and root.endswith(s) for s in suffixes)
+    listing_page = protocol in ("http", "https") and not named and "" not in suffixes
+    if not listing_page and fs.isfile(base):
         return [RemoteFile(root, None, options)]
     listing = fs.find(base, detail=True)
     out = []
