@@ -250,9 +250,10 @@ def source_files(
     base = fs._strip_protocol(root).rstrip("/")
     protocol = root.split("://", 1)[0]
     # Over HTTP a folder's URL answers with its listing page, which isfile takes for a file: there a
-    # root is a file only when its name says so (one of ``suffixes``, no trailing slash).
+    # root is a file only when its name says so (one of ``suffixes``, no trailing slash), or, for a
+    # format whose files have no suffix (TFRecord shards), when the server does not answer with HTML.
     named = not root.endswith("/") and any(s and root.endswith(s) for s in suffixes)
-    listing_page = protocol in ("http", "https") and not named and "" not in suffixes
+    listing_page = protocol in ("http", "https") and not named and ("" not in suffixes or _html(fs, base))
     if not listing_page and fs.isfile(base):
         return [RemoteFile(root, None, options)]
     listing = fs.find(base, detail=True)
@@ -267,6 +268,14 @@ def source_files(
     if not out and not fs.exists(base):
         raise SourceError(f"{root}: no such file or folder")
     return sorted(out, key=lambda f: natural_key(str(f)))
+
+
+def _html(fs, path: str) -> bool:
+    """Whether an HTTP server answers ``path`` with an HTML page (a folder's listing), as far as ``info`` says."""
+    try:
+        return str(fs.info(path).get("mimetype") or "").startswith("text/html")
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

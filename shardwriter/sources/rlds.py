@@ -9,15 +9,30 @@ and the protobuf; the source's episode list holds (file, byte offset, length) pe
 headers are scanned when the source opens); the worker reads one record, once, for the rows and
 every camera.
 
-Default mapping (docs/sources/rlds.md): ``observation/<name>`` images (``features.json`` ``Image``,
-or bytes that are PNG/JPEG) -> ``observation.images.<name>``; ``observation/state`` ->
-``observation.state``; ``action`` (or every ``action/<part>``, concatenated in ``features.json``
-order) -> ``action``; ``language_instruction`` (or ``observation/natural_language_instruction``)
--> the ``language_instruction`` column and the task (its first step's text); ``reward`` ->
-``next.reward``; ``discount``, ``is_terminal`` and other per-step numbers kept as columns of their
-name (dots for slashes); ``is_first`` / ``is_last`` are checked (the episode starts and ends where
-they say) and not kept; ``episode_metadata/*`` is not kept (listed in the source's notes). 10 Hz
-unless ``--fps`` (TFDS does not record the rate).
+Values are read by TFDS's rules (``tensorflow_datasets/core``: ``example_serializer``,
+``example_parser``, ``features/tensor_feature.Tensor``, ``features/image_feature.Image``): bools
+and integers from an ``int64_list``, floats from a ``float_list``, cast to the declared dtype and
+shaped ``[steps, *shape]``; a Tensor ``encoding: bytes`` or ``zlib`` from one value per step
+(``np.frombuffer``, zlib-decompressed first). ``features.json`` is the ``Feature`` proto as JSON,
+or its legacy ``{"type", "content"}`` form. What TFDS cannot read back or a table cannot hold (a
+per-step tensor of an unknown dimension stored as numbers, two or more unknown dimensions, a
+sequence inside each step, a float32 Image) is not kept (named in the notes), and refused when
+mapped. GZIP- or ZLIB-compressed TFRecord files are refused by name (TFDS writes them
+uncompressed; their records cannot be reached one by one).
+
+Default mapping (docs/sources/rlds.md): ``observation/<name>`` images (``features.json`` ``Image``
+of uint8 or uint16, or bytes that are PNG/JPEG; a uint8 Tensor ``[H, W, 1|3|4]``) ->
+``observation.images.<name>`` (two keys of the same last name: their paths joined by ``_``);
+``observation/state`` -> ``observation.state``; ``action`` (or every ``action/<part>``,
+concatenated in ``features.json`` order: TFDS saves it with sorted keys) -> ``action``;
+``language_instruction`` (or ``observation/natural_language_instruction``) -> the
+``language_instruction`` column and the task (its first step's text); ``reward`` ->
+``next.reward``; ``discount``, ``is_terminal`` and other per-step numbers kept as columns of
+their name (dots for slashes); ``is_first`` / ``is_last`` are checked (the episode starts and
+ends where they say) and not kept; ``episode_metadata/*`` is not kept (listed in the source's
+notes), nor a feature whose column name an episode table has already (``frame_index``,
+``timestamp``, ...). An episode of no step is an ``empty_episode``. 10 Hz unless ``--fps``
+(TFDS does not record the rate).
 """
 
 from __future__ import annotations
@@ -25,6 +40,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -48,7 +64,7 @@ from .base import (
     size_of,
     source_files,
 )
-from .tfrecord import BytesValues, RecordError, parse_example, read_record, scan
+from .tfrecord import BytesValues, RecordError, compression, parse_example, read_record, scan
 
 DEFAULT_FPS = 10.0
 CHUNK_FRAMES = 32
@@ -60,6 +76,12 @@ _NUMERIC = frozenset(
     ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64")
 )
 _MAX_DIM = 1 << 31  # one dimension of a declared shape (-1: unknown)
+
+
+_ENCODINGS = ("none", "bytes", "zlib")  # tensor_feature.Encoding
+_IMAGE_DTYPES = ("uint8", "uint16")  # what a camera can hold (a float32 Image is the PNG of its bytes)
+# Columns every episode table has (sources.base.build_table) or the format reserves: a feature of that name is not kept.
+_RESERVED = frozenset(("frame_index", "timestamp", "index", "episode_index", "task_index"))
 
 
 def _spec_error(where: str, at: str, what: str) -> SourceError:
@@ -77,11 +99,15 @@ def _join(at: str, name: str) -> str:
 
 
 def _dims(node: object, where: str, at: str) -> list[int]:
-    """A TFDS shape (``{"dimensions": ["3", "-1"]}``) as ints, each -1 (unknown) to 2^31."""
-    spec = _object(node, where, at)
-    dims = spec.get("dimensions", [])
+    """A TFDS shape (``{"dimensions": ["3", "-1"]}``; legacy: ``[null, 3]``) as ints, -1 unknown."""
+    if isinstance(node, list):  # a legacy features.json: None for an unknown dimension
+        dims: object = [-1 if d is None else d for d in node]
+        place = at
+    else:
+        dims = _object(node, where, at).get("dimensions", [])
+        place = _join(at, "dimensions")
     if not isinstance(dims, list):
-        raise _spec_error(where, _join(at, "dimensions"), f"a list expected, found {type(dims).__name__}")
+        raise _spec_error(where, place, f"a list expected, found {type(dims).__name__}")
     out = []
     for i, d in enumerate(dims):
         try:
@@ -89,32 +115,72 @@ def _dims(node: object, where: str, at: str) -> list[int]:
                 raise ValueError
             n = int(d)
         except ValueError:
-            raise _spec_error(where, f"{_join(at, 'dimensions')}[{i}]", f"{str(d)[:40]!r} is not a dimension") from None
+            raise _spec_error(where, f"{place}[{i}]", f"{str(d)[:40]!r} is not a dimension") from None
         if not -1 <= n <= _MAX_DIM:
-            raise _spec_error(where, f"{_join(at, 'dimensions')}[{i}]", f"dimension {n} is not -1 (unknown) to 2^31")
+            raise _spec_error(where, f"{place}[{i}]", f"dimension {n} is not -1 (unknown) to 2^31")
         out.append(n)
     return out
 
 
-def _walk(node: object, path: str, out: dict, where: str, at: str = "") -> None:
-    """features.json (TFDS's FeaturesDict proto as JSON) -> ``{path: {"kind", "shape", "dtype"}}``.
+def _legacy(obj: dict, where: str, at: str) -> dict:
+    """A legacy features.json node (``{"type": "<module>.<Class>", "content": ...}``) as the proto's JSON.
 
-    ``kind``: ``image``, ``tensor`` (a numeric dtype), ``text`` (Text, or a ``string`` tensor) or
-    ``unsupported`` (another dtype). Nesting is bounded by the JSON's (``untrusted.loads``).
+    TFDS wrote this form before features.json became the ``Feature`` proto
+    (``FeatureConnector.from_json``, "Legacy mode"): a FeaturesDict's content is its features by
+    name (or, with ``proto_cls``, the ``FeaturesDict`` proto), a Sequence's ``{"feature", "length"}``,
+    a Tensor's ``{"shape": [None, 3], "dtype", "encoding"}``, an Image's ``{"shape", "dtype",
+    "encoding_format"}``. Another class is returned as an unknown feature.
+    """
+    cls = str(obj["type"]).rsplit(".", 1)[-1]
+    content = obj.get("content")
+    here = _join(at, "content")
+    if cls == "FeaturesDict":
+        features = _object(content, where, here)
+        return {"featuresDict": features if obj.get("proto_cls") else {"features": features}}
+    if cls in ("Sequence", "Dataset"):
+        return {"sequence": {"feature": _object(content, where, here).get("feature", {})}}
+    if cls in ("Tensor", "Scalar"):
+        c = _object(content, where, here)
+        return {"tensor": {k: c[k] for k in ("shape", "dtype", "encoding") if k in c}}
+    if cls == "Image":
+        c = _object(content, where, here)
+        return {"image": {"shape": c.get("shape", [None, None, 3]), "dtype": c.get("dtype") or "uint8"}}
+    if cls == "Text":
+        return {"text": {}}
+    if cls == "ClassLabel":
+        return {"classLabel": {}}
+    return {"pythonClassName": str(obj["type"])[:80]}
+
+
+def _walk(node: object, path: str, out: dict, where: str, at: str = "", depth: int = 0) -> None:
+    """features.json (TFDS's ``Feature`` proto as JSON, or its legacy form) -> ``{path: spec}``.
+
+    Each spec: ``kind``, ``shape``, ``dtype``, ``encoding`` (a Tensor's ``none``, ``bytes`` or
+    ``zlib``) and ``why`` (what makes an ``unsupported`` feature so, or None). ``kind``: ``image``
+    (uint8 or uint16), ``tensor`` (a numeric dtype), ``text`` (Text, or a ``string`` tensor) or
+    ``unsupported``: another dtype, a float32 Image (the PNG of its bytes), a Tensor of two or
+    more unknown dimensions (stored as ``<path>/value`` and ``<path>/shape``), a per-step Tensor
+    of an unknown dimension stored as numbers (``example_parser._to_tf_example_spec`` refuses
+    it), a feature in a sequence inside each step (stored ragged), a feature of another type.
+    ``depth``: the sequences around the node (``steps`` is 1). Nesting is bounded by the JSON's
+    (``untrusted.loads``).
 
     Raises:
-        SourceError: an entry of the wrong type (an object, a list, a dimension, a dtype), naming
-            ``where`` (the file) and the entry's JSON path (``at``).
+        SourceError: an entry of the wrong type (an object, a list, a dimension, a dtype, an
+            encoding), naming ``where`` (the file) and the entry's JSON path (``at``).
     """
     obj = _object(node, where, at)
+    if isinstance(obj.get("type"), str) and "content" in obj:
+        obj = _legacy(obj, where, at)
+    why = "a sequence inside each step (TFDS stores it ragged)" if depth > 1 else None
     if "featuresDict" in obj:
         at = _join(at, "featuresDict")
         features = _object(_object(obj["featuresDict"], where, at).get("features", {}), where, _join(at, "features"))
         for name, child in features.items():
-            _walk(child, f"{path}/{name}" if path else name, out, where, _join(_join(at, "features"), name))
+            _walk(child, f"{path}/{name}" if path else name, out, where, _join(_join(at, "features"), name), depth)
     elif "sequence" in obj:
         at = _join(at, "sequence")
-        _walk(_object(obj["sequence"], where, at).get("feature", {}), path, out, where, _join(at, "feature"))
+        _walk(_object(obj["sequence"], where, at).get("feature", {}), path, out, where, _join(at, "feature"), depth + 1)
     elif "image" in obj or "tensor" in obj:
         kind = "image" if "image" in obj else "tensor"
         at = _join(at, kind)
@@ -123,11 +189,54 @@ def _walk(node: object, path: str, out: dict, where: str, at: str = "") -> None:
         dtype = spec.get("dtype", "uint8" if kind == "image" else "float32")
         if not isinstance(dtype, str):
             raise _spec_error(where, _join(at, "dtype"), f"a dtype name expected, found {type(dtype).__name__}")
+        encoding = (spec.get("encoding") or "none") if kind == "tensor" else "none"  # "": none, as TFDS
+        if not isinstance(encoding, str) or encoding.lower() not in _ENCODINGS:
+            raise _spec_error(where, _join(at, "encoding"), f"{str(encoding)[:40]!r} is not none, bytes or zlib")
+        encoding = encoding.lower()
         if kind == "tensor" and dtype not in _NUMERIC:
             kind = "text" if dtype == "string" else "unsupported"
-        out[path] = {"kind": kind, "shape": dims, "dtype": dtype[:40]}
+        elif kind == "image" and dtype not in _IMAGE_DTYPES:
+            kind, why = "unsupported", why or f"a {dtype[:40]} image (TFDS stores it as a PNG of its bytes)"
+        elif kind == "tensor" and dims.count(-1) > 1:
+            kind, why = "unsupported", why or "a tensor of two or more unknown dimensions (stored as value and shape)"
+        elif kind == "tensor" and -1 in dims and encoding == "none" and depth:
+            # example_parser._to_tf_example_spec: an unknown dimension besides the steps' is refused
+            kind, why = (
+                "unsupported",
+                why or "a per-step tensor of an unknown dimension stored as numbers (TFDS cannot read it)",
+            )
+        out[path] = {
+            "kind": "unsupported" if why else kind,
+            "shape": dims,
+            "dtype": dtype[:40],
+            "encoding": encoding,
+            "why": why,
+        }
     elif "text" in obj:
-        out[path] = {"kind": "text", "shape": [], "dtype": "string"}
+        out[path] = {
+            "kind": "unsupported" if why else "text",
+            "shape": [],
+            "dtype": "string",
+            "encoding": "none",
+            "why": why,
+        }
+    elif "classLabel" in obj:  # ClassLabel: an int64 scalar (class_label_feature.ClassLabel)
+        out[path] = {
+            "kind": "unsupported" if why else "tensor",
+            "shape": [],
+            "dtype": "int64",
+            "encoding": "none",
+            "why": why,
+        }
+    elif path:
+        name = str(obj.get("pythonClassName", "?"))[:80]
+        out[path] = {
+            "kind": "unsupported",
+            "shape": [],
+            "dtype": name,
+            "encoding": "none",
+            "why": why or f"a feature of type {name}",
+        }
 
 
 @dataclass(frozen=True)
@@ -145,17 +254,19 @@ class _Record:
 class _Spec:
     """What the worker needs to turn a record into rows (picklable, small)."""
 
-    features: tuple[tuple[str, str, tuple[int, ...], str], ...]  # (path without steps/, kind, shape, dtype)
+    # (path without steps/, kind, shape, dtype, encoding); dtype "" where no features.json declares it
+    features: tuple[tuple[str, str, tuple[int, ...], str, str], ...]
     state: tuple[str, ...]
     action: tuple[str, ...]
     columns: tuple[tuple[str, str], ...]
     language: str | None
     fps: float
 
-    def feature(self, key: str) -> tuple[str, tuple[int, ...], str] | None:
-        for path, kind, shape, dtype in self.features:
+    def feature(self, key: str) -> tuple[str, tuple[int, ...], str, str] | None:
+        """``(kind, shape, dtype, encoding)`` of the per-step feature ``key``, or None."""
+        for path, kind, shape, dtype, encoding in self.features:
             if path == key:
-                return kind, shape, dtype
+                return kind, shape, dtype, encoding
         return None
 
 
@@ -179,13 +290,22 @@ def _example_of(record: _Record, stamp: tuple[int, int]) -> dict:
             raise ConversionError(f"{at}: {exc}", kind=exc.kind, path=where) from exc
 
 
-def _steps(example: dict, where: str) -> int:
+def _count_steps(example: dict) -> int | None:
     for key in ("steps/is_first", "steps/is_last", "steps/action"):
         if key in example:
-            steps = len(example[key][1])
-            bounds.check_count("steps", steps, bounds.MAX_ROWS, where, key)
-            return steps
-    raise ConversionError("no steps/is_first, steps/is_last or steps/action feature", kind="missing_key", path=where)
+            return len(example[key][1])
+    return None
+
+
+def _steps(example: dict, where: str) -> int:
+    steps = _count_steps(example)
+    if steps is None:
+        raise ConversionError(
+            "no steps/is_first, steps/is_last or steps/action feature", kind="missing_key", path=where
+        )
+    key = next(k for k in ("steps/is_first", "steps/is_last", "steps/action") if k in example)
+    bounds.check_count("steps", steps, bounds.MAX_ROWS, where, key)
+    return steps
 
 
 def _get(example: dict, key: str, where: str):
@@ -195,19 +315,73 @@ def _get(example: dict, key: str, where: str):
     return example[full]
 
 
-def _tensor_bytes(values, name: str, shape: tuple[int, ...] | None, dtype: str, steps: int, where: str) -> np.ndarray:
-    """A tensor stored as its bytes, one value per step (TFDS ``encoding: bytes``), as a flat array.
+def _inflate(values, name: str, per: int | None, where: str, first: int = 0, kind: str = "length_mismatch") -> list:
+    """Each step's zlib-compressed bytes (TFDS ``encoding: zlib``) decompressed, within bounds.
 
-    Each step's bytes must be the declared shape's (or, the shape unknown, all the same size, a
-    multiple of the dtype's). Raises ConversionError ``length_mismatch`` naming the step.
+    ``per``: the bytes a step must hold (None: the shape has an unknown dimension; then the steps
+    together may hold ``bounds.MAX_ARRAY_BYTES``). Decompression stops one byte past the limit, so
+    a small value claiming a huge tensor is refused, not inflated. ``first``: the step number of
+    ``values[0]`` (for messages).
+
+    Raises ConversionError: ``unreadable_file`` (not zlib, or cut short), ``kind`` (a step of more
+    or fewer bytes than ``per``), ``too_large`` (past ``MAX_ARRAY_BYTES``); naming the step.
+    """
+    out, total = [], 0
+    for i, data in enumerate(values):
+        row = first + i
+        limit = per if per is not None else bounds.MAX_ARRAY_BYTES - total
+        inflater = zlib.decompressobj()
+        try:
+            raw = inflater.decompress(data, limit + 1)
+        except zlib.error as exc:
+            raise ConversionError(
+                f"{name} is declared zlib-encoded; step {row} is not zlib data ({exc})",
+                kind="unreadable_file",
+                path=where,
+                row=row,
+            ) from None
+        if len(raw) > limit:
+            if per is None:
+                raise bounds.too_large("zlib-encoded steps of", total + len(raw), bounds.MAX_ARRAY_BYTES, where, name)
+            raise ConversionError(
+                f"{name} holds more than {per} bytes at step {row} once decompressed (its declared shape's)",
+                kind=kind,
+                path=where,
+                row=row,
+            )
+        if not inflater.eof:
+            raise ConversionError(
+                f"{name}: step {row}'s zlib data is cut short", kind="unreadable_file", path=where, row=row
+            )
+        total += len(raw)
+        out.append(raw)
+    return out
+
+
+def _tensor_bytes(
+    values, name: str, shape: tuple[int, ...] | None, dtype: str, steps: int, where: str, encoding: str = "none"
+) -> np.ndarray:
+    """A tensor stored as its bytes, one value per step (TFDS ``encoding: bytes`` or ``zlib``), flat.
+
+    ``zlib``: each step's value is decompressed first (``_inflate``). Each step's bytes must be
+    the declared shape's (or, the shape unknown, all the same size, a multiple of the dtype's):
+    TFDS reads each step with ``np.frombuffer(data, dtype).reshape(shape)``
+    (``tensor_feature.Tensor.decode_example_np``). Raises ConversionError ``length_mismatch``
+    naming the step.
     """
     item = np.dtype(dtype).itemsize
+    full = shape if shape is not None and -1 not in shape else None  # the declared shape, when complete
+    if encoding == "zlib":
+        if len(values) != steps:
+            raise ConversionError(
+                f"{name} holds {len(values)} values for {steps} steps", kind="length_mismatch", path=where
+            )
+        values = _inflate(values, name, item * math.prod(full) if full is not None else None, where)
     sizes = values.sizes() if isinstance(values, BytesValues) else np.asarray([len(v) for v in values], np.int64)
     if len(sizes) != steps:
         raise ConversionError(f"{name} holds {len(sizes)} values for {steps} steps", kind="length_mismatch", path=where)
     if not steps:
         return np.zeros(0, dtype)
-    full = shape if shape is not None and -1 not in shape else None  # the declared shape, when complete
     per = item * math.prod(full) if full is not None else int(sizes[0])
     bad = np.flatnonzero(sizes != per)
     if len(bad) or per % item:
@@ -224,11 +398,24 @@ def _tensor_bytes(values, name: str, shape: tuple[int, ...] | None, dtype: str, 
     return np.frombuffer(b"".join(values), dtype=dtype)
 
 
+def _list_kind(dtype: str) -> str:
+    """The ``tf.train.Example`` list TFDS stores a dtype in (``example_parser._to_tf_example_spec``)."""
+    return "float" if np.dtype(dtype).kind == "f" else "int64"
+
+
 def _numbers(example: dict, key: str, spec: _Spec, steps: int, where: str) -> np.ndarray:
     """A per-step numeric feature as ``[steps, *shape]`` in its declared dtype.
 
-    Raises ConversionError: ``bad_feature`` (bytes without a declared numeric dtype),
-    ``length_mismatch`` (values that do not fill ``steps`` x the declared shape).
+    TFDS's rules (``example_serializer._item_to_tf_feature``, ``example_parser``): bools and
+    integers are stored in an ``int64_list``, floats (16, 32, 64 bits) in a ``float_list``
+    (float32), both flattened; reading reshapes to ``[steps, *shape]`` (one unknown dimension
+    from the count: the writer stacked every step, so each holds as many) and casts to the dtype
+    (``tf.cast``: integers wrap, bools are "not zero"; uint64 is the int64's bits). A tensor
+    encoded ``bytes`` or ``zlib`` is ``_tensor_bytes``.
+
+    Raises ConversionError: ``bad_feature`` (bytes without a declared numeric dtype; a list of
+    the other kind than the declared dtype is stored in), ``length_mismatch`` (values that do not
+    fill ``steps`` x the declared shape).
     """
     kind, values = _get(example, key, where)
     name = f"steps/{key}"
@@ -237,13 +424,21 @@ def _numbers(example: dict, key: str, spec: _Spec, steps: int, where: str) -> np
         declared = None
     shape = tuple(declared[1]) if declared else None
     dtype = declared[2] if declared else None
+    encoding = declared[3] if declared else "none"
     if dtype is not None and dtype not in _NUMERIC:
         raise ConversionError(f"{name} is declared {dtype}, not numbers", kind="bad_feature", path=where)
     if kind == "bytes":  # a tensor stored as its bytes, one per step
         if dtype is None:
             raise ConversionError(f"{name} holds bytes, not numbers", kind="bad_feature", path=where)
-        array = _tensor_bytes(values, name, shape, dtype, steps, where)
+        array = _tensor_bytes(values, name, shape, dtype, steps, where, encoding)
     else:
+        if dtype is not None and len(values) and kind != _list_kind(dtype):
+            raise ConversionError(
+                f"{name} holds a {kind} list; features.json declares {dtype}, which TFDS stores in a "
+                f"{_list_kind(dtype)} list",
+                kind="bad_feature",
+                path=where,
+            )
         array = np.asarray(values)
     if shape is None:
         width = array.size // steps if steps else 0
@@ -252,6 +447,8 @@ def _numbers(example: dict, key: str, spec: _Spec, steps: int, where: str) -> np
         known = steps * math.prod(d for d in shape if d != -1)
         if shape.count(-1) == 1 and known and array.size % known == 0:
             shape = tuple(array.size // known if d == -1 else d for d in shape)
+        elif shape.count(-1) == 1 and not steps and not array.size:
+            shape = tuple(0 if d == -1 else d for d in shape)
     need = steps * math.prod(shape)
     if array.size != need or -1 in shape:
         raise ConversionError(
@@ -261,7 +458,7 @@ def _numbers(example: dict, key: str, spec: _Spec, steps: int, where: str) -> np
         )
     array = array.reshape((steps, *shape))
     if dtype and np.dtype(dtype) != array.dtype:
-        array = array.astype(dtype)
+        array = array.view(np.uint64) if dtype == "uint64" and array.dtype == np.int64 else array.astype(dtype)
     return array
 
 
@@ -307,6 +504,8 @@ class RLDSTable(LazyTable):
     def _rows(self, where: str) -> LoadedTable:
         example = _example(self.record)
         steps = _steps(example, where)
+        if not steps:  # an empty episode: no row to read (the conversion names it, empty_episode)
+            return LoadedTable(build_table({}, self.spec.fps, where, {}), [], ())
         _check_flags(example, steps, where)
         columns: dict[str, np.ndarray] = {}
         keys: dict[str, str] = {}
@@ -326,7 +525,18 @@ class RLDSTable(LazyTable):
                     kind="length_mismatch",
                     path=where,
                 )
-            texts = [v.decode("utf-8", "replace") for v in values]
+            raw = list(values)
+            texts = [v.decode("utf-8", "replace") for v in raw]
+            bad = next((i for i, v in enumerate(raw) if texts[i].encode("utf-8") != v), None)
+            if bad is not None:  # TFDS's Text is bytes; a string column holds UTF-8 only
+                notes.append(
+                    {
+                        "kind": "text_not_utf8",
+                        "row": bad,
+                        "message": f"steps/{spec.language} holds bytes that are not UTF-8 at step {bad}: the "
+                        "language_instruction column and the task hold them with U+FFFD for each bad byte",
+                    }
+                )
             columns["language_instruction"] = np.asarray(texts, dtype=object)
             keys["language_instruction"] = f"steps/{spec.language}"
             distinct = list(dict.fromkeys(texts))
@@ -365,9 +575,14 @@ class RLDSFrames(FrameReader):
     episode: int = 0
     estimate: int = field(default=0, compare=False)
     dtype: str = "uint8"
+    encoding: str = "none"  # a raw tensor's TFDS encoding: none (numbers, or bytes), bytes or zlib
 
     def chunks(self) -> Iterator[np.ndarray | list[bytes]]:
         """``CHUNK_FRAMES`` images at a time: encoded bytes, or ``[n, *shape]`` arrays of raw tensors.
+
+        A raw tensor is read as TFDS reads it: an ``int64_list`` of every step's values (encoding
+        ``none``), cast to the dtype; or one value of bytes per step (``bytes``; ``zlib``
+        decompressed first). A uint8 frame of one channel is ``[H, W]`` (grey).
 
         Raises ConversionError: ``bad_image`` (numbers where images are mapped, a raw frame whose
         bytes are not its shape's, naming the row), or the record's errors (``_example``).
@@ -377,10 +592,37 @@ class RLDSFrames(FrameReader):
         with bounds.reading(where, name):
             example = _example(self.record)
             kind, values = _get(example, self.key, where)
-            if kind != "bytes":
-                raise ConversionError(f"{name} holds numbers, not images", kind="bad_image", path=where)
-            if not self.encoded:
-                per = math.prod(self.shape) * np.dtype(self.dtype).itemsize
+            if self.encoded:
+                if kind != "bytes":
+                    raise ConversionError(f"{name} holds numbers, not images", kind="bad_image", path=where)
+                for start in range(0, len(values), CHUNK_FRAMES):
+                    yield values[start : start + CHUNK_FRAMES]
+                return
+            frame = (
+                self.shape[:-1]
+                if self.dtype == "uint8" and len(self.shape) == 3 and self.shape[-1] == 1
+                else self.shape
+            )
+            if kind != "bytes":  # numbers: every step's values, flattened (TFDS encoding none)
+                if len(values) and kind != _list_kind(self.dtype):
+                    raise ConversionError(
+                        f"{name} holds a {kind} list; TFDS stores {self.dtype} in a {_list_kind(self.dtype)} list",
+                        kind="bad_image",
+                        path=where,
+                    )
+                array = np.asarray(values)
+                if array.size % max(1, math.prod(self.shape)):
+                    raise ConversionError(
+                        f"{name} holds {array.size} values: not whole frames of {list(self.shape)}",
+                        kind="bad_image",
+                        path=where,
+                    )
+                array = array.reshape((-1, *frame))
+                for start in range(0, len(array), CHUNK_FRAMES):
+                    yield array[start : start + CHUNK_FRAMES].astype(self.dtype)
+                return
+            per = math.prod(self.shape) * np.dtype(self.dtype).itemsize
+            if self.encoding != "zlib":
                 sizes = values.sizes() if isinstance(values, BytesValues) else np.asarray([len(v) for v in values])
                 bad = np.flatnonzero(sizes != per)
                 if len(bad):
@@ -394,10 +636,18 @@ class RLDSFrames(FrameReader):
                     )
             for start in range(0, len(values), CHUNK_FRAMES):
                 part = values[start : start + CHUNK_FRAMES]
-                if self.encoded:
-                    yield part
-                else:
-                    yield np.stack([np.frombuffer(v, self.dtype).reshape(self.shape) for v in part])
+                if self.encoding == "zlib":
+                    part = _inflate(part, name, per, where, first=start, kind="bad_image")
+                    short = next((i for i, v in enumerate(part) if len(v) != per), None)
+                    if short is not None:
+                        raise ConversionError(
+                            f"{name} holds {len(part[short])} bytes at step {start + short} once decompressed; a "
+                            f"frame of {list(self.shape)} {self.dtype} is {per}",
+                            kind="bad_image",
+                            path=where,
+                            row=start + short,
+                        )
+                yield np.stack([np.frombuffer(v, self.dtype).reshape(frame) for v in part])
 
     def fingerprint(self) -> list:
         """File, size, offset, key."""
@@ -430,26 +680,69 @@ def _read_json(file: FileInput, root: str) -> object:
     return untrusted.loads(data, where, SourceError)
 
 
+def _raw_camera(spec: dict) -> bool:
+    """A per-step uint8 tensor that is a picture: ``[H, W, C]``, C 1 (grey), 3 (RGB) or 4 (RGBA)."""
+    shape = spec.get("shape") or []
+    return (
+        spec["kind"] == "tensor"
+        and spec.get("dtype") == "uint8"
+        and len(shape) == 3
+        and shape[-1] in (1, 3, 4)
+        and all(d >= 1 for d in shape)
+    )
+
+
+def _camera_names(keys: list[str]) -> dict[str, str]:
+    """Camera name -> key: ``observation.images.<last part of the key>``.
+
+    Keys sharing their last part (``observation/left/image``, ``observation/right/image``) each
+    take their path after ``observation/`` (``observation.images.left_image``): no camera hides
+    another.
+    """
+    last = [k.split("/")[-1] for k in keys]
+    out: dict[str, str] = {}
+    for key, part in zip(keys, last, strict=True):
+        if last.count(part) > 1:
+            part = (key[len("observation/") :] if key.startswith("observation/") else key).replace("/", "_")
+        name, n = f"observation.images.{part}", 2
+        while name in out:
+            name, n = f"observation.images.{part}_{n}", n + 1
+        out[name] = key
+    return out
+
+
+def _inferred(example: dict) -> dict:
+    """Per-step features from a record alone (no features.json).
+
+    Bytes starting as PNG/JPEG are images, other bytes text, numbers tensors (their shape from the
+    count).
+    """
+    steps = {}
+    for name, (kind, values) in example.items():
+        if name.startswith("steps/"):
+            is_image = kind == "bytes" and len(values) and values[0][:4].startswith(_IMAGE_MAGIC)
+            steps[name[6:]] = {"kind": "image" if is_image else "text" if kind == "bytes" else "tensor"}
+    return steps
+
+
 def _default(features: dict, example: dict) -> tuple[Mapping, dict, str | None]:
     """The default mapping, the per-step features (path without ``steps/`` -> spec), the language key."""
     steps = {k[len("steps/") :]: v for k, v in features.items() if k.startswith("steps/")}
     if not steps:  # no features.json: what the first record holds
-        for name, (kind, values) in example.items():
-            if name.startswith("steps/"):
-                is_image = kind == "bytes" and values and values[0][:4].startswith(_IMAGE_MAGIC)
-                steps[name[6:]] = {"kind": "image" if is_image else "text" if kind == "bytes" else "tensor"}
-    cameras = {
-        f"observation.images.{k.split('/')[-1]}": k
-        for k, v in steps.items()
-        if v["kind"] == "image"
-        or (v["kind"] == "tensor" and len(v.get("shape", [])) == 3 and v.get("dtype") == "uint8")
-    }
-    state = ("observation/state",) if "observation/state" in steps else ()
-    action = ("action",) if "action" in steps else tuple(k for k in steps if k.startswith("action/"))
+        steps = _inferred(example)
+    cameras = _camera_names([k for k, v in steps.items() if v["kind"] == "image" or _raw_camera(v)])
+    numbers = [k for k, v in steps.items() if v["kind"] == "tensor"]  # in features.json order
+    state = ("observation/state",) if "observation/state" in numbers else ()
+    action = ("action",) if "action" in numbers else tuple(k for k in numbers if k.startswith("action/"))
     language = next(
-        (k for k in ("language_instruction", "observation/natural_language_instruction") if k in steps), None
+        (
+            k
+            for k in ("language_instruction", "observation/natural_language_instruction")
+            if steps.get(k, {}).get("kind") == "text"
+        ),
+        None,
     )
-    columns = {"next.reward": "reward"} if "reward" in steps else {}
+    columns = {"next.reward": "reward"} if "reward" in numbers else {}
     return (
         Mapping(
             state=state,
@@ -466,12 +759,19 @@ def _default(features: dict, example: dict) -> tuple[Mapping, dict, str | None]:
     )
 
 
+def _what(spec: dict) -> str:
+    """A feature's kind in words, for messages."""
+    if spec.get("why"):
+        return spec["why"]
+    return {"text": "text", "image": "images"}.get(spec["kind"], f"a tensor of {spec.get('dtype')}")
+
+
 def _check_mapped(mapping: Mapping, steps: dict, where: str, declared: bool) -> None:
     """Refuse at open what cannot be what it is mapped as.
 
-    Text, images or a non-numeric tensor as state, action or a column; text (declared in
-    ``features.json``) as a camera; a raw camera tensor without a full shape, or whose frame is
-    above ``bounds.MAX_FRAME_BYTES``.
+    Text, images or a non-numeric tensor as state, action or a column; text or an unsupported
+    feature (declared in ``features.json``) as a camera; a raw camera tensor without a full shape,
+    of a dtype other than uint8 or uint16, or whose frame is above ``bounds.MAX_FRAME_BYTES``.
 
     Raises ConversionError (``bad_feature``, ``too_large``) naming ``where`` and the key.
     """
@@ -482,10 +782,18 @@ def _check_mapped(mapping: Mapping, steps: dict, where: str, declared: bool) -> 
         if spec is None:  # a column the first record lacks: missing_key at its episode
             continue
         if spec["kind"] != "tensor":
-            what = {"text": "text", "image": "images"}.get(spec["kind"], f"a tensor of {spec.get('dtype')}")
             source = "features.json" if declared else "the first record"
             raise ConversionError(
-                f"steps/{key} holds {what} ({source}), mapped as {role}: state, action and columns must be numbers",
+                f"steps/{key} holds {_what(spec)} ({source}), mapped as {role}: state, action and columns must be "
+                "numbers",
+                kind="bad_feature",
+                path=where,
+            )
+    for column in mapping.columns or {}:
+        if column in _RESERVED:
+            raise ConversionError(
+                f"column {column} is mapped from steps/{(mapping.columns or {})[column]}: every episode table has its "
+                f"own {column}; map it under another name",
                 kind="bad_feature",
                 path=where,
             )
@@ -493,20 +801,22 @@ def _check_mapped(mapping: Mapping, steps: dict, where: str, declared: bool) -> 
         spec = steps.get(key, {})
         if declared and spec.get("kind") in ("text", "unsupported"):
             raise ConversionError(
-                f"steps/{key} is declared {spec.get('dtype')} in features.json, mapped as camera {camera}",
+                f"steps/{key} is declared {spec.get('dtype')} in features.json ({_what(spec)}), mapped as camera "
+                f"{camera}",
                 kind="bad_feature",
                 path=where,
             )
         if spec.get("kind") == "tensor":  # raw frames: their size is known before any is read
             shape = tuple(spec.get("shape", ()))
-            if len(shape) not in (2, 3) or any(d < 1 for d in shape):
+            dtype = spec.get("dtype") or "uint8"
+            if len(shape) not in (2, 3) or any(d < 1 for d in shape) or dtype not in _IMAGE_DTYPES:
                 raise ConversionError(
-                    f"steps/{key} (camera {camera}) is a raw tensor of shape {list(shape)}: a camera needs "
-                    "[height, width] or [height, width, channels]",
+                    f"steps/{key} (camera {camera}) is a raw tensor of {dtype} of shape {list(shape)}: a camera needs "
+                    "uint8 or uint16 frames of [height, width] or [height, width, channels]",
                     kind="bad_feature",
                     path=where,
                 )
-            item = np.dtype(spec.get("dtype") or "uint8").itemsize
+            item = np.dtype(dtype).itemsize
             bounds.check_bytes(shape, item, where, f"steps/{key}", limit=bounds.MAX_FRAME_BYTES)
 
 
@@ -539,6 +849,11 @@ def open_rlds(
     if not files:
         raise SourceError(f"{root}: no TFRecord file (*.tfrecord*)")
     info = [f for f in everything if os.path.basename(str(f)) == "features.json"]
+    if len(info) > 1:  # e.g. a dataset folder holding two versions (<dataset>/1.0.0/, <dataset>/1.1.0/)
+        raise SourceError(
+            f"{root}: {len(info)} features.json files ({', '.join(str(f) for f in info[:3])}): each is a TFDS "
+            "dataset of its own (<dataset>/<version>/); convert one folder"
+        )
     features: dict = {}
     if info:
         _walk(_read_json(info[0], root), "", features, str(info[0]))
@@ -548,6 +863,16 @@ def open_rlds(
         try:
             with open_binary(file) as f:
                 found, problem = scan(f, bounds.MAX_EPISODES - len(records))
+                if problem is not None and not found:
+                    f.seek(0)
+                    packed = compression(f.read(2))
+                    if packed:
+                        raise SourceError(
+                            f"{file}: a {packed}-compressed TFRecord file (tf.io.TFRecordOptions(compression_type="
+                            f"{packed!r})): not read, as its records cannot be reached without decompressing all "
+                            "before them; TFDS writes TFRecord files uncompressed. Decompress it first (gzip: "
+                            "`gzip -dc FILE > FILE.tfrecord`)"
+                        )
         except OSError as exc:
             raise SourceError(f"{file}: cannot be read ({exc})") from exc
         records += [_Record(file, o, n, i) for i, (o, n) in enumerate(found)]
@@ -561,14 +886,21 @@ def open_rlds(
             notes.append(f"{file}: {problem}")
     if not records:
         raise SourceError(f"{root}: the TFRecord files hold no record")
-    # The default mapping comes from the first record that reads (a damaged one is its episode's error).
+    declared = any(k.startswith("steps/") for k in features)
+    # The default mapping comes from the first record that reads (a damaged one is its episode's error);
+    # without features.json, from the first of them with a step (an empty one tells nothing of its features).
     first, example, failures = None, {}, []
     for record in [r for r in records if r.problem is None][:8]:
         try:
-            first, example = record, _example(record)
-            break
+            parsed = _example(record)
         except ConversionError as exc:
             failures.append(str(exc))
+            continue
+        if first is None:
+            first, example = record, parsed
+        if declared or _count_steps(parsed):
+            first, example = record, parsed
+            break
     if first is None or not example:
         raise SourceError(f"{root}: no record could be read: " + "; ".join(failures or ["none left"]))
     default, steps, language = _default(features, example)
@@ -579,17 +911,27 @@ def open_rlds(
                 f"{first.file if first else root}: no feature steps/{key} (features: "
                 f"{', '.join(sorted(steps))}); see --mapping"
             )
-    declared = any(k.startswith("steps/") for k in features)
     _check_mapped(mapping, steps, str(info[0]) if declared else str(first.file), declared)
     used = set(mapping.state or ()) | set(mapping.action or ()) | set((mapping.cameras or {}).values())
     used |= set((mapping.columns or {}).values()) | {"is_first", "is_last"} | ({language} if language else set())
     columns = list((mapping.columns or {}).items())
+    taken = {c for c, _ in columns} | _RESERVED | {"observation.state", "action", "language_instruction"}
     for key in sorted(set(steps) - used):
         spec = steps[key]
-        if mapping.others and spec["kind"] == "tensor":
+        if mapping.others and spec["kind"] == "tensor" and column_name(key) not in taken:
             columns.append((column_name(key), key))
+            taken.add(column_name(key))
+        elif mapping.others and spec["kind"] == "tensor":
+            notes.append(f"steps/{key} (tensor) is not kept: its column name {column_name(key)} is taken")
         else:
-            notes.append(f"steps/{key} ({spec['kind']}) is not kept")
+            notes.append(f"steps/{key} ({spec['kind']}) is not kept" + (f": {spec['why']}" if spec.get("why") else ""))
+    if declared:  # what the records hold beyond features.json (TFDS reads only what it declares)
+        unknown = sorted(
+            k
+            for k in example
+            if k.startswith("steps/") and k[6:] not in steps and not any(k.startswith(f"steps/{s}/") for s in steps)
+        )
+        notes += [f"{k} is in the records but not in features.json: not kept" for k in unknown]
     for key in sorted({k for k in [*features, *example] if k.startswith("episode_metadata/")}):
         notes.append(f"{key} (per episode) is not kept")
     fps = float(mapping.fps or DEFAULT_FPS)
@@ -603,7 +945,8 @@ def open_rlds(
         + f", {fps:g} fps, {len(records)} records in {len(files)} files",
     )
     spec_features = tuple(
-        (k, v["kind"], tuple(v.get("shape", ())), v.get("dtype", "")) for k, v in sorted(steps.items())
+        (k, v["kind"], tuple(v.get("shape", ())), v.get("dtype", ""), v.get("encoding", "none"))
+        for k, v in sorted(steps.items())
     )
     spec = _Spec(spec_features, tuple(mapping.state or ()), tuple(mapping.action or ()), tuple(columns), language, fps)
     name = _name(root)
@@ -613,15 +956,16 @@ def open_rlds(
             continue
         frames = {}
         for cam, key in cams.items():
-            kind, shape, dtype = spec.feature(key) or ("image", (), "")
+            kind, shape, dtype, encoding = spec.feature(key) or ("image", (), "", "none")
             reader = RLDSFrames(
                 record,
                 key,
                 tuple(shape),
-                kind == "image",
+                kind != "tensor",
                 index,
                 4 * record.length // max(1, len(cams)),
                 dtype if kind == "tensor" and dtype else "uint8",
+                encoding,
             )
             frames[cam] = CameraFrames(reader, depth=cam in (mapping.depth or ()))
         out.append(

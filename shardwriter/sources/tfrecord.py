@@ -109,6 +109,21 @@ def scan(f: BinaryIO, limit: int | None = None) -> tuple[list[tuple[int, int]], 
     return out, None
 
 
+def compression(head: bytes) -> str | None:
+    """``"GZIP"`` or ``"ZLIB"`` when a file that does not frame as TFRecords starts as one of them.
+
+    TensorFlow writes compressed TFRecord files (``tf.io.TFRecordOptions(compression_type=...)``)
+    as one gzip or zlib stream of the framed records; ``head``: the file's first two bytes (gzip's
+    magic ``1f 8b``; a zlib header is ``78`` then a byte making the pair a multiple of 31). Call it
+    only for a file whose first header's CRC did not match: an uncompressed file may start so.
+    """
+    if head[:2] == b"\x1f\x8b":
+        return "GZIP"
+    if len(head) == 2 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0:
+        return "ZLIB"
+    return None
+
+
 def read_record(f: BinaryIO, offset: int, length: int) -> bytes:
     """The data of the record at ``offset`` (from ``scan``), its CRC checked.
 
