@@ -340,7 +340,17 @@ def build_table(
 
     Raises:
         ConversionError(kind="length_mismatch"): arrays of different lengths, naming file and keys.
+        ConversionError(kind="bad_feature"): a column named ``frame_index`` or ``timestamp`` (it would
+            replace the table's own), or text that is not UTF-8, naming file and key.
     """
+    for name in ("frame_index", "timestamp"):
+        if name in columns:
+            raise ConversionError(
+                f"{keys.get(name, name)!r} would become the column {name!r}, which the table makes itself: map "
+                "it to another name",
+                kind="bad_feature",
+                path=file,
+            )
     lengths = {name: int(v.shape[0]) for name, v in columns.items()}
     if len(set(lengths.values())) > 1:
         desc = ", ".join(f"{keys.get(name, name)} {n} rows" for name, n in lengths.items())
@@ -358,7 +368,13 @@ def build_table(
             )
         ),
     }
-    arrays.update({name: _arrow(v) for name, v in columns.items()})
+    for name, v in columns.items():
+        try:
+            arrays[name] = _arrow(v)
+        except UnicodeDecodeError as exc:
+            raise ConversionError(
+                f"{keys.get(name, name)!r}: bytes that are not UTF-8 text ({exc})", kind="bad_feature", path=file
+            ) from None
     return pa.table(arrays)
 
 

@@ -11,8 +11,16 @@ Default mapping (docs/sources/umi.md): arrays uint8 ``[N, H, W, 3]`` are cameras
 robot<k>_eef_rot_axis_angle + robot<k>_gripper_width`` (UMI) or ``state`` (Diffusion Policy);
 ``action`` is ``action`` when present (UMI stores none: its policies derive actions from future
 poses, so the shards have no ``action`` column, and the source's notes say so); every other
-per-step array is kept as a column of its own name. 10 Hz unless ``--fps`` (UMI records at 59.94
-and subsamples; the ReplayBuffer does not store its rate).
+per-step array is kept as a column of its own name (``data.<key>`` when the name is one epishard
+writes itself: ``OWN_COLUMNS``). 10 Hz unless ``--fps`` (UMI records at 59.94 and subsamples; the
+ReplayBuffer does not store its rate).
+
+Read as Diffusion Policy's ``ReplayBuffer.get_episode`` reads it (checked against a
+re-implementation of it: tests/test_oracle_zarr.py): each array from its own metadata document,
+never consolidated metadata (stale once a buffer grew after it was consolidated); values in
+either byte order, returned in this machine's; UMI's JPEG-XL cameras through ``imagecodecs`` when
+installed. Every process opens the store itself (``_open``): a forked worker never reads through
+its parent's ``.zarr.zip`` handle.
 
 A store from elsewhere is trusted for nothing (``sources.bounds``, docs/sources/umi.md):
 
@@ -41,6 +49,7 @@ from __future__ import annotations
 import bz2
 import contextlib
 import functools
+import importlib
 import json
 import lzma
 import os
@@ -320,6 +329,30 @@ def _check_decoded(chunks: _Chunks, data: memoryview, where: str, key: str) -> N
 _READ_ONLY = "a source store is read-only: writing or deleting is refused"
 
 
+def _check_range(byte_range, got: int, where: str, key: str) -> None:
+    """Refuse more bytes than a range read asked for (a Zarr 3 shard's index or chunk).
+
+    A server that ignores ``Range`` (or a suffix range, ``bytes=-N``) answers with the whole
+    file: read as the shard's index or one chunk it would be garbage, or wrong values.
+
+    Raises:
+        ConversionError(kind="unreadable_file"): naming the key, the range and the size received.
+    """
+    if hasattr(byte_range, "suffix"):
+        asked, what = int(byte_range.suffix), f"its last {byte_range.suffix} bytes"
+    elif hasattr(byte_range, "end"):
+        asked, what = int(byte_range.end) - int(byte_range.start), f"bytes {byte_range.start}..{byte_range.end - 1}"
+    else:
+        return  # from an offset to the end: how many is not known here
+    if got > asked:
+        raise ConversionError(
+            f"{key!r}: asked for {what}, got {got} bytes: the store does not honour range requests "
+            "(a Zarr 3 shard is read by ranges); refused rather than read from the wrong bytes",
+            kind="unreadable_file",
+            path=where,
+        )
+
+
 @functools.cache
 def _guarded_store_class():
     """``_Guarded``, defined once zarr is imported (zarr is an optional extra)."""
@@ -467,6 +500,8 @@ def _guarded_store_class():
                     path=where,
                 )
             buf = await self.wrapped.get(key, prototype, byte_range)
+            if buf is not None and byte_range is not None:
+                _check_range(byte_range, len(buf), where, key)
             if buf is not None and chunks is not None and byte_range is None:
                 data = buf.as_numpy_array().data.cast("B")
                 if len(data) > chunks.stored:
@@ -484,17 +519,58 @@ def _guarded_store_class():
     return _Guarded
 
 
+OPEN_STORES = 4  # groups one process keeps open (the stores it read last)
+_opened: dict[tuple, Any] = {}  # (root, storage options, stamp) -> the group this process opened
+_inherited: list = []  # groups a forked child got from its parent: kept, never read (see _forget_after_fork)
+
+
 def _open(store: _Store) -> Any:
-    """The root group, read-only (opened once per process and store), over a ``_Guarded`` store.
+    """The root group, read-only, over a ``_Guarded`` store: opened once per process, store and stamp.
+
+    Each process opens its own: a forked conversion worker never reads through the group (a
+    ``.zarr.zip``'s file handle, whose offset parent and children would share; an fsspec
+    session) its parent opened (``_forget_after_fork``). A local store rewritten since (its
+    ``_stamp`` changed) is opened anew, never read through a zip's old central directory.
 
     Raises:
         SourceError: not a readable Zarr group, or a metadata document refused, naming the store.
     """
-    return _open_cached(store.root, json.dumps(store.storage_options, sort_keys=True, default=str))
+    key = (store.root, json.dumps(store.storage_options, sort_keys=True, default=str), _stamp(store.root))
+    group = _opened.get(key)
+    if group is None:
+        group = _open_group(store.root, key[1])
+        while len(_opened) >= OPEN_STORES:  # the oldest is let go (closed once nothing reads through it)
+            _opened.pop(next(iter(_opened)))
+        _opened[key] = group
+    return group
 
 
-@functools.lru_cache(maxsize=4)
-def _open_cached(root: str, options_json: str) -> Any:
+def _stamp(root: str) -> tuple[int, ...]:
+    """A local store's identity now: its file's or folder's inode, size and modification time (() for a URL)."""
+    if not is_local(root):
+        return ()
+    try:
+        st = os.stat(local_path(root))
+    except OSError:
+        return ()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: open every store anew. The parent's groups are kept referenced, never used or closed.
+
+    Closing them would run their finalizers against the parent's event loops and sessions, which
+    the child does not have; reading through them would share the parent's file offsets.
+    """
+    _inherited.extend(_opened.values())
+    _opened.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _open_group(root: str, options_json: str) -> Any:
     zarr = require("zarr")
     from zarr.core.sync import sync
 
@@ -508,15 +584,23 @@ def _open_cached(root: str, options_json: str) -> Any:
         elif is_local(root):
             path = local_path(root)
             store = guarded(sync(zarr.storage.LocalStore.open(path, read_only=True)), root, folder=path)
+        elif root.endswith(".zip"):
+            raise SourceError(
+                f"{root}: a .zarr.zip is read from a local file (its members by the central directory); "
+                "copy it here first, or give the URL of the unzipped .zarr folder"
+            )
         else:  # an FsspecStore opens itself on its first read
             options = resolve_storage_options(root, json.loads(options_json))
             inner = zarr.storage.FsspecStore.from_url(root, storage_options=options, read_only=True)
             store = guarded(inner, root)
-        group = zarr.open_group(store, mode="r")
+        # Each array's own metadata document, never consolidated metadata (.zmetadata, or zarr.json's
+        # consolidated_metadata): a ReplayBuffer grown after it was consolidated (add_episode resizes
+        # data/* and meta/episode_ends) would read as its older, shorter self.
+        group = zarr.open_group(store, mode="r", use_consolidated=False)
         if detect(group):  # the arrays read: their chunks' bounds, known before a chunk is read
             for key in [*(f"data/{k}" for k in _children(group, "data")), "meta/episode_ends"]:
                 try:
-                    array = group[key]
+                    array = _node(group, key)
                 except Exception:  # a codec not installed, damaged metadata: refused by name when described
                     continue
                 if isinstance(array, zarr.Array):
@@ -527,6 +611,33 @@ def _open_cached(root: str, options_json: str) -> Any:
         raise SourceError(text if text.startswith(root) else f"{root}: {text}") from None
     except Exception as exc:  # zarr's own errors (GroupNotFoundError, ...) have no common base across versions
         raise SourceError(f"{root}: not a readable Zarr group ({_short(exc)})") from exc
+
+
+def _node(group, key: str) -> Any:
+    """``group[key]``; a codec of ``imagecodecs`` (UMI's JPEG-XL cameras) is registered first when installed.
+
+    UMI writes its cameras with ``imagecodecs_jpegxl``, which numcodecs knows only once
+    ``imagecodecs.numcodecs.register_codecs()`` ran in this process; it is run here (once per
+    process, conversion workers included) when the package is installed. Otherwise zarr's
+    ``UnknownCodecError`` names the codec (``_describe`` refuses the source with it).
+    """
+    try:
+        return group[key]
+    except ValueError as exc:  # numcodecs' UnknownCodecError is a ValueError
+        if "imagecodecs_" not in str(exc) or not _image_codecs():
+            raise
+    return group[key]
+
+
+@functools.cache
+def _image_codecs() -> bool:
+    """Register ``imagecodecs``' numcodecs codecs in this process; False when the package is not installed."""
+    try:
+        module = importlib.import_module("imagecodecs.numcodecs")
+    except ImportError:
+        return False
+    module.register_codecs(verbose=False)
+    return True
 
 
 def _short(exc: BaseException) -> str:
@@ -545,7 +656,7 @@ def _in_worker(store: _Store) -> Any:
 def _array(group, key: str, root: str):
     with bounds.reading(root, f"data/{key}"):
         try:
-            return group["data"][key]
+            return _node(group["data"], key)
         except KeyError:
             raise ConversionError(f"no array data/{key}", kind="missing_key", path=root) from None
 
@@ -588,21 +699,42 @@ def _checked(group, key: str, start: int, stop: int, root: str, frames: bool = F
 
 
 def _read(array, key: str, start: int, stop: int, root: str) -> np.ndarray:
-    """Rows ``[start, stop)``; a zarr or codec failure is ``unreadable_file`` naming key and rows.
+    """Rows ``[start, stop)``, in this machine's byte order; a zarr or codec failure is ``unreadable_file``.
 
-    A chunk refused by ``_Guarded`` keeps its kind (``too_large``, ``unreadable_file``), its
-    message led by the key and rows.
+    Zarr format 2 keeps an array's byte order (``>f4``): its values are returned the same, as
+    native numbers (Arrow and the video encoders take no other). A chunk refused by ``_Guarded``
+    keeps its kind (``too_large``, ``unreadable_file``), its message led by the key and rows.
     """
     rows = f"data/{key} rows {start}..{stop - 1}"
     with bounds.reading(root, rows):
         try:
-            return np.asarray(array[start:stop])
+            values = np.asarray(array[start:stop])
         except ConversionError as exc:
             raise ConversionError(f"{rows}: {exc.detail}", kind=exc.kind, path=exc.path or root) from None
+        return values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
 
 
 def _rows(group, key: str, start: int, stop: int, root: str) -> np.ndarray:
-    return _read(_checked(group, key, start, stop, root), key, start, stop, root)
+    """A kept column's rows ``[start, stop)``; a column of one bytes value per row must be UTF-8 text.
+
+    Raises:
+        ConversionError: as ``_checked`` and ``_read``; ``bad_feature`` for such bytes that are not
+            UTF-8 (the column is written as text), naming the key and the row.
+    """
+    values = _read(_checked(group, key, start, stop, root), key, start, stop, root)
+    if values.dtype.kind == "S" and values.ndim == 1:
+        for row, value in enumerate(values.tolist()):
+            try:
+                value.decode()
+            except UnicodeDecodeError:
+                raise ConversionError(
+                    f"data/{key} row {start + row} holds {value[:16]!r}, not UTF-8 text (a column of one bytes "
+                    "value per row is written as text); see --mapping to leave it out",
+                    kind="bad_feature",
+                    path=root,
+                    row=row,
+                ) from None
+    return values
 
 
 @dataclass(frozen=True)
@@ -661,6 +793,8 @@ class ZarrFrames(FrameReader):
     def chunks(self) -> Iterator[np.ndarray | list[bytes]]:
         """``CHUNK_FRAMES`` frames at a time (each at most ``bounds.MAX_FRAME_BYTES``).
 
+        uint8 ``[n, H, W, 1]`` is given as grey ``[n, H, W]`` (encoded as R = G = B, exact).
+
         Raises:
             ConversionError: as ``ZarrTable.load``, with the row of the first frame not read.
         """
@@ -668,9 +802,10 @@ class ZarrFrames(FrameReader):
         array = _checked(group, self.key, self.start, self.stop, self.store.root, frames=True)
         for a in range(self.start, self.stop, CHUNK_FRAMES):
             try:
-                yield _read(array, self.key, a, min(a + CHUNK_FRAMES, self.stop), self.store.root)
+                frames = _read(array, self.key, a, min(a + CHUNK_FRAMES, self.stop), self.store.root)
             except ConversionError as exc:
                 raise exc.with_context(row=a - self.start) from None
+            yield frames[..., 0] if frames.ndim == 4 and frames.shape[-1] == 1 else frames
 
     def fingerprint(self) -> list:
         """Store, key, rows."""
@@ -679,6 +814,69 @@ class ZarrFrames(FrameReader):
     def estimated_bytes(self) -> int:
         """Raw bytes of the frames over 4 (a guess at lossless H.264 on camera frames)."""
         return self.estimate
+
+
+# Columns epishard writes itself, or that its stream reader puts in a sample: a ``data/`` array of
+# one of these names is kept as ``data.<name>`` (``_columns``). DP's real-robot buffers hold
+# ``data/timestamp`` (wall-clock seconds); read as ``timestamp`` it would replace the row clock, and
+# a ``frame_index`` would pick the camera frame of each row.
+OWN_COLUMNS = frozenset(
+    {"frame_index", "timestamp", "episode_index", "index", "task_index", "task", "dataset", "substitute"}
+    | {"observation.state", "action"}
+)
+
+
+def _columns(
+    arrays: dict[str, tuple[tuple[int, ...], Any]],
+    mapping: Mapping,
+    cams: dict[str, str],
+    used: set[str],
+    root: str,
+    notes: list[str],
+) -> list[tuple[str, str]]:
+    """The columns kept (output name, ``data/`` key): the mapping's, then every other per-step array.
+
+    An array not mapped is kept under its own name, or ``data.<key>`` when that name is one
+    epishard writes itself (``OWN_COLUMNS``, a camera's or a mapped column's name); not kept, and
+    named in ``notes``: cameras not mapped, scalars (no row axis), and values Arrow cannot hold
+    (complex numbers, compound records).
+
+    Raises:
+        SourceError: a mapped column that is not an array of ``data/``, a scalar, of values Arrow
+            cannot hold, or named as one of epishard's own columns.
+    """
+    mapped = dict(mapping.columns or {})
+    taken = set(OWN_COLUMNS) | set(cams) | set(mapped)
+    for name, key in mapped.items():
+        why = _unkept(*arrays[key]) if key in arrays else f"no array data/{key}"
+        if name in OWN_COLUMNS or name in cams:
+            why = f"{name} is a column epishard writes itself"
+        if why:
+            raise SourceError(f"{root}: mapping column {name} <- data/{key}: {why}; see --mapping")
+    columns = list(mapped.items())
+    for key in sorted(set(arrays) - used):
+        shape, dtype = arrays[key]
+        why = "others = false" if not mapping.others else _unkept(shape, dtype)
+        why = why or ("a camera not mapped" if _is_camera(shape, dtype) else "")
+        if why:
+            notes.append(f"data/{key} {list(shape)} {np.dtype(dtype)} is not kept ({why})")
+        elif key in taken or key.startswith(("observation.images.", "__")):
+            columns.append((f"data.{key}", key))
+            notes.append(f"data/{key} is kept as the column data.{key} ({key} is a column epishard writes itself)")
+        else:
+            columns.append((key, key))
+    return columns
+
+
+def _unkept(shape: tuple[int, ...], dtype) -> str:
+    """Why an array cannot be a column ('' when it can): a scalar, or values Arrow has no type for."""
+    dt = np.dtype(dtype)
+    base = dt.subdtype[0] if dt.subdtype is not None else dt
+    if not shape:
+        return "a scalar, not rows"
+    if base.kind in "cV" or base.fields is not None:
+        return f"{dt}: no Arrow type holds it"
+    return ""
 
 
 def _is_camera(shape: tuple[int, ...], dtype) -> bool:
@@ -719,7 +917,8 @@ def _children(group, path: str) -> list[str]:
     async def names() -> list[str]:
         return [n async for n in group.store.list_dir(path)]
 
-    return sorted(n for n in sync(names()) if n not in METADATA)
+    # an fsspec listing over HTTP names folders with a trailing slash (``state/``)
+    return sorted({n.rstrip("/") for n in sync(names())} - {"", *METADATA})
 
 
 def _has_chunk(group, path: str) -> bool:
@@ -864,16 +1063,20 @@ def _describe(
         members = {}
         for key in _children(group, "data"):
             try:
-                member = data[key]
+                member = _node(data, key)
             except KeyError:  # a file or folder that is no Zarr node: not part of the ReplayBuffer
                 continue
-            except Exception as exc:  # UnknownCodecError (a codec of imagecodecs not registered), bad metadata
-                raise SourceError(
-                    f"{root}: data/{key} cannot be opened ({_short(exc)}); an image codec needs its package "
-                    "(pip install imagecodecs, then imagecodecs.numcodecs.register_codecs())"
-                ) from None
+            except Exception as exc:  # UnknownCodecError (a codec not installed), bad metadata
+                hint = (
+                    "; UMI's JPEG-XL cameras need the package imagecodecs (pip install imagecodecs)"
+                    if "imagecodecs_" in str(exc)
+                    else ""
+                )
+                raise SourceError(f"{root}: data/{key} cannot be opened ({_short(exc)}){hint}") from None
             if hasattr(member, "chunks"):  # an array (a group inside data/ is not read)
                 members[key] = member
+        if not members:
+            raise SourceError(f"{root}: data/ holds no array (a ReplayBuffer keeps its per-step arrays there)")
         arrays = {k: (tuple(a.shape), a.dtype) for k, a in members.items()}
         longest = max((s[0] for s, _ in arrays.values() if s), default=0)
         ends = _episode_ends(group, root, longest)
@@ -890,18 +1093,15 @@ def _describe(
     cams = kept_cameras(mapping.cameras, cameras, str(root))
     for key in [*(mapping.state or ()), *(mapping.action or ()), *cams.values()]:
         bounds.check_numeric(arrays[key][1], root, f"data/{key}")
+        if not arrays[key][0]:
+            raise SourceError(f"{root}: data/{key} is a scalar, not rows (one per step); see --mapping")
         _fill_only(group, members[key], root, f"data/{key}")
-    columns = list((mapping.columns or {}).items())
     notes = [f"{k}: {n} rows, meta/episode_ends says {last}; episodes past it fail" for k, n in short.items()]
     if ends.empty:
         notes.append(
             f"{ends.empty} episodes of zero rows in meta/episode_ends left out (the others keep their indices)"
         )
-    for key in sorted(set(arrays) - used):
-        if mapping.others and not _is_camera(*arrays[key]):
-            columns.append((key, key))
-        else:
-            notes.append(f"data/{key} {list(arrays[key][0])} is not kept")
+    columns = _columns(arrays, mapping, cams, used, root, notes)
     if not mapping.action:
         notes.append("no action array mapped: the shards have no action column (UMI derives actions from poses)")
     fps = float(mapping.fps or DEFAULT_FPS)
