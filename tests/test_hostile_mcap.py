@@ -217,11 +217,11 @@ print("RESULT " + json.dumps(results))
 """
 
 
-def _in_child(cases: dict[str, dict]) -> dict[str, dict]:
+def _in_child(cases: dict[str, dict], timeout: float = 240) -> dict[str, dict]:
     """Run ``_CHILD`` on ``cases`` (name -> src, out, fps, on_error, mapping, bounds) under the limit."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, REPO])}
     argv = [sys.executable, "-c", _CHILD, json.dumps(cases), str(LIMIT)]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=240)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT ") :])
@@ -573,6 +573,118 @@ def test_an_unchunked_bag_reads_as_the_chunked_one_and_its_record_lengths_are_ch
     with pytest.raises(ConversionError) as err:
         convert([str(tmp_path / "long.mcap")], str(tmp_path / "o3"), _opts())
     _named(err.value, "unreadable_file", "long.mcap", f"claims {1 << 40} bytes", "past the end of the file")
+
+
+# -- 6: schemas that ask for more work than their messages hold -----------------------------------------------
+
+BOOM = "evil/Boom"  # a message of one uint8[1]: mcap_ros2 reads it as a slice, which past the end is no error
+BOOMS = f"\n{SEP}\nMSG: {BOOM}\nuint8[1] pad"
+CLAIM = 2_000_000_000
+
+
+def reschema(src: str, dst: str, joints: str, extra: bytes = b"") -> str:
+    """``src`` with its JointState schema's text replaced by ``joints``; the messages as written, ``extra`` after."""
+    with open(src, "rb") as f:
+        reader = make_reader(f)
+        summary = reader.get_summary()
+        messages = [(c.topic, m) for _, c, m in reader.iter_messages()]
+    with open(dst, "wb") as out:
+        w = McapWriter(out)
+        w.start("ros2", "test")
+        texts = {i: joints.encode() if s.name == TYPES["joints"][0] else s.data for i, s in summary.schemas.items()}
+        schemas = {i: w.register_schema(s.name, s.encoding, texts[i]) for i, s in summary.schemas.items()}
+        channels = {i: w.register_channel(c.topic, "cdr", schemas[c.schema_id]) for i, c in summary.channels.items()}
+        for topic, m in messages:
+            data = m.data + (extra if topic == JOINT else b"")
+            w.add_message(channels[m.channel_id], m.log_time, data, m.publish_time)
+        w.finish()
+    return dst
+
+
+def test_a_schema_asking_for_billions_of_elements_is_refused_before_decoding(tmp_path):
+    # the attack: a bag's own JointState schema adds "evil/Boom[2000000000] boom"; its messages are
+    # honest. mcap_ros2 would build 2e9 Boom objects from the message's last bytes (no error: a
+    # uint8[1] past the end is an empty slice): 35 s and 2.4 GB, then MemoryError (or the OOM killer).
+    # And its sibling: "evil/Boom[] boom" whose length, 2e9, the message states.
+    fixed = _definition(f"{JOINT_DEF}\n{BOOM}[{CLAIM}] boom") + BOOMS
+    claimed = _definition(f"{JOINT_DEF}\n{BOOM}[] boom") + BOOMS
+    plain = write(tmp_path / "plain.mcap", honest(e=1))
+    cases: dict[str, dict] = {}
+    for name, text, extra in (("fixed", fixed, b""), ("claim", claimed, CLAIM.to_bytes(4, "little") + bytes(8))):
+        folder = tmp_path / name
+        folder.mkdir()
+        write(folder / "a_good_0.mcap", honest())
+        reschema(plain, str(folder / f"b_{name}_1.mcap"), text, extra)
+        for on_error in ("raise", "skip"):
+            out = str(tmp_path / f"out_{name}_{on_error}")
+            cases[f"{name}_{on_error}"] = {"src": str(folder), "out": out, "fps": 10, "on_error": on_error}
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    os.link(tmp_path / "fixed" / "b_fixed_1.mcap", alone / "b_fixed_1.mcap")
+    cases["open"] = {"src": str(alone), "out": str(tmp_path / "out_open"), "fps": 10}
+    start = time.monotonic()
+    results = _in_child(cases, timeout=120)
+    assert time.monotonic() - start < 30, results  # each refused at once: no element decoded from nothing
+    got = results["fixed_raise"]  # the message (76 bytes) cannot hold the 2e9 bytes the schema asks for
+    assert got["error"] == "ConversionError" and got["kind"] == "unreadable_file", got
+    assert got["path"].endswith("b_fixed_1.mcap"), got
+    for word in (JOINT, TYPES["joints"][0], f"boom ({BOOM}[{CLAIM}])", "refused before decoding"):
+        assert word in got["message"], (word, got["message"])
+    got = results["claim_raise"]  # each Boom read past the end of the message is an error: 8 are decoded
+    assert got["error"] == "ConversionError" and got["kind"] == "unreadable_file", got
+    assert got["path"].endswith("b_claim_1.mcap") and JOINT in got["message"] and "ends at byte" in got["message"], got
+    for name in ("fixed", "claim"):  # skipped and counted; the good bag converts whole
+        assert results[f"{name}_skip"] == {"episodes": 1, "skipped": {"unreadable_file": 1}}, results[f"{name}_skip"]
+        back = read_back(str(tmp_path / f"out_{name}_skip"))
+        assert sorted(back) == [(name, 0)] and _frames(back[(name, 0)]) == list(range(10))
+    got = results["open"]  # the first bag: no message of it (its chunks hold a few kB) can be one
+    assert got["error"] == "SourceError", got
+    for word in ("b_fixed_1.mcap", JOINT, f"boom ({BOOM}[{CLAIM}])", "refused at open"):
+        assert word in got["message"], (word, got["message"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (f"evil/A a\n{SEP}\nMSG: evil/A\nevil/A[] more", ["evil/A", "more", "in itself"]),  # a type in itself
+        ("evil/T0 t" + "".join(f"\n{SEP}\nMSG: evil/T{i}\nevil/T{i + 1} t" for i in range(40)), ["32 deep"]),
+        ("evil/Nope nope", ["does not define evil/Nope", "nope"]),
+        (f"evil/E[] es\n{SEP}\nMSG: evil/E\n", ["es (evil/E[])", "without fields"]),  # elements of no bytes
+        ("uint8 x" + "".join(f"\n{SEP}\nMSG: evil/T{i}\nuint8 x" for i in range(300)), ["256 definitions"]),
+        ("\n".join(f"uint8 x{i}" for i in range(5000)), ["lines of fields, more than the 4096"]),
+        ("uint8 x\n#" + "a" * (2 << 20), ["bytes of text"]),
+        ("not a field", ["cannot be parsed"]),
+    ],
+)
+def test_a_schema_whose_work_is_not_bounded_is_named_unparsed(tmp_path, extra, words):
+    text = _definition(f"{JOINT_DEF}\n{extra.split(chr(10), 1)[0]}")
+    text += "\n" + extra.split("\n", 1)[1] if "\n" in extra else ""
+    folder = tmp_path / "bags"
+    folder.mkdir()
+    write(folder / "good_0.mcap", honest())
+    bag = reschema(write(tmp_path / "plain.mcap", honest(e=1)), str(folder / "odd_1.mcap"), text)
+    with pytest.raises(ConversionError) as err:
+        convert([bag], str(tmp_path / "out"), _opts())
+    _named(err.value, "unreadable_file", "odd_1.mcap", JOINT, TYPES["joints"][0], *words)
+    manifest = convert([str(folder)], str(tmp_path / "out2"), _opts(on_error="skip"))
+    assert manifest.totals.episodes == 1 and dict(manifest.report.skipped_by_kind) == {"unreadable_file": 1}
+
+
+def test_the_least_size_of_honest_types_and_a_message_cut_short_of_it(tmp_path):
+    for kind, least in (("joints", 28), ("image", 33)):  # header 12; 4 lengths; 3 uint32, a string, a uint8, a length
+        name, body = TYPES[kind]
+        assert mcap_bag._layout(name, _definition(body).encode()).least == least
+    nested = _definition(f"{JOINT_DEF}\nevil/W w") + f"\n{SEP}\nMSG: evil/W\n{BOOM}[64] inner{BOOMS}"
+    layout = mcap_bag._layout(TYPES["joints"][0], nested.encode())
+    assert (layout.least, layout.field, layout.field_type, layout.field_bytes) == (92, "w.inner", f"{BOOM}[64]", 64)
+    pads = bytes(range(64))
+    bag = reschema(write(tmp_path / "plain.mcap", honest()), str(tmp_path / "w.mcap"), nested, pads)
+    back = list(mcap_bag._decoded(mcap_bag._Plan((bag,), bag, 10.0, None, (JOINT,), JOINT, None), JOINT))
+    assert len(back) == 50 and b"".join(b.pad for b in back[0][1].w.inner) == pads  # as written
+    bag = reschema(write(tmp_path / "plain2.mcap", honest()), str(tmp_path / "short.mcap"), nested, pads[:4])
+    with pytest.raises(ConversionError) as err:  # 80 bytes: the 4 floats of position, not the 64 pads
+        convert([bag], str(tmp_path / "out"), _opts())
+    _named(err.value, "unreadable_file", "short.mcap", JOINT, "80 bytes", "w.inner (evil/Boom[64])", "before decoding")
 
 
 # -- the source's files: a link to a FIFO -------------------------------------------------------------------

@@ -37,7 +37,10 @@ decompressed to at most its declared size. The row clock's span and row count ar
 are counted (the first in the bag is used); a camera whose stamps disagree with the bag's order so
 that more than ``HELD_FRAMES`` images would have to be held is refused before any is decoded;
 image sizes, vector lengths and columns are checked (``MAX_FRAME_BYTES``, ``MAX_VALUES``,
-``MAX_ARRAY_BYTES``); every other failure while a bag is read is a named ``ConversionError``
+``MAX_ARRAY_BYTES``); a mapped topic's schema (the bag's own text) is parsed into the least size of
+its messages (``_layout``), a message shorter than it refused before decoding, and messages are
+decoded from bytes whose slices past the end raise (``_Strict``), so the work a schema asks for is
+bounded by the message's bytes; every other failure while a bag is read is a named ``ConversionError``
 (``bounds.reading``), and a ``SourceError`` naming the bag at open.
 """
 
@@ -89,6 +92,14 @@ _PIECE = 64 << 20  # decompressed bytes asked for at once: a chunk's claim is ne
 _IMAGE_SLACK = 1 << 20  # an image message's bytes beyond its pixels (header, encoding, frame id)
 _METADATA = "metadata.yaml"  # a rosbag2 folder's description: its files (a split recording), storage, compression
 _METADATA_BYTES = 16 << 20
+_CDR_HEADER = 4  # a CDR message's encapsulation header, before its fields
+_CDR_BYTES = {"bool": 1, "byte": 1, "char": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
+              "float32": 4, "int64": 8, "uint64": 8, "float64": 8, "string": 4, "wstring": 4}  # fmt: skip
+_HUGE = 1 << 64  # least sizes are counted up to here
+_SCHEMA_BYTES = 1 << 20  # a ros2msg schema's text, its dependencies and comments included (recorders': kB)
+_SCHEMA_LINES = 1 << 12  # its lines of fields and constants (the parser checks a definition's names pairwise)
+_SCHEMA_DEFINITIONS = 256  # the message types it defines
+_SCHEMA_NESTING = 32  # how deep its types nest (ROS types: a few levels; a type in itself: without end)
 _RESERVED = ("observation.state", "observation.velocity", "observation.effort", "action", "timestamp",
              "timestamp_ns", "frame_index", "episode_index", "index", "task_index")  # fmt: skip
 
@@ -156,7 +167,8 @@ class _Bag:
         self.size = f.seek(0, io.SEEK_END)
         self.f = _Clamped(f, self.size)
         self.summary = self._summary()
-        self._decoders: dict[int, Any] = {}
+        self._decoders: dict[int, _Layout] = {}  # channel id -> its schema's layout
+        self._layouts: dict[int, _Layout] = {}  # schema id -> its layout
         self._stamped: dict[int, bool] = {}
 
     def _summary(self):
@@ -294,7 +306,7 @@ class _Bag:
         """(decoded message, schema name) of message ``k`` of ``channel``, its size checked first."""
         schema = self.summary.schemas.get(channel.schema_id)
         name = schema.name if schema else ""
-        limit = bounds.MAX_FRAME_BYTES + _IMAGE_SLACK if name in IMAGE_TYPES else bounds.MAX_ARRAY_BYTES // 8
+        limit = _message_limit(name)
         if len(data) > limit:  # a vector decodes to Python floats first: about 4 times its bytes
             raise bounds.too_large(
                 f"the bytes of message {k} ({name or 'no schema'})",
@@ -303,18 +315,44 @@ class _Bag:
                 self.where,
                 channel.topic,
             )
-        decoder = self._decoders.get(channel.id)
-        if decoder is None:
-            factory = require("mcap_ros2.decoder").DecoderFactory()
-            decoder = factory.decoder_for(channel.message_encoding, schema)
-            if decoder is None:
+        layout = self._decoders.get(channel.id)
+        if layout is None:
+            if channel.message_encoding != "cdr" or schema is None or schema.encoding != "ros2msg":
                 raise _fail(
                     f"topic {channel.topic}: messages in {channel.message_encoding!r} of {name or 'no schema'} "
                     "cannot be decoded (ROS 2 CDR with a ros2msg schema only)",
                     self.file,
                 )
-            self._decoders[channel.id] = decoder
-        return decoder(bytes(data)), name
+            layout = self._decoders[channel.id] = self.layout(channel)
+        if len(data) < _CDR_HEADER + layout.least:  # the work the schema asks for, bounded before decoding
+            raise _fail(
+                f"topic {channel.topic}: message {k} ({name}) holds {len(data)} bytes, fewer than the "
+                f"{_CDR_HEADER + layout.least} its schema asks for at least (the field that asks most: "
+                f"{layout.field} ({layout.field_type}), at least {layout.field_bytes} bytes); refused before decoding",
+                self.file,
+            )
+        return layout.decoder(_Strict(data)), name
+
+    def layout(self, channel) -> _Layout:
+        """The layout (least size, decoder) of ``channel``'s ros2msg schema, parsed once per schema.
+
+        Raises:
+            ConversionError(kind="unreadable_file"): a schema ``_layout`` refuses, naming the bag,
+                the topic and the type.
+        """
+        schema = self.summary.schemas[channel.schema_id]
+        layout = self._layouts.get(schema.id)
+        if layout is None:
+            try:
+                layout = self._layouts[schema.id] = _layout(schema.name, bytes(schema.data))
+            except _Refused as exc:
+                raise _fail(f"topic {channel.topic}: its {schema.name} schema {exc}", self.file) from None
+        return layout
+
+
+def _message_limit(name: str) -> int:
+    """The most bytes a message of type ``name`` may have: an image's pixels, or numbers decoded one by one."""
+    return bounds.MAX_FRAME_BYTES + _IMAGE_SLACK if name in IMAGE_TYPES else bounds.MAX_ARRAY_BYTES // 8
 
 
 def _header_first(schema) -> bool:
@@ -331,6 +369,135 @@ def _header_first(schema) -> bool:
             continue
         return re.fullmatch(r"(std_msgs/(msg/)?)?Header\s+\w+(\s+.*)?", line) is not None
     return False
+
+
+class _Refused(Exception):
+    """A ros2msg schema whose decoding would not be bounded by its message's bytes (``_layout``)."""
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What a ros2msg schema asks of a message: its least size in CDR, the field that asks most, the decoder."""
+
+    least: int  # bytes after the CDR header, at least (alignment only adds)
+    field: str  # the field that takes the most of them ("boom", "header.frame_id")
+    field_type: str  # its type as the schema writes it ("evil/Boom[2000000000]")
+    field_bytes: int  # what it takes, at least
+    decoder: Callable[[bytes], Any]
+
+
+class _Strict(bytes):
+    """A message's bytes for mcap_ros2's decoder: a slice past the end raises instead of coming back short.
+
+    mcap_ros2 reads a ``uint8``/``byte`` array and a string's text as a slice of the message, which
+    past its end is shorter, not an error, and moves on: an array of messages made of such fields
+    (``Boom[] boom``, ``uint8[1] pad``) would be decoded as many times as a length claims, from no
+    bytes. With every read checked, each element decoded takes at least one byte of the message
+    (``_layout`` refuses arrays of messages without fields): the work is bounded by the bytes.
+    """
+
+    __slots__ = ()
+
+    def __getitem__(self, key):
+        if isinstance(key, slice) and key.stop is not None and key.stop > len(self):
+            raise IndexError(f"the message ends at byte {len(self)}; a field reads up to byte {key.stop}")
+        return bytes.__getitem__(self, key)
+
+
+def _layout(name: str, data: bytes) -> _Layout:
+    """The ``_Layout`` of the ros2msg schema ``name`` whose text (with its dependencies) is ``data``.
+
+    Parsed by mcap_ros2's own parser into the definitions its decoder reads (the last definition of
+    a name wins, as there), then, from the type ``name``: the least bytes of a message in CDR (a
+    primitive its size, a string or a sequence 4 for its length, a fixed array its size times its
+    element's, a nested message its own, recursively). A message shorter than that cannot be one
+    of the type: ``_Bag.decode`` refuses it before decoding, so what a fixed array asks for is
+    bounded by the message's bytes; the ``_Strict`` bytes bound what a sequence's length asks for.
+
+    Raises:
+        _Refused: a text of more than ``_SCHEMA_BYTES`` bytes or ``_SCHEMA_LINES`` lines, more than
+            ``_SCHEMA_DEFINITIONS`` definitions, types nested deeper than ``_SCHEMA_NESTING`` (or in
+            themselves), a type it does not define, an array of messages without fields, or a text
+            the parser refuses; the message names the field.
+    """
+    dynamic = require("mcap_ros2._dynamic")
+    if len(data) > _SCHEMA_BYTES:
+        raise _Refused(f"is {len(data)} bytes of text, more than the {_SCHEMA_BYTES} a schema may be")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Refused(f"is not UTF-8 text ({exc})") from None
+    lines = sum(1 for line in text.splitlines() if line.split("#", 1)[0].strip())
+    if lines > _SCHEMA_LINES:
+        raise _Refused(f"has {lines} lines of fields, more than the {_SCHEMA_LINES} a schema may have")
+    definitions: dict[str, Any] = {"builtin_interfaces/Time": dynamic.TimeDefinition,
+                                   "builtin_interfaces/Duration": dynamic.TimeDefinition}  # fmt: skip
+    named: list[str] = []
+
+    def define(full: str, short: str, spec) -> None:  # as mcap_ros2's generate_dynamic
+        if len(named) >= 2 * _SCHEMA_DEFINITIONS:
+            raise _Refused(f"has more than {_SCHEMA_DEFINITIONS} definitions")
+        definitions[full] = definitions[short] = spec
+        named.extend((full, short))
+
+    try:
+        dynamic._for_each_msgdef(name, text, define)
+    except _Refused:
+        raise
+    except Exception as exc:
+        raise _Refused(f"cannot be parsed ({type(exc).__name__}: {str(exc)[:300]})") from None
+    if name not in named:
+        raise _Refused(f"does not define {name}")
+    sizes: dict[int, tuple[int, int, tuple[str, str, int]]] = {}  # id -> (least, nesting, heaviest field)
+
+    def size(spec, depth: int, within: tuple[int, ...]) -> tuple[int, int, tuple[str, str, int]]:
+        """(least bytes, how deep its types nest, (field, type, least bytes) of the field that takes most).
+
+        A nested message's field counts as itself: ``header.frame_id`` takes 4 bytes, not ``header``'s 12.
+        """
+        known = sizes.get(id(spec))
+        if known is not None:
+            return known
+        least, nesting, most, heaviest = 0, 0, -1, ("", "", 0)
+        for field in spec.fields:
+            t = field.type
+            fixed = t.is_array and not t.is_dynamic_array()
+            shown = (field.name, str(t))
+            if t.is_primitive_type():
+                n = 4 if t.is_dynamic_array() else _CDR_BYTES.get(t.type, 1) * (t.array_size if fixed else 1)
+                part = n
+            else:
+                nested = definitions.get(f"{t.pkg_name}/{t.type}")
+                if nested is None:
+                    raise _Refused(f"does not define {t.pkg_name}/{t.type}, the type of its field {field.name}")
+                if id(nested) in within or depth >= _SCHEMA_NESTING:
+                    raise _Refused(
+                        f"nests {t.pkg_name}/{t.type} (field {field.name}) in itself or more than "
+                        f"{_SCHEMA_NESTING} deep"
+                    )
+                inner, below, (path, kind, part) = size(nested, depth + 1, (*within, id(nested)))
+                nesting = max(nesting, below + 1)
+                if t.is_array and inner == 0:
+                    raise _Refused(
+                        f"has a field {field.name} ({t}): an array of a message without fields, whose elements "
+                        "take no bytes"
+                    )
+                if t.is_array:
+                    n = part = 4 if t.is_dynamic_array() else min(inner * t.array_size, _HUGE)
+                else:  # a nested message: the field inside it that takes most
+                    n = inner
+                    shown = (f"{field.name}.{path}", kind) if path else shown
+            least = min(least + n, _HUGE)
+            if part > most:
+                most, heaviest = part, (*shown, part)
+        sizes[id(spec)] = (least, nesting, heaviest)
+        return sizes[id(spec)]
+
+    root = definitions[name]
+    least, nesting, (field, field_type, field_bytes) = size(root, 0, (id(root),))
+    if nesting > _SCHEMA_NESTING:
+        raise _Refused(f"nests its types {nesting} deep, more than {_SCHEMA_NESTING}")
+    return _Layout(least, field or "(none)", field_type, field_bytes, dynamic._make_read_message(name, definitions))
 
 
 @dataclass
@@ -930,6 +1097,44 @@ def _recording_summary(files: tuple[FileInput, ...]) -> tuple[dict[str, str], di
     return topics, counts
 
 
+def _check_layouts(files: tuple[FileInput, ...], topics: list[str]) -> None:
+    """Each mapped topic's schema in the first recording asks no more bytes than a message of its bag can hold.
+
+    A message lies in a chunk (the summary's chunk index states each one's size) or, in a bag
+    without chunks, in the file, and is at most ``_message_limit`` bytes. A schema that cannot be
+    parsed is left to the episode's read (``_Bag.decode`` names it).
+
+    Raises:
+        SourceError: a schema whose least message is larger, naming the bag, the topic and the field.
+    """
+    for file in files:
+        try:
+            with _open_bag(file) as bag:
+                summary = bag.summary
+                if summary is None:
+                    continue
+                room = max((c.uncompressed_size for c in summary.chunks), default=bag.size)
+                for channel in summary.channels.values():
+                    schema = summary.schemas.get(channel.schema_id)
+                    if channel.topic not in topics or schema is None or schema.encoding != "ros2msg":
+                        continue
+                    try:
+                        layout = bag.layout(channel)
+                    except ConversionError:
+                        continue
+                    most = min(room, _message_limit(schema.name))
+                    if _CDR_HEADER + layout.least > most:
+                        raise SourceError(
+                            f"{file}: topic {channel.topic} ({schema.name}): its schema's field {layout.field} "
+                            f"({layout.field_type}) alone takes at least {layout.field_bytes} bytes, and a message "
+                            f"at least {_CDR_HEADER + layout.least}; no message of this bag can hold that (at most "
+                            f"{most} bytes: its largest chunk, the file, or the limit of a {schema.name}); refused at "
+                            "open"
+                        )
+        except ConversionError as exc:
+            raise SourceError(f"{file}: not a readable MCAP file ({exc.detail})") from None
+
+
 def _rate(files: tuple[FileInput, ...], where: str, cams: dict[str, str], root: str) -> float:
     """The slowest camera topic's median rate in the first recording (its distinct stamps), rounded to 0.01 Hz.
 
@@ -1126,15 +1331,16 @@ def open_mcap(
     mapping = options.resolved(_default(topics))
     cams = kept_cameras(mapping.cameras, cameras, str(root))
     _check_mapping(mapping, cams, topics, first)
+    state = (mapping.state or (None,))[0]
+    action = (mapping.action or (None,))[0]
+    columns = tuple((mapping.columns or {}).items())
+    used = sorted({*cams.values(), *(t for t in (state, action) if t), *(t for _, t in columns)})
+    _check_layouts(first_files, used)
     fps = mapping.fps
     how = "given"
     if fps is None:
         how = "the slowest camera topic's median rate (pass --fps to choose)"
         fps = _rate(first_files, first, cams, root)
-    state = (mapping.state or (None,))[0]
-    action = (mapping.action or (None,))[0]
-    columns = tuple((mapping.columns or {}).items())
-    used = sorted({*cams.values(), *(t for t in (state, action) if t), *(t for _, t in columns)})
     notes = [
         f"mcap mapping: state = {state or 'none'}, action = {action or 'none'}, cameras = "
         + (", ".join(f"{c} <- {t}" for c, t in cams.items()) or "none")
