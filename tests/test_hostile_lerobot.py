@@ -10,15 +10,13 @@ Face hub cache snapshot (files linked into ``../../blobs``) reads as it is.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from fifowatch import FifoWatch
 from lerobotgen import write_v2
 from sourcecheck import read_back
 
@@ -45,34 +43,6 @@ def _copy(good: Path, tmp_path: Path, name: str = "src") -> Path:
 
 VIDEO1 = f"videos/chunk-000/{CAM}/episode_000001.mp4"
 DATA1 = "data/chunk-000/episode_000001.parquet"
-
-
-class FifoWatch:
-    """A FIFO at ``path``; a thread tries to open it for writing without blocking until stopped.
-
-    ``opened`` becomes True if a reader ever had it open (the write-open then succeeds instead of ENXIO).
-    """
-
-    def __init__(self, path: Path):
-        path.unlink(missing_ok=True)
-        os.mkfifo(path)
-        self.path, self.opened, self._stop = path, False, threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self):
-        while not self._stop.is_set():
-            try:
-                os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))
-                self.opened = True
-            except OSError as exc:
-                assert exc.errno == errno.ENXIO, exc
-            time.sleep(0.002)
-
-    def stop(self) -> bool:
-        self._stop.set()
-        self._thread.join()
-        return self.opened
 
 
 @pytest.mark.parametrize("member", ["meta/info.json", "meta/tasks.jsonl", DATA1, VIDEO1])

@@ -13,18 +13,17 @@ what they hold. The heavy cases run in a child process under a 3 GiB address-spa
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import resource
 import struct
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
+from fifowatch import FifoWatch
 from sourcecheck import column, read_back
 
 from epishard.cli import main
@@ -640,33 +639,6 @@ def test_a_camera_tensor_claiming_a_huge_frame_is_refused_at_open(tmp_path):
 
 
 # --- 4. files the source names
-
-
-class FifoWatch:
-    """A FIFO whose writer side records whether a reader ever opened it (ENXIO: no reader yet)."""
-
-    def __init__(self, path: str):
-        os.mkfifo(path)
-        self.path, self.opened, self._stop = path, False, threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self):
-        while not self._stop.is_set():
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError as exc:
-                if exc.errno != errno.ENXIO:
-                    raise
-            else:
-                self.opened = True
-                os.close(fd)  # the reader sees the end of the file: it never hangs
-            time.sleep(0.002)
-
-    def stop(self) -> bool:
-        self._stop.set()
-        self._thread.join()
-        return self.opened
 
 
 @pytest.mark.parametrize("allow", [False, True])
