@@ -492,7 +492,7 @@ def _sources_differ(cameras: dict[str, set[str]], fps: dict[str, float]) -> tupl
                 message=(
                     f"the sources have different cameras ({each}): a window over a camera some episodes lack "
                     "cannot be streamed from this dataset; convert each robot into its own dataset and mix them "
-                    "(WindowDataset([a, b], spec, camera_map=...))"
+                    "(WindowDataset([a, b], spec, mix=Mixing(camera_map=...)))"
                 ),
             )
         )

@@ -202,7 +202,7 @@ def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
         camera = f" camera {example.camera}" if example.camera else ""
         where = f"e.g. episode {example.episode}{camera}: " if example.episode is not None else ""
         lines.append(f"  warning x{n} {kind}: {where}{example.message}")
-    if report.checks is not None:
+    if report.checks:  # (none when no video was stored: a conversion without cameras)
         lines.append("  frame tables checked: " + ", ".join(f"{level} x{n}" for level, n in report.checks.items()))
     lines = [printable(line) for line in lines]  # names and messages come from the sources
     t = manifest.totals

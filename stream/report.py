@@ -88,12 +88,15 @@ def stream_spec(
     stride: int = 1,
     per_episode_count: int | None = None,
     per_episode_fraction: float | None = None,
+    columns: set[str] | None = None,
 ) -> WindowSpec:
     """The window ``epishard stream`` trains on (``preview --window stream`` draws the same).
 
     ``frames`` frames per camera over the ``span`` rows from the anchor on (``segment(0, span - 1,
     frames)``; one frame: the anchor's), ``state_history`` state rows ending at the anchor, an
-    ``action_horizon``-row action chunk from the anchor on.
+    ``action_horizon``-row action chunk from the anchor on. ``columns``: the dataset's columns
+    (``dataset_columns``); a dataset without ``observation.state`` or ``action`` (a UMI or
+    camera-only conversion) gets a window without it (None: both asked for).
 
     Raises:
         ValueError: ``frames < 1``; as ``segment`` and ``WindowSpec`` do (the frames do not spread
@@ -102,15 +105,23 @@ def stream_spec(
     if frames < 1:
         raise ValueError(f"frames per camera (--frames) must be >= 1, not {frames}")
     offsets = segment(0, span - 1, frames) if frames > 1 else (0,)
+    has = (lambda key: True) if columns is None else columns.__contains__
     return WindowSpec(
         cameras={c: offsets for c in cameras},
         state_offsets=tuple(range(1 - state_history, 1)),
-        action_horizon=action_horizon,
+        state_key="observation.state" if has("observation.state") else None,
+        action_key="action" if has("action") else None,
+        action_horizon=action_horizon if has("action") else 0,
         boundary=boundary,
         stride=stride,
         per_episode_count=per_episode_count,
         per_episode_fraction=per_episode_fraction,
     )
+
+
+def dataset_columns(source) -> set[str]:
+    """The numeric columns of a converted dataset (``DatasetSource``), from its manifest's features and statistics."""
+    return set(source.manifest.features or {}) | set(source.manifest.stats)
 
 
 def build(options: StreamRun) -> WindowLoader:
@@ -127,6 +138,7 @@ def build(options: StreamRun) -> WindowLoader:
         options.stride,
         options.per_episode_count,
         options.per_episode_fraction,
+        columns=dataset_columns(source),
     )
     size = _size(options.size) if options.size else None
     post = PostProcess(size=size, dtype=torch.float32 if options.float else torch.uint8)

@@ -103,3 +103,25 @@ def test_the_stream_window_works_with_the_default_options(small, tmp_path, capsy
     assert "2 windows of" in capsys.readouterr().out
     assert stream_window_size(None, None) == (9, 33) and stream_window_size(6, None) == (6, 36)
     assert stream_window_size(1, None) == (1, 33) and stream_window_size(3, 5) == (3, 5)
+
+
+def test_stream_and_preview_take_a_dataset_without_action(tmp_path, capsys):
+    """A UMI conversion has no ``action`` column (its default mapping): ``stream`` and ``preview`` draw the
+    window without it (not ``action_key asks for column 'action'``)."""
+    pytest.importorskip("zarr")
+    from test_sources_zarr import write_umi
+
+    from epishard.shardwriter import ConvertOptions, convert
+    from epishard.stream.report import stream_spec
+
+    write_umi(tmp_path / "umi.zarr", [6, 5])
+    out = str(tmp_path / "out")
+    convert([str(tmp_path / "umi.zarr")], out, ConvertOptions(progress=False))
+    manifest = __import__("json").loads((tmp_path / "out" / "manifest.json").read_text())
+    assert "action" not in manifest["stats"]  # the case: no action column
+    argv = ["stream", out, "--frames", "2", "--span", "3", "--batches", "2", "--batch-size", "2", "--workers", "0"]
+    assert cli([*argv, "--quiet"]) == 0, capsys.readouterr().err
+    assert cli(["preview", out, "--window", "stream", "--windows", "2", "--out", str(tmp_path / "p.html")]) == 0
+    assert cli(["preview", out, "--windows", "2", "--out", str(tmp_path / "q.html")]) == 0
+    spec = stream_spec(["c"], 2, 3, 4, columns={"observation.state"})
+    assert (spec.action_key, spec.action_horizon, spec.state_key) == (None, 0, "observation.state")

@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``epishard convert``; return the exit status."""
     from epishard.shardwriter.convert import ConvertOptions, convert
     from epishard.shardwriter.describe import render_conversion
+    from epishard.shardwriter.errors import ConversionError
     from epishard.shardwriter.sources import Mapping, SourceOptions
 
     options = ConvertOptions(
@@ -181,7 +182,12 @@ def run(args: argparse.Namespace) -> int:
 
         runner = RayRunner(args.ray or None)
     start = time.perf_counter()
-    manifest = convert(args.sources, args.out, options, storage_options=args.storage_options, runner=runner)
+    try:
+        manifest = convert(args.sources, args.out, options, storage_options=args.storage_options, runner=runner)
+    except ConversionError as exc:  # one episode's fault: say how to leave it out
+        if args.on_error == "raise" and exc.episode is not None:
+            exc.args = (f"{exc} (--on-error skip leaves such an episode out and counts it in the report)",)
+        raise
     print(redact(render_conversion(manifest, args.out, time.perf_counter() - start)))
     _print_resampling(manifest)
     return 0

@@ -83,11 +83,21 @@ def run(args: argparse.Namespace) -> int:
     spec = None
     if args.window == "stream" or args.rrd:
         from epishard.stream.dataset import open_source
-        from epishard.stream.report import stream_spec
+        from epishard.stream.report import dataset_columns, stream_spec
 
-        cams = args.cameras.split(",") if args.cameras else open_source(args.dataset, args.storage_options).cameras
+        source = open_source(args.dataset, args.storage_options)
+        cams = args.cameras.split(",") if args.cameras else source.cameras
         frames, span = stream_window_size(args.frames, args.span)
-        spec = stream_spec(cams, frames, span, args.action_horizon, args.state_history, args.boundary, args.stride)
+        spec = stream_spec(
+            cams,
+            frames,
+            span,
+            args.action_horizon,
+            args.state_history,
+            args.boundary,
+            args.stride,
+            columns=dataset_columns(source),
+        )
     result = preview(
         args.dataset,
         args.out,
