@@ -176,7 +176,11 @@ def test_tiler_repeats_episodes_without_copying_video_bytes(tmp_path):
     assert [e[cam] for e in eps[2:]] == [e[cam] for e in eps[:2]] * 2
     assert tile(src, tmp_path / "tiled", 5) == out  # a finished tiling is reused
 
-    convert([str(out)], str(tmp_path / "es"), ConvertOptions(progress=False))
+    from epishard.shardwriter.sources import SourceOptions
+
+    # The tile links to the original's videos (outside its folder): a trusted local source.
+    trusted = ConvertOptions(progress=False, sources=SourceOptions(allow_external=True))
+    convert([str(out)], str(tmp_path / "es"), trusted)
     ix = WindowIndex.load_dataset(str(tmp_path / "es"))
     assert ix.num_episodes == 6 and ix.num_rows.tolist() == [7, 9] * 3
     frames = _decoded_frame_numbers(tmp_path / "es", ix)

@@ -49,6 +49,7 @@ EXAMPLES = {
         ("a varint of 11 bytes",),
         dict(kind="too_large", feature="a"),
     ),
+    "epishard.shardwriter.sources.mcap_bag._Refused": (("evil/Boom[2000000000]: no message holds it",), {}),
     "epishard.shardwriter.sources.hdf5._Missing": (("no key 'action'",), dict(kind="missing_key", path="/d/e.hdf5")),
     "epishard.stream.decode.DecodeError": (("shard 2 episode 1 camera front: undecodable packet",), {}),
     "epishard.stream.fetch.FetchError": (("shard-000002.tar bytes 10-20: connection reset",), dict(shard=2)),

@@ -2,8 +2,9 @@
 
 Each hostile store is built here with zarr, then edited the way a forger would (a symbolic link
 put in place of a chunk or a metadata file, a ``.zarray`` claiming 10^12 rows, a chunk that
-inflates past its declared size, ``meta/episode_ends`` with 10^7 entries). All of them are
-converted in one child process under a 3 GiB address-space limit (``RLIMIT_AS``) and a timeout,
+inflates past its declared size, a bomb nested behind the first codec of a chain,
+``meta/episode_ends`` with 10^7 entries). All of them are converted in one child process (the
+nested bombs in one of their own) under a 3 GiB address-space limit (``RLIMIT_AS``) and a timeout,
 under both ``--on-error`` policies, while a thread opens each FIFO for writing with ``O_NONBLOCK``
 over and over: ``ENXIO`` means no reader has it open, so a FIFO the conversion never opened is
 seen as such (and a reader that did open it is let go at once, never hung).
@@ -12,6 +13,8 @@ seen as such (and a reader that did open it is let go at once, never hung).
 from __future__ import annotations
 
 import errno
+import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -20,12 +23,13 @@ import sys
 import threading
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from epishard.shardwriter import SourceError
+from epishard.shardwriter import ConversionError, SourceError
 from epishard.shardwriter.sources import SourceOptions, open_source
 
 zarr = pytest.importorskip("zarr")
@@ -318,6 +322,78 @@ def _sizes(base: Path) -> dict[str, dict]:
     return cases
 
 
+def _frames(n: int, side: int) -> np.ndarray:
+    return (np.arange(n * side * side * 3) % 251).astype(np.uint8).reshape(n, side, side, 3)
+
+
+def _digest(frames: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(frames).tobytes()).hexdigest()
+
+
+def _zeros_deflated(size: int) -> bytes:
+    """zlib data inflating to ``size`` zero bytes (a multiple of 16 MiB) in 0.1 s: one flushed segment, repeated."""
+    segment = zlib.compressobj(9, zlib.DEFLATED, -15)
+    part = segment.compress(bytes(16 << 20)) + segment.flush(zlib.Z_FULL_FLUSH)  # no back-reference past it
+    end = zlib.compressobj(9, zlib.DEFLATED, -15).flush()  # the final empty block
+    adler = ((size % 65521) << 16) | 1  # Adler-32 of zeros: a = 1, b = size mod 65521
+    return b"\x78\xda" + part * (size >> 24) + end + adler.to_bytes(4, "big")
+
+
+def _nested(base: Path) -> dict[str, dict]:
+    """Bombs one codec deeper than the first: each layer small enough for the stage before it (4 GiB decoded)."""
+    cases: dict[str, dict] = {}
+    bomb = 4 << 30  # past the child's address space: decoded, it fails as MemoryError, not as a named refusal
+    camera = "observation.images.camera0"
+
+    # Zarr 2: compressor zlib, filters [zlib, zlib]; a 305-byte chunk whose compressor makes 6.7 KB (under
+    # the 24 KiB a chunk of 4 x 16 x 16 x 3 may take through filters), the first filter 4 MB, the last 4 GiB.
+    src = base / "nested_filters_v2" / "src.zarr"
+    write_store(src, camera=True)
+    folder = src / "data" / "camera0_rgb"
+    _edit_json(folder / ".zarray", compressor={"id": "zlib", "level": 1}, filters=[{"id": "zlib", "level": 1}] * 2)
+    frames = _frames(12, 16)
+    for c in range(3):
+        raw = zlib.compress(zlib.compress(frames[4 * c : 4 * c + 4].tobytes(), 1), 1)
+        (folder / f"{c}.0.0.0").write_bytes(
+            zlib.compress(raw if c != 1 else zlib.compress(_zeros_deflated(bomb), 9), 9)
+        )
+    cases["nested_filters_v2"] = {
+        "src": src,
+        "kind": "too_large",
+        "episode": 1,
+        "names": ["data/camera0_rgb/1.0.0.0", "zlib"],
+        "rows": 12,
+        "episodes": [0, 2],
+        "frames": {str(e): {camera: _digest(frames[4 * e : 4 * e + 4])} for e in (0, 2)},
+    }
+
+    # Zarr 3: compressors [zstd, gzip]; a chunk of 0.2 KB gunzipping to a 128 KiB zstd frame (under the
+    # 192 KiB of a chunk of 4 x 128 x 128 x 3) of 4 GiB of zeros.
+    zstandard = pytest.importorskip("zstandard")
+    from zarr.codecs import GzipCodec, ZstdCodec
+
+    src = base / "nested_chain_v3" / "src.zarr"
+    write_store(src, zarr_format=3)
+    frames = _frames(12, 128)
+    data = zarr.open_group(str(src), mode="r+")["data"]
+    data.create_array("camera0_rgb", data=frames, chunks=(4, 128, 128, 3), compressors=[ZstdCodec(), GzipCodec()])
+    writer = zstandard.ZstdCompressor(level=1).compressobj(size=bomb)
+    zeros = bytes(16 << 20)
+    frame = b"".join(writer.compress(zeros) for _ in range(bomb >> 24)) + writer.flush()
+    key = "data/camera0_rgb/c/1/0/0/0"
+    (src / key).write_bytes(gzip.compress(frame, 9))
+    cases["nested_chain_v3"] = {
+        "src": src,
+        "kind": "too_large",
+        "episode": 1,
+        "names": [key, "zstd"],
+        "rows": 12,
+        "episodes": [0, 2],
+        "frames": {str(e): {camera: _digest(frames[4 * e : 4 * e + 4])} for e in (0, 2)},
+    }
+    return cases
+
+
 def _types(base: Path) -> dict[str, dict]:
     cases: dict[str, dict] = {}
 
@@ -393,7 +469,7 @@ def _named(base: Path) -> dict[str, dict]:
 
 
 _CHILD = r"""
-import contextlib, io, json, resource, sys
+import contextlib, hashlib, io, json, resource, sys
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 import numpy as np
@@ -415,6 +491,10 @@ def attempt(case, policy, out):
         return {
             "ok": True,
             "state": {str(e): column(ep["table"], "observation.state").tolist() for (_, e), ep in back.items()},
+            "frames": {
+                str(e): {c: hashlib.sha256(f.tobytes()).hexdigest() for c, f in ep["frames"].items()}
+                for (_, e), ep in back.items()
+            },
             "skipped": m.report.skipped_by_kind,
             "notes": list(m.sources[0].notes),
         }
@@ -473,6 +553,18 @@ def hostile(tmp_path_factory) -> dict[str, tuple[dict, dict, FifoWatch]]:
     with fifos:
         results = _in_child(cases)
     return {name: (case, results[name], fifos) for name, case in cases.items()}
+
+
+@pytest.fixture(scope="module")
+def nested(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """The nested bombs (``_nested``) and what a child of their own made of them (their cameras are encoded:
+    the encoder's threads take address space the 10^7-episode case of ``hostile`` needs)."""
+    base = tmp_path_factory.mktemp("nested_zarr")
+    cases = _nested(base)
+    for name, case in cases.items():
+        case["out"] = str(base / "out" / name)
+    results = _in_child(cases)
+    return {name: (case, results[name]) for name, case in cases.items()}
 
 
 def _refused_at_open(case: dict, result: dict) -> None:
@@ -560,6 +652,15 @@ def test_forged_episode_ends_are_refused_at_open(hostile, name):
 def test_claims_beyond_the_bounds_are_refused_before_allocation(hostile, name):
     case, result, _ = hostile[name]
     _episode_error(case, result)
+
+
+@pytest.mark.parametrize("name", ["nested_filters_v2", "nested_chain_v3"])
+def test_every_stage_of_a_codec_chain_is_bounded_before_it_decodes(nested, name):
+    """A bomb behind the first codec (Zarr 2 filters, a Zarr 3 chain): too_large, skipped, the rest exact."""
+    case, result = nested[name]
+    _episode_error(case, result)
+    assert "decompression bomb" in result["raise"]["text"], result["raise"]["text"]
+    assert result["skip"]["frames"] == case["frames"]
 
 
 @pytest.mark.parametrize("name", ["fill_only_state", "fill_only_camera"])
@@ -683,3 +784,15 @@ def test_an_honest_zstd_frame_that_does_not_state_its_size_is_read(tmp_path):
     source = open_source(str(src), SourceOptions())
     rows = source.episodes[1].table.load().table.column("observation.state").to_pylist()
     assert np.array_equal(np.asarray(rows, dtype=np.float32), _state(12)[4:8])
+
+
+def test_a_codec_that_runs_code_is_refused():
+    """``numcodecs.Pickle`` decodes a chunk with ``pickle.loads``: a store from elsewhere would run its own code.
+
+    zarr 3.1 itself takes no pickle object codec; the reader refuses it in any chain as well."""
+    import numcodecs
+
+    from epishard.shardwriter.sources.replay_buffer import _stage
+
+    with pytest.raises(ConversionError, match="running code the store carries"):
+        _stage(numcodecs.Pickle())

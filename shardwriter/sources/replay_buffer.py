@@ -30,9 +30,12 @@ A store from elsewhere is trusted for nothing (``sources.bounds``, docs/sources/
   refused either way, from ``stat`` alone (never opened). A ``.zarr.zip`` is read in place; its
   members' sizes come from its central directory, checked before a member is inflated;
 - every read goes through ``_Guarded``: a metadata document is bounded in size and depth
-  (``untrusted.loads``) before zarr parses it; a chunk's stored size and the size its codec's
-  header says it decodes to (blosc, zstd, lz4; zlib, gzip, bz2, lzma inflated into a bounded
-  buffer) are refused past what the array's chunk holds (a decompression bomb), before decoding;
+  (``untrusted.loads``) before zarr parses it; a chunk's stored size, then every stage of its
+  decoding (``_check_decoded``: the compressor, each filter, each Zarr 3 codec, each chunk of a
+  shard), each before it runs, are refused past what the array's chunk can need (a decompression
+  bomb): the size a blosc, zstd or lz4 header states, zlib, gzip, bz2 and lzma inflated into a
+  bounded buffer, a filter's input times what it may widen it by, the items a variable-length
+  codec states; a codec none of these bounds (an image codec) is read only as the first stage;
 - ``meta/episode_ends`` is read in slices: more than ``bounds.MAX_EPISODES`` entries, an entry
   negative, decreasing or past every array's end is refused at open naming the position; episodes
   of zero rows are counted in the notes, not listed;
@@ -52,12 +55,13 @@ import functools
 import importlib
 import json
 import lzma
+import math
 import os
 import stat
 import zipfile
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -180,12 +184,51 @@ def _check_zip(path: str) -> dict[str, int]:
 
 
 @dataclass(frozen=True)
+class _Stage:
+    """One step of decoding a stored chunk, and what bounds its output before it runs.
+
+    ``kind``: ``sized`` (a compressor whose data states, or is counted to, the bytes it decodes to:
+    ``_DECODED_SIZE``), ``scaled`` (its output is its input's size times ``scale``: shuffle, delta,
+    a checksum taken off, Zarr 3's ``bytes`` and ``transpose``, ...), ``items`` (numcodecs'
+    variable-length codecs: their data states a count of items, at most the chunk's), ``shard``
+    (Zarr 3 sharding: each chunk of the shard checked as ``_Chunks.shard.inner``), ``opaque`` (any
+    other, image codecs: nothing here bounds it, so it is read only as the first stage). ``cap``:
+    the most bytes its output may have (``_chain``). ``decode``: the stage run here on bytes, when
+    a stage after it must read what it makes to be bounded (None: not run here).
+    """
+
+    name: str
+    kind: str
+    cap: int = 0
+    scale: float = 1.0
+    size: Callable[[memoryview, int], int] | None = field(default=None, compare=False, repr=False)
+    decode: Callable[[memoryview], Any] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """A Zarr 3 shard's layout: ``count`` chunks (``inner``), indexed by ``index`` bytes at its start or end.
+
+    The index is ``count`` pairs of uint64 (offset, length; both 2^64 - 1 for a chunk not written)
+    in ``order`` (``<``, ``>``), then a crc32c of 4 bytes when its codecs end with one; ``index`` is
+    0 when its codecs are other than ``bytes`` and ``crc32c`` (not read here: the shard is refused).
+    """
+
+    inner: _Chunks
+    count: int
+    index: int
+    at_end: bool
+    order: str
+
+
+@dataclass(frozen=True)
 class _Chunks:
     """How large one array's stored chunks may be: ``stored`` bytes as a file, ``decoded`` once decompressed.
 
-    ``compressor``: the codec decoded first (its name: ``blosc``, ``zstd``, ``lz4``, ``zlib``,
-    ``gzip``, ``bz2``, ``lzma``; None when none or unknown), ``crc32c``: a Zarr v3 checksum of 4
-    bytes wraps it. ``shape``: the stored unit (a chunk, or a shard of Zarr v3 sharding).
+    ``stages``: its codecs in the order they decode (Zarr 2: the compressor, then the filters last
+    to first; Zarr 3: the bytes-to-bytes codecs last to first, the array-to-bytes codec, the
+    array-to-array codecs last to first), each bounded before it runs (``_check_decoded``).
+    ``shape``: the stored unit (a chunk, or a shard of Zarr v3 sharding: ``shard``).
     """
 
     key: str
@@ -193,48 +236,186 @@ class _Chunks:
     itemsize: int
     stored: int
     decoded: int
-    compressor: str | None
-    crc32c: bool
+    stages: tuple[_Stage, ...]
+    shard: _Shard | None = None
 
     @classmethod
     def of(cls, array) -> _Chunks:
         """Read from a zarr array's metadata (Zarr format 2 or 3)."""
-        from zarr.abc.codec import ArrayArrayCodec, BytesBytesCodec
-
         meta = array.metadata
-        dtype = np.dtype(array.dtype)
-        fixed = dtype.kind not in "OT" and not dtype.hasobject
-        shards = getattr(array, "shards", None)
-        shape = tuple(int(n) for n in (shards or array.chunks))
+        shape = tuple(int(n) for n in (getattr(array, "shards", None) or array.chunks))
+        if meta.zarr_format == 2:
+            return cls._of_v2(str(array.path), meta, shape, np.dtype(array.dtype))
+        return cls._of_v3(str(array.path), tuple(meta.codecs), shape, np.dtype(array.dtype))
+
+    @staticmethod
+    def _sizes(shape: tuple[int, ...], dtype: np.dtype, expands: bool, sharded: bool) -> tuple[int, int]:
+        """(stored, decoded): the most bytes a chunk of ``shape`` takes encoded, and at any stage of decoding."""
+        if dtype.kind in "OT" or dtype.hasobject:
+            return bounds.MAX_ARRAY_BYTES, bounds.MAX_ARRAY_BYTES
         raw = int(dtype.itemsize)
         for n in shape:
             raw *= n
-        crc = False
-        if meta.zarr_format == 2:  # decoded: the compressor, then the filters last to first
-            chain = ([meta.compressor] if meta.compressor is not None else []) + list(meta.filters or ())[::-1]
-            expands = bool(meta.filters)
-        else:
-            expands = any(isinstance(c, ArrayArrayCodec) and _codec_name(c) != "transpose" for c in meta.codecs)
-            chain = [c for c in meta.codecs if isinstance(c, BytesBytesCodec)][::-1]
-            if chain and _codec_name(chain[0]) == "crc32c":
-                crc, chain = True, chain[1:]
-        names = [_codec_name(c) for c in chain[:1] if not _raw_lzma(c)]  # raw LZMA states no format to check
-        decoded = raw * (EXPANDING if expands else 1) if fixed else bounds.MAX_ARRAY_BYTES
-        stored = decoded + decoded // 64 + 4096 if fixed else bounds.MAX_ARRAY_BYTES  # codecs' worst growth
-        if shards:  # a shard's index and its chunks' codec headers
+        decoded = raw * (EXPANDING if expands else 1)
+        stored = decoded + decoded // 64 + 4096  # codecs' worst growth
+        if sharded:  # a shard's index and its chunks' codec headers
             stored += decoded // 8
-        compressor = names[0] if names and names[0] in _DECODED_SIZE and not shards else None
-        return cls(f"{array.path}", shape, int(dtype.itemsize), stored, decoded, compressor, crc)
+        return stored, decoded
 
+    @classmethod
+    def _of_v2(cls, key: str, meta, shape: tuple[int, ...], dtype: np.dtype) -> _Chunks:
+        filters = list(meta.filters or ())
+        stored, decoded = cls._sizes(shape, dtype, bool(filters), False)
+        chain = ([meta.compressor] if meta.compressor is not None else []) + filters[::-1]
+        return cls(key, shape, int(dtype.itemsize), stored, decoded, _chain(chain, decoded, stored))
 
-def _raw_lzma(codec) -> bool:
-    config = codec.get_config() if hasattr(codec, "get_config") else codec.to_dict().get("configuration", {})
-    return _codec_name(codec) == "lzma" and (config or {}).get("format", lzma.FORMAT_XZ) == lzma.FORMAT_RAW
+    @classmethod
+    def _of_v3(cls, key: str, codecs: tuple, shape: tuple[int, ...], dtype: np.dtype) -> _Chunks:
+        from zarr.abc.codec import ArrayArrayCodec, BytesBytesCodec
+        from zarr.codecs import ShardingCodec
+
+        arrays = [c for c in codecs if isinstance(c, ArrayArrayCodec)]
+        to_bytes = [c for c in codecs if not isinstance(c, (ArrayArrayCodec, BytesBytesCodec))]
+        sharding = next((c for c in to_bytes if isinstance(c, ShardingCodec)), None)
+        expands = any(_codec_name(c) != "transpose" for c in arrays)
+        stored, decoded = cls._sizes(shape, dtype, expands, sharding is not None)
+        chain = [c for c in codecs if isinstance(c, BytesBytesCodec)][::-1] + to_bytes + arrays[::-1]
+        shard = None
+        if sharding is not None:
+            inner_shape = tuple(int(n) for n in sharding.chunk_shape)
+            count = 1
+            for whole, part in zip(shape, inner_shape, strict=True):
+                count *= max(whole // max(part, 1), 1)
+            index_codecs = [_codec_name(c) for c in sharding.index_codecs]
+            endian = getattr(sharding.index_codecs[0], "endian", None)
+            order = ">" if getattr(endian, "value", endian) == "big" else "<"
+            index = 0
+            if index_codecs[:1] == ["bytes"] and set(index_codecs[1:]) <= {"crc32c"} and len(index_codecs) <= 2:
+                index = 16 * count + 4 * (len(index_codecs) - 1)
+            at_end = str(getattr(sharding.index_location, "value", sharding.index_location)) == "end"
+            inner = cls._of_v3(key, tuple(sharding.codecs), inner_shape, dtype)
+            shard = _Shard(inner, count, index, at_end, order)
+        return cls(key, shape, int(dtype.itemsize), stored, decoded, _chain(chain, decoded, stored), shard)
 
 
 def _codec_name(codec) -> str:
     name = getattr(codec, "codec_id", None) or codec.to_dict().get("name", "")
     return str(name).removeprefix("numcodecs.")
+
+
+def _numcodec(codec, name: str) -> Any:
+    """The numcodecs codec that decodes ``codec`` as zarr does (None: none here)."""
+    if hasattr(codec, "codec_id") and hasattr(codec, "decode"):  # numcodecs' own (Zarr 2, imagecodecs)
+        return codec
+    config = getattr(codec, "codec_config", None)  # numcodecs' Zarr 3 codecs (``numcodecs.zlib``, ...)
+    numcodecs = require("numcodecs")
+    if isinstance(config, dict):
+        return numcodecs.get_codec(dict(config))
+    native = {"zstd": "Zstd", "gzip": "GZip", "blosc": "Blosc"}.get(name)  # Zarr 3's own: self-describing data
+    return getattr(numcodecs, native)() if native else None
+
+
+def _without_crc32c(data: memoryview) -> memoryview:
+    return data[:-4]
+
+
+def _raw_lzma_size(filters, data: memoryview, limit: int) -> int:
+    """``_inflated`` for raw LZMA (no header: its filters are the codec's configuration)."""
+    return _inflated(functools.partial(lzma.LZMADecompressor, lzma.FORMAT_RAW, filters=filters), data, limit)
+
+
+def _as_bytes(out: Any) -> memoryview:
+    """A codec's output as bytes; refused (TypeError) when it holds objects (nothing after it reads bytes)."""
+    if isinstance(out, (bytes, bytearray, memoryview)):
+        return memoryview(out).cast("B")
+    values = np.asarray(out)
+    if values.dtype.hasobject:
+        raise TypeError("it makes objects, not bytes")
+    return np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
+
+
+# Filters whose output is no larger than their input: shuffles, checksums taken off, Zarr 3's
+# ``bytes`` (a view of the data) and ``transpose``; base64 shrinks.
+_KEEPS_SIZE = frozenset(
+    {
+        "shuffle",
+        "bitround",
+        "crc32",
+        "crc32c",
+        "adler32",
+        "fletcher32",
+        "jenkins_lookup3",
+        "base64",
+        "bytes",
+        "transpose",
+    }
+)
+# Filters that decode one dtype to another: (attribute of the decoded dtype, of the encoded one)
+_RETYPES = {
+    "delta": ("dtype", "astype"),
+    "fixedscaleoffset": ("dtype", "astype"),
+    "quantize": ("dtype", "astype"),
+    "categorize": ("dtype", "astype"),
+    "astype": ("decode_dtype", "encode_dtype"),
+}
+_ITEMS = frozenset({"vlen-utf8", "vlen-bytes", "vlen-array"})  # their data starts with its count of items
+
+
+def _chain(codecs: list, decoded: int, shard: int) -> tuple[_Stage, ...]:
+    """The stages of ``codecs`` (in decode order), each capped at what the stages after it can take.
+
+    The last makes at most ``decoded`` bytes; a compressor's input (the stage before it) may be
+    larger than its output by a codec's worst growth (incompressible data and its header:
+    ``_Chunks._sizes``), a shard's by its index and headers (``shard``, the shard's stored bound);
+    the other stages are bounded with ``decoded`` (it allows for filters that widen their input).
+    """
+    cap, stages = decoded, []
+    for stage in reversed([_stage(c) for c in codecs]):
+        stages.append(replace(stage, cap=cap))
+        if stage.kind == "sized":
+            cap = cap + cap // 64 + 4096
+        elif stage.kind == "shard":
+            cap = shard
+    return tuple(stages[::-1])
+
+
+_RUNS_CODE = frozenset({"pickle"})  # numcodecs.Pickle: pickle.loads of a chunk runs what the store wrote
+
+
+def _stage(codec) -> _Stage:
+    """How ``codec`` is bounded as one stage of decoding (``_Stage``; its cap is set by ``_chain``)."""
+    from zarr.codecs import ShardingCodec
+
+    name = _codec_name(codec)
+    if name in _RUNS_CODE:
+        raise ConversionError(
+            f"a chunk codec {name!r} decodes by running code the store carries (Python's pickle): refused",
+            kind="bad_feature",
+        )
+    if isinstance(codec, ShardingCodec):
+        return _Stage(name, "shard")
+    try:
+        numcodec = _numcodec(codec, name)
+    except Exception:  # a codec numcodecs cannot make: read by zarr as it is, bounded by nothing here
+        numcodec = None
+    decode = numcodec.decode if numcodec is not None else None
+    if name == "crc32c" and numcodec is None:  # Zarr 3's: 4 bytes after the data
+        decode = _without_crc32c
+    if name in _DECODED_SIZE:
+        size = _DECODED_SIZE[name]
+        if name == "lzma" and getattr(numcodec, "format", lzma.FORMAT_XZ) == lzma.FORMAT_RAW:  # states no format
+            size = functools.partial(_raw_lzma_size, getattr(numcodec, "filters", None))
+        return _Stage(name, "sized", size=size, decode=decode)
+    if name in _ITEMS:
+        return _Stage(name, "items", decode=decode)
+    if name in _KEEPS_SIZE:
+        return _Stage(name, "scaled", decode=decode)
+    if name == "packbits":
+        return _Stage(name, "scaled", scale=8.0, decode=decode)
+    if name in _RETYPES and numcodec is not None:
+        wide, narrow = (np.dtype(getattr(numcodec, a)).itemsize for a in _RETYPES[name])
+        return _Stage(name, "scaled", scale=wide / max(narrow, 1), decode=decode)
+    return _Stage(name, "opaque", decode=decode)
 
 
 def _blosc(data: memoryview, limit: int) -> int:
@@ -297,33 +478,193 @@ _DECODED_SIZE = {
 }
 
 
-def _check_decoded(chunks: _Chunks, data: memoryview, where: str, key: str) -> None:
-    """Refuse a stored chunk whose codec would decode it past what the chunk holds (a decompression bomb).
+def _check_decoded(chunks: _Chunks, data: memoryview, where: str, key: str, part: str = "") -> None:
+    """Refuse a stored chunk any stage of whose decoding would make more than the chunk can need (a bomb).
+
+    The stages (``_Chunks.stages``) are bounded in the order they decode, each before it runs: a
+    compressor by the size its header states or its data inflates to (counted into at most its cap
+    + 1 bytes), a filter by its input's size times what it may widen it by, a variable-length codec
+    by the count of items its data states, a shard by each of its chunks. A stage whose output a
+    later stage must read to be bounded (a compressor used as a filter) is decoded here, once it is
+    known to fit. A codec nothing here bounds (an image codec) is read only as the first stage.
 
     Raises:
-        ConversionError: ``too_large`` (naming file, key, the claim and the chunk's shape), or
-            ``unreadable_file`` for a chunk whose header is damaged.
+        ConversionError: ``too_large`` (naming file, key, the stage, the claim and the chunk's shape),
+            or ``unreadable_file`` for a chunk whose header is damaged.
     """
-    if chunks.compressor is None:
-        return
-    if chunks.crc32c:
-        data = data[:-4]
-    try:
-        size = _DECODED_SIZE[chunks.compressor](data, chunks.decoded)
-    except Exception as exc:  # zlib.error, lzma.LZMAError, OSError (bz2), a damaged header
+    stages = chunks.stages
+    chain = " -> ".join(s.name for s in stages)
+    unit = f"a chunk of {list(chunks.shape)} x {chunks.itemsize} bytes"
+
+    def at(i: int) -> str:
+        return "" if len(stages) == 1 else f" (stage {i + 1} of its codec chain {chain})"
+
+    for i, stage in enumerate(stages[1:], 1):
+        if stage.kind == "opaque":
+            raise ConversionError(
+                f"{key!r}{part}: its {stage.name} data{at(i)} cannot be bounded before it is decoded (no size "
+                "is known for what it makes), and only a first stage may be such a codec: refused before decoding",
+                kind="too_large",
+                path=where,
+            )
+    last = max((i for i, s in enumerate(stages) if s.kind in ("sized", "items", "shard")), default=-1)
+    buf, size = data, len(data)
+    for i, stage in enumerate(stages):
+        try:
+            if stage.kind == "opaque":  # the first stage (an image codec): its output is the decoder's
+                if last < 0:
+                    return
+                made = -1
+            elif stage.size is not None:  # sized
+                made = stage.size(buf, stage.cap)
+            elif stage.kind == "items":
+                _check_items(chunks, stage, buf, where, f"{key!r}{part}", at(i))
+                made = len(buf)
+            elif stage.kind == "shard":
+                _check_shard(chunks, buf, where, key)
+                made = stage.cap
+            else:
+                made = math.ceil(size * stage.scale)
+        except ConversionError:
+            raise
+        except Exception as exc:  # zlib.error, lzma.LZMAError, OSError (bz2), a damaged header
+            raise ConversionError(
+                f"{key!r}{part}: a damaged {stage.name} chunk{at(i)} ({_short(exc)}); refused before decoding",
+                kind="unreadable_file",
+                path=where,
+            ) from None
+        if made > stage.cap:
+            claim = f"{made} bytes" if made != stage.cap + 1 else f"more than {stage.cap} bytes"
+            raise ConversionError(
+                f"{key!r}{part}: its {stage.name} data{at(i)} decodes to {claim}, past the {stage.cap} bytes {unit} "
+                "can need there (a decompression bomb): refused before decoding",
+                kind="too_large",
+                path=where,
+            )
+        if i < last:  # a later stage reads what this one makes: made here, known to fit
+            if stage.decode is None:
+                raise ConversionError(
+                    f"{key!r}{part}: its {stage.name} data{at(i)} is not decoded here, and the stage after it "
+                    "can only be bounded on its output: refused before decoding",
+                    kind="too_large",
+                    path=where,
+                )
+            try:
+                buf = _as_bytes(stage.decode(buf))
+            except Exception as exc:
+                raise ConversionError(
+                    f"{key!r}{part}: a damaged {stage.name} chunk{at(i)} ({_short(exc)}); refused before decoding",
+                    kind="unreadable_file",
+                    path=where,
+                ) from None
+            if len(buf) > stage.cap:  # more than its header said: the codec's own check failed
+                raise ConversionError(
+                    f"{key!r}{part}: its {stage.name} data{at(i)} decoded to {len(buf)} bytes, past the "
+                    f"{stage.cap} bytes {unit} can need there (a decompression bomb)",
+                    kind="too_large",
+                    path=where,
+                )
+            size = len(buf)
+        else:
+            size = made
+
+
+def _check_items(chunks: _Chunks, stage: _Stage, data: memoryview, where: str, named: str, at: str) -> None:
+    """Refuse variable-length data (numcodecs' ``vlen-*``) stating more items than the chunk holds (each allocated).
+
+    Raises:
+        ConversionError: ``too_large``, naming the count; ValueError for data shorter than its count.
+    """
+    if len(data) < 4:
+        raise ValueError("shorter than its count of items")
+    items = int.from_bytes(data[:4], "little")
+    holds = 1
+    for n in chunks.shape:
+        holds *= n
+    if items > holds:
         raise ConversionError(
-            f"{key!r}: a damaged {chunks.compressor} chunk ({_short(exc)}); refused before decoding",
-            kind="unreadable_file",
-            path=where,
-        ) from None
-    if size > chunks.decoded:
-        claim = f"{size} bytes" if size != chunks.decoded + 1 else f"more than {chunks.decoded} bytes"
-        raise ConversionError(
-            f"{key!r}: its {chunks.compressor} data decodes to {claim}, past the {chunks.decoded} bytes a chunk of "
-            f"{list(chunks.shape)} x {chunks.itemsize} bytes holds (a decompression bomb): refused before decoding",
+            f"{named}: its {stage.name} data{at} states {items} items, more than the {holds} a chunk of "
+            f"{list(chunks.shape)} holds (each is allocated before it is read): refused before decoding",
             kind="too_large",
             path=where,
         )
+
+
+SHARD_EMPTY = 2**64 - 1  # a shard index's offset and length of a chunk not written
+
+
+def _shard_entries(shard: _Shard, data: memoryview, where: str, key: str) -> np.ndarray:
+    """A shard's index, ``[count, 2]`` uint64 (offset, length), from the shard's bytes (or the index's alone).
+
+    Raises:
+        ConversionError: ``too_large`` for index codecs not read here, ``unreadable_file`` for data
+            shorter than the index.
+    """
+    if not shard.index:
+        raise ConversionError(
+            f"{key!r}: its shard index has codecs other than bytes and crc32c: its chunks cannot be bounded "
+            "before they are decoded: refused before decoding",
+            kind="too_large",
+            path=where,
+        )
+    if len(data) < shard.index:
+        raise ConversionError(
+            f"{key!r}: {len(data)} bytes, shorter than its shard index ({shard.index} bytes)",
+            kind="unreadable_file",
+            path=where,
+        )
+    raw = data[len(data) - shard.index :] if shard.at_end else data[: shard.index]
+    return np.frombuffer(raw, dtype=f"{shard.order}u8", count=2 * shard.count).reshape(-1, 2)
+
+
+def _check_shard(chunks: _Chunks, data: memoryview, where: str, key: str) -> None:
+    """Check each chunk of a whole shard (``_check_decoded`` with the shard's inner chunk) before zarr decodes any.
+
+    Raises:
+        ConversionError: as ``_check_decoded`` for a chunk; ``unreadable_file`` for one past the shard's end.
+    """
+    shard = chunks.shard
+    if shard is None:
+        return
+    for offset, length in _shard_entries(shard, data, where, key).tolist():
+        if offset == SHARD_EMPTY and length == SHARD_EMPTY:
+            continue
+        if offset + length > len(data):
+            raise ConversionError(
+                f"{key!r}: its shard index puts a chunk at bytes {offset}..{offset + length - 1}, past the shard's "
+                f"{len(data)} bytes",
+                kind="unreadable_file",
+                path=where,
+            )
+        inner = data[offset : offset + length]
+        _check_decoded(shard.inner, inner, where, key, f" (its chunk at bytes {offset}..{offset + length - 1})")
+
+
+def _check_shard_part(chunks: _Chunks, byte_range, data: memoryview, where: str, key: str) -> None:
+    """Check a range read of a shard (zarr reads a shard's index, then the chunks it needs, by ranges).
+
+    A suffix range, or bytes ``0..index - 1`` of a shard indexed at its start, is the index: a chunk
+    there (its bytes would be the index's, never checked as a chunk) is refused; any other range is
+    one chunk, checked as ``_check_decoded`` checks the shard's inner chunk.
+
+    Raises:
+        ConversionError: as ``_check_decoded``; ``unreadable_file`` for a chunk indexed over the index.
+    """
+    shard = chunks.shard
+    if shard is None or not hasattr(byte_range, "end"):
+        return  # a suffix: the index at the end of the shard (its size checked by _check_range)
+    start, end = int(byte_range.start), int(byte_range.end)
+    if not shard.at_end and start == 0 and end == shard.index:
+        entries = _shard_entries(shard, data, where, key)
+        written = entries[~((entries[:, 0] == SHARD_EMPTY) & (entries[:, 1] == SHARD_EMPTY))]
+        if written.size and int(written[:, 0].min()) < shard.index:
+            raise ConversionError(
+                f"{key!r}: its shard index puts a chunk inside the index itself (bytes 0..{shard.index - 1})",
+                kind="unreadable_file",
+                path=where,
+            )
+        return
+    _check_decoded(shard.inner, data, where, key, f" (its chunk at bytes {start}..{end - 1})")
 
 
 _READ_ONLY = "a source store is read-only: writing or deleting is refused"
@@ -364,9 +705,10 @@ def _guarded_store_class():
         A metadata document (``.zarray``, ``zarr.json``, ...): at most ``untrusted.MAX_JSON_BYTES``
         bytes and ``untrusted.MAX_JSON_DEPTH`` levels (``untrusted.loads``) before zarr parses it. A
         chunk of an array in ``arrays`` (its ``_Chunks``): its stored size (a local file's ``stat``, a
-        zip member's central directory; a URL's bytes once fetched) and what its codec's header says
-        it decodes to, refused above what the chunk can hold. A local file is read only when it is a
-        regular file (the store was walked at open: ``_check_local_store``).
+        zip member's central directory; a URL's bytes once fetched) and what each stage of its
+        decoding makes (``_check_decoded``), refused above what the chunk can need; a range of a
+        shard (its index, one of its chunks) as ``_check_shard_part``. A local file is read only
+        when it is a regular file (the store was walked at open: ``_check_local_store``).
 
         It implements ``Store``'s public API over ``wrapped`` (an opened zarr store), not
         ``WrapperStore``'s: zarr's own helpers (``_get_many``, ``_get_bytes``, ``_get_json``,
@@ -502,6 +844,8 @@ def _guarded_store_class():
             buf = await self.wrapped.get(key, prototype, byte_range)
             if buf is not None and byte_range is not None:
                 _check_range(byte_range, len(buf), where, key)
+                if chunks is not None and chunks.shard is not None:
+                    _check_shard_part(chunks, byte_range, buf.as_numpy_array().data.cast("B"), where, key)
             if buf is not None and chunks is not None and byte_range is None:
                 data = buf.as_numpy_array().data.cast("B")
                 if len(data) > chunks.stored:

@@ -81,6 +81,10 @@ def _convert_options():
         kw["decode_check"] = False
     elif "check" in names:
         kw["check"] = "off"
+    from epishard.shardwriter.sources import SourceOptions
+
+    if "allow_external" in {f.name for f in fields(SourceOptions)}:  # a tile links to the original's videos
+        kw["sources"] = SourceOptions(allow_external=True)
     return ConvertOptions(**kw)
 
 
