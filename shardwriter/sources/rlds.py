@@ -205,38 +205,19 @@ def _walk(node: object, path: str, out: dict, where: str, at: str = "", depth: i
                 "unsupported",
                 why or "a per-step tensor of an unknown dimension stored as numbers (TFDS cannot read it)",
             )
-        out[path] = {
-            "kind": "unsupported" if why else kind,
-            "shape": dims,
-            "dtype": dtype[:40],
-            "encoding": encoding,
-            "why": why,
-        }
+        out[path] = _feature(kind, dims, dtype[:40], encoding, why)
     elif "text" in obj:
-        out[path] = {
-            "kind": "unsupported" if why else "text",
-            "shape": [],
-            "dtype": "string",
-            "encoding": "none",
-            "why": why,
-        }
+        out[path] = _feature("text", [], "string", "none", why)
     elif "classLabel" in obj:  # ClassLabel: an int64 scalar (class_label_feature.ClassLabel)
-        out[path] = {
-            "kind": "unsupported" if why else "tensor",
-            "shape": [],
-            "dtype": "int64",
-            "encoding": "none",
-            "why": why,
-        }
+        out[path] = _feature("tensor", [], "int64", "none", why)
     elif path:
         name = str(obj.get("pythonClassName", "?"))[:80]
-        out[path] = {
-            "kind": "unsupported",
-            "shape": [],
-            "dtype": name,
-            "encoding": "none",
-            "why": why or f"a feature of type {name}",
-        }
+        out[path] = _feature("unsupported", [], name, "none", why or f"a feature of type {name}")
+
+
+def _feature(kind: str, shape: list, dtype: str, encoding: str, why: str | None) -> dict:
+    """One feature's entry (``_walk``): ``kind`` is ``"unsupported"`` whenever there is a ``why``."""
+    return {"kind": "unsupported" if why else kind, "shape": shape, "dtype": dtype, "encoding": encoding, "why": why}
 
 
 @dataclass(frozen=True)
