@@ -90,7 +90,7 @@ def test_diffusion_policy_zip_store_through_the_cli_with_a_mapping(tmp_path, cap
     out = tmp_path / "out"
     assert main(["convert", str(zipped), str(out), "--mapping", str(mapping), "-q"]) == 0
     assert (
-        "umi mapping: state = state, action = action, cameras = observation.image <- data/img"
+        "umi mapping: state = state, action = action, cameras = observation.image <- img"
         in capsys.readouterr().out
     )
     back = read_back(str(out))

@@ -1453,7 +1453,7 @@ def _describe(
         0,
         f"umi mapping: state = {' + '.join(mapping.state or ()) or 'none'}, action = "
         f"{' + '.join(mapping.action or ()) or 'none'}, cameras = "
-        + (", ".join(f"{c} <- data/{k}" for c, k in cams.items()) or "none")
+        + (", ".join(f"{c} <- {k}" for c, k in cams.items()) or "none")
         + f", {fps:g} fps",
     )
     name = root.rstrip("/").rsplit("/", 1)[-1].removesuffix(".zip").removesuffix(".zarr") or "zarr"

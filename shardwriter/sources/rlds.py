@@ -921,7 +921,7 @@ def open_rlds(
         0,
         f"rlds mapping: state = {' + '.join(mapping.state or ()) or 'none'}, action = "
         f"{' + '.join(mapping.action or ()) or 'none'}, cameras = "
-        + (", ".join(f"{c} <- steps/{k}" for c, k in cams.items()) or "none")
+        + (", ".join(f"{c} <- {k}" for c, k in cams.items()) or "none")
         + (f", task <- steps/{language}" if language else "")
         + f", {fps:g} fps, {len(records)} records in {len(files)} files",
     )
