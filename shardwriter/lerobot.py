@@ -72,6 +72,7 @@ class _Tree:
         self.local = is_local(root)
         self.options = dict(storage_options or {})
         self.allow_external = allow_external
+        self._vouched: set[str] = set()  # local paths ``checked`` passed (v3.0: many episodes share a file)
         self.whole_reads: list[str] = []  # remote files read whole: the server ignores Range
         if self.local:
             self.root = local_path(root)
@@ -137,7 +138,7 @@ class _Tree:
             SourceError: it resolves outside the dataset's folder (without ``allow_external``), or
                 is not a regular file, naming the path and where it resolves.
         """
-        if not os.path.lexists(path):
+        if path in self._vouched or not os.path.lexists(path):
             return path
         try:
             if self.allow_external:
@@ -148,6 +149,7 @@ class _Tree:
             outside = "outside the source folder" in str(exc) and not self.allow_external
             hint = "; for a trusted local dataset pass --allow-external" if outside else ""
             raise SourceError(f"{exc}{hint}") from None
+        self._vouched.add(path)
         return path
 
     def read(self, path: str) -> bytes:
