@@ -89,10 +89,7 @@ def test_diffusion_policy_zip_store_through_the_cli_with_a_mapping(tmp_path, cap
     mapping.write_text('task = "push the T"\nfps = 10\n[cameras]\n"observation.image" = "img"\n')
     out = tmp_path / "out"
     assert main(["convert", str(zipped), str(out), "--mapping", str(mapping), "-q"]) == 0
-    assert (
-        "umi mapping: state = state, action = action, cameras = observation.image <- img"
-        in capsys.readouterr().out
-    )
+    assert "umi mapping: state = state, action = action, cameras = observation.image <- img" in capsys.readouterr().out
     back = read_back(str(out))
     ep = back[("pusht", 1)]
     assert ep["tasks"] == ["push the T"]
