@@ -61,6 +61,7 @@ def decode(
     height: int = 0,
     width: int = 0,
     decoder=None,
+    rotation: int = 0,
 ) -> Decoded:
     """Decode ``frames`` (sorted unique int64 frame numbers) of one video with one decoder.
 
@@ -72,7 +73,8 @@ def decode(
     bytes each) would exceed ``max_bytes``: then consecutive calls of at most that many bytes on the
     same decoder, each post-processed before the next, bound the memory of long high-resolution
     episodes. ``post`` (a ``PostProcess``) runs on the decoded frames only. ``decoder``: one this
-    function returned before for the same ``data`` and ``tables`` (None: open one).
+    function returned before for the same ``data`` and ``tables`` (None: open one). ``rotation``:
+    the stream's display-matrix degrees (the index's; refused where torchcodec would not apply it).
 
     Returns:
         ``Decoded``: frames ``[len(frames), C, h, w]`` after ``post``, ``get_frames_at`` calls made,
@@ -86,7 +88,7 @@ def decode(
     per_call = max(1, max_bytes // max(3 * height * width, 1)) if height and width else frames.size
     parts, post_s = [], 0.0
     try:
-        decoder = decoder if decoder is not None else open_decoder(data, *tables, stream_index)
+        decoder = decoder if decoder is not None else open_decoder(data, *tables, stream_index, rotation)
         for start in range(0, frames.size, per_call):
             wanted = frames[start : start + per_call]
             out = decoder.get_frames_at(wanted.tolist())

@@ -362,6 +362,7 @@ def decode_camera(
             width=int(index.cam_width[stream]),
             decoder=None if kept is None else kept[0],
             max_bytes=max_bytes,
+            rotation=int(index.cam_rotation[stream]),
         )
     work = int(index.decoded_frames(stream, frames))
     if kept is not None and kept[1] < frames[0]:  # decoded on from the kept position (torchcodec seeks

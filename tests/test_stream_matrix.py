@@ -28,6 +28,7 @@ from epishard.stream import WindowDataset, WindowSpec
 from epishard.stream.fetch import FetchPolicy
 from epishard.stream.lookahead import Lookahead
 from epishard.stream.options import ReadOptions
+from epishard.stream.select import Selection
 
 FPS = 20
 CAM = "observation.images.front"
@@ -359,6 +360,31 @@ def test_rotated_episode_reports_the_size_the_reader_returns(tmp_path):
     for s in WindowDataset(str(tmp_path), PATTERNS["all-anchors"], seed=0):
         assert tuple(s[CAM].shape) == (1, 3, 64, 48)
     _check_patterns(str(tmp_path), {0: list(range(20)), 1: list(range(20, 40))})
+
+
+def test_a_rotated_episode_is_refused_where_torchcodec_would_return_it_unturned(tmp_path, monkeypatch):
+    """torchcodec before 0.11 (LeRobot 0.4.4's pin) returns a display-matrix stream as stored: the
+    reader refuses that episode's camera, naming it and the fix, and still reads the upright one."""
+    from epishard.format import decoder
+    from epishard.stream.decode import DecodeError
+    from epishard.stream.fetch import FetchError
+
+    turned = make_video(None, 12, fps=FPS, gop=6, height=64, width=48, rotation=180)
+    upright = make_video(None, 12, fps=FPS, gop=6, height=64, width=48, start_number=12)
+    _convert(tmp_path, [(turned, list(range(12))), (upright, list(range(12, 24)))])
+    assert WindowIndex.load_dataset(str(tmp_path)).cam_rotation.tolist() == [180, 0]
+    monkeypatch.setattr(decoder, "torchcodec_rotates", lambda: False)
+    spec = PATTERNS["all-anchors"]
+    with pytest.raises(
+        (DecodeError, FetchError),
+        match=r"e000000 camera observation.images.front.*stored turned \(180 degrees.*torchcodec >= 0\.11",
+    ):
+        list(WindowDataset(str(tmp_path), spec, seed=0, select=Selection(episodes=[0])))
+    shown = [
+        decode_frame_number(s[CAM][0].permute(1, 2, 0).numpy())
+        for s in WindowDataset(str(tmp_path), spec, seed=0, select=Selection(episodes=[1]))
+    ]
+    assert sorted(shown) == list(range(12, 24))
 
 
 def test_episodes_of_other_sizes_are_listed_per_size(tmp_path):

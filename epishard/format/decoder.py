@@ -58,18 +58,53 @@ def frame_mappings(pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray) 
     return json.dumps({"frames": frames})
 
 
-def open_decoder(data, pts: np.ndarray, duration: np.ndarray, keyframe: np.ndarray, stream_index: int | None):
+def torchcodec_rotates() -> bool:
+    """Whether the installed torchcodec turns frames by the stream's display matrix (torchcodec 0.11 and later).
+
+    Earlier releases (0.10 is LeRobot 0.4.4's pin) return a rotated stream's frames as stored, sideways
+    or upside down; ``open_decoder`` refuses such a stream there rather than return them.
+    """
+    import torchcodec
+
+    try:
+        major, minor = (int(p) for p in torchcodec.__version__.split(".")[:2])
+    except ValueError:  # a development build: assume the newest behaviour
+        return True
+    return (major, minor) >= (0, 11)
+
+
+def open_decoder(
+    data,
+    pts: np.ndarray,
+    duration: np.ndarray,
+    keyframe: np.ndarray,
+    stream_index: int | None,
+    rotation: int = 0,
+):
     """The reader's decoder: a torchcodec ``VideoDecoder`` on ``data`` using the index's frame tables.
 
     The tables go in as ``custom_frame_mappings`` (no rescan); output is NCHW uint8 RGB (8 bits
-    whatever the source's depth); one FFmpeg thread. ``data``: the encoded bytes, a local path or a
-    seekable binary file.
+    whatever the source's depth), upright (the display matrix applied); one FFmpeg thread.
+    ``data``: the encoded bytes, a local path or a seekable binary file.
 
     ``stream_index``: the stream the tables describe (None or -1: FFmpeg's best video stream, for
-    indexes written before the index recorded it). Raises whatever torchcodec raises.
+    indexes written before the index recorded it). ``rotation``: degrees of the stream's display
+    matrix, as the index records it.
+
+    Raises:
+        VideoError: ``rotation`` is not 0 and the installed torchcodec (before 0.11) would return
+            the frames unturned (``torchcodec_rotates``).
+        Whatever torchcodec raises.
     """
+    import torchcodec
     from torchcodec.decoders import VideoDecoder
 
+    if rotation % 360 and not torchcodec_rotates():
+        raise VideoError(
+            f"the video is stored turned ({rotation} degrees in its display matrix) and torchcodec "
+            f"{torchcodec.__version__} returns such frames unturned: install torchcodec >= 0.11 (with its torch; "
+            "LeRobot 0.6.x's range), or re-encode the video upright before converting"
+        )
     stream_index = None if stream_index is None or stream_index < 0 else int(stream_index)
     return VideoDecoder(
         data,

@@ -224,6 +224,12 @@ class WindowIndex:
             if cams.type.get_field_index("stream_index") >= 0
             else np.full(len(cams), -1, np.int64)
         )
+        # Degrees counter-clockwise of the stream's display matrix (0 in indexes written before it was recorded).
+        self.cam_rotation = (
+            _np(cams.field("rotation"), np.int32)
+            if cams.type.get_field_index("rotation") >= 0
+            else np.zeros(len(cams), np.int32)
+        )
         self.cam_time_base_num = _np(cams.field("time_base_num"), np.int64)
         self.cam_time_base_den = _np(cams.field("time_base_den"), np.int64)
         with np.errstate(divide="ignore", invalid="ignore"):  # a zero denominator is rejected by check_index
