@@ -51,6 +51,7 @@ from .dataset import WindowDataset
 from .fetch import FetchPolicy
 from .lookahead import materialized
 from .options import ReadOptions
+from .select import Selection
 from .source import DatasetSource
 from .spec import RESERVED_KEYS, WindowSpec, offsets_from_seconds
 from .transform import PostProcess
@@ -296,8 +297,10 @@ class EpishardLeRobotMeta:
             stored = [stored_source_stats(s) for s in sources]
             if all(d is not None for d in stored):
                 self.stats = pool_stats([d for d in stored if d is not None])
+                # the file each came from (sources[].stats_from; manifests before it: meta/stats.json)
+                entries = [s.manifest.sources[0] for s in sources]
                 self.stats_from = "source (stored at conversion): " + ", ".join(
-                    f"{(s.manifest.sources[0].path or '').rstrip('/')}/meta/stats.json" for s in sources
+                    f"{(e.path or '').rstrip('/')}/{e.stats_from or 'meta/stats.json'}" for e in entries
                 )
             elif stats == "source":
                 missing = [s.shown for s, d in zip(sources, stored, strict=True) if d is None]
@@ -446,6 +449,13 @@ class EpishardLeRobotDataset(WindowDataset):
         source_root: the LeRobot dataset folder or URL (one per dataset of a mix) to read
             ``meta/stats.json`` from, with ``read.storage_options``.
         tolerance_s: LeRobot's tolerance for offsets that are not multiples of 1/fps.
+        episodes: LeRobot's: the ``episode_index`` values to read (None: all), as
+            ``LeRobotDataset(episodes=[...])``; ``ds.episodes`` keeps them. Every one must be in the
+            converted dataset; one dataset only (for a mix, ``select=[Selection(episodes=...), ...]``).
+        revision: LeRobot's Hub revision: only None is taken (shards hold the revision that was
+            converted: convert the one you want).
+        video_backend: LeRobot's: None or ``"torchcodec"`` (epishard decodes with torchcodec, as
+            LeRobot's default backend does); another backend is refused.
         stride / per_episode_count / per_episode_fraction: fewer anchors per episode per epoch
             (``WindowSpec``); default every frame, as LeRobot.
         read: ``ReadOptions`` (``WindowDataset``'s); its ``fetch`` defaults to
@@ -456,7 +466,10 @@ class EpishardLeRobotDataset(WindowDataset):
 
     Raises:
         KeyError: a ``delta_timestamps`` key the dataset has no feature for (naming it and the features).
-        ValueError: an offset that is not a multiple of 1/fps (naming key and offset); see ``WindowDataset``.
+        ValueError: an offset that is not a multiple of 1/fps (naming key and offset); ``episodes``
+            the dataset does not hold (naming them), given with a mix or with ``select`` that
+            already lists episodes; a ``revision`` or ``video_backend`` it cannot honour (naming
+            it); see ``WindowDataset``.
         StatsError: ``stats="source"`` and the manifest stores no source statistics and no
             ``source_root`` is given, or ``source_root``'s ``meta/stats.json`` cannot be read
             (naming the path, and what to pass instead), or a bad ``stats`` value.
@@ -473,6 +486,9 @@ class EpishardLeRobotDataset(WindowDataset):
         stats: str | Mapping[str, Mapping[str, Any]] = "auto",
         source_root: str | list[str] | None = None,
         tolerance_s: float = 1e-4,
+        episodes: list[int] | None = None,
+        revision: str | None = None,
+        video_backend: str | None = None,
         stride: int = 1,
         per_episode_count: int | None = None,
         per_episode_fraction: float | None = None,
@@ -481,6 +497,16 @@ class EpishardLeRobotDataset(WindowDataset):
     ):
         if not isinstance(stats, Mapping) and stats not in STATS_CHOICES:
             raise StatsError(f"stats must be one of {STATS_CHOICES} or a dict of statistics, not {stats!r}")
+        if revision is not None:
+            raise ValueError(
+                f"revision={revision!r}: epishard shards hold the revision of the dataset that was converted; "
+                "convert the revision you want (epishard convert) and pass revision=None"
+            )
+        if video_backend not in (None, "torchcodec"):
+            raise ValueError(
+                f"video_backend={video_backend!r}: epishard decodes with torchcodec (the frames LeRobot's default "
+                "'torchcodec' backend returns); pass None or 'torchcodec'"
+            )
         read = read or ReadOptions()
         if read.fetch is None:
             read = dataclasses.replace(read, fetch=FetchPolicy(on_shard_error="raise"))
@@ -525,12 +551,14 @@ class EpishardLeRobotDataset(WindowDataset):
             per_episode_fraction=per_episode_fraction,
             fps=fps,
         )
+        if episodes is not None:
+            kw["select"] = _episode_selection(first, len(opened), list(episodes), kw.get("select"))
         super().__init__(opened, spec, postprocess=post, read=read, **kw)
         self.delta_timestamps = delta or None
         self.image_transforms = image_transforms
         self.return_uint8 = return_uint8
         self.tolerance_s = tolerance_s
-        self.episodes = None  # LeRobot's: the episode indices used (None: all of the selection)
+        self.episodes = sorted(int(e) for e in episodes) if episodes is not None else None  # LeRobot's
         self.meta = EpishardLeRobotMeta(
             self.sources,
             self.post,
@@ -639,6 +667,35 @@ class EpishardLeRobotDataset(WindowDataset):
             base = self._index_base[(int(sample["dataset"]), int(sample["episode_index"]))]  # type: ignore[index]
             item["index"] = torch.tensor(base + int(sample["frame_index"]), dtype=torch.int64)
         return item
+
+
+def _episode_selection(source: DatasetSource, datasets: int, episodes: list[int], select) -> Selection:
+    """LeRobot's ``episodes=[...]`` as a read-time selection of ``source``, joined to the caller's ``select``.
+
+    Raises:
+        ValueError: a mix (``datasets`` > 1), an index the dataset does not hold (naming them and
+            the dataset), or a ``select`` that is a list or already lists episodes.
+    """
+    if datasets > 1:
+        raise ValueError(
+            "episodes= selects episodes of one dataset; for a mix pass select=[Selection(episodes=[...]), ...] "
+            "with one entry per dataset"
+        )
+    wanted = {int(e) for e in episodes}
+    held = {int(e) for e in source.index.episode_index}
+    missing = sorted(wanted - held)
+    if missing:
+        raise ValueError(
+            f"episodes {missing[:20]} are not in {source.shown}, which holds {len(held)} episodes "
+            f"(episode_index {min(held, default=0)}..{max(held, default=-1)}); only the episodes converted can be read"
+        )
+    if isinstance(select, list) or (select is not None and select.episodes is not None):
+        raise ValueError("give the episodes once: episodes= or select=Selection(episodes=...), not both")
+    return (
+        dataclasses.replace(select, episodes=sorted(wanted))
+        if select is not None
+        else Selection(episodes=sorted(wanted))
+    )
 
 
 def _lerobot_value(value, feature: dict, windowed: bool, scalar: bool):

@@ -31,7 +31,10 @@ PEER_PYTHON = os.environ.get("EPISHARD_LEROBOT_PYTHON", "/tmp/peer/lerobot-venv/
 # (it needs opencv-python-headless and diffusers besides): not built by make test, skipped otherwise.
 PEERS = {
     "0.4.4": (PEER_ENV, PEER_PYTHON),
-    "0.6.1": ("/tmp/peer/lerobot061-env.sh", "/tmp/peer/lerobot061-venv/bin/python"),
+    "0.6.1": (
+        os.environ.get("EPISHARD_LEROBOT061_ENV", "/tmp/peer/lerobot061-env.sh"),
+        os.environ.get("EPISHARD_LEROBOT061_PYTHON", "/tmp/peer/lerobot061-venv/bin/python"),
+    ),
 }
 CHECK = (
     "import lerobot.policies.factory, lerobot.policies.act.modeling_act, lerobot.policies.diffusion.modeling_diffusion"
@@ -119,3 +122,87 @@ def test_the_drop_in_reads_packets_inside_lerobots_own_environment(tmp_path):
     version, count, shape = run.stdout.split(maxsplit=2)
     assert int(version.split(".")[0]) < 16  # PyAV 15: no reformat(threads=)
     assert int(count) == 16 and shape.strip() == "(3, 224, 224)"
+
+
+FIELDS_IN_PEER = """
+import dataclasses, json, sys, types
+sys.path.insert(0, sys.argv[2])
+import train_lerobot as t
+import lerobot
+from lerobot.configs.default import DatasetConfig
+from lerobot.policies.act.configuration_act import ACTConfig
+
+policy = ACTConfig(device="cpu", pretrained_backbone_weights=None, push_to_hub=False)
+def cfg(**dataset):
+    d = DatasetConfig(**{"repo_id": "epishard", "root": sys.argv[1], "streaming": True, **dataset})
+    return types.SimpleNamespace(dataset=d, policy=policy, seed=0, tolerance_s=1e-4)
+out = {"lerobot": lerobot.__version__, "fields": sorted(f.name for f in dataclasses.fields(DatasetConfig))}
+train, held = t.make_epishard_datasets(cfg(episodes=[3, 1]), {"image_size": (16, 16), "stride": 100})
+out["episodes"] = train.episodes
+out["items"] = sorted({int(x["episode_index"]) for x in train})
+out["held"] = held
+out["tolerance_s"] = train.tolerance_s
+refused = {}
+for field, value in [("revision", "v2.1"), ("video_backend", "pyav"), ("streaming", False), ("episodes", [99])]:
+    try:
+        t.make_epishard_datasets(cfg(**{field: value}), {"image_size": (16, 16)})
+        refused[field] = None
+    except (SystemExit, ValueError) as exc:
+        refused[field] = str(exc)
+out["refused"] = refused
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("version", sorted(PEERS))
+def test_every_dataset_field_of_lerobots_config_is_honoured_or_refused(tmp_path, version):
+    """``train_lerobot.py``'s dataset line against LeRobot's own ``DatasetConfig``: every field of the installed
+    LeRobot is in ``DATASET_FIELDS`` (a field added by a later LeRobot would be refused, not ignored);
+    ``episodes`` reads those episodes only; revision, another video backend, no streaming and episodes
+    the shards do not hold stop with a message naming them."""
+    sys.path.insert(0, str(REPO / "tools" / "examples"))
+    try:
+        import train_lerobot
+    finally:
+        sys.path.pop(0)
+    command = lerobot_command(PEERS[version], here=version == "0.4.4")
+    shards = tmp_path / "sample"
+    convert([str(SAMPLE)], str(shards), ConvertOptions(workers=1, progress=False))
+    env = {**os.environ, "PYTHONPATH": peer_pythonpath()}
+    run = subprocess.run(
+        [*command, "-c", FIELDS_IN_PEER, str(shards), str(REPO / "tools" / "examples")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert set(out["fields"]) <= set(train_lerobot.DATASET_FIELDS), out["fields"]
+    assert out["episodes"] == [1, 3] and out["items"] == [1, 3] and out["held"] is None
+    assert out["tolerance_s"] == 1e-4
+    refused = out["refused"]
+    assert "revision=v2.1" in refused["revision"] and "video_backend=pyav" in refused["video_backend"]
+    assert "--dataset.streaming=true" in refused["streaming"] and "episodes [99] are not in" in refused["episodes"]
+
+
+def test_lerobot_061s_eval_split_holds_out_the_last_episodes_of_each_task():
+    """``--dataset.eval_split`` as LeRobot 0.6.1's ``make_train_eval_datasets``: per task (an episode's first
+    task), its last ``ceil(n * eval_split)`` episodes, in the order given."""
+    sys.path.insert(0, str(REPO / "tools" / "examples"))
+    try:
+        import train_lerobot
+    finally:
+        sys.path.pop(0)
+    import numpy as np
+
+    meta = type("Meta", (), {})()
+    meta.episodes = {
+        "episode_index": np.array([0, 1, 2, 3, 4, 5, 6]),
+        "tasks": [["pick"], ["place"], ["pick"], ["pick", "x"], ["place"], [], ["pick"]],
+    }
+    assert train_lerobot._eval_split(meta, 0.3) == ([0, 2, 1], [3, 6, 4, 5])  # pick 4 -> 2 held, place 2 -> 1, "" 1 -> 1
+    assert train_lerobot._eval_split(meta, 0.3, [6, 0, 2, 1, 4]) == ([6, 0, 1], [2, 4])
+    with pytest.raises(SystemExit, match="leaves 0 training episodes of 3"):
+        train_lerobot._eval_split(meta, 0.5, [0, 1, 5])
