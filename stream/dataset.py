@@ -691,6 +691,21 @@ class WindowLoader(DataLoader):
         self._workers_next: int | None = None  # the epoch persistent workers run on their next iteration
         self._running: object | None = None  # token of the iteration in progress
 
+    def __len__(self) -> int:
+        """Batches this rank yields in the loader's epoch (samples without a ``batch_size``).
+
+        Every worker batches its own share of the windows and ends on its own partial batch, so this
+        is ``workers * ceil(windows per worker / batch_size)``; torch's ``ceil(samples / batch_size)``
+        would count one partial batch for all of them (3 for 2 workers of 12 windows in batches of 8,
+        which yield 8, 8, 4, 4).
+        """
+        ds = self.dataset
+        if self.batch_size is None:
+            return len(ds)
+        workers = max(self.num_workers, 1)
+        per_worker = ds.windows_per_consumer(self._epoch, ds.ranks.world().world_size, workers)
+        return workers * -(-per_worker // self.batch_size)
+
     @scrubbed  # a worker's error, re-raised here with its traceback as text, names no credentials
     def __iter__(self):
         if self._iterator is not None and (self._workers_next != self._epoch or self.dataset._resume is not None):

@@ -68,3 +68,15 @@ def test_the_other_options_yield_the_plans_windows_exactly_once_and_resume_exact
     resumed = WindowLoader(dataset, batch_size=4, num_workers=2, **kw)
     resumed.load_state_dict(state)
     assert _keys(first) + _keys(resumed) == base
+
+
+@pytest.mark.parametrize(("workers", "batch_size"), [(0, 16), (2, 7), (3, 16), (3, 5)])
+def test_len_counts_the_batches_every_worker_yields_with_its_own_partial_batch(intact, workers, batch_size):
+    """120 windows: 3 workers of 40 in batches of 16 yield 16, 16, 8 each (9 batches; torch's own
+    len says ceil(120 / 16) = 8); a trainer sizing its schedule by len() gets the real count."""
+    from faultgen import SPEC
+
+    loader = WindowLoader(WindowDataset(intact, SPEC, seed=5), batch_size=batch_size, num_workers=workers)
+    sizes = [len(b["episode_index"]) for b in loader]
+    assert sum(sizes) == 120 and len(loader) == len(sizes)
+    assert len(loader) == max(workers, 1) * -(-(120 // max(workers, 1)) // batch_size)
