@@ -245,6 +245,7 @@ class EpishardLeRobotMeta:
         stats: str | Mapping[str, Mapping[str, Any]] = "auto",
         source_root: str | list[str] | None = None,
         storage_options: dict | None = None,
+        cameras: list[str] | None = None,
     ):
         if not sources:
             raise ValueError("EpishardLeRobotMeta needs at least one dataset")
@@ -253,7 +254,7 @@ class EpishardLeRobotMeta:
         first = sources[0]
         self.repo_id = self.root = first.shown
         self.fps = float(first.manifest.fps if first.manifest.fps is not None else first.index.fps[0])
-        self.features = _features(first, post)
+        self.features = _features(first, post, cameras)
         self.camera_keys = [k for k, f in self.features.items() if f["dtype"] == "video"]
         self.video_keys = list(self.camera_keys)
         self.image_keys: list[str] = []
@@ -334,8 +335,12 @@ class EpishardLeRobotMeta:
         stats: str | Mapping[str, Mapping[str, Any]] = "auto",
         source_root: str | list[str] | None = None,
         storage_options: dict | None = None,
+        cameras: list[str] | None = None,
     ) -> EpishardLeRobotMeta:
-        """The metadata of the dataset(s) at ``url`` (``image_size``: ``(H, W)`` the frames will be resized to).
+        """The metadata of the dataset(s) at ``url``, as the dataset built with the same options gives it.
+
+        ``image_size``: ``(H, W)`` the frames will be resized to; ``cameras``: the cameras the dataset
+        will return (None: all).
 
         Raises:
             FileNotFoundError, FormatError, FetchError: see ``DatasetSource``.
@@ -349,6 +354,7 @@ class EpishardLeRobotMeta:
             stats=stats,
             source_root=source_root,
             storage_options=storage_options,
+            cameras=cameras,
         )
 
     def __repr__(self) -> str:
@@ -377,18 +383,27 @@ def _source_roots(sources: list[DatasetSource], source_root: str | list[str]) ->
     return roots
 
 
-def _features(source: DatasetSource, post: PostProcess) -> dict[str, dict]:
+def _features(source: DatasetSource, post: PostProcess, cameras: list[str] | None = None) -> dict[str, dict]:
     """LeRobot-style features of a converted dataset (cameras at the size ``post`` returns).
+
+    ``cameras``: the cameras to keep (None: all).
 
     Raises:
         ValueError: the manifest has no ``features`` (written before they were recorded: convert again).
+        KeyError: a camera in ``cameras`` the dataset does not have (naming it and the cameras).
     """
     manifest = source.manifest
     if manifest.features is None:
         raise ValueError(f"{source.shown}: its manifest has no 'features' (an older conversion): convert it again")
+    if cameras is not None:
+        unknown = sorted(set(cameras) - set(manifest.cameras))
+        if unknown:
+            raise KeyError(f"cameras {unknown} are not in {source.shown}, whose cameras are {sorted(manifest.cameras)}")
     out: dict[str, dict] = {}
     for name, entry in manifest.features.items():
         camera = manifest.cameras.get(name)
+        if camera is not None and cameras is not None and name not in cameras:
+            continue
         if camera is not None:
             depth = (camera.kind or entry.kind) == "depth"
             channels = 1 if depth else 3
@@ -456,6 +471,8 @@ class EpishardLeRobotDataset(WindowDataset):
             converted: convert the one you want).
         video_backend: LeRobot's: None or ``"torchcodec"`` (epishard decodes with torchcodec, as
             LeRobot's default backend does); another backend is refused.
+        cameras: the cameras to return and list in ``meta.features`` (None: all, as LeRobot), e.g.
+            one camera for a single-camera policy such as VQ-BeT; the others are not fetched.
         stride / per_episode_count / per_episode_fraction: fewer anchors per episode per epoch
             (``WindowSpec``); default every frame, as LeRobot.
         read: ``ReadOptions`` (``WindowDataset``'s); its ``fetch`` defaults to
@@ -465,7 +482,8 @@ class EpishardLeRobotDataset(WindowDataset):
             ``mix``, ...).
 
     Raises:
-        KeyError: a ``delta_timestamps`` key the dataset has no feature for (naming it and the features).
+        KeyError: a ``delta_timestamps`` key the dataset has no feature for (naming it and the features),
+            or a camera in ``cameras`` it does not have.
         ValueError: an offset that is not a multiple of 1/fps (naming key and offset); ``episodes``
             the dataset does not hold (naming them), given with a mix or with ``select`` that
             already lists episodes; a ``revision`` or ``video_backend`` it cannot honour (naming
@@ -489,6 +507,7 @@ class EpishardLeRobotDataset(WindowDataset):
         episodes: list[int] | None = None,
         revision: str | None = None,
         video_backend: str | None = None,
+        cameras: list[str] | None = None,
         stride: int = 1,
         per_episode_count: int | None = None,
         per_episode_fraction: float | None = None,
@@ -519,7 +538,7 @@ class EpishardLeRobotDataset(WindowDataset):
             opened.append(src if weight is None else (src, weight))
         first = opened[0][0] if isinstance(opened[0], tuple) else opened[0]
         post = PostProcess(size=image_size)
-        features = _features(first, post)
+        features = _features(first, post, cameras)
         fps = float(first.manifest.fps if first.manifest.fps is not None else first.index.fps[0])
         delta = {k: list(v) for k, v in (delta_timestamps or {}).items()}
         unknown = sorted(set(delta) - set(features))
@@ -566,6 +585,7 @@ class EpishardLeRobotDataset(WindowDataset):
             stats=stats,
             source_root=source_root,
             storage_options=storage_options,
+            cameras=cameras,
         )
         self._features = features
         self._scalars = frozenset(k for k, f in (first.manifest.features or {}).items() if tuple(f.shape) == ())

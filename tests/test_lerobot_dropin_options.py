@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from conftest import SAMPLE
 
 from epishard.format.index import WindowIndex
@@ -95,3 +96,22 @@ def test_the_torchcodec_backend_is_what_the_drop_in_decodes_with(shards, value):
 def test_a_keyword_the_drop_in_does_not_know_is_refused_naming_it(shards, keyword):
     with pytest.raises(TypeError, match=keyword):
         EpishardLeRobotDataset(shards, **{keyword: True}, **SMALL)
+
+
+def test_cameras_keeps_only_those_cameras_for_a_single_camera_policy(tmp_path):
+    """VQ-BeT takes one camera: ``cameras=[...]`` returns and lists only those; the others are not read."""
+    from conftest import shared_dataset
+
+    out = tmp_path / "cloth"
+    convert([str(shared_dataset("so101_bimanual_cloth_v30"))], str(out), ConvertOptions(progress=False, episodes=[0]))
+    both = EpishardLeRobotDataset(str(out), stride=200, **SMALL)
+    assert len(both.meta.camera_keys) == 2
+    keep = both.meta.camera_keys[1]
+    ds = EpishardLeRobotDataset(str(out), {keep: [-0.1, 0.0]}, cameras=[keep], stride=200, **SMALL)
+    assert ds.meta.camera_keys == [keep] and [k for k, f in ds.meta.features.items() if f["dtype"] == "video"] == [keep]
+    items, reference = list(ds), {int(x["index"]): x for x in both}
+    assert items and all(set(x) & set(both.meta.camera_keys) == {keep} for x in items)
+    for x in items:  # the kept camera's frames are the ones the full dataset returns
+        assert torch.equal(x[keep][-1], reference[int(x["index"])][keep])
+    with pytest.raises(KeyError, match=r"cameras \['observation.images.nope'\] are not in"):
+        EpishardLeRobotDataset(str(out), cameras=["observation.images.nope"], **SMALL)

@@ -202,7 +202,8 @@ def test_lerobot_061s_eval_split_holds_out_the_last_episodes_of_each_task():
         "episode_index": np.array([0, 1, 2, 3, 4, 5, 6]),
         "tasks": [["pick"], ["place"], ["pick"], ["pick", "x"], ["place"], [], ["pick"]],
     }
-    assert train_lerobot._eval_split(meta, 0.3) == ([0, 2, 1], [3, 6, 4, 5])  # pick 4 -> 2 held, place 2 -> 1, "" 1 -> 1
+    # pick: 4 episodes -> 2 held out; place: 2 -> 1; no task: 1 -> 1
+    assert train_lerobot._eval_split(meta, 0.3) == ([0, 2, 1], [3, 6, 4, 5])
     assert train_lerobot._eval_split(meta, 0.3, [6, 0, 2, 1, 4]) == ([6, 0, 1], [2, 4])
     with pytest.raises(SystemExit, match="leaves 0 training episodes of 3"):
         train_lerobot._eval_split(meta, 0.5, [0, 1, 5])

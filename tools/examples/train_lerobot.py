@@ -2,11 +2,18 @@
 
 This runs LeRobot's ``lerobot.scripts.lerobot_train`` unchanged, with the one call that builds the
 dataset (``make_dataset(cfg)`` in 0.4.4, ``make_train_eval_datasets(cfg)`` in 0.6.1) replaced by
-``make_epishard_dataset`` below: an ``EpishardLeRobotDataset`` over ``--dataset.root`` (a folder or
-any fsspec URL of ``epishard convert``'s output), built the way LeRobot's ``make_dataset`` builds a
+``make_epishard_datasets`` below: an ``EpishardLeRobotDataset`` over ``--dataset.root`` (a folder or
+any fsspec URL of ``epishard convert``'s output), built the way LeRobot's factory builds a
 ``LeRobotDataset`` (LeRobot's ``resolve_delta_timestamps`` from the policy config, its
-``ImageTransforms``, ImageNet camera statistics when ``--dataset.use_imagenet_stats``). Everything else,
-policy, processors, optimizer, accelerate, logging, checkpoints, is LeRobot's code.
+``ImageTransforms``, ImageNet camera statistics when ``--dataset.use_imagenet_stats``). Every field of
+LeRobot's ``DatasetConfig`` is honoured or refused with a message (``DATASET_FIELDS``): ``episodes``,
+0.6.x's ``eval_split`` (its per-task held-out split, an eval dataset) and ``return_uint8`` are honoured,
+a ``revision``, another ``video_backend`` or a field this script does not know stop the run.
+Everything else, policy, processors, optimizer, accelerate, logging, checkpoints, is LeRobot's code.
+Under ``accelerate launch`` with several processes the main process reads each window of an epoch
+once and accelerate hands each process its slice of every batch (its default for an iterable
+dataset). ``--resume=true`` restarts the data stream from the start of the plan, as LeRobot's
+streaming dataset does; exact mid-epoch resume needs ``WindowLoader`` in your own loop.
 
     python tools/examples/train_lerobot.py --dataset.repo_id=epishard --dataset.root=s3://shards/so101 \\
         --dataset.streaming=true --policy.type=act --policy.device=cuda --policy.push_to_hub=false \\
@@ -23,6 +30,7 @@ line before LeRobot parses it:
     --epishard.image_size=HxW        resize every camera (default: as stored)
     --epishard.stats=source|manifest the statistics LeRobot normalises with (default: source, LeRobot's)
     --epishard.storage_options=JSON  fsspec options for the shards' URL
+    --epishard.cameras=A,B           the cameras to train on (default: all; one for VQ-BeT)
 """
 
 from __future__ import annotations
@@ -53,8 +61,10 @@ def _take_epishard_options(argv: list[str]) -> tuple[dict, list[str]]:
             kw["stats"] = value
         elif key == "storage_options":
             kw["storage_options"] = json.loads(value)
+        elif key == "cameras":
+            kw["cameras"] = [c for c in value.split(",") if c]
         else:
-            raise SystemExit(f"unknown option --epishard.{key} (image_size, stats, storage_options)")
+            raise SystemExit(f"unknown option --epishard.{key} (image_size, stats, storage_options, cameras)")
     return kw, rest
 
 
@@ -153,6 +163,7 @@ def make_epishard_datasets(cfg, options: dict | None = None, v061: bool = False)
         raise SystemExit(f"--dataset.video_backend={d.video_backend}: epishard decodes with torchcodec")
     meta = EpishardLeRobotMeta.open(
         d.root,
+        cameras=options.get("cameras"),
         image_size=options.get("image_size"),
         stats=options.get("stats", "source"),
         storage_options=options.get("storage_options"),
