@@ -91,6 +91,13 @@ def _fail(kind: str, message: str, **where) -> ConversionError:
     return ConversionError(message, kind=kind, **where)
 
 
+def _table_path(episode: Episode) -> str | None:
+    """The file an episode's rows come from (a parquet, a table slice's file, a source's file), or None."""
+    table = episode.table
+    path = table if isinstance(table, (str, RemoteFile)) else getattr(table, "path", None)
+    return None if path is None else str(path)
+
+
 def _local_frames(table: pa.Table) -> np.ndarray:
     """Frame of each row within the episode's video (or segment).
 
@@ -559,13 +566,28 @@ def compact_tables(stored: VideoProbe, row_to_frame: np.ndarray) -> dict:
     }
 
 
-def _task(episode: Episode, table: pa.Table) -> list[str]:
+def _task(episode: Episode, table: pa.Table) -> tuple[list[str], list[dict]]:
+    """The episode's task texts, and a ``task_unknown`` warning when its rows name a task no task file defines.
+
+    ``episode.tasks`` when given; else the text its first row's ``task_index`` has in
+    ``extra["task_text"]`` (a LeRobot dataset's task file, ``extra["task_file"]``), or that file's
+    one text when the table has no ``task_index`` column. An index the file does not define (or a
+    null one) leaves the text empty, never another task's.
+    """
     if episode.tasks:
-        return list(episode.tasks)
+        return list(episode.tasks), []
     texts = episode.extra.get("task_text", {})
-    if "task_index" in table.column_names and table.num_rows and texts:
-        return [texts.get(int(table.column("task_index")[0].as_py()), "")]
-    return []
+    if "task_index" not in table.column_names or not table.num_rows:
+        return (list(texts.values()) if len(texts) == 1 else []), []
+    if texts or "task_file" in episode.extra:
+        value = table.column("task_index")[0].as_py()
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        if whole and not isinstance(value, bool) and int(value) in texts:
+            return [texts[int(value)]], []
+        where = episode.extra.get("task_file", "the task file")
+        message = f"task_index {value!r} of the first row is not in {where}: the episode's task text is left empty"
+        return [], [{"kind": "task_unknown", "row": 0, "message": message}]
+    return [], []
 
 
 def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
@@ -607,16 +629,14 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     except ConversionError as exc:
         raise exc.with_context(**where) from None
     except (OSError, pa.ArrowException) as exc:
-        path = episode.table if isinstance(episode.table, (str, RemoteFile)) else getattr(episode.table, "path", None)
-        path = None if path is None else str(path)
-        raise _fail("unreadable_table", str(exc), path=path, **where) from exc
+        raise _fail("unreadable_table", str(exc), path=_table_path(episode), **where) from exc
     if table.num_rows == 0:
         raise _fail("empty_episode", "the episode has no rows", **where)
     try:
         _check_finite(table)
         local = _local_frames(table)
-    except ConversionError as exc:
-        raise exc.with_context(**where) from None
+    except ConversionError as exc:  # named with the file the rows came from
+        raise exc.with_context(path=_table_path(episode), **where) from None
     breaks = discontinuities(table, episode.fps)
     if breaks and opts.timestamps == "raise":
         raise _fail(breaks[0]["kind"], breaks[0]["message"], row=breaks[0]["row"], **where)
@@ -678,7 +698,9 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         members.append((fmt.member_name(key, f"{fields[cam]}.{fmt.VIDEO_EXT}"), data))
     if episode.images:  # their images now live in the cameras' videos
         table, raw = table.drop_columns([c for c in episode.images if c in table.column_names]), None
-    tasks = _task(episode, table) or list(loaded_tasks)
+    tasks, unknown = _task(episode, table)
+    tasks = tasks or list(loaded_tasks)
+    warnings += [{**w, **where, "camera": None} for w in unknown]
     meta = {
         "key": key,
         "source": episode.source,

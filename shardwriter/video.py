@@ -1030,9 +1030,7 @@ class StreamEncoder:
         hint = ""
         if "format does not support" in str(exc):  # PyAV before 16 bundles an FFmpeg without FFV1 in MP4
             hint = f" (PyAV {av.__version__}: grey and depth cameras need PyAV >= 16, whose FFmpeg stores FFV1 in MP4)"
-        return ConversionError(
-            f"encoder {self._what}, {self.frames} frames) failed: {exc}{hint}", kind="encode_failed"
-        )
+        return ConversionError(f"encoder {self._what}, {self.frames} frames) failed: {exc}{hint}", kind="encode_failed")
 
     def _open(self, height: int, width: int, grey: bool) -> None:
         spec = self.spec

@@ -202,6 +202,17 @@ def test_aloha_bad_inputs_name_file_episode_and_key(tmp_path):
     assert (err.value.kind, err.value.episode) == ("unreadable_file", 1) and "episode_1.hdf5" in err.value.path
 
 
+def test_a_nan_in_the_rows_names_the_file_episode_row_and_column(tmp_path):
+    write_aloha(tmp_path / "n", [5, 6])
+    with h5py.File(tmp_path / "n" / "episode_1.hdf5", "r+") as f:
+        f["observations/qpos"][3, 2] = np.nan
+    with pytest.raises(ConversionError) as err:
+        convert([str(tmp_path / "n")], str(tmp_path / "o"), _opts())
+    e = err.value
+    assert (e.kind, e.episode, e.row) == ("nan", 1, 3) and e.path.endswith("n/episode_1.hdf5")
+    assert "column 'observation.state' holds nan at dimension 2" in e.detail and "file=" in str(e)
+
+
 def write_robomimic(path, lengths, libero=True):
     """One HDF5 file with data/demo_<i>: obs images (rgb, depth), joint/gripper states, actions, rewards, dones."""
     with h5py.File(path, "w") as f:

@@ -509,6 +509,11 @@ class HDF5Table(LazyTable):
                 tasks = (_text_attribute(fh.h5, "language_instruction", where),)
         return LoadedTable(table, notes, tasks)
 
+    @property
+    def path(self) -> str:
+        """The HDF5 file."""
+        return str(self.layout.file)
+
     def fingerprint(self) -> list:
         """File, size, group and keys."""
         lay = self.layout

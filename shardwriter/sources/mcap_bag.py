@@ -837,6 +837,11 @@ class MCAPTable(LazyTable):
             raise _fail(f"topic {topic}: {k + 1} messages, {count} when the bag was first read", plan.where)
         return arrays
 
+    @property
+    def path(self) -> str:
+        """The bag's (first) MCAP file."""
+        return str(self.plan.files[0])
+
     def fingerprint(self) -> list:
         """Bag, size and plan."""
         p = self.plan

@@ -1115,6 +1115,11 @@ class ZarrTable(LazyTable):
             columns[name], keys[name] = _rows(group, key, self.start, self.stop, root), f"data/{key}"
         return LoadedTable(build_table(columns, self.fps, root, keys), [])
 
+    @property
+    def path(self) -> str:
+        """The Zarr store."""
+        return str(self.store.root)
+
     def fingerprint(self) -> list:
         """Store, rows and keys."""
         return [self.store.root, self.start, self.stop, self.state, self.action, self.columns, self.fps]

@@ -534,6 +534,11 @@ class RLDSTable(LazyTable):
         table = build_table(columns, spec.fps, where, keys)
         return LoadedTable(table, notes, tasks)
 
+    @property
+    def path(self) -> str:
+        """The TFRecord file."""
+        return str(self.record.file)
+
     def fingerprint(self) -> list:
         """File, size, record offset and the mapping."""
         r = self.record
