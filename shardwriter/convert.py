@@ -693,7 +693,8 @@ def convert(
     storage.write(fmt.DATASET_INDEX_NAME, dataset_index)
     summary = _summarise(storage, metas, index_files, sources)
     skipped = tuple(fmt.ReportEntry(**s) for m in metas for s in m["skipped"])
-    flagged = tuple(fmt.ReportEntry(**w) for m in metas for w in m["warnings"])
+    flagged = tuple(fmt.ReportEntry(**_redacted_entry({**w, "dataset": s.name})) for s in sources for w in s.warnings)
+    flagged += tuple(fmt.ReportEntry(**w) for m in metas for w in m["warnings"])
     flagged += _sources_differ(summary["cameras_per_source"], {s.name: s.fps for s in sources})
     checks: dict[str, int] = {}
     for m, videos in zip(metas, summary["videos_per_shard"], strict=True):
@@ -714,6 +715,7 @@ def convert(
                 episodes=summary["episodes_per_source"].get(s.name, 0),
                 notes=tuple(redact(n) for n in s.notes),
                 stats=s.stats,
+                stats_from=s.stats_from,
             )
             for s in sources
         ),

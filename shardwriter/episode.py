@@ -110,6 +110,11 @@ class LazyTable:
         """Read the rows (one row per frame). Raises ``ConversionError`` naming file and key."""
         raise NotImplementedError
 
+    @property
+    def path(self) -> str | None:
+        """The file (or store) the rows come from, for error messages (None when not one file)."""
+        return None
+
     def fingerprint(self) -> list:
         """JSON-ready facts that identify the input (file, size, keys, mapping): part of the plan digest."""
         raise NotImplementedError
@@ -263,6 +268,11 @@ class Source:
     source's own normalisation statistics (a LeRobot dataset's ``meta/stats.json``: feature ->
     statistic -> nested lists of numbers), stored in the manifest (``sources[].stats``) so a reader
     never has to fetch them from the path a manifest records; None when the source has none.
+    ``stats_from``: where ``stats`` came from, relative to ``path`` (e.g. ``meta/stats.json``,
+    ``meta/episodes_stats.jsonl (aggregated over 50 episodes)``; ``sources[].stats_from``); None
+    when unrecorded or there are none. ``warnings``: the source's counted report entries (what
+    the reader fell back to or left out: ``{"kind", "message", "file"}``), added to the manifest's
+    report (``report.warnings``, with the source's name as ``dataset``) and printed by ``convert``.
     """
 
     name: str
@@ -273,3 +283,5 @@ class Source:
     features: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     stats: dict | None = None
+    stats_from: str | None = None
+    warnings: list[dict] = field(default_factory=list)

@@ -14,6 +14,11 @@ copies keep the full dataset's meta), templates are matched whatever their field
 is dropped with a note naming the path it was expected at (and a folder that looks like the
 intended one). When that would drop every declared camera the dataset is refused, unless the
 caller asks for state and action only (``cameras=()``).
+
+The optional meta files (statistics, tasks) are read as LeRobot reads them for the dataset's
+version, and a missing or unusable one is a documented fallback, a counted warning of the
+conversion report (``Source.warnings``: ``stats_fallback``, ``stats_ignored``, ``tasks_fallback``;
+``_source_stats``, ``_v2_tasks``, ``_v3_task_fields``; docs/guide/converting.md, "LeRobot metadata").
 """
 
 from __future__ import annotations
@@ -234,13 +239,15 @@ def _format(template: str, fields: dict) -> str:
         raise SourceError(f"meta/info.json: path template {template!r} cannot be filled with {fields}: {exc}") from None
 
 
-def _read_jsonl(tree: _Tree, path: str, fields: dict[str, type]) -> list[dict]:
-    """Rows of a JSON-lines file (none if it is absent), each an object with typed ``fields``.
+def _read_jsonl(tree: _Tree, path: str, fields: dict[str, type]) -> list[dict] | None:
+    """Rows of a JSON-lines file (None if it is absent), each an object with typed ``fields``.
 
-    ``fields``: name -> type (``list`` means a list of strings). Raises SourceError naming file and line.
+    ``fields``: name -> type (``list`` means a list of strings). The file is bounded as every
+    metadata file (``_Tree.read_metadata``: ``untrusted.MAX_JSON_BYTES``; each line's nesting:
+    ``untrusted.loads``). Raises SourceError naming file and line.
     """
     if not tree.exists(path):
-        return []
+        return None
     rows = []
     try:
         lines = tree.read_metadata(path).decode("utf-8").splitlines()
@@ -476,11 +483,17 @@ def read_lerobot(
             objects: the rest is checked and looked up column by column, so opening a selection
             costs about the same whatever the number of episodes the dataset lists.
 
+    Returns:
+        The ``Source``; ``stats`` / ``stats_from``: the statistics LeRobot normalises with for this
+        version and the file they came from (``_source_stats``: never a reason to refuse the
+        dataset); ``warnings``: the fallbacks taken (statistics, task files).
+
     Raises:
         SourceError: no ``meta/info.json``, one that is not valid JSON or has fields of the wrong
             type or value (``_check_info``), an unknown ``codebase_version``, malformed
-            episodes/tasks metadata, a JSON file larger than ``untrusted.MAX_JSON_BYTES`` or nested
-            deeper than ``untrusted.MAX_JSON_DEPTH``, no episode files, or no declared camera has video files
+            episodes/tasks metadata (a v3.0 dataset without ``meta/episodes/*.parquet``), a JSON
+            file larger than ``untrusted.MAX_JSON_BYTES`` or nested deeper than
+            ``untrusted.MAX_JSON_DEPTH``, no episode files, or no declared camera has video files
             (naming the expected path) unless ``cameras == ()``. Messages name the file and field.
     """
     tree = _Tree(root, storage_options, allow_external)
@@ -506,30 +519,290 @@ def read_lerobot(
         source = _read_v3(tree, name, info, cameras, episodes)
     else:
         raise SourceError(f"{info_path}: codebase_version {version!r} is not v2.0, v2.1 or v3.0")
-    source.stats = _stats(tree, source.notes)
+    source.stats, source.stats_from = _source_stats(tree, version, source.warnings)
     return source
 
 
-def _stats(tree: _Tree, notes: list[str]) -> dict | None:
-    """The dataset's ``meta/stats.json`` (what LeRobot normalises with), or None when it has none.
+STATS_JSON = "meta/stats.json"
+EPISODES_STATS = "meta/episodes_stats.jsonl"
+V3_STATS_COLUMNS = "meta/episodes/*.parquet stats/ columns"
 
-    Kept in the manifest (``sources[].stats``) so the LeRobot drop-in reads them from the converted
-    dataset. A file that is not feature -> statistic -> numbers is left out with a note (the
-    conversion does not depend on it).
+
+def _source_stats(tree: _Tree, version: str, warnings: list[dict]) -> tuple[dict | None, str | None]:
+    """The dataset's own normalisation statistics, chosen as LeRobot chooses them, and where they came from.
+
+    Kept in the manifest (``sources[].stats``, ``sources[].stats_from``) so the LeRobot drop-in
+    hands LeRobot what LeRobot itself would normalise with. Tried in this order
+    (docs/guide/converting.md, "LeRobot metadata"):
+
+    - v2.0: ``meta/stats.json`` (LeRobot 0.3's ``LeRobotDatasetMetadata.load_metadata``: below
+      v2.1, ``load_stats``), then ``meta/episodes_stats.jsonl`` aggregated.
+    - v2.1: ``meta/episodes_stats.jsonl`` aggregated with LeRobot's ``aggregate_stats``
+      (``_aggregate_stats``), as LeRobot 0.3's loader does from v2.1 on and LeRobot 0.4's v2.1 to
+      v3.0 converter does (``convert_episodes_metadata`` writes the v3.0 ``stats.json`` from it),
+      then ``meta/stats.json``.
+    - v3.0: ``meta/stats.json`` (LeRobot 0.4's ``load_stats``), then the per-episode
+      ``stats/<feature>/<statistic>`` columns of ``meta/episodes/*.parquet`` aggregated.
+
+    Files passed over (absent, or unusable: not feature -> statistic -> numbers, ragged, without
+    what ``aggregate_stats`` needs, past ``untrusted.MAX_JSON_BYTES``) make one ``stats_fallback``
+    entry of ``warnings`` naming the folder, the files and what was used instead; when none serves,
+    no statistics (the drop-in then takes epishard's, over the converted episodes). A v2.x file of
+    the other kind that is there but not read (a v2.1 ``stats.json``: LeRobot does not read it, its
+    v2.0 to v2.1 converter deletes it) is a ``stats_ignored`` entry.
+
+    Returns:
+        (feature -> statistic -> numbers or nested lists, or None; where they came from, relative to
+        the dataset folder, e.g. ``meta/episodes_stats.jsonl (aggregated over 50 episodes)``, or None).
     """
-    path = os.path.join(tree.root, "meta", "stats.json")
-    if not tree.exists(path):  # v2.1 keeps per-episode statistics (meta/episodes_stats.jsonl) only
+    root = tree.root
+    loaders = {
+        STATS_JSON: lambda: _stats_json(tree, os.path.join(root, STATS_JSON)),
+        EPISODES_STATS: lambda: _episodes_stats(tree, os.path.join(root, EPISODES_STATS)),
+        V3_STATS_COLUMNS: lambda: _v3_column_stats(tree),
+    }
+    if version.startswith("v3"):
+        order = [STATS_JSON, V3_STATS_COLUMNS]
+    elif _from_v21(version):
+        order = [EPISODES_STATS, STATS_JSON]
+    else:
+        order = [STATS_JSON, EPISODES_STATS]
+    passed: list[str] = []  # the sources of statistics passed over, and why
+    stats, described = None, None
+    for what in order:
+        try:
+            got = loaders[what]()
+        except SourceError as exc:
+            passed.append(f"{what} is unusable ({exc})")
+            continue
+        except (ValueError, TypeError, OverflowError, RecursionError, pa.ArrowException) as exc:  # a stranger's file
+            passed.append(f"{what} is unusable ({type(exc).__name__}: {str(exc)[:200]})")
+            continue
+        if got is None:
+            passed.append(_ABSENT[what])
+            continue
+        stats, described = got
+        break
+    preferred, other = order
+    if passed:
+        instead = (
+            f"the source statistics are {described} instead"
+            if described is not None
+            else "no source statistics are stored (the LeRobot drop-in uses epishard's, over the episodes "
+            "converted: stats_from 'manifest')"
+        )
+        message = f"{root}: LeRobot {version} normalises with {_RULE[preferred]}, but {'; '.join(passed)}; {instead}"
+        warnings.append({"kind": "stats_fallback", "message": message, "file": os.path.join(root, preferred)})
+    elif version.startswith("v2") and tree.exists(os.path.join(root, other)):
+        why = " (its v2.0 to v2.1 converter deletes it)" if other == STATS_JSON else ""
+        rule = _RULE[preferred]
+        message = f"{root}: {other} is not used: LeRobot {version} normalises with {rule} and does not read it{why}"
+        warnings.append({"kind": "stats_ignored", "message": message, "file": os.path.join(root, other)})
+    return stats, described
+
+
+_RULE = {
+    STATS_JSON: STATS_JSON,
+    EPISODES_STATS: f"the aggregate of {EPISODES_STATS} (aggregate_stats)",
+}
+_ABSENT = {
+    STATS_JSON: f"{STATS_JSON} is absent",
+    EPISODES_STATS: f"{EPISODES_STATS} is absent",
+    V3_STATS_COLUMNS: "meta/episodes/*.parquet have no stats/ columns",
+}
+
+
+def _from_v21(version: str) -> bool:
+    """Whether a v2.x ``codebase_version`` is v2.1 or later (LeRobot: ``packaging.version`` order; ``v2``: v2.0)."""
+    m = re.match(r"v2\.(\d+)", version)
+    return m is not None and int(m.group(1)) >= 1
+
+
+def _stats_json(tree: _Tree, path: str) -> tuple[dict, str] | None:
+    """``meta/stats.json`` as it is (None when absent), and ``STATS_JSON``.
+
+    Raises:
+        SourceError: larger than ``untrusted.MAX_JSON_BYTES``, not JSON, or not feature -> statistic
+            -> numbers (naming the file).
+    """
+    if not tree.exists(path):
         return None
+    doc = untrusted.loads(tree.read_metadata(path), path, SourceError)
+    if not _is_stats(doc):
+        raise SourceError(f"{path}: not feature -> statistic -> numbers")
+    return doc, STATS_JSON
+
+
+def _is_stats(doc) -> bool:
+    """Whether ``doc`` is feature -> statistic -> a number or nested lists of numbers."""
+    return isinstance(doc, dict) and all(
+        isinstance(v, dict) and all(_numbers(x) for x in v.values()) for v in doc.values()
+    )
+
+
+def _episodes_stats(tree: _Tree, path: str) -> tuple[dict, str] | None:
+    """The aggregate of a v2.x ``meta/episodes_stats.jsonl`` (None when absent), and where it came from.
+
+    Each line ``{"episode_index": int, "stats": feature -> statistic -> numbers}``; read as LeRobot
+    reads it (``legacy_load_episodes_stats``: by episode_index, a later line for the same episode
+    wins) and aggregated over every episode it lists (``_aggregate_stats``), as LeRobot does, whether
+    or not the folder has their data files. Bounded: ``untrusted.MAX_JSON_BYTES`` for the file,
+    ``bounds.MAX_EPISODES`` lines.
+
+    Raises:
+        SourceError: too large, a line that is not such an object, no line, or statistics
+            ``aggregate_stats`` cannot aggregate (naming the file and the episode).
+    """
+    rows = _read_jsonl(tree, path, {"episode_index": int})
+    if rows is None:
+        return None
+    if len(rows) > bounds.MAX_EPISODES:
+        raise SourceError(f"{path}: {len(rows)} lines, more than the {bounds.MAX_EPISODES} episodes a source may list")
+    by_episode: dict[int, dict] = {}
+    for row in sorted(rows, key=lambda r: r["episode_index"]):
+        if not _is_stats(row.get("stats")):
+            raise SourceError(
+                f"{path}: episode_index {row['episode_index']}: stats must be feature -> statistic -> numbers, "
+                f"got {json.dumps(row.get('stats'))[:60]}"
+            )
+        by_episode[row["episode_index"]] = row["stats"]
+    if not by_episode:
+        raise SourceError(f"{path}: no line")
+    stats = _aggregate_stats(list(by_episode.values()), path)
+    return stats, f"{EPISODES_STATS} (aggregated over {len(by_episode)} episodes)"
+
+
+def _v3_column_stats(tree: _Tree) -> tuple[dict, str] | None:
+    """The aggregate of the ``stats/<feature>/<statistic>`` columns of a v3.0 ``meta/episodes`` (None: none).
+
+    LeRobot v3.0 writes each episode's statistics there besides ``meta/stats.json``. Rows in
+    episode_index order; a feature whose columns are null in a row is not in that episode's
+    statistics. Aggregated as ``_episodes_stats``.
+
+    Raises:
+        SourceError: unreadable files, or statistics ``aggregate_stats`` cannot aggregate.
+    """
+    folder = os.path.join(tree.root, "meta", "episodes")
+    per_row: list[tuple[int, dict]] = []
+    for path in tree.find(folder, ".parquet"):
+        table = _read_parquet(tree, path)
+        columns = [c for c in table.column_names if c.startswith("stats/") and c.count("/") >= 2]
+        if not columns or "episode_index" not in table.column_names:
+            continue
+        episodes = table.column("episode_index").to_pylist()
+        values = {c: table.column(c).to_pylist() for c in columns}
+        for r, episode in enumerate(episodes):
+            stats: dict[str, dict] = {}
+            for c in columns:
+                if values[c][r] is not None:
+                    feature, statistic = c[len("stats/") :].rsplit("/", 1)
+                    stats.setdefault(feature, {})[statistic] = values[c][r]
+            if stats:
+                if not _is_stats(stats) or not isinstance(episode, int):
+                    raise SourceError(f"{path}: row {r}: stats/ columns must hold numbers or lists of numbers")
+                per_row.append((episode, stats))
+    if not per_row:
+        return None
+    per_row.sort(key=lambda p: p[0])
+    stats = _aggregate_stats([s for _, s in per_row], folder)
+    return stats, f"{V3_STATS_COLUMNS} (aggregated over {len(per_row)} episodes)"
+
+
+_AGGREGATED = ("mean", "std", "min", "max", "count")
+
+
+def _aggregate_stats(stats_list: list[dict], where: str) -> dict:
+    """Per-episode statistics aggregated as LeRobot's ``aggregate_stats`` does.
+
+    LeRobot 0.4.4, ``lerobot/datasets/compute_stats.py``: ``aggregate_stats`` /
+    ``aggregate_feature_stats``. Per feature, over the episodes that have it: ``mean`` weighted by
+    ``count``; ``std`` pooled (``sqrt(sum(count * (std**2 + (mean - total_mean)**2)) /
+    total_count)``); elementwise ``min`` / ``max``; ``count`` summed; each quantile ``q<digits>``
+    of the first episode, when every episode has it, weighted by ``count`` (an approximation,
+    LeRobot's). Other statistics are left out, as LeRobot leaves them. The same operations in the
+    same order as LeRobot, so the values are LeRobot's bit for bit. ``stats_list``: feature ->
+    statistic -> numbers, one per episode.
+
+    Returns:
+        feature -> statistic -> nested lists (``count``: ``[n]``), as JSON holds them.
+
+    Raises:
+        SourceError: naming ``where`` and the feature: a statistic of 0 dimensions, ``count`` not of
+            shape ``[1]``, an ``image`` feature's statistic not ``[3, 1, 1]`` (LeRobot's
+            ``_assert_type_and_shape``), one of mean/std/min/max/count missing, shapes that differ
+            between episodes, a negative count or a total of 0.
+    """
+    keys = list(dict.fromkeys(key for stats in stats_list for key in stats))
+    out: dict[str, dict] = {}
+    for key in keys:
+        entries = []
+        for stats in (s for s in stats_list if key in s):
+            entry = {
+                name: _stat_array(value, f"{where}: statistics of {key!r}: {name}")
+                for name, value in stats[key].items()
+            }
+            for name, array in entry.items():  # LeRobot's _assert_type_and_shape
+                if name == "count" and array.shape != (1,):
+                    raise SourceError(f"{where}: statistics of {key!r}: count has shape {list(array.shape)}, not [1]")
+                if "image" in key and name != "count" and array.shape != (3, 1, 1):
+                    shape = list(array.shape)
+                    raise SourceError(f"{where}: statistics of {key!r}: {name} has shape {shape}, not [3, 1, 1]")
+            missing = [n for n in _AGGREGATED if n not in entry]
+            if missing:
+                raise SourceError(f"{where}: statistics of {key!r}: no {', '.join(missing)} in some episode")
+            entries.append(entry)
+        try:
+            out[key] = {name: value.tolist() for name, value in _aggregate_feature(entries).items()}
+        except ValueError as exc:  # np.stack: shapes differ between episodes
+            raise SourceError(f"{where}: statistics of {key!r} cannot be aggregated ({exc})") from None
+        total = float(out[key]["count"][0])
+        if not math.isfinite(total) or total <= 0 or any(float(np.min(e["count"])) < 0 for e in entries):
+            raise SourceError(f"{where}: statistics of {key!r}: counts must be >= 0 with a finite total above 0")
+    return out
+
+
+def _stat_array(value, where: str) -> np.ndarray:
+    """One statistic as LeRobot's ``cast_stats_to_numpy`` makes it (``np.array``), of 1 dimension or more.
+
+    Raises:
+        SourceError: ragged lists, integers past 64 bits, or a bare number (naming ``where``).
+    """
     try:
-        doc = untrusted.loads(tree.read_metadata(path), path, SourceError)
-        if not isinstance(doc, dict) or not all(
-            isinstance(v, dict) and all(_numbers(x) for x in v.values()) for v in doc.values()
-        ):
-            raise SourceError(f"{path}: not feature -> statistic -> numbers")
-    except SourceError as exc:
-        notes.append(f"meta/stats.json: not kept ({exc})")
-        return None
-    return doc
+        array = np.array(value)
+    except ValueError:  # ragged lists
+        raise SourceError(f"{where} is ragged lists") from None
+    if array.dtype.kind not in "iuf":  # integers past 64 bits make an object array
+        raise SourceError(f"{where} is not an array of numbers")
+    if array.ndim == 0:
+        raise SourceError(f"{where} is a bare number (LeRobot's statistics have 1 dimension or more)")
+    return array
+
+
+def _aggregate_feature(stats_ft_list: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """LeRobot 0.4.4's ``aggregate_feature_stats``, operation for operation (see ``_aggregate_stats``)."""
+    with np.errstate(all="ignore"):  # a total count of 0 (or past float64) is refused by the caller
+        means = np.stack([s["mean"] for s in stats_ft_list])
+        variances = np.stack([s["std"] ** 2 for s in stats_ft_list])
+        counts = np.stack([s["count"] for s in stats_ft_list])
+        total_count = counts.sum(axis=0)
+        while counts.ndim < means.ndim:
+            counts = np.expand_dims(counts, axis=-1)
+        total_mean = (means * counts).sum(axis=0) / total_count
+        delta_means = means - total_mean
+        total_variance = ((variances + delta_means**2) * counts).sum(axis=0) / total_count
+        aggregated = {
+            "min": np.min(np.stack([s["min"] for s in stats_ft_list]), axis=0),
+            "max": np.max(np.stack([s["max"] for s in stats_ft_list]), axis=0),
+            "mean": total_mean,
+            "std": np.sqrt(total_variance),
+            "count": total_count,
+        }
+        quantile_keys = [k for k in stats_ft_list[0] if k.startswith("q") and k[1:].isdigit()]
+        for q_key in quantile_keys:
+            if all(q_key in s for s in stats_ft_list):
+                quantile_values = np.stack([s[q_key] for s in stats_ft_list])
+                aggregated[q_key] = (quantile_values * counts).sum(axis=0) / total_count
+    return aggregated
 
 
 def _numbers(value) -> bool:
@@ -539,17 +812,47 @@ def _numbers(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _v2_tasks(tree: _Tree) -> tuple[dict[int, list[str]], dict[int, str]]:
+def _v2_tasks(tree: _Tree, warnings: list[dict]) -> tuple[dict[int, list[str]], dict[int, str], dict]:
+    """A v2.x dataset's task texts: per episode (``meta/episodes.jsonl``), per task_index (``meta/tasks.jsonl``).
+
+    An episode's texts are its ``tasks`` in ``meta/episodes.jsonl``; without that file, the text
+    ``meta/tasks.jsonl`` gives its first row's ``task_index`` (as LeRobot names a frame's task;
+    an index the file does not define: an empty text and a ``task_unknown`` warning, ``prepare``).
+    Either file absent is one ``tasks_fallback`` entry of ``warnings`` saying where the texts come
+    from instead (neither: empty texts). LeRobot's own loader needs both files.
+
+    Returns:
+        (episode_index -> texts; task_index -> text; the ``Episode.extra`` fields for ``prepare``:
+        ``task_text``, and ``task_file`` when ``meta/tasks.jsonl`` is there).
+
+    Raises:
+        SourceError: a malformed line (``_read_jsonl``), naming the file and line.
+    """
     meta = os.path.join(tree.root, "meta")
-    per_episode = {
-        row["episode_index"]: row.get("tasks") or []
-        for row in _read_jsonl(tree, f"{meta}/episodes.jsonl", {"episode_index": int, "tasks": list})
-    }
-    by_index = {
-        row["task_index"]: row["task"]
-        for row in _read_jsonl(tree, f"{meta}/tasks.jsonl", {"task_index": int, "task": str})
-    }
-    return per_episode, by_index
+    episodes = _read_jsonl(tree, f"{meta}/episodes.jsonl", {"episode_index": int, "tasks": list})
+    tasks = _read_jsonl(tree, f"{meta}/tasks.jsonl", {"task_index": int, "task": str})
+    per_episode = {row["episode_index"]: row.get("tasks") or [] for row in episodes or []}
+    by_index = {row["task_index"]: row["task"] for row in tasks or []}
+    if episodes is None or tasks is None:
+        if episodes is None and tasks is None:
+            missing, instead = "meta/episodes.jsonl and meta/tasks.jsonl are", "the task texts are empty"
+        elif tasks is None:
+            missing = "meta/tasks.jsonl is"
+            instead = "each episode's task texts are its tasks in meta/episodes.jsonl"
+        else:
+            missing = "meta/episodes.jsonl is"
+            instead = "each episode's task is the text meta/tasks.jsonl gives its first row's task_index"
+        warnings.append(
+            {
+                "kind": "tasks_fallback",
+                "message": f"{tree.root}: {missing} absent; {instead}",
+                "file": f"{meta}/{'tasks' if tasks is None else 'episodes'}.jsonl",
+            }
+        )
+    extra: dict = {"task_text": by_index}
+    if tasks is not None:
+        extra["task_file"] = f"{meta}/tasks.jsonl"
+    return per_episode, by_index, extra
 
 
 def _read_v2(
@@ -569,7 +872,8 @@ def _read_v2(
     if not found:
         seen = f"its .parquet files, none of them a match: {_files(parquets, root)}" if parquets else "no .parquet file"
         raise SourceError(f"{root}: no data file matches data_path {info['data_path']!r} (the folder holds {seen})")
-    per_episode_tasks, task_text = _v2_tasks(tree)
+    task_warnings: list[dict] = []
+    per_episode_tasks, _, task_extra = _v2_tasks(tree, task_warnings)
     declared = _camera_names(info.get("features", {}))
     depth = _depth_cameras(info.get("features", {}))
     video_of: dict[str, dict[int, str]] = {}
@@ -591,7 +895,7 @@ def _read_v2(
     episodes = []
     for ep in sorted(found if selection is None else found.keys() & selection):
         path, _ = found[ep]
-        tasks = per_episode_tasks.get(ep) or ([task_text[0]] if len(task_text) == 1 else [])
+        tasks = per_episode_tasks.get(ep) or []  # else the rows' task_index (prepare)
         videos = {
             cam: CameraVideo(tree.file(video_of[cam][ep]), depth=cam in depth) for cam in cameras if ep in video_of[cam]
         }
@@ -603,7 +907,7 @@ def _read_v2(
             "missing_paths": {
                 cam: os.path.join(root, _format(video_template, {**found[ep][1], "video_key": cam})) for cam in absent
             },
-            "task_text": task_text,
+            **task_extra,
         }
         episodes.append(
             Episode(
@@ -618,7 +922,9 @@ def _read_v2(
                 images=images,
             )
         )
-    return _source(name, root, info, fps, episodes, notes, len(found))
+    source = _source(name, root, info, fps, episodes, notes, len(found))
+    source.warnings += task_warnings
+    return source
 
 
 def _source(name: str, root, info: dict, fps: float, episodes: list, notes: list[str], count: int) -> Source:
@@ -647,9 +953,12 @@ def _read_v3(
     fps = float(info["fps"])
     meta_files = tree.find(os.path.join(root, "meta", "episodes"), ".parquet")
     if not meta_files:
-        raise SourceError(f"{root}: LeRobot v3.0 dataset without meta/episodes/*.parquet")
+        raise SourceError(  # where each episode's rows and video segments are: nothing to fall back on
+            f"{root}: LeRobot v3.0 dataset without meta/episodes/*.parquet (it locates each episode's rows and "
+            "video segments; no fallback)"
+        )
     meta = _V3Meta(tree, meta_files)
-    task_text = _v3_tasks(tree, os.path.join(root, "meta", "tasks.parquet"))
+    task_warnings, task_extra = _v3_task_fields(tree, meta)
     declared = _camera_names(info.get("features", {}))
     cameras = declared if wanted != () else []
     depth = _depth_cameras(info.get("features", {}))
@@ -772,12 +1081,39 @@ def _read_v3(
                 fps=fps,
                 tasks=tasks,
                 robot=str(info.get("robot_type") or ""),
-                extra={"missing_cameras": missing, "missing_paths": missing_paths, "task_text": task_text},
+                extra={"missing_cameras": missing, "missing_paths": missing_paths, **task_extra},
                 images=images,
             )
         )
     episodes.sort(key=lambda e: e.episode_index)
-    return _source(name, root, info, fps, episodes, notes + tree.whole_read_notes(), count)
+    source = _source(name, root, info, fps, episodes, notes + tree.whole_read_notes(), count)
+    source.warnings += task_warnings
+    return source
+
+
+def _v3_task_fields(tree: _Tree, meta: _V3Meta) -> tuple[list[dict], dict]:
+    """A v3.0 dataset's ``Episode.extra`` task fields, and a ``tasks_fallback`` warning without ``meta/tasks.parquet``.
+
+    An episode's texts are its ``tasks`` in ``meta/episodes``; without them, the text
+    ``meta/tasks.parquet`` gives its first row's ``task_index`` (``prepare``). Without that file
+    (LeRobot's ``load_tasks`` needs it) the texts come from ``meta/episodes`` alone, or are empty
+    when it has no ``tasks`` column: one warning saying which.
+
+    Returns:
+        (warnings; ``{"task_text": task_index -> text, "task_file": path}``, ``task_file`` only
+        when the file is there).
+
+    Raises:
+        SourceError: ``meta/tasks.parquet`` is unreadable or has no task_index / text column.
+    """
+    path = os.path.join(tree.root, "meta", "tasks.parquet")
+    texts = _v3_tasks(tree, path)
+    if texts is not None:
+        return [], {"task_text": texts, "task_file": path}
+    listed = any("tasks" in t.column_names and t.column("tasks").null_count < t.num_rows for t in meta.tables)
+    instead = "each episode's task texts are its tasks in meta/episodes" if listed else "the task texts are empty"
+    message = f"{tree.root}: meta/tasks.parquet is absent; {instead}"
+    return [{"kind": "tasks_fallback", "message": message, "file": path}], {"task_text": {}}
 
 
 def _first_seen(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -998,10 +1334,10 @@ def _v3_columns_valid(table: pa.Table) -> bool:
     return True
 
 
-def _v3_tasks(tree: _Tree, path: str) -> dict[int, str]:
-    """task_index -> task text from a v3.0 ``meta/tasks.parquet`` (none if absent)."""
+def _v3_tasks(tree: _Tree, path: str) -> dict[int, str] | None:
+    """task_index -> task text from a v3.0 ``meta/tasks.parquet`` (None if absent)."""
     if not tree.exists(path):
-        return {}
+        return None
     t = _read_parquet(tree, path)
     text_col = "task" if "task" in t.column_names else next((c for c in t.column_names if c != "task_index"), None)
     if "task_index" not in t.column_names or text_col is None:

@@ -2,7 +2,10 @@
 
 Test-support module (not a test file). Video frame ``i`` of a camera shows the number
 ``camera_base + i`` (``videogen.decode_frame_number`` reads it back), so a test can check which
-source frame every row was given. Layouts follow LeRobot's ``meta/info.json`` path templates.
+source frame every row was given. Layouts follow LeRobot's ``meta/info.json`` path templates, and
+the meta files are those LeRobot's writers leave (v2.1: ``episodes.jsonl``, ``tasks.jsonl``,
+``episodes_stats.jsonl``; v3.0: ``meta/episodes``, ``tasks.parquet``, ``stats.json``), so a
+conversion of them takes no fallback (``shardwriter.lerobot``: a missing meta file is a warning).
 """
 
 from __future__ import annotations
@@ -53,6 +56,39 @@ def edit_json(path: str, change) -> None:
         json.dump(change(value), f)
 
 
+def table_stats(table: pa.Table) -> dict:
+    """LeRobot's statistics of a table's numeric columns (``compute_episode_stats`` of LeRobot 0.4.4).
+
+    Feature -> ``{"min", "max", "mean", "std", "count"}`` over the rows (axis 0; a scalar column
+    keeps one dimension, ``[1]``); ``count``: ``[rows]``. Columns of other types are left out.
+    """
+    out = {}
+    for name in table.column_names:
+        kind = table.column(name).type
+        if pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind):
+            kind = kind.value_type
+            if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+                continue
+            data = np.asarray(table.column(name).to_pylist(), dtype=np.float64)
+        elif pa.types.is_integer(kind) or pa.types.is_floating(kind):
+            data = table.column(name).to_numpy().astype(np.float64)[:, None]
+        else:
+            continue
+        out[name] = {
+            "min": data.min(0).tolist(),
+            "max": data.max(0).tolist(),
+            "mean": data.mean(0).tolist(),
+            "std": data.std(0).tolist(),
+            "count": [int(data.shape[0])],
+        }
+    return out
+
+
+def _write_episodes_stats(root: str, tables: list[pa.Table]) -> None:
+    with open(f"{root}/meta/episodes_stats.jsonl", "w") as f:
+        f.writelines(json.dumps({"episode_index": e, "stats": table_stats(t)}) + "\n" for e, t in enumerate(tables))
+
+
 def _table(episode: int, rows: int, fps: int, first_index: int, timestamps=None) -> pa.Table:
     table = make_episode_table(rows, fps=fps)
     table = table.set_column(
@@ -83,14 +119,17 @@ def write_v2(
 
     ``declared``: cameras listed in ``meta/info.json`` (default ``cameras``); only ``cameras`` get
     files, stored under ``video_dir`` (``"video"`` misplaces them). Episode ``e``'s frames show
-    ``1000 * e + i``. ``meta/tasks.jsonl`` and ``meta/episodes.jsonl`` give every episode the task "fold".
+    ``1000 * e + i``. ``meta/tasks.jsonl`` and ``meta/episodes.jsonl`` give every episode the task "fold";
+    ``meta/episodes_stats.jsonl`` has each episode's statistics (``table_stats``; no camera's).
     """
     declared = cameras if declared is None else declared
     _write_json(f"{root}/meta/info.json", _info("v2.1", fps, lengths, declared, V2_DATA, V2_VIDEO))
+    tables = []
     for e, n in enumerate(lengths):
         path = f"{root}/{V2_DATA.format(episode_chunk=0, episode_index=e)}"
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        pq.write_table(_table(e, n, fps, sum(lengths[:e])), path)
+        tables.append(_table(e, n, fps, sum(lengths[:e])))
+        pq.write_table(tables[-1], path)
         for cam in cameras:
             video = f"{root}/{V2_VIDEO.format(episode_chunk=0, video_key=cam, episode_index=e)}"
             video = video.replace(f"{root}/videos/", f"{root}/{video_dir}/", 1)
@@ -102,6 +141,7 @@ def write_v2(
         f.writelines(
             json.dumps({"episode_index": e, "tasks": ["fold"], "length": n}) + "\n" for e, n in enumerate(lengths)
         )
+    _write_episodes_stats(root, tables)
 
 
 def write_v3(
@@ -123,10 +163,10 @@ def write_v3(
     recorders write it; ``0``: exact; ``1``: one frame long). ``timestamps``: episode -> its
     ``timestamp`` column (default ``frame_index / fps``). ``absent``: more cameras declared, with
     meta/episodes columns like ``camera``'s, but no video files. ``meta/tasks.parquet`` holds the
-    one task, "fold".
+    one task, "fold"; ``meta/stats.json`` the statistics of all rows (``table_stats``; no camera's).
     """
     _write_json(f"{root}/meta/info.json", _info("v3.0", fps, lengths, [camera, *absent], V3_DATA, V3_VIDEO))
-    meta = []
+    meta, every = [], []
     for file_index, first in enumerate(range(0, len(lengths), per_file)):
         episodes = range(first, min(first + per_file, len(lengths)))
         base = sum(lengths[:first])
@@ -134,6 +174,7 @@ def write_v3(
         data = f"{root}/{V3_DATA.format(chunk_index=0, file_index=file_index)}"
         os.makedirs(os.path.dirname(data), exist_ok=True)
         pq.write_table(pa.concat_tables(tables), data)
+        every += tables
         video = f"{root}/{V3_VIDEO.format(video_key=camera, chunk_index=0, file_index=file_index)}"
         os.makedirs(os.path.dirname(video), exist_ok=True)
         make_video(video, sum(lengths[e] for e in episodes), fps=fps, height=32, width=32, gop=8, start_number=base)
@@ -160,6 +201,7 @@ def write_v3(
     os.makedirs(f"{root}/meta/episodes/chunk-000", exist_ok=True)
     pq.write_table(pa.Table.from_pylist(meta), f"{root}/meta/episodes/chunk-000/file-000.parquet")
     pq.write_table(pa.table({"task_index": [0], "task": ["fold"]}), f"{root}/meta/tasks.parquet")
+    _write_json(f"{root}/meta/stats.json", table_stats(pa.concat_tables(every)))
 
 
 def write_v2_files(
@@ -172,7 +214,8 @@ def write_v2_files(
 ) -> str:
     """A v2.1 dataset from given parts: episode ``e``'s table ``tables[e]`` and, per camera, its mp4
     ``videos[camera][e]``. ``features`` adds or overrides ``meta/info.json`` feature entries (an
-    ``image`` dtype column, ``info: {"video.is_depth_map": true}``). Returns ``root``."""
+    ``image`` dtype column, ``info: {"video.is_depth_map": true}``). The meta files are
+    ``write_v2``'s (task "fold"). Returns ``root``."""
     videos = videos or {}
     info = _info("v2.1", fps, [t.num_rows for t in tables], list(videos), V2_DATA, V2_VIDEO)
     for name, spec in (features or {}).items():
@@ -189,4 +232,10 @@ def write_v2_files(
                 f.write(files[e])
     with open(f"{root}/meta/tasks.jsonl", "w") as f:
         f.write(json.dumps({"task_index": 0, "task": "fold"}) + "\n")
+    with open(f"{root}/meta/episodes.jsonl", "w") as f:
+        f.writelines(
+            json.dumps({"episode_index": e, "tasks": ["fold"], "length": t.num_rows}) + "\n"
+            for e, t in enumerate(tables)
+        )
+    _write_episodes_stats(root, tables)
     return root

@@ -125,8 +125,9 @@ def test_quirks_are_reported(converted):
         assert warnings == {"timestamps_offset": 5}
         assert "camera observation.images.egoview" in notes
         assert "expected e.g. videos/chunk-000/observation.images.egoview/episode_000000.mp4" in notes
-    elif name == "so101_bimanual_cloth":  # episode 0's cam0 is entirely black
-        assert warnings == {"timestamps_past_end": 10, "camera_black": 1}
+    elif name == "so101_bimanual_cloth":  # episode 0's cam0 is entirely black; a v2.1 with stats.json only
+        assert warnings == {"timestamps_past_end": 10, "camera_black": 1, "stats_fallback": 1}
+        assert manifest.sources[0].stats_from == "meta/stats.json"
     elif name == "so101_bimanual_cloth_v30":
         assert warnings == {"camera_black": 1}
     elif name == "so101_record_test_v30_novideo":

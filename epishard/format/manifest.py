@@ -357,10 +357,13 @@ class SourceEntry(_Entry):
     ``format`` (e.g. ``lerobot-v2.1``), ``fps`` (frames per second or None), ``episodes`` converted,
     ``notes`` (facts found while reading it, e.g. cameras declared without files), ``stats``
     (the source's own normalisation statistics, a LeRobot dataset's ``meta/stats.json`` as it was
-    read at conversion: feature -> statistic -> numbers; None when it had none).
+    read at conversion: feature -> statistic -> numbers; None when it had none), ``stats_from``
+    (optional: the file ``stats`` came from, relative to ``path``, e.g. ``meta/episodes_stats.jsonl
+    (aggregated over 50 episodes)``; None: ``meta/stats.json``, as every manifest before it was
+    written; text to show, never a path a reader opens).
     """
 
-    optional = ("stats",)
+    optional = ("stats", "stats_from")
     name: str
     path: str | None
     format: str
@@ -368,6 +371,7 @@ class SourceEntry(_Entry):
     episodes: int
     notes: tuple[str, ...] = ()
     stats: Mapping[str, Mapping[str, Any]] | None = None
+    stats_from: str | None = None
 
     @classmethod
     def from_json(cls, obj: dict, where: str) -> SourceEntry:
@@ -380,6 +384,7 @@ class SourceEntry(_Entry):
             episodes=json_field(obj, "episodes", int, where),
             notes=_strings(obj, "notes", where, ()),
             stats=_objects(obj, "stats", where, None),
+            stats_from=json_field(obj, "stats_from", _OPT_STR, where, None),
         )
 
 

@@ -59,10 +59,13 @@ EPISHARD_LEROBOT_ENV=/dev/null EPISHARD_LEROBOT_PYTHON=$DIR/044/venv/bin/python 
 for v in 044 061; do
     echo "== $v: tools/examples/train_lerobot.py (LeRobot's lerobot-train), 5 steps of ACT"
     rm -rf "$DIR/$v/act"
-    (cd "$DIR/$v" && HF_HUB_OFFLINE=1 WANDB_MODE=disabled "$DIR/$v/venv/bin/python" "$REPO/tools/examples/train_lerobot.py" \
+    if ! (cd "$DIR/$v" && HF_HUB_OFFLINE=1 WANDB_MODE=disabled "$DIR/$v/venv/bin/python" "$REPO/tools/examples/train_lerobot.py" \
         --dataset.repo_id=epishard --dataset.root="$SHARDS" --dataset.streaming=true --dataset.episodes='[0,2,4]' \
         --policy.type=act --policy.device=cpu --policy.push_to_hub=false --policy.pretrained_backbone_weights=null \
         --epishard.image_size=32x32 --output_dir="$DIR/$v/act" --steps=5 --batch_size=4 --num_workers=2 --log_freq=1 \
-        2>&1 | grep -oE "step:[0-9]+ .*loss:[0-9.]+" )
+        > "$DIR/$v/train.log" 2>&1); then
+        tail -n 20 "$DIR/$v/train.log"; echo "train_lerobot.py failed in $v"; exit 1
+    fi
+    grep -oE "step:[0-9]+ .*loss:[0-9.]+" "$DIR/$v/train.log"
 done
 echo "== done"
