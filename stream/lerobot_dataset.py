@@ -516,6 +516,7 @@ class EpishardLeRobotDataset(WindowDataset):
     ):
         if not isinstance(stats, Mapping) and stats not in STATS_CHOICES:
             raise StatsError(f"stats must be one of {STATS_CHOICES} or a dict of statistics, not {stats!r}")
+        _refuse_unknown_keywords(kw)
         if revision is not None:
             raise ValueError(
                 f"revision={revision!r}: epishard shards hold the revision of the dataset that was converted; "
@@ -542,6 +543,9 @@ class EpishardLeRobotDataset(WindowDataset):
         fps = float(first.manifest.fps if first.manifest.fps is not None else first.index.fps[0])
         delta = {k: list(v) for k, v in (delta_timestamps or {}).items()}
         unknown = sorted(set(delta) - set(features))
+        left_out = [k for k in unknown if cameras is not None and k in first.manifest.cameras]
+        if left_out:
+            raise KeyError(f"delta_timestamps names {left_out}, which cameras={cameras} leaves out of {first.shown}")
         if unknown:
             raise KeyError(
                 f"delta_timestamps names {unknown}, which {first.shown} has no feature for: {sorted(features)}"
@@ -689,6 +693,42 @@ class EpishardLeRobotDataset(WindowDataset):
         return item
 
 
+# LeRobotDataset keywords (0.4.x, 0.6.x) the drop-in does not take, and what to do instead.
+_LEROBOT_ONLY = {
+    "repo_id": "pass the shards' folder or URL as the first argument",
+    "root": "pass the shards' folder or URL as the first argument",
+    "force_cache_sync": "shards are read where they are (no Hub cache to sync)",
+    "download_videos": "frames are fetched from the shards as windows need them",
+    "batch_encoding_size": "a recording option of LeRobot's writer",
+    "episode_filter": "use episodes=[...] or select=Selection(...)",
+    "token": "pass storage credentials in read=ReadOptions(storage_options=...)",
+    "depth_output_unit": "depth cameras come back in stored uint16 units",
+    "repo_type": "pass the shards' folder or URL as the first argument",
+}
+
+
+def _refuse_unknown_keywords(kw: dict) -> None:
+    """Refuse a keyword neither the drop-in nor ``WindowDataset`` takes, naming it.
+
+    For one of LeRobot's keywords the message says what to pass instead.
+
+    Raises:
+        TypeError: naming the keyword.
+    """
+    import inspect
+
+    taken = set(inspect.signature(WindowDataset.__init__).parameters) - {"self", "sources", "spec"}
+    for name in kw:
+        if name in _LEROBOT_ONLY:
+            raise TypeError(f"EpishardLeRobotDataset does not take LeRobot's {name}=: {_LEROBOT_ONLY[name]}")
+        if name not in taken:
+            own = set(inspect.signature(EpishardLeRobotDataset.__init__).parameters) - {"self", "sources", "kw"}
+            raise TypeError(
+                f"EpishardLeRobotDataset got an unexpected keyword argument {name!r} (it takes {sorted(own)} "
+                f"and WindowDataset's {sorted(taken - {'postprocess', 'read'})})"
+            )
+
+
 def _episode_selection(source: DatasetSource, datasets: int, episodes: list[int], select) -> Selection:
     """LeRobot's ``episodes=[...]`` as a read-time selection of ``source``, joined to the caller's ``select``.
 
@@ -701,6 +741,8 @@ def _episode_selection(source: DatasetSource, datasets: int, episodes: list[int]
             "episodes= selects episodes of one dataset; for a mix pass select=[Selection(episodes=[...]), ...] "
             "with one entry per dataset"
         )
+    if not episodes:
+        raise ValueError("episodes=[] selects no episode; pass None for all of them")
     wanted = {int(e) for e in episodes}
     held = {int(e) for e in source.index.episode_index}
     missing = sorted(wanted - held)

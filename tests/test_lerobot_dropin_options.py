@@ -92,10 +92,27 @@ def test_the_torchcodec_backend_is_what_the_drop_in_decodes_with(shards, value):
     assert len(list(ds)) == sum(-(-n // 500) for n in WindowIndex.load_dataset(shards).num_rows.tolist())
 
 
-@pytest.mark.parametrize("keyword", ["force_cache_sync", "download_videos", "batch_encoding_size"])
-def test_a_keyword_the_drop_in_does_not_know_is_refused_naming_it(shards, keyword):
-    with pytest.raises(TypeError, match=keyword):
+@pytest.mark.parametrize(
+    ("keyword", "hint"),
+    [
+        ("force_cache_sync", "no Hub cache"),
+        ("root", "first argument"),
+        ("episode_filter", "episodes="),
+        ("token", "storage_options"),
+        ("episode", "it takes .*'episodes'"),
+    ],
+)
+def test_a_keyword_the_drop_in_does_not_take_is_refused_naming_it_and_what_to_pass(shards, keyword, hint):
+    with pytest.raises(TypeError, match=f"{keyword}.*{hint}"):
         EpishardLeRobotDataset(shards, **{keyword: True}, **SMALL)
+
+
+def test_empty_episodes_and_a_delta_key_for_a_camera_left_out_say_so(shards):
+    with pytest.raises(ValueError, match=r"episodes=\[\] selects no episode"):
+        EpishardLeRobotDataset(shards, episodes=[], **SMALL)
+    camera = EpishardLeRobotDataset(shards, stride=500, **SMALL).meta.camera_keys[0]
+    with pytest.raises(KeyError, match=r"which cameras=\[\] leaves out"):
+        EpishardLeRobotDataset(shards, {camera: [0.0]}, cameras=[], **SMALL)
 
 
 def test_cameras_keeps_only_those_cameras_for_a_single_camera_policy(tmp_path):

@@ -190,8 +190,11 @@ def make_epishard_datasets(cfg, options: dict | None = None, v061: bool = False)
     episodes, held = d.episodes, None
     if getattr(d, "eval_split", 0.0):
         episodes, held = _eval_split(meta, d.eval_split, episodes)
-    train = EpishardLeRobotDataset(d.root, delta, transforms, episodes=episodes, **common)
-    evaluation = None if held is None else EpishardLeRobotDataset(d.root, delta, None, episodes=held, **common)
+    try:
+        train = EpishardLeRobotDataset(d.root, delta, transforms, episodes=episodes, **common)
+        evaluation = None if held is None else EpishardLeRobotDataset(d.root, delta, None, episodes=held, **common)
+    except (KeyError, ValueError) as exc:  # episodes the shards do not hold, cameras they lack: one line
+        raise SystemExit(f"{type(exc).__name__}: {exc}") from exc
     if d.use_imagenet_stats:  # as LeRobot's make_dataset does (0.6.x: not on depth cameras)
         for ds in (train, evaluation):
             for key in ds.meta.camera_keys if ds is not None else []:
