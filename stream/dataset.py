@@ -91,8 +91,8 @@ from .plan import (
     plan_shape,
     worker_plan,
 )
-from .reader import EpochReader, episode_bytes, sample_frame_bytes
-from .resume import Resume, checked_states, load_state, state_dict
+from .reader import EpochReader, ReadContext, episode_bytes, locate, sample_frame_bytes
+from .resume import Cursor, Resume, checked_states, load_state, state_dict
 from .select import Selection, explain_empty, select_episodes
 from .shuffle import budget_shuffle_episodes
 from .source import DatasetSource
@@ -260,9 +260,7 @@ class WindowDataset(IterableDataset):
         # stay planned, are never fetched or decoded, and each of their windows is a substitute.
         self._failed = np.concatenate([np.zeros(0, dtype=bool), *[s.failed_episodes() for s in self.sources]])
         self.epoch = 0
-        self._resume: Resume | None = None  # taken by the next __iter__ (of a worker's copy too)
-        self._started = Resume(0)  # what the last __iter__ in this process started from
-        self._consumed = 0
+        self.cursor = Cursor()  # where the iteration stands (``stream.resume``; a worker's copy has its own)
         self._costs: np.ndarray | None = None
         self._per_consumer: dict[tuple, int] = {}  # windows_per_consumer's last answer
         self._shared: EpochCuts | None = None  # set_epoch's shared plan part, inherited by forked workers
@@ -294,6 +292,7 @@ class WindowDataset(IterableDataset):
         collate that writes them (``stream.collate.BufferedCollate``) may receive.
         """
         other = copy.copy(self)
+        other.cursor = copy.copy(self.cursor)  # its own position (the pending resume, if any, copied)
         if lazy_frames is not None:
             other._lazy_frames = lazy_frames
         if frame_cache_bytes is not None:
@@ -423,10 +422,28 @@ class WindowDataset(IterableDataset):
 
     # --- iteration (``stream.reader``) ----------------------------------------------------------
 
-    def _locate(self, episode: int) -> tuple[int, int]:
+    def locate(self, episode: int) -> tuple[int, int]:
         """``(dataset, episode in it)`` of a global episode number."""
-        d = int(np.searchsorted(self.episode_base, episode, side="right") - 1)
-        return d, episode - int(self.episode_base[d])
+        return locate(self.episode_base, episode)
+
+    def read_context(self) -> ReadContext:
+        """What the read loop of an iteration takes from this dataset (``stream.reader.ReadContext``)."""
+        return ReadContext(
+            sources=self.sources,
+            spec=self.spec,
+            layout=self.layout,
+            cam_offsets=self.cam_offsets,
+            normalizers=self.normalizers,
+            post=self.post,
+            episode_base=self.episode_base,
+            fetch=self.fetch,
+            lookahead=self.lookahead,
+            defer_float=self.defer_float,
+            failed=self._failed,
+            first_chunk=self._first_chunk,
+            lazy_frames=self._lazy_frames,
+            emit=self._emit,
+        )
 
     @scrubbed  # an error while iterating names no credentials (in a worker: before torch formats it)
     def __iter__(self):
@@ -436,17 +453,8 @@ class WindowDataset(IterableDataset):
         if info is not None:
             limit_worker_arenas()
         epoch = self.epoch
-        start = self._resume if self._resume is not None and self._resume.epoch == epoch else Resume(epoch)
-        self._resume = None
-        if start.skip and len(start.skip) != workers:
-            raise ValueError(
-                f"the resume state was loaded for {len(start.skip)} workers but {workers} iterate: "
-                "pass the DataLoader's num_workers to load_state_dict (WindowLoader does)"
-            )
-        consumer = (worker + start.rotation) % workers
-        skip = start.skip[consumer] if start.skip else 0
+        start, consumer, skip = self.cursor.begin(epoch, workers, worker)
         self.epoch += 1  # the next __iter__ of this object (a persistent worker's copy too) runs the next epoch
-        self._started, self._consumed = start, skip
         telemetry = Telemetry(worker)
         t0 = time.perf_counter()
         world = here.with_worker(consumer, workers)
@@ -462,7 +470,7 @@ class WindowDataset(IterableDataset):
             if first
             else 0,
         )
-        return EpochReader(self).samples(plan, skip, telemetry)
+        return EpochReader(self.read_context()).samples(plan, skip, telemetry)
 
     def _emit(self, sample: dict, telemetry: Telemetry) -> dict:
         """``sample`` as yielded: counted, with its telemetry and planned cost when asked for."""
@@ -470,8 +478,8 @@ class WindowDataset(IterableDataset):
         if self.telemetry:
             sample = dict(sample, __telemetry__=telemetry.tensor())
         if self._costs is not None:  # the planned window's predicted cost (a substitute's too)
-            sample = dict(sample, __cost__=float(self._costs[self._consumed]))
-        self._consumed += 1
+            sample = dict(sample, __cost__=float(self._costs[self.cursor.consumed]))
+        self.cursor.consumed += 1
         return sample
 
     # --- resume (``stream.resume``) -------------------------------------------------------------
@@ -687,7 +695,7 @@ class WindowLoader(DataLoader):
         super().__init__(view, batch_size=batch_size, **kw)
         self._epoch = view.epoch
         self._batches = 0
-        self._start = view._resume or Resume(view.epoch)  # where this loader's run of the epoch begins
+        self._start = view.cursor.pending or Resume(view.epoch)  # where this loader's run of the epoch begins
         self._workers_next: int | None = None  # the epoch persistent workers run on their next iteration
         self._running: object | None = None  # token of the iteration in progress
 
@@ -708,7 +716,9 @@ class WindowLoader(DataLoader):
 
     @scrubbed  # a worker's error, re-raised here with its traceback as text, names no credentials
     def __iter__(self):
-        if self._iterator is not None and (self._workers_next != self._epoch or self.dataset._resume is not None):
+        if self._iterator is not None and (
+            self._workers_next != self._epoch or self.dataset.cursor.pending is not None
+        ):
             # Their dataset copies cannot run this epoch. A private method of torch's multi-process
             # iterator (the only way to stop persistent workers); typed on the subclass only.
             self._iterator._shutdown_workers()  # type: ignore[attr-defined]
@@ -720,7 +730,7 @@ class WindowLoader(DataLoader):
             flags = SlotFlags(self.num_workers, self._recycling.buffers.slots)
             self._recycling.flags = flags
             self._recycled = RecycledBatches(flags, self._recycling_frames)
-        resume = self.dataset._resume
+        resume = self.dataset.cursor.pending
         self._start = resume if resume is not None and resume.epoch == self._epoch else Resume(self._epoch)
         self._batches = 0
         self._running = token = object()
@@ -732,7 +742,7 @@ class WindowLoader(DataLoader):
             self._recycled.poll()
         try:
             batches = super().__iter__()  # starts the workers with the dataset as it is now
-            self.dataset._resume = None  # taken by the workers' copies (or by this process's iteration)
+            self.dataset.cursor.pending = None  # taken by the workers' copies (or by this process's iteration)
             self._workers_next = self._epoch + 1
             for batch in batches:
                 if self._held is not None:
@@ -751,6 +761,20 @@ class WindowLoader(DataLoader):
         finally:
             if self._running is token:
                 self._running = None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the loader's next (or current) iteration runs: the resumed one after ``load_state_dict``."""
+        return self._epoch
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the DataLoader workers now running (persistent ones between epochs), else ``[]``.
+
+        Read from torch's multi-process iterator (a private member of torch: for diagnostics and
+        benchmarks only).
+        """
+        workers = getattr(self._iterator, "_workers", None) or []
+        return [w.pid for w in workers]
 
     def _stop_workers(self, batches) -> None:
         """Stop the workers of an iteration an error ends (a worker's or the user's), now.
@@ -797,8 +821,8 @@ class WindowLoader(DataLoader):
         if all(s.get("fresh") for s in states):
             self._epoch = states[0]["epoch"]
             self.dataset.set_epoch(self._epoch)
-            self.dataset._resume = None
+            self.dataset.cursor.pending = None
         else:
             self.dataset.load_state_dict(state, self.num_workers)
             self._epoch = self.dataset.epoch
-        self._start = self.dataset._resume or Resume(self._epoch)
+        self._start = self.dataset.cursor.pending or Resume(self._epoch)

@@ -218,8 +218,8 @@ class RayWindowLoader:
         self._epoch = self.dataset.epoch
         # Where the next iteration begins (a loaded state; taken by it): skip per consumer, the
         # consumer whose batch comes first (rotation), earlier layouts' progress (history).
-        self._next_start = self.dataset._resume
-        self.dataset._resume = None  # the actors' copies get the position explicitly
+        self._next_start = self.dataset.cursor.pending
+        self.dataset.cursor.pending = None  # the actors' copies get the position explicitly
         self._began = Resume(self._epoch)  # where the running (or last) iteration began
         self._consumers: list[_Consumer] = []
         self._batches = 0
@@ -294,7 +294,7 @@ class RayWindowLoader:
         ds = self.dataset.with_options()
         ds.ranks = dataclasses.replace(ds.ranks, rank=here.rank, world_size=here.world_size)
         ds.set_epoch(self._began.epoch)
-        ds._resume = Resume(self._began.epoch, self._began.history, tuple(consumed), 0)
+        ds.cursor.pending = Resume(self._began.epoch, self._began.history, tuple(consumed), 0)
         return ds
 
     def _start(self, consumer: _Consumer, ds_ref) -> None:
@@ -458,8 +458,8 @@ class RayWindowLoader:
             self._epoch, self._next_start = states[0]["epoch"], None
             return
         self.dataset.load_state_dict(state, self.num_workers)  # checks seed, layout, ranks
-        self._epoch, self._next_start = self.dataset.epoch, self.dataset._resume
-        self.dataset._resume = None  # the actors' copies get the position explicitly
+        self._epoch, self._next_start = self.dataset.epoch, self.dataset.cursor.pending
+        self.dataset.cursor.pending = None  # the actors' copies get the position explicitly
 
     # --- telemetry and lifetime -------------------------------------------------------------------
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,81 +45,56 @@ from .transform import PostProcess
 from .usercode import from_user_code
 
 
-class Readable(Protocol):
-    """What the read loop takes from the ``WindowDataset`` it reads for (``stream.dataset``)."""
+def locate(episode_base: np.ndarray, episode: int) -> tuple[int, int]:
+    """``(dataset, episode in it)`` of a global episode number.
 
-    @property
-    def sources(self) -> list[DatasetSource]:
-        """The datasets of the mix."""
-        ...
+    ``episode_base``: int64 ``[datasets + 1]``, the first global episode number of each dataset of a mix.
+    """
+    d = int(np.searchsorted(episode_base, episode, side="right") - 1)
+    return d, episode - int(episode_base[d])
 
-    @property
-    def spec(self) -> WindowSpec:
-        """The window."""
-        ...
 
-    @property
-    def layout(self) -> MixLayout:
-        """How the mix's samples are laid out (``stream.mix.mix_layout``)."""
-        ...
+@dataclass(frozen=True)
+class ReadContext:
+    """What one iteration's read loop takes from its ``WindowDataset`` (``WindowDataset.read_context``).
 
-    @property
-    def cam_offsets(self) -> list[dict[str, np.ndarray]]:
-        """Per dataset: its camera keys -> frame offsets."""
-        ...
+    Attributes:
+        sources: the datasets of the mix.
+        spec: the window.
+        layout: how the mix's samples are laid out (``stream.mix.mix_layout``).
+        cam_offsets: per dataset, its camera keys -> frame offsets (int64 arrays).
+        normalizers: per dataset, per source in it: column -> normaliser.
+        post: the frames' post-processing.
+        episode_base: int64 ``[datasets + 1]``: the first global episode number of each dataset.
+        fetch: how shard bytes are fetched.
+        lookahead: the look-ahead policy.
+        defer_float: frames stay uint8 (the collate converts them).
+        failed: bool ``[global episodes]``: those of a shard its source failed on open (planned,
+            never fetched: their windows are substitutes).
+        first_chunk: windows of the first look-ahead chunk (the loader's batch), or None.
+        lazy_frames: give picture frames as ``LazyFrames`` (the loader's collate writes them into the batch).
+        emit: ``(sample, telemetry) -> sample`` as yielded (the dataset counts it into its cursor and
+            attaches telemetry and cost).
+    """
 
-    @property
-    def normalizers(self) -> list[dict]:
-        """Per dataset, per source in it: column -> normaliser."""
-        ...
+    sources: list[DatasetSource]
+    spec: WindowSpec
+    layout: MixLayout
+    cam_offsets: list[dict[str, np.ndarray]]
+    normalizers: list[dict]
+    post: PostProcess
+    episode_base: np.ndarray
+    fetch: FetchPolicy
+    lookahead: Lookahead
+    defer_float: bool
+    failed: np.ndarray
+    first_chunk: int | None
+    lazy_frames: bool
+    emit: Callable[[dict, Telemetry], dict]
 
-    @property
-    def post(self) -> PostProcess:
-        """The frames' post-processing."""
-        ...
-
-    @property
-    def episode_base(self) -> np.ndarray:
-        """Int64 ``[datasets + 1]``: the first global episode number of each dataset."""
-        ...
-
-    @property
-    def fetch(self) -> FetchPolicy:
-        """How shard bytes are fetched."""
-        ...
-
-    @property
-    def lookahead(self) -> Lookahead:
-        """The look-ahead policy."""
-        ...
-
-    @property
-    def defer_float(self) -> bool:
-        """Frames stay uint8 (the collate converts them)."""
-        ...
-
-    @property
-    def _failed(self) -> np.ndarray:
-        """Bool ``[global episodes]``: those of a shard its source failed on open."""
-        ...
-
-    @property
-    def _first_chunk(self) -> int | None:
-        """Windows of the first look-ahead chunk (the loader's batch), or None."""
-        ...
-
-    @property
-    def _lazy_frames(self) -> bool:
-        """Give picture frames as ``LazyFrames`` (the loader's collate writes them into the batch)."""
-        ...
-
-    def _locate(self, episode: int) -> tuple[int, int]:
+    def locate(self, episode: int) -> tuple[int, int]:
         """``(dataset, episode in it)`` of a global episode number."""
-        ...
-
-    def _emit(self, sample: dict, telemetry: Telemetry) -> dict:
-        """``sample`` as yielded (counted; telemetry and cost attached)."""
-        ...
+        return locate(self.episode_base, episode)
 
 
 class EpochReader:
@@ -126,10 +103,10 @@ class EpochReader:
     One per iteration of a worker: it holds nothing between epochs.
     """
 
-    def __init__(self, ds: Readable):
-        self.ds = ds
+    def __init__(self, ctx: ReadContext):
+        self.ctx = ctx
         # Per dataset, the global number of its first camera stream (streams of a mix are numbered on).
-        self._stream_base: list[int] = np.cumsum([0, *[s.index.cam_depth.size for s in ds.sources]]).tolist()
+        self._stream_base: list[int] = np.cumsum([0, *[s.index.cam_depth.size for s in ctx.sources]]).tolist()
         self._picture_bytes: dict[int, int] = {}  # global stream -> a kept picture's bytes (0: kept as RGB)
 
     def samples(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):
@@ -142,9 +119,9 @@ class EpochReader:
         episodes, anchors = plan.episode[skip:], plan.anchor[skip:]
         t0 = time.perf_counter()
         demand = _Demands(self, episodes, anchors)
-        policy = self.ds.lookahead
-        if self.ds._first_chunk and policy.first == Lookahead.first:  # the loader's batch: first batch first
-            policy = dataclasses.replace(policy, first=self.ds._first_chunk)
+        policy = self.ctx.lookahead
+        if self.ctx.first_chunk and policy.first == Lookahead.first:  # the loader's batch: first batch first
+            policy = dataclasses.replace(policy, first=self.ctx.first_chunk)
         steps = Scheduler(demand, policy)
         fetchers = self._fetchers(telemetry)
         slots: list[tuple] = []  # per fetch so far: (dataset, position in its fetcher, sha256s, members)
@@ -175,17 +152,17 @@ class EpochReader:
                     if load.episode in failed:
                         continue
                     try:
-                        if self.ds._failed[load.episode]:
+                        if self.ctx.failed[load.episode]:
                             raise self._shard_failure(load.episode)
                         self._load(load, fetchers, slots, encoded, store, telemetry)
                     except (FetchError, DecodeError) as exc:  # the shard policy decides, for both
                         # (data faults only: an exception of the user's hook is never skipped)
-                        if self.ds.fetch.on_shard_error == "raise" or from_user_code(exc):
+                        if self.ctx.fetch.on_shard_error == "raise" or from_user_code(exc):
                             raise
                         warnings.warn(f"epishard: skipping episode {self._key(load.episode)}: {exc}", stacklevel=2)
                         telemetry.add(episodes_skipped=1)
                         failed.add(load.episode)
-                        first_failure = first_failure or (self.ds._locate(load.episode)[0], exc)
+                        first_failure = first_failure or (self.ctx.locate(load.episode)[0], exc)
                         encoded.drop((load.episode,))
                 telemetry.add(
                     frame_cache_hits=step.hits, frame_cache_misses=step.misses, frame_cache_evictions=step.evict.size
@@ -193,7 +170,7 @@ class EpochReader:
                 telemetry.peak(frame_cache_bytes_peak=store.nbytes, encoded_bytes_peak=encoded.nbytes)
                 for i in range(step.start, step.stop):
                     e = int(episodes[i])
-                    d, _ = self.ds._locate(e)
+                    d, _ = self.ctx.locate(e)
                     if e in failed:
                         # Keep this rank's sample count: repeat the worker's previous sample (of the same
                         # dataset when there is one: batch_by_dataset batches stay one dataset's), flagged.
@@ -203,9 +180,9 @@ class EpochReader:
                         sample = dict(last_of.get(d, last), substitute=True)
                     else:
                         sample = self._window(e, int(anchors[i]), step.keys[i - step.start], store, telemetry)
-                    yield self.ds._emit(sample, telemetry)
+                    yield self.ctx.emit(sample, telemetry)
                     for _ in range(owed):  # windows of failed episodes that came before any good sample
-                        yield self.ds._emit(dict(sample, substitute=True), telemetry)
+                        yield self.ctx.emit(dict(sample, substitute=True), telemetry)
                     owed, last = 0, sample
                     last_of[d] = sample
                 if first:
@@ -215,7 +192,7 @@ class EpochReader:
                 assert first_failure is not None  # owed > 0 only after a failure
                 failed_dataset, first_error = first_failure
                 raise FetchError(
-                    f"{self.ds.sources[failed_dataset].shown}: every episode this worker read failed, so {owed} "
+                    f"{self.ctx.sources[failed_dataset].shown}: every episode this worker read failed, so {owed} "
                     f"samples cannot be filled; the first: {first_error}",
                     -1,
                 )
@@ -228,22 +205,22 @@ class EpochReader:
     def _window(self, episode: int, anchor: int, keys: np.ndarray, store: Store, telemetry: Telemetry) -> dict:
         """The sample of one window, from the store (``keys``: its frame keys, ``Demand.keys`` row)."""
         t = time.perf_counter()
-        d, _ = self.ds._locate(episode)
+        d, _ = self.ctx.locate(episode)
         columns, info, _ = store.columns[episode]
         frames: dict[str, Any] = {}  # tensors, or LazyFrames for the loader's collate
         col = 0
-        for cam, offsets in self.ds.cam_offsets[d].items():
+        for cam, offsets in self.ctx.cam_offsets[d].items():
             frames[cam] = (
-                store.stack(keys[col : col + len(offsets)], lazy=self.ds._lazy_frames)
+                store.stack(keys[col : col + len(offsets)], lazy=self.ctx.lazy_frames)
                 if len(offsets)
                 else self._no_frames(d, info, cam)
             )
             col += len(offsets)
-        finish = None if self.ds.defer_float else self.ds.post.finish
-        index = self.ds.sources[d].index
-        spec = self.ds.layout.specs[d]  # the window in this dataset's rows (its frame rate)
-        sample = window_sample(index, info, columns, anchor, spec, self.ds.cam_offsets[d], frames, finish)
-        sample = self.ds.layout.apply(sample, d, finish)
+        finish = None if self.ctx.defer_float else self.ctx.post.finish
+        index = self.ctx.sources[d].index
+        spec = self.ctx.layout.specs[d]  # the window in this dataset's rows (its frame rate)
+        sample = window_sample(index, info, columns, anchor, spec, self.ctx.cam_offsets[d], frames, finish)
+        sample = self.ctx.layout.apply(sample, d, finish)
         sample["dataset"], sample["substitute"] = d, False
         telemetry.add(assemble_s=time.perf_counter() - t, frames_returned=col)
         return sample
@@ -251,19 +228,19 @@ class EpochReader:
     def _no_frames(self, d: int, info, cam: str) -> torch.Tensor:
         """A camera read at no offsets: ``[0, C, h, w]`` of its prepared dtype."""
         s = info.streams[cam]
-        size = _frame_size(self.ds.post, self.ds.sources[d].index, np.array([s]))
-        depth = bool(self.ds.sources[d].index.cam_depth[s])
+        size = _frame_size(self.ctx.post, self.ctx.sources[d].index, np.array([s]))
+        depth = bool(self.ctx.sources[d].index.cam_depth[s])
         return torch.empty((0, 1 if depth else 3, *size[0]), dtype=torch.uint16 if depth else torch.uint8)
 
     def _shard_failure(self, episode: int) -> FetchError:
         """The error of an episode whose shard its source failed on open (``DatasetSource.skipped_shards``)."""
-        d, local = self.ds._locate(episode)
-        shard = int(self.ds.sources[d].index.shard[local])
-        return FetchError(self.ds.sources[d].skipped_shards[shard], shard)
+        d, local = self.ctx.locate(episode)
+        shard = int(self.ctx.sources[d].index.shard[local])
+        return FetchError(self.ctx.sources[d].skipped_shards[shard], shard)
 
     def _key(self, episode: int) -> str:
-        d, local = self.ds._locate(episode)
-        return self.ds.sources[d].index.key(local)
+        d, local = self.ctx.locate(episode)
+        return self.ctx.sources[d].index.key(local)
 
     def _demand(self, episodes: np.ndarray, anchors: np.ndarray, sizes: Demand) -> Demand:
         """What the windows (global ``episodes``, ``anchors``: int64 ``[n]``) need: ``stream.lookahead.Demand``.
@@ -275,28 +252,28 @@ class EpochReader:
         returned ``Demand`` shares them).
         """
         n = episodes.size
-        width = max((sum(len(o) for o in offsets.values()) for offsets in self.ds.cam_offsets), default=0)
+        width = max((sum(len(o) for o in offsets.values()) for offsets in self.ctx.cam_offsets), default=0)
         keys = np.full((n, width), -1, dtype=np.int64)
-        stream_base = np.cumsum([0, *[s.index.cam_depth.size for s in self.ds.sources]])
+        stream_base = np.cumsum([0, *[s.index.cam_depth.size for s in self.ctx.sources]])
         stream_episode, frame_bytes = sizes.stream_episode, sizes.frame_bytes
         columns_bytes, encoded_bytes = sizes.columns_bytes, sizes.encoded_bytes
-        dataset = np.searchsorted(self.ds.episode_base, episodes, side="right") - 1
-        for d, source in enumerate(self.ds.sources):
+        dataset = np.searchsorted(self.ctx.episode_base, episodes, side="right") - 1
+        for d, source in enumerate(self.ctx.sources):
             # A failed shard's episodes need nothing (keys -1, sizes 0): none of its index values is used.
-            here = np.flatnonzero((dataset == d) & ~self.ds._failed[episodes])
+            here = np.flatnonzero((dataset == d) & ~self.ctx.failed[episodes])
             if not here.size:
                 continue
-            ix, base = source.index, int(self.ds.episode_base[d])
+            ix, base = source.index, int(self.ctx.episode_base[d])
             local = episodes[here] - base
             unique = np.unique(local)
             members = [ix.data_member(unique)]
             col = 0
-            packed = np.full(unique.size, self.ds.fetch.packets)
-            for cam, offsets in self.ds.cam_offsets[d].items():
+            packed = np.full(unique.size, self.ctx.fetch.packets)
+            for cam, offsets in self.ctx.cam_offsets[d].items():
                 streams = ix.camera_streams(cam, unique)
                 packed &= readable(ix, streams)
                 stream_episode[streams + stream_base[d]] = unique + base
-                size = _frame_size(self.ds.post, ix, streams)
+                size = _frame_size(self.ctx.post, ix, streams)
                 frame_bytes[streams + stream_base[d]] = np.where(ix.cam_depth[streams], 2, 3) * size[:, 0] * size[:, 1]
                 members.append(ix.stream_member[streams])
                 if len(offsets):
@@ -305,10 +282,10 @@ class EpochReader:
                     frames = ix.frames(per_window[:, None], rows)
                     keys[here, col : col + len(offsets)] = frame_key(per_window[:, None] + stream_base[d], frames)
                 col += len(offsets)
-            if self.ds.post.prepares_nothing and packed.any() and self.ds.lookahead.pictures is not False:
+            if self.ctx.post.prepares_nothing and packed.any() and self.ctx.lookahead.pictures is not False:
                 # Read by packets with nothing to prepare: frames may be kept as decoded pictures
                 # (``stream.packets.Picture``), their bytes as the decoder holds them.
-                for cam in self.ds.cam_offsets[d]:
+                for cam in self.ctx.cam_offsets[d]:
                     streams = ix.camera_streams(cam, unique[packed]) + stream_base[d]
                     kept = self._pictures(d, streams)
                     frame_bytes[streams[kept > 0]] = kept[kept > 0]
@@ -328,7 +305,7 @@ class EpochReader:
         ``Lookahead.pictures``: None keeps pictures where one holds at most ``PICTURE_SHARE`` of
         its RGB's bytes. Remembered per stream, so a stream's frames are kept one way all epoch.
         """
-        ix, base, policy = self.ds.sources[d].index, self._stream_base[d], self.ds.lookahead.pictures
+        ix, base, policy = self.ctx.sources[d].index, self._stream_base[d], self.ctx.lookahead.pictures
         out = np.zeros(streams.size, dtype=np.int64)
         for i, g in enumerate(streams.tolist()):
             kept = self._picture_bytes.get(g)
@@ -349,12 +326,12 @@ class EpochReader:
         frame_index and timestamp.
         """
         names = {
-            self.ds.spec.state_key,
-            self.ds.spec.action_key,
-            *self.ds.spec.extra_columns,
-            *self.ds.spec.column_offsets,
+            self.ctx.spec.state_key,
+            self.ctx.spec.action_key,
+            *self.ctx.spec.extra_columns,
+            *self.ctx.spec.column_offsets,
         }
-        widths = [max(column_widths(self.ds.sources[d].manifest, c), default=64) for c in names if c is not None]
+        widths = [max(column_widths(self.ctx.sources[d].manifest, c), default=64) for c in names if c is not None]
         return 16 + 4 * sum(widths)
 
     def _fetchers(self, telemetry: Telemetry) -> list[Fetcher]:
@@ -363,11 +340,11 @@ class EpochReader:
             Fetcher(
                 src,
                 [],
-                self.ds.fetch,
+                self.ctx.fetch,
                 telemetry,
-                sparse=self.ds.fetch.packets and bool(readable(src.index, np.arange(src.index.cam_depth.size)).any()),
+                sparse=self.ctx.fetch.packets and bool(readable(src.index, np.arange(src.index.cam_depth.size)).any()),
             )
-            for src in self.ds.sources
+            for src in self.ctx.sources
         ]
 
     def _fetch_more(
@@ -385,16 +362,16 @@ class EpochReader:
         decoded, ``(runs, starts)`` (``stream.packets``): only the data member (when its columns are
         read) and the byte ranges of those runs are fetched, in that order after the members.
         """
-        lists: list[list] = [[] for _ in self.ds.sources]
+        lists: list[list] = [[] for _ in self.ctx.sources]
         for e, (columns, decodes) in zip(fetches, work, strict=True):
-            d, local = self.ds._locate(e)
-            if self.ds._failed[e]:  # never fetched: its load fails (``_shard_failure``) before using its slot
+            d, local = self.ctx.locate(e)
+            if self.ctx.failed[e]:  # never fetched: its load fails (``_shard_failure``) before using its slot
                 slots.append((d, -1, [], [], None))
                 continue
-            ix = self.ds.sources[d].index
-            streams = _streams(ix, local, self.ds.cam_offsets[d])
+            ix = self.ctx.sources[d].index
+            streams = _streams(ix, local, self.ctx.cam_offsets[d])
             runs: dict[int, tuple] | None = None
-            if self.ds.fetch.packets and bool(np.all(readable(ix, streams))):
+            if self.ctx.fetch.packets and bool(np.all(readable(ix, streams))):
                 ranges = episode_ranges(ix, local, [], columns)
                 runs, extra = {}, []
                 base = self._stream_base[d]
@@ -419,8 +396,8 @@ class EpochReader:
     def _load(self, load: Load, fetchers, slots, encoded: _Encoded, store: Store, telemetry: Telemetry) -> None:
         """One episode's work of a step: its members (fetched, or kept), its columns, its decode calls."""
         e = load.episode
-        d, local = self.ds._locate(e)
-        ix = self.ds.sources[d].index
+        d, local = self.ctx.locate(e)
+        ix = self.ctx.sources[d].index
         if load.fetch is None:
             blobs, decoders = encoded.blobs[e], encoded.decoders[e]
             runs, pieces = None, []  # a kept episode is one read by members (packet reads are never kept)
@@ -432,9 +409,9 @@ class EpochReader:
             pieces = fetched[len(members) :]
             telemetry.add(episodes_loaded=1)
         if load.columns:
-            normalizers = self.ds.normalizers[d][ix.source(local)]
-            columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.ds.layout.specs[d], normalizers)
-            store.put_columns(e, columns, EpisodeInfo.of(ix, local, self.ds.cam_offsets[d]), columns_nbytes(columns))
+            normalizers = self.ctx.normalizers[d][ix.source(local)]
+            columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.ctx.layout.specs[d], normalizers)
+            store.put_columns(e, columns, EpisodeInfo.of(ix, local, self.ctx.cam_offsets[d]), columns_nbytes(columns))
         if runs is not None:
             self._load_packets(load, ix, local, runs, pieces, store, telemetry)
             return
@@ -448,11 +425,11 @@ class EpochReader:
                 s,
                 call.frames,
                 data,
-                self.ds.post,
+                self.ctx.post,
                 where,
                 telemetry,
                 decoders.get(s),
-                self.ds.lookahead.decode_bytes,
+                self.ctx.lookahead.decode_bytes,
             )
             decoders[s] = kept
             store.put_frames(call.stream, call.frames, frames)
@@ -465,12 +442,12 @@ class EpochReader:
         self, load: Load, ix, local: int, runs: dict, pieces: list[bytes], store: Store, telemetry
     ) -> None:
         """The decode calls of a load read by packets, each from its runs' bytes (``pieces``, in call order)."""
-        d, _ = self.ds._locate(load.episode)
+        d, _ = self.ctx.locate(load.episode)
         base, at = self._stream_base[d], 0
         for call in load.decodes:
             s = call.stream - base
             planned, starts = runs[call.stream]
-            shard = self.ds.sources[d].shard_path(int(ix.shard[local]))
+            shard = self.ctx.sources[d].shard_path(int(ix.shard[local]))
             where = f"{shard}: episode {ix.key(local)} camera {ix.cam_names[s].as_py()}"
             mine = pieces[at : at + len(planned)]
             at += len(planned)
@@ -480,12 +457,12 @@ class EpochReader:
                 planned,
                 starts,
                 mine,
-                self.ds.post,
+                self.ctx.post,
                 where,
                 telemetry,
-                self.ds.lookahead.decode_bytes,
+                self.ctx.lookahead.decode_bytes,
                 store.alloc,
-                pictures=self.ds.post.prepares_nothing and self._picture_bytes.get(call.stream, 0) > 0,
+                pictures=self.ctx.post.prepares_nothing and self._picture_bytes.get(call.stream, 0) > 0,
             )
             store.put_frames(call.stream, call.frames, frames)
 
@@ -569,7 +546,7 @@ class _Demands:
 
     def __init__(self, reader: EpochReader, episodes: np.ndarray, anchors: np.ndarray):
         self.reader, self.episodes, self.anchors = reader, episodes, anchors
-        ds = reader.ds
+        ds = reader.ctx
         streams, total = sum(s.index.cam_depth.size for s in ds.sources), int(ds.episode_base[-1])
         width = max((sum(len(o) for o in offsets.values()) for offsets in ds.cam_offsets), default=0)
         self.sizes = Demand(

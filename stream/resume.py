@@ -39,14 +39,52 @@ class Resume:
         return not self.history and not any(self.skip)
 
 
+@dataclass
+class Cursor:
+    """Where a ``WindowDataset``'s iteration stands in its epoch: what resume saves and restores.
+
+    The dataset owns one (``WindowDataset.cursor``; a loader's view and each worker's copy their
+    own); ``state_dict`` reads it, ``load_state`` and the loaders set ``pending``.
+
+    Attributes:
+        pending: where the next iteration starts (``load_state``'s result), or None: from the
+            start of the epoch it runs. ``begin`` takes it.
+        started: where the last iteration in this process started.
+        consumed: samples that iteration yielded, counting the ``skip`` it started after.
+    """
+
+    pending: Resume | None = None
+    started: Resume = Resume(0)
+    consumed: int = 0
+
+    def begin(self, epoch: int, workers: int, worker: int) -> tuple[Resume, int, int]:
+        """Start an iteration of ``epoch`` as DataLoader worker ``worker`` of ``workers``.
+
+        Takes ``pending`` when it is for ``epoch``; returns (the start, the consumer of the plan this
+        worker continues, the windows of it already taken).
+
+        Raises:
+            ValueError: ``pending`` was loaded for another number of workers (naming both).
+        """
+        start = self.pending if self.pending is not None and self.pending.epoch == epoch else Resume(epoch)
+        self.pending = None
+        if start.skip and len(start.skip) != workers:
+            raise ValueError(
+                f"the resume state was loaded for {len(start.skip)} workers but {workers} iterate: "
+                "pass the DataLoader's num_workers to load_state_dict (WindowLoader does)"
+            )
+        consumer = (worker + start.rotation) % workers
+        skip = start.skip[consumer] if start.skip else 0
+        self.started, self.consumed = start, skip
+        return start, consumer, skip
+
+
 class Resumable(Protocol):
     """What resuming takes from (and sets on) the ``WindowDataset`` it resumes (``stream.dataset``)."""
 
     epoch: int  # the epoch the next iteration runs
     shuffle: int | Literal["auto"] | None  # the shuffle pool as given ("auto": resolved by pool_episodes)
-    _resume: Resume | None  # where the next iteration starts
-    _started: Resume  # where the last iteration in this process started
-    _consumed: int  # samples the iteration in this process yielded
+    cursor: Cursor  # where the iteration stands
 
     @property
     def seed(self) -> int:
@@ -102,8 +140,8 @@ def state_dict(
     here = ds.ranks.world()
     workers = max(num_workers, 1)
     if batches is None:  # iterated in this process
-        start = ds._started if ds._consumed else Resume(ds.epoch)
-        consumed, rotation = [ds._consumed], 0
+        start = ds.cursor.started if ds.cursor.consumed else Resume(ds.epoch)
+        consumed, rotation = [ds.cursor.consumed], 0
     else:
         epoch = ds.epoch if epoch is None else epoch
         start = start if start is not None and start.epoch == epoch else Resume(epoch)
@@ -155,7 +193,7 @@ def load_state(ds: Resumable, state: dict | list[dict], num_workers: int = 0) ->
     first = states[0]
     if all(s.get("fresh") for s in states):  # an epoch boundary: loads under any layout
         ds.set_epoch(first["epoch"])
-        ds._resume, ds._consumed = None, 0
+        ds.cursor.pending, ds.cursor.consumed = None, 0
         return
     if ds.shuffle == "auto" and not ds.batch_size and "shuffle_episodes" in first:
         ds.shuffle = first["shuffle_episodes"]  # no batch size here: the saving run's pool
@@ -193,10 +231,10 @@ def load_state(ds: Resumable, state: dict | list[dict], num_workers: int = 0) ->
         per = ds.windows_per_consumer(epoch, old_world, old_workers, history)
         start = Resume(epoch, (*history, progress), (0,) * workers, 0)
     if all(c >= per for c in consumed):
-        ds.epoch, ds._resume = epoch + 1, None  # the epoch was finished
+        ds.epoch, ds.cursor.pending = epoch + 1, None  # the epoch was finished
     else:
-        ds.epoch, ds._resume = epoch, start
-    ds._consumed = 0
+        ds.epoch, ds.cursor.pending = epoch, start
+    ds.cursor.consumed = 0
 
 
 def checked_states(ds: Resumable, state: object) -> list[dict]:

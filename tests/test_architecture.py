@@ -144,10 +144,84 @@ def index_table_access(path: Path, tree: ast.Module) -> list[Violation]:
     return sorted(out, key=lambda v: v.line)
 
 
+# --- rule 3: a module reads no other module's private attributes -----------------------------------
+
+
+def _is_protocol(cls: ast.ClassDef) -> bool:
+    return any(_last_name(b) == "Protocol" for b in cls.bases)
+
+
+def _owned_private(tree: ast.Module) -> set[str]:
+    """Private names a module's classes own: methods and class attributes defined in a class body, and
+    attributes assigned on ``self``/``cls`` (a ``Protocol`` that declares one owns nothing)."""
+    out: set[str] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and not _is_protocol(n)):
+        for b in cls.body:
+            if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(b.name):
+                out.add(b.name)
+            elif isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name) and _private(b.target.id):
+                out.add(b.target.id)
+            elif isinstance(b, ast.Assign):
+                out |= {t.id for t in b.targets if isinstance(t, ast.Name) and _private(t.id)}
+        for node in ast.walk(cls):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+                and _private(node.attr)
+            ):
+                out.add(node.attr)
+    return out
+
+
+@functools.cache
+def private_owners() -> dict[str, frozenset[Path]]:
+    """Private attribute name -> the scanned modules whose classes own it."""
+    owners: dict[str, set[Path]] = {}
+    for path in source_files():
+        for name in _owned_private(parse(path)):
+            owners.setdefault(name, set()).add(path)
+    return {name: frozenset(paths) for name, paths in owners.items()}
+
+
+def private_reach_in(path: Path, tree: ast.Module, owners: dict[str, frozenset[Path]] | None = None) -> list[Violation]:
+    """A module reads or writes no private attribute (``x._name``, ``x`` not ``self``/``cls``) that a class of
+    another module owns, and no ``Protocol`` declares one (typing another class's private members).
+
+    Each part owns its state: what another part needs is a public attribute, a method or an object
+    passed in (``stream.reader.ReadContext``, ``stream.resume.Cursor``). Private members of other
+    libraries (torch's, fsspec's) are not ours to rule: only names a scanned class owns count.
+    """
+    owners = private_owners() if owners is None else owners
+    mine = _owned_private(tree)
+    out = []
+    for node in ast.walk(tree):
+        outside = (
+            isinstance(node, ast.Attribute)
+            and _private(node.attr)
+            and node.attr in owners
+            and node.attr not in mine
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        )
+        if outside:
+            theirs = ", ".join(str(p) for p in sorted(owners[node.attr]))
+            out.append(Violation(path, node.lineno, f"{ast.unparse(node)}: private to {theirs}"))
+        if isinstance(node, ast.ClassDef) and _is_protocol(node):
+            for b in node.body:
+                target = b.target if isinstance(b, ast.AnnAssign) else None
+                name = getattr(b, "name", None) or (target.id if isinstance(target, ast.Name) else None)
+                if name and _private(name):
+                    out.append(
+                        Violation(path, b.lineno, f"Protocol {node.name} declares another class's private {name}")
+                    )
+    return sorted(out, key=lambda v: v.line)
+
+
 # --- the tests -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rule", [index_table_access], ids=lambda r: r.__name__)
+@pytest.mark.parametrize("rule", [index_table_access, private_reach_in], ids=lambda r: r.__name__)
 def test_packages_follow(rule):
     files = source_files()
     assert INDEX_MODULE in files and len(files) > 40  # the scan sees the packages
@@ -171,6 +245,21 @@ BAD_SNIPPETS = {
         [2, 3, 4, 5, 6, 7],
     ),
 }
+
+
+BAD_SNIPPETS[private_reach_in] = (
+    "from typing import Protocol\n"
+    "class Readable(Protocol):\n"
+    "    _failed: object\n"  # 3: a Protocol typing another class's private attribute
+    "class Mine:\n"
+    "    def __init__(self, ds):\n"
+    "        self._mine = ds._costs\n"  # 6: WindowDataset's (stream/dataset.py)
+    "        ds._first_chunk = 3\n"  # 7: written from outside
+    "        self._own = self._mine\n"
+    "        other = Mine(ds)._mine\n"  # this module's own class
+    "        torch._C._storage_Use_Count(1)\n",  # another library's
+    [3, 6, 7],
+)
 
 
 @pytest.mark.parametrize("rule", list(BAD_SNIPPETS), ids=lambda r: r.__name__)

@@ -382,7 +382,7 @@ def test_worker_plan_interface_is_all_the_reader_needs(small):
     ds = WindowDataset(small, SPEC, seed=0)
     p = ds.plan(0, dataset_module.World())
     reversed_plan = WorkerPlan(p.episode[::-1].copy(), p.anchor[::-1].copy(), p.read_order, p.dropped, p.total_windows)
-    samples = list(reader_module.EpochReader(ds).samples(reversed_plan, 0, Telemetry()))
+    samples = list(reader_module.EpochReader(ds.read_context()).samples(reversed_plan, 0, Telemetry()))
     assert [check(s) for s in samples] == list(zip(p.episode[::-1].tolist(), p.anchor[::-1].tolist(), strict=True))
 
 
@@ -423,7 +423,7 @@ def test_random_plans_yield_their_windows_in_order_with_the_right_frames_within_
         reach = int(rng.integers(1, 30))
         monkeypatch.setattr(reader_module, "Scheduler", lambda d, p, r=reach: Scheduler(d, p, r))
         BudgetStore.budget, BudgetStore.peak = budget, 0
-        samples = list(reader_module.EpochReader(ds).samples(plan, 0, Telemetry()))
+        samples = list(reader_module.EpochReader(ds.read_context()).samples(plan, 0, Telemetry()))
         assert [check(s) for s in samples] == list(zip(plan.episode.tolist(), plan.anchor.tolist(), strict=True))
         tiny += BudgetStore.peak > budget // 2
     assert tiny, "some case must fill its budget (else the bound shows nothing)"

@@ -206,7 +206,7 @@ def test_probability_weights_set_each_dataset_share_of_an_epoch(mix):
             [(mix[0], 3.0), (mix[1], 1.0)], spec, seed=1, mix=Mixing(camera_map=CAMERA_MAP, weights="probability")
         )
         plan = ds.plan(epoch, World())
-        by = collections.Counter(ds._locate(int(e))[0] for e in plan.episode)
+        by = collections.Counter(ds.locate(int(e))[0] for e in plan.episode)
         counts.append(by)
         # Each episode's count is a stochastic rounding (off by less than 1): the share is exact up to that.
         assert abs(by[0] - 0.75 * total) < len(A_LENGTHS) and abs(by[1] - 0.25 * total) < len(B_LENGTHS)

@@ -50,7 +50,7 @@ def measure(root: str, setting: str, args) -> dict:
     plan = ds.plan(0, Ranks(0, 1).world().with_worker(0, args.workers))
     episodes, anchors = plan.episode[: args.windows], plan.anchor[: args.windows]
     policy = Lookahead(**{**ds.lookahead.__dict__, "first": args.batch_size})
-    demand = _Demands(EpochReader(ds), episodes, anchors).part(0, episodes.size)
+    demand = _Demands(EpochReader(ds.read_context()), episodes, anchors).part(0, episodes.size)
     sched = Scheduler(demand, policy)
     steps = list(sched)
     returned = int((demand.keys >= 0).sum())

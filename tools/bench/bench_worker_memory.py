@@ -99,7 +99,7 @@ def main() -> int:
     for epoch in range(args.epochs):
         t = time.perf_counter()
         samples = sum(len(b) for b in loader)
-        pids = [w.pid for w in loader._iterator._workers]
+        pids = loader.worker_pids()
         rows.append(
             {
                 "epoch": epoch,

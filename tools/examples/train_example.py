@@ -284,7 +284,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
         except ValueError as exc:  # a rank's state missing, or another seed: refused, say why
             print(f"[rank {rank}] {exc}", file=sys.stderr, flush=True)
             return 1
-    first_epoch = loader._epoch
+    first_epoch = loader.epoch
     keys = None
     if args.dump_keys:  # written through the whole run (flushed per step), closed at exit
         keys = open(f"{args.dump_keys}.rank{rank}.jsonl", "a" if args.resume else "w")  # noqa: SIM115
