@@ -1,4 +1,4 @@
-"""epishard cost-aware rank balancing (issue 5).
+"""epishard cost-aware rank balancing.
 
 - ``balance.cost``: per-window costs known before decoding (index + window spec -> features ->
   ``CostModel``), user cost functions, and a measured-cost hook for decoded samples.

@@ -4,7 +4,7 @@ In data-parallel training every step waits for the slowest rank. ``balanced_step
 samples of known cost (``balance.cost``) into global steps so that in every step all ranks hold
 the same number of samples and nearly the same total cost, and the samples of one step have
 similar costs (little padding). It follows the load-balancing sampler reported for multimodal SFT
-(8 GPUs, 27.14 -> 45.48 samples/s; the algorithm quoted in issue 5):
+(8 GPUs, 27.14 -> 45.48 samples/s; the algorithm as reported there):
 
 1. sort samples by cost, descending, so a global step holds samples of similar cost;
 2. inside a step, give each sample (heaviest first) to the rank whose total grows least among

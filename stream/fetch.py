@@ -564,8 +564,8 @@ def bridge(ranges: list[tuple[int, int]], extra: float, max_gap: int) -> list[tu
     within ``(1 + extra)`` times the bytes ``ranges`` cover (their union). Returns the joined ranges,
     sorted and disjoint; each input range lies inside one of them. ``extra=0`` or ``max_gap=0``:
     only overlapping and touching ranges are joined. For a source where a request costs far more
-    than its bytes (object storage: a round trip and the server's work per request; the bytes
-    allowance of issue 21 is 1.5x the groups of pictures a sample needs). Like Arrow's
+    than its bytes (object storage: a round trip and the server's work per request; the default
+    bytes allowance is 1.5x the groups of pictures a sample needs). Like Arrow's
     ``ReadRangeCache`` hole limit, with a byte budget on top.
     """
     if not ranges:

@@ -42,7 +42,7 @@ _FRAME_BITS = 32
 
 
 PICTURE_SHARE = 0.75  # ``Lookahead(pictures=None)``: a kept picture's bytes at most this share of its RGB's
-WORKER_BYTES = 1_500_000_000  # issue 16: a worker's default budget at 640x480, bytes (1.5 GB)
+WORKER_BYTES = 1_500_000_000  # a worker's default budget at 640x480, bytes (1.5 GB)
 INTERPRETER_BYTES = 448 << 20  # a forked DataLoader worker before it reads: Python, torch, torchcodec, index
 
 

@@ -73,7 +73,7 @@ def v2_src(tmp_path_factory) -> str:
 KILLED_AT_MARKER = """
 import os, signal, sys
 from epishard.cli import main
-from epishard.shardwriter import format as fmt
+from epishard.format import manifest as fmt
 from epishard.stream import WindowDataset, WindowSpec
 rename = os.replace
 def replace(src, dst):

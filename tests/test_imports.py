@@ -24,7 +24,6 @@ import ast
 import itertools
 import os
 import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -398,53 +397,28 @@ def test_the_check_reports_a_planted_longer_cycle_and_format_importing_the_write
     )
 
 
-# --- the old paths of the contract's modules --------------------------------------------------------
+# --- the old paths of the contract's modules are gone -----------------------------------------------
 
 OLD_PATHS = {
-    "epishard.shardwriter.format": ("epishard.format.manifest", ["Manifest", "MANIFEST_NAME", "FormatError", "_Entry"]),
-    "epishard.shardwriter.index": ("epishard.format.index", ["WindowIndex", "dataset_index_bytes"]),
-    "epishard.shardwriter.validate": ("epishard.format.validate", ["check_index", "check_manifest", "_holds"]),
-    "epishard.shardwriter.storage": (
-        "epishard.format.storage",
-        ["Storage", "FileSystemHandle", "parse_storage_options"],
-    ),
-    "epishard.shardwriter.verified": ("epishard.format.verified", ["is_verified", "record_verified"]),
-    "epishard.shardwriter.stats": ("epishard.format.stats", ["numeric_matrix", "DatasetStats"]),
-    "epishard.shardwriter.retry": ("epishard.format.retry", ["RetryBudgetExceeded", "call_with_budget"]),
-    "epishard.shardwriter.untrusted": ("epishard.format.untrusted", ["loads", "printable", "MAX_JSON_BYTES"]),
-}
-MOVED_BETWEEN_MODULES = {
-    ("epishard.shardwriter.validate", "load_dataset_index"): "epishard.format.opening",
-    ("epishard.shardwriter.validate", "load_shard_indexes"): "epishard.format.opening",
-    ("epishard.shardwriter.untrusted", "container_frames"): "epishard.format.decoder",
+    "epishard.shardwriter.format": "epishard.format.manifest",
+    "epishard.shardwriter.index": "epishard.format.index",
+    "epishard.shardwriter.validate": "epishard.format.validate",
+    "epishard.shardwriter.storage": "epishard.format.storage",
+    "epishard.shardwriter.verified": "epishard.format.verified",
+    "epishard.shardwriter.stats": "epishard.format.stats",
+    "epishard.shardwriter.retry": "epishard.format.retry",
+    "epishard.shardwriter.untrusted": "epishard.format.untrusted",
 }
 
 
 @pytest.mark.parametrize("old", sorted(OLD_PATHS))
-def test_an_old_path_warns_and_gives_the_same_objects(old):
+def test_an_old_writer_path_of_a_contract_module_is_gone(old):
+    """The deprecation aliases lived one release (CHANGELOG: what to import instead)."""
     import importlib
-    import subprocess
 
-    new, names = OLD_PATHS[old]
-    # A fresh interpreter: here the old module may already be imported (its warning spent).
-    code = (
-        "import importlib, warnings\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always')\n"
-        f"    old = importlib.import_module({old!r})\n"
-        "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == repr([f"{old} is deprecated; import {new}"])
-    with warnings.catch_warnings():  # checked above, in a fresh interpreter
-        warnings.simplefilter("ignore", DeprecationWarning)
-        module = importlib.import_module(old)
-    target = importlib.import_module(new)
-    for name in names:
-        assert getattr(module, name) is getattr(target, name), name
-    for (path, name), home in MOVED_BETWEEN_MODULES.items():
-        if path == old:
-            assert getattr(module, name) is getattr(importlib.import_module(home), name)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
+    assert importlib.import_module(OLD_PATHS[old]).__name__ == OLD_PATHS[old]
 
 
 def test_the_writer_and_the_top_level_export_the_contracts_objects_without_a_warning():

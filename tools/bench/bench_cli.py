@@ -3,7 +3,7 @@
 Each case runs `python -m epishard ARGS` in a fresh interpreter (what a user waits for: interpreter
 start, imports, parsing, exit), N times, alternating the cases within a round; prints the median
 and the spread per case, and the heavy modules the command imported (there should be none). The
-target (issue 12, item 4): under 0.5 s for `--help` and argument errors.
+target: under 0.5 s for `--help` and argument errors.
 
     .venv/bin/python tools/bench/bench_cli.py [--runs 15] [--json]
 """

@@ -1,4 +1,4 @@
-"""Time to the first batch at up to 1,000,000 episodes, end to end, with its parts (issue 16, item 5).
+"""Time to the first batch at up to 1,000,000 episodes, end to end, with its parts.
 
 The dataset: ``DATASET`` (a converted dataset, e.g. ``make demo``'s ``out/demo``) tiled to
 ``--episodes`` episodes (``tools/bench/bench_indexload.py``'s ``tile``: each shard's tar laid 32

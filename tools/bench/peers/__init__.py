@@ -1,7 +1,7 @@
 """Benchmark (``tools/bench/bench_peers.py``): the honest table. epishard's reader beside the loaders users
 would pick instead, at the same batch diversity and output dtype, and against the decode limit.
 
-What makes it honest (issue 16, item 1):
+What makes it honest:
 
 - **Batch diversity is a figure of every row**: distinct episodes per batch and the probability that two
   samples of a batch share an episode, measured over the timed batches, next to their exact

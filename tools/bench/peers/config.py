@@ -24,7 +24,7 @@ COUNTERS = (
     "decoder_opens",
     "frames_unique",
 )
-TARGET = 3.0  # issue 16: samples/s at least 3x LeRobot 0.6.1 with the same output dtype ...
+TARGET = 3.0  # samples/s at least 3x LeRobot 0.6.1 with the same output dtype ...
 DECODE_TARGET = 0.8  # ... or, where 3x exceeds the decode limit, at least 0.8 of it
 # Issue 21, on AV1 (LeRobot's default recording: GOP 2): at least 2x LeRobot 0.6.1 with the same dtype,
 # or 0.8 of the GOP-aware decode limit, whichever is lower.

@@ -10,7 +10,7 @@ every anchor of every episode (the window's offsets 0, 4, ..., 32 clamped at the
 
       limit = cores / sum_c (d_c / rate_c)            samples/s
 
-  (issue 16: "decode-to-RGB frames/s of ffmpeg -threads 1 x cores / distinct frames a sample
+  ("decode-to-RGB frames/s of ffmpeg -threads 1 x cores / distinct frames a sample
   needs"). It ignores the GOP: a frame after a keyframe costs the frames before it.
 - **GOP-aware limit** (``samples_per_s_gop``): a sample needs ``g_c`` decoded frames, counting the
   lead-in: for each window frame, the frames from the keyframe at or before it up to it, decoding
