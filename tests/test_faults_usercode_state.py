@@ -256,7 +256,7 @@ def test_a_hostile_state_is_refused_naming_the_field(intact, saved, attack):
     if error is StateTypeError:
         assert isinstance(error("x"), TypeError)
     # The loader is untouched: it runs epoch 0 from its start.
-    assert loader.state_dict()["epoch"] == 0 and loader.dataset._resume is None
+    assert loader.state_dict()["epoch"] == 0 and loader.dataset.cursor.pending is None
 
 
 @pytest.mark.parametrize(
@@ -355,7 +355,7 @@ def test_a_long_history_is_replayed_once_to_check_its_counts(intact, saved, monk
     loader = _fresh_loader(intact)
     loader.load_state_dict({**saved, "history": history})
     assert calls == [40]
-    assert loader.dataset._resume.skip == (6,) and len(loader.dataset._resume.history) == 40
+    assert loader.dataset.cursor.pending.skip == (6,) and len(loader.dataset.cursor.pending.history) == 40
     # A level past its windows is still named (found in the same replay).
     history = [*history[:5], {"world_size": 2, "num_workers": 1, "consumed": [61, 0]}, *history[:3]]
     calls.clear()
@@ -382,7 +382,7 @@ def test_a_state_of_another_dataset_is_refused_naming_its_plan_digest(intact, sa
     digests = r"field 'plan_digest' is '[0-9a-f]{32}', this reader's plan is '[0-9a-f]{32}'"
     with pytest.raises(StateError, match=digests):
         loader.load_state_dict(saved)
-    assert loader.dataset._resume is None
+    assert loader.dataset.cursor.pending is None
     # A state saved before the digest was recorded still loads (and resumes exactly on its own data).
     old = {k: v for k, v in saved.items() if k != "plan_digest"}
     again = _fresh_loader(intact)
