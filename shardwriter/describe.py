@@ -11,11 +11,11 @@ import sys
 import numpy as np
 
 from epishard.format import manifest as fmt
-from epishard.format.opening import load_shard_indexes, not_a_dataset
+from epishard.format.opening import load_shard_indexes, open_manifest
 from epishard.format.storage import Storage
-from epishard.format.untrusted import check_size, printable
+from epishard.format.untrusted import printable
 from epishard.format.validate import totals_mismatches
-from epishard.redact import redact, scrubbed
+from epishard.redact import scrubbed
 
 
 @scrubbed  # its exceptions and their chains name no credentials
@@ -34,16 +34,8 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
             (``validate.totals_mismatches``).
     """
     storage = Storage(root, storage_options)
-    if not storage.exists(fmt.MANIFEST_NAME):
-        if (refused := not_a_dataset(root, storage_options)) is not None:
-            raise refused
-        storage.names()  # raises for a missing bucket (naming it) or denied access
-        raise FileNotFoundError(
-            f"no {fmt.MANIFEST_NAME} in {redact(root)} (not a dataset, or the conversion is unfinished)"
-        )
-    where = storage.path(fmt.MANIFEST_NAME)
-    check_size(storage.size(fmt.MANIFEST_NAME), where, fmt.FormatError)  # before a byte of it is read
-    manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), where)
+    manifest = open_manifest(storage, root, storage_options)
+    where = f"{storage.url}/{fmt.MANIFEST_NAME}"
     mismatches = totals_mismatches(manifest)
     if mismatches:  # the summary would print them as the dataset's size
         raise fmt.FormatError(f"{where}: " + "; ".join(mismatches) + " (run epishard verify)")

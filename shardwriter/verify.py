@@ -14,7 +14,6 @@ what the indexes hold.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import logging
@@ -30,9 +29,8 @@ from epishard.format import manifest as fmt
 from epishard.format.decoder import container_frames
 from epishard.format.errors import FormatError
 from epishard.format.index import WindowIndex
-from epishard.format.opening import not_a_dataset
+from epishard.format.opening import ManifestMissing, open_manifest
 from epishard.format.storage import NotARegularFile, Storage
-from epishard.format.untrusted import check_size
 from epishard.format.validate import check_index, totals_mismatches
 from epishard.redact import redact, scrubbed
 
@@ -255,24 +253,19 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
             (nothing it names is opened then). NotARegularFile: it is a FIFO, directory or device.
     """
     storage = Storage(root, storage_options)
-    if not storage.exists(fmt.MANIFEST_NAME):
-        if (refused := not_a_dataset(root, storage_options)) is not None:
-            raise refused
-        if not storage.names():  # raises for a missing bucket or denied access
-            raise FileNotFoundError(errno.ENOENT, "no such dataset folder (or it is empty)", redact(root))
+    try:
+        manifest = open_manifest(storage, root, storage_options)
+    except ManifestMissing as exc:  # files, but no manifest: a report, not an error
         return {
             "ok": False,
             "shards": 0,
             "episodes": 0,
             "problems": [
-                {"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {redact(root)} (conversion unfinished?)"}
+                {"shard": None, "message": f"no {fmt.MANIFEST_NAME} in {exc.filename} (conversion unfinished?)"}
             ],
             "notes": [],
             "notes_by_kind": {},
         }
-    where = f"{storage.url}/{fmt.MANIFEST_NAME}"
-    check_size(storage.size(fmt.MANIFEST_NAME), where, FormatError)  # before a byte of it is read
-    manifest = fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), where)
     problems, indexes = [], []
     for entry in tqdm(manifest.shards, unit="shard", desc="verify", disable=not progress, file=sys.stderr):
         try:

@@ -6,7 +6,10 @@
 - ``load_shard_indexes``: every per-shard ``*.index.parquet`` the manifest lists, each against its
   ``index_sha256``, then the schema and values of all of them;
 - ``NotConverted``, ``lerobot_instead``: a LeRobot dataset or a Hugging Face repo id given where a
-  converted dataset was expected is named as one, with the ``epishard convert`` command to run.
+  converted dataset was expected is named as one, with the ``epishard convert`` command to run;
+- ``open_manifest``: a dataset folder's checked manifest, or what the folder is instead (the one
+  opening ``verify`` and ``inspect`` share; the reader's ``DatasetSource`` reads through its retry
+  policy, then checks the same way).
 
 Each load raises ``FormatError`` (``epishard.format.errors``) naming the file and the field.
 """
@@ -25,10 +28,18 @@ from . import manifest as fmt
 from .errors import FormatError
 from .index import WindowIndex
 from .storage import Storage
-from .untrusted import printable
+from .untrusted import check_size, printable
 from .validate import check_digest, check_index
 
-__all__ = ["NotConverted", "lerobot_instead", "load_dataset_index", "load_shard_indexes", "not_a_dataset"]
+__all__ = [
+    "ManifestMissing",
+    "NotConverted",
+    "lerobot_instead",
+    "load_dataset_index",
+    "load_shard_indexes",
+    "not_a_dataset",
+    "open_manifest",
+]
 
 
 def load_dataset_index(data, manifest: fmt.Manifest, where: str, hashed: bool = False) -> WindowIndex:
@@ -131,3 +142,39 @@ def not_a_dataset(root: object, storage_options: dict | None = None) -> FileNotF
     if "://" not in root and not os.path.exists(root):
         return FileNotFoundError(errno.ENOENT, "no such dataset folder", root)
     return None
+
+
+class ManifestMissing(FileNotFoundError):
+    """A folder (or bucket prefix) that holds files but no ``manifest.json``.
+
+    Not a dataset, or a conversion unfinished. ``filename``: the folder (credentials redacted).
+    """
+
+
+def open_manifest(storage: Storage, root: str, storage_options: dict | None = None) -> fmt.Manifest:
+    """The checked manifest of the converted dataset at ``root`` (``storage``: its folder).
+
+    Its size is held against ``MAX_JSON_BYTES`` before a byte is read, then ``Manifest.load`` checks
+    every field (nothing it names is opened before that).
+
+    Raises:
+        NotConverted (a FileNotFoundError): ``root`` is a LeRobot dataset or a Hugging Face repo id.
+        FileNotFoundError: no such folder, or an empty one (errno ENOENT, ``filename``: ``root``);
+            a missing bucket; PermissionError: the store refuses to list it.
+        ManifestMissing (a FileNotFoundError): files, but no ``manifest.json``.
+        FormatError (a ValueError): the manifest is too large or breaks the format (naming the file).
+    """
+    if not storage.exists(fmt.MANIFEST_NAME):
+        if (refused := not_a_dataset(root, storage_options)) is not None:
+            raise refused
+        shown = redact(root)
+        if not storage.names():  # raises for a missing bucket (naming it) or denied access
+            raise FileNotFoundError(
+                errno.ENOENT, f"no {fmt.MANIFEST_NAME}: no such dataset folder, or it is empty", shown
+            )
+        raise ManifestMissing(
+            errno.ENOENT, f"no {fmt.MANIFEST_NAME} (not a dataset, or the conversion is unfinished)", shown
+        )
+    where = f"{storage.url}/{fmt.MANIFEST_NAME}"
+    check_size(storage.size(fmt.MANIFEST_NAME), where, FormatError)  # before a byte of it is read
+    return fmt.Manifest.load(storage.read(fmt.MANIFEST_NAME), where)
