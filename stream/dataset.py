@@ -82,6 +82,7 @@ from .mixplan import BatchByDataset, mix_table
 from .options import Mixing, Ranks, ReadOptions, Stages
 from .plan import (
     EpochCuts,
+    GlobalShuffle,
     Progress,
     WorkerPlan,
     World,
@@ -157,11 +158,14 @@ class WindowDataset(IterableDataset):
         shuffle: episodes per shuffle pool (``stream.shuffle.pool_shuffle``): each consumer's windows
             are permuted within consecutive pools of that many episodes in read order. Small: an
             episode's windows close together in time (one decode serves several), fewer distinct
-            episodes per batch; large: diversity near i.i.d. ``None``: one pool (the most diverse);
-            ``0``: read order. ``"auto"`` (default): the most episodes whose frames the look-ahead
-            frame cache holds (``Lookahead.frame_cache_bytes``), at most ``8 x batch_size`` (at least
-            0.94 of i.i.d.'s distinct episodes per batch; 512 when the batch size is unknown) and at
-            least the pool that keeps 0.92 of a batch distinct (``stream.shuffle.budget_shuffle_episodes``).
+            episodes per batch; large: diversity near i.i.d. ``None``: one pool (all of the
+            consumer's episodes); ``0``: read order. ``"global"``: every window of the epoch dealt
+            at random to every rank and worker (``stream.plan.GlobalShuffle``: a batch drawn from
+            the whole dataset, as i.i.d.; each window decoded on its own). ``"auto"`` (default): the
+            most episodes whose frames the look-ahead frame cache holds (``Lookahead.frame_cache_bytes``),
+            at most ``8 x batch_size`` (at least 0.94 of i.i.d.'s distinct episodes per batch; 512 when
+            the batch size is unknown) and at least the pool that keeps 0.92 of a batch distinct
+            (``stream.shuffle.budget_shuffle_episodes``).
         ranks: this process's rank, the world size and the DataLoader workers (``Ranks``; None:
             ``torch.distributed``'s when initialised, else rank 0 of 1).
         batch_size: the per-rank batch size, when known before a ``WindowLoader`` gives its own:
@@ -181,7 +185,8 @@ class WindowDataset(IterableDataset):
             options, ``FetchPolicy``, ``Lookahead``, ``defer_float``, ``telemetry``).
 
     Raises:
-        ValueError: ``shuffle`` neither ``"auto"``, ``None`` nor an int >= 0; a negative dataset
+        ValueError: ``shuffle`` neither ``"auto"``, ``"global"``, ``None`` nor an int >= 0 (or
+            ``"global"`` with a deal stage); a negative dataset
             weight; ``select`` of another length than the datasets; a selection that keeps no
             episode; and what ``stream.mix.mix_layout`` refuses.
 
@@ -196,7 +201,7 @@ class WindowDataset(IterableDataset):
         spec: WindowSpec,
         *,
         seed: int = 0,
-        shuffle: int | Literal["auto"] | None = "auto",
+        shuffle: int | Literal["auto", "global"] | None = "auto",
         ranks: Ranks | None = None,
         batch_size: int | None = None,
         postprocess: PostProcess | None = None,
@@ -207,10 +212,16 @@ class WindowDataset(IterableDataset):
         read: ReadOptions | None = None,
     ):
         super().__init__()
-        if not (shuffle in ("auto", None) or (isinstance(shuffle, int) and shuffle >= 0)):
-            raise ValueError(f"shuffle must be 'auto', None or an int >= 0 (episodes per pool), not {shuffle!r}")
+        if not (shuffle in ("auto", "global", None) or (isinstance(shuffle, int) and shuffle >= 0)):
+            raise ValueError(
+                f"shuffle must be 'auto', 'global', None or an int >= 0 (episodes per pool), not {shuffle!r}"
+            )
         self.ranks, self.mix = ranks or Ranks(), mix or Mixing()
         self.stages, self.read = stages or Stages(), read or ReadOptions()
+        if shuffle == "global":
+            if self.stages.deal is not None:
+                raise ValueError("shuffle='global' deals the windows itself: it takes no Stages(deal=...)")
+            self.stages = dataclasses.replace(self.stages, deal=GlobalShuffle())
         items = sources if isinstance(sources, list) else [sources]
         pairs = [item if isinstance(item, tuple) else (item, 1.0) for item in items]
         self.fetch = self.read.fetch or FetchPolicy()
@@ -326,6 +337,8 @@ class WindowDataset(IterableDataset):
 
         ``batch_size``: the loader's, when this dataset was given none (``state_dict`` for a loader).
         """
+        if self.shuffle == "global":  # no pool: the global deal orders every consumer's windows
+            return None
         if self.shuffle != "auto":
             return self.shuffle
         if self._live_bytes is None:
@@ -507,7 +520,10 @@ class WindowDataset(IterableDataset):
         A mid-epoch state saved under another one (another dataset, selection or spec) is refused.
         """
         t = self.table
-        return plan_digest([t.shard, t.lo, t.hi, t.weight, t.stratum, t.gaps], self.spec.stride, self.spec.sampling)
+        arrays = [t.shard, t.lo, t.hi, t.weight, t.stratum, t.gaps]
+        if self.shuffle == "global":  # the same windows in another order: its states are not another plan's
+            return plan_digest(arrays, self.spec.stride, self.spec.sampling, "global")
+        return plan_digest(arrays, self.spec.stride, self.spec.sampling)
 
     def load_state_dict(self, state: dict | list[dict], num_workers: int = 0) -> None:
         """Continue exactly where ``state`` was taken (``stream.resume.load_state``).

@@ -57,7 +57,7 @@ all vectorised.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -83,6 +83,7 @@ STATE_VERSION = 4
 SAME_PLAN_SINCE = 4
 
 _SALT_SHARDS, _SALT_ANCHORS, _SALT_DROP = 1, 2, 3  # (the shuffle's: 4, ``stream.shuffle``; the group stage's: 31)
+_SALT_GLOBAL = 5  # ``GlobalShuffle``'s permutation
 
 
 def expected_windows(anchors: np.ndarray, per_episode: PerEpisode, weight: np.ndarray | float = 1.0) -> np.ndarray:
@@ -640,6 +641,42 @@ def deal(
         per_consumer=sum(n for _, _, n in cuts),
         dropped=dropped,
     )
+
+
+@dataclass(frozen=True)
+class GlobalShuffle:
+    """The global shuffle (a ``stream.stages.DealStage``; ``WindowDataset(shuffle="global")``).
+
+    Every window of the epoch is dealt at random: the plan's own ``deal`` first leaves out its
+    remainder (the same windows as without this stage), then one uniform random permutation of all
+    kept windows (by ``(seed, epoch, level)``) is cut into the consumers' equal parts, each yielded in
+    that order (``keeps_order``: no pool shuffle after it). Any window of the dataset can follow any
+    other, on every rank and worker: a batch is drawn from the whole epoch without replacement, as a
+    shuffled sampler over every window would draw it (batch diversity that of i.i.d. sampling, to
+    ``O(batch / windows)``), each window once per epoch, resumable and elastic like every deal stage.
+
+    Cost: a consumer's windows come from every episode, so reading them decodes each window's own
+    groups of pictures (fetched alone where the index has packet tables) and the look-ahead frame
+    cache seldom serves two windows.
+    """
+
+    keeps_order: bool = field(default=True, init=False)
+
+    def __call__(
+        self,
+        table: EpisodeTable,
+        episode: np.ndarray,
+        anchor: np.ndarray,
+        world_size: int,
+        num_workers: int,
+        seed: int,
+        epoch: int,
+        level: int,
+    ) -> GlobalPlan:
+        """The windows (int64 ``[N]`` ``episode``, ``anchor`` in plan order) dealt at random: a ``GlobalPlan``."""
+        kept = deal(table, episode, anchor, world_size * num_workers, seed, epoch, level)
+        order = rng_for(seed, epoch, _SALT_GLOBAL, level).permutation(kept.episode.size)
+        return GlobalPlan(kept.episode[order], kept.anchor[order], kept.per_consumer, kept.dropped)
 
 
 def _interleave(pieces: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -83,7 +83,7 @@ class Resumable(Protocol):
     """What resuming takes from (and sets on) the ``WindowDataset`` it resumes (``stream.dataset``)."""
 
     epoch: int  # the epoch the next iteration runs
-    shuffle: int | Literal["auto"] | None  # the shuffle pool as given ("auto": resolved by pool_episodes)
+    shuffle: int | Literal["auto", "global"] | None  # the shuffle as given ("auto": resolved by pool_episodes)
     cursor: Cursor  # where the iteration stands
 
     @property
