@@ -42,9 +42,9 @@ class StreamRun:
     ``action_horizon``-row action chunk; ``per_episode_count`` / ``per_episode_fraction``: windows
     per episode per epoch (``WindowSpec``'s); ``size``: ``"HxW"`` to resize frames; ``float``: float32 frames
     in [0, 1]. ``batches``: batches to run (0: one epoch). ``shuffle_episodes``: the plan's pool
-    (``WindowDataset``'s); ``horizon``, ``frame_cache_mb``: the look-ahead (``stream.lookahead.Lookahead``'s
-    ``horizon`` windows, ``frame_cache_bytes`` in MiB). ``storage_options``: fsspec options
-    for a URL (``epishard.format.storage.resolve_storage_options``).
+    (``WindowDataset``'s ``shuffle``, ``"global"`` included); ``horizon``, ``frame_cache_mb``: the
+    look-ahead (``stream.lookahead.Lookahead``'s ``horizon`` windows, ``frame_cache_bytes`` in MiB).
+    ``storage_options``: fsspec options for a URL (``epishard.format.storage.resolve_storage_options``).
     """
 
     dataset: str
@@ -63,7 +63,7 @@ class StreamRun:
     batches: int = 50
     workers: int = 2
     seed: int = 0
-    shuffle_episodes: int | Literal["auto"] | None = "auto"
+    shuffle_episodes: int | Literal["auto", "global"] | None = "auto"
     horizon: int = 256
     frame_cache_mb: int = Lookahead.frame_cache_bytes >> 20
     storage_options: dict | None = field(default=None, repr=False)  # secrets: never shown

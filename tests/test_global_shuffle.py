@@ -149,3 +149,13 @@ def test_a_state_of_the_global_shuffle_is_refused_by_another_shuffle(dataset):
         from epishard.stream.options import Stages
 
         WindowDataset(dataset, SPEC, shuffle="global", stages=Stages(deal=GlobalDeal(lambda e, a: e * 1.0, 2)))
+
+
+def test_epishard_stream_takes_the_global_shuffle(dataset, capsys):
+    from epishard.cli import main
+
+    assert main(["stream", dataset, "--shuffle-episodes", "global", "--batches", "2", "--batch-size", "4", "-q"]) == 0
+    assert "8 samples in 2 batches" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["stream", dataset, "--shuffle-episodes", "globall"])
+    assert "'auto', 'all' or 'global'" in capsys.readouterr().err

@@ -38,11 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--shuffle-episodes",
         type=_pool,
         default="auto",
-        metavar="N|auto|all",
+        metavar="N|auto|all|global",
         help="episodes whose windows are shuffled together in each worker's order: fewer decode each "
         "episode's frames for more windows at once (reuse), more give batches of more episodes (diversity); "
         "auto: the most episodes whose frames fit the frame cache, at most 8 x batch size and at least "
-        "the pool that keeps 0.92 of a batch distinct; all: the worker's whole share; 0: read order",
+        "the pool that keeps 0.92 of a batch distinct; all: the worker's whole share; 0: read order; "
+        "global: every window of the epoch dealt at random to every worker (i.i.d. diversity)",
     )
     p.add_argument(
         "--horizon", type=int, default=256, help="look-ahead: windows per decode chunk (one call per episode camera)"
@@ -75,10 +76,10 @@ def frame_count(text: str) -> int:
 
 
 def _pool(text: str) -> int | str | None:
-    """``--shuffle-episodes``: an int >= 0, ``auto`` or ``all`` (None: the whole share)."""
-    if text in ("auto", "all"):
+    """``--shuffle-episodes``: an int >= 0, ``auto``, ``all`` (None: the whole share) or ``global``."""
+    if text in ("auto", "all", "global"):
         return None if text == "all" else text
-    return _whole(text, "episodes", 0, ", 'auto' or 'all'")
+    return _whole(text, "episodes", 0, ", 'auto', 'all' or 'global'")
 
 
 def add_per_episode_arguments(p: argparse.ArgumentParser) -> None:

@@ -73,7 +73,9 @@ class System:
     through torchcodec (``FetchPolicy(packets=False)``); ``ray``: epishard's batches made by Ray actors
     (``RayWindowLoader``, one actor per worker on a local Ray cluster of ``--workers`` CPUs, as Ray
     Data's read tasks), not DataLoader workers; ``recycle``: ``WindowLoader``'s default recycled batch
-    buffers (False: every batch in fresh shared memory, ``recycle_buffers=False``).
+    buffers (False: every batch in fresh shared memory, ``recycle_buffers=False``); ``shuffle``:
+    epishard's ``WindowDataset(shuffle=...)`` (None: its default, ``"auto"``; ``"global"``: every
+    window of the epoch dealt at random, i.i.d. diversity).
     """
 
     id: str
@@ -85,6 +87,7 @@ class System:
     packets: bool = True
     ray: bool = False
     recycle: bool = True
+    shuffle: str | None = None
 
     @property
     def label(self) -> str:
@@ -99,8 +102,9 @@ class System:
             whole = "" if self.packets else " whole"
             ray = " Ray actors" if self.ray else ""
             fresh = "" if self.recycle else " fresh"
+            shuffle = f" {self.shuffle}" if self.shuffle else ""
             label = f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}")
-            return label + reuse + whole + ray + fresh
+            return label + reuse + whole + ray + fresh + shuffle
         return f"{self.kind} {dt}"
 
     @property
@@ -133,6 +137,8 @@ SYSTEMS = {
         System("es-ray-u8", "epishard", dtype="uint8", ray=True),
         System("es-u8-fresh", "epishard", dtype="uint8", recycle=False),
         System("es-f32-fresh", "epishard", recycle=False),
+        System("es-u8-global", "epishard", dtype="uint8", shuffle="global"),
+        System("es-f32-global", "epishard", shuffle="global"),
     )
 }
 PEERS = (
@@ -160,6 +166,8 @@ ON_REQUEST = (
     "es-ray-u8",
     "es-u8-fresh",
     "es-f32-fresh",
+    "es-u8-global",
+    "es-f32-global",
 )
 DEFAULT = [k for k in SYSTEMS if k not in ON_REQUEST]
 QUICK = ["lerobot061-u8", "webdataset", "naive", "es-f32", "es-u8", "es-u8-pe4"]

@@ -61,6 +61,8 @@ def epishard_dataset(cfg: dict, system):
     )
     dtype = torch.float32 if system.dtype == "float32" else torch.uint8
     dataset_opts = dict(opts.get("dataset", {}))
+    if system.shuffle is not None:
+        dataset_opts.setdefault("shuffle", system.shuffle)
     read = ReadOptions(telemetry=True)
     if not system.packets:
         from epishard.stream.fetch import FetchPolicy
