@@ -37,15 +37,22 @@ workers (persistent), shuffled. Systems (``config.SYSTEMS``):
                  converted in the read tasks (``peers/raydata.py``; it needs ``lerobot`` >= 0.5
                  beside Ray, so it runs with the 0.6.1 peer's python and this venv's Ray; ``raydata``
                  (f32) on request).
+``lance-video``, ``lance-video-u8``, ``lance-jpeg``, ``lance-jpeg-u8``   lerobot-lancedb 0.3.1's
+                 ``LanceDBDataset`` (mp4 blobs) / 0.2.2's ``LeRobotLanceDataset`` (one JPEG per frame) on
+                 the release's own conversion of the tiled folder (made once, its time and size
+                 recorded), through ``peers/lance_harness.py`` in venvs built by
+                 ``../shared/peers/setup_lance_venvs.sh`` (after the 0.6.1 peer's); 6 items per copy
+                 compared with LeRobot 0.6.1's first (``lance_items_equal_to_lerobot``). On request.
 ``webdataset``   ``WebDataset(tars, resampled)`` -> ``shuffle(32)`` (episodes) -> one random anchor per
                  episode sample; per camera a fresh torchcodec decoder on the member's bytes,
                  ``get_frames_at`` the window's distinct frames, only those converted (float32 or u8).
 ``naive``        map-style over every (episode, anchor), shuffled by the DataLoader; per sample the
                  members read by the index's byte offsets, decoded and converted as ``webdataset``.
 ``es-*``         epishard ``WindowDataset`` + ``WindowLoader``, telemetry on, no resize; ``f32`` /
-                 ``u8`` output, ``all`` or ``pe4`` policy. ``--epishard-opt KEY=VALUE`` passes a
-                 ``WindowDataset`` keyword or ``WindowSpec`` field to every epishard system (feature-
-                 detected: keys this epishard lacks are printed and recorded as ignored).
+                 ``u8`` output, ``all`` or ``pe4`` policy; ``es-*-global``: ``shuffle="global"``.
+                 ``--epishard-opt KEY=VALUE`` passes a ``WindowDataset`` keyword or ``WindowSpec``
+                 field to every epishard system (feature-detected: keys this epishard lacks are
+                 printed and recorded as ignored).
 
 Reported per run (one JSON line each in ``--out``), medians per (dataset, system): samples/s, output
 dtype, diversity (measured, i.i.d., ratio), frames decoded per frame returned (epishard telemetry;

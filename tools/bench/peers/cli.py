@@ -17,9 +17,32 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .charts import charts, require
-from .config import DEFAULT, FRAMES, HORIZON, LEROBOT, MIN_EPISODES, QUICK, SPAN, STEP, SYSTEMS, log, shared_dir
+from .config import (
+    DEFAULT,
+    FRAMES,
+    HORIZON,
+    LANCE,
+    LEROBOT,
+    MIN_EPISODES,
+    QUICK,
+    SPAN,
+    STEP,
+    SYSTEMS,
+    log,
+    shared_dir,
+)
 from .measure import run_child
-from .runs import Dataset, find_datasets, peer_status, prepare, ray_status, run_env, run_system, setup_peers
+from .runs import (
+    Dataset,
+    find_datasets,
+    lance_status,
+    peer_status,
+    prepare,
+    ray_status,
+    run_env,
+    run_system,
+    setup_peers,
+)
 from .summary import LEGEND, headline, markdown, print_tables, summarize
 from .zygote import Zygote, zygote_main
 
@@ -252,6 +275,11 @@ def main(argv=None) -> int:
         if missing and any(s.lerobot == version for s in systems):
             print(f"skip LeRobot {version} peer: {missing}")
             systems = [s for s in systems if s.lerobot != version]
+    for version, lance in LANCE.items():
+        missing = lance_status(args, lance)
+        if missing and any(s.lance == version for s in systems):
+            print(f"skip Lance {version} peer: {missing}")
+            systems = [s for s in systems if s.lance != version]
     if any(s.kind == "raydata" for s in systems):
         missing = ray_status(args)
         if missing:

@@ -11,6 +11,7 @@ REPO = Path(__file__).resolve().parents[3]
 ENTRY = REPO / "tools" / "bench" / "bench_peers.py"  # the command; runs re-enter it with --zygote or --child
 HARNESS = Path(__file__).resolve().parent / "lerobot_harness.py"  # runs inside a LeRobot peer venv
 RAY_HARNESS = Path(__file__).resolve().parent / "raydata.py"  # Ray Data, run with the LeRobot 0.6.1 peer's python
+LANCE_HARNESS = Path(__file__).resolve().parent / "lance_harness.py"  # lerobot-lancedb, run in a Lance peer venv
 SPAN, FRAMES, STEP, HORIZON = 33, 9, 4, 16
 STAGES = ("read_s", "decode_s", "postprocess_s", "assemble_s", "collate_s")
 COUNTERS = (
@@ -60,6 +61,26 @@ LEROBOT = {
 
 
 @dataclass(frozen=True)
+class LancePeer:
+    """A lerobot-lancedb release in its own venv (``../shared/peers/setup_lance_venvs.sh``, after the
+    LeRobot 0.6.1 peer's), with its layout (``lance_harness.py --layout``) and the folder suffix of
+    its conversion of a LeRobot v3.0 dataset."""
+
+    version: str
+    venv: str
+    env: str
+    layout: str  # "lancedb": mp4 blobs (LanceDBDataset); "jpeg": one JPEG per frame (LeRobotLanceDataset)
+    suffix: str
+
+
+LANCE = {
+    "0.3.1": LancePeer("0.3.1", "/tmp/peer/lance/venv", "/tmp/peer/lance/env.sh", "lancedb", "lance031"),
+    "0.2.2": LancePeer("0.2.2", "/tmp/peer/lance/venv022", "/tmp/peer/lance/env022.sh", "jpeg", "jpeg022"),
+}
+LANCE_SETUP = "setup_lance_venvs.sh"
+
+
+@dataclass(frozen=True)
 class System:
     """One loader configuration.
 
@@ -88,6 +109,7 @@ class System:
     ray: bool = False
     recycle: bool = True
     shuffle: str | None = None
+    lance: str = ""
 
     @property
     def label(self) -> str:
@@ -97,6 +119,8 @@ class System:
             return f"LeRobot {self.lerobot} {dt}"
         if self.kind == "raydata":
             return f"Ray Data 2.60 {dt}"
+        if self.kind == "lance":
+            return f"Lance {LANCE[self.lance].layout} {self.lance} {dt}"
         if self.kind == "epishard":
             reuse = f" reuse{self.reuse_buffers}" if self.reuse_buffers else ""
             whole = "" if self.packets else " whole"
@@ -137,6 +161,10 @@ SYSTEMS = {
         System("es-ray-u8", "epishard", dtype="uint8", ray=True),
         System("es-u8-fresh", "epishard", dtype="uint8", recycle=False),
         System("es-f32-fresh", "epishard", recycle=False),
+        System("lance-video", "lance", lance="0.3.1"),
+        System("lance-video-u8", "lance", dtype="uint8", lance="0.3.1"),
+        System("lance-jpeg", "lance", lance="0.2.2"),
+        System("lance-jpeg-u8", "lance", dtype="uint8", lance="0.2.2"),
         System("es-u8-global", "epishard", dtype="uint8", shuffle="global"),
         System("es-f32-global", "epishard", shuffle="global"),
     )
@@ -168,6 +196,10 @@ ON_REQUEST = (
     "es-f32-fresh",
     "es-u8-global",
     "es-f32-global",
+    "lance-video",
+    "lance-video-u8",
+    "lance-jpeg",
+    "lance-jpeg-u8",
 )
 DEFAULT = [k for k in SYSTEMS if k not in ON_REQUEST]
 QUICK = ["lerobot061-u8", "webdataset", "naive", "es-f32", "es-u8", "es-u8-pe4"]

@@ -10,7 +10,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ENTRY, FRAMES, HARNESS, HORIZON, LEROBOT, RAY_HARNESS, REPO, SPAN, STEP, Peer, System, log
+from .config import (
+    ENTRY,
+    FRAMES,
+    HARNESS,
+    HORIZON,
+    LANCE,
+    LANCE_HARNESS,
+    LANCE_SETUP,
+    LEROBOT,
+    RAY_HARNESS,
+    REPO,
+    SPAN,
+    STEP,
+    LancePeer,
+    Peer,
+    System,
+    log,
+)
 from .pipelines import clamped
 from .zygote import Zygote
 
@@ -204,6 +221,110 @@ def run_lerobot(args, d: Dataset, system: System, seed: int) -> dict:
     }
 
 
+def lance_status(args, peer: LancePeer) -> str | None:
+    """None when this Lance peer can run, else the reason and how to set it up."""
+    if not Path(peer.venv, "bin", "python").exists() or not Path(peer.env).exists():
+        script = Path(args.peers_dir) / LANCE_SETUP
+        return (
+            f"Lance {peer.version} peer venv {peer.venv} not found: build the LeRobot 0.6.1 peer, then `bash {script}`"
+        )
+    return None
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def lance_copy(args, d: Dataset, peer: LancePeer) -> tuple[Path, dict]:
+    """``d``'s LeRobot folder converted by the Lance release's own converter (once; reused after), and
+    ``{"convert_s", "bytes"}``: the conversion's wall seconds and the copy's size on disk.
+
+    0.3.1: ``lerobot-lance-convert --root SRC --out OUT`` (mp4 blobs); 0.2.2:
+    ``lerobot-convert-to-lance --repo-id local/NAME --src-root SRC --output OUT --table-name NAME``
+    (one JPEG per frame; slow). Raises ``RuntimeError``: the converter failed.
+    """
+    name = Path(d.main).name
+    out = Path(args.work) / f"{name}.{peer.suffix}"
+    done = out.parent / f"{out.name}.done.json"
+    if done.exists():
+        return out, json.loads(done.read_text())
+    if peer.layout == "lancedb":
+        convert = f"lerobot-lance-convert --root {d.main} --out {out}"
+    else:
+        convert = (
+            f"lerobot-convert-to-lance --repo-id local/{name} --src-root {d.main} --output {out} --table-name {name}"
+        )
+    log(f"{d.name}: converting to Lance {peer.version} ({peer.layout}): {convert}")
+    t = time.perf_counter()
+    p = subprocess.run(
+        ["bash", "-c", f". {peer.env} && rm -rf {out} && {convert}"],
+        capture_output=True,
+        text=True,
+        timeout=args.timeout * 20,
+        env=run_env(args),
+    )
+    if p.returncode:
+        raise RuntimeError(f"Lance {peer.version} conversion of {d.main} failed: {p.stderr[-2000:]}")
+    facts = {"convert_s": round(time.perf_counter() - t, 1), "bytes": _folder_bytes(out)}
+    done.write_text(json.dumps(facts))
+    return out, facts
+
+
+def run_lance(args, d: Dataset, system: System, seed: int) -> dict:
+    """One lerobot-lancedb run through ``lance_harness.py`` in its release's venv, on its own
+    conversion of ``d``; its items are compared with LeRobot 0.6.1's once per copy (``--check``)."""
+    import numpy as np
+
+    from epishard.shardwriter import WindowIndex
+    from epishard.stream import diversity
+
+    peer = LANCE[system.lance]
+    root, facts = lance_copy(args, d, peer)
+    base = (
+        f". {peer.env} && exec {peer.venv}/bin/python {LANCE_HARNESS} {root} --layout {peer.layout} "
+        f"--meta-root {d.main} --workers {args.workers} --batch-size {args.batch_size} --warmup {args.warmup} "
+        f"--seconds {args.seconds} --min-batches {args.min_batches} --window {FRAMES} --stride {STEP} "
+        f"--action-horizon {HORIZON} --seed {seed}" + (" --uint8" if system.dtype == "uint8" else "")
+    )
+    checked = root.parent / f"{root.name}.check-{system.dtype}.json"
+    if not checked.exists():  # items against LeRobot 0.6.1 on the source folder (frames bit for bit for mp4 blobs)
+        p = subprocess.run(
+            ["bash", "-c", f"{base} --check 6 --source {d.main}"],
+            capture_output=True,
+            text=True,
+            timeout=args.timeout,
+            env=run_env(args),
+        )
+        lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+        checked.write_text(lines[-1] if lines and not p.returncode else json.dumps({"error": p.stderr[-1500:]}))
+    check = json.loads(checked.read_text())
+    p = subprocess.run(["bash", "-c", base], capture_output=True, text=True, timeout=args.timeout, env=run_env(args))
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode or not lines:
+        raise RuntimeError(f"Lance {peer.version} harness failed (exit {p.returncode}): {p.stderr[-2000:]}")
+    r = json.loads(lines[-1])
+    rows = WindowIndex.load_dataset(d.shards).num_rows  # every frame an anchor, as LeRobot
+    ref = diversity.iid(np.asarray(rows, dtype=np.float64), args.batch_size)
+    ids = r.pop("episode_ids")
+    return {
+        "system": system.id,
+        "label": system.label,
+        "kind": "lance",
+        "policy": "all",
+        "root": str(root),
+        "frames_decoded_per_returned": None,
+        "time_to_first_batch_s": r.get("time_to_first_batch_s"),
+        "worker_stage_s": None,
+        "bytes_read_per_sample": None,
+        "lance_convert_s": facts["convert_s"],
+        "lance_bytes": facts["bytes"],
+        "lance_items_equal_to_lerobot": check.get("frames_bit_exact"),
+        "lance_check": {k: v for k, v in check.items() if k != "indices"},
+        **{k: v for k, v in r.items() if k not in ("time_to_first_batch_s",)},
+        **diversity.summary(diversity.measured(ids), ref),
+    }
+
+
 RAY_SHUTDOWN_RACE = "The core worker has already been shutdown"
 
 
@@ -308,6 +429,8 @@ def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | Non
         rec = run_lerobot(args, d, system, seed)
     elif system.kind == "raydata":
         rec = run_raydata(args, d, system, seed)
+    elif system.kind == "lance":
+        rec = run_lance(args, d, system, seed)
     elif zygote is not None:
         rec = zygote.run(cfg, args.timeout)
     else:
