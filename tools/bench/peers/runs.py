@@ -183,6 +183,19 @@ def run_env(args) -> dict:
     return env
 
 
+def _harness_json(args, cmd: str, what: str) -> dict:
+    """The last JSON line a peer harness printed (``cmd``: a bash command line, its env file sourced).
+
+    Raises ``RuntimeError`` naming ``what`` (the harness failed or printed none) or
+    ``subprocess.TimeoutExpired`` (``--timeout`` seconds).
+    """
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=args.timeout, env=run_env(args))
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode or not lines:
+        raise RuntimeError(f"{what} harness failed (exit {p.returncode}): {p.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
 def run_lerobot(args, d: Dataset, system: System, seed: int) -> dict:
     """One LeRobot run through ``lerobot_harness.py`` in the release's venv."""
     import numpy as np
@@ -197,11 +210,7 @@ def run_lerobot(args, d: Dataset, system: System, seed: int) -> dict:
         f"--min-batches {args.min_batches} --window {FRAMES} --stride {STEP} --action-horizon {HORIZON} "
         f"--seed {seed}" + (" --uint8" if system.dtype == "uint8" else "")
     )
-    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=args.timeout, env=run_env(args))
-    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
-    if p.returncode or not lines:
-        raise RuntimeError(f"LeRobot {peer.version} harness failed (exit {p.returncode}): {p.stderr[-2000:]}")
-    r = json.loads(lines[-1])
+    r = _harness_json(args, cmd, f"LeRobot {peer.version}")
     rows = WindowIndex.load_dataset(d.shards).num_rows  # LeRobot samples every frame: every row an anchor
     ref = diversity.iid(np.asarray(rows, dtype=np.float64), args.batch_size)
     ids = r.pop("episode_ids")
@@ -288,21 +297,13 @@ def run_lance(args, d: Dataset, system: System, seed: int) -> dict:
     )
     checked = root.parent / f"{root.name}.check-{system.dtype}.json"
     if not checked.exists():  # items against LeRobot 0.6.1 on the source folder (frames bit for bit for mp4 blobs)
-        p = subprocess.run(
-            ["bash", "-c", f"{base} --check 6 --source {d.main}"],
-            capture_output=True,
-            text=True,
-            timeout=args.timeout,
-            env=run_env(args),
-        )
-        lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
-        checked.write_text(lines[-1] if lines and not p.returncode else json.dumps({"error": p.stderr[-1500:]}))
+        try:
+            found = _harness_json(args, f"{base} --check 6 --source {d.main}", f"Lance {peer.version} check")
+        except RuntimeError as exc:
+            found = {"error": str(exc)}
+        checked.write_text(json.dumps(found))
     check = json.loads(checked.read_text())
-    p = subprocess.run(["bash", "-c", base], capture_output=True, text=True, timeout=args.timeout, env=run_env(args))
-    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
-    if p.returncode or not lines:
-        raise RuntimeError(f"Lance {peer.version} harness failed (exit {p.returncode}): {p.stderr[-2000:]}")
-    r = json.loads(lines[-1])
+    r = _harness_json(args, base, f"Lance {peer.version}")
     rows = WindowIndex.load_dataset(d.shards).num_rows  # every frame an anchor, as LeRobot
     ref = diversity.iid(np.asarray(rows, dtype=np.float64), args.batch_size)
     ids = r.pop("episode_ids")
