@@ -196,12 +196,21 @@ def _harness_json(args, cmd: str, what: str) -> dict:
     return json.loads(lines[-1])
 
 
-def run_lerobot(args, d: Dataset, system: System, seed: int) -> dict:
-    """One LeRobot run through ``lerobot_harness.py`` in the release's venv."""
+def _every_frame_diversity(args, d: Dataset, ids: list[list[int]]) -> dict:
+    """Diversity figures of a peer's timed batches (``ids``: each batch's episode ids) against i.i.d.
+    sampling of every frame of ``d`` (LeRobot's and Lance's samplers draw every frame as an anchor)."""
     import numpy as np
 
     from epishard.shardwriter import WindowIndex
     from epishard.stream import diversity
+
+    rows = WindowIndex.load_dataset(d.shards).num_rows
+    reference = diversity.iid(np.asarray(rows, dtype=np.float64), args.batch_size)
+    return diversity.summary(diversity.measured(ids), reference)
+
+
+def run_lerobot(args, d: Dataset, system: System, seed: int) -> dict:
+    """One LeRobot run through ``lerobot_harness.py`` in the release's venv."""
 
     peer = LEROBOT[system.lerobot]
     cmd = (
@@ -211,9 +220,7 @@ def run_lerobot(args, d: Dataset, system: System, seed: int) -> dict:
         f"--seed {seed}" + (" --uint8" if system.dtype == "uint8" else "")
     )
     r = _harness_json(args, cmd, f"LeRobot {peer.version}")
-    rows = WindowIndex.load_dataset(d.shards).num_rows  # LeRobot samples every frame: every row an anchor
-    ref = diversity.iid(np.asarray(rows, dtype=np.float64), args.batch_size)
-    ids = r.pop("episode_ids")
+    spread = _every_frame_diversity(args, d, r.pop("episode_ids"))
     return {
         "system": system.id,
         "label": system.label,
@@ -226,7 +233,7 @@ def run_lerobot(args, d: Dataset, system: System, seed: int) -> dict:
         "worker_stage_s": None,
         "bytes_read_per_sample": None,
         **r,
-        **diversity.summary(diversity.measured(ids), ref),
+        **spread,
     }
 
 
@@ -282,10 +289,6 @@ def lance_copy(args, d: Dataset, peer: LancePeer) -> tuple[Path, dict]:
 def run_lance(args, d: Dataset, system: System, seed: int) -> dict:
     """One lerobot-lancedb run through ``lance_harness.py`` in its release's venv, on its own
     conversion of ``d``; its items are compared with LeRobot 0.6.1's once per copy (``--check``)."""
-    import numpy as np
-
-    from epishard.shardwriter import WindowIndex
-    from epishard.stream import diversity
 
     peer = LANCE[system.lance]
     root, facts = lance_copy(args, d, peer)
@@ -304,9 +307,7 @@ def run_lance(args, d: Dataset, system: System, seed: int) -> dict:
         checked.write_text(json.dumps(found))
     check = json.loads(checked.read_text())
     r = _harness_json(args, base, f"Lance {peer.version}")
-    rows = WindowIndex.load_dataset(d.shards).num_rows  # every frame an anchor, as LeRobot
-    ref = diversity.iid(np.asarray(rows, dtype=np.float64), args.batch_size)
-    ids = r.pop("episode_ids")
+    spread = _every_frame_diversity(args, d, r.pop("episode_ids"))
     return {
         "system": system.id,
         "label": system.label,
@@ -322,7 +323,7 @@ def run_lance(args, d: Dataset, system: System, seed: int) -> dict:
         "lance_items_equal_to_lerobot": check.get("frames_bit_exact"),
         "lance_check": {k: v for k, v in check.items() if k != "indices"},
         **{k: v for k, v in r.items() if k not in ("time_to_first_batch_s",)},
-        **diversity.summary(diversity.measured(ids), ref),
+        **spread,
     }
 
 
@@ -345,10 +346,6 @@ def run_raydata(args, d: Dataset, system: System, seed: int) -> dict:
     Raises ``RuntimeError``: the harness failed (``read_lerobot`` could not read the dataset, or gave
     windows of another shape: its error text is in the message).
     """
-    import numpy as np
-
-    from epishard.shardwriter import WindowIndex
-    from epishard.stream import diversity
 
     from .raydata import overlay
 
@@ -389,9 +386,7 @@ def run_raydata(args, d: Dataset, system: System, seed: int) -> dict:
         raise RuntimeError(f"Ray Data harness failed (exit {proc.returncode}): {stderr[-2000:]}")
     r = json.loads(lines[-1])
     r["harness_exit"] = proc.returncode
-    rows = WindowIndex.load_dataset(d.shards).num_rows  # every frame is an anchor (one row per frame)
-    ref = diversity.iid(np.asarray(rows, dtype=np.float64), args.batch_size)
-    ids = r.pop("episode_ids")
+    spread = _every_frame_diversity(args, d, r.pop("episode_ids"))  # every frame is an anchor
     return {
         "system": system.id,
         "label": system.label,
@@ -403,7 +398,7 @@ def run_raydata(args, d: Dataset, system: System, seed: int) -> dict:
         "worker_stage_s": None,
         "bytes_read_per_sample": None,
         **r,
-        **diversity.summary(diversity.measured(ids), ref),
+        **spread,
     }
 
 
