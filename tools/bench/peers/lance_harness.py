@@ -47,7 +47,7 @@ assert os.environ.get("HF_HUB_OFFLINE") == "1", "source /tmp/peer/lance/env.sh (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-from memory import MemSampler
+from timedloop import timed_batches  # this folder's: the LeRobot harness's timed region and memory sampling
 
 
 def window(meta, args):
@@ -195,49 +195,22 @@ def main() -> None:
     ds, meta, ctx, version = build(args)
     build_s = time.perf_counter() - t0
     cams, action, _ = window(meta, args)
-    torch.manual_seed(args.seed)
-    loader = torch.utils.data.DataLoader(
+    run = timed_batches(
         ds,
         batch_size=args.batch_size,
-        num_workers=args.workers,
-        shuffle=True,
-        persistent_workers=args.workers > 0,
-        generator=torch.Generator().manual_seed(args.seed),
+        workers=args.workers,
+        seed=args.seed,
+        warmup=args.warmup,
+        seconds=args.seconds,
+        min_batches=args.min_batches,
+        action=action,
         multiprocessing_context=ctx if args.workers > 0 else None,
     )
-    mem = MemSampler()
-    mem.start()
-    t = time.perf_counter()
-    it = iter(loader)
-    epochs = 0
-
-    def next_batch():
-        nonlocal it, epochs
-        try:
-            return next(it)
-        except StopIteration:
-            epochs += 1
-            it = iter(loader)
-            return next(it)
-
-    first = None
-    for _ in range(args.warmup):
-        b = next_batch()
-        first = first if first is not None else time.perf_counter() - t
-    warmup_s = time.perf_counter() - t
+    b, mem, episodes, samples, seconds = run.last, run.mem, run.episodes, run.samples, run.seconds
+    first, warmup_s, epochs = run.first_s, run.warmup_s, run.epochs
     shapes = {k: [*b[k].shape, str(b[k].dtype).replace("torch.", "")] for k in [*cams, action]}
     for c in cams:
         assert b[c].shape[1] == args.window, shapes
-    del b
-    episodes, samples = [], 0
-    t1 = time.perf_counter()
-    while len(episodes) < args.min_batches or time.perf_counter() - t1 < args.seconds:
-        b = next_batch()
-        samples += len(b[action])
-        episodes.append([int(e) for e in b["episode_index"].reshape(-1).tolist()])
-        del b
-    seconds = time.perf_counter() - t1
-    mem.stop()
     distinct = sum(len(set(e)) for e in episodes) / max(len(episodes), 1)
     print(
         json.dumps(
@@ -275,7 +248,6 @@ def main() -> None:
         ),
         flush=True,
     )
-    it = loader = None  # the workers stop here, before the interpreter exits
 
 
 if __name__ == "__main__":

@@ -19,8 +19,7 @@ import os
 import time
 from pathlib import Path
 
-import torch
-from memory import MemSampler  # tools/bench/peers/memory.py: this script's folder is sys.path[0]
+from timedloop import timed_batches  # tools/bench/peers/timedloop.py: this script's folder is sys.path[0]
 
 
 def main() -> None:
@@ -58,39 +57,24 @@ def main() -> None:
     t0 = time.perf_counter()
     ds = LeRobotDataset(repo_id, root=root, delta_timestamps=delta, **kw)
     build_s = time.perf_counter() - t0
-    torch.manual_seed(args.seed)
-    loader = torch.utils.data.DataLoader(
+    run = timed_batches(
         ds,
         batch_size=args.batch_size,
-        num_workers=args.workers,
-        shuffle=True,
-        persistent_workers=args.workers > 0,
-        generator=torch.Generator().manual_seed(args.seed),
+        workers=args.workers,
+        seed=args.seed,
+        warmup=args.warmup,
+        seconds=args.seconds,
+        min_batches=args.min_batches,
+        action=action,
     )
-    mem = MemSampler()
-    mem.start()
-    t = time.perf_counter()  # as epishard's (measure.py): from before iter(), which starts the workers
-    it = iter(loader)
-
-    def next_batch():
-        nonlocal it
-        try:
-            return next(it)
-        except StopIteration:
-            it = iter(loader)
-            return next(it)
-
-    for _ in range(args.warmup):
-        b = next_batch()
-    warmup_s = time.perf_counter() - t
-    episodes, samples = [], 0
-    t1 = time.perf_counter()
-    while len(episodes) < args.min_batches or time.perf_counter() - t1 < args.seconds:
-        b = next_batch()
-        samples += len(b[action])
-        episodes.append([int(e) for e in b["episode_index"].reshape(-1).tolist()])
-    seconds = time.perf_counter() - t1
-    mem.stop()
+    b, mem, episodes, samples, seconds, warmup_s = (
+        run.last,
+        run.mem,
+        run.episodes,
+        run.samples,
+        run.seconds,
+        run.warmup_s,
+    )
     print(
         json.dumps(
             {
