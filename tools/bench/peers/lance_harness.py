@@ -197,13 +197,8 @@ def main() -> None:
     cams, action, _ = window(meta, args)
     run = timed_batches(
         ds,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        seed=args.seed,
-        warmup=args.warmup,
-        seconds=args.seconds,
-        min_batches=args.min_batches,
-        action=action,
+        args,
+        action,
         multiprocessing_context=ctx if args.workers > 0 else None,
     )
     b, mem, episodes, samples, seconds = run.last, run.mem, run.episodes, run.samples, run.seconds

@@ -59,13 +59,8 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     run = timed_batches(
         ds,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        seed=args.seed,
-        warmup=args.warmup,
-        seconds=args.seconds,
-        min_batches=args.min_batches,
-        action=action,
+        args,
+        action,
     )
     b, mem, episodes, samples, seconds, warmup_s = (
         run.last,

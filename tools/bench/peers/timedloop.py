@@ -29,28 +29,19 @@ class Timed:
     mem: MemSampler | None = None
 
 
-def timed_batches(
-    dataset,
-    *,
-    batch_size: int,
-    workers: int,
-    seed: int,
-    warmup: int,
-    seconds: float,
-    min_batches: int,
-    action: str,
-    **kw,
-) -> Timed:
-    """A shuffled ``DataLoader`` (persistent workers, seeded) over ``dataset``: ``warmup`` batches untimed,
-    then at least ``seconds`` and ``min_batches`` batches timed (``action``: the key counting samples).
+def timed_batches(dataset, args, action: str, **kw) -> Timed:
+    """A shuffled ``DataLoader`` (persistent workers, seeded) over ``dataset``: ``args.warmup`` batches
+    untimed, then at least ``args.seconds`` and ``args.min_batches`` batches timed (``args``: a harness's
+    parsed options, also ``batch_size``, ``workers``, ``seed``; ``action``: the key counting samples).
 
     The clock starts before ``iter(loader)`` (the workers start inside the warm-up), as epishard's runs
     (``measure.py``) start theirs; memory is sampled throughout. ``kw``: more ``DataLoader`` keywords.
     """
+    seed, workers, seconds = args.seed, args.workers, args.seconds
     torch.manual_seed(seed)
     loader = torch.utils.data.DataLoader(
         dataset,
-        batch_size=batch_size,
+        batch_size=args.batch_size,
         num_workers=workers,
         shuffle=True,
         persistent_workers=workers > 0,
@@ -71,13 +62,13 @@ def timed_batches(
             it = iter(loader)
             return next(it)
 
-    for i in range(warmup):
+    for i in range(args.warmup):
         out.last = next_batch()
         if i == 0:
             out.first_s = time.perf_counter() - t
     out.warmup_s = time.perf_counter() - t
     t1 = time.perf_counter()
-    while len(out.episodes) < min_batches or time.perf_counter() - t1 < seconds:
+    while len(out.episodes) < args.min_batches or time.perf_counter() - t1 < seconds:
         b = next_batch()
         out.samples += len(b[action])
         out.episodes.append([int(e) for e in b["episode_index"].reshape(-1).tolist()])
