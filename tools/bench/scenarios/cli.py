@@ -5,20 +5,17 @@ start, imports, parsing, exit), N times, alternating the cases within a round; p
 and the spread per case, and the heavy modules the command imported (there should be none). The
 target: under 0.5 s for `--help` and argument errors.
 
-    .venv/bin/python tools/bench/bench_cli.py [--runs 15] [--json]
+    python tools/bench/run.py cli [--runs 15] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import statistics
 import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import measure
+
 CASES = {
     "--help": ["--help"],
     "convert --help": ["convert", "--help"],
@@ -35,52 +32,52 @@ PROBE = (
 )
 
 
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-
-
 def _time(args: list[str]) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "epishard", *args], capture_output=True, env=_env(), check=False)
+    subprocess.run([sys.executable, "-m", "epishard", *args], capture_output=True, env=measure.env_with(), check=False)
     return time.perf_counter() - start
 
 
 def _heavy(args: list[str]) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=_env(), check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=measure.env_with(), check=False
+    )
     line = next(x for x in done.stderr.splitlines() if x.startswith("HEAVY "))
     return [m for m in line[len("HEAVY ") :].split(",") if m]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=15, help="runs per case")
-    parser.add_argument("--json", action="store_true", help="one JSON line per case")
-    args = parser.parse_args()
+SMOKE = {"runs": 1}
+
+
+def options(p) -> None:
+    p.add_argument("--runs", type=int, default=15, help="runs per case")
+
+
+def run(args) -> int:
     _time(["--help"])  # warm the page cache and .pyc files
     times: dict[str, list[float]] = {name: [] for name in CASES}
     for r in range(args.runs):
         order = list(CASES) if r % 2 == 0 else list(reversed(CASES))
         for name in order:
             times[name].append(_time(CASES[name]))
-    baseline = _time_python()
-    print(f"python -c pass (interpreter start alone): median {baseline * 1000:.0f} ms")
+    baseline = _time_python(1 if args.smoke else 5)
+    measure.say(f"python -c pass (interpreter start alone): median {baseline * 1000:.0f} ms")
+    rows = []
     for name, values in times.items():
         row = {
             "case": name,
             "command": "python -m epishard " + " ".join(CASES[name]),
             "runs": len(values),
-            "median_s": statistics.median(values),
+            "median_s": measure.median(values),
             "min_s": min(values),
             "max_s": max(values),
             "heavy_imports": _heavy(CASES[name]),
         }
-        if args.json:
-            print(json.dumps(row))
-        else:
-            print(
-                f"{name:40s} median {row['median_s'] * 1000:4.0f} ms (min {row['min_s'] * 1000:.0f}, "
-                f"max {row['max_s'] * 1000:.0f}) heavy imports: {row['heavy_imports'] or 'none'}"
-            )
+        measure.emit(row)
+        ms = [f"{row[k] * 1000:.0f} ms" for k in ("median_s", "min_s", "max_s")]
+        rows.append((f"`{row['command']}`", *ms, ", ".join(row["heavy_imports"]) or "none"))
+    measure.table(("case", "median", "min", "max", "heavy imports"), rows)
+    return 0
 
 
 def _time_python(runs: int = 5) -> float:
@@ -89,8 +86,4 @@ def _time_python(runs: int = 5) -> float:
         start = time.perf_counter()
         subprocess.run([sys.executable, "-c", "pass"], check=False)
         values.append(time.perf_counter() - start)
-    return statistics.median(values)
-
-
-if __name__ == "__main__":
-    main()
+    return measure.median(values)

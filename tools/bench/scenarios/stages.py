@@ -11,24 +11,29 @@ per frame returned, decoder opens per sample, bytes read per sample and the enco
 groups of pictures the decodes needed (``bytes_needed``; packet path only), and their ratio.
 torch runs on one thread, as in a DataLoader worker.
 
-    python tools/bench/bench_stages.py /tmp/epishard_bench_peers/unitree_g1_bottle_av1_v30_x50.epishard
-    python tools/bench/bench_stages.py DATASET --batches 60 --rounds 2 --dtype float32 --json
-    python tools/bench/bench_stages.py DATASET --loader-workers 2 --batches 96   # the loader alone, 2 workers
+``--loader-workers N``: instead, the default loader alone with N DataLoader workers (first batch,
+warm-up, samples/s after it and sustained).
+
+``--gop-bytes``: instead, the encoded bytes of the groups of pictures a sample's frames need,
+averaged over the dataset's windows (every ``--stride``-th anchor of every episode, the benchmark's
+window, edges padded): the packets the reader's runs hold (``stream.packets.plan_runs``: from each
+frame's keyframe on, merged where no keyframe separates two frames), summed per camera from the
+index's packet table; the denominator of "bytes read per sample / bytes the sample needs". Needs a
+conversion with packet tables.
+
+    python tools/bench/run.py stages /tmp/epishard_bench_peers/unitree_g1_bottle_av1_v30_x50.epishard
+    python tools/bench/run.py stages DATASET --batches 60 --rounds 2 --dtype float32 --json
+    python tools/bench/run.py stages DATASET --loader-workers 2 --batches 96   # the loader alone, 2 workers
+    python tools/bench/run.py stages DATASET --gop-bytes                       # GOP bytes per sample
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
-from pathlib import Path
+
+import measure
 
 from epishard.stream.options import ReadOptions
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 FRAMES, SPAN, HORIZON, BATCH = 9, 33, 16, 8
 
@@ -62,7 +67,7 @@ def _source_and_spec(root: str):
     return src, spec
 
 
-def run(
+def one_pass(
     root: str, packets: bool, batches: int, warmup: int, dtype: str, seed: int, size: tuple[int, int] | None = None
 ) -> dict:
     """One timed pass: the figures above for one read path (``size``: resize frames to it)."""
@@ -110,7 +115,8 @@ def run(
         "bytes_read_per_sample": per("bytes_read"),
         "bytes_needed_per_sample": per("bytes_needed"),
     }
-    out["read_over_needed"] = out["bytes_read_per_sample"] / out["bytes_needed_per_sample"] if packets else None
+    needed = out["bytes_needed_per_sample"]
+    out["read_over_needed"] = out["bytes_read_per_sample"] / needed if packets and needed else None
     return out
 
 
@@ -139,33 +145,71 @@ def throughput(root: str, workers: int, batches: int, warmup: int, seed: int) ->
     }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset", help="a converted dataset (folder or URL)")
+def gop_bytes_per_sample(root: str, frames: int = FRAMES, span: int = SPAN, stride: int = 1) -> float:
+    """Mean bytes per window (every ``stride``-th anchor of every episode), over all cameras."""
+    import numpy as np
+
+    from epishard.shardwriter import WindowIndex
+    from epishard.stream.packets import plan_runs, run_bytes
+
+    index = WindowIndex.load_dataset(root)
+    offsets = np.linspace(0, span - 1, frames).round().astype(np.int64)
+    total, windows = 0, 0
+    for e in range(index.num_episodes):
+        n = int(index.num_rows[e])
+        anchors = np.arange(0, n, stride)
+        for c in range(int(index.episode_cams[e + 1] - index.episode_cams[e])):
+            s = index.stream(e, c)
+            table = index.packets(s)
+            keys = index.keyframes_of(s)
+            for a in anchors.tolist():
+                wanted = np.unique(index.frames(s, np.clip(a + offsets, 0, n - 1)))
+                total += run_bytes(table.size, plan_runs(table.frame_packet, keys, wanted))
+        windows += anchors.size
+    return total / max(windows, 1)
+
+
+SMOKE = {"batches": 2, "warmup": 1}
+
+
+def options(p) -> None:
+    p.add_argument("dataset", nargs="?", help="a converted dataset (folder or URL); --smoke: a generated one")
     p.add_argument("--batches", type=int, default=40, help="timed batches per pass")
     p.add_argument("--warmup", type=int, default=4, help="batches before the timed ones")
     p.add_argument("--rounds", type=int, default=1, help="passes per path, alternating")
     p.add_argument("--dtype", choices=("uint8", "float32"), default="uint8")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="one JSON line per pass")
     p.add_argument(
         "--loader-workers", type=int, default=0, help="instead: the default loader with this many DataLoader workers"
     )
-    args = p.parse_args()
+    p.add_argument("--gop-bytes", action="store_true", help="instead: the bytes of the GOPs a sample needs")
+    p.add_argument("--stride", type=int, default=7, help="--gop-bytes: every STRIDE-th anchor")
+
+
+def run(args) -> int:
+    if args.dataset is None:
+        if not args.smoke:
+            raise measure.Missing("give a converted dataset")
+        args.dataset = str(measure.smoke_dataset())
+    if args.gop_bytes:
+        b = gop_bytes_per_sample(args.dataset, stride=args.stride)
+        measure.emit({"dataset": args.dataset, "stride": args.stride, "gop_bytes_per_sample": b})
+        if not measure.json_mode():
+            print(f"{args.dataset}: {b / 1e3:.1f} kB per sample (anchor stride {args.stride})")
+        return 0
     if args.loader_workers:
         res = throughput(args.dataset, args.loader_workers, args.batches, args.warmup, args.seed)
-        print(json.dumps(res))
+        measure.emit(res)
+        measure.table(list(res), [list(res.values())])
         return 0
     import torch
 
     torch.set_num_threads(1)  # as in a DataLoader worker (torch sets 1 thread there)
     results = []
-    for r in range(args.rounds):
-        for packets in (True, False) if r % 2 == 0 else (False, True):
-            res = run(args.dataset, packets, args.batches, args.warmup, args.dtype, args.seed + r)
-            results.append(res)
-            if args.json:
-                print(json.dumps(res), flush=True)
+    for r, packets in measure.alternate((True, False), args.rounds, mirror=True):
+        res = one_pass(args.dataset, packets, args.batches, args.warmup, args.dtype, args.seed + r)
+        results.append(res)
+        measure.emit(res)
     cols = [
         ("samples/s", "samples_per_s", "{:.1f}"),
         ("decode ms", "decode_ms", "{:.2f}"),
@@ -178,17 +222,13 @@ def main() -> int:
         ("kB read/sample", "bytes_read_per_sample", "{:.0f}"),
         ("kB GOPs/sample", "bytes_needed_per_sample", "{:.0f}"),
     ]
-    print(f"{args.dataset} ({args.dtype}, {args.batches} batches of {BATCH} after {args.warmup}, no workers)")
-    print("| path | " + " | ".join(c[0] for c in cols) + " |")
-    print("|---|" + "---|" * len(cols))
+    rows = []
     for res in results:
-        cells = []
+        cells = [res["path"]]
         for _, key, f in cols:
             v = res[key] / 1e3 if key.startswith("bytes") else res[key]
             cells.append(f.format(v))
-        print(f"| {res['path']} | " + " | ".join(cells) + " |")
+        rows.append(cells)
+    title = f"{args.dataset} ({args.dtype}, {args.batches} batches of {BATCH} after {args.warmup}, no workers)"
+    measure.table(["path"] + [c[0] for c in cols], rows, title=title)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,23 +8,18 @@ sigma 1.5, Wang et al. 2004's constants).
 
 Speed: the reader on the re-encoded conversion (frames already at the model's size) against the
 reader on the native conversion resizing to the same size (``PostProcess(size=...)``), both with
-``tools/bench/bench_stages.py``'s window and figures, in one process, alternating.
+the ``stages`` scenario's window and figures, in one process, alternating.
 
-    python tools/bench/bench_reencode.py /tmp/epishard_bench_peers/unitree_g1_bottle_av1_v30_x50 \\
+    python tools/bench/run.py reencode /tmp/epishard_bench_peers/unitree_g1_bottle_av1_v30_x50 \\
         --fidelity-source ../shared/data/unitree_g1_bottle_av1_v30 --spec codec=libx264,gop=2,size=224x224,crf=20
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import measure
 
 
 def ssim_luma(a, b) -> float:
@@ -90,22 +85,29 @@ def fidelity(source: str, converted: str, size: tuple[int, int]) -> dict:
     return {"psnr_db": 10 * np.log10(255**2 / mse) if mse else float("inf"), "ssim": float(np.mean(ssims))}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("src", help="a LeRobot dataset to convert twice (native and re-encoded)")
+SMOKE = {"batches": 2, "rounds": 1, "workers": 1, "spec": "codec=libx264,gop=2,size=24x24,crf=20"}
+
+
+def options(p) -> None:
+    p.add_argument("src", nargs="?", help="a LeRobot dataset to convert twice (native and re-encoded)")
     p.add_argument("--fidelity-source", help="the dataset whose frames fidelity is measured on (default: src)")
     p.add_argument("--spec", default="codec=libx264,gop=2,size=224x224,crf=20", help="--reencode value")
     p.add_argument("--work", default="/tmp/epishard_bench_reencode", help="conversions, kept for a rerun")
     p.add_argument("--workers", type=int, default=2, help="conversion workers")
     p.add_argument("--batches", type=int, default=40)
     p.add_argument("--rounds", type=int, default=2)
-    args = p.parse_args()
 
+
+def run(args) -> int:
+    if args.src is None:
+        if not args.smoke:
+            raise measure.Missing("give a LeRobot dataset (SRC)")
+        args.src, args.work = str(measure.smoke_source()), str(measure.SMOKE_DIR / "reencode")
     import torch
-    from bench_stages import run
 
     from epishard.shardwriter import ConvertOptions, convert
     from epishard.shardwriter.video import ReencodeSpec
+    from scenarios.stages import one_pass
 
     torch.set_num_threads(1)
     spec = ReencodeSpec.parse(args.spec)
@@ -117,29 +119,28 @@ def main() -> int:
     t = time.perf_counter()
     convert([args.src], str(coded), ConvertOptions(workers=args.workers, progress=False, reencode=spec))
     coded_s = time.perf_counter() - t
-    print(f"converted: native {native_s:.1f} s, re-encoded ({spec.describe()}) {coded_s:.1f} s (0 s when reused)")
+    measure.say(f"converted: native {native_s:.1f} s, re-encoded ({spec.describe()}) {coded_s:.1f} s (0 s when reused)")
     fid_src = args.fidelity_source or args.src
     fid_out = work / "fidelity"
     convert([fid_src], str(fid_out), ConvertOptions(workers=args.workers, progress=False, reencode=spec))
     fid = fidelity(fid_src, str(fid_out), spec.size)
-    print(f"fidelity on {fid_src}: PSNR {fid['psnr_db']:.2f} dB, SSIM {fid['ssim']:.4f}")
+    measure.emit({"fidelity_source": fid_src, "spec": args.spec, **fid})
+    if not measure.json_mode():
+        print(f"fidelity on {fid_src}: PSNR {fid['psnr_db']:.2f} dB, SSIM {fid['ssim']:.4f}")
     rows = []
-    for r in range(args.rounds):
-        pair = [("native, resized by the reader", native, spec.size), ("re-encoded", coded, None)]
-        for label, root, size in pair if r % 2 == 0 else pair[::-1]:
-            res = run(str(root), True, args.batches, 4, "uint8", r, size=size)
-            res["path"] = label
-            rows.append(res)
-            print(json.dumps(res), flush=True)
-    print("| conversion | samples/s | decode ms | post ms | kB read/sample |")
-    print("|---|---|---|---|---|")
-    for res in rows:
-        print(
-            f"| {res['path']} | {res['samples_per_s']:.1f} | {res['decode_ms']:.2f} | {res['postprocess_ms']:.2f} | "
-            f"{res['bytes_read_per_sample'] / 1e3:.0f} |"
+    pair = [("native, resized by the reader", native, spec.size), ("re-encoded", coded, None)]
+    for r, (label, root, size) in measure.alternate(pair, args.rounds, mirror=True):
+        res = one_pass(str(root), True, args.batches, 4, "uint8", r, size=size)
+        res["path"] = label
+        measure.emit(res)
+        rows.append(
+            (
+                label,
+                f"{res['samples_per_s']:.1f}",
+                f"{res['decode_ms']:.2f}",
+                f"{res['postprocess_ms']:.2f}",
+                f"{res['bytes_read_per_sample'] / 1e3:.0f}",
+            )
         )
+    measure.table(("conversion", "samples/s", "decode ms", "post ms", "kB read/sample"), rows)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

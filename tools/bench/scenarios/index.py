@@ -6,22 +6,21 @@ loading the dataset index (``index.arrow``, memory-mapped) and, for comparison, 
 Parquet index into a ``WindowIndex``, and the per-sample lookup of a random window:
 global window id -> (episode, anchor row) -> per camera (shard, byte range, frame numbers, keyframe).
 
-    python tools/bench/bench_index.py [--episodes 1 27500] [--lookups 20000] [--rounds 5] [--json]
+    python tools/bench/run.py index [--episodes 1 27500] [--lookups 20000] [--rounds 5] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import mmap
 import os
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import measure
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,14 +28,16 @@ import pyarrow.parquet as pq
 from epishard.format.index import WindowIndex, dataset_index_bytes, encode_index
 from epishard.format.manifest import DATASET_INDEX_NAME, MANIFEST_NAME, ShardEntry, index_name
 from epishard.format.validate import check_index
+from epishard.shardwriter.video import NO_PACKETS
 
 CAMERAS = ("observation.images.front", "observation.images.left", "observation.images.wrist")
 ROWS, GOP, PER_SHARD = 300, 30, 64
 OFFSETS = np.arange(0, 33, 4)  # 9 frames over a 33-frame span
 
 
-def _row(e: int) -> dict:
-    members, offset = [], 512
+def _row(e: int, offset: int = 512) -> dict:
+    """Episode ``e``'s index row, its members laid from ``offset`` in the shard (``_next``: past them)."""
+    members = []
     for name, size in [("json", 300), ("parquet", 40_000)] + [(c.split(".")[-1] + ".mp4", 900_000) for c in CAMERAS]:
         members.append({"name": f"bench-e{e:06d}.{name}", "offset": offset, "size": size, "sha256": "0" * 64})
         offset += 512 + (size + 511) // 512 * 512
@@ -62,6 +63,7 @@ def _row(e: int) -> dict:
             "kind": "rgb",
             "stream_index": 0,
             "rotation": 0,
+            **NO_PACKETS,  # no packet tables: members are fetched whole
         }
         for i, c in enumerate(CAMERAS)
     ]
@@ -79,13 +81,17 @@ def _row(e: int) -> dict:
         "window_start": 0,
         "window_stop": ROWS,
         "segment_starts": [],
+        "_next": offset,
     }
 
 
 def write_indexes(folder: str, episodes: int) -> list[str]:
     paths = []
     for shard, start in enumerate(range(0, episodes, PER_SHARD)):
-        rows = [_row(e) for e in range(start, min(start + PER_SHARD, episodes))]
+        rows, offset = [], 512
+        for e in range(start, min(start + PER_SHARD, episodes)):
+            rows.append(_row(e, offset))
+            offset = rows[-1].pop("_next")
         path = os.path.join(folder, index_name("bench", shard))
         with open(path, "wb") as f:
             f.write(encode_index(rows, {"shard": f"bench-{shard:06d}.tar"}))
@@ -163,13 +169,16 @@ def time_lookups(entry: dict, ids: np.ndarray) -> float:
     return (time.perf_counter() - t) / len(ids)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--episodes", type=int, nargs="+", default=[1, 27_500])
-    parser.add_argument("--lookups", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=5, help="alternating lookup rounds per size")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+SMOKE = {"episodes": [1, 200], "lookups": 200, "rounds": 1}
+
+
+def options(p) -> None:
+    p.add_argument("--episodes", type=int, nargs="+", default=[1, 27_500])
+    p.add_argument("--lookups", type=int, default=20_000)
+    p.add_argument("--rounds", type=int, default=5, help="alternating lookup rounds per size")
+
+
+def run(args) -> int:
     with tempfile.TemporaryDirectory() as folder:
         results = []
         for n in args.episodes:
@@ -179,26 +188,29 @@ def main() -> int:
         rng = np.random.default_rng(0)
         ids = [rng.integers(0, int(r["_cum"][-1]), size=args.lookups) for r in results]
         rounds: list[list[float]] = [[] for _ in results]
-        for _ in range(args.rounds):
-            for i, r in enumerate(results):
-                rounds[i].append(time_lookups(r, ids[i]))
-    base = float(np.median(rounds[0]))
+        for _, i in measure.alternate(range(len(results)), args.rounds):
+            rounds[i].append(time_lookups(results[i], ids[i]))
+    base = measure.median(rounds[0])
+    rows = []
     for r, times in zip(results, rounds, strict=False):
         r = {k: v for k, v in r.items() if not k.startswith("_")}
-        r["lookup_us"] = float(np.median(times)) * 1e6
-        r["lookup_ratio_vs_first"] = float(np.median(times)) / base
-        if args.json:
-            print(json.dumps(r))
-        else:
-            print(
-                f"{r['episodes']:>7} episodes ({r['index_files']} shard indexes): load index.arrow "
-                f"{r['load_dataset_index_s'] * 1e3:7.1f} ms, "
-                f"load shard indexes {r['load_shard_indexes_s'] * 1e3:7.1f} ms, "
-                f"lookup {r['lookup_us']:6.2f} us/sample (x{r['lookup_ratio_vs_first']:.2f}), "
-                f"peak RSS +{r['peak_rss_growth_mb']:.0f} MB"
+        r["lookup_us"] = measure.median(times) * 1e6
+        r["lookup_ratio_vs_first"] = measure.median(times) / base
+        measure.emit(r)
+        rows.append(
+            (
+                r["episodes"],
+                r["index_files"],
+                f"{r['load_dataset_index_s'] * 1e3:.1f} ms",
+                f"{r['load_shard_indexes_s'] * 1e3:.1f} ms",
+                f"{r['lookup_us']:.2f} us",
+                f"{r['lookup_ratio_vs_first']:.2f}",
+                f"+{r['peak_rss_growth_mb']:.0f} MB",
+                f"{r['sha256_index_s'] * 1e3:.1f} ms",
+                f"{r['check_index_s'] * 1e3:.1f} ms",
             )
+        )
+    head = ("episodes", "shard indexes", "load index.arrow (mmap)", "load all shard Parquet indexes")
+    head += ("lookup per sample", "ratio to first", "peak RSS", "sha256 index.arrow", "schema and bound checks")
+    measure.table(head, rows)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
