@@ -1,12 +1,12 @@
-"""The benchmarks' tiler (``tools/bench/bench_indexload.py``'s ``tile``, used by ``bench_firstbatch.py``
+"""The benchmarks' tiler (``tile`` of ``tools/bench/scenarios/firstbatch.py``, the ``firstbatch`` scenario
 for its million-episode index) makes a dataset the reader accepts, whose copies read the source's frames.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
+import sys
 from collections import Counter
 
 from faultgen import CAMERA, SPEC
@@ -18,12 +18,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _tile():
-    spec = importlib.util.spec_from_file_location(
-        "bench_indexload", os.path.join(REPO, "tools/bench/bench_indexload.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.tile
+    if os.path.join(REPO, "tools", "bench") not in sys.path:
+        sys.path.insert(0, os.path.join(REPO, "tools", "bench"))
+    from scenarios.firstbatch import tile
+
+    return tile
 
 
 def _samples(root: str) -> Counter:

@@ -179,7 +179,7 @@ def mem_sampler(**kw):
 def env_with(tree: str | Path = REPO, **extra: str) -> dict:
     """``os.environ`` with ``tree`` (this checkout, or another) first on ``PYTHONPATH``, plus ``extra``."""
     path = os.pathsep.join(p for p in (str(tree), str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, **extra}
+    return {**os.environ, "PYTHONPATH": path, "EPISHARD_BENCH_TREE": str(tree), **extra}
 
 
 def run_child(

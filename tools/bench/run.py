@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-for _p in (BENCH.parents[1], BENCH.parents[1] / "tests", BENCH):  # epishard from this checkout, test helpers
+# epishard from this checkout (or from the tree a before/after child runs: EPISHARD_BENCH_TREE), test helpers
+for _p in (os.environ.get("EPISHARD_BENCH_TREE", BENCH.parents[1]), BENCH.parents[1] / "tests", BENCH):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

@@ -58,38 +58,30 @@ the timed rounds; the baseline's frames decoded are counted the same way (``Wind
 
 Commands (from the repository root):
 
-    python tools/bench/bench_reader.py                      # everything, readable tables (~2-3 min on 2 cores,
+    python tools/bench/run.py reader                      # everything, readable tables (~2-3 min on 2 cores,
                                                       # plus ~20 s once to encode the test videos)
-    python tools/bench/bench_reader.py --json               # one JSON line per measurement instead
-    python tools/bench/bench_reader.py --rounds 5 --samples 48
-    python tools/bench/bench_reader.py --only 1 2           # some (1: FastWAM, 2: segments, 3: plan, 4: decode)
-    python tools/bench/bench_reader.py --big-episodes 5000  # smaller planning benchmark
-    python tools/bench/bench_reader.py --threads 2          # torch intra-op threads (default 1)
+    python tools/bench/run.py reader --json               # one JSON line per measurement instead
+    python tools/bench/run.py reader --rounds 5 --samples 48
+    python tools/bench/run.py reader --only 1 2           # some (1: FastWAM, 2: segments, 3: plan, 4: decode)
+    python tools/bench/run.py reader --big-episodes 5000  # smaller planning benchmark
+    python tools/bench/run.py reader --threads 2          # torch intra-op threads (default 1)
 
-(``/tmp/venv/bin/python tools/bench/bench_reader.py`` on the project's standard machine.)
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import os
 import re
 import resource
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-for _p in (str(REPO), str(REPO / "tests"), str(REPO / "tools" / "bench")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
+import measure
 import numpy as np
 import pyarrow.parquet as pq
 import torch
@@ -115,32 +107,16 @@ CACHE = Path(tempfile.gettempdir()) / "epishard_bench_reader_cache"
 SYNTH = dict(episodes=6, frames=300, fps=30, size=256, gop=30)
 START = 1000  # episode e's frame i shows the number e * START + i
 
-OUT = {"json": False}
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def emit(record: dict) -> None:
-    if OUT["json"]:
-        print(json.dumps(record), flush=True)
+log, emit, med, shared_data = measure.say, measure.emit, measure.median, measure.shared_data
 
 
 def say(line: str = "") -> None:
-    if not OUT["json"]:
+    """A line of the readable tables (none under ``--json``)."""
+    if not measure.json_mode():
         print(line, flush=True)
 
 
-def med(values) -> float:
-    return float(np.median(np.asarray(values, dtype=np.float64)))
-
-
 # --- data ------------------------------------------------------------------------------------------
-
-
-def shared_data() -> Path:
-    return Path(os.environ.get("EPISHARD_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
 def _encode(args: tuple) -> str:
@@ -466,7 +442,7 @@ def _sum_epochs(vectors: list[torch.Tensor]) -> dict:
 
 
 def synth_index_dataset(folder: str, episodes: int) -> str:
-    from bench_index import CAMERAS, write_indexes
+    from scenarios.index import CAMERAS, write_indexes
 
     paths = write_indexes(folder, episodes)
     index_arrow = dataset_index_bytes([Path(p).read_bytes() for p in paths])
@@ -496,7 +472,7 @@ def synth_index_dataset(folder: str, episodes: int) -> str:
 
 
 def bench_plan(rounds: int, big: int) -> None:
-    from bench_index import CAMERAS
+    from scenarios.index import CAMERAS
 
     spec = WindowSpec(cameras={c: FASTWAM for c in CAMERAS}, action_horizon=ACTION_HORIZON)
     offsets = np.asarray(FASTWAM, dtype=np.int64)
@@ -805,8 +781,10 @@ def bench_decode(rounds: int, sets: list[tuple[str, list[dict]]]) -> None:
 # --- main ------------------------------------------------------------------------------------------
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+SMOKE = {"only": [3], "big_episodes": 100, "rounds": 1}
+
+
+def options(parser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per comparison (medians reported)")
     parser.add_argument(
         "--samples",
@@ -820,13 +798,13 @@ def main() -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads (default 1, what a DataLoader worker runs with)"
     )
-    parser.add_argument("--json", action="store_true", help="one JSON line per measurement instead of tables")
-    args = parser.parse_args()
-    OUT["json"] = args.json
+
+
+def run(args) -> int:
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     say(
-        f"bench_reader: torch {torch.__version__} ({torch.get_num_threads()} intra-op threads), "
+        f"reader: torch {torch.__version__} ({torch.get_num_threads()} intra-op threads), "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, rounds={args.rounds}"
     )
     emit(
@@ -917,7 +895,3 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     say(f"\ntotal {time.perf_counter() - t_start:.0f} s (load average at the end {os.getloadavg()[0]:.1f})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,8 @@
 """Time to the first batch at up to 1,000,000 episodes, end to end, with its parts.
 
 The dataset: ``DATASET`` (a converted dataset, e.g. ``make demo``'s ``out/demo``) tiled to
-``--episodes`` episodes (``tools/bench/bench_indexload.py``'s ``tile``: each shard's tar laid 32
-times into one block file, the blocks listed as many shards as needed, a manifest whose counts and
-index sha256 match). So the index really lists that many episodes and the real reader opens it,
+``--episodes`` episodes (``tile``: each shard's tar laid 32 times into one block file, the blocks
+listed as many shards as needed, a manifest whose counts and index sha256 match). So the index really lists that many episodes and the real reader opens it,
 plans over all of them, fetches the first batch's members from the tars (byte ranges of real
 members) and decodes its frames.
 
@@ -22,24 +21,26 @@ batch 8), every anchor of every episode, the default shuffle (``shuffle="auto"``
 rank 0 of ``--world-size`` (every anchor of 1M episodes of ~419 rows is ~387M windows: one process
 cannot list an epoch of it, a rank of 64 lists ~6M).
 
-    PYTHONPATH=$PWD python tools/bench/bench_firstbatch.py out/demo --episodes 1000000 --world-size 64 --workers 0 2
+``--ref REV``: the same beside the code of git revision ``REV`` (``git archive``), interleaved.
+
+    python tools/bench/run.py firstbatch out/demo --episodes 1000000 --world-size 64 --workers 0 2
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import atexit
+import hashlib
 import json
 import os
-import subprocess
-import sys
+import shutil
 import tempfile
 import time
-from pathlib import Path
+
+import measure
+import numpy as np
 
 from epishard.stream.options import Ranks, ReadOptions
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def child(dataset: str, world_size: int, workers: int, per_episode_count: int | None) -> dict:
@@ -90,34 +91,89 @@ def child(dataset: str, world_size: int, workers: int, per_episode_count: int | 
     }
 
 
-def _tile(dataset: str, episodes: int, out: str) -> str:
-    """The tiled copy of ``dataset`` (``tools/bench/bench_indexload.py``'s ``tile``, one record batch)."""
-    spec = importlib.util.spec_from_file_location("bench_indexload", REPO / "tools" / "bench" / "bench_indexload.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.tile(dataset, episodes, os.path.join(out, f"tiled{episodes}-1batch"), None)
+def tile(dataset: str, episodes: int, out: str, batch_rows: int | None, block: int = 32) -> str:
+    """``out``: ``dataset`` tiled to at least ``episodes`` episodes, a dataset the reader accepts (made once).
 
+    Each source shard becomes a *block*: its tar's bytes written ``block`` times into one file,
+    copy ``k``'s index rows pointing ``k`` tar sizes further in, so a block's members follow one
+    another as a real shard's do (``block`` times the source's episodes per shard). The blocks are
+    listed as often as needed, each listing its own shard entry (a symlink to the block), so the
+    index checks hold: no two members of a shard share a byte. ``index.arrow`` is written straight
+    to disk; the manifest's counts, sizes and index sha256 match.
 
-def _tree(ref: str, out: str) -> str:
-    """``ref`` extracted (``git archive``) under ``out``."""
-    tree = tempfile.mkdtemp(prefix="tree_", dir=out)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
-    return tree
+    ``batch_rows``: rows per record batch of ``index.arrow`` (None: one batch, as the writer writes
+    it now; 65536: Arrow's default, as it was written before).
+    """
+    from epishard.format.index import WindowIndex
+
+    if os.path.exists(os.path.join(out, "manifest.json")):
+        return out
+    os.makedirs(out, exist_ok=True)
+    index = WindowIndex.load_dataset(dataset)
+    with open(os.path.join(dataset, "manifest.json")) as f:
+        manifest = json.load(f)
+    sources = manifest["shards"]
+    reps = -(-episodes // index.num_episodes)
+    block = max(1, min(block, reps))
+    copies = -(-reps // block)
+    digests = []
+    for s, entry in enumerate(sources):
+        with open(os.path.join(dataset, entry["shard"]), "rb") as f:
+            data = f.read()
+        digest = hashlib.sha256()
+        with open(os.path.join(out, f"block-{s:06d}.tar"), "wb") as f:
+            for _ in range(block):
+                f.write(data)
+                digest.update(data)
+        digests.append(digest.hexdigest())
+    # Rows in shard order: copy c of the blocks, source shard s, copy k of s's tar in the block.
+    rows, shard, shift, shards = [], [], [], []
+    for c in range(copies):
+        for s, entry in enumerate(sources):
+            own = np.flatnonzero(index.shard == s)
+            rows.append(np.tile(own, block))
+            shard.append(np.full(own.size * block, c * len(sources) + s))
+            shift.append(np.repeat(np.arange(block, dtype=np.int64) * entry["size"], own.size))
+            name = f"shard-{c * len(sources) + s:06d}"
+            os.symlink(os.path.join(os.path.abspath(out), f"block-{s:06d}.tar"), os.path.join(out, name + ".tar"))
+            os.symlink(
+                os.path.abspath(os.path.join(dataset, entry["index"])), os.path.join(out, name + ".index.parquet")
+            )
+            counts = {k: entry[k] * block for k in ("episodes", "frames", "rows")}
+            shards.append({**entry, **counts, "shard": name + ".tar", "index": name + ".index.parquet"})
+            shards[-1].update(size=entry["size"] * block, sha256=digests[s])
+    tiled = index.take(np.concatenate(rows)).relocated(np.concatenate(shard), np.concatenate(shift))
+    del index, rows, shard, shift
+    path = os.path.join(out, "index.arrow")
+    tiled.write_dataset_index(path, batch_rows)
+    del tiled
+    with open(path, "rb") as f:
+        manifest["index"]["sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
+    manifest["shards"] = shards
+    for camera in manifest["cameras"].values():
+        camera["episodes"] *= copies * block
+    for key in ("episodes", "frames", "rows"):
+        manifest["totals"][key] *= copies * block
+    manifest["totals"]["bytes"] = sum(entry["size"] for entry in shards)
+    manifest["totals"]["shards"] = len(shards)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    return out
 
 
 def _run(tree: str, tiled: str, world: int, workers: int, count: str, cache: str) -> dict:
-    """One child process of ``tree``'s code (its own ``tools/bench/bench_firstbatch.py``, else this one)."""
-    script = Path(tree) / "tools" / "bench" / "bench_firstbatch.py"
-    env = dict(os.environ, PYTHONPATH=tree, EPISHARD_CACHE=cache)
-    cmd = [sys.executable, str(script if script.exists() else __file__), "--child", tiled, str(world), str(workers)]
-    got = subprocess.run([*cmd, count], env=env, check=True, capture_output=True, text=True, cwd=tree)
-    return json.loads(got.stdout.splitlines()[-1])
+    """One child process running ``tree``'s code (this checkout, or a ``--ref``'s)."""
+    env = measure.env_with(tree, EPISHARD_CACHE=cache)
+    got = measure.run_child("firstbatch", [tiled, str(world), str(workers), count], tree=tree, env=env)
+    if got is None:
+        raise RuntimeError(f"the first batch of {tiled} failed in {tree}")
+    return got
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+SMOKE = {"episodes": 40, "world_size": [1], "workers": [0]}
+
+
+def options(p) -> None:
     p.add_argument("dataset", nargs="?", help="a converted dataset (e.g. out/demo), tiled to --episodes")
     p.add_argument("--episodes", type=int, default=1_000_000)
     p.add_argument("--world-size", type=int, nargs="+", default=[64], help="rank 0 of this many ranks")
@@ -127,19 +183,26 @@ def main() -> int:
     p.add_argument(
         "--ref", nargs="*", default=[], help="git commits to run beside this tree (git archive), interleaved"
     )
-    p.add_argument("--out", default=None, help="folder for the tiled dataset, kept (default: a temporary one)")
+    p.add_argument("--keep", default=None, help="folder for the tiled dataset, kept (default: a temporary one)")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
-    args = p.parse_args()
+
+
+def run(args) -> int:
     if args.child:
         dataset, world, workers, count = args.child
-        print(json.dumps(child(dataset, int(world), int(workers), None if count == "all" else int(count))))
-        return 0
-    out = args.out or tempfile.mkdtemp(prefix="bench_firstbatch_")
+        return measure.child_result(child(dataset, int(world), int(workers), None if count == "all" else int(count)))
+    if args.dataset is None:
+        if not args.smoke:
+            raise measure.Missing("give a converted dataset (e.g. make demo's out/demo)")
+        args.dataset = str(measure.smoke_dataset())
+    out = args.keep or tempfile.mkdtemp(prefix="bench_firstbatch_")
+    if not args.keep:
+        atexit.register(shutil.rmtree, out, True)
     t = time.perf_counter()
-    tiled = _tile(args.dataset, args.episodes, out)
-    print(f"tiled dataset {tiled} ({time.perf_counter() - t:.1f} s)")
+    tiled = tile(args.dataset, args.episodes, os.path.join(out, f"tiled{args.episodes}-1batch"), None)
+    measure.say(f"tiled dataset {tiled} ({time.perf_counter() - t:.1f} s)")
     count = "all" if args.per_episode_count is None else str(args.per_episode_count)
-    trees = {"this": str(REPO), **{ref: _tree(ref, out) for ref in args.ref}}
+    trees = {"this": str(measure.REPO), **{ref: str(measure.git_tree(ref)) for ref in args.ref}}
     print(
         f"{'tree':>8} {'round':>5} {'world':>5} {'workers':>7} {'cache':>5} {'windows/worker':>14} | {'total s':>7} = "
         f"{'index':>6} + {'dataset':>7} + {'first batch':>11} ({'plan':>5} {'sched':>5} {'read':>5} {'decode':>6} "
@@ -156,6 +219,7 @@ def main() -> int:
                         cache = caches[name]
                         load = os.getloadavg()[0]
                         g = _run(tree, tiled, world, workers, count, cache)
+                        measure.emit({"tree": name, "round": r, "world": world, "workers": workers, "cold": cold, **g})
                         print(
                             f"{name[:8]:>8} {r:>5} {world:>5} {workers:>7} {'cold' if cold else 'warm':>5} "
                             f"{g['windows_per_worker']:>14} | {g['total_s']:>7.2f} = {g['index_s']:>6.2f} + "
@@ -165,7 +229,3 @@ def main() -> int:
                             flush=True,
                         )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,37 +20,26 @@ Cases, for each size and implementation:
 - ``elastic``: one new worker's plan after a layout change mid-epoch (``history``): ``--elastic-windows``
   windows in the epoch, ``8x8`` -> ``12x4``, each old consumer halfway through.
 
-``--first-batch DATASET``: the index side of the first batch at 1M episodes, measured honestly
-without 1M episodes of video: the dataset's ``index.arrow`` rows are tiled to ``--tile`` episodes
-(each shard's rows repeated through the format's writer, ``encode_index`` and
-``dataset_index_bytes``: every row points at its real shard), and the steps a rank runs before its first
-sample are timed one by one (sha256 of the index file, Arrow read and schema check, value check,
-``WindowIndex``, ``episode_table``, one worker's plan); then the real first batch of the (small)
-dataset itself is timed from ``iter()``. The sum estimates the first batch at that size.
+The ``before`` side runs only with ``--before REV`` (e.g. ``b804156``, the planner before the shared
+epoch cuts); without it, this checkout alone.
 
 Usage:
-    python tools/bench/bench_plan.py [--sizes 1,1000,100000,1000000] [--layout 8x8] [--per-episode 4]
-        [--before b804156] [--old-max-episodes 1000000] [--old-all-max 100000] [--json FILE]
-    python tools/bench/bench_plan.py --first-batch out/demo [--tile 1000000]
+    python tools/bench/run.py plan [--sizes 1,1000,100000,1000000] [--layout 8x8] [--per-episode 4]
+        [--before b804156] [--old-max-episodes 1000000] [--old-all-max 100000] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
 import importlib.util
-import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 
+import measure
 import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _plan_module(impl: str, before: str):
@@ -62,7 +51,10 @@ def _plan_module(impl: str, before: str):
     path = os.path.join(tempfile.gettempdir(), f"epishard_plan_{before}.py")
     if not os.path.exists(path):
         src = subprocess.run(
-            ["git", "-C", ROOT, "show", f"{before}:stream/plan.py"], check=True, capture_output=True, text=True
+            ["git", "-C", str(measure.REPO), "show", f"{before}:stream/plan.py"],
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         with open(path, "w") as f:
             f.write(src)
@@ -86,14 +78,6 @@ def _table(P, episodes: int):
     )
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def _plan_kw(impl: str, pool: int | None) -> dict:
     # Before: the reader's default buffer (512 windows, 1 GiB); after: the default pool for batch 8.
     return dict(shuffle_windows=512, shuffle_bytes=1 << 30) if impl == "before" else dict(shuffle_episodes=pool)
@@ -107,7 +91,7 @@ def child(args) -> dict:
     kw = dict(stride=1, per_episode=per, seed=0, epoch=0, **_plan_kw(args.impl, 64))
     small = dict(kw, per_episode=None)
     P.worker_plan(_table(P, 3), world=P.World(), **small)  # warm-up: first-call costs are not planning
-    base = _rss_mb()
+    base = measure.proc_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     windows = 0
     if args.case in ("worker", "all"):
@@ -126,10 +110,10 @@ def child(args) -> dict:
         old, new = (8, 8), (12, 4)
         g = P.global_plan(table, 1, per, 0, 0, old[0] * old[1])
         progress = P.Progress(*old, tuple([g.per_consumer // 2] * (old[0] * old[1])))
-        base, t0, c0 = _rss_mb(), time.perf_counter(), time.process_time()
+        base, t0, c0 = measure.proc_mb(), time.perf_counter(), time.process_time()
         windows = len(P.worker_plan(table, world=P.World(5, new[0], 1, new[1]), history=(progress,), **kw))
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = measure.peak_rss_mb()
     return {"time_s": elapsed, "cpu_s": cpu, "peak_mb": max(peak - base, 0.0), "windows": windows}
 
 
@@ -138,27 +122,20 @@ def kw_level(kw: dict) -> dict:
 
 
 def _run_child(impl, case, size, args, timeout=900) -> dict | None:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", impl, case, str(size)]
-    cmd += ["--layout", args.layout, "--per-episode", str(args.per_episode), "--before", args.before]
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=True).stdout
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        print(f"  {impl} {case} {size}: failed: {str(exc)[:300]}", file=sys.stderr)
-        return None
-    return json.loads(out.strip().splitlines()[-1])
+    extra = ["--layout", args.layout, "--per-episode", str(args.per_episode), "--before", args.before]
+    return measure.run_child("plan", [impl, case, str(size), *extra], timeout=timeout)
 
 
 def main_bench(args) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     workers = int(args.layout.split("x")[1])
     rows = []
-    print(f"load average {os.getloadavg()[0]:.1f}; layout {args.layout}; per_episode_count {args.per_episode}")
+    measure.say(f"load average {os.getloadavg()[0]:.1f}; layout {args.layout}; per_episode_count {args.per_episode}")
     header = (
         f"{'case':8} {'episodes':>9} {'windows':>10} | {'before s':>9} {'CPU s':>8} {'MB':>7} | "
         f"{'after s':>9} {'CPU s':>8} {'MB':>7} | CPU ratio"
     )
-    print(header)
+    measure.say(header)
     wanted = args.cases.split(",")
     cases = [(c, s) for c in ("worker", "rank", "count", "all") if c in wanted for s in sizes]
     if "elastic" in wanted:
@@ -167,7 +144,7 @@ def main_bench(args) -> None:
         res = {}
         for impl in ("before", "after"):
             limit = args.old_all_max if case == "all" else args.old_max_episodes
-            if impl == "before" and (size > limit or case == "rank"):
+            if impl == "before" and (not args.before or size > limit or case == "rank"):
                 res[impl] = None
                 continue
             res[impl] = _run_child(impl, case, size, args)
@@ -179,107 +156,40 @@ def main_bench(args) -> None:
                 res["before"]["derived"] = True
         b, a = res["before"], res["after"]
         rows.append({"case": case, "episodes": size, "before": b, "after": a, "load": os.getloadavg()[0]})
+        measure.emit(rows[-1])
         win = (a or b or {}).get("windows", 0)
         bs = f"{b['time_s']:9.3f} {b['cpu_s']:8.3f} {b['peak_mb']:7.0f}" if b else f"{'-':>9} {'-':>8} {'-':>7}"
         if b and b.get("derived"):
             bs = f"{b['time_s']:8.2f}* {b['cpu_s']:7.2f}* {'':>7}"
         as_ = f"{a['time_s']:9.3f} {a['cpu_s']:8.3f} {a['peak_mb']:7.0f}" if a else f"{'-':>9} {'-':>8} {'-':>7}"
         ratio = f"{b['cpu_s'] / a['cpu_s']:.0f}x" if a and b and a["cpu_s"] > 0 else ""
-        print(f"{case:8} {size:9d} {win:10d} | {bs} | {as_} | {ratio}   (load {os.getloadavg()[0]:.1f})", flush=True)
-    print("* before, rank = workers x the measured worker figure (every worker planned the whole epoch)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        if not measure.json_mode():
+            print(
+                f"{case:8} {size:9d} {win:10d} | {bs} | {as_} | {ratio}   (load {os.getloadavg()[0]:.1f})", flush=True
+            )
+    if args.before and not measure.json_mode():
+        print("* before, rank = workers x the measured worker figure (every worker planned the whole epoch)")
 
 
-def first_batch(args) -> None:
-    """The index side of the first batch at ``--tile`` episodes, then the real first batch."""
-    import pyarrow as pa
-
-    from epishard.format.index import WindowIndex, dataset_index_bytes, encode_index
-    from epishard.format.manifest import DATASET_INDEX_NAME, MANIFEST_NAME, Manifest
-    from epishard.format.validate import check_index
-    from epishard.stream import WindowDataset, WindowLoader, WindowSpec
-    from epishard.stream.plan import World, episode_table, worker_plan
-
-    real = WindowIndex.load_dataset(args.first_batch)
-    with open(os.path.join(args.first_batch, MANIFEST_NAME), "rb") as f:
-        manifest = Manifest.load(f.read(), args.first_batch)
-    reps = -(-args.tile // real.num_episodes)
-    # Each shard's index rows repeated (through the format's own writer: one large table per shard),
-    # so every tiled episode points at its real shard's members.
-    files = []
-    for shard, entry in enumerate(manifest.shards):
-        rows = [real.row(e) for e in np.flatnonzero(real.shard == shard).tolist()] * reps
-        files.append(encode_index(rows, {"shard": entry.shard}))
-    data = dataset_index_bytes(files)
-    path = os.path.join(tempfile.mkdtemp(), DATASET_INDEX_NAME)
-    with open(path, "wb") as f:
-        f.write(data)
-    print(
-        f"load average {os.getloadavg()[0]:.1f}; {args.first_batch}: {real.num_episodes} episodes tiled to "
-        f"{real.num_episodes * reps} ({len(data) / 1e6:.0f} MB index.arrow)"
-    )
-    steps: dict[str, float] = {}
-
-    def done(name: str, t: float) -> None:
-        steps[name] = time.perf_counter() - t
-        print(f"  {name:66} {steps[name]:7.3f} s", flush=True)
-
-    t = time.perf_counter()
-    with open(path, "rb") as f:
-        data = f.read()
-    hashlib.sha256(data).hexdigest()
-    done("read + sha256", t)
-    t = time.perf_counter()
-    ix = WindowIndex.read_dataset_index(pa.py_buffer(data), path, None)
-    done("Arrow read + schema check + WindowIndex", t)
-    counts = np.bincount(ix.shard, minlength=len(manifest.shards))  # the tiled index's episodes per shard
-    shards = [dataclasses.replace(s, episodes=int(c)) for s, c in zip(manifest.shards, counts, strict=True)]
-    t = time.perf_counter()
-    check_index(ix, shards, dict.fromkeys(manifest.camera_episodes()), path)
-    done("value check (check_index)", t)
-    spec = WindowSpec(cameras=None, action_horizon=16, per_episode_count=args.per_episode)
-    cams = {c: (0,) for c in ix.camera_names(0)}
-    t = time.perf_counter()
-    table = episode_table(spec, ix, cams)
-    done("episode_table", t)
-    ranks, workers = (int(x) for x in args.layout.split("x"))
-    t = time.perf_counter()
-    worker_plan(table, stride=1, per_episode=spec.sampling, seed=0, epoch=0, world=World(0, ranks, 0, workers))
-    done("one worker's plan", t)
-    ds = WindowDataset(args.first_batch, spec, seed=0)
-    loader = WindowLoader(ds, batch_size=8, num_workers=2)
-    t = time.perf_counter()
-    next(iter(loader))
-    done("real first batch of the small dataset (iter -> batch, 2 workers)", t)
-    print(f"  {'sum (estimated first batch at ' + str(args.tile) + ' episodes)':66} {sum(steps.values()):7.3f} s")
+SMOKE = {"sizes": "1000", "cases": "worker"}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(ap) -> None:
     ap.add_argument("--child", nargs=3, metavar=("IMPL", "CASE", "SIZE"), help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="1,1000,100000,1000000")
     ap.add_argument("--layout", default="8x8", help="ranks x workers (default 8x8)")
     ap.add_argument("--per-episode", type=int, default=4, help="windows per episode (the sampling policy)")
-    ap.add_argument("--before", default="b804156", help="git revision of the 'before' plan.py")
+    ap.add_argument("--before", default="", help="git revision of the 'before' plan.py (e.g. b804156; default: none)")
     ap.add_argument("--old-max-episodes", type=int, default=1_000_000, help="largest size run with 'before'")
     ap.add_argument("--old-all-max", type=int, default=100_000, help="largest all-anchor size run with 'before'")
     ap.add_argument("--elastic-windows", type=int, default=230_000)
     ap.add_argument("--cases", default="worker,rank,count,all,elastic")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--first-batch", default=None, metavar="DATASET")
-    ap.add_argument("--tile", type=int, default=1_000_000)
-    args = ap.parse_args()
+
+
+def run(args) -> int:
     if args.child:
         args.impl, args.case, size = args.child
         args.size = int(size)
-        print(json.dumps(child(args)))
-    elif args.first_batch:
-        first_batch(args)
-    else:
-        main_bench(args)
-
-
-if __name__ == "__main__":
-    main()
+        return measure.child_result(child(args))
+    main_bench(args)
+    return 0
