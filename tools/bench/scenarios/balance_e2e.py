@@ -1,4 +1,4 @@
-"""Benchmark (end to end): DDP training steps per second without, with local and with global cost balancing.
+"""The ``balance --e2e`` scenario (end to end): DDP training steps per second without, with local and with global cost balancing.
 
 ``torchrun`` (gloo backend, 2 processes on this machine) trains a toy VLA-like transformer fed by the
 real streaming reader (``stream.WindowLoader``, 1 DataLoader worker per process), alternating the
@@ -20,7 +20,7 @@ keeps the plain plan's windows), only dealt and batched differently. Per variant
 reports bytes read per sample and frames decoded per frame returned (the reader's telemetry, all
 ranks), and the batch diversity (distinct episodes per batch).
 
-Data (generated here, written with ``shardwriter.convert``; ``--data DIR`` keeps it): ``--episodes``
+Data (generated here, written with ``shardwriter.convert``; ``--keep DIR`` keeps it): ``--episodes``
 (24) episodes of 40-100 frames at 20 fps, one camera, H.264 56x56 (``tests/videogen.make_video``,
 keyframe every 10 frames), 8-dim state, 7-dim action, 3 episodes per shard (8 shards; each rank
 reads about half of them, 12 episodes, a new split every epoch). Each episode has its own task
@@ -50,12 +50,10 @@ and per round), the ratio the telemetry predicts (padded step cost, plain / vari
 and requests per sample, frames decoded per frame returned and distinct episodes per batch (batch
 diversity: what cost-sorting trades for speed when cost depends on the episode).
 
-    python tools/bench/bench_balance_e2e.py                  # generate data, run torchrun, print a table (~3-5 min)
-    python tools/bench/bench_balance_e2e.py --json           # JSON lines instead
-    python tools/bench/bench_balance_e2e.py --rounds 3 --chunk-batches 8 --data /tmp/bal_e2e
-    python tools/bench/bench_balance_e2e.py --variants plain,global --global-chunk 0   # 0: the whole epoch
-
-(``.venv/bin/python tools/bench/bench_balance_e2e.py`` on the project's standard machine, 2 cores.)
+    python tools/bench/run.py balance --e2e                  # generate data, run torchrun, print a table (~3-5 min)
+    python tools/bench/run.py balance --e2e --json           # JSON lines instead
+    python tools/bench/run.py balance --e2e --rounds 3 --chunk-batches 8 --keep /tmp/bal_e2e
+    python tools/bench/run.py balance --e2e --variants plain,global --global-chunk 0   # 0: the whole epoch
 """
 
 from __future__ import annotations
@@ -72,14 +70,11 @@ import sys
 import tempfile
 import time
 import zlib
-from pathlib import Path
 
+import measure
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-for _p in (str(REPO), str(REPO / "tests")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+REPO = measure.REPO
 
 CAMERA = "observation.images.front"
 SIZE = 56  # stored frame size (no resize): 4 x 4 patches of 14 x 14 pixels per frame
@@ -345,15 +340,14 @@ def _port() -> int:
 
 
 def emit(args, record: dict, line: str | None = None) -> None:
-    if args.json:
-        print(json.dumps(record), flush=True)
-    elif line is not None:
+    measure.emit(record)
+    if not args.json and line is not None:
         print(line, flush=True)
 
 
 def driver(args) -> int:
     tmp = None
-    data = args.data
+    data = args.keep
     if data is None:
         tmp = tempfile.mkdtemp(prefix="bench_balance_e2e_")
         data = os.path.join(tmp, "ds")
@@ -385,7 +379,9 @@ def driver(args) -> int:
             "127.0.0.1",
             "--master-port",
             str(_port()),
-            os.path.abspath(__file__),
+            str(measure.RUN),
+            "balance",
+            "--e2e",
             "--worker",
             "--dataset",
             data,
@@ -511,10 +507,9 @@ def report(args, info: dict, results: list[dict]) -> None:
     )
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
-    p.add_argument("--data", help="dataset folder: generated there if absent, kept (default: a temporary folder)")
+def e2e_options(p) -> None:
+    p.add_argument("--e2e", action="store_true", help="measure DDP training end to end instead of simulating")
+    p.add_argument("--keep", help="dataset folder: generated there if absent, kept (default: a temporary folder)")
     p.add_argument("--episodes", type=int, default=24)
     p.add_argument("--per-shard", type=int, default=3, help="episodes per shard")
     p.add_argument("--nproc", type=int, default=2, help="torchrun processes")
@@ -529,10 +524,11 @@ def main() -> int:
     p.add_argument("--stride", type=int, default=1)
     p.add_argument("--d-model", type=int, default=192)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--dataset", help=argparse.SUPPRESS)
-    args = p.parse_args()
+
+
+def e2e(args) -> int:
     if args.worker:
         return worker(args)
     args.passthrough = [
@@ -551,7 +547,3 @@ def main() -> int:
         )
     ]
     return driver(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,23 +29,24 @@ Sections:
     ("plain") and with ``balance.local.local_order`` (16 batches per chunk, "local"); "global"
     (``balanced_steps`` on the same windows, ignoring which rank reads which shard) is the bound.
 
-    python tools/bench/bench_balance.py [--steps 200] [--worlds 8 64 512] [--batches 4 16] [--data DIR] [--json]
+``--e2e``: instead, measured end to end: DDP training steps per second without, with local and with
+global cost balancing (``scenarios/balance_e2e.py``; its options are in their own group below).
+
+    python tools/bench/run.py balance [--steps 200] [--worlds 8 64 512] [--batches 4 16] [--data DIR] [--json]
+    python tools/bench/run.py balance --e2e [--rounds 2] [--variants plain,local,global]
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import glob
 import json
 import os
-import sys
 import time
 
+import measure
 import numpy as np
 import pyarrow.parquet as pq
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from epishard.balance import (
     CostModel,
@@ -403,25 +404,33 @@ def plot_first_configuration(args, path: str) -> None:
     print(f"plot: {path}")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+SMOKE = {"steps": 5, "worlds": [8], "batches": [4], "stream_worlds": [8], "data": "", "episodes": 6, "rounds": 1}
+SMOKE_E2E = {"variants": "plain,local", "batch_size": 4, "chunk_batches": 2}
+
+
+def options(ap) -> None:
     ap.add_argument("--steps", type=int, default=200, help="global steps per configuration in (a) and (b)")
     ap.add_argument("--worlds", type=int, nargs="+", default=[8, 64, 512])
     ap.add_argument("--batches", type=int, nargs="+", default=[4, 16])
     ap.add_argument("--stream-worlds", type=int, nargs="+", default=[8, 64])
-    ap.add_argument(
-        "--data",
-        default=os.environ.get(
-            "EPISHARD_SHARED_DATA",
-            os.path.normpath(os.path.join(os.path.abspath(__file__), "..", "..", "..", "..", "shared", "data")),
-        ),
-    )
+    ap.add_argument("--data", default=str(measure.shared_data()), help="the real datasets of (b) and (c)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
     ap.add_argument("--plot", metavar="PNG", help="draw per-rank cost per step of (a)'s first configuration")
-    args = ap.parse_args(argv)
+    from scenarios.balance_e2e import e2e_options
+
+    e2e_options(ap.add_argument_group("--e2e: DDP end to end"))
+
+
+def run(args) -> int:
+    if args.e2e:
+        from scenarios.balance_e2e import e2e
+
+        if args.smoke:
+            for k, v in SMOKE_E2E.items():
+                setattr(args, k, v)
+        return e2e(args)
     t_start = time.perf_counter()
-    out = (lambda row: print(json.dumps(row), flush=True)) if args.json else None
+    out = measure.emit
 
     rows_a = []
     for world in args.worlds:
@@ -433,17 +442,17 @@ def main(argv=None) -> int:
                 **compare(vlm_sft_costs(n, np.random.default_rng(args.seed)), world, batch, args.seed, padded=True),
             }
             rows_a.append(r)
-            out and out(r)
+            out(r)
 
     if args.plot:
         plot_first_configuration(args, args.plot)
 
     rows_b, rows_c, described = [], [], []
-    if all(os.path.exists(os.path.join(args.data, name, "meta", "info.json")) for name in MIX):
+    if args.data and all(os.path.exists(os.path.join(args.data, name, "meta", "info.json")) for name in MIX):
         mix = RealMix(args.data)
         described = mix.describe()
         for d in described:
-            out and out({"section": "b_data", **d})
+            out({"section": "b_data", **d})
         for world in args.worlds:
             for batch in args.batches:
                 episodes, anchors = mix.sample(args.steps * world * batch, np.random.default_rng(args.seed))
@@ -454,13 +463,13 @@ def main(argv=None) -> int:
                         **compare(mix.cost[model](episodes, anchors), world, batch, args.seed, padded),
                     }
                     rows_b.append(r)
-                    out and out(r)
+                    out(r)
         for model in ("compute", "decode"):
             for world in args.stream_worlds:
                 for batch in args.batches:
                     r = {"section": "c", **streaming(mix, model, world, batch, 2, 16, args.seed)}
                     rows_c.append(r)
-                    out and out(r)
+                    out(r)
     elif not args.json:
         print(f"(b), (c) skipped: the real datasets are not in {args.data}")
 
@@ -510,7 +519,3 @@ def main(argv=None) -> int:
             )
         print(f"total {time.perf_counter() - t_start:.1f} s")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
