@@ -1,9 +1,8 @@
-"""The object-storage benchmark's S3 server (``tools/bench/bench_remote.py``: moto answering ranged GETs
+"""The object-storage benchmark's S3 server (``tools/bench/scenarios/remote.py``: moto answering ranged GETs
 from the object's buffer) sends the same bytes, status and Content-Range as moto's own code path."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -20,11 +19,11 @@ SIZE = 3_000_003
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_remote", os.path.join(REPO, "tools/bench/bench_remote.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_remote", module)
-    spec.loader.exec_module(module)
-    return module
+    if os.path.join(REPO, "tools", "bench") not in sys.path:
+        sys.path.insert(0, os.path.join(REPO, "tools", "bench"))
+    from scenarios import remote
+
+    return remote
 
 
 def _get(client, rng: str | None) -> tuple[int, str | None, bytes]:

@@ -1,8 +1,15 @@
-"""Benchmark: local disk against S3 with latency added per request, same settings, steady state.
+"""Object storage, one part at a time (``--part``): ``reader`` (the default): local disk against S3 with
+latency added per request, same settings, steady state; ``source``: converting a LeRobot dataset read
+from local disk and through a loopback HTTP server; ``transport``: what a ranged request costs the
+client, per transport.
 
-    python tools/bench/bench_remote.py [--copies 150 | --generated --episodes 400 --frames 150] [--per-episode 4]
+    python tools/bench/run.py remote [--copies 150 | --generated --episodes 400 --frames 150] [--per-episode 4]
         [--latency-ms 0,20,100] [--rounds 2] [--seconds 30] [--workers 2]
         [--mode stream|ranged] [--prefetch-mb N] [--fixed-depth 4] [--keep DIR] [--json]
+    python tools/bench/run.py remote --part source [--source FOLDER] [--rounds 2]
+    python tools/bench/run.py remote --part transport [--requests 256] [--size-kb 128] [--concurrency 32] [--latency-ms 100]
+
+``reader``:
 
 What it does:
 - One dataset: the real so101_bimanual_cloth (2 cameras, MPEG-4 224x224, ~2.8 MB per episode) from
@@ -34,28 +41,41 @@ What it does:
 
 Diversity: distinct episodes per batch of 8, next to what i.i.d. uniform sampling over the epoch's
 windows would give (``sum_e 1 - (1 - p_e)**8``, ``p_e`` the episode's share of the windows).
+
+``source``: the remote-source conversion path (fsspec listing, range requests): ``--source`` (a LeRobot
+v2.x or v3.0 folder), else the real so101_bimanual_cloth_v30 from ../shared/data when present, else a
+generated v3.0 dataset (12 episodes of 60 frames, 6 per file), converted from local disk and through a
+loopback HTTP server behind a byte-counting proxy, rounds alternating: the time of each (medians) and
+the bytes the server sent per byte of source data (1.0: every byte read once). Every HTTP conversion's
+shards are checked byte-identical to the local one's.
+
+``transport``: the same ranged reads through a thread pool of blocking ``cat_file`` calls (the
+Fetcher's way), through fsspec's async ``cat_ranges`` (one coroutine batch), and through the same
+thread pool with one presigned URL for the object (``S3FileSystem.url``, signed once) fetched by
+urllib3 (botocore's own HTTP library), against moto S3 on loopback (kept-alive connections, as
+the ``reader`` part serves it) behind a proxy adding the largest ``--latency-ms`` per request; same
+concurrency for all. The third shows what a request costs the client without botocore's work per
+request (parameter handling, signing, response parsing) and s3fs's hand-over to its event loop.
+Reports requests/s (wall) and CPU seconds per request of this process (the client: the server and
+the proxy run in their own process), per transport, rounds alternating.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 import multiprocessing as mp
 import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import measure
 import numpy as np
+from remote_servers import FaultProxy, serve_http
 from torch.utils.data import DataLoader
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
-
-from remote_servers import FaultProxy
 from videogen import make_episode_table, make_video
 
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
@@ -68,7 +88,7 @@ from epishard.stream.source import DatasetSource
 from epishard.stream.telemetry import FIELDS
 
 CAMS = ("observation.images.front", "observation.images.left", "observation.images.wrist")
-SHARED = Path(os.environ.get("EPISHARD_SHARED_DATA", REPO.parent / "shared" / "data"))
+SHARED = measure.shared_data()
 REAL = SHARED / "so101_bimanual_cloth"  # --real chooses another dataset of ../shared/data
 BATCH = 8
 COUNTERS = (
@@ -254,7 +274,7 @@ class Server:
 # --- one run ---------------------------------------------------------------------------------------
 
 
-def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server: Server, proxy_ms) -> dict:
+def timed_run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server: Server, proxy_ms) -> dict:
     """Samples/s over ``args.seconds`` after the first batch and ``args.warmup_s``; what was read in that time."""
     spec = WindowSpec(cameras={c: segment(0, 32, 9) for c in cams}, action_horizon=16, **args.per_episode)
     source = DatasetSource(url, options, policy)
@@ -297,7 +317,7 @@ def run(url: str, options: dict | None, policy: FetchPolicy, args, cams, server:
             end, cpu1 = now, _cpu_s(workers)
             break
     else:
-        raise SystemExit("bench_remote: the epoch ended before the timed region did: more --copies or --episodes")
+        raise SystemExit("remote: the epoch ended before the timed region did: more --copies or --episodes")
     wall = end - start
     s1 = server.stats()
     # Counters are cumulative per worker: the timed region's are the last minus the first seen in it.
@@ -404,8 +424,23 @@ def tiled(args) -> Source:
     return dataclasses.replace(src, episodes=episodes)
 
 
-def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+SMOKE = {
+    "generated": True,
+    "episodes": 8,
+    "frames": 40,
+    "latency_ms": "0",
+    "rounds": 1,
+    "seconds": 0.5,
+    "warm_batches": 1,
+    "timed_batches": 2,
+    "workers": 1,
+    "requests": 8,
+    "concurrency": 4,
+}
+
+
+def options(parser) -> None:
+    parser.add_argument("--part", choices=("reader", "source", "transport"), default="reader")
     parser.add_argument(
         "--per-episode", type=per_episode, default=per_episode("4"), help="windows per episode: 4 (count), 0.25, all"
     )
@@ -440,8 +475,10 @@ def parse() -> argparse.Namespace:
         help="moto's own server and ranged GET: a connection per request (see start_moto), the whole object "
         "read per request (see serve_ranges_from_buffer)",
     )
-    parser.add_argument("--json", action="store_true")
-    return parser.parse_args()
+    parser.add_argument("--source", help="source: a LeRobot folder (default: so101_bimanual_cloth_v30, else generated)")
+    parser.add_argument("--requests", type=int, default=256, help="transport: ranged GETs per round")
+    parser.add_argument("--size-kb", type=int, default=128, help="transport: bytes per request")
+    parser.add_argument("--concurrency", type=int, default=32, help="transport: requests at once")
 
 
 def line(name: str, r: dict) -> str:
@@ -460,18 +497,12 @@ def line(name: str, r: dict) -> str:
     )
 
 
-def main() -> int:
-    args = parse()
+def run_reader(args) -> int:
     horizon = Lookahead().horizon
     args.cycle = args.workers * horizon // BATCH  # batches of one look-ahead chunk of every worker
     if args.warm_batches is None:
         args.warm_batches = args.workers * (BATCH + horizon) // BATCH
-    try:
-        import moto.server  # noqa: F401
-        import s3fs  # noqa: F401
-    except ImportError:
-        print("bench_remote: needs moto[server] and s3fs (pip install 's3fs' 'moto[server]')")
-        return 0
+    _need_s3()
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
     latencies = [int(x) for x in args.latency_ms.split(",") if x.strip()]
     server = Server(latencies, args.stock_moto)
@@ -503,7 +534,7 @@ def main() -> int:
         names = list(configs) if r % 2 == 0 else list(reversed(configs))
         for name in names:
             url, options, config_policy, ms = configs[name]
-            runs[name].append(run(url, options, config_policy, args, cams, server, ms))
+            runs[name].append(timed_run(url, options, config_policy, args, cams, server, ms))
             if r == 0 and name == names[0]:
                 print(
                     f"warm-up: batches 0-{args.warm_batches - 1} (the first chunk and one of {horizon} windows per "
@@ -515,17 +546,163 @@ def main() -> int:
                 "vs_local": runs[name][-1]["samples_per_s"] / runs["local disk"][-1]["samples_per_s"]
             }
             runs[name][-1] = res
-            print(json.dumps({"round": r, "config": name} | res) if args.json else f"round {r}  {line(name, res)}")
+            measure.emit({"round": r, "config": name} | res)
+            if not args.json:
+                print(f"round {r}  {line(name, res)}")
         sys.stdout.flush()
     print("medians over rounds (x local: the median of each round's ratio to that round's local run):")
     for name, rs in runs.items():
         row = {key: float(np.median([x[key] for x in rs])) for key in rs[0]} | {"steady": all(x["steady"] for x in rs)}
-        print(json.dumps({"config": name} | row) if args.json else f"median   {line(name, row)}")
+        measure.emit({"config": name, "median": True} | row)
+        if not args.json:
+            print(f"median   {line(name, row)}")
     server.stop()
     if tmp is not None:
         tmp.cleanup()
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _need_s3() -> None:
+    for name in ("moto.server", "s3fs", "urllib3"):
+        measure.need_module(name.split(".")[0], "pip install 's3fs' 'moto[server]'")
+
+
+def run(args) -> int:
+    return {"reader": run_reader, "source": run_source, "transport": run_transport}[args.part](args)
+
+
+# --- converting from a remote source (--part source) ------------------------------------------------------
+
+
+def source_folder(given: str | None, tmp: str) -> str:
+    if given:
+        return os.path.abspath(given)
+    real = measure.shared_data() / "so101_bimanual_cloth_v30"
+    if (real / "meta" / "info.json").exists():
+        return str(real)
+    from lerobotgen import write_v3
+
+    write_v3(f"{tmp}/generated_v30", [60] * 12, "observation.images.front", per_file=6)
+    return f"{tmp}/generated_v30"
+
+
+def tree_bytes(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
+
+
+def shards(folder: str) -> dict[str, bytes]:
+    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder)) if n.endswith(".tar")}
+
+
+def run_source(args) -> int:
+    """Local and HTTP conversions alternating; the bytes sent per source byte."""
+    import statistics
+
+    from epishard.shardwriter import ConvertOptions, convert
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = source_folder(args.source or (str(measure.smoke_source()) if args.smoke else None), tmp)
+        parent, name = os.path.split(src)
+        server, _ = serve_http(parent)
+        proxy = FaultProxy(server.server_address)
+        url = f"http://127.0.0.1:{proxy.port}/{name}"
+        options = ConvertOptions(progress=False)
+        times: dict[str, list[float]] = {"local": [], "http": []}
+        ratios, reference = [], None
+        try:
+            for r, (kind, where) in measure.alternate((("local", src), ("http", url)), args.rounds):
+                out, before = f"{tmp}/{kind}{r}", proxy.bytes_out
+                t = time.perf_counter()
+                convert([where], out, options)
+                times[kind].append(time.perf_counter() - t)
+                reference = reference or shards(out)
+                assert shards(out) == reference, f"{kind} round {r}: shards differ from the first conversion"
+                if kind == "http":
+                    ratios.append((proxy.bytes_out - before) / tree_bytes(src))
+        finally:
+            proxy.close()
+            server.shutdown()
+    result = {
+        "source": src,
+        "source_bytes": tree_bytes(src),
+        "local_s": round(statistics.median(times["local"]), 2),
+        "http_s": round(statistics.median(times["http"]), 2),
+        "http_bytes_per_source_byte": round(statistics.median(ratios), 3),
+    }
+    measure.emit(result)
+    if not args.json:
+        print(
+            f"{result['source']} ({result['source_bytes'] / 1e6:.1f} MB): local {result['local_s']} s, "
+            f"HTTP {result['http_s']} s, {result['http_bytes_per_source_byte']} bytes sent per source byte "
+            "(shards byte-identical)"
+        )
+    return 0
+
+
+# --- what a request costs the client (--part transport) ---------------------------------------------------
+
+
+def run_transport(args) -> int:
+    """The same ranged reads through three transports, rounds alternating."""
+    _need_s3()
+    import s3fs
+    import urllib3
+
+    latency = max(int(x) for x in args.latency_ms.split(",") if x.strip())
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    server = Server([latency])  # moto and the proxy in their own process: CPU here is the client's
+    size = args.size_kb << 10
+    direct = s3fs.S3FileSystem(endpoint_url=server.endpoint)
+    direct.mkdir("bench")
+    direct.pipe("bench/blob", os.urandom(size * 64))
+    fs = s3fs.S3FileSystem(
+        endpoint_url=f"http://127.0.0.1:{server.proxies[latency]}",
+        skip_instance_cache=True,
+        config_kwargs={"max_pool_connections": args.concurrency},
+    )
+    starts = [(i % 64) * size for i in range(args.requests)]
+
+    def threads() -> list[bytes]:
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            return list(pool.map(lambda a: fs.cat_file("bench/blob", start=a, end=a + size), starts))
+
+    url = fs.url("bench/blob", expires=3600)
+    http = urllib3.PoolManager(maxsize=args.concurrency, retries=False)
+
+    def presigned_get(a: int) -> bytes:
+        r = http.request("GET", url, headers={"Range": f"bytes={a}-{a + size - 1}"})
+        if r.status != 206:
+            raise OSError(f"presigned GET: HTTP {r.status}")
+        return r.data
+
+    def presigned() -> list[bytes]:
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            return list(pool.map(presigned_get, starts))
+
+    def coroutines() -> list[bytes]:
+        n = len(starts)
+        return fs.cat_ranges(["bench/blob"] * n, starts, [a + size for a in starts], batch_size=args.concurrency)
+
+    measure.say(
+        f"{args.requests} requests of {args.size_kb} kB, {args.concurrency} at once, +{latency} ms each; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    threads()  # warm-up: connections opened
+    sides = (("threads + cat_file", threads), ("async cat_ranges", coroutines), ("presigned + urllib3", presigned))
+    for r, (name, fetch) in measure.alternate(sides, args.rounds):
+        out, wall, cpu = measure.timed(fetch)
+        assert all(len(b) == size for b in out)
+        row = {
+            "round": r,
+            "transport": name,
+            "requests_per_s": args.requests / wall,
+            "cpu_ms_per_request": 1e3 * cpu / args.requests,
+        }
+        measure.emit(row)
+        if not args.json:
+            print(
+                f"round {r}  {name:<20} {row['requests_per_s']:7.1f} requests/s  "
+                f"{row['cpu_ms_per_request']:6.2f} ms CPU per request"
+            )
+    server.stop()
+    return 0
