@@ -1,4 +1,4 @@
-"""Benchmark: converting each source format beyond LeRobot (ALOHA, robomimic, UMI, RLDS, MCAP).
+"""The ``writer --formats`` / ``writer --memory`` part of the ``writer`` scenario: converting each source format beyond LeRobot (ALOHA, robomimic, UMI, RLDS, MCAP).
 
 Two measurements, each conversion in a fresh process (``shardwriter.convert``, lossless frames,
 ``--check fast``, one worker unless ``--workers``):
@@ -14,15 +14,14 @@ Two measurements, each conversion in a fresh process (``shardwriter.convert``, l
   encoded images: RLDS, MCAP's compressed topic) is converted and the peak resident memory of the
   converting process (``ru_maxrss``, its workers included) is reported against ``--limit`` (2 GB).
 
-    python tools/bench/bench_sources.py [--formats aloha robomimic umi rlds mcap] [--episodes 40] [--workers 1]
-    python tools/bench/bench_sources.py --memory [--gb 1.0] [--formats ...]
+    python tools/bench/run.py writer --formats aloha robomimic umi rlds mcap [--episodes 40] [--workers 1]
+    python tools/bench/run.py writer --memory [--gb 1.0] [--formats ...]
 
 Not part of ``make test`` (the memory fixtures take minutes and gigabytes of disk).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -32,11 +31,10 @@ import tempfile
 from fractions import Fraction
 from pathlib import Path
 
+import measure
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO))
+REPO = measure.REPO
 
 FORMATS = ("aloha", "robomimic", "umi", "rlds", "mcap")
 
@@ -211,7 +209,7 @@ def fixture(data: Path, fmt: str, episodes: int, frames: int, h: int, w: int) ->
 def convert_in_process(src: str, workers: int, fps: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-sources-") as scratch:
         before = os.getloadavg()[0]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = measure.env_with()
         done = subprocess.run(
             [sys.executable, "-c", RUNNER, src, os.path.join(scratch, "out"), str(workers), str(fps)],
             capture_output=True,
@@ -226,20 +224,12 @@ def convert_in_process(src: str, workers: int, fps: float) -> dict:
         return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
-    parser.add_argument("--episodes", type=int, default=40)
-    parser.add_argument("--frames", type=int, default=40)
-    parser.add_argument("--size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--memory", action="store_true", help="the >= --gb raw-frame fixtures, peak memory")
-    parser.add_argument("--gb", type=float, default=1.0)
-    parser.add_argument("--memory-frames", type=int, default=50)
-    parser.add_argument("--limit", type=float, default=2.0, help="--memory: GB the peak must stay under")
-    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "epishard-bench-sources"))
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+def run_formats(args) -> int:
+    """Per format: a fixture written once, converted in a fresh process; throughput, or peak memory."""
+    args.formats = args.formats or list(FORMATS)
+    args.episodes = args.episodes or 40
+    args.data = args.data or os.path.join(tempfile.gettempdir(), "epishard-bench-sources")
+    workers = args.workers[0]
     data = Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
     failed = False
@@ -253,12 +243,12 @@ def main() -> int:
         else:
             episodes, h, w = args.episodes, args.size, args.size
             src = fixture(data, fmt, episodes, args.frames, h, w)
-        r = convert_in_process(src, args.workers, 20.0)
+        r = convert_in_process(src, workers, 20.0)
         raw = r["frames"] * h * w * 3
         r.update(format=fmt, raw_frame_gb=raw / 1e9, episodes_per_s=r["episodes"] / r["wall_s"])
         r["episodes_per_cpu_s"] = r["episodes"] / r["cpu_s"] if r["cpu_s"] else 0.0
+        measure.emit(r)
         if args.json:
-            print(json.dumps(r))
             continue
         line = (
             f"{fmt:10s} {r['episodes']:5d} ep {r['frames']:7d} frames ({r['raw_frame_gb']:.2f} GB raw) "
@@ -272,7 +262,3 @@ def main() -> int:
             line += "  OK" if ok else f"  OVER {args.limit} GB (or under {args.gb} GB raw)"
         print(line, flush=True)
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -15,7 +15,7 @@ baseline is ``git archive --baseline`` (default ``main``) unpacked into a tempor
 without check levels runs ``full`` as ``decode_check=True`` and ``off`` as ``decode_check=False``
 (and skips ``fast``). ``tar cf`` of the same files into the same kind of folder is the reference.
 
-    python tools/bench/bench_writer.py [DATASET ...] [--episodes 2000] [--check full fast off] [--workers 1 2]
+    python tools/bench/run.py writer [DATASET ...] [--episodes 2000] [--check full fast off] [--workers 1 2]
         [--baseline main] [--rounds 1] [--data /tmp/epishard-bench-writer] [--json]
 
 ``--per-file 200 1000 3000 10000``: instead, the cost of an episode against the size of the file
@@ -30,18 +30,18 @@ paid once per file (and worker), timed alone: the video file's frame table (``vi
 read of its data file, and whether the shards and indexes are byte-identical to the first tree's;
 with ``--rounds N``, the least CPU time of N runs.
 
-    python tools/bench/bench_writer.py --per-file 200 1000 3000 10000 [--convert 200] [--baseline main]
+    python tools/bench/run.py writer --per-file 200 1000 3000 10000 [--convert 200] [--baseline main]
 
 ``--formats aloha robomimic umi rlds mcap``: instead, episodes/s of each source format beyond
-LeRobot (``tools/bench/bench_sources.py``: fixtures written with each format's own library, 2 cameras,
+LeRobot (``scenarios/sources.py``: fixtures written with each format's own library, 2 cameras,
 lossless frames).
 
-    python tools/bench/bench_writer.py --formats aloha robomimic umi rlds mcap [--episodes 40] [--frames 40]
+    python tools/bench/run.py writer --formats aloha robomimic umi rlds mcap [--episodes 40] [--frames 40]
+    python tools/bench/run.py writer --memory [--gb 1.0] [--formats ...]   # peak memory per source format
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -50,7 +50,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+import measure
+
+REPO = measure.REPO
 CAMERAS = ("observation.images.a", "observation.images.b")
 
 # Runs in the child process: convert, then print wall and CPU seconds (its own and its workers').
@@ -189,13 +191,6 @@ def _bytes(folder: str) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file() and p.name != ".complete")
 
 
-def baseline_tree(ref: str, into: str) -> str:
-    """``git archive ref`` of this repository unpacked into ``into``; returns it."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "x", "-C", into], input=archive, check=True)
-    return into
-
-
 def has_levels(tree: str) -> bool:
     # The format's names: epishard/format/manifest.py, in trees older than that package shardwriter/format.py.
     names = Path(tree, "epishard", "format", "manifest.py")
@@ -238,15 +233,17 @@ def run_tar(src: str, scratch: str) -> dict:
     return {"wall_s": wall, "cpu_s": cpu, "episodes": None, "load_before": load, "load_after": os.getloadavg()[0]}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+SMOKE = {"episodes": 4, "frames": 10, "size": 32, "workers": [1], "baseline": "", "check": ["fast"]}
+
+
+def options(parser) -> None:
     parser.add_argument("datasets", nargs="*", help="LeRobot dataset folders (default: the synthetic set)")
-    parser.add_argument("--episodes", type=int, default=2000)
+    parser.add_argument("--episodes", type=int, default=None, help="default 2000 (--formats, --memory: 40)")
     parser.add_argument("--frames", type=int, default=40)
     parser.add_argument("--size", type=int, default=64)
-    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "epishard-bench-writer"))
+    parser.add_argument("--data", default=None, help="where the generated sources are kept (default: under /tmp)")
     parser.add_argument("--check", nargs="+", choices=["full", "fast", "off"], help="default: full fast off")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="--formats, --memory: the first")
     parser.add_argument("--baseline", default="main", help="git ref to compare with ('' for none)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument(
@@ -255,32 +252,42 @@ def main() -> int:
         metavar="TREE:CHECK:WORKERS",
         help="run only these configurations, e.g. main:full:1 this:fast:1 this:fast:2 (default: every one)",
     )
-    parser.add_argument("--json", action="store_true", help="one JSON line per run")
     parser.add_argument(
         "--per-file", type=int, nargs="+", metavar="N", help="cost per episode against episodes per v3.0 file"
     )
     parser.add_argument("--per-file-frames", type=int, default=2, help="--per-file: frames per episode")
     parser.add_argument("--convert", type=int, default=200, help="--per-file: episodes converted per file")
-    parser.add_argument(
+    from scenarios.sources import FORMATS
+
+    g = parser.add_argument_group("source formats beyond LeRobot")
+    g.add_argument(
         "--formats",
         nargs="+",
+        choices=FORMATS,
         metavar="FORMAT",
-        help="instead, episodes/s per source format (aloha robomimic umi rlds mcap): tools/bench/bench_sources.py's "
-        "fixtures of --episodes (here 40 unless given) x 2 cameras x --frames at --size, --workers' first value",
+        help="instead, episodes/s per source format (" + " ".join(FORMATS) + "): fixtures of --episodes (40) x 2 "
+        "cameras x --frames at --size, converted with --workers' first value, each in a fresh process",
     )
-    args = parser.parse_args()
-    if args.formats:  # the source formats beyond LeRobot: tools/bench/bench_sources.py measures them
-        episodes = "40" if "--episodes" not in sys.argv else str(args.episodes)
-        argv = ["--formats", *args.formats, "--episodes", episodes, "--frames", str(args.frames)]
-        argv += ["--size", str(args.size), "--workers", str(args.workers[0])] + (["--json"] if args.json else [])
-        return subprocess.call([sys.executable, str(REPO / "tools" / "bench" / "bench_sources.py"), *argv])
+    g.add_argument("--memory", action="store_true", help="instead, the >= --gb raw-frame fixtures' peak memory")
+    g.add_argument("--gb", type=float, default=1.0)
+    g.add_argument("--memory-frames", type=int, default=50)
+    g.add_argument("--limit", type=float, default=2.0, help="--memory: GB the peak must stay under")
+
+
+def run(args) -> int:
+    if args.formats or args.memory:  # the source formats beyond LeRobot
+        from scenarios.sources import run_formats
+
+        return run_formats(args)
+    args.episodes = args.episodes or 2000
+    args.data = args.data or os.path.join(tempfile.gettempdir(), "epishard-bench-writer")
     args.check = args.check or (None if args.per_file else ["full", "fast", "off"])
     if args.per_file:
         args.check = args.check or ["fast"]
         with tempfile.TemporaryDirectory(prefix="bench-writer-") as scratch:
             trees = {"this": str(REPO)}
             if args.baseline:
-                trees[args.baseline] = baseline_tree(args.baseline, tempfile.mkdtemp(dir=scratch))
+                trees[args.baseline] = str(measure.git_tree(args.baseline))
             per_file(args, trees, scratch)
         return 0
     datasets = args.datasets or [
@@ -291,7 +298,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-writer-") as scratch:
         trees = {"this": str(REPO)}
         if args.baseline:
-            trees[args.baseline] = baseline_tree(args.baseline, tempfile.mkdtemp(dir=scratch))
+            trees[args.baseline] = str(measure.git_tree(args.baseline))
         for src in datasets:
             size = _bytes(src)
             print(f"# {src}: {size / 1e6:.1f} MB; load average {os.getloadavg()}; cpus {os.cpu_count()}", flush=True)
@@ -319,8 +326,8 @@ def main() -> int:
                         "mb_per_s": size / 1e6 / res["wall_s"],
                         "cpu_ms_per_episode": res["cpu_s"] / res["episodes"] * 1e3,
                     }
+                    measure.emit(row)
                     if args.json:
-                        print(json.dumps(row), flush=True)
                         continue
                     print(
                         f"round {r} {name:<6} {check:<4} workers {workers} {res['wall_s']:8.2f} s "
@@ -330,7 +337,3 @@ def main() -> int:
                         flush=True,
                     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
