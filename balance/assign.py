@@ -22,6 +22,8 @@ Remainder: ``N mod (world_size * batch_size)`` samples do not fill a global step
 dropped, chosen uniformly at random per ``(seed, epoch)`` (so a different set each epoch and no
 sample is left out systematically, as ``stream.plan`` drops its remainder); ``remainder()`` counts
 them and ``dropped_samples()`` lists them.
+
+Internal: import from ``epishard.balance``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from epishard.seeding import rng_for as _rng  # the one seed convention (epishard.seeding)
+
+__all__ = ["balanced_steps", "dropped_samples", "lpt_capped", "random_steps", "rank_samples", "remainder"]
 
 _SALT_DROP, _SALT_TIES, _SALT_RANKS, _SALT_STEPS, _SALT_RANDOM = 11, 12, 13, 14, 15
 

@@ -24,6 +24,8 @@ Units: frames and steps are counts; pixels are output pixels (height x width aft
 crop/resize, summed over returned frames; channels not counted); tokens are instruction tokens
 from a user tokenizer or ``estimate_tokens`` (ceil(characters / 4)). Costs have whatever unit the
 model's weights give them; the default model counts transformer sequence tokens.
+
+Internal: import from ``epishard.balance``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,21 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+
+__all__ = [
+    "CostFn",
+    "CostModel",
+    "MeasuredCosts",
+    "SampleCost",
+    "Tokenizer",
+    "WindowCost",
+    "WindowFeatures",
+    "estimate_tokens",
+    "sample_cost",
+    "sample_features",
+    "token_counts",
+    "window_features",
+]
 
 Tokenizer = Callable[[str], "int | Sequence"]
 """``f(text) -> token count`` or ``-> tokens`` (anything with ``len``), e.g. ``lambda t: len(tok(t).input_ids)``."""

@@ -38,6 +38,8 @@ without strata: ``R mod consumers`` left out at random per ``(seed, epoch, level
 deal changes who yields a window and when, never whether. Exactly once, equal steps per rank and
 exact resume hold as for any plan; elastic resume replays each old consumer's order and deals the
 rest again with this stage for the new layout (``stream.plan.level_plan``).
+
+Internal: import from ``epishard.balance``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ from epishard.stream.plan import EpisodeTable, GlobalPlan, deal
 
 from .assign import lpt_capped
 from .cost import CostFn
+
+__all__ = ["GlobalDeal", "global_steps"]
 
 _SALT_RANKS, _SALT_STEPS = 24, 25  # balance.assign 11-15, balance.local 21-22
 

@@ -40,6 +40,8 @@ chunk_batches, seed, epoch, worker)``): every window once, the same counts per c
 resume by counting consumed samples. A window moves at most ``chunk - 1`` positions earlier than
 the plan yielded it, so a reader that loads episodes in read order until the requested one is
 loaded (as ``WindowDataset`` does) holds at most one chunk more of windows in memory.
+
+Internal: import from ``epishard.balance``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from __future__ import annotations
 import numpy as np
 
 from epishard.seeding import rng_for
+
+__all__ = ["local_order", "rank_steps", "stratified_order"]
 
 _SALT_LOCAL, _SALT_STRATA = 21, 22
 

@@ -4,6 +4,8 @@ Drawn with matplotlib's Agg backend through ``matplotlib.figure.Figure`` (no pyp
 display needed).
 
 matplotlib is an optional dependency (the ``plots`` extra); it is imported when a chart is drawn.
+
+Internal: import from ``epishard.balance``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from .telemetry import step_stats
+
+__all__ = ["plot_rank_costs"]
 
 
 def plot_rank_costs(layouts: dict[str, np.ndarray], path: str, title: str = "") -> None:

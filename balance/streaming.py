@@ -28,6 +28,9 @@ frames decoded per sample, docs/BENCHMARKS.md, "Balancing end to end"), and the 
 its first to its last window in a consumer, which the deal scatters over a chunk. Choose
 ``"global"`` when ranks' costs differ beyond what reordering inside a rank evens out (costs that
 vary by episode, one rank holding the expensive ones) and storage serves ranged reads well.
+
+Public entry point (imports torch): ``from epishard.balance.streaming import BalancedWindowDataset``
+(also ``epishard.BalancedWindowDataset``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from epishard.stream.statecheck import StateTypeError, states_of
 from .cost import CostFn, WindowCost
 from .globaldeal import GlobalDeal
 from .local import local_order, stratified_order
+
+__all__ = ["BalancedOrder", "BalancedWindowDataset"]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ batches) or of ``sum`` (packed batches).
 Padding fraction of a batch: ``1 - sum / padded``, the share of padded work that is padding. Give
 ``sizes`` in tokens (sequence lengths) to get the share of padding tokens; give costs to get the
 share of wasted compute (they differ when cost is non-linear in length).
+
+Internal: import from ``epishard.balance``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+__all__ = ["StepStats", "StepTelemetry", "epoch_summary", "padding_fraction", "step_costs", "step_stats"]
 
 
 def step_costs(steps: np.ndarray, costs: np.ndarray | None) -> np.ndarray:

@@ -17,12 +17,14 @@ telemetry plots and preview pages pass what they show through ``redact``:
 Only what is shown is redacted: the URLs and options that open files keep their credentials.
 Exceptions leaving the public entry points (``scrubbed``: ``convert``, ``read_lerobot``,
 ``verify``, ``describe``, ``DatasetSource``, iterating a ``WindowDataset`` or ``WindowLoader``,
-``preview``) are redacted in place with their whole chain (``scrub``), so a traceback a program
+``preview``) are redacted in place with their whole chain (``_scrub``), so a traceback a program
 prints or logs (a DataLoader worker's included) shows no secret either. The log records of the
-storage clients (``CLIENT_LOGGERS`` and the loggers below them: fsspec's HTTP client logs every
+storage clients (``_CLIENT_LOGGERS`` and the loggers below them: fsspec's HTTP client logs every
 URL it requests at DEBUG, botocore its endpoint and the headers it signs) are redacted too
 (``guard_client_logs``).
 Imports only the standard library, so the command line uses it before loading the writer.
+
+Internal: the packages' shared infrastructure; users import from ``epishard`` (the curated API).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
+__all__ = ["MASK", "guard_client_logs", "redact", "redact_optional", "redact_options", "remember", "scrubbed"]
+
 MASK = "***"
-MIN_SECRET_CHARS = 6  # a remembered value shorter than this is not searched for in free text
+_MIN_SECRET_CHARS = 6  # a remembered value shorter than this is not searched for in free text
 
 # Names of options and query parameters whose values are secrets (case-insensitive substrings):
 # key, secret, token, password/passwd/pwd, signature/sig, credential, auth(orization), session, cookie.
@@ -118,7 +122,7 @@ def redact_optional(text: str | None) -> str | None:
     return None if text is None else redact(text)
 
 
-def is_secret_name(name: object) -> bool:
+def _is_secret_name(name: object) -> bool:
     """Whether an option or parameter name looks like it holds a secret (``key``, ``secret``, ``token``...)."""
     return isinstance(name, str) and _SECRET_NAME.search(name) is not None
 
@@ -126,7 +130,7 @@ def is_secret_name(name: object) -> bool:
 def _secret_values(options: object, secret: bool = False) -> Iterable[str]:
     if isinstance(options, Mapping):
         for name, value in options.items():
-            yield from _secret_values(value, secret or is_secret_name(name))
+            yield from _secret_values(value, secret or _is_secret_name(name))
     elif isinstance(options, (list, tuple)):
         for value in options:
             yield from _secret_values(value, secret)
@@ -141,12 +145,12 @@ def redact_options(options: Mapping | None) -> dict:
 
     def clean(value: object, secret: bool) -> object:
         if isinstance(value, Mapping):
-            return {k: clean(v, secret or is_secret_name(k)) for k, v in value.items()}
+            return {k: clean(v, secret or _is_secret_name(k)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return type(value)(clean(v, secret) for v in value)
         return MASK if secret and value is not None else value
 
-    return {k: clean(v, is_secret_name(k)) for k, v in (options or {}).items()}
+    return {k: clean(v, _is_secret_name(k)) for k, v in (options or {}).items()}
 
 
 def remember(url: str | None = None, options: Mapping | None = None) -> None:
@@ -156,7 +160,7 @@ def remember(url: str | None = None, options: Mapping | None = None) -> None:
     secret-looking names, at any depth. ``redact`` then masks them in any text, e.g. a client's
     exception quoting a header.
 
-    Values shorter than ``MIN_SECRET_CHARS`` are not searched for (they would mask ordinary words);
+    Values shorter than ``_MIN_SECRET_CHARS`` are not searched for (they would mask ordinary words);
     a URL's userinfo is masked whatever its length.
     """
     found = list(_secret_values(options or {}))
@@ -168,7 +172,7 @@ def remember(url: str | None = None, options: Mapping | None = None) -> None:
                 password = info.split(":", 1)[1]
                 found += [password, urllib.parse.unquote(password)]
     with _lock:
-        _known.update(s for s in found if len(s) >= MIN_SECRET_CHARS)
+        _known.update(s for s in found if len(s) >= _MIN_SECRET_CHARS)
 
 
 def _masked_headers(headers: Any) -> Any:
@@ -177,7 +181,7 @@ def _masked_headers(headers: Any) -> Any:
     The same type where it can be rebuilt from pairs (aiohttp's ``CIMultiDictProxy`` from a
     ``CIMultiDict``), else a ``dict``.
     """
-    pairs = [(k, MASK if is_secret_name(k) else redact(v) if isinstance(v, str) else v) for k, v in headers.items()]
+    pairs = [(k, MASK if _is_secret_name(k) else redact(v) if isinstance(v, str) else v) for k, v in headers.items()]
     try:
         import multidict
 
@@ -231,7 +235,7 @@ def _clean(value: Any, deep: bool = True) -> Any:
     return value
 
 
-def scrub(exc: BaseException | None) -> None:
+def _scrub(exc: BaseException | None) -> None:
     """Redact, in place, the texts of ``exc`` and of every exception it chains (cause, context).
 
     What ``str``, ``repr`` and ``traceback.format_exception`` show of each: its ``args`` (strings
@@ -265,7 +269,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def scrubbed(func: F) -> F:
-    """Decorator of a public entry point: an exception leaving it is ``scrub``-bed first.
+    """Decorator of a public entry point: an exception leaving it is ``_scrub``-bed first.
 
     Works for functions, methods and generator functions (an error raised while iterating).
     """
@@ -276,7 +280,7 @@ def scrubbed(func: F) -> F:
             try:
                 return (yield from func(*args, **kwargs))
             except BaseException as exc:
-                scrub(exc)
+                _scrub(exc)
                 raise
 
         return cast(F, generator)
@@ -286,7 +290,7 @@ def scrubbed(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except BaseException as exc:
-            scrub(exc)
+            _scrub(exc)
             raise
 
     return cast(F, call)
@@ -294,7 +298,7 @@ def scrubbed(func: F) -> F:
 
 # Loggers of the storage clients that put request URLs (botocore: endpoints, signed headers) into
 # their records; each name with every logger below it (``botocore.endpoint``, ``urllib3.connectionpool``).
-CLIENT_LOGGERS = (
+_CLIENT_LOGGERS = (
     "fsspec",
     "s3fs",
     "gcsfs",
@@ -310,9 +314,9 @@ CLIENT_LOGGERS = (
 )
 
 
-def is_client_logger(name: str) -> bool:
-    """Whether ``name`` is one of ``CLIENT_LOGGERS`` or a logger below one."""
-    return any(name == client or name.startswith(client + ".") for client in CLIENT_LOGGERS)
+def _is_client_logger(name: str) -> bool:
+    """Whether ``name`` is one of ``_CLIENT_LOGGERS`` or a logger below one."""
+    return any(name == client or name.startswith(client + ".") for client in _CLIENT_LOGGERS)
 
 
 def _redact_record(record: logging.LogRecord) -> None:
@@ -328,7 +332,7 @@ def _redact_record(record: logging.LogRecord) -> None:
         record.msg, record.args = clean, ()
 
 
-class RedactingFilter(logging.Filter):
+class _RedactingFilter(logging.Filter):
     """A logging filter that rewrites a record's message with ``redact`` (it drops no record)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -337,14 +341,14 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-_FILTER = RedactingFilter()
+_FILTER = _RedactingFilter()
 _factory_installed = False
 
 
 def _client_record_factory(previous: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = previous(*args, **kwargs)
-        if is_client_logger(record.name):
+        if _is_client_logger(record.name):
             _redact_record(record)
         return record
 
@@ -352,11 +356,11 @@ def _client_record_factory(previous: Callable[..., logging.LogRecord]) -> Callab
 
 
 def guard_client_logs() -> None:
-    """Redact the records of ``CLIENT_LOGGERS`` and of every logger below them (once).
+    """Redact the records of ``_CLIENT_LOGGERS`` and of every logger below them (once).
 
     A logger's filter sees only that logger's own records, and the clients log from one logger
     per module, some made when a client is first used; so the records are redacted where they are
-    made (a log record factory wrapping the one in place) and ``RedactingFilter`` is added to the
+    made (a log record factory wrapping the one in place) and ``_RedactingFilter`` is added to the
     named loggers too (in case a program replaces the factory later).
     """
     global _factory_installed
@@ -364,8 +368,8 @@ def guard_client_logs() -> None:
         if not _factory_installed:
             logging.setLogRecordFactory(_client_record_factory(logging.getLogRecordFactory()))
             _factory_installed = True
-    existing = [name for name in list(logging.root.manager.loggerDict) if is_client_logger(name)]
-    for name in {*CLIENT_LOGGERS, *existing}:
+    existing = [name for name in list(logging.root.manager.loggerDict) if _is_client_logger(name)]
+    for name in {*_CLIENT_LOGGERS, *existing}:
         client = logging.getLogger(name)
         if _FILTER not in client.filters:
             client.addFilter(_FILTER)

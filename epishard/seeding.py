@@ -7,15 +7,19 @@ that a negative or very large seed is accepted and seeds equal modulo 2**64 give
 Each use site takes its own salt constant, so two draws never share a stream by accident.
 
 Torch-free on purpose: ``balance`` imports it without importing the reader.
+
+Internal: the packages' shared infrastructure; users import from ``epishard`` (the curated API).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-SEED_MODULUS = 1 << 64
+__all__ = ["rng_for"]
+
+_SEED_MODULUS = 1 << 64
 
 
 def rng_for(seed: int, epoch: int, *salt: int) -> np.random.Generator:
     """A numpy Generator determined by ``(seed mod 2**64, epoch, *salt)`` only (the module's convention)."""
-    return np.random.default_rng([seed % SEED_MODULUS, epoch, *salt])
+    return np.random.default_rng([seed % _SEED_MODULUS, epoch, *salt])

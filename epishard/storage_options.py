@@ -2,11 +2,15 @@
 
 Imports only ``json``, so the command line validates the option while parsing its arguments
 without loading the writer (fsspec, pyarrow, PyAV); ``epishard.format.storage`` re-exports it.
+
+Internal: the packages' shared infrastructure; users import from ``epishard`` (the curated API).
 """
 
 from __future__ import annotations
 
 import json
+
+__all__ = ["parse_storage_options"]
 
 
 def parse_storage_options(text: str) -> dict:

@@ -9,6 +9,8 @@
    files, and writes the rest. Worker processes die with the converting process (even on SIGKILL)
    and never publish a shard after it is gone.
 4. Statistics are computed from the written tables; the manifest is written last.
+
+Internal: import from ``epishard.shardwriter``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from .sources import SourceOptions, open_source
 from .tarwriter import TarShardWriter
 from .verify import camera_notes
 from .video import ReencodeSpec
+
+__all__ = ["ConvertOptions", "Runner", "convert", "plan_digest", "plan_shards", "write_shard"]
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +129,7 @@ class ConvertOptions:
         )
 
 
-def open_sources(
+def _open_sources(
     inputs: list[Source | str],
     cameras: tuple[str, ...] | None = None,
     storage_options: dict | None = None,
@@ -234,26 +238,26 @@ def plan_digest(episodes: list[Episode], options: ConvertOptions, roots: dict[st
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _parent: int | None = None  # pid of the converting process, in its worker processes
 
 
 def _die_with_parent(parent: int) -> None:
     """Worker initializer: the kernel SIGKILLs this worker when ``parent`` dies.
 
-    Linux ``PR_SET_PDEATHSIG``, so a killed conversion leaves no worker running and writing shards.
+    Linux ``_PR_SET_PDEATHSIG``, so a killed conversion leaves no worker running and writing shards.
     """
     global _parent
     _parent = parent
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     _check_parent()  # the parent may have died before the request took effect
 
 
 def _check_parent() -> None:
     """In a worker: exit if the converting process is gone (its children are re-parented).
 
-    Called before each publishing rename too, where ``PR_SET_PDEATHSIG`` is unavailable (not Linux).
+    Called before each publishing rename too, where ``_PR_SET_PDEATHSIG`` is unavailable (not Linux).
     """
     if _parent is not None and os.getppid() != _parent:
         os._exit(1)  # an orphan: nobody reads its results; the rerun rewrites its shard
@@ -650,13 +654,13 @@ def convert(
             final name, and a rerun resumes).
     """
     # A selection: only its episodes' rows of a LeRobot source's metadata are turned into episodes.
-    sources = open_sources(inputs, options.cameras, storage_options, options.episodes, options.sources)
+    sources = _open_sources(inputs, options.cameras, storage_options, options.episodes, options.sources)
     episodes = [
         e for s in sources for e in s.episodes if options.episodes is None or e.episode_index in options.episodes
     ]
     if not episodes:
         if options.episodes is not None:
-            sources = open_sources(inputs, options.cameras, storage_options, None, options.sources)  # for the message
+            sources = _open_sources(inputs, options.cameras, storage_options, None, options.sources)  # for the message
             have = ", ".join(f"{s.name}: {_index_ranges([e.episode_index for e in s.episodes])}" for s in sources)
             raise SourceError(f"no episodes to convert: none of --episodes is in the sources (episode indices {have})")
         raise SourceError("no episodes to convert (the sources list none)")

@@ -2,6 +2,8 @@
 
 ``describe`` (``epishard inspect``: shards, episodes, cameras, codecs, GOPs), and the text the CLI
 prints after ``convert`` and ``verify``.
+
+Internal: import from ``epishard.shardwriter``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from epishard.format.storage import Storage
 from epishard.format.untrusted import printable
 from epishard.format.validate import totals_mismatches
 from epishard.redact import scrubbed
+
+__all__ = ["describe", "render", "render_conversion", "render_verification"]
 
 
 @scrubbed  # its exceptions and their chains name no credentials

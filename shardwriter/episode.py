@@ -3,6 +3,8 @@
 These classes are the Python API for sources other than LeRobot datasets; the LeRobot readers
 produce them too. They are plain picklable values, so conversion workers receive them as they are,
 and a table or video may be given lazily (a path) so that nothing is loaded before it is needed.
+
+Internal: import from ``epishard.shardwriter``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,22 @@ import pyarrow.parquet as pq
 from epishard.format.storage import RemoteFile
 
 from .errors import ConversionError
+
+__all__ = [
+    "CameraFrames",
+    "CameraVideo",
+    "Episode",
+    "FileInput",
+    "FrameReader",
+    "LazyTable",
+    "LoadedTable",
+    "Source",
+    "TableInput",
+    "TableSlice",
+    "bounded_parquet",
+    "file_size",
+    "read_file",
+]
 
 FileInput = str | RemoteFile
 """A file given by reference: a local path, or a ``storage.RemoteFile`` (any fsspec URL)."""

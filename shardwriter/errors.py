@@ -3,6 +3,8 @@
 The error-policy vocabulary (``ErrorPolicy``) and the check of option values against their allowed
 values (``check_choice``) are shared by writer and reader: they are defined in
 ``epishard.format.errors`` and exported here too.
+
+Internal: import from ``epishard.shardwriter``.
 """
 
 from __future__ import annotations

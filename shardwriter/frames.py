@@ -12,6 +12,8 @@ the encoded video are in memory, never the episode's camera whole:
 - uint16 grey ``[n, H, W]`` (depth) is encoded with ``images.GREY_IMAGE_SPEC`` (FFV1, values exact),
   never re-encoded or resized.
 - uint8 grey ``[n, H, W]`` becomes RGB (R == G == B, exact); RGBA drops alpha (reported).
+
+Internal: import from ``epishard.shardwriter``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from .episode import CameraFrames
 from .errors import ConversionError
 from .images import GREY_IMAGE_SPEC, IMAGE_SPEC, decode_image
 from .video import ReencodeSpec, StreamEncoder, resize
+
+__all__ = ["encode_frames"]
 
 
 def _describe(frame: np.ndarray) -> str:

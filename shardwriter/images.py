@@ -6,6 +6,8 @@ other: the images are decoded with FFmpeg's image decoders (through PyAV, alread
 library) and encoded as a video with ``IMAGE_SPEC``: H.264 in RGB (``libx264rgb``), crf 0
 (lossless), every frame a keyframe. Lossless RGB keeps the decoded pixels bit-exact through
 torchcodec; all-intra keeps the cost of reading any frame at one frame, as with separate images.
+
+Internal: import from ``epishard.shardwriter``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import pyarrow as pa
 
 from .errors import ConversionError
 from .video import ReencodeSpec
+
+__all__ = ["GREY_IMAGE_SPEC", "IMAGE_SPEC", "column_images", "decode_image"]
 
 IMAGE_SPEC = ReencodeSpec(codec="libx264rgb", gop=1, size=None, crf=0)
 # 16-bit grey images (depth maps saved as PNG): lossless FFV1 in gray16le, every frame a keyframe;

@@ -5,6 +5,8 @@ The row-to-frame map is resolved here, once: by the ``frame_index`` column or ro
 rounded to pick frames; they are compared with the video to report disagreements, and where they
 reset or jump inside the episode a recording break is recorded (``segment_starts``) so that no
 training window crosses it.
+
+Internal: import from ``epishard.shardwriter``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from .video import (
     restamp_reason,
     scan,
 )
+
+__all__ = ["CHECKED_PREFIXES", "PrepareOptions", "PreparedEpisode", "discontinuities", "prepare"]
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +143,7 @@ def _check_finite(table: pa.Table) -> None:
 # A step of more than this many frame periods between consecutive rows' timestamps is a jump in
 # time (recording paused and resumed). Wall-clock timestamps of real recordings jitter up to about
 # 1.3 periods (so101_bimanual_cloth: 18.5 Hz stamps on a 20 fps video); one dropped frame is 2.
-JUMP_PERIODS = 2.0
+_JUMP_PERIODS = 2.0
 
 
 def discontinuities(table: pa.Table, fps: float) -> list[dict]:
@@ -147,7 +151,7 @@ def discontinuities(table: pa.Table, fps: float) -> list[dict]:
 
     A row starts one when its timestamp does not advance past the previous row's (``<= 0`` step:
     ``timestamps_reset`` when it goes back to the episode's first timestamp or earlier, else
-    ``timestamps_non_monotonic``) or advances by more than ``JUMP_PERIODS`` periods plus a quarter
+    ``timestamps_non_monotonic``) or advances by more than ``_JUMP_PERIODS`` periods plus a quarter
     (``timestamps_jump``). The period is the frame period, or the episode's median step where its
     timestamps advance more slowly (another rate or unit, e.g. milliseconds): a steady rate is not a
     pause, and ``_timestamp_report`` reports it. A column that never advances (constant) holds no
@@ -163,7 +167,7 @@ def discontinuities(table: pa.Table, fps: float) -> list[dict]:
     tol = 0.25 / fps
     period = max(1.0 / fps, float(np.median(step[step > 0])))
     out = []
-    for r in (np.flatnonzero((step <= 0) | (step > (JUMP_PERIODS + 0.25) * period)) + 1).tolist():
+    for r in (np.flatnonzero((step <= 0) | (step > (_JUMP_PERIODS + 0.25) * period)) + 1).tolist():
         if step[r - 1] > 0:
             kind, what = "timestamps_jump", f"skips {step[r - 1] * fps:.1f} frame periods"
         else:
@@ -333,7 +337,7 @@ def _prepare_camera(
     if "timestamp" in table.column_names:
         t = table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)[:first_break]
         reports.append(_timestamp_report(t, info.seconds(absolute[:first_break]) - zero, fps, 1.0 / fps))
-    if opts.reencode is not None and camera_kind(video.depth, info.pix_fmt) == "rgb":
+    if opts.reencode is not None and _camera_kind(video.depth, info.pix_fmt) == "rgb":
         data = reencode(source, info, absolute, fps, opts.reencode)
         stored, row_to_frame, transform = frame_table(data, level), np.arange(absolute.size), opts.reencode.describe()
     elif video.segment is not None:
@@ -503,7 +507,7 @@ def _checked_level(
     return data, stored, row_to_frame, transform, notes, reports, level
 
 
-def camera_kind(declared_depth: bool, pix_fmt: str) -> str:
+def _camera_kind(declared_depth: bool, pix_fmt: str) -> str:
     """``"depth"`` for a grey video declared a depth map or of more than 8 bits per sample, else ``"rgb"``.
 
     The RGB path would squeeze such a video into 8 bits. See ``manifest.CAMERA_KINDS``.
@@ -548,7 +552,7 @@ def _packets(data: bytes, stored: VideoProbe, kind: str) -> dict:
     return fields
 
 
-def compact_tables(stored: VideoProbe, row_to_frame: np.ndarray) -> dict:
+def _compact_tables(stored: VideoProbe, row_to_frame: np.ndarray) -> dict:
     """Index fields for the pts, duration and row-to-frame tables; lists left empty when regular."""
     pts, duration = stored.pts, stored.duration
     step = int(pts[1] - pts[0]) if pts.size > 1 else int(duration[0])
@@ -668,7 +672,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         except ConversionError as exc:
             raise exc.with_context(camera=cam, path=path, **where) from None
         declared_depth = video is not None and video.depth
-        kind = camera_kind(declared_depth, stored.pix_fmt)
+        kind = _camera_kind(declared_depth, stored.pix_fmt)
         for note in notes + _kind_notes(declared_depth, kind, stored.pix_fmt, opts):
             warnings.append({**note, "dataset": episode.source, "episode": episode.episode_index, "camera": cam})
         for report in reports:
@@ -688,7 +692,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
                 "time_base_num": stored.time_base.numerator,
                 "time_base_den": stored.time_base.denominator,
                 "num_frames": stored.num_frames,
-                **compact_tables(stored, row_to_frame),
+                **_compact_tables(stored, row_to_frame),
                 "keyframes": stored.keyframes,
                 "transform": transform,
                 "kind": kind,

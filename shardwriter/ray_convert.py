@@ -14,6 +14,8 @@ name), so nothing is lost or doubled. An error in an episode (``ConversionError`
 is raised on the driver as it would be locally. On Ctrl-C (or any error) the driver cancels every
 task still queued or running (running ones are killed), and a rerun resumes: finished shards are kept.
 If the driver itself is killed, Ray ends the job's tasks with it.
+
+Internal: import from ``epishard.shardwriter``.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from epishard.redact import redact
 from .convert import ConvertOptions, convert, write_shard
 from .episode import Source
 
+__all__ = ["RayRunner", "convert_ray", "portable"]
 
-def import_ray():
+
+def _import_ray():
     """The ``ray`` module. Raises ``ImportError`` saying how to install it when absent."""
     try:
         import ray
@@ -42,19 +46,19 @@ def import_ray():
     return ray
 
 
-def connect(address: str | None) -> bool:
+def _connect(address: str | None) -> bool:
     """Connect this process to the Ray cluster at ``address`` unless it already is; True if this call connected.
 
     ``None``: ``RAY_ADDRESS`` or the cluster running on this machine, else a new local one.
     """
-    ray = import_ray()
+    ray = _import_ray()
     if ray.is_initialized():
         return False
     ray.init(address=address, logging_level=logging.WARNING, configure_logging=False)
     return True
 
 
-def write_shard_with_env(env: dict[str, str], *args):
+def _write_shard_with_env(env: dict[str, str], *args):
     """``convert.write_shard(*args)`` with ``env`` set in this process's environment, restored after.
 
     The task's storage clients are made inside the call, so they read the driver's settings (a Ray
@@ -105,7 +109,7 @@ def portable(exc: Exception, where: str) -> Exception:
 class RayRunner:
     """A ``convert.Runner`` that writes each shard as a Ray task.
 
-    ``address``: the cluster (see ``connect``); ``max_retries``: attempts after a worker or node dies
+    ``address``: the cluster (see ``_connect``); ``max_retries``: attempts after a worker or node dies
     (Ray's task retry; episode errors are not retried); ``num_cpus``: CPUs each task reserves;
     ``memory_bytes``: memory each task reserves for Ray's scheduler (None: none; a task holds one
     episode's members at a time, so about its largest episode plus the decoder's frames);
@@ -129,11 +133,11 @@ class RayRunner:
         """
         from tqdm import tqdm
 
-        ray = import_ray()
-        connected = connect(self.address)
+        ray = _import_ray()
+        connected = _connect(self.address)
         bar = tqdm(total=total, unit="ep", desc="convert (ray)", disable=not options.progress, file=sys.stderr)
         bar.update(sum(m["episodes"] + len(m["skipped"]) for m in done.values()))
-        task = ray.remote(write_shard_with_env).options(
+        task = ray.remote(_write_shard_with_env).options(
             max_retries=self.max_retries,
             retry_exceptions=False,
             num_cpus=self.num_cpus,

@@ -3,6 +3,8 @@
 Members are written as USTAR entries with fixed metadata (mtime 0, uid/gid 0, mode 0644, empty
 owner names), the layout webdataset reads. Atomicity (nothing half-written under a final name) is
 the job of ``storage.Storage.writer``, which this writes into.
+
+Internal: import from ``epishard.shardwriter``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import io
 import tarfile
 
 from epishard.format.manifest import check_member_name
+
+__all__ = ["TarShardWriter"]
 
 
 class _HashingFile(io.RawIOBase):

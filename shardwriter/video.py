@@ -14,6 +14,8 @@ the decoder glue writer and reader share) and compares.
 That is the ``full`` check level (``epishard.format.manifest.CHECK_LEVELS``). ``fast`` builds the same table from the
 container (``scan``: the packets FFmpeg's demuxer does not flag as discarded, i.e. outside the edit
 list, in pts order) and vouches for it with a few decodes in the same pass; ``off`` trusts the scan.
+
+Internal: import from ``epishard.shardwriter``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,29 @@ from epishard.format.errors import VideoError
 from epishard.format.storage import RemoteFile
 
 from .errors import ConversionError
+
+__all__ = [
+    "NO_PACKETS",
+    "CodecNotCopied",
+    "FrameTimingError",
+    "ReencodeSpec",
+    "StreamEncoder",
+    "VideoProbe",
+    "VideoSource",
+    "check_frames",
+    "cut",
+    "encode",
+    "frame_at_time",
+    "frame_stream",
+    "frame_table",
+    "packet_table",
+    "probe",
+    "reencode",
+    "resize",
+    "restamp",
+    "restamp_reason",
+    "scan",
+]
 
 VideoSource = bytes | str | RemoteFile  # encoded file bytes, a local path, or a file behind a URL
 
@@ -137,7 +162,7 @@ def _open(source: VideoSource):
         yield container
 
 
-KEPT_OPEN = 2  # source files whose containers a process keeps open between cuts
+_KEPT_OPEN = 2  # source files whose containers a process keeps open between cuts
 _kept: OrderedDict[tuple, tuple[contextlib.ExitStack, av.container.InputContainer]] = OrderedDict()
 _kept_pid: list[int] = [os.getpid()]
 _kept_inherited: list[OrderedDict] = []  # a forked process's copy of its parent's: never closed there
@@ -149,7 +174,7 @@ def _kept_open(source: VideoSource):
 
     Episodes of a LeRobot v3.0 file are cut one after the other from the same file: opening it
     parses its whole index (MP4: every sample's entry; remotely: range requests for it), so
-    opening it per episode made an episode's cost grow with the file. The ``KEPT_OPEN`` most
+    opening it per episode made an episode's cost grow with the file. The ``_KEPT_OPEN`` most
     recent files stay open, per process, keyed by path, size and modification time (a file
     rewritten in place is opened anew); a container whose use raised is closed, not kept.
     """
@@ -180,7 +205,7 @@ def _kept_open(source: VideoSource):
         entry[0].close()
         raise
     _kept[key] = entry
-    while len(_kept) > KEPT_OPEN:
+    while len(_kept) > _KEPT_OPEN:
         _kept.popitem(last=False)[1][0].close()
 
 
@@ -295,20 +320,20 @@ def frame_table(source: VideoSource, level: str) -> VideoProbe:
 # FFmpeg demuxer names (``container.format.name`` lists them comma-separated) of the containers
 # that store a presentation timestamp on every packet and seek by an index of them: ISO-BMFF
 # (MP4/MOV) and Matroska/WebM. A video in any other container is stored as a ``restamp`` copy.
-TIMESTAMPED_FORMATS = frozenset({"mov", "mp4", "m4a", "3gp", "3g2", "mj2", "matroska", "webm"})
+_TIMESTAMPED_FORMATS = frozenset({"mov", "mp4", "m4a", "3gp", "3g2", "mj2", "matroska", "webm"})
 
 
 def restamp_reason(info: VideoProbe) -> str | None:
     """Why the video ``info`` describes is stored as a ``restamp`` copy rather than as it is, or None.
 
-    Its container (``info.container``) is not one of ``TIMESTAMPED_FORMATS``: AVI stores no
+    Its container (``info.container``) is not one of ``_TIMESTAMPED_FORMATS``: AVI stores no
     presentation timestamps (FFmpeg infers them, differently from version to version, so the
     reader's decoder may number the frames otherwise than the writer's), a raw stream none at all,
     MPEG-TS, MPEG-PS and FLV store them per packet only optionally and seek by scanning for them,
     which lands on another keyframe than the table's when B-frames put a keyframe's pts after its
     dts.
     """
-    if not info.container or TIMESTAMPED_FORMATS.intersection(info.container.split(",")):
+    if not info.container or _TIMESTAMPED_FORMATS.intersection(info.container.split(",")):
         return None  # "": a probe that does not record its container
     return f"its container ({info.container}) does not store a presentation timestamp on every packet"
 
@@ -319,7 +344,7 @@ _NO_TIMESTAMPS_FLAG = 0x0080
 
 # Containers ``restamp`` writes, first choice first: Matroska holds codecs MP4 does not (with
 # millisecond timestamps). Neither takes some of AVI's intra-only codecs (HuffYUV, raw video).
-RESTAMP_FORMATS = ("mp4", "matroska")
+_RESTAMP_FORMATS = ("mp4", "matroska")
 
 
 def restamp(source: VideoSource, fps: float | None = None) -> bytes:
@@ -337,7 +362,7 @@ def restamp(source: VideoSource, fps: float | None = None) -> bytes:
     stores a pts on every packet, so its frame table is read from it like any MP4's, and every
     FFmpeg version decodes it to the same numbered frames: frame ``k`` of the copy is the ``k``-th
     frame the source displays. Only the frame stream is copied. A codec the MP4 muxer does not take
-    goes into Matroska instead (``RESTAMP_FORMATS``).
+    goes into Matroska instead (``_RESTAMP_FORMATS``).
 
     Raises:
         ConversionError(kind="unreadable_video"): the file does not demux or decode, a packet has
@@ -345,10 +370,10 @@ def restamp(source: VideoSource, fps: float | None = None) -> bytes:
             packets and displayed frames are not one to one (a packet that shows no frame, or
             several: no timestamps can say that).
         CodecNotCopied (a ConversionError, kind "unreadable_video"): no container of
-            ``RESTAMP_FORMATS`` takes the stream's codec.
+            ``_RESTAMP_FORMATS`` takes the stream's codec.
     """
     refused = []
-    for fmt in RESTAMP_FORMATS:
+    for fmt in _RESTAMP_FORMATS:
         try:
             return _restamp(source, fps, fmt)
         except _MuxRefused as exc:
@@ -357,7 +382,7 @@ def restamp(source: VideoSource, fps: float | None = None) -> bytes:
 
 
 class CodecNotCopied(ConversionError):
-    """``restamp``: no container of ``RESTAMP_FORMATS`` takes the stream's codec."""
+    """``restamp``: no container of ``_RESTAMP_FORMATS`` takes the stream's codec."""
 
 
 class _MuxRefused(Exception):
@@ -429,7 +454,7 @@ def _restamp(source: VideoSource, fps: float | None, fmt: str) -> bytes:
 
 
 # Keyframes scan(vouch=True) decodes at most, evenly spread (first and last kept).
-FAST_CHECK_KEYFRAMES = 16
+_FAST_CHECK_KEYFRAMES = 16
 
 
 def scan(source: VideoSource, vouch: bool = False) -> VideoProbe:
@@ -445,7 +470,7 @@ def scan(source: VideoSource, vouch: bool = False) -> VideoProbe:
     ``disagreement`` then names the misfit, so level ``fast`` checks it as ``full`` does.
 
     ``vouch`` (check level ``fast``): also decode, in the same pass, each keyframe packet alone (at
-    most ``FAST_CHECK_KEYFRAMES``, evenly spread) and the last group of pictures from its keyframe
+    most ``_FAST_CHECK_KEYFRAMES``, evenly spread) and the last group of pictures from its keyframe
     packet; each keyframe must decode to its own pts and the last group to exactly the table's last
     frames, in pts order (a truncated, longer or reordered tail shows there, and timestamps in
     decode order rather than presentation order). What they find is returned in
@@ -595,7 +620,7 @@ def _decode_order_hint(ctx, rows: np.ndarray) -> str | None:
 
 
 #: A gap between consecutive shown pts this many times the median gap is a jump (``_jump_hint``).
-JUMP_GAPS = 4
+_JUMP_GAPS = 4
 
 
 def _jump_hint(ctx, rows: np.ndarray) -> str | None:
@@ -603,7 +628,7 @@ def _jump_hint(ctx, rows: np.ndarray) -> str | None:
 
     Without reordering (no ``has_b_frames``) the decoder shows frames in decode order, so the shown
     packets' pts must increase in decode order. With it, a jump in the timestamps (a gap more than
-    ``JUMP_GAPS`` times the median gap: a muxer that shifted part of a stream, a recording pause)
+    ``_JUMP_GAPS`` times the median gap: a muxer that shifted part of a stream, a recording pause)
     can move a frame past others in pts order that the decoder shows before them, in a group of
     pictures that ``_vouch``'s few decodes do not look at. Either way level ``fast`` checks the file
     as ``full`` does (a cost, not a refusal).
@@ -618,7 +643,7 @@ def _jump_hint(ctx, rows: np.ndarray) -> str | None:
         return None
     gaps = np.diff(np.sort(shown))
     median = float(np.median(gaps))
-    if median > 0 and float(gaps.max()) > JUMP_GAPS * median:
+    if median > 0 and float(gaps.max()) > _JUMP_GAPS * median:
         jump = int(gaps.max())
         return f"the timestamps jump ({jump} after a median step of {median:g}) in a stream that reorders frames"
     return None
@@ -636,8 +661,8 @@ def _decode_alone(ctx, packets: list) -> list[int]:
 def _vouch(ctx, keys: list, tail: list, pts: np.ndarray) -> str | None:
     """What decoding keyframe packets alone and the last group of pictures finds against ``pts`` (see ``scan``)."""
     shown = [k for k in keys if not k.is_discard]
-    if len(shown) > FAST_CHECK_KEYFRAMES:
-        shown = [shown[int(i)] for i in np.unique(np.linspace(0, len(shown) - 1, FAST_CHECK_KEYFRAMES).round())]
+    if len(shown) > _FAST_CHECK_KEYFRAMES:
+        shown = [shown[int(i)] for i in np.unique(np.linspace(0, len(shown) - 1, _FAST_CHECK_KEYFRAMES).round())]
     for packet in shown:
         key_pts = packet.pts if packet.pts is not None else packet.dts
         got = _decode_alone(ctx, [packet])
@@ -667,14 +692,14 @@ def _vouch(ctx, keys: list, tail: list, pts: np.ndarray) -> str | None:
     return None
 
 
-CHECK_BATCH = 32  # frames per get_frames_at call in check_frames: bounds its memory
+_CHECK_BATCH = 32  # frames per get_frames_at call in check_frames: bounds its memory
 
 
 def _decode_range(decoder, start: int, stop: int, time_base: Fraction) -> tuple[np.ndarray, list[int]]:
     """(pts ticks, CRC-32 of the pixels) of frames ``[start, stop)``, in consecutive calls."""
     ticks, crcs = [], []
-    for a in range(start, stop, CHECK_BATCH):
-        batch = decoder.get_frames_at(list(range(a, min(stop, a + CHECK_BATCH))))
+    for a in range(start, stop, _CHECK_BATCH):
+        batch = decoder.get_frames_at(list(range(a, min(stop, a + _CHECK_BATCH))))
         ticks.append(np.rint(batch.pts_seconds.double().numpy() / float(time_base)).astype(np.int64))
         # NCHW is a view of torchcodec's NHWC frames: hash those bytes (a CHW copy costs 50x the CRC).
         crcs += [zlib.crc32(frame.contiguous().numpy()) for frame in batch.data.permute(0, 2, 3, 1)]
@@ -941,7 +966,7 @@ def resize(images: np.ndarray, size: tuple[int, int] | None) -> np.ndarray:
     return chw.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
 
 
-def encoder_pix_fmt(codec: str, height: int, width: int) -> str:
+def _encoder_pix_fmt(codec: str, height: int, width: int) -> str:
     """Pixel format ``encode`` gives encoder ``codec`` for frames of ``height`` x ``width``.
 
     RGB encoders (``libx264rgb``) get ``rgb24`` (lossless with crf 0); others ``yuv420p``, the
@@ -970,7 +995,7 @@ _encoder_pool: ProcessPoolExecutor | None = None
 def encode(images: np.ndarray, fps: float, spec: ReencodeSpec) -> bytes:
     """Encode uint8 RGB ``images`` ``[n, H, W, 3]`` as an MP4 at ``fps``, a keyframe every ``spec.gop``.
 
-    The pixel format is ``encoder_pix_fmt``'s choice; uint16 grey ``images`` ``[n, H, W]`` are
+    The pixel format is ``_encoder_pix_fmt``'s choice; uint16 grey ``images`` ``[n, H, W]`` are
     encoded in ``gray16le`` (with a lossless grey encoder such as ``ffv1``: values exact).
     Deterministic settings: one encoder thread, no scene-cut keyframes, ``+bitexact`` muxing.
 
@@ -1034,7 +1059,7 @@ class StreamEncoder:
 
     def _open(self, height: int, width: int, grey: bool) -> None:
         spec = self.spec
-        pix_fmt = "gray16le" if grey else encoder_pix_fmt(spec.codec, height, width)
+        pix_fmt = "gray16le" if grey else _encoder_pix_fmt(spec.codec, height, width)
         self._what = f"{spec.codec} ({pix_fmt}, {width}x{height}"
         rate = Fraction(self.fps).limit_denominator(1001000)
         options = {"g": str(spec.gop), "keyint_min": str(spec.gop), "sc_threshold": "0"}
@@ -1134,7 +1159,7 @@ def packet_table(data: bytes, stream_index: int, pts: np.ndarray, rotation: int)
     try:
         with av.open(io.BytesIO(data), "r") as container:
             names = str(container.format.name)
-            if not TIMESTAMPED_FORMATS.intersection(names.split(",")):
+            if not _TIMESTAMPED_FORMATS.intersection(names.split(",")):
                 return NO_PACKETS, f"its container ({names}) does not time its packets"
             stream = frame_stream(container, stream_index)
             extradata = bytes(stream.codec_context.extradata or b"")

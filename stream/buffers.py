@@ -28,6 +28,8 @@ as its slot comes round again; a view or a shorter overstay goes unnoticed.
 Memory: each worker holds ``slots`` batches for its life (as much as today's in-flight batches, but
 kept); use ``persistent_workers=True``, else every epoch's new workers allocate and fault in their
 rings again.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -42,7 +44,21 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import get_worker_info
 
-ALIGN = 64  # bytes: every field starts on a cache line
+__all__ = [
+    "FRAME_CACHE_FLOOR",
+    "READ_ALLOWANCE",
+    "RECYCLE_BYTES",
+    "BatchBuffers",
+    "Field",
+    "HeldBatches",
+    "RecycledBatches",
+    "SlotFlags",
+    "batch_allowance",
+    "recycle_slots",
+    "ring_slots",
+]
+
+_ALIGN = 64  # bytes: every field starts on a cache line
 
 
 @dataclass(frozen=True)
@@ -66,12 +82,12 @@ class _Slot:
     def allocate(cls, fields: tuple[Field, ...], capacity: int, shared: bool) -> _Slot:
         """A slot of ``capacity`` samples of every field, in one block of memory.
 
-        Each field starts on an ``ALIGN``-byte boundary; every page is written once here. ``shared``:
+        Each field starts on an ``_ALIGN``-byte boundary; every page is written once here. ``shared``:
         torch shared memory (a worker's, sent to the main process by file descriptor).
         """
         offsets, end = [], 0
         for f in fields:
-            end = -(-end // ALIGN) * ALIGN
+            end = -(-end // _ALIGN) * _ALIGN
             offsets.append(end)
             end += capacity * math.prod(f.shape) * f.dtype.itemsize
         nbytes = max(end, 1)

@@ -6,12 +6,16 @@ Entries are keyed by the shard's sha256 from the manifest plus the byte range, s
 changed (re-converted, hence a new manifest) is never served from an old entry; member checksums
 are still verified after a cache hit. Several worker processes may share one cache folder: writes
 go through a temporary file and a rename, and eviction tolerates files that vanished meanwhile.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+
+__all__ = ["RangeCache"]
 
 
 class RangeCache:

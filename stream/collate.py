@@ -12,6 +12,8 @@ DataLoader worker, as ``default_collate`` does). The values equal ``x.to(float32
 (``stream.buffers``: ``WindowLoader(..., reuse_buffers=k)``). ``to_device`` is the other way out of the
 page-fault tax: keep frames uint8 through the loader (a quarter of the bytes) and convert on the
 device.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from torch.utils.data import default_collate, get_worker_info
 
 from .buffers import RECYCLE_BYTES, BatchBuffers, Field, SlotFlags
 from .lookahead import LazyFrames, materialized
+
+__all__ = ["BufferedCollate", "FloatCollate", "float_frames", "to_device"]
 
 
 def _convert_into(out: torch.Tensor, samples: list[dict], key: str, scale: bool) -> None:

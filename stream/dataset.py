@@ -46,6 +46,8 @@ rank yields the same number of samples per epoch (see ``stream.plan``).
 Epochs: each ``__iter__`` runs the next epoch of the object it is called on. With a plain
 ``DataLoader`` and non-persistent workers, call ``set_epoch(e)`` before each epoch (as with
 ``DistributedSampler``); ``WindowLoader`` does this for you.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -102,6 +104,8 @@ from .stages import ConsumerStages
 from .statecheck import plan_digest
 from .telemetry import Telemetry
 from .transform import PostProcess
+
+__all__ = ["WindowDataset", "WindowLoader", "open_source"]
 
 
 def open_source(url: str, storage_options: dict | None = None, fetch: FetchPolicy | None = None) -> DatasetSource:

@@ -5,6 +5,8 @@ The decoder is opened from the member's bytes in memory with torchcodec's
 names (``epishard.format.decoder.open_decoder``, the decoder the writer checked every frame against), so
 opening does not rescan the file and seeking stays frame-exact. Every returned frame's pts is
 compared with the index: a frame the table does not vouch for is an error, never a sample.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import torchcodec.decoders  # noqa: F401
 from epishard.format.decoder import frame_stream, open_decoder
 
 from .usercode import from_user_code
+
+__all__ = ["DecodeError", "Decoded", "decode", "decode_depth"]
 
 
 class DecodeError(RuntimeError):

@@ -20,6 +20,8 @@ Sampling without replacement inside an epoch (a shuffled sampler, LeRobot's) dif
 measured distinct episodes per batch over the i.i.d. expectation (1.0: as diverse as i.i.d.).
 
 Pure numpy; an episode is whatever hashable id the caller gives (e.g. ``(dataset, episode_index)``).
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+__all__ = ["Diversity", "iid", "measured", "merge_counts", "ratio", "summary"]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ chunk of windows) and ``stream.dataset`` keeps them in its cache; this module re
 columns (``read_columns``), decodes one camera's frames (``decode_camera``) and assembles a sample
 (``window_sample``) with the window semantics of the format: rows clamped into the anchor's
 recording segment, ``_is_pad`` flags for the rows clamped.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ from .packets import Run, decode_runs, run_bytes
 from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
+
+__all__ = [
+    "EpisodeInfo",
+    "Normalizer",
+    "columns_nbytes",
+    "decode_camera",
+    "decode_camera_packets",
+    "read_columns",
+    "window_rows",
+    "window_sample",
+]
 
 
 @dataclass
@@ -96,7 +109,7 @@ def _stat(stats: Mapping[str, Any], name: str, where: str, width: int | None) ->
     return values.astype(np.float32)
 
 
-def clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:
+def _clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:
     """Rows clamped into the anchor's recording segment ``[lo, hi)``, and pad flags.
 
     The segment is the episode unless its timestamps reset or jump; the pad flags mark the rows that
@@ -106,14 +119,14 @@ def clamped(rows: np.ndarray, lo, hi) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(rows, lo, hi - 1), pad
 
 
-def is_text(kind: pa.DataType) -> bool:
+def _is_text(kind: pa.DataType) -> bool:
     """True for an Arrow text type (string, large string, string view, or a dictionary of strings)."""
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or getattr(pa.types, "is_string_view", bool)(kind)
 
 
-def row_shape(kind: pa.DataType, width: int) -> tuple[int, ...]:
+def _row_shape(kind: pa.DataType, width: int) -> tuple[int, ...]:
     """The per-row shape of a numeric column of Arrow type ``kind`` holding ``width`` numbers per row.
 
     Nested fixed-size lists keep their sizes (``[2, 3]``); a scalar column and any other list column
@@ -178,7 +191,7 @@ def _integers(name: str, column: pa.ChunkedArray) -> np.ndarray | None:
 def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers: dict[str, Normalizer]) -> dict:
     """The columns windows need, ``n`` rows each.
 
-    Numeric columns as float32 ``[n, *shape]`` (``row_shape``; normalised before the reshape);
+    Numeric columns as float32 ``[n, *shape]`` (``_row_shape``; normalised before the reshape);
     integer columns (not state or action, not normalised, no nulls) as int64, exactly; text columns
     of ``extra_columns`` as object arrays of ``str`` (a null as ``""``).
     """
@@ -187,7 +200,7 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
     columns: dict = {}
     for name in {spec.state_key, spec.action_key, *spec.extra_columns, *spec.column_offsets} - {None}:
         column = table.column(name)
-        if name in spec.extra_columns and is_text(column.type):
+        if name in spec.extra_columns and _is_text(column.type):
             values = column.to_pylist()
             columns[name] = np.array(["" if v is None else v for v in values] if values else [], dtype=object)
             continue
@@ -196,14 +209,14 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
         if name not in (spec.state_key, spec.action_key) and name not in normalizers:
             exact = _integers(str(name), column)  # int64, exactly (float32 rounds integers above 2**24)
         if exact is not None:
-            columns[name] = exact.reshape(n, *row_shape(column.type, exact.shape[1]))
+            columns[name] = exact.reshape(n, *_row_shape(column.type, exact.shape[1]))
             continue
         matrix = numeric_matrix(column)
         if matrix is None:
             raise ValueError(f"column {name!r} is not numeric ({column.type})")
         matrix = matrix.astype(np.float32)
         matrix = normalizers[name](matrix) if name in normalizers else matrix
-        columns[name] = matrix.reshape(n, *row_shape(column.type, matrix.shape[1]))
+        columns[name] = matrix.reshape(n, *_row_shape(column.type, matrix.shape[1]))
     columns["frame_index"] = (
         table.column("frame_index").to_numpy() if "frame_index" in table.column_names else np.arange(n)
     )
@@ -221,7 +234,7 @@ def read_columns(
     """The columns windows need from the episode's table member ``data`` (``num_rows`` rows each).
 
     State, action and other numeric columns as float32 ``[n, *shape]`` (normalised by
-    ``normalizers``; ``shape``: ``row_shape``, ``[D]`` for a 1-D or scalar column; an integer column
+    ``normalizers``; ``shape``: ``_row_shape``, ``[D]`` for a 1-D or scalar column; an integer column
     other than state and action, not normalised, as int64), text columns of
     ``spec.extra_columns`` as object ``[n]`` of ``str``, ``frame_index`` int64 ``[n]``, ``timestamp``
     float64 ``[n]`` seconds.
@@ -281,7 +294,7 @@ def window_rows(index: WindowIndex, episodes: np.ndarray, anchors: np.ndarray, o
     ``window_sample`` does: the frames a window camera returns are ``index.frames(stream, rows)``.
     """
     lo, hi = index.segment_bounds(episodes, anchors)
-    rows, _ = clamped(anchors[:, None] + np.asarray(offsets, dtype=np.int64)[None, :], lo[:, None], hi[:, None])
+    rows, _ = _clamped(anchors[:, None] + np.asarray(offsets, dtype=np.int64)[None, :], lo[:, None], hi[:, None])
     return rows
 
 
@@ -466,19 +479,19 @@ def window_sample(
     lo, hi = int(edges[k]), int(edges[k + 1])
     sample: dict = {}
     for cam, offsets in cam_offsets.items():
-        _, pad = clamped(anchor + offsets, lo, hi)
+        _, pad = _clamped(anchor + offsets, lo, hi)
         depth = index.cam_depth[info.streams[cam]]
         sample[cam] = finish(frames[cam]) if finish is not None and not depth else frames[cam]
         sample[f"{cam}_is_pad"] = torch.from_numpy(pad)
     if spec.state_key:
-        rows, pad = clamped(anchor + np.asarray(spec.state_offsets), lo, hi)
+        rows, pad = _clamped(anchor + np.asarray(spec.state_offsets), lo, hi)
         sample[spec.state_key] = torch.from_numpy(columns[spec.state_key][rows])
         sample[f"{spec.state_key}_is_pad"] = torch.from_numpy(pad)
     windows = {name: np.asarray(offsets, dtype=np.int64) for name, offsets in spec.column_offsets.items()}
     if spec.action_key and spec.action_horizon:
         windows[spec.action_key] = spec.action_rows
     for name, offsets in windows.items():
-        rows, pad = clamped(anchor + offsets, lo, hi)
+        rows, pad = _clamped(anchor + offsets, lo, hi)
         sample[name] = torch.from_numpy(columns[name][rows])
         sample[f"{name}_is_pad"] = torch.from_numpy(pad)
     for name in spec.extra_columns:

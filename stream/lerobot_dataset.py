@@ -32,6 +32,8 @@ every frame is an anchor, as in LeRobot):
 
 Floats are float32 whatever the dataset stores, as in LeRobot (whose ``torch.tensor`` of a row's
 Python floats is float32): GR00T's float64 state, action and timestamps too, the same values.
+
+Public entry point (the LeRobot drop-in): ``from epishard.stream.lerobot_dataset import EpishardLeRobotDataset``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,15 @@ from .source import DatasetSource
 from .spec import RESERVED_KEYS, WindowSpec, offsets_from_seconds
 from .transform import PostProcess
 
+__all__ = [
+    "EpishardLeRobotDataset",
+    "EpishardLeRobotMeta",
+    "StatsError",
+    "manifest_stats",
+    "peer_pythonpath",
+    "pool_stats",
+]
+
 # Arrow value types (the manifest's ``features``) -> LeRobot's dtype names (``info.json``).
 _LEROBOT_DTYPES = {
     "double": "float64",
@@ -65,7 +76,7 @@ _LEROBOT_DTYPES = {
     "string": "string",
     "large_string": "string",
 }
-STATS_CHOICES = ("auto", "source", "manifest")
+_STATS_CHOICES = ("auto", "source", "manifest")
 _BOOKKEEPING = frozenset({"episode_index", "frame_index", "timestamp"})
 
 
@@ -101,7 +112,7 @@ def _as_arrays(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, np
     return {key: {name: np.asarray(value) for name, value in entry.items()} for key, entry in stats.items()}
 
 
-def stored_source_stats(source: DatasetSource) -> dict[str, dict[str, np.ndarray]] | None:
+def _stored_source_stats(source: DatasetSource) -> dict[str, dict[str, np.ndarray]] | None:
     """The source's own statistics stored in a converted dataset's manifest (``sources[0].stats``), or None.
 
     A LeRobot dataset's ``meta/stats.json``, read at conversion (``epishard convert``); None when
@@ -144,7 +155,7 @@ def _statistic(value: Any, where: str) -> np.ndarray:
     return array
 
 
-def source_stats(root: str, storage_options: dict | None = None) -> dict[str, dict[str, np.ndarray]]:
+def _source_stats(root: str, storage_options: dict | None = None) -> dict[str, dict[str, np.ndarray]]:
     """A LeRobot dataset's own statistics: ``<root>/meta/stats.json`` (what LeRobot normalises with).
 
     Feature -> ``{mean, std, min, max, count, q01, ...}`` as numpy arrays (camera statistics
@@ -292,10 +303,10 @@ class EpishardLeRobotMeta:
             self.stats, self.stats_from = self.manifest_stats, "manifest"
         elif source_root is not None and stats in ("auto", "source"):  # a folder the user names: read there
             roots = _source_roots(sources, source_root)
-            self.stats = pool_stats([source_stats(r, storage_options) for r in roots])
+            self.stats = pool_stats([_source_stats(r, storage_options) for r in roots])
             self.stats_from = "source: " + ", ".join(f"{r.rstrip('/')}/meta/stats.json" for r in roots)
         elif stats in ("auto", "source"):
-            stored = [stored_source_stats(s) for s in sources]
+            stored = [_stored_source_stats(s) for s in sources]
             if all(d is not None for d in stored):
                 self.stats = pool_stats([d for d in stored if d is not None])
                 # the file each came from (sources[].stats_from; manifests before it: meta/stats.json)
@@ -315,7 +326,7 @@ class EpishardLeRobotMeta:
             else:  # another format (HDF5, Zarr, RLDS, MCAP), or no stats.json: epishard's
                 self.stats, self.stats_from = self.manifest_stats, "manifest"
         else:
-            raise StatsError(f"stats must be one of {STATS_CHOICES} or a dict of statistics, not {stats!r}")
+            raise StatsError(f"stats must be one of {_STATS_CHOICES} or a dict of statistics, not {stats!r}")
         self.info = {
             "codebase_version": "v3.0",
             "fps": self.fps,
@@ -514,8 +525,8 @@ class EpishardLeRobotDataset(WindowDataset):
         read: ReadOptions | None = None,
         **kw,
     ):
-        if not isinstance(stats, Mapping) and stats not in STATS_CHOICES:
-            raise StatsError(f"stats must be one of {STATS_CHOICES} or a dict of statistics, not {stats!r}")
+        if not isinstance(stats, Mapping) and stats not in _STATS_CHOICES:
+            raise StatsError(f"stats must be one of {_STATS_CHOICES} or a dict of statistics, not {stats!r}")
         _refuse_unknown_keywords(kw)
         if revision is not None:
             raise ValueError(

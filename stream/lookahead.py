@@ -24,6 +24,8 @@ virtual-storage computer", IBM Systems Journal 5(2), 1966):
 ``schedule`` is pure: arrays in, a ``Schedule`` out, no I/O (the approach of ``stream.plan``); property-tested in
 ``tests/test_lookahead.py``. ``stream.dataset.WindowDataset`` executes it, holding the decoded
 items in a ``Store``.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,30 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+__all__ = [
+    "NEVER",
+    "PICTURE_SHARE",
+    "REACH",
+    "WORKER_BYTES",
+    "Decode",
+    "Demand",
+    "Demands",
+    "LazyFrames",
+    "Load",
+    "Lookahead",
+    "Schedule",
+    "Scheduler",
+    "Step",
+    "Store",
+    "WorkerBudget",
+    "columns_key",
+    "frame_key",
+    "key_frame",
+    "key_stream",
+    "materialized",
+    "schedule",
+]
+
 NEVER = np.iinfo(np.int64).max  # next use of an item no later chunk needs
 REACH = 8192  # windows past a chunk whose needs the scheduler looks at (``Scheduler``)
 _FRAME_BITS = 32
@@ -43,7 +69,7 @@ _FRAME_BITS = 32
 
 PICTURE_SHARE = 0.75  # ``Lookahead(pictures=None)``: a kept picture's bytes at most this share of its RGB's
 WORKER_BYTES = 1_500_000_000  # a worker's default budget at 640x480, bytes (1.5 GB)
-INTERPRETER_BYTES = 448 << 20  # a forked DataLoader worker before it reads: Python, torch, torchcodec, index
+_INTERPRETER_BYTES = 448 << 20  # a forked DataLoader worker before it reads: Python, torch, torchcodec, index
 
 
 @dataclass(frozen=True)
@@ -130,7 +156,7 @@ class Lookahead:
             )
 
     def budget(
-        self, prefetch_bytes: int, batch_bytes: int = 0, interpreter_bytes: int = INTERPRETER_BYTES
+        self, prefetch_bytes: int, batch_bytes: int = 0, interpreter_bytes: int = _INTERPRETER_BYTES
     ) -> WorkerBudget:
         """The bytes a worker holds at most with this policy, by part (``WorkerBudget``).
 

@@ -6,6 +6,8 @@ core) and rarely returns an arena's freed memory to the system, so with new thre
 freed memory spreads over ever more arenas and the worker's RSS ratchets up epoch after epoch
 (measured in docs/BENCHMARKS.md, "Worker memory across epochs"). One arena per worker process plus
 ``malloc_trim`` at each epoch's end keeps it flat. No-op where glibc is absent.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import ctypes
 import ctypes.util
 from typing import Literal
 
-M_ARENA_MAX = -8  # <malloc.h>
+__all__ = ["limit_worker_arenas", "release_free_memory"]
+
+_M_ARENA_MAX = -8  # <malloc.h>
 _libc: ctypes.CDLL | Literal[False] | None = None  # None: not looked up yet; False: not glibc
 
 
@@ -28,7 +32,7 @@ def _glibc() -> ctypes.CDLL | Literal[False]:
         except (OSError, AttributeError):
             _libc = False
         else:
-            libc.mallopt(M_ARENA_MAX, 1)  # before this process starts its own threads: one arena
+            libc.mallopt(_M_ARENA_MAX, 1)  # before this process starts its own threads: one arena
             _libc = libc
     return _libc
 

@@ -15,6 +15,8 @@ Cross-embodiment mixing: every sample of a mix has the model's keys and shapes, 
 
 Widths come from the manifests' statistics (``stats``, ``stats_by_source``): known before any
 byte is read, so a mix that cannot be batched is refused when the ``WindowDataset`` is made.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ from .episode import Normalizer
 from .source import DatasetSource
 from .spec import WindowSpec
 from .transform import PostProcess
+
+__all__ = [
+    "MixLayout",
+    "PadCamera",
+    "camera_streams",
+    "check_columns",
+    "column_widths",
+    "mix_layout",
+    "normalizers",
+    "resolve_specs",
+]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ batch size, chosen at random per epoch) and orders its windows in whole batches 
 keeping the shuffled order inside each dataset. Every rank still yields the same number of
 samples and batches, and every window kept is yielded exactly once. It is the planner's declared
 ``group`` stage (after the shuffle buffer and any order stage), so elastic resume replays it too.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import numpy as np
 
 from .plan import EpisodeTable, anchor_counts, episode_table, expected_windows
 from .spec import WindowSpec
+
+__all__ = ["BatchByDataset", "group_by_dataset", "mix_table"]
 
 
 def mix_table(
@@ -53,14 +57,14 @@ def mix_table(
     camera offsets, ``keep`` (bool ``[episodes]``: its read-time selection), its weight and its shard
     count; ``plan.episode_table`` each, then ``EpisodeTable.concat`` (each dataset its own stratum with
     ``stratify``). With ``probability`` the weights are the datasets' shares of an epoch of
-    ``epoch_length`` windows (``probability_factors``), else repeat factors.
+    ``epoch_length`` windows (``_probability_factors``), else repeat factors.
 
     Returns:
         the table, the first global episode number of each dataset (int64 ``[datasets + 1]``) and the
         repeat factor of each dataset (the weights as given, or the probability's factors).
 
     Raises:
-        ValueError: see ``probability_factors``.
+        ValueError: see ``_probability_factors``.
     """
     parts = [
         episode_table(spec, index, offsets, weight=weight, keep=kept)
@@ -72,11 +76,11 @@ def mix_table(
         return table, base, list(weights)
     anchors = anchor_counts(table.lo, table.hi, spec.stride, table.gaps)
     natural = np.add.reduceat(expected_windows(anchors, spec.sampling), base[:-1])
-    factors = probability_factors(natural, list(weights), epoch_length, names)
+    factors = _probability_factors(natural, list(weights), epoch_length, names)
     return dataclasses.replace(table, weight=np.repeat(factors, np.diff(base))), base, factors.tolist()
 
 
-def probability_factors(
+def _probability_factors(
     natural: np.ndarray, weights: list[float], epoch_length: int | None = None, names: list[str] | None = None
 ) -> np.ndarray:
     """Repeat factor per dataset of ``weights="probability"``.

@@ -6,6 +6,8 @@ datasets of a mix are weighted, batched and aligned), ``Stages`` (declared plan 
 order, a deal) and ``ReadOptions`` (how bytes are fetched and decoded, and what each sample
 carries). ``WindowDataset(sources, spec, ranks=Ranks(...), mix=Mixing(...), stages=Stages(...),
 read=ReadOptions(...))``; ``None`` for a group means its defaults.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from .fetch import FetchPolicy
 from .lookahead import Lookahead
 from .planvalues import World
 from .stages import CostStage, DealStage, OrderStage
+
+__all__ = ["Mixing", "Ranks", "ReadOptions", "Stages"]
 
 
 def _count(owner: str, name: str, value: object, least: int) -> None:

@@ -18,6 +18,8 @@ shows comes out and nothing carries into the next run. A frame is returned only 
 out with the pts of a wanted frame, exactly once; a wanted frame that does not is an error. RGB
 conversion is swscale's bilinear conversion through one kept ``VideoReformatter`` per decoder, the
 conversion torchcodec's CPU path makes (the tests compare both pixel for pixel).
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -39,13 +41,28 @@ from av.video.reformatter import VideoReformatter
 from .decode import DecodeError
 from .usercode import from_user_code
 
+__all__ = [
+    "PACKET_CODECS",
+    "POOL",
+    "DecoderPool",
+    "PacketFrames",
+    "Picture",
+    "Run",
+    "decode_runs",
+    "picture_bytes",
+    "plan_runs",
+    "readable",
+    "run_bytes",
+    "run_ranges",
+]
+
 # PyAV >= 16 converts with swscale slice threads unless told ``threads=1`` (threads that would hang a
 # forked worker); older PyAV (LeRobot 0.4.4 pins av < 16) has no such threads and no such argument.
 _ONE_THREAD = {"threads": 1} if "threads" in (av.video.reformatter.VideoReformatter.reformat.__doc__ or "") else {}
 
 # FFmpeg decoders to open for a codec, best first: FFmpeg's own AV1 decoder needs a hardware
 # accelerator, so AV1 goes to libdav1d (what FFmpeg itself picks for an AV1 stream) or libaom.
-PREFERRED_DECODERS = {"av1": ("libdav1d", "libaom-av1", "av1")}
+_PREFERRED_DECODERS = {"av1": ("libdav1d", "libaom-av1", "av1")}
 #: Codecs whose packets the reader decodes through its kept decoders: those the stream matrix and
 #: tests/test_packets.py prove frame-exact on this path. Others (a decoder that needs the demuxer's
 #: side data, e.g. a palette, or one not tested) are read whole through torchcodec.
@@ -64,14 +81,14 @@ def _eight_bit(pix_fmt: str) -> bool:
 # runs reach far back to their keyframe anyway (most of the member), and the whole-member path keeps
 # its decoder between look-ahead chunks, decoding on instead of from the keyframe again (an H.264
 # stream with keyframes 250 apart decodes 1.6x the frames by packets).
-PACKET_GOP_FRAMES = 32
+_PACKET_GOP_FRAMES = 32
 
 
 def readable(index, streams) -> np.ndarray:
     """Whether each camera stream (int array) is read by its packets: bool, same shape.
 
     It has a packet table (``WindowIndex.has_packets``), is an RGB camera of a codec in
-    ``PACKET_CODECS``, stores 8-bit samples, and has keyframes at most ``PACKET_GOP_FRAMES`` apart
+    ``PACKET_CODECS``, stores 8-bit samples, and has keyframes at most ``_PACKET_GOP_FRAMES`` apart
     on average. swscale's conversion of 8-bit samples to RGB through PyAV is torchcodec's, pixel
     for pixel (tests/test_stream_matrix.py, tests/test_packets.py); of more bits it is not (up to
     131 levels apart on torchcodec's 10-bit H.264 sample), so such streams are decoded by
@@ -81,7 +98,7 @@ def readable(index, streams) -> np.ndarray:
     fmts = index.cam_pix_fmt.take(pa.array(streams.ravel())).to_pylist()
     eight = np.fromiter((_eight_bit(f) for f in fmts), dtype=bool, count=streams.size).reshape(streams.shape)
     keys = np.diff(index.key_offsets)[streams]
-    short = index.cam_num_frames[streams] <= PACKET_GOP_FRAMES * np.maximum(keys, 1)
+    short = index.cam_num_frames[streams] <= _PACKET_GOP_FRAMES * np.maximum(keys, 1)
     codecs = index.cam_codec.take(pa.array(streams.ravel())).to_pylist()
     known = np.fromiter((c in PACKET_CODECS for c in codecs), dtype=bool, count=streams.size).reshape(streams.shape)
     return index.has_packets(streams) & ~index.cam_depth[streams] & eight & short & known
@@ -156,7 +173,7 @@ class _Decoder:
 
     def __init__(self, codec: str, extradata: bytes, width: int, height: int):
         last: Exception | None = None
-        for name in PREFERRED_DECODERS.get(codec, (codec,)):
+        for name in _PREFERRED_DECODERS.get(codec, (codec,)):
             try:
                 ctx: Any = av.CodecContext.create(name, "r")  # a VideoCodecContext; PyAV types it as the base
                 if extradata:
@@ -282,7 +299,7 @@ def decode_runs(
                     if alloc is not None
                     else torch.empty((3, height, width), dtype=torch.uint8)
                 )
-                single.append(write_planar(decoder.reformatter, picture, out))
+                single.append(_write_planar(decoder.reformatter, picture, out))
             return PacketFrames(single, 1, 0.0), opened
         # Consecutive parts of at most max_bytes of RGB frames, each post-processed before the next.
         per_call = max(1, max_bytes // max(3 * height * width, 1))
@@ -321,7 +338,7 @@ def decode_runs(
 _GBRP_CHANNEL = (1, 2, 0)
 
 
-def write_planar(reformatter: VideoReformatter, picture: av.VideoFrame, out: torch.Tensor) -> torch.Tensor:
+def _write_planar(reformatter: VideoReformatter, picture: av.VideoFrame, out: torch.Tensor) -> torch.Tensor:
     """Convert a decoded 8-bit ``picture`` to RGB into ``out`` (``[3, H, W]``, contiguous); returns ``out``.
 
     ``out`` is uint8, or a float dtype numpy has (float16/32/64: the values 0..255 cast, unscaled).
@@ -366,8 +383,8 @@ class Picture:
         self.shape = (3, frame.height, frame.width)
 
     def write(self, out: torch.Tensor) -> torch.Tensor:
-        """Its RGB written into ``out`` (uint8 ``[3, H, W]``, contiguous): ``write_planar``; returns ``out``."""
-        return write_planar(self.reformatter, self.frame, out)
+        """Its RGB written into ``out`` (uint8 ``[3, H, W]``, contiguous): ``_write_planar``; returns ``out``."""
+        return _write_planar(self.reformatter, self.frame, out)
 
 
 def _decoded(decoder: _Decoder, runs: list[Run], pieces: list[bytes], starts: list[int], table: tuple, where: str):

@@ -4,6 +4,8 @@ Drawn with matplotlib's Agg backend through ``matplotlib.figure.Figure`` (no pyp
 display needed).
 
 matplotlib is an optional dependency (the ``plots`` extra); it is imported when a chart is drawn.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+__all__ = ["figure", "plot_stream_report"]
 
 
 def figure(**kw: Any) -> Any:

@@ -6,6 +6,8 @@ Windows are read through the reader itself (``WindowDataset``, ``boundary="pad"`
 shows what training would get: per window, each camera's frames with their episode, row and frame
 numbers and pad masks, and the state/action curves over the window. Drawn with matplotlib's Agg
 backend (``matplotlib.figure.Figure``, no pyplot state); matplotlib is the optional ``plots`` extra.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from .plots import figure
 from .source import DatasetSource
 from .spec import WindowSpec
 
-STATE, ACTION = "observation.state", "action"
+__all__ = ["STATE", "PreviewResult", "PreviewWindow", "RerunResult", "export_rerun", "preview"]
+
+STATE, _ACTION = "observation.state", "action"
 
 
 @dataclass(frozen=True)
@@ -131,10 +135,10 @@ def _image(frame) -> tuple[np.ndarray, dict]:
     return np.moveaxis(array, 0, -1), {}
 
 
-NAMED_DIMS = 12  # dimensions named in a curve legend, per column; more are drawn, counted in one entry
+_NAMED_DIMS = 12  # dimensions named in a curve legend, per column; more are drawn, counted in one entry
 
 
-def dimension_names(names, width: int) -> list[str]:
+def _dimension_names(names, width: int) -> list[str]:
     """A column's per-dimension names from its manifest ``features`` entry (``names``), else ``""`` each.
 
     LeRobot writes a flat list, a one-entry dict (``{"motors": [...]}``) or a list holding one list.
@@ -152,24 +156,24 @@ def _curves(ax, w: PreviewWindow, spec: WindowSpec, names: dict | None = None) -
     """State rows (solid) and the action chunk (dashed) against row numbers; padded rows shaded.
 
     Each dimension is its own named curve in the legend (``<column>[j] <name>``, names from the
-    manifest's ``features``: ``names`` column -> that entry's names), the first ``NAMED_DIMS`` per column.
+    manifest's ``features``: ``names`` column -> that entry's names), the first ``_NAMED_DIMS`` per column.
     """
     drawn = False
     for key, rows, style in (
         (STATE, w.anchor + np.asarray(spec.state_offsets), "-"),
-        (ACTION, w.anchor + spec.action_rows, "--"),
+        (_ACTION, w.anchor + spec.action_rows, "--"),
     ):
         if key not in w.sample:
             continue
         values = np.asarray(w.sample[key], dtype=np.float64).reshape(len(rows), -1)
         pad = np.asarray(w.sample[f"{key}_is_pad"], dtype=bool)
         short = key.removeprefix("observation.")
-        labels = dimension_names((names or {}).get(key), values.shape[1])
+        labels = _dimension_names((names or {}).get(key), values.shape[1])
         for j in range(values.shape[1]):
-            label = f"{short}[{j}] {labels[j]}".rstrip() if j < NAMED_DIMS else None
+            label = f"{short}[{j}] {labels[j]}".rstrip() if j < _NAMED_DIMS else None
             ax.plot(rows, values[:, j], style, linewidth=0.8, label=label)
-        if values.shape[1] > NAMED_DIMS:
-            ax.plot([], [], style, color="black", label=f"{short}: {values.shape[1] - NAMED_DIMS} more dims")
+        if values.shape[1] > _NAMED_DIMS:
+            ax.plot([], [], style, color="black", label=f"{short}: {values.shape[1] - _NAMED_DIMS} more dims")
         for row in rows[pad]:
             ax.axvspan(row - 0.5, row + 0.5, color="grey", alpha=0.25, linewidth=0)
         drawn = True
@@ -302,9 +306,9 @@ def preview(
         spec = WindowSpec(
             cameras={c: offsets for c in (cameras or source.cameras)},
             state_offsets=tuple(range(-(span - 1), 1)),
-            action_horizon=action_horizon if ACTION in features else 0,
+            action_horizon=action_horizon if _ACTION in features else 0,
             state_key=STATE if STATE in features else None,
-            action_key=ACTION if ACTION in features else None,
+            action_key=_ACTION if _ACTION in features else None,
             boundary="pad",
             per_episode_count=count,
         )
@@ -404,11 +408,11 @@ def export_rerun(
             ]
             lines.append(f"{cam}: " + ", ".join(shown))
         rec.log("window/info", rr.TextDocument(redact("\n".join(lines))))
-        for key, offsets in ((STATE, np.asarray(spec.state_offsets)), (ACTION, spec.action_rows)):
+        for key, offsets in ((STATE, np.asarray(spec.state_offsets)), (_ACTION, spec.action_rows)):
             if key not in w.sample:
                 continue
             values = np.asarray(w.sample[key], dtype=np.float64).reshape(len(offsets), -1)
-            labels = dimension_names(names.get(key), values.shape[1])
+            labels = _dimension_names(names.get(key), values.shape[1])
             for row, v in zip((w.anchor + offsets).tolist(), values, strict=True):
                 rec.set_time("row", sequence=int(row))
                 for j, x in enumerate(v.tolist()):

@@ -25,6 +25,8 @@ actor produces ``r`` samples per second of its busy time (``telemetry()["samples
 measured) and the trainer spends ``t`` seconds per batch receiving it (``transfer_s_per_batch``).
 Take ``num_workers >= ceil(step_rate x batch_size / r)`` (plus one to absorb variation), as long as
 ``step_rate x t < 1`` (the trainer's own share). docs/BENCHMARKS.md has measured ``r`` and ``t``.
+
+Public entry point (needs Ray): ``from epishard.stream.ray_loader import RayWindowLoader``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from epishard.format.storage import storage_env
 from .dataset import WindowDataset
 from .plan import World
 from .resume import Resume
+
+__all__ = ["RayWindowLoader"]
 
 _ACTOR_ERRORS: tuple = ()  # ray.exceptions.RayActorError and friends, set on first use
 
@@ -80,7 +84,7 @@ def _to_torch(batch):
     return batch
 
 
-class ConsumerActor:
+class _ConsumerActor:
     """One consumer of a rank, run as a Ray actor: the DataLoader worker ``worker`` of ``num_workers``.
 
     ``start`` gives it the rank's dataset positioned where this consumer continues; ``next_batch``
@@ -208,7 +212,7 @@ class RayWindowLoader:
         if floating:
             self.float_keys = sorted(c for c, depth in dataset.layout.depth.items() if not depth)  # model cameras
         options = {"num_cpus": 1, **(actor_options or {}), "max_restarts": max_restarts, "max_task_retries": 0}
-        cls = ray.remote(ConsumerActor).options(**options)
+        cls = ray.remote(_ConsumerActor).options(**options)
         # The driver's storage settings, as convert --ray passes them to its tasks; held by the loader,
         # so an actor Ray restarts gets them again.
         self._env = ray.put(storage_env())

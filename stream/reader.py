@@ -7,6 +7,8 @@ columns, makes one decode call per (episode, camera) for the chunk's uncached fr
 the chunk's samples (the sample format: ``stream.dataset``). A shard that fails to fetch or decode
 is skipped or raised by ``FetchPolicy.on_shard_error``; a skipped window is replaced by a repeat of
 the worker's previous sample, flagged ``substitute``.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
 from .usercode import from_user_code
+
+__all__ = ["EpochReader", "ReadContext", "episode_bytes", "locate", "sample_frame_bytes"]
 
 
 def locate(episode_base: np.ndarray, episode: int) -> tuple[int, int]:

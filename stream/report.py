@@ -1,4 +1,7 @@
-"""Stream windows from a dataset and report throughput and where time goes (``epishard stream``)."""
+"""Stream windows from a dataset and report throughput and where time goes (``epishard stream``).
+
+Internal: import from ``epishard.stream``.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ from .options import ReadOptions
 from .spec import WindowSpec, segment
 from .telemetry import FIELDS, summarize
 from .transform import PostProcess
+
+__all__ = ["StreamRun", "dataset_columns", "iid_reference", "render", "run", "stream_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +129,7 @@ def dataset_columns(source) -> set[str]:
     return set(source.manifest.features or {}) | set(source.manifest.stats)
 
 
-def build(options: StreamRun) -> WindowLoader:
+def _build(options: StreamRun) -> WindowLoader:
     """The ``WindowLoader`` (telemetry on, collate timed) that ``run`` iterates."""
     source = open_source(options.dataset, options.storage_options)  # a LeRobot folder is named as one
     cams = options.cameras.split(",") if options.cameras else source.cameras
@@ -203,7 +208,7 @@ def run(options: StreamRun, progress: bool = False) -> dict:
         ValueError: no window fits the request.
     """
     t0 = time.perf_counter()
-    loader = build(options)
+    loader = _build(options)
     setup_s = time.perf_counter() - t0
     steps_per_epoch, windows = len(loader), len(loader.dataset)
     todo = min(options.batches, steps_per_epoch) if options.batches else steps_per_epoch

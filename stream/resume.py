@@ -5,6 +5,8 @@ A state records where each consumer of a rank stands in its plan of the epoch (`
 another one (elastic resume, ``stream.plan.level_plan``). Every field of a state is checked first
 (``checked_states``, ``stream.statecheck``). ``WindowDataset.state_dict`` / ``load_state_dict`` call
 these.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Literal, Protocol
 from .options import Ranks
 from .plan import SAME_PLAN_SINCE, STATE_VERSION, LevelOverrun, Progress
 from .statecheck import StateError, bounded, check_digest, check_fields, states_of
+
+__all__ = ["Cursor", "Resumable", "Resume", "checked_states", "load_state", "state_dict"]
 
 
 @dataclass(frozen=True)

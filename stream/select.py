@@ -10,6 +10,8 @@ the index (``key``, ``source``, ``episode_index``, ``num_rows``, ``fps``, ``task
 ``robot``) or of a per-episode ``metadata`` table joined on ``episode_index`` (and ``source`` when it
 has one; e.g. LeRobot's ``meta/episodes`` columns such as a success flag), length bounds in rows;
 then a seeded train/val split of the episodes that passed.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 from epishard.format.index import WindowIndex
+
+__all__ = ["Selection", "explain_empty", "select_episodes", "split_val"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class Selection:
             raise ValueError(f"val_fraction must be in [0, 1], not {self.val_fraction}")
 
 
-def column_values(index: WindowIndex, name: str, metadata: pa.Table | None = None) -> list:
+def _column_values(index: WindowIndex, name: str, metadata: pa.Table | None = None) -> list:
     """Values of a per-episode column, one per episode of ``index`` (Python objects).
 
     Raises:
@@ -153,7 +157,7 @@ def _criteria(index: WindowIndex, s: Selection) -> list[tuple[str, np.ndarray]]:
     if s.robots is not None:
         robots = {s.robots} if isinstance(s.robots, str) else set(s.robots)
         criteria.append((f"robots={_shown(robots)}", "robot", robots))
-    out = [(label, _matches(column_values(index, name, s.metadata), want)) for label, name, want in criteria]
+    out = [(label, _matches(_column_values(index, name, s.metadata), want)) for label, name, want in criteria]
     if s.min_rows is not None:
         out.append((f"min_rows={s.min_rows}", np.asarray(index.num_rows >= s.min_rows, dtype=bool)))
     if s.max_rows is not None:

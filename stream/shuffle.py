@@ -4,11 +4,23 @@ Pure functions (index arrays in, arrays out). ``pool_shuffle`` orders one consum
 ``expected_distinct`` measures the diversity a pool gives a batch; ``default_shuffle_episodes`` and
 ``budget_shuffle_episodes`` size the pool (``WindowDataset(shuffle="auto")``) from the batch size
 and the look-ahead frame cache (``Lookahead.frame_cache_bytes``).
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+__all__ = [
+    "DIVERSITY_FLOOR",
+    "SALT",
+    "budget_shuffle_episodes",
+    "default_shuffle_episodes",
+    "expected_distinct",
+    "pool_shuffle",
+    "stable_argsort",
+]
 
 # The salt of the pool shuffle's generator (``epishard.seeding.rng_for(seed, epoch, SALT, consumer...)``).
 # It is part of the plan: a new value changes every yield order, so it goes with a new

@@ -4,6 +4,8 @@ All offsets are in frames (table rows) relative to the window's anchor row. LeRo
 ``delta_timestamps`` in seconds are accepted: the spec keeps them, and each dataset of a
 ``WindowDataset`` turns them into rows at its own frame rate (``WindowSpec.at_fps``), checked to be
 multiples of 1/fps within a tolerance, as LeRobot's ``MultiLeRobotDataset`` does.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
+
+__all__ = ["RESERVED_KEYS", "PerEpisode", "WindowSpec", "offsets_from_seconds", "segment"]
 
 
 @dataclass(frozen=True)

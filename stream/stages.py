@@ -6,6 +6,8 @@ in whole batches of one stratum) and ``DealStage`` (windows dealt to consumers i
 cut). ``ConsumerStages`` gathers the stages of one plan with its pool shuffle; ``yield_order`` runs
 them on a consumer's windows (``stream.plan.worker_plan`` and ``level_plan`` call it). Each stage's
 answer is checked, and its exceptions are marked as the user's (``stream.usercode``).
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from .planvalues import EpisodeTable, GlobalPlan, World
 from .shuffle import SALT as _SALT_SHUFFLE
 from .shuffle import pool_shuffle
 from .usercode import UserCodeError, call_user, describe
+
+__all__ = ["ConsumerStages", "CostStage", "DealStage", "GroupStage", "OrderStage", "yield_order"]
 
 # The rngs of the stages (the plan's own: 1-3, stream.plan; the shuffle's: 4, stream.shuffle; balance: 11-25).
 _SALT_GROUP = 31

@@ -5,6 +5,8 @@ same), often read back from a file. Every field is checked for its type and rang
 reader's plan in ``WindowDataset.checked_states``, so that a damaged or hostile state is refused with an
 error naming the field instead of silently dropping windows, running out of memory or failing deep inside
 the planner.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -15,12 +17,23 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-MAX_EPOCH = 2**62  # far past any run; keeps the plan's seeding arithmetic in int64
+__all__ = [
+    "STATE_KEYS",
+    "StateError",
+    "StateTypeError",
+    "bounded",
+    "check_digest",
+    "check_fields",
+    "plan_digest",
+    "states_of",
+]
+
+_MAX_EPOCH = 2**62  # far past any run; keeps the plan's seeding arithmetic in int64
 # Earlier layouts of one epoch a state may record (``history``: one per elastic resume under another
 # world size or worker count mid-epoch). A real run changes layout a handful of times an epoch; each
 # level is replayed over the epoch's windows on every resume, so a longer history is refused before
 # any of its entries is looked at.
-MAX_HISTORY = 256
+_MAX_HISTORY = 256
 # The fields a state of this version has (``WindowDataset.state_dict``; ``"fresh"``: ``WindowLoader``'s
 # and ``RayWindowLoader``'s at an epoch boundary; ``"balance"``: ``BalancedWindowDataset``'s), and of
 # one ``history`` entry. Any other key is refused: no state this reader writes has it.
@@ -41,7 +54,7 @@ STATE_KEYS = frozenset(
         "balance",
     }
 )
-HISTORY_KEYS = frozenset({"world_size", "num_workers", "consumed"})
+_HISTORY_KEYS = frozenset({"world_size", "num_workers", "consumed"})
 
 
 class StateError(ValueError):
@@ -60,7 +73,7 @@ def _int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def integer(state: Mapping, name: str, lo: int, hi: int | None, at: str = "", why: str = "") -> int:
+def _integer(state: Mapping, name: str, lo: int, hi: int | None, at: str = "", why: str = "") -> int:
     """``state[name]`` as an int in ``lo .. hi`` (``hi`` None: no upper bound).
 
     Raises:
@@ -73,7 +86,7 @@ def integer(state: Mapping, name: str, lo: int, hi: int | None, at: str = "", wh
 
 
 def bounded(value: object, name: str, lo: int, hi: int | None, at: str = "", why: str = "") -> int:
-    """``value`` (the field ``name``) as an int in ``lo .. hi``; see ``integer``."""
+    """``value`` (the field ``name``) as an int in ``lo .. hi``; see ``_integer``."""
     if not _int(value):
         raise StateTypeError(f"{_where(at, name)} is {value!r} ({type(value).__name__}); must be an int")
     assert isinstance(value, numbers.Integral)
@@ -84,7 +97,7 @@ def bounded(value: object, name: str, lo: int, hi: int | None, at: str = "", why
     return number
 
 
-def counts(state: Mapping, name: str, length: int, at: str = "", why: str = "") -> list[int]:
+def _counts(state: Mapping, name: str, length: int, at: str = "", why: str = "") -> list[int]:
     """``state[name]``: a list of ``length`` ints >= 0 (upper bounds are the plan's: ``WindowDataset``).
 
     Raises:
@@ -192,45 +205,45 @@ def check_fields(state: dict, version: int, at: str = "") -> dict:
         return name in state or not fresh
 
     if "version" in state:
-        integer(state, "version", 1, version, at, "state versions this reader knows")
+        _integer(state, "version", 1, version, at, "state versions this reader knows")
     if needed("seed"):
-        integer(state, "seed", -(2**63), 2**64 - 1, at)
-    integer(state, "epoch", 0, MAX_EPOCH, at)
-    world = integer(state, "world_size", 1, None, at) if needed("world_size") else 1
+        _integer(state, "seed", -(2**63), 2**64 - 1, at)
+    _integer(state, "epoch", 0, _MAX_EPOCH, at)
+    world = _integer(state, "world_size", 1, None, at) if needed("world_size") else 1
     if needed("rank"):
-        integer(state, "rank", 0, world - 1, at, f"ranks of world_size={world}")
-    workers = integer(state, "num_workers", 1, None, at) if needed("num_workers") else None
+        _integer(state, "rank", 0, world - 1, at, f"ranks of world_size={world}")
+    workers = _integer(state, "num_workers", 1, None, at) if needed("num_workers") else None
     if needed("consumed"):
         given = state.get("consumed")
         n = workers if workers is not None else len(given) if isinstance(given, (list, tuple)) else 0
-        counts(state, "consumed", n, at, f"one per worker of num_workers={n}")
+        _counts(state, "consumed", n, at, f"one per worker of num_workers={n}")
     if "rotation" in state:  # states of the first version had none (0)
         n = workers if workers is not None else 2**31
-        integer(state, "rotation", 0, n - 1, at, f"workers of num_workers={n}")
+        _integer(state, "rotation", 0, n - 1, at, f"workers of num_workers={n}")
     pool = state.get("shuffle_episodes")
     if pool is not None:
         bounded(pool, "shuffle_episodes", 0, None, at, "None or an episode count")
     history = state.get("history", [])
     if not isinstance(history, Sequence) or isinstance(history, (str, bytes)):
         raise StateTypeError(f"{_where(at, 'history')} is {history!r}; must be a list of earlier layouts")
-    if len(history) > MAX_HISTORY:  # before any entry is looked at
+    if len(history) > _MAX_HISTORY:  # before any entry is looked at
         raise StateError(
-            f"{_where(at, 'history')} has {len(history)} entries; must have at most {MAX_HISTORY} (one per change "
+            f"{_where(at, 'history')} has {len(history)} entries; must have at most {_MAX_HISTORY} (one per change "
             "of world size or worker count within the epoch)"
         )
     for k, h in enumerate(history):
         name = f"history[{k}]"
         if not isinstance(h, Mapping):
             raise StateTypeError(f"{_where(at, name)} is {h!r}; must be a dict (world_size, num_workers, consumed)")
-        extra = sorted(map(str, set(h) - HISTORY_KEYS))
+        extra = sorted(map(str, set(h) - _HISTORY_KEYS))
         if extra:
             raise StateError(
                 f"load_state_dict: {at}{name} has unknown field(s) {', '.join(repr(x) for x in extra[:8])}; an entry "
-                f"has only {sorted(HISTORY_KEYS)}"
+                f"has only {sorted(_HISTORY_KEYS)}"
             )
-        w = integer(h, "world_size", 1, None, f"{at}{name} ")
-        n = integer(h, "num_workers", 1, None, f"{at}{name} ")
-        counts(h, "consumed", w * n, f"{at}{name} ", f"one per consumer of {w} ranks x {n} workers")
+        w = _integer(h, "world_size", 1, None, f"{at}{name} ")
+        n = _integer(h, "num_workers", 1, None, f"{at}{name} ")
+        _counts(h, "consumed", w * n, f"{at}{name} ", f"one per consumer of {w} ranks x {n} workers")
     if fresh and (any(state.get("consumed", ())) or history):
         raise StateError(
             f"load_state_dict: {at}field 'fresh' is True (an epoch boundary) but the state records windows "

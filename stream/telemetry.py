@@ -1,4 +1,7 @@
-"""Counters and stage timings of the reader, per worker, merged into totals by the consumer."""
+"""Counters and stage timings of the reader, per worker, merged into totals by the consumer.
+
+Internal: import from ``epishard.stream``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ import threading
 
 import numpy as np
 import torch
+
+__all__ = ["FIELDS", "Telemetry", "summarize"]
 
 FIELDS = (
     "worker",
@@ -41,7 +46,7 @@ FIELDS = (
     "encoded_bytes_peak",
     "bytes_needed",
 )
-PEAKS = frozenset({"frame_cache_bytes_peak", "encoded_bytes_peak"})  # maxima, not sums (``Telemetry.peak``)
+_PEAKS = frozenset({"frame_cache_bytes_peak", "encoded_bytes_peak"})  # maxima, not sums (``Telemetry.peak``)
 
 
 class Telemetry:
@@ -73,7 +78,7 @@ class Telemetry:
                 self.values[name] += value
 
     def peak(self, **kw: float) -> None:
-        """Raise counters of ``PEAKS`` to at least these values, e.g. ``peak(frame_cache_bytes_peak=...)``."""
+        """Raise counters of ``_PEAKS`` to at least these values, e.g. ``peak(frame_cache_bytes_peak=...)``."""
         with self._lock:
             for name, value in kw.items():
                 self.values[name] = max(self.values[name], value)
@@ -88,7 +93,7 @@ def summarize(rows: list[torch.Tensor] | np.ndarray) -> dict:
 
     Takes, per worker, the latest (largest ``samples``) vector, then sums across workers and adds
     ratios: frames decoded per frame returned (the reuse figure), decode calls and decoder opens
-    per sample, bytes read per sample, frame-cache hit rate. Peaks (``PEAKS``) are the largest of
+    per sample, bytes read per sample, frame-cache hit rate. Peaks (``_PEAKS``) are the largest of
     any worker, not sums.
     """
     data = (
@@ -104,7 +109,7 @@ def summarize(rows: list[torch.Tensor] | np.ndarray) -> dict:
     total = dict.fromkeys(FIELDS[1:], 0.0)
     for row in latest.values():
         for i, name in enumerate(FIELDS[1:], start=1):
-            total[name] = max(total[name], float(row[i])) if name in PEAKS else total[name] + float(row[i])
+            total[name] = max(total[name], float(row[i])) if name in _PEAKS else total[name] + float(row[i])
     samples = max(total["samples"], 1.0)
     total["workers"] = len(latest)
     total["frames_decoded_per_returned"] = total["frames_decoded"] / max(total["frames_returned"], 1.0)

@@ -1,4 +1,7 @@
-"""Per-frame post-processing, applied only to the frames that were decoded for some window."""
+"""Per-frame post-processing, applied only to the frames that were decoded for some window.
+
+Internal: import from ``epishard.stream``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from .usercode import UserCodeError, call_user, describe
+
+__all__ = ["PostProcess"]
 
 
 @dataclass(frozen=True)

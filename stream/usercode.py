@@ -6,6 +6,8 @@ fault: it reaches the caller with its own type and traceback (in the main proces
 DataLoader's re-raise of a worker's exception), with a note naming the hook or stage it came from.
 ``call_user`` runs such code and marks what it raises; the decode paths re-raise a marked exception
 unchanged instead of wrapping it in a ``DecodeError``.
+
+Internal: import from ``epishard.stream``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+__all__ = ["UserCodeError", "call_user", "describe", "from_user_code"]
 
 T = TypeVar("T")
 
@@ -26,7 +30,7 @@ def describe(fn: object) -> str:
     return f"{module}.{name}" if module and module != "builtins" else str(name)
 
 
-def mark(exc: BaseException, what: str) -> BaseException:
+def _mark(exc: BaseException, what: str) -> BaseException:
     """Mark ``exc`` as raised by the user's code ``what`` (once) and add a note naming it; returns ``exc``."""
     if getattr(exc, _MARK, None) is None:
         with contextlib.suppress(AttributeError):  # a type with __slots__: the note still names the hook
@@ -45,12 +49,12 @@ def mark(exc: BaseException, what: str) -> BaseException:
 
 
 def from_user_code(exc: BaseException) -> str | None:
-    """The user's code ``exc`` was raised by (``mark``), or None for any other exception."""
+    """The user's code ``exc`` was raised by (``_mark``), or None for any other exception."""
     return getattr(exc, _MARK, None)
 
 
 def call_user(what: str, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)``; an ``Exception`` it raises is marked as the user's (``mark``) and re-raised unchanged.
+    """``fn(*args)``; an ``Exception`` it raises is marked as the user's (``_mark``) and re-raised unchanged.
 
     ``what``: the hook or stage, e.g. ``"PostProcess.hook my_module.jitter"``.
 
@@ -63,7 +67,7 @@ def call_user(what: str, fn: Callable[..., T], *args: Any) -> T:
     except StopIteration as exc:
         raise UserCodeError(f"{what} raised StopIteration: {exc!r}", what) from exc
     except Exception as exc:
-        mark(exc, what)
+        _mark(exc, what)
         raise
 
 
@@ -77,4 +81,4 @@ class UserCodeError(ValueError):
     def __init__(self, message: str, what: str = ""):
         super().__init__(message)
         if what:
-            mark(self, what)
+            _mark(self, what)

@@ -15,7 +15,9 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.util
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -346,3 +348,93 @@ def test_no_subclass_overrides_a_private_method_of_another_package():
                 violations += [f"{path}: {cls.name}.{n} overrides {base.__name__}.{n}" for n in own & theirs]
     assert checked >= 3  # BalancedWindowDataset, WindowDataset(IterableDataset), WindowLoader(DataLoader) at least
     assert not violations, "\n".join(violations)
+
+
+# --- rule 4: faces and __all__ (issue 41: each package lists its public names) ---------------------
+#
+# Every module of the packages defines ``__all__``, and every name in it is bound there (defined, imported,
+# or served by the module's PEP 562 ``__getattr__``). A package's ``__init__.__all__`` is its face; in an
+# implementation module it lists the names other modules use. Package code that imports a name from
+# another module (``from epishard.stream.plan import deal``, or relatively) imports one in that module's
+# ``__all__`` (or a submodule). Read with tools/dev/api_surface.py's parser, on any folder.
+
+# Modules another engineer is refactoring (their files are theirs to change): they may lack ``__all__``,
+# or have one that does not list every name others import from them yet.
+ALL_PENDING = frozenset(
+    {
+        "epishard.format.retry",
+        "epishard.format.storage",
+        "epishard.format.opening",
+        "epishard.stream.source",
+        "epishard.stream.fetch",
+        "epishard.stream.plan",
+        "epishard.stream.planvalues",
+        "epishard.shardwriter.lerobot",
+        "epishard.shardwriter.verify",
+        "epishard.cli.inspect",
+        "epishard.cli.verify",
+    }
+)
+
+
+@functools.cache
+def _api_surface():
+    spec = importlib.util.spec_from_file_location("api_surface", ROOT / "tools" / "dev" / "api_surface.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def all_violations(root: Path, pending: frozenset[str] = frozenset()) -> list[str]:
+    """``file:line: why`` for each module without ``__all__``, each ``__all__`` name not bound in its module,
+    and each import in package code of a name outside the ``__all__`` of the module it comes from."""
+    surface = _api_surface()
+    known = surface.modules(root)
+    out = []
+    for name, module in sorted(known.items()):
+        if module.all is None:
+            if name not in pending:
+                out.append(f"{module.path}:1: {name} has no __all__")
+            continue
+        bound = module.defined | module.imported | surface.lazy_names(module.tree)
+        out += [
+            f"{module.path}:1: __all__ names {n!r}, which {name} does not bind" for n in module.all if n not in bound
+        ]
+    for path in surface.user_files(root):
+        if path.parts[0] in surface.USERS:
+            continue  # tests and tools may reach into a module (a private helper, a monkeypatched name)
+        tree = ast.parse((root / path).read_text(encoding="utf-8"), filename=str(path))
+        for use in surface.imports(path, tree, known):
+            source = known[use.module]
+            if not use.statement or use.module in pending or use.name in source.public:
+                continue
+            out.append(f"{path}:{use.line}: imports {use.name} from {use.module}, not in its __all__")
+    return out
+
+
+def test_every_module_lists_its_public_names_and_is_imported_by_them():
+    assert {"epishard.format", "epishard.stream", "epishard.shardwriter.sources"} <= set(_api_surface().modules(ROOT))
+    found = all_violations(ROOT, ALL_PENDING)
+    assert not found, (
+        "__all__: every module lists the names other modules use, and package code imports only those "
+        "(add the name to the module's __all__, or import it from where it is defined):\n" + "\n".join(found)
+    )
+
+
+def test_all_rule_catches_a_bad_package(tmp_path):
+    files = {
+        "stream/__init__.py": '__all__ = ["Face"]\nfrom .a import Face\n',
+        "stream/a.py": '__all__ = ["Face", "Gone"]\nclass Face: ...\ndef helper(): ...\n',  # 1: Gone unbound
+        "stream/b.py": "from .a import helper\n",  # 1: no __all__; 1: helper is not in a's __all__
+        "stream/c.py": "__all__ = []\nfrom epishard.stream.a import Face\nfrom epishard.stream import a\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = all_violations(tmp_path)
+    assert found == [
+        "stream/a.py:1: __all__ names 'Gone', which epishard.stream.a does not bind",
+        "stream/b.py:1: epishard.stream.b has no __all__",
+        "stream/b.py:1: imports helper from epishard.stream.a, not in its __all__",
+    ], found

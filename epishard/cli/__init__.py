@@ -22,6 +22,8 @@ from epishard._version import __version__
 from epishard.redact import redact, remember
 from epishard.storage_options import parse_storage_options
 
+__all__ = ["COMMANDS", "build_parser", "main", "show_progress", "storage_options"]
+
 # name -> module; each has HELP, add_arguments(parser) and run(args) -> exit status.
 COMMANDS = ("convert", "inspect", "verify", "stream", "preview")
 

@@ -1,4 +1,7 @@
-"""``epishard convert``: LeRobot datasets in, window-indexed tar shards out (``shardwriter.convert``)."""
+"""``epishard convert``: LeRobot datasets in, window-indexed tar shards out (``shardwriter.convert``).
+
+Internal: the command line's own module (``epishard.cli``).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +11,15 @@ import time
 from epishard.cli import show_progress, storage_options
 from epishard.redact import redact
 
+__all__ = ["FORMATS_HELP", "HELP", "add_arguments", "parse_episodes", "run"]
+
 HELP = (
     "convert LeRobot datasets (v2.0, v2.1, v3.0), ALOHA and robomimic/LIBERO HDF5, UMI Zarr, RLDS TFRecords "
     "and ROS 2 MCAP bags into window-indexed tar shards"
 )
 
 
-def parse_size(text: str) -> int:
+def _parse_size(text: str) -> int:
     """Bytes of ``512MiB``, ``1GiB``, ``100k``, ``4096``; ValueError naming the option otherwise."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     stem = text.strip().lower().rstrip("b").rstrip("i")
@@ -159,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     options = ConvertOptions(
         prefix=args.prefix,
         max_episodes_per_shard=args.max_episodes_per_shard,
-        max_bytes_per_shard=parse_size(args.max_shard_size),
+        max_bytes_per_shard=_parse_size(args.max_shard_size),
         episodes=parse_episodes(args.episodes) if args.episodes else None,
         cameras=() if args.no_cameras else tuple(args.cameras.split(",")) if args.cameras else None,
         reencode=_reencode(args.reencode) if args.reencode else None,

@@ -1,4 +1,7 @@
-"""``epishard preview``: look at windows of a converted dataset in a browser (``stream.preview``)."""
+"""``epishard preview``: look at windows of a converted dataset in a browser (``stream.preview``).
+
+Internal: the command line's own module (``epishard.cli``).
+"""
 
 from __future__ import annotations
 
@@ -9,22 +12,24 @@ from epishard.cli.convert import parse_episodes
 from epishard.cli.stream import frame_count
 from epishard.redact import redact
 
+__all__ = ["HELP", "add_arguments", "run", "stream_window_size"]
+
 HELP = "an HTML page and PNG contact sheets of training windows: frames, pad masks, state/action curves"
 
 
-PAGE_FRAMES, PAGE_SPAN = 6, 30  # the page's own window: frames over the span ending at the anchor
-STREAM_FRAMES, STREAM_SPAN = 9, 33  # `epishard stream`'s defaults (epishard.cli.stream)
+_PAGE_FRAMES, _PAGE_SPAN = 6, 30  # the page's own window: frames over the span ending at the anchor
+_STREAM_FRAMES, _STREAM_SPAN = 9, 33  # `epishard stream`'s defaults (epishard.cli.stream)
 
 
 def stream_window_size(frames: int | None, span: int | None) -> tuple[int, int]:
     """(frames, span) of the ``--window stream`` / ``--rrd`` window: ``epishard stream``'s defaults where not given.
 
-    A span not given is the shortest one from ``STREAM_SPAN`` on that the frames spread evenly over
+    A span not given is the shortest one from ``_STREAM_SPAN`` on that the frames spread evenly over
     (``segment`` needs ``(span - 1) % (frames - 1) == 0``): 6 frames take 36 rows, 9 take 33.
     """
-    frames = STREAM_FRAMES if frames is None else frames
+    frames = _STREAM_FRAMES if frames is None else frames
     if span is None:
-        span = STREAM_SPAN
+        span = _STREAM_SPAN
         while frames > 1 and (span - 1) % (frames - 1):
             span += 1
     return frames, span
@@ -39,14 +44,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--frames",
         type=frame_count,
-        help=f"frames per camera per window (>= 1; default: {PAGE_FRAMES}; the --window stream and --rrd window: "
-        f"{STREAM_FRAMES}, as `epishard stream`)",
+        help=f"frames per camera per window (>= 1; default: {_PAGE_FRAMES}; the --window stream and --rrd window: "
+        f"{_STREAM_FRAMES}, as `epishard stream`)",
     )
     p.add_argument(
         "--span",
         type=int,
-        help=f"rows the frames spread over, ending at the anchor (default: {PAGE_SPAN}; the --window stream and "
-        f"--rrd window: {STREAM_SPAN} as `epishard stream`, or the next longer span the frames spread evenly over)",
+        help=f"rows the frames spread over, ending at the anchor (default: {_PAGE_SPAN}; the --window stream and "
+        f"--rrd window: {_STREAM_SPAN} as `epishard stream`, or the next longer span the frames spread evenly over)",
     )
     p.add_argument("--action-horizon", type=int, default=16, help="action rows drawn from the anchor on")
     p.add_argument(
@@ -104,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
         episodes=parse_episodes(args.episodes) if args.episodes else None,
         windows=args.windows,
         cameras=args.cameras.split(",") if args.cameras else None,
-        frames=PAGE_FRAMES if args.frames is None else args.frames,
-        span=PAGE_SPAN if args.span is None else args.span,
+        frames=_PAGE_FRAMES if args.frames is None else args.frames,
+        span=_PAGE_SPAN if args.span is None else args.span,
         action_horizon=args.action_horizon,
         seed=args.seed,
         sheets=args.sheets,

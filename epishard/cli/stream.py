@@ -1,4 +1,8 @@
-"""``epishard stream``: stream training windows and report throughput and stages (``stream.report``)."""
+"""``epishard stream``: stream training windows and report throughput and stages (``stream.report``).
+
+Internal, except ``add_per_episode_arguments`` and ``per_episode_options`` (documented for training
+scripts' own parsers).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import json
 
 from epishard.cli import show_progress, storage_options
 from epishard.redact import redact
+
+__all__ = ["HELP", "add_arguments", "add_per_episode_arguments", "frame_count", "per_episode_options", "run"]
 
 HELP = "stream training windows from a converted dataset; report throughput and stages"
 

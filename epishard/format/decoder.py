@@ -11,6 +11,8 @@
 
 PyAV is imported with this module; torchcodec (which loads torch) only when a decoder is opened.
 Errors: ``VideoError`` (``epishard.format.errors``) where a file holds no frame stream.
+
+Internal: import from ``epishard.format``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 
 from .errors import VideoError
 
-__all__ = ["container_frames", "frame_mappings", "frame_stream", "open_decoder"]
+__all__ = ["container_frames", "frame_mappings", "frame_stream", "open_decoder", "torchcodec_rotates"]
 
 
 def frame_stream(container, stream_index: int | None = None) -> av.video.stream.VideoStream:

@@ -10,6 +10,8 @@ and balancing) can raise these without an import cycle:
   ``ConversionError(kind="unreadable_video")``;
 - ``check_choice``: an option's value is one of the allowed ones (``ValueError`` naming the option),
   with the deprecated spellings of error policies (``"fail"`` -> ``"raise"``) accepted with a warning.
+
+Internal: import from ``epishard.format``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ shared copy-on-write by forked DataLoader workers without per-episode Python obj
 ``WindowIndex`` is the only view of an index: the index's Arrow table (a shard's Parquet, or
 ``index.arrow``) is read, built and kept in this module alone, and every other module uses the
 arrays and vectorised lookups of ``WindowIndex`` (``tests/test_architecture.py`` checks it).
+
+Internal: import from ``epishard.format``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,18 @@ from .manifest import DATA_EXT, DATASET_INDEX_NAME, INDEX_SCHEMA, MANIFEST_NAME,
 from .untrusted import loads, read_local
 from .validate import check_index_table, check_index_version, check_stream_packets
 
-SHARD_META_KEY = b"epishard.shard"
+__all__ = [
+    "CameraLookup",
+    "PacketTable",
+    "WindowIndex",
+    "camera_row_frames",
+    "dataset_index_bytes",
+    "encode_index",
+    "read_shard_meta",
+    "read_table_bytes",
+]
+
+_SHARD_META_KEY = b"epishard.shard"
 
 
 def _plain(value):
@@ -49,7 +62,7 @@ def encode_index(rows: list[dict], shard_meta: dict) -> bytes:
     """Serialise index rows (dicts following ``INDEX_SCHEMA``) and shard metadata to Parquet bytes."""
     clean = _clean_rows(rows)
     schema = INDEX_SCHEMA.with_metadata(
-        {**INDEX_SCHEMA.metadata, SHARD_META_KEY: json.dumps(shard_meta, sort_keys=True).encode()}
+        {**INDEX_SCHEMA.metadata, _SHARD_META_KEY: json.dumps(shard_meta, sort_keys=True).encode()}
     )
     table = pa.Table.from_pylist(clean, schema=schema)
     buf = io.BytesIO()
@@ -78,10 +91,10 @@ def dataset_index_bytes(index_files: list[bytes]) -> bytes:
     table = pa.concat_tables(tables)
     shard = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])
     table = table.append_column("shard", pa.array(shard))
-    return dataset_table_bytes(table)
+    return _dataset_table_bytes(table)
 
 
-def dataset_table_bytes(table: pa.Table, batch_rows: int | None = None) -> bytes:
+def _dataset_table_bytes(table: pa.Table, batch_rows: int | None = None) -> bytes:
     """An ``index.arrow`` file of ``table`` (index columns plus ``shard``), the format's version stated.
 
     One record batch (``batch_rows`` None; a number: at most that many rows per batch, for
@@ -90,14 +103,14 @@ def dataset_table_bytes(table: pa.Table, batch_rows: int | None = None) -> bytes
     reader concatenate the nested columns, about 1 s per million episodes.
     """
     sink = pa.BufferOutputStream()
-    write_dataset_table(table, sink, batch_rows)
+    _write_dataset_table(table, sink, batch_rows)
     return sink.getvalue().to_pybytes()
 
 
-def write_dataset_table(table: pa.Table, sink, batch_rows: int | None = None) -> None:
+def _write_dataset_table(table: pa.Table, sink, batch_rows: int | None = None) -> None:
     """Write ``table`` (index columns plus ``shard``) to ``sink`` (a path or Arrow output stream) as ``index.arrow``.
 
-    ``batch_rows`` as ``dataset_table_bytes`` takes it.
+    ``batch_rows`` as ``_dataset_table_bytes`` takes it.
     """
     table = table.combine_chunks().replace_schema_metadata({VERSION_KEY: INDEX_SCHEMA.metadata[VERSION_KEY]})
     feather.write_feather(table, sink, compression="uncompressed", chunksize=batch_rows or max(table.num_rows, 1))
@@ -106,9 +119,9 @@ def write_dataset_table(table: pa.Table, sink, batch_rows: int | None = None) ->
 def read_shard_meta(source) -> dict:
     """Return the ``epishard.shard`` JSON of an index file (path or file object) without reading rows."""
     meta = pq.read_schema(source).metadata or {}
-    if SHARD_META_KEY not in meta:
-        raise ValueError(f"{source}: not an epishard index (no {SHARD_META_KEY.decode()} metadata)")
-    return loads(meta[SHARD_META_KEY], f"{source}: schema metadata {SHARD_META_KEY.decode()}")
+    if _SHARD_META_KEY not in meta:
+        raise ValueError(f"{source}: not an epishard index (no {_SHARD_META_KEY.decode()} metadata)")
+    return loads(meta[_SHARD_META_KEY], f"{source}: schema metadata {_SHARD_META_KEY.decode()}")
 
 
 def _one(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -452,11 +465,11 @@ class WindowIndex:
 
     def write_dataset_index(self, path: str, batch_rows: int | None = None) -> None:
         """This index written to ``path`` as an ``index.arrow`` file: ``dataset_bytes``, not held in memory."""
-        write_dataset_table(self._dataset_table(), path, batch_rows)
+        _write_dataset_table(self._dataset_table(), path, batch_rows)
 
     def dataset_bytes(self, batch_rows: int | None = None) -> bytes:
-        """This index as an ``index.arrow`` file (``dataset_table_bytes``; ``batch_rows`` as there)."""
-        return dataset_table_bytes(self._dataset_table(), batch_rows)
+        """This index as an ``index.arrow`` file (``_dataset_table_bytes``; ``batch_rows`` as there)."""
+        return _dataset_table_bytes(self._dataset_table(), batch_rows)
 
     def equals(self, other: WindowIndex) -> bool:
         """Whether both hold the same rows (every column, schema metadata aside) in the same shards."""

@@ -5,6 +5,8 @@ index's Arrow schema, the manifest (``Manifest``, its entries) and the checks of
 ``manifest.json``'s fields (``check_manifest``, ``plain_name``, ``declared_width``), which
 ``Manifest.load`` runs before it builds the typed manifest. docs/FORMAT.md is the prose version
 of this module and the two change together.
+
+Internal: import from ``epishard.format``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,55 @@ import pyarrow as pa
 
 from .errors import FormatError
 from .untrusted import loads
+
+__all__ = [
+    "CAMERA_KINDS",
+    "CAMERA_TYPE",
+    "CHECK_LEVELS",
+    "CONVERT_MARKER",
+    "DATASET_INDEX_NAME",
+    "DATA_EXT",
+    "FINITE_STATS_PREFIXES",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "INDEX_SCHEMA",
+    "INDEX_SUFFIX",
+    "MANIFEST_NAME",
+    "MAX_MEMBER_NAME",
+    "MEMBER_TYPE",
+    "META_EXT",
+    "PREFIX_RE",
+    "REPORT_NAME",
+    "SHARD_SUFFIX",
+    "VERSION_KEY",
+    "VIDEO_EXT",
+    "CameraEntry",
+    "FeatureEntry",
+    "IndexFile",
+    "Manifest",
+    "ManifestOptions",
+    "Report",
+    "ReportEntry",
+    "ShardEntry",
+    "SourceEntry",
+    "Totals",
+    "camera_fields",
+    "camera_output",
+    "check_manifest",
+    "check_member_name",
+    "check_version",
+    "declared_width",
+    "episode_key",
+    "index_name",
+    "is_partial",
+    "is_writer_file",
+    "member_name",
+    "plain_name",
+    "policy_on_disk",
+    "shard_name",
+    "slug",
+    "temp_path",
+]
 
 FORMAT_NAME = "epishard"
 FORMAT_VERSION = 2  # 2: camera `kind` (depth cameras), `images:` transform
@@ -76,7 +127,7 @@ def episode_key(source: str, episode_index: int) -> str:
     return f"{slug(source)}-e{episode_index:06d}"
 
 
-def camera_field(camera: str) -> str:
+def _camera_field(camera: str) -> str:
     """Dot-free field name of a camera's video member, e.g. ``observation.images.front`` -> ``front``.
 
     The full camera name is kept in the index and the episode's JSON member and restored on read.
@@ -88,12 +139,12 @@ def camera_field(camera: str) -> str:
 def camera_fields(cameras: list[str]) -> dict[str, str]:
     """Field name of each camera's video member (``cameras`` in sorted order).
 
-    ``camera_field``, or ``cam<i>`` (its position) when that collides with an earlier camera's or
+    ``_camera_field``, or ``cam<i>`` (its position) when that collides with an earlier camera's or
     with ``json``/``parquet``.
     """
     fields: dict[str, str] = {}
     for i, cam in enumerate(cameras):
-        name = camera_field(cam)
+        name = _camera_field(cam)
         fields[cam] = name if name not in fields.values() and name not in (DATA_EXT, META_EXT) else f"cam{i}"
     return fields
 
@@ -261,12 +312,12 @@ _JSON_NAMES = {int: "integer", float: "number", str: "string", list: "array", di
 _REQUIRED = object()
 
 
-def field_path(where: str, key: str) -> str:
+def _field_path(where: str, key: str) -> str:
     """``"<file>: key"`` after a file name, else ``"<where>.key"`` (how messages name a field)."""
     return f"{where} {key}" if where.endswith(":") else f"{where}.{key}"
 
 
-def json_field(obj: Any, key: str, types, where: str, default: Any = _REQUIRED) -> Any:
+def _json_field(obj: Any, key: str, types, where: str, default: Any = _REQUIRED) -> Any:
     """``obj[key]`` if it has one of ``types`` (a JSON bool is not an integer).
 
     ``default`` when the key is absent and a default is given.
@@ -274,7 +325,7 @@ def json_field(obj: Any, key: str, types, where: str, default: Any = _REQUIRED) 
     Raises:
         FormatError: "<where> <key>: missing" or "<where> <key> must be a JSON <type>, got ...".
     """
-    at = field_path(where, key)
+    at = _field_path(where, key)
     allowed = types if isinstance(types, tuple) else (types,)
     if isinstance(obj, dict) and key not in obj:
         if default is not _REQUIRED:
@@ -294,18 +345,18 @@ _OPT_INT = (int, type(None))
 
 
 def _strings(obj: dict, key: str, where: str, default: Any = _REQUIRED) -> tuple[str, ...]:
-    values = json_field(obj, key, list, where, default)
+    values = _json_field(obj, key, list, where, default)
     if values is None:
         return default
     if not all(isinstance(v, str) for v in values):
-        raise FormatError(f"{field_path(where, key)} must be a JSON array of strings")
+        raise FormatError(f"{_field_path(where, key)} must be a JSON array of strings")
     return tuple(values)
 
 
 def _objects(obj: dict, key: str, where: str, default: Any = _REQUIRED) -> dict:
-    values = json_field(obj, key, dict, where, default)
+    values = _json_field(obj, key, dict, where, default)
     if values is not None and not all(isinstance(v, dict) for v in values.values()):
-        raise FormatError(f"{field_path(where, key)} must be a JSON object of name -> object")
+        raise FormatError(f"{_field_path(where, key)} must be a JSON object of name -> object")
     return values
 
 
@@ -377,14 +428,14 @@ class SourceEntry(_Entry):
     def from_json(cls, obj: dict, where: str) -> SourceEntry:
         """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         return cls(
-            name=json_field(obj, "name", str, where),
-            path=json_field(obj, "path", _OPT_STR, where, None),
-            format=json_field(obj, "format", str, where),
-            fps=json_field(obj, "fps", _OPT_NUMBER, where),
-            episodes=json_field(obj, "episodes", int, where),
+            name=_json_field(obj, "name", str, where),
+            path=_json_field(obj, "path", _OPT_STR, where, None),
+            format=_json_field(obj, "format", str, where),
+            fps=_json_field(obj, "fps", _OPT_NUMBER, where),
+            episodes=_json_field(obj, "episodes", int, where),
             notes=_strings(obj, "notes", where, ()),
             stats=_objects(obj, "stats", where, None),
-            stats_from=json_field(obj, "stats_from", _OPT_STR, where, None),
+            stats_from=_json_field(obj, "stats_from", _OPT_STR, where, None),
         )
 
 
@@ -412,13 +463,13 @@ class ManifestOptions(_Entry):
     @classmethod
     def from_json(cls, obj: dict, where: str) -> ManifestOptions:
         """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
-        on_error, timestamps = json_field(obj, "on_error", str, where), json_field(obj, "timestamps", str, where)
+        on_error, timestamps = _json_field(obj, "on_error", str, where), _json_field(obj, "timestamps", str, where)
         return cls(
-            prefix=json_field(obj, "prefix", str, where),
+            prefix=_json_field(obj, "prefix", str, where),
             cameras=_strings(obj, "cameras", where, None) if obj.get("cameras") is not None else None,
             on_error=_POLICY_IN_API.get(on_error, on_error),
             timestamps=_POLICY_IN_API.get(timestamps, timestamps),
-            video=json_field(obj, "video", str, where),
+            video=_json_field(obj, "video", str, where),
         )
 
 
@@ -440,14 +491,14 @@ class FeatureEntry(_Entry):
     @classmethod
     def from_json(cls, obj: dict, where: str) -> FeatureEntry:
         """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
-        shape = json_field(obj, "shape", list, where)
+        shape = _json_field(obj, "shape", list, where)
         if not all(isinstance(n, _OPT_INT) and not isinstance(n, bool) for n in shape):
-            raise FormatError(f"{field_path(where, 'shape')} must be a JSON array of integers or nulls")
+            raise FormatError(f"{_field_path(where, 'shape')} must be a JSON array of integers or nulls")
         return cls(
-            dtype=json_field(obj, "dtype", str, where),
+            dtype=_json_field(obj, "dtype", str, where),
             shape=tuple(shape),
             names=obj.get("names"),
-            kind=json_field(obj, "kind", str, where, None),
+            kind=_json_field(obj, "kind", str, where, None),
         )
 
 
@@ -487,18 +538,18 @@ class CameraEntry(_Entry):
     def from_json(cls, obj: dict, where: str) -> CameraEntry:
         """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         return cls(
-            codec=json_field(obj, "codec", str, where),
-            width=json_field(obj, "width", int, where),
-            height=json_field(obj, "height", int, where),
-            fps=json_field(obj, "fps", _NUMBER, where),
-            episodes=json_field(obj, "episodes", int, where),
-            kind=json_field(obj, "kind", str, where, None),
-            pix_fmt=json_field(obj, "pix_fmt", str, where, None),
-            bit_depth=json_field(obj, "bit_depth", int, where, None),
-            dtype=json_field(obj, "dtype", str, where, None),
-            channels=json_field(obj, "channels", int, where, None),
-            conversion=json_field(obj, "conversion", _OPT_STR, where, None),
-            sizes=json_field(obj, "sizes", dict, where, None),
+            codec=_json_field(obj, "codec", str, where),
+            width=_json_field(obj, "width", int, where),
+            height=_json_field(obj, "height", int, where),
+            fps=_json_field(obj, "fps", _NUMBER, where),
+            episodes=_json_field(obj, "episodes", int, where),
+            kind=_json_field(obj, "kind", str, where, None),
+            pix_fmt=_json_field(obj, "pix_fmt", str, where, None),
+            bit_depth=_json_field(obj, "bit_depth", int, where, None),
+            dtype=_json_field(obj, "dtype", str, where, None),
+            channels=_json_field(obj, "channels", int, where, None),
+            conversion=_json_field(obj, "conversion", _OPT_STR, where, None),
+            sizes=_json_field(obj, "sizes", dict, where, None),
         )
 
 
@@ -512,7 +563,7 @@ class IndexFile(_Entry):
     @classmethod
     def from_json(cls, obj: dict, where: str) -> IndexFile:
         """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
-        return cls(file=json_field(obj, "file", str, where), sha256=json_field(obj, "sha256", str, where))
+        return cls(file=_json_field(obj, "file", str, where), sha256=_json_field(obj, "sha256", str, where))
 
 
 @dataclass(frozen=True)
@@ -537,14 +588,14 @@ class ShardEntry(_Entry):
     def from_json(cls, obj: dict, where: str) -> ShardEntry:
         """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         return cls(
-            shard=json_field(obj, "shard", str, where),
-            index=json_field(obj, "index", str, where),
-            episodes=json_field(obj, "episodes", int, where),
-            rows=json_field(obj, "rows", int, where),
-            frames=json_field(obj, "frames", int, where),
-            size=json_field(obj, "size", int, where),
-            sha256=json_field(obj, "sha256", str, where),
-            index_sha256=json_field(obj, "index_sha256", str, where),
+            shard=_json_field(obj, "shard", str, where),
+            index=_json_field(obj, "index", str, where),
+            episodes=_json_field(obj, "episodes", int, where),
+            rows=_json_field(obj, "rows", int, where),
+            frames=_json_field(obj, "frames", int, where),
+            size=_json_field(obj, "size", int, where),
+            sha256=_json_field(obj, "sha256", str, where),
+            index_sha256=_json_field(obj, "index_sha256", str, where),
         )
 
 
@@ -566,7 +617,7 @@ class Totals(_Entry):
     @classmethod
     def from_json(cls, obj: dict, where: str) -> Totals:
         """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
-        return cls(**{f.name: json_field(obj, f.name, int, where) for f in dataclasses.fields(cls)})
+        return cls(**{f.name: _json_field(obj, f.name, int, where) for f in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -599,18 +650,18 @@ class ReportEntry(_Entry):
     def from_json(cls, obj: dict, where: str) -> ReportEntry:
         """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
         return cls(
-            kind=json_field(obj, "kind", str, where),
-            message=json_field(obj, "message", str, where),
-            dataset=json_field(obj, "dataset", _OPT_STR, where, None),
-            episode=json_field(obj, "episode", _OPT_INT, where, None),
-            camera=json_field(obj, "camera", _OPT_STR, where, None),
-            row=json_field(obj, "row", _OPT_INT, where, None),
-            file=json_field(obj, "file", _OPT_STR, where, None),
-            shard=json_field(obj, "shard", _OPT_STR, where, None),
+            kind=_json_field(obj, "kind", str, where),
+            message=_json_field(obj, "message", str, where),
+            dataset=_json_field(obj, "dataset", _OPT_STR, where, None),
+            episode=_json_field(obj, "episode", _OPT_INT, where, None),
+            camera=_json_field(obj, "camera", _OPT_STR, where, None),
+            row=_json_field(obj, "row", _OPT_INT, where, None),
+            file=_json_field(obj, "file", _OPT_STR, where, None),
+            shard=_json_field(obj, "shard", _OPT_STR, where, None),
         )
 
 
-def count_kinds(entries: tuple[ReportEntry, ...]) -> dict[str, int]:
+def _count_kinds(entries: tuple[ReportEntry, ...]) -> dict[str, int]:
     """Entries per ``kind``, kinds in sorted order (the report's ``*_by_kind``)."""
     counts: dict[str, int] = {}
     for entry in entries:
@@ -641,7 +692,7 @@ class Report(_Entry):
         checks: Mapping[str, int] | None = None,
     ) -> Report:
         """The report of these entries, with their counts per kind (``checks``: see the class)."""
-        return cls(count_kinds(skipped), count_kinds(warnings), skipped, warnings, checks)
+        return cls(_count_kinds(skipped), _count_kinds(warnings), skipped, warnings, checks)
 
     def to_json(self) -> dict:
         """Its JSON object in the manifest (``checks`` only where recorded)."""
@@ -661,17 +712,17 @@ class Report(_Entry):
         lists = {
             key: tuple(
                 ReportEntry.from_json(e, f"{where}.{key}[{i}]")
-                for i, e in enumerate(json_field(obj, key, list, where, []))
+                for i, e in enumerate(_json_field(obj, key, list, where, []))
             )
             for key in ("skipped", "warnings")
         }
-        checks = json_field(obj, "checks", dict, where, None)
+        checks = _json_field(obj, "checks", dict, where, None)
         unknown = [level for level in checks or {} if level not in CHECK_LEVELS]
         if unknown:
             raise FormatError(f"{where}.checks: unknown check level {unknown[0]!r} (known: {', '.join(CHECK_LEVELS)})")
         return cls(
-            skipped_by_kind=json_field(obj, "skipped_by_kind", dict, where),
-            warnings_by_kind=json_field(obj, "warnings_by_kind", dict, where),
+            skipped_by_kind=_json_field(obj, "skipped_by_kind", dict, where),
+            warnings_by_kind=_json_field(obj, "warnings_by_kind", dict, where),
             **lists,
             checks=checks,
         )
@@ -693,16 +744,16 @@ def plain_name(name, where: str) -> str:
 
 
 def _count(obj: dict, key: str, where: str) -> int:
-    value = json_field(obj, key, int, where)
+    value = _json_field(obj, key, int, where)
     if not 0 <= value < 1 << 62:
-        raise FormatError(f"{field_path(where, key)}: {value} is out of range")
+        raise FormatError(f"{_field_path(where, key)}: {value} is out of range")
     return value
 
 
 def _sha(obj: dict, key: str, where: str) -> str:
-    value = json_field(obj, key, str, where)
+    value = _json_field(obj, key, str, where)
     if not _SHA256.fullmatch(value):
-        raise FormatError(f"{field_path(where, key)}: {value!r:.80} is not a sha256 hex digest")
+        raise FormatError(f"{_field_path(where, key)}: {value!r:.80} is not a sha256 hex digest")
     return value
 
 
@@ -781,16 +832,16 @@ def check_manifest(manifest, where: str) -> None:
     if not isinstance(manifest, dict):
         raise FormatError(f"{where}: the document must be a JSON object, got {manifest!r:.60}")
     at = f"{where}:"  # fields follow: "<file>: shards[1].size"
-    check_version(json_field(manifest, "format", str, at), json_field(manifest, "format_version", int, at), where)
+    check_version(_json_field(manifest, "format", str, at), _json_field(manifest, "format_version", int, at), where)
     where = at
-    index = json_field(manifest, "index", dict, where)
-    plain_name(json_field(index, "file", str, f"{where} index"), f"{where} index.file")
+    index = _json_field(manifest, "index", dict, where)
+    plain_name(_json_field(index, "file", str, f"{where} index"), f"{where} index.file")
     _sha(index, "sha256", f"{where} index")
     seen: set[str] = set()
-    for i, shard in enumerate(json_field(manifest, "shards", list, where)):
+    for i, shard in enumerate(_json_field(manifest, "shards", list, where)):
         at = f"{where} shards[{i}]"
         for key, suffix in (("shard", SHARD_SUFFIX), ("index", INDEX_SUFFIX)):
-            name = plain_name(json_field(shard, key, str, at), f"{at}.{key}")
+            name = plain_name(_json_field(shard, key, str, at), f"{at}.{key}")
             if not name.endswith(suffix) or name in seen:
                 raise FormatError(f"{at}.{key}: {name!r} does not end with {suffix!r} or is listed twice")
             seen.add(name)
@@ -798,25 +849,25 @@ def check_manifest(manifest, where: str) -> None:
             _count(shard, key, at)
         _sha(shard, "sha256", at)
         _sha(shard, "index_sha256", at)
-    cameras = json_field(manifest, "cameras", dict, where)  # empty when a conversion kept no camera
+    cameras = _json_field(manifest, "cameras", dict, where)  # empty when a conversion kept no camera
     if not all(isinstance(c, dict) for c in cameras.values()):
         raise FormatError(f"{where} cameras must be a JSON object of camera name -> object")
-    features = json_field(manifest, "features", dict, where, None) or {}
-    mixed = set(json_field(manifest, "stats_mixed_widths", list, where, None) or ())
-    _check_stats(json_field(manifest, "stats", dict, where), features, set(), f"{where} stats")
-    for source, by_source in (json_field(manifest, "stats_by_source", dict, where, None) or {}).items():
+    features = _json_field(manifest, "features", dict, where, None) or {}
+    mixed = set(_json_field(manifest, "stats_mixed_widths", list, where, None) or ())
+    _check_stats(_json_field(manifest, "stats", dict, where), features, set(), f"{where} stats")
+    for source, by_source in (_json_field(manifest, "stats_by_source", dict, where, None) or {}).items():
         if not isinstance(by_source, dict):
             raise FormatError(f"{where} stats_by_source[{source!r}] must be a JSON object")
         _check_stats(by_source, features, mixed, f"{where} stats_by_source[{source!r}]")
-    _count(json_field(manifest, "totals", dict, where), "episodes", f"{where} totals")
-    json_field(manifest, "tasks", list, where)
-    for i, source in enumerate(json_field(manifest, "sources", list, where)):
+    _count(_json_field(manifest, "totals", dict, where), "episodes", f"{where} totals")
+    _json_field(manifest, "tasks", list, where)
+    for i, source in enumerate(_json_field(manifest, "sources", list, where)):
         at = f"{where} sources[{i}]"
-        json_field(source, "name", str, at), json_field(source, "format", str, at), _count(source, "episodes", at)
-        json_field(source, "fps", (int, float, type(None)), at)
-    report = json_field(manifest, "report", dict, where)
+        _json_field(source, "name", str, at), _json_field(source, "format", str, at), _count(source, "episodes", at)
+        _json_field(source, "fps", (int, float, type(None)), at)
+    report = _json_field(manifest, "report", dict, where)
     for key in ("skipped_by_kind", "warnings_by_kind"):
-        json_field(report, key, dict, f"{where} report")
+        _json_field(report, key, dict, f"{where} report")
 
 
 @dataclass(frozen=True)
@@ -870,7 +921,7 @@ class Manifest(_Entry):
         if not isinstance(obj, dict):
             raise FormatError(f"{where}: the document must be a JSON object, got {obj!r:.60}")
         at = f"{where}:"  # fields follow: "<file>: shards[1].size"
-        check_version(json_field(obj, "format", str, at), json_field(obj, "format_version", int, at), where)
+        check_version(_json_field(obj, "format", str, at), _json_field(obj, "format_version", int, at), where)
         check_manifest(obj, where)
         return cls.from_json(obj, at)
 
@@ -880,31 +931,31 @@ class Manifest(_Entry):
 
         Types are checked here, value ranges by ``Manifest.load``.
         """
-        sub = field_path
-        options = json_field(obj, "options", dict, where, None)
+        sub = _field_path
+        options = _json_field(obj, "options", dict, where, None)
         features = _objects(obj, "features", where, None)
         return cls(
-            format=json_field(obj, "format", str, where),
-            format_version=json_field(obj, "format_version", int, where),
-            index=IndexFile.from_json(json_field(obj, "index", dict, where), sub(where, "index")),
+            format=_json_field(obj, "format", str, where),
+            format_version=_json_field(obj, "format_version", int, where),
+            index=IndexFile.from_json(_json_field(obj, "index", dict, where), sub(where, "index")),
             shards=tuple(
                 ShardEntry.from_json(s, f"{sub(where, 'shards')}[{i}]")
-                for i, s in enumerate(json_field(obj, "shards", list, where))
+                for i, s in enumerate(_json_field(obj, "shards", list, where))
             ),
             cameras={
                 name: CameraEntry.from_json(c, f"{sub(where, 'cameras')}.{name}")
                 for name, c in _objects(obj, "cameras", where).items()
             },
             stats=_objects(obj, "stats", where),
-            totals=Totals.from_json(json_field(obj, "totals", dict, where), sub(where, "totals")),
+            totals=Totals.from_json(_json_field(obj, "totals", dict, where), sub(where, "totals")),
             tasks=_strings(obj, "tasks", where),
             sources=tuple(
                 SourceEntry.from_json(s, f"{sub(where, 'sources')}[{i}]")
-                for i, s in enumerate(json_field(obj, "sources", list, where))
+                for i, s in enumerate(_json_field(obj, "sources", list, where))
             ),
-            report=Report.from_json(json_field(obj, "report", dict, where), sub(where, "report")),
-            fps=json_field(obj, "fps", _OPT_NUMBER, where, None),
-            plan_digest=json_field(obj, "plan_digest", str, where, None),
+            report=Report.from_json(_json_field(obj, "report", dict, where), sub(where, "report")),
+            fps=_json_field(obj, "fps", _OPT_NUMBER, where, None),
+            plan_digest=_json_field(obj, "plan_digest", str, where, None),
             options=None if options is None else ManifestOptions.from_json(options, sub(where, "options")),
             features=None
             if features is None

@@ -4,12 +4,16 @@ Mean, std, min and max are exact (float64 sums). Quantiles are exact while the d
 ``max_rows_per_episode`` rows per episode; longer episodes contribute that many evenly spaced rows
 (deterministic, no random sampling, so reruns give identical manifests). A constant dimension has
 std 0.0 (finite); readers normalise with ``max(std, eps)``.
+
+Internal: import from ``epishard.format``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+
+__all__ = ["DatasetStats", "FeatureStats", "numeric_matrix"]
 
 
 def numeric_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
@@ -95,7 +99,7 @@ class FeatureStats:
         }
 
 
-SKIP_COLUMNS = {"index", "episode_index", "frame_index", "task_index", "timestamp"}
+_SKIP_COLUMNS = {"index", "episode_index", "frame_index", "task_index", "timestamp"}
 
 
 class DatasetStats:
@@ -114,7 +118,7 @@ class DatasetStats:
         """Add an episode table's numeric columns (``numeric_matrix``) under ``source``."""
         features = self.by_source.setdefault(source, {})
         for name in table.column_names:
-            if name in SKIP_COLUMNS:
+            if name in _SKIP_COLUMNS:
                 continue
             matrix = numeric_matrix(table.column(name))
             if matrix is not None and matrix.shape[0]:

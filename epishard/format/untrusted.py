@@ -13,6 +13,8 @@ folder or a bucket, so its size and nesting are the writer's choice, not ours:
 
 Each refusal raises the caller's error type (``FormatError`` for a dataset's files,
 ``SourceError`` for a source's) with a message naming the file.
+
+Internal: import from ``epishard.format``.
 """
 
 from __future__ import annotations

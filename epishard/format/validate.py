@@ -23,6 +23,8 @@ Each check raises ``FormatError`` naming the file, the field and, for the index,
 key and camera. The checks are vectorised (milliseconds for tens of thousands of episodes).
 Loading an index against its manifest (digest, version, schema, values) is
 ``epishard.format.opening``.
+
+Internal: import from ``epishard.format``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ __all__ = [
     "check_index_table",
     "check_index_version",
     "check_manifest",
+    "check_stream_packets",
     "declared_width",
     "plain_name",
     "shard_size_mismatches",
@@ -76,8 +79,8 @@ _CAMERA_FIELDS_V1 = {
     "row_to_frame",
     "transform",
 }
-MAX_DIMENSION = 1 << 16  # widest frame any codec the reader decodes can hold (AV1: 65536)
-TAR_HEADER_BYTES = 512  # a USTAR header block: between one member's data and the next's
+_MAX_DIMENSION = 1 << 16  # widest frame any codec the reader decodes can hold (AV1: 65536)
+_TAR_HEADER_BYTES = 512  # a USTAR header block: between one member's data and the next's
 
 
 def totals_mismatches(manifest: fmt.Manifest) -> list[str]:
@@ -330,7 +333,7 @@ def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
     owner = _per_item(member_counts, index.shard)
     same = owner[1:] == owner[:-1]
     overlap = np.zeros(index.member_offset.size, dtype=bool)
-    overlap[:-1] = same & (end[:-1] + TAR_HEADER_BYTES > index.member_offset[1:])
+    overlap[:-1] = same & (end[:-1] + _TAR_HEADER_BYTES > index.member_offset[1:])
     w.episode(
         _item_to_group(overlap, index.episode_members, n),
         "members.offset/size",
@@ -386,11 +389,11 @@ def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) 
     w.stream(index.cam_stream_index < -1, "stream_index", "is not a stream number", index.cam_stream_index)
     w.stream(
         (index.cam_width < 1)
-        | (index.cam_width > MAX_DIMENSION)
+        | (index.cam_width > _MAX_DIMENSION)
         | (index.cam_height < 1)
-        | (index.cam_height > MAX_DIMENSION),
+        | (index.cam_height > _MAX_DIMENSION),
         "width/height",
-        f"are not in [1, {MAX_DIMENSION}]",
+        f"are not in [1, {_MAX_DIMENSION}]",
     )
     w.stream(~np.isfinite(index.cam_time_base) | (index.cam_time_base <= 0), "time_base", "is not positive")
     frames = index.cam_num_frames

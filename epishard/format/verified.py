@@ -18,6 +18,8 @@ fetched. Remote files have none of these keys and are always hashed.
 The cache folder is ``$EPISHARD_CACHE/verified`` (default ``~/.cache/epishard/verified``);
 ``EPISHARD_CACHE=off`` turns stamps off (every process hashes). A stamp that cannot be written
 (read-only home) only costs the next process a hash.
+
+Internal: import from ``epishard.format``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import json
 import os
 import tempfile
 
-OFF = "off"
+__all__ = ["cache_dir", "is_verified", "record_verified"]
+
+_OFF = "off"
 
 
 def cache_dir() -> str | None:
@@ -36,7 +40,7 @@ def cache_dir() -> str | None:
     ``$EPISHARD_CACHE/verified``; default ``~/.cache/epishard/verified``.
     """
     root = os.environ.get("EPISHARD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "epishard")
-    return None if root == OFF else os.path.join(root, "verified")
+    return None if root == _OFF else os.path.join(root, "verified")
 
 
 def _key(path: str, st: os.stat_result, sha256: str) -> bytes:

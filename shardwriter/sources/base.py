@@ -6,6 +6,8 @@ concatenated along their last axis, in the source's dtype), ``observation.images
 encoded to video by the conversion worker: ``episode.CameraFrames``), other per-step arrays as
 columns of their own, and the task text. Each format has a default ``Mapping``; a mapping file
 (``--mapping FILE``, JSON or TOML) replaces any of its fields.
+
+Internal: import from ``epishard.shardwriter.sources``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,23 @@ from epishard.format.storage import RemoteFile, is_local, local_path, source_fil
 from ..episode import FileInput
 from ..errors import ConversionError, SourceError
 from . import bounds
+
+__all__ = [
+    "EXTRAS",
+    "Mapping",
+    "SourceOptions",
+    "build_table",
+    "column_name",
+    "concat",
+    "episode_numbers",
+    "file_stamp",
+    "kept_cameras",
+    "natural_key",
+    "open_binary",
+    "require",
+    "size_of",
+    "source_files",
+]
 
 # Python module -> the extra of epishard that installs it.
 EXTRAS = {
@@ -189,7 +208,7 @@ def natural_key(text: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
 
-def number_in(name: str) -> int | None:
+def _number_in(name: str) -> int | None:
     """The last number in a file or group name (``episode_12.hdf5`` -> 12), or None."""
     found = re.findall(r"\d+", os.path.basename(name).split(".")[0])
     return int(found[-1]) if found else None
@@ -197,7 +216,7 @@ def number_in(name: str) -> int | None:
 
 def episode_numbers(names: list[str]) -> list[int]:
     """Episode indices of sorted names: the number in each name when they are unique, else positions."""
-    numbers = [number_in(n) for n in names]
+    numbers = [_number_in(n) for n in names]
     if None not in numbers and len(set(numbers)) == len(numbers):
         return [int(n) for n in numbers if n is not None]
     return list(range(len(names)))

@@ -21,6 +21,8 @@ symbolic links inside a Zarr or TFDS folder). A reader trusts none of it:
   a ``ConversionError(kind="unreadable_file")`` naming file and key, so ``--on-error skip`` applies
   and no episode fails as ``[internal]``.
 - **Types.** ``check_numeric`` refuses text, bytes or objects where numbers are mapped.
+
+Internal: import from ``epishard.shardwriter.sources``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ __all__ = [
     "MAX_ROWS",
     "MAX_SPAN_S",
     "MAX_VALUES",
+    "SPECIAL_ROOTS",
     "check_bytes",
     "check_count",
     "check_external_target",

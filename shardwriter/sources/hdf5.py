@@ -30,6 +30,8 @@ attribute (robomimic's ``SequenceDataset`` reads that many rows) must equal its 
 Values are read as the file holds them: any dtype of numbers kept, big-endian ones in this
 machine's byte order (the same values); an episode without rows is refused (``empty_episode``).
 Checked against re-implementations of ACT's and robomimic's readers: tests/test_oracle_hdf5.py.
+
+Internal: import from ``epishard.shardwriter.sources``.
 """
 
 from __future__ import annotations
@@ -64,14 +66,16 @@ from .base import (
     source_files,
 )
 
+__all__ = ["SUFFIXES", "detect", "open_hdf5"]
+
 SUFFIXES = (".hdf5", ".h5", ".hdf")
-CHUNK_FRAMES = 32  # frames read per chunk: what a camera holds in memory at once (32 x 921.6 kB at 640x480)
-ALOHA_FPS = 50.0
-ROBOMIMIC_FPS = 20.0
+_CHUNK_FRAMES = 32  # frames read per chunk: what a camera holds in memory at once (32 x 921.6 kB at 640x480)
+_ALOHA_FPS = 50.0
+_ROBOMIMIC_FPS = 20.0
 _MAX_LINK_HOPS = 16  # soft links followed for one key (HDF5's own limit, H5L_NUM_LINKS)
 _MAX_OTHER_FILES = 16  # files opened for one episode to follow external links / check VDS sources (allow_external)
 _NOTED_LINKS = 20  # unmapped external links named in the source's notes
-MAX_TEXT_BYTES = 1 << 20  # an attribute read as text (a task)
+_MAX_TEXT_BYTES = 1 << 20  # an attribute read as text (a task)
 
 
 @dataclass(frozen=True)
@@ -457,7 +461,7 @@ def _num_samples(fh: _File, group: str, where: str, rows: int, keys: str) -> lis
 
 
 @dataclass(frozen=True)
-class HDF5Table(LazyTable):
+class _HDF5Table(LazyTable):
     """An episode's rows from HDF5 arrays (see the module): state, action and kept columns."""
 
     layout: _Layout
@@ -525,7 +529,7 @@ class HDF5Table(LazyTable):
 
 
 @dataclass(frozen=True)
-class HDF5Frames(FrameReader):
+class _HDF5Frames(FrameReader):
     """A camera's frames: uint8 ``[T, H, W(, C)]``, uint16 ``[T, H, W(, 1)]`` (either byte order), or JPEG rows."""
 
     file: FileInput
@@ -537,7 +541,7 @@ class HDF5Frames(FrameReader):
     aloha: bool = False  # encoded or not: the file's own compress attribute says
 
     def chunks(self) -> Iterator[np.ndarray | list[bytes]]:
-        """``CHUNK_FRAMES`` frames at a time, uint8 ``[n, H, W(, C)]`` or uint16 ``[n, H, W]``, native byte order.
+        """``_CHUNK_FRAMES`` frames at a time, uint8 ``[n, H, W(, C)]`` or uint16 ``[n, H, W]``, native byte order.
 
         A channel axis of 1 is dropped (grey, depth); encoded rows (ALOHA: the file's own ``compress``
         attribute) are decoded here (``_decode_rows``: zero padding removed, cv2's channel order).
@@ -551,10 +555,10 @@ class HDF5Frames(FrameReader):
             with bounds.reading(where, self.key):
                 ds = _check_array(fh, self.group, self.key, "encoded" if encoded else "camera", where)
             n = int(ds.shape[0])
-            for start in range(0, n, CHUNK_FRAMES):
+            for start in range(0, n, _CHUNK_FRAMES):
                 try:
                     with bounds.reading(where, self.key):
-                        rows = ds[start : start + CHUNK_FRAMES]
+                        rows = ds[start : start + _CHUNK_FRAMES]
                 except ConversionError as exc:
                     raise exc.with_context(row=start) from exc.__cause__
                 if encoded:
@@ -617,7 +621,7 @@ def _decode_rows(rows, start: int) -> np.ndarray:
 
 
 def _text_attribute(node, name: str, where: str) -> str:
-    """The text of ``node``'s attribute ``name``, its stored size bounded (``MAX_TEXT_BYTES``) before it is read.
+    """The text of ``node``'s attribute ``name``, its stored size bounded (``_MAX_TEXT_BYTES``) before it is read.
 
     Raises:
         ConversionError: ``too_large`` (naming the attribute), ``unreadable_file`` (h5py's errors).
@@ -625,8 +629,8 @@ def _text_attribute(node, name: str, where: str) -> str:
     h5py = require("h5py")
     with bounds.reading(where, name):
         size = h5py.h5a.open(node.id, name.encode()).get_storage_size()
-        if size > MAX_TEXT_BYTES:
-            raise bounds.too_large("the attribute's stored bytes", size, MAX_TEXT_BYTES, where, name)
+        if size > _MAX_TEXT_BYTES:
+            raise bounds.too_large("the attribute's stored bytes", size, _MAX_TEXT_BYTES, where, name)
         return _attr_text(node.attrs[name])
 
 
@@ -724,7 +728,7 @@ def _aloha_default(arrays: dict, compressed: bool) -> Mapping:
         depth=(),
         columns=columns,
         others=True,
-        fps=ALOHA_FPS,
+        fps=_ALOHA_FPS,
     )
 
 
@@ -752,7 +756,7 @@ def _robomimic_default(arrays: dict, libero: bool) -> Mapping:
         depth=tuple(depth),
         columns=columns,
         others=True,
-        fps=ROBOMIMIC_FPS,
+        fps=_ROBOMIMIC_FPS,
     )
 
 
@@ -804,7 +808,7 @@ def open_hdf5(
     Reads the first episode's structure (names, shapes, dtypes: no frames) for the default
     mapping, and checks every key the mapping reads there (``_check_array``; its claims against
     ``bounds`` are checked by the worker, where a refusal is a skippable episode). Every episode is
-    read by the conversion worker (``HDF5Table``, ``HDF5Frames``), each key checked first.
+    read by the conversion worker (``_HDF5Table``, ``_HDF5Frames``), each key checked first.
     ``cameras``: as ``ConvertOptions.cameras``. ``episodes``: indices to describe (None: all).
     ``options.allow_external``: read external storage, external links and virtual datasets whose
     targets are regular local files (never for a remote source; never a FIFO, device, /proc, /sys).
@@ -890,7 +894,7 @@ def open_hdf5(
     if len(linked) > _NOTED_LINKS:
         notes.append(f"{where}: {len(linked) - _NOTED_LINKS} more external links, not followed")
     task = mapping.task or task
-    fps = float(mapping.fps or (ALOHA_FPS if kind == "aloha" else ROBOMIMIC_FPS))
+    fps = float(mapping.fps or (_ALOHA_FPS if kind == "aloha" else _ROBOMIMIC_FPS))
     notes.append(
         f"{kind} mapping: state = {' + '.join(mapping.state or ()) or 'none'}, action = "
         f"{' + '.join(mapping.action or ()) or 'none'}, cameras = "
@@ -926,7 +930,7 @@ def open_hdf5(
         estimate = (size_of(file) if kind == "aloha" else per_file) // max(1, len(cams))
         frames = {
             cam: CameraFrames(
-                HDF5Frames(file, group, key, compressed, estimate, allow, aloha), depth=cam in (mapping.depth or ())
+                _HDF5Frames(file, group, key, compressed, estimate, allow, aloha), depth=cam in (mapping.depth or ())
             )
             for cam, key in cams.items()
         }
@@ -934,7 +938,7 @@ def open_hdf5(
             Episode(
                 source=name,
                 episode_index=index,
-                table=HDF5Table(layout),
+                table=_HDF5Table(layout),
                 videos={},
                 fps=fps,
                 tasks=(task,) if task else (),

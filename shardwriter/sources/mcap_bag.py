@@ -35,13 +35,15 @@ offset, lengths and declared size checked against the file and ``bounds.MAX_RECO
 decompressed to at most its declared size. The row clock's span and row count are checked
 (``bounds.MAX_SPAN_S``, ``bounds.MAX_ROWS``) before it is allocated; messages sharing a stamp
 are counted (the first in the bag is used); a camera whose stamps disagree with the bag's order so
-that more than ``HELD_FRAMES`` images would have to be held is refused before any is decoded;
+that more than ``_HELD_FRAMES`` images would have to be held is refused before any is decoded;
 image sizes, vector lengths and columns are checked (``MAX_FRAME_BYTES``, ``MAX_VALUES``,
 ``MAX_ARRAY_BYTES``); a mapped topic's schema (the bag's own text) is parsed into the least size of
 its messages (``_layout``), a message shorter than it refused before decoding, and messages are
 decoded from bytes whose slices past the end raise (``_Strict``), so the work a schema asks for is
 bounded by the message's bytes; every other failure while a bag is read is a named ``ConversionError``
 (``bounds.reading``), and a ``SourceError`` naming the bag at open.
+
+Internal: import from ``epishard.shardwriter.sources``.
 """
 
 from __future__ import annotations
@@ -77,12 +79,14 @@ from .base import (
     source_files,
 )
 
+__all__ = ["CHUNK_FRAMES", "open_mcap"]
+
 CHUNK_FRAMES = 32
-HELD_FRAMES = CHUNK_FRAMES  # decoded images of a camera held for rows still to come, besides the chunk
-IMAGE_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
-JOINT_TYPE = "sensor_msgs/msg/JointState"
-ARRAY_TYPES = ("std_msgs/msg/Float64MultiArray", "std_msgs/msg/Float32MultiArray")
-VECTOR_TYPES = (JOINT_TYPE, *ARRAY_TYPES)  # what a state, action or column topic may be
+_HELD_FRAMES = CHUNK_FRAMES  # decoded images of a camera held for rows still to come, besides the chunk
+_IMAGE_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
+_JOINT_TYPE = "sensor_msgs/msg/JointState"
+_ARRAY_TYPES = ("std_msgs/msg/Float64MultiArray", "std_msgs/msg/Float32MultiArray")
+_VECTOR_TYPES = (_JOINT_TYPE, *_ARRAY_TYPES)  # what a state, action or column topic may be
 _NAME_NOISE = {"image_raw", "compressed", "image", "image_rect_color", "image_color", "color", "rgb"}
 _MAGIC = b"\x89MCAP0\r\n"
 _FOOTER, _MESSAGE, _CHUNK, _DATA_END = 0x02, 0x05, 0x06, 0x0F
@@ -352,7 +356,7 @@ class _Bag:
 
 def _message_limit(name: str) -> int:
     """The most bytes a message of type ``name`` may have: an image's pixels, or numbers decoded one by one."""
-    return bounds.MAX_FRAME_BYTES + _IMAGE_SLACK if name in IMAGE_TYPES else bounds.MAX_ARRAY_BYTES // 8
+    return bounds.MAX_FRAME_BYTES + _IMAGE_SLACK if name in _IMAGE_TYPES else bounds.MAX_ARRAY_BYTES // 8
 
 
 def _header_first(schema) -> bool:
@@ -757,9 +761,9 @@ def _vector(msg, schema: str, topic: str, file: FileInput, k: int) -> dict[str, 
         ConversionError: ``bad_feature`` (another type, a field missing or not numbers),
             ``too_large`` (a vector of more than ``bounds.MAX_VALUES`` values).
     """
-    if schema not in VECTOR_TYPES:
-        raise _fail(f"topic {topic} is {schema}: only {', '.join(VECTOR_TYPES)} give rows", file, kind="bad_feature")
-    names = ("position", "velocity", "effort") if schema == JOINT_TYPE else ("data",)
+    if schema not in _VECTOR_TYPES:
+        raise _fail(f"topic {topic} is {schema}: only {', '.join(_VECTOR_TYPES)} give rows", file, kind="bad_feature")
+    names = ("position", "velocity", "effort") if schema == _JOINT_TYPE else ("data",)
     out = {}
     for name in names:
         values = getattr(msg, name, None)
@@ -777,7 +781,7 @@ def _vector(msg, schema: str, topic: str, file: FileInput, k: int) -> dict[str, 
 
 
 @dataclass(frozen=True)
-class MCAPTable(LazyTable):
+class _MCAPTable(LazyTable):
     """A bag's rows: the resampled state, action and column topics, with the resampling reported per topic."""
 
     plan: _Plan
@@ -942,7 +946,7 @@ def _held_peak(wanted: np.ndarray, last_use: np.ndarray) -> int:
 
 
 @dataclass(frozen=True)
-class MCAPFrames(FrameReader):
+class _MCAPFrames(FrameReader):
     """A camera topic's frames on the bag's row clock (a message repeated where rows repeat it)."""
 
     plan: _Plan
@@ -953,12 +957,12 @@ class MCAPFrames(FrameReader):
         """``CHUNK_FRAMES`` frames at a time, arrays or encoded images (CompressedImage).
 
         The topic's messages are read once, in the bag's order; an image is decoded only when a row
-        shows it, and held only until the last row that shows it is given (at most ``HELD_FRAMES``
+        shows it, and held only until the last row that shows it is given (at most ``_HELD_FRAMES``
         besides the chunk).
 
         Raises:
             ConversionError: ``too_large`` (the stamps run against the bag's order so that more than
-                ``HELD_FRAMES`` images would be held: refused before any is decoded), ``_image``'s
+                ``_HELD_FRAMES`` images would be held: refused before any is decoded), ``_image``'s
                 errors, ``unreadable_file`` (a damaged record or message), naming the bag and topic.
         """
         with bounds.reading(self.plan.where, self.topic):
@@ -970,10 +974,10 @@ class MCAPFrames(FrameReader):
         wanted = picks[topic]
         last_use = _last_use(wanted)  # the last row that shows each message
         peak = _held_peak(wanted, last_use)
-        if peak > HELD_FRAMES:
+        if peak > _HELD_FRAMES:
             raise _fail(
                 f"topic {topic}: its stamps run against the order of its messages in the bag: {peak} images "
-                f"would have to be held at once to give the rows in stamp order, more than the {HELD_FRAMES} a "
+                f"would have to be held at once to give the rows in stamp order, more than the {_HELD_FRAMES} a "
                 "camera may hold; refused before its images are read (docs/sources/mcap.md)",
                 plan.where,
                 kind="too_large",
@@ -1263,11 +1267,11 @@ def _recordings(files: list[FileInput]) -> list[tuple[str, tuple[FileInput, ...]
 
 
 def _default(topics: dict[str, str]) -> Mapping:
-    cameras = {_camera_name(t): t for t, s in sorted(topics.items()) if s in IMAGE_TYPES}
+    cameras = {_camera_name(t): t for t, s in sorted(topics.items()) if s in _IMAGE_TYPES}
     actionish = [
-        t for t, s in sorted(topics.items()) if re.search(r"action|command", t) and s in (JOINT_TYPE, *ARRAY_TYPES)
+        t for t, s in sorted(topics.items()) if re.search(r"action|command", t) and s in (_JOINT_TYPE, *_ARRAY_TYPES)
     ]
-    joints = [t for t, s in sorted(topics.items()) if s == JOINT_TYPE and t not in actionish]
+    joints = [t for t, s in sorted(topics.items()) if s == _JOINT_TYPE and t not in actionish]
     return Mapping(
         state=tuple(joints[:1]),
         action=tuple(actionish[:1]),
@@ -1297,10 +1301,10 @@ def _check_mapping(mapping: Mapping, cams: dict[str, str], topics: dict[str, str
         if name in _RESERVED or name.startswith("observation.images."):
             raise SourceError(f"mapping: column {name!r} is a column the MCAP reader makes; choose another name")
     places = [
-        *(("state", t, VECTOR_TYPES) for t in mapping.state or ()),
-        *(("action", t, VECTOR_TYPES) for t in mapping.action or ()),
-        *((f"column {c}", t, VECTOR_TYPES) for c, t in (mapping.columns or {}).items()),
-        *((f"camera {c}", t, IMAGE_TYPES) for c, t in cams.items()),
+        *(("state", t, _VECTOR_TYPES) for t in mapping.state or ()),
+        *(("action", t, _VECTOR_TYPES) for t in mapping.action or ()),
+        *((f"column {c}", t, _VECTOR_TYPES) for c, t in (mapping.columns or {}).items()),
+        *((f"camera {c}", t, _IMAGE_TYPES) for c, t in cams.items()),
     ]
     for place, topic, types in places:
         if topic not in topics:
@@ -1371,13 +1375,13 @@ def open_mcap(
         plan = _Plan(files, where, float(fps), mapping.tolerance, tuple(used), state, action, columns)
         share = plan.size() // max(1, len(cams))
         frames = {
-            c: CameraFrames(MCAPFrames(plan, t, share), depth=c in (mapping.depth or ())) for c, t in cams.items()
+            c: CameraFrames(_MCAPFrames(plan, t, share), depth=c in (mapping.depth or ())) for c, t in cams.items()
         }
         out.append(
             Episode(
                 source=name,
                 episode_index=index,
-                table=MCAPTable(plan),
+                table=_MCAPTable(plan),
                 videos={},
                 fps=float(fps),
                 tasks=(mapping.task,) if mapping.task else (),

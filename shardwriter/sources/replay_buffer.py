@@ -12,7 +12,7 @@ robot<k>_eef_rot_axis_angle + robot<k>_gripper_width`` (UMI) or ``state`` (Diffu
 ``action`` is ``action`` when present (UMI stores none: its policies derive actions from future
 poses, so the shards have no ``action`` column, and the source's notes say so); every other
 per-step array is kept as a column of its own name (``data.<key>`` when the name is one epishard
-writes itself: ``OWN_COLUMNS``). 10 Hz unless ``--fps`` (UMI records at 59.94 and subsamples; the
+writes itself: ``_OWN_COLUMNS``). 10 Hz unless ``--fps`` (UMI records at 59.94 and subsamples; the
 ReplayBuffer does not store its rate).
 
 Read as Diffusion Policy's ``ReplayBuffer.get_episode`` reads it (checked against a
@@ -45,6 +45,8 @@ A store from elsewhere is trusted for nothing (``sources.bounds``, docs/sources/
   (``bounds.reading``), so ``--on-error skip`` applies;
 - a mapped state, action or camera array of text, bytes or objects is ``bad_feature``, one with no
   chunk written (every row its fill value) is refused, at open.
+
+Internal: import from ``epishard.shardwriter.sources``.
 """
 
 from __future__ import annotations
@@ -74,11 +76,13 @@ from ..errors import ConversionError, SourceError
 from . import bounds
 from .base import Mapping, SourceOptions, build_table, concat, kept_cameras, require
 
-CHUNK_FRAMES = 32  # frames read per chunk of a camera
-DEFAULT_FPS = 10.0
-ENDS_STEP = 1 << 20  # entries of meta/episode_ends read at a time (8 MiB)
-METADATA = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json")  # Zarr's JSON documents
-EXPANDING = 8  # how much filters (v2) or array-to-array codecs (v3) may grow a chunk's bytes (AsType u1 -> f8)
+__all__ = ["open_replay_buffer"]
+
+_CHUNK_FRAMES = 32  # frames read per chunk of a camera
+_DEFAULT_FPS = 10.0
+_ENDS_STEP = 1 << 20  # entries of meta/episode_ends read at a time (8 MiB)
+_METADATA = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json")  # Zarr's JSON documents
+_EXPANDING = 8  # how much filters (v2) or array-to-array codecs (v3) may grow a chunk's bytes (AsType u1 -> f8)
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,7 @@ def _check_zip(path: str) -> dict[str, int]:
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         raise SourceError(f"{path}: not a readable zip ({type(exc).__name__}: {exc})") from None
     for name, size in sizes.items():
-        limit = untrusted.MAX_JSON_BYTES if name.rsplit("/", 1)[-1] in METADATA else bounds.MAX_ARRAY_BYTES
+        limit = untrusted.MAX_JSON_BYTES if name.rsplit("/", 1)[-1] in _METADATA else bounds.MAX_ARRAY_BYTES
         if size > limit:
             raise SourceError(
                 f"{path}: member {name} inflates to {size} bytes (its central directory says), more than the "
@@ -256,7 +260,7 @@ class _Chunks:
         raw = int(dtype.itemsize)
         for n in shape:
             raw *= n
-        decoded = raw * (EXPANDING if expands else 1)
+        decoded = raw * (_EXPANDING if expands else 1)
         stored = decoded + decoded // 64 + 4096  # codecs' worst growth
         if sharded:  # a shard's index and its chunks' codec headers
             stored += decoded // 8
@@ -590,7 +594,7 @@ def _check_items(chunks: _Chunks, stage: _Stage, data: memoryview, where: str, n
         )
 
 
-SHARD_EMPTY = 2**64 - 1  # a shard index's offset and length of a chunk not written
+_SHARD_EMPTY = 2**64 - 1  # a shard index's offset and length of a chunk not written
 
 
 def _shard_entries(shard: _Shard, data: memoryview, where: str, key: str) -> np.ndarray:
@@ -627,7 +631,7 @@ def _check_shard(chunks: _Chunks, data: memoryview, where: str, key: str) -> Non
     if shard is None:
         return
     for offset, length in _shard_entries(shard, data, where, key).tolist():
-        if offset == SHARD_EMPTY and length == SHARD_EMPTY:
+        if offset == _SHARD_EMPTY and length == _SHARD_EMPTY:
             continue
         if offset + length > len(data):
             raise ConversionError(
@@ -656,7 +660,7 @@ def _check_shard_part(chunks: _Chunks, byte_range, data: memoryview, where: str,
     start, end = int(byte_range.start), int(byte_range.end)
     if not shard.at_end and start == 0 and end == shard.index:
         entries = _shard_entries(shard, data, where, key)
-        written = entries[~((entries[:, 0] == SHARD_EMPTY) & (entries[:, 1] == SHARD_EMPTY))]
+        written = entries[~((entries[:, 0] == _SHARD_EMPTY) & (entries[:, 1] == _SHARD_EMPTY))]
         if written.size and int(written[:, 0].min()) < shard.index:
             raise ConversionError(
                 f"{key!r}: its shard index puts a chunk inside the index itself (bytes 0..{shard.index - 1})",
@@ -819,7 +823,7 @@ def _guarded_store_class():
 
         async def get(self, key, prototype, byte_range=None):
             where = self.root
-            if key.rsplit("/", 1)[-1] in METADATA:
+            if key.rsplit("/", 1)[-1] in _METADATA:
                 size, how = self._stored_size(key)
                 untrusted.check_size(size, f"{where}: {key}", SourceError, untrusted.MAX_JSON_BYTES)
                 buf = await self.wrapped.get(key, prototype, byte_range)
@@ -863,7 +867,7 @@ def _guarded_store_class():
     return _Guarded
 
 
-OPEN_STORES = 4  # groups one process keeps open (the stores it read last)
+_OPEN_STORES = 4  # groups one process keeps open (the stores it read last)
 _opened: dict[tuple, Any] = {}  # (root, storage options, stamp) -> the group this process opened
 _inherited: list = []  # groups a forked child got from its parent: kept, never read (see _forget_after_fork)
 
@@ -883,7 +887,7 @@ def _open(store: _Store) -> Any:
     group = _opened.get(key)
     if group is None:
         group = _open_group(store.root, key[1])
-        while len(_opened) >= OPEN_STORES:  # the oldest is let go (closed once nothing reads through it)
+        while len(_opened) >= _OPEN_STORES:  # the oldest is let go (closed once nothing reads through it)
             _opened.pop(next(iter(_opened)))
         _opened[key] = group
     return group
@@ -941,7 +945,7 @@ def _open_group(root: str, options_json: str) -> Any:
         # consolidated_metadata): a ReplayBuffer grown after it was consolidated (add_episode resizes
         # data/* and meta/episode_ends) would read as its older, shorter self.
         group = zarr.open_group(store, mode="r", use_consolidated=False)
-        if detect(group):  # the arrays read: their chunks' bounds, known before a chunk is read
+        if _detect(group):  # the arrays read: their chunks' bounds, known before a chunk is read
             for key in [*(f"data/{k}" for k in _children(group, "data")), "meta/episode_ends"]:
                 try:
                     array = _node(group, key)
@@ -1082,7 +1086,7 @@ def _rows(group, key: str, start: int, stop: int, root: str) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class ZarrTable(LazyTable):
+class _ZarrTable(LazyTable):
     """One episode's rows ``[start, stop)`` of the ReplayBuffer's state, action and kept arrays."""
 
     store: _Store
@@ -1130,7 +1134,7 @@ class ZarrTable(LazyTable):
 
 
 @dataclass(frozen=True)
-class ZarrFrames(FrameReader):
+class _ZarrFrames(FrameReader):
     """One camera's frames: rows ``[start, stop)`` of ``data/<key>``, uint8 ``[n, H, W, 3]`` or uint16 ``[n, H, W]``."""
 
     store: _Store
@@ -1140,18 +1144,18 @@ class ZarrFrames(FrameReader):
     estimate: int = 0
 
     def chunks(self) -> Iterator[np.ndarray | list[bytes]]:
-        """``CHUNK_FRAMES`` frames at a time (each at most ``bounds.MAX_FRAME_BYTES``).
+        """``_CHUNK_FRAMES`` frames at a time (each at most ``bounds.MAX_FRAME_BYTES``).
 
         uint8 ``[n, H, W, 1]`` is given as grey ``[n, H, W]`` (encoded as R = G = B, exact).
 
         Raises:
-            ConversionError: as ``ZarrTable.load``, with the row of the first frame not read.
+            ConversionError: as ``_ZarrTable.load``, with the row of the first frame not read.
         """
         group = _in_worker(self.store)
         array = _checked(group, self.key, self.start, self.stop, self.store.root, frames=True)
-        for a in range(self.start, self.stop, CHUNK_FRAMES):
+        for a in range(self.start, self.stop, _CHUNK_FRAMES):
             try:
-                frames = _read(array, self.key, a, min(a + CHUNK_FRAMES, self.stop), self.store.root)
+                frames = _read(array, self.key, a, min(a + _CHUNK_FRAMES, self.stop), self.store.root)
             except ConversionError as exc:
                 raise exc.with_context(row=a - self.start) from None
             yield frames[..., 0] if frames.ndim == 4 and frames.shape[-1] == 1 else frames
@@ -1169,7 +1173,7 @@ class ZarrFrames(FrameReader):
 # one of these names is kept as ``data.<name>`` (``_columns``). DP's real-robot buffers hold
 # ``data/timestamp`` (wall-clock seconds); read as ``timestamp`` it would replace the row clock, and
 # a ``frame_index`` would pick the camera frame of each row.
-OWN_COLUMNS = frozenset(
+_OWN_COLUMNS = frozenset(
     {"frame_index", "timestamp", "episode_index", "index", "task_index", "task", "dataset", "substitute"}
     | {"observation.state", "action"}
 )
@@ -1186,7 +1190,7 @@ def _columns(
     """The columns kept (output name, ``data/`` key): the mapping's, then every other per-step array.
 
     An array not mapped is kept under its own name, or ``data.<key>`` when that name is one
-    epishard writes itself (``OWN_COLUMNS``, a camera's or a mapped column's name); not kept, and
+    epishard writes itself (``_OWN_COLUMNS``, a camera's or a mapped column's name); not kept, and
     named in ``notes``: cameras not mapped, scalars (no row axis), and values Arrow cannot hold
     (complex numbers, compound records).
 
@@ -1195,10 +1199,10 @@ def _columns(
             cannot hold, or named as one of epishard's own columns.
     """
     mapped = dict(mapping.columns or {})
-    taken = set(OWN_COLUMNS) | set(cams) | set(mapped)
+    taken = set(_OWN_COLUMNS) | set(cams) | set(mapped)
     for name, key in mapped.items():
         why = _unkept(*arrays[key]) if key in arrays else f"no array data/{key}"
-        if name in OWN_COLUMNS or name in cams:
+        if name in _OWN_COLUMNS or name in cams:
             why = f"{name} is a column epishard writes itself"
         if why:
             raise SourceError(f"{root}: mapping column {name} <- data/{key}: {why}; see --mapping")
@@ -1247,11 +1251,11 @@ def _default(arrays: dict[str, tuple[tuple[int, ...], Any]]) -> Mapping:
         state = ["state"]
     action = ("action",) if "action" in arrays else ()
     return Mapping(
-        state=tuple(state), action=action, cameras=cameras, depth=(), columns={}, others=True, fps=DEFAULT_FPS
+        state=tuple(state), action=action, cameras=cameras, depth=(), columns={}, others=True, fps=_DEFAULT_FPS
     )
 
 
-def detect(group) -> bool:
+def _detect(group) -> bool:
     """A ReplayBuffer: a ``data`` group and ``meta/episode_ends``."""
     try:
         return "data" in group and "episode_ends" in group["meta"]
@@ -1267,7 +1271,7 @@ def _children(group, path: str) -> list[str]:
         return [n async for n in group.store.list_dir(path)]
 
     # an fsspec listing over HTTP names folders with a trailing slash (``state/``)
-    return sorted({n.rstrip("/") for n in sync(names())} - {"", *METADATA})
+    return sorted({n.rstrip("/") for n in sync(names())} - {"", *_METADATA})
 
 
 def _has_chunk(group, path: str) -> bool:
@@ -1277,7 +1281,7 @@ def _has_chunk(group, path: str) -> bool:
     async def first() -> bool:
         async with contextlib.aclosing(group.store.list_prefix(path + "/")) as keys:
             async for key in keys:
-                if key.rsplit("/", 1)[-1] not in METADATA:
+                if key.rsplit("/", 1)[-1] not in _METADATA:
                     return True
         return False
 
@@ -1309,7 +1313,7 @@ class _Ends:
 
 
 def _episode_ends(group, root: str, longest: int) -> _Ends:
-    """``meta/episode_ends`` read ``ENDS_STEP`` entries at a time: episodes of zero rows counted, not kept.
+    """``meta/episode_ends`` read ``_ENDS_STEP`` entries at a time: episodes of zero rows counted, not kept.
 
     ``longest``: the rows of the longest array of ``data/``.
 
@@ -1335,8 +1339,8 @@ def _episode_ends(group, root: str, longest: int) -> _Ends:
     _fill_only(group, array, root, name)
     index, start, stop = [], [], []
     empty, previous = 0, 0
-    for a in range(0, count, ENDS_STEP):
-        part = np.asarray(array[a : a + ENDS_STEP])
+    for a in range(0, count, _ENDS_STEP):
+        part = np.asarray(array[a : a + _ENDS_STEP])
         if dtype.kind == "u" and part.size and int(part.max()) > np.iinfo(np.int64).max:
             raise SourceError(f"{root}: {name}[{a + int(np.argmax(part))}] = {int(part.max())} is past any array's end")
         part = part.astype(np.int64)
@@ -1406,7 +1410,7 @@ def _describe(
     root = store.root
     group = _open(store)
     try:
-        if not detect(group):
+        if not _detect(group):
             raise SourceError(f"{root}: not a ReplayBuffer (needs a data group and meta/episode_ends)")
         data = group["data"]
         members = {}
@@ -1453,7 +1457,7 @@ def _describe(
     columns = _columns(arrays, mapping, cams, used, root, notes)
     if not mapping.action:
         notes.append("no action array mapped: the shards have no action column (UMI derives actions from poses)")
-    fps = float(mapping.fps or DEFAULT_FPS)
+    fps = float(mapping.fps or _DEFAULT_FPS)
     notes.insert(
         0,
         f"umi mapping: state = {' + '.join(mapping.state or ()) or 'none'}, action = "
@@ -1473,9 +1477,9 @@ def _describe(
             shape = arrays[key][0]
             estimate = (stop - start) * int(np.prod(shape[1:], dtype=object)) // 4
             frames[cam] = CameraFrames(
-                ZarrFrames(store, key, start, stop, estimate), depth=cam in (mapping.depth or ())
+                _ZarrFrames(store, key, start, stop, estimate), depth=cam in (mapping.depth or ())
             )
-        table = ZarrTable(
+        table = _ZarrTable(
             store, start, stop, tuple(mapping.state or ()), tuple(mapping.action or ()), tuple(columns), fps
         )
         out.append(

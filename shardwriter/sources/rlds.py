@@ -33,6 +33,8 @@ ends where they say) and not kept; ``episode_metadata/*`` is not kept (listed in
 notes), nor a feature whose column name an episode table has already (``frame_index``,
 ``timestamp``, ...). An episode of no step is an ``empty_episode``. 10 Hz unless ``--fps``
 (TFDS does not record the rate).
+
+Internal: import from ``epishard.shardwriter.sources``.
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ from .base import (
 )
 from .tfrecord import BytesValues, RecordError, compression, parse_example, read_record, scan
 
-DEFAULT_FPS = 10.0
-CHUNK_FRAMES = 32
+__all__ = ["open_rlds"]
+
+_DEFAULT_FPS = 10.0
+_CHUNK_FRAMES = 32
 _IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8")
 
 
@@ -464,7 +468,7 @@ def _check_flags(example: dict, steps: int, where: str) -> None:
 
 
 @dataclass(frozen=True)
-class RLDSTable(LazyTable):
+class _RLDSTable(LazyTable):
     """One episode's rows from its record: state, action, kept columns, language."""
 
     record: _Record
@@ -551,7 +555,7 @@ class RLDSTable(LazyTable):
 
 
 @dataclass(frozen=True)
-class RLDSFrames(FrameReader):
+class _RLDSFrames(FrameReader):
     """One camera's frames from its record: encoded images (or raw tensors of ``shape``) per step."""
 
     record: _Record
@@ -564,7 +568,7 @@ class RLDSFrames(FrameReader):
     encoding: str = "none"  # a raw tensor's TFDS encoding: none (numbers, or bytes), bytes or zlib
 
     def chunks(self) -> Iterator[np.ndarray | list[bytes]]:
-        """``CHUNK_FRAMES`` images at a time: encoded bytes, or ``[n, *shape]`` arrays of raw tensors.
+        """``_CHUNK_FRAMES`` images at a time: encoded bytes, or ``[n, *shape]`` arrays of raw tensors.
 
         A raw tensor is read as TFDS reads it: an ``int64_list`` of every step's values (encoding
         ``none``), cast to the dtype; or one value of bytes per step (``bytes``; ``zlib``
@@ -581,8 +585,8 @@ class RLDSFrames(FrameReader):
             if self.encoded:
                 if kind != "bytes":
                     raise ConversionError(f"{name} holds numbers, not images", kind="bad_image", path=where)
-                for start in range(0, len(values), CHUNK_FRAMES):
-                    yield values[start : start + CHUNK_FRAMES]
+                for start in range(0, len(values), _CHUNK_FRAMES):
+                    yield values[start : start + _CHUNK_FRAMES]
                 return
             frame = (
                 self.shape[:-1]
@@ -604,8 +608,8 @@ class RLDSFrames(FrameReader):
                         path=where,
                     )
                 array = array.reshape((-1, *frame))
-                for start in range(0, len(array), CHUNK_FRAMES):
-                    yield array[start : start + CHUNK_FRAMES].astype(self.dtype)
+                for start in range(0, len(array), _CHUNK_FRAMES):
+                    yield array[start : start + _CHUNK_FRAMES].astype(self.dtype)
                 return
             per = math.prod(self.shape) * np.dtype(self.dtype).itemsize
             if self.encoding != "zlib":
@@ -620,8 +624,8 @@ class RLDSFrames(FrameReader):
                         path=where,
                         row=row,
                     )
-            for start in range(0, len(values), CHUNK_FRAMES):
-                part = values[start : start + CHUNK_FRAMES]
+            for start in range(0, len(values), _CHUNK_FRAMES):
+                part = values[start : start + _CHUNK_FRAMES]
                 if self.encoding == "zlib":
                     part = _inflate(part, name, per, where, first=start, kind="bad_image")
                     short = next((i for i, v in enumerate(part) if len(v) != per), None)
@@ -738,7 +742,7 @@ def _default(features: dict, example: dict) -> tuple[Mapping, dict, str | None]:
             columns=columns,
             others=True,
             task=None,
-            fps=DEFAULT_FPS,
+            fps=_DEFAULT_FPS,
         ),
         steps,
         language,
@@ -920,7 +924,7 @@ def open_rlds(
         notes += [f"{k} is in the records but not in features.json: not kept" for k in unknown]
     for key in sorted({k for k in [*features, *example] if k.startswith("episode_metadata/")}):
         notes.append(f"{key} (per episode) is not kept")
-    fps = float(mapping.fps or DEFAULT_FPS)
+    fps = float(mapping.fps or _DEFAULT_FPS)
     cams = kept_cameras(mapping.cameras, cameras, str(root))
     notes.insert(
         0,
@@ -943,7 +947,7 @@ def open_rlds(
         frames = {}
         for cam, key in cams.items():
             kind, shape, dtype, encoding = spec.feature(key) or ("image", (), "", "none")
-            reader = RLDSFrames(
+            reader = _RLDSFrames(
                 record,
                 key,
                 tuple(shape),
@@ -958,7 +962,7 @@ def open_rlds(
             Episode(
                 source=name,
                 episode_index=index,
-                table=RLDSTable(record, spec, index),
+                table=_RLDSTable(record, spec, index),
                 videos={},
                 fps=fps,
                 tasks=(mapping.task,) if mapping.task else (),

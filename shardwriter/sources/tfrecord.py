@@ -33,6 +33,8 @@ varints decoded in 1 MiB chunks, packed or unpacked), never as one Python object
 feature holding more than ``bounds.MAX_VALUES`` values, or a record of more than ``MAX_FEATURES``
 features, is refused (``RecordError(kind="too_large")``) before its values are allocated; a
 record longer than ``bounds.MAX_RECORD_BYTES`` is refused before it is read.
+
+Internal: import from ``epishard.shardwriter.sources``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,19 @@ import numpy as np
 from . import bounds
 from .base import require
 
-HEADER_BYTES = 12  # length (8) + its CRC (4)
+__all__ = [
+    "MAX_FEATURES",
+    "BytesValues",
+    "RecordError",
+    "Values",
+    "compression",
+    "masked_crc",
+    "parse_example",
+    "read_record",
+    "scan",
+]
+
+_HEADER_BYTES = 12  # length (8) + its CRC (4)
 MAX_FEATURES = 1 << 16  # distinct features in one record (RLDS episodes hold tens)
 _MASK_DELTA = 0xA282EAD8
 _MAX_VARINT = 10  # bytes of a 64-bit varint
@@ -91,14 +105,14 @@ def scan(f: BinaryIO, limit: int | None = None) -> tuple[list[tuple[int, int]], 
     offset = 0
     while offset < end and (limit is None or len(out) <= limit):
         f.seek(offset)
-        header = f.read(HEADER_BYTES)
-        if len(header) < HEADER_BYTES:
+        header = f.read(_HEADER_BYTES)
+        if len(header) < _HEADER_BYTES:
             return out, f"record {len(out)} at byte {offset}: truncated header ({len(header)} of 12 bytes)"
         (length,) = struct.unpack("<Q", header[:8])
         (crc,) = struct.unpack("<I", header[8:])
         if masked_crc(header[:8]) != crc:
             return out, f"record {len(out)} at byte {offset}: the length's CRC does not match (not a TFRecord file?)"
-        stop = offset + HEADER_BYTES + length + 4
+        stop = offset + _HEADER_BYTES + length + 4
         if stop > end:
             return out, (
                 f"record {len(out)} at byte {offset}: truncated (its header claims {length} bytes; the file holds "
@@ -137,7 +151,7 @@ def read_record(f: BinaryIO, offset: int, length: int) -> bytes:
             f"{length} bytes, more than the {limit} a record may have (bounds.MAX_RECORD_BYTES): refused unread",
             kind="too_large",
         )
-    f.seek(offset + HEADER_BYTES)
+    f.seek(offset + _HEADER_BYTES)
     data = f.read(length)
     tail = f.read(4)
     if len(data) < length or len(tail) < 4:
