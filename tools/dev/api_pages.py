@@ -1,8 +1,10 @@
 """Write the docs site's API reference pages (``docs/api/*.md``) from the packages as they are.
 
 One page per package (``epishard.format``, ``epishard.shardwriter``, ``epishard.stream``,
-``epishard.balance``), one section per public module (a name without a leading underscore; the
-deprecated aliases, whose docstring starts with "Deprecated alias", are left out), and
+``epishard.balance``): first its face (the package's ``__all__``, each name linked to its entry), then
+"Implementation modules (internal)", one section per module (a name without a leading underscore; the
+deprecated aliases, whose docstring starts with "Deprecated alias", are left out) showing only the names
+of its ``__all__`` (read statically by ``tools/dev/api_surface.py``), and
 ``docs/api/index.md`` for the curated API (``epishard._API``: each name at the module that defines
 it). mkdocstrings renders the docstrings when the site is built; ``tests/test_docs.py`` checks that
 every public module and curated name has its entry, so run this after adding a module:
@@ -13,6 +15,7 @@ every public module and curated name has its entry, so run this after adding a m
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -79,23 +82,73 @@ def curated_homes() -> dict[str, str]:
     return {name: getattr(importlib.import_module(module), name).__module__ for name, module in epishard._API.items()}
 
 
-def package_page(package: str, folder: str, intro: str, homes: dict[str, str]) -> str:
-    """The Markdown of one package's page: its docstring, then one section per public module.
+def _surface():
+    """tools/dev/api_surface.py (the static reading of each module's ``__all__``), loaded once."""
+    if "api_surface" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "api_surface", os.path.join(ROOT, "tools", "dev", "api_surface.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["api_surface"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["api_surface"]
 
-    A curated name (``homes``: name -> defining module) is rendered on the curated API's page only,
-    and its module's section links there, so every object has one page (one primary URL).
+
+def _page_of(module: str) -> str:
+    """The page a module's section is on: the longest package of PACKAGES that holds it."""
+    return max(
+        ((page, spec[0]) for page, spec in PACKAGES.items() if module.startswith(spec[0] + ".")),
+        key=lambda x: len(x[1]),
+    )[0]
+
+
+def face_links(package: str, homes: dict[str, str]) -> list[str]:
+    """One Markdown line per name of ``package``'s face (its ``__init__.__all__``): the name, linked to where
+    it is documented (the curated API's page, else its module's section)."""
+    from pathlib import Path
+
+    known = _surface().modules(Path(ROOT))
+    lines = []
+    for name in known[package].all or []:
+        if name in homes:
+            target = f"index.md#{homes[name]}.{name}"
+        else:
+            homes_of = [m for m in sorted(known) if name in known[m].defined and not known[m].is_init]
+            home = next((m for m in homes_of if name in (known[m].all or ())), homes_of[0])
+            target = f"{'' if _page_of(home) == _page_of(package + '.x') else _page_of(home)}#{home}.{name}"
+        lines.append(f"- [`{name}`]({target})")
+    return lines
+
+
+def package_page(package: str, folder: str, intro: str, homes: dict[str, str]) -> str:
+    """The Markdown of one package's page: its docstring and its face, then one section per module.
+
+    The face is the package's ``__all__``: the names users import from it, each linked to its entry. The
+    modules behind it are internal; each section renders the names of its module's ``__all__`` that the module
+    defines (not the ones it re-exports). A curated name (``homes``: name -> defining module) is rendered on the
+    curated API's page only, and its module's section links there, so every object has one page (one
+    primary URL).
     """
+    from pathlib import Path
+
+    known = _surface().modules(Path(ROOT))
     lines = [f"# `{package}`", "", intro, "", f"::: {package}", "    options:", "      members: false"]
     lines += ["      show_root_heading: false", ""]
+    lines += [f"## The face: `from {package} import ...`", "", *face_links(package, homes), ""]
+    lines += ["## Implementation modules (internal)", ""]
+    lines += [f"Code inside `{package}` imports these names from their modules; users import the face above.", ""]
     for module in public_modules(folder):
-        lines += [f"## `{package}.{module}`", ""]
-        curated = [name for name, home in homes.items() if home == f"{package}.{module}"]
+        dotted = f"{package}.{module}"
+        lines += [f"### `{dotted}`", ""]
+        curated = [name for name, home in homes.items() if home == dotted]
         if curated:
-            links = ", ".join(f"[`{name}`](index.md#{package}.{module}.{name})" for name in curated)
+            links = ", ".join(f"[`{name}`](index.md#{dotted}.{name})" for name in curated)
             lines += [f"On the curated API's page: {links}.", ""]
-        lines += [f"::: {package}.{module}", "    options:", "      show_root_heading: false", "      heading_level: 3"]
-        if curated:
-            lines += [f'      filters: ["!^_", "!^({"|".join(curated)})$"]']
+        own = known[dotted]
+        members = [n for n in own.all or [] if n in own.defined and n not in curated]
+        lines += [f"::: {dotted}", "    options:", "      show_root_heading: false", "      heading_level: 4"]
+        if own.all is not None:  # a module without one (yet) shows its names without a leading underscore
+            lines += [f"      members: [{', '.join(members)}]" if members else "      members: false"]
         lines += [""]
     return "\n".join(lines)
 
