@@ -1,4 +1,4 @@
-"""``tools/bench/peers/decodelimit.py``'s GOP-aware decode limit and ``tools/bench/bench_decode.py``
+"""``tools/bench/peers/decodelimit.py``'s GOP-aware decode limit and the ``decode`` scenario of ``tools/bench/run.py``
 (decoder open cost).
 
 The GOP count is checked against ``WindowIndex.decoded_frames`` (the reader's own count) on made-up
@@ -119,11 +119,11 @@ def test_decode_limit_table_has_gop_columns_and_reads_old_records():
 def test_bench_decode_prints_both_tables(capsys):
     if not (SHARED_DATA / "video_edge_cases" / "torchcodec" / "h265_video.mp4").exists():
         pytest.skip("../shared/data is absent")
-    import bench_decode
+    import run
 
-    assert bench_decode.main(["--repeats", "2", "--codecs", "hevc,mpeg4"]) == 0
+    assert run.main(["decode", "--repeats", "2", "--codecs", "hevc,mpeg4"]) == 0
     out = capsys.readouterr().out
-    assert "Command: `python tools/bench/bench_decode.py --repeats 2 --codecs hevc,mpeg4`" in out
+    assert "Command: `python tools/bench/run.py decode --repeats 2 --codecs hevc,mpeg4`" in out
     rows = [line for line in out.splitlines() if line.startswith("| mpeg4 |") or line.startswith("| hevc |")]
     assert len(rows) == 6  # one open row and two RGB rows (sws threads 1, auto) per codec
     assert "| mpeg4 | 224x224 | 348 |" in out

@@ -1,4 +1,5 @@
-"""The ``balance --e2e`` scenario (end to end): DDP training steps per second without, with local and with global cost balancing.
+"""The ``balance --e2e`` scenario (end to end): DDP training steps per second without, with local and with
+global cost balancing.
 
 ``torchrun`` (gloo backend, 2 processes on this machine) trains a toy VLA-like transformer fed by the
 real streaming reader (``stream.WindowLoader``, 1 DataLoader worker per process), alternating the

@@ -2,7 +2,8 @@
 
 The dataset: ``DATASET`` (a converted dataset, e.g. ``make demo``'s ``out/demo``) tiled to
 ``--episodes`` episodes (``tile``: each shard's tar laid 32 times into one block file, the blocks
-listed as many shards as needed, a manifest whose counts and index sha256 match). So the index really lists that many episodes and the real reader opens it,
+listed as many shards as needed, a manifest whose counts and index sha256 match). So the index really
+lists that many episodes and the real reader opens it,
 plans over all of them, fetches the first batch's members from the tars (byte ranges of real
 members) and decodes its frames.
 

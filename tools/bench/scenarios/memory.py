@@ -30,7 +30,8 @@ window, over the first ``--windows`` windows: exact counts, the machine's load d
 ``auto`` interleaved) and reports the largest worker's peak RSS, the caches' peaks and the decoder's work.
 
     python tools/bench/run.py memory --epochs 6
-    python tools/bench/run.py memory ../shared/data/unitree_g1_bottle_av1 --epochs 2 --size 0 --shuffled --baseline b804156
+    python tools/bench/run.py memory ../shared/data/unitree_g1_bottle_av1 --epochs 2 --size 0 --shuffled \\
+        --baseline b804156
     python tools/bench/run.py memory --budget /tmp/epishard_bench_peers/*.epishard
     python tools/bench/run.py memory --budget /tmp/epishard_bench_peers/unitree*.epishard --run 400
 """

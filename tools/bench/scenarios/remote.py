@@ -7,7 +7,8 @@ client, per transport.
         [--latency-ms 0,20,100] [--rounds 2] [--seconds 30] [--workers 2]
         [--mode stream|ranged] [--prefetch-mb N] [--fixed-depth 4] [--keep DIR] [--json]
     python tools/bench/run.py remote --part source [--source FOLDER] [--rounds 2]
-    python tools/bench/run.py remote --part transport [--requests 256] [--size-kb 128] [--concurrency 32] [--latency-ms 100]
+    python tools/bench/run.py remote --part transport [--requests 256] [--size-kb 128] [--concurrency 32]
+        [--latency-ms 100]
 
 ``reader``:
 

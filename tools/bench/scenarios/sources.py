@@ -1,4 +1,5 @@
-"""The ``writer --formats`` / ``writer --memory`` part of the ``writer`` scenario: converting each source format beyond LeRobot (ALOHA, robomimic, UMI, RLDS, MCAP).
+"""The ``writer --formats`` / ``writer --memory`` part of the ``writer`` scenario: converting each source
+format beyond LeRobot (ALOHA, robomimic, UMI, RLDS, MCAP).
 
 Two measurements, each conversion in a fresh process (``shardwriter.convert``, lossless frames,
 ``--check fast``, one worker unless ``--workers``):

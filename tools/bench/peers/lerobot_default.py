@@ -1,8 +1,9 @@
 """Generate a LeRobot v3.0 dataset recorded with LeRobot 0.6.1's default video settings.
 
 Written through LeRobot's own API (``LeRobotDataset.create`` / ``add_frame`` / ``save_episode``),
-run in the LeRobot 0.6.1 peer venv (``../shared/peers/setup_lerobot061_venv.sh``; this script
-re-executes itself there when ``lerobot`` 0.6.1 is not importable), with what ``lerobot-record``
+run in the LeRobot 0.6.1 peer venv (``../shared/peers/setup_lerobot061_venv.sh``; this file
+(``tools/bench/peers/lerobot_default.py``, the ``lerobot-default`` scenario) re-executes itself there
+when ``lerobot`` 0.6.1 is not importable), with what ``lerobot-record``
 does by default: ``rgb_encoder_defaults()`` (``RGBEncoderConfig()``: ``vcodec="libsvtav1"``,
 ``pix_fmt="yuv420p"``, ``g=2``, ``crf=30``, ``preset=12`` (``LIBSVTAV1_DEFAULT_PRESET``),
 ``fast_decode=0``), ``encoder_threads=None``, ``streaming_encoding=False`` (PNG frames, then
@@ -20,10 +21,10 @@ the top left: row 0 the global frame index (24 bits, most significant first), ro
 (16 bits); ``read_barcode`` recovers both from a decoded RGB frame. ``observation.state`` and ``action``:
 14-dim float32 smooth trajectories (action = the next step's state). One task string.
 
-    python tools/bench/make_lerobot_default.py                          # 20 episodes x 120 frames, 720p:
+    python tools/bench/run.py lerobot-default                          # 20 episodes x 120 frames, 720p:
                                                                   # 7 min on 2 busy cores (425 s CPU), 108 MiB
-    python tools/bench/make_lerobot_default.py --episodes 4 --frames 60 --size 640x360 --out /tmp/x --overwrite
-    python tools/bench/make_lerobot_default.py --encoder ffmpeg --out /work/gen/lerobot_default_720p_v30_ffmpeg
+    python tools/bench/run.py lerobot-default --episodes 4 --frames 60 --size 640x360 --out /tmp/x --overwrite
+    python tools/bench/run.py lerobot-default --encoder ffmpeg --out /work/gen/lerobot_default_720p_v30_ffmpeg
 
 PyAV's SVT-AV1 v3.0.0 logs "Preset M12 is mapped to M10." and encodes at preset 10 (info.json still
 records ``video.preset: 12``); Debian's SVT-AV1 v1.4.1 (``--encoder ffmpeg``) runs preset 12.
@@ -263,6 +264,10 @@ def check(out: Path, frames: int) -> None:
         raise SystemExit(1)
 
 
+class Missing(SystemExit):
+    """No LeRobot 0.6.1 here nor in the peer venv (the harness reports it as an absent input)."""
+
+
 def in_peer() -> bool:
     """Whether this interpreter has LeRobot 0.6.1."""
     try:
@@ -296,7 +301,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not in_peer():
         if not Path(args.peer_python).exists() or not Path(args.peer_env).exists():
-            raise SystemExit(
+            raise Missing(
                 f"LeRobot 0.6.1 not importable here and no peer venv at {args.peer_python}: build it with "
                 "`bash ../shared/peers/setup_lerobot061_venv.sh` (or `python tools/bench/bench_peers.py --setup-peers`)"
             )

@@ -13,25 +13,20 @@ nodes of one CPU each, the head first, then a second node joins.
    writable tensors in the trainer); and the model ``samples/s(n actors) = min(n x r, B / t)`` with
    ``r`` one actor's samples/s end to end (the 1-actor run).
 
-    python tools/bench/bench_ray.py [--dataset DIR] [--rounds 1] [--batches 40] [--json]
+    python tools/bench/run.py ray [--dataset DIR] [--rounds 1] [--batches 40] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
-
-import raycluster
+import measure
 
 from epishard.shardwriter import ConvertOptions, convert
 from epishard.shardwriter.ray_convert import RayRunner
@@ -109,16 +104,23 @@ def bench_transfer(batch: dict, repeats: int = 30) -> dict:
     return {"seconds_median": statistics.median(times), "batch_MB": nbytes / 1e6}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", default=str(REPO / "sample" / "gr00t_robot_sim_picknplace"))
+SMOKE = {"batches": 2}
+
+
+def options(ap) -> None:
+    ap.add_argument("--dataset", default=str(measure.REPO / "sample" / "gr00t_robot_sim_picknplace"))
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--batches", type=int, default=40)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+
+
+def run(args) -> int:
+    import raycluster  # tests/: here only (Ray's workers import this module without it for _Replay)
+
     why = raycluster.unavailable()
     if why:
-        sys.exit(f"bench_ray: {why}")
+        raise measure.Missing(f"no loopback Ray cluster here: {why}")
+    if args.smoke:
+        args.dataset = str(measure.smoke_source())
     tmp = tempfile.mkdtemp(prefix="bench_ray")
     results: dict = {"load_average_at_start": os.getloadavg()[0]}
     try:
@@ -159,12 +161,8 @@ def main() -> None:
             n: min(n * rate, 8 / transfer if transfer else float("inf")) for n in (1, 2, 4, 8, 16, 32)
         },
     }
-    if args.json:
-        print(json.dumps(results, indent=1, default=float))
-        return
-    for name, r in results.items():
-        print(name, json.dumps(r, default=float) if isinstance(r, dict) else r)
-
-
-if __name__ == "__main__":
-    main()
+    measure.emit(results)
+    if not args.json:
+        for name, r in results.items():
+            print(name, json.dumps(r, default=float) if isinstance(r, dict) else r)
+    return 0
