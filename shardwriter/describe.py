@@ -38,7 +38,7 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
             (``validate.totals_mismatches``).
     """
     storage = Storage(root, storage_options)
-    manifest = open_manifest(storage, root, storage_options)
+    manifest = open_manifest(storage)
     where = f"{storage.url}/{fmt.MANIFEST_NAME}"
     mismatches = totals_mismatches(manifest)
     if mismatches:  # the summary would print them as the dataset's size

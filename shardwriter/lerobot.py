@@ -41,20 +41,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from epishard.format import untrusted
-from epishard.format.retry import RETRY_BUDGET_S, call_with_budget
-from epishard.format.storage import (
-    FileSystemHandle,
-    RemoteFile,
-    is_local,
-    local_path,
-    protocol_of,
-    resolve_storage_options,
-)
+from epishard.format.storage import FileSystemHandle, Location, RemoteFile, is_local, local_path, protocol_of
 from epishard.redact import redact, scrubbed
 
 from .episode import CameraVideo, Episode, FileInput, Source, TableSlice, bounded_parquet
 from .errors import SourceError
 from .sources import bounds
+
+__all__ = [
+    "STATS_JSON",
+    "read_lerobot",
+]
 
 
 class _Tree:
@@ -75,15 +72,15 @@ class _Tree:
 
     def __init__(self, root: str, storage_options: dict | None, allow_external: bool = False):
         self.local = is_local(root)
-        self.options = dict(storage_options or {})
         self.allow_external = allow_external
         self._vouched: set[str] = set()  # local paths ``checked`` passed (v3.0: many episodes share a file)
         self.whole_reads: list[str] = []  # remote files read whole: the server ignores Range
         if self.local:
             self.root = local_path(root)
             return
-        self.root = root.rstrip("/")
-        handle = FileSystemHandle(self.root, self.options)
+        self.location = Location.of(root, storage_options)  # the options resolved, the retry policy: once
+        self.root = self.location.url
+        handle = FileSystemHandle(self.location)
         self.fs, self._base = handle.get(), handle.root.rstrip("/")
         self.sizes: dict[str, int | None] = {}  # None: the listing gives no size (HTTP)
         if protocol_of(self.root) in ("http", "https"):
@@ -103,7 +100,7 @@ class _Tree:
         self.dirs = {path.rsplit("/", n)[0] for path in self.sizes for n in range(1, path.count("/") + 1)}
 
     def _reach(self) -> None:
-        """List the HTTP root once within the retry budget (``retry.call_with_budget``).
+        """List the HTTP root once within the location's retry policy (``RetryPolicy.call``).
 
         fsspec's ``find`` takes a refused or reset connection for an empty folder, so without this a
         dead server read as a dataset without ``meta/info.json``. A 404 is left to ``find``.
@@ -111,9 +108,8 @@ class _Tree:
         Raises:
             RetryBudgetExceeded: the server still does not answer when the budget is spent.
         """
-        budget = float(resolve_storage_options(self.root, self.options).get("retry_budget", RETRY_BUDGET_S))
         with contextlib.suppress(FileNotFoundError):
-            call_with_budget(lambda: self.fs.ls(self._base, detail=False), redact(self.root), budget)
+            self.location.retry.call(lambda: self.fs.ls(self._base, detail=False), redact(self.root))
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path) if self.local else path in self.sizes or path in self.dirs
@@ -181,7 +177,7 @@ class _Tree:
         return self.checked(path) if self.local else self._remote(path)
 
     def _remote(self, path: str) -> RemoteFile:
-        return RemoteFile(path, self.sizes.get(path), self.options)
+        return RemoteFile(path, self.sizes.get(path), self.location)
 
     def parquet(self, path: str, columns: list[str] | None = None):
         """The Parquet table at ``path`` (``columns`` only); read through range requests when remote.
@@ -472,8 +468,8 @@ def read_lerobot(
         name: source name used in shard keys (default: the folder name).
         cameras: the cameras the conversion keeps (``ConvertOptions.cameras``): ``None`` all,
             ``()`` none (state and action only; the dataset's videos are not looked at).
-        storage_options: for a URL, as ``storage.make_filesystem`` takes them (merged with the
-            environment; see ``storage.resolve_storage_options``).
+        storage_options: for a URL, fsspec options merged with the environment's once, when the
+            root is opened (``epishard.format.storage.Location``).
         allow_external: read local files that resolve outside the dataset's folder (symbolic links
             out of it; ``SourceOptions.allow_external``); special files are refused even then.
         episodes: the episode indices to describe (``ConvertOptions.episodes``; None: all).

@@ -36,6 +36,11 @@ from epishard.redact import redact, scrubbed
 
 from .video import check_frames
 
+__all__ = [
+    "camera_notes",
+    "verify",
+]
+
 log = logging.getLogger(__name__)
 
 
@@ -254,7 +259,7 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
     """
     storage = Storage(root, storage_options)
     try:
-        manifest = open_manifest(storage, root, storage_options)
+        manifest = open_manifest(storage)
     except ManifestMissing as exc:  # files, but no manifest: a report, not an error
         return {
             "ok": False,

@@ -63,7 +63,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from epishard.format.opening import not_a_dataset
 from epishard.redact import scrubbed
 
 from .buffers import (
@@ -105,23 +104,7 @@ from .statecheck import plan_digest
 from .telemetry import Telemetry
 from .transform import PostProcess
 
-__all__ = ["WindowDataset", "WindowLoader", "open_source"]
-
-
-def open_source(url: str, storage_options: dict | None = None, fetch: FetchPolicy | None = None) -> DatasetSource:
-    """``DatasetSource(url, ...)``; a LeRobot dataset or Hub repo id in its place is named as one.
-
-    Raises:
-        epishard.format.opening.NotConverted (a FileNotFoundError): ``url`` has no manifest but is a
-            LeRobot dataset (``meta/info.json``) or a Hugging Face repo id: run ``epishard convert``.
-        and what ``DatasetSource`` raises.
-    """
-    try:
-        return DatasetSource(url, storage_options, fetch)
-    except FileNotFoundError:
-        if (refused := not_a_dataset(url, storage_options)) is not None:
-            raise refused from None
-        raise
+__all__ = ["WindowDataset", "WindowLoader"]
 
 
 def _check_selected(
@@ -231,7 +214,7 @@ class WindowDataset(IterableDataset):
         self.fetch = self.read.fetch or FetchPolicy()
         self.lookahead = self.read.lookahead or Lookahead()
         storage = self.read.storage_options
-        self.sources = [s if isinstance(s, DatasetSource) else open_source(s, storage, self.fetch) for s, _ in pairs]
+        self.sources = [s if isinstance(s, DatasetSource) else DatasetSource(s, storage, self.fetch) for s, _ in pairs]
         self.weights = [float(w) for _, w in pairs]
         if any(w < 0 for w in self.weights):
             raise ValueError(f"dataset weights must not be negative: {self.weights}")

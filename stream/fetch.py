@@ -41,17 +41,32 @@ from epishard.format.manifest import Manifest
 from epishard.format.retry import (
     BACKOFF_MAX_S,
     BACKOFF_S,
+    CONNECT_TIMEOUT_S,
+    READ_TIMEOUT_S,
     RETRY_BUDGET_S,
     RetryBudgetExceeded,
+    RetryPolicy,
     describe_failure,
     http_status_of,
-    next_delay,
     retry_after_s,
 )
-from epishard.format.storage import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, NotARegularFile
+from epishard.format.storage import NotARegularFile
 from epishard.redact import redact
 
 from .cache import RangeCache
+
+__all__ = [
+    "FetchError",
+    "FetchPolicy",
+    "Fetcher",
+    "ShardSource",
+    "bridge",
+    "episode_ranges",
+    "fetch_failure",
+    "plan_requests",
+    "retryable",
+    "wait_or_raise",
+]
 
 if TYPE_CHECKING:
     from .telemetry import Telemetry
@@ -173,6 +188,21 @@ class FetchPolicy:
                 f"backoff_max_s ({self.backoff_max_s}) and retries ({self.retries}) must be >= 0"
             )
 
+    @property
+    def retry(self) -> RetryPolicy:
+        """This policy's retry numbers as the one ``RetryPolicy`` (budget, backoff, retries, timeouts).
+
+        A dataset opened with it (``DatasetSource``) applies the storage options' overrides on top.
+        """
+        return RetryPolicy(
+            self.retry_budget_s,
+            self.backoff_s,
+            self.backoff_max_s,
+            self.retries,
+            self.connect_timeout_s,
+            self.read_timeout_s,
+        )
+
 
 class FetchError(IOError):
     """A shard's bytes could not be fetched or verified; names the shard, the range and the cause."""
@@ -205,46 +235,53 @@ def retryable(exc: BaseException) -> bool:
     return isinstance(exc, _RETRYABLE) or "Timeout" in name or "ServerError" in name or "EndpointConnection" in name
 
 
-def wait_or_raise(
-    policy: FetchPolicy,
-    exc: Exception,
+def fetch_failure(
+    policy: RetryPolicy,
+    exc: BaseException,
     attempt: int,
     where: str,
     shard: int,
     started: float,
-    budget_s: float | None = None,
-) -> None:
+    is_retryable=None,
+) -> FetchError:
+    """The ``FetchError`` for a request whose retries stop after try ``attempt`` (from 0).
+
+    Names ``where``, the HTTP status or the exception, the retries and the seconds since ``started``
+    (``time.monotonic()``), and why it stopped: not retryable (by ``is_retryable``, default
+    ``retryable``), the policy's retries, or its budget (and the server's ``Retry-After``).
+    """
+    status, code, headers = http_status_of(exc)
+    retry_after = retry_after_s(headers.get("retry-after"))
+    elapsed = time.monotonic() - started
+    what = f"{type(exc).__name__}: {exc}"
+    if status is not None:
+        what = f"{describe_failure(status, code, None)}: {what}"
+    why = f"retry budget {policy.budget_s:g} s"
+    if retry_after is not None:
+        why += f"; Retry-After {headers['retry-after']}"
+    if policy.retries is not None and attempt >= policy.retries:
+        why = f"the policy's {policy.retries} retries"
+    if not (is_retryable or retryable)(exc):
+        why = "not retryable"
+    return FetchError(f"{where}: {what} (after {attempt} retries in {elapsed:.1f} s: {why})", shard)
+
+
+def wait_or_raise(policy: RetryPolicy, exc: Exception, attempt: int, where: str, shard: int, started: float) -> None:
     """After a failed request (try ``attempt``, from 0): wait before asking again, or raise.
 
-    ``started``: ``time.monotonic()`` when the request was sent (or last received bytes);
-    ``budget_s``: seconds it may keep failing (default ``policy.retry_budget_s``). Sleeps the
-    policy's full-jitter backoff, or the server's ``Retry-After`` when longer
-    (``epishard.format.retry.next_delay``).
+    ``policy``: the dataset's ``RetryPolicy`` (``DatasetSource.retry``); ``started``:
+    ``time.monotonic()`` when the request was sent (or last received bytes). Sleeps the policy's
+    full-jitter backoff, or the server's ``Retry-After`` when longer (``RetryPolicy.next_delay``).
 
     Raises:
         FetchError: ``exc`` is not ``retryable``, the budget (or ``policy.retries``) is spent, or the
-            server's ``Retry-After`` is past the budget; it names ``where``, the HTTP status or the
-            exception, the retries and the seconds spent.
+            server's ``Retry-After`` is past the budget (``fetch_failure``).
     """
-    budget = policy.retry_budget_s if budget_s is None else budget_s
-    status, code, headers = http_status_of(exc)
-    retry_after = retry_after_s(headers.get("retry-after"))
     delay = None
-    if retryable(exc) and (policy.retries is None or attempt < policy.retries):
-        delay = next_delay(started, attempt, budget, retry_after, policy.backoff_s, policy.backoff_max_s)
+    if retryable(exc):
+        delay = policy.next_delay(started, attempt, retry_after_s(http_status_of(exc)[2].get("retry-after")))
     if delay is None:
-        elapsed = time.monotonic() - started
-        what = f"{type(exc).__name__}: {exc}"
-        if status is not None:
-            what = f"{describe_failure(status, code, None)}: {what}"
-        why = f"retry budget {budget:g} s"
-        if retry_after is not None:
-            why += f"; Retry-After {headers['retry-after']}"
-        if policy.retries is not None and attempt >= policy.retries:
-            why = f"the policy's {policy.retries} retries"
-        if not retryable(exc):
-            why = "not retryable"
-        raise FetchError(f"{where}: {what} (after {attempt} retries in {elapsed:.1f} s: {why})", shard) from exc
+        raise fetch_failure(policy, exc, attempt, where, shard, started) from exc
     time.sleep(delay)
 
 
@@ -381,7 +418,7 @@ class Fetcher:
         size = self.source.manifest.shards[shard].size
         parts, pos, attempt = [], start, 0
         started = time.monotonic()  # the budget counts from the request, then from its last progress
-        budget = getattr(self.source, "retry_budget_s", self.policy.retry_budget_s)
+        retry = getattr(self.source, "retry", None) or self.policy.retry  # the storage options' overrides
         while pos < stop:
             try:
                 data = self.source.read_range(shard, pos, stop)
@@ -400,7 +437,7 @@ class Fetcher:
             except FetchError:
                 raise
             except Exception as exc:  # classified below: retried or turned into a FetchError
-                wait_or_raise(self.policy, exc, attempt, f"{path}: bytes {pos}-{stop}", shard, started, budget)
+                wait_or_raise(retry, exc, attempt, f"{path}: bytes {pos}-{stop}", shard, started)
                 self.telemetry.add(retries=1)
                 attempt += 1
                 continue

@@ -377,9 +377,7 @@ class EpishardLeRobotMeta:
 
 def _open(url, storage_options: dict | None, fetch: FetchPolicy | None = None) -> DatasetSource:
     """``DatasetSource``; a LeRobot folder or Hub repo id given in its place is named as one (``NotConverted``)."""
-    from .dataset import open_source
-
-    return open_source(url, storage_options, fetch)
+    return DatasetSource(url, storage_options, fetch)
 
 
 def _source_roots(sources: list[DatasetSource], source_root: str | list[str]) -> list[str]:

@@ -68,7 +68,36 @@ from .spec import PerEpisode, WindowSpec
 from .stages import ConsumerStages, CostStage, DealStage, GroupStage, OrderStage, yield_order
 from .usercode import call_user, describe
 
-__all__ = ["rng_for"]  # re-exported: the planner's (and tests') name for the one seed convention
+__all__ = [
+    "SAME_PLAN_SINCE",
+    "STATE_VERSION",
+    "EpisodeTable",
+    "EpochCuts",
+    "GlobalPlan",
+    "GlobalShuffle",
+    "LevelOverrun",
+    "Progress",
+    "WorkerPlan",
+    "World",
+    "anchor_counts",
+    "break_gaps",
+    "consumer_plan",
+    "deal",
+    "episode_order",
+    "episode_table",
+    "episode_windows",
+    "epoch_cuts",
+    "epoch_windows",
+    "expected_windows",
+    "global_plan",
+    "level_plan",
+    "plan_shape",
+    "rng_for",
+    "select_anchors",
+    "shard_order",
+    "window_counts",
+    "worker_plan",
+]
 
 # The version of the plan: the plan of a given ``(seed, epoch, layout)`` changes only with it, and a
 # saved state records it (``WindowDataset.state_dict``). 2: + "history" (progress under earlier
@@ -751,6 +780,7 @@ class Progress:
 
     @property
     def consumers(self) -> int:
+        """Readers of the epoch: ``world_size * num_workers``."""
         return self.world_size * self.num_workers
 
 

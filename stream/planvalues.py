@@ -15,6 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = [
+    "EpisodeTable",
+    "GlobalPlan",
+    "World",
+]
+
 
 @dataclass(frozen=True)
 class World:

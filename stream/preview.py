@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from epishard.redact import redact, scrubbed
 
-from .dataset import WindowDataset, open_source
+from .dataset import WindowDataset
 from .fetch import FetchPolicy
 from .options import Ranks, ReadOptions
 from .plan import World
@@ -289,7 +289,7 @@ def preview(
 
     if windows < 1 or frames < 1 or span < 1:
         raise ValueError(f"--windows, --frames and --span must be >= 1, got {windows}, {frames}, {span}")
-    source = open_source(dataset, storage_options)  # a LeRobot folder is named as one
+    source = DatasetSource(dataset, storage_options)  # a LeRobot folder is named as one
     ix = source.index
     chosen = [e for e in range(ix.num_episodes) if episodes is None or _source_episode(ix.key(e)) in episodes]
     if not chosen:
@@ -383,7 +383,7 @@ def export_rerun(
         raise ImportError("the Rerun export needs rerun-sdk: pip install 'epishard[rerun]'") from exc
     if windows < 1:
         raise ValueError(f"windows must be >= 1, got {windows}")
-    source = open_source(dataset, storage_options)
+    source = DatasetSource(dataset, storage_options)
     ix = source.index
     chosen = [e for e in range(ix.num_episodes) if episodes is None or _source_episode(ix.key(e)) in episodes]
     if not chosen:

@@ -19,9 +19,10 @@ from tqdm import tqdm
 from epishard.redact import redact, scrubbed
 
 from . import diversity
-from .dataset import WindowDataset, WindowLoader, open_source
+from .dataset import WindowDataset, WindowLoader
 from .lookahead import Lookahead
 from .options import ReadOptions
+from .source import DatasetSource
 from .spec import WindowSpec, segment
 from .telemetry import FIELDS, summarize
 from .transform import PostProcess
@@ -131,7 +132,7 @@ def dataset_columns(source) -> set[str]:
 
 def _build(options: StreamRun) -> WindowLoader:
     """The ``WindowLoader`` (telemetry on, collate timed) that ``run`` iterates."""
-    source = open_source(options.dataset, options.storage_options)  # a LeRobot folder is named as one
+    source = DatasetSource(options.dataset, options.storage_options)  # a LeRobot folder is named as one
     cams = options.cameras.split(",") if options.cameras else source.cameras
     spec = stream_spec(
         cams,

@@ -16,44 +16,55 @@ before a fork: a ``DatasetSource`` pickles to its URL, options, manifest and ind
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import stat
-import time
 import warnings
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 
 from epishard.format.errors import FormatError
 from epishard.format.index import WindowIndex
-from epishard.format.manifest import INDEX_SUFFIX, MANIFEST_NAME, Manifest
-from epishard.format.opening import load_dataset_index, load_shard_indexes
-from epishard.format.storage import FileSystemHandle, missing_bucket, open_regular, resolve_storage_options
-from epishard.format.untrusted import check_size
+from epishard.format.manifest import INDEX_SUFFIX
+from epishard.format.opening import load_dataset_index, load_shard_indexes, open_manifest
+from epishard.format.retry import RetryPolicy, transient
+from epishard.format.storage import Location, Storage, open_regular
 from epishard.format.validate import shard_size_mismatches
 from epishard.format.verified import is_verified, record_verified
-from epishard.redact import redact, scrubbed
+from epishard.redact import scrubbed
 
-from .fetch import FetchError, FetchPolicy, retryable, wait_or_raise
+from .fetch import FetchError, FetchPolicy, fetch_failure, retryable
+
+__all__ = [
+    "DatasetSource",
+]
 
 
 class DatasetSource:
     """One converted dataset: its manifest, its window index, and reads of shard byte ranges.
 
+    Opened as the writer, ``verify`` and ``inspect`` open a dataset: one ``Location`` (storage
+    options resolved once, one ``RetryPolicy``), a ``Storage`` over it, ``open_manifest``, then the
+    index (``epishard.format.opening``).
+
     Args:
-        url: the dataset folder (local path, ``file://``, ``s3://``, ``https://``, ...).
+        url: the dataset folder (local path, ``file://``, ``s3://``, ``https://``, ...), or an
+            opened ``epishard.format.storage.Location`` (its options and retry policy are used as
+            they are; ``storage_options`` must then be None).
         storage_options: fsspec options (endpoint, credentials, ...), merged over the environment's
             (``epishard.format.storage.resolve_storage_options``); ``connect_timeout`` /
             ``read_timeout`` / ``retry_budget`` (seconds) override ``fetch``'s.
-        fetch: the ``FetchPolicy`` whose timeouts and retries apply to reading the manifest and
-            index here and to the shard reads of ``read_range``.
+        fetch: the ``FetchPolicy`` whose timeouts and retries (``FetchPolicy.retry``) apply to reading
+            the manifest and index here and to the shard reads of ``read_range``.
 
     Raises:
-        FileNotFoundError: no ``manifest.json`` at ``url`` (conversion unfinished or wrong path), or
-            the URL's bucket does not exist (the message names it; ``filename``: the URL).
+        epishard.format.opening.NotConverted (a FileNotFoundError): ``url`` is a LeRobot dataset or
+            a Hugging Face repo id (run ``epishard convert`` first).
+        epishard.format.opening.ManifestMissing (a FileNotFoundError): files but no ``manifest.json``
+            (conversion unfinished or wrong path).
+        FileNotFoundError: no such folder, or the URL's bucket does not exist (the message names
+            it; ``filename``: the URL).
         ValueError: the storage option ``retry_budget`` is not a number >= 0.
         FormatError (a ``ValueError``): the manifest or index breaks the format, the manifest is
             larger than ``epishard.format.untrusted.MAX_JSON_BYTES``, the index's sha256 differs from
@@ -70,47 +81,36 @@ class DatasetSource:
     """
 
     @scrubbed  # its exceptions and their chains name no credentials
-    def __init__(self, url: str, storage_options: dict | None = None, fetch: FetchPolicy | None = None):
-        self.url = url.rstrip("/")
-        self.shown = redact(self.url)  # the URL as messages name it: credentials redacted
-        self.storage_options = dict(storage_options or {})
+    def __init__(self, url: str | Location, storage_options: dict | None = None, fetch: FetchPolicy | None = None):
         self.policy = fetch or FetchPolicy()
-        protocol = fsspec.core.split_protocol(self.url)[0]
-        self.local = protocol in (None, "file", "local")
-        # The policy retries (for the storage option retry_budget, else its own budget), so the client
-        # makes one attempt per request and has no budget of its own.
-        budget = resolve_storage_options(self.url, self.storage_options).get("retry_budget")
-        self.retry_budget_s = self.policy.retry_budget_s if budget is None else float(budget)
-        if not self.retry_budget_s >= 0:
-            raise ValueError(f"{self.shown}: storage option retry_budget ({budget}) must be a number of seconds >= 0")
-        self._handle = FileSystemHandle(
-            self.url,
-            {**_pooled(self.url, self.storage_options, self.policy.max_in_flight), "retry_budget": 0},
-            attempts=1,
-            connect_s=self.policy.connect_timeout_s,
-            read_s=self.policy.read_timeout_s,
+        # Opened once: the storage options resolved, their connect_timeout / read_timeout / retry_budget
+        # over the fetch policy's, in the one RetryPolicy every read of this dataset retries by.
+        self.location = url if isinstance(url, Location) else Location.of(url, storage_options, self.policy.retry)
+        self.url, self.shown, self.local = self.location.url, self.location.shown, self.location.local
+        # The client makes one attempt per call: the metadata reads are retried by the storage, the
+        # shard reads by the fetcher (from the first byte not yet received), both by ``self.retry``.
+        self.storage = Storage(
+            self.location,
+            client_retries=False,
+            retryable=_metadata_retryable,
+            give_up=_metadata_failure,
+            pool=self.policy.max_in_flight,
         )
-        self._root = os.path.abspath(fsspec.core.strip_protocol(self.url)) if self.local else self._handle.root
-        try:
-            self._refuse_oversized(MANIFEST_NAME)
-            data = self._read(MANIFEST_NAME)
-        except FileNotFoundError:
-            bucket = None if self.local else missing_bucket(self.filesystem(), self.url, self._root)
-            if bucket is not None:
-                raise FileNotFoundError(errno.ENOENT, f"bucket {bucket!r} does not exist", self.shown) from None
-            raise FileNotFoundError(f"{self.shown}: no {MANIFEST_NAME} (is the conversion finished?)") from None
-        self.manifest = Manifest.load(data, f"{self.shown}/{MANIFEST_NAME}")
+        self._root = self.storage.root
+        self.manifest = open_manifest(self.storage)
         self.index = self._load_index()
         self.skipped_shards = self._check_shard_files()
         self.shards = [s.shard for s in self.manifest.shards]
         self.cameras = sorted(self.manifest.cameras)
 
-    def filesystem(self):
-        """This process's fsspec filesystem, with the policy's timeouts.
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry policy of every read (the fetch policy's, with the storage options' overrides)."""
+        return self.location.retry
 
-        A ``FileSystemHandle``: recreated after a fork.
-        """
-        return self._handle.get()
+    def filesystem(self):
+        """This process's fsspec filesystem, with the policy's timeouts (made again after a fork)."""
+        return self.storage.fs
 
     def path(self, name: str) -> str:
         """Path of the dataset's file ``name`` in this process's filesystem."""
@@ -138,21 +138,6 @@ class DatasetSource:
                 )
             return data
         return self.filesystem().cat_file(self.shard_path(shard), start=start, end=stop)
-
-    def _refuse_oversized(self, name: str) -> None:
-        """``FormatError`` when the storage states more bytes for metadata file ``name`` than ``MAX_JSON_BYTES``.
-
-        Asked before it is read. A remote size that cannot be asked is left to the read (and ``Manifest.load``).
-        """
-        try:
-            size = os.stat(self.path(name)).st_size if self.local else self.filesystem().size(self.path(name))
-        except FileNotFoundError as exc:
-            if exc.__cause__ is not None and retryable(exc.__cause__):
-                return  # fsspec's HTTP info calls any failure (a 503, a timeout) "not found": the read retries
-            raise
-        except Exception:  # the read that follows reports (and retries) what is wrong
-            return
-        check_size(size, f"{self.shown}/{name}", FormatError)
 
     def _check_shard_files(self) -> dict[int, str]:
         """Hold the manifest's shard sizes, which bound every index value, against the shard files.
@@ -213,21 +198,6 @@ class DatasetSource:
         """Bool ``[num_episodes]``: the index's episodes in a shard of ``skipped_shards`` (never fetched)."""
         return np.isin(self.index.shard, list(self.skipped_shards))
 
-    def _read(self, name: str) -> bytes:
-        """A whole metadata file, with the policy's retries for remote reads."""
-        if self.local:
-            with open_regular(self.path(name)) as f:
-                return f.read()
-        attempt, started = 0, time.monotonic()
-        while True:
-            try:
-                return self.filesystem().cat_file(self.path(name))
-            except Exception as exc:  # classified like shard reads: retried, or the error named
-                if not retryable(exc):
-                    raise  # FileNotFoundError stays itself: a missing index.arrow means per-shard indexes
-                wait_or_raise(self.policy, exc, attempt, self.path(name), -1, started, self.retry_budget_s)
-                attempt += 1
-
     # --- the index, checked ----------------------------------------------------------------------
 
     def _load_index(self) -> WindowIndex:
@@ -247,10 +217,10 @@ class DatasetSource:
                         raise FormatError(f"{where}: empty file")
                     data = pa.py_buffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
             else:
-                data = pa.py_buffer(self._read(entry.file))
+                data = pa.py_buffer(self.storage.read(entry.file))
         except FileNotFoundError:
             self.index_file = f"{self.shown}/*{INDEX_SUFFIX}"
-            return load_shard_indexes(self.manifest, self._read, self.shown)
+            return load_shard_indexes(self.manifest, self.storage.read, self.shown)
         # A local file another process of this node already hashed is not hashed again (its stamp).
         hashed = st is not None and is_verified(path, st, entry.sha256)
         index = load_dataset_index(data, self.manifest, where, hashed=hashed)
@@ -259,14 +229,20 @@ class DatasetSource:
         return index
 
 
-def _pooled(url: str, storage_options: dict, connections: int) -> dict:
-    """S3 options with at least ``connections`` pooled connections (botocore keeps 10).
+def _metadata_retryable(exc: BaseException) -> bool:
+    """Whether a failed metadata call (manifest, index, listing) is asked again.
 
-    So the fetcher's requests in flight are not queued in the client; what the user set is kept.
+    The fetcher's rule (``stream.fetch.retryable``), and fsspec's "not found" that an HTTP server's
+    failure (a 503, a timeout) became (``epishard.format.retry.transient``).
     """
-    if fsspec.core.split_protocol(url)[0] not in ("s3", "s3a"):
-        return storage_options
-    options = resolve_storage_options(url, storage_options)
-    config = dict(options.get("config_kwargs") or {})
-    config.setdefault("max_pool_connections", max(10, connections))
-    return {**options, "config_kwargs": config}
+    return retryable(exc) or (isinstance(exc, FileNotFoundError) and transient(exc))
+
+
+def _metadata_failure(exc: BaseException, where: str, attempt: int, started: float, policy: RetryPolicy):
+    """The reader's ``give_up`` for metadata calls: a ``FetchError`` (shard -1) naming the file and the failure.
+
+    A failure that is not retryable stays itself (no ``index.arrow`` means per-shard indexes).
+    """
+    if not _metadata_retryable(exc):
+        return exc
+    return fetch_failure(policy, exc, attempt, where, -1, started, _metadata_retryable)

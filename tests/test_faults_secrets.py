@@ -29,7 +29,7 @@ from lerobotgen import write_v2
 from remote_servers import RangeHandler, serve_http
 
 from epishard.cli import main as cli
-from epishard.format.storage import RemoteFile, parse_storage_options
+from epishard.format.storage import Location, RemoteFile, parse_storage_options
 from epishard.redact import MASK, redact, redact_options, remember
 from epishard.shardwriter import ConversionError, ConvertOptions, SourceError, convert, read_lerobot
 from epishard.stream.options import ReadOptions
@@ -147,7 +147,7 @@ def test_remembered_secrets_are_masked_anywhere_and_options_copied_masked():
         "key": MASK,
         "client_kwargs": {"headers": {"Authorization": MASK}, "region_name": "eu-west-1"},
     }
-    assert CANARY not in repr(RemoteFile("s3://b/k", 1, {"secret": CANARY}))
+    assert CANARY not in repr(RemoteFile("s3://b/k", 1, Location.of("s3://b", {"secret": CANARY})))
     assert CANARY not in repr(StreamRun("s3://b/ds", storage_options={"secret": CANARY}))
 
 
@@ -342,7 +342,8 @@ def test_python_api_logs_warnings_and_errors_name_no_secret(base, server, tmp_pa
         assert str(raised.value).startswith(f"{_masked(server)}/missing: no meta/info.json")
         with pytest.raises(FileNotFoundError) as missing:
             DatasetSource(_with_canary(server) + "/nothing")
-        assert str(missing.value) == f"{_masked(server)}/nothing: no manifest.json (is the conversion finished?)"
+        assert missing.value.filename == f"{_masked(server)}/nothing"  # opened as verify and inspect open it
+        assert missing.value.strerror == "no manifest.json: no such dataset folder, or it is empty"
         ds = WindowDataset(DatasetSource(_with_canary(server) + "/api", HEADERS), SPEC, seed=0)
         os.remove(f"{out}/shard-000001.tar")  # gone after the index was read: its episode is skipped
         keys = {int(s["episode_index"]) for s in ds}
@@ -430,19 +431,26 @@ def test_verify_reports_a_missing_shard_without_the_secret(base, server):
 
 
 def test_an_http_error_chain_shows_no_header_secret(server):
-    """A 404 over HTTP with the canary in an ``Authorization`` header: aiohttp's
+    """An HTTP error answer with the canary in an ``Authorization`` header: aiohttp's
     ``ClientResponseError`` carries the request headers (``request_info``, its ``args``), so the
-    ``repr``, ``str`` and formatted traceback of every exception in the chain are checked."""
+    ``repr``, ``str`` and formatted traceback of every exception in the chain are checked. The
+    answer: a 403 to the manifest (not retried: refused at once)."""
     import traceback
 
     import aiohttp
     from faultgen import SPEC
+    from remote_servers import ThrottleProxy
 
     from epishard.stream import WindowDataset
 
     options = {"headers": {"Authorization": "Bearer " + CANARY}}
-    with pytest.raises(FileNotFoundError) as raised:
-        WindowDataset(server + "/nothing-here", SPEC, read=ReadOptions(storage_options=options))
+    proxy = ThrottleProxy(server)
+    try:
+        proxy.burst_count(1, status=403, match=b"manifest.json")
+        with pytest.raises(aiohttp.ClientResponseError) as raised:
+            WindowDataset(proxy.url + "/nothing-here", SPEC, read=ReadOptions(storage_options=options))
+    finally:
+        proxy.close()
     chain, e = [], raised.value
     while e is not None and e not in chain:
         chain.append(e)
@@ -451,9 +459,9 @@ def test_an_http_error_chain_shows_no_header_secret(server):
     assert responses, chain
     info = responses[0].request_info
     assert info.headers["Authorization"] == MASK
-    assert str(info.url) == server + "/nothing-here/manifest.json"  # the rest is kept
+    assert str(info.url) == proxy.url + "/nothing-here/manifest.json"  # the rest is kept
     assert responses[0].args[0].headers["Authorization"] == MASK
-    assert responses[0].status == 404
+    assert responses[0].status == 403
     texts = ["".join(traceback.format_exception(raised.value))]
     for e in chain:
         texts += [repr(e), str(e), repr(e.args), "".join(traceback.format_exception(e))]

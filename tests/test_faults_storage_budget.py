@@ -30,7 +30,7 @@ from epishard.format.retry import (
     next_delay,
     retry_after_s,
 )
-from epishard.format.storage import make_filesystem
+from epishard.format.storage import Location, make_filesystem
 from epishard.shardwriter import ConvertOptions, convert, verify
 from epishard.stream import WindowDataset
 from epishard.stream.fetch import FetchError, FetchPolicy
@@ -95,7 +95,7 @@ def test_default_budget_survives_a_30_s_burst_by_value():
     policy = FetchPolicy()
     assert RETRY_BUDGET_S >= 30 + BACKOFF_MAX_S  # a 30 s burst plus the last backoff fits
     assert policy.retry_budget_s == RETRY_BUDGET_S and policy.retries is None  # a time budget, not a count
-    fs, _ = make_filesystem("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9"})  # the writer's client
+    fs, _ = make_filesystem(Location.of("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9"}))  # the writer
     budgets = [
         h.__self__.budget_s
         for h in fs.session._events._emitter._handlers.prefix_search("needs-retry.s3")
@@ -360,7 +360,7 @@ def test_a_negative_or_nan_budget_is_refused(value):
     with pytest.raises(
         ValueError, match=r"storage option retry_budget \((-1\.0|nan)\) must be a number of seconds >= 0"
     ):
-        make_filesystem("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9", "retry_budget": value})
+        Location.of("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9", "retry_budget": value})
 
 
 def _uploads_in_progress(fs, prefix: str) -> list[str]:

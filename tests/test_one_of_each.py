@@ -74,7 +74,7 @@ def test_the_filesystem_handle_is_made_per_process_and_pickles_without_it(monkey
 
 def test_writer_and_reader_share_the_one_handle(intact):
     assert isinstance(Storage("memory://epishard-handle")._handle, FileSystemHandle)
-    assert isinstance(DatasetSource(intact)._handle, FileSystemHandle)
+    assert isinstance(DatasetSource(intact).storage._handle, FileSystemHandle)
     made_elsewhere = [
         line
         for line in _code_lines(("epishard/format", "shardwriter", "stream", "balance"), r"make_filesystem\(")
@@ -101,3 +101,47 @@ def test_the_fetcher_counts_into_the_telemetry_names(intact):
             needed += sum(m.size for m in tar.getmembers() if not m.name.endswith(".json"))
     assert totals["requests"] == len(manifest.shards) == 3 and totals["retries"] == 0
     assert needed <= totals["bytes_read"] <= manifest.totals.bytes
+
+
+def test_a_dataset_root_is_opened_once_its_options_resolved_once(intact, monkeypatch, tmp_path):
+    """The reader, ``verify`` and ``inspect`` open a root one way (``Location.of``): the storage options
+    are merged with the environment once per open, not per filesystem, read or retry, and a whole epoch
+    reads through that one opening."""
+    from faultgen import SPEC
+
+    import epishard.format.storage as storage
+    from epishard.shardwriter.describe import describe
+    from epishard.shardwriter.verify import verify
+
+    resolved = []
+    real = storage.resolve_storage_options
+    monkeypatch.setattr(storage, "resolve_storage_options", lambda url, o=None: resolved.append(url) or real(url, o))
+    samples = list(WindowDataset(intact, SPEC, seed=1))
+    assert samples and resolved == [intact]
+    resolved.clear()
+    assert verify(intact, decode=False)["ok"] and resolved == [intact]
+    resolved.clear()
+    assert describe(intact)["totals"]["episodes"] == 6 and resolved == [intact]
+
+
+def test_one_retry_policy_reaches_every_retry_loop():
+    """``retry_budget`` / ``connect_timeout`` / ``read_timeout`` are read in one place (``RetryPolicy``), and a
+    reader's fetch policy and the storage options meet in the one ``RetryPolicy`` of the opened location."""
+    from epishard.format.retry import RetryPolicy
+    from epishard.format.storage import Location
+    from epishard.stream import FetchPolicy
+
+    readers = [
+        line
+        for line in _code_lines(
+            ("epishard", "epishard/format", "shardwriter", "shardwriter/sources", "stream", "balance"),
+            r"[\"']retry_budget[\"']",
+        )
+        if not line.startswith("epishard/format/retry.py:")
+    ]
+    assert readers == []
+    fetch = FetchPolicy(retry_budget_s=4, backoff_s=0.1, retries=3, connect_timeout_s=2)
+    opened = Location.of("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9", "retry_budget": 0.5}, fetch.retry)
+    assert opened.retry == RetryPolicy(budget_s=0.5, backoff_s=0.1, retries=3, connect_s=2)
+    assert opened.options == {"endpoint_url": "http://127.0.0.1:9"}  # the client gets no option of ours
+    assert Location.of(opened) is opened

@@ -8,6 +8,12 @@ import json
 from epishard.cli import show_progress, storage_options
 from epishard.redact import redact
 
+__all__ = [
+    "HELP",
+    "add_arguments",
+    "run",
+]
+
 HELP = "shards, episodes, frames, cameras, codecs, keyframe intervals, sizes"
 
 

@@ -87,10 +87,10 @@ def run(args: argparse.Namespace) -> int:
 
     spec = None
     if args.window == "stream" or args.rrd:
-        from epishard.stream.dataset import open_source
         from epishard.stream.report import dataset_columns, stream_spec
+        from epishard.stream.source import DatasetSource
 
-        source = open_source(args.dataset, args.storage_options)
+        source = DatasetSource(args.dataset, args.storage_options)
         cams = args.cameras.split(",") if args.cameras else source.cameras
         frames, span = stream_window_size(args.frames, args.span)
         spec = stream_spec(

@@ -9,6 +9,12 @@ import time
 from epishard.cli import show_progress, storage_options
 from epishard.redact import redact
 
+__all__ = [
+    "HELP",
+    "add_arguments",
+    "run",
+]
+
 HELP = "re-read every shard; check checksums, index offsets, decoding (exit 1 on damage)"
 
 

@@ -8,8 +8,8 @@
 - ``NotConverted``, ``lerobot_instead``: a LeRobot dataset or a Hugging Face repo id given where a
   converted dataset was expected is named as one, with the ``epishard convert`` command to run;
 - ``open_manifest``: a dataset folder's checked manifest, or what the folder is instead (the one
-  opening ``verify`` and ``inspect`` share; the reader's ``DatasetSource`` reads through its retry
-  policy, then checks the same way).
+  opening the reader's ``DatasetSource``, ``verify`` and ``inspect`` share; each passes its opened
+  ``Storage``, whose location holds the storage options and the retry policy).
 
 Each load raises ``FormatError`` (``epishard.format.errors``) naming the file and the field.
 """
@@ -37,7 +37,6 @@ __all__ = [
     "lerobot_instead",
     "load_dataset_index",
     "load_shard_indexes",
-    "not_a_dataset",
     "open_manifest",
 ]
 
@@ -94,8 +93,10 @@ class NotConverted(FileNotFoundError):
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
-def lerobot_instead(root: str, storage_options: dict | None = None) -> str | None:
-    """The message for a ``root`` that is a LeRobot dataset rather than a converted (epishard) one, else None.
+def lerobot_instead(storage: Storage) -> str | None:
+    """The message for a folder that is a LeRobot dataset rather than a converted (epishard) one, else None.
+
+    ``storage``: the opened folder (its ``url``: ``root`` below).
 
     A LeRobot dataset: ``meta/info.json`` under ``root`` (a folder or any URL). A Hugging Face repo
     id (``lerobot/svla_so101_pickplace``: ``owner/name``, no scheme, no such local path): said to be
@@ -107,13 +108,13 @@ def lerobot_instead(root: str, storage_options: dict | None = None) -> str | Non
         "then stream OUT (epishard stream OUT, WindowDataset(OUT, ...), or LeRobot's dataset API through the "
         "drop-in epishard.stream.lerobot_dataset.EpishardLeRobotDataset(OUT, delta_timestamps=...))"
     )
+    root = storage.url
     if "://" not in root and _REPO_ID.fullmatch(root) and not os.path.exists(root):
         return (
             f"{root}: no such folder here; if it is the Hugging Face repo id of a LeRobot dataset (it looks like "
             f"one), run epishard convert hf://datasets/{root} OUT first, {after}"
         )
     try:
-        storage = Storage(root, storage_options)
         if not storage.exists("meta/info.json"):
             return None
         info = json.loads(storage.read("meta/info.json")[: 1 << 20])
@@ -127,18 +128,17 @@ def lerobot_instead(root: str, storage_options: dict | None = None) -> str | Non
     )
 
 
-def not_a_dataset(root: object, storage_options: dict | None = None) -> FileNotFoundError | None:
-    """What to raise for a ``root`` with no manifest, when more can be said than "no manifest.json".
+def _not_a_dataset(storage: Storage) -> FileNotFoundError | None:
+    """What to raise for a folder with no manifest, when more can be said than "no manifest.json".
 
     ``NotConverted`` for a LeRobot dataset or a Hugging Face repo id (``lerobot_instead``); a
-    ``FileNotFoundError`` (errno ENOENT, naming ``root``) for a local path that does not exist; else
+    ``FileNotFoundError`` (errno ENOENT, naming the path) for a local path that does not exist; else
     None (the caller's own message stands).
     """
-    if not isinstance(root, str):
-        return None
-    hint = lerobot_instead(root, storage_options)
+    hint = lerobot_instead(storage)
     if hint:
         return NotConverted(hint)
+    root = storage.url
     if "://" not in root and not os.path.exists(root):
         return FileNotFoundError(errno.ENOENT, "no such dataset folder", root)
     return None
@@ -151,8 +151,12 @@ class ManifestMissing(FileNotFoundError):
     """
 
 
-def open_manifest(storage: Storage, root: str, storage_options: dict | None = None) -> fmt.Manifest:
-    """The checked manifest of the converted dataset at ``root`` (``storage``: its folder).
+def open_manifest(storage: Storage) -> fmt.Manifest:
+    """The checked manifest of the converted dataset in ``storage`` (an opened folder: ``Storage``).
+
+    The one opening of a dataset's manifest: the writer's resume, ``verify``, ``inspect`` and the
+    reader (``stream.source.DatasetSource``) call it. Every call goes through ``storage``, so its
+    location's retry policy applies (the reader's storage raises its ``FetchError`` when it runs out).
 
     Its size is held against ``MAX_JSON_BYTES`` before a byte is read, then ``Manifest.load`` checks
     every field (nothing it names is opened before that).
@@ -165,9 +169,9 @@ def open_manifest(storage: Storage, root: str, storage_options: dict | None = No
         FormatError (a ValueError): the manifest is too large or breaks the format (naming the file).
     """
     if not storage.exists(fmt.MANIFEST_NAME):
-        if (refused := not_a_dataset(root, storage_options)) is not None:
+        if (refused := _not_a_dataset(storage)) is not None:
             raise refused
-        shown = redact(root)
+        shown = storage.location.shown
         if not storage.names():  # raises for a missing bucket (naming it) or denied access
             raise FileNotFoundError(
                 errno.ENOENT, f"no {fmt.MANIFEST_NAME}: no such dataset folder, or it is empty", shown

@@ -16,20 +16,52 @@ over ranged reads, ``stream.fetch.wait_or_raise``):
   than what is left of the budget fails at once.
 - A request that gets no answer costs at most its connect and read timeouts plus the budget.
 
-HTTP(S) clients (aiohttp through fsspec) have no retries of their own: ``call_with_budget`` wraps
-the calls ``storage.Storage`` and ``storage.RemoteFile`` make over HTTP by the same rules.
+``RetryPolicy`` is the one object that holds these numbers (the budget, the backoff, an optional
+retry count, the connect and read timeouts). Each opened location carries one
+(``epishard.format.storage.Location``: the storage options ``connect_timeout``, ``read_timeout`` and
+``retry_budget`` override its defaults, read once when the location is opened), and every retry loop
+takes it: ``S3RetryBudget`` (botocore's S3 calls), ``RetryPolicy.call`` (the fsspec calls no client
+retries: HTTP(S), whose aiohttp client has no retries of its own, and every metadata call of the
+reader) and the reader's shard fetches (``stream.fetch``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "BACKOFF_MAX_S",
+    "BACKOFF_S",
+    "CONNECT_TIMEOUT_S",
+    "READ_TIMEOUT_S",
+    "RETRYABLE_STATUS",
+    "RETRY_BUDGET_S",
+    "STORAGE_OPTIONS",
+    "GiveUp",
+    "RetryBudgetExceeded",
+    "RetryPolicy",
+    "S3RetryBudget",
+    "backoff",
+    "budget_exceeded",
+    "describe_failure",
+    "http_status_of",
+    "next_delay",
+    "retry_after_s",
+    "transient",
+]
 
 RETRY_BUDGET_S = 60.0  # default seconds a failing request keeps being retried (a 30 s burst of 503s is survived)
 BACKOFF_S = 0.05  # first backoff ceiling, seconds; doubles per attempt
 BACKOFF_MAX_S = 2.0  # largest backoff ceiling, seconds
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)
+CONNECT_TIMEOUT_S = 10.0  # default seconds to open a connection to S3 or an HTTP server
+READ_TIMEOUT_S = 30.0  # default seconds a request may wait for the next bytes of a response
 
 
 class RetryBudgetExceeded(OSError):
@@ -142,14 +174,15 @@ class S3RetryBudget:
 
     _START = "epishard_retry_started"
 
-    def __init__(self, budget_s: float, backoff_s: float = BACKOFF_S, backoff_max_s: float = BACKOFF_MAX_S):
+    def __init__(self, policy: RetryPolicy):
         from botocore.retries.standard import (
             RetryEventAdapter,
             ThrottledRetryableChecker,
             TransientRetryableChecker,
         )
 
-        self.budget_s, self.backoff_s, self.backoff_max_s = budget_s, backoff_s, backoff_max_s
+        self.policy = policy
+        self.budget_s = policy.budget_s
         self._adapter = RetryEventAdapter()
         self._checkers = (TransientRetryableChecker(), ThrottledRetryableChecker())
 
@@ -182,14 +215,7 @@ class S3RetryBudget:
             started = request.setdefault("context", {}).setdefault(self._START, time.monotonic())
         headers = (context.parsed_response or {}).get("ResponseMetadata", {}).get("HTTPHeaders", {}) or {}
         attempts = int(kwargs.get("attempts") or 1)
-        delay = next_delay(
-            started,
-            attempts - 1,
-            self.budget_s,
-            retry_after_s(headers.get("retry-after")),
-            self.backoff_s,
-            self.backoff_max_s,
-        )
+        delay = self.policy.next_delay(started, attempts - 1, retry_after_s(headers.get("retry-after")))
         if delay is not None:
             return delay
         elapsed = time.monotonic() - started
@@ -227,36 +253,127 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError | TimeoutError)
 
 
-def call_with_budget(
-    call, where: str, budget_s: float, backoff_s: float = BACKOFF_S, backoff_max_s: float = BACKOFF_MAX_S
-):
-    """``call()``, asked again after each ``transient`` failure for ``budget_s`` seconds (the module's rules).
+GiveUp = Callable[[BaseException, str, int, float, "RetryPolicy"], BaseException]
+"""``give_up(exc, where, attempt, started, policy)``: the exception raised when a retry loop stops."""
 
-    For the fsspec calls no client retries (HTTP). ``where``: what the message names (the URL).
-    Returns what ``call`` returns; a failure that is not transient is raised as it is.
+
+def budget_exceeded(exc: BaseException, where: str, attempt: int, started: float, policy: RetryPolicy):
+    """The writer's ``give_up``: ``RetryBudgetExceeded`` naming ``where``, the status, attempts and seconds.
+
+    A failure that is not transient is raised as it is (returned unchanged).
+    """
+    if not transient(exc):
+        return exc
+    status, code, headers = http_status_of(exc)
+    elapsed = time.monotonic() - started
+    after = f"; Retry-After {headers['retry-after']}" if headers.get("retry-after") is not None else ""
+    return RetryBudgetExceeded(
+        f"{where}: {describe_failure(status, code, exc)} (gave up after {attempt + 1} attempts in "
+        f"{elapsed:.1f} s: retry budget {policy.budget_s:g} s{after})",
+        status,
+        elapsed,
+    )
+
+
+STORAGE_OPTIONS = {"connect_timeout": "connect_s", "read_timeout": "read_s", "retry_budget": "budget_s"}
+"""epishard's own storage options (seconds) -> the ``RetryPolicy`` field each sets."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a failing remote request is asked again, and how long one try may wait (the module's rules).
+
+    Args:
+        budget_s: seconds a failing request keeps being retried, counted from when it was first
+            sent (the reader's shard fetches: from its last progress). Default ``RETRY_BUDGET_S``.
+        backoff_s / backoff_max_s: the full-jitter backoff's first and largest ceiling, seconds.
+        retries: also a limit on the number of retries per request; None: the budget alone.
+        connect_s / read_s: seconds to open a connection, and to wait for the next bytes of a
+            response (S3 and HTTP clients; ``epishard.format.storage.with_timeouts``).
 
     Raises:
-        RetryBudgetExceeded: still failing when the budget is spent (or a ``Retry-After`` is past it);
-            names ``where``, the status or exception, the attempts and the seconds spent.
+        ValueError: a value below 0 (or NaN), naming it.
     """
-    started, attempt = time.monotonic(), 0
-    while True:
-        try:
-            return call()
-        except Exception as exc:
-            if not transient(exc):
-                raise
-            status, code, headers = http_status_of(exc)
-            retry_after = retry_after_s(headers.get("retry-after"))
-            delay = next_delay(started, attempt, budget_s, retry_after, backoff_s, backoff_max_s)
-            if delay is None:
-                elapsed = time.monotonic() - started
-                after = f"; Retry-After {headers['retry-after']}" if retry_after is not None else ""
-                raise RetryBudgetExceeded(
-                    f"{where}: {describe_failure(status, code, exc)} (gave up after {attempt + 1} attempts in "
-                    f"{elapsed:.1f} s: retry budget {budget_s:g} s{after})",
-                    status,
-                    elapsed,
-                ) from exc
-            time.sleep(delay)
-            attempt += 1
+
+    budget_s: float = RETRY_BUDGET_S
+    backoff_s: float = BACKOFF_S
+    backoff_max_s: float = BACKOFF_MAX_S
+    retries: int | None = None
+    connect_s: float = CONNECT_TIMEOUT_S
+    read_s: float = READ_TIMEOUT_S
+
+    def __post_init__(self):
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        bad = {k: v for k, v in values.items() if v is not None and not v >= 0}
+        if bad:
+            raise ValueError(
+                "RetryPolicy: " + ", ".join(f"{k} ({v})" for k, v in bad.items()) + " must be a number >= 0"
+            )
+
+    def with_storage_options(self, options: dict, where: str) -> tuple[RetryPolicy, dict]:
+        """``(policy, client options)``: epishard's storage options over this policy, and the rest.
+
+        ``connect_timeout``, ``read_timeout`` and ``retry_budget`` (seconds, ``STORAGE_OPTIONS``)
+        set ``connect_s``, ``read_s`` and ``budget_s``; the other options are the fsspec client's.
+
+        Raises:
+            ValueError: one of them is not a number of seconds >= 0 (names ``where`` and the option).
+        """
+        rest, values = dict(options), dict[str, Any]()
+        for option, name in STORAGE_OPTIONS.items():
+            if option not in rest:
+                continue
+            given = rest.pop(option)
+            try:
+                value = float(given)
+            except (TypeError, ValueError):
+                value = float("nan")
+            if not value >= 0:  # NaN too
+                raise ValueError(f"{where}: storage option {option} ({given}) must be a number of seconds >= 0")
+            values[name] = value
+        return dataclasses.replace(self, **values), rest
+
+    def next_delay(self, started: float, attempt: int, retry_after: float | None = None) -> float | None:
+        """Seconds to wait before retry ``attempt`` (from 0), or None when no retry is left.
+
+        ``started``: ``time.monotonic()`` when the request was sent; ``retry_after``: the server's
+        ``Retry-After`` in seconds. None when ``retries`` are spent, else as ``next_delay``.
+        """
+        if self.retries is not None and attempt >= self.retries:
+            return None
+        return next_delay(started, attempt, self.budget_s, retry_after, self.backoff_s, self.backoff_max_s)
+
+    def call(
+        self,
+        call: Callable,
+        where: str,
+        retryable: Callable[[BaseException], bool] = transient,
+        give_up: GiveUp = budget_exceeded,
+    ):
+        """``call()``, asked again after each ``retryable`` failure while this policy allows.
+
+        For the fsspec calls no client retries (HTTP, and the reader's metadata reads). ``where``:
+        what messages name (the URL). Returns what ``call`` returns. When the policy stops (a
+        failure that is not retryable, the budget or the retries spent, a ``Retry-After`` past the
+        budget) ``give_up(exc, where, attempt, started, policy)`` is raised from the failure.
+
+        Raises:
+            RetryBudgetExceeded: (the default ``give_up``) a transient failure outlasted the budget;
+                a failure that is not transient is raised as it is.
+        """
+        started, attempt = time.monotonic(), 0
+        while True:
+            try:
+                return call()
+            except Exception as exc:
+                delay = None
+                if retryable(exc):
+                    headers = http_status_of(exc)[2]
+                    delay = self.next_delay(started, attempt, retry_after_s(headers.get("retry-after")))
+                if delay is None:
+                    raised = give_up(exc, where, attempt, started, self)
+                    if raised is exc:
+                        raise
+                    raise raised from exc
+                time.sleep(delay)
+                attempt += 1

@@ -2,9 +2,14 @@
 
 URLs: ``s3://``, ``gs://``, ``http(s)://``, ``hf://``, ``file://``; every command takes the options too.
 
+A root is opened once (``Location.of``, used by the writer, the reader, ``verify`` and ``inspect``):
+its storage options resolved and its ``RetryPolicy`` fixed; filesystems (``FileSystemHandle``,
+one per process), folder reads and writes (``Storage``) and source files (``RemoteFile``) take the
+opened ``Location``.
+
 Storage options (``resolve_storage_options``, the one definition): the ``storage_options`` dict
 of an API (CLI: ``--storage-options JSON``, ``parse_storage_options``) over the fsspec
-configuration read from the environment when a filesystem is made (``FSSPEC_<PROTOCOL>_<OPTION>``
+configuration read from the environment when a root is opened (``FSSPEC_<PROTOCOL>_<OPTION>``
 variables, ``FSSPEC_<PROTOCOL>`` JSON objects, files in ``FSSPEC_CONFIG_DIR``). The clients read
 their own variables too: botocore (s3fs) ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``),
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``,
@@ -25,6 +30,7 @@ error, not a read that blocks or never ends).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import io
@@ -38,13 +44,33 @@ import fsspec
 import fsspec.config
 
 from epishard.redact import guard_client_logs, redact, remember
-from epishard.storage_options import parse_storage_options  # noqa: F401  (re-exported for the APIs and tools)
+from epishard.storage_options import parse_storage_options
 
 from . import manifest as fmt
-from .retry import RETRY_BUDGET_S, S3RetryBudget, call_with_budget
+from .retry import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, GiveUp, RetryPolicy, S3RetryBudget, budget_exceeded, transient
 
-CONNECT_TIMEOUT_S = 10.0  # default seconds to open a connection to S3 or an HTTP server
-READ_TIMEOUT_S = 30.0  # default seconds a request may wait for the next bytes of a response
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "READ_BLOCK_BYTES",
+    "READ_TIMEOUT_S",
+    "STORAGE_ENV_NAMES",
+    "STORAGE_ENV_PREFIXES",
+    "FileSystemHandle",
+    "Location",
+    "NotARegularFile",
+    "RemoteFile",
+    "Storage",
+    "is_local",
+    "local_path",
+    "make_filesystem",
+    "open_regular",
+    "parse_storage_options",
+    "protocol_of",
+    "resolve_storage_options",
+    "source_filesystem",
+    "storage_env",
+    "with_timeouts",
+]
 
 
 def with_timeouts(url: str, storage_options: dict, connect_s: float, read_s: float, attempts: int) -> dict:
@@ -108,75 +134,125 @@ def resolve_storage_options(url: str, storage_options: dict | None = None) -> di
     return options
 
 
-def make_filesystem(
-    url: str,
-    storage_options: dict,
-    attempts: int = 3,
-    connect_s: float = CONNECT_TIMEOUT_S,
-    read_s: float = READ_TIMEOUT_S,
-    retry_budget_s: float = RETRY_BUDGET_S,
-):
-    """(fsspec filesystem, root path) for ``url`` with timeouts and, on S3, a retry budget.
+@dataclass(frozen=True)
+class Location:
+    """A dataset folder or source root, opened once: its URL, its storage options resolved, its retry policy.
 
-    The ``connect_timeout``/``read_timeout``/``retry_budget`` storage options (epishard's own, in
-    seconds) when given, else ``connect_s``/``read_s``/``retry_budget_s``.
+    The one way a root is opened, by the writer (``Storage``, source trees), the reader
+    (``stream.source.DatasetSource``), ``verify`` and ``inspect``: ``Location.of`` merges the
+    storage options with the environment's (``resolve_storage_options``) and takes epishard's own
+    options (``connect_timeout``, ``read_timeout``, ``retry_budget``, seconds) into ``retry``, once;
+    every filesystem, read and retry of that root then uses the result.
 
-    S3: each call that is throttled (429, 503 ``SlowDown``), fails with a 5xx or gets no answer
+    ``url``: the root (local path or fsspec URL, no trailing ``/``); ``options``: the fsspec
+    client's options (never shown: they hold secrets); ``retry``: ``RetryPolicy``. Picklable: a
+    worker or Ray task gets the options already resolved.
+    """
+
+    url: str
+    options: dict = field(default_factory=dict, compare=False, repr=False)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    @classmethod
+    def of(cls, url: str | Location, storage_options: dict | None = None, retry: RetryPolicy | None = None) -> Location:
+        """``url`` opened with ``storage_options`` over the environment's, and ``retry`` (default ``RetryPolicy()``).
+
+        A ``Location`` is returned as it is (``storage_options`` and ``retry`` must then be None).
+
+        Raises:
+            ValueError: ``connect_timeout``, ``read_timeout`` or ``retry_budget`` is not a number >= 0.
+            TypeError: a ``Location`` with options or a policy besides.
+        """
+        if isinstance(url, Location):
+            if storage_options or retry is not None:
+                raise TypeError(f"{url.shown}: an opened Location takes no storage options or retry policy besides")
+            return url
+        url = url.rstrip("/") or url
+        options = resolve_storage_options(url, storage_options)
+        policy, client = (retry or RetryPolicy()).with_storage_options(options, redact(url))
+        return cls(url, client, policy)
+
+    @property
+    def protocol(self) -> str | None:
+        """The fsspec protocol (``"s3"``, ``"https"``, ...), None for a plain local path."""
+        return protocol_of(self.url)
+
+    @property
+    def local(self) -> bool:
+        """Whether the root is a local folder (a plain path, ``file://`` or ``local://``)."""
+        return self.protocol in (None, "file", "local")
+
+    @property
+    def shown(self) -> str:
+        """The URL as messages name it: credentials redacted."""
+        return redact(self.url)
+
+    def child(self, url: str) -> Location:
+        """A location under this one (a file of the folder): the same options and policy."""
+        return dataclasses.replace(self, url=url)
+
+
+def make_filesystem(location: Location, attempts: int = 3, client_retries: bool = True, pool: int = 0):
+    """(fsspec filesystem, root path) for ``location`` with its timeouts and, on S3, its retry budget.
+
+    Timeouts: ``location.retry``'s ``connect_s`` and ``read_s``. ``client_retries`` (the writer):
+    on S3 each call that is throttled (429, 503 ``SlowDown``), fails with a 5xx or gets no answer
     (reset, refused, timed out) is retried with full-jitter backoff, honouring ``Retry-After``,
-    for ``retry_budget_s`` seconds from when it was first sent (``epishard.format.retry``), then fails
+    for the policy's budget from when it was first sent (``epishard.format.retry``), then fails
     with ``RetryBudgetExceeded`` naming the URL, status and time spent. A budget of 0, or a
     ``retries`` entry of the options' ``config_kwargs`` (botocore's own setting, then kept), gives
-    botocore's standard retry mode with ``attempts`` tries instead. s3fs's own retry loops are
-    turned off because they nest (5 x 5 x botocore's 5 tries by default: one stuck endpoint became
-    minutes of silence). The filesystem is this caller's own (not fsspec's shared instance for the
-    same options). ``storage_options`` are merged with the environment first
-    (``resolve_storage_options``).
-
-    Raises:
-        ValueError: a timeout or the budget is not a number >= 0.
+    botocore's standard retry mode with ``attempts`` tries instead. ``client_retries=False`` (the
+    reader, whose own loop retries every call by the same policy): one try per call. s3fs's own
+    retry loops are turned off because they nest (5 x 5 x botocore's 5 tries by default: one stuck
+    endpoint became minutes of silence). ``pool``: an S3 client keeps at least this many pooled
+    connections (botocore keeps 10), so requests in flight are not queued in the client; what the
+    options set is kept. The filesystem is this caller's own (not fsspec's shared instance for the
+    same options).
     """
-    options = resolve_storage_options(url, storage_options)
-    connect = float(options.pop("connect_timeout", connect_s))
-    read = float(options.pop("read_timeout", read_s))
-    budget = float(options.pop("retry_budget", retry_budget_s))
-    if not budget >= 0:  # NaN too
-        raise ValueError(f"{url}: storage option retry_budget ({budget}) must be a number of seconds >= 0")
+    remember(location.url, location.options)  # this process's redaction knows the secrets (a spawned worker too)
+    guard_client_logs()
+    retry, options = location.retry, dict(location.options)
     own = "retries" in (options.get("config_kwargs") or {})
-    budgeted = budget > 0 and not own and protocol_of(url) in ("s3", "s3a")
-    options = with_timeouts(url, options, connect, read, 1 if budgeted else attempts)
-    fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
+    s3 = location.protocol in ("s3", "s3a")
+    budgeted = client_retries and retry.budget_s > 0 and not own and s3
+    if s3 and pool:
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("max_pool_connections", max(10, pool))
+        options["config_kwargs"] = config
+    tries = 1 if budgeted or not client_retries else attempts
+    options = with_timeouts(location.url, options, retry.connect_s, retry.read_s, tries)
+    fs, root = fsspec.core.url_to_fs(location.url, skip_instance_cache=True, **options)
     if hasattr(fs, "retries") and hasattr(fs, "set_session"):  # s3fs
         fs.retries = 1
         if budgeted:  # the handlers go on the session its clients are made from, kept when they are remade
             import aiobotocore.session
 
             session = aiobotocore.session.AioSession(**fs.kwargs)
-            S3RetryBudget(budget).install(session)
+            S3RetryBudget(retry).install(session)
             fs.session, fs._session_is_owned = session, False
     return fs, root
 
 
 class FileSystemHandle:
-    """This process's fsspec filesystem for ``url``, made on first use and again after a fork.
+    """This process's fsspec filesystem for a ``Location``, made on first use and again after a fork.
 
     s3fs/aiohttp sessions do not survive a fork, so a handle pickles (to DataLoader workers, to
     writer processes) without its filesystem, and a forked child makes its own.
 
-    ``storage_options``, ``attempts``, ``connect_s``, ``read_s``, ``retry_budget_s``: as ``make_filesystem``.
+    ``location``: a ``Location`` (or a URL and ``storage_options``, opened here with ``Location.of``);
+    ``attempts``, ``client_retries``, ``pool``: as ``make_filesystem``.
     """
 
     def __init__(
         self,
-        url: str,
-        storage_options: dict,
+        location: Location | str,
+        storage_options: dict | None = None,
         attempts: int = 3,
-        connect_s: float = CONNECT_TIMEOUT_S,
-        read_s: float = READ_TIMEOUT_S,
-        retry_budget_s: float = RETRY_BUDGET_S,
+        client_retries: bool = True,
+        pool: int = 0,
     ):
-        self.url, self.storage_options = url, dict(storage_options)
-        self.attempts, self.connect_s, self.read_s = attempts, connect_s, read_s
-        self.retry_budget_s = retry_budget_s
+        self.location = Location.of(location, storage_options)
+        self.attempts, self.client_retries, self.pool = attempts, client_retries, pool
         self._fs = None
         self._pid: int | None = None
         self._root: str | None = None
@@ -187,9 +263,7 @@ class FileSystemHandle:
     def get(self):
         """The filesystem of this process."""
         if self._fs is None or self._pid != os.getpid():
-            self._fs, self._root = make_filesystem(
-                self.url, self.storage_options, self.attempts, self.connect_s, self.read_s, self.retry_budget_s
-            )
+            self._fs, self._root = make_filesystem(self.location, self.attempts, self.client_retries, self.pool)
             self._pid = os.getpid()
         return self._fs
 
@@ -228,7 +302,7 @@ def open_regular(path: str):
 _BUCKET_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs")
 
 
-def missing_bucket(fs, url: str, root: str) -> str | None:
+def _missing_bucket(fs, url: str, root: str) -> str | None:
     """The bucket of ``url`` if it is on an object store and that bucket does not exist, else None.
 
     ``fs``: the URL's filesystem; ``root``: the URL's path in it (``bucket/prefix``). For the message
@@ -242,31 +316,51 @@ def missing_bucket(fs, url: str, root: str) -> str | None:
 
 
 class Storage:
-    """A dataset folder.
+    """A dataset folder: the files of one ``Location``, read and written.
 
-    ``url``: local path or fsspec URL; ``storage_options``: passed to fsspec, except epishard's
-    ``connect_timeout``, ``read_timeout`` and ``retry_budget`` (seconds; see ``make_filesystem``).
-    Over HTTP(S), whose client does not retry, ``exists``, ``size``, ``names`` and ``read`` are
-    retried by the same budget (``epishard.format.retry.call_with_budget``): a throttled or failing
-    server is waited out, or named with its status (``RetryBudgetExceeded``), never taken for a
-    missing file.
+    ``location``: a ``Location`` (or a URL and ``storage_options``, opened here with
+    ``Location.of``: fsspec options, plus epishard's ``connect_timeout``, ``read_timeout`` and
+    ``retry_budget`` in seconds).
+
+    Who retries a failing call, by the location's one ``RetryPolicy``: with ``client_retries``
+    (the writer, ``verify``, ``inspect``) the S3 client (``make_filesystem``) and, over HTTP(S),
+    whose client does not retry, this class: ``exists``, ``size``, ``names`` and ``read`` are asked
+    again (``RetryPolicy.call``): a throttled or failing server is waited out, or named with its
+    status (``RetryBudgetExceeded``), never taken for a missing file. Without (the reader, one try
+    per client call): this class retries every remote call, classified by ``retryable`` and ended
+    by ``give_up`` (the reader's ``FetchError``). ``pool``: S3 pooled connections (``make_filesystem``).
     """
 
-    def __init__(self, url: str, storage_options: dict | None = None):
-        self.url = url.rstrip("/")
-        self.storage_options = dict(storage_options or {})
-        protocol = fsspec.core.split_protocol(self.url)[0]
-        self.local = protocol in (None, "file", "local")
-        self._handle = FileSystemHandle(self.url, self.storage_options)
-        self._http_budget: float | None = None  # seconds, for the calls of an HTTP(S) folder
-        if protocol in ("http", "https"):
-            self._http_budget = float(
-                resolve_storage_options(self.url, self.storage_options).get("retry_budget", RETRY_BUDGET_S)
-            )
+    def __init__(
+        self,
+        location: Location | str,
+        storage_options: dict | None = None,
+        *,
+        client_retries: bool = True,
+        retryable=transient,
+        give_up: GiveUp = budget_exceeded,
+        pool: int = 0,
+    ):
+        self.location = Location.of(location, storage_options)
+        self.url = self.location.url
+        self.local = self.location.local
+        self._handle = FileSystemHandle(self.location, client_retries=client_retries, pool=pool)
+        self._retry_here = not self.local and (not client_retries or self.location.protocol in ("http", "https"))
+        self._retryable, self._give_up = retryable, give_up
         if self.local:
-            self._root = os.path.abspath(fsspec.core.strip_protocol(self.url) if protocol else self.url)
+            self._root = local_path(self.url)
         else:  # the filesystem made for the root path is kept for this process
             self._root = self._handle.root
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The location's retry policy."""
+        return self.location.retry
+
+    @property
+    def root(self) -> str:
+        """The folder's path: absolute when local, else inside this process's filesystem (no protocol)."""
+        return self._root
 
     @property
     def fs(self):
@@ -300,16 +394,17 @@ class Storage:
         """Whether ``name`` exists in the folder."""
         if self.local:
             return os.path.exists(self.path(name))
-        if self._http_budget is not None:  # strict: a failing answer raises (and is retried), only 404 is False
+        if self.location.protocol in ("http", "https"):  # strict: a failing answer raises (and is retried)
             return self._retried(lambda: self.fs.exists(self.path(name), strict=True), name)
         with self._named_denial():
-            return self.fs.exists(self.path(name))
+            return self._retried(lambda: self.fs.exists(self.path(name)), name)
 
     def _retried(self, call, name: str):
-        """``call()``, over HTTP(S) retried for the budget (see the class docstring)."""
-        if self._http_budget is None:
+        """``call()``, retried here by the location's policy where no client retries (the class docstring)."""
+        if not self._retry_here:
             return call()
-        return call_with_budget(call, redact(f"{self.url}/{name}" if name else self.url), self._http_budget)
+        where = redact(f"{self.url}/{name}" if name else self.url)
+        return self.location.retry.call(call, where, self._retryable, self._give_up)
 
     def size(self, name: str) -> int:
         """Size of ``name`` in bytes."""
@@ -347,7 +442,7 @@ class Storage:
                 listed = self._retried(lambda: self.fs.ls(self._root, detail=False), "")
                 return sorted(os.path.basename(p.rstrip("/")) for p in listed)
         except FileNotFoundError:
-            bucket = missing_bucket(self.fs, self.url, self._root)
+            bucket = _missing_bucket(self.fs, self.url, self._root)
             if bucket is not None:
                 raise FileNotFoundError(errno.ENOENT, f"bucket {bucket!r} does not exist", redact(self.url)) from None
             return []
@@ -422,17 +517,17 @@ class Storage:
 
 
 READ_BLOCK_BYTES = 1 << 20  # bytes a remote source file is read ahead by: what one open file holds in memory
-_source_handles: dict[tuple[str | None, str], FileSystemHandle] = {}  # (protocol, options) -> handle
+_source_handles: dict[tuple, FileSystemHandle] = {}  # (protocol, options, policy) -> handle
 
 
-def source_filesystem(url: str, storage_options: dict):
-    """This process's fsspec filesystem for source files at ``url``'s protocol with these options.
+def source_filesystem(location: Location):
+    """This process's fsspec filesystem for source files under ``location`` (its protocol, options, policy).
 
-    One ``FileSystemHandle`` per protocol and options, shared by every file (remade after a fork).
+    One ``FileSystemHandle`` per protocol, options and policy, shared by every file (remade after a fork).
     """
-    key = (protocol_of(url), json.dumps(storage_options, sort_keys=True, default=str))
+    key = (location.protocol, json.dumps(location.options, sort_keys=True, default=str), location.retry)
     if key not in _source_handles:
-        _source_handles[key] = FileSystemHandle(url, storage_options)
+        _source_handles[key] = FileSystemHandle(location)
     return _source_handles[key].get()
 
 
@@ -444,21 +539,26 @@ class RemoteFile:
     holds at most ``READ_BLOCK_BYTES`` read ahead (range requests), ``read`` the whole file.
 
     ``url``: the file's URL. ``known_size``: its size in bytes when a listing gave it (else asked
-    on first use). ``storage_options``: as ``make_filesystem`` takes them. Picklable: each process
-    makes its own client (``source_filesystem``). Equal and hashed by ``url`` and ``known_size``.
-    Over HTTP(S) ``read`` and ``size`` are retried for the retry budget (as ``Storage``'s; the
-    storage option ``retry_budget``, default ``RETRY_BUDGET_S``); S3 calls have it from botocore.
+    on first use). ``location``: the opened root it was found under (``Location``: its options
+    and retry policy; never shown, it holds secrets). Picklable: each process makes its own
+    client (``source_filesystem``). Equal and hashed by ``url`` and ``known_size``. Over HTTP(S)
+    ``read`` and ``size`` are retried by the location's policy (as ``Storage``'s); S3 calls have
+    it from botocore.
     """
 
     url: str
     known_size: int | None = None
-    storage_options: dict = field(default_factory=dict, compare=False, repr=False)  # secrets: never shown
+    location: Location | None = field(default=None, compare=False, repr=False)  # None: the URL's own
 
     def __str__(self) -> str:
         return self.url
 
+    @property
+    def _opened(self) -> Location:
+        return self.location if self.location is not None else Location.of(self.url)
+
     def _fs(self):
-        fs = source_filesystem(self.url, self.storage_options)
+        fs = source_filesystem(self._opened)
         return fs, fs._strip_protocol(self.url)
 
     def open(self):
@@ -491,8 +591,7 @@ class RemoteFile:
     def _retried(self, call):
         if protocol_of(self.url) not in ("http", "https"):
             return call()
-        budget = float(resolve_storage_options(self.url, self.storage_options).get("retry_budget", RETRY_BUDGET_S))
-        return call_with_budget(call, redact(self.url), budget)
+        return self._opened.retry.call(call, redact(self.url))
 
     def read(self) -> bytes:
         """The whole file's bytes (one request); raises what the filesystem raises (e.g. FileNotFoundError).

@@ -24,7 +24,7 @@ import importlib
 import os
 from dataclasses import dataclass
 
-from epishard.format.storage import is_local, local_path, source_filesystem
+from epishard.format.storage import Location, is_local, local_path, source_filesystem
 
 from ..episode import Source
 from ..errors import ConversionError, SourceError
@@ -97,7 +97,7 @@ def _names(root: str, storage_options: dict | None) -> tuple[bool, list[str]]:
             if len(out) > 5000:
                 break
         return False, sorted(out)
-    fs = source_filesystem(root, dict(storage_options or {}))
+    fs = source_filesystem(Location.of(root, storage_options))
     base = fs._strip_protocol(root).rstrip("/")
     if fs.isfile(base):
         return True, [base.rsplit("/", 1)[-1]]

@@ -26,7 +26,7 @@ from types import ModuleType
 import numpy as np
 import pyarrow as pa
 
-from epishard.format.storage import RemoteFile, is_local, local_path, source_filesystem
+from epishard.format.storage import Location, RemoteFile, is_local, local_path, source_filesystem
 
 from ..episode import FileInput
 from ..errors import ConversionError, SourceError
@@ -264,8 +264,8 @@ def source_files(
             limit = bounds.MAX_EPISODES
             raise SourceError(f"{root}: {len(found)} files, more than the {limit} episodes a source may list")
         return sorted(found, key=lambda f: natural_key(str(f)))
-    options = dict(storage_options or {})
-    fs = source_filesystem(root, options)
+    location = Location.of(root, storage_options)  # the options resolved, the retry policy: once
+    fs = source_filesystem(location)
     base = fs._strip_protocol(root).rstrip("/")
     protocol = root.split("://", 1)[0]
     # Over HTTP a folder's URL answers with its listing page, which isfile takes for a file: there a
@@ -274,7 +274,7 @@ def source_files(
     named = not root.endswith("/") and any(s and root.endswith(s) for s in suffixes)
     listing_page = protocol in ("http", "https") and not named and ("" not in suffixes or _html(fs, base))
     if not listing_page and fs.isfile(base):
-        return [RemoteFile(root, None, options)]
+        return [RemoteFile(root, None, location)]
     listing = fs.find(base, detail=True)
     out = []
     for path, entry in listing.items():
@@ -283,7 +283,7 @@ def source_files(
             continue
         if rel.endswith(suffixes):
             size = entry.get("size")
-            out.append(RemoteFile(f"{root.rstrip('/')}/{rel}" if rel else f"{protocol}://{path}", size, options))
+            out.append(RemoteFile(f"{root.rstrip('/')}/{rel}" if rel else f"{protocol}://{path}", size, location))
     if not out and not fs.exists(base):
         raise SourceError(f"{root}: no such file or folder")
     return sorted(out, key=lambda f: natural_key(str(f)))

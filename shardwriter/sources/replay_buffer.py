@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 
 from epishard.format import untrusted
-from epishard.format.storage import is_local, local_path, resolve_storage_options
+from epishard.format.storage import Location, is_local, local_path
 
 from ..episode import CameraFrames, Episode, FrameReader, LazyTable, LoadedTable, Source
 from ..errors import ConversionError, SourceError
@@ -938,7 +938,7 @@ def _open_group(root: str, options_json: str) -> Any:
                 "copy it here first, or give the URL of the unzipped .zarr folder"
             )
         else:  # an FsspecStore opens itself on its first read
-            options = resolve_storage_options(root, json.loads(options_json))
+            options = Location.of(root, json.loads(options_json)).options  # the fsspec client's options
             inner = zarr.storage.FsspecStore.from_url(root, storage_options=options, read_only=True)
             store = guarded(inner, root)
         # Each array's own metadata document, never consolidated metadata (.zmetadata, or zarr.json's
