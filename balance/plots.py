@@ -1,4 +1,4 @@
-"""PNG charts of per-rank cost per step (``tools/bench/bench_balance.py --plot``).
+"""PNG charts of per-rank cost per step (``tools/bench/run.py balance --plot``).
 
 Drawn with matplotlib's Agg backend through ``matplotlib.figure.Figure`` (no pyplot state, no
 display needed).

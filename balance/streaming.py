@@ -13,7 +13,7 @@ training loop can gather the step's costs for telemetry (``balance.telemetry.Ste
 Scope: ``local_order`` evens out cost variation *inside* each rank's stream (lengths varying within
 a dataset). When datasets are mixed, the reader's plan deals every dataset to every consumer evenly
 (``stream.plan``, per-stratum cut), and ``stratified_order`` then makes each step come from one
-dataset on every rank, cost-sorted inside it (tools/bench/bench_balance.py, section (c), "reader").
+dataset on every rank, cost-sorted inside it (``tools/bench/run.py balance``, section (c), "reader").
 A substitute sample (an episode that failed to fetch) carries the planned window's ``__cost__``.
 
 ``scope="global"``: a deal stage (``balance.globaldeal.GlobalDeal``) replaces the plan's cut of the

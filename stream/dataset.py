@@ -83,6 +83,7 @@ from .mixplan import BatchByDataset, mix_table
 from .options import Mixing, Ranks, ReadOptions, Stages
 from .plan import (
     EpochCuts,
+    EpochInputs,
     GlobalShuffle,
     Progress,
     WorkerPlan,
@@ -338,6 +339,13 @@ class WindowDataset(IterableDataset):
         s = self.stages
         return ConsumerStages(self.pool_episodes(), s.cost, s.order, self._group(), s.deal)
 
+    def epoch_inputs(self, epoch: int) -> EpochInputs:
+        """What ``epoch``'s plan is a pure function of, besides the layout (``stream.plan.EpochInputs``).
+
+        The episode table, the spec's stride and sampling, the seed and ``epoch``.
+        """
+        return EpochInputs(self.table, self.spec.stride, self.spec.sampling, self.seed, epoch)
+
     def plan(self, epoch: int, world: World, history: tuple[Progress, ...] = ()) -> WorkerPlan:
         """One consumer's windows for ``epoch``, in yield order.
 
@@ -346,11 +354,7 @@ class WindowDataset(IterableDataset):
         """
         s = self.stages
         return worker_plan(
-            self.table,
-            stride=self.spec.stride,
-            per_episode=self.spec.sampling,
-            seed=self.seed,
-            epoch=epoch,
+            self.epoch_inputs(epoch),
             world=world,
             shuffle_episodes=self.pool_episodes(),
             cost=s.cost,
@@ -380,14 +384,10 @@ class WindowDataset(IterableDataset):
     def _count(self, epoch: int, consumers: int, history: tuple[Progress, ...], num_workers: int = 1) -> int:
         stages, group = self._consumer_stages(), self._group()
         if not history and self.stages.deal is None:  # from counts alone: O(episodes), no window listed
-            per, _ = plan_shape(self.table, self.spec.stride, self.spec.sampling, self.seed, epoch, consumers)
+            per, _ = plan_shape(self.epoch_inputs(epoch), consumers)
             return int(per.sum()) if group is None else int(np.sum(per // group.batch_size * group.batch_size))
         plan = level_plan(
-            self.table,
-            stride=self.spec.stride,
-            per_episode=self.spec.sampling,
-            seed=self.seed,
-            epoch=epoch,
+            self.epoch_inputs(epoch),
             consumers=consumers,
             stages=stages,
             history=history,
@@ -418,7 +418,7 @@ class WindowDataset(IterableDataset):
         self._shared = None
         if self.num_workers is not None and self.stages.deal is None:  # a deal stage plans from the whole list
             consumers = self.ranks.world().world_size * max(self.num_workers, 1)
-            self._shared = epoch_cuts(self.table, self.spec.stride, self.spec.sampling, self.seed, epoch, consumers)
+            self._shared = epoch_cuts(self.epoch_inputs(epoch), consumers)
 
     # --- iteration (``stream.reader``) ----------------------------------------------------------
 

@@ -63,7 +63,7 @@ import numpy as np
 
 from epishard.seeding import rng_for
 
-from .planvalues import EpisodeTable, GlobalPlan, World
+from .planvalues import EpisodeTable, EpochInputs, GlobalPlan, World
 from .spec import PerEpisode, WindowSpec
 from .stages import ConsumerStages, CostStage, DealStage, GroupStage, OrderStage, yield_order
 from .usercode import call_user, describe
@@ -73,6 +73,7 @@ __all__ = [
     "STATE_VERSION",
     "EpisodeTable",
     "EpochCuts",
+    "EpochInputs",
     "GlobalPlan",
     "GlobalShuffle",
     "LevelOverrun",
@@ -268,8 +269,8 @@ def _uniform(key: np.uint64, *lanes: np.ndarray) -> np.ndarray:
     return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def window_counts(table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int):
-    """Windows each episode gives in ``epoch`` (int64 ``[E]``, by episode number).
+def window_counts(inputs: EpochInputs) -> np.ndarray:
+    """Windows each episode gives in the epoch (int64 ``[E]``, by episode number).
 
     ``floor`` or ``ceil`` of ``expected_windows`` (stochastic rounding, by a counter-based draw of
     ``(seed, epoch, episode)``); every anchor exactly when that is the expectation. O(E), vectorised.
@@ -277,8 +278,8 @@ def window_counts(table: EpisodeTable, stride: int, per_episode: PerEpisode | No
     Raises:
         ValueError: a negative weight.
     """
-    per_episode = PerEpisode.of(per_episode)
-    n = anchor_counts(table.lo, table.hi, stride, table.gaps)
+    table, per_episode = inputs.table, PerEpisode.of(inputs.per_episode)
+    n = anchor_counts(table.lo, table.hi, inputs.stride, table.gaps)
     weight = np.asarray(table.weight, dtype=np.float64)
     if np.any(weight < 0):
         raise ValueError(f"weights must not be negative (episode {int(np.argmax(weight < 0))})")
@@ -288,7 +289,7 @@ def window_counts(table: EpisodeTable, stride: int, per_episode: PerEpisode | No
     base = np.floor(want)
     if np.array_equal(base, want):  # whole counts (no weight): nothing to round
         return base.astype(np.int64)
-    up = _uniform(_key(seed, epoch, _SALT_ANCHORS), np.arange(n.size)) < want - base
+    up = _uniform(_key(inputs.seed, inputs.epoch, _SALT_ANCHORS), np.arange(n.size)) < want - base
     return np.where(n > 0, base + up, 0).astype(np.int64)
 
 
@@ -357,12 +358,9 @@ def _nth_anchors(table: EpisodeTable, episode: np.ndarray, index: np.ndarray, st
 
 
 def episode_windows(
-    table: EpisodeTable,
+    inputs: EpochInputs,
     episodes: np.ndarray,
     counts: np.ndarray,
-    stride: int,
-    seed: int,
-    epoch: int,
     first: np.ndarray | None = None,
     stop: np.ndarray | None = None,
     anchors: np.ndarray | None = None,
@@ -371,11 +369,12 @@ def episode_windows(
 
     ``counts``: int64 ``[K]`` windows each gives (``window_counts``). Episode ``e`` with ``n``
     anchors and count ``c = q * n + r`` takes every anchor ``q`` times and ``r`` distinct ones at
-    random (``_distinct``, by ``(seed, epoch, e)``), sorted. ``first``/``stop``: optional int64
+    random (``_distinct``, by ``(seed, epoch, e)`` of ``inputs``), sorted. ``first``/``stop``: optional int64
     ``[K]``, only the windows ``[first, stop)`` of each episode's sorted list. ``anchors``: optional
     int64 ``[K]``, their anchor counts (``anchor_counts``) when known. Returns (episode,
     anchor): int64 ``[n]``. O(windows of these episodes), whatever the table's size.
     """
+    table, stride, seed, epoch = inputs.table, inputs.stride, inputs.seed, inputs.epoch
     episodes = np.asarray(episodes, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
     if anchors is None:
@@ -427,9 +426,8 @@ def select_anchors(
         weight=np.array([float(weight)]),
         gaps=g,
     )
-    seed = int(rng.integers(0, 1 << 63))
-    counts = window_counts(one, stride, per_episode, seed, 0)
-    return episode_windows(one, np.zeros(1, np.int64), counts, stride, seed, 0)[1]
+    inputs = EpochInputs(one, stride, per_episode, int(rng.integers(0, 1 << 63)), 0)
+    return episode_windows(inputs, np.zeros(1, np.int64), window_counts(inputs))[1]
 
 
 def _compact(x: np.ndarray) -> np.ndarray:
@@ -496,7 +494,7 @@ def _cuts(
     return cuts
 
 
-def _cut_windows(table: EpisodeTable, cut: _Cut, consumer: int, stride: int, seed: int, epoch: int):
+def _cut_windows(inputs: EpochInputs, cut: _Cut, consumer: int):
     """``consumer``'s windows of one stratum (episode, anchor int64), listing only those."""
     g0, g1 = cut.consumer_range(consumer)
     if g1 <= g0:
@@ -505,9 +503,7 @@ def _cut_windows(table: EpisodeTable, cut: _Cut, consumer: int, stride: int, see
     starts = cut.ends[a:b] - cut.counts[a:b]
     first = np.maximum(g0 - starts, 0)
     stop = np.minimum(g1 - starts, cut.counts[a:b])
-    episode, anchor = episode_windows(
-        table, cut.episodes[a:b], cut.counts[a:b], stride, seed, epoch, first, stop, cut.anchors[a:b]
-    )
+    episode, anchor = episode_windows(inputs, cut.episodes[a:b], cut.counts[a:b], first, stop, cut.anchors[a:b])
     inside = cut.drops[(cut.drops >= g0) & (cut.drops < g1)] - g0
     if inside.size:
         keep = np.ones(episode.size, dtype=bool)
@@ -516,20 +512,18 @@ def _cut_windows(table: EpisodeTable, cut: _Cut, consumer: int, stride: int, see
     return episode, anchor
 
 
-def global_plan(
-    table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int, consumers: int
-) -> GlobalPlan:
+def global_plan(inputs: EpochInputs, consumers: int) -> GlobalPlan:
     """Every window of the epoch in read order, trimmed to a multiple of ``consumers``.
 
-    With ``table.stratum``, each stratum's windows are cut into ``consumers`` equal contiguous
+    With ``inputs.table.stratum``, each stratum's windows are cut into ``consumers`` equal contiguous
     ranges on their own (its remainder dropped at random), and each consumer's ranges are
     interleaved in proportion, episode by episode: every consumer then reads every stratum in the
     same proportion at the same pace, which is what step-wise cost balancing across ranks needs
     when strata (datasets) differ in cost and live in separate shards. ``consumer_plan`` lists one
     consumer's part alone, identical to its slice of this plan.
     """
-    cuts = _epoch_cuts(table, stride, per_episode, seed, epoch, consumers)
-    parts = [_consumer_part(table, cuts, c, stride, seed, epoch) for c in range(consumers)]
+    cuts = _epoch_cuts(inputs, consumers)
+    parts = [_consumer_part(inputs, cuts, c) for c in range(consumers)]
     return GlobalPlan(
         episode=_compact(np.concatenate([e for e, _ in parts])),
         anchor=_compact(np.concatenate([a for _, a in parts])),
@@ -543,7 +537,7 @@ class EpochCuts:
     """The shared, O(E) part of an epoch's plan for one layout: where every consumer's windows start.
 
     What ``consumer_plan`` computes before listing a consumer's windows (read order, window counts,
-    per-stratum cut and drops), for ``(stride, per_episode, seed, epoch, consumers)``. Computed once
+    per-stratum cut and drops), for ``key``: ``(*EpochInputs.key, consumers)``. Computed once
     per rank (``WindowDataset.set_epoch``, before the DataLoader forks its workers), it spares each
     worker that pass: its plan is then O(its windows).
     """
@@ -552,24 +546,12 @@ class EpochCuts:
     cuts: tuple[_Cut, ...]
 
 
-def epoch_cuts(
-    table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int, consumers: int
-) -> EpochCuts:
+def epoch_cuts(inputs: EpochInputs, consumers: int) -> EpochCuts:
     """``EpochCuts`` of an epoch and layout (a pure function; O(E) array passes)."""
-    key = (stride, PerEpisode.of(per_episode), seed, epoch, consumers)
-    return EpochCuts(key, tuple(_epoch_cuts(table, stride, per_episode, seed, epoch, consumers)))
+    return EpochCuts((*inputs.key, consumers), tuple(_epoch_cuts(inputs, consumers)))
 
 
-def consumer_plan(
-    table: EpisodeTable,
-    stride: int,
-    per_episode: PerEpisode | None,
-    seed: int,
-    epoch: int,
-    consumers: int,
-    consumer: int,
-    shared: EpochCuts | None = None,
-) -> GlobalPlan:
+def consumer_plan(inputs: EpochInputs, consumers: int, consumer: int, shared: EpochCuts | None = None) -> GlobalPlan:
     """Consumer ``consumer``'s part of ``global_plan`` alone, in read order (int64 arrays).
 
     O(E) array work over the table (read order, counts, cut points) plus O(its windows): no other
@@ -577,35 +559,30 @@ def consumer_plan(
     ``shared``: that O(E) part computed beforehand (``epoch_cuts``), used when it is of these
     arguments. ``per_consumer`` and ``dropped`` are the global plan's.
     """
-    if shared is not None and shared.key == (stride, PerEpisode.of(per_episode), seed, epoch, consumers):
+    if shared is not None and shared.key == (*inputs.key, consumers):
         cuts = list(shared.cuts)
     else:
-        cuts = _epoch_cuts(table, stride, per_episode, seed, epoch, consumers)
-    episode, anchor = _consumer_part(table, cuts, consumer, stride, seed, epoch)
+        cuts = _epoch_cuts(inputs, consumers)
+    episode, anchor = _consumer_part(inputs, cuts, consumer)
     return GlobalPlan(episode, anchor, sum(c.per_consumer for c in cuts), sum(c.drops.size for c in cuts))
 
 
-def epoch_windows(
-    table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int
-) -> tuple[np.ndarray, np.ndarray]:
+def epoch_windows(inputs: EpochInputs) -> tuple[np.ndarray, np.ndarray]:
     """Every window of the epoch in read order, nothing left out: (episode, anchor) int64 ``[W]``.
 
     The list a ``DealStage`` deals (episodes in ``episode_order``, each one's anchors ascending, as
     ``episode_windows`` draws them); O(W).
     """
-    order = episode_order(table, seed, epoch)
-    counts = window_counts(table, stride, per_episode, seed, epoch)
-    return episode_windows(table, order, counts[order], stride, seed, epoch)
+    order = episode_order(inputs.table, inputs.seed, inputs.epoch)
+    return episode_windows(inputs, order, window_counts(inputs)[order])
 
 
-def plan_shape(
-    table: EpisodeTable, stride: int, per_episode: PerEpisode | None, seed: int, epoch: int, consumers: int
-) -> tuple[np.ndarray, int]:
+def plan_shape(inputs: EpochInputs, consumers: int) -> tuple[np.ndarray, int]:
     """Windows each consumer holds of each stratum (int64 ``[strata]``) and the windows dropped, from counts alone.
 
     The same on every consumer (the deal is per stratum); O(E), nothing listed.
     """
-    cuts = _epoch_cuts(table, stride, per_episode, seed, epoch, consumers)
+    cuts, table = _epoch_cuts(inputs, consumers), inputs.table
     strata = 1 if table.stratum is None else int(table.stratum.max(initial=0)) + 1
     per = np.zeros(strata, dtype=np.int64)
     for cut in cuts:
@@ -613,15 +590,15 @@ def plan_shape(
     return per, sum(c.drops.size for c in cuts)
 
 
-def _epoch_cuts(table, stride, per_episode, seed, epoch, consumers) -> list[_Cut]:
+def _epoch_cuts(inputs: EpochInputs, consumers: int) -> list[_Cut]:
+    table, seed, epoch = inputs.table, inputs.seed, inputs.epoch
     order = episode_order(table, seed, epoch)
-    counts = window_counts(table, stride, per_episode, seed, epoch)
-    anchors = anchor_counts(table.lo, table.hi, stride, table.gaps)
-    return _cuts(table, counts, anchors, order, consumers, seed, epoch)
+    anchors = anchor_counts(table.lo, table.hi, inputs.stride, table.gaps)
+    return _cuts(table, window_counts(inputs), anchors, order, consumers, seed, epoch)
 
 
-def _consumer_part(table, cuts, consumer, stride, seed, epoch) -> tuple[np.ndarray, np.ndarray]:
-    pieces = [_cut_windows(table, cut, consumer, stride, seed, epoch) for cut in cuts]
+def _consumer_part(inputs: EpochInputs, cuts: list[_Cut], consumer: int) -> tuple[np.ndarray, np.ndarray]:
+    pieces = [_cut_windows(inputs, cut, consumer) for cut in cuts]
     if len(pieces) == 1:
         return pieces[0]
     return _interleave(pieces) if pieces else _empty_pair()
@@ -804,18 +781,14 @@ class LevelOverrun(ValueError):
 
 
 def level_plan(
-    table: EpisodeTable,
+    inputs: EpochInputs,
     *,
-    stride: int,
-    per_episode: PerEpisode | None,
-    seed: int,
-    epoch: int,
     consumers: int,
     stages: ConsumerStages,
     history: Sequence[Progress] = (),
     num_workers: int | None = None,
 ) -> GlobalPlan:
-    """The windows of ``epoch`` still to be yielded, dealt to ``consumers``, after earlier layouts' progress.
+    """The windows of the epoch still to be yielded, dealt to ``consumers``, after earlier layouts' progress.
 
     ``history``: the earlier layouts, oldest first (empty: the epoch's own plan, ``global_plan``).
     ``num_workers``: workers per rank of this layout (``consumers`` = ranks x workers); needed only
@@ -834,10 +807,11 @@ def level_plan(
         raise ValueError("level_plan: a deal stage needs the layout's num_workers")
     layouts = [(p.world_size, p.num_workers) for p in history] + [(consumers // (num_workers or 1), num_workers or 1)]
     first = history[0].consumers if history else consumers
+    table, seed, epoch = inputs.table, inputs.seed, inputs.epoch
     if stages.deal is None:
-        plan = global_plan(table, stride, per_episode, seed, epoch, first)
+        plan = global_plan(inputs, first)
     else:
-        windows = epoch_windows(table, stride, per_episode, seed, epoch)
+        windows = epoch_windows(inputs)
         what = f"the deal stage {describe(stages.deal)}"
         plan = call_user(what, stages.deal, table, *windows, *layouts[0], seed, epoch, 0)
     for level, progress in enumerate(history):
@@ -862,12 +836,8 @@ def level_plan(
 
 
 def worker_plan(
-    table: EpisodeTable,
+    inputs: EpochInputs,
     *,
-    stride: int,
-    per_episode: PerEpisode | None,
-    seed: int,
-    epoch: int,
     world: World,
     shuffle_episodes: int | None = None,
     cost: CostStage | None = None,
@@ -892,11 +862,7 @@ def worker_plan(
     stages = ConsumerStages(shuffle_episodes, cost, order, group, deal)
     if history or deal is not None:
         plan = level_plan(
-            table,
-            stride=stride,
-            per_episode=per_episode,
-            seed=seed,
-            epoch=epoch,
+            inputs,
             consumers=world.consumers,
             stages=stages,
             history=history,
@@ -905,9 +871,9 @@ def worker_plan(
         part = plan.consumer_slice(world.consumer)
         episode, anchor = plan.episode[part].astype(np.int64), plan.anchor[part].astype(np.int64)
     else:
-        plan = consumer_plan(table, stride, per_episode, seed, epoch, world.consumers, world.consumer, shared)
+        plan = consumer_plan(inputs, world.consumers, world.consumer, shared)
         episode, anchor = plan.episode, plan.anchor
-    order_, costs = yield_order(episode, anchor, world, len(history), seed, epoch, stages)
+    order_, costs = yield_order(episode, anchor, world, len(history), inputs.seed, inputs.epoch, stages)
     if deal is None:  # plan order keeps an episode's windows together
         firsts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if episode.size else episode
     else:  # each episode once, where it first appears (a deal stage may spread an episode's windows)

@@ -1,7 +1,8 @@
 """The epoch plan's value types: a consumer's place, the episodes planned, windows dealt to consumers.
 
-``World`` (where a consumer sits), ``EpisodeTable`` (the episodes planned) and ``GlobalPlan`` (a
-plan of windows dealt to consumers).
+``World`` (where a consumer sits), ``EpisodeTable`` (the episodes planned), ``EpochInputs`` (what
+an epoch's plan is a pure function of, besides the layout) and ``GlobalPlan`` (a plan of windows
+dealt to consumers).
 
 Shared by the planner (``stream.plan``) and the declared stages (``stream.stages``), which import
 this module and not each other's.
@@ -15,8 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .spec import PerEpisode
+
 __all__ = [
     "EpisodeTable",
+    "EpochInputs",
     "GlobalPlan",
     "World",
 ]
@@ -118,6 +122,34 @@ class EpisodeTable:
             stratum=np.repeat(np.arange(len(tables)), np.diff(base)) if stratify else None,
             gaps=np.concatenate(gaps) if gaps else None,
         )
+
+
+@dataclass(frozen=True, eq=False)
+class EpochInputs:
+    """What one epoch's plan is a pure function of, besides the layout (the consumers it is dealt to).
+
+    Every plan function of ``stream.plan`` (``global_plan``, ``consumer_plan``, ``level_plan``,
+    ``worker_plan``, ...) takes these together, as MosaicML Streaming's partition is a function of
+    ``(seed, epoch, ...)``.
+
+    Args:
+        table: the episodes planned (``EpisodeTable``).
+        stride: windows start every ``stride`` anchors (frames) of an episode, >= 1.
+        per_episode: windows drawn per episode (``PerEpisode``; None: every window).
+        seed: the plan's seed (any int; taken mod 2**64, ``epishard.seeding``).
+        epoch: the epoch number, >= 0.
+    """
+
+    table: EpisodeTable
+    stride: int
+    per_episode: PerEpisode | None
+    seed: int
+    epoch: int
+
+    @property
+    def key(self) -> tuple:
+        """``(stride, PerEpisode, seed, epoch)``: equal keys of one table give equal plans (``EpochCuts.key``)."""
+        return (self.stride, PerEpisode.of(self.per_episode), self.seed, self.epoch)
 
 
 @dataclass(frozen=True)

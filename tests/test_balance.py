@@ -33,7 +33,7 @@ from epishard.balance import (
     window_features,
 )
 from epishard.stream.options import Ranks, ReadOptions
-from epishard.stream.plan import EpisodeTable, World, global_plan, rng_for, worker_plan
+from epishard.stream.plan import EpisodeTable, EpochInputs, World, global_plan, rng_for, worker_plan
 from epishard.stream.shuffle import SALT, pool_shuffle
 
 
@@ -349,15 +349,7 @@ def test_streaming_plan_with_local_order_keeps_guarantees_and_balances_steps():
     for rank in range(world):
         per_worker_plain, per_worker_bal = [], []
         for w in range(workers):
-            p = worker_plan(
-                table,
-                stride=3,
-                per_episode=None,
-                seed=0,
-                epoch=0,
-                world=World(rank, world, w, workers),
-                shuffle_episodes=8,
-            )
+            p = worker_plan(EpochInputs(table, 3, None, 0, 0), world=World(rank, world, w, workers), shuffle_episodes=8)
             costs = episode_cost[p.episode] * (1 + 0.2 * (p.anchor % 7))  # and some per-window variation
             order = local_order(costs, batch, chunk_batches, seed=0, epoch=0, worker=w)
             seen.update(zip(p.episode[order].tolist(), p.anchor[order].tolist(), strict=False))
@@ -413,7 +405,7 @@ def test_stratified_streaming_plan_balances_datasets_that_live_in_separate_shard
             weight=table.weight[pick],
             cost_bytes=table.cost_bytes[pick],
         )
-        plan = global_plan(sub, 3, None, 0, 0, consumers)
+        plan = global_plan(EpochInputs(sub, 3, None, 0, 0), consumers)
         for c in range(consumers):
             e = plan.episode[plan.consumer_slice(c)]
             o = pool_shuffle(e, 8, rng_for(0, 0, SALT, c, k))
@@ -422,15 +414,7 @@ def test_stratified_streaming_plan_balances_datasets_that_live_in_separate_shard
     for rank in range(world):
         per_plain, per_strat = [], []
         for w in range(workers):
-            p = worker_plan(
-                table,
-                stride=3,
-                per_episode=None,
-                seed=0,
-                epoch=0,
-                world=World(rank, world, w, workers),
-                shuffle_episodes=8,
-            )
+            p = worker_plan(EpochInputs(table, 3, None, 0, 0), world=World(rank, world, w, workers), shuffle_episodes=8)
             per_plain.append(stratum_cost[strata[p.episode]])
             e, a = (np.concatenate(x) for x in zip(*parts[rank * workers + w], strict=False))
             order = stratified_order(strata[e], 4, batch, seed=0, epoch=0, worker=w)

@@ -21,7 +21,7 @@ from epishard.balance.streaming import BalancedOrder, BalancedWindowDataset
 from epishard.stream import WindowLoader, WindowSpec, World
 from epishard.stream.mixplan import BatchByDataset
 from epishard.stream.options import Mixing, Ranks
-from epishard.stream.plan import STATE_VERSION, EpisodeTable, Progress, global_plan, worker_plan
+from epishard.stream.plan import STATE_VERSION, EpisodeTable, EpochInputs, Progress, global_plan, worker_plan
 from epishard.stream.shuffle import default_shuffle_episodes
 
 # --- pure: global_steps ----------------------------------------------------------------------------
@@ -137,7 +137,13 @@ KW = dict(stride=1, per_episode=None, seed=3, epoch=1, shuffle_episodes=4)
 def _plans(table, world, workers, history=(), batch=4, chunk=8, **stages):
     stages = stages or dict(cost=_cost, deal=GlobalDeal(_cost, batch, chunk))
     return [
-        worker_plan(table, **KW, world=World.of_consumer(c, world, workers), history=history, **stages)
+        worker_plan(
+            EpochInputs(table, KW["stride"], KW["per_episode"], KW["seed"], KW["epoch"]),
+            shuffle_episodes=KW["shuffle_episodes"],
+            world=World.of_consumer(c, world, workers),
+            history=history,
+            **stages,
+        )
         for c in range(world * workers)
     ]
 
@@ -155,7 +161,7 @@ def _rank_costs(plans, world, workers, batch) -> np.ndarray:
 def test_deal_stage_keeps_the_plain_plans_windows_and_balances_where_local_order_cannot():
     table, world, workers, batch = _table(), 2, 2, 4
     plans = _plans(table, world, workers)
-    plain = global_plan(table, 1, None, KW["seed"], KW["epoch"], world * workers)
+    plain = global_plan(EpochInputs(table, 1, None, KW["seed"], KW["epoch"]), world * workers)
     dealt = collections.Counter(k for p in plans for k in _keys(p))
     assert dealt == collections.Counter(zip(plain.episode.tolist(), plain.anchor.tolist(), strict=True))
     assert max(dealt.values()) == 1 and len({len(p) for p in plans}) == 1
@@ -263,7 +269,7 @@ def test_each_rank_gets_exactly_the_dealt_batches_step_by_step(dataset):
     seen = got[0] + got[1]
     assert max(seen.values()) == 1
     ds = _loader(dataset, 0, world, workers).dataset
-    plain = global_plan(ds.table, 1, None, 5, 0, world * workers)
+    plain = global_plan(EpochInputs(ds.table, 1, None, 5, 0), world * workers)
     assert seen == collections.Counter(zip(plain.episode.tolist(), plain.anchor.tolist(), strict=True))
     # __cost__ is the default cost model's (sequence tokens: the instruction's length varies by episode)
     cost = WindowCost.from_dataset(ds, CostModel())
@@ -310,7 +316,7 @@ def test_global_scope_resumes_under_another_layout_exactly_once(dataset):
         assert [_batch_keys(b) for b in loader] == _planned(loader.dataset, 1, rank, *new)  # next epoch: own plan
     assert len(set(steps)) == 1
     ds = _loader(dataset, 0, *old).dataset
-    plain = global_plan(ds.table, 1, None, 5, 0, old[0] * old[1])
+    plain = global_plan(EpochInputs(ds.table, 1, None, 5, 0), old[0] * old[1])
     epoch = collections.Counter(zip(plain.episode.tolist(), plain.anchor.tolist(), strict=True))
     both = collections.Counter(consumed) + collections.Counter(yielded)
     assert max(both.values()) == 1 and not both - epoch

@@ -22,7 +22,7 @@ from epishard.balance.streaming import BalancedOrder
 from epishard.stream import WindowDataset, WindowLoader, WindowSpec, World
 from epishard.stream.mixplan import BatchByDataset
 from epishard.stream.options import Ranks
-from epishard.stream.plan import EpisodeTable, PerEpisode, Progress, global_plan, level_plan, worker_plan
+from epishard.stream.plan import EpisodeTable, EpochInputs, PerEpisode, Progress, global_plan, level_plan, worker_plan
 
 # --- pure: stream.plan ---------------------------------------------------------------------------
 
@@ -44,11 +44,21 @@ def _table(stratified: bool = False) -> EpisodeTable:
 KW = dict(stride=1, per_episode=None, seed=3, epoch=1, shuffle_episodes=2)
 
 
+def _inputs(table, stride=1, per_episode=None, seed=3, epoch=1, **_) -> EpochInputs:
+    return EpochInputs(table, stride, per_episode, seed, epoch)
+
+
 def _plans(table, world_size, workers, history=(), **stages):
     """Every consumer's ``WorkerPlan`` of a layout (``workers=0``: a process without workers, one consumer)."""
     k = max(workers, 1)
     return [
-        worker_plan(table, **KW, world=World.of_consumer(c, world_size, k), history=history, **stages)
+        worker_plan(
+            _inputs(table, **KW),
+            shuffle_episodes=KW["shuffle_episodes"],
+            world=World.of_consumer(c, world_size, k),
+            history=history,
+            **stages,
+        )
         for c in range(world_size * k)
     ]
 
@@ -76,7 +86,9 @@ def _check_exactly_once(table, old, new, batches, batch_size, **stages) -> int:
     before = _plans(table, *old, **stages)
     progress = Progress(old[0], max(old[1], 1), _consumed_counts(before, *old, batches, batch_size))
     after = _plans(table, *new, history=(progress,), **stages)
-    epoch = collections.Counter(_keys(global_plan(table, KW["stride"], None, KW["seed"], KW["epoch"], len(before))))
+    epoch = collections.Counter(
+        _keys(global_plan(EpochInputs(table, KW["stride"], None, KW["seed"], KW["epoch"]), len(before)))
+    )
     consumed = collections.Counter(k for p, n in zip(before, progress.consumed, strict=True) for k in _keys(p, n))
     yielded = collections.Counter(k for p in after for k in _keys(p))
     assert len({len(p) for p in after}) == 1  # every new consumer (so every new rank) yields as many
@@ -149,7 +161,9 @@ def test_elastic_resume_with_batch_by_dataset_keeps_batches_whole_and_exactly_on
     after = _plans(table, *new, history=(progress,), group=group)
     assert all(_whole_batches(p, table.stratum, size) for p in after) and len({len(p) for p in after}) == 1
     assert len(after[0]) > 0
-    epoch = collections.Counter(_keys(global_plan(table, 1, None, KW["seed"], KW["epoch"], progress.consumers)))
+    epoch = collections.Counter(
+        _keys(global_plan(EpochInputs(table, 1, None, KW["seed"], KW["epoch"]), progress.consumers))
+    )
     consumed = collections.Counter(k for p, n in zip(before, progress.consumed, strict=True) for k in _keys(p, n))
     yielded = collections.Counter(k for p in after for k in _keys(p))
     assert max(consumed.values()) == 1 and max(yielded.values()) == 1 and not consumed & yielded
@@ -171,7 +185,7 @@ def test_two_layout_changes_in_one_epoch():
     yielded = [k for p in third for k in _keys(p)]
     every = consumed + yielded
     assert len(set(every)) == len(every)
-    epoch = set(_keys(global_plan(table, 1, None, KW["seed"], KW["epoch"], 4)))
+    epoch = set(_keys(global_plan(EpochInputs(table, 1, None, KW["seed"], KW["epoch"]), 4)))
     dropped = second[0].dropped + third[0].dropped
     assert set(every) <= epoch and len(epoch) - len(every) == dropped < 3 + 2
     assert len({len(p) for p in third}) == 1
@@ -180,14 +194,21 @@ def test_two_layout_changes_in_one_epoch():
 def test_remainder_is_a_pure_function_of_the_state_and_layout():
     table = _table()
     history = (Progress(2, 2, (9, 4, 0, 17)),)
-    a = level_plan(table, **_level_kw(), consumers=6, history=history)
-    b = level_plan(_table(), **_level_kw(), consumers=6, history=history)
+    a = level_plan(_inputs(table, per_episode=PerEpisode()), **_level_kw(), consumers=6, history=history)
+    b = level_plan(_inputs(_table(), per_episode=PerEpisode()), **_level_kw(), consumers=6, history=history)
     assert np.array_equal(a.episode, b.episode) and np.array_equal(a.anchor, b.anchor)
-    same = level_plan(table, **_level_kw(), consumers=4)  # no history: the epoch's own plan
-    plain = global_plan(table, 1, None, KW["seed"], KW["epoch"], 4)
+    same = level_plan(
+        _inputs(table, per_episode=PerEpisode()), **_level_kw(), consumers=4
+    )  # no history: the epoch's own plan
+    plain = global_plan(EpochInputs(table, 1, None, KW["seed"], KW["epoch"]), 4)
     assert np.array_equal(same.episode, plain.episode) and same.dropped == plain.dropped
     with pytest.raises(ValueError, match="consumed 999 windows"):
-        level_plan(table, **_level_kw(), consumers=6, history=(Progress(2, 2, (999, 0, 0, 0)),))
+        level_plan(
+            _inputs(table, per_episode=PerEpisode()),
+            **_level_kw(),
+            consumers=6,
+            history=(Progress(2, 2, (999, 0, 0, 0)),),
+        )
     with pytest.raises(ValueError, match="needs 4 counts"):
         Progress(2, 2, (1, 2, 3))
 
@@ -195,13 +216,7 @@ def test_remainder_is_a_pure_function_of_the_state_and_layout():
 def _level_kw() -> dict:
     from epishard.stream.stages import ConsumerStages
 
-    return dict(
-        stride=1,
-        per_episode=PerEpisode(),
-        seed=KW["seed"],
-        epoch=KW["epoch"],
-        stages=ConsumerStages(KW["shuffle_episodes"]),
-    )
+    return dict(stages=ConsumerStages(KW["shuffle_episodes"]))
 
 
 # --- end to end: WindowLoader on a generated dataset ---------------------------------------------
@@ -251,7 +266,7 @@ def test_window_loader_resumes_under_another_layout_exactly_once(dataset, old, n
         assert next_epoch == _planned_batches(loader.dataset, 1, rank, *new, batch_size=2)  # the new layout's plan
     assert len(set(batches)) == 1  # every new rank the same number of batches
     ds = WindowDataset(dataset, SPEC, seed=4)
-    epoch = collections.Counter(_keys(global_plan(ds.table, 2, None, 4, 0, old[0] * max(old[1], 1))))
+    epoch = collections.Counter(_keys(global_plan(EpochInputs(ds.table, 2, None, 4, 0), old[0] * max(old[1], 1))))
     got = collections.Counter(consumed) + collections.Counter(yielded)
     assert max(got.values()) == 1 and not got - epoch
     consumers = new[0] * max(new[1], 1)

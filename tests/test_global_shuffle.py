@@ -17,7 +17,7 @@ from videogen import convert_numbered, decode_frame_number
 
 from epishard.stream import WindowDataset, WindowLoader, WindowSpec, World
 from epishard.stream.diversity import iid, measured, ratio
-from epishard.stream.plan import EpisodeTable, GlobalShuffle, global_plan, worker_plan
+from epishard.stream.plan import EpisodeTable, EpochInputs, GlobalShuffle, global_plan, worker_plan
 
 # --- pure: the deal stage -------------------------------------------------------------------------
 
@@ -44,9 +44,7 @@ def _batches(table, world_size: int, workers: int, batch: int, **kw) -> list[lis
     """Every consumer's plan cut into batches of episode ids."""
     out = []
     for c in range(world_size * workers):
-        plan = worker_plan(
-            table, stride=1, per_episode=None, seed=7, epoch=2, world=World.of_consumer(c, world_size, workers), **kw
-        )
+        plan = worker_plan(EpochInputs(table, 1, None, 7, 2), world=World.of_consumer(c, world_size, workers), **kw)
         e = plan.episode.tolist()
         out += [e[i : i + batch] for i in range(0, len(e) - batch + 1, batch)]
     return out
@@ -64,13 +62,11 @@ def test_a_batch_is_as_diverse_as_iid_sampling_of_the_whole_epoch():
     assert ratio(measured(glob), reference) >= 0.99, measured(glob)
     assert ratio(measured(pooled), reference) < 0.97, measured(pooled)
     plans = [
-        worker_plan(
-            table, stride=1, per_episode=None, seed=7, epoch=2, world=World.of_consumer(c, 2, 2), deal=GlobalShuffle()
-        )
+        worker_plan(EpochInputs(table, 1, None, 7, 2), world=World.of_consumer(c, 2, 2), deal=GlobalShuffle())
         for c in range(4)
     ]
     got = collections.Counter(k for p in plans for k in _keys(p))
-    epoch = collections.Counter(_keys(global_plan(table, 1, None, 7, 2, 4)))
+    epoch = collections.Counter(_keys(global_plan(EpochInputs(table, 1, None, 7, 2), 4)))
     assert got == epoch  # the same windows as the default plan keeps, each once
     assert all(len(set(p.episode.tolist())) > 0.95 * table.num_episodes for p in plans)
 
@@ -87,7 +83,7 @@ def test_the_deal_is_a_pure_function_of_seed_epoch_and_layout():
 def _epoch_windows(table):
     from epishard.stream.plan import epoch_windows
 
-    return epoch_windows(table, 1, None, 7, 3)
+    return epoch_windows(EpochInputs(table, 1, None, 7, 3))
 
 
 # --- end to end: WindowLoader ---------------------------------------------------------------------

@@ -21,7 +21,7 @@ from videogen import make_episode_table, make_video
 from epishard.format.manifest import Manifest
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.stream import WindowDataset, WindowSpec, segment
-from epishard.stream.plan import global_plan
+from epishard.stream.plan import EpochInputs, global_plan
 
 REPO = Path(__file__).resolve().parents[1]
 LENGTHS = [23, 9, 31, 15, 27, 12, 40]
@@ -132,7 +132,7 @@ def _planned(dataset: str, epoch: int, consumers: int) -> collections.Counter:
         cameras={"observation.images.front": segment(0, 2, 2)}, state_offsets=(-1, 0), action_horizon=2, boundary="pad"
     )
     ds = WindowDataset(dataset, spec, seed=11)
-    plan = global_plan(ds.table, 1, None, 11, epoch, consumers)
+    plan = global_plan(EpochInputs(ds.table, 1, None, 11, epoch), consumers)
     return collections.Counter((0, int(e), int(a)) for e, a in zip(plan.episode, plan.anchor, strict=False))
 
 

@@ -17,6 +17,7 @@ import pytest
 from epishard.stream import plan as P
 from epishard.stream.plan import (
     EpisodeTable,
+    EpochInputs,
     PerEpisode,
     World,
     episode_order,
@@ -117,8 +118,8 @@ def selected(table: EpisodeTable, stride: int, per_episode, seed: int, epoch: in
     """The windows the planner selects before the remainder is dropped, in read order (every episode's
     windows listed, ``episode_windows`` on the whole read order)."""
     order = episode_order(table, seed, epoch)
-    counts = P.window_counts(table, stride, per_episode, seed, epoch)
-    return pairs(*P.episode_windows(table, order, counts[order], stride, seed, epoch))
+    counts = P.window_counts(EpochInputs(table, stride, per_episode, seed, epoch))
+    return pairs(*P.episode_windows(EpochInputs(table, stride, None, seed, epoch), order, counts[order]))
 
 
 def pairs(episode: np.ndarray, anchor: np.ndarray) -> list[tuple[int, int]]:
@@ -138,11 +139,7 @@ def all_worker_plans(table, world, workers, *, stride, per_episode, seed, epoch,
     return [
         [
             worker_plan(
-                table,
-                stride=stride,
-                per_episode=per_episode,
-                seed=seed,
-                epoch=epoch,
+                EpochInputs(table, stride, per_episode, seed, epoch),
                 world=World(r, world, w, workers),
                 shuffle_episodes=shuffle_episodes,
             )
@@ -164,7 +161,7 @@ def test_exactly_once_and_equal_steps(case, grid):
     consumers = world * workers
     for seed in SEEDS:
         for epoch in EPOCHS:
-            plan = global_plan(table, stride, per_episode, seed, epoch, consumers)
+            plan = global_plan(EpochInputs(table, stride, per_episode, seed, epoch), consumers)
             chosen = selected(table, stride, per_episode, seed, epoch)
             # The global plan is the selection, in read order, minus `dropped` windows (< consumers).
             assert plan.dropped == len(chosen) % consumers < consumers
@@ -215,19 +212,19 @@ def test_exactly_once_and_equal_steps(case, grid):
 def test_known_counts():
     """Hand-checked numbers: one 300-row episode, window needs rows [-32, +15] -> anchors 32..284."""
     table = DATASETS["one_episode"]
-    plan = global_plan(table, 1, None, 0, 0, 32)
+    plan = global_plan(EpochInputs(table, 1, None, 0, 0), 32)
     assert (plan.per_consumer, plan.dropped) == (7, 253 % 32) == (7, 29)
-    plan = global_plan(table, 4, None, 0, 0, 1)
+    plan = global_plan(EpochInputs(table, 4, None, 0, 0), 1)
     assert plan.anchor.tolist() == list(range(32, 285, 4)) and plan.dropped == 0
     # few_shards: 88 + 238 + 3 + 353 + 0 + 43 windows
-    plan = global_plan(DATASETS["few_shards"], 1, None, 3, 0, 32)
+    plan = global_plan(EpochInputs(DATASETS["few_shards"], 1, None, 3, 0), 32)
     assert plan.per_consumer * 32 + plan.dropped == 725 and plan.dropped == 725 % 32
 
 
 def test_more_consumers_than_windows_and_empty():
     table = make_table([0, 0, 1], [50, 20, 49])  # 3 + 0 + 2 windows
     for world, workers in [(2, 4), (1, 5)]:
-        plan = global_plan(table, 1, None, 0, 0, world * workers)
+        plan = global_plan(EpochInputs(table, 1, None, 0, 0), world * workers)
         if world * workers > 5:
             assert plan.per_consumer == 0 and plan.dropped == 5 and plan.episode.size == 0
         else:
@@ -235,58 +232,28 @@ def test_more_consumers_than_windows_and_empty():
         for r in range(world):
             for w in range(workers):
                 wp = worker_plan(
-                    table,
-                    stride=1,
-                    per_episode=None,
-                    seed=0,
-                    epoch=0,
-                    world=World(r, world, w, workers),
-                    shuffle_episodes=4,
+                    EpochInputs(table, 1, None, 0, 0), world=World(r, world, w, workers), shuffle_episodes=4
                 )
                 assert len(wp) == plan.per_consumer and wp.total_windows == 5
     # all episodes shorter than the window, and an empty table
     for t in (make_table([0, 1], [10, 46]), make_table(np.zeros(0), np.zeros(0))):
-        plan = global_plan(t, 1, None, 0, 0, 4)
+        plan = global_plan(EpochInputs(t, 1, None, 0, 0), 4)
         assert plan.episode.size == 0 and plan.dropped == 0 and plan.per_consumer == 0
-        wp = worker_plan(
-            t,
-            stride=1,
-            per_episode=None,
-            seed=0,
-            epoch=0,
-            world=World(1, 2, 1, 2),
-            shuffle_episodes=4,
-        )
+        wp = worker_plan(EpochInputs(t, 1, None, 0, 0), world=World(1, 2, 1, 2), shuffle_episodes=4)
         assert len(wp) == 0 and wp.read_order.size == 0
 
 
 @pytest.mark.parametrize("rank,worker", [(2, 0), (-1, 0), (0, 3), (0, -1)])
 def test_worker_plan_range(rank, worker):
     with pytest.raises(ValueError):
-        worker_plan(
-            DATASETS["uneven"],
-            stride=1,
-            per_episode=None,
-            seed=0,
-            epoch=0,
-            world=World(rank, 2, worker, 3),
-            shuffle_episodes=4,
-        )
+        worker_plan(EpochInputs(DATASETS["uneven"], 1, None, 0, 0), world=World(rank, 2, worker, 3), shuffle_episodes=4)
 
 
 # --- 2. determinism ------------------------------------------------------------------------------
 
 
 def _wp(table, seed, epoch, rank=1, worker=0):
-    return worker_plan(
-        table,
-        stride=1,
-        per_episode=None,
-        seed=seed,
-        epoch=epoch,
-        world=World(rank, 2, worker, 2),
-        shuffle_episodes=4,
-    )
+    return worker_plan(EpochInputs(table, 1, None, seed, epoch), world=World(rank, 2, worker, 2), shuffle_episodes=4)
 
 
 @pytest.mark.parametrize("name", ["uneven", "single_shard", "few_shards", "one_episode", "weighted"])
@@ -296,7 +263,7 @@ def test_determinism(name):
     for f in ("episode", "anchor", "read_order"):
         assert np.array_equal(getattr(a, f), getattr(b, f))
     half = PerEpisode(fraction=0.5)
-    g1, g2 = global_plan(table, 1, half, 5, 3, 4), global_plan(table, 1, half, 5, 3, 4)
+    g1, g2 = global_plan(EpochInputs(table, 1, half, 5, 3), 4), global_plan(EpochInputs(table, 1, half, 5, 3), 4)
     assert np.array_equal(g1.episode, g2.episode) and np.array_equal(g1.anchor, g2.anchor)
     # a copy of the table (other arrays, same values) gives the same plan: no identity or global state
     copy = EpisodeTable(*(np.array(getattr(table, f)) for f in ("shard", "lo", "hi", "weight", "cost_bytes")))
@@ -304,8 +271,8 @@ def test_determinism(name):
 
     for other in (_wp(table, 5, 4), _wp(table, 6, 3)):  # another epoch, another seed
         assert not (np.array_equal(other.episode, a.episode) and np.array_equal(other.anchor, a.anchor))
-    for other in (global_plan(table, 1, None, 5, 4, 1), global_plan(table, 1, None, 6, 3, 1)):
-        base = global_plan(table, 1, None, 5, 3, 1)
+    for other in (global_plan(EpochInputs(table, 1, None, 5, 4), 1), global_plan(EpochInputs(table, 1, None, 6, 3), 1)):
+        base = global_plan(EpochInputs(table, 1, None, 5, 3), 1)
         if np.unique(table.shard).size >= 5:  # several shards: the read order itself changes
             assert not np.array_equal(other.episode, base.episode)
 
@@ -325,7 +292,9 @@ def test_shard_order_changes_with_epoch_and_seed():
     # the shard order the plan reads in follows shard_order
     table = DATASETS["uneven"]
     for seed in SEEDS:
-        reads = [runs(table.shard[global_plan(table, 1, None, seed, e, 1).episode].tolist()) for e in (0, 1)]
+        reads = [
+            runs(table.shard[global_plan(EpochInputs(table, 1, None, seed, e), 1).episode].tolist()) for e in (0, 1)
+        ]
         assert reads[0] != reads[1]
 
 
@@ -386,7 +355,7 @@ def test_many_shards_few_consumers(world, workers):
     for seed in SEEDS:
         for epoch in EPOCHS:
             perm = shard_order(40, seed, epoch).tolist()
-            plan = global_plan(table, 1, None, seed, epoch, consumers)
+            plan = global_plan(EpochInputs(table, 1, None, seed, epoch), consumers)
             present = set(table.shard[plan.episode].tolist())
             order = [s for s in perm if s in present]
             assert runs(table.shard[plan.episode].tolist()) == order  # the plan reads shards in permuted order, once
@@ -473,13 +442,13 @@ def test_select_anchors_fractional_weight_stochastic_rounding():
     assert np.bincount(a, minlength=10).min() == 1 and np.bincount(a, minlength=10).max() == 2
     # many episodes through the global plan: total close to the sum of expectations
     table = make_table(np.repeat(np.arange(20), 100), np.full(2000, BEFORE + AFTER + 7), weight=0.3)
-    total = global_plan(table, 1, None, 0, 0, 1).episode.size
+    total = global_plan(EpochInputs(table, 1, None, 0, 0), 1).episode.size
     assert abs(total - 2000 * 2.1) < 5 * math.sqrt(2000 * 0.09)
-    per_ep = np.bincount(global_plan(table, 1, None, 0, 0, 1).episode, minlength=2000)
+    per_ep = np.bincount(global_plan(EpochInputs(table, 1, None, 0, 0), 1).episode, minlength=2000)
     assert set(per_ep.tolist()) <= {2, 3}
     # mixing weights: weight 2 episodes give exactly twice their anchors
     table = DATASETS["weighted"]
-    plan = global_plan(table, 1, None, 1, 0, 1)
+    plan = global_plan(EpochInputs(table, 1, None, 1, 0), 1)
     per_ep = np.bincount(plan.episode, minlength=table.num_episodes)
     n = np.maximum(table.hi - table.lo, 0)
     heavy = table.weight == 2.0
@@ -686,7 +655,7 @@ def test_stratified_plan_deals_every_stratum_evenly_and_exactly_once(world, work
         stratum=stratum,
     )
     consumers = world * workers
-    plan = global_plan(table, 1, None, 5, 1, consumers)
+    plan = global_plan(EpochInputs(table, 1, None, 5, 1), consumers)
     per_stratum = [int(lengths[stratum == k].sum()) for k in (0, 1)]
     assert plan.dropped == sum(t % consumers for t in per_stratum)
     assert plan.per_consumer == sum(t // consumers for t in per_stratum)
@@ -696,13 +665,7 @@ def test_stratified_plan_deals_every_stratum_evenly_and_exactly_once(world, work
     for rank in range(world):
         for worker in range(workers):
             wp = worker_plan(
-                table,
-                stride=1,
-                per_episode=None,
-                seed=5,
-                epoch=1,
-                world=World(rank, world, worker, workers),
-                shuffle_episodes=0,
+                EpochInputs(table, 1, None, 5, 1), world=World(rank, world, worker, workers), shuffle_episodes=0
             )
             counts = [int(np.sum(stratum[wp.episode] == k)) for k in (0, 1)]
             assert counts == [t // consumers for t in per_stratum]  # every consumer: the same share of each
@@ -745,11 +708,11 @@ def test_recording_breaks_remove_exactly_the_crossing_anchors(seed):
             gaps=gaps,
         )
         for per_episode in (None, PerEpisode(fraction=1.0)):  # vectorised path and per-episode draw path
-            plan = global_plan(table, stride, per_episode, 0, 0, 1)
+            plan = global_plan(EpochInputs(table, stride, per_episode, 0, 0), 1)
             assert set(
                 zip(plan.episode.tolist(), plan.anchor.tolist(), strict=False)
             ) == want and plan.episode.size == len(want)
-        half = global_plan(table, stride, PerEpisode(fraction=0.5), 0, 0, 1)
+        half = global_plan(EpochInputs(table, stride, PerEpisode(fraction=0.5), 0, 0), 1)
         assert set(zip(half.episode.tolist(), half.anchor.tolist(), strict=False)) <= want
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from epishard.stream import plan as P
 from epishard.stream import shuffle as S
-from epishard.stream.plan import EpisodeTable, PerEpisode, World, rng_for, worker_plan
+from epishard.stream.plan import EpisodeTable, EpochInputs, PerEpisode, World, rng_for, worker_plan
 from epishard.stream.shuffle import pool_shuffle
 
 
@@ -125,11 +125,11 @@ def _table(n=60, shards=9, seed=0, stratified=False):
 def test_consumer_plan_is_its_slice_of_the_global_plan(stratified, per_episode):
     table = _table(stratified=stratified)
     for consumers in (1, 3, 8, 50):
-        g = P.global_plan(table, 2, per_episode, 7, 1, consumers)
-        per, dropped = P.plan_shape(table, 2, per_episode, 7, 1, consumers)
+        g = P.global_plan(EpochInputs(table, 2, per_episode, 7, 1), consumers)
+        per, dropped = P.plan_shape(EpochInputs(table, 2, per_episode, 7, 1), consumers)
         assert per.sum() == g.per_consumer and dropped == g.dropped
         for c in range(consumers):
-            mine = P.consumer_plan(table, 2, per_episode, 7, 1, consumers, c)
+            mine = P.consumer_plan(EpochInputs(table, 2, per_episode, 7, 1), consumers, c)
             part = g.consumer_slice(c)
             assert np.array_equal(mine.episode, g.episode[part]) and np.array_equal(mine.anchor, g.anchor[part])
             if stratified:
@@ -140,10 +140,8 @@ def test_worker_plan_yields_its_windows_pooled_in_read_order():
     """The yield order is the consumer's own windows, pool by pool of ``shuffle_episodes`` episodes."""
     table = _table(n=200, shards=20, seed=3)
     for pool in (1, 5, None):
-        wp = worker_plan(
-            table, stride=1, per_episode=None, seed=2, epoch=0, world=World(1, 2, 1, 2), shuffle_episodes=pool
-        )
-        mine = P.consumer_plan(table, 1, None, 2, 0, 4, 3)
+        wp = worker_plan(EpochInputs(table, 1, None, 2, 0), world=World(1, 2, 1, 2), shuffle_episodes=pool)
+        mine = P.consumer_plan(EpochInputs(table, 1, None, 2, 0), 4, 3)
         assert sorted(zip(wp.episode.tolist(), wp.anchor.tolist(), strict=True)) == sorted(
             zip(mine.episode.tolist(), mine.anchor.tolist(), strict=True)
         )
@@ -155,11 +153,11 @@ def test_worker_plan_yields_its_windows_pooled_in_read_order():
 def test_anchor_draws_are_counter_based_per_episode():
     """An episode's windows depend on (seed, epoch, episode) only, not on which other episodes are listed."""
     table = _table(n=80)
-    counts = P.window_counts(table, 1, PerEpisode(count=4), 5, 2)
+    counts = P.window_counts(EpochInputs(table, 1, PerEpisode(count=4), 5, 2))
     every = np.arange(80)
-    e_all, a_all = P.episode_windows(table, every, counts, 1, 5, 2)
+    e_all, a_all = P.episode_windows(EpochInputs(table, 1, None, 5, 2), every, counts)
     some = np.array([70, 3, 41])
-    e_some, a_some = P.episode_windows(table, some, counts[some], 1, 5, 2)
+    e_some, a_some = P.episode_windows(EpochInputs(table, 1, None, 5, 2), some, counts[some])
     for e in some:
         assert a_some[e_some == e].tolist() == a_all[e_all == e].tolist()
     for e in every:
@@ -168,7 +166,7 @@ def test_anchor_draws_are_counter_based_per_episode():
         assert got.size == counts[e] and np.all(np.diff(got) >= 0) and np.all((got >= 0) & (got < max(n, 1)))
         if table.weight[e] == 1.0:
             assert got.size == min(4, n) and np.unique(got).size == got.size
-    other = P.episode_windows(table, every, counts, 1, 5, 3)[1]
+    other = P.episode_windows(EpochInputs(table, 1, None, 5, 3), every, counts)[1]
     assert not np.array_equal(other, a_all)  # another epoch, other anchors
 
 
@@ -177,14 +175,15 @@ def test_a_shared_epoch_cut_gives_the_same_plan_and_a_mismatched_one_is_ignored(
     the plan is the same with it, and one of another epoch or layout is not used."""
     table = _table(n=120, shards=12, seed=5, stratified=True)
     per = PerEpisode(count=3)
-    shared = P.epoch_cuts(table, 1, per, 4, 2, 6)
+    shared = P.epoch_cuts(EpochInputs(table, 1, per, 4, 2), 6)
     for c in range(6):
         world = World.of_consumer(c, 3, 2)
-        kw = dict(stride=1, per_episode=per, seed=4, epoch=2, world=world, shuffle_episodes=5)
-        a, b = worker_plan(table, **kw), worker_plan(table, **kw, shared=shared)
+        inputs, later = EpochInputs(table, 1, per, 4, 2), EpochInputs(table, 1, per, 4, 3)
+        kw = dict(world=world, shuffle_episodes=5)
+        a, b = worker_plan(inputs, **kw), worker_plan(inputs, **kw, shared=shared)
         assert np.array_equal(a.episode, b.episode) and np.array_equal(a.anchor, b.anchor)
-        other = worker_plan(table, **{**kw, "epoch": 3}, shared=shared)  # another epoch: recomputed
-        assert np.array_equal(other.episode, worker_plan(table, **{**kw, "epoch": 3}).episode)
+        other = worker_plan(later, **kw, shared=shared)  # another epoch: recomputed
+        assert np.array_equal(other.episode, worker_plan(later, **kw).episode)
 
 
 def test_the_plan_of_this_state_version_is_pinned():
@@ -204,13 +203,7 @@ def test_the_plan_of_this_state_version_is_pinned():
         got, _ = yield_order(episode, anchor, World(0, 1, 0, 1), 0, 0, 0, ConsumerStages(shuffle_episodes=pool))
         assert got.tolist() == order
     plan = worker_plan(
-        _table(40, shards=4),
-        stride=4,
-        per_episode=PerEpisode(count=2),
-        seed=7,
-        epoch=1,
-        world=World(1, 2, 1, 2),
-        shuffle_episodes=3,
+        EpochInputs(_table(40, shards=4), 4, PerEpisode(count=2), 7, 1), world=World(1, 2, 1, 2), shuffle_episodes=3
     )
     assert plan.episode.tolist() == [8, 9, 9, 10, 10, 10, 12, 11, 12, 11, 13, 13, 14, 14, 15, 16, 15, 15, 16]
     assert plan.anchor.tolist() == [4, 12, 28, 4, 12, 16, 0, 20, 4, 24, 4, 8, 8, 24, 0, 8, 16, 24, 16]

@@ -444,7 +444,7 @@ class WindowIndex:
         """These episodes moved: episode ``e`` into shard ``shard[e]``, its members ``member_shift[e]`` bytes later.
 
         ``shard``, ``member_shift``: int arrays ``[num_episodes]`` (shard numbers, bytes). For tools
-        that lay a shard's bytes several times into one file (``tools/bench/bench_indexload.py``'s
+        that lay a shard's bytes several times into one file (``tools/bench/run.py firstbatch``'s
         tiler); unchecked, as the result's ``check_index`` is the caller's.
         """
         shift = np.repeat(np.asarray(member_shift, dtype=np.int64), np.diff(self.episode_members))

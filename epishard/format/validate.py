@@ -224,7 +224,7 @@ def _holds(array: pa.Array, bad: Callable[[np.ndarray], np.ndarray]) -> np.ndarr
     """Bool ``[n]``: the string holding the first byte for which ``bad`` (uint8 array -> bool array) is true.
 
     Literal byte tests over the string data, a block at a time, instead of a regular expression
-    per string (tools/bench/bench_indexload.py measures it); the first bad string is the one an error names.
+    per string (``tools/bench/run.py firstbatch`` measures it); the first bad string is the one an error names.
     """
     offsets, data = _utf8(array)
     out = np.zeros(len(array), dtype=bool)

@@ -61,7 +61,7 @@ from epishard.balance import (
 )
 from epishard.balance.telemetry import step_costs
 from epishard.format.index import WindowIndex
-from epishard.stream.plan import EpisodeTable, World, global_plan, rng_for, worker_plan
+from epishard.stream.plan import EpisodeTable, EpochInputs, World, global_plan, rng_for, worker_plan
 from epishard.stream.shuffle import SALT, default_shuffle_episodes, pool_shuffle
 
 D_MODEL = 2048
@@ -314,7 +314,7 @@ def _stratified_plans(table: EpisodeTable, strata: np.ndarray, consumers: int, s
             weight=table.weight[pick],
             cost_bytes=table.cost_bytes[pick],
         )
-        plan = global_plan(sub, 1, None, seed, 0, consumers)
+        plan = global_plan(EpochInputs(sub, 1, None, seed, 0), consumers)
         for c in range(consumers):
             e, a = plan.episode[plan.consumer_slice(c)], plan.anchor[plan.consumer_slice(c)]
             o = pool_shuffle(e, pool, rng_for(seed, 0, SALT, c, k))
@@ -336,26 +336,14 @@ def streaming(mix: RealMix, model: str, world: int, batch: int, workers: int, ch
         per = {k: [] for k in layouts}
         for w in range(workers):
             p = worker_plan(
-                table,
-                stride=1,
-                per_episode=None,
-                seed=seed,
-                epoch=0,
-                world=World(rank, world, w, workers),
-                shuffle_episodes=pool,
+                EpochInputs(table, 1, None, seed, 0), world=World(rank, world, w, workers), shuffle_episodes=pool
             )
             c = cost(p.episode, p.anchor)
             per["plain"].append(c)
             per["local"].append(c[local_order(c, batch, chunk_batches, seed, 0, w)])
             windows.append(c)
             q = worker_plan(
-                table_s,
-                stride=1,
-                per_episode=None,
-                seed=seed,
-                epoch=0,
-                world=World(rank, world, w, workers),
-                shuffle_episodes=pool,
+                EpochInputs(table_s, 1, None, seed, 0), world=World(rank, world, w, workers), shuffle_episodes=pool
             )
             cq = cost(q.episode, q.anchor)
             kq = strata[q.episode]

@@ -83,42 +83,52 @@ def _plan_kw(impl: str, pool: int | None) -> dict:
     return dict(shuffle_windows=512, shuffle_bytes=1 << 30) if impl == "before" else dict(shuffle_episodes=pool)
 
 
+def _call(P, fn: str, table, per, *args, **kw):
+    """``P.<fn>`` of the epoch ``(table, stride 1, per, seed 0, epoch 0)``, in either revision's signature.
+
+    The current planner takes ``EpochInputs``; an older revision (``--before``) the five arguments.
+    """
+    if hasattr(P, "EpochInputs"):
+        return getattr(P, fn)(P.EpochInputs(table, 1, per, 0, 0), *args, **kw)
+    if fn in ("worker_plan", "level_plan"):
+        return getattr(P, fn)(table, *args, stride=1, per_episode=per, seed=0, epoch=0, **kw)
+    return getattr(P, fn)(table, 1, per, 0, 0, *args, **kw)
+
+
 def child(args) -> dict:
     P = _plan_module(args.impl, args.before)
     table = _table(P, args.size)
     ranks, workers = (int(x) for x in args.layout.split("x"))
     per = None if args.case == "all" else P.PerEpisode(count=args.per_episode)
-    kw = dict(stride=1, per_episode=per, seed=0, epoch=0, **_plan_kw(args.impl, 64))
-    small = dict(kw, per_episode=None)
-    P.worker_plan(_table(P, 3), world=P.World(), **small)  # warm-up: first-call costs are not planning
+    kw = _plan_kw(args.impl, 64)
+    _call(P, "worker_plan", _table(P, 3), None, world=P.World(), **kw)  # warm-up: first-call costs are not planning
     base = measure.proc_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     windows = 0
     if args.case in ("worker", "all"):
-        windows = len(P.worker_plan(table, world=P.World(0, ranks, workers // 2, workers), **kw))
+        windows = len(_call(P, "worker_plan", table, per, world=P.World(0, ranks, workers // 2, workers), **kw))
     elif args.case == "rank":
         if args.impl == "after":  # as WindowDataset.set_epoch: the shared O(E) part once per rank
-            kw["shared"] = P.epoch_cuts(table, 1, per, 0, 0, ranks * workers)
-        windows = sum(len(P.worker_plan(table, world=P.World(0, ranks, w, workers), **kw)) for w in range(workers))
+            kw["shared"] = _call(P, "epoch_cuts", table, per, ranks * workers)
+        windows = sum(
+            len(_call(P, "worker_plan", table, per, world=P.World(0, ranks, w, workers), **kw)) for w in range(workers)
+        )
     elif args.case == "count":
         if args.impl == "before":
             stages = P.Stages(512, 1 << 30)
-            windows = P.level_plan(table, consumers=ranks * workers, stages=stages, **kw_level(kw)).per_consumer
+            windows = _call(P, "level_plan", table, per, consumers=ranks * workers, stages=stages).per_consumer
         else:
-            windows = int(P.plan_shape(table, 1, per, 0, 0, ranks * workers)[0].sum())
+            windows = int(_call(P, "plan_shape", table, per, ranks * workers)[0].sum())
     elif args.case == "elastic":
         old, new = (8, 8), (12, 4)
-        g = P.global_plan(table, 1, per, 0, 0, old[0] * old[1])
+        g = _call(P, "global_plan", table, per, old[0] * old[1])
         progress = P.Progress(*old, tuple([g.per_consumer // 2] * (old[0] * old[1])))
         base, t0, c0 = measure.proc_mb(), time.perf_counter(), time.process_time()
-        windows = len(P.worker_plan(table, world=P.World(5, new[0], 1, new[1]), history=(progress,), **kw))
+        world = P.World(5, new[0], 1, new[1])
+        windows = len(_call(P, "worker_plan", table, per, world=world, history=(progress,), **kw))
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = measure.peak_rss_mb()
     return {"time_s": elapsed, "cpu_s": cpu, "peak_mb": max(peak - base, 0.0), "windows": windows}
-
-
-def kw_level(kw: dict) -> dict:
-    return {k: v for k, v in kw.items() if k in ("stride", "per_episode", "seed", "epoch")}
 
 
 def _run_child(impl, case, size, args, timeout=900) -> dict | None:

@@ -95,7 +95,7 @@ from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, c
 from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
 from epishard.stream.decode import decode
 from epishard.stream.options import ReadOptions
-from epishard.stream.plan import PerEpisode, World, worker_plan
+from epishard.stream.plan import EpochInputs, PerEpisode, World, worker_plan
 
 SIZE = (224, 224)
 CAMS3 = ("observation.images.front", "observation.images.left", "observation.images.wrist")
@@ -497,11 +497,7 @@ def bench_plan(rounds: int, big: int) -> None:
         def once(ds, ix, per, world, workers) -> tuple[float, float, float, float, int]:
             t0, c0 = time.perf_counter(), time.process_time()
             plan = worker_plan(
-                ds.table,
-                stride=1,
-                per_episode=per,
-                seed=0,
-                epoch=0,
+                EpochInputs(ds.table, 1, per, 0, 0),
                 world=World(0, world, 0, workers),
                 shuffle_episodes=ds.pool_episodes(),
             )
