@@ -34,7 +34,8 @@ from epishard.redact import redact
 from .convert import ConvertOptions, convert, write_shard
 from .episode import Source
 
-__all__ = ["RayRunner", "convert_ray", "portable"]
+# write_shard_with_env: Ray titles its task processes after it ("ray::write_shard_with_env")
+__all__ = ["RayRunner", "convert_ray", "portable", "write_shard_with_env"]
 
 
 def _import_ray():
@@ -58,7 +59,7 @@ def _connect(address: str | None) -> bool:
     return True
 
 
-def _write_shard_with_env(env: dict[str, str], *args):
+def write_shard_with_env(env: dict[str, str], *args):
     """``convert.write_shard(*args)`` with ``env`` set in this process's environment, restored after.
 
     The task's storage clients are made inside the call, so they read the driver's settings (a Ray
@@ -137,7 +138,7 @@ class RayRunner:
         connected = _connect(self.address)
         bar = tqdm(total=total, unit="ep", desc="convert (ray)", disable=not options.progress, file=sys.stderr)
         bar.update(sum(m["episodes"] + len(m["skipped"]) for m in done.values()))
-        task = ray.remote(_write_shard_with_env).options(
+        task = ray.remote(write_shard_with_env).options(
             max_retries=self.max_retries,
             retry_exceptions=False,
             num_cpus=self.num_cpus,

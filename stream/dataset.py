@@ -800,9 +800,7 @@ class WindowLoader(DataLoader):
         size or worker count, save every rank's state and load them all (a list).
         """
         start = self._start if self._start.epoch == self._epoch else Resume(self._epoch)
-        state = self.dataset.state_dict(self._batches, self.batch_size, self.num_workers, self._epoch, start)
-        # At an epoch boundary nothing is consumed: such a state loads under any layout.
-        return {**state, "fresh": True} if self._batches == 0 and start.fresh else state
+        return self.dataset.state_dict(self._batches, self.batch_size, self.num_workers, self._epoch, start)
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
         """Continue from ``state`` (this rank's, or a list of every rank's) on the next iteration.
@@ -819,13 +817,6 @@ class WindowLoader(DataLoader):
                 "iteration would go on with its own epoch. Load the state before the for loop "
                 "(or after it ended, or after deleting its iterator)."
             )
-        states = self.dataset.checked_states(state)  # every field, before anything is taken from it
-        self._batches = 0
-        if all(s.get("fresh") for s in states):
-            self._epoch = states[0]["epoch"]
-            self.dataset.set_epoch(self._epoch)
-            self.dataset.cursor.pending = None
-        else:
-            self.dataset.load_state_dict(state, self.num_workers)
-            self._epoch = self.dataset.epoch
+        self.dataset.load_state_dict(state, self.num_workers)  # an epoch boundary's state too
+        self._batches, self._epoch = 0, self.dataset.epoch
         self._start = self.dataset.cursor.pending or Resume(self._epoch)

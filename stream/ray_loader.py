@@ -47,7 +47,8 @@ from .dataset import WindowDataset
 from .plan import World
 from .resume import Resume
 
-__all__ = ["RayWindowLoader"]
+# ConsumerActor: Ray titles its actor processes after it ("ray::ConsumerActor")
+__all__ = ["ConsumerActor", "RayWindowLoader"]
 
 _ACTOR_ERRORS: tuple = ()  # ray.exceptions.RayActorError and friends, set on first use
 
@@ -84,7 +85,7 @@ def _to_torch(batch):
     return batch
 
 
-class _ConsumerActor:
+class ConsumerActor:
     """One consumer of a rank, run as a Ray actor: the DataLoader worker ``worker`` of ``num_workers``.
 
     ``start`` gives it the rank's dataset positioned where this consumer continues; ``next_batch``
@@ -212,7 +213,7 @@ class RayWindowLoader:
         if floating:
             self.float_keys = sorted(c for c, depth in dataset.layout.depth.items() if not depth)  # model cameras
         options = {"num_cpus": 1, **(actor_options or {}), "max_restarts": max_restarts, "max_task_retries": 0}
-        cls = ray.remote(_ConsumerActor).options(**options)
+        cls = ray.remote(ConsumerActor).options(**options)
         # The driver's storage settings, as convert --ray passes them to its tasks; held by the loader,
         # so an actor Ray restarts gets them again.
         self._env = ray.put(storage_env())
@@ -435,10 +436,8 @@ class RayWindowLoader:
         To resume under another world size or worker count, save every rank's state and load them
         all (a list).
         """
-        position = self._position()
-        state = self.dataset.state_dict(0, self.batch_size, self.num_workers, position.epoch, position)
-        # At an epoch boundary nothing is consumed: such a state loads under any layout (as WindowLoader's).
-        return {**state, "fresh": True} if self._batches == 0 and position.fresh else state
+        position = self._position()  # what each consumer took: nothing at an epoch boundary ("fresh")
+        return self.dataset.state_dict(0, self.batch_size, self.num_workers, position.epoch, position)
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
         """Continue from ``state`` (this rank's, or a list of every rank's) on the next iteration.
@@ -456,12 +455,8 @@ class RayWindowLoader:
                 "RayWindowLoader.load_state_dict during an iteration over the loader: load the state "
                 "before the for loop (or after it ended, or after deleting its iterator)."
             )
-        states = self.dataset.checked_states(state)  # every field, before anything is taken from it
         self._batches, self._consumers = 0, []
-        if all(s.get("fresh") for s in states):
-            self._epoch, self._next_start = states[0]["epoch"], None
-            return
-        self.dataset.load_state_dict(state, self.num_workers)  # checks seed, layout, ranks
+        self.dataset.load_state_dict(state, self.num_workers)  # checks seed, layout, ranks; a boundary's too
         self._epoch, self._next_start = self.dataset.epoch, self.dataset.cursor.pending
         self.dataset.cursor.pending = None  # the actors' copies get the position explicitly
 

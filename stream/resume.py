@@ -140,6 +140,9 @@ def state_dict(
     of the epoch began), ``batch_size``, ``num_workers`` and the epoch it is in. Consumer ``c``
     of the rank took ``consumed[c]`` windows of its plan (the DataLoader's in-order round-robin
     gives worker ``w`` batches ``w, w + K, ...``, so the counts follow from ``batches``).
+
+    A loader's state at an epoch boundary (no batch consumed since a fresh ``start``) carries
+    ``"fresh": True``: nothing is consumed, so it loads under any layout (``load_state``).
     """
     here = ds.ranks.world()
     workers = max(num_workers, 1)
@@ -155,7 +158,7 @@ def state_dict(
             c = (w + start.rotation) % workers
             consumed[c] = min(consumed[c] + -(-(batches - w) // workers) * int(batch_size or 1), per)
         rotation = (start.rotation + batches) % workers
-    return {
+    state = {
         "version": STATE_VERSION,
         "seed": ds.seed,
         "shuffle_episodes": ds.pool_episodes(None if batches is None else batch_size),
@@ -171,6 +174,7 @@ def state_dict(
         ],
         "plan_digest": ds.plan_digest,
     }
+    return {**state, "fresh": True} if batches == 0 and start.fresh else state
 
 
 def load_state(ds: Resumable, state: dict | list[dict], num_workers: int = 0) -> None:
