@@ -96,7 +96,8 @@ class System:
     Data's read tasks), not DataLoader workers; ``recycle``: ``WindowLoader``'s default recycled batch
     buffers (False: every batch in fresh shared memory, ``recycle_buffers=False``); ``shuffle``:
     epishard's ``WindowDataset(shuffle=...)`` (None: its default, ``"auto"``; ``"global"``: every
-    window of the epoch dealt at random, i.i.d. diversity).
+    window of the epoch dealt at random, i.i.d. diversity; an int: a shuffle pool of that many
+    episodes, the points between the default and global on the diversity curve).
     """
 
     id: str
@@ -108,7 +109,7 @@ class System:
     packets: bool = True
     ray: bool = False
     recycle: bool = True
-    shuffle: str | None = None
+    shuffle: int | str | None = None
     lance: str = ""
 
     @property
@@ -126,7 +127,9 @@ class System:
             whole = "" if self.packets else " whole"
             ray = " Ray actors" if self.ray else ""
             fresh = "" if self.recycle else " fresh"
-            shuffle = f" {self.shuffle}" if self.shuffle else ""
+            shuffle = (
+                f" pool{self.shuffle}" if isinstance(self.shuffle, int) else f" {self.shuffle}" if self.shuffle else ""
+            )
             label = f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}")
             return label + reuse + whole + ray + fresh + shuffle
         return f"{self.kind} {dt}"
@@ -167,6 +170,8 @@ SYSTEMS = {
         System("lance-jpeg-u8", "lance", dtype="uint8", lance="0.2.2"),
         System("es-u8-global", "epishard", dtype="uint8", shuffle="global"),
         System("es-f32-global", "epishard", shuffle="global"),
+        System("es-u8-pool256", "epishard", dtype="uint8", shuffle=256),
+        System("es-u8-pool1024", "epishard", dtype="uint8", shuffle=1024),
     )
 }
 PEERS = (
@@ -196,6 +201,8 @@ ON_REQUEST = (
     "es-f32-fresh",
     "es-u8-global",
     "es-f32-global",
+    "es-u8-pool256",
+    "es-u8-pool1024",
     "lance-video",
     "lance-video-u8",
     "lance-jpeg",
