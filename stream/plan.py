@@ -37,8 +37,9 @@ An epoch, step by step:
    the epoch's whole window list (``epoch_windows``), so every consumer lists every window then
    (``level_plan``), not only its own (``consumer_plan``).
 
-Plan changes: the plan of a given ``(seed, epoch, layout)`` changes only with ``STATE_VERSION``
-(below), which every saved state records.
+Plan changes: the plan of a given ``(seed, epoch, layout)`` changes only with ``PLAN_VERSION``
+(below), which every saved state records (its ``"plan_version"``; the state's own schema has its
+version, ``stream.statecheck.STATE_VERSION``).
 
 The shuffle of step 4 is ``stream.shuffle``'s; the stages of steps 5-6 are declared in
 ``stream.stages`` (``CostStage``, ``OrderStage``, ``GroupStage``, ``DealStage``), which also applies
@@ -69,8 +70,8 @@ from .stages import ConsumerStages, CostStage, DealStage, GroupStage, OrderStage
 from .usercode import call_user, describe
 
 __all__ = [
+    "PLAN_VERSION",
     "SAME_PLAN_SINCE",
-    "STATE_VERSION",
     "EpisodeTable",
     "EpochCuts",
     "EpochInputs",
@@ -101,15 +102,13 @@ __all__ = [
 ]
 
 # The version of the plan: the plan of a given ``(seed, epoch, layout)`` changes only with it, and a
-# saved state records it (``WindowDataset.state_dict``). 2: + "history" (progress under earlier
-# layouts of the epoch: elastic resume). 3: + "shuffle_episodes"; the plan changed (plan-level pool
-# shuffle, counter-based anchor draws), so a mid-epoch state of an earlier version cannot continue
-# exactly and is refused (a state at an epoch boundary still loads). 4: the plan changed again (a
-# consumer's episodes cut into pools of equal size: ``stream.shuffle.pool_shuffle``).
-STATE_VERSION = 4
-# The oldest STATE_VERSION whose mid-epoch states this plan continues exactly (``stream.resume`` refuses
-# older ones mid-epoch; at an epoch boundary every version loads). Raise it with any change to the plan's
-# order: the anchor draws, the cut, ``stream.shuffle.SALT`` or ``pool_shuffle`` (tests/test_shuffle.py pins it).
+# saved state records it (``"plan_version"``; states of schema version 4 and before record it as their
+# ``"version"``, the two were one number then). 3: the plan-level pool shuffle and counter-based
+# anchor draws; 4: a consumer's episodes cut into pools of equal size (``stream.shuffle.pool_shuffle``).
+PLAN_VERSION = 4
+# The oldest PLAN_VERSION whose mid-epoch states this plan continues exactly (``stream.resume`` refuses
+# older ones mid-epoch; at an epoch boundary every version loads). Raise both with any change to the plan's
+# order: the anchor draws, the cut, ``stream.shuffle.SALT`` or ``pool_shuffle`` (tests/test_shuffle.py pins them).
 SAME_PLAN_SINCE = 4
 
 _SALT_SHARDS, _SALT_ANCHORS, _SALT_DROP = 1, 2, 3  # (the shuffle's: 4, ``stream.shuffle``; the group stage's: 31)

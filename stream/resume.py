@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from .options import Ranks
-from .plan import SAME_PLAN_SINCE, STATE_VERSION, LevelOverrun, Progress
-from .statecheck import StateError, bounded, check_digest, check_fields, states_of
+from .plan import PLAN_VERSION, SAME_PLAN_SINCE, LevelOverrun, Progress
+from .statecheck import STATE_VERSION, StateError, bounded, check_digest, check_fields, states_of
 
 __all__ = ["Cursor", "Resumable", "Resume", "checked_states", "load_state", "state_dict"]
 
@@ -160,6 +160,7 @@ def state_dict(
         rotation = (start.rotation + batches) % workers
     state = {
         "version": STATE_VERSION,
+        "plan_version": PLAN_VERSION,
         "seed": ds.seed,
         "shuffle_episodes": ds.pool_episodes(None if batches is None else batch_size),
         "epoch": start.epoch,
@@ -314,11 +315,11 @@ def _check_plan(state: dict, pool: int | None) -> None:
             (``shuffle_episodes``, resolved) differs.
     """
     consumed = any(state["consumed"]) or state["history"]
-    if state.get("version", 1) < SAME_PLAN_SINCE and consumed:
+    if state["plan_version"] < SAME_PLAN_SINCE and consumed:
         raise ValueError(
-            f"cannot resume: the state (version {state.get('version', 1)}) was saved mid-epoch by a reader whose plan "
-            f"(shuffle buffer, anchor draws, pool cuts) this version no longer makes; start the next epoch fresh with "
-            f"set_epoch({state['epoch'] + 1})"
+            f"cannot resume: the state (plan version {state['plan_version']}) was saved mid-epoch by a reader whose "
+            f"plan (shuffle buffer, anchor draws, pool cuts) this version no longer makes; start the next epoch "
+            f"fresh with set_epoch({state['epoch'] + 1})"
         )
     if "shuffle_episodes" in state and state["shuffle_episodes"] != pool and consumed:
         raise ValueError(
@@ -329,7 +330,19 @@ def _check_plan(state: dict, pool: int | None) -> None:
 
 
 def _upgrade(state: dict) -> dict:
-    """A state of any ``STATE_VERSION`` in the current form (version 1 had no ``history``)."""
+    """A state of any ``STATE_VERSION`` in the current form.
+
+    Version 1 had no ``history``; up to version 4 ``"version"`` was the plan's version too (its
+    ``"plan_version"``). A mid-epoch state of a ``"plan_version"`` newer than this reader's
+    ``PLAN_VERSION`` is of a plan this reader does not make: refused.
+    """
     if state.get("version", 1) > STATE_VERSION:
         raise ValueError(f"cannot resume: state version {state['version']} is newer than this reader's {STATE_VERSION}")
-    return {"history": [], **state}
+    version = state.get("version", 1)
+    plan_version = state.get("plan_version", version if version <= 4 else PLAN_VERSION)
+    if plan_version > PLAN_VERSION and (any(state.get("consumed") or ()) or state.get("history")):
+        raise ValueError(
+            f"cannot resume: the state's plan version {plan_version} is newer than this reader's {PLAN_VERSION}; "
+            f"start the next epoch fresh with set_epoch({state.get('epoch', 0) + 1})"
+        )
+    return {"history": [], **state, "plan_version": plan_version}

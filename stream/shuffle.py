@@ -24,7 +24,7 @@ __all__ = [
 
 # The salt of the pool shuffle's generator (``epishard.seeding.rng_for(seed, epoch, SALT, consumer...)``).
 # It is part of the plan: a new value changes every yield order, so it goes with a new
-# ``stream.plan.STATE_VERSION`` and ``SAME_PLAN_SINCE`` (tests/test_shuffle.py pins the order it gives).
+# ``stream.plan.PLAN_VERSION`` and ``SAME_PLAN_SINCE`` (tests/test_shuffle.py pins the order it gives).
 SALT = 4
 
 

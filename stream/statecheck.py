@@ -19,6 +19,7 @@ import numpy as np
 
 __all__ = [
     "STATE_KEYS",
+    "STATE_VERSION",
     "StateError",
     "StateTypeError",
     "bounded",
@@ -34,12 +35,19 @@ _MAX_EPOCH = 2**62  # far past any run; keeps the plan's seeding arithmetic in i
 # level is replayed over the epoch's windows on every resume, so a longer history is refused before
 # any of its entries is looked at.
 _MAX_HISTORY = 256
+# The version of the state's schema (its fields and their meaning), which a state records as
+# ``"version"``; the plan's order has its own (``stream.plan.PLAN_VERSION``, recorded as
+# ``"plan_version"``). Up to 4 one number versioned both (2: + "history", elastic resume; 3: +
+# "shuffle_episodes"); 5: + "plan_version". Raise it when a field is added or changes meaning
+# (``stream.resume._upgrade`` fills a new field in for older states).
+STATE_VERSION = 5
 # The fields a state of this version has (``WindowDataset.state_dict``; ``"fresh"``: ``WindowLoader``'s
 # and ``RayWindowLoader``'s at an epoch boundary; ``"balance"``: ``BalancedWindowDataset``'s), and of
 # one ``history`` entry. Any other key is refused: no state this reader writes has it.
 STATE_KEYS = frozenset(
     {
         "version",
+        "plan_version",
         "seed",
         "shuffle_episodes",
         "epoch",
@@ -206,6 +214,8 @@ def check_fields(state: dict, version: int, at: str = "") -> dict:
 
     if "version" in state:
         _integer(state, "version", 1, version, at, "state versions this reader knows")
+    if "plan_version" in state:
+        _integer(state, "plan_version", 1, None, at, "a plan version")
     if needed("seed"):
         _integer(state, "seed", -(2**63), 2**64 - 1, at)
     _integer(state, "epoch", 0, _MAX_EPOCH, at)

@@ -21,8 +21,9 @@ from epishard.balance.streaming import BalancedOrder, BalancedWindowDataset
 from epishard.stream import WindowLoader, WindowSpec, World
 from epishard.stream.mixplan import BatchByDataset
 from epishard.stream.options import Mixing, Ranks
-from epishard.stream.plan import STATE_VERSION, EpisodeTable, EpochInputs, Progress, global_plan, worker_plan
+from epishard.stream.plan import EpisodeTable, EpochInputs, Progress, global_plan, worker_plan
 from epishard.stream.shuffle import default_shuffle_episodes
+from epishard.stream.statecheck import STATE_VERSION
 
 # --- pure: global_steps ----------------------------------------------------------------------------
 

@@ -323,19 +323,25 @@ def test_the_shuffle_pool_follows_the_batch_size_and_a_state_records_it(dataset)
     next(it)
     state = loader.state_dict()
     del it
-    assert state["shuffle_episodes"] == 16 and state["version"] == 4
+    assert state["shuffle_episodes"] == 16 and (state["version"], state["plan_version"]) == (5, 4)
     with pytest.raises(ValueError, match="shuffle_episodes=16"):
         WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=3).load_state_dict(state)
     same = WindowLoader(WindowDataset(dataset, SPEC, seed=4, shuffle=16), batch_size=3)
     same.load_state_dict(state)  # the same pool given explicitly: the same plan
-    v3 = state | {"version": 3}  # the same pool cut the old way (P, P, ..., the rest): another plan
+    v3 = state | {"plan_version": 3}  # the same pool cut the old way (P, P, ..., the rest): another plan
     with pytest.raises(ValueError, match=r"pool cuts.*set_epoch\(1\)"):
         WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=2).load_state_dict(v3)
-    old = {k: v for k, v in state.items() if k != "shuffle_episodes"} | {"version": 2}
+    v3 = {k: v for k, v in state.items() if k != "plan_version"} | {"version": 3}  # before the versions split
+    with pytest.raises(ValueError, match=r"pool cuts.*set_epoch\(1\)"):
+        WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=2).load_state_dict(v3)
+    old = {k: v for k, v in state.items() if k not in ("shuffle_episodes", "plan_version")} | {"version": 2}
     with pytest.raises(ValueError, match=r"set_epoch\(1\)"):
         WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=2).load_state_dict(old)
     fresh = WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=2)
     fresh.load_state_dict({**old, "consumed": [0]})  # nothing consumed: any plan continues exactly
+    newer = state | {"plan_version": 99}  # a plan this reader does not make
+    with pytest.raises(ValueError, match=r"plan version 99 is newer"):
+        WindowLoader(WindowDataset(dataset, SPEC, seed=4), batch_size=2).load_state_dict(newer)
     assert WindowDataset(dataset, SPEC, seed=4, shuffle=0).pool_episodes() == 0
     with pytest.raises(ValueError, match="shuffle must be"):
         WindowDataset(dataset, SPEC, seed=4, shuffle=-3)

@@ -211,6 +211,8 @@ HOSTILE = {
     "epoch-a-float": ({"epoch": 0.5}, StateTypeError, r"field 'epoch' is 0\.5 \(float\); must be an int"),
     "version-from-the-future": ({"version": 99}, StateError, r"field 'version' is 99; must be 1\.\.\d"),
     "version-a-string": ({"version": "4"}, StateTypeError, r"field 'version' is '4' \(str\)"),
+    "plan-version-zero": ({"plan_version": 0}, StateError, r"field 'plan_version' is 0; must be >= 1"),
+    "plan-version-a-float": ({"plan_version": 4.0}, StateTypeError, r"field 'plan_version' is 4\.0 \(float\)"),
     "seed-a-string": ({"seed": "5"}, StateTypeError, r"field 'seed' is '5' \(str\)"),
     "rotation-past-the-workers": ({"rotation": 3}, StateError, r"field 'rotation' is 3; must be 0\.\.0"),
     "no-workers": ({"num_workers": 0, "consumed": []}, StateError, r"field 'num_workers' is 0; must be >= 1"),

@@ -187,13 +187,13 @@ def test_a_shared_epoch_cut_gives_the_same_plan_and_a_mismatched_one_is_ignored(
 
 
 def test_the_plan_of_this_state_version_is_pinned():
-    """The yield order of a ``(seed, epoch, layout)`` is part of ``STATE_VERSION``'s contract: saved
+    """The yield order of a ``(seed, epoch, layout)`` is part of ``PLAN_VERSION``'s contract: saved
     mid-epoch states resume on it. A change to the shuffle's draws (``stream.shuffle.SALT``,
     ``pool_shuffle``), the anchor draws or the cut fails here; it then goes with a new
-    ``STATE_VERSION`` and ``SAME_PLAN_SINCE`` (older mid-epoch states refused, ``stream.resume``)."""
+    ``PLAN_VERSION`` and ``SAME_PLAN_SINCE`` (older mid-epoch states refused, ``stream.resume``)."""
     from epishard.stream.stages import ConsumerStages, yield_order
 
-    assert (P.STATE_VERSION, P.SAME_PLAN_SINCE, S.SALT) == (4, 4, 4)
+    assert (P.PLAN_VERSION, P.SAME_PLAN_SINCE, S.SALT) == (4, 4, 4)
     episode, anchor = np.repeat(np.arange(6), 3), np.tile(np.arange(3), 6)
     pinned = {
         None: [9, 3, 6, 4, 15, 12, 13, 14, 0, 5, 16, 10, 17, 7, 1, 11, 8, 2],
@@ -213,7 +213,7 @@ def test_a_mid_epoch_state_of_a_plan_before_same_plan_since_is_refused(monkeypat
     """``stream.resume`` refuses mid-epoch states older than ``SAME_PLAN_SINCE`` (the bound it reads)."""
     from epishard.stream import resume
 
-    state = {"version": P.SAME_PLAN_SINCE, "consumed": [1], "history": [], "epoch": 2}
+    state = {"plan_version": P.SAME_PLAN_SINCE, "consumed": [1], "history": [], "epoch": 2}
     resume._check_plan(state, None)  # the current plan: accepted
     monkeypatch.setattr(resume, "SAME_PLAN_SINCE", P.SAME_PLAN_SINCE + 1)
     with pytest.raises(ValueError, match=r"set_epoch\(3\)"):

@@ -73,16 +73,16 @@ __all__ = [
 ]
 
 
-def with_timeouts(url: str, storage_options: dict, connect_s: float, read_s: float, attempts: int) -> dict:
-    """Fsspec options for ``url`` with connect and read timeouts (seconds).
+def with_timeouts(location: Location, options: dict, attempts: int) -> dict:
+    """Fsspec ``options`` for ``location`` with its policy's connect and read timeouts (seconds).
 
     For S3 (botocore's ``config_kwargs``) and HTTP(S) (an aiohttp ``ClientTimeout`` in ``client_kwargs``, no total
     limit, so large reads still finish); what the options already set is kept.
 
     ``attempts``: tries per S3 request, botocore's standard retry mode (backoff with jitter).
     """
-    protocol = fsspec.core.split_protocol(url)[0]
-    options = dict(storage_options)
+    protocol, connect_s, read_s = location.protocol, location.retry.connect_s, location.retry.read_s
+    options = dict(options)
     if protocol in ("s3", "s3a"):
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("connect_timeout", connect_s)
@@ -172,7 +172,7 @@ class Location:
         policy, client = (retry or RetryPolicy()).with_storage_options(options, redact(url))
         return cls(url, client, policy)
 
-    @property
+    @functools.cached_property
     def protocol(self) -> str | None:
         """The fsspec protocol (``"s3"``, ``"https"``, ...), None for a plain local path."""
         return protocol_of(self.url)
@@ -220,7 +220,7 @@ def make_filesystem(location: Location, attempts: int = 3, client_retries: bool 
         config.setdefault("max_pool_connections", max(10, pool))
         options["config_kwargs"] = config
     tries = 1 if budgeted or not client_retries else attempts
-    options = with_timeouts(location.url, options, retry.connect_s, retry.read_s, tries)
+    options = with_timeouts(location, options, tries)
     fs, root = fsspec.core.url_to_fs(location.url, skip_instance_cache=True, **options)
     if hasattr(fs, "retries") and hasattr(fs, "set_session"):  # s3fs
         fs.retries = 1
@@ -251,7 +251,7 @@ class FileSystemHandle:
         client_retries: bool = True,
         pool: int = 0,
     ):
-        self.location = Location.of(location, storage_options)
+        self.location = location if isinstance(location, Location) else Location.of(location, storage_options)
         self.attempts, self.client_retries, self.pool = attempts, client_retries, pool
         self._fs = None
         self._pid: int | None = None
@@ -341,7 +341,7 @@ class Storage:
         give_up: GiveUp = budget_exceeded,
         pool: int = 0,
     ):
-        self.location = Location.of(location, storage_options)
+        self.location = location if isinstance(location, Location) else Location.of(location, storage_options)
         self.url = self.location.url
         self.local = self.location.local
         self._handle = FileSystemHandle(self.location, client_retries=client_retries, pool=pool)
