@@ -7,6 +7,10 @@ from pathlib import Path
 from .config import STAGES
 from .runs import Dataset
 
+# epishard's shuffle from local to global (``es-u8-pool16``, ``es-u8``, ``es-u8-poolall``, ``es-u8-global``):
+# joined by a line in the diversity chart, each point with its worker RSS peak.
+_CURVE = ("epishard u8 pool 16", "epishard u8", "epishard u8 pool all", "epishard u8 global")
+
 
 def require() -> None:
     """Raise SystemExit naming the fix when matplotlib cannot be imported (checked before any run)."""
@@ -74,6 +78,20 @@ def charts(rows: list[dict], datasets: list[Dataset], folder: Path, title: str) 
             if r and r["diversity_ratio"] is not None:
                 marker = "s" if r["dtype"] == "uint8" else "o"
                 ax.scatter(r["diversity_ratio"], r["samples_per_s"], color=colors(j % 10), marker=marker, label=label)
+        curve = sorted(
+            (r for r in rows if r["dataset"] == n and r["label"] in _CURVE and r["diversity_ratio"] is not None),
+            key=lambda r: r["diversity_ratio"],
+        )
+        if len(curve) > 1:  # the shuffle's diversity curve: pool 16, the default, one pool, global; worker RSS
+            ax.plot(
+                [r["diversity_ratio"] for r in curve], [r["samples_per_s"] for r in curve], "-", color="grey", lw=0.8
+            )
+            for r in curve:
+                if r.get("worker_rss_peak_mb"):
+                    xy = (r["diversity_ratio"], r["samples_per_s"])
+                    ax.annotate(
+                        f"{r['worker_rss_peak_mb']:.0f} MB", xy, fontsize=6, xytext=(3, 3), textcoords="offset points"
+                    )
         ax.axvline(0.9, color="grey", linestyle="--", linewidth=1)
         ax.set_xlabel("distinct episodes per batch / i.i.d.")
         ax.set_title(n.replace("_v30", " (v3.0)"), fontsize=9)

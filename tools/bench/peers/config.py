@@ -97,7 +97,8 @@ class System:
     buffers (False: every batch in fresh shared memory, ``recycle_buffers=False``); ``shuffle``:
     epishard's ``WindowDataset(shuffle=...)`` (None: its default, ``"auto"``; ``"global"``: every
     window of the epoch dealt at random, i.i.d. diversity; an int: a shuffle pool of that many
-    episodes, the points between the default and global on the diversity curve).
+    episodes; ``"all"``: one pool of all the worker's episodes, ``shuffle=None``: the points of the
+    diversity curve between the default and global).
     """
 
     id: str
@@ -127,9 +128,8 @@ class System:
             whole = "" if self.packets else " whole"
             ray = " Ray actors" if self.ray else ""
             fresh = "" if self.recycle else " fresh"
-            shuffle = (
-                f" pool{self.shuffle}" if isinstance(self.shuffle, int) else f" {self.shuffle}" if self.shuffle else ""
-            )
+            shuffle = "" if self.shuffle is None else f" pool {self.shuffle}"
+            shuffle = " global" if self.shuffle == "global" else shuffle
             label = f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}")
             return label + reuse + whole + ray + fresh + shuffle
         return f"{self.kind} {dt}"
@@ -170,8 +170,8 @@ SYSTEMS = {
         System("lance-jpeg-u8", "lance", dtype="uint8", lance="0.2.2"),
         System("es-u8-global", "epishard", dtype="uint8", shuffle="global"),
         System("es-f32-global", "epishard", shuffle="global"),
-        System("es-u8-pool256", "epishard", dtype="uint8", shuffle=256),
-        System("es-u8-pool1024", "epishard", dtype="uint8", shuffle=1024),
+        System("es-u8-pool16", "epishard", dtype="uint8", shuffle=16),
+        System("es-u8-poolall", "epishard", dtype="uint8", shuffle="all"),
     )
 }
 PEERS = (
@@ -201,8 +201,8 @@ ON_REQUEST = (
     "es-f32-fresh",
     "es-u8-global",
     "es-f32-global",
-    "es-u8-pool256",
-    "es-u8-pool1024",
+    "es-u8-pool16",
+    "es-u8-poolall",
     "lance-video",
     "lance-video-u8",
     "lance-jpeg",

@@ -62,7 +62,7 @@ def epishard_dataset(cfg: dict, system):
     dtype = torch.float32 if system.dtype == "float32" else torch.uint8
     dataset_opts = dict(opts.get("dataset", {}))
     if system.shuffle is not None:
-        dataset_opts.setdefault("shuffle", system.shuffle)
+        dataset_opts.setdefault("shuffle", None if system.shuffle == "all" else system.shuffle)
     read = ReadOptions(telemetry=True)
     if not system.packets:
         from epishard.stream.fetch import FetchPolicy
