@@ -50,6 +50,7 @@ workers (persistent), shuffled. Systems (``config.SYSTEMS``):
                  members read by the index's byte offsets, decoded and converted as ``webdataset``.
 ``es-*``         epishard ``WindowDataset`` + ``WindowLoader``, telemetry on, no resize; ``f32`` /
                  ``u8`` output, ``all`` or ``pe4`` policy; ``es-*-global``: ``shuffle="global"``;
+                 ``es-u8-cache256`` / ``-cache128``: a frame cache of that many MiB (the memory knob);
                  ``es-u8-pool16`` / ``-poolall``: a shuffle pool of 16 episodes / of all the
                  worker's episodes (the diversity curve between the default and global).
                  ``--epishard-opt KEY=VALUE`` passes a ``WindowDataset`` keyword or ``WindowSpec``

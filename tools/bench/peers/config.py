@@ -98,7 +98,8 @@ class System:
     epishard's ``WindowDataset(shuffle=...)`` (None: its default, ``"auto"``; ``"global"``: every
     window of the epoch dealt at random, i.i.d. diversity; an int: a shuffle pool of that many
     episodes; ``"all"``: one pool of all the worker's episodes, ``shuffle=None``: the points of the
-    diversity curve between the default and global).
+    diversity curve between the default and global); ``frame_cache_mb``: the look-ahead's frame cache
+    (``Lookahead(frame_cache_bytes=)``, None: its default 548 MiB), the worker's memory knob.
     """
 
     id: str
@@ -111,6 +112,7 @@ class System:
     ray: bool = False
     recycle: bool = True
     shuffle: int | str | None = None
+    frame_cache_mb: int | None = None
     lance: str = ""
 
     @property
@@ -130,8 +132,9 @@ class System:
             fresh = "" if self.recycle else " fresh"
             shuffle = "" if self.shuffle is None else f" pool {self.shuffle}"
             shuffle = " global" if self.shuffle == "global" else shuffle
+            cache = f" cache {self.frame_cache_mb} MiB" if self.frame_cache_mb else ""
             label = f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}")
-            return label + reuse + whole + ray + fresh + shuffle
+            return label + reuse + whole + ray + fresh + shuffle + cache
         return f"{self.kind} {dt}"
 
     @property
@@ -172,6 +175,8 @@ SYSTEMS = {
         System("es-f32-global", "epishard", shuffle="global"),
         System("es-u8-pool16", "epishard", dtype="uint8", shuffle=16),
         System("es-u8-poolall", "epishard", dtype="uint8", shuffle="all"),
+        System("es-u8-cache256", "epishard", dtype="uint8", frame_cache_mb=256),
+        System("es-u8-cache128", "epishard", dtype="uint8", frame_cache_mb=128),
     )
 }
 PEERS = (
@@ -203,6 +208,8 @@ ON_REQUEST = (
     "es-f32-global",
     "es-u8-pool16",
     "es-u8-poolall",
+    "es-u8-cache256",
+    "es-u8-cache128",
     "lance-video",
     "lance-video-u8",
     "lance-jpeg",

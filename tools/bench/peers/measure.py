@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from epishard.stream.options import ReadOptions
@@ -68,6 +69,10 @@ def epishard_dataset(cfg: dict, system):
         from epishard.stream.fetch import FetchPolicy
 
         read = ReadOptions(telemetry=True, fetch=FetchPolicy(packets=False))
+    if system.frame_cache_mb:
+        from epishard.stream.lookahead import Lookahead
+
+        read = dataclasses.replace(read, lookahead=Lookahead(frame_cache_bytes=system.frame_cache_mb << 20))
     return WindowDataset(src, spec, seed=cfg["seed"], postprocess=PostProcess(dtype=dtype), read=read, **dataset_opts)
 
 
