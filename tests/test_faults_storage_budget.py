@@ -451,3 +451,44 @@ def test_a_dead_http_source_is_retried_and_named_not_taken_for_an_empty_folder(t
     message = str(caught.value)
     assert f"127.0.0.1:{port}/ds" in message and "retry budget 0.5 s" in message
     assert "info.json" not in message
+
+
+_EXIT_CHILD = """
+import asyncio, json, sys
+import aiohttp.connector
+
+close = aiohttp.connector.BaseConnector.close
+
+
+async def slow_close(self, *args, **kwargs):  # a busy loop at exit: longer than s3fs's own 0.1 s close
+    await asyncio.sleep(0.3)
+    return await close(self, *args, **kwargs)
+
+
+aiohttp.connector.BaseConnector.close = slow_close
+sys.path.insert(0, sys.argv[2])
+from faultgen import SPEC
+from epishard.stream import WindowDataset
+from epishard.stream.options import ReadOptions
+
+options = json.loads(sys.argv[1])
+print(len(list(WindowDataset("s3://budget/ds", SPEC, seed=0, read=ReadOptions(storage_options=options)))))
+"""
+
+
+def test_a_process_that_read_from_s3_exits_without_a_client_warning(s3):
+    """Every S3 client is closed on its own event loop at exit (``storage._close_at_exit``): no "Unclosed
+    client session" / "attached to a different loop" / "Task exception was never retrieved", even when
+    closing takes longer than s3fs's own 0.1 s attempt (made slow here, as a busy loop makes it)."""
+    import json
+    import subprocess
+    import sys
+
+    tests = str(Path(__file__).parent)
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_CHILD, json.dumps(s3), tests], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) > 0
+    for said in ("Unclosed client session", "different loop", "never retrieved", "Unclosed connector"):
+        assert said not in done.stderr, done.stderr

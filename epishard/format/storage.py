@@ -38,6 +38,7 @@ import json
 import os
 import stat
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import fsspec
@@ -265,6 +266,7 @@ class FileSystemHandle:
         if self._fs is None or self._pid != os.getpid():
             self._fs, self._root = make_filesystem(self.location, self.attempts, self.client_retries, self.pool)
             self._pid = os.getpid()
+            _close_when_dropped(self, self._fs)
         return self._fs
 
     @property
@@ -273,6 +275,33 @@ class FileSystemHandle:
         if self._root is None:
             self.get()
         return self._root  # type: ignore[return-value]
+
+
+CLOSE_TIMEOUT_S = 5.0  # seconds the close of one S3 client may wait for its connections
+
+
+def _close_when_dropped(handle: FileSystemHandle, fs) -> None:
+    """Close ``fs``'s S3 client on its own event loop when ``handle`` is dropped or the process exits.
+
+    s3fs's own finalizer gives the close 0.1 s on fsspec's loop, then closes the connector from
+    the collecting thread, whose futures belong to no running loop: aiohttp then reports "Unclosed
+    client session" or "Task exception was never retrieved ... attached to a different loop"
+    whenever the loop was busy (a DataLoader worker dropping its dataset, any exit). This close runs
+    first (it holds the filesystem until then) and waits up to ``CLOSE_TIMEOUT_S``.
+    """
+    if type(fs).__module__.startswith("s3fs"):
+        weakref.finalize(handle, _close_client, fs, os.getpid())
+
+
+def _close_client(fs, pid: int) -> None:
+    import fsspec.asyn
+
+    creator, loop = getattr(fs, "_s3creator", None), getattr(fs, "loop", None)
+    if pid != os.getpid() or creator is None or loop is None or not loop.is_running():
+        return  # another process's (inherited by a fork), never used, or its loop is gone
+    with contextlib.suppress(Exception):  # on the loop's own thread, or failing: left to s3fs's finalizer
+        fsspec.asyn.sync(loop, creator.__aexit__, None, None, None, timeout=CLOSE_TIMEOUT_S)
+        fs._s3creator = fs._s3 = None  # closed: s3fs's finalizer has nothing left to wait for
 
 
 class NotARegularFile(OSError):

@@ -79,6 +79,7 @@ from remote_servers import FaultProxy, serve_http
 from torch.utils.data import DataLoader
 from videogen import make_episode_table, make_video
 
+from epishard.format.storage import FileSystemHandle
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.shardwriter.lerobot import read_lerobot
 from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
@@ -387,7 +388,6 @@ def _per_worker(rows: list, earliest: bool = False) -> dict[int, dict]:
 
 def prepare(args, server: Server) -> tuple[str, list[str], str]:
     """Convert the dataset to a local folder (or reuse ``--keep``'s), upload it; (local path, cameras, what)."""
-    import s3fs
 
     real = SHARED / args.real
     if args.generated or not (real / "meta" / "info.json").exists():
@@ -400,7 +400,8 @@ def prepare(args, server: Server) -> tuple[str, list[str], str]:
     if not (os.path.exists(stamp) and Path(stamp).read_text() == what):
         convert([tiled(args)], local, ConvertOptions(max_episodes_per_shard=8, progress=False, overwrite=True))
         Path(stamp).write_text(what)
-    fs = s3fs.S3FileSystem(endpoint_url=server.endpoint)
+    handle = FileSystemHandle("s3://bench", {"endpoint_url": server.endpoint})  # its client closed on its own loop
+    fs = handle.get()
     fs.mkdir("bench")
     for name in sorted(os.listdir(local)):
         fs.put_file(os.path.join(local, name), f"bench/ds/{name}")
