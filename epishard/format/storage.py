@@ -19,7 +19,8 @@ huggingface_hub ``HF_TOKEN``, ``HF_ENDPOINT``. Explicit options win over the env
 Every write is atomic: a local file is written under a temporary name, fsync'd and renamed; an
 object-store object is uploaded to its final key, which the store makes visible only when the
 upload completes (an S3 multipart upload that is aborted leaves nothing). The filesystem client is
-created lazily in each process (s3fs/aiohttp sessions do not survive a fork).
+created lazily in each process (s3fs/aiohttp sessions do not survive a fork), and an S3 client is
+closed on its own event loop when its handle is dropped or the process exits.
 
 Nothing waits forever: S3 and HTTP clients get connect and read timeouts (``with_timeouts``), a
 failing S3 call is retried for a time budget, not forever (``epishard.format.retry``), and
