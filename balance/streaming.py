@@ -173,8 +173,8 @@ class BalancedWindowDataset(WindowDataset):
         """``WindowDataset.load_state_dict``, after checking that the states were balanced the same way.
 
         A mid-epoch state counts windows of the plan it was saved under, so it resumes exactly only
-        under the same balancing. States without ``"balance"`` (saved before it was recorded) are
-        taken as local-scope ones.
+        under the same balancing; a state at an epoch boundary (``"fresh"``) loads under any. States
+        without ``"balance"`` (saved before it was recorded) are taken as local-scope ones.
 
         Raises:
             ValueError: a state balanced another way (scope, batch size or chunk), naming both;
@@ -188,6 +188,8 @@ class BalancedWindowDataset(WindowDataset):
                     f"load_state_dict: state [{i}] field 'balance' is {saved!r}; must be a dict (scope, batch_size, "
                     "chunk_batches)"
                 )
+            if s.get("fresh") is True:  # an epoch boundary: nothing consumed, any balancing continues it
+                continue
             if any(saved.get(k, mine[k]) != mine[k] for k in mine):
                 raise ValueError(
                     f"cannot resume: the state was saved with balancing {saved}, this dataset has {mine}; resume with "

@@ -506,3 +506,33 @@ def test_step_telemetry_accepts_a_partial_last_batch():
     assert s["steps"] == 2
     assert s["imbalance_mean"] == pytest.approx((1.0 + 5.0 / 3.0) / 2)
     assert s["step_time_padded"] == pytest.approx((6.0 + 5.0) / 2)
+
+
+def test_an_epoch_boundary_state_loads_under_other_balancing(intact):
+    """A state at an epoch boundary ("fresh") consumed nothing: it loads under another chunk size, and the
+    next epoch is that loader's own (a mid-epoch state of another balancing is refused, naming both)."""
+    from faultgen import SPEC
+
+    from epishard.balance.streaming import BalancedWindowDataset
+    from epishard.stream import WindowLoader
+
+    def loader(chunk: int) -> WindowLoader:
+        ds = BalancedWindowDataset(intact, SPEC, batch_size=2, chunk_batches=chunk, seed=4)
+        return WindowLoader(ds, batch_size=2)
+
+    saved = loader(3)
+    list(saved)  # one whole epoch: its state is the next epoch's start
+    state = saved.state_dict()
+    assert state["fresh"] and state["epoch"] == 1 and state["balance"]["chunk_batches"] == 3
+    other = loader(5)
+    other.load_state_dict(state)
+    reference = loader(5)
+    reference.load_state_dict({**state, "balance": {**state["balance"], "chunk_batches": 5}})
+    assert [_keys_of(b) for b in other] == [_keys_of(b) for b in reference]
+    partway = loader(3)
+    it = iter(partway)
+    next(it)
+    mid = partway.state_dict()
+    del it
+    with pytest.raises(ValueError, match=r"saved with balancing .*'chunk_batches': 3.*this dataset has .*5"):
+        loader(5).load_state_dict(mid)

@@ -148,6 +148,8 @@ def test_remembered_secrets_are_masked_anywhere_and_options_copied_masked():
         "client_kwargs": {"headers": {"Authorization": MASK}, "region_name": "eu-west-1"},
     }
     assert CANARY not in repr(RemoteFile("s3://b/k", 1, Location.of("s3://b", {"secret": CANARY})))
+    assert CANARY not in repr(RemoteFile(f"https://user:{CANARY}@host/x.mp4", 1))
+    assert CANARY not in repr(Location.of(f"https://user:{CANARY}@host/x"))  # the URL's userinfo too
     assert CANARY not in repr(StreamRun("s3://b/ds", storage_options={"secret": CANARY}))
 
 

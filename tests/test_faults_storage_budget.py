@@ -363,6 +363,17 @@ def test_a_negative_or_nan_budget_is_refused(value):
         Location.of("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9", "retry_budget": value})
 
 
+@pytest.mark.parametrize("option", ["retry_budget", "connect_timeout", "read_timeout"])
+@pytest.mark.parametrize("value", [float("inf"), "inf", True, "abc", None])
+def test_an_endless_or_unreadable_storage_option_is_refused(option, value):
+    """Nothing waits forever: infinity, a boolean or text is no number of seconds (named, with the URL)."""
+    named = rf"s3://bucket/ds: storage option {option} \(.*\) must be a number of seconds"
+    with pytest.raises(ValueError, match=named):
+        Location.of("s3://bucket/ds", {option: value})
+    with pytest.raises(ValueError, match=r"RetryPolicy: budget_s \(inf\) must be a finite number >= 0"):
+        _ = FetchPolicy(retry_budget_s=float("inf")).retry
+
+
 def _uploads_in_progress(fs, prefix: str) -> list[str]:
     answer = fs.call_s3("list_multipart_uploads", Bucket="budget", Prefix=prefix)
     return [u["Key"] for u in answer.get("Uploads", [])]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+import math
 import random
 import time
 from collections.abc import Callable
@@ -304,10 +305,10 @@ class RetryPolicy:
 
     def __post_init__(self):
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        bad = {k: v for k, v in values.items() if v is not None and not v >= 0}
-        if bad:
+        bad = {k: v for k, v in values.items() if v is not None and not (0 <= v < math.inf)}
+        if bad:  # NaN and infinity too: nothing waits forever
             raise ValueError(
-                "RetryPolicy: " + ", ".join(f"{k} ({v})" for k, v in bad.items()) + " must be a number >= 0"
+                "RetryPolicy: " + ", ".join(f"{k} ({v})" for k, v in bad.items()) + " must be a finite number >= 0"
             )
 
     def with_storage_options(self, options: dict, where: str) -> tuple[RetryPolicy, dict]:
@@ -317,7 +318,7 @@ class RetryPolicy:
         set ``connect_s``, ``read_s`` and ``budget_s``; the other options are the fsspec client's.
 
         Raises:
-            ValueError: one of them is not a number of seconds >= 0 (names ``where`` and the option).
+            ValueError: one of them is not a finite number of seconds >= 0 (names ``where`` and the option).
         """
         rest, values = dict(options), dict[str, Any]()
         for option, name in STORAGE_OPTIONS.items():
@@ -325,10 +326,10 @@ class RetryPolicy:
                 continue
             given = rest.pop(option)
             try:
-                value = float(given)
+                value = float("nan") if isinstance(given, bool) else float(given)
             except (TypeError, ValueError):
                 value = float("nan")
-            if not value >= 0:  # NaN too
+            if not 0 <= value < math.inf:  # NaN and infinity too: nothing waits forever
                 raise ValueError(f"{where}: storage option {option} ({given}) must be a number of seconds >= 0")
             values[name] = value
         return dataclasses.replace(self, **values), rest

@@ -174,6 +174,9 @@ class Location:
         policy, client = (retry or RetryPolicy()).with_storage_options(options, redact(url))
         return cls(url, client, policy)
 
+    def __repr__(self) -> str:  # the URL's credentials redacted; the options never shown
+        return f"Location({self.shown!r}, retry={self.retry!r})"
+
     @functools.cached_property
     def protocol(self) -> str | None:
         """The fsspec protocol (``"s3"``, ``"https"``, ...), None for a plain local path."""
@@ -582,6 +585,9 @@ class RemoteFile:
 
     def __str__(self) -> str:
         return self.url
+
+    def __repr__(self) -> str:  # the URL's credentials redacted
+        return f"RemoteFile({redact(self.url)!r}, known_size={self.known_size!r})"
 
     @property
     def _opened(self) -> Location:
