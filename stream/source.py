@@ -96,7 +96,6 @@ class DatasetSource:
             give_up=_metadata_failure,
             pool=self.policy.max_in_flight,
         )
-        self._root = self.storage.root
         self.manifest = open_manifest(self.storage)
         self.index = self._load_index()
         self.skipped_shards = self._check_shard_files()
@@ -114,7 +113,7 @@ class DatasetSource:
 
     def path(self, name: str) -> str:
         """Path of the dataset's file ``name`` in this process's filesystem."""
-        return f"{self._root}/{name}"
+        return self.storage.path(name)
 
     def shard_path(self, shard: int) -> str:
         """Path of shard number ``shard`` (in the manifest's order)."""
@@ -163,7 +162,7 @@ class DatasetSource:
                     sizes[s.shard] = st.st_size
         else:
             try:
-                listing = self.filesystem().ls(self._root, detail=True)
+                listing = self.filesystem().ls(self.storage.root, detail=True)
             except Exception:  # no listing (an HTTP server without one, no list permission)
                 listing = []
             sizes = {

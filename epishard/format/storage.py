@@ -589,8 +589,8 @@ class RemoteFile:
     def __repr__(self) -> str:  # the URL's credentials redacted
         return f"RemoteFile({redact(self.url)!r}, known_size={self.known_size!r})"
 
-    @property
-    def _opened(self) -> Location:
+    @functools.cached_property
+    def _opened(self) -> Location:  # opened once per file, not per read
         return self.location if self.location is not None else Location.of(self.url)
 
     def _fs(self):
