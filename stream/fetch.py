@@ -30,6 +30,7 @@ import hashlib
 import math
 import threading
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -285,6 +286,25 @@ def wait_or_raise(policy: RetryPolicy, exc: Exception, attempt: int, where: str,
     time.sleep(delay)
 
 
+_RANGE_WARNED: set[str] = set()  # shards this process warned about: one warning per shard
+
+
+def _warn_range_ignored(path: str, size: int) -> None:
+    """Say once per shard and process that its server answered a ranged request with the whole object.
+
+    The reader stays correct (it cuts the range out), but every request then moves the whole shard.
+    """
+    if path in _RANGE_WARNED:
+        return
+    _RANGE_WARNED.add(path)
+    warnings.warn(
+        f"epishard: {redact(path)}: the server ignores Range requests (e.g. python -m http.server): each "
+        f"request reads the whole shard ({size} bytes); serve the dataset from a server that answers "
+        "Range (S3, nginx, a CDN) or copy it locally",
+        stacklevel=2,
+    )
+
+
 class Fetcher:
     """Fetches, ahead of use, the byte ranges of a worker's episodes in fetch order.
 
@@ -431,6 +451,7 @@ class Fetcher:
                             shard,
                         )
                     self.telemetry.add(range_ignored=1)  # the server ignored Range: cut the range out
+                    _warn_range_ignored(path, size)
                     data = data[pos:stop]
                 if not data:
                     raise ConnectionError(f"{path}: empty response at byte {pos}")

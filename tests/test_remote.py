@@ -229,3 +229,30 @@ def test_local_cache_serves_repeat_epochs_and_never_stale_data(local, tmp_path):
     small.put("b" * 64, 0, 60, b"y" * 60)  # evicts the older entry
     assert small.get("a" * 64, 0, 60) is None and small.get("b" * 64, 0, 60) == b"y" * 60
     assert small.get("c" * 64, 0, 60) is None  # a changed shard has another sha256: another key
+
+
+def test_a_server_that_ignores_range_is_read_right_and_said_once_per_shard(intact):
+    """``python -m http.server`` answers every ranged GET with the whole shard: the samples are the local
+    ones (the range cut out of each answer), and each shard is warned about once, not silently re-read."""
+    import warnings
+
+    from faultgen import SPEC
+
+    import epishard.stream.fetch as fetch
+
+    fetch._RANGE_WARNED.clear()
+    server, url = serve_http(intact, honour_range=False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            remote = list(WindowDataset(url, SPEC, seed=3, read=ReadOptions(fetch=FetchPolicy(mode="ranged"))))
+    finally:
+        server.shutdown()
+    local = list(WindowDataset(intact, SPEC, seed=3))
+    assert [int(s["episode_index"]) for s in remote] == [int(s["episode_index"]) for s in local]
+    assert all(torch.equal(a["action"], b["action"]) for a, b in zip(remote, local, strict=True))
+    said = sorted(str(w.message) for w in caught if "ignores Range" in str(w.message))
+    shards = sorted(n for n in os.listdir(intact) if n.endswith(".tar"))
+    assert len(said) == len(shards) and all(
+        f"{url}/{n}: the server ignores Range" in m for m, n in zip(said, shards, strict=True)
+    )
