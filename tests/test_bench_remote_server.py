@@ -1,5 +1,6 @@
-"""The object-storage benchmark's S3 server (``tools/bench/scenarios/remote.py``: moto answering ranged GETs
-from the object's buffer) sends the same bytes, status and Content-Range as moto's own code path."""
+"""The object-storage benchmarks' S3 server (``tools/bench/s3server.py``: moto answering ranged GETs from the
+object's buffer) sends the same bytes, status and Content-Range as moto's own code path; ``upload`` copies a
+folder tree as it is."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ SIZE = 3_000_003
 def _bench():
     if os.path.join(REPO, "tools", "bench") not in sys.path:
         sys.path.insert(0, os.path.join(REPO, "tools", "bench"))
-    from scenarios import remote
+    import s3server
 
-    return remote
+    return s3server
 
 
 def _get(client, rng: str | None) -> tuple[int, str | None, bytes]:
@@ -118,3 +119,19 @@ def test_the_bench_server_keeps_connections_open_as_an_object_store_does(servers
     assert kept and not stock_kept
     assert [a[2] for a in patched] == [data[0:100], data[1000:152000]]
     assert patched == stock
+
+
+def test_upload_copies_a_folder_tree_byte_for_byte(servers, tmp_path):
+    bench = _bench()
+    server = servers[1][False][0]
+    files = {"manifest.json": b"{}", "a/b/shard-000000.tar": os.urandom(70_001), "a/c.idx": b"x"}
+    for name, data in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    assert bench.upload(server.endpoint, str(tmp_path), "s3://copies/ds") == sum(map(len, files.values()))
+    fs = s3fs.S3FileSystem(endpoint_url=server.endpoint, skip_instance_cache=True)
+    assert {k.removeprefix("copies/ds/"): fs.cat_file(k) for k in fs.find("copies/ds")} == files
+    (tmp_path / "a" / "empty").write_bytes(b"")
+    with pytest.raises(ValueError, match="empty"):
+        bench.upload(server.endpoint, str(tmp_path), "s3://copies/other")
+    assert not fs.find("copies/other")

@@ -10,6 +10,7 @@ and how is in ``tools/bench/peers/__init__.py``.
     python tools/bench/bench_peers.py                  # every v3.0 dataset in ../shared/data, tiled to 200 episodes
     python tools/bench/bench_peers.py --setup-peers    # first build both LeRobot peer venvs (~4 min)
     python tools/bench/bench_peers.py --quick          # smoke run
+    python tools/bench/bench_peers.py --s3-latency-ms 100 --systems es-u8,lance-video-u8   # from moto S3, +100 ms
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # epishard from this checkout
-    sys.path.insert(0, str(REPO))
+for _p in (REPO, REPO / "tests"):  # epishard from this checkout; the test servers (--s3)
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 from peers.cli import main
 

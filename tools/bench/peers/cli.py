@@ -41,7 +41,9 @@ from .runs import (
     ray_status,
     run_env,
     run_system,
+    s3_server,
     setup_peers,
+    start_s3,
 )
 from .summary import LEGEND, headline, markdown, print_tables, summarize
 from .zygote import Zygote, zygote_main
@@ -149,6 +151,13 @@ def parse(argv=None):
     p.add_argument("--setup-peers", action="store_true", help="build both LeRobot peer venvs first (~4 min)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument(
+        "--s3-latency-ms",
+        type=int,
+        help="read every dataset from moto S3 on loopback (its own process) with this latency added per request "
+        "(tools/bench/s3server.py): epishard and Lance systems only (the LeRobot and Ray Data loaders read "
+        "local folders); the server's bytes sent and CPU seconds are recorded per run",
+    )
+    p.add_argument(
         "--env",
         action="append",
         default=[],
@@ -195,6 +204,7 @@ def _meta(args, started, command, info, systems, ignored, datasets) -> dict:
         "epishard_options_given": " ".join(args.epishard_opt),
         "epishard_options": args.epishard_options,
         "epishard_options_ignored": ignored,
+        "storage": "local disk" if args.s3_latency_ms is None else f"moto S3 on loopback, +{args.s3_latency_ms} ms",
         "datasets": [
             {k: getattr(d, k) for k in ("name", "main", "version", "original", "episodes", "tiles", "decode_limit")}
             for d in datasets
@@ -285,6 +295,15 @@ def main(argv=None) -> int:
         if missing:
             print(f"skip Ray Data peer: {missing}")
             systems = [s for s in systems if s.kind != "raydata"]
+    if args.s3_latency_ms is not None:
+        from s3server import CREDENTIALS, need_s3
+
+        need_s3()
+        os.environ.update(CREDENTIALS)  # before the zygote forks: every child talks to the server
+        local_only = [s for s in systems if s.kind not in ("epishard", "lance") or s.ray]
+        if local_only:
+            print(f"--s3-latency-ms: {', '.join(s.id for s in local_only)} read local folders only: skipped")
+            systems = [s for s in systems if s not in local_only]
     info = machine()
     print(
         f"{started}; {info['cpus']} CPUs ({info['cpu']}), {info['memory_gib']} GiB; torch {info['torch']}, "
@@ -300,9 +319,14 @@ def main(argv=None) -> int:
     records: list[dict] = []
     failures: list[dict] = []
     partial = Path(f"{args.out}.partial") if args.out else None
+    # The S3 server's process is forked first: forked after the zygote, it would hold the zygote's stdin open.
+    server = None if args.s3_latency_ms is None else s3_server(args.s3_latency_ms)
     zygote = None if args.fresh_process else Zygote(run_env(args))
+    args.s3 = None
     try:
         prepare(datasets, Path(args.work), args.min_episodes)
+        if server is not None:
+            args.s3 = start_s3(args, datasets, server)
         meta = _meta(args, started, command, info, systems, ignored, datasets)
         if partial:  # kept as it goes: an interrupted run leaves its finished runs behind (--render it)
             partial.parent.mkdir(parents=True, exist_ok=True)
@@ -332,6 +356,8 @@ def main(argv=None) -> int:
     finally:
         if zygote is not None:
             zygote.close()
+        if server is not None:
+            server.stop()
     render(args, {**meta, "seconds": time.perf_counter() - t_start}, records, failures)
     if partial:
         partial.unlink(missing_ok=True)

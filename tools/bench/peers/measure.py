@@ -50,7 +50,7 @@ def epishard_dataset(cfg: dict, system):
     from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
     from epishard.stream.source import DatasetSource
 
-    src = DatasetSource(cfg["root"])
+    src = DatasetSource(cfg["root"], storage_options=cfg.get("storage_options"))
     opts = cfg.get("options") or {}
     spec = WindowSpec(
         cameras={c: segment(0, SPAN - 1, FRAMES) for c in src.cameras},

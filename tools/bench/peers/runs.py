@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import (
@@ -237,6 +237,54 @@ def run_lerobot(args, d: Dataset, system: System, seed: int) -> dict:
     }
 
 
+@dataclass
+class S3:
+    """``--s3-latency-ms``: the server (``s3server.Server``), the latency proxy's endpoint, what is uploaded."""
+
+    server: object
+    endpoint: str  # the latency proxy: every reader's requests go through it
+    latency_ms: int
+    urls: dict[str, str] = field(default_factory=dict)  # local folder -> its s3:// copy
+
+    def url(self, local: str | Path) -> str:
+        """The ``s3://`` copy of the local folder ``local``, uploaded on first use (straight to moto)."""
+        from s3server import upload
+
+        local = str(local)
+        if local not in self.urls:
+            url = f"s3://bench/{Path(local).name}"
+            t = time.perf_counter()
+            size = upload(self.server.endpoint, local, url)
+            log(f"uploaded {local} to {url}: {size / 1e6:.0f} MB in {time.perf_counter() - t:.0f} s")
+            self.urls[local] = url
+        return self.urls[local]
+
+    def lance_options(self) -> dict:
+        """``storage_options`` for lancedb / Lance's object store (its key names) through the proxy."""
+        return {
+            "aws_endpoint": self.endpoint,
+            "aws_access_key_id": "bench",
+            "aws_secret_access_key": "bench",
+            "aws_region": "us-east-1",
+            "allow_http": "true",
+        }
+
+
+def s3_server(latency_ms: int):
+    """moto S3 and a proxy adding ``latency_ms`` per request, in a process of their own (``s3server.Server``)."""
+    from s3server import Server
+
+    return Server([latency_ms])
+
+
+def start_s3(args, datasets: list[Dataset], server) -> S3:
+    """``server`` (``s3_server``) with each dataset's epishard conversion uploaded (Lance copies on first use)."""
+    s3 = S3(server, f"http://127.0.0.1:{server.proxies[args.s3_latency_ms]}", args.s3_latency_ms)
+    for d in datasets:
+        s3.url(d.shards)
+    return s3
+
+
 def lance_status(args, peer: LancePeer) -> str | None:
     """None when this Lance peer can run, else the reason and how to set it up."""
     if not Path(peer.venv, "bin", "python").exists() or not Path(peer.env).exists():
@@ -292,20 +340,24 @@ def run_lance(args, d: Dataset, system: System, seed: int) -> dict:
 
     peer = LANCE[system.lance]
     root, facts = lance_copy(args, d, peer)
+    read_from = str(root)
+    if args.s3 is not None:  # the same copy from the S3 server; meta/ (0.2.x) stays the local folder's
+        read_from = f"{args.s3.url(root)} --storage-options '{json.dumps(args.s3.lance_options())}'"
     base = (
-        f". {peer.env} && exec {peer.venv}/bin/python {LANCE_HARNESS} {root} --layout {peer.layout} "
+        f". {peer.env} && exec {peer.venv}/bin/python {LANCE_HARNESS} {read_from} --layout {peer.layout} "
         f"--meta-root {d.main} --workers {args.workers} --batch-size {args.batch_size} --warmup {args.warmup} "
         f"--seconds {args.seconds} --min-batches {args.min_batches} --window {FRAMES} --stride {STEP} "
         f"--action-horizon {HORIZON} --seed {seed}" + (" --uint8" if system.dtype == "uint8" else "")
     )
     checked = root.parent / f"{root.name}.check-{system.dtype}.json"
-    if not checked.exists():  # items against LeRobot 0.6.1 on the source folder (frames bit for bit for mp4 blobs)
+    # items against LeRobot 0.6.1 on the source folder (frames bit for bit for mp4 blobs); local copies only
+    if not checked.exists() and args.s3 is None:
         try:
             found = _harness_json(args, f"{base} --check 6 --source {d.main}", f"Lance {peer.version} check")
         except RuntimeError as exc:
             found = {"error": str(exc)}
         checked.write_text(json.dumps(found))
-    check = json.loads(checked.read_text())
+    check = json.loads(checked.read_text()) if checked.exists() else {}
     r = _harness_json(args, base, f"Lance {peer.version}")
     spread = _every_frame_diversity(args, d, r.pop("episode_ids"))
     return {
@@ -313,7 +365,7 @@ def run_lance(args, d: Dataset, system: System, seed: int) -> dict:
         "label": system.label,
         "kind": "lance",
         "policy": "all",
-        "root": str(root),
+        "root": args.s3.url(root) if args.s3 is not None else str(root),
         "frames_decoded_per_returned": None,
         "time_to_first_batch_s": r.get("time_to_first_batch_s"),
         "worker_stage_s": None,
@@ -410,9 +462,11 @@ def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | Non
     Raises ``RuntimeError`` (a fresh child failed) or ``subprocess.TimeoutExpired`` (``--timeout`` seconds).
     """
     t = time.perf_counter()
+    s3 = args.s3
     cfg = {
         "system": system.id,
-        "root": d.shards,
+        "root": d.shards if s3 is None else s3.url(d.shards),
+        "storage_options": None if s3 is None else {"endpoint_url": s3.endpoint},
         "batch_size": args.batch_size,
         "workers": args.workers,
         "seconds": args.seconds,
@@ -421,6 +475,7 @@ def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | Non
         "seed": seed,
         "options": args.epishard_options if system.kind == "epishard" else None,
     }
+    served = s3.server.stats() if s3 is not None else None
     if system.kind == "lerobot":
         rec = run_lerobot(args, d, system, seed)
     elif system.kind == "raydata":
@@ -442,6 +497,15 @@ def run_system(args, d: Dataset, system: System, seed: int, zygote: Zygote | Non
         if p.returncode or not lines:
             raise RuntimeError(f"{system.id} on {d.name} failed (exit {p.returncode}): {p.stderr[-3000:]}")
         rec = json.loads(lines[-1])
+    if served is not None:  # what the server sent and spent during the run (warm-up and start included)
+        after = s3.server.stats()
+        drawn = rec["samples"] + args.warmup * args.batch_size
+        sent = after["bytes_out"][s3.latency_ms] - served["bytes_out"][s3.latency_ms]
+        rec.update(
+            storage=f"s3 +{s3.latency_ms} ms",
+            s3_bytes_sent_per_sample=sent / max(drawn, 1),
+            s3_server_cpu_s_per_sample=(after["cpu_s"] - served["cpu_s"]) / max(drawn, 1),
+        )
     rec.update(
         dataset=d.name,
         source_format=d.version,
