@@ -39,6 +39,7 @@ import numpy as np
 
 from epishard.format.errors import check_choice
 from epishard.format.manifest import Manifest
+from epishard.format.presigned import HTTPStatusError
 from epishard.format.retry import (
     BACKOFF_MAX_S,
     BACKOFF_S,
@@ -139,9 +140,15 @@ class FetchPolicy:
         connect_timeout_s / read_timeout_s: seconds to open a connection to S3 or an HTTP server,
             and to wait for the next bytes of a response; a request past either fails and is
             retried like a reset (storage options ``connect_timeout`` / ``read_timeout`` override).
+        s3_transport: how an ``s3://`` dataset's shard ranges are fetched: ``"s3fs"`` (default:
+            botocore signs each request) or ``"presigned"`` (each shard's URL signed once, every
+            range a plain GET on a urllib3 pool: about a third of the client's CPU per request,
+            ``epishard.format.presigned``); the same retries, budget, timeouts and redaction.
+            Refused for other storage, and for storage options S3 needs on every GET
+            (``requester_pays``, a customer encryption key).
 
     Raises:
-        ValueError: an unknown ``mode`` or ``on_shard_error``; ``threads``, ``max_in_flight`` or
+        ValueError: an unknown ``mode``, ``on_shard_error`` or ``s3_transport``; ``threads``, ``max_in_flight`` or
             ``chunk_bytes`` below 1; ``coalesce_bytes``, ``bridge_extra``, ``bridge_gap``,
             ``retry_budget_s``, ``retries``, ``backoff_s`` or ``backoff_max_s`` below 0.
     """
@@ -165,9 +172,11 @@ class FetchPolicy:
     read_timeout_s: float = READ_TIMEOUT_S
     bridge_extra: float = 0.5
     bridge_gap: int = 1 << 20
+    s3_transport: Literal["s3fs", "presigned"] = "s3fs"
 
     def __post_init__(self):
         check_choice("FetchPolicy", "mode", self.mode, ("stream", "ranged"), {})
+        check_choice("FetchPolicy", "s3_transport", self.s3_transport, ("s3fs", "presigned"), {})
         check_choice("FetchPolicy", "on_shard_error", self.on_shard_error, ("skip", "raise"), {})
         if self.threads < 1 or self.max_in_flight < 1 or self.chunk_bytes < 1 or self.coalesce_bytes < 0:
             raise ValueError(
@@ -223,6 +232,8 @@ def retryable(exc: BaseException) -> bool:
     """Whether a failed request may succeed when asked again (resets, timeouts, 5xx, 408, 429)."""
     if isinstance(exc, FileNotFoundError | PermissionError | NotARegularFile | IsADirectoryError | RetryBudgetExceeded):
         return False
+    if isinstance(exc, HTTPStatusError):  # a presigned GET's answer
+        return exc.status >= 500 or exc.status in (408, 429)
     try:  # aiohttp is there whenever an HTTP or S3 filesystem is in use
         import aiohttp
 

@@ -28,6 +28,7 @@ from epishard.format.errors import FormatError
 from epishard.format.index import WindowIndex
 from epishard.format.manifest import INDEX_SUFFIX
 from epishard.format.opening import load_dataset_index, load_shard_indexes, open_manifest
+from epishard.format.presigned import PresignedRanges, presigned_refusal
 from epishard.format.retry import RetryPolicy, transient
 from epishard.format.storage import Location, Storage, open_regular
 from epishard.format.validate import shard_size_mismatches
@@ -96,6 +97,7 @@ class DatasetSource:
             give_up=_metadata_failure,
             pool=self.policy.max_in_flight,
         )
+        self._ranges = self._presigned() if self.policy.s3_transport == "presigned" else None
         self.manifest = open_manifest(self.storage)
         self.index = self._load_index()
         self.skipped_shards = self._check_shard_files()
@@ -136,7 +138,19 @@ class DatasetSource:
                     shard,
                 )
             return data
+        if self._ranges is not None:
+            return self._ranges.get(self.shard_path(shard), start, stop)
         return self.filesystem().cat_file(self.shard_path(shard), start=start, end=stop)
+
+    def _presigned(self) -> PresignedRanges:
+        """``FetchPolicy(s3_transport="presigned")``'s transport; ValueError where it cannot serve."""
+        if self.location.protocol not in ("s3", "s3a"):
+            raise ValueError(f"{self.shown}: FetchPolicy(s3_transport='presigned') reads s3:// datasets only")
+        why = presigned_refusal(self.location.options)
+        if why:
+            raise ValueError(f"{self.shown}: FetchPolicy(s3_transport='presigned'): {why}")
+        retry = self.location.retry
+        return PresignedRanges(self.storage.fs, retry.connect_s, retry.read_s, pool=self.policy.max_in_flight)
 
     def _check_shard_files(self) -> dict[int, str]:
         """Hold the manifest's shard sizes, which bound every index value, against the shard files.

@@ -33,6 +33,7 @@ EXAMPLES = {
     "epishard.format.errors.VideoError": (("episode 3 camera front: not a video",), {}),
     "epishard.format.opening.NotConverted": (("hf://datasets/x/y: a LeRobot dataset; run epishard convert",), {}),
     "epishard.format.opening.ManifestMissing": ((2, "no manifest.json (not a dataset)", "s3://b/ds"), {}),
+    "epishard.format.presigned.HTTPStatusError": (("s3://b/ds/shard-000001.tar", 503, "SlowDown", {"x": "1"}), {}),
     "epishard.format.retry.RetryBudgetExceeded": (("GET https://h/f: 503 SlowDown", 503, 61.5), {}),
     "epishard.format.storage.NotARegularFile": (("/data/ds/shard-000000.tar: a FIFO",), {}),
     "epishard.shardwriter.errors.ConversionError": (

@@ -139,8 +139,9 @@ def test_http_open_and_read_survive_a_2_s_burst_of_503(http_proxy, reference):
     assert proxy.answered(503) >= 3 and time.monotonic() - t >= 1.8  # it did wait the burst out
 
 
-def test_s3_read_survives_a_2_s_burst_of_slowdown(s3, s3_proxy, reference):
-    policy = FetchPolicy(retry_budget_s=4, **FAST)
+@pytest.mark.parametrize("transport", ["s3fs", "presigned"])
+def test_s3_read_survives_a_2_s_burst_of_slowdown(s3, s3_proxy, reference, transport):
+    policy = FetchPolicy(retry_budget_s=4, s3_transport=transport, **FAST)
     ds = WindowDataset(
         "s3://budget/ds", SPEC, seed=5, read=ReadOptions(storage_options={"endpoint_url": s3_proxy.url}, fetch=policy)
     )

@@ -304,6 +304,9 @@ def main(argv=None) -> int:
         if local_only:
             print(f"--s3-latency-ms: {', '.join(s.id for s in local_only)} read local folders only: skipped")
             systems = [s for s in systems if s not in local_only]
+    elif any(s.presigned for s in systems):
+        print("presigned systems read from S3 only (--s3-latency-ms): skipped")
+        systems = [s for s in systems if not s.presigned]
     info = machine()
     print(
         f"{started}; {info['cpus']} CPUs ({info['cpu']}), {info['memory_gib']} GiB; torch {info['torch']}, "

@@ -99,7 +99,8 @@ class System:
     window of the epoch dealt at random, i.i.d. diversity; an int: a shuffle pool of that many
     episodes; ``"all"``: one pool of all the worker's episodes, ``shuffle=None``: the points of the
     diversity curve between the default and global); ``frame_cache_mb``: the look-ahead's frame cache
-    (``Lookahead(frame_cache_bytes=)``, None: its default 548 MiB), the worker's memory knob.
+    (``Lookahead(frame_cache_bytes=)``, None: its default 548 MiB), the worker's memory knob;
+    ``presigned``: ``FetchPolicy(s3_transport="presigned")`` (only with ``--s3-latency-ms``).
     """
 
     id: str
@@ -114,6 +115,7 @@ class System:
     shuffle: int | str | None = None
     frame_cache_mb: int | None = None
     lance: str = ""
+    presigned: bool = False
 
     @property
     def label(self) -> str:
@@ -133,8 +135,9 @@ class System:
             shuffle = "" if self.shuffle is None else f" pool {self.shuffle}"
             shuffle = " global" if self.shuffle == "global" else shuffle
             cache = f" cache {self.frame_cache_mb} MiB" if self.frame_cache_mb else ""
+            signed = " presigned" if self.presigned else ""
             label = f"epishard {dt}" + ("" if self.policy == "all" else f" {self.policy}")
-            return label + reuse + whole + ray + fresh + shuffle + cache
+            return label + reuse + whole + ray + fresh + shuffle + cache + signed
         return f"{self.kind} {dt}"
 
     @property
@@ -177,6 +180,8 @@ SYSTEMS = {
         System("es-u8-poolall", "epishard", dtype="uint8", shuffle="all"),
         System("es-u8-cache256", "epishard", dtype="uint8", frame_cache_mb=256),
         System("es-u8-cache128", "epishard", dtype="uint8", frame_cache_mb=128),
+        System("es-u8-presigned", "epishard", dtype="uint8", presigned=True),
+        System("es-u8-global-presigned", "epishard", dtype="uint8", shuffle="global", presigned=True),
     )
 }
 PEERS = (
@@ -210,6 +215,8 @@ ON_REQUEST = (
     "es-u8-poolall",
     "es-u8-cache256",
     "es-u8-cache128",
+    "es-u8-presigned",
+    "es-u8-global-presigned",
     "lance-video",
     "lance-video-u8",
     "lance-jpeg",

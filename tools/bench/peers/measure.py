@@ -69,6 +69,8 @@ def epishard_dataset(cfg: dict, system):
         from epishard.stream.fetch import FetchPolicy
 
         read = ReadOptions(telemetry=True, fetch=FetchPolicy(packets=False))
+    if system.presigned:
+        read = dataclasses.replace(read, fetch=dataclasses.replace(read.fetch, s3_transport="presigned"))
     if system.frame_cache_mb:
         from epishard.stream.lookahead import Lookahead
 

@@ -1,0 +1,163 @@
+"""Ranged GETs of S3 objects through presigned URLs and one pooled urllib3 client.
+
+Through s3fs, each ranged GET of a shard costs the reading process about 1.6 ms of CPU (botocore
+builds, signs and parses every request, and s3fs hands it to its event-loop thread), under the GIL
+that the decoding thread needs between FFmpeg calls. Here each shard's URL is signed once (by the
+dataset's own s3fs filesystem, ``S3FileSystem.url``: SigV4 query-string authentication, valid for
+``expires_s``) and every range of it is a plain ``GET`` with a ``Range`` header on a urllib3
+connection pool (botocore's own HTTP library), about 0.5 ms of CPU per request
+(``python tools/bench/run.py remote --part transport``). ``FetchPolicy(s3_transport="presigned")``
+turns it on; s3fs stays the default.
+
+What stays the same: the fetcher's retries (``stream.fetch.retryable`` reads the status of
+``HTTPStatusError`` as it reads botocore's), its budget and timeouts (``RetryPolicy.connect_s`` /
+``read_s``), and redaction: a presigned URL carries a signature and the access key id in its query,
+so no message or exception here contains one (the path is named, ``s3://bucket/key``). A URL is
+signed again shortly before it expires, and once when the server says it has (HTTP 403 with
+``Request has expired``, e.g. after a clock jump).
+
+Not for storage options that S3 needs on every GET (server-side encryption with a customer key,
+requester pays): ``presigned_refusal`` names them, and ``DatasetSource`` refuses the transport then.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+__all__ = ["HTTPStatusError", "PresignedRanges", "presigned_refusal"]
+
+# Storage options (and s3fs keywords) that add headers a presigned GET would not carry.
+_NEEDS_HEADERS = ("requester_pays", "sse_customer_key", "sse_customer_algorithm", "RequestPayer", "SSECustomerKey")
+
+
+class HTTPStatusError(OSError):
+    """A presigned GET answered with an error status: ``status`` (int), ``code`` (S3's error code, or "").
+
+    ``response`` is shaped as botocore's (``ResponseMetadata.HTTPStatusCode`` and ``HTTPHeaders``,
+    ``Error.Code``), so ``epishard.format.retry.http_status_of`` reads it (and its ``Retry-After``).
+    The message names the object as ``s3://bucket/key``, never the signed URL.
+    """
+
+    def __init__(self, where: str, status: int, code: str, headers: dict):
+        super().__init__(f"{where}: HTTP {status}{' ' + code if code else ''}")
+        self.where, self.status, self.code, self.headers = where, status, code, headers
+        self.response = {
+            "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": headers},
+            "Error": {"Code": code},
+        }
+
+    def __reduce__(self):  # pickled to a DataLoader worker's parent: the same class and fields
+        return type(self), (self.where, self.status, self.code, self.headers), self.__dict__
+
+
+def presigned_refusal(storage_options: dict) -> str | None:
+    """Why the presigned transport cannot serve ``storage_options``, or None when it can.
+
+    It cannot when an option needs headers on every GET (``requester_pays``, a customer encryption key).
+    """
+    found: list[str] = []
+
+    def walk(options: dict) -> None:
+        for key, value in options.items():
+            if key in _NEEDS_HEADERS and value:
+                found.append(key)
+            elif isinstance(value, dict):
+                walk(value)
+
+    walk(storage_options or {})
+    if not found:
+        return None
+    return f"storage option {found[0]!r} needs headers on every GET, which a presigned URL does not carry"
+
+
+def _error_code(body: bytes) -> str:
+    """S3's ``<Code>`` from an error body (XML), or ""."""
+    start = body.find(b"<Code>")
+    stop = body.find(b"</Code>", start)
+    return body[start + 6 : stop].decode(errors="replace")[:64] if 0 <= start < stop else ""
+
+
+class PresignedRanges:
+    """Ranged GETs of one S3 filesystem's objects through presigned URLs (see the module docstring).
+
+    Args:
+        fs: the dataset's ``s3fs.S3FileSystem`` (signs the URLs: ``fs.url(path, expires=...)``).
+        connect_s / read_s: urllib3's connect and read timeouts, seconds (``RetryPolicy``'s).
+        pool: connections kept per host (the fetcher's requests in flight at most).
+        expires_s: how long a signed URL is valid; it is signed again after ``0.8 * expires_s``.
+
+    A forked process makes its own connection pool (the parent's sockets are the parent's).
+    """
+
+    def __init__(self, fs, connect_s: float, read_s: float, pool: int = 32, expires_s: int = 3600):
+        self.fs, self.pool_size, self.expires_s = fs, max(int(pool), 1), int(expires_s)
+        self.connect_s, self.read_s = connect_s, read_s
+        self._urls: dict[str, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self._pid, self._http = os.getpid(), None
+
+    def _client(self):
+        import urllib3
+
+        if self._http is None or self._pid != os.getpid():
+            self._http = urllib3.PoolManager(
+                maxsize=self.pool_size,
+                block=False,
+                retries=False,  # the fetcher retries, under its budget
+                timeout=urllib3.Timeout(connect=self.connect_s, read=self.read_s),
+            )
+            self._pid = os.getpid()
+            self._urls.clear()
+        return self._http
+
+    def _url(self, path: str, fresh: bool = False) -> str:
+        now = time.monotonic()
+        with self._lock:
+            cached = self._urls.get(path)
+        if cached is not None and not fresh and now < cached[1]:
+            return cached[0]
+        url = self.fs.url(path, expires=self.expires_s)
+        with self._lock:
+            self._urls[path] = (url, now + 0.8 * self.expires_s)
+        return url
+
+    def get(self, path: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of object ``path`` (``bucket/key``), one GET.
+
+        The server may send more (the whole object, when it ignores Range): the caller checks the
+        length, as for s3fs.
+
+        Raises:
+            FileNotFoundError: HTTP 404. PermissionError: HTTP 403 (after one new signature when the
+                URL had expired). HTTPStatusError: any other error status (``retryable`` reads it).
+            ConnectionError: the connection failed, was reset or timed out (the cause's type named).
+        """
+        import urllib3
+
+        where = f"s3://{path}"
+        http = self._client()
+        for fresh in (False, True):
+            try:
+                r = http.request(
+                    "GET",
+                    self._url(path, fresh),
+                    headers={"Range": f"bytes={start}-{stop - 1}"},
+                    preload_content=True,
+                    redirect=False,
+                )
+            except urllib3.exceptions.HTTPError as exc:  # its message holds the signed URL: not kept
+                raise ConnectionError(f"{where}: bytes {start}-{stop}: {type(exc).__name__}") from None
+            if r.status in (200, 206):
+                return r.data
+            code = _error_code(r.data)
+            if r.status == 403 and not fresh and ("expired" in r.data.decode(errors="replace").lower()):
+                continue  # signed again, once
+            headers = {k.lower(): v for k, v in r.headers.items()}
+            if r.status == 404:
+                raise FileNotFoundError(2, f"HTTP 404{' ' + code if code else ''}", where)
+            if r.status == 403:
+                raise PermissionError(13, f"HTTP 403{' ' + code if code else ''}", where)
+            raise HTTPStatusError(where, r.status, code, headers)
+        raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,122 @@
+"""``FetchPolicy(s3_transport="presigned")``: each shard's URL signed once, every range a plain GET on a
+urllib3 pool (``epishard.format.presigned``). The same windows as through s3fs; errors classified as
+the fetcher's retries expect; no message carries the signature or the access key id; refused where it
+cannot serve. (Its retries under a burst of 503 SlowDown: ``tests/test_faults_storage_budget.py``.)"""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import pytest
+import torch
+from faultgen import CAMERA, SPEC, source
+
+from epishard.format.presigned import HTTPStatusError, PresignedRanges, presigned_refusal
+from epishard.shardwriter import ConvertOptions, convert
+from epishard.stream import WindowDataset
+from epishard.stream.fetch import FetchError, FetchPolicy, retryable
+from epishard.stream.options import ReadOptions
+
+SIGNED = ("X-Amz-Signature", "X-Amz-Credential", "testing")  # the query's signature, the key id's value
+
+
+@pytest.fixture(scope="module")
+def s3(moto_s3):
+    options, fs = moto_s3
+    fs.mkdir("signed")
+    convert(
+        [source()], "s3://signed/ds", ConvertOptions(max_episodes_per_shard=2, progress=False), storage_options=options
+    )
+    return options, fs
+
+
+def _read(options, transport: str) -> list[dict]:
+    policy = FetchPolicy(mode="ranged", s3_transport=transport)
+    return list(WindowDataset("s3://signed/ds", SPEC, seed=5, read=ReadOptions(storage_options=options, fetch=policy)))
+
+
+def test_presigned_reads_the_same_windows_as_s3fs(s3):
+    options, _ = s3
+    plain, signed = _read(options, "s3fs"), _read(options, "presigned")
+    assert len(signed) == len(plain) > 0
+    for a, b in zip(signed, plain, strict=True):
+        assert (int(a["episode_index"]), int(a["frame_index"])) == (int(b["episode_index"]), int(b["frame_index"]))
+        assert torch.equal(a[CAMERA], b[CAMERA]) and torch.equal(a["action"], b["action"])
+        assert not bool(a["substitute"])
+
+
+def test_ranges_errors_and_their_classes(s3):
+    _, fs = s3
+    ranges = PresignedRanges(fs, connect_s=2, read_s=5)
+    shard = sorted(k for k in fs.find("signed/ds") if k.endswith(".tar"))[0]
+    assert ranges.get(shard, 100, 612) == fs.cat_file(shard, start=100, end=612)
+    with pytest.raises(FileNotFoundError) as missing:
+        ranges.get("signed/ds/no-such-shard.tar", 0, 10)
+    assert not retryable(missing.value) and "s3://signed/ds/no-such-shard.tar" in str(missing.value)
+    dead = PresignedRanges(fs, connect_s=1, read_s=1)
+    dead.fs = type(
+        "Signer", (), {"url": lambda self, path, expires: "http://127.0.0.1:9/" + path + "?X-Amz-Signature=s"}
+    )()
+    with pytest.raises(ConnectionError) as refused:
+        dead.get(shard, 0, 10)
+    assert retryable(refused.value) and refused.value.__cause__ is None
+    for e in (missing.value, refused.value):
+        assert not any(s in str(e) for s in SIGNED), str(e)
+    slow = HTTPStatusError("s3://signed/ds/x.tar", 503, "SlowDown", {"retry-after": "2"})
+    assert retryable(slow) and not retryable(HTTPStatusError("s3://b/x", 400, "InvalidRange", {}))
+    again = pickle.loads(pickle.dumps(slow))
+    assert (type(again), again.status, again.code, str(again)) == (HTTPStatusError, 503, "SlowDown", str(slow))
+
+
+def test_a_url_is_signed_once_and_again_before_it_expires(s3):
+    _, fs = s3
+    shard = sorted(k for k in fs.find("signed/ds") if k.endswith(".tar"))[0]
+    signed: list[str] = []
+
+    class Counting:
+        def url(self, path, expires):
+            signed.append(path)
+            return fs.url(path, expires=expires)
+
+    ranges = PresignedRanges(Counting(), connect_s=2, read_s=5, expires_s=1)
+    for a in range(0, 4000, 1000):
+        ranges.get(shard, a, a + 100)
+    assert signed == [shard]  # once for four ranges
+    time.sleep(0.85)  # past 0.8 of its validity: signed again
+    ranges.get(shard, 0, 100)
+    assert signed == [shard, shard]
+
+
+def test_where_it_cannot_serve_it_is_refused(s3, tmp_path):
+    options, _ = s3
+    assert presigned_refusal({"endpoint_url": "x"}) is None
+    assert "requester_pays" in presigned_refusal({"requester_pays": True})
+    assert "SSECustomerKey" in presigned_refusal({"s3_additional_kwargs": {"SSECustomerKey": "k"}})
+    with pytest.raises(ValueError, match="requester_pays"):
+        WindowDataset(
+            "s3://signed/ds",
+            SPEC,
+            read=ReadOptions(
+                storage_options={**options, "requester_pays": True}, fetch=FetchPolicy(s3_transport="presigned")
+            ),
+        )
+    local = str(tmp_path / "ds")
+    convert([source()], local, ConvertOptions(progress=False))
+    with pytest.raises(ValueError, match="s3:// datasets only"):
+        WindowDataset(local, SPEC, read=ReadOptions(fetch=FetchPolicy(s3_transport="presigned")))
+    with pytest.raises(ValueError, match="s3_transport"):
+        FetchPolicy(s3_transport="curl")
+
+
+def test_a_failed_shard_names_the_object_not_the_signature(s3):
+    options, fs = s3
+    fs.copy("signed/ds", "signed/broken", recursive=True)
+    shard = sorted(k for k in fs.find("signed/broken") if k.endswith(".tar"))[0]
+    fs.rm(shard)
+    policy = FetchPolicy(mode="ranged", s3_transport="presigned", on_shard_error="raise", retry_budget_s=1)
+    ds = WindowDataset("s3://signed/broken", SPEC, seed=5, read=ReadOptions(storage_options=options, fetch=policy))
+    with pytest.raises(FetchError) as failed:
+        list(ds)
+    text = str(failed.value)
+    assert shard.split("/")[-1] in text and not any(s in text for s in SIGNED), text
