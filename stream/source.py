@@ -150,7 +150,7 @@ class DatasetSource:
         if why:
             raise ValueError(f"{self.shown}: FetchPolicy(s3_transport='presigned'): {why}")
         retry = self.location.retry
-        return PresignedRanges(self.storage.fs, retry.connect_s, retry.read_s, pool=self.policy.max_in_flight)
+        return PresignedRanges(self.storage, retry.connect_s, retry.read_s, pool=self.policy.max_in_flight)
 
     def _check_shard_files(self) -> dict[int, str]:
         """Hold the manifest's shard sizes, which bound every index value, against the shard files.

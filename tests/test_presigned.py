@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import pickle
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
-from faultgen import CAMERA, SPEC, source
+from faultgen import CAMERA, SPEC, hang_alarm, source
 
 from epishard.format.presigned import HTTPStatusError, PresignedRanges, presigned_refusal
 from epishard.shardwriter import ConvertOptions, convert
-from epishard.stream import WindowDataset
+from epishard.stream import WindowDataset, WindowLoader
 from epishard.stream.fetch import FetchError, FetchPolicy, retryable
 from epishard.stream.options import ReadOptions
 
@@ -46,18 +47,29 @@ def test_presigned_reads_the_same_windows_as_s3fs(s3):
         assert not bool(a["substitute"])
 
 
+def test_workers_and_a_pickled_dataset_read_through_their_own_clients(s3):
+    options, _ = s3
+    policy = FetchPolicy(mode="ranged", s3_transport="presigned")
+    ds = WindowDataset("s3://signed/ds", SPEC, seed=5, read=ReadOptions(storage_options=options, fetch=policy))
+    want = sorted((int(s["episode_index"]), int(s["frame_index"])) for s in _read(options, "s3fs"))
+    with hang_alarm(120):
+        got = [b for b in WindowLoader(ds, batch_size=2, num_workers=2)]  # forked workers
+        again = list(pickle.loads(pickle.dumps(ds)))  # as a spawned worker or a Ray actor gets it
+    seen = sorted((int(e), int(f)) for b in got for e, f in zip(b["episode_index"], b["frame_index"], strict=True))
+    assert seen == want and sorted((int(s["episode_index"]), int(s["frame_index"])) for s in again) == want
+
+
 def test_ranges_errors_and_their_classes(s3):
     _, fs = s3
-    ranges = PresignedRanges(fs, connect_s=2, read_s=5)
+    ranges = PresignedRanges(SimpleNamespace(fs=fs), connect_s=2, read_s=5)
     shard = sorted(k for k in fs.find("signed/ds") if k.endswith(".tar"))[0]
     assert ranges.get(shard, 100, 612) == fs.cat_file(shard, start=100, end=612)
     with pytest.raises(FileNotFoundError) as missing:
         ranges.get("signed/ds/no-such-shard.tar", 0, 10)
     assert not retryable(missing.value) and "s3://signed/ds/no-such-shard.tar" in str(missing.value)
-    dead = PresignedRanges(fs, connect_s=1, read_s=1)
-    dead.fs = type(
-        "Signer", (), {"url": lambda self, path, expires: "http://127.0.0.1:9/" + path + "?X-Amz-Signature=s"}
-    )()
+    nowhere = "http://127.0.0.1:9/{}?X-Amz-Signature=s"  # nothing listens on port 9
+    signer = type("Signer", (), {"url": lambda self, path, expires: nowhere.format(path)})()
+    dead = PresignedRanges(SimpleNamespace(fs=signer), connect_s=1, read_s=1)
     with pytest.raises(ConnectionError) as refused:
         dead.get(shard, 0, 10)
     assert retryable(refused.value) and refused.value.__cause__ is None
@@ -79,7 +91,7 @@ def test_a_url_is_signed_once_and_again_before_it_expires(s3):
             signed.append(path)
             return fs.url(path, expires=expires)
 
-    ranges = PresignedRanges(Counting(), connect_s=2, read_s=5, expires_s=1)
+    ranges = PresignedRanges(SimpleNamespace(fs=Counting()), connect_s=2, read_s=5, expires_s=1)
     for a in range(0, 4000, 1000):
         ranges.get(shard, a, a + 100)
     assert signed == [shard]  # once for four ranges

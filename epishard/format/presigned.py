@@ -83,20 +83,29 @@ class PresignedRanges:
     """Ranged GETs of one S3 filesystem's objects through presigned URLs (see the module docstring).
 
     Args:
-        fs: the dataset's ``s3fs.S3FileSystem`` (signs the URLs: ``fs.url(path, expires=...)``).
+        storage: what signs: an object whose ``fs`` is this process's ``s3fs.S3FileSystem`` (the
+            dataset's ``Storage``; asked again in each process, as an s3fs client does not survive
+            a fork); a URL is signed with ``fs.url(path, expires=...)``.
         connect_s / read_s: urllib3's connect and read timeouts, seconds (``RetryPolicy``'s).
         pool: connections kept per host (the fetcher's requests in flight at most).
         expires_s: how long a signed URL is valid; it is signed again after ``0.8 * expires_s``.
 
-    A forked process makes its own connection pool (the parent's sockets are the parent's).
+    Pickles without its connections and URLs; a forked process makes its own connection pool.
     """
 
-    def __init__(self, fs, connect_s: float, read_s: float, pool: int = 32, expires_s: int = 3600):
-        self.fs, self.pool_size, self.expires_s = fs, max(int(pool), 1), int(expires_s)
+    def __init__(self, storage, connect_s: float, read_s: float, pool: int = 32, expires_s: int = 3600):
+        self.storage, self.pool_size, self.expires_s = storage, max(int(pool), 1), int(expires_s)
         self.connect_s, self.read_s = connect_s, read_s
         self._urls: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._pid, self._http = os.getpid(), None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("_urls", "_lock", "_http", "_pid")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._urls, self._lock, self._pid, self._http = {}, threading.Lock(), os.getpid(), None
 
     def _client(self):
         import urllib3
@@ -109,7 +118,8 @@ class PresignedRanges:
                 timeout=urllib3.Timeout(connect=self.connect_s, read=self.read_s),
             )
             self._pid = os.getpid()
-            self._urls.clear()
+            with self._lock:
+                self._urls.clear()
         return self._http
 
     def _url(self, path: str, fresh: bool = False) -> str:
@@ -118,7 +128,7 @@ class PresignedRanges:
             cached = self._urls.get(path)
         if cached is not None and not fresh and now < cached[1]:
             return cached[0]
-        url = self.fs.url(path, expires=self.expires_s)
+        url = self.storage.fs.url(path, expires=self.expires_s)
         with self._lock:
             self._urls[path] = (url, now + 0.8 * self.expires_s)
         return url

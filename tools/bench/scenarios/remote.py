@@ -5,7 +5,7 @@ client, per transport.
 
     python tools/bench/run.py remote [--copies 150 | --generated --episodes 400 --frames 150] [--per-episode 4]
         [--latency-ms 0,20,100] [--rounds 2] [--seconds 30] [--workers 2]
-        [--mode stream|ranged] [--prefetch-mb N] [--fixed-depth 4] [--keep DIR] [--json]
+        [--mode stream|ranged] [--prefetch-mb N] [--fixed-depth 4] [--presigned] [--keep DIR] [--json]
     python tools/bench/run.py remote --part source [--source FOLDER] [--rounds 2]
     python tools/bench/run.py remote --part transport [--requests 256] [--size-kb 128] [--concurrency 32]
         [--latency-ms 100]
@@ -353,6 +353,11 @@ def options(parser) -> None:
     parser.add_argument("--mode", choices=("stream", "ranged"), default="stream")
     parser.add_argument("--prefetch-mb", type=int, default=None, help="FetchPolicy.prefetch_bytes in MiB")
     parser.add_argument("--fixed-depth", type=int, default=None, help="also S3 at the largest latency, fixed depth")
+    parser.add_argument(
+        "--presigned",
+        action="store_true",
+        help="also S3 at the largest latency through FetchPolicy(s3_transport='presigned')",
+    )
     parser.add_argument("--keep", default=None, help="folder for the converted dataset, reused by the next run")
     parser.add_argument(
         "--stock-moto",
@@ -406,6 +411,9 @@ def run_reader(args) -> int:
         if args.fixed_depth and ms == max(latencies):
             fixed = FetchPolicy(**kw, threads=args.fixed_depth, max_in_flight=args.fixed_depth)
             configs[f"s3 +{ms} ms, depth {args.fixed_depth}"] = ("s3://bench/ds", via, fixed, ms)
+        if args.presigned and ms == max(latencies):
+            signed = FetchPolicy(**kw, s3_transport="presigned")
+            configs[f"s3 +{ms} ms, presigned"] = ("s3://bench/ds", via, signed, ms)
     print(
         f"data: {what}; {args.workers} workers, batch {BATCH}, 9 frames over 33 per camera, 96x96; "
         f"{args.per_episode}; fetch {policy.mode}, prefetch {policy.prefetch_bytes >> 20} MiB per worker; "
