@@ -70,7 +70,10 @@ def epishard_dataset(cfg: dict, system):
 
         read = ReadOptions(telemetry=True, fetch=FetchPolicy(packets=False))
     if system.presigned:
-        read = dataclasses.replace(read, fetch=dataclasses.replace(read.fetch, s3_transport="presigned"))
+        from epishard.stream.fetch import FetchPolicy
+
+        signed = dataclasses.replace(read.fetch or FetchPolicy(), s3_transport="presigned")
+        read = dataclasses.replace(read, fetch=signed)
     if system.frame_cache_mb:
         from epishard.stream.lookahead import Lookahead
 

@@ -342,7 +342,10 @@ def run_lance(args, d: Dataset, system: System, seed: int) -> dict:
     root, facts = lance_copy(args, d, peer)
     read_from = str(root)
     if args.s3 is not None:  # the same copy from the S3 server; meta/ (0.2.x) stays the local folder's
-        read_from = f"{args.s3.url(root)} --storage-options '{json.dumps(args.s3.lance_options())}'"
+        url = args.s3.url(root)
+        if peer.layout != "lancedb":  # 0.2.x opens the table's own URI (NAME.lance inside the folder)
+            url += f"/{Path(d.main).name}.lance"
+        read_from = f"{url} --storage-options '{json.dumps(args.s3.lance_options())}'"
     base = (
         f". {peer.env} && exec {peer.venv}/bin/python {LANCE_HARNESS} {read_from} --layout {peer.layout} "
         f"--meta-root {d.main} --workers {args.workers} --batch-size {args.batch_size} --warmup {args.warmup} "
