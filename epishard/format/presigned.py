@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 __all__ = ["HTTPStatusError", "PresignedRanges", "presigned_refusal"]
 
@@ -98,7 +99,8 @@ class PresignedRanges:
         self.connect_s, self.read_s = connect_s, read_s
         self._urls: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
-        self._pid, self._http = os.getpid(), None
+        self._pid = os.getpid()
+        self._http: Any = None  # the urllib3 PoolManager of this process
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k not in ("_urls", "_lock", "_http", "_pid")}
@@ -107,7 +109,7 @@ class PresignedRanges:
         self.__dict__.update(state)
         self._urls, self._lock, self._pid, self._http = {}, threading.Lock(), os.getpid(), None
 
-    def _client(self):
+    def _client(self) -> Any:
         import urllib3
 
         if self._http is None or self._pid != os.getpid():
