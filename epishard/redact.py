@@ -39,7 +39,16 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
-__all__ = ["MASK", "guard_client_logs", "redact", "redact_optional", "redact_options", "remember", "scrubbed"]
+__all__ = [
+    "MASK",
+    "guard_client_logs",
+    "redact",
+    "redact_optional",
+    "redact_options",
+    "remember",
+    "scrubbed",
+    "scrubbing",
+]
 
 MASK = "***"
 _MIN_SECRET_CHARS = 6  # a remembered value shorter than this is not searched for in free text
@@ -294,6 +303,16 @@ def scrubbed(func: F) -> F:
             raise
 
     return cast(F, call)
+
+
+@scrubbed
+def scrubbing(iterable: Iterable[Any]) -> Any:
+    """``iterable``'s items, in order; an exception raised while iterating them is ``_scrub``-bed first.
+
+    For an entry point that returns an iterator it made (``__iter__`` returning a generator runs no
+    code of the generator's, so ``scrubbed`` on it would see no error).
+    """
+    return (yield from iterable)
 
 
 # Loggers of the storage clients that put request URLs (botocore: endpoints, signed headers) into

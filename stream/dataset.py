@@ -63,7 +63,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from epishard.redact import scrubbed
+from epishard.redact import scrubbed, scrubbing
 
 from .buffers import (
     RECYCLE_BYTES,
@@ -470,7 +470,8 @@ class WindowDataset(IterableDataset):
             if first
             else 0,
         )
-        return EpochReader(self.read_context()).samples(plan, skip, telemetry)
+        # Scrubbed as they are read: this method returns the generator and runs none of it.
+        return scrubbing(EpochReader(self.read_context()).samples(plan, skip, telemetry))
 
     def _emit(self, sample: dict, telemetry: Telemetry) -> dict:
         """``sample`` as yielded: counted, with its telemetry and planned cost when asked for."""

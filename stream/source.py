@@ -28,7 +28,7 @@ from epishard.format.errors import FormatError
 from epishard.format.index import WindowIndex
 from epishard.format.manifest import INDEX_SUFFIX
 from epishard.format.opening import load_dataset_index, load_shard_indexes, open_manifest
-from epishard.format.presigned import PresignedRanges, presigned_refusal
+from epishard.format.presigned import PresignedRanges, presigned_refusal, tls_options
 from epishard.format.retry import RetryPolicy, transient
 from epishard.format.storage import Location, Storage, open_regular
 from epishard.format.validate import shard_size_mismatches
@@ -150,7 +150,14 @@ class DatasetSource:
         if why:
             raise ValueError(f"{self.shown}: FetchPolicy(s3_transport='presigned'): {why}")
         retry = self.location.retry
-        return PresignedRanges(self.storage, retry.connect_s, retry.read_s, pool=self.policy.max_in_flight)
+        # The fetcher runs max_in_flight + 1 threads: a connection for each, none discarded.
+        return PresignedRanges(
+            self.storage,
+            retry.connect_s,
+            retry.read_s,
+            pool=self.policy.max_in_flight + 1,
+            tls=tls_options(self.location.options),
+        )
 
     def _check_shard_files(self) -> dict[int, str]:
         """Hold the manifest's shard sizes, which bound every index value, against the shard files.

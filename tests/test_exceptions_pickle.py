@@ -34,6 +34,7 @@ EXAMPLES = {
     "epishard.format.opening.NotConverted": (("hf://datasets/x/y: a LeRobot dataset; run epishard convert",), {}),
     "epishard.format.opening.ManifestMissing": ((2, "no manifest.json (not a dataset)", "s3://b/ds"), {}),
     "epishard.format.presigned.HTTPStatusError": (("s3://b/ds/shard-000001.tar", 503, "SlowDown", {"x": "1"}), {}),
+    "epishard.format.presigned.TLSFailure": (("s3://b/ds/shard-000001.tar: certificate does not verify",), {}),
     "epishard.format.retry.RetryBudgetExceeded": (("GET https://h/f: 503 SlowDown", 503, 61.5), {}),
     "epishard.format.storage.NotARegularFile": (("/data/ds/shard-000000.tar: a FIFO",), {}),
     "epishard.shardwriter.errors.ConversionError": (

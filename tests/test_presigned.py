@@ -5,15 +5,28 @@ cannot serve. (Its retries under a burst of 503 SlowDown: ``tests/test_faults_st
 
 from __future__ import annotations
 
+import http.server
 import pickle
+import re
+import ssl
+import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 import torch
+import urllib3
 from faultgen import CAMERA, SPEC, hang_alarm, source
+from remote_servers import FaultProxy
 
-from epishard.format.presigned import HTTPStatusError, PresignedRanges, presigned_refusal
+from epishard.format.presigned import (
+    HTTPStatusError,
+    PresignedRanges,
+    TLSFailure,
+    _connection_failure,
+    presigned_refusal,
+    tls_options,
+)
 from epishard.shardwriter import ConvertOptions, convert
 from epishard.stream import WindowDataset, WindowLoader
 from epishard.stream.fetch import FetchError, FetchPolicy, retryable
@@ -132,3 +145,119 @@ def test_a_failed_shard_names_the_object_not_the_signature(s3):
         list(ds)
     text = str(failed.value)
     assert shard.split("/")[-1] in text and not any(s in text for s in SIGNED), text
+
+
+# --- answers S3 gives that moto does not: a small server of our own ------------------------------------
+
+_BODY = bytes(range(256)) * 64
+_SIGNED = re.compile(r"(Signature|X-Amz-Signature|X-Amz-Credential|AWSAccessKeyId)=(?!\*\*\*)")
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    mode = "ok"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: bytes, **headers: str) -> None:
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k.replace("_", "-"), v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        a, b = (int(x) for x in self.headers["Range"].removeprefix("bytes=").split("-"))
+        first_signature = self.path.endswith("Signature=s1")
+        if _Answers.mode == "redirect":
+            return self._send(
+                307, b"<Error><Code>TemporaryRedirect</Code></Error>", Location="http://elsewhere" + self.path
+            )
+        if _Answers.mode == "gzip":  # stored gzip-encoded: the stored bytes are what a range holds
+            return self._send(206, _BODY[a : b + 1], Content_Encoding="gzip")
+        if _Answers.mode == "token" and first_signature:
+            return self._send(400, b"<Error><Code>ExpiredToken</Code><Message>expired</Message></Error>")
+        return self._send(206, _BODY[a : b + 1])
+
+
+@pytest.fixture()
+def answers():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port, signed = server.server_address[1], []
+
+    class Signer:
+        def url(self, path, expires):
+            signed.append(path)
+            return (
+                f"http://127.0.0.1:{port}/{path}?X-Amz-Credential=AKIA0000SECRET&X-Amz-Signature=s{signed.count(path)}"
+            )
+
+    yield PresignedRanges(SimpleNamespace(fs=Signer()), connect_s=2, read_s=2), signed
+    server.shutdown()
+
+
+def _chain_text(exc: BaseException) -> str:
+    """Everything an exception and its chain say: str, repr and attribute values."""
+    out, seen, e = [], set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        out += [str(e), repr(e), *map(repr, vars(e).values())]
+        e = e.__cause__ or e.__context__
+    return "\n".join(out)
+
+
+def test_answers_s3fs_would_read_the_same_way(answers):
+    ranges, signed = answers
+    _Answers.mode = "gzip"
+    assert ranges.get("b/k.tar", 100, 612) == _BODY[100:612]  # not decoded: the stored bytes
+    _Answers.mode = "token"  # temporary credentials expired (HTTP 400 ExpiredToken): signed again, once
+    assert ranges.get("b/other.tar", 0, 10) == _BODY[:10] and signed.count("b/other.tar") == 2
+    _Answers.mode = "redirect"
+    with pytest.raises(HTTPStatusError) as moved:
+        ranges.get("b/k.tar", 0, 10)
+    assert moved.value.status == 307 and not _SIGNED.search(_chain_text(moved.value))
+    assert not _SIGNED.search(_chain_text(pickle.loads(pickle.dumps(moved.value))))
+    _Answers.mode = "ok"
+
+
+def test_a_timed_out_read_keeps_no_signed_url_anywhere_in_its_chain(s3):
+    options, _ = s3
+    host, port = options["endpoint_url"].removeprefix("http://").split(":")
+    proxy = FaultProxy((host, int(port)), match=b".tar", stall=True)
+    try:
+        policy = FetchPolicy(mode="ranged", s3_transport="presigned", on_shard_error="raise", retry_budget_s=0.5)
+        opts = {"endpoint_url": f"http://127.0.0.1:{proxy.port}", "read_timeout": 0.5}
+        ds = WindowDataset("s3://signed/ds", SPEC, seed=5, read=ReadOptions(storage_options=opts, fetch=policy))
+        with hang_alarm(60), pytest.raises(FetchError) as failed:
+            list(ds)
+    finally:
+        proxy.close()
+    assert proxy.stalled >= 1 and "Timeout" in str(failed.value)
+    assert not _SIGNED.search(_chain_text(failed.value)), _chain_text(failed.value)
+
+
+def test_proxies_are_refused_and_tls_settings_followed(monkeypatch):
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "AWS_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    assert "proxies" in presigned_refusal({"config_kwargs": {"proxies": {"https": "http://p:3128"}}})
+    assert presigned_refusal({"client_kwargs": {"verify": False}}) is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://p:3128")
+    assert "HTTPS_PROXY" in presigned_refusal({"endpoint_url": "https://s3.example"})
+    assert tls_options({"client_kwargs": {"verify": False}}) == {"cert_reqs": "CERT_NONE"}
+    assert tls_options({"client_kwargs": {"verify": "/etc/ssl/corp.pem"}}) == {"ca_certs": "/etc/ssl/corp.pem"}
+    assert tls_options({}) == {}
+    monkeypatch.setenv("AWS_CA_BUNDLE", "/etc/ssl/env.pem")
+    assert tls_options({}) == {"ca_certs": "/etc/ssl/env.pem"}
+
+
+def test_a_certificate_that_does_not_verify_is_not_retried():
+    failure = _connection_failure(
+        urllib3.exceptions.SSLError(ssl.SSLCertVerificationError(1, "certificate verify failed")), "s3://b/k.tar"
+    )
+    assert isinstance(failure, TLSFailure) and not retryable(failure)
+    reset = _connection_failure(urllib3.exceptions.ProtocolError("reset", ConnectionResetError()), "s3://b/k.tar")
+    assert isinstance(reset, ConnectionError) and retryable(reset) and str(reset) == "s3://b/k.tar: ProtocolError"

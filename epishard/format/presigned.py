@@ -27,10 +27,14 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["HTTPStatusError", "PresignedRanges", "presigned_refusal"]
+__all__ = ["HTTPStatusError", "PresignedRanges", "TLSFailure", "presigned_refusal", "tls_options"]
 
-# Storage options (and s3fs keywords) that add headers a presigned GET would not carry.
+# Storage options (and s3fs keywords) that add headers a presigned GET would not carry, or that set
+# how botocore connects (TLS verification, CA bundle, proxies), which urllib3 here would not follow.
 _NEEDS_HEADERS = ("requester_pays", "sse_customer_key", "sse_customer_algorithm", "RequestPayer", "SSECustomerKey")
+_PROXIES = ("proxies", "proxy", "proxies_config")
+# The environment's proxies, which botocore follows and urllib3 does not.
+_PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 
 
 class HTTPStatusError(OSError):
@@ -56,21 +60,76 @@ class HTTPStatusError(OSError):
 def presigned_refusal(storage_options: dict) -> str | None:
     """Why the presigned transport cannot serve ``storage_options``, or None when it can.
 
-    It cannot when an option needs headers on every GET (``requester_pays``, a customer encryption key).
+    It cannot when an option needs headers on every GET (``requester_pays``, a customer encryption
+    key) or S3 is reached through a proxy (a ``proxies`` option, or the environment's
+    ``HTTPS_PROXY`` / ``HTTP_PROXY``), which botocore follows and this client would not. (TLS
+    settings are followed: ``tls_options``.)
     """
-    found: list[str] = []
+    headers = [key for key, value in _options(storage_options or {}) if key in _NEEDS_HEADERS and value]
+    proxies = [key for key, value in _options(storage_options or {}) if key in _PROXIES and value]
+    if headers:
+        return f"storage option {headers[0]!r} needs headers on every GET, which a presigned URL does not carry"
+    env = [name for name in _PROXY_ENV if os.environ.get(name)]
+    if proxies or env:
+        what = f"storage option {proxies[0]!r}" if proxies else f"the environment's {env[0]}"
+        return f"{what} sends requests through a proxy, which the presigned transport does not follow"
+    return None
 
-    def walk(options: dict) -> None:
-        for key, value in options.items():
-            if key in _NEEDS_HEADERS and value:
-                found.append(key)
-            elif isinstance(value, dict):
-                walk(value)
 
-    walk(storage_options or {})
-    if not found:
-        return None
-    return f"storage option {found[0]!r} needs headers on every GET, which a presigned URL does not carry"
+def _options(options: dict):
+    """Every ``(key, value)`` of nested storage options (``client_kwargs``, ``config_kwargs``, ...)."""
+    for key, value in options.items():
+        yield key, value
+        if isinstance(value, dict):
+            yield from _options(value)
+
+
+def tls_options(storage_options: dict) -> dict:
+    """urllib3 ``PoolManager`` keywords for the TLS verification botocore would use.
+
+    ``verify=False`` (e.g. in ``client_kwargs``): no verification; ``verify="/path/ca.pem"``, else
+    the environment's ``AWS_CA_BUNDLE``: that CA bundle; otherwise urllib3's defaults.
+    """
+    verify = [value for key, value in _options(storage_options or {}) if key == "verify"]
+    if verify and verify[0] is False:
+        return {"cert_reqs": "CERT_NONE"}
+    if verify and isinstance(verify[0], str):
+        return {"ca_certs": verify[0]}
+    bundle = os.environ.get("AWS_CA_BUNDLE")
+    return {"ca_certs": bundle} if bundle else {}
+
+
+# S3's codes for a request signed with credentials that expired since (temporary credentials:
+# an IAM role, SSO), answered with HTTP 400 or 403: the URL is signed again, once.
+_EXPIRED_CODES = ("ExpiredToken", "TokenRefreshRequired", "RequestExpired")
+# The only response headers an error keeps (others, such as a redirect's Location, may repeat the signed URL).
+_KEPT_HEADERS = ("retry-after", "x-amz-request-id", "x-amz-id-2")
+
+
+class TLSFailure(Exception):
+    """The server's TLS certificate was not verified: not retried (asking again gets the same answer)."""
+
+
+def _connection_failure(exc: BaseException, where: str) -> Exception:
+    """The exception for a urllib3 failure, naming only its type: its message and ``url`` hold the signed URL.
+
+    A certificate that does not verify is ``TLSFailure`` (not retryable); anything else (refused,
+    reset, timed out, a TLS handshake cut short) a ``ConnectionError`` (retryable).
+    """
+    import ssl
+
+    seen: set[int] = set()
+    todo: list = [exc]
+    while todo:  # the exception, its reason (urllib3's MaxRetryError), causes and exception arguments
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ssl.SSLCertVerificationError):
+            why = getattr(e, "verify_message", None) or e.strerror
+            return TLSFailure(f"{where}: the server's certificate does not verify ({why})")
+        todo += [getattr(e, "reason", None), e.__cause__, e.__context__, *e.args]
+    return ConnectionError(f"{where}: {type(exc).__name__}")
 
 
 def _error_code(body: bytes) -> str:
@@ -90,12 +149,16 @@ class PresignedRanges:
         connect_s / read_s: urllib3's connect and read timeouts, seconds (``RetryPolicy``'s).
         pool: connections kept per host (the fetcher's requests in flight at most).
         expires_s: how long a signed URL is valid; it is signed again after ``0.8 * expires_s``.
+        tls: urllib3 TLS keywords (``tls_options``: as the storage options' ``verify`` says).
 
     Pickles without its connections and URLs; a forked process makes its own connection pool.
     """
 
-    def __init__(self, storage, connect_s: float, read_s: float, pool: int = 32, expires_s: int = 3600):
+    def __init__(
+        self, storage, connect_s: float, read_s: float, pool: int = 32, expires_s: int = 3600, tls: dict | None = None
+    ):
         self.storage, self.pool_size, self.expires_s = storage, max(int(pool), 1), int(expires_s)
+        self.tls = dict(tls or {})
         self.connect_s, self.read_s = connect_s, read_s
         self._urls: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
@@ -118,6 +181,7 @@ class PresignedRanges:
                 block=False,
                 retries=False,  # the fetcher retries, under its budget
                 timeout=urllib3.Timeout(connect=self.connect_s, read=self.read_s),
+                **self.tls,
             )
             self._pid = os.getpid()
             with self._lock:
@@ -143,30 +207,36 @@ class PresignedRanges:
 
         Raises:
             FileNotFoundError: HTTP 404. PermissionError: HTTP 403 (after one new signature when the
-                URL had expired). HTTPStatusError: any other error status (``retryable`` reads it).
+                URL had expired). HTTPStatusError: any other error status (``retryable`` reads it;
+                a 400 or 403 for expired credentials is signed again first, once).
             ConnectionError: the connection failed, was reset or timed out (the cause's type named).
+            TLSFailure: the server's certificate does not verify.
         """
         import urllib3
 
         where = f"s3://{path}"
         http = self._client()
         for fresh in (False, True):
+            failed = None
             try:
                 r = http.request(
                     "GET",
                     self._url(path, fresh),
-                    headers={"Range": f"bytes={start}-{stop - 1}"},
+                    headers={"Range": f"bytes={start}-{stop - 1}", "Accept-Encoding": "identity"},
                     preload_content=True,
+                    decode_content=False,  # the stored bytes, as s3fs returns them (a Content-Encoding kept)
                     redirect=False,
                 )
-            except urllib3.exceptions.HTTPError as exc:  # its message holds the signed URL: not kept
-                raise ConnectionError(f"{where}: bytes {start}-{stop}: {type(exc).__name__}") from None
+            except urllib3.exceptions.HTTPError as exc:
+                failed = exc
+            if failed is not None:  # raised here, outside the handler: nothing chains to its URL
+                raise _connection_failure(failed, f"{where}: bytes {start}-{stop}")
             if r.status in (200, 206):
                 return r.data
             code = _error_code(r.data)
-            if r.status == 403 and not fresh and ("expired" in r.data.decode(errors="replace").lower()):
-                continue  # signed again, once
-            headers = {k.lower(): v for k, v in r.headers.items()}
+            if not fresh and (code in _EXPIRED_CODES or (r.status == 403 and b"expired" in r.data.lower())):
+                continue  # the URL or its temporary credentials expired: signed again, once
+            headers = {k.lower(): v for k, v in r.headers.items() if k.lower() in _KEPT_HEADERS}
             if r.status == 404:
                 raise FileNotFoundError(2, f"HTTP 404{' ' + code if code else ''}", where)
             if r.status == 403:
