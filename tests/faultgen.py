@@ -172,3 +172,21 @@ def rewrite_shard_member(root: str, shard: int, member: dict, data: bytes) -> No
                     mm["sha256"] = digest
 
     rewrite_index(root, edit)
+
+
+def convert_to_s3(moto_s3, bucket: str):
+    """``source()`` converted to ``s3://BUCKET/ds`` (2 episodes per shard) on ``moto_s3``'s server.
+
+    Returns ``moto_s3``: ``(storage options, s3fs filesystem)``.
+    """
+    from epishard.shardwriter import ConvertOptions, convert
+
+    options, fs = moto_s3
+    fs.mkdir(bucket)
+    convert(
+        [source()],
+        f"s3://{bucket}/ds",
+        ConvertOptions(max_episodes_per_shard=2, progress=False),
+        storage_options=options,
+    )
+    return options, fs

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from faultgen import CAMERA, SPEC, hang_alarm, source
+from faultgen import CAMERA, SPEC, convert_to_s3, hang_alarm, source
 from remote_servers import FaultProxy, SilentServer, ThrottleProxy, serve_http
 
 from epishard.format.retry import (
@@ -62,13 +62,8 @@ def http_proxy(http_server):
 
 @pytest.fixture(scope="module")
 def s3(moto_s3):
-    """(direct options, bucket URL of the converted ``intact`` dataset, the moto endpoint)."""
-    options, fs = moto_s3
-    fs.mkdir("budget")
-    convert(
-        [source()], "s3://budget/ds", ConvertOptions(max_episodes_per_shard=2, progress=False), storage_options=options
-    )
-    return options
+    """The storage options of ``s3://budget/ds``, the converted fault dataset, on the moto server."""
+    return convert_to_s3(moto_s3, "budget")[0]
 
 
 @pytest.fixture()

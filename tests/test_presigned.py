@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import urllib3
-from faultgen import CAMERA, SPEC, hang_alarm, source
+from faultgen import CAMERA, SPEC, convert_to_s3, hang_alarm, source
 from remote_servers import FaultProxy
 
 from epishard.format.presigned import (
@@ -37,12 +37,7 @@ SIGNED = ("X-Amz-Signature", "X-Amz-Credential", "testing")  # the query's signa
 
 @pytest.fixture(scope="module")
 def s3(moto_s3):
-    options, fs = moto_s3
-    fs.mkdir("signed")
-    convert(
-        [source()], "s3://signed/ds", ConvertOptions(max_episodes_per_shard=2, progress=False), storage_options=options
-    )
-    return options, fs
+    return convert_to_s3(moto_s3, "signed")
 
 
 def _read(options, transport: str) -> list[dict]:
