@@ -281,6 +281,7 @@ CONTRACT_ORDER = [
     "errors",
     "untrusted",
     "retry",
+    "presigned",
     "verified",
     "stats",
     "manifest",
