@@ -29,8 +29,8 @@ from typing import Any
 
 __all__ = ["HTTPStatusError", "PresignedRanges", "TLSFailure", "presigned_refusal", "tls_options"]
 
-# Storage options (and s3fs keywords) that add headers a presigned GET would not carry, or that set
-# how botocore connects (TLS verification, CA bundle, proxies), which urllib3 here would not follow.
+# Storage options (and s3fs keywords) that add headers a presigned GET would not carry; options and
+# environment variables that send botocore's requests through a proxy, which urllib3 here would not.
 _NEEDS_HEADERS = ("requester_pays", "sse_customer_key", "sse_customer_algorithm", "RequestPayer", "SSECustomerKey")
 _PROXIES = ("proxies", "proxy", "proxies_config")
 # The environment's proxies, which botocore follows and urllib3 does not.
@@ -48,9 +48,13 @@ class HTTPStatusError(OSError):
     def __init__(self, where: str, status: int, code: str, headers: dict):
         super().__init__(f"{where}: HTTP {status}{' ' + code if code else ''}")
         self.where, self.status, self.code, self.headers = where, status, code, headers
-        self.response = {
-            "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": headers},
-            "Error": {"Code": code},
+
+    @property
+    def response(self) -> dict:
+        """The answer as botocore's ``ClientError.response`` shapes it (read by ``http_status_of``)."""
+        return {
+            "ResponseMetadata": {"HTTPStatusCode": self.status, "HTTPHeaders": self.headers},
+            "Error": {"Code": self.code},
         }
 
     def __reduce__(self):  # pickled to a DataLoader worker's parent: the same class and fields

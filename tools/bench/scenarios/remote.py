@@ -74,11 +74,10 @@ from pathlib import Path
 import measure
 import numpy as np
 from remote_servers import FaultProxy, serve_http
-from s3server import CREDENTIALS, Server, need_s3
+from s3server import CREDENTIALS, Server, need_s3, upload
 from torch.utils.data import DataLoader
 from videogen import make_episode_table, make_video
 
-from epishard.format.storage import FileSystemHandle
 from epishard.shardwriter import CameraVideo, ConvertOptions, Episode, Source, convert
 from epishard.shardwriter.lerobot import read_lerobot
 from epishard.stream import PostProcess, WindowDataset, WindowSpec, segment
@@ -283,12 +282,7 @@ def prepare(args, server: Server) -> tuple[str, list[str], str]:
     if not (os.path.exists(stamp) and Path(stamp).read_text() == what):
         convert([tiled(args)], local, ConvertOptions(max_episodes_per_shard=8, progress=False, overwrite=True))
         Path(stamp).write_text(what)
-    handle = FileSystemHandle("s3://bench", {"endpoint_url": server.endpoint})  # its client closed on its own loop
-    fs = handle.get()
-    fs.mkdir("bench")
-    for name in sorted(os.listdir(local)):
-        fs.put_file(os.path.join(local, name), f"bench/ds/{name}")
-    size = sum(os.path.getsize(os.path.join(local, f)) for f in os.listdir(local))
+    size = upload(server.endpoint, local, "s3://bench/ds")
     return local, list(cams), f"{what}; {size / 1e6:.0f} MB"
 
 
