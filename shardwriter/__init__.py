@@ -1,7 +1,7 @@
 """epishard's writer: episodes in, window-indexed WebDataset tar shards and a manifest out.
 
 Public API: ``convert``, ``ConvertOptions``, ``Episode``, ``CameraVideo``, ``TableSlice``,
-``Source``, ``read_lerobot``, ``WindowIndex``, ``Manifest``, ``ReencodeSpec``, ``ConversionError``,
+``Source``, ``Stream``, ``read_lerobot``, ``WindowIndex``, ``Manifest``, ``ReencodeSpec``, ``ConversionError``,
 ``SourceError``, ``OutputFolderError``, ``verify``. The on-disk format is described in
 docs/FORMAT.md and defined in ``epishard.format.manifest``.
 """
@@ -10,7 +10,7 @@ from epishard.format.index import WindowIndex
 from epishard.format.manifest import Manifest
 
 from .convert import ConvertOptions, convert
-from .episode import CameraVideo, Episode, Source, TableSlice
+from .episode import CameraVideo, Episode, Source, Stream, TableSlice
 from .errors import ConversionError, OutputFolderError, SourceError
 from .lerobot import read_lerobot
 from .verify import verify
@@ -26,6 +26,7 @@ __all__ = [
     "ReencodeSpec",
     "Source",
     "SourceError",
+    "Stream",
     "TableSlice",
     "WindowIndex",
     "convert",

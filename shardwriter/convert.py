@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import av
+import numpy as np
 import pyarrow as pa
 
 from epishard.format import manifest as fmt
@@ -39,6 +40,7 @@ from epishard.format.errors import check_choice
 from epishard.format.index import WindowIndex, dataset_index_bytes, encode_index, read_shard_meta, read_table_bytes
 from epishard.format.stats import DatasetStats
 from epishard.format.storage import Storage
+from epishard.format.streams import read_stream
 from epishard.redact import redact, redact_optional, scrubbed
 
 from .episode import Episode, LazyTable, Source, TableSlice, file_size
@@ -216,7 +218,19 @@ def _fingerprint(episode: Episode, root: str = "") -> list:
     videos = {cam: [*one(v.source), v.segment] for cam, v in sorted(episode.videos.items())}
     for cam, f in sorted(episode.frames.items()):
         videos[cam] = ["frames", *f.reader.fingerprint(), f.depth]
-    return [episode.key or fmt.episode_key(episode.source, episode.episode_index), one(episode.table), videos]
+    out = [episode.key or fmt.episode_key(episode.source, episode.episode_index), one(episode.table), videos]
+    if episode.streams:  # (absent without streams: the fingerprints of earlier conversions hold)
+        out.append({name: _stream_digest(s) for name, s in sorted(episode.streams.items())})
+    return out
+
+
+def _stream_digest(stream) -> list:
+    """What identifies an in-memory stream: sha256 of its timestamps and values (with dtype and shape), its rate."""
+    digest = hashlib.sha256()
+    for array in (np.asarray(stream.timestamps), np.asarray(stream.values)):
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return [digest.hexdigest(), stream.rate]
 
 
 def plan_digest(episodes: list[Episode], options: ConvertOptions, roots: dict[str, str] | None = None) -> str:
@@ -226,7 +240,9 @@ def plan_digest(episodes: list[Episode], options: ConvertOptions, roots: dict[st
     """
     roots = roots or {}
     spec = {
-        "format": fmt.FORMAT_VERSION,
+        # Version 2's number: a dataset without streams is written as version 2, byte for byte (streams
+        # enter through the episodes' fingerprints).
+        "format": fmt.PLAIN_VERSION,
         "episodes": [_fingerprint(e, roots.get(e.source, "")) for e in episodes],
         "cameras": options.cameras,
         "reencode": options.reencode.describe() if options.reencode else None,
@@ -575,6 +591,7 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
     stats = DatasetStats()
     features: dict = {}
     cameras: dict = {}
+    streams: dict = {}
     tasks: dict[str, int] = {}
     per_source: dict[str, int] = {}
     cameras_per_source: dict[str, set[str]] = {}
@@ -599,6 +616,17 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
                 entry.setdefault("sizes", {})[size] = entry.get("sizes", {}).get(size, 0) + 1
             for task in index.episode_tasks(e):
                 tasks.setdefault(task, len(tasks))
+            for name, sig in index.signals(e).items():
+                start, stop = index.member_ranges(index.signal_member[sig])
+                where = f"{storage.path(meta['shard'])}: episode {index.key(e)} stream {name}"
+                data = read_stream(
+                    storage.read(meta["shard"], int(start), int(stop)),
+                    index.signal_dtype[sig].as_py(),
+                    index.signal_shape(sig),
+                    int(index.signal_count[sig]),
+                    where,
+                )
+                _add_stream(streams, name, data.timestamps, data.values, float(index.signal_rate[sig]))
     for name, cam in cameras.items():
         if len(cam["sizes"]) == 1:  # listed only where episodes differ (e.g. a rotated one)
             del cam["sizes"]
@@ -618,7 +646,56 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
         "episodes_per_source": per_source,
         "cameras_per_source": {name: cameras_per_source.get(name, set()) for name in per_source},
         "videos_per_shard": videos_per_shard,
+        "streams": {name: _stream_entry(s) for name, s in sorted(streams.items())},
     }
+
+
+def _add_stream(streams: dict, name: str, times: np.ndarray, values: np.ndarray, rate: float) -> None:
+    """Add one episode's stream to the running per-stream sums of ``_summarise``."""
+    entry = streams.setdefault(
+        name,
+        {
+            "dtype": values.dtype.name,
+            "shape": values.shape[1:],
+            "episodes": 0,
+            "samples": 0,
+            "span": 0.0,
+            "intervals": 0,
+            "rates": set(),
+            "min": None,
+            "max": 0.0,
+            "gaps": 0,
+        },
+    )
+    entry["episodes"] += 1
+    entry["samples"] += int(times.size)
+    if rate > 0:
+        entry["rates"].add(rate)
+    if times.size < 2:
+        return
+    gaps = np.diff(times)
+    entry["span"] += float(times[-1] - times[0])
+    entry["intervals"] += int(gaps.size)
+    entry["min"] = float(gaps.min()) if entry["min"] is None else min(entry["min"], float(gaps.min()))
+    entry["max"] = max(entry["max"], float(gaps.max()))
+    period = 1.0 / rate if rate > 0 else float(np.median(gaps))
+    entry["gaps"] += int(np.count_nonzero(gaps > 1.5 * period)) if period > 0 else 0
+
+
+def _stream_entry(entry: dict) -> fmt.StreamEntry:
+    """The manifest's entry of a stream from the sums ``_add_stream`` kept."""
+    rates = sorted(entry["rates"])
+    return fmt.StreamEntry(
+        dtype=entry["dtype"],
+        shape=tuple(int(n) for n in entry["shape"]),
+        episodes=entry["episodes"],
+        samples=entry["samples"],
+        rate=entry["intervals"] / entry["span"] if entry["span"] > 0 else None,
+        nominal_rate=rates[0] if len(rates) == 1 else None,
+        min_interval=entry["min"] or 0.0,
+        max_interval=entry["max"],
+        gaps=entry["gaps"],
+    )
 
 
 @scrubbed  # its exceptions and their chains name no credentials
@@ -708,7 +785,7 @@ def convert(
     fps_values = sorted({s.fps for s in sources})
     manifest = fmt.Manifest(
         format=fmt.FORMAT_NAME,
-        format_version=fmt.FORMAT_VERSION,
+        format_version=fmt.STREAMS_VERSION if summary["streams"] else fmt.PLAIN_VERSION,
         plan_digest=dataset_digest,
         sources=tuple(
             fmt.SourceEntry(
@@ -733,6 +810,7 @@ def convert(
         fps=fps_values[0] if len(fps_values) == 1 else None,
         features=summary["features"],
         cameras=summary["cameras"],
+        streams=summary["streams"] or None,
         tasks=tuple(summary["tasks"]),
         stats=summary["stats"],
         stats_by_source=summary["stats_by_source"],

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple, TypeAlias
 
 import numpy as np
@@ -32,6 +33,7 @@ __all__ = [
     "LazyTable",
     "LoadedTable",
     "Source",
+    "Stream",
     "TableInput",
     "TableSlice",
     "bounded_parquet",
@@ -104,17 +106,42 @@ class TableSlice:
     stop: int
 
 
+@dataclass(frozen=True)
+class Stream:
+    """A numeric signal at its own rate (force-torque, IMU, tactile, events), stored as it is (format version 3).
+
+    Args:
+        timestamps: float64 (or integer) ``[n]`` seconds on the episode's clock, the clock of the
+            table's ``timestamp`` column (row ``r`` at ``timestamp[r]``, or ``r / fps`` without
+            one); finite and non-decreasing (equal times allowed: events). Samples before the
+            first row or after the last are kept.
+        values: ``[n, *shape]`` of a numeric type (``manifest.STREAM_DTYPES``: bool, int8..int64,
+            uint8..uint64, float16/32/64), stored bit for bit; floats must be finite.
+        rate: the nominal rate in Hz where the source declares one (recorded in the index and the
+            manifest, never used to resample); None: none.
+
+    Windows read it by time (``stream.WindowSpec(streams=...)``: ``span`` / ``at``).
+    """
+
+    timestamps: np.ndarray
+    values: np.ndarray
+    rate: float | None = None
+
+
 class LoadedTable(NamedTuple):
     """What a ``LazyTable`` gives: the rows, report entries about them, and task texts found in them.
 
     ``notes``: ``{"kind", "row", "message"}`` dicts (rows dropped, repeated or reinterpreted while
     reading; they reach the manifest's report as warnings of the episode). ``tasks``: task texts the
     rows carry (e.g. RLDS ``language_instruction``), used when the ``Episode`` names none.
+    ``streams``: name -> ``Stream`` read with the rows at their own rate (an MCAP topic kept at its
+    native rate), added to the ``Episode``'s own.
     """
 
     table: pa.Table
     notes: list[dict]
     tasks: tuple[str, ...] = ()
+    streams: Mapping[str, Stream] = MappingProxyType({})
 
 
 class LazyTable:
@@ -227,6 +254,9 @@ class Episode:
             the stored table.
         frames: camera name -> ``CameraFrames``: cameras given as arrays or encoded images (HDF5,
             Zarr, RLDS, MCAP sources), encoded to video by the conversion worker; one frame per row.
+        streams: name (e.g. ``"observation.force"``) -> ``Stream``: signals at their own rate,
+            stored with their own timestamps, never resampled (a dataset with any is written as
+            format version 3). A name may not be a table column or a camera.
     """
 
     source: str
@@ -240,6 +270,7 @@ class Episode:
     extra: dict = field(default_factory=dict)
     images: tuple[str, ...] = ()
     frames: dict[str, CameraFrames] = field(default_factory=dict)
+    streams: dict[str, Stream] = field(default_factory=dict)
 
     def load_table(self) -> tuple[pa.Table, bytes | None]:
         """Return (table, original parquet bytes when the table is a whole file, else None)."""
@@ -273,7 +304,8 @@ class Episode:
                 share = (stop - start) / video.file_seconds if video.file_seconds else 1.0
                 video_bytes += int(video.size() * min(max(share, 0.0), 1.0))
         video_bytes += sum(f.reader.estimated_bytes() for f in self.frames.values())
-        return table_bytes + video_bytes
+        stream_bytes = sum(np.asarray(s.values).nbytes + 8 * len(s.timestamps) for s in self.streams.values())
+        return table_bytes + video_bytes + stream_bytes
 
 
 @dataclass

@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -31,6 +32,7 @@ from .episode import CameraFrames, CameraVideo, Episode, LazyTable, read_file
 from .errors import ConversionError
 from .frames import encode_frames
 from .images import GREY_IMAGE_SPEC, IMAGE_SPEC, column_images
+from .streams import stream_members
 from .video import (
     NO_PACKETS,
     CodecNotCopied,
@@ -624,9 +626,10 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         raise _fail("missing_camera", message, camera=missing[0], path=looked, **where)
     loaded_notes: list[dict] = []
     loaded_tasks: tuple[str, ...] = ()
+    loaded_streams: Mapping = {}
     try:
         if isinstance(episode.table, LazyTable):
-            table, loaded_notes, loaded_tasks = episode.table.load()
+            table, loaded_notes, loaded_tasks, loaded_streams = episode.table.load()
             raw = None
         else:
             table, raw = episode.load_table()
@@ -705,6 +708,22 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
     tasks, unknown = _task(episode, table)
     tasks = tasks or list(loaded_tasks)
     warnings += [{**w, **where, "camera": None} for w in unknown]
+    streams = {**loaded_streams, **episode.streams}
+    twice = sorted(set(loaded_streams) & set(episode.streams))
+    if twice:
+        raise _fail("bad_stream", f"stream {twice[0]!r} is given by both the Episode and its table's source", **where)
+    try:
+        stream_data, stream_rows = stream_members(
+            # after the JSON and table members (2) and the videos
+            key,
+            streams,
+            list(fields.values()),
+            2 + len(members),
+            {*table.column_names, *cameras},
+        )
+    except ConversionError as exc:
+        raise exc.with_context(**where) from None
+    members += stream_data
     meta = {
         "key": key,
         "source": episode.source,
@@ -715,6 +734,8 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         "robot": episode.robot,
         "cameras": {fields[c]: c for c in cameras},
     }
+    if stream_rows:  # (absent without streams: the member stays version 2's, byte for byte)
+        meta["streams"] = {m.rsplit(".", 2)[-2]: r["name"] for (m, _), r in zip(stream_data, stream_rows, strict=True)}
     if raw is None:
         buf = io.BytesIO()
         pq.write_table(table, buf)
@@ -739,4 +760,6 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         "window_stop": table.num_rows,
         "segment_starts": [b["row"] for b in breaks],
     }
+    if stream_rows:  # a version-3 index row; without streams the row is version 2's, byte for byte
+        row["streams"] = stream_rows
     return PreparedEpisode(key=key, members=head + members, row=row, warnings=warnings, checks=checks)

@@ -17,7 +17,7 @@ from faultgen import copy, manifest, source, write_manifest
 
 from epishard.cli import main as cli
 from epishard.format.errors import FormatError
-from epishard.format.manifest import FORMAT_VERSION, VERSION_KEY, Manifest
+from epishard.format.manifest import FORMAT_VERSION, PLAIN_VERSION, VERSION_KEY, Manifest
 from epishard.shardwriter import ConvertOptions, convert, verify
 from epishard.shardwriter.describe import describe
 from epishard.stream import DatasetSource
@@ -208,7 +208,7 @@ def test_another_format_is_refused(intact, tmp_path):
 
 def test_index_arrow_states_its_format_version(intact):
     schema = feather.read_table(os.path.join(intact, "index.arrow")).schema
-    assert schema.metadata[VERSION_KEY] == str(FORMAT_VERSION).encode()
+    assert schema.metadata[VERSION_KEY] == str(PLAIN_VERSION).encode()  # no streams: version 2, as before
 
 
 def _restate(root: str, version: bytes | None) -> None:
@@ -230,7 +230,7 @@ def _restate(root: str, version: bytes | None) -> None:
     "version, message",
     [
         (str(NEWER).encode(), NEWER_MESSAGE),
-        (b"1", f"format_version 1 in its schema metadata, the manifest's format_version is {FORMAT_VERSION}"),
+        (b"1", f"format_version 1 in its schema metadata, the manifest's format_version is {PLAIN_VERSION}"),
         (b"x", "schema metadata epishard.format_version b'x' is not a version"),
     ],
 )

@@ -285,6 +285,7 @@ CONTRACT_ORDER = [
     "verified",
     "stats",
     "manifest",
+    "streams",
     "validate",
     "index",
     "storage",

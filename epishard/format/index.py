@@ -31,7 +31,16 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 from .errors import FormatError
-from .manifest import DATA_EXT, DATASET_INDEX_NAME, INDEX_SCHEMA, MANIFEST_NAME, VERSION_KEY, Manifest
+from .manifest import (
+    DATA_EXT,
+    DATASET_INDEX_NAME,
+    INDEX_SCHEMA,
+    MANIFEST_NAME,
+    STREAM_TYPE,
+    STREAMS_INDEX_SCHEMA,
+    VERSION_KEY,
+    Manifest,
+)
 from .untrusted import loads, read_local
 from .validate import check_index_table, check_index_version, check_stream_packets
 
@@ -58,12 +67,40 @@ def _clean_rows(rows: list[dict]) -> list[dict]:
     return [{**row, "cameras": [{k: _plain(v) for k, v in cam.items()} for cam in row["cameras"]]} for row in rows]
 
 
+def _schema_of(rows: list[dict]) -> pa.Schema:
+    """``STREAMS_INDEX_SCHEMA`` (format version 3) when a row has streams, else ``INDEX_SCHEMA`` (version 2).
+
+    A shard whose episodes carry no stream keeps the version-2 layout byte for byte.
+    """
+    return STREAMS_INDEX_SCHEMA if any(row.get("streams") for row in rows) else INDEX_SCHEMA
+
+
+def _unify(tables: list[pa.Table]) -> list[pa.Table]:
+    """Index tables of one dataset made concatenable: a ``streams`` column (empty lists) where one lacks it.
+
+    A dataset of format version 3 may hold shards of version-2 layout (none of their episodes had a
+    stream): they have no ``streams`` column.
+    """
+    if not any("streams" in t.column_names for t in tables):
+        return tables
+    out = []
+    for t in tables:
+        if "streams" not in t.column_names:
+            empty = pa.array([[]] * t.num_rows, type=pa.list_(STREAM_TYPE))
+            at = t.schema.get_field_index("shard")
+            t = t.append_column("streams", empty) if at < 0 else t.add_column(at, "streams", empty)
+        out.append(t)
+    return out
+
+
 def encode_index(rows: list[dict], shard_meta: dict) -> bytes:
-    """Serialise index rows (dicts following ``INDEX_SCHEMA``) and shard metadata to Parquet bytes."""
+    """Serialise index rows (dicts following ``INDEX_SCHEMA``) and shard metadata to Parquet bytes.
+
+    Rows with streams (a ``streams`` list) make a version-3 index (``STREAMS_INDEX_SCHEMA``).
+    """
     clean = _clean_rows(rows)
-    schema = INDEX_SCHEMA.with_metadata(
-        {**INDEX_SCHEMA.metadata, _SHARD_META_KEY: json.dumps(shard_meta, sort_keys=True).encode()}
-    )
+    base = _schema_of(rows)
+    schema = base.with_metadata({**base.metadata, _SHARD_META_KEY: json.dumps(shard_meta, sort_keys=True).encode()})
     table = pa.Table.from_pylist(clean, schema=schema)
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
@@ -87,7 +124,7 @@ def dataset_index_bytes(index_files: list[bytes]) -> bytes:
     The file is uncompressed, with an int32 ``shard`` column, so it can be memory-mapped (``WindowIndex.load_dataset``).
     Its schema metadata holds the format version (``manifest.VERSION_KEY``), as each shard index's does.
     """
-    tables = [read_table_bytes(data).replace_schema_metadata(None) for data in index_files]
+    tables = _unify([read_table_bytes(data).replace_schema_metadata(None) for data in index_files])
     table = pa.concat_tables(tables)
     shard = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])
     table = table.append_column("shard", pa.array(shard))
@@ -112,7 +149,8 @@ def _write_dataset_table(table: pa.Table, sink, batch_rows: int | None = None) -
 
     ``batch_rows`` as ``_dataset_table_bytes`` takes it.
     """
-    table = table.combine_chunks().replace_schema_metadata({VERSION_KEY: INDEX_SCHEMA.metadata[VERSION_KEY]})
+    schema = STREAMS_INDEX_SCHEMA if "streams" in table.column_names else INDEX_SCHEMA
+    table = table.combine_chunks().replace_schema_metadata({VERSION_KEY: schema.metadata[VERSION_KEY]})
     feather.write_feather(table, sink, compression="uncompressed", chunksize=batch_rows or max(table.num_rows, 1))
 
 
@@ -275,6 +313,52 @@ class WindowIndex:
         else:  # an index written before recording segments were recorded
             self.segment_starts = np.zeros(0, dtype=np.int64)
             self.segment_offsets = np.zeros(self.num_rows.shape[0] + 1, dtype=np.int64)
+        self._signal_arrays(table)
+
+    def _signal_arrays(self, table: pa.Table) -> None:
+        """The ``streams`` column (format version 3: streams at their own rate), flat with per-episode offsets.
+
+        ``signal_*`` arrays have one entry per (episode, stream) (``episode_signals`` offsets; "signal"
+        keeps them apart from the camera streams): ``signal_names``, ``signal_dtype`` (Arrow
+        strings), ``signal_member`` (flat member number of its ``.arrow`` member), ``signal_count``,
+        ``signal_t_first``, ``signal_t_last``, ``signal_min_interval``, ``signal_max_interval``,
+        ``signal_rate`` (seconds, Hz), and the shapes (``signal_shape``). An index without the
+        column (version 2) has none.
+        """
+        n = self.num_rows.shape[0]
+        if "streams" in table.column_names:
+            sig, self.episode_signals = _flat(table.column("streams"))
+        else:
+            sig, self.episode_signals = pa.array([], type=STREAM_TYPE), np.zeros(n + 1, dtype=np.int64)
+        self.signal_names = sig.field("name")
+        self.signal_dtype = sig.field("dtype")
+        self.signal_member_pos = _np(sig.field("member"), np.int64)
+        shapes, self.signal_shape_offsets = _flat(sig.field("shape"))
+        self.signal_shape_values = _np(shapes, np.int64)
+        self.signal_count = _np(sig.field("count"), np.int64)
+        self.signal_t_first = _np(sig.field("t_first"), np.float64)
+        self.signal_t_last = _np(sig.field("t_last"), np.float64)
+        self.signal_min_interval = _np(sig.field("min_interval"), np.float64)
+        self.signal_max_interval = _np(sig.field("max_interval"), np.float64)
+        self.signal_rate = _np(sig.field("rate"), np.float64)
+        owner = np.repeat(np.arange(n), np.diff(self.episode_signals))
+        # Clipped so that a damaged index still loads; validate.check_index rejects it.
+        self.signal_member = np.clip(self.episode_members[owner] + self.signal_member_pos, 0, self.member_size.size)
+
+    def signal_shape(self, signal: int) -> tuple[int, ...]:
+        """Per-sample shape of a flat stream entry (``()`` for a scalar)."""
+        a, b = int(self.signal_shape_offsets[signal]), int(self.signal_shape_offsets[signal + 1])
+        return tuple(int(v) for v in self.signal_shape_values[a:b])
+
+    def signals(self, episode: int) -> dict[str, int]:
+        """Stream name -> flat stream entry of ``episode`` (streams at their own rate; empty in version 2)."""
+        a, b = int(self.episode_signals[episode]), int(self.episode_signals[episode + 1])
+        return {name: a + i for i, name in enumerate(self.signal_names.slice(a, b - a).to_pylist())}
+
+    @property
+    def has_signals(self) -> bool:
+        """Whether any episode carries a stream at its own rate."""
+        return bool(self.signal_count.size)
 
     def _packet_arrays(self, cams: pa.StructArray) -> None:
         """The packet tables (``manifest.CAMERA_TYPE``'s ``packet_*`` fields), flat with per-stream offsets.
@@ -350,7 +434,7 @@ class WindowIndex:
 
         Unchecked: for files this process wrote (readers of outside data use ``read_shard_indexes``).
         """
-        tables = [pq.read_table(s) for s in sources]
+        tables = _unify([pq.read_table(s).replace_schema_metadata(None) for s in sources])
         counts = np.array([t.num_rows for t in tables], dtype=np.int64)
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         return cls(table, np.repeat(np.arange(len(tables)), counts))
@@ -358,7 +442,8 @@ class WindowIndex:
     @classmethod
     def from_rows(cls, rows: list[dict]) -> WindowIndex:
         """One shard's index from rows (dicts following ``INDEX_SCHEMA``, as ``encode_index`` takes)."""
-        return cls(pa.Table.from_pylist(_clean_rows(rows), schema=INDEX_SCHEMA), np.zeros(len(rows), dtype=np.int32))
+        table = pa.Table.from_pylist(_clean_rows(rows), schema=_schema_of(rows))
+        return cls(table, np.zeros(len(rows), dtype=np.int32))
 
     @classmethod
     def load_dataset(cls, root: str) -> WindowIndex:
@@ -427,12 +512,12 @@ class WindowIndex:
         if not tables:
             raise ValueError("no shard index files")
         counts = [t.num_rows for t in tables]
-        return cls(pa.concat_tables(tables), np.repeat(np.arange(len(tables)), counts))
+        return cls(pa.concat_tables(_unify(tables)), np.repeat(np.arange(len(tables)), counts))
 
     @classmethod
     def concat_shards(cls, shards: list[WindowIndex]) -> WindowIndex:
         """One index per shard, in shard order, as one index: the rows of ``shards[i]`` are shard ``i``."""
-        tables = [ix._table.replace_schema_metadata(None) for ix in shards]
+        tables = _unify([ix._table.replace_schema_metadata(None) for ix in shards])
         return cls(pa.concat_tables(tables), np.repeat(np.arange(len(tables)), [t.num_rows for t in tables]))
 
     def take(self, episodes) -> WindowIndex:

@@ -41,9 +41,15 @@ __all__ = [
     "MAX_MEMBER_NAME",
     "MEMBER_TYPE",
     "META_EXT",
+    "PLAIN_VERSION",
     "PREFIX_RE",
     "REPORT_NAME",
     "SHARD_SUFFIX",
+    "STREAMS_INDEX_SCHEMA",
+    "STREAMS_VERSION",
+    "STREAM_DTYPES",
+    "STREAM_EXT",
+    "STREAM_TYPE",
     "VERSION_KEY",
     "VIDEO_EXT",
     "CameraEntry",
@@ -55,6 +61,7 @@ __all__ = [
     "ReportEntry",
     "ShardEntry",
     "SourceEntry",
+    "StreamEntry",
     "Totals",
     "camera_fields",
     "camera_output",
@@ -71,11 +78,17 @@ __all__ = [
     "policy_on_disk",
     "shard_name",
     "slug",
+    "stream_fields",
     "temp_path",
 ]
 
 FORMAT_NAME = "epishard"
-FORMAT_VERSION = 2  # 2: camera `kind` (depth cameras), `images:` transform
+FORMAT_VERSION = 3  # the newest this reads and writes: 2: camera `kind`, `images:` transform; 3: streams
+# Version 3 adds streams at their own rate (the index's `streams` column, `<key>.<field>.arrow` members).
+# Only a dataset that has streams is written as version 3; every other one stays version 2, byte for byte
+# what earlier writers made (so their reruns resume and older readers read them).
+STREAMS_VERSION = 3
+PLAIN_VERSION = 2
 VERSION_KEY = b"epishard.format_version"  # Arrow schema metadata of every index file: the version it follows
 
 MANIFEST_NAME = "manifest.json"
@@ -106,6 +119,7 @@ def is_partial(name: str) -> bool:
 DATA_EXT = "parquet"
 META_EXT = "json"
 VIDEO_EXT = "mp4"
+STREAM_EXT = "arrow"  # a stream at its own rate: Arrow IPC file (epishard.format.streams)
 
 _KEY_OK = re.compile(r"[^A-Za-z0-9_\-]")
 
@@ -146,6 +160,21 @@ def camera_fields(cameras: list[str]) -> dict[str, str]:
     for i, cam in enumerate(cameras):
         name = _camera_field(cam)
         fields[cam] = name if name not in fields.values() and name not in (DATA_EXT, META_EXT) else f"cam{i}"
+    return fields
+
+
+def stream_fields(streams: list[str], taken: list[str]) -> dict[str, str]:
+    """Field name (before ``.arrow``) of each stream's member (``streams`` in sorted order).
+
+    The stream's name with every character outside ``[A-Za-z0-9_-]`` made ``_``
+    (``observation.force`` -> ``observation_force``), or ``stream<i>`` (its position) when that
+    collides with an earlier stream's or with one of ``taken`` (the episode's camera fields).
+    """
+    fields: dict[str, str] = {}
+    for i, name in enumerate(streams):
+        field = slug(name)
+        clash = field in fields.values() or field in taken or field in (DATA_EXT, META_EXT)
+        fields[name] = f"stream{i}" if clash else field
     return fields
 
 
@@ -281,7 +310,45 @@ INDEX_SCHEMA = pa.schema(
         # written before it existed, which readers take as [].
         ("segment_starts", pa.list_(pa.int32())),
     ],
-    metadata={VERSION_KEY: str(FORMAT_VERSION).encode()},
+    metadata={VERSION_KEY: str(PLAIN_VERSION).encode()},
+)
+
+# Numeric types a stream's values may have (numpy names; the member stores them as they are).
+STREAM_DTYPES = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
+
+STREAM_TYPE = pa.struct(
+    [
+        ("name", pa.string()),  # e.g. "observation.force"
+        ("member", pa.int32()),  # position of its `.arrow` member in the episode's `members` list
+        ("dtype", pa.string()),  # STREAM_DTYPES: the values' type, as the source gave them
+        ("shape", pa.list_(pa.int32())),  # per-sample shape ([] for a scalar, [6] for a wrench)
+        ("count", pa.int64()),  # samples
+        ("t_first", pa.float64()),  # timestamp of the first sample, seconds (0.0 when count is 0)
+        ("t_last", pa.float64()),  # timestamp of the last sample, seconds (0.0 when count is 0)
+        # Smallest and largest gap between consecutive samples, seconds (0.0 with fewer than 2): a
+        # reader bounds the samples of any interval of `w` seconds by floor(w / min_interval) + 1.
+        ("min_interval", pa.float64()),
+        ("max_interval", pa.float64()),
+        ("rate", pa.float64()),  # nominal rate in Hz as the source declared it, 0.0 when none
+    ]
+)
+
+STREAMS_INDEX_SCHEMA = pa.schema(
+    [*INDEX_SCHEMA, ("streams", pa.list_(STREAM_TYPE))],
+    metadata={VERSION_KEY: str(STREAMS_VERSION).encode()},
 )
 
 
@@ -499,6 +566,51 @@ class FeatureEntry(_Entry):
             shape=tuple(shape),
             names=obj.get("names"),
             kind=_json_field(obj, "kind", str, where, None),
+        )
+
+
+@dataclass(frozen=True)
+class StreamEntry(_Entry):
+    """A stream at its own rate (format version 3), summed over the episodes that have it.
+
+    ``dtype`` (``STREAM_DTYPES``) and ``shape`` (per sample, ``[]`` for a scalar) of its values;
+    ``episodes`` that have it; ``samples`` in all; ``rate``: samples per second over all its
+    episodes (samples less one, over the time from first to last sample; None with fewer than two);
+    ``nominal_rate``: what the source declared (None: nothing); ``min_interval`` and
+    ``max_interval``: the smallest and largest gap between consecutive samples, seconds;
+    ``gaps``: intervals longer than 1.5 nominal periods (the nominal rate's, else the stream's
+    median interval in its episode), the dropouts a user should know of.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    episodes: int
+    samples: int
+    rate: float | None
+    nominal_rate: float | None
+    min_interval: float
+    max_interval: float
+    gaps: int
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str) -> StreamEntry:
+        """From its JSON object in the manifest, each field checked (``FormatError`` naming ``where`` and the field)."""
+        dtype = _json_field(obj, "dtype", str, where)
+        if dtype not in STREAM_DTYPES:
+            raise FormatError(f"{_field_path(where, 'dtype')} is {dtype!r}, not one of {', '.join(STREAM_DTYPES)}")
+        shape = _json_field(obj, "shape", list, where)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape):
+            raise FormatError(f"{_field_path(where, 'shape')} must be a JSON array of integers >= 1")
+        return cls(
+            dtype=dtype,
+            shape=tuple(shape),
+            episodes=_json_field(obj, "episodes", int, where),
+            samples=_json_field(obj, "samples", int, where),
+            rate=_json_field(obj, "rate", _OPT_NUMBER, where),
+            nominal_rate=_json_field(obj, "nominal_rate", _OPT_NUMBER, where),
+            min_interval=_json_field(obj, "min_interval", _NUMBER, where),
+            max_interval=_json_field(obj, "max_interval", _NUMBER, where),
+            gaps=_json_field(obj, "gaps", int, where),
         )
 
 
@@ -882,7 +994,7 @@ class Manifest(_Entry):
     document has none (hand-made or older manifests); readers do not need them.
     """
 
-    optional = ("plan_digest", "options", "features", "stats_by_source", "stats_mixed_widths")
+    optional = ("plan_digest", "options", "features", "stats_by_source", "stats_mixed_widths", "streams")
     format: str
     format_version: int
     index: IndexFile
@@ -899,6 +1011,7 @@ class Manifest(_Entry):
     features: Mapping[str, FeatureEntry] | None = None
     stats_by_source: Mapping[str, Mapping[str, Any]] | None = None
     stats_mixed_widths: tuple[str, ...] | None = None
+    streams: Mapping[str, StreamEntry] | None = None  # format version 3: streams at their own rate
 
     def dump(self) -> bytes:
         """``manifest.json``'s bytes: sorted keys, one space of indent (what every version wrote)."""
@@ -962,6 +1075,12 @@ class Manifest(_Entry):
             else {name: FeatureEntry.from_json(f, f"{sub(where, 'features')}.{name}") for name, f in features.items()},
             stats_by_source=_objects(obj, "stats_by_source", where, None),
             stats_mixed_widths=_strings(obj, "stats_mixed_widths", where, None),
+            streams=None
+            if _objects(obj, "streams", where, None) is None
+            else {
+                name: StreamEntry.from_json(entry, f"{sub(where, 'streams')}.{name}")
+                for name, entry in _objects(obj, "streams", where).items()
+            },
         )
 
     def camera_episodes(self) -> dict[str, int]:

@@ -57,7 +57,13 @@ __all__ = [
 ]
 
 _BLOCK = 1 << 18  # bytes scanned per step by _holds: its temporaries stay in the CPU cache
-_OPTIONAL_COLUMNS = {"segment_starts"}  # absent from indexes written before recording segments were kept
+# Absent from indexes written before recording segments were kept, and (streams) from indexes of
+# format version 2 (no episode of the shard had a stream at its own rate).
+_OPTIONAL_COLUMNS = {"segment_starts", "streams"}
+# A stream member stores at most this many bytes of samples per byte of member (zstd's gain on
+# sensor data is 1-4x; the writer stores a member uncompressed where it would gain more), so no
+# sample count an index claims sizes an allocation beyond the bytes behind it.
+STREAM_EXPANSION = 32
 # Camera fields of format version 1; fields added since (kind, stream_index, rotation, ...) are
 # absent from older indexes and the index loader takes their defaults.
 _CAMERA_FIELDS_V1 = {
@@ -114,7 +120,7 @@ def check_index_table(table: pa.Table, where: str, shard_column: bool) -> None:
     Raises:
         FormatError: names the first missing or mistyped column, or the column holding a null.
     """
-    expected = list(fmt.INDEX_SCHEMA) + ([pa.field("shard", pa.int32())] if shard_column else [])
+    expected = list(fmt.STREAMS_INDEX_SCHEMA) + ([pa.field("shard", pa.int32())] if shard_column else [])
     for field in expected:
         if field.name not in table.schema.names:
             if field.name in _OPTIONAL_COLUMNS:
@@ -282,6 +288,7 @@ def check_index(
     _check_episodes(index, shards, w)
     _check_members(index, shards, w)
     _check_cameras(index, camera_episodes, w)
+    _check_signals(index, w)
     if packets:
         _check_packets(_Packets(index, 0, index.cam_num_frames.size), w)
 
@@ -369,6 +376,69 @@ def _check_members(index, shards: Sequence[fmt.ShardEntry], w: _Where) -> None:
     )
     member = np.clip(index.episode_members[episode_of_stream] + index.cam_member, 0, video.size - 1)
     w.stream(~video[member], "member", f"is not a .{fmt.VIDEO_EXT} member", index.cam_member)
+
+
+def _check_signals(index, w: _Where) -> None:
+    """Streams at their own rate (the ``streams`` column): member, dtype, shape, counts and times in bounds."""
+    if not index.has_signals:
+        return
+    n = index.num_episodes
+    counts = np.diff(index.episode_signals)
+    owner = np.repeat(np.arange(n), counts)
+    member_counts = np.diff(index.episode_members)
+
+    def fail(bad: np.ndarray, field: str, message: str, values=None) -> None:
+        hit = np.flatnonzero(bad)
+        if hit.size:
+            s = int(hit[0])
+            e = int(owner[s])
+            value = "" if values is None else f" {values[s]}"
+            raise FormatError(
+                f"{w.where}: row {e} (episode {printable(index.key(e))}), stream "
+                f"{printable(index.signal_names[s].as_py())}: {field}{value} {message}"
+            )
+
+    fail(_holds(index.signal_names, _control_byte) | (_lengths(index.signal_names) == 0), "name", "is not a name")
+    ids = pc.dictionary_encode(index.signal_names).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    pairs = owner * (int(ids.max(initial=0)) + 1) + ids
+    _, first, seen = np.unique(pairs, return_index=True, return_counts=True)
+    repeated = np.zeros(owner.size, dtype=bool)
+    repeated[first[seen > 1]] = True
+    fail(repeated, "name", "is twice in the episode")
+    pos = index.signal_member_pos
+    fail((pos < 0) | (pos >= member_counts[owner]), "member", "is not a member of the episode", pos)
+    arrow = pc.ends_with(index.member_names, "." + fmt.STREAM_EXT).to_numpy(zero_copy_only=False)
+    member = np.clip(index.episode_members[owner] + pos, 0, max(arrow.size - 1, 0))
+    fail(~arrow[member], "member", f"is not a .{fmt.STREAM_EXT} member", pos)
+    known = pc.is_in(index.signal_dtype, value_set=pa.array(fmt.STREAM_DTYPES)).to_numpy(zero_copy_only=False)
+    fail(~known, "dtype", f"is not one of {', '.join(fmt.STREAM_DTYPES)}", index.signal_dtype.to_pylist())
+    dims = index.signal_shape_values
+    bad_dim = (dims < 1) | (dims > 1 << 20)
+    fail(_item_to_group(bad_dim, index.signal_shape_offsets, owner.size), "shape", "holds a size outside 1 .. 2**20")
+    ndim = np.diff(index.signal_shape_offsets)
+    fail(ndim > 8, "shape", "has more than 8 dimensions", ndim)
+    width = np.ones(owner.size, dtype=np.float64)
+    np.multiply.at(width, np.repeat(np.arange(owner.size), ndim), np.clip(dims, 1, None).astype(np.float64))
+    itemsize = np.array([np.dtype(d).itemsize if d in fmt.STREAM_DTYPES else 8 for d in index.signal_dtype.to_pylist()])
+    sample_bytes = 8 + width * itemsize
+    c = index.signal_count
+    fail(c < 0, "count", "is negative", c)
+    size = index.member_size[member].astype(np.float64)
+    fail(
+        c * sample_bytes > STREAM_EXPANSION * size + 4096,
+        "count",
+        f"claims more samples than its member's bytes can hold ({STREAM_EXPANSION}x the member, "
+        "validate.STREAM_EXPANSION)",
+        c,
+    )
+    times = (index.signal_t_first, index.signal_t_last, index.signal_min_interval, index.signal_max_interval)
+    finite = np.logical_and.reduce([np.isfinite(t) for t in times])
+    fail(~finite, "t_first/t_last/min_interval/max_interval", "are not finite")
+    order = (index.signal_t_first > index.signal_t_last) | (index.signal_min_interval < 0)
+    order |= index.signal_min_interval > index.signal_max_interval
+    fail(order, "t_first/t_last/min_interval/max_interval", "are not ordered (first <= last, 0 <= min <= max)")
+    rate = index.signal_rate
+    fail(~np.isfinite(rate) | (rate < 0), "rate", "is not a number >= 0", rate)
 
 
 def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) -> None:
@@ -547,7 +617,10 @@ def check_index_version(schema: pa.Schema, manifest_version: int | None, where: 
             f"{where}: schema metadata {fmt.VERSION_KEY.decode()} {stated!r:.40} is not a version"
         ) from None
     fmt.check_version(fmt.FORMAT_NAME, version, where)
-    if manifest_version is not None and version != manifest_version:
+    # A version-3 dataset (streams) keeps the shards none of whose episodes has a stream in the
+    # version-2 layout: a shard's index may be older than its manifest, never newer.
+    older = manifest_version == fmt.STREAMS_VERSION and version == fmt.PLAIN_VERSION
+    if manifest_version is not None and version != manifest_version and not older:
         raise FormatError(
             f"{where}: format_version {version} in its schema metadata, "
             f"the manifest's format_version is {manifest_version}"
