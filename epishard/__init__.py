@@ -11,12 +11,12 @@ The names below are the curated API. They are imported on first use (PEP 562), s
 reader name is used.
 
 Writer: ``convert``, ``ConvertOptions``, ``Episode``, ``CameraVideo``, ``TableSlice``, ``Source``,
-``read_lerobot``, ``ReencodeSpec``, ``verify``, ``ConversionError``, ``SourceError``,
+``Stream``, ``read_lerobot``, ``ReencodeSpec``, ``verify``, ``ConversionError``, ``SourceError``,
 ``OutputFolderError``.
 Format (``epishard.format``, the contract writer and reader share): ``Manifest``, ``WindowIndex``,
 ``FormatError``.
 Reader: ``WindowDataset`` and its option groups ``Ranks``, ``Mixing``, ``Stages``, ``ReadOptions``;
-``WindowLoader``, ``WindowSpec``, ``segment``, ``PostProcess``, ``DatasetSource``.
+``WindowLoader``, ``WindowSpec``, ``segment``, ``span``, ``at``, ``PostProcess``, ``DatasetSource``.
 Balancing: ``BalancedWindowDataset``, ``CostModel``, ``balanced_steps``.
 """
 
@@ -52,6 +52,7 @@ _API = {
     "CameraVideo": "epishard.shardwriter",
     "TableSlice": "epishard.shardwriter",
     "Source": "epishard.shardwriter",
+    "Stream": "epishard.shardwriter",
     "read_lerobot": "epishard.shardwriter",
     "ReencodeSpec": "epishard.shardwriter",
     "verify": "epishard.shardwriter",
@@ -69,6 +70,8 @@ _API = {
     "Stages": "epishard.stream",
     "ReadOptions": "epishard.stream",
     "segment": "epishard.stream",
+    "span": "epishard.stream",
+    "at": "epishard.stream",
     "PostProcess": "epishard.stream",
     "DatasetSource": "epishard.stream",
     "BalancedWindowDataset": "epishard.balance.streaming",

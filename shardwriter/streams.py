@@ -17,8 +17,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from epishard.format import manifest as fmt
-from epishard.format.streams import encode_stream, stream_facts
-from epishard.format.validate import STREAM_EXPANSION
+from epishard.format.streams import STREAM_EXPANSION, encode_stream, stream_facts
 
 from .episode import Stream
 from .errors import ConversionError

@@ -2,7 +2,8 @@
 
 Public API: ``WindowDataset`` (a torch ``IterableDataset``) and its option groups ``Ranks``,
 ``Mixing``, ``Stages`` and ``ReadOptions`` (``stream.options``), ``WindowLoader`` (a ``DataLoader`` with
-exact resume), ``WindowSpec`` and ``segment`` (what a window is), ``PostProcess`` (per-frame
+exact resume), ``WindowSpec`` and ``segment`` (what a window is), ``span`` and ``at`` (a window
+of a stream at its own rate, ``stream.multirate``), ``PostProcess`` (per-frame
 post-processing), ``DatasetSource`` (an opened dataset), ``World`` (a consumer's rank and worker),
 ``PerEpisode`` (windows per episode), ``Selection`` (read-time episode selection, ``stream.select``),
 ``Lookahead`` (look-ahead decoding: horizon and byte budgets, ``stream.lookahead``), ``FetchPolicy``
@@ -16,6 +17,7 @@ planning functions in ``stream.plan`` (the epoch plan), ``stream.shuffle`` (the 
 from .dataset import WindowDataset, WindowLoader
 from .fetch import FetchPolicy
 from .lookahead import Lookahead
+from .multirate import at, span
 from .options import Mixing, Ranks, ReadOptions, Stages
 from .planvalues import World
 from .select import Selection
@@ -43,5 +45,7 @@ __all__ = [
     "WindowLoader",
     "WindowSpec",
     "World",
+    "at",
     "segment",
+    "span",
 ]

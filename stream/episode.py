@@ -25,8 +25,10 @@ from epishard.format.decoder import container_frames
 from epishard.format.errors import FormatError
 from epishard.format.index import WindowIndex, read_table_bytes
 from epishard.format.stats import numeric_matrix
+from epishard.format.streams import read_stream
 
 from .decode import DecodeError, decode, decode_depth
+from .multirate import stream_window
 from .packets import Run, decode_runs, run_bytes
 from .spec import WindowSpec
 from .telemetry import Telemetry
@@ -39,6 +41,7 @@ __all__ = [
     "decode_camera",
     "decode_camera_packets",
     "read_columns",
+    "read_signals",
     "window_rows",
     "window_sample",
 ]
@@ -249,6 +252,43 @@ def read_columns(
         raise DecodeError(
             f"episode {index.key(episode)}: its table does not read as the index describes: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+_TIMES, _VALUES = "\x00t:", "\x00v:"  # keys of a stream's arrays among the columns (no column has them)
+
+
+def read_signals(index: WindowIndex, episode: int, blobs: Mapping[int, bytes], spec: WindowSpec) -> dict:
+    """The spec's streams at their own rate of ``episode``, as arrays to keep beside its columns.
+
+    ``blobs``: flat member number -> bytes (the episode's fetched members: its stream members come
+    with its table, ``fetch.episode_ranges``). Per stream the episode has, its timestamps (float64
+    ``[n]``) and values (``[n, *shape]`` in the dtype windows return: ``multirate``), under keys of
+    their own; a stream it lacks is absent (its windows are padding).
+
+    Raises:
+        DecodeError: a member does not read as the index describes (naming episode and stream).
+    """
+    out: dict = {}
+    mine = index.signals(episode)
+    for name, read in spec.streams.items():
+        s = mine.get(name)
+        if s is None:
+            continue
+        where = f"episode {index.key(episode)} stream {name}"
+        try:
+            data = read_stream(
+                blobs[int(index.signal_member[s])],
+                index.signal_dtype[s].as_py(),
+                index.signal_shape(s),
+                int(index.signal_count[s]),
+                where,
+            )
+        except FormatError as exc:
+            raise DecodeError(str(exc)) from exc
+        out[_TIMES + name] = data.timestamps
+        dtype = read.resolved[2] if read.resolved is not None else data.values.dtype
+        out[_VALUES + name] = data.values.astype(dtype, copy=False)
+    return out
 
 
 def columns_nbytes(columns: dict[str, np.ndarray]) -> int:
@@ -497,6 +537,22 @@ def window_sample(
     for name in spec.extra_columns:
         value = columns[name][anchor]
         sample[name] = value if isinstance(value, str) else torch.from_numpy(value)
+    if spec.streams:
+        times = columns["timestamp"]
+        t_lo = float(times[lo]) if lo > 0 else -np.inf  # a window's samples stay in its recording segment
+        t_hi = float(times[hi]) if hi < times.size else np.inf
+        for name, read in spec.streams.items():
+            values, stamps, pad = stream_window(
+                columns.get(_TIMES + name),
+                columns.get(_VALUES + name),
+                float(times[anchor]),
+                read,
+                (t_lo, t_hi),
+                f"episode {info.key} stream {name}",
+            )
+            sample[name] = torch.from_numpy(values)
+            sample[f"{name}_timestamp"] = torch.from_numpy(stamps)
+            sample[f"{name}_is_pad"] = torch.from_numpy(pad)
     sample["task"] = info.task
     sample["episode_index"] = info.episode_index
     sample["frame_index"] = int(columns["frame_index"][anchor])

@@ -31,6 +31,7 @@ from epishard.format.manifest import Manifest
 from epishard.format.validate import declared_width
 
 from .episode import Normalizer
+from .multirate import resolve_streams
 from .source import DatasetSource
 from .spec import WindowSpec
 from .transform import PostProcess
@@ -503,7 +504,7 @@ def mix_layout(
     maps = camera_map if isinstance(camera_map, list) else [camera_map] * len(sources)
     if len(maps) != len(sources):
         raise ValueError(f"camera_map has {len(maps)} entries for {len(sources)} datasets")
-    specs = resolve_specs(sources, spec)
+    specs = resolve_streams([s.index for s in sources], resolve_specs(sources, spec), [s.shown for s in sources])
     check_columns(sources, spec, normalized)
     offsets, names, lacking = _cameras(sources, specs, [m or {} for m in maps])
     depth, shapes, several = _kinds_and_shapes(sources, names, post)

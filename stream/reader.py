@@ -31,6 +31,7 @@ from .episode import (
     decode_camera,
     decode_camera_packets,
     read_columns,
+    read_signals,
     window_rows,
     window_sample,
 )
@@ -112,6 +113,42 @@ class EpochReader:
         # Per dataset, the global number of its first camera stream (streams of a mix are numbered on).
         self._stream_base: list[int] = np.cumsum([0, *[s.index.cam_depth.size for s in ctx.sources]]).tolist()
         self._picture_bytes: dict[int, int] = {}  # global stream -> a kept picture's bytes (0: kept as RGB)
+        self._signals: dict[int, tuple] = {}  # dataset -> its windows' streams at their own rate (``_signal_parts``)
+
+    def _signal_parts(self, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Dataset ``d``'s streams at their own rate that its windows read (the spec's ``streams``).
+
+        ``(wanted bool [signal entries], decoded bytes int64 [episodes], member bytes int64 [episodes])``:
+        the entries the spec names, and per episode what their arrays hold once read and what their
+        members weigh (for the look-ahead's budgets).
+        """
+        if d not in self._signals:
+            ix, spec = self.ctx.sources[d].index, self.ctx.layout.specs[d]
+            n = ix.num_episodes
+            wanted = np.isin(ix.signal_names.to_numpy(zero_copy_only=False), list(spec.streams))
+            if not wanted.any():
+                zeros = np.zeros(n, dtype=np.int64)
+                self._signals[d] = (wanted, zeros, zeros)
+            else:
+                owner = np.repeat(np.arange(n), np.diff(ix.episode_signals))
+                shapes = [ix.signal_shape(int(i)) for i in np.flatnonzero(wanted)]
+                width = np.array([int(np.prod(shape, dtype=np.int64)) for shape in shapes], dtype=np.int64)
+                decoded = np.zeros(wanted.size, dtype=np.int64)
+                decoded[wanted] = ix.signal_count[wanted] * (8 + 8 * width)
+                member = np.where(wanted, ix.member_size[np.clip(ix.signal_member, 0, ix.member_size.size - 1)], 0)
+                self._signals[d] = (
+                    wanted,
+                    np.bincount(owner, weights=decoded, minlength=n).astype(np.int64),
+                    np.bincount(owner, weights=member, minlength=n).astype(np.int64),
+                )
+        return self._signals[d]
+
+    def _signal_entries(self, d: int, local: int) -> list[int]:
+        """Flat entries of the streams at their own rate episode ``local`` of dataset ``d`` is read with."""
+        wanted = self._signal_parts(d)[0]
+        ix = self.ctx.sources[d].index
+        a, b = int(ix.episode_signals[local]), int(ix.episode_signals[local + 1])
+        return (np.flatnonzero(wanted[a:b]) + a).tolist()
 
     def samples(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):
         """Follow the look-ahead schedule of the plan's windows after the first ``skip`` (``stream.lookahead``).
@@ -296,11 +333,13 @@ class EpochReader:
             stacked = np.sort(np.stack(members, axis=1), axis=1)
             first = np.ones(stacked.shape, dtype=bool)
             first[:, 1:] = stacked[:, 1:] != stacked[:, :-1]
+            _, signal_decoded, signal_members = self._signal_parts(d)
             encoded_bytes[unique + base] = np.sum(np.where(first, ix.member_size[stacked], 0), axis=1)
+            encoded_bytes[unique + base] += signal_members[unique]
             # An episode read by its packets (``stream.packets``) fetches, for each load, the groups of
             # pictures that load decodes: its bytes are never kept for another load.
             encoded_bytes[unique[packed] + base] = _NEVER_KEPT
-            columns_bytes[unique + base] = ix.num_rows[unique] * self._row_bytes(d)
+            columns_bytes[unique + base] = ix.num_rows[unique] * self._row_bytes(d) + signal_decoded[unique]
         return Demand(episodes, keys, stream_episode, frame_bytes, columns_bytes, encoded_bytes)
 
     def _pictures(self, d: int, streams: np.ndarray) -> np.ndarray:
@@ -376,7 +415,7 @@ class EpochReader:
             streams = _streams(ix, local, self.ctx.cam_offsets[d])
             runs: dict[int, tuple] | None = None
             if self.ctx.fetch.packets and bool(np.all(readable(ix, streams))):
-                ranges = episode_ranges(ix, local, [], columns)
+                ranges = episode_ranges(ix, local, [], columns, self._signal_entries(d, local))
                 runs, extra = {}, []
                 base = self._stream_base[d]
                 for call in decodes:
@@ -390,7 +429,7 @@ class EpochReader:
                 slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, runs))
                 lists[d].append((ranges.shard, ranges.ranges + extra))
                 continue
-            ranges = episode_ranges(ix, local, streams)
+            ranges = episode_ranges(ix, local, streams, signals=self._signal_entries(d, local))
             slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, None))
             lists[d].append((ranges.shard, ranges.ranges))
         for fetcher, more in zip(fetchers, lists, strict=True):
@@ -414,7 +453,10 @@ class EpochReader:
             telemetry.add(episodes_loaded=1)
         if load.columns:
             normalizers = self.ctx.normalizers[d][ix.source(local)]
-            columns = read_columns(ix, local, blobs[int(ix.data_member(local))], self.ctx.layout.specs[d], normalizers)
+            spec = self.ctx.layout.specs[d]
+            columns = read_columns(ix, local, blobs[int(ix.data_member(local))], spec, normalizers)
+            if spec.streams:
+                columns.update(read_signals(ix, local, blobs, spec))
             store.put_columns(e, columns, EpisodeInfo.of(ix, local, self.ctx.cam_offsets[d]), columns_nbytes(columns))
         if runs is not None:
             self._load_packets(load, ix, local, runs, pieces, store, telemetry)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .multirate import At, Span, at
+
 __all__ = ["RESERVED_KEYS", "PerEpisode", "WindowSpec", "offsets_from_seconds", "segment"]
 
 
@@ -153,6 +155,10 @@ class WindowSpec:
             (``at_fps``). None: offsets are rows, at any rate.
         delta_timestamps: key -> offsets in seconds, as given to ``from_delta_timestamps`` (which
             sets it; None for a spec in rows). ``tolerance_s``: the tolerance they are held to.
+        streams: stream name -> ``span(start, stop)`` (every sample in that many seconds around
+            the anchor's time, at its native rate) or ``at(times, interp)`` (values at chosen
+            times): streams at their own rate (format version 3; ``stream.multirate``). Each
+            returns ``<name>``, ``<name>_timestamp`` and ``<name>_is_pad``.
         missing_cameras: what a mix does with a camera of ``cameras`` that a dataset lacks:
             ``"pad"`` returns zeros of the camera's shape and dtype with ``<camera>_is_pad`` all
             true; ``"refuse"`` refuses such a dataset when the ``WindowDataset`` is made. A camera
@@ -178,6 +184,7 @@ class WindowSpec:
     fps: float | None = None
     delta_timestamps: dict[str, tuple[float, ...]] | None = None
     tolerance_s: float = 1e-4
+    streams: dict[str, Span | At] = field(default_factory=dict)
 
     def __post_init__(self):
         PerEpisode(self.per_episode_count, self.per_episode_fraction)  # raises ValueError when invalid
@@ -220,6 +227,17 @@ class WindowSpec:
                 "column_offsets) under the same key: the anchor row would replace the window. Take the anchor's "
                 "value from the window (offset 0), or leave it out of extra_columns"
             )
+        bad = [name for name, read in self.streams.items() if not isinstance(read, (Span, At))]
+        if bad:
+            raise TypeError(f"streams[{bad[0]!r}] must be span(...) or at(...), not {self.streams[bad[0]]!r}")
+        stream_keys = {f"{n}{suffix}" for n in self.streams for suffix in ("", "_timestamp", "_is_pad")}
+        others = {*windows, *self.extra_columns, *(self.cameras or {}), *RESERVED_KEYS}
+        others |= {f"{k}_is_pad" for k in (*windows, *(self.cameras or {}))}
+        clash = sorted(stream_keys & others)
+        if clash:
+            raise ValueError(
+                f"streams name {clash}: keys a camera, state, action or column of the spec (or every sample) returns"
+            )
         returned = [*self.extra_columns, *self.column_offsets]
         cameras = sorted(set(self.cameras or {}) & set(returned))
         if cameras:
@@ -251,6 +269,7 @@ class WindowSpec:
         *,
         tolerance_s: float = 1e-4,
         camera_keys: tuple[str, ...] | None = None,
+        stream_keys: tuple[str, ...] = (),
         **kw,
     ) -> WindowSpec:
         """Build a spec from LeRobot ``delta_timestamps``.
@@ -260,7 +279,9 @@ class WindowSpec:
 
         Keys: the state key (``observation.state``) and the action key (``action``); cameras: keys
         in ``camera_keys``, or, when it is None, keys starting with ``observation.images.``
-        (LeRobot's camera keys); every other key is a numeric table column (``column_offsets``).
+        (LeRobot's camera keys); keys in ``stream_keys``: streams at their own rate, read at those
+        times by ``at(deltas, "nearest")`` (no grid to hold them to); every other key is a numeric
+        table column (``column_offsets``).
         Offsets outside the episode are clamped and flagged in ``<key>_is_pad`` (``boundary="pad"``,
         LeRobot's semantics), or keep the anchor away from the edges (``"inside"``).
 
@@ -277,7 +298,11 @@ class WindowSpec:
         columns: dict[str, tuple[int, ...]] = {}
         state: tuple[int, ...] = (0,)
         actions: tuple[int, ...] = ()
+        streams = dict(kw.pop("streams", {}))
         for key, deltas in delta_timestamps.items():
+            if key in stream_keys:
+                streams[key] = at(list(deltas), "nearest")
+                continue
             offsets = offsets_from_seconds(list(deltas), fps, tolerance_s, key)
             if key == action_key:
                 actions = offsets
@@ -287,8 +312,11 @@ class WindowSpec:
                 cams[key] = offsets
             else:
                 columns[key] = offsets
-        seconds = {key: tuple(float(d) for d in deltas) for key, deltas in delta_timestamps.items()}
+        seconds = {
+            key: tuple(float(d) for d in deltas) for key, deltas in delta_timestamps.items() if key not in streams
+        }
         return cls(
+            streams=streams,
             cameras=cams or None,
             state_offsets=state,
             action_offsets=actions,

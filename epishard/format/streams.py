@@ -29,7 +29,13 @@ import pyarrow as pa
 from .errors import FormatError
 from .manifest import STREAM_DTYPES
 
-__all__ = ["StreamData", "encode_stream", "read_stream", "stream_facts"]
+__all__ = ["STREAM_EXPANSION", "StreamData", "encode_stream", "read_stream", "stream_facts"]
+
+# A stream member holds at most this many bytes of samples (8 per timestamp plus the values) per
+# byte of member: zstd gains 1-4x on sensor data, and the writer stores a member uncompressed where
+# it would gain more than half this (a constant signal), so no sample count an index claims sizes
+# an allocation beyond the bytes behind it (``validate.check_index``, ``read_stream``).
+STREAM_EXPANSION = 32
 
 
 class StreamData(NamedTuple):
@@ -95,6 +101,9 @@ def read_stream(data: bytes, dtype: str, shape: tuple[int, ...], count: int, whe
     if dtype not in STREAM_DTYPES:
         raise FormatError(f"{where}: stream dtype {dtype!r} is not one of {', '.join(STREAM_DTYPES)}")
     width = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    claimed = count * (8 + width * np.dtype(dtype).itemsize)
+    if count < 0 or claimed > STREAM_EXPANSION * len(data) + 4096:
+        raise FormatError(f"{where}: {count} samples claimed of {len(data)} bytes (more than STREAM_EXPANSION allows)")
     try:
         table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
     except (pa.ArrowException, OSError) as exc:

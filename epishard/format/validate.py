@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 from . import manifest as fmt
 from .errors import FormatError
 from .manifest import FINITE_STATS_PREFIXES, check_manifest, declared_width, plain_name
+from .streams import STREAM_EXPANSION
 from .untrusted import printable
 
 __all__ = [
@@ -60,10 +61,7 @@ _BLOCK = 1 << 18  # bytes scanned per step by _holds: its temporaries stay in th
 # Absent from indexes written before recording segments were kept, and (streams) from indexes of
 # format version 2 (no episode of the shard had a stream at its own rate).
 _OPTIONAL_COLUMNS = {"segment_starts", "streams"}
-# A stream member stores at most this many bytes of samples per byte of member (zstd's gain on
-# sensor data is 1-4x; the writer stores a member uncompressed where it would gain more), so no
-# sample count an index claims sizes an allocation beyond the bytes behind it.
-STREAM_EXPANSION = 32
+
 # Camera fields of format version 1; fields added since (kind, stream_index, rotation, ...) are
 # absent from older indexes and the index loader takes their defaults.
 _CAMERA_FIELDS_V1 = {
