@@ -21,6 +21,11 @@ every frame is an anchor, as in LeRobot):
                                       ``[T, D]`` when in ``delta_timestamps``; integer columns int64,
                                       bool columns bool
 ``<key>_is_pad``                      bool ``[T]``, only for keys in ``delta_timestamps``
+``<stream>`` (format version 3)       a stream at its own rate: its sample nearest the item's time,
+                                      ``[*shape]`` (float32, integers int64), or nearest each
+                                      ``delta_timestamps`` time, ``[T, *shape]`` with
+                                      ``<stream>_is_pad`` (``stream.multirate.at``); no grid to
+                                      hold the times to
 ``index``, ``task_index``             int64 0-d (``index``: the source's global frame index)
 ``episode_index``, ``frame_index``    int64 0-d (``frame_index`` only where the dataset has the
                                       column, as in LeRobot)
@@ -52,6 +57,7 @@ from epishard.format.untrusted import loads
 from .dataset import WindowDataset
 from .fetch import FetchPolicy
 from .lookahead import materialized
+from .multirate import at
 from .options import ReadOptions
 from .select import Selection
 from .source import DatasetSource
@@ -435,6 +441,14 @@ def _features(source: DatasetSource, post: PostProcess, cameras: list[str] | Non
             continue
         shape = [int(n) if n is not None else -1 for n in entry.shape] or [1]
         out[name] = {"dtype": _lerobot_dtype(entry.dtype), "shape": shape, "names": entry.names}
+    for name, stream in (manifest.streams or {}).items():
+        # A stream at its own rate (format version 3): read at the item's time (``at``, nearest sample).
+        out[name] = {
+            "dtype": "float32" if np.issubdtype(np.dtype(stream.dtype), np.floating) else "int64",
+            "shape": list(stream.shape) or [1],
+            "names": None,
+            "info": {"stream.rate": stream.rate, "stream.nominal_rate": stream.nominal_rate},
+        }
     return out
 
 
@@ -551,6 +565,9 @@ class EpishardLeRobotDataset(WindowDataset):
         features = _features(first, post, cameras)
         fps = float(first.manifest.fps if first.manifest.fps is not None else first.index.fps[0])
         delta = {k: list(v) for k, v in (delta_timestamps or {}).items()}
+        # Streams at their own rate: at the item's time, or at its delta_timestamps (the nearest sample).
+        own_rate = set(first.manifest.streams or {})
+        streams = {k: at(delta.get(k, [0.0]), "nearest") for k in sorted(own_rate)}
         unknown = sorted(set(delta) - set(features))
         left_out = [k for k in unknown if cameras is not None and k in first.manifest.cameras]
         if left_out:
@@ -559,11 +576,11 @@ class EpishardLeRobotDataset(WindowDataset):
             raise KeyError(
                 f"delta_timestamps names {unknown}, which {first.shown} has no feature for: {sorted(features)}"
             )
-        rows = {k: offsets_from_seconds(v, fps, tolerance_s, k) for k, v in delta.items()}
+        rows = {k: offsets_from_seconds(v, fps, tolerance_s, k) for k, v in delta.items() if k not in own_rate}
         cameras = [k for k, f in features.items() if f["dtype"] == "video"]
         state = "observation.state" if "observation.state" in features else None
         action = "action" if "action" in features else None
-        taken = {*cameras, state, action, *rows}
+        taken = {*cameras, state, action, *rows, *own_rate}
         extra = tuple(
             k
             for k in features
@@ -582,6 +599,7 @@ class EpishardLeRobotDataset(WindowDataset):
             per_episode_count=per_episode_count,
             per_episode_fraction=per_episode_fraction,
             fps=fps,
+            streams=streams,
         )
         if episodes is not None:
             kw["select"] = _episode_selection(first, len(opened), list(episodes), kw.get("select"))
@@ -602,6 +620,7 @@ class EpishardLeRobotDataset(WindowDataset):
         )
         self._features = features
         self._scalars = frozenset(k for k, f in (first.manifest.features or {}).items() if tuple(f.shape) == ())
+        self._streams = frozenset(streams)
         self._has_index = "index" in features
         self._index_base = None if self._has_index else self._frame_bases()
 
@@ -676,6 +695,10 @@ class EpishardLeRobotDataset(WindowDataset):
                 item[key] = torch.tensor(int(value), dtype=torch.int64)
             elif key == "frame_index":
                 continue  # the dataset has no frame_index column, and LeRobot's item then has none
+            elif key in self._streams:  # at the item's time ([*shape]) or at its delta_timestamps ([T, *shape])
+                item[key] = value if key in delta else value[0]
+            elif key.endswith("_timestamp") and key[: -len("_timestamp")] in self._streams:
+                continue  # LeRobot's items hold a feature and its _is_pad only
             elif key == "timestamp":
                 item[key] = torch.tensor(value, dtype=torch.float32)
             elif key == "dataset":

@@ -346,3 +346,26 @@ def test_an_index_claiming_more_samples_than_its_member_holds_is_refused(dataset
     Path(copy, "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(FormatError, match=r"stream events: count 1000000000000 claims more samples than its member"):
         WindowDataset(copy, _spec())
+
+
+def test_the_lerobot_dropin_returns_streams_at_the_items_times(dataset):
+    from epishard.stream.lerobot_dataset import EpishardLeRobotDataset
+
+    root, source, _ = dataset
+    deltas = [-0.0104, 0.0, 0.02]
+    ds = EpishardLeRobotDataset(root, delta_timestamps={"obs.wrench": deltas})
+    assert ds.meta.features["obs.wrench"]["shape"] == [6] and ds.meta.features["obs.s30"]["dtype"] == "int64"
+    items = list(ds)
+    assert len(items) == sum(LENGTHS)
+    for item in items:
+        e = int(item["episode_index"])
+        q = float(item["timestamp"]) + np.asarray(deltas)
+        wrench = source[e]["obs.wrench"]
+        nearest = [int(np.argmin(np.abs(wrench.timestamps - x))) for x in q]
+        np.testing.assert_array_equal(item["obs.wrench"].numpy(), wrench.values[nearest].astype(np.float32))
+        edge = (q < wrench.timestamps[0] - TOLERANCE_S) | (q > wrench.timestamps[-1] + TOLERANCE_S)
+        assert item["obs.wrench_is_pad"].tolist() == edge.tolist()
+        s30 = source[e]["obs.s30"]  # not in delta_timestamps: the sample nearest the item's time, 0-d
+        t = float(item["timestamp"])
+        assert item["obs.s30"].shape == () and int(item["obs.s30"]) == s30.values[np.argmin(np.abs(s30.timestamps - t))]
+        assert "obs.s30_is_pad" not in item and "obs.wrench_timestamp" not in item
