@@ -57,7 +57,7 @@ from epishard.format.untrusted import loads
 from .dataset import WindowDataset
 from .fetch import FetchPolicy
 from .lookahead import materialized
-from .multirate import at
+from .multirate import At, Span, at
 from .options import ReadOptions
 from .select import Selection
 from .source import DatasetSource
@@ -567,7 +567,7 @@ class EpishardLeRobotDataset(WindowDataset):
         delta = {k: list(v) for k, v in (delta_timestamps or {}).items()}
         # Streams at their own rate: at the item's time, or at its delta_timestamps (the nearest sample).
         own_rate = set(first.manifest.streams or {})
-        streams = {k: at(delta.get(k, [0.0]), "nearest") for k in sorted(own_rate)}
+        streams: dict[str, Span | At] = {k: at(delta.get(k, [0.0]), "nearest") for k in sorted(own_rate)}
         unknown = sorted(set(delta) - set(features))
         left_out = [k for k in unknown if cameras is not None and k in first.manifest.cameras]
         if left_out:
