@@ -233,3 +233,13 @@ def test_rlds_bad_inputs(tmp_path):
     with pytest.raises(ConversionError, match="CRC does not match") as err:
         convert([str(tmp_path / "cut")], str(tmp_path / "o7"), ConvertOptions(progress=False, episodes=frozenset({0})))
     assert err.value.episode == 0
+
+
+def test_rlds_refuses_streams_in_its_mapping(tmp_path):
+    from epishard.shardwriter import SourceError
+    from epishard.shardwriter.sources import Mapping, SourceOptions
+
+    write_rlds(tmp_path / "ds", [[episode_datum(0, 4)]])
+    options = ConvertOptions(progress=False, sources=SourceOptions(mapping=Mapping(streams={"obs.x": "action"})))
+    with pytest.raises(SourceError, match=r"ds: the mapping's streams: RLDS steps share one clock"):
+        convert([str(tmp_path / "ds")], str(tmp_path / "out"), options)

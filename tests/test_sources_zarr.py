@@ -144,3 +144,10 @@ def test_a_replay_buffer_behind_an_fsspec_url(tmp_path):
         assert [decode_frame_number(f) for f in back[("m", 1)]["frames"]["observation.images.camera0"]] == [3, 4, 5, 6]
     finally:
         fs.rm("/zarr-url-test", recursive=True)
+
+
+def test_a_replay_buffer_refuses_streams_in_its_mapping(tmp_path):
+    write_umi(tmp_path / "a.zarr", [4, 4])
+    options = SourceOptions(mapping=Mapping(streams={"observation.pose": "robot0_eef_pos"}))
+    with pytest.raises(SourceError, match=r"a.zarr: the mapping's streams: a replay buffer's arrays share one clock"):
+        convert([str(tmp_path / "a.zarr")], str(tmp_path / "out"), _opts(sources=options))

@@ -87,7 +87,10 @@ class Mapping:
     dropped key is listed in the source's notes). ``task``: the task text (overrides what the
     source records). ``fps``: rows per second (overrides the source's or the format's default).
     ``tolerance``: seconds (MCAP resampling: a topic's message farther than this from a row's time
-    leaves the row without it, which is an error naming the row).
+    leaves the row without it, which is an error naming the row). ``streams``: output stream name ->
+    key, kept at its own rate with its own timestamps (``episode.Stream``), never resampled: an MCAP
+    topic (``"all"``: every numeric topic that is not a camera), or for HDF5 ``{"values": key,
+    "timestamps": key, "rate": Hz}`` (``rate`` optional); see each format's page.
     """
 
     state: tuple[str, ...] | None = None
@@ -99,6 +102,7 @@ class Mapping:
     task: str | None = None
     fps: float | None = None
     tolerance: float | None = None
+    streams: str | dict[str, str | dict] | None = None
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "mapping") -> Mapping:
@@ -124,6 +128,8 @@ class Mapping:
                 if not isinstance(value, bool):
                     raise SourceError(f"{where}: others must be true or false, got {value!r}")
                 out[name] = value
+            elif name == "streams":
+                out[name] = _streams_field(value, where)
             elif name == "task":
                 if not isinstance(value, str):
                     raise SourceError(f"{where}: task must be a text, got {value!r}")
@@ -168,6 +174,43 @@ class Mapping:
     def describe(self) -> dict:
         """JSON-ready fields (part of the plan digest and the source's notes)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+_STREAM_KEYS = ("values", "timestamps", "rate")
+
+
+def _streams_field(value, where: str) -> str | dict[str, str | dict]:
+    """A mapping's ``streams``: ``"all"``, or name -> key, or name -> ``{"values", "timestamps"[, "rate"]}``.
+
+    Raises:
+        SourceError: any other shape, naming ``where`` and the stream.
+    """
+    if value == "all":
+        return value
+    if not isinstance(value, dict):
+        raise SourceError(f'{where}: streams must be "all" or map stream names to keys, got {value!r}')
+    out: dict[str, str | dict] = {}
+    for name, spec in value.items():
+        if not isinstance(name, str) or not name:
+            raise SourceError(f"{where}: streams: {name!r} is not a stream name")
+        if isinstance(spec, str):
+            out[name] = spec
+            continue
+        if not isinstance(spec, dict) or set(spec) - set(_STREAM_KEYS) or not {"values", "timestamps"} <= set(spec):
+            raise SourceError(
+                f"{where}: streams: {name!r} must be a key, or a table of values, timestamps (keys) and an optional "
+                f"rate, got {spec!r}"
+            )
+        if not isinstance(spec["values"], str) or not isinstance(spec["timestamps"], str):
+            raise SourceError(f"{where}: streams: {name!r}: values and timestamps must be keys, got {spec!r}")
+        rate = spec.get("rate")
+        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+        if rate is not None and not (number and 0 < rate < math.inf):
+            raise SourceError(f"{where}: streams: {name!r}: rate must be a positive number of Hz, got {rate!r}")
+        out[name] = {"values": spec["values"], "timestamps": spec["timestamps"]} | (
+            {"rate": float(rate)} if rate is not None else {}
+        )
+    return out
 
 
 @dataclass(frozen=True)

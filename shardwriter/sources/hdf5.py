@@ -29,6 +29,12 @@ attribute (robomimic's ``SequenceDataset`` reads that many rows) must equal its 
 
 Values are read as the file holds them: any dtype of numbers kept, big-endian ones in this
 machine's byte order (the same values); an episode without rows is refused (``empty_episode``).
+
+Streams at their own rate (the mapping's ``streams``: name -> ``{"values": key, "timestamps": key,
+"rate": Hz}``): a values array ``[n, ...]`` and a float timestamps array ``[n]`` (seconds on the
+row clock: row ``r`` is at ``r / fps``, the table's ``timestamp``), checked as a column's arrays
+are (``_check_array``, counted in the episode's bytes read whole), stored as they are
+(``_read_stream``); timestamps that decrease are refused, not sorted.
 Checked against re-implementations of ACT's and robomimic's readers: tests/test_oracle_hdf5.py.
 
 Internal: import from ``epishard.shardwriter.sources``.
@@ -48,7 +54,7 @@ import numpy as np
 
 from epishard.format.storage import RemoteFile
 
-from ..episode import CameraFrames, Episode, FileInput, FrameReader, LazyTable, LoadedTable, Source
+from ..episode import CameraFrames, Episode, FileInput, FrameReader, LazyTable, LoadedTable, Source, Stream
 from ..errors import ConversionError, SourceError
 from . import bounds
 from .base import (
@@ -91,6 +97,7 @@ class _Layout:
     cameras: tuple[tuple[str, str], ...] = ()  # (key, "camera" | "encoded"): checked before anything is read
     allow_external: bool = False  # SourceOptions.allow_external
     aloha: bool = False  # the file is the episode: its own compress and language_instruction attributes apply
+    streams: tuple[tuple[str, str, str, float | None], ...] = ()  # (name, values key, timestamps key, rate)
 
     def where(self) -> str:
         return _where(self.file, self.group)
@@ -460,6 +467,59 @@ def _num_samples(fh: _File, group: str, where: str, rows: int, keys: str) -> lis
     return []
 
 
+def _read_stream(values_ds, times_ds, name: str, values: str, times: str, rate: float | None, where: str) -> Stream:
+    """Stream ``name``: the checked arrays ``values`` ``[n, ...]`` and ``times`` (float seconds ``[n]``), read whole.
+
+    Timestamps are seconds on the row clock (row ``r`` at ``r / fps``), as the file holds them:
+    finite, non-decreasing (equal times kept), within ``bounds.MAX_SPAN_S`` of the first row. A
+    decrease is refused, not sorted: an array is one recorder's samples in the order taken, so a
+    time going back is a clock that jumped or a damaged file, which sorting would hide.
+
+    Raises:
+        ConversionError: ``bad_feature`` (timestamps not one float per value, not finite; a time
+            before the one before it), ``too_large`` (a time beyond ``bounds.MAX_SPAN_S``: not
+            seconds from the first row), ``length_mismatch``; each naming the stream and both keys.
+    """
+    what = f"stream {name!r} ({values} at {times})"
+    if times_ds.dtype.kind != "f" or len(times_ds.shape) != 1:
+        raise ConversionError(
+            f"{what}: the timestamps are {times_ds.dtype} {list(times_ds.shape)}; a stream's timestamps are float "
+            "seconds [n] on the row clock (row r at r / fps)",
+            kind="bad_feature",
+            path=where,
+        )
+    if times_ds.shape[0] != values_ds.shape[0]:
+        raise ConversionError(
+            f"{what}: {times_ds.shape[0]} timestamps for {values_ds.shape[0]} values",
+            kind="length_mismatch",
+            path=where,
+        )
+    stamps = _read(times_ds, where, times).astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(stamps))
+    if bad.size:
+        i = int(bad[0])
+        raise ConversionError(f"{what}: sample {i}'s timestamp is {stamps[i]}", kind="bad_feature", path=where)
+    far = np.flatnonzero(np.abs(stamps) > bounds.MAX_SPAN_S)
+    if far.size:
+        i = int(far[0])
+        raise ConversionError(
+            f"{what}: sample {i}'s timestamp is {stamps[i]:.9g} s, more than {bounds.MAX_SPAN_S:g} s from the first "
+            "row (bounds.MAX_SPAN_S): timestamps are seconds on the row clock (row r at r / fps), not a date",
+            kind="too_large",
+            path=where,
+        )
+    back = np.flatnonzero(np.diff(stamps) < 0)
+    if back.size:
+        i = int(back[0]) + 1
+        raise ConversionError(
+            f"{what}: sample {i}'s timestamp {stamps[i]:.9g} s is before sample {i - 1}'s ({stamps[i - 1]:.9g} s): "
+            "a stream's timestamps must not decrease (refused, not sorted: a clock that jumped or a damaged file?)",
+            kind="bad_feature",
+            path=where,
+        )
+    return Stream(stamps, _read(values_ds, where, values), rate)
+
+
 @dataclass(frozen=True)
 class _HDF5Table(LazyTable):
     """An episode's rows from HDF5 arrays (see the module): state, action and kept columns."""
@@ -478,7 +538,8 @@ class _HDF5Table(LazyTable):
         where = lay.where()
         with bounds.reading(where), _File(lay.file, lay.allow_external) as fh:
             datasets, total = {}, 0
-            for key in dict.fromkeys([*lay.state, *lay.action, *(k for _, k in lay.columns)]):
+            stream_keys = [k for _, values, times, _ in lay.streams for k in (values, times)]
+            for key in dict.fromkeys([*lay.state, *lay.action, *(k for _, k in lay.columns), *stream_keys]):
                 datasets[key] = ds = _check_array(fh, lay.group, key, "column", where)
                 total += ds.dtype.itemsize * math.prod(ds.shape)
                 if total > bounds.MAX_ARRAY_BYTES:
@@ -511,7 +572,11 @@ class _HDF5Table(LazyTable):
             tasks: tuple[str, ...] = ()
             if lay.aloha and "language_instruction" in fh.h5.attrs:
                 tasks = (_text_attribute(fh.h5, "language_instruction", where),)
-        return LoadedTable(table, notes, tasks)
+            streams = {
+                name: _read_stream(datasets[values], datasets[times], name, values, times, rate, where)
+                for name, values, times, rate in lay.streams
+            }
+        return LoadedTable(table, notes, tasks, streams)
 
     @property
     def path(self) -> str:
@@ -519,9 +584,10 @@ class _HDF5Table(LazyTable):
         return str(self.layout.file)
 
     def fingerprint(self) -> list:
-        """File, size, group and keys."""
+        """File, size, group and keys (the streams' when there are any)."""
         lay = self.layout
-        return [str(lay.file), size_of(lay.file), lay.group, lay.state, lay.action, lay.columns, lay.fps]
+        out = [str(lay.file), size_of(lay.file), lay.group, lay.state, lay.action, lay.columns, lay.fps]
+        return [*out, lay.streams] if lay.streams else out
 
     def estimated_bytes(self) -> int:
         """A guess: 1 kB per episode plus what ``build_table`` adds (the rows are small next to frames)."""
@@ -760,6 +826,32 @@ def _robomimic_default(arrays: dict, libero: bool) -> Mapping:
     )
 
 
+def _stream_specs(mapping: Mapping, where: str) -> tuple[tuple[str, str, str, float | None], ...]:
+    """(name, values key, timestamps key, rate) of the mapping's ``streams``, sorted by name.
+
+    Raises:
+        SourceError: ``"all"``, or a stream given as a key alone (an HDF5 stream names its
+            timestamps), naming the stream.
+    """
+    given = mapping.streams
+    if given is None:
+        return ()
+    if not isinstance(given, dict):
+        raise SourceError(
+            f"{where}: mapping: streams {given!r}: an HDF5 stream names its arrays: "
+            '{"<name>": {"values": key, "timestamps": key, "rate": Hz}}'
+        )
+    out = []
+    for name, spec in sorted(given.items()):
+        if not isinstance(spec, dict):
+            raise SourceError(
+                f"{where}: mapping: stream {name!r} is {spec!r}; an HDF5 stream is "
+                '{"values": key, "timestamps": key, "rate": Hz} (rate optional): its own timestamps'
+            )
+        out.append((name, spec["values"], spec["timestamps"], spec.get("rate")))
+    return tuple(out)
+
+
 def _plan(
     arrays: dict, mapping: Mapping, where: str, never: tuple[str, ...] = ()
 ) -> tuple[tuple[tuple[str, str], ...], list[str]]:
@@ -770,6 +862,7 @@ def _plan(
     """
     used = set(mapping.state or ()) | set(mapping.action or ()) | set((mapping.cameras or {}).values())
     used |= set((mapping.columns or {}).values())
+    used |= {k for spec in _stream_specs(mapping, where) for k in spec[1:3]}
     columns = list((mapping.columns or {}).items())
     notes = []
     lengths = {k: s[0] for k, (s, _) in arrays.items() if s}
@@ -863,7 +956,9 @@ def open_hdf5(
             where = _where(files[0], group)
             default = _aloha_default(arrays, compressed) if kind == "aloha" else _robomimic_default(arrays, libero)
             mapping = options.resolved(default)
-            mapped = [*(mapping.state or ()), *(mapping.action or ()), *(mapping.cameras or {}).values()]
+            streams = _stream_specs(mapping, where)
+            stream_keys = [k for _, values, times, _ in streams for k in (values, times)]
+            mapped = [*(mapping.state or ()), *(mapping.action or ()), *(mapping.cameras or {}).values(), *stream_keys]
             for key in [*mapped, *(mapping.columns or {}).values()]:
                 if key not in arrays:  # absent, or reached through a soft link
                     try:
@@ -878,7 +973,13 @@ def open_hdf5(
             columns, dropped = _plan(arrays, mapping, where, ("compress_len",) if kind == "aloha" else ())
             cams = kept_cameras(mapping.cameras, cameras, str(where))
             role = "encoded" if compressed else "camera"
-            table_keys = [*(mapping.state or ()), *(mapping.action or ()), *(k for _, k in columns)]
+            table_keys = [*(mapping.state or ()), *(mapping.action or ()), *(k for _, k in columns), *stream_keys]
+            taken = {"frame_index", "timestamp", "observation.state", "action", *(c for c, _ in columns), *cams}
+            for stream, *_ in streams:
+                if stream in taken:
+                    raise SourceError(
+                        f"{where}: mapping: stream {stream!r} has the name of a column or camera; choose another"
+                    )
             for key in dict.fromkeys(table_keys):
                 _check_array(fh, group, key, "column", where, bounded=False)
             for key in cams.values():
@@ -900,6 +1001,7 @@ def open_hdf5(
         f"{' + '.join(mapping.action or ()) or 'none'}, cameras = "
         + (", ".join(f"{c} <- {k}" for c, k in cams.items()) or "none")
         + (" (JPEG bytes, decoded)" if compressed else "")
+        + "".join(f", stream {n} <- {v} at {t}" + (f" ({r:g} Hz)" if r else "") for n, v, t, r in streams)
         + f", {fps:g} fps"
     )
     if kind == "aloha":
@@ -926,6 +1028,7 @@ def open_hdf5(
             camera_keys,
             allow,
             aloha,
+            streams,
         )
         estimate = (size_of(file) if kind == "aloha" else per_file) // max(1, len(cams))
         frames = {

@@ -18,13 +18,19 @@ recording segment (the ``timestamp`` column jumps; windows do not cross it). Per
 episode, the report (and the console) states the messages, the rows that repeat a message already
 used, the messages no row uses, and the rows dropped for it: nothing is resampled silently.
 
+Streams (the mapping's ``streams``: name -> topic, or ``"all"``; docs/sources/mcap.md): a topic
+kept at its own rate, every message one sample at its own time (the resampler's), in seconds from
+the first row (``_stream``), sorted by time where the bag's order differs (counted in the report:
+``stream_reordered``); it takes no part in the row clock unless it is also resampled.
+
 Default mapping: ``sensor_msgs/msg/Image`` and ``CompressedImage`` topics are cameras
 (``/cam_high/image_raw`` -> ``observation.images.cam_high``; ``mono16``/``16UC1`` images are depth);
 the ``sensor_msgs/msg/JointState`` topic not named like an action is ``observation.state`` (its
 ``position``; ``velocity`` and ``effort`` kept as ``observation.velocity`` / ``observation.effort``
 when present), a topic whose name holds ``action`` or ``command`` (``JointState`` position or
 ``std_msgs/msg/Float64MultiArray`` / ``Float32MultiArray`` data) is ``action``. The mapping's
-``columns`` keep more such topics (position or data), resampled alike. Each mapped topic's type is
+``columns`` keep more such topics (position, data, or a ``geometry_msgs/msg/WrenchStamped``'s
+force and torque), resampled alike. Each mapped topic's type is
 checked at open. The rate: ``--fps`` (or the mapping's
 ``fps``); without it, the median rate of the slowest camera topic (stated in the notes).
 
@@ -62,13 +68,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..episode import CameraFrames, Episode, FileInput, FrameReader, LazyTable, LoadedTable, Source
+from ..episode import CameraFrames, Episode, FileInput, FrameReader, LazyTable, LoadedTable, Source, Stream
 from ..errors import ConversionError, SourceError
 from . import bounds
 from .base import (
     Mapping,
     SourceOptions,
     build_table,
+    column_name,
     episode_numbers,
     file_stamp,
     kept_cameras,
@@ -86,7 +93,8 @@ _HELD_FRAMES = CHUNK_FRAMES  # decoded images of a camera held for rows still to
 _IMAGE_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
 _JOINT_TYPE = "sensor_msgs/msg/JointState"
 _ARRAY_TYPES = ("std_msgs/msg/Float64MultiArray", "std_msgs/msg/Float32MultiArray")
-_VECTOR_TYPES = (_JOINT_TYPE, *_ARRAY_TYPES)  # what a state, action or column topic may be
+_WRENCH_TYPE = "geometry_msgs/msg/WrenchStamped"  # force.xyz, torque.xyz
+_VECTOR_TYPES = (_JOINT_TYPE, *_ARRAY_TYPES, _WRENCH_TYPE)  # what a state, action, column or stream topic may be
 _NAME_NOISE = {"image_raw", "compressed", "image", "image_rect_color", "image_color", "color", "rgb"}
 _MAGIC = b"\x89MCAP0\r\n"
 _FOOTER, _MESSAGE, _CHUNK, _DATA_END = 0x02, 0x05, 0x06, 0x0F
@@ -120,6 +128,12 @@ class _Plan:
     state: str | None
     action: str | None
     columns: tuple[tuple[str, str], ...] = ()  # (output column, topic): the mapping's other columns
+    streams: tuple[tuple[str, str], ...] = ()  # (stream name, topic): kept at their own times, never resampled
+
+    @property
+    def read(self) -> tuple[str, ...]:
+        """Every topic whose messages are read: the resampled ones and the streams' (sorted)."""
+        return tuple(sorted({*self.topics, *(t for _, t in self.streams)}))
 
     def stamp(self) -> tuple:
         """(size, mtime) of each file: a cache keyed by it never serves a file rewritten in place."""
@@ -588,6 +602,8 @@ def _when(ns: int) -> str:
 def _times(plan: _Plan) -> dict[str, np.ndarray]:
     """Topic -> int64 ns times of its messages, in the bag's order (one pass over the bag's chunks).
 
+    Every topic read (``_Plan.read``): the resampled ones and the streams'.
+
     Raises:
         ConversionError: ``missing_key`` (a topic without messages), ``too_large`` (a log time past
             int64, more than ``bounds.MAX_ROWS`` messages of a topic), ``unreadable_file``.
@@ -606,10 +622,10 @@ def _bags(plan: _Plan) -> Iterator[_Bag]:
 
 @functools.lru_cache(maxsize=2)
 def _times_of(plan: _Plan, stamp: tuple) -> dict[str, np.ndarray]:
-    out: dict[str, array] = {t: array("q") for t in plan.topics}
+    out: dict[str, array] = {t: array("q") for t in plan.read}
     with bounds.reading(plan.where):
         for bag in _bags(plan):
-            for channel, log, data in bag.messages(plan.topics):
+            for channel, log, data in bag.messages(plan.read):
                 times = out[channel.topic]
                 t = _stamp(data, log) if bag.stamped(channel) else log
                 if t > _INT64:
@@ -680,7 +696,7 @@ def _check_span(plan: _Plan, times: dict[str, np.ndarray], start: int, stop: int
 
 @functools.lru_cache(maxsize=2)
 def _resample_of(plan: _Plan, stamp: tuple) -> tuple[np.ndarray, dict[str, np.ndarray], list[dict]]:
-    times = _times(plan)
+    times = {topic: t for topic, t in _times(plan).items() if topic in plan.topics}  # streams take no part
     distinct = {topic: _distinct(t) for topic, t in times.items()}
     start = max(int(d[0][0]) for d in distinct.values())
     stop = min(int(d[0][-1]) for d in distinct.values())
@@ -755,7 +771,10 @@ def _decoded(plan: _Plan, topic: str, wanted=None) -> Iterator[tuple[int, object
 
 
 def _vector(msg, schema: str, topic: str, file: FileInput, k: int) -> dict[str, np.ndarray]:
-    """The float64 vectors of a state or action message: ``position`` (and ``velocity``, ``effort`` when not empty).
+    """The float64 vectors of a state, action, column or stream message, under ``position``.
+
+    ``position`` (and ``velocity``, ``effort`` when not empty) of a JointState; a MultiArray's
+    ``data``; a WrenchStamped's ``force.x, .y, .z, torque.x, .y, .z``.
 
     Raises:
         ConversionError: ``bad_feature`` (another type, a field missing or not numbers),
@@ -763,6 +782,17 @@ def _vector(msg, schema: str, topic: str, file: FileInput, k: int) -> dict[str, 
     """
     if schema not in _VECTOR_TYPES:
         raise _fail(f"topic {topic} is {schema}: only {', '.join(_VECTOR_TYPES)} give rows", file, kind="bad_feature")
+    if schema == _WRENCH_TYPE:
+        try:
+            force, torque = msg.wrench.force, msg.wrench.torque
+            wrench = [force.x, force.y, force.z, torque.x, torque.y, torque.z]
+            return {"position": np.array(wrench, np.float64)}
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise _fail(
+                f"topic {topic} message {k}: a {schema} without wrench.force and wrench.torque numbers ({exc})",
+                file,
+                kind="bad_feature",
+            ) from None
     names = ("position", "velocity", "effort") if schema == _JOINT_TYPE else ("data",)
     out = {}
     for name in names:
@@ -780,14 +810,55 @@ def _vector(msg, schema: str, topic: str, file: FileInput, k: int) -> dict[str, 
     return out
 
 
+def _stream(plan: _Plan, name: str, topic: str, times: np.ndarray, values: np.ndarray, t0: int, schema: str):
+    """(``Stream``, report notes) of a topic kept at its own rate: every message, sorted by time.
+
+    ``times``: the messages' int64 ns times in the bag's order (``_times``), ``values`` their
+    vectors ``[n, width]`` in the same order, ``t0`` the first row's time: a sample's timestamp is
+    ``(time - t0) / 1e9`` seconds, the clock of the table's ``timestamp`` column. Messages sharing
+    a time are all kept (in the bag's order); messages out of time order are sorted and counted.
+
+    Raises:
+        ConversionError(kind="too_large"): a message more than ``bounds.MAX_SPAN_S`` from the first
+            row (a stamp far off, a clock that jumped), naming the topic and the stamp.
+    """
+    lo, hi = int(times.min()), int(times.max())
+    far = lo if t0 - lo > hi - t0 else hi
+    if abs(far - t0) > bounds.MAX_SPAN_S * 1e9:
+        raise _fail(
+            f"topic {topic} (stream {name}): a message stamped {far} ns ({_when(far)}) is {abs(far - t0) / 1e9:.6g} s "
+            f"from the first row ({t0} ns), more than the {bounds.MAX_SPAN_S:g} s an episode may span "
+            "(bounds.MAX_SPAN_S; a clock that jumped?)",
+            plan.where,
+            kind="too_large",
+        )
+    order = np.argsort(times, kind="stable")
+    backwards = int((np.diff(times) < 0).sum())
+    stamps = (times[order] - t0) / 1e9
+    values = values[order]
+    if schema == "std_msgs/msg/Float32MultiArray":
+        values = values.astype(np.float32)  # the message's own numbers (exact: they were float32)
+    notes = []
+    if backwards:
+        shared = int(times.size - np.unique(times).size)
+        message = f"{topic} -> stream {name}: {backwards} of {times.size} messages out of time order in the bag, "
+        message += "stored sorted by time" + (f"; {shared} share a time with another (all kept)" if shared else "")
+        notes.append({"kind": "stream_reordered", "row": None, "message": message})
+    return Stream(stamps, values), notes
+
+
 @dataclass(frozen=True)
 class _MCAPTable(LazyTable):
-    """A bag's rows: the resampled state, action and column topics, with the resampling reported per topic."""
+    """A bag's rows: the resampled state, action and column topics, with the resampling reported per topic.
+
+    The streams' topics (``_Plan.streams``) come with the rows as ``LoadedTable.streams``, every
+    message at its own time (``_stream``).
+    """
 
     plan: _Plan
 
     def load(self) -> LoadedTable:
-        """The rows, resampled onto the row clock.
+        """The rows, resampled onto the row clock, and the streams at their own times.
 
         Raises:
             ConversionError: ``missing_key``, ``length_mismatch``, ``bad_feature``, ``too_large``,
@@ -796,15 +867,19 @@ class _MCAPTable(LazyTable):
         plan = self.plan
         with bounds.reading(plan.where):
             rows, picks, notes = _resample(plan)
-            counts = {topic: t.size for topic, t in _times(plan).items()}
+            times = _times(plan)
+            counts = {topic: t.size for topic, t in times.items()}
         columns: dict[str, np.ndarray] = {}
         keys: dict[str, str] = {}
+        read: dict[str, tuple[dict[str, np.ndarray], str]] = {}  # topic -> its vectors, decoded once
         outputs = [("observation.state", plan.state), ("action", plan.action), *plan.columns]
         for out, topic in outputs:
             if topic is None:
                 continue
             with bounds.reading(plan.where, topic):
-                arrays = self._vectors(topic, counts[topic])
+                if topic not in read:
+                    read[topic] = self._vectors(topic, counts[topic])
+                arrays = read[topic][0]
                 for name, values in arrays.items():
                     if out != "observation.state" and name != "position":
                         continue
@@ -814,13 +889,25 @@ class _MCAPTable(LazyTable):
                     keys[column] = topic
         table = build_table(columns, plan.fps, plan.where, keys, times=(rows - rows[0]) / 1e9)
         table = table.append_column("timestamp_ns", pa.array(rows))
-        return LoadedTable(table, notes)
+        streams = {}
+        for name, topic in plan.streams:
+            with bounds.reading(plan.where, topic):
+                if topic not in read:
+                    read[topic] = self._vectors(topic, counts[topic])
+                arrays, schema = read[topic]
+                streams[name], more = _stream(plan, name, topic, times[topic], arrays["position"], int(rows[0]), schema)
+                notes += more
+        return LoadedTable(table, notes, (), streams)
 
-    def _vectors(self, topic: str, count: int) -> dict[str, np.ndarray]:
-        """Name -> float64 ``[count, n]`` of ``topic``'s messages, allocated once (``bounds.MAX_ARRAY_BYTES``)."""
+    def _vectors(self, topic: str, count: int) -> tuple[dict[str, np.ndarray], str]:
+        """(name -> float64 ``[count, n]`` of ``topic``'s messages in the bag's order, their type).
+
+        Allocated once, after the first message (``bounds.MAX_ARRAY_BYTES``).
+        """
         plan, arrays = self.plan, {}
-        k = -1
+        k, kind = -1, ""
         for k, msg, schema in _decoded(plan, topic):
+            kind = schema
             vectors = _vector(msg, schema, topic, plan.where, k)
             if k == 0:
                 for name, v in vectors.items():
@@ -839,7 +926,7 @@ class _MCAPTable(LazyTable):
                 arrays[name][k] = vectors[name]
         if k + 1 != count:
             raise _fail(f"topic {topic}: {k + 1} messages, {count} when the bag was first read", plan.where)
-        return arrays
+        return arrays, kind
 
     @property
     def path(self) -> str:
@@ -847,9 +934,10 @@ class _MCAPTable(LazyTable):
         return str(self.plan.files[0])
 
     def fingerprint(self) -> list:
-        """Bag, size and plan."""
+        """Bag, size and plan (the streams' names and topics when there are any)."""
         p = self.plan
-        return [[str(f) for f in p.files], p.size(), p.fps, p.tolerance, p.topics, p.state, p.action, p.columns]
+        out = [[str(f) for f in p.files], p.size(), p.fps, p.tolerance, p.topics, p.state, p.action, p.columns]
+        return [*out, p.streams] if p.streams else out
 
     def estimated_bytes(self) -> int:
         """A guess: 1 kB."""
@@ -1282,8 +1370,46 @@ def _default(topics: dict[str, str]) -> Mapping:
     )
 
 
-def _check_mapping(mapping: Mapping, cams: dict[str, str], topics: dict[str, str], where: str) -> None:
-    """Every mapped topic is in the first recording and of a type its place reads.
+def _streams(mapping: Mapping, topics: dict[str, str], cams: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """(stream name, topic) of the mapping's ``streams``, sorted by name.
+
+    ``"all"``: every topic of the first recording of a type a stream reads (``_VECTOR_TYPES``: not
+    a camera), named by its topic (``/ft/wrench`` -> ``ft.wrench``).
+
+    Raises:
+        SourceError: a stream given as anything but a topic, two topics of one name, or a name
+            that is a column the reader makes, a mapped column or a camera.
+    """
+    given = mapping.streams
+    if given is None:
+        return ()
+    if given == "all":
+        pairs = [(column_name(t), t) for t, schema in sorted(topics.items()) if schema in _VECTOR_TYPES]
+    elif isinstance(given, dict):
+        pairs = []
+        for name, topic in given.items():
+            if not isinstance(topic, str):
+                raise SourceError(f"mapping: streams: {name!r} is {topic!r}; an MCAP stream is a topic")
+            pairs.append((name, topic))
+    else:
+        raise SourceError(f'mapping: streams must be "all" or map stream names to topics, got {given!r}')
+    taken = {*_RESERVED, *(mapping.columns or {}), *cams}
+    seen: dict[str, str] = {}
+    for name, topic in pairs:
+        if name in seen:
+            raise SourceError(f"mapping: streams: topics {seen[name]} and {topic} would both be stream {name!r}")
+        if name in taken or name.startswith("observation.images."):
+            raise SourceError(
+                f"mapping: stream {name!r} ({topic}) has the name of a column or camera of the episode; choose another"
+            )
+        seen[name] = topic
+    return tuple(sorted(pairs))
+
+
+def _check_mapping(
+    mapping: Mapping, cams: dict[str, str], topics: dict[str, str], where: str, streams: tuple = ()
+) -> None:
+    """Every mapped topic (``streams``' too) is in the first recording and of a type its place reads.
 
     Raises:
         SourceError: more than one topic for ``state`` or ``action``; ``others``; a column named
@@ -1305,6 +1431,7 @@ def _check_mapping(mapping: Mapping, cams: dict[str, str], topics: dict[str, str
         *(("action", t, _VECTOR_TYPES) for t in mapping.action or ()),
         *((f"column {c}", t, _VECTOR_TYPES) for c, t in (mapping.columns or {}).items()),
         *((f"camera {c}", t, _IMAGE_TYPES) for c, t in cams.items()),
+        *((f"stream {n}", t, _VECTOR_TYPES) for n, t in streams),
     ]
     for place, topic, types in places:
         if topic not in topics:
@@ -1339,12 +1466,18 @@ def open_mcap(
     topics, counts = _recording_summary(first_files)
     mapping = options.resolved(_default(topics))
     cams = kept_cameras(mapping.cameras, cameras, str(root))
-    _check_mapping(mapping, cams, topics, first)
+    streams = _streams(mapping, topics, cams)
+    _check_mapping(mapping, cams, topics, first, streams)
     state = (mapping.state or (None,))[0]
     action = (mapping.action or (None,))[0]
     columns = tuple((mapping.columns or {}).items())
-    used = sorted({*cams.values(), *(t for t in (state, action) if t), *(t for _, t in columns)})
-    _check_layouts(first_files, used)
+    used = sorted({*cams.values(), *(t for t in (state, action) if t), *(t for _, t in columns)})  # resampled
+    if streams and not used:
+        raise SourceError(
+            f"{first}: streams are timed from the first row: map a camera, state, action or column topic too"
+        )
+    kept = sorted({*used, *(t for _, t in streams)})
+    _check_layouts(first_files, kept)
     fps = mapping.fps
     how = "given"
     if fps is None:
@@ -1354,13 +1487,14 @@ def open_mcap(
         f"mcap mapping: state = {state or 'none'}, action = {action or 'none'}, cameras = "
         + (", ".join(f"{c} <- {t}" for c, t in cams.items()) or "none")
         + "".join(f", {c} <- {t}" for c, t in columns)
+        + "".join(f", stream {n} <- {t} (every message at its own time)" for n, t in streams)
         + f"; resampled to {fps:g} fps ({how}), nearest message within "
         + (f"{mapping.tolerance * 1000:g} ms" if mapping.tolerance else "a row period or the topic's own period")
     ]
     notes += [
         f"topic {t} ({topics[t]}, {counts.get(t, '?')} messages in {first}) is not kept"
         for t in sorted(topics)
-        if t not in used
+        if t not in kept
     ]
     notes += [
         f"rosbag2 recording {where}: {len(files)} files read as one episode, in the order its metadata.yaml lists"
@@ -1372,7 +1506,7 @@ def open_mcap(
     for index, (where, files) in zip(episode_numbers([w for w, _ in recordings]), recordings, strict=True):
         if episodes is not None and index not in episodes:
             continue
-        plan = _Plan(files, where, float(fps), mapping.tolerance, tuple(used), state, action, columns)
+        plan = _Plan(files, where, float(fps), mapping.tolerance, tuple(used), state, action, columns, streams)
         share = plan.size() // max(1, len(cams))
         frames = {
             c: CameraFrames(_MCAPFrames(plan, t, share), depth=c in (mapping.depth or ())) for c, t in cams.items()

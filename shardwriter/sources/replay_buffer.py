@@ -1438,6 +1438,11 @@ def _describe(
     last = int(ends.stop[-1]) if ends.stop.size else 0
     short = {k: s[0] for k, (s, _) in arrays.items() if s and s[0] < last}
     mapping = options.resolved(_default(arrays))
+    if mapping.streams:
+        raise SourceError(
+            f"{root}: the mapping's streams: a replay buffer's arrays share one clock, so there is no stream at its "
+            "own rate to keep (MCAP and HDF5 sources read streams); map the array as a column"
+        )
     for key in [*(mapping.state or ()), *(mapping.action or ()), *(mapping.cameras or {}).values()]:
         if key not in arrays:
             raise SourceError(f"{root}: no array data/{key} (arrays: {', '.join(arrays) or 'none'}); see --mapping")

@@ -895,6 +895,11 @@ def open_rlds(
         raise SourceError(f"{root}: no record could be read: " + "; ".join(failures or ["none left"]))
     default, steps, language = _default(features, example)
     mapping = options.resolved(default)
+    if mapping.streams:
+        raise SourceError(
+            f"{root}: the mapping's streams: RLDS steps share one clock, so there is no stream at its own rate to keep "
+            "(MCAP and HDF5 sources read streams); map the feature as a column"
+        )
     for key in [*(mapping.state or ()), *(mapping.action or ()), *(mapping.cameras or {}).values()]:
         if key not in steps:
             raise SourceError(
