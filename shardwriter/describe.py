@@ -1,7 +1,7 @@
 """Summaries of a converted dataset as data and as text.
 
-``describe`` (``epishard inspect``: shards, episodes, cameras, codecs, GOPs), and the text the CLI
-prints after ``convert`` and ``verify``.
+``describe`` (``epishard inspect``: shards, episodes, cameras, codecs, GOPs, columns, streams at
+their own rate), and the text the CLI prints after ``convert`` and ``verify``.
 
 Internal: import from ``epishard.shardwriter``.
 """
@@ -81,6 +81,7 @@ def describe(root: str, storage_options: dict | None = None, progress: bool = Fa
         },
         "cameras": cameras,
         "columns": _columns(manifest),
+        "streams": {name: entry.to_json() for name, entry in (manifest.streams or {}).items()},
         "tasks": len(manifest.tasks),
         "report": {
             "skipped_by_kind": dict(manifest.report.skipped_by_kind),
@@ -110,6 +111,24 @@ def _columns(manifest: fmt.Manifest) -> dict[str, dict]:
             entry["widths"] = widths
         out[name] = entry
     return out
+
+
+def _ms(seconds: float) -> str:
+    """An interval in milliseconds: one decimal, three significant digits below 0.095 ms."""
+    ms = seconds * 1e3
+    return f"{ms:.1f}" if ms >= 0.095 or ms == 0 else f"{ms:.3g}"
+
+
+def _stream_line(name: str, s: dict) -> str:
+    """One stream at its own rate as ``render`` lists it (``manifest.StreamEntry``'s JSON object)."""
+    shape = "[" + ", ".join(str(n) for n in s["shape"]) + "]"
+    rate = f"{s['rate']:.5g} Hz" if s.get("rate") is not None else "no rate (fewer than 2 samples)"
+    nominal = f" (nominal {s['nominal_rate']:.5g} Hz)" if s.get("nominal_rate") is not None else ""
+    gaps = f"{s['gaps']} gap{'' if s['gaps'] == 1 else 's'}"
+    return (
+        f"  stream {name}: {s['dtype']} {shape}, {s['episodes']} episodes, {s['samples']:,} samples, "
+        f"{rate}{nominal}, intervals {_ms(s['min_interval'])}-{_ms(s['max_interval'])} ms, {gaps}"
+    )
 
 
 def _names(names) -> str:
@@ -168,6 +187,8 @@ def render(summary: dict) -> str:
         widths = c.get("widths")
         by = f", width by source: {', '.join(f'{k} {w}' for k, w in widths.items())}" if widths else ""
         lines.append(f"  column {name}: {c['dtype']} {shape}{_names(c['names'])}{by}")
+    for name, st in summary.get("streams", {}).items():
+        lines.append(_stream_line(name, st))
     for s in summary["shards"]:
         lines.append(f"  {s['shard']}: {s['episodes']} episodes, {s['rows']} rows, {s['size'] / 1e6:.1f} MB")
     for kind, n in summary["report"]["skipped_by_kind"].items():
@@ -212,12 +233,13 @@ def render_conversion(manifest: fmt.Manifest, out: str, seconds: float) -> str:
 def render_verification(result: dict, root: str, seconds: float) -> str:
     """Text the CLI prints after ``verify``.
 
-    One line per problem (file, shard, episode, camera, message; control characters escaped), then one
+    One line per problem (file, shard, episode, camera, stream, message; control characters escaped), then one
     summary line ending in ``OK`` or the number of problems.
     """
     lines = []
     for p in _shown(result["problems"]):  # names and messages quote the manifest and indexes
-        where = " ".join(f"{k}={p[k]}" for k in ("file", "shard", "episode", "camera") if p.get(k) is not None)
+        keys = ("file", "shard", "episode", "camera", "stream")
+        where = " ".join(f"{k}={p[k]}" for k in keys if p.get(k) is not None)
         lines.append(f"  {where}: {p['message']}" if where else f"  {p['message']}")
     notes = _shown(result.get("notes", []))
     for kind, n in result.get("notes_by_kind", {}).items():

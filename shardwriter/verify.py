@@ -5,7 +5,10 @@ Checks everything the reader relies on. The manifest: every field the reader use
 and value bounds, and that it holds exactly the per-shard indexes. Per shard: the tar and index
 exist as regular files, sizes and sha256 match the manifest; the index's schema; every tar member
 lies exactly where the index says (data offset and size) and has the indexed sha256; an episode's
-members are contiguous; its table has the indexed number of rows; and per episode and camera
+members are contiguous; its table has the indexed number of rows; each stream at its own rate
+(format version 3) reads as the index states it (``streams.read_stream``: an Arrow IPC file of the
+indexed dtype, shape and sample count, timestamps finite and non-decreasing) with the indexed first
+and last time and smallest and largest interval (``streams.stream_facts``); and per episode and camera
 (unless ``decode=False``), every frame of the video decodes through the reader's decoder with the
 pts and pixels its frame table promises (``video.check_frames``: in order, and after a seek to each
 keyframe). Last, the manifest's counts (rows and camera frames per shard, the totals) against
@@ -31,6 +34,7 @@ from epishard.format.errors import FormatError
 from epishard.format.index import WindowIndex
 from epishard.format.opening import ManifestMissing, open_manifest
 from epishard.format.storage import NotARegularFile, Storage
+from epishard.format.streams import read_stream, stream_facts
 from epishard.format.validate import check_index, totals_mismatches
 from epishard.redact import redact, scrubbed
 
@@ -146,6 +150,27 @@ def _check_video(data: bytes, index: WindowIndex, stream: int, shard: str, key: 
     return [_problem(shard, f"the frame table disagrees with the video: {problem}", episode=key, camera=name)]
 
 
+def _check_stream(data: bytes, index: WindowIndex, signal: int, shard: str, key: str, name: str) -> list[dict]:
+    """Read a stream member (``read_stream``) as the index's entry ``signal`` states it; its facts against the entry's.
+
+    The problem names the episode and the stream: the member that does not read (type, shape,
+    count, a timestamp not finite or decreasing) or the first fact (``stream_facts``) that differs.
+    """
+    member = index.member_names[int(index.signal_member[signal])].as_py()
+    shape, count = index.signal_shape(signal), int(index.signal_count[signal])
+    try:
+        times = read_stream(data, index.signal_dtype[signal].as_py(), shape, count, f"member {member}").timestamps
+    except FormatError as exc:
+        return [_problem(shard, f"stream does not read: {exc}", episode=key, stream=name)]
+    facts = stream_facts(times)
+    for fact in ("t_first", "t_last", "min_interval", "max_interval"):
+        said = float(getattr(index, f"signal_{fact}")[signal])
+        if facts[fact] != said:
+            message = f"member {member}: its samples' {fact} is {facts[fact]!r} s, the index says {said!r} s"
+            return [_problem(shard, message, episode=key, stream=name)]
+    return []
+
+
 def _check_shard(
     storage: Storage, entry: fmt.ShardEntry, manifest: fmt.Manifest, decode: bool
 ) -> tuple[list[dict], WindowIndex | None]:
@@ -228,6 +253,9 @@ def _check_episode(
                 )
         except pa.ArrowException as exc:
             problems.append(_problem(shard, f"table does not read: {exc}", episode=key))
+    for name, s in index.signals(episode).items():
+        if int(index.signal_member[s]) in blobs:
+            problems += _check_stream(blobs[int(index.signal_member[s])], index, s, shard, key, name)
     if decode:
         for s in range(index.episode_cams[episode], index.episode_cams[episode + 1]):
             if int(index.stream_member[s]) in blobs:
@@ -247,8 +275,8 @@ def verify(root: str, decode: bool = True, storage_options: dict | None = None, 
     ``root``: local folder or fsspec URL; ``storage_options`` merged with the environment
     (``storage.resolve_storage_options``).
 
-    Each problem names the shard, and where it applies the episode key and camera (a URL in its
-    message: credentials redacted). ``progress``: a progress bar on stderr over the shards.
+    Each problem names the shard, and where it applies the episode key and camera or stream (a URL
+    in its message: credentials redacted). ``progress``: a progress bar on stderr over the shards.
 
     Raises:
         epishard.format.opening.NotConverted (a FileNotFoundError): ``root`` is a LeRobot dataset or

@@ -4,8 +4,10 @@ Training windows drawn as PNG contact sheets and one self-contained HTML page.
 
 Windows are read through the reader itself (``WindowDataset``, ``boundary="pad"``), so the page
 shows what training would get: per window, each camera's frames with their episode, row and frame
-numbers and pad masks, and the state/action curves over the window. Drawn with matplotlib's Agg
-backend (``matplotlib.figure.Figure``, no pyplot state); matplotlib is the optional ``plots`` extra.
+numbers and pad masks, the state/action curves over the window, and each stream at its own rate
+(format version 3) as its samples at their own timestamps, seconds on the episode's clock. Drawn
+with matplotlib's Agg backend (``matplotlib.figure.Figure``, no pyplot state); matplotlib is the
+optional ``plots`` extra.
 
 Internal: import from ``epishard.stream``.
 """
@@ -18,7 +20,7 @@ import html
 import io
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
@@ -27,13 +29,23 @@ from epishard.redact import redact, scrubbed
 
 from .dataset import WindowDataset
 from .fetch import FetchPolicy
+from .multirate import At, Span
+from .multirate import span as stream_span
 from .options import Ranks, ReadOptions
 from .plan import World
 from .plots import figure
 from .source import DatasetSource
 from .spec import WindowSpec
 
-__all__ = ["STATE", "PreviewResult", "PreviewWindow", "RerunResult", "export_rerun", "preview"]
+__all__ = [
+    "STATE",
+    "PreviewResult",
+    "PreviewWindow",
+    "RerunResult",
+    "export_rerun",
+    "preview",
+    "stream_samples",
+]
 
 STATE, _ACTION = "observation.state", "action"
 
@@ -45,6 +57,9 @@ class PreviewWindow:
     The episode ``key``, the ``anchor`` row, the reader's ``sample``, and per
     camera the rows shown (int64 ``[frames]``, clamped to the episode's recording segment) and the
     camera's frame numbers of those rows (int64 ``[frames]``, from the index's row-to-frame map).
+    ``streams``: per stream at its own rate drawn, the interval ``(start, stop)`` it was read over,
+    seconds on the episode's clock (the anchor's timestamp plus the spec's ``span`` bounds, or the
+    first and last of its ``at`` times); ``fps``: the episode's rows per second.
     """
 
     key: str
@@ -52,6 +67,13 @@ class PreviewWindow:
     sample: dict
     rows: dict[str, np.ndarray]
     frames: dict[str, np.ndarray]
+    streams: dict[str, tuple[float, float]] = field(default_factory=dict)
+    fps: float = 0.0
+
+    @property
+    def t0(self) -> float:
+        """The anchor row's timestamp, seconds on the episode's clock (the time streams are read around)."""
+        return float(self.sample["timestamp"])
 
 
 @dataclass(frozen=True)
@@ -122,9 +144,106 @@ def _read_windows(
             names = ix.camera_names(e)
             rows = {c: np.clip(anchor + o, edges[k], edges[k + 1] - 1) for c, o in offsets.items()}
             frames = {c: ix.frames(ix.stream(e, names.index(c)), r) for c, r in rows.items()}
-            out.append(PreviewWindow(ix.key(e), anchor, sample, rows, frames))
+            t0 = float(sample["timestamp"])
+            intervals = {name: _interval(read, t0) for name, read in spec.streams.items()}
+            out.append(PreviewWindow(ix.key(e), anchor, sample, rows, frames, intervals, float(ix.fps[e])))
             bar.update(1)
     return out
+
+
+def _interval(read: Span | At, t0: float) -> tuple[float, float]:
+    """The seconds on the episode's clock a stream read covers around the anchor time ``t0``."""
+    if isinstance(read, Span):
+        return t0 + read.start, t0 + read.stop
+    return t0 + min(read.times), t0 + max(read.times)
+
+
+def _row_range(spec: WindowSpec) -> tuple[int, int]:
+    """The first and last row offset (from the anchor) the window shows: cameras, state, action."""
+    offsets = [0]
+    for o in (spec.cameras or {}).values():
+        offsets += [int(x) for x in o]
+    if spec.state_key is not None:
+        offsets += [int(x) for x in spec.state_offsets]
+    if spec.action_key is not None and spec.action_horizon:
+        offsets += spec.action_rows.tolist()
+    return min(offsets), max(offsets)
+
+
+def _with_streams(spec: WindowSpec, source: DatasetSource, streams: list[str] | None) -> WindowSpec:
+    """``spec`` reading the streams at their own rate a preview draws.
+
+    ``streams``: their names (None: every stream of the dataset, ``manifest.streams``; ``[]``:
+    none). A stream ``spec`` already reads keeps its read (what training gets); any other is read as
+    ``span`` over the window's rows in seconds (first row offset / fps to last row offset / fps,
+    fps the slowest episode's, so the span covers every window's rows), with ``max_samples`` the
+    most samples an episode holds where samples share a time (events: no interval bounds them).
+
+    Raises:
+        ValueError: a name the dataset has no stream of (naming the ones it has).
+    """
+    have = dict(source.manifest.streams or {})
+    names = list(have) if streams is None else list(dict.fromkeys(streams))
+    unknown = [n for n in names if n not in have]
+    if unknown:
+        raise ValueError(f"--streams names {unknown}; the dataset has streams {sorted(have)}")
+    if not names:
+        return dataclasses.replace(spec, streams={}) if spec.streams else spec
+    ix = source.index
+    first, last = _row_range(spec)
+    fps = float(np.min(ix.fps)) if ix.fps.size else 1.0
+    all_names = np.asarray(ix.signal_names.to_numpy(zero_copy_only=False))
+    reads: dict[str, Span | At] = {}
+    for name in names:
+        if name in spec.streams:
+            reads[name] = spec.streams[name]
+            continue
+        hit = all_names == name
+        count, gap = ix.signal_count[hit], ix.signal_min_interval[hit]
+        tied = bool(((count >= 2) & (gap <= 0)).any())
+        most = max(int(count.max(initial=0)), 1) if tied else None
+        reads[name] = stream_span(first / fps, last / fps, max_samples=most)
+    return dataclasses.replace(spec, streams=reads)
+
+
+def stream_samples(w: PreviewWindow) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The samples of each stream at its own rate that window ``w`` read, as the page draws them.
+
+    Stream name -> ``(timestamps float64 [k], values float64 [k, width])``: the reader's samples
+    (padding left out) at their own times, seconds on the episode's clock; ``width`` the product
+    of the per-sample shape (1 for a scalar). For a ``span`` read: every sample of the episode's
+    recording segment in ``w.streams[name]`` (each end widened by ``multirate.TOLERANCE_S``).
+    """
+    out = {}
+    for name in w.streams:
+        pad = np.asarray(w.sample[f"{name}_is_pad"], dtype=bool)
+        times = np.asarray(w.sample[f"{name}_timestamp"], dtype=np.float64)[~pad]
+        values = np.asarray(w.sample[name], dtype=np.float64)
+        out[name] = (times, values.reshape(values.shape[0], -1)[~pad])
+    return out
+
+
+def _stream_plot(ax, w: PreviewWindow, name: str, times: np.ndarray, values: np.ndarray) -> None:
+    """One stream's samples at their own timestamps (seconds on the episode's clock), one curve per dimension."""
+    lo, hi = w.streams[name]
+    style = ".-" if times.size <= 200 else "-"
+    for j in range(values.shape[1]):
+        label = f"{name}[{j}]" if j < _NAMED_DIMS else None
+        ax.plot(times, values[:, j], style, linewidth=0.7, markersize=2.5, label=label)
+    if values.shape[1] > _NAMED_DIMS:
+        ax.plot([], [], "-", color="black", label=f"{name}: {values.shape[1] - _NAMED_DIMS} more dims")
+    if not times.size:
+        ax.text(0.5, 0.5, "no samples in this interval", transform=ax.transAxes, ha="center", va="center")
+    margin = max(hi - lo, 1e-3) * 0.02
+    ax.set_xlim(lo - margin, hi + margin)
+    ax.axvline(w.t0, color="red", linewidth=0.8)
+    count = f"{times.size} sample{'' if times.size == 1 else 's'}"
+    ax.set_title(f"{name}: {count} at their own times, {lo:.3f} to {hi:.3f} s", fontsize=7)
+    ax.set_xlabel(f"seconds on the episode's clock (red: anchor, t = {w.t0:.3f} s)", fontsize=7)
+    if times.size and values.shape[1] > 1:
+        ax.legend(loc="upper left", fontsize=6, ncol=3)
+    elif times.size:
+        ax.set_ylabel(name, fontsize=7)
 
 
 def _image(frame) -> tuple[np.ndarray, dict]:
@@ -184,11 +303,14 @@ def _curves(ax, w: PreviewWindow, spec: WindowSpec, names: dict | None = None) -
 
 
 def _sheet(w: PreviewWindow, spec: WindowSpec, title: str, names: dict | None = None) -> bytes:
-    """One window as a PNG: a row of frames per camera, then the state/action curves."""
+    """One window as a PNG: a row of frames per camera, the state/action curves, then one plot per stream."""
     cams = list(w.rows)
-    cols = max(len(r) for r in w.rows.values())
-    fig = figure(figsize=(1.9 * cols, 2.1 * len(cams) + 2.6), layout="constrained")
-    grid = fig.add_gridspec(len(cams) + 1, cols, height_ratios=[2.1] * len(cams) + [2.6])
+    series = stream_samples(w)
+    cols = max((len(r) for r in w.rows.values()), default=1)
+    heights = [2.1] * len(cams) + [2.6] + [1.9] * len(series)
+    width = max(1.9 * cols, 8.0) if series else 1.9 * cols  # a stream's plot needs room for its time axis
+    fig = figure(figsize=(width, sum(heights)), layout="constrained")
+    grid = fig.add_gridspec(len(heights), cols, height_ratios=heights)
     for c, cam in enumerate(cams):
         pad = np.asarray(w.sample[f"{cam}_is_pad"], dtype=bool)
         for j, (row, frame) in enumerate(zip(w.rows[cam].tolist(), w.frames[cam].tolist(), strict=True)):
@@ -205,6 +327,8 @@ def _sheet(w: PreviewWindow, spec: WindowSpec, title: str, names: dict | None = 
             if j == 0:
                 ax.set_ylabel(cam.removeprefix("observation.images."), fontsize=7)
     _curves(fig.add_subplot(grid[len(cams), :]), w, spec, names)
+    for k, (name, (times, values)) in enumerate(series.items()):
+        _stream_plot(fig.add_subplot(grid[len(cams) + 1 + k, :]), w, name, times, values)
     fig.suptitle(title, fontsize=9)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=80)
@@ -262,6 +386,7 @@ def preview(
     storage_options: dict | None = None,
     progress: bool = False,
     spec: WindowSpec | None = None,
+    streams: list[str] | None = None,
 ) -> PreviewResult:
     """Draw ``windows`` training windows of ``dataset`` (a converted dataset, folder or URL).
 
@@ -281,8 +406,16 @@ def preview(
     unused, and only its windows per episode are the preview's. State and action curves: one per
     dimension, named ``<column>[j] <name>`` from the manifest's ``features`` names.
 
+    ``streams``: the streams at their own rate drawn (format version 3), each in its own plot below
+    the curves: its samples at their own timestamps, seconds on the episode's clock, the anchor's
+    time marked (``stream_samples`` gives the data). None: every stream of the dataset
+    (``manifest.streams``); ``[]``: none. A stream ``spec`` reads is drawn as it reads it; any
+    other over the window's rows in seconds (from its first row offset / fps to its last, fps the
+    slowest episode's): by default ``-(span - 1) / fps`` to ``(action_horizon - 1) / fps``.
+
     Raises:
-        ValueError: no window to show (``episodes`` selects none, or ``windows < 1``).
+        ValueError: no window to show (``episodes`` selects none, or ``windows < 1``); ``streams``
+            names a stream the dataset does not have.
         ImportError: matplotlib is not installed (``pip install epishard[plots]``).
     """
     figure()  # fail before reading anything when matplotlib is missing
@@ -312,6 +445,7 @@ def preview(
             boundary="pad",
             per_episode_count=count,
         )
+    spec = _with_streams(spec, source, streams)
     names = {k: f.names for k, f in (source.manifest.features or {}).items()}
     picked = sorted(_read_windows(source, spec, episodes, windows, seed, progress), key=lambda w: (w.key, w.anchor))
     if not picked:
@@ -336,8 +470,27 @@ def preview(
         f"{list(spec.state_offsets)}, action at rows {spec.action_rows.tolist()} from the anchor. Red frames and grey "
         "bands: padded rows (past the episode's edge, repeating its edge row)."
     )
+    if spec.streams:
+        reads = ", ".join(
+            f"{name} [{r.start:g}, {r.stop:g}] s" if isinstance(r, Span) else f"{name} at {list(r.times)} s"
+            for name, r in spec.streams.items()
+        )
+        intro += (
+            f" Streams at their own rate, each sample at its own timestamp (seconds on the episode's clock, the "
+            f"anchor's time in red), around the anchor: {reads}."
+        )
     _write(out, _page(redact(dataset), intro, sections).encode("utf-8"))  # the page names no credentials
     return PreviewResult(out, paths, sheets_dir, picked)
+
+
+def _row_time(w: PreviewWindow, row: int) -> float:
+    """Row ``row``'s time in the Rerun export: the anchor's timestamp plus ``(row - anchor) / fps`` seconds."""
+    return w.t0 + (row - w.anchor) / w.fps if w.fps > 0 else w.t0
+
+
+def _ns(seconds):
+    """Seconds (a float or float64 array) as ``timedelta64[ns]``, rounded to the nearest nanosecond."""
+    return np.round(np.asarray(seconds, dtype=np.float64) * 1e9).astype(np.int64).astype("timedelta64[ns]")
 
 
 @dataclass(frozen=True)
@@ -359,23 +512,31 @@ def export_rerun(
     seed: int = 0,
     storage_options: dict | None = None,
     progress: bool = False,
+    streams: list[str] | None = None,
 ) -> RerunResult:
     """Write training windows of ``dataset`` to a Rerun recording (``.rrd``) for the Rerun viewer.
 
     The windows are those ``preview(..., spec=spec)`` draws (the reader's samples of ``spec``, a
-    few per episode, round robin over ``episodes``). Timelines: ``window`` (the window's number)
-    and ``row`` (the table row). Per window, at ``window`` = its number: each camera's frames as
+    few per episode, round robin over ``episodes``). Timelines: ``window`` (the window's number),
+    ``row`` (the table row) and ``time`` (seconds on the episode's clock, a duration to the nearest
+    nanosecond: row ``r`` of a
+    window at the anchor's timestamp plus ``(r - anchor) / fps``, a stream's sample at its own
+    timestamp). Per window, at ``window`` = its number: each camera's frames as
     ``window/<camera>/<j>`` images (``j``: the frame's position in the window; uint8 RGB
-    ``[H, W, 3]``, depth as uint16 ``[H, W]``), ``window/info`` (text: episode, anchor, task, the
-    rows and frame numbers shown, padded ones marked); at each row of the window also: ``state/<j>
-    <name>`` and ``action/<j> <name>`` scalars (one series per dimension, names from the
-    manifest's ``features``).
+    ``[H, W, 3]``, depth as uint16 ``[H, W]``) at their row's ``time``, ``window/info`` (text:
+    episode, anchor, task, the rows and frame numbers shown, padded ones marked); at each row of
+    the window also: ``state/<j> <name>`` and ``action/<j> <name>`` scalars (one series per
+    dimension, names from the manifest's ``features``); and each stream at its own rate as
+    ``stream/<name>/<j>`` scalars (one series per value of a sample), every sample the window read
+    at its own ``time``: a 1 kHz stream holds 1,000 points per second. ``streams`` chooses the
+    streams as ``preview`` does (None: every stream of the dataset).
 
     Needs ``rerun-sdk`` (``pip install epishard[rerun]``).
 
     Raises:
         ImportError: rerun-sdk is not installed.
-        ValueError: no window to show (``episodes`` selects none, or ``windows < 1``).
+        ValueError: no window to show (``episodes`` selects none, or ``windows < 1``); ``streams``
+            names a stream the dataset does not have.
     """
     try:
         import rerun as rr
@@ -389,6 +550,7 @@ def export_rerun(
     if not chosen:
         raise ValueError(f"episodes= selects no episode of the dataset ({ix.num_episodes} episodes)")
     spec = dataclasses.replace(spec, per_episode_count=-(-windows // len(chosen)), per_episode_fraction=None)
+    spec = _with_streams(spec, source, streams)
     picked = _read_windows(source, spec, episodes, windows, seed, progress)
     names = {k: f.names for k, f in (source.manifest.features or {}).items()}
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -402,6 +564,7 @@ def export_rerun(
             pad = np.asarray(w.sample[f"{cam}_is_pad"], dtype=bool)
             for j, frame in enumerate(w.sample[cam]):
                 image, _ = _image(frame)
+                rec.set_time("time", duration=_ns(_row_time(w, int(rows[j]))))
                 rec.log(f"window/{cam}/{j}", rr.Image(image) if image.ndim == 3 else rr.DepthImage(image))
             shown = [
                 f"row {r} frame {f}{' PAD' if p else ''}" for r, f, p in zip(rows, w.frames[cam], pad, strict=True)
@@ -415,8 +578,20 @@ def export_rerun(
             labels = _dimension_names(names.get(key), values.shape[1])
             for row, v in zip((w.anchor + offsets).tolist(), values, strict=True):
                 rec.set_time("row", sequence=int(row))
+                rec.set_time("time", duration=_ns(_row_time(w, int(row))))
                 for j, x in enumerate(v.tolist()):
                     rec.log(f"{key.removeprefix('observation.')}/{j} {labels[j]}".rstrip(), rr.Scalars([x]))
+        for name, (times, values) in stream_samples(w).items():
+            if not times.size:
+                continue
+            indexes = [
+                rr.TimeColumn("window", sequence=np.full(times.size, n)),
+                rr.TimeColumn("time", duration=_ns(times)),
+            ]
+            for j in range(values.shape[1]):
+                rec.send_columns(
+                    f"stream/{name}/{j}", indexes=indexes, columns=rr.Scalars.columns(scalars=values[:, j])
+                )
     rec.flush()
     del rec  # closes the file
     return RerunResult(out, picked)

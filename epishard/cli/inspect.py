@@ -14,7 +14,7 @@ __all__ = [
     "run",
 ]
 
-HELP = "shards, episodes, frames, cameras, codecs, keyframe intervals, sizes"
+HELP = "shards, episodes, frames, cameras, codecs, keyframe intervals, sizes, columns, streams at their own rate"
 
 
 def add_arguments(i: argparse.ArgumentParser) -> None:

@@ -14,7 +14,10 @@ from epishard.redact import redact
 
 __all__ = ["HELP", "add_arguments", "run", "stream_window_size"]
 
-HELP = "an HTML page and PNG contact sheets of training windows: frames, pad masks, state/action curves"
+HELP = (
+    "an HTML page and PNG contact sheets of training windows: frames, pad masks, state/action curves, "
+    "streams at their own rate"
+)
 
 
 _PAGE_FRAMES, _PAGE_SPAN = 6, 30  # the page's own window: frames over the span ending at the anchor
@@ -55,6 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--action-horizon", type=int, default=16, help="action rows drawn from the anchor on")
     p.add_argument(
+        "--streams",
+        metavar="NAMES",
+        help="comma-separated streams at their own rate to draw, each sample at its own time over the window's "
+        "rows in seconds (default: every stream the dataset has)",
+    )
+    p.add_argument(
         "--window",
         choices=("preview", "stream"),
         default="preview",
@@ -79,6 +88,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "window from the same options (needs rerun-sdk: pip install 'epishard[rerun]'; default: none)",
     )
     storage_options(p)
+
+
+def _names(value: str | None) -> list[str] | None:
+    """``--streams``' names (None when not given: every stream)."""
+    return None if value is None else [n for n in (v.strip() for v in value.split(",")) if n]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         storage_options=args.storage_options,
         progress=show_progress(args),
         spec=spec if args.window == "stream" else None,
+        streams=_names(args.streams),
     )
     if args.rrd:
         from epishard.stream.preview import export_rerun
@@ -130,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
             windows=args.windows,
             seed=args.seed,
             storage_options=args.storage_options,
+            streams=_names(args.streams),
         )
         shown = f"{len(rerun.shown)} training windows in the Rerun recording {rerun.rrd}"
         print(redact(f"{shown} (open it with: rerun {rerun.rrd})"))
