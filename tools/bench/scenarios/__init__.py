@@ -17,6 +17,7 @@ SCENARIOS = {
     "memory": ("memory", "worker RSS across epochs; the memory budget against the shuffle pool (--budget)"),
     "balance": ("balance", "cost-aware balancing: simulated step times, or DDP end to end (--e2e)"),
     "remote": ("remote", "S3 with latency vs local disk; remote-source conversion; fetch transports (--part)"),
+    "multirate": ("multirate", "a 1 kHz stream at its own rate beside a 33-frame video window: its added cost"),
     "writer": ("writer", "conversion: check levels, file size, source formats and their memory"),
     "ray": ("ray", "convert --ray and RayWindowLoader against WindowLoader on a loopback Ray cluster"),
     "cli": ("cli", "the epishard command's start-up: --help and argument errors"),
