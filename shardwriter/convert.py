@@ -40,7 +40,7 @@ from epishard.format.errors import check_choice
 from epishard.format.index import WindowIndex, dataset_index_bytes, encode_index, read_shard_meta, read_table_bytes
 from epishard.format.stats import DatasetStats
 from epishard.format.storage import Storage
-from epishard.format.streams import read_stream
+from epishard.format.streams import read_pieces
 from epishard.redact import redact, redact_optional, scrubbed
 
 from .episode import Episode, LazyTable, Source, TableSlice, file_size
@@ -617,15 +617,12 @@ def _summarise(storage: Storage, shard_metas: list[dict], index_files: list[byte
             for task in index.episode_tasks(e):
                 tasks.setdefault(task, len(tasks))
             for name, sig in index.signals(e).items():
-                start, stop = index.member_ranges(index.signal_member[sig])
                 where = f"{storage.path(meta['shard'])}: episode {index.key(e)} stream {name}"
-                data = read_stream(
-                    storage.read(meta["shard"], int(start), int(stop)),
-                    index.signal_dtype[sig].as_py(),
-                    index.signal_shape(sig),
-                    int(index.signal_count[sig]),
-                    where,
-                )
+                blobs = {}
+                for m in index.signal_pieces(sig)[0].tolist():
+                    start, stop = index.member_ranges(m)
+                    blobs[m] = storage.read(meta["shard"], int(start), int(stop))
+                data = read_pieces(index, sig, blobs, where)
                 _add_stream(streams, name, data.timestamps, data.values, float(index.signal_rate[sig]))
     for name, cam in cameras.items():
         if len(cam["sizes"]) == 1:  # listed only where episodes differ (e.g. a rotated one)

@@ -572,6 +572,16 @@ def _compact_tables(stored: VideoProbe, row_to_frame: np.ndarray) -> dict:
     }
 
 
+def _clock(table: pa.Table, fps: float) -> np.ndarray:
+    """The rows' times (float64 ``[num_rows]`` seconds): the ``timestamp`` column, or ``r / fps`` without one.
+
+    The clock a reader anchors windows at (``stream.episode.read_columns``'s ``timestamp``).
+    """
+    if "timestamp" in table.column_names:
+        return table.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+    return np.arange(table.num_rows) / fps
+
+
 def _task(episode: Episode, table: pa.Table) -> tuple[list[str], list[dict]]:
     """The episode's task texts, and a ``task_unknown`` warning when its rows name a task no task file defines.
 
@@ -720,6 +730,7 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
             list(fields.values()),
             2 + len(members),
             {*table.column_names, *cameras},
+            _clock(table, episode.fps),
         )
     except ConversionError as exc:
         raise exc.with_context(**where) from None
@@ -735,7 +746,8 @@ def prepare(episode: Episode, opts: PrepareOptions) -> PreparedEpisode:
         "cameras": {fields[c]: c for c in cameras},
     }
     if stream_rows:  # (absent without streams: the member stays version 2's, byte for byte)
-        meta["streams"] = {m.rsplit(".", 2)[-2]: r["name"] for (m, _), r in zip(stream_data, stream_rows, strict=True)}
+        first = {r["member"] - 2 - len(cam_rows): r["name"] for r in stream_rows}  # each stream's first piece
+        meta["streams"] = {stream_data[k][0].split(".")[1]: name for k, name in first.items()}
     if raw is None:
         buf = io.BytesIO()
         pq.write_table(table, buf)

@@ -22,9 +22,12 @@ from epishard.format.streams import STREAM_EXPANSION, encode_stream, stream_fact
 from .episode import Stream
 from .errors import ConversionError
 
-__all__ = ["check_stream", "stream_members"]
+__all__ = ["MIN_PIECE_SAMPLES", "PIECE_BYTES", "ROW_STEP", "check_stream", "row_times", "stream_members"]
 
 _MAX_SAMPLE_VALUES = 1 << 20  # values per sample (a 1024 x 1024 tactile array)
+PIECE_BYTES = 64 << 10  # bytes of samples per piece member: about 2 s of a 1 kHz 6-axis wrench
+MIN_PIECE_SAMPLES = 64  # (a piece of wide samples, a tactile array, still holds this many)
+ROW_STEP = 30  # the index's row clock table holds every ROW_STEP-th row's time
 
 
 def _bad(message: str) -> ConversionError:
@@ -74,46 +77,86 @@ def check_stream(name: str, stream: Stream) -> tuple[np.ndarray, np.ndarray]:
     return times, values
 
 
+def _pieces(n: int, sample_bytes: int) -> list[tuple[int, int]]:
+    """Sample ranges ``[a, b)`` of a stream's pieces: about ``PIECE_BYTES`` of samples each (one piece when empty)."""
+    step = max(MIN_PIECE_SAMPLES, PIECE_BYTES // max(sample_bytes, 1))
+    return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
+
+
+def row_times(times: np.ndarray, step: int = ROW_STEP) -> list[float]:
+    """The row clock at rows ``0, step, 2 * step, ...`` and the last row (seconds), or ``[]`` when it decreases.
+
+    ``times``: float64 ``[num_rows]``, the rows' times (the table's ``timestamp``, or ``r / fps``).
+    A reader bounds a window's anchor time by the two entries around its row, so it fetches only
+    the pieces of a stream that window can reach; a clock that goes back (a reset) gives none,
+    and every piece is read.
+    """
+    if times.size and np.any(np.diff(times) < 0):
+        return []
+    rows = np.unique(np.append(np.arange(0, times.size, step), times.size - 1))
+    return [float(t) for t in times[rows]]
+
+
 def stream_members(
-    key: str, streams: Mapping[str, Stream], taken: list[str], first_member: int, exclude: set[str]
+    key: str,
+    streams: Mapping[str, Stream],
+    taken: list[str],
+    first_member: int,
+    exclude: set[str],
+    clock: np.ndarray,
 ) -> tuple[list, list]:
     """The tar members and index entries of an episode's ``streams`` (name -> ``Stream``).
 
     ``taken``: the episode's camera fields (member names stay distinct); ``first_member``: the
     position of the first stream member in the episode's member list; ``exclude``: names the
-    stream may not have (the table's columns and the cameras: a window key would be ambiguous).
-    Returns ``(members [(name, bytes)], entries [dict following manifest.STREAM_TYPE])``, streams in
-    sorted order of their names. A member whose compressed bytes would hold more than
-    ``STREAM_EXPANSION / 2`` times its size in samples (a constant signal) is stored uncompressed.
+    stream may not have (the table's columns and the cameras: a window key would be ambiguous);
+    ``clock``: the rows' times (float64 ``[num_rows]``, seconds). Returns ``(members [(name,
+    bytes)], entries [dict following manifest.STREAM_TYPE])``, streams in sorted order of their
+    names. Each stream is cut into pieces of about ``PIECE_BYTES`` of samples, one member each
+    (``<key>.<field>.<k>.arrow``, consecutive), so a reader fetches only the pieces its windows
+    reach; a piece whose compressed bytes would hold more than ``STREAM_EXPANSION / 2`` times its
+    size in samples (a constant signal) is stored uncompressed.
 
     Raises:
         ConversionError: as ``check_stream``; a name that is empty, holds a control character or
-            is a table column or camera (``bad_stream``).
+            is a table column or camera (``bad_stream``); a member name over 100 bytes.
     """
     names = sorted(streams)
     fields = fmt.stream_fields(names, taken)
-    members, entries = [], []
-    for i, name in enumerate(names):
+    members: list[tuple[str, bytes]] = []
+    entries: list[dict] = []
+    clock_table = row_times(clock)
+    for name in names:
         if not isinstance(name, str) or not name or any(ord(c) < 32 or ord(c) == 127 for c in name):
             raise _bad(f"stream name {name!r} is not a name")
         if name in exclude:
             raise _bad(f"stream {name!r} has the name of a table column or camera of the episode")
         times, values = check_stream(name, streams[name])
-        data = encode_stream(times, values)
-        raw = times.nbytes + values.nbytes
-        if raw > (STREAM_EXPANSION // 2) * len(data):
-            data = encode_stream(times, values, compress=False)
-        member = fmt.member_name(key, f"{fields[name]}.{fmt.STREAM_EXT}")
-        fmt.check_member_name(member)
-        members.append((member, data))
+        sample_bytes = 8 + int(values.itemsize * np.prod(values.shape[1:], dtype=np.int64))
+        pieces = _pieces(times.size, sample_bytes)
+        first = first_member + len(members)
+        for k, (a, b) in enumerate(pieces):
+            data = encode_stream(times[a:b], values[a:b])
+            if (b - a) * sample_bytes > (STREAM_EXPANSION // 2) * len(data):
+                data = encode_stream(times[a:b], values[a:b], compress=False)
+            member = fmt.member_name(key, f"{fields[name]}.{k}.{fmt.STREAM_EXT}")
+            try:
+                fmt.check_member_name(member)
+            except ValueError as exc:
+                raise _bad(f"stream {name!r}: {exc} (USTAR's limit): give the stream a shorter name") from None
+            members.append((member, data))
         entries.append(
             {
                 "name": name,
-                "member": first_member + i,
+                "member": first,
                 "dtype": values.dtype.name,
                 "shape": [int(n) for n in values.shape[1:]],
                 **stream_facts(times),
                 "rate": float(streams[name].rate or 0.0),
+                "piece_start": [a for a, _ in pieces],
+                "piece_time": [float(times[a]) if b > a else 0.0 for a, b in pieces],
+                "row_step": ROW_STEP,
+                "row_time": clock_table,
             }
         )
     return members, entries

@@ -6,7 +6,7 @@ and value bounds, and that it holds exactly the per-shard indexes. Per shard: th
 exist as regular files, sizes and sha256 match the manifest; the index's schema; every tar member
 lies exactly where the index says (data offset and size) and has the indexed sha256; an episode's
 members are contiguous; its table has the indexed number of rows; each stream at its own rate
-(format version 3) reads as the index states it (``streams.read_stream``: an Arrow IPC file of the
+(format version 3) reads as the index states it (``streams.read_pieces``: Arrow IPC files of the
 indexed dtype, shape and sample count, timestamps finite and non-decreasing) with the indexed first
 and last time and smallest and largest interval (``streams.stream_facts``); and per episode and camera
 (unless ``decode=False``), every frame of the video decodes through the reader's decoder with the
@@ -34,7 +34,7 @@ from epishard.format.errors import FormatError
 from epishard.format.index import WindowIndex
 from epishard.format.opening import ManifestMissing, open_manifest
 from epishard.format.storage import NotARegularFile, Storage
-from epishard.format.streams import read_stream, stream_facts
+from epishard.format.streams import read_pieces, stream_facts
 from epishard.format.validate import check_index, totals_mismatches
 from epishard.redact import redact, scrubbed
 
@@ -150,16 +150,16 @@ def _check_video(data: bytes, index: WindowIndex, stream: int, shard: str, key: 
     return [_problem(shard, f"the frame table disagrees with the video: {problem}", episode=key, camera=name)]
 
 
-def _check_stream(data: bytes, index: WindowIndex, signal: int, shard: str, key: str, name: str) -> list[dict]:
-    """Read a stream member (``read_stream``) as the index's entry ``signal`` states it; its facts against the entry's.
+def _check_stream(blobs: dict, index: WindowIndex, signal: int, shard: str, key: str, name: str) -> list[dict]:
+    """Read a stream's piece members (``read_pieces``) as the index's entry ``signal`` states them; its facts too.
 
-    The problem names the episode and the stream: the member that does not read (type, shape,
-    count, a timestamp not finite or decreasing) or the first fact (``stream_facts``) that differs.
+    ``blobs``: flat member number -> bytes of the episode. The problem names the episode and the
+    stream: the piece that does not read (type, shape, count, a timestamp not finite or
+    decreasing, a first time other than the index's) or the first fact (``stream_facts``) that differs.
     """
     member = index.member_names[int(index.signal_member[signal])].as_py()
-    shape, count = index.signal_shape(signal), int(index.signal_count[signal])
     try:
-        times = read_stream(data, index.signal_dtype[signal].as_py(), shape, count, f"member {member}").timestamps
+        times = read_pieces(index, signal, blobs, "").timestamps
     except FormatError as exc:
         return [_problem(shard, f"stream does not read: {exc}", episode=key, stream=name)]
     facts = stream_facts(times)
@@ -254,8 +254,8 @@ def _check_episode(
         except pa.ArrowException as exc:
             problems.append(_problem(shard, f"table does not read: {exc}", episode=key))
     for name, s in index.signals(episode).items():
-        if int(index.signal_member[s]) in blobs:
-            problems += _check_stream(blobs[int(index.signal_member[s])], index, s, shard, key, name)
+        if all(int(m) in blobs for m in index.signal_pieces(s)[0]):
+            problems += _check_stream(blobs, index, s, shard, key, name)
     if decode:
         for s in range(index.episode_cams[episode], index.episode_cams[episode + 1]):
             if int(index.stream_member[s]) in blobs:

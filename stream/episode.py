@@ -25,7 +25,7 @@ from epishard.format.decoder import container_frames
 from epishard.format.errors import FormatError
 from epishard.format.index import WindowIndex, read_table_bytes
 from epishard.format.stats import numeric_matrix
-from epishard.format.streams import read_stream
+from epishard.format.streams import read_pieces
 
 from .decode import DecodeError, decode, decode_depth
 from .multirate import stream_window
@@ -35,6 +35,9 @@ from .telemetry import Telemetry
 from .transform import PostProcess
 
 __all__ = [
+    "PIECES",
+    "TIMES",
+    "VALUES",
     "EpisodeInfo",
     "Normalizer",
     "columns_nbytes",
@@ -254,19 +257,22 @@ def read_columns(
         ) from exc
 
 
-_TIMES, _VALUES = "\x00t:", "\x00v:"  # keys of a stream's arrays among the columns (no column has them)
+# Keys of a stream's arrays among an episode's columns (no column has them): its samples' times and
+# values (the pieces read, concatenated in piece order), and which of its pieces they hold (bool [P]).
+TIMES, VALUES, PIECES = "\x00t:", "\x00v:", "\x00p:"
 
 
 def read_signals(index: WindowIndex, episode: int, blobs: Mapping[int, bytes], spec: WindowSpec) -> dict:
     """The spec's streams at their own rate of ``episode``, as arrays to keep beside its columns.
 
-    ``blobs``: flat member number -> bytes (the episode's fetched members: its stream members come
-    with its table, ``fetch.episode_ranges``). Per stream the episode has, its timestamps (float64
-    ``[n]``) and values (``[n, *shape]`` in the dtype windows return: ``multirate``), under keys of
-    their own; a stream it lacks is absent (its windows are padding).
+    ``blobs``: flat member number -> bytes (the episode's fetched members: the pieces of its streams
+    its windows reach come with its table, ``reader.EpochReader._signal_pieces``). Per stream the
+    episode has, the samples of the pieces fetched, concatenated: timestamps (float64 ``[n]``) and
+    values (``[n, *shape]`` in the dtype windows return: ``multirate``), under keys of their own; a
+    stream it lacks is absent (its windows are padding).
 
     Raises:
-        DecodeError: a member does not read as the index describes (naming episode and stream).
+        DecodeError: a piece does not read as the index describes (naming episode and stream).
     """
     out: dict = {}
     mine = index.signals(episode)
@@ -274,20 +280,18 @@ def read_signals(index: WindowIndex, episode: int, blobs: Mapping[int, bytes], s
         s = mine.get(name)
         if s is None:
             continue
-        where = f"episode {index.key(episode)} stream {name}"
+        members = index.signal_pieces(s)[0]
+        present = [k for k, m in enumerate(members.tolist()) if m in blobs]
         try:
-            data = read_stream(
-                blobs[int(index.signal_member[s])],
-                index.signal_dtype[s].as_py(),
-                index.signal_shape(s),
-                int(index.signal_count[s]),
-                where,
-            )
+            data = read_pieces(index, s, blobs, f"episode {index.key(episode)} stream {name}", present)
         except FormatError as exc:
             raise DecodeError(str(exc)) from exc
-        out[_TIMES + name] = data.timestamps
+        out[TIMES + name] = data.timestamps
         dtype = read.resolved[2] if read.resolved is not None else data.values.dtype
-        out[_VALUES + name] = data.values.astype(dtype, copy=False)
+        out[VALUES + name] = data.values.astype(dtype, copy=False)
+        held = np.zeros(members.size, dtype=bool)
+        held[present] = True
+        out[PIECES + name] = held
     return out
 
 
@@ -543,8 +547,8 @@ def window_sample(
         t_hi = float(times[hi]) if hi < times.size else np.inf
         for name, read in spec.streams.items():
             values, stamps, pad = stream_window(
-                columns.get(_TIMES + name),
-                columns.get(_VALUES + name),
+                columns.get(TIMES + name),
+                columns.get(VALUES + name),
                 float(times[anchor]),
                 read,
                 (t_lo, t_hi),

@@ -690,17 +690,17 @@ class EpisodeRanges:
     members: list[int]
 
 
-def episode_ranges(index, episode: int, cameras: list[int], data: bool = True, signals=()) -> EpisodeRanges:
+def episode_ranges(index, episode: int, cameras: list[int], data: bool = True, pieces=()) -> EpisodeRanges:
     """Where the data member (unless ``data`` is False) and the given camera streams of ``episode`` lie.
 
     ``index``: the dataset's ``WindowIndex``; ``cameras``: global stream numbers (the index's camera
-    streams of this episode); ``signals``: flat entries of its streams at their own rate whose
-    members come with the data member (``WindowIndex.signals``). Their shard, byte ranges
-    (``[start, stop)`` offsets in the shard's tar), sha256s and member numbers (in tar order).
+    streams of this episode); ``pieces``: flat member numbers of the pieces of its streams at their
+    own rate that come with the data member (``WindowIndex.signal_pieces``). Their shard, byte
+    ranges (``[start, stop)`` offsets in the shard's tar), sha256s and member numbers (in tar order).
     """
     members = index.stream_member[np.asarray(cameras, dtype=np.int64)]
     if data:
-        extra = index.signal_member[np.asarray(list(signals), dtype=np.int64)]
+        extra = np.asarray(list(pieces), dtype=np.int64)
         members = np.concatenate([members, extra, [index.data_member(episode)]]).astype(np.int64)
     members = np.unique(members)
     start, stop = index.member_ranges(members)

@@ -346,7 +346,9 @@ class Scheduler:
         # Per fetch, what its load does: (columns read, decode calls); a reader that fetches only
         # the packets a load decodes (``stream.packets``) sizes the fetch from it.
         self.fetch_work: list[tuple[bool, tuple[Decode, ...]]] = []
+        self.fetch_chunk: list[int] = []  # per fetch, the first window of the chunk whose load it is
         self._start, self._size = 0, policy.first
+        self._chunk = 0  # the first window of the chunk being scheduled
         # The part of the order in hand: its first window, its Demand, each occurrence's next window.
         self._base, self._part, self._next_window = 0, demand.part(0, 0), np.zeros(0, dtype=np.int64)
         # The decoded-item cache, as arrays sorted by key: key, bytes, next window that needs it.
@@ -407,6 +409,7 @@ class Scheduler:
         self._keys, self._sizes, self._nexts = keys[order], sizes[order], nexts[order]
         columns = need < 0
         episode_next = dict(zip((-1 - need[columns]).tolist(), nxt[columns].tolist(), strict=True))
+        self._chunk = a
         loads = self._encoded(_loads(part, miss), episode_next)
         hits = int(np.count_nonzero(cached & (need >= 0)))
         misses = int(np.count_nonzero(miss >= 0))
@@ -451,6 +454,7 @@ class Scheduler:
                 fetch = len(self.fetches)
                 self.fetches.append(e)
                 self.fetch_work.append((columns, decodes))
+                self.fetch_chunk.append(self._chunk)
             drop: list[int] = []
             keep = u != NEVER and size <= budget
             if keep and e not in held:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["TOLERANCE_S", "At", "Span", "at", "resolve_streams", "span", "stream_window"]
+__all__ = ["TOLERANCE_S", "At", "Span", "at", "reach", "reach_pieces", "resolve_streams", "span", "stream_window"]
 
 TOLERANCE_S = 1e-6  # seconds: a sample this close outside a span's end still belongs to it (float32 row clocks)
 _INTERP = ("previous", "nearest", "linear")
@@ -113,6 +113,39 @@ def at(times, interp: str = "nearest") -> At:
         ValueError: no times, a time not finite, or another ``interp``.
     """
     return At(tuple(times) if not isinstance(times, (int, float)) else (times,), interp)
+
+
+def reach(read: Span | At) -> tuple[float, float]:
+    """Seconds before and after the anchor a read can take samples from (``at``: its earliest and latest time)."""
+    return (read.start, read.stop) if isinstance(read, Span) else (min(read.times), max(read.times))
+
+
+def reach_pieces(index, signal: int, read: Span | At, anchors=None, times=None) -> np.ndarray:
+    """Bool ``[P]``: the pieces of stream entry ``signal`` that windows of ``read`` can take samples from.
+
+    The windows are at rows ``anchors`` (int64, their times bounded by the index's row clock
+    entries around each row, ``WindowIndex.signal_row_clock``) or at anchor ``times`` (float64
+    seconds, exact). A piece is reached when it may hold a sample of a window's interval, widened
+    by one piece on each side (the samples ``at`` takes around a time: the one before it, the one
+    after). A stream without a row clock table (a clock that goes back) reaches every piece.
+    """
+    pieces = index.signal_pieces(signal)[0].size
+    lo, hi = reach(read)
+    if times is None:
+        step, clock = index.signal_row_clock(signal)
+        if clock.size == 0:
+            return np.ones(pieces, dtype=bool)
+        block = np.minimum(np.asarray(anchors, dtype=np.int64) // step, clock.size - 1)
+        first, last = clock[block], clock[np.minimum(block + 1, clock.size - 1)]
+    else:
+        first = last = np.asarray(times, dtype=np.float64)
+    firsts = index.signal_piece_times(signal)
+    k_lo = np.clip(np.searchsorted(firsts, first + lo - TOLERANCE_S, side="left") - 2, 0, pieces - 1)
+    k_hi = np.clip(np.searchsorted(firsts, last + hi + TOLERANCE_S, side="right"), 0, pieces - 1)
+    marks = np.zeros(pieces + 1, dtype=np.int64)
+    np.add.at(marks, k_lo, 1)
+    np.add.at(marks, k_hi + 1, -1)
+    return np.cumsum(marks)[:-1] > 0
 
 
 def _out_dtype(stored: str, read: Span | At) -> np.dtype:

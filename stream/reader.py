@@ -14,6 +14,7 @@ Internal: import from ``epishard.stream``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 import warnings
 from collections.abc import Callable
@@ -24,8 +25,14 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from epishard.format.errors import FormatError
+from epishard.format.streams import read_pieces
+
 from .decode import DecodeError
 from .episode import (
+    PIECES,
+    TIMES,
+    VALUES,
     EpisodeInfo,
     columns_nbytes,
     decode_camera,
@@ -39,6 +46,7 @@ from .fetch import Fetcher, FetchError, FetchPolicy, episode_ranges
 from .lookahead import PICTURE_SHARE, Decode, Demand, Load, Lookahead, Scheduler, Step, Store, frame_key
 from .memory import release_free_memory
 from .mix import MixLayout, camera_streams, column_widths
+from .multirate import reach_pieces
 from .packets import picture_bytes, plan_runs, readable, run_ranges
 from .plan import WorkerPlan
 from .source import DatasetSource
@@ -114,6 +122,10 @@ class EpochReader:
         self._stream_base: list[int] = np.cumsum([0, *[s.index.cam_depth.size for s in ctx.sources]]).tolist()
         self._picture_bytes: dict[int, int] = {}  # global stream -> a kept picture's bytes (0: kept as RGB)
         self._signals: dict[int, tuple] = {}  # dataset -> its windows' streams at their own rate (``_signal_parts``)
+        # Global episode -> the positions of its windows in the yield order (ascending), and the
+        # anchors of that order (``samples``): which stream pieces a load fetches.
+        self._positions: dict[int, np.ndarray] = {}
+        self._plan_anchors = np.zeros(0, dtype=np.int64)
 
     def _signal_parts(self, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Dataset ``d``'s streams at their own rate that its windows read (the spec's ``streams``).
@@ -135,7 +147,9 @@ class EpochReader:
                 width = np.array([int(np.prod(shape, dtype=np.int64)) for shape in shapes], dtype=np.int64)
                 decoded = np.zeros(wanted.size, dtype=np.int64)
                 decoded[wanted] = ix.signal_count[wanted] * (8 + 8 * width)
-                member = np.where(wanted, ix.member_size[np.clip(ix.signal_member, 0, ix.member_size.size - 1)], 0)
+                member = np.zeros(wanted.size, dtype=np.int64)
+                for i in np.flatnonzero(wanted).tolist():  # every piece: an upper bound of what a load fetches
+                    member[i] = int(ix.member_size[ix.signal_pieces(i)[0]].sum())
                 self._signals[d] = (
                     wanted,
                     np.bincount(owner, weights=decoded, minlength=n).astype(np.int64),
@@ -143,12 +157,33 @@ class EpochReader:
                 )
         return self._signals[d]
 
-    def _signal_entries(self, d: int, local: int) -> list[int]:
-        """Flat entries of the streams at their own rate episode ``local`` of dataset ``d`` is read with."""
+    def _signal_pieces(self, d: int, local: int, episode: int, chunk: int) -> list[int]:
+        """Flat member numbers of the stream pieces a load of episode ``local`` of dataset ``d`` fetches.
+
+        Per stream the spec reads, the pieces the episode's windows (global ``episode``) from the
+        load's ``chunk`` (a window of the yield order) to ``PIECE_REACH`` chunks' worth of windows
+        later can reach (``reach_pieces``): the windows its columns most likely serve while
+        cached; a window after them whose pieces are missing fetches them when it is assembled
+        (``_cover_pieces``).
+        """
         wanted = self._signal_parts(d)[0]
-        ix = self.ctx.sources[d].index
+        ix, spec = self.ctx.sources[d].index, self.ctx.layout.specs[d]
         a, b = int(ix.episode_signals[local]), int(ix.episode_signals[local + 1])
-        return (np.flatnonzero(wanted[a:b]) + a).tolist()
+        positions = self._positions.get(episode)
+        anchors = None
+        if positions is not None:
+            reach = PIECE_REACH * max(self.ctx.lookahead.horizon, 1)
+            lo, hi = np.searchsorted(positions, [chunk, chunk + reach])
+            anchors = self._plan_anchors[positions[lo:hi]]
+        out: list[int] = []
+        for s in (np.flatnonzero(wanted[a:b]) + a).tolist():
+            members = ix.signal_pieces(s)[0]
+            read = spec.streams[ix.signal_names[s].as_py()]
+            if anchors is None or not anchors.size:
+                out.extend(members.tolist())
+                continue
+            out.extend(members[reach_pieces(ix, s, read, anchors=anchors)].tolist())
+        return out
 
     def samples(self, plan: WorkerPlan, skip: int, telemetry: Telemetry):
         """Follow the look-ahead schedule of the plan's windows after the first ``skip`` (``stream.lookahead``).
@@ -159,6 +194,12 @@ class EpochReader:
         """
         episodes, anchors = plan.episode[skip:], plan.anchor[skip:]
         t0 = time.perf_counter()
+        if any(spec.streams for spec in self.ctx.layout.specs):  # which stream pieces each episode's windows reach
+            order = np.argsort(episodes, kind="stable")
+            unique, starts = np.unique(episodes[order], return_index=True)
+            groups = np.split(order.astype(np.int64), starts[1:])
+            self._positions = dict(zip(unique.tolist(), groups, strict=True))
+            self._plan_anchors = np.asarray(anchors, dtype=np.int64)
         demand = _Demands(self, episodes, anchors)
         policy = self.ctx.lookahead
         if self.ctx.first_chunk and policy.first == Lookahead.first:  # the loader's batch: first batch first
@@ -171,7 +212,13 @@ class EpochReader:
             """The next step, its fetches handed to the fetchers (a step ahead, so they go out early)."""
             t = time.perf_counter()
             step = next(steps, None)
-            self._fetch_more(steps.fetches[len(slots) :], steps.fetch_work[len(slots) :], fetchers, slots)
+            self._fetch_more(
+                steps.fetches[len(slots) :],
+                steps.fetch_work[len(slots) :],
+                fetchers,
+                slots,
+                steps.fetch_chunk[len(slots) :],
+            )
             telemetry.add(schedule_s=time.perf_counter() - t)
             return step
 
@@ -260,11 +307,72 @@ class EpochReader:
         finish = None if self.ctx.defer_float else self.ctx.post.finish
         index = self.ctx.sources[d].index
         spec = self.ctx.layout.specs[d]  # the window in this dataset's rows (its frame rate)
+        if spec.streams:
+            self._cover_pieces(d, episode, columns, anchor, telemetry)
         sample = window_sample(index, info, columns, anchor, spec, self.ctx.cam_offsets[d], frames, finish)
         sample = self.ctx.layout.apply(sample, d, finish)
         sample["dataset"], sample["substitute"] = d, False
         telemetry.add(assemble_s=time.perf_counter() - t, frames_returned=col)
         return sample
+
+    def _cover_pieces(self, d: int, episode: int, columns: dict, anchor: int, telemetry: Telemetry) -> None:
+        """Read the stream pieces this window reaches that its episode's load did not fetch, into ``columns``.
+
+        A load fetches the pieces of its episode's windows over ``PIECE_REACH`` horizons
+        (``_signal_pieces``); a later window served by the same cached columns may reach others.
+        They are read here, one range per piece, checked by sha256 and the index
+        (``read_pieces``), and merged in piece order.
+
+        Raises:
+            DecodeError: a piece does not read as the index describes, or its bytes differ
+                (naming the episode and the stream).
+        """
+        _, local = self.ctx.locate(episode)
+        src = self.ctx.sources[d]
+        ix, spec = src.index, self.ctx.layout.specs[d]
+        t0 = np.asarray([columns["timestamp"][anchor]], dtype=np.float64)
+        for name, s in ix.signals(local).items():
+            read = spec.streams.get(name)
+            if read is None:
+                continue
+            present = columns[PIECES + name]
+            missing = np.flatnonzero(reach_pieces(ix, s, read, times=t0) & ~present)
+            if not missing.size:
+                continue
+            members, _, counts = ix.signal_pieces(s)
+            where = f"episode {ix.key(local)} stream {name}"
+            blobs = {}
+            for m in members[missing].tolist():
+                start, stop = ix.member_ranges(m)
+                data = src.read_range(int(ix.shard[local]), int(start), int(stop))
+                if hashlib.sha256(data).hexdigest() != ix.member_sha256[m].as_py():
+                    raise DecodeError(f"{where}: member {ix.member_names[m].as_py()}: sha256 differs from the index")
+                blobs[m] = data
+                telemetry.add(bytes_read=len(data))
+            try:
+                more = read_pieces(ix, s, blobs, where, missing.tolist())
+            except FormatError as exc:
+                raise DecodeError(str(exc)) from exc
+            # Merge in piece order: the kept samples are the present pieces' in order, counts known.
+            have = np.flatnonzero(present)
+            parts_t: dict[int, np.ndarray] = {}
+            parts_v: dict[int, np.ndarray] = {}
+            if have.size:
+                split_at = np.cumsum(counts[have])[:-1]
+                parts_t.update(zip(have.tolist(), np.split(columns[TIMES + name], split_at), strict=True))
+                parts_v.update(zip(have.tolist(), np.split(columns[VALUES + name], split_at), strict=True))
+            split_more = np.cumsum(counts[missing])[:-1]
+            parts_t.update(zip(missing.tolist(), np.split(more.timestamps, split_more), strict=True))
+            dtype = columns[VALUES + name].dtype
+            parts_v.update(
+                zip(missing.tolist(), np.split(more.values.astype(dtype, copy=False), split_more), strict=True)
+            )
+            order = sorted(parts_t)
+            columns[TIMES + name] = np.concatenate([parts_t[k] for k in order])
+            columns[VALUES + name] = np.concatenate([parts_v[k] for k in order])
+            present = present.copy()
+            present[missing] = True
+            columns[PIECES + name] = present
 
     def _no_frames(self, d: int, info, cam: str) -> torch.Tensor:
         """A camera read at no offsets: ``[0, C, h, w]`` of its prepared dtype."""
@@ -396,17 +504,21 @@ class EpochReader:
         work: list[tuple[bool, tuple[Decode, ...]]],
         fetchers: list[Fetcher],
         slots: list[tuple],
+        chunks: list[int] | None = None,
     ) -> None:
         """Append the schedule's next ``fetches`` (global episodes, repeats allowed) to the fetchers.
 
-        ``work``: per fetch, its load's (columns read, decode calls) (``Scheduler.fetch_work``).
+        ``work``: per fetch, its load's (columns read, decode calls) (``Scheduler.fetch_work``);
+        ``chunks``: per fetch, the first window of its chunk (``Scheduler.fetch_chunk``: the stream
+        pieces fetched are those of the episode's windows from there on, ``_signal_pieces``).
         Appends to ``slots``, per fetch, ``(dataset, position in its fetcher, sha256s, members,
         runs)``: ``runs`` None when the episode's members are fetched whole, else, per global stream
         decoded, ``(runs, starts)`` (``stream.packets``): only the data member (when its columns are
         read) and the byte ranges of those runs are fetched, in that order after the members.
         """
         lists: list[list] = [[] for _ in self.ctx.sources]
-        for e, (columns, decodes) in zip(fetches, work, strict=True):
+        chunks = chunks if chunks is not None else [0] * len(fetches)
+        for e, (columns, decodes), chunk in zip(fetches, work, chunks, strict=True):
             d, local = self.ctx.locate(e)
             if self.ctx.failed[e]:  # never fetched: its load fails (``_shard_failure``) before using its slot
                 slots.append((d, -1, [], [], None))
@@ -415,7 +527,9 @@ class EpochReader:
             streams = _streams(ix, local, self.ctx.cam_offsets[d])
             runs: dict[int, tuple] | None = None
             if self.ctx.fetch.packets and bool(np.all(readable(ix, streams))):
-                ranges = episode_ranges(ix, local, [], columns, self._signal_entries(d, local))
+                ranges = episode_ranges(
+                    ix, local, [], columns, self._signal_pieces(d, local, e, chunk) if columns else ()
+                )
                 runs, extra = {}, []
                 base = self._stream_base[d]
                 for call in decodes:
@@ -429,7 +543,7 @@ class EpochReader:
                 slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, runs))
                 lists[d].append((ranges.shard, ranges.ranges + extra))
                 continue
-            ranges = episode_ranges(ix, local, streams, signals=self._signal_entries(d, local))
+            ranges = episode_ranges(ix, local, streams, pieces=self._signal_pieces(d, local, e, chunk))
             slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, None))
             lists[d].append((ranges.shard, ranges.ranges))
         for fetcher, more in zip(fetchers, lists, strict=True):
@@ -580,6 +694,9 @@ def _frame_size(post: PostProcess, index, streams: np.ndarray) -> np.ndarray:
     return size
 
 
+# A load fetches the stream pieces of its episode's windows over this many horizons of the yield
+# order from its chunk on (the windows its cached columns most likely serve).
+PIECE_REACH = 2
 _NEVER_KEPT = np.iinfo(np.int64).max // 4  # encoded size of an episode read by packets: above any budget
 
 

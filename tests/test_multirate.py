@@ -344,7 +344,8 @@ def test_an_index_claiming_more_samples_than_its_member_holds_is_refused(dataset
     manifest = json.loads(Path(copy, "manifest.json").read_text())
     manifest["index"]["sha256"] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     Path(copy, "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(FormatError, match=r"stream events: count 1000000000000 claims more samples than its member"):
+    claims = r"stream events: count 1000000000000 claims more samples than its pieces. bytes can hold"
+    with pytest.raises(FormatError, match=claims):
         WindowDataset(copy, _spec())
 
 
@@ -386,3 +387,92 @@ def test_the_guides_end_to_end_example_runs(tmp_path, monkeypatch, capsys):
         "torch.Size([32, 1]) torch.Size([32, 1])",
     ]
     assert (tmp_path / "shards" / "rig" / "manifest.json").exists()
+
+
+@pytest.fixture(scope="module")
+def long_dataset(tmp_path_factory):
+    """Two 40 s episodes: a 1 kHz float64 [6] wrench in pieces of about 64 kB, and 12 sparse events."""
+    root = str(tmp_path_factory.mktemp("pieces") / "ds")
+    rng = np.random.default_rng(3)
+    n, source, episodes = 40 * FPS, {}, []
+    for e in range(2):
+        t = 0.0002 + np.arange(40_000) / 1000 + rng.uniform(-2e-5, 2e-5, 40_000)
+        wrench = Stream(np.sort(t), np.stack([100_000 * e + np.arange(t.size)] * 6, axis=1).astype(np.float64))
+        events = Stream(np.sort(rng.uniform(0, 40, 12)), 100 * e + np.arange(12, dtype=np.int64))
+        source[e] = {"obs.wrench": wrench, "events": events}
+        video = make_video(None, n, fps=FPS, start_number=0, height=32, width=32, gop=30)
+        table = make_episode_table(n, fps=FPS)
+        episodes.append(
+            Episode(
+                source="long",
+                episode_index=e,
+                table=table,
+                videos={CAM: CameraVideo(video)},
+                fps=FPS,
+                streams=source[e],
+            )
+        )
+    convert([Source(name="long", episodes=episodes, fps=FPS)], root, ConvertOptions(progress=False))
+    return root, source
+
+
+def test_a_long_stream_is_stored_in_pieces_and_windows_read_only_theirs(long_dataset):
+    from epishard.shardwriter import WindowIndex
+    from epishard.stream import Lookahead, ReadOptions
+
+    root, source = long_dataset
+    index = WindowIndex.load_dataset(root)
+    wrench = index.signals(0)["obs.wrench"]
+    members, starts, counts = index.signal_pieces(wrench)
+    assert members.size > 20 and counts.sum() == 40_000 and starts[0] == 0
+    streams = [m for e in range(2) for s in index.signals(e).values() for m in index.signal_pieces(s)[0].tolist()]
+    stream_bytes = int(index.member_size[streams].sum())
+    other_bytes = int(index.member_size.sum()) - stream_bytes  # tables and videos, whole
+    spec = WindowSpec(
+        cameras={CAM: (0,)},
+        streams={"obs.wrench": span(-0.25, 0.0), "events": at([-3.0, 0.0], "previous")},
+        per_episode_count=3,
+    )
+    read = ReadOptions(telemetry=True, lookahead=Lookahead(encoded_bytes=0))
+    loader = WindowLoader(WindowDataset(root, spec, seed=1, shuffle="global", read=read), batch_size=1, num_workers=0)
+    batches = list(loader)
+    assert len(batches) == 6
+    for b in batches:
+        e, frame = int(b["episode_index"][0]), int(b["frame_index"][0])
+        t0 = float(np.float32(frame / FPS))
+        want, want_t = _expected_span(source[e]["obs.wrench"], t0, -0.25, 0.0)
+        k = want_t.size
+        assert k >= 240 and (~b["obs.wrench_is_pad"][0]).sum() == k
+        np.testing.assert_array_equal(b["obs.wrench"][0, :k].numpy(), want.astype(np.float32))
+        np.testing.assert_array_equal(b["obs.wrench_timestamp"][0, :k].numpy(), want_t)
+        ev = source[e]["events"]
+        previous = np.searchsorted(ev.timestamps, t0 + np.array([-3.0, 0.0]) + TOLERANCE_S, side="right") - 1
+        assert b["events_is_pad"][0].tolist() == (previous < 0).tolist()
+        np.testing.assert_array_equal(b["events"][0].numpy(), ev.values[np.clip(previous, 0, None)])
+    from epishard.stream.telemetry import summarize
+
+    fetched = summarize([batches[-1]["__telemetry__"]])["bytes_read"]
+    # 6 windows, each load fetching the few pieces its windows reach: far less than the streams whole
+    assert fetched - other_bytes < stream_bytes / 2, (fetched, other_bytes, stream_bytes)
+
+
+def test_a_window_reaching_pieces_its_load_did_not_fetch_reads_them(long_dataset, monkeypatch):
+    from epishard.stream import reader
+
+    root, source = long_dataset
+
+    def first_pieces_only(self, d, local, episode, chunk):
+        ix = self.ctx.sources[d].index
+        return [int(ix.signal_pieces(s)[0][0]) for s in ix.signals(local).values()]
+
+    monkeypatch.setattr(reader.EpochReader, "_signal_pieces", first_pieces_only)
+    spec = WindowSpec(cameras={CAM: (0,)}, streams={"obs.wrench": span(-0.25, 0.0)}, per_episode_count=4)
+    samples = list(WindowDataset(root, spec, seed=2, shuffle=None))
+    assert len(samples) == 8
+    for sample in samples:
+        e, frame = int(sample["episode_index"]), int(sample["frame_index"])
+        want, want_t = _expected_span(source[e]["obs.wrench"], float(np.float32(frame / FPS)), -0.25, 0.0)
+        k = want_t.size
+        assert int((~sample["obs.wrench_is_pad"]).sum()) == k
+        np.testing.assert_array_equal(sample["obs.wrench"][:k].numpy(), want.astype(np.float32))
+        np.testing.assert_array_equal(sample["obs.wrench_timestamp"][:k].numpy(), want_t)

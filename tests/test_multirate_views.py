@@ -253,7 +253,7 @@ def test_verify_names_the_episode_and_stream_of_a_member_that_lies(tmp_path, mon
     root, t_last = _lying_dataset(tmp_path, monkeypatch)
     result = verify(root)
     assert not result["ok"]
-    member, stored = "ly-e000000.obs_imu.arrow", t_last + 0.5
+    member, stored = "ly-e000000.obs_imu.0.arrow", t_last + 0.5
     message = f"member {member}: its samples' t_last is {stored!r} s, the index says {t_last!r} s"
     assert result["problems"] == [
         {"shard": "shard-000000.tar", "episode": "ly-e000000", "stream": "obs.imu", "message": message}
@@ -272,7 +272,7 @@ def test_verify_of_altered_stream_bytes_names_the_checksums_and_the_stream(datas
     shutil.copytree(dataset[0], root)
     shard = os.path.join(root, "shard-000000.tar")
     with tarfile.open(shard) as tar:
-        info = next(m for m in tar.getmembers() if m.name.endswith("e000001.obs_wrench.arrow"))
+        info = next(m for m in tar.getmembers() if m.name.endswith("e000001.obs_wrench.0.arrow"))
     with open(shard, "r+b") as f:
         f.seek(info.offset_data + info.size - 16)
         f.write(b"\0" * 16)  # the Arrow file's footer length and closing magic gone

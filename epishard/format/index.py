@@ -341,9 +341,39 @@ class WindowIndex:
         self.signal_min_interval = _np(sig.field("min_interval"), np.float64)
         self.signal_max_interval = _np(sig.field("max_interval"), np.float64)
         self.signal_rate = _np(sig.field("rate"), np.float64)
+        values, self.piece_offsets = _flat(sig.field("piece_start"))
+        self.piece_start = _np(values, np.int64)
+        values, self.piece_time_offsets = _flat(sig.field("piece_time"))
+        self.piece_time = _np(values, np.float64)
+        self.signal_row_step = _np(sig.field("row_step"), np.int64)
+        values, self.row_time_offsets = _flat(sig.field("row_time"))
+        self.row_time = _np(values, np.float64)
         owner = np.repeat(np.arange(n), np.diff(self.episode_signals))
         # Clipped so that a damaged index still loads; validate.check_index rejects it.
         self.signal_member = np.clip(self.episode_members[owner] + self.signal_member_pos, 0, self.member_size.size)
+
+    def signal_pieces(self, signal: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A stream's pieces: flat member numbers, first sample and sample count of each (int64 ``[P]``).
+
+        Piece ``k`` is member ``signal_member + k`` and holds samples ``start[k] .. start[k] + count[k] - 1``.
+        """
+        a, b = int(self.piece_offsets[signal]), int(self.piece_offsets[signal + 1])
+        start = self.piece_start[a:b]
+        count = np.diff(np.append(start, self.signal_count[signal]))
+        return int(self.signal_member[signal]) + np.arange(b - a, dtype=np.int64), start, count
+
+    def signal_piece_times(self, signal: int) -> np.ndarray:
+        """float64 ``[P]``: the time of each piece's first sample (seconds)."""
+        a, b = int(self.piece_offsets[signal]), int(self.piece_offsets[signal + 1])
+        return self.piece_time[a:b]
+
+    def signal_row_clock(self, signal: int) -> tuple[int, np.ndarray]:
+        """``(row_step, times)``: the episode's row clock at rows ``0, step, 2 * step, ...`` and its last row.
+
+        ``times`` float64, seconds; empty when the clock goes back (every piece is then read).
+        """
+        a, b = int(self.row_time_offsets[signal]), int(self.row_time_offsets[signal + 1])
+        return int(self.signal_row_step[signal]), self.row_time[a:b]
 
     def signal_shape(self, signal: int) -> tuple[int, ...]:
         """Per-sample shape of a flat stream entry (``()`` for a scalar)."""

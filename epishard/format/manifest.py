@@ -343,6 +343,14 @@ STREAM_TYPE = pa.struct(
         ("min_interval", pa.float64()),
         ("max_interval", pa.float64()),
         ("rate", pa.float64()),  # nominal rate in Hz as the source declared it, 0.0 when none
+        # Pieces: the stream is stored as consecutive members, `member` the first; piece k holds
+        # samples [piece_start[k], piece_start[k+1]) (the last: to `count`), its first at piece_time[k].
+        ("piece_start", pa.list_(pa.int64())),
+        ("piece_time", pa.list_(pa.float64())),
+        # The row clock at rows 0, row_step, 2 * row_step, ... and the last row (seconds), so a reader
+        # bounds a window's anchor time from the index alone; [] when the clock goes back (read all).
+        ("row_step", pa.int32()),
+        ("row_time", pa.list_(pa.float64())),
     ]
 )
 

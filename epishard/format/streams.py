@@ -29,7 +29,7 @@ import pyarrow as pa
 from .errors import FormatError
 from .manifest import STREAM_DTYPES
 
-__all__ = ["STREAM_EXPANSION", "StreamData", "encode_stream", "read_stream", "stream_facts"]
+__all__ = ["STREAM_EXPANSION", "StreamData", "encode_stream", "read_pieces", "read_stream", "stream_facts"]
 
 # A stream member holds at most this many bytes of samples (8 per timestamp plus the values) per
 # byte of member: zstd gains 1-4x on sensor data, and the writer stores a member uncompressed where
@@ -129,3 +129,41 @@ def read_stream(data: bytes, dtype: str, shape: tuple[int, ...], count: int, whe
     flat = value.flatten().to_numpy(zero_copy_only=False)
     values = flat.astype(np.dtype(dtype), copy=False).reshape(count, *shape)
     return StreamData(times.astype(np.float64, copy=False), values)
+
+
+def read_pieces(index, signal: int, blobs, where: str, pieces=None) -> StreamData:
+    """A stream's samples from its piece members (all, or the ``pieces`` given, in order), held to the index.
+
+    ``index``: the ``WindowIndex`` (``signal_pieces``, ``signal_piece_times``); ``signal``: the flat
+    stream entry; ``blobs``: flat member number -> bytes; ``where``: what messages name before the
+    piece's member (e.g. the episode and stream); ``pieces``: piece numbers, ascending (None: every
+    piece). Each piece is read by ``read_stream`` against its own count, its first sample's time
+    must be the index's ``piece_time``, and times must not decrease across pieces.
+
+    Returns ``StreamData`` of the pieces' samples concatenated.
+
+    Raises:
+        FormatError: as ``read_stream``, or a piece's first time other than the index's (naming
+            ``where`` and the piece).
+        KeyError: a piece's member is not in ``blobs``.
+    """
+    members, _, counts = index.signal_pieces(signal)
+    firsts = index.signal_piece_times(signal)
+    dtype, shape = index.signal_dtype[signal].as_py(), index.signal_shape(signal)
+    chosen = range(len(members)) if pieces is None else pieces
+    times: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    for k in chosen:
+        label = f"{where} member {index.member_names[int(members[k])].as_py()}".strip()
+        part = read_stream(blobs[int(members[k])], dtype, shape, int(counts[k]), label)
+        if part.timestamps.size and part.timestamps[0] != firsts[k]:
+            raise FormatError(
+                f"{label}: its first sample is at {part.timestamps[0]} s, the index's piece_time says {firsts[k]}"
+            )
+        if times and times[-1].size and part.timestamps.size and part.timestamps[0] < times[-1][-1]:
+            raise FormatError(f"{label}: its first sample is before the previous piece's last")
+        times.append(part.timestamps)
+        values.append(part.values)
+    if not times:
+        return StreamData(np.zeros(0), np.zeros((0, *shape), dtype=np.dtype(dtype)))
+    return StreamData(np.concatenate(times), np.concatenate(values))

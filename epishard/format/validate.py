@@ -205,6 +205,15 @@ def _not_ascending(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return bad
 
 
+def _decreasing(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Bool per item: less than the previous item of its group (``offsets``-delimited)."""
+    bad = np.zeros(values.size, dtype=bool)
+    if values.size > 1:
+        bad[1:] = np.diff(values) < 0
+        bad[offsets[:-1][offsets[:-1] < values.size]] = False  # the first item of each group
+    return bad
+
+
 def _utf8(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(int64 offsets ``[n + 1]`` from 0, uint8 bytes) of a string array: views of its Arrow buffers."""
     if isinstance(array, pa.ChunkedArray):
@@ -403,11 +412,6 @@ def _check_signals(index, w: _Where) -> None:
     repeated = np.zeros(owner.size, dtype=bool)
     repeated[first[seen > 1]] = True
     fail(repeated, "name", "is twice in the episode")
-    pos = index.signal_member_pos
-    fail((pos < 0) | (pos >= member_counts[owner]), "member", "is not a member of the episode", pos)
-    arrow = pc.ends_with(index.member_names, "." + fmt.STREAM_EXT).to_numpy(zero_copy_only=False)
-    member = np.clip(index.episode_members[owner] + pos, 0, max(arrow.size - 1, 0))
-    fail(~arrow[member], "member", f"is not a .{fmt.STREAM_EXT} member", pos)
     known = pc.is_in(index.signal_dtype, value_set=pa.array(fmt.STREAM_DTYPES)).to_numpy(zero_copy_only=False)
     fail(~known, "dtype", f"is not one of {', '.join(fmt.STREAM_DTYPES)}", index.signal_dtype.to_pylist())
     dims = index.signal_shape_values
@@ -415,28 +419,69 @@ def _check_signals(index, w: _Where) -> None:
     fail(_item_to_group(bad_dim, index.signal_shape_offsets, owner.size), "shape", "holds a size outside 1 .. 2**20")
     ndim = np.diff(index.signal_shape_offsets)
     fail(ndim > 8, "shape", "has more than 8 dimensions", ndim)
+    c = index.signal_count
+    fail(c < 0, "count", "is negative", c)
+    # Pieces: consecutive .arrow members of the episode, their first samples ascending from 0.
+    pieces = np.diff(index.piece_offsets)
+    fail(pieces < 1, "piece_start", "is empty (a stream has at least one piece)")
+    pos = index.signal_member_pos
+    fail(
+        (pos < 0) | (pos + pieces > member_counts[owner]),
+        "member",
+        "and its pieces are not members of the episode",
+        pos,
+    )
+    arrow = pc.ends_with(index.member_names, "." + fmt.STREAM_EXT).to_numpy(zero_copy_only=False)
+    piece_owner = np.repeat(np.arange(owner.size), pieces)
+    piece_index = np.arange(piece_owner.size) - np.repeat(index.piece_offsets[:-1], pieces)
+    piece_member = np.clip(
+        np.repeat(index.episode_members[owner] + pos, pieces) + piece_index, 0, max(arrow.size - 1, 0)
+    )
+    fail(_item_to_group(~arrow[piece_member], index.piece_offsets, owner.size), "member", "is not a .arrow member")
+    start = index.piece_start
+    first_ok = np.zeros(owner.size, dtype=bool)
+    has = pieces >= 1
+    first_ok[has] = start[index.piece_offsets[:-1][has]] == 0
+    fail(has & ~first_ok, "piece_start", "does not start at sample 0")
+    bad = _not_ascending(start, index.piece_offsets) | (start < 0) | (start >= np.maximum(np.repeat(c, pieces), 1))
+    fail(_item_to_group(bad, index.piece_offsets, owner.size), "piece_start", "are not ascending samples of the stream")
     width = np.ones(owner.size, dtype=np.float64)
     np.multiply.at(width, np.repeat(np.arange(owner.size), ndim), np.clip(dims, 1, None).astype(np.float64))
     itemsize = np.array([np.dtype(d).itemsize if d in fmt.STREAM_DTYPES else 8 for d in index.signal_dtype.to_pylist()])
     sample_bytes = 8 + width * itemsize
-    c = index.signal_count
-    fail(c < 0, "count", "is negative", c)
-    size = index.member_size[member].astype(np.float64)
+    ends = np.append(start[1:], 0)
+    last = np.zeros(start.size, dtype=bool)
+    last[index.piece_offsets[1:][has] - 1] = True
+    ends[last] = np.repeat(c, pieces)[last]
+    per_piece = np.maximum(ends - start, 0) * np.repeat(sample_bytes, pieces)
+    size = index.member_size[piece_member].astype(np.float64)
     fail(
-        c * sample_bytes > STREAM_EXPANSION * size + 4096,
+        _item_to_group(per_piece > STREAM_EXPANSION * size + 4096, index.piece_offsets, owner.size),
         "count",
-        f"claims more samples than its member's bytes can hold ({STREAM_EXPANSION}x the member, "
-        "validate.STREAM_EXPANSION)",
+        f"claims more samples than its pieces' bytes can hold ({STREAM_EXPANSION}x a member, streams.STREAM_EXPANSION)",
         c,
     )
-    times = (index.signal_t_first, index.signal_t_last, index.signal_min_interval, index.signal_max_interval)
-    finite = np.logical_and.reduce([np.isfinite(t) for t in times])
-    fail(~finite, "t_first/t_last/min_interval/max_interval", "are not finite")
-    order = (index.signal_t_first > index.signal_t_last) | (index.signal_min_interval < 0)
-    order |= index.signal_min_interval > index.signal_max_interval
-    fail(order, "t_first/t_last/min_interval/max_interval", "are not ordered (first <= last, 0 <= min <= max)")
-    rate = index.signal_rate
-    fail(~np.isfinite(rate) | (rate < 0), "rate", "is not a number >= 0", rate)
+    if not np.array_equal(index.piece_time_offsets, index.piece_offsets):
+        e = int(owner[int(np.flatnonzero(np.diff(index.piece_time_offsets) != pieces)[0])])
+        raise FormatError(f"{w.where}: row {e} (episode {printable(index.key(e))}): piece_time and piece_start differ")
+    piece_times = index.piece_time
+    bad_time = ~np.isfinite(piece_times) | _decreasing(piece_times, index.piece_offsets)
+    nonempty = np.repeat(c > 0, pieces)
+    t_first, t_last = np.repeat(index.signal_t_first, pieces), np.repeat(index.signal_t_last, pieces)
+    bad_time |= nonempty & ((piece_times < t_first) | (piece_times > t_last))
+    fail(
+        _item_to_group(bad_time, index.piece_offsets, owner.size),
+        "piece_time",
+        "are not ascending times between t_first and t_last",
+    )
+    step = index.signal_row_step
+    fail(step < 1, "row_step", "is not positive", step)
+    rows = np.repeat(index.num_rows, counts)
+    expected = (rows - 1 + np.maximum(step, 1) - 1) // np.maximum(step, 1) + 1
+    held = np.diff(index.row_time_offsets)
+    fail((held != 0) & (held != expected), "row_time", "does not hold one time per row_step rows and the last", held)
+    bad_clock = ~np.isfinite(index.row_time) | _decreasing(index.row_time, index.row_time_offsets)
+    fail(_item_to_group(bad_clock, index.row_time_offsets, owner.size), "row_time", "is not a non-decreasing clock")
 
 
 def _check_cameras(index, camera_episodes: Mapping[str, int | None], w: _Where) -> None:
