@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from epishard.format import manifest as fmt
-from epishard.format.streams import STREAM_EXPANSION, encode_stream, stream_facts
+from epishard.format.streams import encode_stream, stream_facts
 
 from .episode import Stream
 from .errors import ConversionError
@@ -28,6 +28,10 @@ _MAX_SAMPLE_VALUES = 1 << 20  # values per sample (a 1024 x 1024 tactile array)
 PIECE_BYTES = 64 << 10  # bytes of samples per piece member: about 2 s of a 1 kHz 6-axis wrench
 MIN_PIECE_SAMPLES = 64  # (a piece of wide samples, a tactile array, still holds this many)
 ROW_STEP = 30  # the index's row clock table holds every ROW_STEP-th row's time
+# Keys every sample has (a window returns them): no stream may take one (the reader's ``RESERVED_KEYS``).
+_RESERVED = frozenset(
+    {"task", "episode_index", "frame_index", "timestamp", "dataset", "substitute", "index", "task_index"}
+)
 
 
 def _bad(message: str) -> ConversionError:
@@ -66,14 +70,19 @@ def check_stream(name: str, stream: Stream) -> tuple[np.ndarray, np.ndarray]:
         raise _bad(f"stream {name!r}: {values.shape[0] if values.ndim else 0} values for {times.size} timestamps")
     if int(np.prod(values.shape[1:], dtype=np.int64)) > _MAX_SAMPLE_VALUES or values.ndim > 9:
         raise _bad(f"stream {name!r}: samples of shape {values.shape[1:]} (at most 2**20 values, 8 dimensions)")
+    flat = values.reshape(values.shape[0], int(np.prod(values.shape[1:], dtype=np.int64)))
     if np.issubdtype(values.dtype, np.floating):
-        flat = values.reshape(values.shape[0], -1)
         rows = np.flatnonzero(~np.isfinite(flat).all(axis=1))
         if rows.size:
             i = int(rows[0])
             raise ConversionError(f"stream {name!r}: sample {i} holds {flat[i][~np.isfinite(flat[i])][0]}", kind="nan")
-    if stream.rate is not None and not (np.isfinite(stream.rate) and stream.rate > 0):
-        raise _bad(f"stream {name!r}: rate {stream.rate!r} is not a positive number of samples per second")
+    if values.dtype == np.uint64 and flat.size and int(flat.max()) > np.iinfo(np.int64).max:
+        i = int(np.flatnonzero((flat > np.iinfo(np.int64).max).any(axis=1))[0])
+        raise _bad(f"stream {name!r}: sample {i} holds a uint64 value above int64's range (readers return int64)")
+    rate = stream.rate
+    number = isinstance(rate, (int, float, np.integer, np.floating)) and not isinstance(rate, (bool, np.bool_))
+    if rate is not None and not (number and np.isfinite(rate) and rate > 0):
+        raise _bad(f"stream {name!r}: rate {rate!r} is not a positive number of samples per second")
     return times, values
 
 
@@ -114,31 +123,44 @@ def stream_members(
     bytes)], entries [dict following manifest.STREAM_TYPE])``, streams in sorted order of their
     names. Each stream is cut into pieces of about ``PIECE_BYTES`` of samples, one member each
     (``<key>.<field>.<k>.arrow``, consecutive), so a reader fetches only the pieces its windows
-    reach; a piece whose compressed bytes would hold more than ``STREAM_EXPANSION / 2`` times its
-    size in samples (a constant signal) is stored uncompressed.
+    reach; pieces are stored uncompressed (``epishard.format.streams``).
 
     Raises:
-        ConversionError: as ``check_stream``; a name that is empty, holds a control character or
-            is a table column or camera (``bad_stream``); a member name over 100 bytes.
+        ConversionError: as ``check_stream``; a name that is empty, holds a control character, is
+            a table column or camera, a key every sample has, or ends in ``_is_pad`` /
+            ``_timestamp``; a member name over 100 bytes; a row clock that goes back (a recording
+            reset: streams cannot share it) (all ``bad_stream``).
     """
     names = sorted(streams)
     fields = fmt.stream_fields(names, taken)
     members: list[tuple[str, bytes]] = []
     entries: list[dict] = []
+    back = np.flatnonzero(np.diff(clock) < 0) if names else np.zeros(0, dtype=np.int64)
+    if back.size:
+        row = int(back[0]) + 1
+        raise ConversionError(
+            f"the row clock goes back at row {row} ({clock[row - 1]} s, then {clock[row]} s: a recording reset), so "
+            f"streams {names} cannot share it: split the episode at the reset, or give the rows one clock",
+            kind="bad_stream",
+            row=row,
+        )
     clock_table = row_times(clock)
     for name in names:
         if not isinstance(name, str) or not name or any(ord(c) < 32 or ord(c) == 127 for c in name):
             raise _bad(f"stream name {name!r} is not a name")
         if name in exclude:
             raise _bad(f"stream {name!r} has the name of a table column or camera of the episode")
+        if name in _RESERVED or name.endswith(("_is_pad", "_timestamp")):
+            raise _bad(
+                f"stream {name!r}: a key every sample has, or one a window returns beside another "
+                "(<name>_is_pad, <name>_timestamp): give it another name"
+            )
         times, values = check_stream(name, streams[name])
         sample_bytes = 8 + int(values.itemsize * np.prod(values.shape[1:], dtype=np.int64))
         pieces = _pieces(times.size, sample_bytes)
         first = first_member + len(members)
         for k, (a, b) in enumerate(pieces):
             data = encode_stream(times[a:b], values[a:b])
-            if (b - a) * sample_bytes > (STREAM_EXPANSION // 2) * len(data):
-                data = encode_stream(times[a:b], values[a:b], compress=False)
             member = fmt.member_name(key, f"{fields[name]}.{k}.{fmt.STREAM_EXT}")
             try:
                 fmt.check_member_name(member)

@@ -28,13 +28,14 @@ from epishard.format.stats import numeric_matrix
 from epishard.format.streams import read_pieces
 
 from .decode import DecodeError, decode, decode_depth
-from .multirate import stream_window
+from .multirate import clock_tolerance, stream_window
 from .packets import Run, decode_runs, run_bytes
 from .spec import WindowSpec
 from .telemetry import Telemetry
 from .transform import PostProcess
 
 __all__ = [
+    "COARSE",
     "PIECES",
     "TIMES",
     "VALUES",
@@ -231,6 +232,9 @@ def _columns(table: pa.Table, n: int, fps: float, spec: WindowSpec, normalizers:
         if "timestamp" in table.column_names
         else np.arange(n) / fps
     )
+    if spec.streams:  # how finely the row clock is stored: a float32 clock (LeRobot's) rounds times
+        coarse = "timestamp" in table.column_names and table.column("timestamp").type in (pa.float32(), pa.float16())
+        columns[COARSE] = np.array([coarse])
     return columns
 
 
@@ -260,6 +264,7 @@ def read_columns(
 # Keys of a stream's arrays among an episode's columns (no column has them): its samples' times and
 # values (the pieces read, concatenated in piece order), and which of its pieces they hold (bool [P]).
 TIMES, VALUES, PIECES = "\x00t:", "\x00v:", "\x00p:"
+COARSE = "\x00coarse"  # bool [1]: the row clock is stored as float32 (its times are rounded)
 
 
 def read_signals(index: WindowIndex, episode: int, blobs: Mapping[int, bytes], spec: WindowSpec) -> dict:
@@ -545,14 +550,17 @@ def window_sample(
         times = columns["timestamp"]
         t_lo = float(times[lo]) if lo > 0 else -np.inf  # a window's samples stay in its recording segment
         t_hi = float(times[hi]) if hi < times.size else np.inf
+        t0 = float(times[anchor])
+        tol = clock_tolerance(t0, bool(columns[COARSE][0]) if COARSE in columns else False)
         for name, read in spec.streams.items():
             values, stamps, pad = stream_window(
                 columns.get(TIMES + name),
                 columns.get(VALUES + name),
-                float(times[anchor]),
+                t0,
                 read,
                 (t_lo, t_hi),
                 f"episode {info.key} stream {name}",
+                tol,
             )
             sample[name] = torch.from_numpy(values)
             sample[f"{name}_timestamp"] = torch.from_numpy(stamps)

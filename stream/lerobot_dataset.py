@@ -21,11 +21,12 @@ every frame is an anchor, as in LeRobot):
                                       ``[T, D]`` when in ``delta_timestamps``; integer columns int64,
                                       bool columns bool
 ``<key>_is_pad``                      bool ``[T]``, only for keys in ``delta_timestamps``
-``<stream>`` (format version 3)       a stream at its own rate: its sample nearest the item's time,
-                                      ``[*shape]`` (float32, integers int64), or nearest each
+``<stream>`` (format version 3)       a stream at its own rate: its last sample at or before the
+                                      item's time (never a later one), ``[*shape]`` (float32,
+                                      integers int64) with ``<stream>_is_pad`` 0-d (no sample yet,
+                                      or the episode has none); or the sample nearest each
                                       ``delta_timestamps`` time, ``[T, *shape]`` with
-                                      ``<stream>_is_pad`` (``stream.multirate.at``); no grid to
-                                      hold the times to
+                                      ``<stream>_is_pad`` ``[T]`` (``stream.multirate.at``)
 ``index``, ``task_index``             int64 0-d (``index``: the source's global frame index)
 ``episode_index``, ``frame_index``    int64 0-d (``frame_index`` only where the dataset has the
                                       column, as in LeRobot)
@@ -567,7 +568,9 @@ class EpishardLeRobotDataset(WindowDataset):
         delta = {k: list(v) for k, v in (delta_timestamps or {}).items()}
         # Streams at their own rate: at the item's time, or at its delta_timestamps (the nearest sample).
         own_rate = set(first.manifest.streams or {})
-        streams: dict[str, Span | At] = {k: at(delta.get(k, [0.0]), "nearest") for k in sorted(own_rate)}
+        streams: dict[str, Span | At] = {
+            k: at(delta[k], "nearest") if k in delta else at([0.0], "previous") for k in sorted(own_rate)
+        }
         unknown = sorted(set(delta) - set(features))
         left_out = [k for k in unknown if cameras is not None and k in first.manifest.cameras]
         if left_out:
@@ -689,6 +692,8 @@ class EpishardLeRobotDataset(WindowDataset):
             if key.endswith("_is_pad") and key[: -len("_is_pad")] in sample:
                 if key[: -len("_is_pad")] in delta:
                     item[key] = value
+                elif key[: -len("_is_pad")] in self._streams:  # a stream at the item's time: its one flag
+                    item[key] = value[0]
                 continue
             feature = self._features.get(key)
             if key == "episode_index" or (key == "frame_index" and feature is not None):

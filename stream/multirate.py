@@ -36,10 +36,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["TOLERANCE_S", "At", "Span", "at", "reach", "reach_pieces", "resolve_streams", "span", "stream_window"]
+__all__ = [
+    "TOLERANCE_S",
+    "At",
+    "Span",
+    "at",
+    "clock_tolerance",
+    "reach",
+    "reach_pieces",
+    "resolve_streams",
+    "span",
+    "stream_window",
+]
 
 TOLERANCE_S = 1e-6  # seconds: a sample this close outside a span's end still belongs to it (float32 row clocks)
 _INTERP = ("previous", "nearest", "linear")
+
+
+def _number(value) -> bool:
+    """A finite real number: a Python or NumPy int or float, not a bool."""
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    return real and bool(np.isfinite(value))
 
 
 @dataclass(frozen=True)
@@ -58,14 +75,16 @@ class Span:
     def __post_init__(self):
         for name in ("start", "stop"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            if not _number(value):
                 raise ValueError(f"span {name} must be a finite number of seconds, not {value!r}")
+            object.__setattr__(self, name, float(value))
         if self.stop < self.start:
             raise ValueError(f"span({self.start}, {self.stop}): stop is before start")
-        if self.max_samples is not None and (
-            isinstance(self.max_samples, bool) or not isinstance(self.max_samples, int) or self.max_samples < 1
-        ):
-            raise ValueError(f"span max_samples must be an int >= 1, not {self.max_samples!r}")
+        m = self.max_samples
+        if m is not None:
+            if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)) or m < 1:
+                raise ValueError(f"span max_samples must be an int >= 1, not {m!r}")
+            object.__setattr__(self, "max_samples", int(m))
 
 
 @dataclass(frozen=True)
@@ -80,10 +99,8 @@ class At:
     resolved: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self):
-        times = tuple(self.times) if not isinstance(self.times, (int, float)) else (self.times,)
-        if not times or not all(
-            isinstance(t, (int, float)) and not isinstance(t, bool) and np.isfinite(t) for t in times
-        ):
+        times = (self.times,) if _number(self.times) else tuple(np.asarray(self.times).ravel().tolist())
+        if not times or not all(_number(t) for t in times):
             raise ValueError(f"at(times): times must be finite numbers of seconds, at least one; got {self.times!r}")
         object.__setattr__(self, "times", tuple(float(t) for t in times))
         if self.interp not in _INTERP:
@@ -100,7 +117,7 @@ def span(start: float, stop: float, max_samples: int | None = None) -> Span:
     Raises:
         ValueError: a bound not finite, ``stop < start``, or ``max_samples`` not an int >= 1.
     """
-    return Span(float(start), float(stop), max_samples)
+    return Span(start, stop, max_samples)
 
 
 def at(times, interp: str = "nearest") -> At:
@@ -112,7 +129,19 @@ def at(times, interp: str = "nearest") -> At:
     Raises:
         ValueError: no times, a time not finite, or another ``interp``.
     """
-    return At(tuple(times) if not isinstance(times, (int, float)) else (times,), interp)
+    return At((times,) if _number(times) else tuple(np.asarray(times).ravel().tolist()), interp)
+
+
+def clock_tolerance(t0: float, coarse: bool) -> float:
+    """Seconds a window's interval is widened by at anchor time ``t0``: ``TOLERANCE_S``, or more for a coarse clock.
+
+    A row clock stored as float32 (``coarse``, LeRobot's ``timestamp``) holds each time rounded to
+    the float32 spacing there (1.9 us past 16 s, 3.8 us past 32 s, 7.6 us past 64 s): the widening
+    is then that spacing, so the sample at the row's true time is never lost to the rounding.
+    """
+    if not coarse:
+        return TOLERANCE_S
+    return max(TOLERANCE_S, float(np.spacing(np.float32(abs(t0)))))
 
 
 def reach(read: Span | At) -> tuple[float, float]:
@@ -192,7 +221,10 @@ def resolve_streams(indexes: list, specs: list, names: list[str]) -> list:
                         f"{shown}: episode {index.key(e)} stream {name!r} has samples sharing a time, so no "
                         f"number of samples bounds a span: give span({read.start}, {read.stop}, max_samples=N)"
                     )
-                width = read.stop - read.start + 2 * TOLERANCE_S
+                # widened as windows are (``clock_tolerance``: a float32 row clock's spacing at the
+                # stream's latest time, at least TOLERANCE_S)
+                latest = float(np.abs(np.concatenate([index.signal_t_first[hit], index.signal_t_last[hit]])).max())
+                width = read.stop - read.start + 2 * clock_tolerance(latest, True)
                 with np.errstate(divide="ignore", over="ignore"):
                     fit = np.where(count >= 2, np.floor(width / np.maximum(gap, 1e-300)) + 1, count)
                 bound = max(bound, int(min(float(np.minimum(fit, count).max(initial=0)), float(count.max()))))
@@ -217,13 +249,15 @@ def stream_window(
     read: Span | At,
     limits: tuple[float, float],
     where: str,
+    tol: float = TOLERANCE_S,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One window of one stream: ``(values [N, *shape], timestamps float64 [N], is_pad bool [N])``.
 
     ``times``/``values``: the episode's stream (float64 ``[n]``, ``[n, *shape]``), None when the
     episode has none; ``t0``: the anchor's time (seconds); ``limits``: ``(lo, hi)`` seconds the
     window's samples must lie in (``lo <= t < hi``; the anchor's recording segment, infinite
-    without breaks); ``read``: resolved (``resolve_streams``).
+    without breaks); ``read``: resolved (``resolve_streams``); ``tol``: seconds the interval is
+    widened by (``clock_tolerance``).
 
     Raises:
         ValueError: a span holds more samples than its ``max_samples`` (naming ``where``, the
@@ -242,13 +276,15 @@ def stream_window(
     if times is None or values is None or times.size == 0:
         return out, stamps, pad
     if isinstance(read, Span):
-        i = int(np.searchsorted(times, t0 + read.start - TOLERANCE_S, side="left"))
-        j = int(np.searchsorted(times, t0 + read.stop + TOLERANCE_S, side="right"))
+        i = int(np.searchsorted(times, t0 + read.start - tol, side="left"))
+        j = int(np.searchsorted(times, t0 + read.stop + tol, side="right"))
         count = j - i
         if count > n:
             raise ValueError(
                 f"{where}: the span [{read.start}, {read.stop}] s around t={t0:.6f} s holds {count} samples, "
-                f"more than max_samples={n}: raise it (or leave it None to bound it from the index)"
+                f"more than the {n} it is padded to: raise max_samples, or (when that was left None and "
+                "bounded from the index's min_interval) the index's min_interval is larger than the "
+                "stream's; `epishard verify` checks it"
             )
         out[:count] = values[i:j]
         stamps[:count] = times[i:j]
@@ -257,11 +293,11 @@ def stream_window(
     queries = t0 + np.asarray(read.times, dtype=np.float64)
     last = times.size - 1
     if read.interp == "previous":
-        k = np.searchsorted(times, queries + TOLERANCE_S, side="right") - 1
+        k = np.searchsorted(times, queries + tol, side="right") - 1
         pad = k < 0
         k = np.clip(k, 0, last)
         return values[k].astype(dtype, copy=False), times[k].copy(), pad
-    pad = (queries < times[0] - TOLERANCE_S) | (queries > times[-1] + TOLERANCE_S)
+    pad = (queries < times[0] - tol) | (queries > times[-1] + tol)
     right = np.clip(np.searchsorted(times, queries, side="left"), 0, last)
     left = np.clip(right - 1, 0, last)
     if read.interp == "nearest":

@@ -158,7 +158,7 @@ def test_a_span_over_samples_sharing_a_time_needs_max_samples(dataset):
     root, _, _ = dataset
     with pytest.raises(ValueError, match=r"stream 'events' has samples sharing a time.*max_samples=N"):
         WindowDataset(root, _spec({"events": span(-0.5, 0.5)}))
-    with pytest.raises(ValueError, match=r"more than max_samples=1"):
+    with pytest.raises(ValueError, match=r"holds \d+ samples, more than the 1 it is padded to"):
         list(WindowDataset(root, _spec({"events": span(-5.0, 5.0, max_samples=1)}), shuffle=None))
 
 
@@ -366,10 +366,12 @@ def test_the_lerobot_dropin_returns_streams_at_the_items_times(dataset):
         np.testing.assert_array_equal(item["obs.wrench"].numpy(), wrench.values[nearest].astype(np.float32))
         edge = (q < wrench.timestamps[0] - TOLERANCE_S) | (q > wrench.timestamps[-1] + TOLERANCE_S)
         assert item["obs.wrench_is_pad"].tolist() == edge.tolist()
-        s30 = source[e]["obs.s30"]  # not in delta_timestamps: the sample nearest the item's time, 0-d
+        s30 = source[e]["obs.s30"]  # not in delta_timestamps: the last sample at or before the item's time, 0-d
         t = float(item["timestamp"])
-        assert item["obs.s30"].shape == () and int(item["obs.s30"]) == s30.values[np.argmin(np.abs(s30.timestamps - t))]
-        assert "obs.s30_is_pad" not in item and "obs.wrench_timestamp" not in item
+        previous = int(np.searchsorted(s30.timestamps, t + TOLERANCE_S, side="right")) - 1
+        assert item["obs.s30"].shape == () and int(item["obs.s30"]) == s30.values[previous]
+        assert item["obs.s30_is_pad"].shape == () and not bool(item["obs.s30_is_pad"])
+        assert "obs.wrench_timestamp" not in item and "obs.s30_timestamp" not in item
 
 
 def test_the_guides_end_to_end_example_runs(tmp_path, monkeypatch, capsys):

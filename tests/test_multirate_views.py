@@ -234,12 +234,12 @@ def _lying_dataset(tmp_path, monkeypatch) -> tuple[str, float]:
 
     real, truth = writer.encode_stream, []
 
-    def encode(times, values, compress=True):
+    def encode(times, values):
         if values.dtype == np.float32:  # obs.imu
             truth.append(float(times[-1]))
             times = times.copy()
             times[-1] += 0.5
-        return real(times, values, compress)
+        return real(times, values)
 
     monkeypatch.setattr(writer, "encode_stream", encode)
     root = str(tmp_path / "lying")

@@ -63,8 +63,19 @@ def _plain(value):
 
 
 def _clean_rows(rows: list[dict]) -> list[dict]:
-    """Rows with numpy arrays in their camera entries turned into lists, as pyarrow takes them."""
-    return [{**row, "cameras": [{k: _plain(v) for k, v in cam.items()} for cam in row["cameras"]]} for row in rows]
+    """Rows with numpy arrays in their camera entries turned into lists, as pyarrow takes them.
+
+    When any row has streams (a version-3 index), a row without holds an empty ``streams`` list.
+    """
+    streams = any(row.get("streams") for row in rows)
+    return [
+        {
+            **row,
+            "cameras": [{k: _plain(v) for k, v in cam.items()} for cam in row["cameras"]],
+            **({"streams": row.get("streams") or []} if streams else {}),
+        }
+        for row in rows
+    ]
 
 
 def _schema_of(rows: list[dict]) -> pa.Schema:

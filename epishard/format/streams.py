@@ -2,14 +2,16 @@
 
 A stream is a numeric signal an episode carries at its own clock (force-torque at 1 kHz, an IMU at
 200 Hz, tactile arrays, sparse events) beside the per-row table and the videos, stored once and
-losslessly, never resampled onto the row clock. Its member ``<key>.<field>.arrow`` is an Arrow IPC
-file (``STREAM_EXT``; zstd-compressed buffers) with two columns:
+losslessly, never resampled onto the row clock. It is stored in pieces, one member each
+(``<key>.<field>.<k>.arrow``), each an Arrow IPC file (``STREAM_EXT``) of one record batch with
+uncompressed buffers (so no piece decompresses into more than its own bytes) and two columns:
 
 - ``timestamp``: float64 ``[n]`` seconds on the episode's clock (the clock of the table's
   ``timestamp`` column: row ``r`` is at ``timestamp[r]``, or ``r / fps`` without one), finite and
   non-decreasing (two samples may share a time: events);
 - ``value``: ``fixed_size_list<dtype>[width]`` ``[n]``, ``width`` the product of the per-sample
-  ``shape`` (1 for a scalar); ``dtype`` one of ``manifest.STREAM_DTYPES``, as the source gave it.
+  ``shape`` (1 for a scalar); ``dtype`` one of ``manifest.STREAM_DTYPES``, as the source gave it;
+  floats finite, ``uint64`` values within int64's range (readers return integers as int64).
 
 The index's ``streams`` entry of the episode states name, member, dtype, shape, count, first and
 last time, the smallest and largest interval and the nominal rate (``manifest.STREAM_TYPE``); a
@@ -21,6 +23,7 @@ Internal: import from ``epishard.format``.
 
 from __future__ import annotations
 
+import struct
 from typing import NamedTuple
 
 import numpy as np
@@ -29,13 +32,56 @@ import pyarrow as pa
 from .errors import FormatError
 from .manifest import STREAM_DTYPES
 
-__all__ = ["STREAM_EXPANSION", "StreamData", "encode_stream", "read_pieces", "read_stream", "stream_facts"]
+__all__ = [
+    "STREAM_EXPANSION",
+    "StreamData",
+    "encode_stream",
+    "read_pieces",
+    "read_stream",
+    "sample_bytes",
+    "stream_facts",
+]
 
-# A stream member holds at most this many bytes of samples (8 per timestamp plus the values) per
-# byte of member: zstd gains 1-4x on sensor data, and the writer stores a member uncompressed where
-# it would gain more than half this (a constant signal), so no sample count an index claims sizes
-# an allocation beyond the bytes behind it (``validate.check_index``, ``read_stream``).
-STREAM_EXPANSION = 32
+# A piece holds at most this many bytes of samples (8 per timestamp plus the values) per byte of
+# member: pieces are stored uncompressed, so a sample count an index claims never sizes an
+# allocation beyond the bytes behind it (``validate.check_index``, ``read_stream``).
+STREAM_EXPANSION = 1
+_SLACK = 4096  # bytes of an IPC file besides its samples' (magic, schema, metadata, footer, padding)
+
+
+def sample_bytes(dtype: str, width: int) -> float:
+    """Bytes one sample takes in a piece: 8 for its timestamp, its values (bools: a bit each)."""
+    return 8 + (width / 8 if dtype == "bool" else width * np.dtype(dtype).itemsize)
+
+
+def _u32(buf: bytes, at: int) -> int:
+    return struct.unpack_from("<I", buf, at)[0]
+
+
+def _field(buf: bytes, table: int, i: int) -> int | None:
+    """Position of field ``i`` of the flatbuffer table at ``table``, None when absent."""
+    vtable = table - struct.unpack_from("<i", buf, table)[0]
+    size = struct.unpack_from("<H", buf, vtable)[0]
+    if 4 + 2 * i >= size:
+        return None
+    offset = struct.unpack_from("<H", buf, vtable + 4 + 2 * i)[0]
+    return None if offset == 0 else table + offset
+
+
+def _batch_facts(metadata: bytes) -> tuple[int, bool]:
+    """``(rows, compressed)`` of an IPC record batch message's metadata (Arrow's ``Message.fbs``).
+
+    Read from the flatbuffer before any buffer is touched: the message's header (field 2, a
+    ``RecordBatch``) holds ``length`` (field 0) and, for compressed buffers, ``compression`` (field 3).
+    """
+    root = _u32(metadata, 0)
+    header = _field(metadata, root, 2)
+    if header is None:
+        raise ValueError("a record batch message without a header")
+    table = header + _u32(metadata, header)
+    length = _field(metadata, table, 0)
+    rows = struct.unpack_from("<q", metadata, length)[0] if length is not None else 0
+    return rows, _field(metadata, table, 3) is not None
 
 
 class StreamData(NamedTuple):
@@ -65,12 +111,12 @@ def stream_facts(timestamps: np.ndarray) -> dict:
     }
 
 
-def encode_stream(timestamps: np.ndarray, values: np.ndarray, compress: bool = True) -> bytes:
+def encode_stream(timestamps: np.ndarray, values: np.ndarray) -> bytes:
     """The member's bytes for ``timestamps`` (float64 ``[n]``) and ``values`` (``[n, *shape]``, ``STREAM_DTYPES``).
 
     Values are stored bit for bit (a float's NaN payload included). The caller has checked both
     (``shardwriter``'s stream checks); the file holds no other metadata, so equal inputs give
-    equal bytes. ``compress``: zstd-compressed buffers (False: stored as they are).
+    equal bytes. One record batch, buffers uncompressed.
     """
     values = np.ascontiguousarray(values)
     width = int(np.prod(values.shape[1:], dtype=np.int64))
@@ -82,8 +128,7 @@ def encode_stream(timestamps: np.ndarray, values: np.ndarray, compress: bool = T
         }
     )
     sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="zstd" if compress else None)
-    with pa.ipc.new_file(sink, table.schema, options=options) as writer:
+    with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
@@ -101,9 +146,9 @@ def read_stream(data: bytes, dtype: str, shape: tuple[int, ...], count: int, whe
     if dtype not in STREAM_DTYPES:
         raise FormatError(f"{where}: stream dtype {dtype!r} is not one of {', '.join(STREAM_DTYPES)}")
     width = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    claimed = count * (8 + width * np.dtype(dtype).itemsize)
-    if count < 0 or claimed > STREAM_EXPANSION * len(data) + 4096:
-        raise FormatError(f"{where}: {count} samples claimed of {len(data)} bytes (more than STREAM_EXPANSION allows)")
+    if count < 0 or count * sample_bytes(dtype, width) > STREAM_EXPANSION * len(data) + _SLACK:
+        raise FormatError(f"{where}: {count} samples claimed of {len(data)} bytes (pieces are stored uncompressed)")
+    _check_messages(data, count, where)  # before pyarrow reads a buffer: no compression, the rows the index says
     try:
         table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
     except (pa.ArrowException, OSError) as exc:
@@ -128,7 +173,41 @@ def read_stream(data: bytes, dtype: str, shape: tuple[int, ...], count: int, whe
         raise FormatError(f"{where}: sample {i}'s timestamp {times[i]} is before sample {i - 1}'s ({times[i - 1]})")
     flat = value.flatten().to_numpy(zero_copy_only=False)
     values = flat.astype(np.dtype(dtype), copy=False).reshape(count, *shape)
+    rows = values.reshape(count, -1) if count else values.reshape(0, width)
+    if np.issubdtype(values.dtype, np.floating) and not np.isfinite(rows).all():
+        i = int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+        raise FormatError(f"{where}: sample {i} holds a value that is not finite")
+    if values.dtype == np.uint64 and rows.size and int(rows.max()) > np.iinfo(np.int64).max:
+        i = int(np.flatnonzero((rows > np.iinfo(np.int64).max).any(axis=1))[0])
+        raise FormatError(f"{where}: sample {i} holds a uint64 value above int64's range")
     return StreamData(times.astype(np.float64, copy=False), values)
+
+
+def _check_messages(data: bytes, count: int, where: str) -> None:
+    """The piece is an IPC file of uncompressed record batches holding ``count`` rows in all (``FormatError``).
+
+    Read from the messages' metadata only (``_batch_facts``), so a hostile piece whose buffers would
+    decompress into far more than its bytes is refused before anything is allocated for them.
+    """
+    if len(data) < 8 or data[:6] != b"ARROW1":
+        raise FormatError(f"{where}: not an Arrow IPC file")
+    rows = 0
+    try:
+        for message in pa.ipc.MessageReader.open_stream(pa.py_buffer(data)[8:]):
+            if message.type != "record batch":
+                continue
+            got, compressed = _batch_facts(message.metadata.to_pybytes())
+            if compressed:
+                raise FormatError(f"{where}: compressed buffers (the format stores pieces uncompressed)")
+            rows += got
+            if got < 0 or rows > count:
+                break
+    except FormatError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, struct.error, IndexError) as exc:
+        raise FormatError(f"{where}: not an Arrow IPC file: {exc}") from None
+    if rows != count:
+        raise FormatError(f"{where}: {rows} samples, the index says {count}")
 
 
 def read_pieces(index, signal: int, blobs, where: str, pieces=None) -> StreamData:

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from . import manifest as fmt
 from .errors import FormatError
 from .manifest import FINITE_STATS_PREFIXES, check_manifest, declared_width, plain_name
-from .streams import STREAM_EXPANSION
+from .streams import STREAM_EXPANSION, sample_bytes
 from .untrusted import printable
 
 __all__ = [
@@ -447,18 +447,21 @@ def _check_signals(index, w: _Where) -> None:
     fail(_item_to_group(bad, index.piece_offsets, owner.size), "piece_start", "are not ascending samples of the stream")
     width = np.ones(owner.size, dtype=np.float64)
     np.multiply.at(width, np.repeat(np.arange(owner.size), ndim), np.clip(dims, 1, None).astype(np.float64))
-    itemsize = np.array([np.dtype(d).itemsize if d in fmt.STREAM_DTYPES else 8 for d in index.signal_dtype.to_pylist()])
-    sample_bytes = 8 + width * itemsize
+    fail(width > 1 << 20, "shape", "holds more than 2**20 values per sample", width)
+    dtypes = index.signal_dtype.to_pylist()
+    per_sample = np.array([sample_bytes(d if d in fmt.STREAM_DTYPES else "float64", 1) - 8 for d in dtypes])
+    sample_size = 8 + width * per_sample
     ends = np.append(start[1:], 0)
     last = np.zeros(start.size, dtype=bool)
     last[index.piece_offsets[1:][has] - 1] = True
     ends[last] = np.repeat(c, pieces)[last]
-    per_piece = np.maximum(ends - start, 0) * np.repeat(sample_bytes, pieces)
+    per_piece = np.maximum(ends - start, 0) * np.repeat(sample_size, pieces)
     size = index.member_size[piece_member].astype(np.float64)
     fail(
         _item_to_group(per_piece > STREAM_EXPANSION * size + 4096, index.piece_offsets, owner.size),
         "count",
-        f"claims more samples than its pieces' bytes can hold ({STREAM_EXPANSION}x a member, streams.STREAM_EXPANSION)",
+        "claims more samples than its pieces' bytes can hold (pieces are stored uncompressed: "
+        f"{STREAM_EXPANSION} byte of samples per byte of member, streams.STREAM_EXPANSION)",
         c,
     )
     if not np.array_equal(index.piece_time_offsets, index.piece_offsets):
