@@ -25,9 +25,9 @@ from .errors import ConversionError
 __all__ = ["MIN_PIECE_SAMPLES", "PIECE_BYTES", "ROW_STEP", "check_stream", "row_times", "stream_members"]
 
 _MAX_SAMPLE_VALUES = 1 << 20  # values per sample (a 1024 x 1024 tactile array)
-PIECE_BYTES = 64 << 10  # bytes of samples per piece member: about 2 s of a 1 kHz 6-axis wrench
+PIECE_BYTES = 16 << 10  # bytes of samples per piece member: half a second of a 1 kHz 6-axis wrench
 MIN_PIECE_SAMPLES = 64  # (a piece of wide samples, a tactile array, still holds this many)
-ROW_STEP = 30  # the index's row clock table holds every ROW_STEP-th row's time
+ROW_STEP = 10  # the index's row clock table holds every ROW_STEP-th row's time (a third of a second at 30 fps)
 # Keys every sample has (a window returns them): no stream may take one (the reader's ``RESERVED_KEYS``).
 _RESERVED = frozenset(
     {"task", "episode_index", "frame_index", "timestamp", "dataset", "substitute", "index", "task_index"}

@@ -154,9 +154,9 @@ def reach_pieces(index, signal: int, read: Span | At, anchors=None, times=None) 
 
     The windows are at rows ``anchors`` (int64, their times bounded by the index's row clock
     entries around each row, ``WindowIndex.signal_row_clock``) or at anchor ``times`` (float64
-    seconds, exact). A piece is reached when it may hold a sample of a window's interval, widened
-    by one piece on each side (the samples ``at`` takes around a time: the one before it, the one
-    after). A stream without a row clock table (a clock that goes back) reaches every piece.
+    seconds, exact). A piece is reached when it may hold a sample of a window's interval; for
+    ``at``, one piece more on each side (the samples it takes around a time: the one before it, the
+    one after). A stream without a row clock table (a clock that goes back) reaches every piece.
     """
     pieces = index.signal_pieces(signal)[0].size
     lo, hi = reach(read)
@@ -169,8 +169,13 @@ def reach_pieces(index, signal: int, read: Span | At, anchors=None, times=None) 
     else:
         first = last = np.asarray(times, dtype=np.float64)
     firsts = index.signal_piece_times(signal)
-    k_lo = np.clip(np.searchsorted(firsts, first + lo - TOLERANCE_S, side="left") - 2, 0, pieces - 1)
-    k_hi = np.clip(np.searchsorted(firsts, last + hi + TOLERANCE_S, side="right"), 0, pieces - 1)
+    # A span needs the pieces that may hold a sample of its interval (a sample at the interval's start
+    # may end the piece before, when two share a time); ``at`` also the one before and after.
+    extra = 0 if isinstance(read, Span) else 1
+    # widened as much as any window may be (``clock_tolerance`` of a float32 clock at the latest time)
+    tol = clock_tolerance(float(np.abs(last).max(initial=0.0)), True)
+    k_lo = np.clip(np.searchsorted(firsts, first + lo - tol, side="left") - 1 - extra, 0, pieces - 1)
+    k_hi = np.clip(np.searchsorted(firsts, last + hi + tol, side="right") - 1 + extra, 0, pieces - 1)
     marks = np.zeros(pieces + 1, dtype=np.int64)
     np.add.at(marks, k_lo, 1)
     np.add.at(marks, k_hi + 1, -1)

@@ -19,7 +19,7 @@ from sourcecheck import column, read_back
 from videogen import encode_frame_number
 
 from epishard.format.index import WindowIndex
-from epishard.format.streams import read_stream
+from epishard.format.streams import read_pieces
 from epishard.shardwriter import ConversionError, ConvertOptions, SourceError, convert
 from epishard.shardwriter.sources import Mapping, SourceOptions, bounds, open_source
 
@@ -129,12 +129,13 @@ def read_streams(out) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarray, flo
     for e in range(index.num_episodes):
         tar = out / manifest["shards"][int(index.shard[e])]["shard"]
         for name, sig in index.signals(e).items():
-            start, stop = index.member_ranges(np.asarray([index.signal_member[sig]]))
-            with open(tar, "rb") as f:
-                f.seek(int(start[0]))
-                data = f.read(int(stop[0] - start[0]))
-            dtype, shape = index.signal_dtype[sig].as_py(), index.signal_shape(sig)
-            stream = read_stream(data, dtype, shape, int(index.signal_count[sig]), f"{tar}: {name}")
+            blobs = {}
+            for m in index.signal_pieces(sig)[0].tolist():  # the stream's pieces, one member each
+                start, stop = index.member_ranges(m)
+                with open(tar, "rb") as f:
+                    f.seek(int(start))
+                    blobs[m] = f.read(int(stop - start))
+            stream = read_pieces(index, sig, blobs, f"{tar}: {name}")
             got[(int(index.row(e)["episode_index"]), name)] = (stream.timestamps, stream.values, index.signal_rate[sig])
     return got
 

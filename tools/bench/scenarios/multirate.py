@@ -41,7 +41,7 @@ from pathlib import Path
 import measure
 
 FPS, FRAMES, HORIZON, RATE, HISTORY = 30, 33, 16, 1000.0, 0.5
-_LAYOUT = "v3-pieces-raw"  # in the cached dataset's name: a layout change makes a new one
+_LAYOUT = "v3-pieces-16k"  # in the cached dataset's name: a layout change makes a new one
 
 
 def _dataset(episodes: int, seconds: float, size: int) -> Path:
