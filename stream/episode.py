@@ -28,7 +28,7 @@ from epishard.format.stats import numeric_matrix
 from epishard.format.streams import read_pieces
 
 from .decode import DecodeError, decode, decode_depth
-from .multirate import clock_tolerance, stream_window
+from .multirate import Span, clock_tolerance, reach, stream_window
 from .packets import Run, decode_runs, run_bytes
 from .spec import WindowSpec
 from .telemetry import Telemetry
@@ -36,12 +36,15 @@ from .transform import PostProcess
 
 __all__ = [
     "COARSE",
+    "COVER",
     "PIECES",
     "TIMES",
     "VALUES",
     "EpisodeInfo",
     "Normalizer",
     "columns_nbytes",
+    "cover_of",
+    "covered",
     "decode_camera",
     "decode_camera_packets",
     "read_columns",
@@ -265,6 +268,44 @@ def read_columns(
 # values (the pieces read, concatenated in piece order), and which of its pieces they hold (bool [P]).
 TIMES, VALUES, PIECES = "\x00t:", "\x00v:", "\x00p:"
 COARSE = "\x00coarse"  # bool [1]: the row clock is stored as float32 (its times are rounded)
+COVER = "\x00c:"  # float64 [3]: the times the held pieces surely cover (``cover_of``)
+
+
+def cover_of(index: WindowIndex, signal: int, present: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """float64 ``[3]``: ``(after, before, last)`` where the held pieces of a stream surely hold every sample.
+
+    ``present``: bool ``[P]``, the pieces held; ``times``: their samples' times, concatenated. When
+    the held pieces are consecutive, every sample of ``(after, before)`` is among them (``after``:
+    the first held piece's first time, ``-inf`` for piece 0; ``before``: the next piece's first
+    time, ``inf`` after the last piece) and ``last`` is the last held sample's time; else NaN
+    (``covered`` then always says no).
+    """
+    held = np.flatnonzero(present)
+    if not held.size or held[-1] - held[0] + 1 != held.size:
+        return np.full(3, np.nan)
+    firsts = index.signal_piece_times(signal)
+    after = -np.inf if held[0] == 0 else float(firsts[held[0]])
+    before = np.inf if held[-1] == firsts.size - 1 else float(firsts[held[-1] + 1])
+    last = float(times[-1]) if times.size else -np.inf
+    return np.array([after, before, last])
+
+
+def covered(columns: dict, name: str, read, t0: float) -> bool:
+    """Whether the held pieces of stream ``name`` surely hold what a window at ``t0`` reads (``cover_of``).
+
+    A span needs its interval strictly inside ``(after, before)``; values at times (``at``) also a
+    held sample after each time (the next sample, for ``nearest`` and ``linear``). A stream the
+    episode lacks is covered (its windows are padding).
+    """
+    cover = columns.get(COVER + name)
+    if cover is None:
+        return True
+    lo, hi = reach(read)
+    tol = clock_tolerance(t0, True)
+    a, b = t0 + lo - tol, t0 + hi + tol
+    if isinstance(read, Span):
+        return bool(cover[0] < a and b < cover[1])
+    return bool(cover[0] < a and b < cover[2])
 
 
 def read_signals(index: WindowIndex, episode: int, blobs: Mapping[int, bytes], spec: WindowSpec) -> dict:
@@ -297,6 +338,7 @@ def read_signals(index: WindowIndex, episode: int, blobs: Mapping[int, bytes], s
         held = np.zeros(members.size, dtype=bool)
         held[present] = True
         out[PIECES + name] = held
+        out[COVER + name] = cover_of(index, s, held, data.timestamps)
     return out
 
 

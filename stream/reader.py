@@ -30,11 +30,14 @@ from epishard.format.streams import read_pieces
 
 from .decode import DecodeError
 from .episode import (
+    COVER,
     PIECES,
     TIMES,
     VALUES,
     EpisodeInfo,
     columns_nbytes,
+    cover_of,
+    covered,
     decode_camera,
     decode_camera_packets,
     read_columns,
@@ -327,10 +330,14 @@ class EpochReader:
             DecodeError: a piece does not read as the index describes, or its bytes differ
                 (naming the episode and the stream).
         """
+        spec = self.ctx.layout.specs[d]
+        time0 = float(columns["timestamp"][anchor])
+        if all(covered(columns, name, read, time0) for name, read in spec.streams.items()):
+            return  # the common case: the pieces held cover the window (no index lookup)
         _, local = self.ctx.locate(episode)
         src = self.ctx.sources[d]
-        ix, spec = src.index, self.ctx.layout.specs[d]
-        t0 = np.asarray([columns["timestamp"][anchor]], dtype=np.float64)
+        ix = src.index
+        t0 = np.asarray([time0], dtype=np.float64)
         for name, s in ix.signals(local).items():
             read = spec.streams.get(name)
             if read is None:
@@ -373,6 +380,7 @@ class EpochReader:
             present = present.copy()
             present[missing] = True
             columns[PIECES + name] = present
+            columns[COVER + name] = cover_of(ix, s, present, columns[TIMES + name])
 
     def _no_frames(self, d: int, info, cam: str) -> torch.Tensor:
         """A camera read at no offsets: ``[0, C, h, w]`` of its prepared dtype."""
