@@ -28,6 +28,7 @@ its own clock (starting 0.3 ms after the first row, jittered by up to 50 us). Ma
     python tools/bench/run.py multirate                       # ~1 min on 2 cores after the dataset is made
     python tools/bench/run.py multirate --rounds 5 --batches 40 --json
     python tools/bench/run.py multirate --shuffle global --encoded-cache-mb 0   # every load fetches: bytes per sample
+    python tools/bench/run.py multirate --reuse-buffers 2   # batches in pre-faulted buffers: no page faults per batch
 """
 
 from __future__ import annotations
@@ -120,7 +121,15 @@ def _io_pass(root: str, with_stream: bool, windows_per_episode: int, seed: int) 
 
 
 def _pass(
-    root: str, with_stream: bool, batches: int, warmup: int, batch: int, seed: int, shuffle, encoded: int | None
+    root: str,
+    with_stream: bool,
+    batches: int,
+    warmup: int,
+    batch: int,
+    seed: int,
+    shuffle,
+    encoded: int | None,
+    reuse: int = 0,
 ) -> dict:
     """One timed pass of one side: rates after ``warmup`` batches, frames decoded and bytes read per sample."""
     import torch
@@ -139,7 +148,7 @@ def _pass(
     ds = WindowDataset(root, spec, seed=seed, shuffle=shuffle, read=ReadOptions(telemetry=True, lookahead=lookahead))
     first = last = None
     t0 = c0 = 0.0
-    for i, b in enumerate(WindowLoader(ds, batch_size=batch, num_workers=0)):
+    for i, b in enumerate(WindowLoader(ds, batch_size=batch, num_workers=0, reuse_buffers=reuse)):
         if with_stream and b["obs.wrench"].shape[2] != 6:
             raise AssertionError(f"obs.wrench batch of shape {tuple(b['obs.wrench'].shape)}")
         if i == warmup:
@@ -179,6 +188,12 @@ def options(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shuffle", choices=("auto", "global", "none"), default="auto", help="the reader's shuffle")
     p.add_argument(
+        "--reuse-buffers",
+        type=int,
+        default=0,
+        help="WindowLoader(reuse_buffers=K): batches in K pre-faulted buffers (0: fresh memory, the default loader)",
+    )
+    p.add_argument(
         "--io-windows", type=int, default=4, help="windows per episode of the bytes-per-window pass (global shuffle)"
     )
     p.add_argument(
@@ -196,7 +211,9 @@ def run(args) -> int:
     for _, with_stream in measure.alternate([False, True], args.rounds):
         shuffle = args.shuffle if args.shuffle in ("auto", "global") else None
         encoded = None if args.encoded_cache_mb is None else int(args.encoded_cache_mb * 2**20)
-        r = _pass(root, with_stream, args.batches, args.warmup, args.batch, args.seed, shuffle, encoded)
+        r = _pass(
+            root, with_stream, args.batches, args.warmup, args.batch, args.seed, shuffle, encoded, args.reuse_buffers
+        )
         results[with_stream].append(r)
         measure.emit({**r, "load": measure.loadavg()})
     rows = []
@@ -230,7 +247,7 @@ def run(args) -> int:
         ["window", "samples/s", "CPU ms / sample", "frames decoded / sample", "kB read / sample", "kB / sample, pass"],
         rows,
         title=f"multirate: {args.episodes} episodes x {args.seconds:g} s, {args.size}px, batch {args.batch}, "
-        f"shuffle {args.shuffle}, "
+        f"shuffle {args.shuffle}, reuse_buffers {args.reuse_buffers}, "
         f"{args.rounds} rounds; CPU per sample, stream over video alone: {ratio:.3f}x (target <= 1.10x); per "
         f"episode the video member is {video_bytes / 1e3:.0f} kB, the stream {stream_bytes / 1e3:.0f} kB; at "
         f"shuffle='global' with nothing kept, a window fetches {io[False] / 1e3:.1f} kB alone and "
