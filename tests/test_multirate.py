@@ -282,6 +282,14 @@ def test_delta_timestamps_read_streams_at_their_times(dataset):
     assert sample["obs.s200"].shape == (2, 3)
 
 
+def _convert_one(tmp_path, streams: dict, episode_index: int = 0) -> None:
+    """One episode of 10 rows, no camera, with ``streams``, converted with ``on_error="raise"``."""
+    table = make_episode_table(10, fps=FPS)
+    episode = Episode(source="bad", episode_index=episode_index, table=table, videos={}, fps=FPS, streams=streams)
+    options = ConvertOptions(progress=False, on_error="raise")
+    convert([Source(name="bad", episodes=[episode], fps=FPS)], str(tmp_path / "out"), options)
+
+
 @pytest.mark.parametrize(
     "stream, kind, message",
     [
@@ -294,39 +302,15 @@ def test_delta_timestamps_read_streams_at_their_times(dataset):
     ],
 )
 def test_a_bad_stream_is_refused_naming_episode_and_stream(tmp_path, stream, kind, message):
-    episode = Episode(
-        source="bad",
-        episode_index=4,
-        table=make_episode_table(10, fps=FPS),
-        videos={},
-        fps=FPS,
-        streams={"obs.ft": stream},
-    )
     with pytest.raises(ConversionError, match=message) as info:
-        convert(
-            [Source(name="bad", episodes=[episode], fps=FPS)],
-            str(tmp_path / "out"),
-            ConvertOptions(progress=False, on_error="raise"),
-        )
+        _convert_one(tmp_path, {"obs.ft": stream}, episode_index=4)
     assert info.value.kind == kind and info.value.episode == 4 and "'obs.ft'" in str(info.value)
 
 
 def test_a_stream_may_not_take_a_columns_name(tmp_path):
     stream = Stream(np.array([0.0, 0.1]), np.zeros((2, 4)))
-    episode = Episode(
-        source="bad",
-        episode_index=0,
-        table=make_episode_table(10, fps=FPS),
-        videos={},
-        fps=FPS,
-        streams={"observation.state": stream},
-    )
     with pytest.raises(ConversionError, match="has the name of a table column or camera"):
-        convert(
-            [Source(name="bad", episodes=[episode], fps=FPS)],
-            str(tmp_path / "out"),
-            ConvertOptions(progress=False, on_error="raise"),
-        )
+        _convert_one(tmp_path, {"observation.state": stream})
 
 
 def test_an_index_claiming_more_samples_than_its_member_holds_is_refused(dataset, tmp_path):

@@ -16,6 +16,8 @@ import json
 import numpy as np
 import pytest
 from sourcecheck import column, read_back
+from test_oracle_mcap import HEADER, TIME, _def  # the ROS 2 message definitions the oracle writes
+from test_oracle_mcap import TYPES as ORACLE_TYPES
 from videogen import encode_frame_number
 
 from epishard.format.index import WindowIndex
@@ -25,29 +27,14 @@ from epishard.shardwriter.sources import Mapping, SourceOptions, bounds, open_so
 
 MS = 1_000_000
 T0 = 1_700_000_000 * 1_000_000_000
-SEP = "=" * 80
-HEADER = ("std_msgs/Header", "builtin_interfaces/Time stamp\nstring frame_id")
-TIME = ("builtin_interfaces/Time", "int32 sec\nuint32 nanosec")
-LAYOUT = ("std_msgs/MultiArrayLayout", "MultiArrayDimension[] dim\nuint32 data_offset")
-DIM = ("std_msgs/MultiArrayDimension", "string label\nuint32 size\nuint32 stride")
 WRENCH = ("geometry_msgs/Wrench", "Vector3 force\nVector3 torque")
 VECTOR3 = ("geometry_msgs/Vector3", "float64 x\nfloat64 y\nfloat64 z")
 
 
-def _def(body: str, *deps: tuple[str, str]) -> str:
-    return body + "".join(f"\n{SEP}\nMSG: {n}\n{b}" for n, b in deps)
-
-
 TYPES = {
-    "image": ("sensor_msgs/msg/Image", _def(
-        "std_msgs/Header header\nuint32 height\nuint32 width\nstring encoding\nuint8 is_bigendian\nuint32 step\n"
-        "uint8[] data", HEADER, TIME)),
-    "joints": ("sensor_msgs/msg/JointState", _def(
-        "std_msgs/Header header\nstring[] name\nfloat64[] position\nfloat64[] velocity\nfloat64[] effort",
-        HEADER, TIME)),
+    **{k: ORACLE_TYPES[k] for k in ("image", "joints", "f64")},
     "wrench": ("geometry_msgs/msg/WrenchStamped", _def(
         "std_msgs/Header header\ngeometry_msgs/Wrench wrench", HEADER, TIME, WRENCH, VECTOR3)),
-    "f64": ("std_msgs/msg/Float64MultiArray", _def("std_msgs/MultiArrayLayout layout\nfloat64[] data", LAYOUT, DIM)),
 }  # fmt: skip
 CAMS = {"/cam_high/image_raw": 5 * MS, "/cam_wrist/image_raw": 12 * MS}  # 30 Hz, offsets
 JOINTS, FT, EVENTS = "/joint_states", "/wrench", "/events"

@@ -192,6 +192,12 @@ def _np(array: pa.Array, dtype) -> np.ndarray:
     return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
+def _flat_np(list_array: pa.Array | pa.ChunkedArray, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(values as ``dtype``, int64 offsets from 0) of a list array of numbers."""
+    values, offsets = _flat(list_array)
+    return _np(values, dtype), offsets
+
+
 @dataclass(frozen=True)
 class PacketTable:
     """One camera stream's packets in file (decode) order (``WindowIndex.packets``).
@@ -309,14 +315,10 @@ class WindowIndex:
         self.cam_first_frame = _np(cams.field("first_frame"), np.int64)
         self.cam_pts_start = _np(cams.field("pts_start"), np.int64)
         self.cam_pts_step = _np(cams.field("pts_step"), np.int64)
-        pts, self.pts_offsets = _flat(cams.field("pts"))
-        self.pts = _np(pts, np.int64)
-        dur, self.duration_offsets = _flat(cams.field("duration"))
-        self.duration = _np(dur, np.int64)
-        keys, self.key_offsets = _flat(cams.field("keyframes"))
-        self.keyframes = _np(keys, np.int64)
-        r2f, self.r2f_offsets = _flat(cams.field("row_to_frame"))
-        self.row_to_frame = _np(r2f, np.int64)
+        self.pts, self.pts_offsets = _flat_np(cams.field("pts"), np.int64)
+        self.duration, self.duration_offsets = _flat_np(cams.field("duration"), np.int64)
+        self.keyframes, self.key_offsets = _flat_np(cams.field("keyframes"), np.int64)
+        self.row_to_frame, self.r2f_offsets = _flat_np(cams.field("row_to_frame"), np.int64)
         self._packet_arrays(cams)
         if "segment_starts" in table.column_names:
             starts, self.segment_offsets = _flat(table.column("segment_starts"))
@@ -344,21 +346,17 @@ class WindowIndex:
         self.signal_names = sig.field("name")
         self.signal_dtype = sig.field("dtype")
         self.signal_member_pos = _np(sig.field("member"), np.int64)
-        shapes, self.signal_shape_offsets = _flat(sig.field("shape"))
-        self.signal_shape_values = _np(shapes, np.int64)
+        self.signal_shape_values, self.signal_shape_offsets = _flat_np(sig.field("shape"), np.int64)
         self.signal_count = _np(sig.field("count"), np.int64)
         self.signal_t_first = _np(sig.field("t_first"), np.float64)
         self.signal_t_last = _np(sig.field("t_last"), np.float64)
         self.signal_min_interval = _np(sig.field("min_interval"), np.float64)
         self.signal_max_interval = _np(sig.field("max_interval"), np.float64)
         self.signal_rate = _np(sig.field("rate"), np.float64)
-        values, self.piece_offsets = _flat(sig.field("piece_start"))
-        self.piece_start = _np(values, np.int64)
-        values, self.piece_time_offsets = _flat(sig.field("piece_time"))
-        self.piece_time = _np(values, np.float64)
+        self.piece_start, self.piece_offsets = _flat_np(sig.field("piece_start"), np.int64)
+        self.piece_time, self.piece_time_offsets = _flat_np(sig.field("piece_time"), np.float64)
         self.signal_row_step = _np(sig.field("row_step"), np.int64)
-        values, self.row_time_offsets = _flat(sig.field("row_time"))
-        self.row_time = _np(values, np.float64)
+        self.row_time, self.row_time_offsets = _flat_np(sig.field("row_time"), np.float64)
         owner = np.repeat(np.arange(n), np.diff(self.episode_signals))
         # Clipped so that a damaged index still loads; validate.check_index rejects it.
         self.signal_member = np.clip(self.episode_members[owner] + self.signal_member_pos, 0, self.member_size.size)
