@@ -551,7 +551,8 @@ class EpochReader:
                 slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, runs))
                 lists[d].append((ranges.shard, ranges.ranges + extra))
                 continue
-            ranges = episode_ranges(ix, local, streams, pieces=self._signal_pieces(d, local, e, chunk))
+            pieces = self._signal_pieces(d, local, e, chunk) if columns else ()  # (with the columns they are read)
+            ranges = episode_ranges(ix, local, streams, pieces=pieces)
             slots.append((d, len(fetchers[d].episodes) + len(lists[d]), ranges.sha256, ranges.members, None))
             lists[d].append((ranges.shard, ranges.ranges))
         for fetcher, more in zip(fetchers, lists, strict=True):
